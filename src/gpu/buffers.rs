@@ -1,0 +1,121 @@
+//! Creating, filling and reading back storage buffers.
+
+use super::Gpu;
+use crate::error::{Error, Result};
+use wgpu::util::DeviceExt;
+
+const STORAGE: wgpu::BufferUsages = wgpu::BufferUsages::STORAGE
+    .union(wgpu::BufferUsages::COPY_SRC)
+    .union(wgpu::BufferUsages::COPY_DST);
+
+impl Gpu {
+    /// A storage buffer holding `bytes`, padded to a multiple of 4 bytes.
+    pub fn upload(&self, label: &str, bytes: &[u8]) -> Result<wgpu::Buffer> {
+        self.check_size(label, bytes.len() as u64)?;
+        let scope = self.device.push_error_scope(wgpu::ErrorFilter::OutOfMemory);
+        let buf = if bytes.len() % 4 == 0 && !bytes.is_empty() {
+            self.device
+                .create_buffer_init(&wgpu::util::BufferInitDescriptor {
+                    label: Some(label),
+                    contents: bytes,
+                    usage: STORAGE,
+                })
+        } else {
+            let mut padded = bytes.to_vec();
+            padded.resize(bytes.len().div_ceil(4).max(1) * 4, 0);
+            self.device
+                .create_buffer_init(&wgpu::util::BufferInitDescriptor {
+                    label: Some(label),
+                    contents: &padded,
+                    usage: STORAGE,
+                })
+        };
+        if let Some(e) = pollster::block_on(scope.pop()) {
+            return Err(Error::gpu(format!(
+                "uploading {label} ({} bytes): {e}",
+                bytes.len()
+            )));
+        }
+        Ok(buf)
+    }
+
+    pub fn upload_f32(&self, label: &str, data: &[f32]) -> Result<wgpu::Buffer> {
+        self.upload(label, bytemuck::cast_slice(data))
+    }
+
+    pub fn upload_u32(&self, label: &str, data: &[u32]) -> Result<wgpu::Buffer> {
+        self.upload(label, bytemuck::cast_slice(data))
+    }
+
+    /// An uninitialised storage buffer of `bytes` (rounded up to 4).
+    pub fn scratch(&self, label: &str, bytes: u64) -> Result<wgpu::Buffer> {
+        self.check_size(label, bytes)?;
+        let scope = self.device.push_error_scope(wgpu::ErrorFilter::OutOfMemory);
+        let buf = self.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some(label),
+            size: bytes.div_ceil(4).max(1) * 4,
+            usage: STORAGE,
+            mapped_at_creation: false,
+        });
+        if let Some(e) = pollster::block_on(scope.pop()) {
+            return Err(Error::gpu(format!(
+                "allocating {label} ({bytes} bytes): {e}"
+            )));
+        }
+        Ok(buf)
+    }
+
+    /// `n` f32s all set to NaN: tests poison outputs so that an element the
+    /// kernel forgot to write fails the comparison.
+    pub fn poisoned_f32(&self, label: &str, n: usize) -> Result<wgpu::Buffer> {
+        self.upload_f32(label, &vec![f32::NAN; n.max(1)])
+    }
+
+    fn check_size(&self, label: &str, bytes: u64) -> Result<()> {
+        if bytes > self.caps.max_buffer {
+            return Err(Error::gpu(format!(
+                "{label}: {bytes} bytes exceeds the adapter's {} byte buffer limit",
+                self.caps.max_buffer
+            )));
+        }
+        Ok(())
+    }
+
+    /// Copies `buf` back to the host.
+    pub fn read_bytes(&self, buf: &wgpu::Buffer) -> Result<Vec<u8>> {
+        let size = buf.size();
+        let staging = self.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("readback"),
+            size,
+            usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+            mapped_at_creation: false,
+        });
+        let mut enc = self.device.create_command_encoder(&Default::default());
+        enc.copy_buffer_to_buffer(buf, 0, &staging, 0, size);
+        self.submit_and_wait(enc)?;
+        let (tx, rx) = std::sync::mpsc::channel();
+        staging.map_async(wgpu::MapMode::Read, .., move |r| {
+            let _ = tx.send(r);
+        });
+        self.device
+            .poll(wgpu::PollType::wait_indefinitely())
+            .map_err(|e| Error::gpu(format!("readback: {e}")))?;
+        rx.recv()
+            .map_err(|_| Error::gpu("readback: map callback dropped"))?
+            .map_err(|e| Error::gpu(format!("readback: {e}")))?;
+        let bytes = staging
+            .get_mapped_range(..)
+            .map_err(|e| Error::gpu(format!("readback: {e}")))?
+            .to_vec();
+        staging.unmap();
+        Ok(bytes)
+    }
+
+    pub fn read_f32(&self, buf: &wgpu::Buffer) -> Result<Vec<f32>> {
+        Ok(bytemuck::pod_collect_to_vec(&self.read_bytes(buf)?))
+    }
+
+    pub fn read_u32(&self, buf: &wgpu::Buffer) -> Result<Vec<u32>> {
+        Ok(bytemuck::pod_collect_to_vec(&self.read_bytes(buf)?))
+    }
+}

@@ -1,0 +1,440 @@
+//! Adapter selection, device creation and the pipeline cache.
+
+use super::kernels::{Access, Kernel, Variant};
+use super::preprocess::preprocess;
+use crate::error::{Error, Result};
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+/// Which graphics API to run on; `None` in [`GpuOptions`] lets wgpu pick.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Backend {
+    Vulkan,
+    Metal,
+    Dx12,
+    Gl,
+}
+
+impl Backend {
+    fn wgpu(self) -> wgpu::Backends {
+        match self {
+            Backend::Vulkan => wgpu::Backends::VULKAN,
+            Backend::Metal => wgpu::Backends::METAL,
+            Backend::Dx12 => wgpu::Backends::DX12,
+            Backend::Gl => wgpu::Backends::GL,
+        }
+    }
+}
+
+/// How to choose the adapter: parsed once from the command line.
+#[derive(Clone, Debug, Default)]
+pub struct GpuOptions {
+    pub backend: Option<Backend>,
+    /// Case-insensitive substring of the adapter name.
+    pub adapter: Option<String>,
+    /// Ignore subgroups and f16 even when present (tests the portable kernels).
+    pub portable: bool,
+}
+
+/// What the chosen adapter offers that kernels may use.
+#[derive(Clone, Copy, Debug)]
+pub struct Capabilities {
+    pub subgroups: bool,
+    /// Smallest subgroup size the adapter may run a kernel with.
+    pub subgroup_min: u32,
+    pub f16: bool,
+    /// Largest byte range one storage binding may cover.
+    pub max_binding: u64,
+    pub max_buffer: u64,
+    pub max_workgroup_storage: u32,
+    pub max_invocations: u32,
+    pub max_storage_buffers: u32,
+}
+
+type PipelineKey = (&'static str, String);
+
+pub struct Gpu {
+    pub device: wgpu::Device,
+    pub queue: wgpu::Queue,
+    pub info: wgpu::AdapterInfo,
+    pub caps: Capabilities,
+    layouts: Mutex<HashMap<&'static str, Arc<(wgpu::BindGroupLayout, wgpu::PipelineLayout)>>>,
+    pipelines: Mutex<HashMap<PipelineKey, Arc<wgpu::ComputePipeline>>>,
+}
+
+impl Gpu {
+    /// Opens the best adapter matching `opts`: a discrete GPU before an
+    /// integrated one before a software rasteriser.
+    pub fn new(opts: &GpuOptions) -> Result<Gpu> {
+        // Without an explicit backend, look at the modern APIs first and
+        // only then at GL (slower, no subgroups, and noisy to probe).
+        let tries = match opts.backend {
+            Some(b) => vec![b.wgpu()],
+            None => vec![wgpu::Backends::PRIMARY, wgpu::Backends::GL],
+        };
+        let mut adapters = Vec::new();
+        for backends in tries {
+            let mut desc = wgpu::InstanceDescriptor::new_without_display_handle();
+            desc.backends = backends;
+            let instance = wgpu::Instance::new(desc);
+            adapters = pollster::block_on(instance.enumerate_adapters(backends));
+            if let Some(want) = &opts.adapter {
+                let want = want.to_lowercase();
+                adapters.retain(|a| a.get_info().name.to_lowercase().contains(&want));
+            }
+            if !adapters.is_empty() {
+                break;
+            }
+        }
+        adapters.sort_by_key(|a| {
+            let i = a.get_info();
+            let kind = match i.device_type {
+                wgpu::DeviceType::DiscreteGpu => 0,
+                wgpu::DeviceType::IntegratedGpu => 1,
+                wgpu::DeviceType::VirtualGpu => 2,
+                wgpu::DeviceType::Other => 3,
+                wgpu::DeviceType::Cpu => 4,
+            };
+            // Vulkan before GL on the same device: storage buffers and subgroups.
+            let api = if i.backend == wgpu::Backend::Gl { 1 } else { 0 };
+            (kind, api)
+        });
+        let adapter = adapters.into_iter().next().ok_or_else(|| {
+            Error::gpu(match (&opts.backend, &opts.adapter) {
+                (None, None) => "no GPU adapter found (install a Vulkan driver, e.g. Debian's mesa-vulkan-drivers, or use --cpu)".to_string(),
+                _ => format!(
+                    "no GPU adapter matches backend {:?} / adapter {:?}",
+                    opts.backend, opts.adapter
+                ),
+            })
+        })?;
+        let info = adapter.get_info();
+        let feats = adapter.features();
+        let limits = adapter.limits();
+        if limits.max_storage_buffers_per_shader_stage < 8 {
+            return Err(Error::gpu(format!(
+                "adapter {} allows only {} storage buffers per shader stage; 8 are needed",
+                info.name, limits.max_storage_buffers_per_shader_stage
+            )));
+        }
+        let subgroups = !opts.portable && feats.contains(wgpu::Features::SUBGROUP);
+        let f16 = !opts.portable && feats.contains(wgpu::Features::SHADER_F16);
+        let mut required = wgpu::Features::empty();
+        if subgroups {
+            required |= wgpu::Features::SUBGROUP;
+        }
+        if f16 {
+            required |= wgpu::Features::SHADER_F16;
+        }
+        // Ask for everything the adapter can give: large models need the full
+        // binding and buffer sizes.
+        let (device, queue) = pollster::block_on(adapter.request_device(&wgpu::DeviceDescriptor {
+            label: Some("lfm"),
+            required_features: required,
+            required_limits: limits.clone(),
+            experimental_features: wgpu::ExperimentalFeatures::disabled(),
+            memory_hints: wgpu::MemoryHints::Performance,
+            trace: wgpu::Trace::Off,
+        }))
+        .map_err(|e| Error::gpu(format!("{}: cannot open device: {e}", info.name)))?;
+        let caps = Capabilities {
+            subgroups,
+            subgroup_min: info.subgroup_min_size,
+            f16,
+            max_binding: limits.max_storage_buffer_binding_size,
+            max_buffer: limits.max_buffer_size,
+            max_workgroup_storage: limits.max_compute_workgroup_storage_size,
+            max_invocations: limits.max_compute_invocations_per_workgroup,
+            max_storage_buffers: limits.max_storage_buffers_per_shader_stage,
+        };
+        Ok(Gpu {
+            device,
+            queue,
+            info,
+            caps,
+            layouts: Mutex::new(HashMap::new()),
+            pipelines: Mutex::new(HashMap::new()),
+        })
+    }
+
+    /// One line for stderr: adapter, backend, driver and the features in use.
+    pub fn describe(&self) -> String {
+        format!(
+            "gpu: {} ({:?}, {} {}){}{}",
+            self.info.name,
+            self.info.backend,
+            self.info.driver,
+            self.info.driver_info,
+            if self.caps.subgroups {
+                ", subgroups"
+            } else {
+                ""
+            },
+            if self.caps.f16 { ", f16" } else { "" },
+        )
+    }
+
+    fn layout(&self, k: &'static Kernel) -> Arc<(wgpu::BindGroupLayout, wgpu::PipelineLayout)> {
+        let mut layouts = self.layouts.lock().expect("layout cache poisoned");
+        layouts
+            .entry(k.name)
+            .or_insert_with(|| {
+                let mut entries = Vec::new();
+                if k.params_size > 0 {
+                    entries.push(wgpu::BindGroupLayoutEntry {
+                        binding: 0,
+                        visibility: wgpu::ShaderStages::COMPUTE,
+                        ty: wgpu::BindingType::Buffer {
+                            ty: wgpu::BufferBindingType::Uniform,
+                            has_dynamic_offset: false,
+                            min_binding_size: None,
+                        },
+                        count: None,
+                    });
+                }
+                for (i, b) in k.bindings.iter().enumerate() {
+                    entries.push(wgpu::BindGroupLayoutEntry {
+                        binding: i as u32 + 1,
+                        visibility: wgpu::ShaderStages::COMPUTE,
+                        ty: wgpu::BindingType::Buffer {
+                            ty: wgpu::BufferBindingType::Storage {
+                                read_only: b.access == Access::Read,
+                            },
+                            has_dynamic_offset: false,
+                            min_binding_size: None,
+                        },
+                        count: None,
+                    });
+                }
+                let bgl = self
+                    .device
+                    .create_bind_group_layout(&wgpu::BindGroupLayoutDescriptor {
+                        label: Some(k.name),
+                        entries: &entries,
+                    });
+                let pl = self
+                    .device
+                    .create_pipeline_layout(&wgpu::PipelineLayoutDescriptor {
+                        label: Some(k.name),
+                        bind_group_layouts: &[Some(&bgl)],
+                        immediate_size: 0,
+                    });
+                Arc::new((bgl, pl))
+            })
+            .clone()
+    }
+
+    /// The pipeline for `k` in `variant`, compiled on first use. A shader the
+    /// driver rejects is an error, not a panic.
+    pub fn pipeline(
+        &self,
+        k: &'static Kernel,
+        variant: &Variant,
+    ) -> Result<Arc<wgpu::ComputePipeline>> {
+        let key = (k.name, variant.key());
+        if let Some(p) = self
+            .pipelines
+            .lock()
+            .expect("pipeline cache poisoned")
+            .get(&key)
+        {
+            return Ok(p.clone());
+        }
+        if k.needs_subgroups(variant) && !self.caps.subgroups {
+            return Err(Error::gpu(format!(
+                "kernel {} variant {} needs subgroups",
+                k.name, key.1
+            )));
+        }
+        if k.needs_f16(variant) && !self.caps.f16 {
+            return Err(Error::gpu(format!(
+                "kernel {} variant {} needs f16",
+                k.name, key.1
+            )));
+        }
+        let source = preprocess(k.source, &variant.defines)
+            .map_err(|e| Error::gpu(format!("kernel {}: {e}", k.name)))?;
+        let layout = self.layout(k);
+        let scope = self.device.push_error_scope(wgpu::ErrorFilter::Validation);
+        let module = self
+            .device
+            .create_shader_module(wgpu::ShaderModuleDescriptor {
+                label: Some(k.name),
+                source: wgpu::ShaderSource::Wgsl(source.into()),
+            });
+        let constants: Vec<(&str, f64)> = variant
+            .constants
+            .iter()
+            .map(|(n, v)| (*n, *v as f64))
+            .collect();
+        let pipeline = self
+            .device
+            .create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
+                label: Some(k.name),
+                layout: Some(&layout.1),
+                module: &module,
+                entry_point: Some(k.entry),
+                compilation_options: wgpu::PipelineCompilationOptions {
+                    constants: &constants,
+                    zero_initialize_workgroup_memory: false,
+                },
+                cache: None,
+            });
+        if let Some(err) = pollster::block_on(scope.pop()) {
+            return Err(Error::gpu(format!(
+                "kernel {} variant {}: {err}",
+                k.name, key.1
+            )));
+        }
+        let pipeline = Arc::new(pipeline);
+        self.pipelines
+            .lock()
+            .expect("pipeline cache poisoned")
+            .insert(key, pipeline.clone());
+        Ok(pipeline)
+    }
+
+    /// Binds `buffers` (in the kernel's declared order) and `params` to `k`,
+    /// checking them against the declaration. The result can be recorded into
+    /// any number of passes: decode binds once and records every token.
+    pub fn bind<P: bytemuck::Pod>(
+        &self,
+        k: &'static Kernel,
+        variant: &Variant,
+        buffers: &[&wgpu::Buffer],
+        params: &P,
+    ) -> Result<Bound> {
+        assert_eq!(
+            std::mem::size_of::<P>(),
+            k.params_size,
+            "kernel {}: params struct is {} bytes, declared {}",
+            k.name,
+            std::mem::size_of::<P>(),
+            k.params_size
+        );
+        let params = if k.params_size > 0 {
+            use wgpu::util::DeviceExt;
+            Some(
+                self.device
+                    .create_buffer_init(&wgpu::util::BufferInitDescriptor {
+                        label: Some(k.name),
+                        contents: bytemuck::bytes_of(params),
+                        usage: wgpu::BufferUsages::UNIFORM,
+                    }),
+            )
+        } else {
+            None
+        };
+        self.bind_with_uniform(k, variant, buffers, params.as_ref())
+    }
+
+    /// As [`Gpu::bind`], with a caller-owned uniform buffer (so the caller can
+    /// rewrite the params between submissions).
+    pub fn bind_with_uniform(
+        &self,
+        k: &'static Kernel,
+        variant: &Variant,
+        buffers: &[&wgpu::Buffer],
+        params: Option<&wgpu::Buffer>,
+    ) -> Result<Bound> {
+        assert_eq!(
+            buffers.len(),
+            k.bindings.len(),
+            "kernel {}: {} buffers given, declared {:?}",
+            k.name,
+            buffers.len(),
+            k.bindings.iter().map(|b| b.name).collect::<Vec<_>>()
+        );
+        assert_eq!(
+            params.is_some(),
+            k.params_size > 0,
+            "kernel {}: params presence",
+            k.name
+        );
+        for (b, decl) in buffers.iter().zip(k.bindings) {
+            assert!(
+                b.usage().contains(wgpu::BufferUsages::STORAGE),
+                "kernel {}: buffer for {} is not a storage buffer",
+                k.name,
+                decl.name
+            );
+            if b.size() > self.caps.max_binding {
+                return Err(Error::gpu(format!(
+                    "kernel {}: buffer for {} is {} bytes, over the adapter's {} byte binding limit",
+                    k.name,
+                    decl.name,
+                    b.size(),
+                    self.caps.max_binding
+                )));
+            }
+        }
+        let pipeline = self.pipeline(k, variant)?;
+        let layout = self.layout(k);
+        let mut entries = Vec::new();
+        if let Some(p) = params {
+            entries.push(wgpu::BindGroupEntry {
+                binding: 0,
+                resource: p.as_entire_binding(),
+            });
+        }
+        for (i, b) in buffers.iter().enumerate() {
+            entries.push(wgpu::BindGroupEntry {
+                binding: i as u32 + 1,
+                resource: b.as_entire_binding(),
+            });
+        }
+        let bind_group = self.device.create_bind_group(&wgpu::BindGroupDescriptor {
+            label: Some(k.name),
+            layout: &layout.0,
+            entries: &entries,
+        });
+        Ok(Bound {
+            name: k.name,
+            pipeline,
+            bind_group,
+        })
+    }
+
+    /// Records `work` into one command buffer, submits it and waits.
+    pub fn run(&self, work: &[(&Bound, [u32; 3])]) -> Result<()> {
+        let mut enc = self.device.create_command_encoder(&Default::default());
+        {
+            let mut pass = enc.begin_compute_pass(&Default::default());
+            for (b, groups) in work {
+                b.record(&mut pass, *groups);
+            }
+        }
+        self.submit_and_wait(enc)
+    }
+
+    pub fn submit_and_wait(&self, enc: wgpu::CommandEncoder) -> Result<()> {
+        let idx = self.queue.submit([enc.finish()]);
+        self.device
+            .poll(wgpu::PollType::Wait {
+                submission_index: Some(idx),
+                timeout: None,
+            })
+            .map_err(|e| Error::gpu(format!("waiting for the device: {e}")))?;
+        Ok(())
+    }
+}
+
+/// A kernel with its buffers bound, ready to record.
+pub struct Bound {
+    pub name: &'static str,
+    pipeline: Arc<wgpu::ComputePipeline>,
+    bind_group: wgpu::BindGroup,
+}
+
+impl Bound {
+    pub fn record(&self, pass: &mut wgpu::ComputePass<'_>, groups: [u32; 3]) {
+        debug_assert!(
+            groups.iter().all(|&g| g > 0),
+            "kernel {}: empty dispatch",
+            self.name
+        );
+        pass.set_pipeline(&self.pipeline);
+        pass.set_bind_group(0, &self.bind_group, &[]);
+        pass.dispatch_workgroups(groups[0], groups[1], groups[2]);
+    }
+}

@@ -1,0 +1,14 @@
+//! The wgpu backend: one context per process ([`Gpu`]), the kernel registry
+//! ([`kernels`]), and typed wrappers that dispatch those kernels.
+//!
+//! Every kernel here has a CPU twin in [`crate::cpu`] with the same name and a
+//! parity test in `tests/gpu_parity.rs`.
+
+pub mod buffers;
+pub mod context;
+pub mod kernels;
+pub mod ops;
+pub mod preprocess;
+
+pub use context::{Backend, Gpu, GpuOptions};
+pub use kernels::{Access, Kernel, Variant};

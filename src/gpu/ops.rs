@@ -1,0 +1,132 @@
+//! Typed dispatch wrappers for the general tensor kernels. Each returns a
+//! [`Dispatch`] (kernel bound to its buffers plus workgroup counts) that a
+//! caller records alone or into a larger command buffer.
+
+use super::context::Bound;
+use super::kernels::{Binding, Kernel, Variant};
+use super::Gpu;
+use crate::error::Result;
+use crate::kernel;
+
+/// A bound kernel and how many workgroups to launch.
+pub struct Dispatch {
+    pub bound: Bound,
+    pub groups: [u32; 3],
+}
+
+impl Dispatch {
+    pub fn record(&self, pass: &mut wgpu::ComputePass<'_>) {
+        self.bound.record(pass, self.groups);
+    }
+}
+
+impl Gpu {
+    /// Records `work` in order into one submission and waits for it.
+    pub fn run_all(&self, work: &[&Dispatch]) -> Result<()> {
+        let v: Vec<_> = work.iter().map(|d| (&d.bound, d.groups)).collect();
+        self.run(&v)
+    }
+
+    /// The variant to use on this adapter: subgroup reductions when present.
+    pub fn reduce_variant(&self) -> Variant {
+        if self.caps.subgroups {
+            Variant::new(&["SUBGROUPS"])
+        } else {
+            Variant::default()
+        }
+    }
+}
+
+/// Workgroup counts for `n` items at `per_group` items a workgroup, spread
+/// over x and y so no dimension exceeds the 65535 limit.
+pub fn groups_1d(n: usize, per_group: usize) -> [u32; 3] {
+    let groups = n.div_ceil(per_group).max(1);
+    if groups <= 65535 {
+        [groups as u32, 1, 1]
+    } else {
+        let y = groups.div_ceil(65535);
+        [groups.div_ceil(y) as u32, y as u32, 1]
+    }
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
+struct AddParams {
+    n: u32,
+    _pad: [u32; 3],
+}
+const _: () = assert!(std::mem::size_of::<AddParams>() == 16);
+
+kernel!(
+    ADD,
+    "add",
+    "add.wgsl",
+    [Binding::read("a"), Binding::read("b"), Binding::write("y")],
+    AddParams,
+    [&[]]
+);
+
+/// `y = a + b` over `n` elements.
+pub fn add(
+    gpu: &Gpu,
+    a: &wgpu::Buffer,
+    b: &wgpu::Buffer,
+    y: &wgpu::Buffer,
+    n: usize,
+) -> Result<Dispatch> {
+    let params = AddParams {
+        n: n as u32,
+        _pad: [0; 3],
+    };
+    let bound = gpu.bind(&ADD, &Variant::default(), &[a, b, y], &params)?;
+    Ok(Dispatch {
+        bound,
+        groups: groups_1d(n, 256),
+    })
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
+struct RmsNormParams {
+    n: u32,
+    rows: u32,
+    eps: f32,
+    _pad: u32,
+}
+const _: () = assert!(std::mem::size_of::<RmsNormParams>() == 16);
+
+kernel!(
+    RMS_NORM,
+    "rms_norm",
+    "rms_norm.wgsl",
+    [Binding::read("x"), Binding::read("w"), Binding::write("y")],
+    RmsNormParams,
+    [&[], &["SUBGROUPS"]]
+);
+
+/// `y[r] = w * x[r] / rms(x[r])` for `rows` rows of `n`.
+pub fn rms_norm(
+    gpu: &Gpu,
+    variant: &Variant,
+    x: &wgpu::Buffer,
+    w: &wgpu::Buffer,
+    y: &wgpu::Buffer,
+    n: usize,
+    rows: usize,
+    eps: f32,
+) -> Result<Dispatch> {
+    let params = RmsNormParams {
+        n: n as u32,
+        rows: rows as u32,
+        eps,
+        _pad: 0,
+    };
+    let bound = gpu.bind(&RMS_NORM, variant, &[x, w, y], &params)?;
+    Ok(Dispatch {
+        bound,
+        groups: [rows as u32, 1, 1],
+    })
+}
+
+/// The kernels declared in this module.
+pub static KERNELS: &[&Kernel] = &[&ADD, &RMS_NORM];

@@ -1,0 +1,17 @@
+//! `lfm`: run neural networks on any GPU.
+//!
+//! One engine with two backends that compute the same thing:
+//! - [`cpu`]: the plain f32 reference, the no-GPU fallback and the oracle
+//!   every GPU kernel is tested against;
+//! - [`gpu`]: wgpu compute with hand-written WGSL kernels from `shaders/`,
+//!   declared once in the kernel registry.
+//!
+//! Binaries in `src/bin` are thin shims over [`cli`], one module per tool.
+
+pub mod cli;
+pub mod cpu;
+pub mod error;
+pub mod gpu;
+pub mod util;
+
+pub use error::{Error, Result};

@@ -1,0 +1,5 @@
+//! Small helpers shared by every part of the engine.
+
+pub mod atomic_write;
+pub mod progress;
+pub mod rng;
