@@ -18,8 +18,3 @@ pub fn add_assign(x: &mut [f32], b: &[f32]) {
         *x += b;
     }
 }
-
-/// silu(x) = x * sigmoid(x)
-pub fn silu(x: f32) -> f32 {
-    x / (1.0 + (-x).exp())
-}

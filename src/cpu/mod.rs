@@ -1,9 +1,13 @@
 //! The CPU reference: plain f32 loops, one function per op, named like the GPU
 //! kernel it is the oracle for. Shapes are given in comments as `[rows, cols]`,
-//! row-major.
+//! row-major; weights use the PyTorch `[out, in]` layout.
 
+pub mod activation;
 pub mod elementwise;
+pub mod matmul;
 pub mod norm;
 
+pub use activation::*;
 pub use elementwise::*;
+pub use matmul::*;
 pub use norm::*;
