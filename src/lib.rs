@@ -11,6 +11,7 @@
 pub mod cli;
 pub mod cpu;
 pub mod error;
+pub mod formats;
 pub mod gpu;
 pub mod util;
 
