@@ -13,6 +13,8 @@ pub mod cpu;
 pub mod error;
 pub mod formats;
 pub mod gpu;
+pub mod models;
+pub mod run;
 pub mod util;
 
 pub use error::{Error, Result};

@@ -1,0 +1,503 @@
+//! Convolutional-network ops on one image in NCHW order (`[c, h, w]`,
+//! row-major): 2-D convolution with a fused activation, global average
+//! pooling, per-channel scaling, nearest-neighbour resize and channel
+//! concatenation.
+//!
+//! [`conv2d`] is the plain reference for every convolution. The layers that
+//! dominate a detector, pointwise (1x1) and depthwise, also have faster
+//! versions ([`conv2d_pointwise`], [`conv2d_depthwise`]) that compute the
+//! same sums in the same order of input channels and are tested against it.
+
+use rayon::prelude::*;
+
+/// An activation applied to a convolution's output, as ONNX defines it.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Activation {
+    None,
+    Relu,
+    /// x * clip(x + 3, 0, 6) / 6
+    HardSwish,
+    /// clip(alpha * x + beta, 0, 1)
+    HardSigmoid {
+        alpha: f32,
+        beta: f32,
+    },
+    Sigmoid,
+}
+
+impl Activation {
+    #[inline]
+    pub fn apply(self, x: f32) -> f32 {
+        match self {
+            Activation::None => x,
+            Activation::Relu => x.max(0.0),
+            // Same operation order as the ONNX graphs that spell it out
+            // (Add, Clip, Mul, Div).
+            Activation::HardSwish => x * (x + 3.0).clamp(0.0, 6.0) / 6.0,
+            Activation::HardSigmoid { alpha, beta } => (alpha * x + beta).clamp(0.0, 1.0),
+            Activation::Sigmoid => 1.0 / (1.0 + (-x).exp()),
+        }
+    }
+}
+
+/// The geometry of a 2-D convolution over one image.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Conv2d {
+    pub c_in: usize,
+    pub h_in: usize,
+    pub w_in: usize,
+    pub c_out: usize,
+    pub kh: usize,
+    pub kw: usize,
+    /// [vertical, horizontal]
+    pub stride: [usize; 2],
+    /// [top, left, bottom, right], as ONNX orders `pads` for 2-D.
+    pub pad: [usize; 4],
+    /// [vertical, horizontal]
+    pub dilation: [usize; 2],
+    pub groups: usize,
+}
+
+impl Conv2d {
+    pub fn h_out(&self) -> usize {
+        (self.h_in + self.pad[0] + self.pad[2] - self.dilation[0] * (self.kh - 1) - 1)
+            / self.stride[0]
+            + 1
+    }
+
+    pub fn w_out(&self) -> usize {
+        (self.w_in + self.pad[1] + self.pad[3] - self.dilation[1] * (self.kw - 1) - 1)
+            / self.stride[1]
+            + 1
+    }
+
+    /// Elements of the weight tensor `[c_out, c_in / groups, kh, kw]`.
+    pub fn weight_len(&self) -> usize {
+        self.c_out * (self.c_in / self.groups) * self.kh * self.kw
+    }
+
+    /// A 1x1 convolution without stride, padding or groups: a matrix product.
+    pub fn is_pointwise(&self) -> bool {
+        self.kh == 1
+            && self.kw == 1
+            && self.stride == [1, 1]
+            && self.pad == [0; 4]
+            && self.groups == 1
+    }
+
+    /// One filter per channel.
+    pub fn is_depthwise(&self) -> bool {
+        self.groups == self.c_in && self.c_out == self.c_in && self.groups > 1
+    }
+
+    /// Checks that the sizes describe a convolution with a non-empty output.
+    pub fn check(&self) -> Result<(), String> {
+        let ok = self.groups > 0
+            && self.c_in % self.groups == 0
+            && self.c_out % self.groups == 0
+            && self.kh > 0
+            && self.kw > 0
+            && self.stride.iter().all(|&s| s > 0)
+            && self.dilation.iter().all(|&d| d > 0)
+            && self.c_in > 0
+            && self.c_out > 0
+            && self.h_in + self.pad[0] + self.pad[2] > self.dilation[0] * (self.kh - 1)
+            && self.w_in + self.pad[1] + self.pad[3] > self.dilation[1] * (self.kw - 1);
+        if ok {
+            Ok(())
+        } else {
+            Err(format!("invalid convolution {self:?}"))
+        }
+    }
+
+    fn assert_buffers(&self, what: &str, x: &[f32], w: &[f32], b: &[f32], y: &[f32]) {
+        assert_eq!(
+            x.len(),
+            self.c_in * self.h_in * self.w_in,
+            "{what}: x is not [c_in, h, w]"
+        );
+        assert_eq!(
+            w.len(),
+            self.weight_len(),
+            "{what}: w is not [c_out, c_in/groups, kh, kw]"
+        );
+        assert_eq!(b.len(), self.c_out, "{what}: b is not [c_out]");
+        assert_eq!(
+            y.len(),
+            self.c_out * self.h_out() * self.w_out(),
+            "{what}: y is not [c_out, h_out, w_out]"
+        );
+    }
+}
+
+/// x: [c_in, h_in, w_in], w: [c_out, c_in / groups, kh, kw], b: [c_out]
+/// -> y: [c_out, h_out, w_out]; y = act(b + sum over the group's input
+/// channels and the kernel window of w * x), zero padding.
+///
+/// The reference: one plain loop nest per output element, in the order
+/// input channel, kernel row, kernel column.
+pub fn conv2d(g: &Conv2d, x: &[f32], w: &[f32], b: &[f32], act: Activation, y: &mut [f32]) {
+    g.assert_buffers("conv2d", x, w, b, y);
+    let (h_out, w_out) = (g.h_out(), g.w_out());
+    let cin_g = g.c_in / g.groups;
+    let cout_g = g.c_out / g.groups;
+    y.par_chunks_mut(h_out * w_out)
+        .enumerate()
+        .for_each(|(o, plane)| {
+            let group = o / cout_g;
+            let wo = &w[o * cin_g * g.kh * g.kw..(o + 1) * cin_g * g.kh * g.kw];
+            for oy in 0..h_out {
+                for ox in 0..w_out {
+                    let mut acc = 0.0f32;
+                    for ci in 0..cin_g {
+                        let xc = &x[(group * cin_g + ci) * g.h_in * g.w_in..];
+                        for ky in 0..g.kh {
+                            let iy = (oy * g.stride[0] + ky * g.dilation[0]) as isize
+                                - g.pad[0] as isize;
+                            if iy < 0 || iy >= g.h_in as isize {
+                                continue;
+                            }
+                            for kx in 0..g.kw {
+                                let ix = (ox * g.stride[1] + kx * g.dilation[1]) as isize
+                                    - g.pad[1] as isize;
+                                if ix < 0 || ix >= g.w_in as isize {
+                                    continue;
+                                }
+                                acc += wo[(ci * g.kh + ky) * g.kw + kx]
+                                    * xc[iy as usize * g.w_in + ix as usize];
+                            }
+                        }
+                    }
+                    plane[oy * w_out + ox] = act.apply(acc + b[o]);
+                }
+            }
+        });
+}
+
+/// Output channels per task and pixels per tile in [`conv2d_pointwise`]:
+/// the accumulators (8 x 256 f32 = 8 KiB) stay in L1 while each input row
+/// tile is loaded once for eight outputs.
+const PW_CHANNELS: usize = 8;
+const PW_TILE: usize = 256;
+
+/// A 1x1 convolution ([`Conv2d::is_pointwise`]): x: [c_in, n],
+/// w: [c_out, c_in], b: [c_out] -> y: [c_out, n] over the n = h * w pixels;
+/// y = act(b + w x). Same sums as [`conv2d`] (input channels in order),
+/// blocked for the cache.
+pub fn conv2d_pointwise(
+    g: &Conv2d,
+    x: &[f32],
+    w: &[f32],
+    b: &[f32],
+    act: Activation,
+    y: &mut [f32],
+) {
+    assert!(g.is_pointwise(), "conv2d_pointwise: {g:?} is not 1x1");
+    g.assert_buffers("conv2d_pointwise", x, w, b, y);
+    let (c_in, n) = (g.c_in, g.h_in * g.w_in);
+    if n == 0 {
+        return;
+    }
+    y.par_chunks_mut(PW_CHANNELS * n)
+        .enumerate()
+        .for_each(|(block, ys)| {
+            let o0 = block * PW_CHANNELS;
+            let outs = ys.len() / n;
+            let mut acc = [[0.0f32; PW_TILE]; PW_CHANNELS];
+            for p0 in (0..n).step_by(PW_TILE) {
+                let len = PW_TILE.min(n - p0);
+                for a in acc.iter_mut().take(outs) {
+                    a[..len].fill(0.0);
+                }
+                for ci in 0..c_in {
+                    let xs = &x[ci * n + p0..ci * n + p0 + len];
+                    for (j, a) in acc.iter_mut().enumerate().take(outs) {
+                        let wv = w[(o0 + j) * c_in + ci];
+                        for (a, &xv) in a[..len].iter_mut().zip(xs) {
+                            *a += wv * xv;
+                        }
+                    }
+                }
+                for (j, a) in acc.iter().enumerate().take(outs) {
+                    let bias = b[o0 + j];
+                    for (yv, &av) in ys[j * n + p0..j * n + p0 + len].iter_mut().zip(&a[..len]) {
+                        *yv = act.apply(av + bias);
+                    }
+                }
+            }
+        });
+}
+
+/// Depthwise convolution (`groups == c_in == c_out`): x: [c, h_in, w_in],
+/// w: [c, 1, kh, kw], b: [c] -> y: [c, h_out, w_out]. Same sums as
+/// [`conv2d`] (kernel rows, then columns), with the bounds hoisted out of
+/// the pixel loop.
+pub fn conv2d_depthwise(
+    g: &Conv2d,
+    x: &[f32],
+    w: &[f32],
+    b: &[f32],
+    act: Activation,
+    y: &mut [f32],
+) {
+    assert!(g.is_depthwise(), "conv2d_depthwise: {g:?} is not depthwise");
+    g.assert_buffers("conv2d_depthwise", x, w, b, y);
+    let (h_out, w_out) = (g.h_out(), g.w_out());
+    let [sy, sx] = g.stride;
+    let [dy, dx] = g.dilation;
+    y.par_chunks_mut(h_out * w_out)
+        .enumerate()
+        .for_each(|(c, plane)| {
+            let xc = &x[c * g.h_in * g.w_in..(c + 1) * g.h_in * g.w_in];
+            let wc = &w[c * g.kh * g.kw..(c + 1) * g.kh * g.kw];
+            plane.fill(0.0);
+            for oy in 0..h_out {
+                let row = &mut plane[oy * w_out..(oy + 1) * w_out];
+                for ky in 0..g.kh {
+                    let iy = (oy * sy + ky * dy) as isize - g.pad[0] as isize;
+                    if iy < 0 || iy >= g.h_in as isize {
+                        continue;
+                    }
+                    let xr = &xc[iy as usize * g.w_in..(iy as usize + 1) * g.w_in];
+                    for kx in 0..g.kw {
+                        let wv = wc[ky * g.kw + kx];
+                        // Output columns whose input column ox*sx + kx*dx - pad
+                        // falls inside the row.
+                        let shift = kx * dx;
+                        if g.w_in + g.pad[1] <= shift {
+                            continue;
+                        }
+                        let first = g.pad[1].saturating_sub(shift).div_ceil(sx);
+                        let last = (g.w_in + g.pad[1] - shift - 1) / sx;
+                        for ox in first..=last.min(w_out - 1) {
+                            row[ox] += wv * xr[ox * sx + shift - g.pad[1]];
+                        }
+                    }
+                }
+            }
+            for v in plane.iter_mut() {
+                *v = act.apply(*v + b[c]);
+            }
+        });
+}
+
+/// x: [c, n] -> y: [c]; the mean of each channel's `n` values.
+pub fn global_avg_pool(x: &[f32], c: usize, n: usize, y: &mut [f32]) {
+    assert_eq!(x.len(), c * n, "global_avg_pool: x is not [c, n]");
+    assert_eq!(y.len(), c, "global_avg_pool: y is not [c]");
+    for (yc, xc) in y.iter_mut().zip(x.chunks_exact(n.max(1))) {
+        *yc = xc.iter().sum::<f32>() / n as f32;
+    }
+}
+
+/// x: [c, n], s: [c] -> y: [c, n]; y = x * s per channel (squeeze-and-
+/// excitation).
+pub fn scale_channels(x: &[f32], s: &[f32], n: usize, y: &mut [f32]) {
+    assert_eq!(x.len(), s.len() * n, "scale_channels: x is not [c, n]");
+    assert_eq!(y.len(), x.len(), "scale_channels: y is not [c, n]");
+    if n == 0 {
+        return;
+    }
+    y.par_chunks_mut(n)
+        .zip(x.par_chunks(n))
+        .zip(s.par_iter())
+        .for_each(|((yc, xc), &sc)| {
+            for (yv, &xv) in yc.iter_mut().zip(xc) {
+                *yv = xv * sc;
+            }
+        });
+}
+
+/// x: [c, h_in, w_in] -> y: [c, h_out, w_out], nearest neighbour with
+/// ONNX Resize's `asymmetric` coordinates and `floor` rounding: output pixel
+/// (oy, ox) reads input (floor(oy / scale_h), floor(ox / scale_w)), clamped
+/// to the image.
+pub fn resize_nearest(
+    x: &[f32],
+    c: usize,
+    [h_in, w_in]: [usize; 2],
+    [h_out, w_out]: [usize; 2],
+    [scale_h, scale_w]: [f32; 2],
+    y: &mut [f32],
+) {
+    assert_eq!(
+        x.len(),
+        c * h_in * w_in,
+        "resize_nearest: x is not [c, h_in, w_in]"
+    );
+    assert_eq!(
+        y.len(),
+        c * h_out * w_out,
+        "resize_nearest: y is not [c, h_out, w_out]"
+    );
+    let src = |o: usize, scale: f32, n: usize| ((o as f32 / scale).floor() as usize).min(n - 1);
+    let cols: Vec<usize> = (0..w_out).map(|ox| src(ox, scale_w, w_in)).collect();
+    for (yc, xc) in y
+        .chunks_exact_mut(h_out * w_out)
+        .zip(x.chunks_exact(h_in * w_in))
+    {
+        for oy in 0..h_out {
+            let xr = &xc[src(oy, scale_h, h_in) * w_in..];
+            for (yv, &ix) in yc[oy * w_out..(oy + 1) * w_out].iter_mut().zip(&cols) {
+                *yv = xr[ix];
+            }
+        }
+    }
+}
+
+/// Concatenation along channels of one image: the parts one after another.
+pub fn concat(parts: &[&[f32]], y: &mut [f32]) {
+    assert_eq!(
+        parts.iter().map(|p| p.len()).sum::<usize>(),
+        y.len(),
+        "concat: output length"
+    );
+    let mut at = 0;
+    for p in parts {
+        y[at..at + p.len()].copy_from_slice(p);
+        at += p.len();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::util::rng::Rng;
+
+    #[test]
+    fn conv2d_known_values() {
+        // 1 channel 3x3 input, 2x2 kernel of ones, stride 1, pad 0:
+        // every output is the sum of a 2x2 window, plus the bias.
+        let g = Conv2d {
+            c_in: 1,
+            h_in: 3,
+            w_in: 3,
+            c_out: 1,
+            kh: 2,
+            kw: 2,
+            stride: [1, 1],
+            pad: [0; 4],
+            dilation: [1, 1],
+            groups: 1,
+        };
+        let x: Vec<f32> = (1..=9).map(|v| v as f32).collect();
+        let mut y = vec![0.0; 4];
+        conv2d(&g, &x, &[1.0; 4], &[0.5], Activation::None, &mut y);
+        assert_eq!(y, [12.5, 16.5, 24.5, 28.5]);
+        // Padding 1 on every side, stride 2: corners see one 2x2 quarter.
+        let g = Conv2d {
+            pad: [1; 4],
+            stride: [2, 2],
+            ..g
+        };
+        assert_eq!((g.h_out(), g.w_out()), (2, 2));
+        conv2d(&g, &x, &[1.0; 4], &[0.0], Activation::None, &mut y);
+        assert_eq!(y, [1.0, 5.0, 11.0, 28.0]);
+    }
+
+    #[test]
+    fn activations() {
+        assert_eq!(Activation::HardSwish.apply(-4.0), 0.0);
+        assert_eq!(Activation::HardSwish.apply(4.0), 4.0);
+        assert_eq!(Activation::HardSwish.apply(1.0), 4.0 / 6.0);
+        let hs = Activation::HardSigmoid {
+            alpha: 0.2,
+            beta: 0.5,
+        };
+        assert_eq!(hs.apply(10.0), 1.0);
+        assert_eq!(hs.apply(0.0), 0.5);
+        assert_eq!(Activation::Relu.apply(-1.0), 0.0);
+        assert!((Activation::Sigmoid.apply(0.0) - 0.5).abs() < 1e-7);
+    }
+
+    #[test]
+    fn pointwise_matches_the_reference() {
+        let mut rng = Rng::new(3);
+        for (c_in, c_out, h, w) in [
+            (1, 1, 1, 1),
+            (3, 5, 7, 9),
+            (17, 9, 13, 21),
+            (33, 20, 16, 17),
+        ] {
+            let g = Conv2d {
+                c_in,
+                h_in: h,
+                w_in: w,
+                c_out,
+                kh: 1,
+                kw: 1,
+                stride: [1, 1],
+                pad: [0; 4],
+                dilation: [1, 1],
+                groups: 1,
+            };
+            let x = rng.vec(c_in * h * w, -1.0, 1.0);
+            let wt = rng.vec(c_out * c_in, -1.0, 1.0);
+            let b = rng.vec(c_out, -1.0, 1.0);
+            let mut want = vec![0.0; c_out * h * w];
+            let mut got = vec![f32::NAN; c_out * h * w];
+            conv2d(&g, &x, &wt, &b, Activation::HardSwish, &mut want);
+            conv2d_pointwise(&g, &x, &wt, &b, Activation::HardSwish, &mut got);
+            assert_eq!(got, want, "same sums in the same order");
+        }
+    }
+
+    #[test]
+    fn depthwise_matches_the_reference() {
+        let mut rng = Rng::new(4);
+        for (c, h, w, k, s, pad, d) in [
+            (2, 1, 1, 3, 1, 1, 1),
+            (3, 7, 9, 3, 1, 1, 1),
+            (5, 8, 11, 3, 2, 1, 1),
+            (4, 13, 10, 5, 1, 2, 1),
+            (6, 13, 10, 5, 2, 2, 1),
+            (2, 9, 9, 3, 1, 2, 2),
+            (3, 6, 7, 3, 2, 0, 1),
+            (2, 3, 2, 5, 1, 4, 2),
+        ] {
+            let g = Conv2d {
+                c_in: c,
+                h_in: h,
+                w_in: w,
+                c_out: c,
+                kh: k,
+                kw: k,
+                stride: [s, s],
+                pad: [pad; 4],
+                dilation: [d, d],
+                groups: c,
+            };
+            g.check().unwrap();
+            let x = rng.vec(c * h * w, -1.0, 1.0);
+            let wt = rng.vec(g.weight_len(), -1.0, 1.0);
+            let b = rng.vec(c, -1.0, 1.0);
+            let n = c * g.h_out() * g.w_out();
+            let (mut want, mut got) = (vec![0.0; n], vec![f32::NAN; n]);
+            conv2d(&g, &x, &wt, &b, Activation::Relu, &mut want);
+            conv2d_depthwise(&g, &x, &wt, &b, Activation::Relu, &mut got);
+            // Same taps in the same order, bias added last: exact.
+            assert_eq!(got, want, "{g:?}");
+        }
+    }
+
+    #[test]
+    fn pooling_scaling_resize_concat() {
+        let x = [1.0, 2.0, 3.0, 4.0, 10.0, 20.0, 30.0, 40.0];
+        let mut m = [0.0; 2];
+        global_avg_pool(&x, 2, 4, &mut m);
+        assert_eq!(m, [2.5, 25.0]);
+        let mut s = [0.0; 8];
+        scale_channels(&x, &[2.0, 0.5], 4, &mut s);
+        assert_eq!(s, [2.0, 4.0, 6.0, 8.0, 5.0, 10.0, 15.0, 20.0]);
+        // 2x2 -> 4x4 nearest: each pixel becomes a 2x2 block.
+        let mut r = [0.0; 16];
+        resize_nearest(&x[..4], 1, [2, 2], [4, 4], [2.0, 2.0], &mut r);
+        assert_eq!(
+            r,
+            [1.0, 1.0, 2.0, 2.0, 1.0, 1.0, 2.0, 2.0, 3.0, 3.0, 4.0, 4.0, 3.0, 3.0, 4.0, 4.0]
+        );
+        let mut c = [0.0; 5];
+        concat(&[&[1.0, 2.0], &[3.0, 4.0, 5.0]], &mut c);
+        assert_eq!(c, [1.0, 2.0, 3.0, 4.0, 5.0]);
+    }
+}
