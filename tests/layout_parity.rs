@@ -10,7 +10,8 @@
 //! - end to end, the boxes match rapid-layout's: same count and classes,
 //!   IoU >= 0.98.
 
-use lfm::models::layout::{Detection, HeadOutputs, LayoutModel, PostProcess};
+use lfm::gpu::{Gpu, GpuOptions};
+use lfm::models::layout::{Detection, Detector, HeadOutputs, LayoutModel, PostProcess};
 use lfm::run::image;
 use serde_json::Value;
 use std::path::PathBuf;
@@ -209,7 +210,7 @@ fn postprocessing_matches_rapid_layout() {
     }
 }
 
-fn check_forward(what: &str, forward: impl Fn(&[f32]) -> HeadOutputs) {
+fn check_forward(what: &str, mut forward: impl FnMut(&[f32]) -> HeadOutputs) {
     let m = model();
     for page in pages() {
         let img = load_page(page);
@@ -225,4 +226,21 @@ fn check_forward(what: &str, forward: impl Fn(&[f32]) -> HeadOutputs) {
 #[test]
 fn cpu_matches_onnxruntime_and_rapid_layout() {
     check_forward("cpu", |x| model().forward_cpu(x));
+}
+
+#[test]
+fn gpu_matches_onnxruntime_and_rapid_layout() {
+    let gpu = match Gpu::new(&GpuOptions::default()) {
+        Ok(g) => g,
+        Err(e) if std::env::var_os("LFM_SKIP_GPU_TESTS").is_some() => {
+            eprintln!("SKIPPING the GPU layout test (LFM_SKIP_GPU_TESTS set): {e}");
+            return;
+        }
+        Err(e) => panic!("GPU tests need an adapter ({e}); set LFM_SKIP_GPU_TESTS=1 to skip them"),
+    };
+    let model =
+        LayoutModel::open(root().join("samples/models/layout-cdla/layout_cdla.onnx")).unwrap();
+    let mut det = Detector::gpu(model, gpu).unwrap();
+    eprintln!("{}", det.describe());
+    check_forward("gpu", |x| det.forward(x).unwrap());
 }

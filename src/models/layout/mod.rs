@@ -15,12 +15,15 @@
 //!   per-class NMS.
 
 pub mod exec;
+pub mod gpu;
 pub mod graph;
 pub mod post;
 
 use crate::error::{Error, Result};
 use crate::formats::onnx::OnnxModel;
+use crate::gpu::Gpu;
 use crate::run::image::{resize_linear, Rgb8};
+use gpu::GpuLayout;
 use graph::Graph;
 pub use post::{Detection, PostProcess};
 use std::path::{Path, PathBuf};
@@ -168,5 +171,59 @@ impl LayoutModel {
             })
             .collect();
         post::decode(&levels, self.classes, self.bins, self.input_hw, original, p)
+    }
+}
+
+/// Where the forward pass runs.
+pub enum Engine {
+    /// The CPU reference.
+    Cpu,
+    Gpu(Box<GpuLayout>),
+}
+
+/// A model bound to an engine: image in, boxes out.
+pub struct Detector {
+    pub model: LayoutModel,
+    engine: Engine,
+}
+
+impl Detector {
+    pub fn cpu(model: LayoutModel) -> Detector {
+        Detector {
+            model,
+            engine: Engine::Cpu,
+        }
+    }
+
+    /// Uploads the model to `gpu`.
+    pub fn gpu(model: LayoutModel, gpu: Gpu) -> Result<Detector> {
+        let plan = GpuLayout::new(gpu, &model.graph)?;
+        Ok(Detector {
+            model,
+            engine: Engine::Gpu(Box::new(plan)),
+        })
+    }
+
+    /// "cpu" or the GPU adapter line.
+    pub fn describe(&self) -> String {
+        match &self.engine {
+            Engine::Cpu => format!("cpu: {} threads", rayon::current_num_threads()),
+            Engine::Gpu(g) => g.gpu().describe(),
+        }
+    }
+
+    /// The head outputs for a preprocessed input.
+    pub fn forward(&mut self, input: &[f32]) -> Result<HeadOutputs> {
+        match &mut self.engine {
+            Engine::Cpu => Ok(self.model.forward_cpu(input)),
+            Engine::Gpu(g) => g.forward(&self.model.graph, input),
+        }
+    }
+
+    /// Preprocess, forward, post-process.
+    pub fn detect(&mut self, img: &Rgb8, p: &PostProcess) -> Result<Vec<Detection>> {
+        let input = self.model.preprocess(img);
+        let head = self.forward(&input)?;
+        Ok(self.model.postprocess(&head, [img.height, img.width], p))
     }
 }
