@@ -6,9 +6,10 @@ use crate::error::{Error, Result};
 use crate::util::atomic_write;
 use std::path::Path;
 
-/// Decoders may allocate at most this much (the decoded image included):
-/// a 16-megapixel RGB page needs 48 MiB, so real pages are far below it,
-/// and a hostile or absurd file fails cleanly instead of exhausting memory.
+/// The largest decoded image accepted (about 170 megapixels of RGB): a
+/// page scanned at 600 dpi needs 100 MiB, and an absurd or hostile header
+/// fails cleanly instead of exhausting memory. Everything larger than the
+/// model input is downscaled to it.
 pub const MAX_DECODE_BYTES: u64 = 512 << 20;
 
 /// An 8-bit RGB image, rows top to bottom, pixels interleaved.
@@ -43,15 +44,23 @@ impl Rgb8 {
 /// reduced to 8 bits.
 pub fn load(path: &Path) -> Result<Rgb8> {
     use image::{DynamicImage, ImageDecoder, ImageReader};
+    use std::io::{BufRead, BufReader};
     let bad = |what: String| Error::format(path, what);
-    let reader = ImageReader::open(path)
-        .map_err(|e| Error::io(path, e))?
-        .with_guessed_format()
-        .map_err(|e| Error::io(path, e))?;
-    if reader.format().is_none() {
-        return Err(bad("not a PNG or JPEG image".into()));
-    }
-    let mut reader = reader;
+    let file = std::fs::File::open(path).map_err(|e| Error::io(path, e))?;
+    let mut input = BufReader::new(file);
+    // The format comes from the contents, not the file name.
+    let head = input.fill_buf().map_err(|e| Error::io(path, e))?;
+    let format = match image::guess_format(head) {
+        Ok(f @ (image::ImageFormat::Png | image::ImageFormat::Jpeg)) => f,
+        Ok(other) => {
+            return Err(bad(format!(
+                "a {other:?} image; only PNG and JPEG are supported"
+            )))
+        }
+        Err(_) if head.is_empty() => return Err(bad("the file is empty".into())),
+        Err(_) => return Err(bad("not a PNG or JPEG image".into())),
+    };
+    let mut reader = ImageReader::with_format(input, format);
     let mut limits = image::Limits::default();
     limits.max_alloc = Some(MAX_DECODE_BYTES);
     reader.limits(limits);
@@ -59,6 +68,14 @@ pub fn load(path: &Path) -> Result<Rgb8> {
     let (w, h) = decoder.dimensions();
     if w == 0 || h == 0 {
         return Err(bad(format!("the image is empty ({w}x{h} pixels)")));
+    }
+    // The decoders allocate the whole image at once: check its size first.
+    if decoder.total_bytes() > MAX_DECODE_BYTES {
+        return Err(bad(format!(
+            "the image is too large: {w}x{h} pixels need {} MiB decoded, over the {} MiB limit",
+            decoder.total_bytes() >> 20,
+            MAX_DECODE_BYTES >> 20
+        )));
     }
     let orientation = decoder.orientation().map_err(|e| bad(image_error(e)))?;
     let mut img = DynamicImage::from_decoder(decoder).map_err(|e| bad(image_error(e)))?;
