@@ -3,10 +3,10 @@
 //! pooling, per-channel scaling, nearest-neighbour resize and channel
 //! concatenation.
 //!
-//! [`conv2d`] is the plain reference for every convolution. The layers that
-//! dominate a detector, pointwise (1x1) and depthwise, also have faster
-//! versions ([`conv2d_pointwise`], [`conv2d_depthwise`]) that compute the
-//! same sums in the same order of input channels and are tested against it.
+//! [`conv2d`] is the plain reference for every convolution. The faster
+//! versions the models run, [`conv2d_pointwise`] for 1x1 layers and
+//! [`conv2d_rows`] for the others, compute the same sums in the same order
+//! and are tested equal to it.
 
 use rayon::prelude::*;
 
@@ -174,16 +174,18 @@ pub fn conv2d(g: &Conv2d, x: &[f32], w: &[f32], b: &[f32], act: Activation, y: &
         });
 }
 
-/// Output channels per task and pixels per tile in [`conv2d_pointwise`]:
-/// the accumulators (8 x 256 f32 = 8 KiB) stay in L1 while each input row
-/// tile is loaded once for eight outputs.
-const PW_CHANNELS: usize = 8;
-const PW_TILE: usize = 256;
+/// Register tile of [`conv2d_pointwise`]: output channels x pixels whose
+/// sums stay in registers while the input channels stream past.
+const PW_OUTS: usize = 4;
+const PW_PIXELS: usize = 16;
+/// Pixels per task: the task copies its slice of every input channel into
+/// a contiguous panel (at most 128 KiB), read once per output tile.
+const PW_PANEL: usize = 64;
 
 /// A 1x1 convolution ([`Conv2d::is_pointwise`]): x: [c_in, n],
 /// w: [c_out, c_in], b: [c_out] -> y: [c_out, n] over the n = h * w pixels;
 /// y = act(b + w x). Same sums as [`conv2d`] (input channels in order),
-/// blocked for the cache.
+/// computed in 4 x 16 register tiles over packed panels of pixels.
 pub fn conv2d_pointwise(
     g: &Conv2d,
     x: &[f32],
@@ -194,91 +196,235 @@ pub fn conv2d_pointwise(
 ) {
     assert!(g.is_pointwise(), "conv2d_pointwise: {g:?} is not 1x1");
     g.assert_buffers("conv2d_pointwise", x, w, b, y);
-    let (c_in, n) = (g.c_in, g.h_in * g.w_in);
+    let n = g.h_in * g.w_in;
     if n == 0 {
         return;
     }
-    y.par_chunks_mut(PW_CHANNELS * n)
+    // Each task owns one pixel panel of every output row.
+    let mut panels: Vec<Vec<&mut [f32]>> = (0..n.div_ceil(PW_PANEL))
+        .map(|_| Vec::with_capacity(g.c_out))
+        .collect();
+    for row in y.chunks_mut(n) {
+        for (panel, piece) in panels.iter_mut().zip(row.chunks_mut(PW_PANEL)) {
+            panel.push(piece);
+        }
+    }
+    let avx2 = has_avx2();
+    panels
+        .into_par_iter()
         .enumerate()
-        .for_each(|(block, ys)| {
-            let o0 = block * PW_CHANNELS;
-            let outs = ys.len() / n;
-            let mut acc = [[0.0f32; PW_TILE]; PW_CHANNELS];
-            for p0 in (0..n).step_by(PW_TILE) {
-                let len = PW_TILE.min(n - p0);
-                for a in acc.iter_mut().take(outs) {
-                    a[..len].fill(0.0);
+        .for_each(|(i, mut outs)| {
+            let p0 = i * PW_PANEL;
+            if avx2 {
+                // SAFETY: the CPU has AVX2 (checked above).
+                #[cfg(target_arch = "x86_64")]
+                unsafe {
+                    pointwise_panel_avx2(g, x, w, b, act, p0, &mut outs)
                 }
-                for ci in 0..c_in {
-                    let xs = &x[ci * n + p0..ci * n + p0 + len];
-                    for (j, a) in acc.iter_mut().enumerate().take(outs) {
-                        let wv = w[(o0 + j) * c_in + ci];
-                        for (a, &xv) in a[..len].iter_mut().zip(xs) {
-                            *a += wv * xv;
-                        }
-                    }
-                }
-                for (j, a) in acc.iter().enumerate().take(outs) {
-                    let bias = b[o0 + j];
-                    for (yv, &av) in ys[j * n + p0..j * n + p0 + len].iter_mut().zip(&a[..len]) {
-                        *yv = act.apply(av + bias);
-                    }
-                }
+            } else {
+                pointwise_panel(g, x, w, b, act, p0, &mut outs)
             }
         });
 }
 
-/// Depthwise convolution (`groups == c_in == c_out`): x: [c, h_in, w_in],
-/// w: [c, 1, kh, kw], b: [c] -> y: [c, h_out, w_out]. Same sums as
-/// [`conv2d`] (kernel rows, then columns), with the bounds hoisted out of
-/// the pixel loop.
-pub fn conv2d_depthwise(
+/// Whether the AVX2 build of the hot loops can run here. The sums are the
+/// same either way: wider vectors only, no fused multiply-add.
+fn has_avx2() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        std::arch::is_x86_feature_detected!("avx2")
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn pointwise_panel_avx2(
     g: &Conv2d,
     x: &[f32],
     w: &[f32],
     b: &[f32],
     act: Activation,
-    y: &mut [f32],
+    p0: usize,
+    outs: &mut [&mut [f32]],
 ) {
-    assert!(g.is_depthwise(), "conv2d_depthwise: {g:?} is not depthwise");
-    g.assert_buffers("conv2d_depthwise", x, w, b, y);
+    pointwise_panel(g, x, w, b, act, p0, outs)
+}
+
+/// The outputs of pixels p0.. (outs: one slice per output channel).
+#[inline(always)]
+fn pointwise_panel(
+    g: &Conv2d,
+    x: &[f32],
+    w: &[f32],
+    b: &[f32],
+    act: Activation,
+    p0: usize,
+    outs: &mut [&mut [f32]],
+) {
+    let (c_in, n) = (g.c_in, g.h_in * g.w_in);
+    let len = outs[0].len();
+    let tiles = len.div_ceil(PW_PIXELS);
+    // packed[tile][ci][pixel], zero past the last pixel.
+    let mut packed = vec![0.0f32; tiles * c_in * PW_PIXELS];
+    for ci in 0..c_in {
+        let src = &x[ci * n + p0..ci * n + p0 + len];
+        for (t, chunk) in src.chunks(PW_PIXELS).enumerate() {
+            let at = (t * c_in + ci) * PW_PIXELS;
+            packed[at..at + chunk.len()].copy_from_slice(chunk);
+        }
+    }
+    let mut wt = vec![0.0f32; c_in * PW_OUTS];
+    for o0 in (0..g.c_out).step_by(PW_OUTS) {
+        let count = PW_OUTS.min(g.c_out - o0);
+        // wt[ci][j]: this block's weights, zero for missing outputs.
+        wt.fill(0.0);
+        for j in 0..count {
+            for ci in 0..c_in {
+                wt[ci * PW_OUTS + j] = w[(o0 + j) * c_in + ci];
+            }
+        }
+        for t in 0..tiles {
+            let acc = pointwise_tile(
+                &packed[t * c_in * PW_PIXELS..(t + 1) * c_in * PW_PIXELS],
+                &wt,
+            );
+            let (q0, q1) = (t * PW_PIXELS, (t * PW_PIXELS + PW_PIXELS).min(len));
+            for (j, row) in acc.iter().enumerate().take(count) {
+                let bias = b[o0 + j];
+                for (yv, &a) in outs[o0 + j][q0..q1].iter_mut().zip(row) {
+                    *yv = act.apply(a + bias);
+                }
+            }
+        }
+    }
+}
+
+/// Sums over the input channels for one register tile: xs is [c_in][16]
+/// packed pixels, wt is [c_in][4] weights.
+#[inline(always)]
+fn pointwise_tile(xs: &[f32], wt: &[f32]) -> [[f32; PW_PIXELS]; PW_OUTS] {
+    let mut acc = [[0.0f32; PW_PIXELS]; PW_OUTS];
+    for (xv, wv) in xs.chunks_exact(PW_PIXELS).zip(wt.chunks_exact(PW_OUTS)) {
+        for j in 0..PW_OUTS {
+            for k in 0..PW_PIXELS {
+                acc[j][k] += wv[j] * xv[k];
+            }
+        }
+    }
+    acc
+}
+
+/// Output pixels per register tile in [`conv2d_rows`].
+const ROW_TILE: usize = 16;
+
+/// Any convolution, by tiles of 16 output pixels along a row whose sums
+/// stay in registers over every input channel of the group and kernel tap,
+/// reading a zero-padded copy of the input so no tap needs a bounds test.
+/// Same sums as [`conv2d`] in the same order (input channel, kernel row,
+/// kernel column; padded taps add zero), bias added last. Used for
+/// depthwise and full convolutions; 1x1 ones go to [`conv2d_pointwise`].
+pub fn conv2d_rows(g: &Conv2d, x: &[f32], w: &[f32], b: &[f32], act: Activation, y: &mut [f32]) {
+    g.assert_buffers("conv2d_rows", x, w, b, y);
+    let (hp, wp) = (g.h_in + g.pad[0] + g.pad[2], g.w_in + g.pad[1] + g.pad[3]);
+    let mut xp = vec![0.0f32; g.c_in * hp * wp];
+    xp.par_chunks_mut(hp * wp)
+        .zip(x.par_chunks(g.h_in * g.w_in))
+        .for_each(|(dst, src)| {
+            for (r, row) in src.chunks_exact(g.w_in).enumerate() {
+                let at = (r + g.pad[0]) * wp + g.pad[1];
+                dst[at..at + g.w_in].copy_from_slice(row);
+            }
+        });
+    let avx2 = has_avx2();
+    y.par_chunks_mut(g.h_out() * g.w_out())
+        .enumerate()
+        .for_each(|(o, plane)| {
+            if avx2 {
+                // SAFETY: the CPU has AVX2 (checked above).
+                #[cfg(target_arch = "x86_64")]
+                unsafe {
+                    rows_plane_avx2(g, &xp, w, b[o], act, o, plane)
+                }
+            } else {
+                rows_plane(g, &xp, w, b[o], act, o, plane)
+            }
+        });
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn rows_plane_avx2(
+    g: &Conv2d,
+    xp: &[f32],
+    w: &[f32],
+    bias: f32,
+    act: Activation,
+    o: usize,
+    plane: &mut [f32],
+) {
+    rows_plane(g, xp, w, bias, act, o, plane)
+}
+
+/// Output channel `o` of [`conv2d_rows`] from the padded input `xp`.
+#[inline(always)]
+fn rows_plane(
+    g: &Conv2d,
+    xp: &[f32],
+    w: &[f32],
+    bias: f32,
+    act: Activation,
+    o: usize,
+    plane: &mut [f32],
+) {
     let (h_out, w_out) = (g.h_out(), g.w_out());
+    let (hp, wp) = (g.h_in + g.pad[0] + g.pad[2], g.w_in + g.pad[1] + g.pad[3]);
     let [sy, sx] = g.stride;
     let [dy, dx] = g.dilation;
-    y.par_chunks_mut(h_out * w_out)
-        .enumerate()
-        .for_each(|(c, plane)| {
-            let xc = &x[c * g.h_in * g.w_in..(c + 1) * g.h_in * g.w_in];
-            let wc = &w[c * g.kh * g.kw..(c + 1) * g.kh * g.kw];
-            plane.fill(0.0);
-            for oy in 0..h_out {
-                let row = &mut plane[oy * w_out..(oy + 1) * w_out];
+    let cin_g = g.c_in / g.groups;
+    let group = o / (g.c_out / g.groups);
+    let taps = g.kh * g.kw;
+    for oy in 0..h_out {
+        for ox0 in (0..w_out).step_by(ROW_TILE) {
+            let len = ROW_TILE.min(w_out - ox0);
+            let mut acc = [0.0f32; ROW_TILE];
+            for ci in 0..cin_g {
+                let xc = &xp[(group * cin_g + ci) * hp * wp..][..hp * wp];
+                let wc = &w[(o * cin_g + ci) * taps..][..taps];
                 for ky in 0..g.kh {
-                    let iy = (oy * sy + ky * dy) as isize - g.pad[0] as isize;
-                    if iy < 0 || iy >= g.h_in as isize {
-                        continue;
-                    }
-                    let xr = &xc[iy as usize * g.w_in..(iy as usize + 1) * g.w_in];
+                    let row = &xc[(oy * sy + ky * dy) * wp..][..wp];
                     for kx in 0..g.kw {
                         let wv = wc[ky * g.kw + kx];
-                        // Output columns whose input column ox*sx + kx*dx - pad
-                        // falls inside the row.
-                        let shift = kx * dx;
-                        if g.w_in + g.pad[1] <= shift {
-                            continue;
-                        }
-                        let first = g.pad[1].saturating_sub(shift).div_ceil(sx);
-                        let last = (g.w_in + g.pad[1] - shift - 1) / sx;
-                        for ox in first..=last.min(w_out - 1) {
-                            row[ox] += wv * xr[ox * sx + shift - g.pad[1]];
+                        let base = ox0 * sx + kx * dx;
+                        match (len, sx) {
+                            (ROW_TILE, 1) => tap::<1>(&mut acc, row, base, wv),
+                            (ROW_TILE, 2) => tap::<2>(&mut acc, row, base, wv),
+                            _ => {
+                                for (k, a) in acc[..len].iter_mut().enumerate() {
+                                    *a += wv * row[base + k * sx];
+                                }
+                            }
                         }
                     }
                 }
             }
-            for v in plane.iter_mut() {
-                *v = act.apply(*v + b[c]);
+            for (yv, &a) in plane[oy * w_out + ox0..][..len].iter_mut().zip(&acc) {
+                *yv = act.apply(a + bias);
             }
-        });
+        }
+    }
+}
+
+/// acc[k] += wv * row[base + k * S] for a full tile, S known at compile time.
+#[inline(always)]
+fn tap<const S: usize>(acc: &mut [f32; ROW_TILE], row: &[f32], base: usize, wv: f32) {
+    let xs = &row[base..base + (ROW_TILE - 1) * S + 1];
+    for (k, a) in acc.iter_mut().enumerate() {
+        *a += wv * xs[k * S];
+    }
 }
 
 /// x: [c, n] -> y: [c]; the mean of each channel's `n` values.
@@ -443,8 +589,10 @@ mod tests {
     }
 
     #[test]
-    fn depthwise_matches_the_reference() {
+    fn rows_match_the_reference() {
         let mut rng = Rng::new(4);
+        let mut shapes = Vec::new();
+        // Depthwise: (channels, h, w, kernel, stride, pad, dilation).
         for (c, h, w, k, s, pad, d) in [
             (2, 1, 1, 3, 1, 1, 1),
             (3, 7, 9, 3, 1, 1, 1),
@@ -455,7 +603,7 @@ mod tests {
             (3, 6, 7, 3, 2, 0, 1),
             (2, 3, 2, 5, 1, 4, 2),
         ] {
-            let g = Conv2d {
+            shapes.push(Conv2d {
                 c_in: c,
                 h_in: h,
                 w_in: w,
@@ -466,15 +614,36 @@ mod tests {
                 pad: [pad; 4],
                 dilation: [d, d],
                 groups: c,
-            };
+            });
+        }
+        // Full and grouped, uneven pads and strides.
+        for (c_in, c_out, groups, stride, pad) in [
+            (3, 4, 1, [2, 2], [1; 4]),
+            (4, 6, 2, [1, 2], [1, 0, 2, 1]),
+            (3, 5, 1, [1, 1], [0; 4]),
+        ] {
+            shapes.push(Conv2d {
+                c_in,
+                h_in: 11,
+                w_in: 13,
+                c_out,
+                kh: 3,
+                kw: 3,
+                stride,
+                pad,
+                dilation: [1, 1],
+                groups,
+            });
+        }
+        for g in shapes {
             g.check().unwrap();
-            let x = rng.vec(c * h * w, -1.0, 1.0);
+            let x = rng.vec(g.c_in * g.h_in * g.w_in, -1.0, 1.0);
             let wt = rng.vec(g.weight_len(), -1.0, 1.0);
-            let b = rng.vec(c, -1.0, 1.0);
-            let n = c * g.h_out() * g.w_out();
+            let b = rng.vec(g.c_out, -1.0, 1.0);
+            let n = g.c_out * g.h_out() * g.w_out();
             let (mut want, mut got) = (vec![0.0; n], vec![f32::NAN; n]);
             conv2d(&g, &x, &wt, &b, Activation::Relu, &mut want);
-            conv2d_depthwise(&g, &x, &wt, &b, Activation::Relu, &mut got);
+            conv2d_rows(&g, &x, &wt, &b, Activation::Relu, &mut got);
             // Same taps in the same order, bias added last: exact.
             assert_eq!(got, want, "{g:?}");
         }

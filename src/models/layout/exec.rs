@@ -55,10 +55,8 @@ pub fn run_step(graph: &Graph, step: &Step, inputs: &[&[f32]]) -> Vec<Vec<f32>> 
             let mut y = out(0);
             if geom.is_pointwise() {
                 cpu::conv2d_pointwise(geom, x, weight, bias, *act, &mut y);
-            } else if geom.is_depthwise() {
-                cpu::conv2d_depthwise(geom, x, weight, bias, *act, &mut y);
             } else {
-                cpu::conv2d(geom, x, weight, bias, *act, &mut y);
+                cpu::conv2d_rows(geom, x, weight, bias, *act, &mut y);
             }
             vec![y]
         }
