@@ -10,6 +10,7 @@ use crate::run::image::{self, Rgb8};
 use crate::util::progress;
 use anyhow::{bail, Context};
 use clap::CommandFactory;
+use rayon::prelude::*;
 use std::io::{BufRead, IsTerminal, Write};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -132,59 +133,51 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let (mut done, mut failed) = (0usize, 0usize);
     let mut forward = Duration::ZERO;
     let start = Instant::now();
-    for path in &images {
-        let result = (|| -> anyhow::Result<()> {
-            let img = image::load(path)?;
-            let input = detector.model.preprocess(&img);
-            let t = Instant::now();
-            let head = detector.forward(&input)?;
-            forward += t.elapsed();
-            let boxes = detector
-                .model
-                .postprocess(&head, [img.height, img.width], &post);
-            let record = PageRecord {
-                image: path.display().to_string(),
-                width: img.width,
-                height: img.height,
-                boxes: boxes
-                    .iter()
-                    .map(|d| BoxRecord {
-                        class: &detector.model.labels[d.class],
-                        score: d.score,
-                        x0: d.x0,
-                        y0: d.y0,
-                        x1: d.x1,
-                        y1: d.y1,
-                    })
-                    .collect(),
-            };
-            let line = serde_json::to_string(&record)?;
-            writeln!(stdout, "{line}")?;
-            stdout.flush()?;
-            if let Some(target) = &args.draw {
-                let out = if draw_dir {
-                    let stem = path.file_stem().unwrap_or_default().to_string_lossy();
-                    target.join(format!("{stem}.layout.png"))
-                } else {
-                    target.clone()
-                };
-                if same_file(&out, path) {
-                    bail!("{}: --draw would overwrite the input image", out.display());
+    for batch in decode_batches(&images) {
+        // Decoding and preprocessing run in parallel over the batch; the
+        // model then takes the pages one by one.
+        let loaded: Vec<anyhow::Result<(Rgb8, Vec<f32>)>> = batch
+            .par_iter()
+            .map(|path| {
+                let img = image::load(path)?;
+                let input = detector.model.preprocess(&img);
+                Ok((img, input))
+            })
+            .collect();
+        for (path, item) in batch.iter().zip(loaded) {
+            let result = item.and_then(|(img, input)| {
+                let t = Instant::now();
+                let head = detector.forward(&input)?;
+                forward += t.elapsed();
+                let boxes = detector
+                    .model
+                    .postprocess(&head, [img.height, img.width], &post);
+                let labels = &detector.model.labels;
+                write_record(&mut stdout, path, &img, &boxes, labels)?;
+                if let Some(target) = &args.draw {
+                    let out = if draw_dir {
+                        let stem = path.file_stem().unwrap_or_default().to_string_lossy();
+                        target.join(format!("{stem}.layout.png"))
+                    } else {
+                        target.clone()
+                    };
+                    if same_file(&out, path) {
+                        bail!("{}: --draw would overwrite the input image", out.display());
+                    }
+                    image::save(&out, &draw(&img, &boxes, labels), args.force)?;
                 }
-                let picture = draw(&img, &boxes, &detector.model.labels);
-                image::save(&out, &picture, args.force)?;
+                Ok(())
+            });
+            match result {
+                Ok(()) => done += 1,
+                Err(e) if is_broken_pipe(&e) => return Err(e),
+                Err(e) => {
+                    failed += 1;
+                    bar.suspend(|| eprintln!("error: {}", super::one_line(&e)));
+                }
             }
-            Ok(())
-        })();
-        match result {
-            Ok(()) => done += 1,
-            Err(e) if is_broken_pipe(&e) => return Err(e),
-            Err(e) => {
-                failed += 1;
-                bar.suspend(|| eprintln!("error: {}", super::one_line(&e)));
-            }
+            bar.inc(1);
         }
-        bar.inc(1);
     }
     bar.finish_and_clear();
     let secs = start.elapsed().as_secs_f64();
@@ -196,6 +189,63 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     if failed > 0 {
         bail!("{failed} of {} image(s) failed", images.len());
     }
+    Ok(())
+}
+
+/// Decoded images held at once by a batch (the first image of a batch may
+/// exceed it alone, up to the decoder's own limit).
+const BATCH_BYTES: u64 = 1 << 30;
+
+/// Consecutive runs of `images` to decode together: as many as there are
+/// threads, as long as their decoded sizes (read from the headers) fit in
+/// [`BATCH_BYTES`].
+fn decode_batches(images: &[PathBuf]) -> Vec<&[PathBuf]> {
+    let threads = rayon::current_num_threads().max(1);
+    let mut batches = Vec::new();
+    let mut start = 0;
+    while start < images.len() {
+        let (mut end, mut bytes) = (start, 0u64);
+        while end < images.len() && end - start < threads {
+            // An unreadable header counts as nothing: loading reports it.
+            let size = image::dimensions(&images[end]).map_or(0, |(w, h)| w as u64 * h as u64 * 4);
+            if end > start && bytes + size > BATCH_BYTES {
+                break;
+            }
+            bytes += size;
+            end += 1;
+        }
+        batches.push(&images[start..end]);
+        start = end;
+    }
+    batches
+}
+
+/// Prints the JSON line for one page.
+fn write_record(
+    out: &mut impl Write,
+    path: &Path,
+    img: &Rgb8,
+    boxes: &[Detection],
+    labels: &[String],
+) -> anyhow::Result<()> {
+    let record = PageRecord {
+        image: path.display().to_string(),
+        width: img.width,
+        height: img.height,
+        boxes: boxes
+            .iter()
+            .map(|d| BoxRecord {
+                class: &labels[d.class],
+                score: d.score,
+                x0: d.x0,
+                y0: d.y0,
+                x1: d.x1,
+                y1: d.y1,
+            })
+            .collect(),
+    };
+    writeln!(out, "{}", serde_json::to_string(&record)?)?;
+    out.flush()?;
     Ok(())
 }
 

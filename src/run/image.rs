@@ -94,6 +94,17 @@ pub fn load(path: &Path) -> Result<Rgb8> {
     Ok(Rgb8::new(width, height, data))
 }
 
+/// An image's (width, height) from its header, without decoding it.
+pub fn dimensions(path: &Path) -> Result<(usize, usize)> {
+    let (w, h) = image::ImageReader::open(path)
+        .map_err(|e| Error::io(path, e))?
+        .with_guessed_format()
+        .map_err(|e| Error::io(path, e))?
+        .into_dimensions()
+        .map_err(|e| Error::format(path, image_error(e)))?;
+    Ok((w as usize, h as usize))
+}
+
 fn image_error(e: image::ImageError) -> String {
     match e {
         image::ImageError::Limits(_) => format!(
