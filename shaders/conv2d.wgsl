@@ -6,8 +6,7 @@
 // activations (act): 0 none, 1 relu, 2 hard-swish, 3 hard-sigmoid (alpha, beta), 4 sigmoid.
 // variants:
 //   default: any geometry (groups, depthwise, stride, pads, dilation); one thread per
-//            output element, WG threads a workgroup; dispatch ceil(c_out*h_out*w_out / WG)
-//            workgroups spread over x and y (gpu::ops::groups_1d).
+//            output element, WG threads along a row; dispatch (ceil(w_out / WG), h_out, c_out).
 //   POINTWISE: 1x1, stride 1, no pads, one group (a matrix product over n = h*w pixels);
 //            workgroup (16, 4); each thread computes 4 output channels x 4 pixels
 //            (pixels strided by 16 so loads coalesce); dispatch (ceil(n / 64), ceil(c_out / 16), 1).
@@ -76,36 +75,36 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
 override WG: u32 = 64u;
 
 @compute @workgroup_size(WG)
-fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-        @builtin(local_invocation_index) lid: u32) {
-    let i = (wid.y * nwg.x + wid.x) * WG + lid;
-    let plane = p.h_out * p.w_out;
-    if (i >= p.c_out * plane) {
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+    let ox = wid.x * WG + lid;
+    let oy = wid.y;
+    let o = wid.z;
+    if (ox >= p.w_out) {
         return;
     }
-    let o = i / plane;
-    let oy = (i % plane) / p.w_out;
-    let ox = i % p.w_out;
     let cin_g = p.c_in / p.groups;
     let g = o / (p.c_out / p.groups);
+    let ix0 = i32(ox * p.stride_x) - i32(p.pad_x);
+    let iy0 = i32(oy * p.stride_y) - i32(p.pad_y);
     var acc = 0.0;
     for (var ci = 0u; ci < cin_g; ci++) {
         let xc = (g * cin_g + ci) * p.h_in * p.w_in;
         let wc = (o * cin_g + ci) * p.kh * p.kw;
         for (var ky = 0u; ky < p.kh; ky++) {
-            let iy = i32(oy * p.stride_y + ky * p.dil_y) - i32(p.pad_y);
+            let iy = iy0 + i32(ky * p.dil_y);
             if (iy < 0 || iy >= i32(p.h_in)) {
                 continue;
             }
+            let xr = xc + u32(iy) * p.w_in;
             for (var kx = 0u; kx < p.kw; kx++) {
-                let ix = i32(ox * p.stride_x + kx * p.dil_x) - i32(p.pad_x);
+                let ix = ix0 + i32(kx * p.dil_x);
                 if (ix < 0 || ix >= i32(p.w_in)) {
                     continue;
                 }
-                acc += w[wc + ky * p.kw + kx] * x[xc + u32(iy) * p.w_in + u32(ix)];
+                acc += w[wc + ky * p.kw + kx] * x[xr + u32(ix)];
             }
         }
     }
-    y[i] = activate(acc + b[o]);
+    y[(o * p.h_out + oy) * p.w_out + ox] = activate(acc + b[o]);
 }
 #endif

@@ -128,8 +128,18 @@ pub fn conv2d(
             1,
         ]
     } else {
-        groups_1d(out_len, 64)
+        [
+            to_u32("groups", g.w_out().div_ceil(64))?,
+            to_u32("h_out", g.h_out())?,
+            to_u32("c_out", g.c_out)?,
+        ]
     };
+    let limit = gpu.device.limits().max_compute_workgroups_per_dimension;
+    if groups.iter().any(|&n| n > limit) {
+        return Err(Error::gpu(format!(
+            "conv2d {g:?}: {groups:?} workgroups exceed the adapter's {limit} per dimension"
+        )));
+    }
     Ok(Dispatch { bound, groups })
 }
 
