@@ -43,13 +43,6 @@ echo "| engine | device | pages | pages/s end to end | pages/s model only |"
 echo "|---|---|---|---|---|"
 ours "--cpu" --cpu
 [[ -n ${NO_GPU:-} ]] || ours "(GPU)"
-"$PYTHON" scripts/bench/layout_ort.py "$MODEL" "$work/pages" | "$PYTHON" -c '
-import json, sys
-for line in sys.stdin:
-    r = json.loads(line)
-    e2e = r["pages_per_s"] if r["what"] == "end to end" else "-"
-    model = r["pages_per_s"] if r["what"] == "model" else "-"
-    print(f"| {r[\"engine\"]} | {r[\"provider\"]} (input: {r[\"input\"]}) | {r[\"pages\"]} | {e2e} | {model} |")
-'
+"$PYTHON" scripts/bench/layout_ort.py --markdown "$MODEL" "$work/pages"
 echo
 echo "pages: $n rendered at 100 dpi from libtasn1.pdf and shared-mime-info-spec.pdf; $(nproc) CPU threads; commit $(git rev-parse --short HEAD)"

@@ -1,9 +1,10 @@
 #!/usr/bin/env python3
 """onnxruntime's speed on the layout model, next to ocr-layout's.
 
-Usage: layout_ort.py MODEL PAGES_DIR
+Usage: layout_ort.py [--markdown] MODEL PAGES_DIR
 
-Prints one JSON object per line and configuration:
+Prints one JSON object (or, with --markdown, one table row of
+scripts/bench/layout.sh's table) per line and configuration:
   - "model": session.run alone on each page's preprocessed input, for every
     execution provider available (CUDA first when present, then CPU);
   - "end to end": rapid-layout (image loading, preprocessing, onnxruntime,
@@ -48,8 +49,20 @@ def inputs_for(pages):
         return "random", [rng.standard_normal((1, 3, 800, 608), dtype=np.float32) for _ in pages]
 
 
+def report(markdown, r):
+    if markdown:
+        e2e = r["pages_per_s"] if r["what"] == "end to end" else "-"
+        model = r["pages_per_s"] if r["what"] == "model" else "-"
+        print(f"| {r['engine']} | {r['provider']} (input: {r['input']}) | {r['pages']} | {e2e} | {model} |", flush=True)
+    else:
+        print(json.dumps(r), flush=True)
+
+
 def main():
-    model, pages_dir = sys.argv[1], sys.argv[2]
+    args = sys.argv[1:]
+    markdown = "--markdown" in args
+    args = [a for a in args if a != "--markdown"]
+    model, pages_dir = args
     pages = sorted(glob.glob(os.path.join(pages_dir, "*.png")))
     if not pages:
         sys.exit(f"no PNG pages in {pages_dir}")
@@ -64,7 +77,7 @@ def main():
         for t in tensors:
             sess.run(None, {name: t})
         secs = time.perf_counter() - start
-        print(json.dumps({
+        report(markdown, {
             "engine": f"onnxruntime {ort.__version__}",
             "provider": sess.get_providers()[0],
             "what": "model",
@@ -72,7 +85,7 @@ def main():
             "pages": len(tensors),
             "seconds": round(secs, 3),
             "pages_per_s": round(len(tensors) / secs, 3),
-        }), flush=True)
+        })
     try:
         from rapid_layout import RapidLayout
     except ImportError:
@@ -86,7 +99,7 @@ def main():
     secs = time.perf_counter() - start
     import importlib.metadata as md
 
-    print(json.dumps({
+    report(markdown, {
         "engine": f"rapid-layout {md.version('rapid-layout')} (onnxruntime {ort.__version__})",
         "provider": engine.session.session.get_providers()[0],
         "what": "end to end",
@@ -94,7 +107,7 @@ def main():
         "pages": len(pages),
         "seconds": round(secs, 3),
         "pages_per_s": round(len(pages) / secs, 3),
-    }), flush=True)
+    })
 
 
 if __name__ == "__main__":

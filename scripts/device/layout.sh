@@ -43,8 +43,11 @@ work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 
 # 2. correctness on this adapter.
-"$BIN" --model "$MODEL" "$FIX"/page-*.png >"$OUT/fixture-gpu.jsonl" 2>"$OUT/fixture-gpu.log"
-"$BIN" --cpu --model "$MODEL" "$FIX"/page-*.png >"$OUT/fixture-cpu.jsonl" 2>"$OUT/fixture-cpu.log"
+# A failing step is reported and the rest still runs.
+"$BIN" --model "$MODEL" "$FIX"/page-*.png >"$OUT/fixture-gpu.jsonl" 2>"$OUT/fixture-gpu.log" ||
+    echo "ocr-layout on the GPU failed: $(tail -3 "$OUT/fixture-gpu.log")" >>"$report"
+"$BIN" --cpu --model "$MODEL" "$FIX"/page-*.png >"$OUT/fixture-cpu.jsonl" 2>"$OUT/fixture-cpu.log" ||
+    echo "ocr-layout on the CPU failed: $(tail -3 "$OUT/fixture-cpu.log")" >>"$report"
 python3 - "$FIX/layout.json" "$OUT/fixture-gpu.jsonl" "$OUT/fixture-cpu.jsonl" >>"$report" <<'EOF'
 import json, os, sys
 gold = json.load(open(sys.argv[1]))
@@ -91,7 +94,7 @@ done
 
 ours() {
     local label=$1 dir=$2; shift 2
-    "$BIN" --model "$MODEL" "$@" "$dir" >/dev/null 2>"$work/err.log" || { cat "$work/err.log" >&2; return 1; }
+    "$BIN" --model "$MODEL" "$@" "$dir" >/dev/null 2>"$work/err.log" || { cat "$work/err.log" >>"$OUT/speed.log"; return 1; }
     cat "$work/err.log" >>"$OUT/speed.log"
     local device summary pages secs rate model
     device=$(sed -n 's/^ocr-layout: \(cpu:.*\|gpu:.*\)$/\1/p' "$work/err.log" | head -1)
@@ -105,16 +108,10 @@ ours() {
     echo
     echo "| engine | device | pages | end to end | model only |"
     echo "|---|---|---|---|---|"
-    ours "(GPU)" "$work/pages"
-    ours "--cpu" "$work/cpu-pages" --cpu
-    python3 scripts/bench/layout_ort.py "$MODEL" "$work/pages" 2>>"$OUT/speed.log" | python3 -c '
-import json, sys
-for line in sys.stdin:
-    r = json.loads(line)
-    e2e = r["pages_per_s"] if r["what"] == "end to end" else "-"
-    model = r["pages_per_s"] if r["what"] == "model" else "-"
-    print(f"| {r[\"engine\"]} | {r[\"provider\"]} (input: {r[\"input\"]}) | {r[\"pages\"]} | {e2e} | {model} |")
-'
+    ours "(GPU)" "$work/pages" || echo "| ocr-layout (GPU) | failed: see speed.log | | | |"
+    ours "--cpu" "$work/cpu-pages" --cpu || echo "| ocr-layout --cpu | failed: see speed.log | | | |"
+    python3 scripts/bench/layout_ort.py --markdown "$MODEL" "$work/pages" 2>>"$OUT/speed.log" ||
+        echo "| onnxruntime | failed: see speed.log | | | |"
     echo
     echo "End to end: PNG decoding, preprocessing, model, post-processing, JSON. Model only: ocr-layout's"
     echo "forward passes (device work and read-back) / onnxruntime's session.run, on preprocessed inputs."
