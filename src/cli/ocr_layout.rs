@@ -104,6 +104,17 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         }
         _ => false,
     };
+    // One drawing to a file that exists: refuse before any work.
+    if let Some(target) = args
+        .draw
+        .as_ref()
+        .filter(|t| !draw_dir && t.exists() && !args.force)
+    {
+        bail!(
+            "{}: already exists (pass --force to overwrite)",
+            target.display()
+        );
+    }
     if !args.model.exists() {
         bail!(
             "{}: no such model file (run scripts/setup in the lfm checkout, or pass --model)",

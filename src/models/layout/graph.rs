@@ -125,19 +125,6 @@ impl Graph {
         }
         last
     }
-
-    /// Multiply-adds of the convolutions, for throughput reports.
-    pub fn conv_macs(&self) -> u64 {
-        self.steps
-            .iter()
-            .map(|s| match &s.op {
-                Op::Conv { geom, .. } => {
-                    (geom.h_out() * geom.w_out()) as u64 * geom.weight_len() as u64
-                }
-                _ => 0,
-            })
-            .sum()
-    }
 }
 
 /// Lowers `model`'s graph; errors name the file and node.

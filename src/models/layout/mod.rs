@@ -208,7 +208,11 @@ impl Detector {
     pub fn describe(&self) -> String {
         match &self.engine {
             Engine::Cpu => format!("cpu: {} threads", rayon::current_num_threads()),
-            Engine::Gpu(g) => g.gpu().describe(),
+            Engine::Gpu(g) => format!(
+                "{}; {} MiB of activation buffers",
+                g.gpu().describe(),
+                g.activation_bytes() >> 20
+            ),
         }
     }
 
