@@ -43,7 +43,7 @@ fn assert_logits(what: &str, got: &[f32], want: &[f32]) {
 fn check(name: &str, model_path: &str) {
     let g = gold(name);
     let path = common::repo().join("samples/fixtures/llm").join(model_path);
-    let mut loaded = load_llm(&path, &LoadOptions { device: DeviceChoice::Cpu }).unwrap();
+    let mut loaded = load_llm(&path, &LoadOptions { device: DeviceChoice::Cpu, weight_type: None }).unwrap();
     let vocab = loaded.model.config().vocab;
 
     // The tokenizer (HF tokenizer.json or the GGUF's embedded one) gives the same prompt ids.

@@ -10,6 +10,7 @@ use crate::error::{Error, Result};
 use crate::formats::gguf::GgufFile;
 use crate::formats::hf::{self, HfConfig};
 use crate::formats::TensorSource;
+use crate::quant::GgmlType;
 use crate::run::sampling::SamplingOptions;
 use crate::tokenizer::{GgufVocab, Tokenizer};
 use llm::{CausalLm, CpuLlm, LlmConfig, Weights};
@@ -36,6 +37,9 @@ pub fn default_llm_path() -> Result<PathBuf> {
 
 pub struct LoadOptions {
     pub device: DeviceChoice,
+    /// Convert every matrix to this format after loading (a weight-format
+    /// arm for benchmarks and KL-divergence runs).
+    pub weight_type: Option<GgmlType>,
 }
 
 /// A loaded language model with what generation needs beside it.
