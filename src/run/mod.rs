@@ -1,5 +1,6 @@
 //! Shared flows that sit between the models and the tools.
 
+pub mod bench;
 pub mod chat;
 pub mod generate;
 pub mod sampling;
