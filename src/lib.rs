@@ -12,6 +12,8 @@ pub mod cli;
 pub mod cpu;
 pub mod error;
 pub mod gpu;
+pub mod models;
+pub mod run;
 pub mod util;
 
 pub use error::{Error, Result};

@@ -1,0 +1,3 @@
+//! Shared flows that sit between the models and the tools.
+
+pub mod embed;
