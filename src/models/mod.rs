@@ -1,6 +1,7 @@
 //! Model architectures: one file each, in the order config -> weights ->
 //! forward. [`load_llm`] opens any supported language-model checkpoint.
 
+pub mod bert;
 pub mod lfm2;
 pub mod llama;
 pub mod llm;

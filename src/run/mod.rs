@@ -2,5 +2,6 @@
 
 pub mod bench;
 pub mod chat;
+pub mod embed;
 pub mod generate;
 pub mod sampling;
