@@ -9,7 +9,10 @@ fn pages() -> Vec<(String, String)> {
         .into_iter()
         .map(|(name, cmd)| (name.to_string(), lfm::cli::man_page(cmd)))
         .collect();
-    pages.push(("lfm".to_string(), lfm::cli::man_page(lfm::cli::Lfm::command())));
+    pages.push((
+        "lfm".to_string(),
+        lfm::cli::man_page(lfm::cli::Lfm::command()),
+    ));
     pages
 }
 
@@ -33,7 +36,16 @@ fn man_pages_match_the_command_line_and_cover_every_binary() {
         "stale or missing man pages (run LFM_BLESS=1 cargo test --test man_pages): {stale:?}"
     );
     for entry in std::fs::read_dir(root.join("src/bin")).unwrap() {
-        let name = entry.unwrap().path().file_stem().unwrap().to_string_lossy().to_string();
-        assert!(dir.join(format!("{name}.1")).is_file(), "no man page for binary {name}");
+        let name = entry
+            .unwrap()
+            .path()
+            .file_stem()
+            .unwrap()
+            .to_string_lossy()
+            .to_string();
+        assert!(
+            dir.join(format!("{name}.1")).is_file(),
+            "no man page for binary {name}"
+        );
     }
 }
