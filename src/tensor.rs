@@ -49,20 +49,22 @@ impl std::fmt::Debug for Tensor {
 }
 
 /// The byte size of a tensor of `dtype` and `shape`, or why there is none.
+/// Refuses shapes whose dimensions, ignoring zeros, multiply past `usize`
+/// (so every row count and row size of an accepted tensor is computable).
 pub fn tensor_bytes(dtype: GgmlType, shape: &[usize]) -> std::result::Result<usize, String> {
-    let row_len = shape.last().copied().unwrap_or(1);
-    let rows = shape[..shape.len().saturating_sub(1)]
+    shape
         .iter()
-        .try_fold(1usize, |acc, &d| acc.checked_mul(d))
+        .try_fold(dtype.block_bytes(), |acc, &d| acc.checked_mul(d.max(1)))
         .ok_or_else(|| format!("shape {shape:?} overflows"))?;
+    let row_len = shape.last().copied().unwrap_or(1);
     let row_bytes = dtype.row_bytes(row_len).ok_or_else(|| {
         format!(
             "row length {row_len} is not a multiple of the {dtype} block size {}",
             dtype.block_size()
         )
     })?;
-    rows.checked_mul(row_bytes)
-        .ok_or_else(|| format!("shape {shape:?} overflows"))
+    let rows: usize = shape[..shape.len().saturating_sub(1)].iter().product();
+    Ok(rows * row_bytes)
 }
 
 impl Tensor {
