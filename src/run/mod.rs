@@ -1,0 +1,5 @@
+//! Shared flows that sit between the models and the tools.
+
+pub mod chat;
+pub mod generate;
+pub mod sampling;
