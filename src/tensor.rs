@@ -6,10 +6,13 @@
 //! (innermost first), which the reader reverses into this order. The bytes
 //! are either a range of a memory-mapped file or owned; cloning shares them.
 //!
-//! [`matvec`] and [`matmul`] compute `y = W x` for any weight type. They are
-//! exact in the reference sense: each output is the dot product of the
-//! dequantised weight row with the input, summed in f32 (for F32 weights they
-//! equal `cpu::matmul` bit for bit).
+//! [`matvec`] and [`matmul`] compute `y = W x` for any weight type. Each
+//! output is the dot product of the dequantised weight row with the input,
+//! summed in f32: [`matmul`] dequantises tiles of rows and uses `cpu::dot`
+//! (for F32 weights it equals `cpu::matmul` bit for bit), [`matvec`] uses the
+//! fast kernels of `quant::fast`, which differ from the reference
+//! `quant::dot_row` only in the order of the f32 operations (F32 weights
+//! still go through `cpu::dot`, bit for bit).
 
 use crate::error::{Error, Result};
 use crate::quant::{self, GgmlType};
@@ -246,12 +249,11 @@ pub fn matvec(w: &Tensor, x: &[f32], y: &mut [f32]) {
     assert_eq!(y.len(), n, "matvec '{}': y is not [{n}]", w.name);
     let rb = w.row_bytes();
     let bytes = w.bytes();
+    let dot = quant::fast::RowDot::new(w.dtype, x);
     y.par_iter_mut()
         .enumerate()
         .with_min_len(16)
-        .for_each(|(r, out)| {
-            *out = quant::dot_row(w.dtype, &bytes[r * rb..(r + 1) * rb], x);
-        });
+        .for_each(|(r, out)| *out = dot.dot(&bytes[r * rb..(r + 1) * rb]));
 }
 
 /// Weight rows dequantised together in [`matmul`], so each input row is read
