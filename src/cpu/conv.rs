@@ -12,7 +12,7 @@ use rayon::prelude::*;
 
 /// An activation applied to a convolution's output, as ONNX defines it.
 #[derive(Clone, Copy, Debug, PartialEq)]
-pub enum Activation {
+pub enum ConvActivation {
     None,
     Relu,
     /// x * clip(x + 3, 0, 6) / 6
@@ -25,17 +25,17 @@ pub enum Activation {
     Sigmoid,
 }
 
-impl Activation {
+impl ConvActivation {
     #[inline]
     pub fn apply(self, x: f32) -> f32 {
         match self {
-            Activation::None => x,
-            Activation::Relu => x.max(0.0),
+            ConvActivation::None => x,
+            ConvActivation::Relu => x.max(0.0),
             // Same operation order as the ONNX graphs that spell it out
             // (Add, Clip, Mul, Div).
-            Activation::HardSwish => x * (x + 3.0).clamp(0.0, 6.0) / 6.0,
-            Activation::HardSigmoid { alpha, beta } => (alpha * x + beta).clamp(0.0, 1.0),
-            Activation::Sigmoid => 1.0 / (1.0 + (-x).exp()),
+            ConvActivation::HardSwish => x * (x + 3.0).clamp(0.0, 6.0) / 6.0,
+            ConvActivation::HardSigmoid { alpha, beta } => (alpha * x + beta).clamp(0.0, 1.0),
+            ConvActivation::Sigmoid => 1.0 / (1.0 + (-x).exp()),
         }
     }
 }
@@ -136,7 +136,7 @@ impl Conv2d {
 ///
 /// The reference: one plain loop nest per output element, in the order
 /// input channel, kernel row, kernel column.
-pub fn conv2d(g: &Conv2d, x: &[f32], w: &[f32], b: &[f32], act: Activation, y: &mut [f32]) {
+pub fn conv2d(g: &Conv2d, x: &[f32], w: &[f32], b: &[f32], act: ConvActivation, y: &mut [f32]) {
     g.assert_buffers("conv2d", x, w, b, y);
     let (h_out, w_out) = (g.h_out(), g.w_out());
     let cin_g = g.c_in / g.groups;
@@ -191,7 +191,7 @@ pub fn conv2d_pointwise(
     x: &[f32],
     w: &[f32],
     b: &[f32],
-    act: Activation,
+    act: ConvActivation,
     y: &mut [f32],
 ) {
     assert!(g.is_pointwise(), "conv2d_pointwise: {g:?} is not 1x1");
@@ -247,7 +247,7 @@ unsafe fn pointwise_panel_avx2(
     x: &[f32],
     w: &[f32],
     b: &[f32],
-    act: Activation,
+    act: ConvActivation,
     p0: usize,
     outs: &mut [&mut [f32]],
 ) {
@@ -261,7 +261,7 @@ fn pointwise_panel(
     x: &[f32],
     w: &[f32],
     b: &[f32],
-    act: Activation,
+    act: ConvActivation,
     p0: usize,
     outs: &mut [&mut [f32]],
 ) {
@@ -327,7 +327,14 @@ const ROW_TILE: usize = 16;
 /// Same sums as [`conv2d`] in the same order (input channel, kernel row,
 /// kernel column; padded taps add zero), bias added last. Used for
 /// depthwise and full convolutions; 1x1 ones go to [`conv2d_pointwise`].
-pub fn conv2d_rows(g: &Conv2d, x: &[f32], w: &[f32], b: &[f32], act: Activation, y: &mut [f32]) {
+pub fn conv2d_rows(
+    g: &Conv2d,
+    x: &[f32],
+    w: &[f32],
+    b: &[f32],
+    act: ConvActivation,
+    y: &mut [f32],
+) {
     g.assert_buffers("conv2d_rows", x, w, b, y);
     let (hp, wp) = (g.h_in + g.pad[0] + g.pad[2], g.w_in + g.pad[1] + g.pad[3]);
     let mut xp = vec![0.0f32; g.c_in * hp * wp];
@@ -362,7 +369,7 @@ unsafe fn rows_plane_avx2(
     xp: &[f32],
     w: &[f32],
     bias: f32,
-    act: Activation,
+    act: ConvActivation,
     o: usize,
     plane: &mut [f32],
 ) {
@@ -376,7 +383,7 @@ fn rows_plane(
     xp: &[f32],
     w: &[f32],
     bias: f32,
-    act: Activation,
+    act: ConvActivation,
     o: usize,
     plane: &mut [f32],
 ) {
@@ -528,7 +535,7 @@ mod tests {
         };
         let x: Vec<f32> = (1..=9).map(|v| v as f32).collect();
         let mut y = vec![0.0; 4];
-        conv2d(&g, &x, &[1.0; 4], &[0.5], Activation::None, &mut y);
+        conv2d(&g, &x, &[1.0; 4], &[0.5], ConvActivation::None, &mut y);
         assert_eq!(y, [12.5, 16.5, 24.5, 28.5]);
         // Padding 1 on every side, stride 2: corners see one 2x2 quarter.
         let g = Conv2d {
@@ -537,23 +544,23 @@ mod tests {
             ..g
         };
         assert_eq!((g.h_out(), g.w_out()), (2, 2));
-        conv2d(&g, &x, &[1.0; 4], &[0.0], Activation::None, &mut y);
+        conv2d(&g, &x, &[1.0; 4], &[0.0], ConvActivation::None, &mut y);
         assert_eq!(y, [1.0, 5.0, 11.0, 28.0]);
     }
 
     #[test]
     fn activations() {
-        assert_eq!(Activation::HardSwish.apply(-4.0), 0.0);
-        assert_eq!(Activation::HardSwish.apply(4.0), 4.0);
-        assert_eq!(Activation::HardSwish.apply(1.0), 4.0 / 6.0);
-        let hs = Activation::HardSigmoid {
+        assert_eq!(ConvActivation::HardSwish.apply(-4.0), 0.0);
+        assert_eq!(ConvActivation::HardSwish.apply(4.0), 4.0);
+        assert_eq!(ConvActivation::HardSwish.apply(1.0), 4.0 / 6.0);
+        let hs = ConvActivation::HardSigmoid {
             alpha: 0.2,
             beta: 0.5,
         };
         assert_eq!(hs.apply(10.0), 1.0);
         assert_eq!(hs.apply(0.0), 0.5);
-        assert_eq!(Activation::Relu.apply(-1.0), 0.0);
-        assert!((Activation::Sigmoid.apply(0.0) - 0.5).abs() < 1e-7);
+        assert_eq!(ConvActivation::Relu.apply(-1.0), 0.0);
+        assert!((ConvActivation::Sigmoid.apply(0.0) - 0.5).abs() < 1e-7);
     }
 
     #[test]
@@ -582,8 +589,8 @@ mod tests {
             let b = rng.vec(c_out, -1.0, 1.0);
             let mut want = vec![0.0; c_out * h * w];
             let mut got = vec![f32::NAN; c_out * h * w];
-            conv2d(&g, &x, &wt, &b, Activation::HardSwish, &mut want);
-            conv2d_pointwise(&g, &x, &wt, &b, Activation::HardSwish, &mut got);
+            conv2d(&g, &x, &wt, &b, ConvActivation::HardSwish, &mut want);
+            conv2d_pointwise(&g, &x, &wt, &b, ConvActivation::HardSwish, &mut got);
             assert_eq!(got, want, "same sums in the same order");
         }
     }
@@ -642,8 +649,8 @@ mod tests {
             let b = rng.vec(g.c_out, -1.0, 1.0);
             let n = g.c_out * g.h_out() * g.w_out();
             let (mut want, mut got) = (vec![0.0; n], vec![f32::NAN; n]);
-            conv2d(&g, &x, &wt, &b, Activation::Relu, &mut want);
-            conv2d_rows(&g, &x, &wt, &b, Activation::Relu, &mut got);
+            conv2d(&g, &x, &wt, &b, ConvActivation::Relu, &mut want);
+            conv2d_rows(&g, &x, &wt, &b, ConvActivation::Relu, &mut got);
             // Same taps in the same order, bias added last: exact.
             assert_eq!(got, want, "{g:?}");
         }

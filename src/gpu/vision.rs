@@ -6,7 +6,7 @@
 use super::kernels::{Binding, Kernel, Variant};
 use super::ops::{groups_1d, Dispatch};
 use super::Gpu;
-use crate::cpu::{Activation, Conv2d};
+use crate::cpu::{Conv2d, ConvActivation};
 use crate::error::{Error, Result};
 use crate::kernel;
 
@@ -56,13 +56,13 @@ pub fn conv2d_variant(g: &Conv2d) -> Variant {
     }
 }
 
-fn activation_code(act: Activation) -> (u32, f32, f32) {
+fn activation_code(act: ConvActivation) -> (u32, f32, f32) {
     match act {
-        Activation::None => (0, 0.0, 0.0),
-        Activation::Relu => (1, 0.0, 0.0),
-        Activation::HardSwish => (2, 0.0, 0.0),
-        Activation::HardSigmoid { alpha, beta } => (3, alpha, beta),
-        Activation::Sigmoid => (4, 0.0, 0.0),
+        ConvActivation::None => (0, 0.0, 0.0),
+        ConvActivation::Relu => (1, 0.0, 0.0),
+        ConvActivation::HardSwish => (2, 0.0, 0.0),
+        ConvActivation::HardSigmoid { alpha, beta } => (3, alpha, beta),
+        ConvActivation::Sigmoid => (4, 0.0, 0.0),
     }
 }
 
@@ -79,7 +79,7 @@ pub fn conv2d(
     gpu: &Gpu,
     variant: &Variant,
     g: &Conv2d,
-    act: Activation,
+    act: ConvActivation,
     x: &wgpu::Buffer,
     w: &wgpu::Buffer,
     b: &wgpu::Buffer,

@@ -2,7 +2,7 @@
 //! detectors: PicoDet layout).
 
 use super::{assert_close, Case, SIZES};
-use lfm::cpu::{self, Activation, Conv2d};
+use lfm::cpu::{self, Conv2d, ConvActivation};
 use lfm::gpu::{vision, Gpu, Variant};
 use lfm::util::rng::Rng;
 
@@ -29,15 +29,15 @@ pub const CASES: &[Case] = &[
     },
 ];
 
-const ACTIVATIONS: [Activation; 5] = [
-    Activation::None,
-    Activation::Relu,
-    Activation::HardSwish,
-    Activation::HardSigmoid {
+const ACTIVATIONS: [ConvActivation; 5] = [
+    ConvActivation::None,
+    ConvActivation::Relu,
+    ConvActivation::HardSwish,
+    ConvActivation::HardSigmoid {
         alpha: 0.166_666_7,
         beta: 0.5,
     },
-    Activation::Sigmoid,
+    ConvActivation::Sigmoid,
 ];
 
 /// A k x k convolution with stride 1, no padding, one group.

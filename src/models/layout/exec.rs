@@ -95,7 +95,7 @@ pub fn run_step(graph: &Graph, step: &Step, inputs: &[&[f32]]) -> Vec<Vec<f32>> 
         }
         Op::Sigmoid => vec![x
             .iter()
-            .map(|&v| cpu::Activation::Sigmoid.apply(v))
+            .map(|&v| cpu::ConvActivation::Sigmoid.apply(v))
             .collect()],
         Op::Reshape => vec![x.to_vec()],
         Op::Transpose { perm } => vec![transpose(x, &graph.values[step.inputs[0]].shape, perm)],

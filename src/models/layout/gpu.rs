@@ -10,9 +10,10 @@ use super::HeadOutputs;
 use crate::error::{Error, Result};
 use crate::gpu::ops::{self, Dispatch};
 use crate::gpu::{vision, Gpu};
+use std::sync::Arc;
 
 pub struct GpuLayout {
-    gpu: Gpu,
+    gpu: Arc<Gpu>,
     input: wgpu::Buffer,
     /// Storage buffers holding activations; values share them by liveness.
     buffers: Vec<wgpu::Buffer>,
@@ -26,7 +27,7 @@ pub struct GpuLayout {
 
 impl GpuLayout {
     /// Uploads the weights of `graph` and binds every device step.
-    pub fn new(gpu: Gpu, graph: &Graph) -> Result<GpuLayout> {
+    pub fn new(gpu: Arc<Gpu>, graph: &Graph) -> Result<GpuLayout> {
         let device_steps: Vec<usize> = (0..graph.steps.len())
             .filter(|&i| graph.steps[i].op.on_device())
             .collect();

@@ -14,7 +14,7 @@
 //!
 //! Shapes are fixed at load time from the graph's declared input shape.
 
-use crate::cpu::{Activation, Conv2d};
+use crate::cpu::{Conv2d, ConvActivation};
 use crate::error::{Error, Result};
 use crate::formats::onnx::{Dim, OnnxGraph, OnnxModel, OnnxNode, OnnxTensor};
 use std::collections::{HashMap, HashSet};
@@ -54,7 +54,7 @@ pub enum Op {
         weight: Vec<f32>,
         /// [c_out]
         bias: Vec<f32>,
-        act: Activation,
+        act: ConvActivation,
     },
     /// [1, c, h, w] -> [1, c, 1, 1]
     GlobalAvgPool,
@@ -534,7 +534,7 @@ impl<'a> Lowering<'a> {
             self.absorbed[j] = true;
             out = bn.outputs[0].as_str();
         }
-        let mut act = Activation::None;
+        let mut act = ConvActivation::None;
         if let Some((a, end, nodes)) = self.match_activation(out)? {
             act = a;
             for n in nodes {
@@ -560,15 +560,18 @@ impl<'a> Lowering<'a> {
 
     /// The activation applied to `value`, if its consumers spell one:
     /// (activation, its output value, the nodes to absorb).
-    fn match_activation(&self, value: &str) -> Result<Option<(Activation, &'a str, Vec<usize>)>> {
+    fn match_activation(
+        &self,
+        value: &str,
+    ) -> Result<Option<(ConvActivation, &'a str, Vec<usize>)>> {
         let g = self.g;
         if let Some(j) = self.sole_consumer(value) {
             let n = &g.nodes[j];
             let act = match n.op_type.as_str() {
-                "Relu" => Activation::Relu,
-                "Sigmoid" => Activation::Sigmoid,
-                "HardSwish" => Activation::HardSwish,
-                "HardSigmoid" => Activation::HardSigmoid {
+                "Relu" => ConvActivation::Relu,
+                "Sigmoid" => ConvActivation::Sigmoid,
+                "HardSwish" => ConvActivation::HardSwish,
+                "HardSigmoid" => ConvActivation::HardSigmoid {
                     alpha: n.float_or("alpha", 0.2)?,
                     beta: n.float_or("beta", 0.5)?,
                 },
@@ -628,7 +631,7 @@ impl<'a> Lowering<'a> {
             return Ok(None);
         }
         Ok(Some((
-            Activation::HardSwish,
+            ConvActivation::HardSwish,
             div_n.outputs[0].as_str(),
             vec![add, clip, mul, div],
         )))

@@ -27,6 +27,7 @@ use gpu::GpuLayout;
 use graph::Graph;
 pub use post::{Detection, PostProcess};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 /// Class names used when the model file carries none (its `character`
 /// metadata): the CDLA classes in training order.
@@ -196,7 +197,7 @@ impl Detector {
     }
 
     /// Uploads the model to `gpu`.
-    pub fn gpu(model: LayoutModel, gpu: Gpu) -> Result<Detector> {
+    pub fn gpu(model: LayoutModel, gpu: Arc<Gpu>) -> Result<Detector> {
         let plan = GpuLayout::new(gpu, &model.graph)?;
         Ok(Detector {
             model,
