@@ -12,10 +12,10 @@
 //!
 //! Each kernel is one generic function compiled twice, for the baseline
 //! target and with AVX2 enabled; the AVX2 copy is chosen at run time when the
-//! CPU has it. Types without a kernel here (F32, F16, BF16, Q2_K, Q3_K) use
-//! the reference, which for F32 is `cpu::dot` itself.
+//! CPU has it. Types without a kernel here (F32, Q2_K, Q3_K) use the
+//! reference, which for F32 is `cpu::dot` itself.
 
-use super::util::{f16_to_f32, get_scale_min_k4};
+use super::util::get_scale_min_k4;
 use super::{
     q1_0::BlockQ1_0, q4_0::BlockQ4_0, q4_1::BlockQ4_1, q4_k::BlockQ4K, q5_0::BlockQ5_0,
     q5_1::BlockQ5_1, q5_k::BlockQ5K, q6_k::BlockQ6K, q8_0::BlockQ8_0, GgmlType, QK_K,
@@ -119,6 +119,8 @@ fn kernel(t: GgmlType) -> Option<Kernel> {
 }
 
 kernels! {
+    F16 => f16,
+    BF16 => bf16,
     Q4_0 => q4_0,
     Q4_1 => q4_1,
     Q5_0 => q5_0,
@@ -133,6 +135,58 @@ kernels! {
 #[inline(always)]
 fn sum_lanes<const N: usize>(acc: &[f32; N]) -> f32 {
     acc.iter().sum()
+}
+
+/// A block's f16 scale as f32 (see [`f16_bits_to_f32`]).
+#[inline(always)]
+fn f16_to_f32(b: [u8; 2]) -> f32 {
+    f16_bits_to_f32(u16::from_le_bytes(b))
+}
+
+/// An f16 as f32, exactly, without branches (so that loops over it
+/// vectorise): the exponent is rebased by multiplying by 2^112, which is
+/// exact for normals and subnormals; infinities and NaNs keep all ones.
+#[inline(always)]
+fn f16_bits_to_f32(h: u16) -> f32 {
+    let h = h as u32;
+    let em = h & 0x7fff;
+    let finite = f32::from_bits(em << 13) * f32::from_bits(0x7780_0000); // 2^112
+    let v = if em >= 0x7c00 {
+        f32::from_bits((em << 13) | 0x7f80_0000)
+    } else {
+        finite
+    };
+    f32::from_bits(v.to_bits() | ((h & 0x8000) << 16))
+}
+
+#[inline(always)]
+fn f16(row: &[[u8; 2]], x: &[f32], _sums: &[f32]) -> f32 {
+    lanes16(row, x, |b| f16_bits_to_f32(u16::from_le_bytes(b)))
+}
+
+#[inline(always)]
+fn bf16(row: &[[u8; 2]], x: &[f32], _sums: &[f32]) -> f32 {
+    lanes16(row, x, |b| {
+        f32::from_bits((u16::from_le_bytes(b) as u32) << 16)
+    })
+}
+
+/// sum w x over 16 lanes, for element types converted one by one.
+#[inline(always)]
+fn lanes16(row: &[[u8; 2]], x: &[f32], to_f32: impl Fn([u8; 2]) -> f32) -> f32 {
+    let mut acc = [0.0f32; 16];
+    let (rc, xc) = (row.chunks_exact(16), x.chunks_exact(16));
+    let (rr, xr) = (rc.remainder(), xc.remainder());
+    for (r, xs) in rc.zip(xc) {
+        for j in 0..16 {
+            acc[j] += to_f32(r[j]) * xs[j];
+        }
+    }
+    let mut tail = 0.0f32;
+    for (&r, &v) in rr.iter().zip(xr) {
+        tail += to_f32(r) * v;
+    }
+    sum_lanes(&acc) + tail
 }
 
 #[inline(always)]
@@ -381,6 +435,18 @@ mod tests {
     /// while one wrong level in a 4096-element row moves the sum by more
     /// than 5e-6 of it even for Q8_0.
     #[test]
+    fn f16_conversion_is_exact_for_every_value() {
+        for h in 0..=u16::MAX {
+            let want = half::f16::from_bits(h).to_f32();
+            let got = f16_bits_to_f32(h);
+            assert!(
+                got.to_bits() == want.to_bits() || (got.is_nan() && want.is_nan()),
+                "{h:#06x}: {got} vs {want}"
+            );
+        }
+    }
+
+    #[test]
     fn fast_kernels_match_the_reference() {
         let mut rng = Rng::new(17);
         for t in GgmlType::ALL {
@@ -413,6 +479,24 @@ mod tests {
                         );
                     }
                 }
+            }
+        }
+    }
+
+    /// Float rows whose length is not a multiple of the 16 lanes.
+    #[test]
+    fn float_kernels_handle_a_tail() {
+        let mut rng = Rng::new(4);
+        for t in [GgmlType::F16, GgmlType::BF16] {
+            let k = 37;
+            let (w, x) = (rng.vec(k, -2.0, 2.0), rng.vec(k, -1.0, 1.0));
+            let mut row = vec![0u8; 2 * k];
+            quantize_row(t, &w, &mut row);
+            let want = super::super::dot_row(t, &row, &x);
+            let mut dot = RowDot::new(t, &x);
+            for kern in variants(t) {
+                dot.kernel = Some(kern);
+                assert!((dot.dot(&row) - want).abs() <= 1e-5, "{t}");
             }
         }
     }
