@@ -11,8 +11,10 @@
 //! additions and in where the scale multiplies, which the tests bound.
 //!
 //! Each kernel is one generic function compiled twice, for the baseline
-//! target and with AVX2 enabled; the AVX2 copy is chosen at run time when the
-//! CPU has it. Types without a kernel here (F32, Q2_K, Q3_K) use the
+//! target and with AVX2 enabled; the most used types also have a copy written
+//! with AVX2 + FMA intrinsics (`avx2.rs`), because the compiler keeps the
+//! generic lanes in 128-bit registers. The best copy the CPU runs is chosen
+//! at run time. Types without a kernel here (F32, Q2_K, Q3_K) use the
 //! reference, which for F32 is `cpu::dot` itself.
 
 use super::util::get_scale_min_k4;
@@ -23,6 +25,9 @@ use super::{
 
 /// A row kernel: (row bytes, x, precomputed sums of x) -> dot product.
 type Kernel = fn(&[u8], &[f32], &[f32]) -> f32;
+
+#[cfg(target_arch = "x86_64")]
+mod avx2;
 
 /// Dot products of rows of one weight type with one input vector.
 pub struct RowDot<'a> {
@@ -80,9 +85,10 @@ impl<'a> RowDot<'a> {
 }
 
 /// Compiles a generic kernel body for the baseline target and for AVX2;
-/// `variants` returns the copies this CPU can run, best last.
+/// `variants` returns the copies this CPU can run, best last. A type may also
+/// name a hand-written AVX2 + FMA kernel from [`avx2`], which comes last.
 macro_rules! kernels {
-    ($($t:ident => $body:ident),* $(,)?) => {
+    ($($t:ident => $body:ident $(+ $explicit:ident)?),* $(,)?) => {
         fn variants(t: GgmlType) -> Vec<Kernel> {
             match t {
                 $(GgmlType::$t => {
@@ -97,13 +103,26 @@ macro_rules! kernels {
                         unsafe fn avx2_inner(row: &[u8], x: &[f32], sums: &[f32]) -> f32 {
                             $body(bytemuck::cast_slice(row), x, sums)
                         }
-                        fn avx2(row: &[u8], x: &[f32], sums: &[f32]) -> f32 {
+                        fn auto_avx2(row: &[u8], x: &[f32], sums: &[f32]) -> f32 {
                             // SAFETY: listed only when the CPU reports AVX2.
                             unsafe { avx2_inner(row, x, sums) }
                         }
                         if std::arch::is_x86_feature_detected!("avx2") {
-                            v.push(avx2);
+                            v.push(auto_avx2);
                         }
+                        $(
+                            fn explicit(row: &[u8], x: &[f32], sums: &[f32]) -> f32 {
+                                // SAFETY: listed only when the CPU reports AVX2
+                                // and FMA; RowDot checked the row size and
+                                // computed the sums for this type.
+                                unsafe { avx2::$explicit(row, x, sums) }
+                            }
+                            if std::arch::is_x86_feature_detected!("avx2")
+                                && std::arch::is_x86_feature_detected!("fma")
+                            {
+                                v.push(explicit);
+                            }
+                        )?
                     }
                     v
                 })*
@@ -121,15 +140,15 @@ fn kernel(t: GgmlType) -> Option<Kernel> {
 kernels! {
     F16 => f16,
     BF16 => bf16,
-    Q4_0 => q4_0,
-    Q4_1 => q4_1,
-    Q5_0 => q5_0,
-    Q5_1 => q5_1,
-    Q8_0 => q8_0,
+    Q4_0 => q4_0 + q4_0,
+    Q4_1 => q4_1 + q4_1,
+    Q5_0 => q5_0 + q5_0,
+    Q5_1 => q5_1 + q5_1,
+    Q8_0 => q8_0 + q8_0,
     Q1_0 => q1_0,
-    Q4_K => q4_k,
-    Q5_K => q5_k,
-    Q6_K => q6_k,
+    Q4_K => q4_k + q4_k,
+    Q5_K => q5_k + q5_k,
+    Q6_K => q6_k + q6_k,
 }
 
 type TileKernel = fn(&[f32], &[f32], usize, &mut [f32]);
