@@ -14,13 +14,14 @@
 //! target and with AVX2 enabled; the most used types also have a copy written
 //! with AVX2 + FMA intrinsics (`avx2.rs`), because the compiler keeps the
 //! generic lanes in 128-bit registers. The best copy the CPU runs is chosen
-//! at run time. Types without a kernel here (F32, Q2_K, Q3_K) use the
-//! reference, which for F32 is `cpu::dot` itself.
+//! at run time. F32 has no kernel here: it uses the reference, which is
+//! `cpu::dot` itself.
 
 use super::util::get_scale_min_k4;
 use super::{
-    q1_0::BlockQ1_0, q4_0::BlockQ4_0, q4_1::BlockQ4_1, q4_k::BlockQ4K, q5_0::BlockQ5_0,
-    q5_1::BlockQ5_1, q5_k::BlockQ5K, q6_k::BlockQ6K, q8_0::BlockQ8_0, GgmlType, QK_K,
+    q1_0::BlockQ1_0, q2_k::BlockQ2K, q3_k, q3_k::BlockQ3K, q4_0::BlockQ4_0, q4_1::BlockQ4_1,
+    q4_k::BlockQ4K, q5_0::BlockQ5_0, q5_1::BlockQ5_1, q5_k::BlockQ5K, q6_k::BlockQ6K,
+    q8_0::BlockQ8_0, GgmlType, QK_K,
 };
 
 /// A row kernel: (row bytes, x, precomputed sums of x) -> dot product.
@@ -43,7 +44,7 @@ fn sum_group(t: GgmlType) -> usize {
     match t {
         GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q5_0 | GgmlType::Q5_1 => 32,
         GgmlType::Q4_K | GgmlType::Q5_K => 32,
-        GgmlType::Q6_K => 16,
+        GgmlType::Q2_K | GgmlType::Q3_K | GgmlType::Q6_K => 16,
         GgmlType::Q1_0 => 128,
         _ => 0,
     }
@@ -146,6 +147,8 @@ kernels! {
     Q5_1 => q5_1 + q5_1,
     Q8_0 => q8_0 + q8_0,
     Q1_0 => q1_0,
+    Q2_K => q2_k,
+    Q3_K => q3_k,
     Q4_K => q4_k + q4_k,
     Q5_K => q5_k + q5_k,
     Q6_K => q6_k + q6_k,
@@ -497,6 +500,76 @@ fn q1_0(blocks: &[BlockQ1_0], x: &[f32], sums: &[f32]) -> f32 {
         offset += d * s;
     }
     2.0 * sum_lanes(&acc) - offset
+}
+
+/// Per 16-element group g (scale byte `sc`): sum (d (sc & 15) q - dmin (sc >> 4)) x,
+/// with 2-bit levels laid out as in `q2_k::dequantize_block`.
+#[inline(always)]
+fn q2_k(blocks: &[BlockQ2K], x: &[f32], sums: &[f32]) -> f32 {
+    let mut acc = [0.0f32; 16];
+    let mut offset = 0.0f32;
+    for ((b, xs), ss) in blocks
+        .iter()
+        .zip(x.chunks_exact(QK_K))
+        .zip(sums.chunks_exact(16))
+    {
+        let d = f16_to_f32(b.d);
+        let dmin = f16_to_f32(b.dmin);
+        for g in 0..16 {
+            offset += dmin * (b.scales[g] >> 4) as f32 * ss[g];
+        }
+        for n in 0..2 {
+            let q = &b.qs[32 * n..32 * n + 32];
+            for j in 0..4 {
+                for half in 0..2 {
+                    let g = 8 * n + 2 * j + half;
+                    let dl = d * (b.scales[g] & 0xF) as f32;
+                    let xg = &xs[16 * g..16 * g + 16];
+                    for l in 0..16 {
+                        acc[l] += dl * (((q[16 * half + l] >> (2 * j)) & 3) as f32 * xg[l]);
+                    }
+                }
+            }
+        }
+    }
+    sum_lanes(&acc) - offset
+}
+
+/// Per 16-element group g: sum d (sc_g - 32) (q - 4) x with 3-bit levels q
+/// (two bits in `qs`, the third in `hmask`, as in `q3_k::dequantize_block`).
+#[inline(always)]
+fn q3_k(blocks: &[BlockQ3K], x: &[f32], sums: &[f32]) -> f32 {
+    let mut acc = [0.0f32; 16];
+    let mut offset = 0.0f32;
+    for ((b, xs), ss) in blocks
+        .iter()
+        .zip(x.chunks_exact(QK_K))
+        .zip(sums.chunks_exact(16))
+    {
+        let d = f16_to_f32(b.d);
+        let mut dl = [0.0f32; 16];
+        for g in 0..16 {
+            dl[g] = d * q3_k::scale(&b.scales, g) as f32;
+            offset += dl[g] * ss[g];
+        }
+        for n in 0..2 {
+            let q = &b.qs[32 * n..32 * n + 32];
+            for j in 0..4 {
+                let m = 1u8 << (4 * n + j);
+                for half in 0..2 {
+                    let g = 8 * n + 2 * j + half;
+                    let xg = &xs[16 * g..16 * g + 16];
+                    for l in 0..16 {
+                        let i = 16 * half + l;
+                        let high = if b.hmask[i] & m != 0 { 4 } else { 0 };
+                        let level = ((q[i] >> (2 * j)) & 3) + high;
+                        acc[l] += dl[g] * (level as f32 * xg[l]);
+                    }
+                }
+            }
+        }
+    }
+    sum_lanes(&acc) - 4.0 * offset
 }
 
 /// Per 32-element sub-block j: sum (d sc_j q - dmin m_j) x.
