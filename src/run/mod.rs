@@ -2,4 +2,5 @@
 
 pub mod chat;
 pub mod generate;
+pub mod phonemes;
 pub mod sampling;
