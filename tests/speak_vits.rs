@@ -90,3 +90,35 @@ fn cpu_waveform_matches_onnxruntime() {
         "max abs err {max}, SNR {snr} dB"
     );
 }
+
+/// The GPU generator on onnxruntime's own decoder input: the waveform must
+/// meet the same bar as the CPU path.
+#[test]
+fn gpu_waveform_matches_onnxruntime() {
+    use lfm::gpu::{Gpu, GpuOptions};
+    let gpu = match Gpu::new(&GpuOptions::default()) {
+        Ok(g) => std::sync::Arc::new(g),
+        Err(e) if std::env::var_os("LFM_SKIP_GPU_TESTS").is_some() => {
+            eprintln!("SKIPPING GPU test (LFM_SKIP_GPU_TESTS set): {e}");
+            return;
+        }
+        Err(e) => panic!("GPU tests need an adapter ({e}); set LFM_SKIP_GPU_TESTS=1 to skip them"),
+    };
+    eprintln!("{}", gpu.describe());
+    let g = gold();
+    let v = voice();
+    let dec = lfm::models::vits::GpuGenerator::new(gpu, &v.dec).unwrap();
+    let frames = g.decoder_input.len() / v.inter_channels();
+    let t0 = std::time::Instant::now();
+    let audio = dec.forward(&g.decoder_input, frames).unwrap();
+    let (max, snr) = compare(&audio, &g.audio);
+    eprintln!(
+        "gpu audio ({} samples, {:.2} s): max abs err {max:.2e}, SNR {snr:.1} dB",
+        audio.len(),
+        t0.elapsed().as_secs_f64()
+    );
+    assert!(
+        max <= 1e-3 || snr >= 40.0,
+        "max abs err {max}, SNR {snr} dB"
+    );
+}

@@ -60,6 +60,7 @@ pub fn man_page(cmd: clap::Command) -> String {
 }
 
 pub mod generate;
+pub mod speak;
 
 use crate::gpu::{Backend, Gpu, GpuOptions};
 use std::sync::Arc;
@@ -132,7 +133,10 @@ impl DeviceChoice {
 /// Every tool, by name, as the umbrella `lfm` exposes it (used for man pages).
 pub fn tools() -> Vec<(&'static str, clap::Command)> {
     use clap::CommandFactory;
-    vec![("generate", generate::Args::command())]
+    vec![
+        ("generate", generate::Args::command()),
+        ("speak", speak::Args::command()),
+    ]
 }
 
 /// The umbrella command: every tool as a subcommand.
@@ -151,12 +155,15 @@ pub struct Lfm {
 pub enum Tool {
     /// Generate text with a language model.
     Generate(generate::Args),
+    /// Speak text with a Piper voice (writes a WAV file or stream).
+    Speak(speak::Args),
 }
 
 impl Lfm {
     pub fn run(self) -> anyhow::Result<()> {
         match self.tool {
             Tool::Generate(a) => generate::run(a),
+            Tool::Speak(a) => speak::run(a),
         }
     }
 }

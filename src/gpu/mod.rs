@@ -9,6 +9,7 @@ pub mod context;
 pub mod kernels;
 pub mod ops;
 pub mod preprocess;
+pub mod speech;
 
 pub use context::{Backend, Gpu, GpuOptions};
 pub use kernels::{Access, Kernel, Variant};

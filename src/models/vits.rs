@@ -25,6 +25,11 @@
 //!
 //! Activations are `[channels, time]` (PyTorch's layout without the batch).
 
+mod gpu;
+
+pub use gpu::GpuGenerator;
+
+use crate::cli::{Device, DeviceChoice};
 use crate::cpu::{self, Conv1dShape, ConvTranspose1dShape};
 use crate::error::{Error, Result};
 use crate::formats::onnx::{OnnxGraph, OnnxModel, OnnxNode};
@@ -1083,6 +1088,51 @@ impl Vits {
     pub fn synthesize(&self, ids: &[i64], scales: &Scales, rng: &mut Rng) -> Result<Vec<f32>> {
         let lat = self.latent(ids, scales, rng)?;
         Ok(self.dec.forward(&lat.z, lat.frames))
+    }
+}
+
+/// A voice on the device the user chose: the CPU reference, or the GPU
+/// generator behind the CPU text encoder, duration predictor and flow.
+pub enum Synthesizer {
+    Cpu(Vits),
+    Gpu(Vits, GpuGenerator),
+}
+
+impl Synthesizer {
+    /// Opens `device`; without an explicit GPU request, a machine with no
+    /// usable adapter falls back to the CPU (see [`DeviceChoice::open`]).
+    pub fn new(vits: Vits, device: &DeviceChoice) -> Result<Synthesizer> {
+        Ok(match device.open()? {
+            Device::Cpu => Synthesizer::Cpu(vits),
+            Device::Gpu(g) => {
+                let dec = GpuGenerator::new(g, &vits.dec)?;
+                Synthesizer::Gpu(vits, dec)
+            }
+        })
+    }
+
+    pub fn vits(&self) -> &Vits {
+        match self {
+            Synthesizer::Cpu(v) | Synthesizer::Gpu(v, _) => v,
+        }
+    }
+
+    pub fn backend_name(&self) -> String {
+        match self {
+            Synthesizer::Cpu(_) => "cpu".to_string(),
+            Synthesizer::Gpu(_, g) => format!("gpu ({})", g.gpu().info.name),
+        }
+    }
+
+    /// Phoneme ids -> audio samples in [-1, 1] at the voice's rate.
+    pub fn synthesize(&self, ids: &[i64], scales: &Scales, rng: &mut Rng) -> Result<Vec<f32>> {
+        match self {
+            Synthesizer::Cpu(v) => v.synthesize(ids, scales, rng),
+            Synthesizer::Gpu(v, dec) => {
+                let lat = v.latent(ids, scales, rng)?;
+                dec.forward(&lat.z, lat.frames)
+            }
+        }
     }
 }
 

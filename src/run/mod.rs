@@ -4,3 +4,4 @@ pub mod chat;
 pub mod generate;
 pub mod phonemes;
 pub mod sampling;
+pub mod wav;
