@@ -16,7 +16,18 @@ pub const DEFAULT_VOICE: &str = "samples/models/piper-joe/en_US-joe-medium.onnx"
 
 /// Speak text with a Piper voice (VITS) on the GPU or the CPU; writes a 16-bit WAV.
 #[derive(Parser, Debug)]
-#[command(name = "speak", version, about, long_about = None)]
+#[command(
+    name = "speak",
+    version,
+    long_about = None,
+    after_help = "Text is turned into phonemes by espeak-ng (its library must be installed: \
+apt-get install espeak-ng), split into sentences, and synthesised sentence by sentence, so \
+`-o -` starts a pipe playing before a long text is done. Each sentence is scaled to full \
+volume, as Piper does, unless --no-normalize.\n\n\
+Examples:\n  speak \"Hello there.\" -o hello.wav\n  \
+fortune | speak -o - | aplay\n  speak --cpu --seed 7 --length-scale 1.2 \"Slowly, please.\" -o slow.wav\n\n\
+Exit status: 0 on success, 1 on bad input or a failed run, 2 on a bad command line."
+)]
 pub struct Args {
     /// The text to speak. Without it (or with `-`), the text is read from standard input.
     pub text: Vec<String>,
@@ -140,7 +151,19 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         noise_w: check_scale("--noise-w", args.noise_w.unwrap_or(cfg.noise_w), 0.0, 10.0)?,
     };
     let id_map = PhonemeIdMap::from_config(&cfg.path, &cfg.json)?;
-    let sentences = phonemes::phonemize(&cfg.espeak_voice, &text)?;
+    let mut sentences = phonemes::phonemize(&cfg.espeak_voice, &text)?;
+    // A clause espeak-ng could not read leaves only its punctuation: nothing
+    // to say (Piper would synthesise a short breath for it).
+    sentences.retain(|s| {
+        let speakable = s
+            .phonemes
+            .iter()
+            .any(|p| !p.chars().all(|c| c.is_whitespace() || ".,;:!?".contains(c)));
+        if !speakable {
+            eprintln!("notice: nothing to say in \"{}\"; skipped", s.text());
+        }
+        speakable
+    });
     if sentences.is_empty() {
         bail!(
             "espeak-ng found nothing to say in the text (voice {})",
