@@ -199,3 +199,62 @@ fn phonemes_missing_from_the_voice_are_skipped_with_a_notice() {
         stderr(&r)
     );
 }
+
+#[test]
+fn phoneme_ids_in_gold_samples_out() {
+    // onnxruntime's waveform for these ids with the noise off
+    // (samples/fixtures/speak/hello.*), through the whole command line.
+    let dir = root().join("samples/fixtures/speak");
+    let meta: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("hello.json")).unwrap()).unwrap();
+    let ids: Vec<i64> = serde_json::from_value(meta["ids"].clone()).unwrap();
+    let ids = ids
+        .iter()
+        .map(|i| i.to_string())
+        .collect::<Vec<_>>()
+        .join(",");
+    let bytes = std::fs::read(dir.join("hello.safetensors")).unwrap();
+    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    let gold: Vec<f32> = bytemuck::pod_collect_to_vec(st.tensor("audio").unwrap().data());
+    let out = tmp("ids.wav");
+    let o = speak(&[
+        "--phoneme-ids",
+        &ids,
+        "-o",
+        out.to_str().unwrap(),
+        "--cpu",
+        "--noise-scale",
+        "0",
+        "--noise-w",
+        "0",
+        "--no-normalize",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let (_, got) = samples(&out);
+    assert_eq!(got.len(), gold.len());
+    let worst = got
+        .iter()
+        .zip(&gold)
+        .map(|(g, w)| (*g as f32 - w * 32767.0).abs())
+        .fold(0.0, f32::max);
+    // Truncation to int16 (up to 1) plus the model's 2.6e-5 difference.
+    assert!(worst <= 2.0, "worst sample differs by {worst} LSB");
+    let bad = speak(&[
+        "--phoneme-ids",
+        "1,x,2",
+        "-o",
+        out.to_str().unwrap(),
+        "--cpu",
+    ]);
+    assert_eq!(bad.status.code(), Some(1));
+    assert!(stderr(&bad).contains("--phoneme-ids"), "{}", stderr(&bad));
+    let bad = speak(&[
+        "--phoneme-ids",
+        "1,999,2",
+        "-o",
+        out.to_str().unwrap(),
+        "--cpu",
+    ]);
+    assert_eq!(bad.status.code(), Some(1));
+    assert!(stderr(&bad).contains("phoneme id 999"), "{}", stderr(&bad));
+}

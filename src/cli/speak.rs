@@ -32,6 +32,12 @@ pub struct Args {
     /// The text to speak. Without it (or with `-`), the text is read from standard input.
     pub text: Vec<String>,
 
+    /// Speak these phoneme ids instead of text (comma-separated, one
+    /// sentence per use of the option; skips espeak-ng), as Piper's
+    /// `phoneme_ids` input.
+    #[arg(long, value_name = "IDS", conflicts_with = "text")]
+    pub phoneme_ids: Vec<String>,
+
     /// Output WAV file (replaced atomically if it exists), or `-` for a WAV
     /// stream on standard output, written sentence by sentence.
     #[arg(short, long)]
@@ -115,11 +121,78 @@ fn check_scale(name: &str, v: f32, min: f32, max: f32) -> anyhow::Result<f32> {
     Ok(v)
 }
 
-pub fn run(args: Args) -> anyhow::Result<()> {
-    let text = read_text(&args)?;
+/// One sentence to synthesise: its phonemes (when they came from text) and ids.
+struct SentenceIds {
+    phonemes: Option<String>,
+    ids: Vec<i64>,
+}
+
+/// `--phoneme-ids` values: one sentence each.
+fn parse_ids(values: &[String]) -> anyhow::Result<Vec<SentenceIds>> {
+    values
+        .iter()
+        .map(|v| {
+            let ids = v
+                .split(',')
+                .map(|x| x.trim().parse::<i64>())
+                .collect::<Result<Vec<_>, _>>()
+                .with_context(|| {
+                    format!("--phoneme-ids {v:?}: expected comma-separated integers")
+                })?;
+            Ok(SentenceIds {
+                phonemes: None,
+                ids,
+            })
+        })
+        .collect()
+}
+
+/// Text -> sentences of ids, with notices for what cannot be spoken.
+fn text_to_ids(text: &str, voice: &str, id_map: &PhonemeIdMap) -> anyhow::Result<Vec<SentenceIds>> {
     if text.trim().is_empty() {
         bail!("no text to speak (the text is empty)");
     }
+    let mut sentences = phonemes::phonemize(voice, text)?;
+    // A clause espeak-ng could not read leaves only its punctuation: nothing
+    // to say (Piper would synthesise a short breath for it).
+    sentences.retain(|s| {
+        let speakable = s
+            .phonemes
+            .iter()
+            .any(|p| !p.chars().all(|c| c.is_whitespace() || ".,;:!?".contains(c)));
+        if !speakable {
+            eprintln!("notice: nothing to say in \"{}\"; skipped", s.text());
+        }
+        speakable
+    });
+    if sentences.is_empty() {
+        bail!("espeak-ng found nothing to say in the text (voice {voice})");
+    }
+    Ok(sentences
+        .iter()
+        .map(|s| {
+            let r = id_map.sentence_ids(s);
+            if !r.missing.is_empty() {
+                eprintln!(
+                    "notice: skipped phonemes the voice does not know: {} (in \"{}\")",
+                    r.missing.join(" "),
+                    s.text()
+                );
+            }
+            SentenceIds {
+                phonemes: Some(s.text()),
+                ids: r.ids,
+            }
+        })
+        .collect())
+}
+
+pub fn run(args: Args) -> anyhow::Result<()> {
+    let text = if args.phoneme_ids.is_empty() {
+        Some(read_text(&args)?)
+    } else {
+        None
+    };
     let model_path = match &args.model {
         Some(p) => p.clone(),
         None => default_voice()?,
@@ -130,7 +203,6 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         bail!("--json prints on standard output, which -o - uses for audio");
     }
 
-    // Phonemes first: a text espeak-ng cannot read fails before the model loads.
     let load_start = Instant::now();
     let vits =
         Vits::open(&model_path).with_context(|| format!("loading {}", model_path.display()))?;
@@ -151,37 +223,10 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         noise_w: check_scale("--noise-w", args.noise_w.unwrap_or(cfg.noise_w), 0.0, 10.0)?,
     };
     let id_map = PhonemeIdMap::from_config(&cfg.path, &cfg.json)?;
-    let mut sentences = phonemes::phonemize(&cfg.espeak_voice, &text)?;
-    // A clause espeak-ng could not read leaves only its punctuation: nothing
-    // to say (Piper would synthesise a short breath for it).
-    sentences.retain(|s| {
-        let speakable = s
-            .phonemes
-            .iter()
-            .any(|p| !p.chars().all(|c| c.is_whitespace() || ".,;:!?".contains(c)));
-        if !speakable {
-            eprintln!("notice: nothing to say in \"{}\"; skipped", s.text());
-        }
-        speakable
-    });
-    if sentences.is_empty() {
-        bail!(
-            "espeak-ng found nothing to say in the text (voice {})",
-            cfg.espeak_voice
-        );
-    }
-    let mut ids = Vec::new();
-    for s in &sentences {
-        let r = id_map.sentence_ids(s);
-        if !r.missing.is_empty() {
-            eprintln!(
-                "notice: skipped phonemes the voice does not know: {} (in \"{}\")",
-                r.missing.join(" "),
-                s.text()
-            );
-        }
-        ids.push(r.ids);
-    }
+    let sentences = match &text {
+        Some(text) => text_to_ids(text, &cfg.espeak_voice, &id_map)?,
+        None => parse_ids(&args.phoneme_ids)?,
+    };
     let synth = Synthesizer::new(vits, &args.device.choice())?;
     let rate = synth.vits().config.sample_rate;
     let seed = args.seed.unwrap_or_else(clock_seed);
@@ -209,8 +254,11 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let start = Instant::now();
     let mut samples = 0usize;
     let mut first_audio = None;
-    for (i, sentence_ids) in ids.iter().enumerate() {
-        let audio = synth.synthesize(sentence_ids, &scales, &mut rng)?;
+    let mut timings = Vec::new();
+    for (i, sentence) in sentences.iter().enumerate() {
+        let t0 = Instant::now();
+        let audio = synth.synthesize(&sentence.ids, &scales, &mut rng)?;
+        timings.push((t0.elapsed().as_secs_f64(), audio.len() as f64 / rate as f64));
         let pcm = wav::to_pcm16(&audio, !args.no_normalize);
         if i > 0 {
             sink.write(&gap)?;
@@ -243,16 +291,18 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             "noise_scale": scales.noise_scale,
             "length_scale": scales.length_scale,
             "noise_w": scales.noise_w,
-            "sentences": sentences.iter().zip(&ids).map(|(s, ids)| serde_json::json!({
-                "phonemes": s.text(),
-                "ids": ids,
+            "sentences": sentences.iter().zip(&timings).map(|(s, (secs, audio))| serde_json::json!({
+                "phonemes": s.phonemes,
+                "ids": s.ids,
+                "synthesis_seconds": secs,
+                "audio_seconds": audio,
             })).collect::<Vec<_>>(),
         });
         println!("{v}");
     }
     eprintln!(
         "{} sentence(s), {:.2} s of audio in {:.2} s (real-time factor {:.3}, first sentence after {:.2} s) | seed {}",
-        ids.len(),
+        sentences.len(),
         seconds,
         elapsed,
         rtf,

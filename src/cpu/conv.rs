@@ -26,11 +26,16 @@ impl Conv1dShape {
     }
 }
 
-/// Time steps computed together: one tile of an output row stays in L1.
+/// Grouped convolutions (depthwise in VITS's duration predictor): one output
+/// row at a time, in tiles of this many steps that stay in L1.
 const TILE: usize = 512;
+/// Dense convolutions: a block of OB output channels x TB time steps is
+/// accumulated in registers over every input channel and tap.
+const OB: usize = 4;
+const TB: usize = 16;
 
 /// x: [c_in, t_in], w: [c_out, c_in / groups, k], bias: [c_out] or none
-/// -> y: [c_out, t_out] (stride 1). Output rows are computed in parallel.
+/// -> y: [c_out, t_out] (stride 1). Work is split over output channels.
 pub fn conv1d(
     x: &[f32],
     t_in: usize,
@@ -45,7 +50,6 @@ pub fn conv1d(
         "conv1d: groups"
     );
     let cin_g = s.c_in / s.groups;
-    let cout_g = s.c_out / s.groups;
     assert_eq!(x.len(), s.c_in * t_in, "conv1d: input shape");
     assert_eq!(w.len(), s.c_out * cin_g * s.kernel, "conv1d: weight shape");
     assert_eq!(y.len(), s.c_out * t_out, "conv1d: output shape");
@@ -55,6 +59,81 @@ pub fn conv1d(
     if t_out == 0 {
         return;
     }
+    if s.groups == 1 {
+        conv1d_dense(x, t_in, w, bias, s, y, t_out);
+    } else {
+        conv1d_grouped(x, t_in, w, bias, s, y, t_out);
+    }
+}
+
+fn conv1d_dense(
+    x: &[f32],
+    t_in: usize,
+    w: &[f32],
+    bias: Option<&[f32]>,
+    s: &Conv1dShape,
+    y: &mut [f32],
+    t_out: usize,
+) {
+    let (c_in, kernel, d) = (s.c_in, s.kernel, s.dilation);
+    // The input with its zero padding made explicit (and room for a whole
+    // last tile), so every tap of every tile reads in range.
+    let len = t_out.div_ceil(TB) * TB + d * (kernel - 1);
+    let mut xp = vec![0.0f32; c_in * len];
+    for i in 0..c_in {
+        let n = t_in.min(len.saturating_sub(s.pad_left));
+        xp[i * len + s.pad_left..][..n].copy_from_slice(&x[i * t_in..][..n]);
+    }
+    y.par_chunks_mut(OB * t_out)
+        .enumerate()
+        .for_each(|(ob, rows)| {
+            let o0 = ob * OB;
+            let n_o = rows.len() / t_out;
+            // This block's weights as [c_in, k, OB], zeros for missing channels.
+            let mut wp = vec![0.0f32; c_in * kernel * OB];
+            for oo in 0..n_o {
+                for i in 0..c_in {
+                    for k in 0..kernel {
+                        wp[(i * kernel + k) * OB + oo] = w[((o0 + oo) * c_in + i) * kernel + k];
+                    }
+                }
+            }
+            for t0 in (0..t_out).step_by(TB) {
+                let mut acc = [[0.0f32; TB]; OB];
+                for i in 0..c_in {
+                    let xrow = &xp[i * len..(i + 1) * len];
+                    for k in 0..kernel {
+                        let xs: &[f32; TB] = xrow[t0 + k * d..][..TB].try_into().expect("tile");
+                        let ws = &wp[(i * kernel + k) * OB..][..OB];
+                        for (a, &wv) in acc.iter_mut().zip(ws) {
+                            for (av, xv) in a.iter_mut().zip(xs) {
+                                *av += wv * xv;
+                            }
+                        }
+                    }
+                }
+                let n = TB.min(t_out - t0);
+                for (oo, a) in acc.iter().enumerate().take(n_o) {
+                    let b = bias.map_or(0.0, |b| b[o0 + oo]);
+                    for (yv, av) in rows[oo * t_out + t0..][..n].iter_mut().zip(a) {
+                        *yv = av + b;
+                    }
+                }
+            }
+        });
+}
+
+fn conv1d_grouped(
+    x: &[f32],
+    t_in: usize,
+    w: &[f32],
+    bias: Option<&[f32]>,
+    s: &Conv1dShape,
+    y: &mut [f32],
+    t_out: usize,
+) {
+    let cin_g = s.c_in / s.groups;
+    let cout_g = s.c_out / s.groups;
     y.par_chunks_mut(t_out).enumerate().for_each(|(o, row)| {
         let g = o / cout_g;
         let b = bias.map_or(0.0, |b| b[o]);
@@ -191,6 +270,8 @@ mod tests {
             (2, 5, 7, 12, 36, 36, 1, 50),
             (3, 2, 5, 1, 0, 0, 1, 9),
             (2, 2, 3, 1, 2, 0, 1, 1),
+            (7, 9, 5, 2, 4, 4, 1, 37),
+            (6, 6, 3, 9, 9, 9, 3, 20),
         ] {
             let s = Conv1dShape {
                 c_in,

@@ -77,14 +77,14 @@ static ESPEAK: OnceLock<std::result::Result<Mutex<Espeak>, String>> = OnceLock::
 
 fn espeak() -> Result<&'static Mutex<Espeak>> {
     ESPEAK
-        .get_or_init(load_espeak)
+        .get_or_init(|| load_espeak(LIBRARY_NAMES))
         .as_ref()
         .map_err(|e| Error::invalid(e.clone()))
 }
 
-fn load_espeak() -> std::result::Result<Mutex<Espeak>, String> {
+fn load_espeak(names: &[&str]) -> std::result::Result<Mutex<Espeak>, String> {
     let mut last_err = String::new();
-    for name in LIBRARY_NAMES {
+    for name in names {
         // SAFETY: loading libespeak-ng runs no initialisers with preconditions.
         let lib = match unsafe { libloading::Library::new(name) } {
             Ok(l) => l,
@@ -399,6 +399,17 @@ mod tests {
         assert_eq!(clause_terminator("Wait... w", false), t(None, false));
         assert_eq!(clause_terminator("the lazy dog", true), t(None, true));
         assert_eq!(clause_terminator("one.\n\nT", false), t(None, true));
+    }
+
+    #[test]
+    fn a_missing_library_says_how_to_install_it() {
+        let Err(e) = load_espeak(&["libespeak-ng-not-here.so.9"]) else {
+            panic!("loaded a library that does not exist");
+        };
+        assert!(
+            e.contains("espeak-ng is needed") && e.contains("apt-get install espeak-ng"),
+            "{e}"
+        );
     }
 
     #[test]

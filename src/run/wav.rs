@@ -13,14 +13,11 @@ const MAX_WAV_VALUE: f32 = 32767.0;
 /// sample is full scale (when `normalize`), then clipped.
 pub fn to_pcm16(samples: &[f32], normalize: bool) -> Vec<i16> {
     let peak = samples.iter().fold(0.0f32, |m, v| m.max(v.abs()));
-    let gain = if normalize && peak > 1e-8 {
-        1.0 / peak
-    } else {
-        1.0
-    };
+    // Divided (not multiplied by 1 / peak) so the peak maps to exactly 1.
+    let div = if normalize && peak > 1e-8 { peak } else { 1.0 };
     samples
         .iter()
-        .map(|v| (v * gain * MAX_WAV_VALUE).clamp(-MAX_WAV_VALUE, MAX_WAV_VALUE) as i16)
+        .map(|v| (v / div * MAX_WAV_VALUE).clamp(-MAX_WAV_VALUE, MAX_WAV_VALUE) as i16)
         .collect()
 }
 
