@@ -10,6 +10,8 @@
 # come from samples/fixtures/speak/bench.json (made by scripts/fixtures/piper_gold.py).
 #
 # Usage: scripts/device/speak.sh            (results under $OUT, default /tmp/speak-bench)
+#   SPEAK_BIN=path/to/speak: another binary; REPS=1: fewer repetitions (default 3);
+#   PYTHON=...: the interpreter with onnxruntime
 # Writes $OUT/speak-bench.json, $OUT/speak-bench.md and the WAVs it timed.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -34,7 +36,7 @@ import onnxruntime as ort
 
 BIN, OUT = sys.argv[1], Path(sys.argv[2])
 MODEL = "samples/models/piper-joe/en_US-joe-medium.onnx"
-REPS = 3
+REPS = int(os.environ.get("REPS", "3"))
 bench = json.loads(Path("samples/fixtures/speak/bench.json").read_text())
 sentences = bench["sentences"]
 cfg = json.loads(Path(MODEL + ".json").read_text())

@@ -1095,7 +1095,7 @@ impl Vits {
 /// generator behind the CPU text encoder, duration predictor and flow.
 pub enum Synthesizer {
     Cpu(Vits),
-    Gpu(Vits, GpuGenerator),
+    Gpu(Vits, Box<GpuGenerator>),
 }
 
 impl Synthesizer {
@@ -1106,7 +1106,7 @@ impl Synthesizer {
             Device::Cpu => Synthesizer::Cpu(vits),
             Device::Gpu(g) => {
                 let dec = GpuGenerator::new(g, &vits.dec)?;
-                Synthesizer::Gpu(vits, dec)
+                Synthesizer::Gpu(vits, Box::new(dec))
             }
         })
     }

@@ -187,7 +187,7 @@ pub fn clause_terminator(consumed: &str, last: bool) -> Terminator {
         ends_sentence: match punctuation {
             Some('.' | '?' | '!') => true,
             Some(_) => false,
-            None => (last || paragraph) && !(ellipsis && !last),
+            None => last || (paragraph && !ellipsis),
         },
     }
 }
