@@ -6,7 +6,7 @@ mod parity;
 use parity::Case;
 
 fn cases() -> Vec<&'static Case> {
-    [parity::basic::CASES, parity::speech::CASES]
+    [parity::basic::CASES, parity::dense::CASES, parity::speech::CASES]
         .into_iter()
         .flatten()
         .collect()

@@ -60,6 +60,7 @@ pub fn man_page(cmd: clap::Command) -> String {
 }
 
 pub mod generate;
+pub mod scoreboard;
 pub mod speak;
 
 use crate::gpu::{Backend, Gpu, GpuOptions};
@@ -135,6 +136,7 @@ pub fn tools() -> Vec<(&'static str, clap::Command)> {
     use clap::CommandFactory;
     vec![
         ("generate", generate::Args::command()),
+        ("scoreboard", scoreboard::Args::command()),
         ("speak", speak::Args::command()),
     ]
 }
@@ -155,6 +157,8 @@ pub struct Lfm {
 pub enum Tool {
     /// Generate text with a language model.
     Generate(generate::Args),
+    /// Benchmark language models across formats, backends and depths.
+    Scoreboard(scoreboard::Args),
     /// Speak text with a Piper voice (writes a WAV file or stream).
     Speak(speak::Args),
 }
@@ -163,6 +167,7 @@ impl Lfm {
     pub fn run(self) -> anyhow::Result<()> {
         match self.tool {
             Tool::Generate(a) => generate::run(a),
+            Tool::Scoreboard(a) => scoreboard::run(a),
             Tool::Speak(a) => speak::run(a),
         }
     }

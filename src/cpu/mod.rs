@@ -3,12 +3,14 @@
 //! row-major; weights use the PyTorch `[out, in]` layout.
 
 pub mod activation;
+pub mod attention;
 pub mod conv;
 pub mod elementwise;
 pub mod matmul;
 pub mod norm;
 
 pub use activation::*;
+pub use attention::*;
 pub use conv::*;
 pub use elementwise::*;
 pub use matmul::*;
