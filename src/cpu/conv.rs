@@ -98,20 +98,13 @@ fn conv1d_dense(
                     }
                 }
             }
+            let avx2 = has_avx2();
             for t0 in (0..t_out).step_by(TB) {
-                let mut acc = [[0.0f32; TB]; OB];
-                for i in 0..c_in {
-                    let xrow = &xp[i * len..(i + 1) * len];
-                    for k in 0..kernel {
-                        let xs: &[f32; TB] = xrow[t0 + k * d..][..TB].try_into().expect("tile");
-                        let ws = &wp[(i * kernel + k) * OB..][..OB];
-                        for (a, &wv) in acc.iter_mut().zip(ws) {
-                            for (av, xv) in a.iter_mut().zip(xs) {
-                                *av += wv * xv;
-                            }
-                        }
-                    }
-                }
+                let acc = if avx2 {
+                    dense_tile_avx2(&xp, len, &wp, c_in, kernel, d, t0)
+                } else {
+                    dense_tile(&xp, len, &wp, c_in, kernel, d, t0)
+                };
                 let n = TB.min(t_out - t0);
                 for (oo, a) in acc.iter().enumerate().take(n_o) {
                     let b = bias.map_or(0.0, |b| b[o0 + oo]);
@@ -121,6 +114,79 @@ fn conv1d_dense(
                 }
             }
         });
+}
+
+fn has_avx2() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        std::arch::is_x86_feature_detected!("avx2")
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
+
+/// One OB x TB output block of a dense convolution: xp is the padded input
+/// ([c_in, len]), wp the block's weights ([c_in, k, OB]).
+#[inline(always)]
+fn dense_tile(
+    xp: &[f32],
+    len: usize,
+    wp: &[f32],
+    c_in: usize,
+    kernel: usize,
+    d: usize,
+    t0: usize,
+) -> [[f32; TB]; OB] {
+    let mut acc = [[0.0f32; TB]; OB];
+    for i in 0..c_in {
+        let xrow = &xp[i * len..(i + 1) * len];
+        for k in 0..kernel {
+            let xs: &[f32; TB] = xrow[t0 + k * d..][..TB].try_into().expect("tile");
+            let ws = &wp[(i * kernel + k) * OB..][..OB];
+            for (a, &wv) in acc.iter_mut().zip(ws) {
+                for (av, xv) in a.iter_mut().zip(xs) {
+                    *av += wv * xv;
+                }
+            }
+        }
+    }
+    acc
+}
+
+/// [`dense_tile`] compiled for AVX2 when the CPU has it (8-wide registers
+/// hold the block), else the portable build.
+fn dense_tile_avx2(
+    xp: &[f32],
+    len: usize,
+    wp: &[f32],
+    c_in: usize,
+    kernel: usize,
+    d: usize,
+    t0: usize,
+) -> [[f32; TB]; OB] {
+    #[cfg(target_arch = "x86_64")]
+    {
+        #[target_feature(enable = "avx2")]
+        unsafe fn inner(
+            xp: &[f32],
+            len: usize,
+            wp: &[f32],
+            c_in: usize,
+            kernel: usize,
+            d: usize,
+            t0: usize,
+        ) -> [[f32; TB]; OB] {
+            dense_tile(xp, len, wp, c_in, kernel, d, t0)
+        }
+        // SAFETY: called only after has_avx2() returned true.
+        unsafe { inner(xp, len, wp, c_in, kernel, d, t0) }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        dense_tile(xp, len, wp, c_in, kernel, d, t0)
+    }
 }
 
 fn conv1d_grouped(
