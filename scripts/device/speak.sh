@@ -11,7 +11,7 @@
 #
 # Usage: scripts/device/speak.sh            (results under $OUT, default /tmp/speak-bench)
 #   SPEAK_BIN=path/to/speak: another binary; REPS=1: fewer repetitions (default 3);
-#   PYTHON=...: the interpreter with onnxruntime
+#   PYTHON=...: the interpreter with onnxruntime; NO_GPU=1: skip our GPU row (lavapipe is slow)
 # Writes $OUT/speak-bench.json, $OUT/speak-bench.md and the WAVs it timed.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -74,7 +74,10 @@ except (OSError, subprocess.CalledProcessError):
     pass
 
 # Ours: one process per repetition, default scales, fixed seed.
-for label, extra in [("speak gpu", []), ("speak cpu", ["--cpu"])]:
+engines = [("speak gpu", []), ("speak cpu", ["--cpu"])]
+if os.environ.get("NO_GPU"):
+    engines = engines[1:]
+for label, extra in engines:
     runs = []
     for rep in range(REPS):
         cmd = [BIN, "-o", str(OUT / f"{label.replace(' ', '-')}.wav"), "--seed", "1", "--json", *extra]
