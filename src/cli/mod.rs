@@ -62,6 +62,7 @@ pub fn man_page(cmd: clap::Command) -> String {
 pub mod generate;
 pub mod ocr_layout;
 pub mod scoreboard;
+pub mod speak;
 
 use crate::gpu::{Backend, Gpu, GpuOptions};
 use std::sync::Arc;
@@ -138,6 +139,7 @@ pub fn tools() -> Vec<(&'static str, clap::Command)> {
         ("generate", generate::Args::command()),
         ("ocr-layout", ocr_layout::Args::command()),
         ("scoreboard", scoreboard::Args::command()),
+        ("speak", speak::Args::command()),
     ]
 }
 
@@ -161,6 +163,8 @@ pub enum Tool {
     OcrLayout(ocr_layout::Args),
     /// Benchmark language models across formats, backends and depths.
     Scoreboard(scoreboard::Args),
+    /// Speak text with a Piper voice (writes a WAV file or stream).
+    Speak(speak::Args),
 }
 
 impl Lfm {
@@ -169,6 +173,7 @@ impl Lfm {
             Tool::Generate(a) => generate::run(a),
             Tool::OcrLayout(a) => ocr_layout::run(a),
             Tool::Scoreboard(a) => scoreboard::run(a),
+            Tool::Speak(a) => speak::run(a),
         }
     }
 }

@@ -104,6 +104,7 @@ pub fn all() -> impl Iterator<Item = &'static Kernel> {
         super::ops::KERNELS,
         super::dense::KERNELS,
         super::vision::KERNELS,
+        super::speech::KERNELS,
     ]
     .into_iter()
     .flatten()

@@ -6,6 +6,7 @@ pub mod layout;
 pub mod lfm2;
 pub mod llama;
 pub mod llm;
+pub mod vits;
 
 use crate::cli::{Device, DeviceChoice};
 use crate::error::{Error, Result};

@@ -5,4 +5,6 @@ pub mod chat;
 pub mod embed;
 pub mod generate;
 pub mod image;
+pub mod phonemes;
 pub mod sampling;
+pub mod wav;

@@ -7,6 +7,7 @@
 
 pub mod basic;
 pub mod dense;
+pub mod speech;
 pub mod vision;
 
 use lfm::gpu::{Gpu, GpuOptions, Kernel, Variant};
