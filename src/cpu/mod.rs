@@ -4,10 +4,12 @@
 
 pub mod activation;
 pub mod elementwise;
+pub mod llm;
 pub mod matmul;
 pub mod norm;
 
 pub use activation::*;
 pub use elementwise::*;
+pub use llm::*;
 pub use matmul::*;
 pub use norm::*;

@@ -7,6 +7,7 @@
 pub mod buffers;
 pub mod context;
 pub mod kernels;
+pub mod llm_ops;
 pub mod ops;
 pub mod preprocess;
 

@@ -40,16 +40,7 @@ pub struct Sampler {
     rng: Rng,
 }
 
-/// Index of the largest value; the first one on ties (as torch.argmax).
-pub fn argmax(x: &[f32]) -> usize {
-    let mut best = 0;
-    for (i, &v) in x.iter().enumerate() {
-        if v > x[best] {
-            best = i;
-        }
-    }
-    best
-}
+pub use crate::cpu::argmax;
 
 impl Sampler {
     pub fn new(opts: SamplingOptions) -> Sampler {
