@@ -477,6 +477,13 @@ pub fn gemm(
     Ok(out)
 }
 
+/// Compiles the prefill GEMMs for weights of `t` ahead of their first use.
+pub fn warm_gemm(gpu: &Gpu, t: GgmlType) -> Result<()> {
+    gpu.pipeline(&GEMM, &format_variant(t, false, &[])?)?;
+    gpu.pipeline(&GEMM_ADD, &format_variant(t, false, &["ADD"])?)?;
+    Ok(())
+}
+
 // ---------------------------------------------------------------- embedding
 
 #[repr(C)]
@@ -879,6 +886,14 @@ pub fn argmax(gpu: &Gpu, x: &wgpu::Buffer, out: &wgpu::Buffer, n: usize) -> Resu
         bound: gpu.bind(&ARGMAX, &Variant::default(), &[x, out], &params)?,
         groups: [1, 1, 1],
     })
+}
+
+/// Compiles the prefill-only kernels without weights (short_conv, swiglu)
+/// ahead of their first use.
+pub fn warm_prefill_kernels(gpu: &Gpu) -> Result<()> {
+    gpu.pipeline(&SHORT_CONV, &Variant::default())?;
+    gpu.pipeline(&SWIGLU, &Variant::default())?;
+    Ok(())
 }
 
 /// The kernels declared in this module.

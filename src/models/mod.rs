@@ -4,6 +4,7 @@
 pub mod lfm2;
 pub mod llama;
 pub mod llm;
+pub mod llm_gpu;
 
 use crate::cli::{Device, DeviceChoice};
 use crate::error::{Error, Result};
@@ -13,6 +14,7 @@ use crate::formats::TensorSource;
 use crate::run::sampling::SamplingOptions;
 use crate::tokenizer::{GgufVocab, Tokenizer};
 use llm::{CausalLm, CpuLlm, LlmConfig, Weights};
+use llm_gpu::{GpuLlm, GpuLlmOptions};
 use std::path::{Path, PathBuf};
 
 /// Where `scripts/setup` puts generate's default model, relative to the repo.
@@ -102,10 +104,17 @@ pub fn load_llm(path: &Path, opts: &LoadOptions) -> Result<LoadedLlm> {
         .to_string();
     let (model, backend): (Box<dyn CausalLm>, &'static str) = match opts.device.open()? {
         Device::Cpu => (Box::new(CpuLlm::new(cfg, weights)), "cpu"),
-        Device::Gpu(_) => {
-            eprintln!("the GPU path for language models is not built yet; running on the CPU");
-            (Box::new(CpuLlm::new(cfg, weights)), "cpu")
-        }
+        Device::Gpu(gpu) => match GpuLlm::new(gpu, &cfg, &weights, &GpuLlmOptions::default()) {
+            Ok(m) => (Box::new(m), "gpu"),
+            // A GPU picked by default that cannot run this model (limits,
+            // memory, a kernel its driver rejects) falls back to the CPU;
+            // one the user asked for by name is an error.
+            Err(e) if !opts.device.is_explicit_gpu() => {
+                eprintln!("{e}; running on the CPU");
+                (Box::new(CpuLlm::new(cfg, weights)), "cpu")
+            }
+            Err(e) => return Err(e),
+        },
     };
     Ok(LoadedLlm {
         model,
