@@ -19,6 +19,7 @@ use lfm::models::llm::{
 };
 use lfm::models::llm_gpu::{GpuLlm, GpuLlmOptions};
 use lfm::quant::GgmlType;
+use lfm::run::sampling::{Sampler, SamplingOptions};
 use lfm::tensor::Tensor;
 use lfm::util::rng::Rng;
 use std::sync::{Arc, OnceLock};
@@ -255,6 +256,32 @@ fn compare(cfg: &LlmConfig, seed: u64, tied: bool, opts: &GpuLlmOptions, what: &
         assert_eq!(gpu_m.position(), cpu_m.position());
         cpu_m.reset();
         gpu_m.reset();
+    }
+    // Sampling with llama.cpp's defaults draws from the top candidates the
+    // GPU selects: the same tokens as sampling the CPU's full logits.
+    let opts = SamplingOptions {
+        temperature: 0.8,
+        top_k: 40,
+        top_p: 0.95,
+        min_p: 0.05,
+        seed: 7,
+        ..Default::default()
+    };
+    let (mut cs, mut gs) = (Sampler::new(opts.clone()), Sampler::new(opts));
+    let want = cpu_m.forward(&prompt, false).unwrap();
+    let got = gpu_m.forward(&prompt, false).unwrap();
+    let mut history = prompt.clone();
+    let mut tok = cs.sample(&want, &history);
+    assert_eq!(gs.sample(&got, &history), tok, "{what} first sampled token");
+    for step in 0..16 {
+        history.push(tok);
+        let next = cpu_m.step_sample(tok, &mut cs, &history).unwrap();
+        assert_eq!(
+            gpu_m.step_sample(tok, &mut gs, &history).unwrap(),
+            next,
+            "{what} sampled step {step}"
+        );
+        tok = next;
     }
 }
 

@@ -291,6 +291,16 @@ pub fn argmax(x: &[f32]) -> usize {
     best
 }
 
+/// The `k` largest of `x` as (index, value), sorted by value descending
+/// (`f32::total_cmp`), ties by index: the order a stable sort of every
+/// (index, value) pair gives, which sampling draws from.
+pub fn top_k(x: &[f32], k: usize) -> Vec<(u32, f32)> {
+    let mut cand: Vec<(u32, f32)> = x.iter().enumerate().map(|(i, &v)| (i as u32, v)).collect();
+    cand.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+    cand.truncate(k);
+    cand
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

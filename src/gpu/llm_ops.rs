@@ -888,6 +888,60 @@ pub fn argmax(gpu: &Gpu, x: &wgpu::Buffer, out: &wgpu::Buffer, n: usize) -> Resu
     })
 }
 
+// ---------------------------------------------------------------- top_k
+
+#[repr(C)]
+#[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
+struct TopKParams {
+    n: u32,
+    k: u32,
+    _pad: [u32; 2],
+}
+const _: () = assert!(std::mem::size_of::<TopKParams>() == 16);
+
+kernel!(
+    TOP_K,
+    "top_k",
+    "top_k.wgsl",
+    [Binding::read("x"), Binding::write("out")],
+    TopKParams,
+    [&[]]
+);
+
+/// Most candidates [`top_k`] selects.
+pub const MAX_TOP_K: usize = 256;
+
+/// out: the `k` (<= [`MAX_TOP_K`], <= n) largest of x[0..n] as (index,
+/// value bits) u32 pairs, unordered; which ones matches `cpu::top_k`.
+pub fn top_k(
+    gpu: &Gpu,
+    x: &wgpu::Buffer,
+    out: &wgpu::Buffer,
+    n: usize,
+    k: usize,
+) -> Result<Dispatch> {
+    assert!(k <= MAX_TOP_K && k <= n && k > 0, "top_k: k = {k} of {n}");
+    let params = TopKParams {
+        n: n as u32,
+        k: k as u32,
+        _pad: [0; 2],
+    };
+    Ok(Dispatch {
+        bound: gpu.bind(&TOP_K, &Variant::default(), &[x, out], &params)?,
+        groups: [1, 1, 1],
+    })
+}
+
+/// Sorts [`top_k`]'s output as `cpu::top_k` orders candidates.
+pub fn sort_candidates(raw: &[u32]) -> Vec<(u32, f32)> {
+    let mut c: Vec<(u32, f32)> = raw
+        .chunks_exact(2)
+        .map(|p| (p[0], f32::from_bits(p[1])))
+        .collect();
+    c.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+    c
+}
+
 /// Compiles the prefill-only kernels without weights (short_conv, swiglu)
 /// ahead of their first use.
 pub fn warm_prefill_kernels(gpu: &Gpu) -> Result<()> {
@@ -912,6 +966,7 @@ pub static KERNELS: &[&Kernel] = &[
     &SHORT_CONV,
     &SWIGLU,
     &ARGMAX,
+    &TOP_K,
 ];
 
 #[cfg(test)]

@@ -10,6 +10,7 @@ use crate::cpu;
 use crate::error::{Error, Result};
 use crate::formats::TensorSource;
 use crate::quant;
+use crate::run::sampling::Sampler;
 use crate::tensor::{self, Tensor};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -263,6 +264,13 @@ pub trait CausalLm {
     fn step_greedy(&mut self, token: u32) -> Result<u32> {
         let logits = self.forward(&[token], false)?;
         Ok(crate::run::sampling::argmax(&logits) as u32)
+    }
+    /// Appends one token and draws the next with `sampler` (`history`: the
+    /// tokens so far, for the repetition penalty). Backends override this to
+    /// read back less than the logits.
+    fn step_sample(&mut self, token: u32, sampler: &mut Sampler, history: &[u32]) -> Result<u32> {
+        let logits = self.forward(&[token], false)?;
+        Ok(sampler.sample(&logits, history))
     }
 }
 

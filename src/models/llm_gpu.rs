@@ -8,7 +8,8 @@
 //! records a whole token, every layer, the head and the argmax, into one
 //! submission; the per-token values (token id, position, KV length, attention
 //! splits, RoPE angles) go into two small buffers written once per token, and
-//! only the token id (or the logits, when asked) comes back. Per decode
+//! only the token id comes back (or, for sampling, the top candidates; or
+//! the logits, when asked). Per decode
 //! layer: an attention layer is norm+QKV, q/k norm+RoPE+cache write,
 //! attention (+ merge on long contexts), output projection+residual,
 //! norm+gate/up+SwiGLU, down+residual; an LFM2 conv layer is
@@ -23,6 +24,7 @@ use crate::gpu::llm_ops::{self, AttnBuffers, GemvEpilogue, GpuMatrix};
 use crate::gpu::ops::{self, Dispatch};
 use crate::gpu::Gpu;
 use crate::quant::GgmlType;
+use crate::run::sampling::Sampler;
 use crate::tensor::Tensor;
 use std::sync::Arc;
 
@@ -109,8 +111,21 @@ struct DecodeIo {
     logits: wgpu::Buffer,
     /// [1] u32
     token: wgpu::Buffer,
+    /// [top_k, 2] u32: (id, logit bits) of the most likely tokens.
+    cand: wgpu::Buffer,
     token_staging: wgpu::Buffer,
     logits_staging: wgpu::Buffer,
+    cand_staging: wgpu::Buffer,
+}
+
+/// What a decode step reads back.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Readback {
+    /// The argmax token id.
+    Token,
+    /// The top_k most likely tokens, for sampling.
+    Candidates,
+    Logits,
 }
 
 /// One recorded step of the decode plan.
@@ -137,6 +152,9 @@ pub struct GpuLlm {
     io: DecodeIo,
     plan: Vec<Op>,
     argmax: Dispatch,
+    /// Selects the candidates sampling needs (`top_k` of them).
+    select: Dispatch,
+    top_k: usize,
     prefill_chunk: usize,
 }
 
@@ -322,8 +340,10 @@ impl GpuLlm {
             gu: f32s("gu", 2 * f)?,
             logits: f32s("logits", cfg.vocab)?,
             token: f32s("token", 1)?,
+            cand: f32s("candidates", 2 * llm_ops::MAX_TOP_K)?,
             token_staging: g.staging("token", 4),
             logits_staging: g.staging("logits", (cfg.vocab * 4) as u64),
+            cand_staging: g.staging("candidates", (8 * llm_ops::MAX_TOP_K) as u64),
         };
         let cap = opts
             .kv_positions
@@ -345,6 +365,8 @@ impl GpuLlm {
             })
             .collect::<Result<Vec<_>>>()?;
         let argmax = llm_ops::argmax(g, &io.logits, &io.token, cfg.vocab)?;
+        let top_k = llm_ops::MAX_TOP_K.min(cfg.vocab);
+        let select = llm_ops::top_k(g, &io.logits, &io.cand, cfg.vocab, top_k)?;
         let mut m = GpuLlm {
             subgroups: gpu.caps.subgroups,
             gpu,
@@ -360,6 +382,8 @@ impl GpuLlm {
             io,
             plan: Vec::new(),
             argmax,
+            select,
+            top_k,
             prefill_chunk: opts
                 .prefill_chunk
                 .unwrap_or(PREFILL_CHUNK)
@@ -589,9 +613,8 @@ impl GpuLlm {
         }
     }
 
-    /// One decode step: appends `token`; returns the next token's id
-    /// (`greedy`) or its logits.
-    fn decode(&mut self, token: u32, greedy: bool) -> Result<Vec<u8>> {
+    /// One decode step: appends `token`; returns the bytes `what` asks for.
+    fn decode(&mut self, token: u32, what: Readback) -> Result<Vec<u8>> {
         self.check_tokens(&[token])?;
         self.ensure_capacity(self.pos + 1)?;
         let splits = llm_ops::attention_splits(self.pos + 1);
@@ -606,18 +629,17 @@ impl GpuLlm {
                     Op::Attention(a) => a.record(&mut pass, splits),
                 }
             }
-            if greedy {
-                self.argmax.record(&mut pass);
+            match what {
+                Readback::Token => self.argmax.record(&mut pass),
+                Readback::Candidates => self.select.record(&mut pass),
+                Readback::Logits => {}
             }
         }
-        let (src, staging, len) = if greedy {
-            (&self.io.token, &self.io.token_staging, 4)
-        } else {
-            (
-                &self.io.logits,
-                &self.io.logits_staging,
-                (self.cfg.vocab * 4) as u64,
-            )
+        let io = &self.io;
+        let (src, staging, len) = match what {
+            Readback::Token => (&io.token, &io.token_staging, 4),
+            Readback::Candidates => (&io.cand, &io.cand_staging, 8 * self.top_k as u64),
+            Readback::Logits => (&io.logits, &io.logits_staging, (self.cfg.vocab * 4) as u64),
         };
         enc.copy_buffer_to_buffer(src, 0, staging, 0, len);
         let out = g.submit_and_read(enc, staging, len)?;
@@ -825,7 +847,7 @@ impl CausalLm for GpuLlm {
     fn forward(&mut self, tokens: &[u32], all_logits: bool) -> Result<Vec<f32>> {
         self.check_tokens(tokens)?;
         if tokens.len() == 1 {
-            let bytes = self.decode(tokens[0], false)?;
+            let bytes = self.decode(tokens[0], Readback::Logits)?;
             return Ok(bytemuck::pod_collect_to_vec(&bytes));
         }
         let chunk = self.prefill_chunk_len();
@@ -839,7 +861,21 @@ impl CausalLm for GpuLlm {
     }
 
     fn step_greedy(&mut self, token: u32) -> Result<u32> {
-        let bytes = self.decode(token, true)?;
+        let bytes = self.decode(token, Readback::Token)?;
         Ok(u32::from_le_bytes(bytes[..4].try_into().expect("4 bytes")))
+    }
+
+    fn step_sample(&mut self, token: u32, sampler: &mut Sampler, history: &[u32]) -> Result<u32> {
+        match sampler.candidates_needed() {
+            Some(k) if k <= self.top_k || self.top_k == self.cfg.vocab => {
+                let raw = self.decode(token, Readback::Candidates)?;
+                let cand = llm_ops::sort_candidates(&bytemuck::pod_collect_to_vec(&raw));
+                Ok(sampler.sample_top(cand))
+            }
+            _ => {
+                let logits = self.forward(&[token], false)?;
+                Ok(sampler.sample(&logits, history))
+            }
+        }
     }
 }

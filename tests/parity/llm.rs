@@ -70,6 +70,10 @@ pub const CASES: &[Case] = &[
         kernel: "argmax",
         run: argmax,
     },
+    Case {
+        kernel: "top_k",
+        run: top_k,
+    },
 ];
 
 /// Products over k terms summed in another order: outputs of order one carry
@@ -675,5 +679,30 @@ fn argmax(gpu: &Gpu, _v: &Variant) {
         gpu.run_all(&[&d]).unwrap();
         let got = gpu.read_u32(&out).unwrap()[0] as usize;
         assert_eq!(got, cpu::argmax(&x), "argmax n={n}");
+    }
+}
+
+fn top_k(gpu: &Gpu, _v: &Variant) {
+    let mut rng = Rng::new(23);
+    for &n in SIZES.iter().chain(&[65_536]) {
+        // Values on a coarse grid, so many are tied (also at the k-th value),
+        // with both signs and a few infinities.
+        let mut x: Vec<f32> = rng
+            .vec(n, -8.0, 8.0)
+            .iter()
+            .map(|v| (v * 2.0).round() / 2.0)
+            .collect();
+        x[n / 2] = f32::NEG_INFINITY;
+        x[n - 1] = f32::INFINITY;
+        for k in [1, 40, llm_ops::MAX_TOP_K] {
+            let k = k.min(n);
+            let gx = gpu.upload_f32("x", &x).unwrap();
+            let out = gpu.upload_u32("out", &vec![u32::MAX; 2 * k]).unwrap();
+            let d = llm_ops::top_k(gpu, &gx, &out, n, k).unwrap();
+            gpu.run_all(&[&d]).unwrap();
+            let got = llm_ops::sort_candidates(&gpu.read_u32(&out).unwrap());
+            // A selection: exactly the same candidates, in the same order.
+            assert_eq!(got, cpu::top_k(&x, k), "top_k n={n} k={k}");
+        }
     }
 }
