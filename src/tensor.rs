@@ -6,10 +6,13 @@
 //! (innermost first), which the reader reverses into this order. The bytes
 //! are either a range of a memory-mapped file or owned; cloning shares them.
 //!
-//! [`matvec`] and [`matmul`] compute `y = W x` for any weight type. They are
-//! exact in the reference sense: each output is the dot product of the
-//! dequantised weight row with the input, summed in f32 (for F32 weights they
-//! equal `cpu::matmul` bit for bit).
+//! [`matvec`] and [`matmul`] compute `y = W x` for any weight type. Each
+//! output is the dot product of the dequantised weight row with the input,
+//! summed in f32: [`matmul`] dequantises tiles of rows and uses `cpu::dot`
+//! (for F32 weights it equals `cpu::matmul` bit for bit), [`matvec`] uses the
+//! fast kernels of `quant::fast`, which differ from the reference
+//! `quant::dot_row` only in the order of the f32 operations (F32 weights
+//! still go through `cpu::dot`, bit for bit).
 
 use crate::error::{Error, Result};
 use crate::quant::{self, GgmlType};
@@ -49,20 +52,22 @@ impl std::fmt::Debug for Tensor {
 }
 
 /// The byte size of a tensor of `dtype` and `shape`, or why there is none.
+/// Refuses shapes whose dimensions, ignoring zeros, multiply past `usize`
+/// (so every row count and row size of an accepted tensor is computable).
 pub fn tensor_bytes(dtype: GgmlType, shape: &[usize]) -> std::result::Result<usize, String> {
-    let row_len = shape.last().copied().unwrap_or(1);
-    let rows = shape[..shape.len().saturating_sub(1)]
+    shape
         .iter()
-        .try_fold(1usize, |acc, &d| acc.checked_mul(d))
+        .try_fold(dtype.block_bytes(), |acc, &d| acc.checked_mul(d.max(1)))
         .ok_or_else(|| format!("shape {shape:?} overflows"))?;
+    let row_len = shape.last().copied().unwrap_or(1);
     let row_bytes = dtype.row_bytes(row_len).ok_or_else(|| {
         format!(
             "row length {row_len} is not a multiple of the {dtype} block size {}",
             dtype.block_size()
         )
     })?;
-    rows.checked_mul(row_bytes)
-        .ok_or_else(|| format!("shape {shape:?} overflows"))
+    let rows: usize = shape[..shape.len().saturating_sub(1)].iter().product();
+    Ok(rows * row_bytes)
 }
 
 impl Tensor {
@@ -244,12 +249,11 @@ pub fn matvec(w: &Tensor, x: &[f32], y: &mut [f32]) {
     assert_eq!(y.len(), n, "matvec '{}': y is not [{n}]", w.name);
     let rb = w.row_bytes();
     let bytes = w.bytes();
+    let dot = quant::fast::RowDot::new(w.dtype, x);
     y.par_iter_mut()
         .enumerate()
         .with_min_len(16)
-        .for_each(|(r, out)| {
-            *out = quant::dot_row(w.dtype, &bytes[r * rb..(r + 1) * rb], x);
-        });
+        .for_each(|(r, out)| *out = dot.dot(&bytes[r * rb..(r + 1) * rb]));
 }
 
 /// Weight rows dequantised together in [`matmul`], so each input row is read

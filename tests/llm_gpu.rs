@@ -4,20 +4,23 @@
 //! cover both layer kinds, GQA, both RoPE styles, every GPU weight format
 //! (mixed within a layer, so the split q/k/v and gate/up paths run too),
 //! weights split over several buffers, chunked prefill and KV-cache growth;
-//! SmolLM2-135M (Q4_1 + Q8_0 GGUF) covers a real checkpoint.
+//! the tiny LFM2 and Llama fixtures (HF directories and llama.cpp GGUFs of
+//! them) are also held to transformers' logits and greedy tokens; and
+//! SmolLM2-135M (Q4_1 + Q8_0 GGUF) covers a real checkpoint for 8 steps.
 //!
 //! Like the kernel parity tests, these fail without a GPU adapter unless
 //! `LFM_SKIP_GPU_TESTS=1` is set (never in CI, which runs Mesa lavapipe).
 
+use lfm::cli::DeviceChoice;
 use lfm::cpu;
 use lfm::formats::gguf::GgufFile;
 use lfm::gpu::{Gpu, GpuOptions};
-use lfm::models::llama;
 use lfm::models::llm::{
     Arch, Attention, CausalLm, CpuLlm, Layer, LayerKind, LlmConfig, Mixer, RopeStyle, ShortConv,
     Weights,
 };
 use lfm::models::llm_gpu::{GpuLlm, GpuLlmOptions};
+use lfm::models::{llama, load_llm, LoadOptions};
 use lfm::quant::GgmlType;
 use lfm::run::sampling::{Sampler, SamplingOptions};
 use lfm::tensor::Tensor;
@@ -362,4 +365,125 @@ fn smollm2_first_steps_match_cpu() {
         );
         tok = next;
     }
+}
+
+/// Gold logits of transformers for the tiny LFM2 / Llama fixtures (see
+/// samples/fixtures/llm/README.md and tests/llm_parity.rs): every prompt
+/// position, then 16 greedy steps.
+struct Gold {
+    prompt: Vec<u32>,
+    prefill: Vec<f32>,
+    steps: Vec<f32>,
+    tokens: Vec<u32>,
+}
+
+fn gold(name: &str) -> Gold {
+    let bytes = std::fs::read(fixture(&format!("{name}.logits.safetensors"))).unwrap();
+    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    let f32s = |n: &str| -> Vec<f32> { bytemuck::pod_collect_to_vec(st.tensor(n).unwrap().data()) };
+    let ids = |n: &str| -> Vec<u32> {
+        bytemuck::pod_collect_to_vec::<u8, i32>(st.tensor(n).unwrap().data())
+            .into_iter()
+            .map(|v| v as u32)
+            .collect()
+    };
+    Gold {
+        prompt: ids("prompt_ids"),
+        prefill: f32s("prefill_logits"),
+        steps: f32s("step_logits"),
+        tokens: ids("tokens"),
+    }
+}
+
+fn fixture(rel: &str) -> std::path::PathBuf {
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("samples/fixtures/llm")
+        .join(rel)
+}
+
+/// max |got - want| / max |want|, the measure tests/llm_parity.rs holds the
+/// CPU to against transformers (1e-4 of the logit range, far below the
+/// fixtures' smallest top-1/top-2 gap of 1.4e-2 of the range).
+#[track_caller]
+fn assert_near_gold(what: &str, got: &[f32], want: &[f32]) {
+    assert_eq!(got.len(), want.len(), "{what}: length");
+    let scale = want.iter().fold(0f32, |m, v| m.max(v.abs()));
+    let err = got
+        .iter()
+        .zip(want)
+        .fold(0f32, |m, (g, w)| m.max((g - w).abs()));
+    assert!(
+        err / scale <= 1e-4,
+        "{what}: max |diff| {err} vs max |logit| {scale}"
+    );
+}
+
+/// The GPU on a fixture: logits at every position and step against the CPU
+/// reference (tight) and against transformers (as the CPU is held),
+/// greedy tokens equal to transformers'.
+fn check_fixture(name: &str, model: &str) {
+    if gpu().is_none() {
+        return;
+    }
+    let g = gold(name);
+    let load = |device| {
+        load_llm(
+            &fixture(model),
+            &LoadOptions {
+                device,
+                weight_type: None,
+            },
+        )
+        .unwrap()
+    };
+    let mut cpu_l = load(DeviceChoice::Cpu);
+    let mut gpu_l = load(DeviceChoice::Gpu(GpuOptions::default()));
+    assert_eq!(gpu_l.backend_name(), "gpu", "{model}: fell back to the CPU");
+    let (c, m) = (cpu_l.model.as_mut(), gpu_l.model.as_mut());
+    let v = m.config().vocab;
+    let prefill = m.forward(&g.prompt, true).unwrap();
+    assert_logits(
+        &format!("{model} prefill"),
+        &prefill,
+        &c.forward(&g.prompt, true).unwrap(),
+        v,
+        TINY_TOL,
+    );
+    assert_near_gold(&format!("{model} prefill"), &prefill, &g.prefill);
+    let mut next = cpu::argmax(&prefill[(g.prompt.len() - 1) * v..]) as u32;
+    assert_eq!(next, g.tokens[0], "{model}: greedy token 0");
+    for step in 1..g.tokens.len() {
+        let logits = m.forward(&[next], false).unwrap();
+        let what = format!("{model} step {step}");
+        assert_logits(
+            &what,
+            &logits,
+            &c.forward(&[next], false).unwrap(),
+            v,
+            TINY_TOL,
+        );
+        assert_near_gold(&what, &logits, &g.steps[step * v..(step + 1) * v]);
+        next = cpu::argmax(&logits) as u32;
+        assert_eq!(next, g.tokens[step], "{model}: greedy token {step}");
+    }
+    // The token-only decode path gives the same continuation.
+    m.reset();
+    m.forward(&g.prompt, false).unwrap();
+    let mut tok = g.tokens[0];
+    for step in 1..g.tokens.len() {
+        tok = m.step_greedy(tok).unwrap();
+        assert_eq!(tok, g.tokens[step], "{model}: step_greedy {step}");
+    }
+}
+
+#[test]
+fn tiny_lfm2_fixture_hf_and_gguf_match_cpu_and_transformers() {
+    check_fixture("tiny-lfm2", "tiny-lfm2");
+    check_fixture("tiny-lfm2", "tiny-lfm2.f32.gguf");
+}
+
+#[test]
+fn tiny_llama_fixture_hf_and_gguf_match_cpu_and_transformers() {
+    check_fixture("tiny-llama", "tiny-llama");
+    check_fixture("tiny-llama", "tiny-llama.f32.gguf");
 }

@@ -60,6 +60,7 @@ pub fn man_page(cmd: clap::Command) -> String {
 }
 
 pub mod generate;
+pub mod scoreboard;
 
 use crate::gpu::{Backend, Gpu, GpuOptions};
 use std::sync::Arc;
@@ -138,7 +139,10 @@ impl DeviceChoice {
 /// Every tool, by name, as the umbrella `lfm` exposes it (used for man pages).
 pub fn tools() -> Vec<(&'static str, clap::Command)> {
     use clap::CommandFactory;
-    vec![("generate", generate::Args::command())]
+    vec![
+        ("generate", generate::Args::command()),
+        ("scoreboard", scoreboard::Args::command()),
+    ]
 }
 
 /// The umbrella command: every tool as a subcommand.
@@ -157,12 +161,15 @@ pub struct Lfm {
 pub enum Tool {
     /// Generate text with a language model.
     Generate(generate::Args),
+    /// Benchmark language models across formats, backends and depths.
+    Scoreboard(scoreboard::Args),
 }
 
 impl Lfm {
     pub fn run(self) -> anyhow::Result<()> {
         match self.tool {
             Tool::Generate(a) => generate::run(a),
+            Tool::Scoreboard(a) => scoreboard::run(a),
         }
     }
 }

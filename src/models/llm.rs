@@ -249,6 +249,111 @@ pub fn load_weights(
     })
 }
 
+impl Weights {
+    /// Every matrix (embedding, projections, head) converted to `dtype`, as a
+    /// weight-format arm for benchmarks and KL-divergence runs. Matrices whose
+    /// row length does not fit the block size keep their type; their names
+    /// are returned. Norms and the conv taps stay f32.
+    pub fn converted(&self, dtype: crate::quant::GgmlType) -> Result<(Weights, Vec<String>)> {
+        let mut kept = Vec::new();
+        let mut conv = |t: &Tensor| -> Result<Tensor> {
+            if dtype.row_bytes(t.row_len()).is_none() {
+                kept.push(t.name.clone());
+                return Ok(t.clone());
+            }
+            t.to_dtype(dtype)
+        };
+        let tied = self.head.name == self.embed.name;
+        let embed = conv(&self.embed)?;
+        let head = if tied {
+            embed.clone()
+        } else {
+            conv(&self.head)?
+        };
+        let mut layers = Vec::with_capacity(self.layers.len());
+        for l in &self.layers {
+            let mixer = match &l.mixer {
+                Mixer::Attention(a) => Mixer::Attention(Attention {
+                    q: conv(&a.q)?,
+                    k: conv(&a.k)?,
+                    v: conv(&a.v)?,
+                    o: conv(&a.o)?,
+                    q_norm: a.q_norm.clone(),
+                    k_norm: a.k_norm.clone(),
+                }),
+                Mixer::Conv(c) => Mixer::Conv(ShortConv {
+                    in_proj: conv(&c.in_proj)?,
+                    conv: c.conv.clone(),
+                    out_proj: conv(&c.out_proj)?,
+                }),
+            };
+            layers.push(Layer {
+                norm1: l.norm1.clone(),
+                mixer,
+                norm2: l.norm2.clone(),
+                gate: conv(&l.gate)?,
+                up: conv(&l.up)?,
+                down: conv(&l.down)?,
+            });
+        }
+        Ok((
+            Weights {
+                embed,
+                layers,
+                final_norm: self.final_norm.clone(),
+                head,
+            },
+            kept,
+        ))
+    }
+
+    /// (number of weights, bytes of weights), the head counted once when tied.
+    pub fn totals(&self) -> (usize, usize) {
+        let mut tensors: Vec<&Tensor> = vec![&self.embed];
+        if self.head.name != self.embed.name {
+            tensors.push(&self.head);
+        }
+        let mut floats = self.final_norm.len();
+        for l in &self.layers {
+            tensors.extend([&l.gate, &l.up, &l.down]);
+            floats += l.norm1.len() + l.norm2.len();
+            match &l.mixer {
+                Mixer::Attention(a) => {
+                    tensors.extend([&a.q, &a.k, &a.v, &a.o]);
+                    floats += a.q_norm.as_ref().map_or(0, Vec::len)
+                        + a.k_norm.as_ref().map_or(0, Vec::len);
+                }
+                Mixer::Conv(c) => {
+                    tensors.extend([&c.in_proj, &c.out_proj]);
+                    floats += c.conv.len();
+                }
+            }
+        }
+        let params = tensors.iter().map(|t| t.numel()).sum::<usize>() + floats;
+        let bytes = tensors.iter().map(|t| t.bytes().len()).sum::<usize>() + floats * 4;
+        (params, bytes)
+    }
+
+    /// Bytes of weights one decoded token reads: every matrix once, one row
+    /// of the embedding (the roofline's numerator).
+    pub fn bytes_per_token(&self) -> usize {
+        let mut n = self.embed.row_bytes() + self.final_norm.len() * 4 + self.head.bytes().len();
+        for l in &self.layers {
+            n += (l.norm1.len() + l.norm2.len()) * 4;
+            n += l.gate.bytes().len() + l.up.bytes().len() + l.down.bytes().len();
+            n += match &l.mixer {
+                Mixer::Attention(a) => {
+                    a.q.bytes().len() + a.k.bytes().len() + a.v.bytes().len() + a.o.bytes().len()
+                }
+                Mixer::Conv(c) => {
+                    c.in_proj.bytes().len() + c.out_proj.bytes().len() + c.conv.len() * 4
+                }
+            };
+        }
+        n
+    }
+}
+
 /// A causal language model on some backend.
 pub trait CausalLm {
     fn config(&self) -> &LlmConfig;

@@ -1,6 +1,7 @@
 //! Model architectures: one file each, in the order config -> weights ->
 //! forward. [`load_llm`] opens any supported language-model checkpoint.
 
+pub mod bert;
 pub mod lfm2;
 pub mod llama;
 pub mod llm;
@@ -11,6 +12,7 @@ use crate::error::{Error, Result};
 use crate::formats::gguf::GgufFile;
 use crate::formats::hf::{self, HfConfig};
 use crate::formats::TensorSource;
+use crate::quant::GgmlType;
 use crate::run::sampling::SamplingOptions;
 use crate::tokenizer::{GgufVocab, Tokenizer};
 use llm::{CausalLm, CpuLlm, LlmConfig, Weights};
@@ -38,6 +40,9 @@ pub fn default_llm_path() -> Result<PathBuf> {
 
 pub struct LoadOptions {
     pub device: DeviceChoice,
+    /// Convert every matrix to this format after loading (a weight-format
+    /// arm for benchmarks and KL-divergence runs).
+    pub weight_type: Option<GgmlType>,
 }
 
 /// A loaded language model with what generation needs beside it.
@@ -47,11 +52,22 @@ pub struct LoadedLlm {
     /// generation_config.json's sampling settings, or llama.cpp's defaults.
     pub sampling_defaults: SamplingOptions,
     pub path: PathBuf,
+    /// Weight bytes one decoded token reads (see `Weights::bytes_per_token`).
+    pub bytes_per_token: usize,
+    /// Number of weights.
+    pub params: usize,
+    /// Bytes of all weights as loaded.
+    pub weight_bytes: usize,
     backend: &'static str,
     weight_format: String,
 }
 
 impl LoadedLlm {
+    /// The format most matrices are stored in ("q4_1", "f16", ...).
+    pub fn weight_format(&self) -> &str {
+        &self.weight_format
+    }
+
     pub fn backend_name(&self) -> &'static str {
         self.backend
     }
@@ -96,6 +112,22 @@ pub fn load_llm(path: &Path, opts: &LoadOptions) -> Result<LoadedLlm> {
     } else {
         open_gguf(path)?
     };
+    let weights = match opts.weight_type {
+        Some(t) => {
+            let (w, kept) = weights.converted(t)?;
+            if !kept.is_empty() {
+                eprintln!(
+                    "{} matrices keep their type (row length does not fit {t}): {}",
+                    kept.len(),
+                    kept.join(", ")
+                );
+            }
+            w
+        }
+        None => weights,
+    };
+    let bytes_per_token = weights.bytes_per_token();
+    let (params, weight_bytes) = weights.totals();
     let weight_format = weights
         .layers
         .first()
@@ -121,6 +153,9 @@ pub fn load_llm(path: &Path, opts: &LoadOptions) -> Result<LoadedLlm> {
         tokenizer,
         sampling_defaults: defaults,
         path: path.to_path_buf(),
+        bytes_per_token,
+        params,
+        weight_bytes,
         backend,
         weight_format,
     })

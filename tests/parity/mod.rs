@@ -6,6 +6,7 @@
 //! ||gpu - cpu||^2 / ||cpu||^2 under a per-kernel tolerance.
 
 pub mod basic;
+pub mod dense;
 pub mod llm;
 
 use lfm::gpu::{Gpu, GpuOptions, Kernel, Variant};
