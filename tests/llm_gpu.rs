@@ -221,21 +221,31 @@ fn mixed_formats(layer: usize, name: &str) -> GgmlType {
     }
 }
 
-/// Runs the same prompt and 16 greedy steps on both backends: prefill
-/// logits of every token, then each step's logits and token.
-fn compare(cfg: &LlmConfig, seed: u64, tied: bool, opts: &GpuLlmOptions, what: &str) {
+/// Runs the same prompt and `steps` greedy steps on both backends: prefill
+/// logits of every token, then each step's logits and token. With
+/// `all_paths`, then again through the token-only decode (`step_greedy`)
+/// and through sampling from the GPU's top candidates (`step_sample`).
+fn compare(
+    cfg: &LlmConfig,
+    seed: u64,
+    tied: bool,
+    opts: &GpuLlmOptions,
+    steps: usize,
+    all_paths: bool,
+    what: &str,
+) {
     let Some(g) = gpu() else { return };
     let mut cpu_m = CpuLlm::new(cfg.clone(), random_weights(cfg, seed, mixed_formats, tied));
     let w = random_weights(cfg, seed, mixed_formats, tied);
     let mut gpu_m = GpuLlm::new(g, cfg, &w, opts).unwrap();
     let v = cfg.vocab;
     let prompt: Vec<u32> = (0..11).map(|i| (i * 37 + 5) as u32 % v as u32).collect();
-    for round in 0..2 {
+    for round in 0..if all_paths { 2 } else { 1 } {
         let want = cpu_m.forward(&prompt, true).unwrap();
         let got = gpu_m.forward(&prompt, true).unwrap();
         assert_logits(&format!("{what} prefill"), &got, &want, v, TINY_TOL);
         let mut tok = cpu::argmax(&want[(prompt.len() - 1) * v..]) as u32;
-        for step in 0..16 {
+        for step in 0..steps {
             let want = cpu_m.forward(&[tok], false).unwrap();
             let next = cpu::argmax(&want) as u32;
             if round == 0 {
@@ -260,6 +270,9 @@ fn compare(cfg: &LlmConfig, seed: u64, tied: bool, opts: &GpuLlmOptions, what: &
         cpu_m.reset();
         gpu_m.reset();
     }
+    if !all_paths {
+        return;
+    }
     // Sampling with llama.cpp's defaults draws from the top candidates the
     // GPU selects: the same tokens as sampling the CPU's full logits.
     let opts = SamplingOptions {
@@ -276,7 +289,7 @@ fn compare(cfg: &LlmConfig, seed: u64, tied: bool, opts: &GpuLlmOptions, what: &
     let mut history = prompt.clone();
     let mut tok = cs.sample(&want, &history);
     assert_eq!(gs.sample(&got, &history), tok, "{what} first sampled token");
-    for step in 0..16 {
+    for step in 0..steps {
         history.push(tok);
         let next = cpu_m.step_sample(tok, &mut cs, &history).unwrap();
         assert_eq!(
@@ -290,25 +303,42 @@ fn compare(cfg: &LlmConfig, seed: u64, tied: bool, opts: &GpuLlmOptions, what: &
 
 #[test]
 fn tiny_lfm2_matches_cpu() {
-    compare(&tiny_lfm2(), 1, true, &GpuLlmOptions::default(), "lfm2");
+    compare(
+        &tiny_lfm2(),
+        1,
+        true,
+        &GpuLlmOptions::default(),
+        16,
+        true,
+        "lfm2",
+    );
 }
 
 #[test]
 fn tiny_llama_matches_cpu() {
-    compare(&tiny_llama(), 2, false, &GpuLlmOptions::default(), "llama");
+    compare(
+        &tiny_llama(),
+        2,
+        false,
+        &GpuLlmOptions::default(),
+        16,
+        true,
+        "llama",
+    );
 }
 
 #[test]
 fn split_weights_chunked_prefill_and_cache_growth_match_cpu() {
-    // 300 kB buffers split the larger matrices in two to four; 4-token prefill chunks
-    // and a 5-position initial cache that has to grow twice.
+    // 300 kB buffers split the larger matrices in two to four; 4-token
+    // prefill chunks and a 5-position initial cache that has to grow twice
+    // (to 10, then 20 positions, for 11 + 8).
     let opts = GpuLlmOptions {
         max_chunk_bytes: Some(300_000),
         prefill_chunk: Some(4),
         kv_positions: Some(5),
     };
-    compare(&tiny_lfm2(), 3, true, &opts, "lfm2 split");
-    compare(&tiny_llama(), 4, false, &opts, "llama split");
+    compare(&tiny_lfm2(), 3, true, &opts, 8, false, "lfm2 split");
+    compare(&tiny_llama(), 4, false, &opts, 8, false, "llama split");
 }
 
 #[test]

@@ -506,6 +506,12 @@ impl GpuLlm {
         Ok(plan)
     }
 
+    /// Compute dispatches one greedy decode step records (attention merges
+    /// on long contexts add one per attention layer).
+    pub fn dispatches_per_token(&self) -> usize {
+        self.plan.len() + 1
+    }
+
     fn head(&self) -> &GpuMatrix {
         self.head.as_ref().unwrap_or(&self.embed)
     }

@@ -163,6 +163,18 @@ pub fn load_llm(path: &Path, opts: &LoadOptions) -> Result<LoadedLlm> {
 
 type Opened = (LlmConfig, Weights, Option<Tokenizer>, SamplingOptions);
 
+/// The config and weights of an HF directory or GGUF file, as [`load_llm`]
+/// reads them, for tools that build a backend themselves (e.g. to run the
+/// GPU and the CPU on the same weights).
+pub fn open_llm(path: &Path) -> Result<(LlmConfig, Weights)> {
+    let (cfg, w, _, _) = if path.is_dir() {
+        open_hf(path)?
+    } else {
+        open_gguf(path)?
+    };
+    Ok((cfg, w))
+}
+
 fn open_hf(dir: &Path) -> Result<Opened> {
     let c = HfConfig::open(dir)?;
     let arch = c.get_str_opt("model_type")?.unwrap_or("");
