@@ -517,3 +517,52 @@ fn tiny_llama_fixture_hf_and_gguf_match_cpu_and_transformers() {
     check_fixture("tiny-llama", "tiny-llama");
     check_fixture("tiny-llama", "tiny-llama.f32.gguf");
 }
+
+/// `generate` runs on the GPU by default, names the adapter on stderr, and
+/// gives the CPU's greedy tokens.
+#[test]
+fn generate_defaults_to_the_gpu() {
+    if gpu().is_none() {
+        return;
+    }
+    let model = fixture("tiny-llama");
+    let run = |extra: &[&str]| {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_generate"))
+            .args(["--model", model.to_str().unwrap(), "--prompt", "Alice was"])
+            .args(["-n", "8", "--temperature", "0", "--json"])
+            .args(extra)
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr).to_string();
+        assert!(out.status.success(), "generate {extra:?} failed: {stderr}");
+        let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        (json, stderr)
+    };
+    let (gpu_run, stderr) = run(&[]);
+    assert!(stderr.contains("gpu: "), "no adapter line: {stderr}");
+    assert!(stderr.contains("on gpu"), "not on the GPU: {stderr}");
+    let (cpu_run, _) = run(&["--cpu"]);
+    assert_eq!(gpu_run["generated_ids"], cpu_run["generated_ids"]);
+}
+
+/// An adapter the user names that does not exist is an error (exit 1, one
+/// line), not a silent fallback and not a panic.
+#[test]
+fn a_missing_requested_adapter_is_an_error() {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_generate"))
+        .args(["--model", fixture("tiny-llama").to_str().unwrap()])
+        .args([
+            "--prompt",
+            "Alice",
+            "-n",
+            "2",
+            "--adapter",
+            "no-such-gpu-anywhere",
+        ])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("no GPU adapter matches"), "{stderr}");
+    assert!(!stderr.contains("panicked"), "{stderr}");
+}

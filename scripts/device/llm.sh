@@ -16,8 +16,9 @@
 # `Tensor::quantize_f32` (ggml's quantize_row_q4_0_ref) gives.
 #
 # Environment: OUT (required), BIN (default target/release), WORK (default
-# /tmp/lfm-llm), SMALL=1 (a small LFM2 instead of the 350M shapes, to try
-# the script on a machine without a GPU; lavapipe is slow).
+# /tmp/lfm-llm), PP / TG / DEPTH (default 512 / 128 / 4096 tokens), SMALL=1
+# (a small LFM2 instead of the 350M shapes; with e.g. PP=16 TG=4 DEPTH=32
+# this tries the script on a machine without a GPU, where lavapipe is slow).
 #
 # Writes under $OUT: env.txt; check-*.json (llm_gpu_check: logit errors,
 # greedy agreement, dispatches per token); scoreboard-*.md (pp512 / tg128,
@@ -29,6 +30,9 @@ set -uo pipefail
 cd "$(dirname "$0")/../.."
 : "${OUT:?set OUT to the folder for results}"
 BIN=${BIN:-target/release}
+PP=${PP:-512}
+TG=${TG:-128}
+DEPTH=${DEPTH:-4096}
 WORK=${WORK:-/tmp/lfm-llm}
 SMOL=samples/models/smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
 LFM2=$WORK/lfm2-350m-random
@@ -85,9 +89,9 @@ step check-lfm2-q4_0.json 300 "$BIN/examples/llm_gpu_check" "$LFM2" --type q4_0
 
 # Speed, llama-bench style (prefill pp512, decode tg128, at depth 0), and
 # decode at depth 4096 where attention splits over the KV length.
-step scoreboard-smollm2.md 180 "$BIN/scoreboard" "$SMOL" -p 512 -n 128 -r 3
-step scoreboard-lfm2.md 300 "$BIN/scoreboard" "$LFM2" -t f16,q4_0 -p 512 -n 128 -r 3
-step scoreboard-lfm2-depth.md 240 "$BIN/scoreboard" "$LFM2" -t q4_0 -p 0 -n 128 -d 4096 -r 3
+step scoreboard-smollm2.md 180 "$BIN/scoreboard" "$SMOL" -p "$PP" -n "$TG" -r 3
+step scoreboard-lfm2.md 300 "$BIN/scoreboard" "$LFM2" -t f16,q4_0 -p "$PP" -n "$TG" -r 3
+step scoreboard-lfm2-depth.md 240 "$BIN/scoreboard" "$LFM2" -t q4_0 -p 0 -n "$TG" -d "$DEPTH" -r 3
 
 # One real prompt through the CLI, greedy, on the GPU and on the CPU.
 step generate-gpu.json 120 "$BIN/generate" -m "$SMOL" --temperature 0 -n 64 --json \
