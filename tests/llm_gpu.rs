@@ -29,7 +29,23 @@ use std::sync::{Arc, OnceLock};
 
 fn gpu() -> Option<Arc<Gpu>> {
     static GPU: OnceLock<Option<Arc<Gpu>>> = OnceLock::new();
-    GPU.get_or_init(|| match Gpu::new(&GpuOptions::default()) {
+    GPU.get_or_init(|| open_gpu(&GpuOptions::default())).clone()
+}
+
+/// The same adapter with subgroups and f16 ignored: the portable kernels.
+fn portable_gpu() -> Option<Arc<Gpu>> {
+    static GPU: OnceLock<Option<Arc<Gpu>>> = OnceLock::new();
+    GPU.get_or_init(|| {
+        open_gpu(&GpuOptions {
+            portable: true,
+            ..Default::default()
+        })
+    })
+    .clone()
+}
+
+fn open_gpu(opts: &GpuOptions) -> Option<Arc<Gpu>> {
+    match Gpu::new(opts) {
         Ok(g) => {
             eprintln!("{}", g.describe());
             Some(Arc::new(g))
@@ -39,8 +55,7 @@ fn gpu() -> Option<Arc<Gpu>> {
             None
         }
         Err(e) => panic!("GPU tests need an adapter ({e}); set LFM_SKIP_GPU_TESTS=1 to skip them"),
-    })
-    .clone()
+    }
 }
 
 /// Logits of the two backends differ only by f32 summation order through
@@ -225,7 +240,9 @@ fn mixed_formats(layer: usize, name: &str) -> GgmlType {
 /// logits of every token, then each step's logits and token. With
 /// `all_paths`, then again through the token-only decode (`step_greedy`)
 /// and through sampling from the GPU's top candidates (`step_sample`).
+#[allow(clippy::too_many_arguments)]
 fn compare(
+    g: Option<Arc<Gpu>>,
     cfg: &LlmConfig,
     seed: u64,
     tied: bool,
@@ -234,7 +251,7 @@ fn compare(
     all_paths: bool,
     what: &str,
 ) {
-    let Some(g) = gpu() else { return };
+    let Some(g) = g else { return };
     let mut cpu_m = CpuLlm::new(cfg.clone(), random_weights(cfg, seed, mixed_formats, tied));
     let w = random_weights(cfg, seed, mixed_formats, tied);
     let mut gpu_m = GpuLlm::new(g, cfg, &w, opts).unwrap();
@@ -304,6 +321,7 @@ fn compare(
 #[test]
 fn tiny_lfm2_matches_cpu() {
     compare(
+        gpu(),
         &tiny_lfm2(),
         1,
         true,
@@ -317,6 +335,7 @@ fn tiny_lfm2_matches_cpu() {
 #[test]
 fn tiny_llama_matches_cpu() {
     compare(
+        gpu(),
         &tiny_llama(),
         2,
         false,
@@ -337,8 +356,45 @@ fn split_weights_chunked_prefill_and_cache_growth_match_cpu() {
         prefill_chunk: Some(4),
         kv_positions: Some(5),
     };
-    compare(&tiny_lfm2(), 3, true, &opts, 8, false, "lfm2 split");
-    compare(&tiny_llama(), 4, false, &opts, 8, false, "llama split");
+    compare(gpu(), &tiny_lfm2(), 3, true, &opts, 8, false, "lfm2 split");
+    compare(
+        gpu(),
+        &tiny_llama(),
+        4,
+        false,
+        &opts,
+        8,
+        false,
+        "llama split",
+    );
+}
+
+#[test]
+fn portable_kernels_match_cpu() {
+    // Without subgroups: the shared-memory reductions, as on GL or older GPUs.
+    let g = portable_gpu();
+    assert!(g.as_ref().is_none_or(|g| !g.caps.subgroups));
+    let opts = GpuLlmOptions::default();
+    compare(
+        g.clone(),
+        &tiny_lfm2(),
+        5,
+        true,
+        &opts,
+        8,
+        false,
+        "lfm2 portable",
+    );
+    compare(
+        g,
+        &tiny_llama(),
+        6,
+        false,
+        &opts,
+        8,
+        false,
+        "llama portable",
+    );
 }
 
 #[test]
