@@ -17,7 +17,7 @@
 //! Prefill runs the tiled GEMM over chunks of up to [`PREFILL_CHUNK`]
 //! tokens, one submission per chunk.
 
-use super::llm::{CausalLm, LayerKind, LlmConfig, Mixer, Weights};
+use super::llm::{CausalLm, Layer, LayerKind, LlmConfig, Mixer, Weights};
 use crate::cpu::{self, AttnShape};
 use crate::error::{Error, Result};
 use crate::gpu::llm_ops::{self, AttnBuffers, GemvEpilogue, GpuMatrix};
@@ -158,16 +158,118 @@ pub struct GpuLlm {
     prefill_chunk: usize,
 }
 
-/// The tensor in a format the kernels read: as it is, or converted to f16
-/// (with a note of the format for the caller's notice).
-fn readable(t: &Tensor, converted: &mut Vec<GgmlType>) -> Result<Tensor> {
-    if llm_ops::format_defines(t.dtype).is_some() {
-        return Ok(t.clone());
+/// Uploads weights, converting formats no kernel reads to f16 (and noting
+/// which, for one notice at the end).
+struct Uploader<'a> {
+    g: &'a Gpu,
+    /// Largest weight buffer.
+    max: u64,
+    converted: Vec<GgmlType>,
+}
+
+impl Uploader<'_> {
+    /// The tensor in a format the kernels read: as it is, or as f16.
+    fn readable(&mut self, t: &Tensor) -> Result<Tensor> {
+        if llm_ops::format_defines(t.dtype).is_some() {
+            return Ok(t.clone());
+        }
+        if !self.converted.contains(&t.dtype) {
+            self.converted.push(t.dtype);
+        }
+        t.to_dtype(GgmlType::F16)
     }
-    if !converted.contains(&t.dtype) {
-        converted.push(t.dtype);
+
+    /// One matrix of `parts` (same shape; their formats already readable
+    /// and equal, or all converted here).
+    fn matrix(&mut self, label: &str, parts: &[&Tensor]) -> Result<GpuMatrix> {
+        let parts: Vec<Tensor> = parts
+            .iter()
+            .map(|t| self.readable(t))
+            .collect::<Result<_>>()?;
+        let bytes: Vec<&[u8]> = parts.iter().map(|t| t.bytes()).collect();
+        let t = &parts[0];
+        GpuMatrix::upload(
+            self.g,
+            label,
+            t.dtype,
+            t.row_len(),
+            t.rows(),
+            &bytes,
+            self.max,
+        )
     }
-    t.to_dtype(GgmlType::F16)
+
+    fn layer(&mut self, i: usize, l: &Layer, cfg: &LlmConfig) -> Result<GpuLayer> {
+        let (d, hd) = (cfg.hidden, cfg.head_dim);
+        let (qw, kvw) = (cfg.heads * hd, cfg.kv_heads * hd);
+        let g = self.g;
+        let mixer = match &l.mixer {
+            Mixer::Attention(a) => {
+                let (q, k, v) = (
+                    self.readable(&a.q)?,
+                    self.readable(&a.k)?,
+                    self.readable(&a.v)?,
+                );
+                // One QKV product when the three share a format.
+                let qkv = if q.dtype == k.dtype && k.dtype == v.dtype {
+                    let bytes = [q.bytes(), k.bytes(), v.bytes()].concat();
+                    let t = Tensor::from_bytes("qkv", q.dtype, vec![qw + 2 * kvw, d], bytes)?;
+                    vec![(self.matrix(&format!("layer {i} qkv"), &[&t])?, 0)]
+                } else {
+                    vec![
+                        (self.matrix(&format!("layer {i} q"), &[&q])?, 0),
+                        (self.matrix(&format!("layer {i} k"), &[&k])?, qw),
+                        (self.matrix(&format!("layer {i} v"), &[&v])?, qw + kvw),
+                    ]
+                };
+                let norms = match (&a.q_norm, &a.k_norm) {
+                    (Some(qn), Some(kn)) => {
+                        Some((g.upload_f32("q_norm", qn)?, g.upload_f32("k_norm", kn)?))
+                    }
+                    (None, None) => None,
+                    _ => {
+                        return Err(Error::invalid(format!(
+                            "layer {i}: a q norm without a k norm (or the reverse)"
+                        )))
+                    }
+                };
+                GpuMixer::Attention {
+                    qkv,
+                    o: self.matrix(&format!("layer {i} o"), &[&a.o])?,
+                    norms,
+                }
+            }
+            Mixer::Conv(c) => {
+                // B, C and x rows as three parts, so one GEMV workgroup finds
+                // a channel's three rows in one buffer.
+                let t = self.readable(&c.in_proj)?;
+                let (rb, b) = (t.row_bytes(), t.bytes());
+                let parts: Vec<&[u8]> = (0..3).map(|p| &b[p * d * rb..(p + 1) * d * rb]).collect();
+                let label = format!("layer {i} in_proj");
+                GpuMixer::Conv {
+                    in_proj: GpuMatrix::upload(g, &label, t.dtype, d, d, &parts, self.max)?,
+                    conv: g.upload_f32("conv", &c.conv)?,
+                    out: self.matrix(&format!("layer {i} out_proj"), &[&c.out_proj])?,
+                }
+            }
+        };
+        let (gate, up) = (self.readable(&l.gate)?, self.readable(&l.up)?);
+        let ffn = if gate.dtype == up.dtype {
+            GpuFfn::Fused(self.matrix(&format!("layer {i} gate/up"), &[&gate, &up])?)
+        } else {
+            GpuFfn::Split(
+                self.matrix(&format!("layer {i} gate"), &[&gate])?,
+                self.matrix(&format!("layer {i} up"), &[&up])?,
+            )
+        };
+        Ok(GpuLayer {
+            norm1: g.upload_f32("norm1", &l.norm1)?,
+            norm2: g.upload_f32("norm2", &l.norm2)?,
+            mixer,
+            ffn,
+            down: self.matrix(&format!("layer {i} down"), &[&l.down])?,
+        })
+    }
 }
 
 impl GpuLlm {
@@ -199,132 +301,35 @@ impl GpuLlm {
                 llm_ops::MAX_HEAD_DIM
             )));
         }
-        let mut converted = Vec::new();
         let handle = gpu.clone();
         let g = &*handle;
-        let matrix =
-            |label: &str, parts: &[&Tensor], conv: &mut Vec<GgmlType>| -> Result<GpuMatrix> {
-                let parts: Vec<Tensor> = parts
-                    .iter()
-                    .map(|t| readable(t, conv))
-                    .collect::<Result<_>>()?;
-                let bytes: Vec<&[u8]> = parts.iter().map(|t| t.bytes()).collect();
-                GpuMatrix::upload(
-                    g,
-                    label,
-                    parts[0].dtype,
-                    parts[0].row_len(),
-                    parts[0].rows(),
-                    &bytes,
-                    max,
-                )
-            };
-        let (d, hd) = (cfg.hidden, cfg.head_dim);
-        let (qw, kvw) = (cfg.heads * hd, cfg.kv_heads * hd);
-        let mut layers = Vec::with_capacity(w.layers.len());
-        for (i, l) in w.layers.iter().enumerate() {
-            let mixer = match &l.mixer {
-                Mixer::Attention(a) => {
-                    let (q, k, v) = (
-                        readable(&a.q, &mut converted)?,
-                        readable(&a.k, &mut converted)?,
-                        readable(&a.v, &mut converted)?,
-                    );
-                    let qkv = if q.dtype == k.dtype && k.dtype == v.dtype {
-                        let bytes = [q.bytes(), k.bytes(), v.bytes()].concat();
-                        let t = Tensor::from_bytes("qkv", q.dtype, vec![qw + 2 * kvw, d], bytes)?;
-                        vec![(matrix(&format!("layer {i} qkv"), &[&t], &mut converted)?, 0)]
-                    } else {
-                        vec![
-                            (matrix(&format!("layer {i} q"), &[&q], &mut converted)?, 0),
-                            (matrix(&format!("layer {i} k"), &[&k], &mut converted)?, qw),
-                            (
-                                matrix(&format!("layer {i} v"), &[&v], &mut converted)?,
-                                qw + kvw,
-                            ),
-                        ]
-                    };
-                    let norms = match (&a.q_norm, &a.k_norm) {
-                        (Some(qn), Some(kn)) => {
-                            Some((g.upload_f32("q_norm", qn)?, g.upload_f32("k_norm", kn)?))
-                        }
-                        (None, None) => None,
-                        _ => {
-                            return Err(Error::invalid(format!(
-                                "layer {i}: a q norm without a k norm (or the reverse)"
-                            )))
-                        }
-                    };
-                    GpuMixer::Attention {
-                        qkv,
-                        o: matrix(&format!("layer {i} o"), &[&a.o], &mut converted)?,
-                        norms,
-                    }
-                }
-                Mixer::Conv(c) => {
-                    let t = readable(&c.in_proj, &mut converted)?;
-                    let rb = t.row_bytes();
-                    let b = t.bytes();
-                    let parts: Vec<&[u8]> =
-                        (0..3).map(|p| &b[p * d * rb..(p + 1) * d * rb]).collect();
-                    let in_proj = GpuMatrix::upload(
-                        g,
-                        &format!("layer {i} in_proj"),
-                        t.dtype,
-                        d,
-                        d,
-                        &parts,
-                        max,
-                    )?;
-                    GpuMixer::Conv {
-                        in_proj,
-                        conv: g.upload_f32("conv", &c.conv)?,
-                        out: matrix(
-                            &format!("layer {i} out_proj"),
-                            &[&c.out_proj],
-                            &mut converted,
-                        )?,
-                    }
-                }
-            };
-            let (gate, up) = (
-                readable(&l.gate, &mut converted)?,
-                readable(&l.up, &mut converted)?,
-            );
-            let ffn = if gate.dtype == up.dtype {
-                GpuFfn::Fused(matrix(
-                    &format!("layer {i} gate/up"),
-                    &[&gate, &up],
-                    &mut converted,
-                )?)
-            } else {
-                GpuFfn::Split(
-                    matrix(&format!("layer {i} gate"), &[&gate], &mut converted)?,
-                    matrix(&format!("layer {i} up"), &[&up], &mut converted)?,
-                )
-            };
-            layers.push(GpuLayer {
-                norm1: g.upload_f32("norm1", &l.norm1)?,
-                norm2: g.upload_f32("norm2", &l.norm2)?,
-                mixer,
-                ffn,
-                down: matrix(&format!("layer {i} down"), &[&l.down], &mut converted)?,
-            });
-        }
-        let embed = matrix("embedding", &[&w.embed], &mut converted)?;
+        let mut up = Uploader {
+            g,
+            max,
+            converted: Vec::new(),
+        };
+        let layers = w
+            .layers
+            .iter()
+            .enumerate()
+            .map(|(i, l)| up.layer(i, l, cfg))
+            .collect::<Result<Vec<_>>>()?;
+        let embed = up.matrix("embedding", &[&w.embed])?;
         let tied = std::ptr::eq(w.head.bytes(), w.embed.bytes());
         let head = if tied {
             None
         } else {
-            Some(matrix("head", &[&w.head], &mut converted)?)
+            Some(up.matrix("head", &[&w.head])?)
         };
-        if !converted.is_empty() {
-            let names: Vec<&str> = converted.iter().map(|t| t.name()).collect();
+        if !up.converted.is_empty() {
+            let names: Vec<&str> = up.converted.iter().map(|t| t.name()).collect();
             eprintln!(
                 "gpu: no kernel reads {} weights yet; converted them to f16",
                 names.join(", ")
             );
         }
+        let (d, hd) = (cfg.hidden, cfg.head_dim);
+        let (qw, kvw) = (cfg.heads * hd, cfg.kv_heads * hd);
         let f32s = |label: &str, n: usize| g.scratch(label, (n.max(1) * 4) as u64);
         let f = cfg.ffn;
         let io = DecodeIo {
