@@ -10,6 +10,7 @@ fn cases() -> Vec<&'static Case> {
         parity::basic::CASES,
         parity::dense::CASES,
         parity::llm::CASES,
+        parity::vision::CASES,
     ]
     .into_iter()
     .flatten()

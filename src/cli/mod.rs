@@ -60,6 +60,7 @@ pub fn man_page(cmd: clap::Command) -> String {
 }
 
 pub mod generate;
+pub mod ocr_layout;
 pub mod scoreboard;
 
 use crate::gpu::{Backend, Gpu, GpuOptions};
@@ -141,6 +142,7 @@ pub fn tools() -> Vec<(&'static str, clap::Command)> {
     use clap::CommandFactory;
     vec![
         ("generate", generate::Args::command()),
+        ("ocr-layout", ocr_layout::Args::command()),
         ("scoreboard", scoreboard::Args::command()),
     ]
 }
@@ -161,6 +163,8 @@ pub struct Lfm {
 pub enum Tool {
     /// Generate text with a language model.
     Generate(generate::Args),
+    /// Find the layout regions of document page images.
+    OcrLayout(ocr_layout::Args),
     /// Benchmark language models across formats, backends and depths.
     Scoreboard(scoreboard::Args),
 }
@@ -169,6 +173,7 @@ impl Lfm {
     pub fn run(self) -> anyhow::Result<()> {
         match self.tool {
             Tool::Generate(a) => generate::run(a),
+            Tool::OcrLayout(a) => ocr_layout::run(a),
             Tool::Scoreboard(a) => scoreboard::run(a),
         }
     }

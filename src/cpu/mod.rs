@@ -4,6 +4,7 @@
 
 pub mod activation;
 pub mod attention;
+pub mod conv;
 pub mod elementwise;
 pub mod llm;
 pub mod matmul;
@@ -11,6 +12,7 @@ pub mod norm;
 
 pub use activation::*;
 pub use attention::*;
+pub use conv::*;
 pub use elementwise::*;
 pub use llm::*;
 pub use matmul::*;

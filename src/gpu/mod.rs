@@ -11,6 +11,7 @@ pub mod kernels;
 pub mod llm_ops;
 pub mod ops;
 pub mod preprocess;
+pub mod vision;
 
 pub use context::{Backend, Gpu, GpuOptions};
 pub use kernels::{Access, Kernel, Variant};

@@ -2,6 +2,7 @@
 //! forward. [`load_llm`] opens any supported language-model checkpoint.
 
 pub mod bert;
+pub mod layout;
 pub mod lfm2;
 pub mod llama;
 pub mod llm;

@@ -4,4 +4,5 @@ pub mod bench;
 pub mod chat;
 pub mod embed;
 pub mod generate;
+pub mod image;
 pub mod sampling;

@@ -8,6 +8,7 @@
 pub mod basic;
 pub mod dense;
 pub mod llm;
+pub mod vision;
 
 use lfm::gpu::{Gpu, GpuOptions, Kernel, Variant};
 use std::sync::OnceLock;
