@@ -9,6 +9,7 @@ fn cases() -> Vec<&'static Case> {
     [
         parity::basic::CASES,
         parity::dense::CASES,
+        parity::llm::CASES,
         parity::vision::CASES,
         parity::speech::CASES,
     ]

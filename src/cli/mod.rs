@@ -111,6 +111,12 @@ impl DeviceArgs {
 }
 
 impl DeviceChoice {
+    /// True when the user named a backend or an adapter: a GPU that cannot
+    /// serve the request is then an error rather than a fallback to the CPU.
+    pub fn is_explicit_gpu(&self) -> bool {
+        matches!(self, DeviceChoice::Gpu(o) if o.backend.is_some() || o.adapter.is_some())
+    }
+
     /// Opens the device. With no explicit backend or adapter, a machine
     /// without a usable GPU falls back to the CPU with a one-line notice; an
     /// explicit request that cannot be met is an error.

@@ -7,6 +7,7 @@ pub mod attention;
 pub mod conv;
 pub mod conv1d;
 pub mod elementwise;
+pub mod llm;
 pub mod matmul;
 pub mod norm;
 
@@ -15,5 +16,6 @@ pub use attention::*;
 pub use conv::*;
 pub use conv1d::*;
 pub use elementwise::*;
+pub use llm::*;
 pub use matmul::*;
 pub use norm::*;

@@ -103,6 +103,7 @@ pub fn all() -> impl Iterator<Item = &'static Kernel> {
     [
         super::ops::KERNELS,
         super::dense::KERNELS,
+        super::llm_ops::KERNELS,
         super::vision::KERNELS,
         super::speech::KERNELS,
     ]

@@ -8,6 +8,7 @@ pub mod buffers;
 pub mod context;
 pub mod dense;
 pub mod kernels;
+pub mod llm_ops;
 pub mod ops;
 pub mod preprocess;
 pub mod speech;

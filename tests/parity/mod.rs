@@ -7,6 +7,7 @@
 
 pub mod basic;
 pub mod dense;
+pub mod llm;
 pub mod speech;
 pub mod vision;
 
