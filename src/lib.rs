@@ -11,7 +11,10 @@
 pub mod cli;
 pub mod cpu;
 pub mod error;
+pub mod formats;
 pub mod gpu;
+pub mod models;
+pub mod run;
 pub mod util;
 
 pub use error::{Error, Result};

@@ -58,3 +58,4 @@ pub fn man_page(cmd: clap::Command) -> String {
         .expect("rendering to a Vec cannot fail");
     String::from_utf8(out).expect("clap_mangen writes UTF-8")
 }
+pub mod transcribe;

@@ -1,0 +1,4 @@
+//! Shared flows over the models: audio in, transcription.
+
+pub mod audio;
+pub mod transcribe;
