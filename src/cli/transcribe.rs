@@ -1,6 +1,6 @@
 //! `transcribe`: speech to text with Whisper.
 
-use crate::gpu::{Backend, GpuOptions};
+use super::Device;
 use crate::models::whisper::mel::SAMPLE_RATE;
 use crate::models::whisper::WhisperFiles;
 use crate::run::audio;
@@ -23,8 +23,9 @@ pub struct Args {
     pub audio: PathBuf,
 
     /// Model directory (CTranslate2: model.bin, config.json, tokenizer.json).
-    #[arg(short, long, default_value = "samples/models/whisper-tiny.en")]
-    pub model: PathBuf,
+    /// Default: Whisper tiny.en as fetched by scripts/setup.
+    #[arg(short, long)]
+    pub model: Option<PathBuf>,
 
     /// Directory holding mel_80.npy / mel_128.npy (default: the model
     /// directory, then a whisper-mel directory beside it).
@@ -96,17 +97,8 @@ pub struct Args {
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
 
-    /// Run everything on the CPU (the reference path).
-    #[arg(long)]
-    pub cpu: bool,
-
-    /// Graphics API for the GPU encoder.
-    #[arg(long, value_enum)]
-    pub backend: Option<Backend>,
-
-    /// GPU adapter to use (case-insensitive part of its name).
-    #[arg(long)]
-    pub adapter: Option<String>,
+    #[command(flatten)]
+    pub device: super::DeviceArgs,
 
     /// No timing line on stderr.
     #[arg(short, long)]
@@ -149,24 +141,42 @@ impl Args {
     }
 }
 
+/// Where `scripts/setup` puts the default model, relative to the repository.
+pub const DEFAULT_MODEL: &str = "samples/models/whisper-tiny.en";
+
+/// The default model: looked up from the working directory, then from the
+/// repository that holds the running executable (`target/<profile>/..`).
+fn default_model() -> anyhow::Result<PathBuf> {
+    let mut candidates = vec![PathBuf::from(DEFAULT_MODEL)];
+    if let Ok(exe) = std::env::current_exe() {
+        for dir in exe.ancestors().skip(1).take(4) {
+            candidates.push(dir.join(DEFAULT_MODEL));
+        }
+    }
+    candidates
+        .into_iter()
+        .find(|p| p.join("model.bin").is_file())
+        .ok_or_else(|| anyhow::anyhow!("default model {DEFAULT_MODEL} not found: run scripts/setup, or pass --model"))
+}
+
 pub fn run(args: Args) -> anyhow::Result<()> {
     let opts = args.options()?;
     let t0 = Instant::now();
-    let files = WhisperFiles::load(&args.model, args.mel_filters.as_deref())?;
+    let model = match &args.model {
+        Some(m) => m.clone(),
+        None => default_model()?,
+    };
+    let files = WhisperFiles::load(&model, args.mel_filters.as_deref())?;
     let audio = audio::load(&args.audio, SAMPLE_RATE as u32)?;
     let t_loaded = Instant::now();
 
     let mut cpu_encoder;
-    let (encoder, device): (&mut dyn AudioEncoder, String) = if args.cpu {
-        cpu_encoder = CpuEncoder(&files.model);
-        (&mut cpu_encoder, "cpu".into())
-    } else {
-        let _ = GpuOptions {
-            backend: args.backend,
-            adapter: args.adapter.clone(),
-            portable: false,
-        };
-        anyhow::bail!("the GPU encoder is not built yet; pass --cpu");
+    let (encoder, device): (&mut dyn AudioEncoder, String) = match args.device.choice().open()? {
+        Device::Cpu => {
+            cpu_encoder = CpuEncoder(&files.model);
+            (&mut cpu_encoder, "cpu".into())
+        }
+        Device::Gpu(_gpu) => anyhow::bail!("the GPU encoder is not built yet; pass --cpu"),
     };
 
     let stdout = std::io::stdout();

@@ -1,4 +1,7 @@
-//! Shared flows over the models: audio in, transcription.
+//! Shared flows that sit between the models and the tools.
 
 pub mod audio;
+pub mod chat;
+pub mod generate;
+pub mod sampling;
 pub mod transcribe;
