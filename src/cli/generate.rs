@@ -83,13 +83,12 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         Some(p) => p.clone(),
         None => models::default_llm_path()?,
     };
-    let mut loaded = models::load_llm(
-        &model_path,
-        &LoadOptions {
-            device: args.device.choice(),
-        },
-    )
-    .with_context(|| format!("loading {}", model_path.display()))?;
+    // Load errors already name the file.
+    let opts = LoadOptions {
+        device: args.device.choice(),
+        weight_type: None,
+    };
+    let mut loaded = models::load_llm(&model_path, &opts)?;
     eprintln!("{}", loaded.describe());
     let tokenizer = loaded.tokenizer.as_ref();
 

@@ -264,7 +264,11 @@ impl Weights {
         };
         let tied = self.head.name == self.embed.name;
         let embed = conv(&self.embed)?;
-        let head = if tied { embed.clone() } else { conv(&self.head)? };
+        let head = if tied {
+            embed.clone()
+        } else {
+            conv(&self.head)?
+        };
         let mut layers = Vec::with_capacity(self.layers.len());
         for l in &self.layers {
             let mixer = match &l.mixer {
@@ -291,7 +295,15 @@ impl Weights {
                 down: conv(&l.down)?,
             });
         }
-        Ok((Weights { embed, layers, final_norm: self.final_norm.clone(), head }, kept))
+        Ok((
+            Weights {
+                embed,
+                layers,
+                final_norm: self.final_norm.clone(),
+                head,
+            },
+            kept,
+        ))
     }
 
     /// Bytes of weights one decoded token reads: every matrix once, one row
@@ -302,8 +314,12 @@ impl Weights {
             n += (l.norm1.len() + l.norm2.len()) * 4;
             n += l.gate.bytes().len() + l.up.bytes().len() + l.down.bytes().len();
             n += match &l.mixer {
-                Mixer::Attention(a) => a.q.bytes().len() + a.k.bytes().len() + a.v.bytes().len() + a.o.bytes().len(),
-                Mixer::Conv(c) => c.in_proj.bytes().len() + c.out_proj.bytes().len() + c.conv.len() * 4,
+                Mixer::Attention(a) => {
+                    a.q.bytes().len() + a.k.bytes().len() + a.v.bytes().len() + a.o.bytes().len()
+                }
+                Mixer::Conv(c) => {
+                    c.in_proj.bytes().len() + c.out_proj.bytes().len() + c.conv.len() * 4
+                }
             };
         }
         n
