@@ -156,7 +156,11 @@ fn default_model() -> anyhow::Result<PathBuf> {
     candidates
         .into_iter()
         .find(|p| p.join("model.bin").is_file())
-        .ok_or_else(|| anyhow::anyhow!("default model {DEFAULT_MODEL} not found: run scripts/setup, or pass --model"))
+        .ok_or_else(|| {
+            anyhow::anyhow!(
+                "default model {DEFAULT_MODEL} not found: run scripts/setup, or pass --model"
+            )
+        })
 }
 
 pub fn run(args: Args) -> anyhow::Result<()> {
