@@ -6,7 +6,10 @@ mod parity;
 use parity::Case;
 
 fn cases() -> Vec<&'static Case> {
-    [parity::basic::CASES].into_iter().flatten().collect()
+    [parity::basic::CASES, parity::dense::CASES]
+        .into_iter()
+        .flatten()
+        .collect()
 }
 
 #[test]

@@ -51,6 +51,49 @@ fn erf_f64(x: f64) -> f64 {
     }
 }
 
+/// relu(x) = max(x, 0)
+pub fn relu(x: f32) -> f32 {
+    x.max(0.0)
+}
+
+/// A pointwise activation as checkpoints name it (`hidden_act`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Activation {
+    /// Exact erf GELU (`gelu`).
+    Gelu,
+    /// tanh-approximated GELU (`gelu_new`, `gelu_pytorch_tanh`).
+    GeluTanh,
+    Relu,
+}
+
+impl Activation {
+    /// The activation a Hugging Face `hidden_act` string names, if supported.
+    pub fn from_hf(name: &str) -> Option<Activation> {
+        match name {
+            "gelu" => Some(Activation::Gelu),
+            "gelu_new" | "gelu_pytorch_tanh" | "gelu_fast" => Some(Activation::GeluTanh),
+            "relu" => Some(Activation::Relu),
+            _ => None,
+        }
+    }
+
+    pub fn apply(self, x: f32) -> f32 {
+        match self {
+            Activation::Gelu => gelu(x),
+            Activation::GeluTanh => gelu_tanh(x),
+            Activation::Relu => relu(x),
+        }
+    }
+
+    /// Applies the activation to every element of `x` in place.
+    pub fn apply_all(self, x: &mut [f32]) {
+        use rayon::prelude::*;
+        x.par_iter_mut()
+            .with_min_len(4096)
+            .for_each(|v| *v = self.apply(*v));
+    }
+}
+
 /// In-place softmax over each row of `x` ([rows, n]), max-subtracted.
 pub fn softmax_rows(x: &mut [f32], n: usize) {
     assert!(n > 0 && x.len() % n == 0, "softmax_rows: shape mismatch");

@@ -3,11 +3,13 @@
 //! row-major; weights use the PyTorch `[out, in]` layout.
 
 pub mod activation;
+pub mod attention;
 pub mod elementwise;
 pub mod matmul;
 pub mod norm;
 
 pub use activation::*;
+pub use attention::*;
 pub use elementwise::*;
 pub use matmul::*;
 pub use norm::*;

@@ -100,12 +100,26 @@ impl Variant {
 
 /// Every registered kernel, from every domain.
 pub fn all() -> impl Iterator<Item = &'static Kernel> {
-    [super::ops::KERNELS].into_iter().flatten().copied()
+    [super::ops::KERNELS, super::dense::KERNELS]
+        .into_iter()
+        .flatten()
+        .copied()
 }
 
-/// Declares a kernel whose source is `shaders/<file>`.
+/// Declares a kernel whose source is `shaders/<file>`, or several files
+/// concatenated in order (a shared function library first, then the kernel).
 #[macro_export]
 macro_rules! kernel {
+    ($ident:ident, $name:literal, [$($file:literal),+ $(,)?], [$($b:expr),* $(,)?], $params:ty, [$($v:expr),* $(,)?]) => {
+        pub static $ident: $crate::gpu::Kernel = $crate::gpu::Kernel {
+            name: $name,
+            source: concat!($(include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/shaders/", $file)), "\n"),+),
+            entry: "main",
+            bindings: &[$($b),*],
+            params_size: std::mem::size_of::<$params>(),
+            variants: &[$($v),*],
+        };
+    };
     ($ident:ident, $name:literal, $file:literal, [$($b:expr),* $(,)?], $params:ty, [$($v:expr),* $(,)?]) => {
         pub static $ident: $crate::gpu::Kernel = $crate::gpu::Kernel {
             name: $name,

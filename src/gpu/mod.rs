@@ -6,6 +6,7 @@
 
 pub mod buffers;
 pub mod context;
+pub mod dense;
 pub mod kernels;
 pub mod ops;
 pub mod preprocess;

@@ -6,6 +6,7 @@
 //! ||gpu - cpu||^2 / ||cpu||^2 under a per-kernel tolerance.
 
 pub mod basic;
+pub mod dense;
 
 use lfm::gpu::{Gpu, GpuOptions, Kernel, Variant};
 use std::sync::OnceLock;

@@ -1,0 +1,315 @@
+//! Dense layers on the GPU: tiled matrix multiply with a fused epilogue
+//! (bias, activation, residual), LayerNorm, GELU, and multi-head attention
+//! over ragged batches. Shared by every transformer in `models/`; each kernel
+//! has its CPU twin in [`crate::cpu`] (`matmul`, `layer_norm`, `gelu`,
+//! `attention`).
+
+use super::kernels::{Binding, Kernel, Variant};
+use super::ops::{groups_1d, Dispatch};
+use super::Gpu;
+use crate::cpu::{Activation, AttentionShape, SeqSpan};
+use crate::error::{Error, Result};
+use crate::kernel;
+
+/// How a weight matrix is stored in its GPU buffer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum WeightFormat {
+    /// [n, k] f32, row-major.
+    F32,
+    /// [n, k] f16, two to a u32 (low half first), each row padded to a whole
+    /// word; see [`pack_f16`].
+    F16,
+}
+
+/// Packs a row-major [n, k] f32 matrix as the f16 layout the matmul reads
+/// (rounded to nearest): rows of ceil(k / 2) words, low half first.
+pub fn pack_f16(w: &[f32], n: usize, k: usize) -> Vec<u32> {
+    assert_eq!(w.len(), n * k, "pack_f16: w is not [n, k]");
+    let stride = k.div_ceil(2);
+    let mut out = vec![0u32; n * stride];
+    for (row, words) in w
+        .chunks_exact(k.max(1))
+        .zip(out.chunks_exact_mut(stride.max(1)))
+    {
+        for (i, v) in row.iter().enumerate() {
+            let bits = half::f16::from_f32(*v).to_bits() as u32;
+            words[i / 2] |= bits << (16 * (i % 2));
+        }
+    }
+    out
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
+struct MatmulParams {
+    m: u32,
+    n: u32,
+    k: u32,
+    has_bias: u32,
+    act: u32,
+    has_residual: u32,
+    w_stride: u32,
+    _pad: u32,
+}
+const _: () = assert!(std::mem::size_of::<MatmulParams>() == 32);
+
+kernel!(
+    MATMUL,
+    "matmul",
+    ["erf.wgsl", "matmul.wgsl"],
+    [
+        Binding::read("x"),
+        Binding::read("w"),
+        Binding::read("bias"),
+        Binding::read("residual"),
+        Binding::write("y"),
+    ],
+    MatmulParams,
+    [&[], &["W_F16"]]
+);
+
+/// Rows and columns of y one matmul workgroup computes.
+const MATMUL_TILE: usize = 64;
+
+/// One linear layer: y[m, n] = act(x[m, k] · w[n, k]^T + bias[n]) + residual[m, n].
+pub struct Linear<'a> {
+    pub x: &'a wgpu::Buffer,
+    pub w: &'a wgpu::Buffer,
+    pub format: WeightFormat,
+    /// [n]
+    pub bias: Option<&'a wgpu::Buffer>,
+    /// [m, n], added after the activation.
+    pub residual: Option<&'a wgpu::Buffer>,
+    pub y: &'a wgpu::Buffer,
+    pub m: usize,
+    pub k: usize,
+    pub n: usize,
+    pub act: Option<Activation>,
+}
+
+/// The matmul kernel bound to one [`Linear`]. `y` must not alias an input.
+pub fn matmul(gpu: &Gpu, l: &Linear) -> Result<Dispatch> {
+    assert!(l.k > 0, "matmul: k is 0");
+    let too_big = |v: usize| v > u32::MAX as usize;
+    if too_big(l.m * l.k) || too_big(l.m * l.n) || l.m.div_ceil(MATMUL_TILE) > 65535 {
+        return Err(Error::gpu(format!(
+            "matmul of [{}, {}] x [{}, {}] is too large for one dispatch",
+            l.m, l.k, l.n, l.k
+        )));
+    }
+    let (variant, w_stride) = match l.format {
+        WeightFormat::F32 => (Variant::default(), l.k),
+        WeightFormat::F16 => (Variant::new(&["W_F16"]), l.k.div_ceil(2)),
+    };
+    let params = MatmulParams {
+        m: l.m as u32,
+        n: l.n as u32,
+        k: l.k as u32,
+        has_bias: l.bias.is_some() as u32,
+        act: match l.act {
+            None => 0,
+            Some(Activation::Gelu) => 1,
+            Some(Activation::GeluTanh) => 2,
+            Some(Activation::Relu) => 3,
+        },
+        has_residual: l.residual.is_some() as u32,
+        w_stride: w_stride as u32,
+        _pad: 0,
+    };
+    // Unused optional inputs are bound to x: read-only and never read.
+    let bias = l.bias.unwrap_or(l.x);
+    let residual = l.residual.unwrap_or(l.x);
+    let bound = gpu.bind(&MATMUL, &variant, &[l.x, l.w, bias, residual, l.y], &params)?;
+    Ok(Dispatch {
+        bound,
+        groups: [
+            l.n.div_ceil(MATMUL_TILE) as u32,
+            l.m.div_ceil(MATMUL_TILE) as u32,
+            1,
+        ],
+    })
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
+struct LayerNormParams {
+    n: u32,
+    rows: u32,
+    eps: f32,
+    _pad: u32,
+}
+const _: () = assert!(std::mem::size_of::<LayerNormParams>() == 16);
+
+kernel!(
+    LAYER_NORM,
+    "layer_norm",
+    "layer_norm.wgsl",
+    [
+        Binding::read("x"),
+        Binding::read("w"),
+        Binding::read("b"),
+        Binding::write("y"),
+    ],
+    LayerNormParams,
+    [&[], &["SUBGROUPS"]]
+);
+
+/// `y[r] = (x[r] - mean) / sqrt(var + eps) * w + b` for `rows` rows of `n`.
+#[allow(clippy::too_many_arguments)]
+pub fn layer_norm(
+    gpu: &Gpu,
+    variant: &Variant,
+    x: &wgpu::Buffer,
+    w: &wgpu::Buffer,
+    b: &wgpu::Buffer,
+    y: &wgpu::Buffer,
+    n: usize,
+    rows: usize,
+    eps: f32,
+) -> Result<Dispatch> {
+    if rows > 65535 {
+        return Err(Error::gpu(format!(
+            "layer_norm over {rows} rows: at most 65535 per dispatch"
+        )));
+    }
+    let params = LayerNormParams {
+        n: n as u32,
+        rows: rows as u32,
+        eps,
+        _pad: 0,
+    };
+    let bound = gpu.bind(&LAYER_NORM, variant, &[x, w, b, y], &params)?;
+    Ok(Dispatch {
+        bound,
+        groups: [rows as u32, 1, 1],
+    })
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
+struct GeluParams {
+    n: u32,
+    _pad: [u32; 3],
+}
+const _: () = assert!(std::mem::size_of::<GeluParams>() == 16);
+
+kernel!(
+    GELU,
+    "gelu",
+    ["erf.wgsl", "gelu.wgsl"],
+    [Binding::read("x"), Binding::write("y")],
+    GeluParams,
+    [&[]]
+);
+
+/// `y = gelu(x)` (exact erf form) over `n` elements.
+pub fn gelu(gpu: &Gpu, x: &wgpu::Buffer, y: &wgpu::Buffer, n: usize) -> Result<Dispatch> {
+    let params = GeluParams {
+        n: n as u32,
+        _pad: [0; 3],
+    };
+    let bound = gpu.bind(&GELU, &Variant::default(), &[x, y], &params)?;
+    Ok(Dispatch {
+        bound,
+        groups: groups_1d(n, 256),
+    })
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
+struct AttentionParams {
+    rows: u32,
+    n_seqs: u32,
+    heads: u32,
+    kv_heads: u32,
+    causal: u32,
+    q_stride: u32,
+    k_stride: u32,
+    v_stride: u32,
+    q_col: u32,
+    k_col: u32,
+    v_col: u32,
+    scale: f32,
+}
+const _: () = assert!(std::mem::size_of::<AttentionParams>() == 48);
+
+kernel!(
+    ATTENTION,
+    "attention",
+    "attention.wgsl",
+    [
+        Binding::read("q"),
+        Binding::read("k"),
+        Binding::read("v"),
+        Binding::read("seqs"),
+        Binding::write("out"),
+    ],
+    AttentionParams,
+    [&[]]
+);
+
+/// Query rows one attention workgroup handles (one per thread).
+const ATTENTION_WG: usize = 64;
+
+/// Largest head size the attention kernel handles (its per-thread arrays).
+pub const ATTENTION_MAX_HEAD_DIM: usize = 256;
+
+/// The `seqs` buffer of [`attention`]: {q_start, q_len, kv_start, kv_len} per sequence.
+pub fn pack_seqs(seqs: &[SeqSpan]) -> Vec<u32> {
+    seqs.iter()
+        .flat_map(|s| [s.q_start, s.q_len, s.kv_start, s.kv_len].map(|v| v as u32))
+        .collect()
+}
+
+/// Attention over the ragged batch `seqs` (uploaded as `seqs_buf` =
+/// [`pack_seqs`]); out: [rows, heads * head_dim]. Same maths as
+/// [`crate::cpu::attention`].
+#[allow(clippy::too_many_arguments)]
+pub fn attention(
+    gpu: &Gpu,
+    q: &wgpu::Buffer,
+    k: &wgpu::Buffer,
+    v: &wgpu::Buffer,
+    seqs_buf: &wgpu::Buffer,
+    seqs: &[SeqSpan],
+    shape: &AttentionShape,
+    out: &wgpu::Buffer,
+) -> Result<Dispatch> {
+    let rows: usize = seqs.iter().map(|s| s.q_len).sum();
+    shape.check(seqs, rows);
+    assert!(
+        shape.head_dim <= ATTENTION_MAX_HEAD_DIM,
+        "attention: head_dim {} over {ATTENTION_MAX_HEAD_DIM}",
+        shape.head_dim
+    );
+    if rows == 0 || shape.heads > 65535 {
+        return Err(Error::gpu(format!(
+            "attention over {rows} rows and {} heads cannot be dispatched",
+            shape.heads
+        )));
+    }
+    let params = AttentionParams {
+        rows: rows as u32,
+        n_seqs: seqs.len() as u32,
+        heads: shape.heads as u32,
+        kv_heads: shape.kv_heads as u32,
+        causal: shape.causal as u32,
+        q_stride: shape.q_stride as u32,
+        k_stride: shape.k_stride as u32,
+        v_stride: shape.v_stride as u32,
+        q_col: shape.q_col as u32,
+        k_col: shape.k_col as u32,
+        v_col: shape.v_col as u32,
+        scale: shape.scale,
+    };
+    let variant = Variant::default().with("HEAD_DIM", shape.head_dim as u32);
+    let bound = gpu.bind(&ATTENTION, &variant, &[q, k, v, seqs_buf, out], &params)?;
+    let [x, y, _] = groups_1d(rows, ATTENTION_WG);
+    Ok(Dispatch {
+        bound,
+        groups: [x, y, shape.heads as u32],
+    })
+}
+
+/// The kernels declared in this module.
+pub static KERNELS: &[&Kernel] = &[&MATMUL, &LAYER_NORM, &GELU, &ATTENTION];

@@ -1,0 +1,329 @@
+//! Parity cases for the dense-layer kernels in `gpu::dense`.
+
+use super::{assert_close, Case, SIZES};
+use lfm::cpu::{self, Activation, AttentionShape, SeqSpan};
+use lfm::gpu::dense::{self, Linear, WeightFormat};
+use lfm::gpu::{Gpu, Variant};
+use lfm::util::rng::Rng;
+
+pub const CASES: &[Case] = &[
+    Case {
+        kernel: "matmul",
+        run: matmul,
+    },
+    Case {
+        kernel: "layer_norm",
+        run: layer_norm,
+    },
+    Case {
+        kernel: "gelu",
+        run: gelu,
+    },
+    Case {
+        kernel: "attention",
+        run: attention,
+    },
+];
+
+/// Shapes (m, k, n): every size in SIZES in every dimension, the others odd
+/// and around the 64-wide tile, plus one large product.
+fn matmul_shapes() -> Vec<(usize, usize, usize)> {
+    let mut shapes = Vec::new();
+    for &s in SIZES {
+        shapes.push((s, 65, 33));
+        shapes.push((7, s, 63));
+        shapes.push((33, 31, s));
+    }
+    shapes.push((260, 1025, 132));
+    shapes
+}
+
+fn matmul(gpu: &Gpu, v: &Variant) {
+    let format = if v.defines.contains(&"W_F16") {
+        WeightFormat::F16
+    } else {
+        WeightFormat::F32
+    };
+    let mut rng = Rng::new(3);
+    // Every epilogue in turn, each over several shapes.
+    let epilogues = [
+        (false, None, false),
+        (true, None, false),
+        (true, Some(Activation::Gelu), false),
+        (true, None, true),
+        (false, Some(Activation::GeluTanh), true),
+        (true, Some(Activation::Relu), false),
+    ];
+    for (i, (m, k, n)) in matmul_shapes().into_iter().enumerate() {
+        let (has_bias, act, has_residual) = epilogues[i % epilogues.len()];
+        let x = rng.vec(m * k, -1.0, 1.0);
+        let mut w = rng.vec(n * k, -1.0, 1.0);
+        let bias = rng.vec(n, -1.0, 1.0);
+        let residual = rng.vec(m * n, -1.0, 1.0);
+        let gw = match format {
+            WeightFormat::F32 => gpu.upload_f32("w", &w).unwrap(),
+            WeightFormat::F16 => {
+                let packed = dense::pack_f16(&w, n, k);
+                // The reference multiplies by the same f16-rounded weights.
+                for v in &mut w {
+                    *v = half::f16::from_f32(*v).to_f32();
+                }
+                gpu.upload_u32("w", &packed).unwrap()
+            }
+        };
+        let mut want = vec![0.0; m * n];
+        cpu::matmul(&x, &w, has_bias.then_some(&bias[..]), m, k, n, &mut want);
+        if let Some(a) = act {
+            a.apply_all(&mut want);
+        }
+        if has_residual {
+            cpu::add_assign(&mut want, &residual);
+        }
+        let gx = gpu.upload_f32("x", &x).unwrap();
+        let gb = gpu.upload_f32("bias", &bias).unwrap();
+        let gr = gpu.upload_f32("residual", &residual).unwrap();
+        let gy = gpu.poisoned_f32("y", m * n).unwrap();
+        let d = dense::matmul(
+            gpu,
+            &Linear {
+                x: &gx,
+                w: &gw,
+                format,
+                bias: has_bias.then_some(&gb),
+                residual: has_residual.then_some(&gr),
+                y: &gy,
+                m,
+                k,
+                n,
+                act,
+            },
+        )
+        .unwrap();
+        gpu.run_all(&[&d]).unwrap();
+        let got = gpu.read_f32(&gy).unwrap();
+        // Only the order of the k products differs (tiles of 32, fma): f32
+        // rounding grows like sqrt(k) ulps, ~1e-6 relative at k = 1025 with
+        // cancelling random signs; squared, 1e-12. The erf approximation
+        // (1.4e-7 absolute) is far below that. 1e-10 leaves headroom without
+        // letting a wrong element (error ~1 / (m n) of the norm) through.
+        assert_close(
+            &format!(
+                "matmul {} m={m} k={k} n={n} bias={has_bias} act={act:?} residual={has_residual}",
+                v.key()
+            ),
+            &got[..m * n],
+            &want,
+            1e-10,
+        );
+    }
+}
+
+fn layer_norm(gpu: &Gpu, v: &Variant) {
+    let mut rng = Rng::new(4);
+    for &n in SIZES {
+        for rows in [1, 3] {
+            // Rows with a common offset: a one-pass variance would lose
+            // digits to cancellation here.
+            let x: Vec<f32> = rng
+                .vec(rows * n, -3.0, 3.0)
+                .iter()
+                .map(|v| v + 10.0)
+                .collect();
+            let w = rng.vec(n, 0.5, 1.5);
+            let b = rng.vec(n, -0.5, 0.5);
+            let mut want = vec![0.0; rows * n];
+            cpu::layer_norm(&x, &w, &b, 1e-12, &mut want);
+            let gx = gpu.upload_f32("x", &x).unwrap();
+            let gw = gpu.upload_f32("w", &w).unwrap();
+            let gb = gpu.upload_f32("b", &b).unwrap();
+            let gy = gpu.poisoned_f32("y", rows * n).unwrap();
+            let d = dense::layer_norm(gpu, v, &gx, &gw, &gb, &gy, n, rows, 1e-12).unwrap();
+            gpu.run_all(&[&d]).unwrap();
+            let got = gpu.read_f32(&gy).unwrap();
+            // The summation order of the mean differs (sequential on the
+            // CPU, a tree on the GPU): a sum of n values near 10 is off by
+            // up to ~sqrt(n) ulps of the sum, a few 1e-6 against deviations
+            // of ~1.7; squared, up to ~3e-11 measured at n = 1025.
+            assert_close(
+                &format!("layer_norm {} n={n} rows={rows}", v.key()),
+                &got[..rows * n],
+                &want,
+                1e-10,
+            );
+        }
+    }
+}
+
+fn gelu(gpu: &Gpu, _v: &Variant) {
+    let mut rng = Rng::new(5);
+    for &n in SIZES.iter().chain(&[70_000]) {
+        let x = rng.vec(n, -6.0, 6.0);
+        let want: Vec<f32> = x.iter().map(|&v| cpu::gelu(v)).collect();
+        let gx = gpu.upload_f32("x", &x).unwrap();
+        let gy = gpu.poisoned_f32("y", n).unwrap();
+        let d = dense::gelu(gpu, &gx, &gy, n).unwrap();
+        gpu.run_all(&[&d]).unwrap();
+        let got = gpu.read_f32(&gy).unwrap();
+        // The CPU computes erf in f64; the shader's f32 approximation is off
+        // by at most 1.4e-7 absolute (plus the GPU's exp): squared and
+        // normalised by values of order 1, under 1e-13.
+        assert_close(&format!("gelu n={n}"), &got[..n], &want, 1e-12);
+        let worst = got[..n]
+            .iter()
+            .zip(&want)
+            .map(|(g, w)| (g - w).abs())
+            .fold(0.0f32, f32::max);
+        assert!(worst < 1e-6, "gelu n={n}: max abs error {worst}");
+    }
+}
+
+/// One attention setup: query and key/value matrices (separate, or column
+/// blocks of one fused buffer) over ragged sequences.
+struct AttentionCase {
+    heads: usize,
+    kv_heads: usize,
+    head_dim: usize,
+    causal: bool,
+    /// (q_len, kv_len) per sequence; kv_len > q_len models a cached prefix.
+    lens: &'static [(usize, usize)],
+    /// q, k and v as column blocks of one [rows, q + k + v] buffer.
+    fused: bool,
+}
+
+const ATTENTION_CASES: &[AttentionCase] = &[
+    // An encoder batch: lengths around the 64-thread workgroup, fused QKV.
+    AttentionCase {
+        heads: 3,
+        kv_heads: 3,
+        head_dim: 33,
+        causal: false,
+        lens: &[(1, 1), (33, 33), (63, 63), (64, 64), (65, 65), (132, 132)],
+        fused: true,
+    },
+    // BERT-base shape with a 260-token sequence beside short ones.
+    AttentionCase {
+        heads: 12,
+        kv_heads: 12,
+        head_dim: 32,
+        causal: false,
+        lens: &[(260, 260), (1, 1), (7, 7)],
+        fused: true,
+    },
+    // One long sequence, head size 1.
+    AttentionCase {
+        heads: 2,
+        kv_heads: 2,
+        head_dim: 1,
+        causal: false,
+        lens: &[(1025, 1025)],
+        fused: false,
+    },
+    // Causal prefill with grouped-query heads and cached prefixes.
+    AttentionCase {
+        heads: 4,
+        kv_heads: 2,
+        head_dim: 64,
+        causal: true,
+        lens: &[(33, 33), (5, 70), (1, 1), (65, 257)],
+        fused: false,
+    },
+    // The largest head size, causal, one key-value head.
+    AttentionCase {
+        heads: 3,
+        kv_heads: 1,
+        head_dim: 256,
+        causal: true,
+        lens: &[(63, 63), (2, 9)],
+        fused: false,
+    },
+];
+
+fn attention(gpu: &Gpu, _v: &Variant) {
+    let mut rng = Rng::new(6);
+    for c in ATTENTION_CASES {
+        let hd = c.head_dim;
+        let (qw, kw) = (c.heads * hd, c.kv_heads * hd);
+        let mut seqs = Vec::new();
+        let (mut rows, mut kv_rows) = (0, 0);
+        for &(q_len, kv_len) in c.lens {
+            seqs.push(SeqSpan {
+                q_start: rows,
+                q_len,
+                kv_start: kv_rows,
+                kv_len,
+            });
+            rows += q_len;
+            kv_rows += kv_len;
+        }
+        let shape = if c.fused {
+            assert_eq!(rows, kv_rows, "a fused case has no cached prefix");
+            let stride = qw + 2 * kw;
+            AttentionShape {
+                heads: c.heads,
+                kv_heads: c.kv_heads,
+                head_dim: hd,
+                scale: 1.0 / (hd as f32).sqrt(),
+                causal: c.causal,
+                q_stride: stride,
+                k_stride: stride,
+                v_stride: stride,
+                q_col: 0,
+                k_col: qw,
+                v_col: qw + kw,
+            }
+        } else {
+            AttentionShape {
+                heads: c.heads,
+                kv_heads: c.kv_heads,
+                head_dim: hd,
+                scale: 1.0 / (hd as f32).sqrt(),
+                causal: c.causal,
+                q_stride: qw,
+                k_stride: kw,
+                v_stride: kw,
+                q_col: 0,
+                k_col: 0,
+                v_col: 0,
+            }
+        };
+        // Scores of a few units: peaked enough that a wrong key shows.
+        let (q, k, v) = if c.fused {
+            let all = rng.vec(rows * (qw + 2 * kw), -2.0, 2.0);
+            (all.clone(), all.clone(), all)
+        } else {
+            (
+                rng.vec(rows * qw, -2.0, 2.0),
+                rng.vec(kv_rows * kw, -2.0, 2.0),
+                rng.vec(kv_rows * kw, -2.0, 2.0),
+            )
+        };
+        let mut want = vec![0.0; rows * qw];
+        cpu::attention(&q, &k, &v, &seqs, &shape, &mut want);
+        let gq = gpu.upload_f32("q", &q).unwrap();
+        let (gk, gv) = if c.fused {
+            (gq.clone(), gq.clone())
+        } else {
+            (
+                gpu.upload_f32("k", &k).unwrap(),
+                gpu.upload_f32("v", &v).unwrap(),
+            )
+        };
+        let gs = gpu.upload_u32("seqs", &dense::pack_seqs(&seqs)).unwrap();
+        let gout = gpu.poisoned_f32("out", rows * qw).unwrap();
+        let d = dense::attention(gpu, &gq, &gk, &gv, &gs, &seqs, &shape, &gout).unwrap();
+        gpu.run_all(&[&d]).unwrap();
+        let got = gpu.read_f32(&gout).unwrap();
+        // Scores, exponentials and the weighted sums are f32 in both, in a
+        // different order (running max on the GPU): ~1e-6 relative, squared
+        // ~1e-12; a query reading another sequence's keys is off by O(1).
+        assert_close(
+            &format!(
+                "attention heads={} kv_heads={} head_dim={hd} causal={} lens={:?}",
+                c.heads, c.kv_heads, c.causal, c.lens
+            ),
+            &got[..rows * qw],
+            &want,
+            1e-10,
+        );
+    }
+}
