@@ -195,7 +195,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let transcript =
         transcribe::transcribe(&files, encoder, &audio.samples, &opts, &mut on_segment)?;
     bar.finish_and_clear();
-    writer
+    let _stdout = writer
         .finish(&transcript)
         .map_err(|e| crate::Error::io("<stdout>", e))?;
     if !args.quiet {

@@ -11,7 +11,7 @@
 //! widened to f32: CT2 fuses q/k/v (`self_attention/linear_0`) and the
 //! cross-attention k/v (`attention/linear_1`), with a zero bias for k.
 
-use crate::cpu;
+use crate::cpu::{self, AttentionShape, SeqSpan};
 use crate::error::{Error, Result};
 use crate::formats::ct2::Ct2File;
 use rayon::prelude::*;
@@ -335,58 +335,64 @@ impl Whisper {
     }
 }
 
-/// Multi-head attention for query rows `q` [tq, d] against keys/values
-/// [tk, d] (head h in columns h*dh..(h+1)*dh), softmax(q k^T / sqrt(dh)) v.
-/// With `causal = Some(past)`, query i sees keys 0..=past+i.
-pub fn attention(
-    q: &[f32],
-    k: &[f32],
-    v: &[f32],
-    d: usize,
-    n_heads: usize,
-    causal: Option<usize>,
+/// im2col for a 1-D convolution: x holds `channels` series of `t_in` steps,
+/// element (t, c) at `t * t_stride + c * c_stride`; the result is
+/// [t_out, channels * kernel] with cols[t, c * kernel + k] = x(t * stride + k - pad, c)
+/// (zero outside 0..t_in), so the convolution is one matmul against the
+/// PyTorch `[out, in, kernel]` weight.
+#[allow(clippy::too_many_arguments)]
+pub fn im2col_1d(
+    x: &[f32],
+    t_in: usize,
+    channels: usize,
+    t_stride: usize,
+    c_stride: usize,
+    kernel: usize,
+    stride: usize,
+    pad: usize,
+    t_out: usize,
 ) -> Vec<f32> {
-    let (tq, tk) = (q.len() / d, k.len() / d);
-    assert!(
-        q.len() == tq * d && k.len() == tk * d && v.len() == k.len(),
-        "attention: shapes"
-    );
-    let dh = d / n_heads;
-    let scale = 1.0 / (dh as f32).sqrt();
-    let mut out = vec![0.0; tq * d];
-    out.par_chunks_mut(d).enumerate().for_each(|(i, out_row)| {
-        let n_keys = causal.map_or(tk, |past| (past + i + 1).min(tk));
-        let mut scores = vec![0.0f32; n_keys];
-        for h in 0..n_heads {
-            let qh = &q[i * d + h * dh..i * d + (h + 1) * dh];
-            for (j, s) in scores.iter_mut().enumerate() {
-                *s = cpu::dot(qh, &k[j * d + h * dh..j * d + (h + 1) * dh]) * scale;
-            }
-            cpu::softmax_rows(&mut scores, n_keys);
-            let oh = &mut out_row[h * dh..(h + 1) * dh];
-            for (j, &p) in scores.iter().enumerate() {
-                let vj = &v[j * d + h * dh..j * d + (h + 1) * dh];
-                for (o, x) in oh.iter_mut().zip(vj) {
-                    *o += p * x;
+    let width = channels * kernel;
+    let mut cols = vec![0.0; t_out * width];
+    cols.par_chunks_mut(width.max(1))
+        .enumerate()
+        .for_each(|(t, row)| {
+            for c in 0..channels {
+                for k in 0..kernel {
+                    let s = (t * stride + k) as isize - pad as isize;
+                    if (0..t_in as isize).contains(&s) {
+                        row[c * kernel + k] = x[s as usize * t_stride + c * c_stride];
+                    }
                 }
             }
-        }
-    });
-    out
+        });
+    cols
 }
 
-/// Splits fused rows [t, n * d] into n contiguous [t, d] blocks.
-fn split_columns(x: &[f32], d: usize, n: usize) -> Vec<Vec<f32>> {
-    let t = x.len() / (n * d);
-    (0..n)
-        .map(|part| {
-            let mut y = Vec::with_capacity(t * d);
-            for row in x.chunks_exact(n * d) {
-                y.extend_from_slice(&row[part * d..(part + 1) * d]);
-            }
-            y
-        })
-        .collect()
+/// Whisper's attention layout: `heads` heads of d / heads, scaled by
+/// 1 / sqrt(head_dim), q/k/v read from fused rows.
+fn attention_shape(
+    d: usize,
+    heads: usize,
+    causal: bool,
+    q: (usize, usize),
+    k: (usize, usize),
+    v: (usize, usize),
+) -> AttentionShape {
+    let head_dim = d / heads;
+    AttentionShape {
+        heads,
+        kv_heads: heads,
+        head_dim,
+        scale: 1.0 / (head_dim as f32).sqrt(),
+        causal,
+        q_stride: q.0,
+        q_col: q.1,
+        k_stride: k.0,
+        k_col: k.1,
+        v_stride: v.0,
+        v_col: v.1,
+    }
 }
 
 impl Encoder {
@@ -406,20 +412,8 @@ impl Encoder {
             "encoder: expected {} frames",
             2 * c.n_audio_ctx
         );
-        // conv1: cols[t, i*3 + k] = mel[i, t + k - 1]
-        let mut cols = vec![0.0; t_in * n_mels * 3];
-        cols.par_chunks_mut(n_mels * 3)
-            .enumerate()
-            .for_each(|(t, row)| {
-                for i in 0..n_mels {
-                    for k in 0..3 {
-                        let s = t as isize + k as isize - 1;
-                        if (0..t_in as isize).contains(&s) {
-                            row[i * 3 + k] = mel[i * t_in + s as usize];
-                        }
-                    }
-                }
-            });
+        // conv1 (k3, pad 1) over the mel bins, channel-major [n_mels, t_in].
+        let cols = im2col_1d(mel, t_in, n_mels, 1, t_in, 3, 1, 1, t_in);
         let mut h1 = vec![0.0; t_in * d];
         cpu::matmul(
             &cols,
@@ -431,20 +425,9 @@ impl Encoder {
             &mut h1,
         );
         h1.par_iter_mut().for_each(|v| *v = cpu::gelu(*v));
-        // conv2, stride 2: cols[t, i*3 + k] = h1[2t + k - 1, i]
+        // conv2 (k3, stride 2, pad 1) over h1, time-major [t_in, d].
         let t_out = c.n_audio_ctx;
-        let mut cols = vec![0.0; t_out * d * 3];
-        cols.par_chunks_mut(d * 3).enumerate().for_each(|(t, row)| {
-            for k in 0..3 {
-                let s = 2 * t as isize + k as isize - 1;
-                if (0..t_in as isize).contains(&s) {
-                    let src = &h1[s as usize * d..(s as usize + 1) * d];
-                    for i in 0..d {
-                        row[i * 3 + k] = src[i];
-                    }
-                }
-            }
-        });
+        let cols = im2col_1d(&h1, t_in, d, d, 1, 3, 2, 1, t_out);
         let mut x = vec![0.0; t_out * d];
         cpu::matmul(
             &cols,
@@ -474,26 +457,33 @@ impl Encoder {
 impl EncoderLayer {
     fn forward(&self, c: &Config, x: &mut [f32]) {
         let d = c.d_model;
+        let t = x.len() / d;
         let qkv = self.qkv.forward(&self.attn_norm.forward(x));
-        let parts = split_columns(&qkv, d, 3);
-        let a = attention(&parts[0], &parts[1], &parts[2], d, c.n_audio_heads, None);
+        let shape = attention_shape(
+            d,
+            c.n_audio_heads,
+            false,
+            (3 * d, 0),
+            (3 * d, d),
+            (3 * d, 2 * d),
+        );
+        let mut a = vec![0.0; t * d];
+        cpu::attention(&qkv, &qkv, &qkv, &[SeqSpan::same(0, t)], &shape, &mut a);
         cpu::add_assign(x, &self.out.forward(&a));
         self.mlp.forward(x);
     }
 }
 
 /// The cross-attention keys and values of one audio window, per decoder
-/// layer: [n_audio_ctx, d] each.
+/// layer [n_audio_ctx, 2d]: k in columns 0..d, v in d..2d.
 pub struct CrossKv {
-    pub k: Vec<Vec<f32>>,
-    pub v: Vec<Vec<f32>>,
+    pub kv: Vec<Vec<f32>>,
 }
 
-/// One sequence's self-attention cache, per layer [len, d].
+/// One sequence's self-attention cache, per layer [len, 2d] (k then v).
 #[derive(Clone)]
 pub struct KvCache {
-    k: Vec<Vec<f32>>,
-    v: Vec<Vec<f32>>,
+    kv: Vec<Vec<f32>>,
     len: usize,
 }
 
@@ -510,21 +500,16 @@ impl KvCache {
 impl Decoder {
     pub fn new_cache(&self) -> KvCache {
         KvCache {
-            k: vec![Vec::new(); self.layers.len()],
-            v: vec![Vec::new(); self.layers.len()],
+            kv: vec![Vec::new(); self.layers.len()],
             len: 0,
         }
     }
 
     /// The cross-attention keys and values for encoder output `xa` [n_audio_ctx, d].
-    pub fn cross_kv(&self, c: &Config, xa: &[f32]) -> CrossKv {
-        let (mut k, mut v) = (Vec::new(), Vec::new());
-        for layer in &self.layers {
-            let mut parts = split_columns(&layer.cross_kv.forward(xa), c.d_model, 2);
-            v.push(parts.pop().expect("two parts"));
-            k.push(parts.pop().expect("two parts"));
+    pub fn cross_kv(&self, xa: &[f32]) -> CrossKv {
+        CrossKv {
+            kv: self.layers.iter().map(|l| l.cross_kv.forward(xa)).collect(),
         }
-        CrossKv { k, v }
     }
 
     /// Runs `n_new` new tokens for each of `caches.len()` sequences
@@ -572,26 +557,47 @@ impl Decoder {
         for (li, layer) in self.layers.iter().enumerate() {
             // Causal self-attention over the cache plus the new tokens.
             let qkv = layer.self_qkv.forward(&layer.self_norm.forward(&x));
-            let parts = split_columns(&qkv, d, 3);
+            let self_shape =
+                attention_shape(d, c.n_text_heads, true, (3 * d, 0), (2 * d, 0), (2 * d, d));
             let mut a = vec![0.0; x.len()];
             for (s, cache) in caches.iter_mut().enumerate() {
-                let rows = s * n_new * d..(s + 1) * n_new * d;
-                cache.k[li].extend_from_slice(&parts[1][rows.clone()]);
-                cache.v[li].extend_from_slice(&parts[2][rows.clone()]);
-                let o = attention(
-                    &parts[0][rows.clone()],
-                    &cache.k[li],
-                    &cache.v[li],
-                    d,
-                    c.n_text_heads,
-                    Some(past),
+                let rows = s * n_new..(s + 1) * n_new;
+                for row in qkv[rows.start * 3 * d..rows.end * 3 * d].chunks_exact(3 * d) {
+                    cache.kv[li].extend_from_slice(&row[d..]);
+                }
+                let span = SeqSpan {
+                    q_start: 0,
+                    q_len: n_new,
+                    kv_start: 0,
+                    kv_len: past + n_new,
+                };
+                let q = &qkv[rows.start * 3 * d..rows.end * 3 * d];
+                let kv = &cache.kv[li];
+                cpu::attention(
+                    q,
+                    kv,
+                    kv,
+                    &[span],
+                    &self_shape,
+                    &mut a[rows.start * d..rows.end * d],
                 );
-                a[rows].copy_from_slice(&o);
             }
             cpu::add_assign(&mut x, &layer.self_out.forward(&a));
             // Cross-attention to the audio.
             let q = layer.cross_q.forward(&layer.cross_norm.forward(&x));
-            let a = attention(&q, &cross.k[li], &cross.v[li], d, c.n_text_heads, None);
+            let kv = &cross.kv[li];
+            let cross_shape =
+                attention_shape(d, c.n_text_heads, false, (d, 0), (2 * d, 0), (2 * d, d));
+            let spans: Vec<SeqSpan> = (0..n_seq)
+                .map(|s| SeqSpan {
+                    q_start: s * n_new,
+                    q_len: n_new,
+                    kv_start: 0,
+                    kv_len: kv.len() / (2 * d),
+                })
+                .collect();
+            let mut a = vec![0.0; x.len()];
+            cpu::attention(&q, kv, kv, &spans, &cross_shape, &mut a);
             cpu::add_assign(&mut x, &layer.cross_out.forward(&a));
             layer.mlp.forward(&mut x);
         }
@@ -622,56 +628,30 @@ impl Decoder {
 mod tests {
     use super::*;
 
-    /// Attention against a plain softmax(q k^T) v written out longhand.
     #[test]
-    fn attention_matches_the_definition() {
-        let mut rng = crate::util::rng::Rng::new(5);
-        let (d, heads, tq, tk) = (8, 2, 3, 5);
-        let q = rng.vec(tq * d, -1.0, 1.0);
-        let k = rng.vec(tk * d, -1.0, 1.0);
-        let v = rng.vec(tk * d, -1.0, 1.0);
-        for causal in [None, Some(2)] {
-            let got = attention(&q, &k, &v, d, heads, causal);
-            let dh = d / heads;
-            for i in 0..tq {
-                for h in 0..heads {
-                    let n = causal.map_or(tk, |p| p + i + 1);
-                    let s: Vec<f64> = (0..n)
-                        .map(|j| {
-                            (0..dh)
-                                .map(|e| (q[i * d + h * dh + e] * k[j * d + h * dh + e]) as f64)
-                                .sum::<f64>()
-                                / (dh as f64).sqrt()
-                        })
-                        .collect();
-                    let m = s.iter().cloned().fold(f64::MIN, f64::max);
-                    let z: f64 = s.iter().map(|x| (x - m).exp()).sum();
-                    for e in 0..dh {
-                        let want: f64 = (0..n)
-                            .map(|j| (s[j] - m).exp() / z * v[j * d + h * dh + e] as f64)
-                            .sum();
-                        let g = got[i * d + h * dh + e] as f64;
-                        assert!(
-                            (g - want).abs() < 1e-5,
-                            "causal {causal:?} i {i} h {h} e {e}: {g} vs {want}"
-                        );
+    fn im2col_matches_a_direct_convolution() {
+        let mut rng = crate::util::rng::Rng::new(9);
+        let (t_in, ch, out, k, stride, pad) = (11, 3, 2, 3, 2, 1);
+        // Channel-major input, as the mel spectrogram.
+        let x = rng.vec(ch * t_in, -1.0, 1.0);
+        let w = rng.vec(out * ch * k, -1.0, 1.0);
+        let t_out = (t_in + 2 * pad - k) / stride + 1;
+        let cols = im2col_1d(&x, t_in, ch, 1, t_in, k, stride, pad, t_out);
+        let mut y = vec![0.0; t_out * out];
+        cpu::matmul(&cols, &w, None, t_out, ch * k, out, &mut y);
+        for t in 0..t_out {
+            for o in 0..out {
+                let mut want = 0.0;
+                for c in 0..ch {
+                    for j in 0..k {
+                        let s = (t * stride + j) as isize - pad as isize;
+                        if (0..t_in as isize).contains(&s) {
+                            want += w[(o * ch + c) * k + j] * x[c * t_in + s as usize];
+                        }
                     }
                 }
+                assert!((y[t * out + o] - want).abs() < 1e-5);
             }
         }
-    }
-
-    #[test]
-    fn split_columns_undoes_fusing() {
-        let x: Vec<f32> = (0..12).map(|i| i as f32).collect();
-        let p = split_columns(&x, 2, 3);
-        assert_eq!(
-            p,
-            vec![
-                vec![0., 1., 6., 7.],
-                vec![2., 3., 8., 9.],
-                vec![4., 5., 10., 11.]
-            ]
-        );
     }
 }

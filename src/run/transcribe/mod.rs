@@ -85,7 +85,7 @@ impl AudioEncoder for CpuEncoder<'_> {
     fn encode(&mut self, mel: &[f32]) -> Result<CrossKv> {
         let m = self.0;
         let xa = m.encoder.forward(&m.config, mel);
-        Ok(m.decoder.cross_kv(&m.config, &xa))
+        Ok(m.decoder.cross_kv(&xa))
     }
 }
 

@@ -74,7 +74,8 @@ impl<W: Write> Writer<W> {
         self.out.flush()
     }
 
-    pub fn finish(mut self, transcript: &Transcript) -> std::io::Result<()> {
+    /// Writes what comes after the last segment and hands back the output.
+    pub fn finish(mut self, transcript: &Transcript) -> std::io::Result<W> {
         match self.format {
             Format::Json => {
                 serde_json::to_writer_pretty(&mut self.out, transcript)?;
@@ -83,7 +84,8 @@ impl<W: Write> Writer<W> {
             Format::Vtt if self.count == 0 => writeln!(self.out, "WEBVTT\n")?,
             _ => {}
         }
-        self.out.flush()
+        self.out.flush()?;
+        Ok(self.out)
     }
 }
 
@@ -121,11 +123,7 @@ mod tests {
         for s in &t.segments {
             w.segment(s).unwrap();
         }
-        let mut out = Vec::new();
-        std::mem::swap(&mut out, &mut w.out);
-        let mut w2 = Writer { out, ..w };
-        w2.finish(&t).unwrap();
-        String::from_utf8(w2.out).unwrap()
+        String::from_utf8(w.finish(&t).unwrap()).unwrap()
     }
 
     #[test]
