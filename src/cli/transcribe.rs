@@ -1,6 +1,7 @@
 //! `transcribe`: speech to text with Whisper.
 
 use super::Device;
+use crate::models::whisper::gpu::GpuEncoder;
 use crate::models::whisper::mel::SAMPLE_RATE;
 use crate::models::whisper::WhisperFiles;
 use crate::run::audio;
@@ -175,12 +176,17 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let t_loaded = Instant::now();
 
     let mut cpu_encoder;
+    let mut gpu_encoder;
     let (encoder, device): (&mut dyn AudioEncoder, String) = match args.device.choice().open()? {
         Device::Cpu => {
             cpu_encoder = CpuEncoder(&files.model);
             (&mut cpu_encoder, "cpu".into())
         }
-        Device::Gpu(_gpu) => anyhow::bail!("the GPU encoder is not built yet; pass --cpu"),
+        Device::Gpu(gpu) => {
+            let name = format!("gpu encoder ({})", gpu.info.name);
+            gpu_encoder = GpuEncoder::new(gpu, &files.model)?;
+            (&mut gpu_encoder, name)
+        }
     };
 
     let stdout = std::io::stdout();

@@ -7,6 +7,7 @@
 
 pub mod basic;
 pub mod dense;
+pub mod whisper;
 
 use lfm::gpu::{Gpu, GpuOptions, Kernel, Variant};
 use std::sync::OnceLock;

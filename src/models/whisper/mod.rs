@@ -4,6 +4,7 @@
 //! The decoding rules (timestamps, fallback, seeking) live in
 //! `crate::run::transcribe`.
 
+pub mod gpu;
 pub mod mel;
 pub mod model;
 pub mod tokens;
