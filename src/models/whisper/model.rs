@@ -1,7 +1,8 @@
 //! The Whisper network: config -> weights -> CPU forward.
 //!
-//! Encoder: conv1 (k3, pad 1) + GELU, conv2 (k3, stride 2, pad 1) + GELU,
-//! + sinusoidal positions, pre-norm transformer layers, final LayerNorm.
+//! Encoder: conv1 (k3, pad 1) and GELU, conv2 (k3, stride 2, pad 1) and
+//! GELU, plus sinusoidal positions; pre-norm transformer layers; a final
+//! LayerNorm.
 //! Decoder: token + learned positions, pre-norm layers of causal
 //! self-attention (KV-cached), cross-attention to the encoder output and an
 //! MLP; final LayerNorm; logits against the token embedding (shared output
