@@ -331,3 +331,124 @@ fn smollm2_round_trips_through_the_writer() {
     }
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// The writer's output for `every_value()` and `test_tensors()` is committed
+/// (regenerate with LFM_BLESS=1) and gguf-py's reading of it
+/// (scripts/fixtures/gguf_written_by_lfm.py) equals what we wrote.
+#[test]
+fn writer_output_is_stable_and_gguf_py_reads_it() {
+    let fixtures = Path::new(env!("CARGO_MANIFEST_DIR")).join("samples/fixtures/formats");
+    let golden = fixtures.join("written_by_lfm.gguf");
+    let dir = temp_dir("golden");
+    let fresh = dir.join("written_by_lfm.gguf");
+    write_test_file(&fresh, None);
+    if std::env::var_os("LFM_BLESS").is_some() {
+        std::fs::copy(&fresh, &golden).unwrap();
+    }
+    assert!(
+        std::fs::read(&fresh).unwrap() == std::fs::read(&golden).unwrap(),
+        "GgufWriter output changed: check it with scripts/fixtures/gguf_written_by_lfm.py, \
+         then rerun with LFM_BLESS=1"
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+
+    let seen: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(fixtures.join("written_by_lfm.json")).unwrap(),
+    )
+    .unwrap();
+    let f = GgufFile::open(&golden).unwrap();
+    assert_eq!(seen["version"], 3);
+    assert_eq!(seen["alignment"], 32);
+    assert_eq!(
+        seen["data_offset"].as_u64().unwrap() as usize,
+        f.data_offset()
+    );
+    let keys = seen["metadata"].as_array().unwrap();
+    let want = every_value();
+    assert_eq!(keys.len(), want.len());
+    for ((key, value), entry) in want.iter().zip(keys) {
+        assert_eq!(entry["key"], *key);
+        let types: Vec<&str> = entry["types"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|t| t.as_str().unwrap())
+            .collect();
+        assert_eq!(types[0], gguf_py_type_name(value), "{key}");
+        if let Value::Array(Array::Array(_)) = value {
+            assert_eq!(types[1], "array", "{key}");
+            continue;
+        }
+        assert_eq!(entry["value"], to_json(value), "{key}");
+    }
+    let tensors = seen["tensors"].as_array().unwrap();
+    for (t, entry) in test_tensors().iter().zip(tensors) {
+        assert_eq!(entry["name"], t.name.as_str());
+        assert_eq!(entry["type"], t.dtype.id());
+        assert_eq!(entry["shape"], serde_json::json!(t.shape));
+        if let Some(bytes) = entry.get("bytes") {
+            assert_eq!(*bytes, serde_json::json!(t.bytes()), "{}", t.name);
+            continue;
+        }
+        let values: Vec<f32> = entry["values"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v.as_f64().unwrap() as f32)
+            .collect();
+        assert_eq!(values, t.to_f32(), "{}", t.name);
+    }
+}
+
+/// gguf-py's `GGUFValueType` names, lower-cased.
+fn gguf_py_type_name(v: &Value) -> &'static str {
+    match v {
+        Value::U8(_) => "uint8",
+        Value::I8(_) => "int8",
+        Value::U16(_) => "uint16",
+        Value::I16(_) => "int16",
+        Value::U32(_) => "uint32",
+        Value::I32(_) => "int32",
+        Value::F32(_) => "float32",
+        Value::Bool(_) => "bool",
+        Value::String(_) => "string",
+        Value::Array(_) => "array",
+        Value::U64(_) => "uint64",
+        Value::I64(_) => "int64",
+        Value::F64(_) => "float64",
+    }
+}
+
+/// A value as the fixture script writes it (JSON numbers are f64).
+fn to_json(v: &Value) -> serde_json::Value {
+    use serde_json::json;
+    match v {
+        Value::U8(x) => json!(x),
+        Value::I8(x) => json!(x),
+        Value::U16(x) => json!(x),
+        Value::I16(x) => json!(x),
+        Value::U32(x) => json!(x),
+        Value::I32(x) => json!(x),
+        Value::F32(x) => json!(*x as f64),
+        Value::Bool(x) => json!(x),
+        Value::String(x) => json!(x),
+        Value::U64(x) => json!(x),
+        Value::I64(x) => json!(x),
+        Value::F64(x) => json!(x),
+        Value::Array(a) => match a {
+            Array::U8(v) => json!(v),
+            Array::I8(v) => json!(v),
+            Array::U16(v) => json!(v),
+            Array::I16(v) => json!(v),
+            Array::U32(v) => json!(v),
+            Array::I32(v) => json!(v),
+            Array::F32(v) => json!(v.iter().map(|&x| x as f64).collect::<Vec<_>>()),
+            Array::Bool(v) => json!(v),
+            Array::String(v) => json!(v),
+            Array::U64(v) => json!(v),
+            Array::I64(v) => json!(v),
+            Array::F64(v) => json!(v),
+            Array::Array(_) => unreachable!("nested arrays are compared by type only"),
+        },
+    }
+}

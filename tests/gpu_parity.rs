@@ -9,6 +9,8 @@ fn cases() -> Vec<&'static Case> {
     [
         parity::basic::CASES,
         parity::dense::CASES,
+        parity::vision::CASES,
+        parity::speech::CASES,
         parity::whisper::CASES,
     ]
     .into_iter()

@@ -60,6 +60,9 @@ pub fn man_page(cmd: clap::Command) -> String {
 }
 
 pub mod generate;
+pub mod ocr_layout;
+pub mod scoreboard;
+pub mod speak;
 pub mod transcribe;
 
 use crate::gpu::{Backend, Gpu, GpuOptions};
@@ -135,6 +138,9 @@ pub fn tools() -> Vec<(&'static str, clap::Command)> {
     use clap::CommandFactory;
     vec![
         ("generate", generate::Args::command()),
+        ("ocr-layout", ocr_layout::Args::command()),
+        ("scoreboard", scoreboard::Args::command()),
+        ("speak", speak::Args::command()),
         ("transcribe", transcribe::Args::command()),
     ]
 }
@@ -155,6 +161,12 @@ pub struct Lfm {
 pub enum Tool {
     /// Generate text with a language model.
     Generate(generate::Args),
+    /// Find the layout regions of document page images.
+    OcrLayout(ocr_layout::Args),
+    /// Benchmark language models across formats, backends and depths.
+    Scoreboard(scoreboard::Args),
+    /// Speak text with a Piper voice (writes a WAV file or stream).
+    Speak(speak::Args),
     /// Transcribe speech with Whisper.
     Transcribe(transcribe::Args),
 }
@@ -163,6 +175,9 @@ impl Lfm {
     pub fn run(self) -> anyhow::Result<()> {
         match self.tool {
             Tool::Generate(a) => generate::run(a),
+            Tool::OcrLayout(a) => ocr_layout::run(a),
+            Tool::Scoreboard(a) => scoreboard::run(a),
+            Tool::Speak(a) => speak::run(a),
             Tool::Transcribe(a) => transcribe::run(a),
         }
     }

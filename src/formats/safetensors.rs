@@ -134,11 +134,15 @@ impl SafetensorsFile {
                     "data_offsets [{begin}, {end}] lie outside the {data_len} data bytes"
                 )));
             }
+            // Zero dimensions are ignored here so that an empty tensor cannot
+            // carry a dimension whose row size overflows.
+            let elem = dtype_bytes(dtype).unwrap_or(1);
+            shape
+                .iter()
+                .try_fold(elem, |acc, &d| acc.checked_mul(d.max(1)))
+                .ok_or_else(|| bad(&format!("shape {shape:?} overflows")))?;
             if let Some(elem) = dtype_bytes(dtype) {
-                let size = shape
-                    .iter()
-                    .try_fold(elem, |acc, &d| acc.checked_mul(d))
-                    .ok_or_else(|| bad(&format!("shape {shape:?} overflows")))?;
+                let size: usize = elem * shape.iter().product::<usize>();
                 if size as u64 != end - begin {
                     return Err(bad(&format!(
                         "{dtype} {shape:?} is {size} bytes but data_offsets [{begin}, {end}] \

@@ -103,6 +103,8 @@ pub fn all() -> impl Iterator<Item = &'static Kernel> {
     [
         super::ops::KERNELS,
         super::dense::KERNELS,
+        super::vision::KERNELS,
+        super::speech::KERNELS,
         crate::models::whisper::gpu::KERNELS,
     ]
     .into_iter()

@@ -10,6 +10,8 @@ pub mod dense;
 pub mod kernels;
 pub mod ops;
 pub mod preprocess;
+pub mod speech;
+pub mod vision;
 
 pub use context::{Backend, Gpu, GpuOptions};
 pub use kernels::{Access, Kernel, Variant};

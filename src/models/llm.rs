@@ -306,6 +306,33 @@ impl Weights {
         ))
     }
 
+    /// (number of weights, bytes of weights), the head counted once when tied.
+    pub fn totals(&self) -> (usize, usize) {
+        let mut tensors: Vec<&Tensor> = vec![&self.embed];
+        if self.head.name != self.embed.name {
+            tensors.push(&self.head);
+        }
+        let mut floats = self.final_norm.len();
+        for l in &self.layers {
+            tensors.extend([&l.gate, &l.up, &l.down]);
+            floats += l.norm1.len() + l.norm2.len();
+            match &l.mixer {
+                Mixer::Attention(a) => {
+                    tensors.extend([&a.q, &a.k, &a.v, &a.o]);
+                    floats += a.q_norm.as_ref().map_or(0, Vec::len)
+                        + a.k_norm.as_ref().map_or(0, Vec::len);
+                }
+                Mixer::Conv(c) => {
+                    tensors.extend([&c.in_proj, &c.out_proj]);
+                    floats += c.conv.len();
+                }
+            }
+        }
+        let params = tensors.iter().map(|t| t.numel()).sum::<usize>() + floats;
+        let bytes = tensors.iter().map(|t| t.bytes().len()).sum::<usize>() + floats * 4;
+        (params, bytes)
+    }
+
     /// Bytes of weights one decoded token reads: every matrix once, one row
     /// of the embedding (the roofline's numerator).
     pub fn bytes_per_token(&self) -> usize {

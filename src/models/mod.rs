@@ -1,9 +1,12 @@
 //! Model architectures: one file each, in the order config -> weights ->
 //! forward. [`load_llm`] opens any supported language-model checkpoint.
 
+pub mod bert;
+pub mod layout;
 pub mod lfm2;
 pub mod llama;
 pub mod llm;
+pub mod vits;
 pub mod whisper;
 
 use crate::cli::{Device, DeviceChoice};
@@ -50,11 +53,22 @@ pub struct LoadedLlm {
     /// generation_config.json's sampling settings, or llama.cpp's defaults.
     pub sampling_defaults: SamplingOptions,
     pub path: PathBuf,
+    /// Weight bytes one decoded token reads (see `Weights::bytes_per_token`).
+    pub bytes_per_token: usize,
+    /// Number of weights.
+    pub params: usize,
+    /// Bytes of all weights as loaded.
+    pub weight_bytes: usize,
     backend: &'static str,
     weight_format: String,
 }
 
 impl LoadedLlm {
+    /// The format most matrices are stored in ("q4_1", "f16", ...).
+    pub fn weight_format(&self) -> &str {
+        &self.weight_format
+    }
+
     pub fn backend_name(&self) -> &'static str {
         self.backend
     }
@@ -99,6 +113,22 @@ pub fn load_llm(path: &Path, opts: &LoadOptions) -> Result<LoadedLlm> {
     } else {
         open_gguf(path)?
     };
+    let weights = match opts.weight_type {
+        Some(t) => {
+            let (w, kept) = weights.converted(t)?;
+            if !kept.is_empty() {
+                eprintln!(
+                    "{} matrices keep their type (row length does not fit {t}): {}",
+                    kept.len(),
+                    kept.join(", ")
+                );
+            }
+            w
+        }
+        None => weights,
+    };
+    let bytes_per_token = weights.bytes_per_token();
+    let (params, weight_bytes) = weights.totals();
     let weight_format = weights
         .layers
         .first()
@@ -117,6 +147,9 @@ pub fn load_llm(path: &Path, opts: &LoadOptions) -> Result<LoadedLlm> {
         tokenizer,
         sampling_defaults: defaults,
         path: path.to_path_buf(),
+        bytes_per_token,
+        params,
+        weight_bytes,
         backend,
         weight_format,
     })

@@ -12,12 +12,14 @@
 //! types (F32, F16, BF16), so one code path reads every weight format.
 //! [`dot_row`] is the plain reference: it dequantises block by block and sums
 //! in f32, so it equals `cpu::dot(dequantize_row(row), x)` up to summation
-//! order.
+//! order. [`fast::RowDot`] computes the same sums faster (scales factored out
+//! of vectorised inner loops) and is tested against it.
 
 // The quantisers index their loops like the C they port, so the two can be
 // read side by side.
 #![allow(clippy::needless_range_loop)]
 
+pub mod fast;
 pub mod float;
 pub mod q1_0;
 pub mod q2_k;

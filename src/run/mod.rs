@@ -1,7 +1,12 @@
 //! Shared flows that sit between the models and the tools.
 
 pub mod audio;
+pub mod bench;
 pub mod chat;
+pub mod embed;
 pub mod generate;
+pub mod image;
+pub mod phonemes;
 pub mod sampling;
 pub mod transcribe;
+pub mod wav;

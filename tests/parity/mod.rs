@@ -7,6 +7,8 @@
 
 pub mod basic;
 pub mod dense;
+pub mod speech;
+pub mod vision;
 pub mod whisper;
 
 use lfm::gpu::{Gpu, GpuOptions, Kernel, Variant};

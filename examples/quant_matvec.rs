@@ -1,0 +1,84 @@
+//! CPU matrix-vector speed per weight type: the reference `quant::dot_row`
+//! against the fast `quant::fast::RowDot` on one thread, the full
+//! `tensor::matvec` on every thread, and `tensor::matmul` of 32 input rows
+//! (a prefill chunk). Prints a markdown table.
+//!
+//!     cargo run --release --example quant_matvec [ROWS COLS]
+//!
+//! Default shape 1536 x 576 (a SmolLM2-135M FFN matrix). Timings are the
+//! median of repeated runs; GB/s counts the weight bytes read.
+
+use lfm::quant::{dot_row, fast::RowDot, GgmlType};
+use lfm::tensor::{matmul, matvec, Tensor};
+use lfm::util::rng::Rng;
+use std::hint::black_box;
+use std::time::Instant;
+
+fn median_secs(mut f: impl FnMut()) -> f64 {
+    f();
+    let mut times: Vec<f64> = (0..15)
+        .map(|_| {
+            let t = Instant::now();
+            f();
+            t.elapsed().as_secs_f64()
+        })
+        .collect();
+    times.sort_by(|a, b| a.partial_cmp(b).unwrap());
+    times[times.len() / 2]
+}
+
+fn main() {
+    let args: Vec<usize> = std::env::args()
+        .skip(1)
+        .map(|a| a.parse().unwrap())
+        .collect();
+    let (n, k) = match args[..] {
+        [n, k] => (n, k),
+        _ => (1536, 576),
+    };
+    let data = Rng::new(1).vec(n * k, -1.0, 1.0);
+    let x = Rng::new(2).vec(k, -1.0, 1.0);
+    const M: usize = 32;
+    let xm = Rng::new(3).vec(M * k, -1.0, 1.0);
+    println!(
+        "matvec [{n}, {k}] x [{k}], {} threads",
+        rayon::current_num_threads()
+    );
+    println!();
+    println!(
+        "| type | reference 1 thread | fast 1 thread | speed-up | matvec all threads | \
+         matmul {M} rows all threads |"
+    );
+    println!("|---|---|---|---|---|---|");
+    for t in GgmlType::ALL {
+        let Ok(w) = Tensor::quantize_f32("w", vec![n, k], &data, t) else {
+            continue;
+        };
+        let bytes = w.bytes().len() as f64;
+        let rb = w.row_bytes();
+        let rows = |f: &dyn Fn(&[u8]) -> f32| {
+            let mut s = 0.0;
+            for r in w.bytes().chunks_exact(rb) {
+                s += f(r);
+            }
+            black_box(s);
+        };
+        let reference = median_secs(|| rows(&|r| dot_row(t, r, &x)));
+        let dot = RowDot::new(t, &x);
+        let fast = median_secs(|| rows(&|r| dot.dot(r)));
+        let mut y = vec![0.0f32; n];
+        let full = median_secs(|| matvec(&w, black_box(&x), &mut y));
+        let mut ym = vec![0.0f32; M * n];
+        let mm = median_secs(|| matmul(&w, black_box(&xm), M, &mut ym));
+        let show = |s: f64| format!("{:.1} us ({:.1} GB/s)", s * 1e6, bytes / s / 1e9);
+        println!(
+            "| {t} | {} | {} | {:.1}x | {} | {:.1} us ({:.1} GFLOP/s) |",
+            show(reference),
+            show(fast),
+            reference / fast,
+            show(full),
+            mm * 1e6,
+            2.0 * (M * n * k) as f64 / mm / 1e9
+        );
+    }
+}
