@@ -12,6 +12,7 @@ fn cases() -> Vec<&'static Case> {
         parity::llm::CASES,
         parity::vision::CASES,
         parity::speech::CASES,
+        parity::whisper::CASES,
     ]
     .into_iter()
     .flatten()

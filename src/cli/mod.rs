@@ -63,6 +63,7 @@ pub mod generate;
 pub mod ocr_layout;
 pub mod scoreboard;
 pub mod speak;
+pub mod transcribe;
 
 use crate::gpu::{Backend, Gpu, GpuOptions};
 use std::sync::Arc;
@@ -146,6 +147,7 @@ pub fn tools() -> Vec<(&'static str, clap::Command)> {
         ("ocr-layout", ocr_layout::Args::command()),
         ("scoreboard", scoreboard::Args::command()),
         ("speak", speak::Args::command()),
+        ("transcribe", transcribe::Args::command()),
     ]
 }
 
@@ -171,6 +173,8 @@ pub enum Tool {
     Scoreboard(scoreboard::Args),
     /// Speak text with a Piper voice (writes a WAV file or stream).
     Speak(speak::Args),
+    /// Transcribe speech with Whisper.
+    Transcribe(transcribe::Args),
 }
 
 impl Lfm {
@@ -180,6 +184,7 @@ impl Lfm {
             Tool::OcrLayout(a) => ocr_layout::run(a),
             Tool::Scoreboard(a) => scoreboard::run(a),
             Tool::Speak(a) => speak::run(a),
+            Tool::Transcribe(a) => transcribe::run(a),
         }
     }
 }

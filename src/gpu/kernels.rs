@@ -106,6 +106,7 @@ pub fn all() -> impl Iterator<Item = &'static Kernel> {
         super::llm_ops::KERNELS,
         super::vision::KERNELS,
         super::speech::KERNELS,
+        crate::models::whisper::gpu::KERNELS,
     ]
     .into_iter()
     .flatten()

@@ -8,6 +8,7 @@ pub mod llama;
 pub mod llm;
 pub mod llm_gpu;
 pub mod vits;
+pub mod whisper;
 
 use crate::cli::{Device, DeviceChoice};
 use crate::error::{Error, Result};

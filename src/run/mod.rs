@@ -1,5 +1,6 @@
 //! Shared flows that sit between the models and the tools.
 
+pub mod audio;
 pub mod bench;
 pub mod chat;
 pub mod embed;
@@ -7,4 +8,5 @@ pub mod generate;
 pub mod image;
 pub mod phonemes;
 pub mod sampling;
+pub mod transcribe;
 pub mod wav;

@@ -10,6 +10,7 @@ pub mod dense;
 pub mod llm;
 pub mod speech;
 pub mod vision;
+pub mod whisper;
 
 use lfm::gpu::{Gpu, GpuOptions, Kernel, Variant};
 use std::sync::OnceLock;
