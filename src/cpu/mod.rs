@@ -5,11 +5,13 @@
 pub mod activation;
 pub mod attention;
 pub mod elementwise;
+pub mod gemm;
 pub mod matmul;
 pub mod norm;
 
 pub use activation::*;
 pub use attention::*;
 pub use elementwise::*;
+pub use gemm::*;
 pub use matmul::*;
 pub use norm::*;

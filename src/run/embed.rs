@@ -349,7 +349,10 @@ impl Embedder {
         let sentence = SentenceConfig::load(dir, &model.config)?;
         let tokenizer = load_tokenizer(&dir.join("tokenizer.json"), &model.config, &sentence)?;
         let device = match gpu {
-            None => Device::Cpu,
+            None => {
+                model.prepare_cpu();
+                Device::Cpu
+            }
             Some(gpu) => {
                 let model = GpuBert::new(&gpu, &model)?;
                 Device::Gpu(Box::new(GpuEncoder { gpu, model }))
