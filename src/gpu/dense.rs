@@ -167,11 +167,6 @@ pub fn layer_norm(
     rows: usize,
     eps: f32,
 ) -> Result<Dispatch> {
-    if rows > 65535 {
-        return Err(Error::gpu(format!(
-            "layer_norm over {rows} rows: at most 65535 per dispatch"
-        )));
-    }
     let params = LayerNormParams {
         n: n as u32,
         rows: rows as u32,
@@ -181,7 +176,7 @@ pub fn layer_norm(
     let bound = gpu.bind(&LAYER_NORM, variant, &[x, w, b, y], &params)?;
     Ok(Dispatch {
         bound,
-        groups: [rows as u32, 1, 1],
+        groups: groups_1d(rows, 1),
     })
 }
 
