@@ -5,6 +5,8 @@
 //! on stderr, `--json` (or `--format`) for machines, and exit codes
 //! 0 success, 1 error (bad input file, failed run), 2 bad command line.
 
+pub mod embed;
+
 use std::io::Write;
 use std::process::ExitCode;
 
