@@ -11,9 +11,13 @@
 pub mod cli;
 pub mod cpu;
 pub mod error;
+pub mod formats;
 pub mod gpu;
 pub mod models;
+pub mod quant;
 pub mod run;
+pub mod tensor;
+pub mod tokenizer;
 pub mod util;
 
 pub use error::{Error, Result};

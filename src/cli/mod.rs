@@ -60,3 +60,112 @@ pub fn man_page(cmd: clap::Command) -> String {
         .expect("rendering to a Vec cannot fail");
     String::from_utf8(out).expect("clap_mangen writes UTF-8")
 }
+
+pub mod generate;
+pub mod scoreboard;
+
+use crate::gpu::{Backend, Gpu, GpuOptions};
+use std::sync::Arc;
+
+/// Where to run, shared by every tool: `--cpu`, `--backend`, `--adapter`.
+#[derive(clap::Args, Debug, Clone, Default)]
+pub struct DeviceArgs {
+    /// Run on the CPU reference path instead of the GPU.
+    #[arg(long, help_heading = "Device")]
+    pub cpu: bool,
+
+    /// Graphics API for the GPU path (default: the best available).
+    #[arg(long, value_enum, help_heading = "Device", conflicts_with = "cpu")]
+    pub backend: Option<Backend>,
+
+    /// Use the GPU adapter whose name contains this text.
+    #[arg(long, help_heading = "Device", conflicts_with = "cpu")]
+    pub adapter: Option<String>,
+}
+
+/// The device a tool asked for.
+#[derive(Clone, Debug)]
+pub enum DeviceChoice {
+    Cpu,
+    Gpu(GpuOptions),
+}
+
+/// An opened device.
+pub enum Device {
+    Cpu,
+    Gpu(Arc<Gpu>),
+}
+
+impl DeviceArgs {
+    pub fn choice(&self) -> DeviceChoice {
+        if self.cpu {
+            DeviceChoice::Cpu
+        } else {
+            DeviceChoice::Gpu(GpuOptions {
+                backend: self.backend,
+                adapter: self.adapter.clone(),
+                portable: false,
+            })
+        }
+    }
+}
+
+impl DeviceChoice {
+    /// Opens the device. With no explicit backend or adapter, a machine
+    /// without a usable GPU falls back to the CPU with a one-line notice; an
+    /// explicit request that cannot be met is an error.
+    pub fn open(&self) -> crate::Result<Device> {
+        match self {
+            DeviceChoice::Cpu => Ok(Device::Cpu),
+            DeviceChoice::Gpu(opts) => match Gpu::new(opts) {
+                Ok(gpu) => {
+                    eprintln!("{}", gpu.describe());
+                    Ok(Device::Gpu(Arc::new(gpu)))
+                }
+                Err(e) if opts.backend.is_none() && opts.adapter.is_none() => {
+                    eprintln!("{e}; running on the CPU");
+                    Ok(Device::Cpu)
+                }
+                Err(e) => Err(e),
+            },
+        }
+    }
+}
+
+/// Every tool, by name, as the umbrella `lfm` exposes it (used for man pages).
+pub fn tools() -> Vec<(&'static str, clap::Command)> {
+    use clap::CommandFactory;
+    vec![
+        ("generate", generate::Args::command()),
+        ("scoreboard", scoreboard::Args::command()),
+    ]
+}
+
+/// The umbrella command: every tool as a subcommand.
+#[derive(clap::Parser, Debug)]
+#[command(
+    name = "lfm",
+    version,
+    about = "Run neural networks on any GPU: every lfm tool as a subcommand"
+)]
+pub struct Lfm {
+    #[command(subcommand)]
+    pub tool: Tool,
+}
+
+#[derive(clap::Subcommand, Debug)]
+pub enum Tool {
+    /// Generate text with a language model.
+    Generate(generate::Args),
+    /// Benchmark language models across formats, backends and depths.
+    Scoreboard(scoreboard::Args),
+}
+
+impl Lfm {
+    pub fn run(self) -> anyhow::Result<()> {
+        match self.tool {
+            Tool::Generate(a) => generate::run(a),
+            Tool::Scoreboard(a) => scoreboard::run(a),
+        }
+    }
+}

@@ -1,3 +1,282 @@
-//! One file per architecture: config -> weights -> CPU forward, then the GPU plan.
+//! Model architectures: one file each, in the order config -> weights ->
+//! forward. [`load_llm`] opens any supported language-model checkpoint.
 
 pub mod bert;
+pub mod lfm2;
+pub mod llama;
+pub mod llm;
+
+use crate::cli::{Device, DeviceChoice};
+use crate::error::{Error, Result};
+use crate::formats::gguf::GgufFile;
+use crate::formats::hf::{self, HfConfig};
+use crate::formats::TensorSource;
+use crate::quant::GgmlType;
+use crate::run::sampling::SamplingOptions;
+use crate::tokenizer::{GgufVocab, Tokenizer};
+use llm::{CausalLm, CpuLlm, LlmConfig, Weights};
+use std::path::{Path, PathBuf};
+
+/// Where `scripts/setup` puts generate's default model, relative to the repo.
+pub const DEFAULT_LLM: &str = "samples/models/smollm2/SmolLM2-135M-Instruct.Q4_1.gguf";
+
+/// The default model: looked up from the working directory, then from the
+/// repository that holds the running executable (`target/<profile>/..`).
+pub fn default_llm_path() -> Result<PathBuf> {
+    let mut candidates = vec![PathBuf::from(DEFAULT_LLM)];
+    if let Ok(exe) = std::env::current_exe() {
+        for dir in exe.ancestors().skip(1).take(4) {
+            candidates.push(dir.join(DEFAULT_LLM));
+        }
+    }
+    candidates.into_iter().find(|p| p.is_file()).ok_or_else(|| {
+        Error::invalid(format!(
+            "default model {DEFAULT_LLM} not found: run scripts/setup, or pass --model"
+        ))
+    })
+}
+
+pub struct LoadOptions {
+    pub device: DeviceChoice,
+    /// Convert every matrix to this format after loading (a weight-format
+    /// arm for benchmarks and KL-divergence runs).
+    pub weight_type: Option<GgmlType>,
+}
+
+/// A loaded language model with what generation needs beside it.
+pub struct LoadedLlm {
+    pub model: Box<dyn CausalLm>,
+    pub tokenizer: Option<Tokenizer>,
+    /// generation_config.json's sampling settings, or llama.cpp's defaults.
+    pub sampling_defaults: SamplingOptions,
+    pub path: PathBuf,
+    /// Weight bytes one decoded token reads (see `Weights::bytes_per_token`).
+    pub bytes_per_token: usize,
+    /// Number of weights.
+    pub params: usize,
+    /// Bytes of all weights as loaded.
+    pub weight_bytes: usize,
+    backend: &'static str,
+    weight_format: String,
+}
+
+impl LoadedLlm {
+    /// The format most matrices are stored in ("q4_1", "f16", ...).
+    pub fn weight_format(&self) -> &str {
+        &self.weight_format
+    }
+
+    pub fn backend_name(&self) -> &'static str {
+        self.backend
+    }
+
+    /// One line for stderr: model, size, weight format, backend.
+    pub fn describe(&self) -> String {
+        let c = self.model.config();
+        format!(
+            "model: {} ({:?}, {} layers, d{}, {} weights) on {}",
+            self.path.display(),
+            c.arch,
+            c.layers.len(),
+            c.hidden,
+            self.weight_format,
+            self.backend
+        )
+    }
+}
+
+/// llama.cpp's sampling defaults (temperature 0.8, top-k 40, top-p 0.95,
+/// min-p 0.05, no repetition penalty).
+fn llama_cpp_defaults() -> SamplingOptions {
+    SamplingOptions {
+        temperature: 0.8,
+        top_k: 40,
+        top_p: 0.95,
+        min_p: 0.05,
+        ..Default::default()
+    }
+}
+
+/// Opens an HF directory or a GGUF file as a language model.
+pub fn load_llm(path: &Path, opts: &LoadOptions) -> Result<LoadedLlm> {
+    if !path.exists() {
+        return Err(Error::io(
+            path,
+            std::io::Error::new(std::io::ErrorKind::NotFound, "no such file or directory"),
+        ));
+    }
+    let (cfg, weights, tokenizer, defaults) = if path.is_dir() {
+        open_hf(path)?
+    } else {
+        open_gguf(path)?
+    };
+    let weights = match opts.weight_type {
+        Some(t) => {
+            let (w, kept) = weights.converted(t)?;
+            if !kept.is_empty() {
+                eprintln!(
+                    "{} matrices keep their type (row length does not fit {t}): {}",
+                    kept.len(),
+                    kept.join(", ")
+                );
+            }
+            w
+        }
+        None => weights,
+    };
+    let bytes_per_token = weights.bytes_per_token();
+    let (params, weight_bytes) = weights.totals();
+    let weight_format = weights
+        .layers
+        .first()
+        .map(|l| l.gate.dtype.name())
+        .unwrap_or("none")
+        .to_string();
+    let (model, backend): (Box<dyn CausalLm>, &'static str) = match opts.device.open()? {
+        Device::Cpu => (Box::new(CpuLlm::new(cfg, weights)), "cpu"),
+        Device::Gpu(_) => {
+            eprintln!("the GPU path for language models is not built yet; running on the CPU");
+            (Box::new(CpuLlm::new(cfg, weights)), "cpu")
+        }
+    };
+    Ok(LoadedLlm {
+        model,
+        tokenizer,
+        sampling_defaults: defaults,
+        path: path.to_path_buf(),
+        bytes_per_token,
+        params,
+        weight_bytes,
+        backend,
+        weight_format,
+    })
+}
+
+type Opened = (LlmConfig, Weights, Option<Tokenizer>, SamplingOptions);
+
+fn open_hf(dir: &Path) -> Result<Opened> {
+    let c = HfConfig::open(dir)?;
+    let arch = c.get_str_opt("model_type")?.unwrap_or("");
+    let tied = c
+        .get_bool_opt("tie_word_embeddings")?
+        .unwrap_or(matches!(arch, "lfm2"));
+    let src = hf::open_checkpoint(dir)?;
+    let (cfg, weights) = match arch {
+        "llama" => {
+            let cfg = llama::config_from_hf(&c)?;
+            let w = llama::load_hf(&cfg, src.as_ref(), tied)?;
+            (cfg, w)
+        }
+        "lfm2" => {
+            let cfg = lfm2::config_from_hf(&c)?;
+            let w = lfm2::load_hf(&cfg, src.as_ref(), tied)?;
+            (cfg, w)
+        }
+        other => {
+            return Err(Error::unsupported(
+                c.path(),
+                format!("model_type '{other}' (supported: llama, lfm2)"),
+            ))
+        }
+    };
+    let tokenizer = if dir.join("tokenizer.json").is_file() {
+        Some(Tokenizer::from_hf_dir(dir)?)
+    } else {
+        None
+    };
+    Ok((cfg, weights, tokenizer, hf_sampling_defaults(dir)?))
+}
+
+/// Sampling settings from generation_config.json, falling back to
+/// llama.cpp's defaults for what it does not set.
+fn hf_sampling_defaults(dir: &Path) -> Result<SamplingOptions> {
+    let path = dir.join("generation_config.json");
+    let mut d = llama_cpp_defaults();
+    if !path.is_file() {
+        return Ok(d);
+    }
+    let g = HfConfig::open(&path)?;
+    if g.get_bool_opt("do_sample")? == Some(false) {
+        d.temperature = 0.0;
+    } else if let Some(t) = g.get_f32_opt("temperature")? {
+        d.temperature = t;
+    }
+    if let Some(k) = g.get_usize_opt("top_k")? {
+        d.top_k = k;
+    }
+    if let Some(p) = g.get_f32_opt("top_p")? {
+        d.top_p = p;
+    }
+    if let Some(p) = g.get_f32_opt("min_p")? {
+        d.min_p = p;
+    }
+    if let Some(r) = g.get_f32_opt("repetition_penalty")? {
+        d.repeat_penalty = r;
+    }
+    Ok(d)
+}
+
+fn open_gguf(path: &Path) -> Result<Opened> {
+    let g = GgufFile::open(path)?;
+    let (cfg, weights) = match g.architecture()? {
+        "llama" => {
+            let cfg = llama::config_from_gguf(&g)?;
+            let w = llama::load_gguf(&cfg, &g)?;
+            (cfg, w)
+        }
+        "lfm2" => {
+            let cfg = lfm2::config_from_gguf(&g)?;
+            let w = lfm2::load_gguf(&cfg, &g)?;
+            (cfg, w)
+        }
+        other => {
+            return Err(Error::unsupported(
+                path,
+                format!("architecture '{other}' (supported: llama, lfm2)"),
+            ))
+        }
+    };
+    let tokenizer = match g.get_str_opt("tokenizer.ggml.model")? {
+        Some(_) => Some(gguf_tokenizer(&g)?),
+        None => None,
+    };
+    Ok((cfg, weights, tokenizer, llama_cpp_defaults()))
+}
+
+/// The tokenizer stored in a GGUF file's `tokenizer.ggml.*` metadata.
+pub fn gguf_tokenizer(g: &GgufFile) -> Result<Tokenizer> {
+    let id = |k: &str| -> Result<Option<u32>> { g.get_u32_opt(k) };
+    let extra_eos = ["tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id"]
+        .iter()
+        .map(|k| id(k))
+        .collect::<Result<Vec<_>>>()?
+        .into_iter()
+        .flatten()
+        .collect();
+    let vocab = GgufVocab {
+        model: g.get_str("tokenizer.ggml.model")?.to_string(),
+        pre: g
+            .get_str_opt("tokenizer.ggml.pre")?
+            .unwrap_or("default")
+            .to_string(),
+        tokens: g.get_str_array("tokenizer.ggml.tokens")?.to_vec(),
+        merges: g
+            .get_str_array_opt("tokenizer.ggml.merges")?
+            .map(<[String]>::to_vec)
+            .unwrap_or_default(),
+        token_types: g
+            .get_i32_array_opt("tokenizer.ggml.token_type")?
+            .map(<[i32]>::to_vec)
+            .unwrap_or_default(),
+        bos_id: id("tokenizer.ggml.bos_token_id")?,
+        eos_id: id("tokenizer.ggml.eos_token_id")?,
+        extra_eos_ids: extra_eos,
+        add_bos: g
+            .get_bool_opt("tokenizer.ggml.add_bos_token")?
+            .unwrap_or(false),
+        chat_template: g
+            .get_str_opt("tokenizer.chat_template")?
+            .map(str::to_string),
+    };
+    Tokenizer::from_gguf_vocab(g.path(), vocab)
+}

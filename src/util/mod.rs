@@ -1,5 +1,6 @@
 //! Small helpers shared by every part of the engine.
 
 pub mod atomic_write;
+pub mod date;
 pub mod progress;
 pub mod rng;

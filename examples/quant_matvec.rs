@@ -1,0 +1,74 @@
+//! CPU matrix-vector speed per weight type: the reference `quant::dot_row`
+//! against the fast `quant::fast::RowDot` on one thread, and the full
+//! `tensor::matvec` on every thread. Prints a markdown table.
+//!
+//!     cargo run --release --example quant_matvec [ROWS COLS]
+//!
+//! Default shape 1536 x 576 (a SmolLM2-135M FFN matrix). Timings are the
+//! median of repeated runs; GB/s counts the weight bytes read.
+
+use lfm::quant::{dot_row, fast::RowDot, GgmlType};
+use lfm::tensor::{matvec, Tensor};
+use lfm::util::rng::Rng;
+use std::hint::black_box;
+use std::time::Instant;
+
+fn median_secs(mut f: impl FnMut()) -> f64 {
+    f();
+    let mut times: Vec<f64> = (0..15)
+        .map(|_| {
+            let t = Instant::now();
+            f();
+            t.elapsed().as_secs_f64()
+        })
+        .collect();
+    times.sort_by(|a, b| a.partial_cmp(b).unwrap());
+    times[times.len() / 2]
+}
+
+fn main() {
+    let args: Vec<usize> = std::env::args()
+        .skip(1)
+        .map(|a| a.parse().unwrap())
+        .collect();
+    let (n, k) = match args[..] {
+        [n, k] => (n, k),
+        _ => (1536, 576),
+    };
+    let data = Rng::new(1).vec(n * k, -1.0, 1.0);
+    let x = Rng::new(2).vec(k, -1.0, 1.0);
+    println!(
+        "matvec [{n}, {k}] x [{k}], {} threads",
+        rayon::current_num_threads()
+    );
+    println!();
+    println!("| type | reference 1 thread | fast 1 thread | speed-up | matvec all threads |");
+    println!("|---|---|---|---|---|");
+    for t in GgmlType::ALL {
+        let Ok(w) = Tensor::quantize_f32("w", vec![n, k], &data, t) else {
+            continue;
+        };
+        let bytes = w.bytes().len() as f64;
+        let rb = w.row_bytes();
+        let rows = |f: &dyn Fn(&[u8]) -> f32| {
+            let mut s = 0.0;
+            for r in w.bytes().chunks_exact(rb) {
+                s += f(r);
+            }
+            black_box(s);
+        };
+        let reference = median_secs(|| rows(&|r| dot_row(t, r, &x)));
+        let dot = RowDot::new(t, &x);
+        let fast = median_secs(|| rows(&|r| dot.dot(r)));
+        let mut y = vec![0.0f32; n];
+        let full = median_secs(|| matvec(&w, black_box(&x), &mut y));
+        let show = |s: f64| format!("{:.1} us ({:.1} GB/s)", s * 1e6, bytes / s / 1e9);
+        println!(
+            "| {t} | {} | {} | {:.1}x | {} |",
+            show(reference),
+            show(fast),
+            reference / fast,
+            show(full)
+        );
+    }
+}

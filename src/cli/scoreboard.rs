@@ -1,0 +1,557 @@
+//! `scoreboard`: the benchmark harness. Every arm (model file x weight format
+//! x backend x context depth) measured the way llama-bench measures, side by
+//! side with a peer run in the same process invocation, with the share of the
+//! memory-bandwidth roofline each number reaches.
+
+use crate::cli::DeviceChoice;
+use crate::gpu::{Backend, GpuOptions};
+use crate::models::{self, LoadOptions};
+use crate::quant::GgmlType;
+use crate::run::bench::{self, Measurement, Test};
+use anyhow::{bail, Context};
+use clap::Parser;
+use serde::Serialize;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+/// Benchmark prompt processing (pp) and generation (tg) speed across models,
+/// weight formats, backends and context depths, optionally beside llama-bench.
+#[derive(Parser, Debug)]
+#[command(name = "scoreboard", version, about, long_about = None)]
+pub struct Args {
+    /// Model files or HF directories (default: the default generate model).
+    pub models: Vec<PathBuf>,
+
+    /// Prompt lengths to measure (pp); 0 skips the test.
+    #[arg(short = 'p', long, value_delimiter = ',', default_value = "512")]
+    pub n_prompt: Vec<usize>,
+
+    /// Generation lengths to measure (tg); 0 skips the test.
+    #[arg(short = 'n', long, value_delimiter = ',', default_value = "128")]
+    pub n_gen: Vec<usize>,
+
+    /// Context depths: tokens already in the context before each test.
+    #[arg(short = 'd', long, value_delimiter = ',', default_value = "0")]
+    pub depth: Vec<usize>,
+
+    /// Measured repetitions per test (after one warm-up run).
+    #[arg(short = 'r', long, default_value_t = 5)]
+    pub repetitions: usize,
+
+    /// Weight formats to convert the models to before measuring (f32, f16,
+    /// q8_0, q4_0, ...); default: as stored.
+    #[arg(short = 't', long = "type", value_delimiter = ',')]
+    pub types: Vec<String>,
+
+    /// Backends to measure.
+    #[arg(
+        short = 'b',
+        long = "backends",
+        value_delimiter = ',',
+        default_value = "gpu"
+    )]
+    pub backends: Vec<Arm>,
+
+    /// Graphics API for the gpu arms.
+    #[arg(long, value_enum)]
+    pub wgpu_backend: Option<Backend>,
+
+    /// GPU adapter name substring for the gpu arms.
+    #[arg(long)]
+    pub adapter: Option<String>,
+
+    /// Output format.
+    #[arg(short = 'o', long, value_enum, default_value = "md")]
+    pub output: Output,
+
+    /// Run this llama-bench on the same model files and tests and show its
+    /// rows beside ours with the ratio.
+    #[arg(long)]
+    pub llama_bench: Option<PathBuf>,
+
+    /// Extra arguments for llama-bench (e.g. "-ngl 99").
+    #[arg(long, allow_hyphen_values = true)]
+    pub llama_bench_args: Option<String>,
+
+    /// Draw tokens/s per arm into an SVG file.
+    #[arg(long)]
+    pub plot: Option<PathBuf>,
+
+    /// Append the results as a dated markdown section to this file (e.g. BENCHMARKS.md).
+    #[arg(long)]
+    pub append: Option<PathBuf>,
+
+    /// Seed for the random token ids.
+    #[arg(long, default_value_t = 1234)]
+    pub seed: u64,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Arm {
+    Gpu,
+    Cpu,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Output {
+    Md,
+    Json,
+    Csv,
+}
+
+/// One row of the scoreboard.
+#[derive(Clone, Debug, Serialize)]
+pub struct Row {
+    pub engine: String,
+    pub model: String,
+    pub format: String,
+    pub backend: String,
+    pub params: usize,
+    pub size_bytes: usize,
+    pub test: String,
+    pub tok_per_s: f64,
+    pub sd: f64,
+    /// Share of the memory-bandwidth roofline reached (0..1), when known.
+    pub roofline: Option<f64>,
+    /// Ours over the peer's tok/s for the same model and test.
+    pub ratio_vs_peer: Option<f64>,
+    pub samples: Vec<f64>,
+}
+
+#[derive(Serialize)]
+struct Report {
+    date: String,
+    commit: String,
+    machine: String,
+    adapter: Option<String>,
+    gpu_copy_bandwidth_gb_s: Option<f64>,
+    host_copy_bandwidth_gb_s: f64,
+    command: String,
+    rows: Vec<Row>,
+}
+
+pub fn run(args: Args) -> anyhow::Result<()> {
+    if args.repetitions == 0 {
+        bail!("--repetitions must be at least 1");
+    }
+    let models = if args.models.is_empty() {
+        vec![models::default_llm_path()?]
+    } else {
+        args.models.clone()
+    };
+    let types: Vec<Option<GgmlType>> = if args.types.is_empty() {
+        vec![None]
+    } else {
+        args.types
+            .iter()
+            .map(|t| {
+                GgmlType::from_name(t)
+                    .map(Some)
+                    .with_context(|| format!("unknown weight format '{t}'"))
+            })
+            .collect::<anyhow::Result<_>>()?
+    };
+    let mut tests: Vec<Test> = args
+        .n_prompt
+        .iter()
+        .filter(|&&n| n > 0)
+        .map(|&n| Test::Pp(n))
+        .collect();
+    tests.extend(args.n_gen.iter().filter(|&&n| n > 0).map(|&n| Test::Tg(n)));
+    if tests.is_empty() {
+        bail!("nothing to measure: every -p and -n is 0");
+    }
+
+    let gpu_opts = GpuOptions {
+        backend: args.wgpu_backend,
+        adapter: args.adapter.clone(),
+        portable: false,
+    };
+    let mut adapter = None;
+    let mut gpu_bw = None;
+    if args.backends.contains(&Arm::Gpu) {
+        let gpu = crate::gpu::Gpu::new(&gpu_opts)
+            .context("the gpu arm needs an adapter (or pass -b cpu)")?;
+        eprintln!("{}", gpu.describe());
+        adapter = Some(format!(
+            "{} ({:?}, {} {})",
+            gpu.info.name, gpu.info.backend, gpu.info.driver, gpu.info.driver_info
+        ));
+        gpu_bw = Some(bench::gpu_copy_bandwidth(&gpu)?);
+    }
+    let host_bw = bench::host_copy_bandwidth();
+
+    let mut rows = Vec::new();
+    for model in &models {
+        for &ty in &types {
+            for &arm in &args.backends {
+                let device = match arm {
+                    Arm::Cpu => DeviceChoice::Cpu,
+                    Arm::Gpu => DeviceChoice::Gpu(gpu_opts.clone()),
+                };
+                let mut loaded = models::load_llm(
+                    model,
+                    &LoadOptions {
+                        device,
+                        weight_type: ty,
+                    },
+                )?;
+                if arm == Arm::Gpu && loaded.backend_name() == "cpu" {
+                    bail!("{}: the gpu arm fell back to the CPU", model.display());
+                }
+                let cfg = loaded.model.config().clone();
+                let bw = if arm == Arm::Gpu {
+                    gpu_bw.unwrap_or(host_bw)
+                } else {
+                    host_bw
+                };
+                for &depth in &args.depth {
+                    for &test in &tests {
+                        if depth + test.tokens() > cfg.context {
+                            bail!(
+                                "{}: depth {depth} + {} tokens exceeds the context of {}",
+                                model.display(),
+                                test.tokens(),
+                                cfg.context
+                            );
+                        }
+                        eprintln!(
+                            "{}: {} {} {} ...",
+                            display_name(model),
+                            loaded.weight_format(),
+                            arm_name(arm),
+                            test.name(depth)
+                        );
+                        let m = bench::measure(
+                            loaded.model.as_mut(),
+                            test,
+                            depth,
+                            args.repetitions,
+                            args.seed,
+                        )?;
+                        let roofline = roofline(&cfg, loaded.bytes_per_token, test, depth, &m, bw);
+                        rows.push(Row {
+                            engine: "lfm".into(),
+                            model: display_name(model),
+                            format: loaded.weight_format().to_string(),
+                            backend: arm_name(arm).into(),
+                            params: loaded.params,
+                            size_bytes: loaded.weight_bytes,
+                            test: m.test.clone(),
+                            tok_per_s: m.mean,
+                            sd: m.sd,
+                            roofline: Some(roofline),
+                            ratio_vs_peer: None,
+                            samples: m.samples,
+                        });
+                    }
+                }
+            }
+        }
+    }
+
+    if let Some(peer) = &args.llama_bench {
+        let peer_rows = llama_bench(peer, args.llama_bench_args.as_deref(), &models, &args)?;
+        for r in rows.iter_mut() {
+            if let Some(p) = peer_rows
+                .iter()
+                .find(|p| p.model == r.model && p.test == r.test)
+            {
+                r.ratio_vs_peer = Some(r.tok_per_s / p.tok_per_s);
+            }
+        }
+        rows.extend(peer_rows);
+    }
+
+    let report = Report {
+        date: crate::util::date::today_utc(),
+        commit: commit(),
+        machine: machine(),
+        adapter,
+        gpu_copy_bandwidth_gb_s: gpu_bw.map(|b| b / 1e9),
+        host_copy_bandwidth_gb_s: host_bw / 1e9,
+        command: std::env::args().collect::<Vec<_>>().join(" "),
+        rows,
+    };
+    let text = match args.output {
+        Output::Md => markdown(&report),
+        Output::Json => serde_json::to_string_pretty(&report)? + "\n",
+        Output::Csv => csv(&report),
+    };
+    std::io::stdout().write_all(text.as_bytes())?;
+    if let Some(path) = &args.plot {
+        crate::util::atomic_write::write_atomic(path, svg(&report).as_bytes(), true)?;
+    }
+    if let Some(path) = &args.append {
+        let mut f = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(path)
+            .with_context(|| format!("{}: cannot open for appending", path.display()))?;
+        write!(f, "\n{}", markdown(&report))
+            .with_context(|| format!("{}: write failed", path.display()))?;
+    }
+    Ok(())
+}
+
+fn arm_name(a: Arm) -> &'static str {
+    match a {
+        Arm::Gpu => "gpu",
+        Arm::Cpu => "cpu",
+    }
+}
+
+fn display_name(p: &Path) -> String {
+    p.file_name()
+        .map(|n| n.to_string_lossy().to_string())
+        .unwrap_or_else(|| p.display().to_string())
+}
+
+/// Share of the bandwidth roofline: bytes the test must move (weights once per
+/// forward pass, plus the KV cache it reads) over the measured copy bandwidth,
+/// against the measured time.
+fn roofline(
+    cfg: &crate::models::llm::LlmConfig,
+    weight_bytes: usize,
+    test: Test,
+    depth: usize,
+    m: &Measurement,
+    bw: f64,
+) -> f64 {
+    let attn_layers = cfg
+        .layers
+        .iter()
+        .filter(|k| **k == crate::models::llm::LayerKind::Attention)
+        .count();
+    let kv_row = 2 * attn_layers * cfg.kv_heads * cfg.head_dim * 4; // f32 K and V per position
+    let n = test.tokens();
+    let (passes, kv_positions) = match test {
+        // One forward pass over n tokens; attention reads up to depth + n positions.
+        Test::Pp(_) => (1.0, (depth + n) as f64),
+        // n passes, each reading the cache as it grows.
+        Test::Tg(_) => (n as f64, n as f64 * (depth as f64 + n as f64 / 2.0)),
+    };
+    let bytes = passes * weight_bytes as f64 + kv_positions * kv_row as f64;
+    let seconds = n as f64 / m.mean.max(1e-12);
+    bytes / seconds / bw
+}
+
+fn commit() -> String {
+    std::process::Command::new("git")
+        .args(["rev-parse", "--short", "HEAD"])
+        .output()
+        .ok()
+        .filter(|o| o.status.success())
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+        .unwrap_or_else(|| "unknown".into())
+}
+
+fn machine() -> String {
+    let cpu = std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("model name"))
+                .map(|l| l.split(':').nth(1).unwrap_or("").trim().to_string())
+        })
+        .unwrap_or_else(|| std::env::consts::ARCH.to_string());
+    let threads = std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(1);
+    format!("{cpu}, {threads} threads, {}", std::env::consts::OS)
+}
+
+fn fmt_rate(r: &Row) -> String {
+    format!("{:.2} ± {:.2}", r.tok_per_s, r.sd)
+}
+
+fn markdown(rep: &Report) -> String {
+    let mut s = format!(
+        "### scoreboard {} (commit {})\n\n- machine: {}\n- adapter: {}\n- copy bandwidth: {}host {:.1} GB/s\n- command: `{}`\n\n",
+        rep.date,
+        rep.commit,
+        rep.machine,
+        rep.adapter.as_deref().unwrap_or("none"),
+        rep.gpu_copy_bandwidth_gb_s.map(|b| format!("gpu {b:.1} GB/s, ")).unwrap_or_default(),
+        rep.host_copy_bandwidth_gb_s,
+        rep.command
+    );
+    s.push_str(
+        "| engine | model | format | size | params | backend | test | t/s | roofline | vs peer |\n",
+    );
+    s.push_str("|---|---|---|---:|---:|---|---|---:|---:|---:|\n");
+    for r in &rep.rows {
+        s.push_str(&format!(
+            "| {} | {} | {} | {:.1} MiB | {:.1} M | {} | {} | {} | {} | {} |\n",
+            r.engine,
+            r.model,
+            r.format,
+            r.size_bytes as f64 / (1 << 20) as f64,
+            r.params as f64 / 1e6,
+            r.backend,
+            r.test,
+            fmt_rate(r),
+            r.roofline
+                .map(|f| format!("{:.1}%", f * 100.0))
+                .unwrap_or_else(|| "-".into()),
+            r.ratio_vs_peer
+                .map(|x| format!("{x:.2}x"))
+                .unwrap_or_else(|| "-".into()),
+        ));
+    }
+    s
+}
+
+fn csv(rep: &Report) -> String {
+    let mut s = String::from(
+        "engine,model,format,backend,params,size_bytes,test,tok_per_s,sd,roofline,ratio_vs_peer\n",
+    );
+    for r in &rep.rows {
+        s.push_str(&format!(
+            "{},{},{},{},{},{},{},{:.4},{:.4},{},{}\n",
+            r.engine,
+            r.model,
+            r.format,
+            r.backend,
+            r.params,
+            r.size_bytes,
+            r.test,
+            r.tok_per_s,
+            r.sd,
+            r.roofline.map(|f| format!("{f:.5}")).unwrap_or_default(),
+            r.ratio_vs_peer
+                .map(|f| format!("{f:.4}"))
+                .unwrap_or_default()
+        ));
+    }
+    s
+}
+
+/// Horizontal bars, one per row, grouped by test.
+fn svg(rep: &Report) -> String {
+    let bar_h = 18.0;
+    let gap = 6.0;
+    let label_w = 420.0;
+    let plot_w = 480.0;
+    let max = rep
+        .rows
+        .iter()
+        .map(|r| r.tok_per_s)
+        .fold(0.0f64, f64::max)
+        .max(1e-9);
+    let height = 40.0 + rep.rows.len() as f64 * (bar_h + gap);
+    let mut s = format!(
+        "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{}\" height=\"{height}\" font-family=\"monospace\" font-size=\"12\">\n\
+         <text x=\"8\" y=\"20\" font-size=\"14\">tokens/s, {} (commit {})</text>\n",
+        label_w + plot_w + 120.0,
+        rep.date,
+        rep.commit
+    );
+    for (i, r) in rep.rows.iter().enumerate() {
+        let y = 32.0 + i as f64 * (bar_h + gap);
+        let w = plot_w * r.tok_per_s / max;
+        let colour = if r.engine == "lfm" {
+            "#3b7dd8"
+        } else {
+            "#d8893b"
+        };
+        let label = format!(
+            "{} {} {} {} {}",
+            r.engine, r.model, r.format, r.backend, r.test
+        );
+        s.push_str(&format!(
+            "<text x=\"8\" y=\"{:.1}\">{}</text><rect x=\"{label_w}\" y=\"{y:.1}\" width=\"{w:.1}\" height=\"{bar_h}\" fill=\"{colour}\"/>\
+             <text x=\"{:.1}\" y=\"{:.1}\">{:.1}</text>\n",
+            y + 13.0,
+            xml_escape(&label),
+            label_w + w + 6.0,
+            y + 13.0,
+            r.tok_per_s
+        ));
+    }
+    s.push_str("</svg>\n");
+    s
+}
+
+fn xml_escape(s: &str) -> String {
+    s.replace('&', "&amp;")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;")
+}
+
+/// Runs llama-bench with the same tests and turns its JSON into rows.
+fn llama_bench(
+    exe: &Path,
+    extra: Option<&str>,
+    models: &[PathBuf],
+    args: &Args,
+) -> anyhow::Result<Vec<Row>> {
+    let list = |v: &[usize]| {
+        v.iter()
+            .map(|n| n.to_string())
+            .collect::<Vec<_>>()
+            .join(",")
+    };
+    let mut rows = Vec::new();
+    for model in models {
+        let mut cmd = std::process::Command::new(exe);
+        cmd.arg("-m").arg(model);
+        cmd.args([
+            "-p",
+            &list(&args.n_prompt),
+            "-n",
+            &list(&args.n_gen),
+            "-d",
+            &list(&args.depth),
+        ]);
+        cmd.args(["-r", &args.repetitions.to_string(), "-o", "json"]);
+        if let Some(extra) = extra {
+            cmd.args(extra.split_whitespace());
+        }
+        eprintln!("peer: {cmd:?}");
+        let out = cmd
+            .output()
+            .with_context(|| format!("{}: cannot run", exe.display()))?;
+        if !out.status.success() {
+            bail!(
+                "{} failed: {}",
+                exe.display(),
+                String::from_utf8_lossy(&out.stderr)
+                    .lines()
+                    .last()
+                    .unwrap_or("")
+            );
+        }
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout)
+            .with_context(|| format!("{}: output is not JSON", exe.display()))?;
+        for e in v.as_array().map(Vec::as_slice).unwrap_or_default() {
+            let n_prompt = e["n_prompt"].as_u64().unwrap_or(0) as usize;
+            let n_gen = e["n_gen"].as_u64().unwrap_or(0) as usize;
+            let depth = e["n_depth"].as_u64().unwrap_or(0) as usize;
+            let test = if n_gen > 0 {
+                Test::Tg(n_gen)
+            } else {
+                Test::Pp(n_prompt)
+            };
+            rows.push(Row {
+                engine: "llama.cpp".into(),
+                model: display_name(model),
+                format: e["model_type"].as_str().unwrap_or("").to_string(),
+                backend: e["backends"].as_str().unwrap_or("").to_string(),
+                params: e["model_n_params"].as_u64().unwrap_or(0) as usize,
+                size_bytes: e["model_size"].as_u64().unwrap_or(0) as usize,
+                test: test.name(depth),
+                tok_per_s: e["avg_ts"].as_f64().unwrap_or(0.0),
+                sd: e["stddev_ts"].as_f64().unwrap_or(0.0),
+                roofline: None,
+                ratio_vs_peer: None,
+                samples: e["samples_ts"]
+                    .as_array()
+                    .map(|a| a.iter().filter_map(|x| x.as_f64()).collect())
+                    .unwrap_or_default(),
+            });
+        }
+    }
+    Ok(rows)
+}

@@ -1,0 +1,161 @@
+//! Throughput measurement in llama-bench's terms: `pp<N>` (prompt
+//! processing: one forward over N tokens) and `tg<N>` (text generation: N
+//! single-token steps), optionally after a context of `depth` tokens,
+//! repeated and reported as mean and standard deviation of tokens/s.
+//! Tokenisation and sampling are excluded (random token ids, device argmax).
+
+use crate::error::Result;
+use crate::models::llm::CausalLm;
+use crate::util::rng::Rng;
+use serde::Serialize;
+use std::time::Instant;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Test {
+    /// Prompt processing of n tokens.
+    Pp(usize),
+    /// Generation of n tokens.
+    Tg(usize),
+}
+
+impl Test {
+    pub fn name(&self, depth: usize) -> String {
+        let base = match self {
+            Test::Pp(n) => format!("pp{n}"),
+            Test::Tg(n) => format!("tg{n}"),
+        };
+        if depth > 0 {
+            format!("{base} @ d{depth}")
+        } else {
+            base
+        }
+    }
+
+    pub fn tokens(&self) -> usize {
+        match self {
+            Test::Pp(n) | Test::Tg(n) => *n,
+        }
+    }
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct Measurement {
+    pub test: String,
+    pub depth: usize,
+    /// tokens/s of each repetition.
+    pub samples: Vec<f64>,
+    pub mean: f64,
+    pub sd: f64,
+}
+
+pub fn mean_sd(xs: &[f64]) -> (f64, f64) {
+    let n = xs.len() as f64;
+    if xs.is_empty() {
+        return (0.0, 0.0);
+    }
+    let mean = xs.iter().sum::<f64>() / n;
+    let var = if xs.len() > 1 {
+        xs.iter().map(|x| (x - mean).powi(2)).sum::<f64>() / (n - 1.0)
+    } else {
+        0.0
+    };
+    (mean, var.sqrt())
+}
+
+/// Runs `test` `reps` times (after one unmeasured warm-up run) at `depth`.
+pub fn measure(
+    model: &mut dyn CausalLm,
+    test: Test,
+    depth: usize,
+    reps: usize,
+    seed: u64,
+) -> Result<Measurement> {
+    let vocab = model.config().vocab as u64;
+    let mut rng = Rng::new(seed);
+    let mut ids =
+        |n: usize| -> Vec<u32> { (0..n).map(|_| (rng.next_u64() % vocab) as u32).collect() };
+    let mut samples = Vec::with_capacity(reps);
+    for rep in 0..=reps {
+        model.reset();
+        if depth > 0 {
+            model.forward(&ids(depth), false)?;
+        }
+        let elapsed = match test {
+            Test::Pp(n) => {
+                let prompt = ids(n);
+                let t = Instant::now();
+                model.forward(&prompt, false)?;
+                t.elapsed()
+            }
+            Test::Tg(n) => {
+                let mut tok = ids(1)[0];
+                let t = Instant::now();
+                for _ in 0..n {
+                    tok = model.step_greedy(tok)?;
+                }
+                t.elapsed()
+            }
+        };
+        if rep > 0 {
+            samples.push(test.tokens() as f64 / elapsed.as_secs_f64().max(1e-12));
+        }
+    }
+    let (mean, sd) = mean_sd(&samples);
+    Ok(Measurement {
+        test: test.name(depth),
+        depth,
+        samples,
+        mean,
+        sd,
+    })
+}
+
+/// Measured host memory bandwidth (bytes read + written per second) of a
+/// large copy, the roofline's denominator for the CPU path.
+pub fn host_copy_bandwidth() -> f64 {
+    let n = 256 << 20;
+    let src = vec![1u8; n];
+    let mut dst = vec![0u8; n];
+    let mut best = f64::MAX;
+    for _ in 0..5 {
+        let t = Instant::now();
+        dst.copy_from_slice(&src);
+        best = best.min(t.elapsed().as_secs_f64());
+        std::hint::black_box(&dst);
+    }
+    2.0 * n as f64 / best
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn mean_and_sample_sd() {
+        let (m, s) = mean_sd(&[1.0, 2.0, 3.0, 4.0]);
+        assert_eq!(m, 2.5);
+        assert!((s - 1.290_994).abs() < 1e-6);
+        assert_eq!(mean_sd(&[5.0]), (5.0, 0.0));
+    }
+}
+
+/// Measured device memory bandwidth (bytes read + written per second) of
+/// large buffer-to-buffer copies, the roofline's denominator on the GPU.
+pub fn gpu_copy_bandwidth(gpu: &crate::gpu::Gpu) -> Result<f64> {
+    let size = (256u64 << 20).min(gpu.caps.max_buffer / 2) & !3;
+    let src = gpu.scratch("bandwidth-src", size)?;
+    let dst = gpu.scratch("bandwidth-dst", size)?;
+    let copies = 8;
+    let mut best = f64::MAX;
+    for _ in 0..4 {
+        let mut enc = gpu.device.create_command_encoder(&Default::default());
+        for _ in 0..copies {
+            enc.copy_buffer_to_buffer(&src, 0, &dst, 0, size);
+        }
+        let t = Instant::now();
+        gpu.submit_and_wait(enc)?;
+        best = best.min(t.elapsed().as_secs_f64());
+    }
+    Ok(2.0 * (size * copies) as f64 / best)
+}

@@ -1,0 +1,225 @@
+//! The generation loop: prefill the prompt, then decode token by token until
+//! an end-of-sequence token, a stop string, or the token budget.
+
+use super::sampling::Sampler;
+use crate::error::{Error, Result};
+use crate::models::llm::CausalLm;
+use crate::tokenizer::{TextStream, Tokenizer};
+use serde::Serialize;
+use std::time::Instant;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FinishReason {
+    /// The model produced an end-of-sequence token.
+    Eos,
+    /// A `--stop` string appeared.
+    Stop,
+    /// `max_tokens` were generated.
+    Length,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct Timings {
+    pub prompt_tokens: usize,
+    pub prefill_ms: f64,
+    pub prefill_tok_per_s: f64,
+    pub generated_tokens: usize,
+    pub decode_ms: f64,
+    pub decode_tok_per_s: f64,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct Generation {
+    pub prompt_ids: Vec<u32>,
+    pub generated_ids: Vec<u32>,
+    pub text: String,
+    pub finish_reason: FinishReason,
+    pub timings: Timings,
+}
+
+pub struct Request<'a> {
+    pub prompt_ids: Vec<u32>,
+    pub max_tokens: usize,
+    pub eos_ids: &'a [u32],
+    pub stop: &'a [String],
+}
+
+/// Holds back streamed text that could still turn into a stop string.
+struct StopFilter<'a> {
+    stop: &'a [String],
+    pending: String,
+}
+
+impl StopFilter<'_> {
+    /// Adds text; returns (text safe to emit, whether a stop string matched).
+    fn push(&mut self, piece: &str) -> (String, bool) {
+        self.pending.push_str(piece);
+        if let Some(at) = self
+            .stop
+            .iter()
+            .filter_map(|s| self.pending.find(s.as_str()))
+            .min()
+        {
+            let out = self.pending[..at].to_string();
+            self.pending.clear();
+            return (out, true);
+        }
+        // Keep the longest suffix that is a prefix of some stop string.
+        let mut keep = 0;
+        for s in self.stop {
+            for (i, _) in self.pending.char_indices() {
+                let tail = &self.pending[i..];
+                if s.starts_with(tail) {
+                    keep = keep.max(tail.len());
+                    break;
+                }
+            }
+        }
+        let cut = self.pending.len() - keep;
+        let out = self.pending[..cut].to_string();
+        self.pending.drain(..cut);
+        (out, false)
+    }
+
+    fn finish(&mut self) -> String {
+        std::mem::take(&mut self.pending)
+    }
+}
+
+/// Runs one generation. `on_text` receives the text as it is produced
+/// (nothing when there is no tokenizer); its error aborts the run.
+pub fn generate(
+    model: &mut dyn CausalLm,
+    tokenizer: Option<&Tokenizer>,
+    sampler: &mut Sampler,
+    req: &Request,
+    mut on_text: impl FnMut(&str) -> std::io::Result<()>,
+) -> Result<Generation> {
+    if req.prompt_ids.is_empty() {
+        return Err(Error::invalid("the prompt is empty"));
+    }
+    let context = model.config().context;
+    let needed = model.position() + req.prompt_ids.len() + req.max_tokens;
+    if needed > context {
+        return Err(Error::invalid(format!(
+            "prompt ({} tokens) plus --max-tokens ({}) exceeds the model's context of {context} tokens",
+            req.prompt_ids.len(),
+            req.max_tokens
+        )));
+    }
+    let io_err = |e: std::io::Error| Error::Io {
+        path: "<stdout>".into(),
+        source: e,
+    };
+    let mut stream = tokenizer.map(TextStream::new);
+    let mut filter = StopFilter {
+        stop: req.stop,
+        pending: String::new(),
+    };
+    let mut text = String::new();
+    let mut history = req.prompt_ids.clone();
+    let mut generated = Vec::new();
+
+    let t0 = Instant::now();
+    let logits = model.forward(&req.prompt_ids, false)?;
+    let mut next = sampler.sample(&logits, &history);
+    let prefill = t0.elapsed();
+
+    let t1 = Instant::now();
+    let mut decode_steps = 0usize;
+    let mut finish = FinishReason::Length;
+    while generated.len() < req.max_tokens {
+        if req.eos_ids.contains(&next) {
+            finish = FinishReason::Eos;
+            break;
+        }
+        generated.push(next);
+        history.push(next);
+        if let Some(s) = stream.as_mut() {
+            if let Some(piece) = s.push(next)? {
+                let (out, stopped) = filter.push(&piece);
+                text.push_str(&out);
+                on_text(&out).map_err(io_err)?;
+                if stopped {
+                    finish = FinishReason::Stop;
+                    break;
+                }
+            }
+        }
+        if generated.len() == req.max_tokens {
+            break;
+        }
+        decode_steps += 1;
+        next = if sampler.is_greedy() {
+            model.step_greedy(next)?
+        } else {
+            let logits = model.forward(&[next], false)?;
+            sampler.sample(&logits, &history)
+        };
+    }
+    if finish != FinishReason::Stop {
+        if let Some(s) = stream.as_mut() {
+            if let Some(piece) = s.finish()? {
+                let (out, stopped) = filter.push(&piece);
+                text.push_str(&out);
+                on_text(&out).map_err(io_err)?;
+                if stopped {
+                    finish = FinishReason::Stop;
+                }
+            }
+        }
+        if finish != FinishReason::Stop {
+            let rest = filter.finish();
+            text.push_str(&rest);
+            on_text(&rest).map_err(io_err)?;
+        }
+    }
+    let decode = t1.elapsed();
+    let rate = |n: usize, d: std::time::Duration| {
+        if d.as_secs_f64() > 0.0 {
+            n as f64 / d.as_secs_f64()
+        } else {
+            0.0
+        }
+    };
+    Ok(Generation {
+        timings: Timings {
+            prompt_tokens: req.prompt_ids.len(),
+            prefill_ms: prefill.as_secs_f64() * 1e3,
+            prefill_tok_per_s: rate(req.prompt_ids.len(), prefill),
+            generated_tokens: generated.len(),
+            decode_ms: decode.as_secs_f64() * 1e3,
+            // Forward passes after the prefill, each of which yields a token.
+            decode_tok_per_s: rate(decode_steps, decode),
+        },
+        prompt_ids: req.prompt_ids.clone(),
+        generated_ids: generated,
+        text,
+        finish_reason: finish,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::StopFilter;
+
+    #[test]
+    fn stop_filter_holds_back_partial_matches() {
+        let stop = vec!["</end>".to_string()];
+        let mut f = StopFilter {
+            stop: &stop,
+            pending: String::new(),
+        };
+        assert_eq!(f.push("hello <"), ("hello ".to_string(), false));
+        assert_eq!(f.push("/en"), (String::new(), false));
+        assert_eq!(f.push("d> tail"), (String::new(), true));
+        let mut f = StopFilter {
+            stop: &stop,
+            pending: String::new(),
+        };
+        assert_eq!(f.push("a </x"), ("a </x".to_string(), false));
+        assert_eq!(f.push("<"), (String::new(), false));
+        assert_eq!(f.finish(), "<");
+    }
+}

@@ -1,0 +1,405 @@
+//! One tensor type over every weight format, and the linear products over it.
+//!
+//! A [`Tensor`] is a name, an element type, a shape and its bytes. The shape
+//! is outermost-first (PyTorch order): a linear weight is `[out, in]` and each
+//! of its rows is one contiguous run of blocks. GGUF stores ggml's `ne`
+//! (innermost first), which the reader reverses into this order. The bytes
+//! are either a range of a memory-mapped file or owned; cloning shares them.
+//!
+//! [`matvec`] and [`matmul`] compute `y = W x` for any weight type. Each
+//! output is the dot product of the dequantised weight row with the input,
+//! summed in f32: [`matmul`] dequantises tiles of rows and uses `cpu::dot`
+//! (for F32 weights it equals `cpu::matmul` bit for bit), [`matvec`] uses the
+//! fast kernels of `quant::fast`, which differ from the reference
+//! `quant::dot_row` only in the order of the f32 operations (F32 weights
+//! still go through `cpu::dot`, bit for bit).
+
+use crate::error::{Error, Result};
+use crate::quant::{self, GgmlType};
+use memmap2::Mmap;
+use rayon::prelude::*;
+use std::sync::Arc;
+
+#[derive(Clone)]
+pub struct Tensor {
+    pub name: String,
+    pub dtype: GgmlType,
+    /// Outermost first; the last dimension is the row length.
+    pub shape: Vec<usize>,
+    storage: Storage,
+}
+
+#[derive(Clone)]
+enum Storage {
+    Mapped {
+        map: Arc<Mmap>,
+        offset: usize,
+        len: usize,
+    },
+    Owned(Arc<Vec<u8>>),
+}
+
+impl std::fmt::Debug for Tensor {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Tensor")
+            .field("name", &self.name)
+            .field("dtype", &self.dtype)
+            .field("shape", &self.shape)
+            .field("bytes", &self.bytes().len())
+            .field("mapped", &matches!(self.storage, Storage::Mapped { .. }))
+            .finish()
+    }
+}
+
+/// The byte size of a tensor of `dtype` and `shape`, or why there is none.
+/// Refuses shapes whose dimensions, ignoring zeros, multiply past `usize`
+/// (so every row count and row size of an accepted tensor is computable).
+pub fn tensor_bytes(dtype: GgmlType, shape: &[usize]) -> std::result::Result<usize, String> {
+    shape
+        .iter()
+        .try_fold(dtype.block_bytes(), |acc, &d| acc.checked_mul(d.max(1)))
+        .ok_or_else(|| format!("shape {shape:?} overflows"))?;
+    let row_len = shape.last().copied().unwrap_or(1);
+    let row_bytes = dtype.row_bytes(row_len).ok_or_else(|| {
+        format!(
+            "row length {row_len} is not a multiple of the {dtype} block size {}",
+            dtype.block_size()
+        )
+    })?;
+    let rows: usize = shape[..shape.len().saturating_sub(1)].iter().product();
+    Ok(rows * row_bytes)
+}
+
+impl Tensor {
+    /// A tensor over `len` bytes at `offset` of a mapped file. The caller (a
+    /// format reader) has checked the range and the size.
+    pub(crate) fn mapped(
+        name: String,
+        dtype: GgmlType,
+        shape: Vec<usize>,
+        map: Arc<Mmap>,
+        offset: usize,
+        len: usize,
+    ) -> Tensor {
+        debug_assert!(offset + len <= map.len(), "{name}: range past the mapping");
+        debug_assert_eq!(tensor_bytes(dtype, &shape), Ok(len), "{name}: size");
+        Tensor {
+            name,
+            dtype,
+            shape,
+            storage: Storage::Mapped { map, offset, len },
+        }
+    }
+
+    /// A tensor over owned bytes, checked against the type and shape.
+    pub fn from_bytes(
+        name: impl Into<String>,
+        dtype: GgmlType,
+        shape: Vec<usize>,
+        bytes: Vec<u8>,
+    ) -> Result<Tensor> {
+        let name = name.into();
+        let want = tensor_bytes(dtype, &shape)
+            .map_err(|e| Error::invalid(format!("tensor '{name}': {e}")))?;
+        if bytes.len() != want {
+            return Err(Error::invalid(format!(
+                "tensor '{name}': {dtype} {shape:?} needs {want} bytes, got {}",
+                bytes.len()
+            )));
+        }
+        Ok(Tensor {
+            name,
+            dtype,
+            shape,
+            storage: Storage::Owned(Arc::new(bytes)),
+        })
+    }
+
+    /// An F32 tensor owning `data` (`data.len()` must be the shape's product).
+    pub fn from_f32(name: impl Into<String>, shape: Vec<usize>, data: Vec<f32>) -> Tensor {
+        let name = name.into();
+        assert_eq!(
+            shape.iter().product::<usize>(),
+            data.len(),
+            "Tensor::from_f32 '{name}': shape {shape:?} does not hold {} values",
+            data.len()
+        );
+        let bytes = bytemuck::cast_slice::<f32, u8>(&data).to_vec();
+        Tensor {
+            name,
+            dtype: GgmlType::F32,
+            shape,
+            storage: Storage::Owned(Arc::new(bytes)),
+        }
+    }
+
+    /// Quantises f32 `data` of `shape` row by row into `dtype` (as ggml's
+    /// reference quantisers do). Fails when the row length is not a multiple
+    /// of the block size.
+    pub fn quantize_f32(
+        name: impl Into<String>,
+        shape: Vec<usize>,
+        data: &[f32],
+        dtype: GgmlType,
+    ) -> Result<Tensor> {
+        let name = name.into();
+        let numel: usize = shape.iter().product();
+        assert_eq!(
+            numel,
+            data.len(),
+            "Tensor::quantize_f32 '{name}': shape {shape:?} does not hold {} values",
+            data.len()
+        );
+        let size = tensor_bytes(dtype, &shape).map_err(|e| {
+            Error::invalid(format!("tensor '{name}': cannot store as {dtype}: {e}"))
+        })?;
+        let row_len = shape.last().copied().unwrap_or(1);
+        let mut bytes = vec![0u8; size];
+        if numel > 0 {
+            let row_bytes = size / (numel / row_len);
+            bytes
+                .par_chunks_mut(row_bytes)
+                .zip(data.par_chunks(row_len))
+                .for_each(|(dst, src)| quant::quantize_row(dtype, src, dst));
+        }
+        Ok(Tensor {
+            name,
+            dtype,
+            shape,
+            storage: Storage::Owned(Arc::new(bytes)),
+        })
+    }
+
+    /// This tensor converted to `dtype` (dequantised to f32, then quantised),
+    /// keeping the name and shape. Converting to the same type shares the bytes.
+    pub fn to_dtype(&self, dtype: GgmlType) -> Result<Tensor> {
+        if dtype == self.dtype {
+            return Ok(self.clone());
+        }
+        Tensor::quantize_f32(self.name.clone(), self.shape.clone(), &self.to_f32(), dtype)
+    }
+
+    pub fn bytes(&self) -> &[u8] {
+        match &self.storage {
+            Storage::Mapped { map, offset, len } => &map[*offset..*offset + *len],
+            Storage::Owned(v) => v,
+        }
+    }
+
+    pub fn numel(&self) -> usize {
+        self.shape.iter().product()
+    }
+
+    /// Product of all dimensions but the last.
+    pub fn rows(&self) -> usize {
+        self.shape[..self.shape.len().saturating_sub(1)]
+            .iter()
+            .product()
+    }
+
+    /// The last dimension (1 for a scalar).
+    pub fn row_len(&self) -> usize {
+        self.shape.last().copied().unwrap_or(1)
+    }
+
+    /// Bytes per row.
+    pub fn row_bytes(&self) -> usize {
+        self.dtype
+            .row_bytes(self.row_len())
+            .expect("tensor rows are whole blocks (checked at construction)")
+    }
+
+    /// The bytes of row `r`.
+    pub fn row(&self, r: usize) -> &[u8] {
+        assert!(
+            r < self.rows(),
+            "tensor '{}': row {r} of {}",
+            self.name,
+            self.rows()
+        );
+        let rb = self.row_bytes();
+        &self.bytes()[r * rb..(r + 1) * rb]
+    }
+
+    /// Dequantises row `r` into `out` (`row_len()` values), e.g. one
+    /// embedding from a quantised token table.
+    pub fn row_to_f32(&self, r: usize, out: &mut [f32]) {
+        quant::dequantize_row(self.dtype, self.row(r), out);
+    }
+
+    /// All elements as f32.
+    pub fn to_f32(&self) -> Vec<f32> {
+        let mut out = vec![0.0f32; self.numel()];
+        let n = self.row_len();
+        if n == 0 || out.is_empty() {
+            return out;
+        }
+        let rb = self.row_bytes();
+        out.par_chunks_mut(n)
+            .zip(self.bytes().par_chunks(rb))
+            .for_each(|(dst, src)| quant::dequantize_row(self.dtype, src, dst));
+        out
+    }
+}
+
+/// w: [n, k] (any type), x: [k] -> y: [n]; y = W x. Rows in parallel.
+pub fn matvec(w: &Tensor, x: &[f32], y: &mut [f32]) {
+    let (n, k) = (w.rows(), w.row_len());
+    assert_eq!(x.len(), k, "matvec '{}': x is not [{k}]", w.name);
+    assert_eq!(y.len(), n, "matvec '{}': y is not [{n}]", w.name);
+    let rb = w.row_bytes();
+    let bytes = w.bytes();
+    let dot = quant::fast::RowDot::new(w.dtype, x);
+    y.par_iter_mut()
+        .enumerate()
+        .with_min_len(16)
+        .for_each(|(r, out)| *out = dot.dot(&bytes[r * rb..(r + 1) * rb]));
+}
+
+/// Weight rows dequantised together in [`matmul`], so each input row is read
+/// once per tile rather than once per weight row.
+const MATMUL_TILE: usize = 16;
+
+/// w: [n, k] (any type), x: [m, k] -> y: [m, n]; y = x W^T. Each weight row
+/// is dequantised once and dotted with every input row.
+pub fn matmul(w: &Tensor, x: &[f32], m: usize, y: &mut [f32]) {
+    let (n, k) = (w.rows(), w.row_len());
+    assert_eq!(x.len(), m * k, "matmul '{}': x is not [{m}, {k}]", w.name);
+    assert_eq!(y.len(), m * n, "matmul '{}': y is not [{m}, {n}]", w.name);
+    if m == 1 {
+        return matvec(w, x, y);
+    }
+    if m == 0 || n == 0 {
+        return;
+    }
+    let rb = w.row_bytes();
+    let bytes = w.bytes();
+    // Computed transposed ([n, m], one tile of weight rows per task), then
+    // transposed into y.
+    let mut yt = vec![0.0f32; n * m];
+    yt.par_chunks_mut(MATMUL_TILE * m)
+        .enumerate()
+        .for_each_init(
+            || vec![0.0f32; MATMUL_TILE * k],
+            |wbuf, (tile, out)| {
+                let r0 = tile * MATMUL_TILE;
+                let nr = out.len() / m;
+                for t in 0..nr {
+                    let r = r0 + t;
+                    let dst = &mut wbuf[t * k..(t + 1) * k];
+                    quant::dequantize_row(w.dtype, &bytes[r * rb..(r + 1) * rb], dst);
+                }
+                for (i, xr) in x.chunks_exact(k.max(1)).enumerate() {
+                    for t in 0..nr {
+                        out[t * m + i] = crate::cpu::dot(xr, &wbuf[t * k..(t + 1) * k]);
+                    }
+                }
+            },
+        );
+    for (j, col) in yt.chunks_exact(m).enumerate() {
+        for (i, &v) in col.iter().enumerate() {
+            y[i * n + j] = v;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::util::rng::Rng;
+
+    fn weights(dtype: GgmlType, n: usize, k: usize, seed: u64) -> Tensor {
+        let data = Rng::new(seed).vec(n * k, -1.0, 1.0);
+        Tensor::quantize_f32("w", vec![n, k], &data, dtype).unwrap()
+    }
+
+    #[test]
+    fn shape_accessors() {
+        let t = Tensor::from_f32("t", vec![2, 3, 4], (0..24).map(|i| i as f32).collect());
+        assert_eq!(
+            (t.numel(), t.rows(), t.row_len(), t.row_bytes()),
+            (24, 6, 4, 16)
+        );
+        assert_eq!(
+            t.row(5),
+            bytemuck::cast_slice::<f32, u8>(&[20.0, 21.0, 22.0, 23.0])
+        );
+        let mut r = [0.0; 4];
+        t.row_to_f32(1, &mut r);
+        assert_eq!(r, [4.0, 5.0, 6.0, 7.0]);
+        assert_eq!(t.to_f32(), (0..24).map(|i| i as f32).collect::<Vec<_>>());
+        let s = Tensor::from_f32("s", vec![], vec![2.5]);
+        assert_eq!((s.numel(), s.rows(), s.row_len()), (1, 1, 1));
+    }
+
+    #[test]
+    fn from_bytes_checks_the_size() {
+        let e = Tensor::from_bytes("w", GgmlType::Q4_0, vec![2, 32], vec![0; 35]).unwrap_err();
+        assert!(e.to_string().contains("needs 36 bytes, got 35"), "{e}");
+        let e = Tensor::from_bytes("w", GgmlType::Q4_0, vec![2, 31], vec![0; 36]).unwrap_err();
+        assert!(e.to_string().contains("not a multiple"), "{e}");
+        assert!(Tensor::from_bytes("w", GgmlType::Q4_0, vec![2, 32], vec![0; 36]).is_ok());
+    }
+
+    #[test]
+    fn matvec_and_matmul_match_dequantised_cpu_matmul() {
+        let (n, k, m) = (37, 256, 5);
+        let x = Rng::new(9).vec(m * k, -1.0, 1.0);
+        for dtype in GgmlType::ALL {
+            let w = weights(dtype, n, k, 3);
+            let wf = w.to_f32();
+            let mut want = vec![0.0; m * n];
+            crate::cpu::matmul(&x, &wf, None, m, k, n, &mut want);
+            let mut got = vec![f32::NAN; m * n];
+            matmul(&w, &x, m, &mut got);
+            let mut got1 = vec![f32::NAN; n];
+            matvec(&w, &x[..k], &mut got1);
+            for j in 0..n {
+                // Only the summation order differs: a few ulps of the sum of |w x|.
+                let bound = 1e-5 * (k as f32);
+                assert!((got1[j] - want[j]).abs() <= bound, "{dtype} matvec row {j}");
+                for i in 0..m {
+                    let (g, e) = (got[i * n + j], want[i * n + j]);
+                    assert!(
+                        (g - e).abs() <= bound,
+                        "{dtype} matmul [{i},{j}]: {g} vs {e}"
+                    );
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn f32_weights_equal_cpu_matmul_bit_for_bit() {
+        let (n, k, m) = (33, 132, 3);
+        let wf = Rng::new(1).vec(n * k, -1.0, 1.0);
+        let x = Rng::new(2).vec(m * k, -1.0, 1.0);
+        let w = Tensor::from_f32("w", vec![n, k], wf.clone());
+        let mut want = vec![0.0; m * n];
+        crate::cpu::matmul(&x, &wf, None, m, k, n, &mut want);
+        let mut got = vec![0.0; m * n];
+        matmul(&w, &x, m, &mut got);
+        assert_eq!(got, want);
+        let mut got1 = vec![0.0; n];
+        matvec(&w, &x[..k], &mut got1);
+        assert_eq!(got1[..], want[..n]);
+    }
+
+    #[test]
+    fn to_dtype_requantises() {
+        let w = weights(GgmlType::F32, 4, 64, 5);
+        let q = w.to_dtype(GgmlType::Q8_0).unwrap();
+        assert_eq!(
+            (q.dtype, q.shape.clone(), q.bytes().len()),
+            (GgmlType::Q8_0, vec![4, 64], 4 * 68)
+        );
+        let back = q.to_f32();
+        for (a, b) in back.iter().zip(w.to_f32()) {
+            assert!((a - b).abs() < 1.0 / 127.0, "{a} vs {b}");
+        }
+        assert!(
+            w.to_dtype(GgmlType::Q4_K).is_err(),
+            "64 is not a multiple of 256"
+        );
+    }
+}

@@ -1,0 +1,79 @@
+//! `scoreboard` on a tiny model: the report's shape, and bad arguments.
+
+mod common;
+use common::*;
+
+const BIN: &str = env!("CARGO_BIN_EXE_scoreboard");
+
+fn tiny() -> String {
+    repo()
+        .join("samples/fixtures/llm/tiny-lfm2.f32.gguf")
+        .display()
+        .to_string()
+}
+
+#[test]
+fn json_report_has_one_row_per_arm_and_test() {
+    let dir = scratch("scoreboard");
+    let plot = dir.join("plot.svg");
+    let append = dir.join("BENCH.md");
+    let o = run(
+        BIN,
+        &[
+            &tiny(),
+            "-b",
+            "cpu",
+            "-t",
+            "f32,q8_0",
+            "-p",
+            "8",
+            "-n",
+            "4",
+            "-d",
+            "0,3",
+            "-r",
+            "2",
+            "-o",
+            "json",
+            "--plot",
+            plot.to_str().unwrap(),
+            "--append",
+            append.to_str().unwrap(),
+        ],
+    );
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
+    let rows = v["rows"].as_array().unwrap();
+    // 2 formats x 2 depths x (pp8, tg4)
+    assert_eq!(rows.len(), 8);
+    for r in rows {
+        assert_eq!(r["samples"].as_array().unwrap().len(), 2);
+        assert!(r["tok_per_s"].as_f64().unwrap() > 0.0);
+        let roof = r["roofline"].as_f64().unwrap();
+        assert!(roof > 0.0 && roof.is_finite());
+    }
+    assert!(rows
+        .iter()
+        .any(|r| r["test"] == "tg4 @ d3" && r["format"] == "q8_0"));
+    assert!(v["host_copy_bandwidth_gb_s"].as_f64().unwrap() > 0.0);
+    assert!(std::fs::read_to_string(&plot).unwrap().starts_with("<svg"));
+    let md = std::fs::read_to_string(&append).unwrap();
+    assert!(md.contains("| lfm | tiny-lfm2.f32.gguf | q8_0 |"), "{md}");
+}
+
+#[test]
+fn bad_arguments() {
+    assert_clean_failure(&run(BIN, &[&tiny(), "-b", "cpu", "-t", "q9_9"]), &["q9_9"]);
+    assert_clean_failure(
+        &run(BIN, &[&tiny(), "-b", "cpu", "-r", "0"]),
+        &["repetitions"],
+    );
+    assert_clean_failure(
+        &run(BIN, &[&tiny(), "-b", "cpu", "-p", "0", "-n", "0"]),
+        &["nothing to measure"],
+    );
+    assert_clean_failure(
+        &run(BIN, &["/no/such.gguf", "-b", "cpu"]),
+        &["/no/such.gguf"],
+    );
+}
