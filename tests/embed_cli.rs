@@ -524,21 +524,3 @@ fn bad_models_are_clear_errors() {
     );
     std::fs::remove_dir_all(&dir).unwrap();
 }
-
-/// man/embed.1 is generated from the clap definition; `LFM_BLESS=1`
-/// rewrites it after a change.
-#[test]
-fn man_page_is_current() {
-    use clap::CommandFactory;
-    let page = lfm::cli::man_page(lfm::cli::embed::Args::command());
-    let path = root().join("man/embed.1");
-    if std::env::var_os("LFM_BLESS").is_some() {
-        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
-        std::fs::write(&path, &page).unwrap();
-    }
-    let on_disk = std::fs::read_to_string(&path).unwrap_or_default();
-    assert!(
-        on_disk == page,
-        "man/embed.1 is out of date: run LFM_BLESS=1 cargo test --test embed_cli man_page"
-    );
-}

@@ -3,8 +3,8 @@
 //! reference; or, with `--query` and `--docs`, the lines of a file ranked by
 //! cosine similarity to a query.
 
+use super::Device;
 use crate::error::Error;
-use crate::gpu::{Backend, Gpu, GpuOptions};
 use crate::run::embed::{cosine, EmbedOptions, EmbedStats, Embedder, Pooling};
 use crate::util::atomic_write::AtomicFile;
 use anyhow::{bail, Context};
@@ -57,7 +57,7 @@ pub struct Args {
 
     /// sentence-transformers model directory (config.json, model.safetensors,
     /// tokenizer.json, modules.json, ...) [default: samples/models/all-minilm-l6-v2,
-    /// in the working directory or the source tree embed was built from].
+    /// in the working directory or the repository holding the embed binary].
     #[arg(short, long, value_name = "DIR")]
     pub model: Option<PathBuf>,
 
@@ -98,17 +98,8 @@ pub struct Args {
     #[arg(short = 'k', long, value_name = "N", default_value_t = 5, value_parser = clap::value_parser!(u32).range(1..))]
     pub top_k: u32,
 
-    /// Run on the CPU reference instead of the GPU.
-    #[arg(long)]
-    pub cpu: bool,
-
-    /// Graphics API for the GPU (default: the best available).
-    #[arg(long, value_enum, conflicts_with = "cpu")]
-    pub backend: Option<Backend>,
-
-    /// Use the GPU adapter whose name contains NAME.
-    #[arg(long, value_name = "NAME", conflicts_with = "cpu")]
-    pub adapter: Option<String>,
+    #[command(flatten)]
+    pub device: super::DeviceArgs,
 }
 
 /// A bad combination of arguments: clap's usage error, exit status 2.
@@ -252,42 +243,29 @@ pub fn run(args: Args) -> anyhow::Result<()> {
 fn load(args: &Args) -> anyhow::Result<Embedder> {
     let dir = match &args.model {
         Some(d) => d.clone(),
-        None => default_model_dir(),
+        None => default_model_dir()?,
     };
-    let gpu = if args.cpu {
-        None
-    } else {
-        let opts = GpuOptions {
-            backend: args.backend,
-            adapter: args.adapter.clone(),
-            portable: false,
-        };
-        match Gpu::new(&opts) {
-            Ok(g) => Some(g),
-            Err(e) if args.backend.is_none() && args.adapter.is_none() => {
-                eprintln!("embed: {e}; running on the CPU");
-                None
-            }
-            Err(e) => return Err(e.into()),
-        }
+    let gpu = match args.device.choice().open()? {
+        Device::Cpu => None,
+        Device::Gpu(gpu) => Some(gpu),
     };
     Embedder::load(&dir, gpu).with_context(|| format!("loading the model in {}", dir.display()))
 }
 
-/// [`DEFAULT_MODEL`] in the working directory, else in the source tree this
-/// binary was built from (so `target/release/embed` works from anywhere in a
-/// checkout that ran `scripts/setup`).
-fn default_model_dir() -> PathBuf {
-    let here = PathBuf::from(DEFAULT_MODEL);
-    if here.is_dir() {
-        return here;
+/// [`DEFAULT_MODEL`] in the working directory, else in the repository that
+/// holds the running executable (`target/<profile>/embed`).
+fn default_model_dir() -> crate::Result<PathBuf> {
+    let mut candidates = vec![PathBuf::from(DEFAULT_MODEL)];
+    if let Ok(exe) = std::env::current_exe() {
+        for dir in exe.ancestors().skip(1).take(4) {
+            candidates.push(dir.join(DEFAULT_MODEL));
+        }
     }
-    let built = Path::new(env!("CARGO_MANIFEST_DIR")).join(DEFAULT_MODEL);
-    if built.is_dir() {
-        built
-    } else {
-        here
-    }
+    candidates.into_iter().find(|p| p.is_dir()).ok_or_else(|| {
+        Error::invalid(format!(
+            "default model {DEFAULT_MODEL} not found: run scripts/setup, or pass --model"
+        ))
+    })
 }
 
 fn report(stats: &EmbedStats, seconds: f64, embedder: &Embedder) {

@@ -5,8 +5,6 @@
 //! on stderr, `--json` (or `--format`) for machines, and exit codes
 //! 0 success, 1 error (bad input file, failed run), 2 bad command line.
 
-pub mod embed;
-
 use std::io::Write;
 use std::process::ExitCode;
 
@@ -61,6 +59,7 @@ pub fn man_page(cmd: clap::Command) -> String {
     String::from_utf8(out).expect("clap_mangen writes UTF-8")
 }
 
+pub mod embed;
 pub mod generate;
 pub mod scoreboard;
 
@@ -136,6 +135,7 @@ impl DeviceChoice {
 pub fn tools() -> Vec<(&'static str, clap::Command)> {
     use clap::CommandFactory;
     vec![
+        ("embed", embed::Args::command()),
         ("generate", generate::Args::command()),
         ("scoreboard", scoreboard::Args::command()),
     ]
@@ -155,6 +155,8 @@ pub struct Lfm {
 
 #[derive(clap::Subcommand, Debug)]
 pub enum Tool {
+    /// Embed sentences with a sentence-transformers model, or search lines by meaning.
+    Embed(embed::Args),
     /// Generate text with a language model.
     Generate(generate::Args),
     /// Benchmark language models across formats, backends and depths.
@@ -164,6 +166,7 @@ pub enum Tool {
 impl Lfm {
     pub fn run(self) -> anyhow::Result<()> {
         match self.tool {
+            Tool::Embed(a) => embed::run(a),
             Tool::Generate(a) => generate::run(a),
             Tool::Scoreboard(a) => scoreboard::run(a),
         }
