@@ -156,6 +156,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         (texts, Vec::new())
     };
 
+    // Before the model loads, so that an existing output is refused at once.
+    let mut out = Output::open(args.output.as_deref(), args.force)?;
     let started = Instant::now();
     let embedder = load(&args)?;
     eprintln!(
@@ -170,7 +172,6 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         no_normalize: args.no_normalize,
     };
 
-    let mut out = Output::open(args.output.as_deref(), args.force)?;
     let started = Instant::now();
     let stats = if let Some(query) = &args.query {
         let q = embedder.embed(&[query.as_str()], &opts)?;
