@@ -59,6 +59,7 @@ pub fn man_page(cmd: clap::Command) -> String {
     String::from_utf8(out).expect("clap_mangen writes UTF-8")
 }
 
+pub mod embed;
 pub mod generate;
 pub mod ocr_layout;
 pub mod scoreboard;
@@ -143,6 +144,7 @@ impl DeviceChoice {
 pub fn tools() -> Vec<(&'static str, clap::Command)> {
     use clap::CommandFactory;
     vec![
+        ("embed", embed::Args::command()),
         ("generate", generate::Args::command()),
         ("ocr-layout", ocr_layout::Args::command()),
         ("scoreboard", scoreboard::Args::command()),
@@ -165,6 +167,8 @@ pub struct Lfm {
 
 #[derive(clap::Subcommand, Debug)]
 pub enum Tool {
+    /// Embed sentences with a sentence-transformers model, or search lines by meaning.
+    Embed(embed::Args),
     /// Generate text with a language model.
     Generate(generate::Args),
     /// Find the layout regions of document page images.
@@ -180,6 +184,7 @@ pub enum Tool {
 impl Lfm {
     pub fn run(self) -> anyhow::Result<()> {
         match self.tool {
+            Tool::Embed(a) => embed::run(a),
             Tool::Generate(a) => generate::run(a),
             Tool::OcrLayout(a) => ocr_layout::run(a),
             Tool::Scoreboard(a) => scoreboard::run(a),
