@@ -315,7 +315,8 @@ fn gpu_agrees_with_cpu() {
         "A man is eating food.",
         "Größenwahn in München — 東京タワー!",
     ];
-    let gpu = embed(&texts, b"");
+    // --gpu: use the adapter even when it is a software one (lavapipe in CI).
+    let gpu = embed(&[&["--gpu"][..], &texts].concat(), b"");
     if !gpu.status.success() && std::env::var_os("LFM_SKIP_GPU_TESTS").is_some() {
         eprintln!("SKIPPING the GPU CLI run (LFM_SKIP_GPU_TESTS set)");
         return;

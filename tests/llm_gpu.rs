@@ -523,7 +523,10 @@ fn check_fixture(name: &str, model: &str) {
         .unwrap()
     };
     let mut cpu_l = load(DeviceChoice::Cpu);
-    let mut gpu_l = load(DeviceChoice::Gpu(GpuOptions::default()));
+    let mut gpu_l = load(DeviceChoice::Gpu(GpuOptions {
+        required: true,
+        ..Default::default()
+    }));
     assert_eq!(gpu_l.backend_name(), "gpu", "{model}: fell back to the CPU");
     let (c, m) = (cpu_l.model.as_mut(), gpu_l.model.as_mut());
     let v = m.config().vocab;
@@ -574,13 +577,14 @@ fn tiny_llama_fixture_hf_and_gguf_match_cpu_and_transformers() {
     check_fixture("tiny-llama", "tiny-llama.f32.gguf");
 }
 
-/// `generate` runs on the GPU by default, names the adapter on stderr, and
-/// gives the CPU's greedy tokens.
+/// `generate --gpu` runs on the GPU, names the adapter on stderr, and gives
+/// the CPU's greedy tokens. Without flags it runs on a hardware GPU, and
+/// skips a software one (lavapipe) with a notice, since the CPU path is faster.
 #[test]
-fn generate_defaults_to_the_gpu() {
-    if gpu().is_none() {
+fn generate_runs_on_the_gpu() {
+    let Some(g) = gpu() else {
         return;
-    }
+    };
     let model = fixture("tiny-llama");
     let run = |extra: &[&str]| {
         let out = std::process::Command::new(env!("CARGO_BIN_EXE_generate"))
@@ -594,11 +598,29 @@ fn generate_defaults_to_the_gpu() {
         let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
         (json, stderr)
     };
-    let (gpu_run, stderr) = run(&[]);
+    // --gpu: use the adapter even when it is a software one (lavapipe in CI).
+    let (gpu_run, stderr) = run(&["--gpu"]);
     assert!(stderr.contains("gpu: "), "no adapter line: {stderr}");
     assert!(stderr.contains("on gpu"), "not on the GPU: {stderr}");
     let (cpu_run, _) = run(&["--cpu"]);
     assert_eq!(gpu_run["generated_ids"], cpu_run["generated_ids"]);
+    let (default_run, stderr) = run(&[]);
+    if g.info.device_type == wgpu::DeviceType::Cpu {
+        assert!(
+            stderr.contains("only a software GPU"),
+            "no notice: {stderr}"
+        );
+        assert!(
+            stderr.contains("on cpu"),
+            "software GPU used by default: {stderr}"
+        );
+    } else {
+        assert!(
+            stderr.contains("on gpu"),
+            "hardware GPU not used by default: {stderr}"
+        );
+    }
+    assert_eq!(default_run["generated_ids"], cpu_run["generated_ids"]);
 }
 
 /// An adapter the user names that does not exist is an error (exit 1, one

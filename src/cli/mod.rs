@@ -83,6 +83,11 @@ pub struct DeviceArgs {
     /// Use the GPU adapter whose name contains this text.
     #[arg(long, help_heading = "Device", conflicts_with = "cpu")]
     pub adapter: Option<String>,
+
+    /// Insist on a GPU: use a software one (lavapipe) if it is the only
+    /// adapter, and fail instead of falling back to the CPU.
+    #[arg(long, help_heading = "Device", conflicts_with = "cpu")]
+    pub gpu: bool,
 }
 
 /// The device a tool asked for.
@@ -107,6 +112,7 @@ impl DeviceArgs {
                 backend: self.backend,
                 adapter: self.adapter.clone(),
                 portable: false,
+                required: self.gpu,
             })
         }
     }
@@ -116,21 +122,29 @@ impl DeviceChoice {
     /// True when the user named a backend or an adapter: a GPU that cannot
     /// serve the request is then an error rather than a fallback to the CPU.
     pub fn is_explicit_gpu(&self) -> bool {
-        matches!(self, DeviceChoice::Gpu(o) if o.backend.is_some() || o.adapter.is_some())
+        matches!(self, DeviceChoice::Gpu(o) if o.is_explicit())
     }
 
-    /// Opens the device. With no explicit backend or adapter, a machine
-    /// without a usable GPU falls back to the CPU with a one-line notice; an
-    /// explicit request that cannot be met is an error.
+    /// Opens the device. Without `--gpu`, `--backend` or `--adapter`, a
+    /// machine without a hardware GPU falls back to the CPU with a one-line
+    /// notice (a software rasteriser such as lavapipe is slower than the CPU
+    /// path); an explicit request that cannot be met is an error.
     pub fn open(&self) -> crate::Result<Device> {
         match self {
             DeviceChoice::Cpu => Ok(Device::Cpu),
             DeviceChoice::Gpu(opts) => match Gpu::new(opts) {
+                Ok(gpu) if !opts.is_explicit() && gpu.info.device_type == wgpu::DeviceType::Cpu => {
+                    eprintln!(
+                        "only a software GPU ({}) found; running on the CPU (--gpu uses it anyway)",
+                        gpu.info.name
+                    );
+                    Ok(Device::Cpu)
+                }
                 Ok(gpu) => {
                     eprintln!("{}", gpu.describe());
                     Ok(Device::Gpu(Arc::new(gpu)))
                 }
-                Err(e) if opts.backend.is_none() && opts.adapter.is_none() => {
+                Err(e) if !opts.is_explicit() => {
                     eprintln!("{e}; running on the CPU");
                     Ok(Device::Cpu)
                 }

@@ -167,6 +167,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         backend: args.wgpu_backend,
         adapter: args.adapter.clone(),
         portable: false,
+        // The gpu arm measures whatever adapter there is, lavapipe included.
+        required: true,
     };
     let mut adapter = None;
     let mut gpu_bw = None;

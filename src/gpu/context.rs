@@ -34,6 +34,16 @@ pub struct GpuOptions {
     pub adapter: Option<String>,
     /// Ignore subgroups and f16 even when present (tests the portable kernels).
     pub portable: bool,
+    /// The user asked for a GPU (`--gpu`): use a software rasteriser if it
+    /// is the only adapter, and fail rather than fall back to the CPU.
+    pub required: bool,
+}
+
+impl GpuOptions {
+    /// True when the user named a backend or an adapter or demanded a GPU.
+    pub fn is_explicit(&self) -> bool {
+        self.backend.is_some() || self.adapter.is_some() || self.required
+    }
 }
 
 /// What the chosen adapter offers that kernels may use.
