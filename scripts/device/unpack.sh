@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# Device side of scripts/device/pack.sh: run first in every call, from the repo
+# root. Installs the carried Vulkan loader, puts the binaries under
+# target/release (tool wrappers around lfm), collects model chunks in
+# /tmp/lfm-stash across calls (a warm machine keeps /tmp), and unpacks each
+# model whose chunks are all there into samples/models.
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+for f in .gl/*.deb; do dpkg -x "$f" /; done
+ldconfig
+S=/tmp/lfm-stash
+mkdir -p "$S" samples/models target/release/examples
+if [[ -f .dev/bin.tar.xz ]]; then
+    rm -rf "$S/bin" && tar xJf .dev/bin.tar.xz -C "$S"
+fi
+if [[ -d $S/bin ]]; then
+    cp "$S/bin/lfm" target/release/lfm
+    cp "$S/bin/llm_gpu_check" target/release/examples/llm_gpu_check
+    for tool in generate scoreboard embed transcribe speak ocr-layout quantize kld gguf-write; do
+        printf '#!/bin/sh\nexec "$(dirname "$0")/lfm" %s "$@"\n' "$tool" >"target/release/$tool"
+        chmod +x "target/release/$tool"
+    done
+fi
+[[ -f .dev/small.tar ]] && tar xf .dev/small.tar -C "$S"
+for m in layout-cdla whisper-mel; do
+    [[ -d $S/$m ]] && ln -sfn "$S/$m" "samples/models/$m"
+done
+for f in .dev/*.[0-9][0-9]; do
+    [[ -f $f ]] && cp "$f" "$S/"
+done
+# A model is complete when its chunk count (in .dev/chunks.txt, carried every
+# call) is reached.
+while read -r m n; do
+    have=$(ls "$S/$m".[0-9][0-9] 2>/dev/null | wc -l)
+    if [[ ! -d $S/models/$m && $have -eq $n ]]; then
+        mkdir -p "$S/models" && cat "$S/$m".[0-9][0-9] | tar xf - -C "$S/models" && rm -f "$S/$m".[0-9][0-9]
+    fi
+    if [[ -d $S/models/$m ]]; then
+        ln -sfn "$S/models/$m" "samples/models/$m"
+        echo "unpack: $m ready"
+    else
+        echo "unpack: $m has $have of $n chunks"
+    fi
+done <.dev/chunks.txt
