@@ -60,6 +60,9 @@ pub fn man_page(cmd: clap::Command) -> String {
 }
 
 pub mod generate;
+pub mod gguf_write;
+pub mod kld;
+pub mod quantize;
 pub mod scoreboard;
 
 use crate::gpu::{Backend, Gpu, GpuOptions};
@@ -135,6 +138,9 @@ pub fn tools() -> Vec<(&'static str, clap::Command)> {
     use clap::CommandFactory;
     vec![
         ("generate", generate::Args::command()),
+        ("gguf-write", gguf_write::Args::command()),
+        ("kld", kld::Args::command()),
+        ("quantize", quantize::Args::command()),
         ("scoreboard", scoreboard::Args::command()),
     ]
 }
@@ -155,6 +161,12 @@ pub struct Lfm {
 pub enum Tool {
     /// Generate text with a language model.
     Generate(generate::Args),
+    /// Write a Hugging Face checkpoint as a GGUF file (f32, f16, bf16).
+    GgufWrite(gguf_write::Args),
+    /// KL divergence of weight formats, files or devices from a reference.
+    Kld(kld::Args),
+    /// Quantise a model to a ggml block format.
+    Quantize(quantize::Args),
     /// Benchmark language models across formats, backends and depths.
     Scoreboard(scoreboard::Args),
 }
@@ -163,6 +175,9 @@ impl Lfm {
     pub fn run(self) -> anyhow::Result<()> {
         match self.tool {
             Tool::Generate(a) => generate::run(a),
+            Tool::GgufWrite(a) => gguf_write::run(a),
+            Tool::Kld(a) => kld::run(a),
+            Tool::Quantize(a) => quantize::run(a),
             Tool::Scoreboard(a) => scoreboard::run(a),
         }
     }

@@ -2,6 +2,8 @@
 
 pub mod bench;
 pub mod chat;
+pub mod convert;
 pub mod embed;
 pub mod generate;
+pub mod kld;
 pub mod sampling;
