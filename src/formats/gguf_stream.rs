@@ -206,7 +206,7 @@ mod tests {
             std::fs::read(dir.join("w.gguf")).unwrap(),
         );
         assert_eq!(s, w);
-        let g = GgufFile::open(&dir.join("s.gguf")).unwrap();
+        let g = GgufFile::open(dir.join("s.gguf")).unwrap();
         assert_eq!(g.alignment(), 64);
         assert_eq!(
             g.tensor("b").unwrap().to_f32(),

@@ -191,15 +191,19 @@ fn lse_argmax(x: &[f32]) -> (f64, usize) {
     (max + sum.ln(), best)
 }
 
-/// The reference's distributions at the scored positions of one chunk.
+/// The reference's distributions at the scored positions of one chunk:
+/// log p = `values - lse`, computed in f64.
 #[derive(Clone, Debug, PartialEq)]
 pub struct RefChunk {
     pub vocab: usize,
-    /// `[positions, vocab]` log-probabilities; `-inf` where a saved
-    /// reference left a token out (more than 16 nats below the top one).
-    pub logp: Vec<f32>,
+    /// `[positions, vocab]`: the logits (exact reference) or the decoded
+    /// log-probabilities (saved reference; `-inf` where a token was left
+    /// out, more than 16 nats below the top one).
+    pub values: Vec<f32>,
+    /// Per position: log-sum-exp of `values` (0 for saved log-probabilities).
+    pub lse: Vec<f64>,
     /// Log-probability of the actual next token, exact.
-    pub target_logp: Vec<f32>,
+    pub target_logp: Vec<f64>,
     pub argmax: Vec<u32>,
 }
 
@@ -210,28 +214,19 @@ const REF_STEPS: f32 = 65535.0;
 impl RefChunk {
     /// From the reference's logits `[positions, vocab]` and the targets.
     pub fn from_logits(logits: &[f32], vocab: usize, targets: &[u32]) -> RefChunk {
-        let rows: Vec<(Vec<f32>, f32, u32)> = logits
-            .par_chunks(vocab)
-            .zip(targets.par_iter())
-            .map(|(row, &t)| {
-                let (lse, best) = lse_argmax(row);
-                let lp: Vec<f32> = row.iter().map(|&v| (v as f64 - lse) as f32).collect();
-                let target = lp[t as usize];
-                (lp, target, best as u32)
-            })
-            .collect();
-        let mut c = RefChunk {
+        let rows: Vec<(f64, usize)> = logits.par_chunks(vocab).map(lse_argmax).collect();
+        RefChunk {
             vocab,
-            logp: Vec::with_capacity(logits.len()),
-            target_logp: Vec::with_capacity(rows.len()),
-            argmax: Vec::with_capacity(rows.len()),
-        };
-        for (lp, t, a) in rows {
-            c.logp.extend_from_slice(&lp);
-            c.target_logp.push(t);
-            c.argmax.push(a);
+            values: logits.to_vec(),
+            target_logp: rows
+                .iter()
+                .zip(targets)
+                .enumerate()
+                .map(|(j, (&(lse, _), &t))| logits[j * vocab + t as usize] as f64 - lse)
+                .collect(),
+            lse: rows.iter().map(|r| r.0).collect(),
+            argmax: rows.iter().map(|r| r.1 as u32).collect(),
         }
-        c
     }
 
     pub fn positions(&self) -> usize {
@@ -240,24 +235,28 @@ impl RefChunk {
 
     /// Bytes of one saved position.
     fn record_bytes(vocab: usize) -> usize {
-        12 + 2 * vocab
+        16 + 2 * vocab
     }
 
     /// The saved form: per position the argmax (u32), the target's
-    /// log-probability (f32), the top log-probability (f32), then every
+    /// log-probability (f64), the top log-probability (f32), then every
     /// token's log-probability as a u16 step of 16/65535 nats above
     /// `top - 16` (0: at or below it, left out).
     pub fn encode(&self) -> Vec<u8> {
         let step = REF_RANGE / REF_STEPS;
         let mut out = Vec::with_capacity(self.positions() * Self::record_bytes(self.vocab));
-        for (j, lp) in self.logp.chunks_exact(self.vocab).enumerate() {
-            let top = lp[self.argmax[j] as usize];
+        for (j, row) in self.values.chunks_exact(self.vocab).enumerate() {
+            let lse = self.lse[j];
+            let top = (row[self.argmax[j] as usize] as f64 - lse) as f32;
             out.extend_from_slice(&self.argmax[j].to_le_bytes());
             out.extend_from_slice(&self.target_logp[j].to_le_bytes());
             out.extend_from_slice(&top.to_le_bytes());
-            let floor = top - REF_RANGE;
-            for &v in lp {
-                let code = ((v - floor) / step).round().clamp(0.0, REF_STEPS) as u16;
+            let floor = top as f64 - REF_RANGE as f64;
+            for &v in row {
+                let lp = v as f64 - lse;
+                let code = ((lp - floor) / step as f64)
+                    .round()
+                    .clamp(0.0, REF_STEPS as f64) as u16;
                 out.extend_from_slice(&code.to_le_bytes());
             }
         }
@@ -271,16 +270,18 @@ impl RefChunk {
         let step = REF_RANGE / REF_STEPS;
         let mut c = RefChunk {
             vocab,
-            logp: Vec::with_capacity(n * vocab),
+            values: Vec::with_capacity(n * vocab),
+            lse: vec![0.0; n],
             target_logp: Vec::with_capacity(n),
             argmax: Vec::with_capacity(n),
         };
         let word = |b: &[u8]| u32::from_le_bytes([b[0], b[1], b[2], b[3]]);
         for r in bytes.chunks_exact(rb) {
             c.argmax.push(word(&r[0..4]));
-            c.target_logp.push(f32::from_bits(word(&r[4..8])));
-            let floor = f32::from_bits(word(&r[8..12])) - REF_RANGE;
-            c.logp.extend(r[12..].chunks_exact(2).map(|b| {
+            c.target_logp
+                .push(f64::from_le_bytes(r[4..12].try_into().expect("8 bytes")));
+            let floor = f32::from_bits(word(&r[12..16])) - REF_RANGE;
+            c.values.extend(r[16..].chunks_exact(2).map(|b| {
                 match u16::from_le_bytes([b[0], b[1]]) {
                     0 => f32::NEG_INFINITY,
                     code => floor + code as f32 * step,
@@ -304,16 +305,17 @@ pub struct Position {
 
 /// Compares the arm's logits at position `j` of a reference chunk.
 pub fn compare(r: &RefChunk, j: usize, arm_logits: &[f32], target: u32) -> Position {
-    let lp = &r.logp[j * r.vocab..(j + 1) * r.vocab];
+    let row = &r.values[j * r.vocab..(j + 1) * r.vocab];
+    let ref_lse = r.lse[j];
     let (lse, best) = lse_argmax(arm_logits);
     let mut kld = 0.0f64;
-    for (&p, &q) in lp.iter().zip(arm_logits) {
-        if p > f32::NEG_INFINITY {
-            let p = p as f64;
-            kld += p.exp() * (p - (q as f64 - lse));
+    for (&v, &q) in row.iter().zip(arm_logits) {
+        if v > f32::NEG_INFINITY {
+            let lp = v as f64 - ref_lse;
+            kld += lp.exp() * (lp - (q as f64 - lse));
         }
     }
-    let nll_ref = -(r.target_logp[j] as f64);
+    let nll_ref = -r.target_logp[j];
     let nll_arm = lse - arm_logits[target as usize] as f64;
     Position {
         kld,
@@ -534,8 +536,8 @@ pub fn evaluate(
             Reference::File(f) => f.chunk(c)?,
         };
         for &t in &r.target_logp {
-            ref_nll.0 -= t as f64;
-            ref_nll.1 += (t as f64) * (t as f64);
+            ref_nll.0 -= t;
+            ref_nll.1 += t * t;
             ref_nll.2 += 1;
         }
         for ((_, model), acc) in arms.iter_mut().zip(&mut accs) {
@@ -584,7 +586,7 @@ pub fn evaluate(
 /// | 4 | u32 length H of the JSON header |
 /// | H | JSON [`RefHeader`]: model, reference arm, ctx, chunks, vocab, token fingerprint |
 /// | 4 * chunks * ctx | the evaluated tokens (u32) |
-/// | chunks * (ctx - 1 - ctx/2) * (12 + 2 * vocab) | one record per scored position ([`RefChunk::encode`]) |
+/// | chunks * (ctx - 1 - ctx/2) * (16 + 2 * vocab) | one record per scored position ([`RefChunk::encode`]) |
 pub const REF_MAGIC: &[u8; 8] = b"LFMKLDRF";
 pub const REF_FORMAT_VERSION: u32 = 1;
 
@@ -606,7 +608,7 @@ pub struct RefHeader {
 }
 
 /// How [`RefChunk::encode`] stores a position, for the header.
-pub const REF_ENCODING: &str = "per position: u32 argmax, f32 log-prob of the next token, f32 top \
+pub const REF_ENCODING: &str = "per position: u32 argmax, f64 log-prob of the next token, f32 top \
     log-prob, then u16 per vocabulary entry: log-prob = top - 16 + code * 16/65535 (code 0: more \
     than 16 nats below the top, left out)";
 
@@ -813,7 +815,7 @@ mod tests {
         let logits = Rng::new(3).vec(2 * vocab, -4.0, 4.0);
         let r = RefChunk::from_logits(&logits, vocab, &[7, 9]);
         let same = compare(&r, 1, &logits[vocab..], 9);
-        assert!(same.kld.abs() < 1e-7 && same.same_top && same.p_diff.abs() < 1e-7);
+        assert_eq!((same.kld, same.p_diff, same.same_top), (0.0, 0.0, true));
         // Two-token distributions: p = (0.5, 0.5), q = (0.9, 0.1).
         let r = RefChunk::from_logits(&[0.0, 0.0], 2, &[0]);
         let q = [0.9f32.ln(), 0.1f32.ln()];
@@ -830,17 +832,17 @@ mod tests {
         let logits = Rng::new(5).vec(3 * vocab, -12.0, 12.0);
         let r = RefChunk::from_logits(&logits, vocab, &[1, 2, 3]);
         let d = RefChunk::decode(&r.encode(), vocab);
-        assert_eq!(
-            (d.argmax.clone(), d.target_logp.clone()),
-            (r.argmax.clone(), r.target_logp.clone())
-        );
-        let step = REF_RANGE / REF_STEPS;
-        for (j, (a, b)) in r.logp.iter().zip(&d.logp).enumerate() {
-            let top = r.logp[(j / vocab) * vocab + r.argmax[j / vocab] as usize];
-            if *a > top - REF_RANGE + step {
-                assert!((a - b).abs() <= step * 0.51 + 1e-5, "{a} vs {b}");
+        assert_eq!(d.argmax, r.argmax);
+        assert_eq!(d.target_logp, r.target_logp);
+        let step = (REF_RANGE / REF_STEPS) as f64;
+        for (i, (&v, &b)) in r.values.iter().zip(&d.values).enumerate() {
+            let j = i / vocab;
+            let a = v as f64 - r.lse[j];
+            let top = r.values[j * vocab + r.argmax[j] as usize] as f64 - r.lse[j];
+            if a > top - REF_RANGE as f64 + step {
+                assert!((a - b as f64).abs() <= step * 0.51 + 1e-5, "{a} vs {b}");
             } else {
-                assert!(*b == f32::NEG_INFINITY || (a - b).abs() <= step);
+                assert!(b == f32::NEG_INFINITY || (a - b as f64).abs() <= step);
             }
         }
         // KLD against the decoded reference is close to the exact one.
