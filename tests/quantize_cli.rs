@@ -196,6 +196,15 @@ fn gguf_input_keeps_metadata_and_refuses_requantising_unless_asked() {
             .dtype,
         GgmlType::Q8_0
     );
+    // Dequantising to a float type needs no flag.
+    let f32 = dir.join("f32.gguf");
+    let o = quantize(&q4, &f32, &["--to", "f32"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_eq!(
+        logits(&f32, None),
+        logits(&q4, None),
+        "f32 holds the q4_0 values exactly"
+    );
     // The output may not replace the input.
     let o = quantize(&q4, &q4, &["--to", "q4_0", "--force"]);
     assert_clean_failure(&o, &["replace the input"]);

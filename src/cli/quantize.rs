@@ -43,8 +43,9 @@ pub struct Args {
     #[arg(long, value_parser = type_name)]
     pub head_type: Option<GgmlType>,
 
-    /// Quantise tensors that are already quantised (dequantised to f32
-    /// first, which adds the new format's error to the old one's).
+    /// Quantise tensors that are already in another block format
+    /// (dequantised to f32 first, which adds the new format's error to the
+    /// old one's). Dequantising to f32, f16 or bf16 needs no flag.
     #[arg(long)]
     pub allow_requantize: bool,
 

@@ -55,8 +55,9 @@ pub struct Plan {
 
 #[derive(Clone, Debug, Default)]
 pub struct PlanOptions {
-    /// Quantise tensors that are already quantised (llama-quantize's
-    /// `--allow-requantize`).
+    /// Quantise tensors that are already quantised to another block format
+    /// (llama-quantize's `--allow-requantize`); dequantising to a float type
+    /// needs no permission.
     pub allow_requantize: bool,
     /// `tokenizer.ggml.pre` for HF input, instead of the recognised one.
     pub tokenizer_pre: Option<String>,
@@ -165,7 +166,7 @@ pub fn plan(path: &Path, policy: &Policy, opts: &PlanOptions) -> Result<Plan> {
     if !opts.allow_requantize {
         if let Some(t) = tensors
             .iter()
-            .find(|t| t.from.is_quantized() && t.to != t.from)
+            .find(|t| t.from.is_quantized() && t.to.is_quantized() && t.to != t.from)
         {
             return Err(Error::invalid(format!(
                 "{}: tensor '{}' is already {}; quantising it again to {} loses more than \
