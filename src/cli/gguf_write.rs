@@ -9,11 +9,16 @@ use anyhow::bail;
 use clap::Parser;
 use std::path::PathBuf;
 
-/// Write a Hugging Face checkpoint (config.json + safetensors + tokenizer) as
-/// a GGUF file that llama.cpp loads: llama.cpp's tensor names, architecture
-/// keys and tokenizer metadata, for the llama and lfm2 architectures.
+/// Write a Hugging Face checkpoint as a GGUF file (f32, f16 or bf16).
+///
+/// Reads an HF model directory (config.json, safetensors weights,
+/// tokenizer.json, tokenizer_config.json) of the llama or lfm2 architecture
+/// and writes the GGUF file llama.cpp's convert_hf_to_gguf.py writes:
+/// llama.cpp's tensor names and order, architecture keys, tokenizer tokens,
+/// merges, special ids and chat template. The output is written to a
+/// temporary file and renamed into place.
 #[derive(Parser, Debug)]
-#[command(name = "gguf-write", version, about, long_about = None)]
+#[command(name = "gguf-write", version)]
 pub struct Args {
     /// The HF model directory.
     pub model: PathBuf,

@@ -15,13 +15,18 @@ use anyhow::{bail, Context};
 use clap::Parser;
 use std::path::{Path, PathBuf};
 
-/// KL divergence of arms' next-token distributions from a reference arm's
-/// over a text corpus in chunks of --ctx tokens, scoring the second half of
-/// each chunk as llama.cpp's perplexity tool does. An arm is a weight format
-/// built from --model on load (f32, f16, bf16, q8_0, q4_0, q4_k, q1_0, ...)
-/// or a model file, on the CPU or the GPU: TYPE, TYPE@gpu, model.gguf@cpu.
+/// KL divergence of weight formats, model files or devices from a reference.
+///
+/// Evaluates a text corpus in chunks of --ctx tokens, each from an empty
+/// cache, and scores the second half of each chunk as llama.cpp's perplexity
+/// tool does with --kl-divergence: PPL of the reference and of every arm,
+/// mean KLD with its standard error, KLD percentiles, the change in the
+/// correct token's probability, and how often the most likely token agrees.
+/// An arm is a weight format built from --model on load (f32, f16, bf16,
+/// q8_0, q4_0, q4_k, q1_0, ...) or a model file, on the CPU or the GPU:
+/// TYPE, TYPE@gpu, model.gguf@cpu.
 #[derive(Parser, Debug)]
-#[command(name = "kld", version, about, long_about = None)]
+#[command(name = "kld", version)]
 pub struct Args {
     /// The model that weight-format arms are built from (GGUF or HF directory).
     #[arg(short, long)]

@@ -9,12 +9,16 @@ use serde_json::json;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-/// Quantise a model to a ggml block format (q8_0, q4_0, q4_1, q5_0, q4_k,
-/// q6_k, q1_0, ...), tensor by tensor on every core, as llama-quantize does:
-/// norms and other 1-D tensors keep their type, and a tensor whose rows do
-/// not fit the format's blocks falls back to a compatible type (reported).
+/// Quantise a model to a ggml block format (q8_0, q4_0, q4_k, q1_0, ...).
+///
+/// Reads an HF directory, a safetensors file or a GGUF file and writes a
+/// GGUF file tensor by tensor, quantising on every core, with
+/// llama-quantize's policy: norms and other 1-D tensors keep their type, a
+/// tensor whose rows do not fit the format's blocks falls back to a
+/// compatible type (reported on stderr), every other matrix gets the target
+/// type. The output is written to a temporary file and renamed into place.
 #[derive(Parser, Debug)]
-#[command(name = "quantize", version, about, long_about = None)]
+#[command(name = "quantize", version)]
 pub struct Args {
     /// The model: an HF directory, a .safetensors file or a .gguf file.
     pub input: PathBuf,
