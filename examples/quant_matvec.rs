@@ -1,6 +1,7 @@
 //! CPU matrix-vector speed per weight type: the reference `quant::dot_row`
-//! against the fast `quant::fast::RowDot` on one thread, and the full
-//! `tensor::matvec` on every thread. Prints a markdown table.
+//! against the fast `quant::fast::RowDot` on one thread, the full
+//! `tensor::matvec` on every thread, and `tensor::matmul` of 32 input rows
+//! (a prefill chunk). Prints a markdown table.
 //!
 //!     cargo run --release --example quant_matvec [ROWS COLS]
 //!
@@ -8,7 +9,7 @@
 //! median of repeated runs; GB/s counts the weight bytes read.
 
 use lfm::quant::{dot_row, fast::RowDot, GgmlType};
-use lfm::tensor::{matvec, Tensor};
+use lfm::tensor::{matmul, matvec, Tensor};
 use lfm::util::rng::Rng;
 use std::hint::black_box;
 use std::time::Instant;
@@ -37,13 +38,18 @@ fn main() {
     };
     let data = Rng::new(1).vec(n * k, -1.0, 1.0);
     let x = Rng::new(2).vec(k, -1.0, 1.0);
+    const M: usize = 32;
+    let xm = Rng::new(3).vec(M * k, -1.0, 1.0);
     println!(
         "matvec [{n}, {k}] x [{k}], {} threads",
         rayon::current_num_threads()
     );
     println!();
-    println!("| type | reference 1 thread | fast 1 thread | speed-up | matvec all threads |");
-    println!("|---|---|---|---|---|");
+    println!(
+        "| type | reference 1 thread | fast 1 thread | speed-up | matvec all threads | \
+         matmul {M} rows all threads |"
+    );
+    println!("|---|---|---|---|---|---|");
     for t in GgmlType::ALL {
         let Ok(w) = Tensor::quantize_f32("w", vec![n, k], &data, t) else {
             continue;
@@ -62,13 +68,17 @@ fn main() {
         let fast = median_secs(|| rows(&|r| dot.dot(r)));
         let mut y = vec![0.0f32; n];
         let full = median_secs(|| matvec(&w, black_box(&x), &mut y));
+        let mut ym = vec![0.0f32; M * n];
+        let mm = median_secs(|| matmul(&w, black_box(&xm), M, &mut ym));
         let show = |s: f64| format!("{:.1} us ({:.1} GB/s)", s * 1e6, bytes / s / 1e9);
         println!(
-            "| {t} | {} | {} | {:.1}x | {} |",
+            "| {t} | {} | {} | {:.1}x | {} | {:.1} us ({:.1} GFLOP/s) |",
             show(reference),
             show(fast),
             reference / fast,
-            show(full)
+            show(full),
+            mm * 1e6,
+            2.0 * (M * n * k) as f64 / mm / 1e9
         );
     }
 }

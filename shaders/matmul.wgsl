@@ -94,13 +94,16 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) l: 
             ws[c * 16u + quad] = wv;
         }
         workgroupBarrier();
-        for (var cc = 0u; cc < TK; cc++) {
-            let a = xs[cc * 16u + l.y];
-            let b = ws[cc * 16u + l.x];
-            acc0 = fma(vec4<f32>(a.x), b, acc0);
-            acc1 = fma(vec4<f32>(a.y), b, acc1);
-            acc2 = fma(vec4<f32>(a.z), b, acc2);
-            acc3 = fma(vec4<f32>(a.w), b, acc3);
+        // Threads whose rows are all past m (a short batch) skip the maths.
+        if (row0 + 4u * l.y < p.m) {
+            for (var cc = 0u; cc < TK; cc++) {
+                let a = xs[cc * 16u + l.y];
+                let b = ws[cc * 16u + l.x];
+                acc0 = fma(vec4<f32>(a.x), b, acc0);
+                acc1 = fma(vec4<f32>(a.y), b, acc1);
+                acc2 = fma(vec4<f32>(a.z), b, acc2);
+                acc3 = fma(vec4<f32>(a.w), b, acc3);
+            }
         }
         workgroupBarrier();
     }

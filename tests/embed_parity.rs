@@ -6,6 +6,7 @@ use lfm::gpu::{Gpu, GpuOptions};
 use lfm::run::embed::{cosine, EmbedOptions, Embedder, Pooling};
 use safetensors::SafeTensors;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 fn root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
@@ -66,9 +67,9 @@ fn assert_matches_gold(what: &str, got: &[f32], want: &[f32], gold: &Gold) {
     eprintln!("{what}: lowest cosine to sentence-transformers {worst}");
 }
 
-fn gpu() -> Option<Gpu> {
+fn gpu() -> Option<Arc<Gpu>> {
     match Gpu::new(&GpuOptions::default()) {
-        Ok(g) => Some(g),
+        Ok(g) => Some(Arc::new(g)),
         Err(e) if std::env::var_os("LFM_SKIP_GPU_TESTS").is_some() => {
             eprintln!("SKIPPING GPU embedding parity (LFM_SKIP_GPU_TESTS set): {e}");
             None

@@ -6,10 +6,17 @@ mod parity;
 use parity::Case;
 
 fn cases() -> Vec<&'static Case> {
-    [parity::basic::CASES, parity::dense::CASES]
-        .into_iter()
-        .flatten()
-        .collect()
+    [
+        parity::basic::CASES,
+        parity::dense::CASES,
+        parity::llm::CASES,
+        parity::vision::CASES,
+        parity::speech::CASES,
+        parity::whisper::CASES,
+    ]
+    .into_iter()
+    .flatten()
+    .collect()
 }
 
 #[test]

@@ -59,11 +59,15 @@ pub fn man_page(cmd: clap::Command) -> String {
     String::from_utf8(out).expect("clap_mangen writes UTF-8")
 }
 
+pub mod embed;
 pub mod generate;
 pub mod gguf_write;
 pub mod kld;
+pub mod ocr_layout;
 pub mod quantize;
 pub mod scoreboard;
+pub mod speak;
+pub mod transcribe;
 
 use crate::gpu::{Backend, Gpu, GpuOptions};
 use std::sync::Arc;
@@ -112,6 +116,12 @@ impl DeviceArgs {
 }
 
 impl DeviceChoice {
+    /// True when the user named a backend or an adapter: a GPU that cannot
+    /// serve the request is then an error rather than a fallback to the CPU.
+    pub fn is_explicit_gpu(&self) -> bool {
+        matches!(self, DeviceChoice::Gpu(o) if o.backend.is_some() || o.adapter.is_some())
+    }
+
     /// Opens the device. With no explicit backend or adapter, a machine
     /// without a usable GPU falls back to the CPU with a one-line notice; an
     /// explicit request that cannot be met is an error.
@@ -137,11 +147,15 @@ impl DeviceChoice {
 pub fn tools() -> Vec<(&'static str, clap::Command)> {
     use clap::CommandFactory;
     vec![
+        ("embed", embed::Args::command()),
         ("generate", generate::Args::command()),
         ("gguf-write", gguf_write::Args::command()),
         ("kld", kld::Args::command()),
+        ("ocr-layout", ocr_layout::Args::command()),
         ("quantize", quantize::Args::command()),
         ("scoreboard", scoreboard::Args::command()),
+        ("speak", speak::Args::command()),
+        ("transcribe", transcribe::Args::command()),
     ]
 }
 
@@ -159,26 +173,38 @@ pub struct Lfm {
 
 #[derive(clap::Subcommand, Debug)]
 pub enum Tool {
+    /// Embed sentences with a sentence-transformers model, or search lines by meaning.
+    Embed(embed::Args),
     /// Generate text with a language model.
     Generate(generate::Args),
     /// Write a Hugging Face checkpoint as a GGUF file (f32, f16, bf16).
     GgufWrite(gguf_write::Args),
     /// KL divergence of weight formats, files or devices from a reference.
     Kld(kld::Args),
+    /// Find the layout regions of document page images.
+    OcrLayout(ocr_layout::Args),
     /// Quantise a model to a ggml block format.
     Quantize(quantize::Args),
     /// Benchmark language models across formats, backends and depths.
     Scoreboard(scoreboard::Args),
+    /// Speak text with a Piper voice (writes a WAV file or stream).
+    Speak(speak::Args),
+    /// Transcribe speech with Whisper.
+    Transcribe(transcribe::Args),
 }
 
 impl Lfm {
     pub fn run(self) -> anyhow::Result<()> {
         match self.tool {
+            Tool::Embed(a) => embed::run(a),
             Tool::Generate(a) => generate::run(a),
             Tool::GgufWrite(a) => gguf_write::run(a),
             Tool::Kld(a) => kld::run(a),
+            Tool::OcrLayout(a) => ocr_layout::run(a),
             Tool::Quantize(a) => quantize::run(a),
             Tool::Scoreboard(a) => scoreboard::run(a),
+            Tool::Speak(a) => speak::run(a),
+            Tool::Transcribe(a) => transcribe::run(a),
         }
     }
 }

@@ -4,12 +4,20 @@
 
 pub mod activation;
 pub mod attention;
+pub mod conv;
+pub mod conv1d;
 pub mod elementwise;
+pub mod gemm;
+pub mod llm;
 pub mod matmul;
 pub mod norm;
 
 pub use activation::*;
 pub use attention::*;
+pub use conv::*;
+pub use conv1d::*;
 pub use elementwise::*;
+pub use gemm::*;
+pub use llm::*;
 pub use matmul::*;
 pub use norm::*;

@@ -8,15 +8,19 @@
 //!   metadata;
 //! - [`safetensors`]: a `.safetensors` file or a sharded HF checkpoint;
 //! - [`hf`]: an HF model directory (`config.json` + safetensors weights);
+//! - [`ct2`]: CTranslate2 `model.bin` (Whisper);
+//! - [`npy`]: NumPy `.npy` arrays (small constant tables);
 //! - [`onnx`]: the ONNX protobuf subset inference needs (graphs and weights).
 //!
 //! Every reader checks each count, length, dimension and offset against the
 //! file before using it, and reports a bad file as one line naming the file.
 
+pub mod ct2;
 pub mod gguf;
 pub mod gguf_export;
 pub mod gguf_stream;
 pub mod hf;
+pub mod npy;
 pub mod onnx;
 pub mod safetensors;
 

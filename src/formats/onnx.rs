@@ -267,6 +267,7 @@ impl OnnxModel {
         let path = path.as_ref();
         let file: Arc<Path> = Arc::from(path);
         let not_onnx = |what: String| Error::format(path, format!("not an ONNX model ({what})"));
+        let damaged = |e: ParseError| Error::format(path, format!("damaged ONNX file: {}", e.what));
         if bytes.is_empty() {
             return Err(not_onnx("the file is empty".into()));
         }
@@ -291,7 +292,7 @@ impl OnnxModel {
                 Ok(Some(f)) => f,
                 Ok(None) => break,
                 Err(e) if first => return Err(not_onnx(e.what)),
-                Err(e) => return Err(e.into_error(path)),
+                Err(e) => return Err(damaged(e)),
             };
             // An image or a text file fails here: its first bytes do not
             // read as a ModelProto field.
@@ -327,7 +328,7 @@ impl OnnxModel {
                 }
                 Ok(())
             })();
-            res.map_err(|e| e.into_error(path))?;
+            res.map_err(damaged)?;
         }
         if !has_graph {
             return Err(not_onnx("no graph in the file".into()));
@@ -750,12 +751,6 @@ impl OnnxTensor {
 #[derive(Debug)]
 struct ParseError {
     what: String,
-}
-
-impl ParseError {
-    fn into_error(self, path: &Path) -> Error {
-        Error::format(path, self.what)
-    }
 }
 
 type Parse<T> = std::result::Result<T, ParseError>;

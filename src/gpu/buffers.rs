@@ -84,17 +84,35 @@ impl Gpu {
     /// Copies `buf` back to the host.
     pub fn read_bytes(&self, buf: &wgpu::Buffer) -> Result<Vec<u8>> {
         let size = buf.size();
-        let staging = self.device.create_buffer(&wgpu::BufferDescriptor {
-            label: Some("readback"),
-            size,
-            usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
-            mapped_at_creation: false,
-        });
+        let staging = self.staging("readback", size);
         let mut enc = self.device.create_command_encoder(&Default::default());
         enc.copy_buffer_to_buffer(buf, 0, &staging, 0, size);
-        self.submit_and_wait(enc)?;
+        self.submit_and_read(enc, &staging, size)
+    }
+
+    /// A buffer results are copied into for the host to read (see
+    /// [`Gpu::submit_and_read`]); `bytes` is rounded up to 4.
+    pub fn staging(&self, label: &str, bytes: u64) -> wgpu::Buffer {
+        self.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some(label),
+            size: bytes.div_ceil(4).max(1) * 4,
+            usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+            mapped_at_creation: false,
+        })
+    }
+
+    /// Submits `enc`, whose last commands copy results into `staging`, and
+    /// returns the first `len` bytes of `staging` once the device is done:
+    /// one submission and one wait, so a decode step costs one round trip.
+    pub fn submit_and_read(
+        &self,
+        enc: wgpu::CommandEncoder,
+        staging: &wgpu::Buffer,
+        len: u64,
+    ) -> Result<Vec<u8>> {
+        self.queue.submit([enc.finish()]);
         let (tx, rx) = std::sync::mpsc::channel();
-        staging.map_async(wgpu::MapMode::Read, .., move |r| {
+        staging.map_async(wgpu::MapMode::Read, ..len, move |r| {
             let _ = tx.send(r);
         });
         self.device
@@ -104,7 +122,7 @@ impl Gpu {
             .map_err(|_| Error::gpu("readback: map callback dropped"))?
             .map_err(|e| Error::gpu(format!("readback: {e}")))?;
         let bytes = staging
-            .get_mapped_range(..)
+            .get_mapped_range(..len)
             .map_err(|e| Error::gpu(format!("readback: {e}")))?
             .to_vec();
         staging.unmap();

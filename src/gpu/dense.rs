@@ -167,11 +167,6 @@ pub fn layer_norm(
     rows: usize,
     eps: f32,
 ) -> Result<Dispatch> {
-    if rows > 65535 {
-        return Err(Error::gpu(format!(
-            "layer_norm over {rows} rows: at most 65535 per dispatch"
-        )));
-    }
     let params = LayerNormParams {
         n: n as u32,
         rows: rows as u32,
@@ -181,7 +176,7 @@ pub fn layer_norm(
     let bound = gpu.bind(&LAYER_NORM, variant, &[x, w, b, y], &params)?;
     Ok(Dispatch {
         bound,
-        groups: [rows as u32, 1, 1],
+        groups: groups_1d(rows, 1),
     })
 }
 
@@ -254,6 +249,11 @@ const ATTENTION_WG: usize = 64;
 /// Largest head size the attention kernel handles (its per-thread arrays).
 pub const ATTENTION_MAX_HEAD_DIM: usize = 256;
 
+/// The attention pipeline for one head size (a specialisation constant).
+pub fn attention_variant(head_dim: usize) -> Variant {
+    Variant::default().with("HEAD_DIM", head_dim as u32)
+}
+
 /// The `seqs` buffer of [`attention`]: {q_start, q_len, kv_start, kv_len} per sequence.
 pub fn pack_seqs(seqs: &[SeqSpan]) -> Vec<u32> {
     seqs.iter()
@@ -302,7 +302,7 @@ pub fn attention(
         v_col: shape.v_col as u32,
         scale: shape.scale,
     };
-    let variant = Variant::default().with("HEAD_DIM", shape.head_dim as u32);
+    let variant = attention_variant(shape.head_dim);
     let bound = gpu.bind(&ATTENTION, &variant, &[q, k, v, seqs_buf, out], &params)?;
     let [x, y, _] = groups_1d(rows, ATTENTION_WG);
     Ok(Dispatch {

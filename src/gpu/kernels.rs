@@ -100,10 +100,17 @@ impl Variant {
 
 /// Every registered kernel, from every domain.
 pub fn all() -> impl Iterator<Item = &'static Kernel> {
-    [super::ops::KERNELS, super::dense::KERNELS]
-        .into_iter()
-        .flatten()
-        .copied()
+    [
+        super::ops::KERNELS,
+        super::dense::KERNELS,
+        super::llm_ops::KERNELS,
+        super::vision::KERNELS,
+        super::speech::KERNELS,
+        crate::models::whisper::gpu::KERNELS,
+    ]
+    .into_iter()
+    .flatten()
+    .copied()
 }
 
 /// Declares a kernel whose source is `shaders/<file>`, or several files

@@ -8,8 +8,11 @@ pub mod buffers;
 pub mod context;
 pub mod dense;
 pub mod kernels;
+pub mod llm_ops;
 pub mod ops;
 pub mod preprocess;
+pub mod speech;
+pub mod vision;
 
 pub use context::{Backend, Gpu, GpuOptions};
 pub use kernels::{Access, Kernel, Variant};

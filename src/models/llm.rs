@@ -10,6 +10,7 @@ use crate::cpu;
 use crate::error::{Error, Result};
 use crate::formats::TensorSource;
 use crate::quant;
+use crate::run::sampling::Sampler;
 use crate::tensor::{self, Tensor};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -373,6 +374,13 @@ pub trait CausalLm {
         let logits = self.forward(&[token], false)?;
         Ok(crate::run::sampling::argmax(&logits) as u32)
     }
+    /// Appends one token and draws the next with `sampler` (`history`: the
+    /// tokens so far, for the repetition penalty). Backends override this to
+    /// read back less than the logits.
+    fn step_sample(&mut self, token: u32, sampler: &mut Sampler, history: &[u32]) -> Result<u32> {
+        let logits = self.forward(&[token], false)?;
+        Ok(sampler.sample(&logits, history))
+    }
 }
 
 /// Observer of named intermediate activations (`"layer.3.conv_out"`), for
@@ -419,106 +427,6 @@ impl CpuLlm {
             t(&name(), x);
         }
     }
-}
-
-/// Rotates `x` ([n, heads, head_dim], positions `pos0..pos0 + n`) in place.
-pub fn rope(
-    x: &mut [f32],
-    heads: usize,
-    head_dim: usize,
-    rope_dim: usize,
-    pos0: usize,
-    theta: f32,
-    style: RopeStyle,
-) {
-    let half = rope_dim / 2;
-    for (t, row) in x.chunks_exact_mut(heads * head_dim).enumerate() {
-        let p = (pos0 + t) as f64;
-        for head in row.chunks_exact_mut(head_dim) {
-            for i in 0..half {
-                // Frequencies in f64 so long positions keep their precision.
-                let freq = (theta as f64).powf(-2.0 * i as f64 / rope_dim as f64);
-                let (sin, cos) = (p * freq).sin_cos();
-                let (a, b) = match style {
-                    RopeStyle::Halves => (i, i + half),
-                    RopeStyle::Interleaved => (2 * i, 2 * i + 1),
-                };
-                let (x0, x1) = (head[a], head[b]);
-                head[a] = x0 * cos as f32 - x1 * sin as f32;
-                head[b] = x0 * sin as f32 + x1 * cos as f32;
-            }
-        }
-    }
-}
-
-/// Causal grouped-query attention of `n` new queries against all `kv_len`
-/// cached positions (the new ones are the last `n`).
-/// q: [n, heads, hd], k/v: [kv_len, kv_heads, hd] -> out: [n, heads, hd]
-#[allow(clippy::too_many_arguments)]
-pub fn attention(
-    q: &[f32],
-    k: &[f32],
-    v: &[f32],
-    n: usize,
-    kv_len: usize,
-    heads: usize,
-    kv_heads: usize,
-    hd: usize,
-    out: &mut [f32],
-) {
-    let group = heads / kv_heads;
-    let scale = 1.0 / (hd as f32).sqrt();
-    let kvw = kv_heads * hd;
-    let mut scores = vec![0.0f32; kv_len];
-    for t in 0..n {
-        // Query t sits at absolute position kv_len - n + t and sees up to it.
-        let visible = kv_len - n + t + 1;
-        for h in 0..heads {
-            let kh = h / group;
-            let qv = &q[(t * heads + h) * hd..][..hd];
-            for (j, s) in scores[..visible].iter_mut().enumerate() {
-                *s = cpu::dot(qv, &k[j * kvw + kh * hd..][..hd]) * scale;
-            }
-            cpu::softmax_rows(&mut scores[..visible], visible);
-            let o = &mut out[(t * heads + h) * hd..][..hd];
-            o.fill(0.0);
-            for (j, &s) in scores[..visible].iter().enumerate() {
-                for (o, &vv) in o.iter_mut().zip(&v[j * kvw + kh * hd..][..hd]) {
-                    *o += s * vv;
-                }
-            }
-        }
-    }
-}
-
-/// LFM2's causal depthwise convolution over `bx` ([n, hidden], in time
-/// order), continuing from `state` (the previous `kernel - 1` inputs), which
-/// is updated. out[t, c] = sum_j conv[c, j] * input[t - (kernel - 1) + j, c].
-pub fn short_conv(
-    bx: &[f32],
-    conv: &[f32],
-    kernel: usize,
-    hidden: usize,
-    state: &mut Vec<f32>,
-    out: &mut [f32],
-) {
-    let n = bx.len() / hidden;
-    let hist = kernel - 1;
-    // The input as seen by the convolution: history, then the new rows.
-    let mut seq = Vec::with_capacity((hist + n) * hidden);
-    seq.extend_from_slice(state);
-    seq.extend_from_slice(bx);
-    for t in 0..n {
-        for c in 0..hidden {
-            let mut acc = 0.0;
-            for j in 0..kernel {
-                acc += conv[c * kernel + j] * seq[(t + j) * hidden + c];
-            }
-            out[t * hidden + c] = acc;
-        }
-    }
-    state.clear();
-    state.extend_from_slice(&seq[n * hidden..]);
 }
 
 impl CausalLm for CpuLlm {
@@ -599,7 +507,7 @@ impl CausalLm for CpuLlm {
                         let src = k.clone();
                         cpu::rms_norm(&src, w, cfg.norm_eps, &mut k);
                     }
-                    rope(
+                    cpu::rope(
                         &mut q,
                         cfg.heads,
                         hd,
@@ -608,7 +516,7 @@ impl CausalLm for CpuLlm {
                         cfg.rope_theta,
                         cfg.rope_style,
                     );
-                    rope(
+                    cpu::rope(
                         &mut k,
                         cfg.kv_heads,
                         hd,
@@ -620,7 +528,7 @@ impl CausalLm for CpuLlm {
                     kc.extend_from_slice(&k);
                     vc.extend_from_slice(&v);
                     let mut att = vec![0.0f32; n * qw];
-                    attention(
+                    cpu::flash_attention(
                         &q,
                         kc,
                         vc,
@@ -636,20 +544,8 @@ impl CausalLm for CpuLlm {
                 (Mixer::Conv(c), State::Conv(state)) => {
                     let mut bcx = vec![0.0f32; n * 3 * d];
                     tensor::matmul(&c.in_proj, &h, n, &mut bcx);
-                    let mut bx = vec![0.0f32; n * d];
-                    for t in 0..n {
-                        let r = &bcx[t * 3 * d..(t + 1) * 3 * d];
-                        for i in 0..d {
-                            bx[t * d + i] = r[i] * r[2 * d + i];
-                        }
-                    }
                     let mut conv_out = vec![0.0f32; n * d];
-                    short_conv(&bx, &c.conv, cfg.conv_kernel, d, state, &mut conv_out);
-                    for t in 0..n {
-                        for i in 0..d {
-                            conv_out[t * d + i] *= bcx[t * 3 * d + d + i];
-                        }
-                    }
+                    cpu::short_conv(&bcx, &c.conv, cfg.conv_kernel, d, state, &mut conv_out);
                     tensor::matmul(&c.out_proj, &conv_out, n, &mut mix);
                 }
                 _ => unreachable!("layer state is built from the same layer kinds"),
@@ -677,56 +573,5 @@ impl CausalLm for CpuLlm {
         let mut logits = vec![0.0f32; rows * cfg.vocab];
         tensor::matmul(&self.w.head, &normed, rows, &mut logits);
         Ok(logits)
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn rope_styles_agree_up_to_permutation() {
-        // Interleaved on a permuted head equals halves on the original.
-        let hd = 8;
-        let x: Vec<f32> = (0..hd).map(|i| i as f32 * 0.37 - 1.0).collect();
-        let perm: Vec<usize> = (0..hd / 2).flat_map(|i| [i, i + hd / 2]).collect();
-        let mut a = x.clone();
-        rope(&mut a, 1, hd, hd, 5, 10_000.0, RopeStyle::Halves);
-        let mut b: Vec<f32> = perm.iter().map(|&i| x[i]).collect();
-        rope(&mut b, 1, hd, hd, 5, 10_000.0, RopeStyle::Interleaved);
-        for (j, &i) in perm.iter().enumerate() {
-            assert!((a[i] - b[j]).abs() < 1e-6);
-        }
-    }
-
-    #[test]
-    fn short_conv_streams_like_one_pass() {
-        let (hidden, kernel) = (3, 3);
-        let conv: Vec<f32> = (0..hidden * kernel).map(|i| i as f32 * 0.1 + 0.2).collect();
-        let bx: Vec<f32> = (0..5 * hidden).map(|i| (i as f32 * 0.7).sin()).collect();
-        let mut whole = vec![0.0; 5 * hidden];
-        short_conv(
-            &bx,
-            &conv,
-            kernel,
-            hidden,
-            &mut vec![0.0; 2 * hidden],
-            &mut whole,
-        );
-        let mut state = vec![0.0; 2 * hidden];
-        let mut stepped = vec![0.0; 5 * hidden];
-        for t in 0..5 {
-            short_conv(
-                &bx[t * hidden..][..hidden],
-                &conv,
-                kernel,
-                hidden,
-                &mut state,
-                &mut stepped[t * hidden..][..hidden],
-            );
-        }
-        assert_eq!(whole, stepped);
-        // First output only sees the first input, through the last tap.
-        assert!((whole[0] - conv[2] * bx[0]).abs() < 1e-7);
     }
 }

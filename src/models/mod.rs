@@ -2,9 +2,13 @@
 //! forward. [`load_llm`] opens any supported language-model checkpoint.
 
 pub mod bert;
+pub mod layout;
 pub mod lfm2;
 pub mod llama;
 pub mod llm;
+pub mod llm_gpu;
+pub mod vits;
+pub mod whisper;
 
 use crate::cli::{Device, DeviceChoice};
 use crate::error::{Error, Result};
@@ -15,6 +19,7 @@ use crate::quant::GgmlType;
 use crate::run::sampling::SamplingOptions;
 use crate::tokenizer::{GgufVocab, Tokenizer};
 use llm::{CausalLm, CpuLlm, LlmConfig, Weights};
+use llm_gpu::{GpuLlm, GpuLlmOptions};
 use std::path::{Path, PathBuf};
 
 /// Where `scripts/setup` puts generate's default model, relative to the repo.
@@ -143,10 +148,17 @@ pub fn load_llm(path: &Path, opts: &LoadOptions) -> Result<LoadedLlm> {
         .to_string();
     let (model, backend): (Box<dyn CausalLm>, &'static str) = match opts.device.open()? {
         Device::Cpu => (Box::new(CpuLlm::new(cfg, weights)), "cpu"),
-        Device::Gpu(_) => {
-            eprintln!("the GPU path for language models is not built yet; running on the CPU");
-            (Box::new(CpuLlm::new(cfg, weights)), "cpu")
-        }
+        Device::Gpu(gpu) => match GpuLlm::new(gpu, &cfg, &weights, &GpuLlmOptions::default()) {
+            Ok(m) => (Box::new(m), "gpu"),
+            // A GPU picked by default that cannot run this model (limits,
+            // memory, a kernel its driver rejects) falls back to the CPU;
+            // one the user asked for by name is an error.
+            Err(e) if !opts.device.is_explicit_gpu() => {
+                eprintln!("{e}; running on the CPU");
+                (Box::new(CpuLlm::new(cfg, weights)), "cpu")
+            }
+            Err(e) => return Err(e),
+        },
     };
     Ok(LoadedLlm {
         model,
@@ -162,6 +174,18 @@ pub fn load_llm(path: &Path, opts: &LoadOptions) -> Result<LoadedLlm> {
 }
 
 type Opened = (LlmConfig, Weights, Option<Tokenizer>, SamplingOptions);
+
+/// The config and weights of an HF directory or GGUF file, as [`load_llm`]
+/// reads them, for tools that build a backend themselves (e.g. to run the
+/// GPU and the CPU on the same weights).
+pub fn open_llm(path: &Path) -> Result<(LlmConfig, Weights)> {
+    let (cfg, w, _, _) = if path.is_dir() {
+        open_hf(path)?
+    } else {
+        open_gguf(path)?
+    };
+    Ok((cfg, w))
+}
 
 fn open_hf(dir: &Path) -> Result<Opened> {
     let c = HfConfig::open(dir)?;

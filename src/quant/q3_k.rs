@@ -23,7 +23,7 @@ const _: () = assert!(std::mem::size_of::<BlockQ3K>() == QK_K / 8 + QK_K / 4 + 1
 /// The 6-bit scale of sub-block `j` (0..16), minus 32: low four bits in the
 /// low (j < 8) or high (j >= 8) nibble of byte `j % 8`, high two bits at bit
 /// `2 (j / 4)` of byte `8 + j % 4`.
-fn scale(scales: &[u8; 12], j: usize) -> i32 {
+pub(crate) fn scale(scales: &[u8; 12], j: usize) -> i32 {
     let low = if j < 8 {
         scales[j] & 0xF
     } else {

@@ -10,6 +10,7 @@ use crate::gpu::Gpu;
 use crate::models::bert::{Batch, Bert, BertConfig, GpuBert};
 use serde_json::Value;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use tokenizers::{Tokenizer, TruncationDirection, TruncationParams, TruncationStrategy};
 
 /// How token vectors become one sentence vector (sentence-transformers' Pooling).
@@ -294,7 +295,7 @@ enum Device {
 }
 
 struct GpuEncoder {
-    gpu: Gpu,
+    gpu: Arc<Gpu>,
     model: GpuBert,
 }
 
@@ -338,7 +339,7 @@ pub struct Embedder {
 
 impl Embedder {
     /// Loads the model in `dir`; with `gpu`, uploads the encoder to it.
-    pub fn load(dir: &Path, gpu: Option<Gpu>) -> Result<Embedder> {
+    pub fn load(dir: &Path, gpu: Option<Arc<Gpu>>) -> Result<Embedder> {
         if !dir.is_dir() {
             return Err(Error::io(
                 dir,
@@ -349,7 +350,10 @@ impl Embedder {
         let sentence = SentenceConfig::load(dir, &model.config)?;
         let tokenizer = load_tokenizer(&dir.join("tokenizer.json"), &model.config, &sentence)?;
         let device = match gpu {
-            None => Device::Cpu,
+            None => {
+                model.prepare_cpu();
+                Device::Cpu
+            }
             Some(gpu) => {
                 let model = GpuBert::new(&gpu, &model)?;
                 Device::Gpu(Box::new(GpuEncoder { gpu, model }))

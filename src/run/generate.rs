@@ -154,8 +154,7 @@ pub fn generate(
         next = if sampler.is_greedy() {
             model.step_greedy(next)?
         } else {
-            let logits = model.forward(&[next], false)?;
-            sampler.sample(&logits, &history)
+            model.step_sample(next, sampler, &history)?
         };
     }
     if finish != FinishReason::Stop {

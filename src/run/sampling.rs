@@ -40,16 +40,7 @@ pub struct Sampler {
     rng: Rng,
 }
 
-/// Index of the largest value; the first one on ties (as torch.argmax).
-pub fn argmax(x: &[f32]) -> usize {
-    let mut best = 0;
-    for (i, &v) in x.iter().enumerate() {
-        if v > x[best] {
-            best = i;
-        }
-    }
-    best
-}
+pub use crate::cpu::argmax;
 
 impl Sampler {
     pub fn new(opts: SamplingOptions) -> Sampler {
@@ -90,13 +81,32 @@ impl Sampler {
         if self.opts.temperature <= 0.0 {
             return argmax(&logits) as u32;
         }
-        // Candidates sorted by logit, descending.
-        let mut cand: Vec<(u32, f32)> = logits
-            .iter()
-            .enumerate()
-            .map(|(i, &l)| (i as u32, l))
-            .collect();
-        cand.sort_by(|a, b| b.1.total_cmp(&a.1));
+        self.sample_sorted(crate::cpu::top_k(&logits, logits.len()))
+    }
+
+    /// When the draw depends only on the `k` most likely tokens (sampling
+    /// with top-k on and no repetition penalty), returns that k: a backend
+    /// can then read back only the top candidates (see [`Sampler::sample_top`]).
+    pub fn candidates_needed(&self) -> Option<usize> {
+        (self.opts.temperature > 0.0 && self.opts.repeat_penalty == 1.0 && self.opts.top_k > 0)
+            .then_some(self.opts.top_k)
+    }
+
+    /// The draw [`Sampler::sample`] makes from the full logits, given only
+    /// the most likely tokens as `cpu::top_k` orders them (by logit,
+    /// descending, ties to the lower id), at least
+    /// [`Sampler::candidates_needed`] of them.
+    pub fn sample_top(&mut self, candidates: Vec<(u32, f32)>) -> u32 {
+        assert!(
+            self.candidates_needed().is_some(),
+            "sample_top: this draw needs every logit"
+        );
+        self.sample_sorted(candidates)
+    }
+
+    /// Top-k, top-p, min-p, temperature and the draw over candidates sorted
+    /// by logit, descending.
+    fn sample_sorted(&mut self, mut cand: Vec<(u32, f32)>) -> u32 {
         if self.opts.top_k > 0 {
             cand.truncate(self.opts.top_k.max(1));
         }

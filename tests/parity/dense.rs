@@ -120,37 +120,40 @@ fn matmul(gpu: &Gpu, v: &Variant) {
 
 fn layer_norm(gpu: &Gpu, v: &Variant) {
     let mut rng = Rng::new(4);
-    for &n in SIZES {
-        for rows in [1, 3] {
-            // Rows with a common offset: a one-pass variance would lose
-            // digits to cancellation here.
-            let x: Vec<f32> = rng
-                .vec(rows * n, -3.0, 3.0)
-                .iter()
-                .map(|v| v + 10.0)
-                .collect();
-            let w = rng.vec(n, 0.5, 1.5);
-            let b = rng.vec(n, -0.5, 0.5);
-            let mut want = vec![0.0; rows * n];
-            cpu::layer_norm(&x, &w, &b, 1e-12, &mut want);
-            let gx = gpu.upload_f32("x", &x).unwrap();
-            let gw = gpu.upload_f32("w", &w).unwrap();
-            let gb = gpu.upload_f32("b", &b).unwrap();
-            let gy = gpu.poisoned_f32("y", rows * n).unwrap();
-            let d = dense::layer_norm(gpu, v, &gx, &gw, &gb, &gy, n, rows, 1e-12).unwrap();
-            gpu.run_all(&[&d]).unwrap();
-            let got = gpu.read_f32(&gy).unwrap();
-            // The summation order of the mean differs (sequential on the
-            // CPU, a tree on the GPU): a sum of n values near 10 is off by
-            // up to ~sqrt(n) ulps of the sum, a few 1e-6 against deviations
-            // of ~1.7; squared, up to ~3e-11 measured at n = 1025.
-            assert_close(
-                &format!("layer_norm {} n={n} rows={rows}", v.key()),
-                &got[..rows * n],
-                &want,
-                1e-10,
-            );
-        }
+    let shapes = SIZES
+        .iter()
+        .flat_map(|&n| [(n, 1), (n, 3)])
+        // More rows than one dispatch dimension holds (65535).
+        .chain([(7, 70_000)]);
+    for (n, rows) in shapes {
+        // Rows with a common offset: a one-pass variance would lose
+        // digits to cancellation here.
+        let x: Vec<f32> = rng
+            .vec(rows * n, -3.0, 3.0)
+            .iter()
+            .map(|v| v + 10.0)
+            .collect();
+        let w = rng.vec(n, 0.5, 1.5);
+        let b = rng.vec(n, -0.5, 0.5);
+        let mut want = vec![0.0; rows * n];
+        cpu::layer_norm(&x, &w, &b, 1e-12, &mut want);
+        let gx = gpu.upload_f32("x", &x).unwrap();
+        let gw = gpu.upload_f32("w", &w).unwrap();
+        let gb = gpu.upload_f32("b", &b).unwrap();
+        let gy = gpu.poisoned_f32("y", rows * n).unwrap();
+        let d = dense::layer_norm(gpu, v, &gx, &gw, &gb, &gy, n, rows, 1e-12).unwrap();
+        gpu.run_all(&[&d]).unwrap();
+        let got = gpu.read_f32(&gy).unwrap();
+        // The summation order of the mean differs (sequential on the
+        // CPU, a tree on the GPU): a sum of n values near 10 is off by
+        // up to ~sqrt(n) ulps of the sum, a few 1e-6 against deviations
+        // of ~1.7; squared, up to ~3e-11 measured at n = 1025.
+        assert_close(
+            &format!("layer_norm {} n={n} rows={rows}", v.key()),
+            &got[..rows * n],
+            &want,
+            1e-10,
+        );
     }
 }
 

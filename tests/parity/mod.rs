@@ -7,6 +7,10 @@
 
 pub mod basic;
 pub mod dense;
+pub mod llm;
+pub mod speech;
+pub mod vision;
+pub mod whisper;
 
 use lfm::gpu::{Gpu, GpuOptions, Kernel, Variant};
 use std::sync::OnceLock;

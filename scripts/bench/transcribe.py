@@ -1,0 +1,123 @@
+#!/usr/bin/env python3
+"""Real-time factor of `transcribe` next to faster-whisper, in the same run.
+
+Builds one benchmark recording from the five LibriVox clips of Debian's
+pocketsphinx-testdata (each clip followed by 1 s of silence, the whole
+sequence twice: about 57 s, two 30 s windows), then times, for each arm,
+`--reps` runs of the whole transcription (model load excluded where the
+tool reports it, audio decoding included):
+
+  lfm-cpu       target/release/transcribe --cpu
+  lfm-gpu       target/release/transcribe            (unless --no-gpu)
+  faster-whisper  WhisperModel(..., device, compute_type) on the same
+                  CTranslate2 files, same decoding options (greedy, best_of 5,
+                  temperature fallback, no VAD)
+
+Prints a markdown table (mean +- sd of wall time, real-time factor) and
+writes the raw numbers as JSON when --json is given.
+
+Usage: scripts/bench/transcribe.py [--model DIR] [--reps N] [--fw-device cpu|cuda]
+       [--fw-compute-type float32|float16|int8] [--no-gpu] [--json OUT]
+"""
+import argparse
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import wave
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+CLIPS = os.environ.get("CLIPS_DIR", "/usr/share/pocketsphinx/test/data/librivox")
+
+
+def build_recording(path):
+    frames = b""
+    for _ in range(2):
+        for name in sorted(f for f in os.listdir(CLIPS) if f.endswith(".wav")):
+            with wave.open(os.path.join(CLIPS, name)) as w:
+                assert (w.getnchannels(), w.getsampwidth(), w.getframerate()) == (1, 2, 16000)
+                frames += w.readframes(w.getnframes())
+            frames += b"\0\0" * 16000
+    with wave.open(path, "wb") as w:
+        w.setnchannels(1)
+        w.setsampwidth(2)
+        w.setframerate(16000)
+        w.writeframes(frames)
+    return len(frames) / 2 / 16000
+
+
+def time_lfm(binary, args, audio, reps):
+    """Seconds per run as the tool reports them (load excluded), and the text."""
+    times, text = [], ""
+    for _ in range(reps):
+        o = subprocess.run([binary, *args, audio], capture_output=True, text=True, check=True)
+        m = re.search(r"of audio in ([0-9.]+) s", o.stderr)
+        times.append(float(m.group(1)))
+        text = o.stdout.strip()
+        device = o.stderr.strip().splitlines()[-1].split(", ")[-1]
+    return times, text, device
+
+
+def time_faster_whisper(model_dir, audio, reps, device, compute_type):
+    from faster_whisper import WhisperModel
+
+    model = WhisperModel(model_dir, device=device, compute_type=compute_type)
+    times, text = [], ""
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        segments, _ = model.transcribe(audio, language="en", beam_size=1, best_of=5, vad_filter=False,
+                                       condition_on_previous_text=True, without_timestamps=False)
+        text = " ".join(s.text.strip() for s in segments)
+        times.append(time.perf_counter() - t0)
+    return times, text
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--model", default=os.path.join(ROOT, "samples/models/whisper-tiny.en"))
+    ap.add_argument("--binary", default=os.path.join(ROOT, "target/release/transcribe"))
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--fw-device", default="cpu")
+    ap.add_argument("--fw-compute-type", default="float32")
+    ap.add_argument("--no-gpu", action="store_true")
+    ap.add_argument("--no-cpu", action="store_true")
+    ap.add_argument("--json")
+    a = ap.parse_args()
+
+    tmp = tempfile.mkdtemp()
+    audio = os.path.join(tmp, "librivox-x2.wav")
+    seconds = build_recording(audio)
+    arms = []
+    model_args = ["-m", a.model]
+    if not a.no_cpu:
+        arms.append(("lfm --cpu", *time_lfm(a.binary, ["--cpu", *model_args], audio, a.reps)))
+    if not a.no_gpu:
+        arms.append(("lfm (GPU encoder)", *time_lfm(a.binary, model_args, audio, a.reps)))
+    try:
+        t, text = time_faster_whisper(a.model, audio, a.reps, a.fw_device, a.fw_compute_type)
+        arms.append((f"faster-whisper {a.fw_device} {a.fw_compute_type}", t, text, a.fw_device))
+    except Exception as e:  # reported, not fatal: the lfm numbers still stand
+        print(f"faster-whisper did not run: {e}", file=sys.stderr)
+
+    print(f"audio: {seconds:.1f} s ({os.path.basename(audio)}), model {a.model}, {a.reps} runs each\n")
+    print("| arm | device | time per run (s) | real-time factor |")
+    print("|---|---|---|---|")
+    rows = []
+    for name, times, text, device in arms:
+        mean = statistics.mean(times)
+        sd = statistics.stdev(times) if len(times) > 1 else 0.0
+        print(f"| {name} | {device} | {mean:.2f} ± {sd:.2f} | {mean / seconds:.3f} |")
+        rows.append(dict(arm=name, device=device, times=times, rtf=mean / seconds, text=text))
+    for r in rows:
+        print(f"\n{r['arm']}: {r['text'][:160]}...", file=sys.stderr)
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(dict(audio_seconds=seconds, model=a.model, reps=a.reps, arms=rows), f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

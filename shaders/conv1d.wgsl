@@ -1,0 +1,75 @@
+// conv1d: y[o, t] = act_out(b[o] + sum_{i,k} w[o, i, k] * act_in(x[i, t + k*dilation - pad_left]) + res[o, t])
+// with act_in(v) = leaky_relu(v * in_scale, in_slope) (in_slope 1 = identity) and
+// act_out = tanh when out_tanh, else identity; out-of-range inputs are zero padding.
+// Stride 1, groups 1 (what the HiFi-GAN decoder and the flow's WaveNet use).
+// bindings: 0 params, 1 x: [c_in, t_in], 2 w: packed [c_in, kernel, c_out_pad / 4] vec4
+//           (gpu::speech::pack_conv1d_weights; c_out_pad = c_out rounded up to 8, zeros),
+//           3 b: [c_out], 4 res: [c_out, t_out] (read only when has_res), 5 y: [c_out, t_out]
+// dispatch: (ceil(t_out / WG), ceil(c_out / 8), 1); each invocation computes one time
+// step for 8 output channels, so every input value read feeds 8 products, held in two
+// vec4 registers, and the whole workgroup reads the same two vec4 weights.
+
+struct Params {
+    c_in: u32, c_out: u32, t_in: u32, t_out: u32,
+    kernel: u32, dilation: u32, pad_left: u32, has_res: u32,
+    in_scale: f32, in_slope: f32, out_tanh: u32, c_out_pad: u32,
+}
+
+@group(0) @binding(0) var<uniform> p: Params;
+@group(0) @binding(1) var<storage, read> x: array<f32>;
+@group(0) @binding(2) var<storage, read> w: array<vec4<f32>>;
+@group(0) @binding(3) var<storage, read> b: array<f32>;
+@group(0) @binding(4) var<storage, read> res: array<f32>;
+@group(0) @binding(5) var<storage, read_write> y: array<f32>;
+
+override WG: u32 = 64u;
+
+@compute @workgroup_size(WG)
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+    let t = wid.x * WG + lid;
+    let o0 = wid.y * 8u;
+    if (t >= p.t_out) {
+        return;
+    }
+    var acc0 = vec4<f32>(0.0);
+    var acc1 = vec4<f32>(0.0);
+    let row = p.c_out_pad / 4u;
+    for (var k = 0u; k < p.kernel; k++) {
+        let src = i32(t + k * p.dilation) - i32(p.pad_left);
+        if (src < 0 || src >= i32(p.t_in)) {
+            continue;
+        }
+        var xi = u32(src);
+        var wi = k * row + o0 / 4u;
+        let wstep = p.kernel * row;
+        for (var i = 0u; i < p.c_in; i++) {
+            var v = x[xi] * p.in_scale;
+            if (v < 0.0) {
+                v = v * p.in_slope;
+            }
+            acc0 += v * w[wi];
+            acc1 += v * w[wi + 1u];
+            xi += p.t_in;
+            wi += wstep;
+        }
+    }
+    for (var j = 0u; j < 8u; j++) {
+        let o = o0 + j;
+        if (o >= p.c_out) {
+            break;
+        }
+        var v = b[o];
+        if (j < 4u) {
+            v += acc0[j];
+        } else {
+            v += acc1[j - 4u];
+        }
+        if (p.has_res != 0u) {
+            v += res[o * p.t_out + t];
+        }
+        if (p.out_tanh != 0u) {
+            v = tanh(v);
+        }
+        y[o * p.t_out + t] = v;
+    }
+}

@@ -1,0 +1,168 @@
+// flash_attention: causal grouped-query attention of n_q new queries against
+// the key/value caches, in one pass with an online softmax (running max m,
+// running sum l). kv_len = step[2] positions are cached; query t sees the
+// first kv_len - n_q + t + 1. For decode the positions are split over
+// `splits` = step[3] workgroups per head (flash-decode): with one split the
+// result goes straight to out, otherwise each split writes its unnormalised
+// sums and (m, l) to part and flash_attention_merge combines them.
+// bindings: 0 params, 1 q: [n_q, heads * hd], 2 kc, 3 vc: [positions, kv_stride],
+//           4 step: array<u32> [token, pos0, kv_len, splits],
+//           5 out: [n_q, heads * hd], 6 part: [n_q, heads, splits, hd + 2]
+//           (out, part read_write)
+// dispatch: (splits, heads, n_q) workgroups of 64 threads; hd <= 256
+// variants: SUBGROUPS reduces with subgroup ops, otherwise a shared-memory tree.
+
+struct Params {
+    heads: u32,
+    kv_heads: u32,
+    hd: u32,
+    n_q: u32,
+    scale: f32,
+    kv_stride: u32,
+    _p0: u32,
+    _p1: u32,
+}
+
+@group(0) @binding(0) var<uniform> p: Params;
+@group(0) @binding(1) var<storage, read> q: array<f32>;
+@group(0) @binding(2) var<storage, read> kc: array<f32>;
+@group(0) @binding(3) var<storage, read> vc: array<f32>;
+@group(0) @binding(4) var<storage, read> step: array<u32>;
+@group(0) @binding(5) var<storage, read_write> out: array<f32>;
+@group(0) @binding(6) var<storage, read_write> part: array<f32>;
+
+const WG: u32 = 64u;
+// A finite "minus infinity": exp(NEG - NEG) stays 1, never NaN.
+const NEG: f32 = -1.0e30;
+
+var<workgroup> qs: array<f32, 256>;
+var<workgroup> ps: array<f32, 64>;
+var<workgroup> red: array<f32, 64>;
+
+fn wg_reduce(v: f32, lid: u32, is_max: bool
+#if SUBGROUPS
+             , sid: u32, ssize: u32
+#endif
+) -> f32 {
+#if SUBGROUPS
+    var s: f32;
+    if (is_max) {
+        s = subgroupMax(v);
+    } else {
+        s = subgroupAdd(v);
+    }
+    if (sid == 0u) {
+        red[lid / ssize] = s;
+    }
+    workgroupBarrier();
+    var r = red[0];
+    for (var i = 1u; i < (WG + ssize - 1u) / ssize; i++) {
+        if (is_max) {
+            r = max(r, red[i]);
+        } else {
+            r += red[i];
+        }
+    }
+#else
+    red[lid] = v;
+    workgroupBarrier();
+    for (var st = WG / 2u; st > 0u; st >>= 1u) {
+        if (lid < st) {
+            if (is_max) {
+                red[lid] = max(red[lid], red[lid + st]);
+            } else {
+                red[lid] += red[lid + st];
+            }
+        }
+        workgroupBarrier();
+    }
+    let r = red[0];
+#endif
+    workgroupBarrier();
+    return r;
+}
+
+@compute @workgroup_size(64)
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32
+#if SUBGROUPS
+        , @builtin(subgroup_invocation_id) sid: u32, @builtin(subgroup_size) ssize: u32
+#endif
+) {
+    let s = wid.x;
+    let h = wid.y;
+    let t = wid.z;
+    let hd = p.hd;
+    let kv_len = step[2];
+    let splits = step[3];
+    let visible = kv_len - p.n_q + t + 1u;
+    let chunk = (visible + splits - 1u) / splits;
+    let start = min(s * chunk, visible);
+    let end = min(start + chunk, visible);
+    let kh = h / (p.heads / p.kv_heads);
+    let kvo = kh * hd;
+    for (var d = lid; d < hd; d += WG) {
+        qs[d] = q[(t * p.heads + h) * hd + d];
+    }
+    workgroupBarrier();
+    var m = NEG;
+    var l = 0.0;
+    var acc = array<f32, 4>();
+    for (var j0 = start; j0 < end; j0 += WG) {
+        let j = j0 + lid;
+        var sc = NEG;
+        if (j < end) {
+            var sd = 0.0;
+            for (var d = 0u; d < hd; d++) {
+                sd += qs[d] * kc[j * p.kv_stride + kvo + d];
+            }
+            sc = sd * p.scale;
+        }
+#if SUBGROUPS
+        let m_new = max(m, wg_reduce(sc, lid, true, sid, ssize));
+#else
+        let m_new = max(m, wg_reduce(sc, lid, true));
+#endif
+        let pj = select(0.0, exp(sc - m_new), j < end);
+        ps[lid] = pj;
+#if SUBGROUPS
+        let tsum = wg_reduce(pj, lid, false, sid, ssize);
+#else
+        let tsum = wg_reduce(pj, lid, false);
+#endif
+        let corr = exp(m - m_new);
+        l = l * corr + tsum;
+        let cnt = min(WG, end - j0);
+        for (var i = 0u; i < 4u; i++) {
+            let d = lid + i * WG;
+            if (d < hd) {
+                var a = acc[i] * corr;
+                for (var jj = 0u; jj < cnt; jj++) {
+                    a += ps[jj] * vc[(j0 + jj) * p.kv_stride + kvo + d];
+                }
+                acc[i] = a;
+            }
+        }
+        m = m_new;
+        workgroupBarrier();
+    }
+    if (splits == 1u) {
+        for (var i = 0u; i < 4u; i++) {
+            let d = lid + i * WG;
+            if (d < hd) {
+                out[(t * p.heads + h) * hd + d] = acc[i] / l;
+            }
+        }
+    } else {
+        let pb = ((t * p.heads + h) * splits + s) * (hd + 2u);
+        for (var i = 0u; i < 4u; i++) {
+            let d = lid + i * WG;
+            if (d < hd) {
+                part[pb + d] = acc[i];
+            }
+        }
+        if (lid == 0u) {
+            part[pb + hd] = m;
+            part[pb + hd + 1u] = l;
+        }
+    }
+}

@@ -1,0 +1,96 @@
+// qk_rope: prepares the new tokens' queries, keys and values for attention.
+// qkv holds each token's projections side by side ([n, q | k | v]). One
+// workgroup per (head, token): a query head goes to q_out, a key head to the
+// key cache and its value head to the value cache, at cache row pos0 + t
+// (pos0 = step[1]). QK_NORM first applies LFM2's per-head RMSNorm (weights
+// qn, kn); then RoPE rotates the first 2 half dimensions in pairs (i, i + half)
+// or, when interleaved, (2i, 2i + 1), by the angles in cs ([n, half, 2]
+// cos/sin, computed in f64 on the host: cpu::rope_table).
+// bindings: 0 params, 1 qkv: [n, qkv_stride], 2 qn: [hd], 3 kn: [hd],
+//           4 cs: [n, half, 2], 5 step: array<u32> [token, pos0, kv_len, splits],
+//           6 q_out: [n, heads * hd], 7 kc, 8 vc: [positions, kv_heads * hd]
+//           (q_out, kc, vc read_write)
+// dispatch: (heads + kv_heads, n, 1) workgroups of 64 threads; hd <= 512
+
+struct Params {
+    heads: u32,
+    kv_heads: u32,
+    hd: u32,
+    half: u32,
+    interleaved: u32,
+    n: u32,
+    eps: f32,
+    qkv_stride: u32,
+}
+
+@group(0) @binding(0) var<uniform> p: Params;
+@group(0) @binding(1) var<storage, read> qkv: array<f32>;
+@group(0) @binding(2) var<storage, read> qn: array<f32>;
+@group(0) @binding(3) var<storage, read> kn: array<f32>;
+@group(0) @binding(4) var<storage, read> cs: array<f32>;
+@group(0) @binding(5) var<storage, read> step: array<u32>;
+@group(0) @binding(6) var<storage, read_write> q_out: array<f32>;
+@group(0) @binding(7) var<storage, read_write> kc: array<f32>;
+@group(0) @binding(8) var<storage, read_write> vc: array<f32>;
+
+var<workgroup> head: array<f32, 512>;
+var<workgroup> red: array<f32, 64>;
+
+@compute @workgroup_size(64)
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+    let hi = wid.x;
+    let t = wid.y;
+    let hd = p.hd;
+    let is_q = hi < p.heads;
+    let kvw = p.kv_heads * hd;
+    let kh = hi - select(p.heads, 0u, is_q);
+    let src = t * p.qkv_stride + select(p.heads * hd + kh * hd, hi * hd, is_q);
+    var ss = 0.0;
+    for (var d = lid; d < hd; d += 64u) {
+        let v = qkv[src + d];
+        head[d] = v;
+        ss += v * v;
+    }
+#if QK_NORM
+    red[lid] = ss;
+    workgroupBarrier();
+    for (var s = 32u; s > 0u; s >>= 1u) {
+        if (lid < s) {
+            red[lid] += red[lid + s];
+        }
+        workgroupBarrier();
+    }
+    let scale = 1.0 / sqrt(red[0] / f32(hd) + p.eps);
+    for (var d = lid; d < hd; d += 64u) {
+        let g = select(kn[d], qn[d], is_q);
+        head[d] = g * (head[d] * scale);
+    }
+#endif
+    workgroupBarrier();
+    for (var i = lid; i < p.half; i += 64u) {
+        let c = cs[(t * p.half + i) * 2u];
+        let s = cs[(t * p.half + i) * 2u + 1u];
+        var a = i;
+        var b = i + p.half;
+        if (p.interleaved != 0u) {
+            a = 2u * i;
+            b = 2u * i + 1u;
+        }
+        let x0 = head[a];
+        let x1 = head[b];
+        head[a] = x0 * c - x1 * s;
+        head[b] = x0 * s + x1 * c;
+    }
+    workgroupBarrier();
+    if (is_q) {
+        for (var d = lid; d < hd; d += 64u) {
+            q_out[(t * p.heads + hi) * hd + d] = head[d];
+        }
+    } else {
+        let dst = (step[1] + t) * kvw + kh * hd;
+        for (var d = lid; d < hd; d += 64u) {
+            kc[dst + d] = head[d];
+            vc[dst + d] = qkv[src + kvw + d];
+        }
+    }
+}

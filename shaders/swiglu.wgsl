@@ -1,0 +1,23 @@
+// swiglu: y[t, i] = silu(gu[t, i]) * gu[t, f + i]; gu holds the gate and up
+// projections of each token side by side ([n, 2 f]), as gemm writes them.
+// bindings: 0 params {f, n}, 1 gu: [n, 2 f], 2 y: [n, f] (read_write)
+// dispatch: ceil(n f / 256) workgroups, spread over x and y (gpu::ops::groups_1d)
+
+struct Params { f: u32, n: u32, _p0: u32, _p1: u32 }
+
+@group(0) @binding(0) var<uniform> p: Params;
+@group(0) @binding(1) var<storage, read> gu: array<f32>;
+@group(0) @binding(2) var<storage, read_write> y: array<f32>;
+
+@compute @workgroup_size(256)
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+        @builtin(local_invocation_index) lid: u32) {
+    let idx = (wid.y * nwg.x + wid.x) * 256u + lid;
+    if (idx >= p.f * p.n) {
+        return;
+    }
+    let t = idx / p.f;
+    let i = idx % p.f;
+    let g = gu[t * 2u * p.f + i];
+    y[idx] = g / (1.0 + exp(-g)) * gu[t * 2u * p.f + p.f + i];
+}

@@ -1,0 +1,5 @@
+use clap::Parser;
+
+fn main() -> std::process::ExitCode {
+    lfm::cli::finish(lfm::cli::speak::run(lfm::cli::speak::Args::parse()))
+}

@@ -1,0 +1,6 @@
+use clap::Parser;
+fn main() -> std::process::ExitCode {
+    lfm::cli::finish(lfm::cli::transcribe::run(
+        lfm::cli::transcribe::Args::parse(),
+    ))
+}

@@ -1,0 +1,679 @@
+//! Convolutional-network ops on one image in NCHW order (`[c, h, w]`,
+//! row-major): 2-D convolution with a fused activation, global average
+//! pooling, per-channel scaling, nearest-neighbour resize and channel
+//! concatenation.
+//!
+//! [`conv2d`] is the plain reference for every convolution. The faster
+//! versions the models run, [`conv2d_pointwise`] for 1x1 layers and
+//! [`conv2d_rows`] for the others, compute the same sums in the same order
+//! and are tested equal to it.
+
+use rayon::prelude::*;
+
+/// An activation applied to a convolution's output, as ONNX defines it.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum ConvActivation {
+    None,
+    Relu,
+    /// x * clip(x + 3, 0, 6) / 6
+    HardSwish,
+    /// clip(alpha * x + beta, 0, 1)
+    HardSigmoid {
+        alpha: f32,
+        beta: f32,
+    },
+    Sigmoid,
+}
+
+impl ConvActivation {
+    #[inline]
+    pub fn apply(self, x: f32) -> f32 {
+        match self {
+            ConvActivation::None => x,
+            ConvActivation::Relu => x.max(0.0),
+            // Same operation order as the ONNX graphs that spell it out
+            // (Add, Clip, Mul, Div).
+            ConvActivation::HardSwish => x * (x + 3.0).clamp(0.0, 6.0) / 6.0,
+            ConvActivation::HardSigmoid { alpha, beta } => (alpha * x + beta).clamp(0.0, 1.0),
+            ConvActivation::Sigmoid => 1.0 / (1.0 + (-x).exp()),
+        }
+    }
+}
+
+/// The geometry of a 2-D convolution over one image.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Conv2d {
+    pub c_in: usize,
+    pub h_in: usize,
+    pub w_in: usize,
+    pub c_out: usize,
+    pub kh: usize,
+    pub kw: usize,
+    /// [vertical, horizontal]
+    pub stride: [usize; 2],
+    /// [top, left, bottom, right], as ONNX orders `pads` for 2-D.
+    pub pad: [usize; 4],
+    /// [vertical, horizontal]
+    pub dilation: [usize; 2],
+    pub groups: usize,
+}
+
+impl Conv2d {
+    pub fn h_out(&self) -> usize {
+        (self.h_in + self.pad[0] + self.pad[2] - self.dilation[0] * (self.kh - 1) - 1)
+            / self.stride[0]
+            + 1
+    }
+
+    pub fn w_out(&self) -> usize {
+        (self.w_in + self.pad[1] + self.pad[3] - self.dilation[1] * (self.kw - 1) - 1)
+            / self.stride[1]
+            + 1
+    }
+
+    /// Elements of the weight tensor `[c_out, c_in / groups, kh, kw]`.
+    pub fn weight_len(&self) -> usize {
+        self.c_out * (self.c_in / self.groups) * self.kh * self.kw
+    }
+
+    /// A 1x1 convolution without stride, padding or groups: a matrix product.
+    pub fn is_pointwise(&self) -> bool {
+        self.kh == 1
+            && self.kw == 1
+            && self.stride == [1, 1]
+            && self.pad == [0; 4]
+            && self.groups == 1
+    }
+
+    /// One filter per channel.
+    pub fn is_depthwise(&self) -> bool {
+        self.groups == self.c_in && self.c_out == self.c_in && self.groups > 1
+    }
+
+    /// Checks that the sizes describe a convolution with a non-empty output.
+    pub fn check(&self) -> Result<(), String> {
+        let ok = self.groups > 0
+            && self.c_in % self.groups == 0
+            && self.c_out % self.groups == 0
+            && self.kh > 0
+            && self.kw > 0
+            && self.stride.iter().all(|&s| s > 0)
+            && self.dilation.iter().all(|&d| d > 0)
+            && self.c_in > 0
+            && self.c_out > 0
+            && self.h_in + self.pad[0] + self.pad[2] > self.dilation[0] * (self.kh - 1)
+            && self.w_in + self.pad[1] + self.pad[3] > self.dilation[1] * (self.kw - 1);
+        if ok {
+            Ok(())
+        } else {
+            Err(format!("invalid convolution {self:?}"))
+        }
+    }
+
+    fn assert_buffers(&self, what: &str, x: &[f32], w: &[f32], b: &[f32], y: &[f32]) {
+        assert_eq!(
+            x.len(),
+            self.c_in * self.h_in * self.w_in,
+            "{what}: x is not [c_in, h, w]"
+        );
+        assert_eq!(
+            w.len(),
+            self.weight_len(),
+            "{what}: w is not [c_out, c_in/groups, kh, kw]"
+        );
+        assert_eq!(b.len(), self.c_out, "{what}: b is not [c_out]");
+        assert_eq!(
+            y.len(),
+            self.c_out * self.h_out() * self.w_out(),
+            "{what}: y is not [c_out, h_out, w_out]"
+        );
+    }
+}
+
+/// x: [c_in, h_in, w_in], w: [c_out, c_in / groups, kh, kw], b: [c_out]
+/// -> y: [c_out, h_out, w_out]; y = act(b + sum over the group's input
+/// channels and the kernel window of w * x), zero padding.
+///
+/// The reference: one plain loop nest per output element, in the order
+/// input channel, kernel row, kernel column.
+pub fn conv2d(g: &Conv2d, x: &[f32], w: &[f32], b: &[f32], act: ConvActivation, y: &mut [f32]) {
+    g.assert_buffers("conv2d", x, w, b, y);
+    let (h_out, w_out) = (g.h_out(), g.w_out());
+    let cin_g = g.c_in / g.groups;
+    let cout_g = g.c_out / g.groups;
+    y.par_chunks_mut(h_out * w_out)
+        .enumerate()
+        .for_each(|(o, plane)| {
+            let group = o / cout_g;
+            let wo = &w[o * cin_g * g.kh * g.kw..(o + 1) * cin_g * g.kh * g.kw];
+            for oy in 0..h_out {
+                for ox in 0..w_out {
+                    let mut acc = 0.0f32;
+                    for ci in 0..cin_g {
+                        let xc = &x[(group * cin_g + ci) * g.h_in * g.w_in..];
+                        for ky in 0..g.kh {
+                            let iy = (oy * g.stride[0] + ky * g.dilation[0]) as isize
+                                - g.pad[0] as isize;
+                            if iy < 0 || iy >= g.h_in as isize {
+                                continue;
+                            }
+                            for kx in 0..g.kw {
+                                let ix = (ox * g.stride[1] + kx * g.dilation[1]) as isize
+                                    - g.pad[1] as isize;
+                                if ix < 0 || ix >= g.w_in as isize {
+                                    continue;
+                                }
+                                acc += wo[(ci * g.kh + ky) * g.kw + kx]
+                                    * xc[iy as usize * g.w_in + ix as usize];
+                            }
+                        }
+                    }
+                    plane[oy * w_out + ox] = act.apply(acc + b[o]);
+                }
+            }
+        });
+}
+
+/// Register tile of [`conv2d_pointwise`]: output channels x pixels whose
+/// sums stay in registers while the input channels stream past.
+const PW_OUTS: usize = 4;
+const PW_PIXELS: usize = 16;
+/// Pixels per task: the task copies its slice of every input channel into
+/// a contiguous panel (at most 128 KiB), read once per output tile.
+const PW_PANEL: usize = 64;
+
+/// A 1x1 convolution ([`Conv2d::is_pointwise`]): x: [c_in, n],
+/// w: [c_out, c_in], b: [c_out] -> y: [c_out, n] over the n = h * w pixels;
+/// y = act(b + w x). Same sums as [`conv2d`] (input channels in order),
+/// computed in 4 x 16 register tiles over packed panels of pixels.
+pub fn conv2d_pointwise(
+    g: &Conv2d,
+    x: &[f32],
+    w: &[f32],
+    b: &[f32],
+    act: ConvActivation,
+    y: &mut [f32],
+) {
+    assert!(g.is_pointwise(), "conv2d_pointwise: {g:?} is not 1x1");
+    g.assert_buffers("conv2d_pointwise", x, w, b, y);
+    let n = g.h_in * g.w_in;
+    if n == 0 {
+        return;
+    }
+    // Each task owns one pixel panel of every output row.
+    let mut panels: Vec<Vec<&mut [f32]>> = (0..n.div_ceil(PW_PANEL))
+        .map(|_| Vec::with_capacity(g.c_out))
+        .collect();
+    for row in y.chunks_mut(n) {
+        for (panel, piece) in panels.iter_mut().zip(row.chunks_mut(PW_PANEL)) {
+            panel.push(piece);
+        }
+    }
+    let avx2 = has_avx2();
+    panels
+        .into_par_iter()
+        .enumerate()
+        .for_each(|(i, mut outs)| {
+            let p0 = i * PW_PANEL;
+            if avx2 {
+                // SAFETY: the CPU has AVX2 (checked above).
+                #[cfg(target_arch = "x86_64")]
+                unsafe {
+                    pointwise_panel_avx2(g, x, w, b, act, p0, &mut outs)
+                }
+            } else {
+                pointwise_panel(g, x, w, b, act, p0, &mut outs)
+            }
+        });
+}
+
+/// Whether the AVX2 build of the hot loops can run here. The sums are the
+/// same either way: wider vectors only, no fused multiply-add.
+fn has_avx2() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        std::arch::is_x86_feature_detected!("avx2")
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn pointwise_panel_avx2(
+    g: &Conv2d,
+    x: &[f32],
+    w: &[f32],
+    b: &[f32],
+    act: ConvActivation,
+    p0: usize,
+    outs: &mut [&mut [f32]],
+) {
+    pointwise_panel(g, x, w, b, act, p0, outs)
+}
+
+/// The outputs of pixels p0.. (outs: one slice per output channel).
+#[inline(always)]
+fn pointwise_panel(
+    g: &Conv2d,
+    x: &[f32],
+    w: &[f32],
+    b: &[f32],
+    act: ConvActivation,
+    p0: usize,
+    outs: &mut [&mut [f32]],
+) {
+    let (c_in, n) = (g.c_in, g.h_in * g.w_in);
+    let len = outs[0].len();
+    let tiles = len.div_ceil(PW_PIXELS);
+    // packed[tile][ci][pixel], zero past the last pixel.
+    let mut packed = vec![0.0f32; tiles * c_in * PW_PIXELS];
+    for ci in 0..c_in {
+        let src = &x[ci * n + p0..ci * n + p0 + len];
+        for (t, chunk) in src.chunks(PW_PIXELS).enumerate() {
+            let at = (t * c_in + ci) * PW_PIXELS;
+            packed[at..at + chunk.len()].copy_from_slice(chunk);
+        }
+    }
+    let mut wt = vec![0.0f32; c_in * PW_OUTS];
+    for o0 in (0..g.c_out).step_by(PW_OUTS) {
+        let count = PW_OUTS.min(g.c_out - o0);
+        // wt[ci][j]: this block's weights, zero for missing outputs.
+        wt.fill(0.0);
+        for j in 0..count {
+            for ci in 0..c_in {
+                wt[ci * PW_OUTS + j] = w[(o0 + j) * c_in + ci];
+            }
+        }
+        for t in 0..tiles {
+            let acc = pointwise_tile(
+                &packed[t * c_in * PW_PIXELS..(t + 1) * c_in * PW_PIXELS],
+                &wt,
+            );
+            let (q0, q1) = (t * PW_PIXELS, (t * PW_PIXELS + PW_PIXELS).min(len));
+            for (j, row) in acc.iter().enumerate().take(count) {
+                let bias = b[o0 + j];
+                for (yv, &a) in outs[o0 + j][q0..q1].iter_mut().zip(row) {
+                    *yv = act.apply(a + bias);
+                }
+            }
+        }
+    }
+}
+
+/// Sums over the input channels for one register tile: xs is [c_in][16]
+/// packed pixels, wt is [c_in][4] weights.
+#[inline(always)]
+fn pointwise_tile(xs: &[f32], wt: &[f32]) -> [[f32; PW_PIXELS]; PW_OUTS] {
+    let mut acc = [[0.0f32; PW_PIXELS]; PW_OUTS];
+    for (xv, wv) in xs.chunks_exact(PW_PIXELS).zip(wt.chunks_exact(PW_OUTS)) {
+        for j in 0..PW_OUTS {
+            for k in 0..PW_PIXELS {
+                acc[j][k] += wv[j] * xv[k];
+            }
+        }
+    }
+    acc
+}
+
+/// Output pixels per register tile in [`conv2d_rows`].
+const ROW_TILE: usize = 16;
+
+/// Any convolution, by tiles of 16 output pixels along a row whose sums
+/// stay in registers over every input channel of the group and kernel tap,
+/// reading a zero-padded copy of the input so no tap needs a bounds test.
+/// Same sums as [`conv2d`] in the same order (input channel, kernel row,
+/// kernel column; padded taps add zero), bias added last. Used for
+/// depthwise and full convolutions; 1x1 ones go to [`conv2d_pointwise`].
+pub fn conv2d_rows(
+    g: &Conv2d,
+    x: &[f32],
+    w: &[f32],
+    b: &[f32],
+    act: ConvActivation,
+    y: &mut [f32],
+) {
+    g.assert_buffers("conv2d_rows", x, w, b, y);
+    let (hp, wp) = (g.h_in + g.pad[0] + g.pad[2], g.w_in + g.pad[1] + g.pad[3]);
+    let mut xp = vec![0.0f32; g.c_in * hp * wp];
+    xp.par_chunks_mut(hp * wp)
+        .zip(x.par_chunks(g.h_in * g.w_in))
+        .for_each(|(dst, src)| {
+            for (r, row) in src.chunks_exact(g.w_in).enumerate() {
+                let at = (r + g.pad[0]) * wp + g.pad[1];
+                dst[at..at + g.w_in].copy_from_slice(row);
+            }
+        });
+    let avx2 = has_avx2();
+    y.par_chunks_mut(g.h_out() * g.w_out())
+        .enumerate()
+        .for_each(|(o, plane)| {
+            if avx2 {
+                // SAFETY: the CPU has AVX2 (checked above).
+                #[cfg(target_arch = "x86_64")]
+                unsafe {
+                    rows_plane_avx2(g, &xp, w, b[o], act, o, plane)
+                }
+            } else {
+                rows_plane(g, &xp, w, b[o], act, o, plane)
+            }
+        });
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn rows_plane_avx2(
+    g: &Conv2d,
+    xp: &[f32],
+    w: &[f32],
+    bias: f32,
+    act: ConvActivation,
+    o: usize,
+    plane: &mut [f32],
+) {
+    rows_plane(g, xp, w, bias, act, o, plane)
+}
+
+/// Output channel `o` of [`conv2d_rows`] from the padded input `xp`.
+#[inline(always)]
+fn rows_plane(
+    g: &Conv2d,
+    xp: &[f32],
+    w: &[f32],
+    bias: f32,
+    act: ConvActivation,
+    o: usize,
+    plane: &mut [f32],
+) {
+    let (h_out, w_out) = (g.h_out(), g.w_out());
+    let (hp, wp) = (g.h_in + g.pad[0] + g.pad[2], g.w_in + g.pad[1] + g.pad[3]);
+    let [sy, sx] = g.stride;
+    let [dy, dx] = g.dilation;
+    let cin_g = g.c_in / g.groups;
+    let group = o / (g.c_out / g.groups);
+    let taps = g.kh * g.kw;
+    for oy in 0..h_out {
+        for ox0 in (0..w_out).step_by(ROW_TILE) {
+            let len = ROW_TILE.min(w_out - ox0);
+            let mut acc = [0.0f32; ROW_TILE];
+            for ci in 0..cin_g {
+                let xc = &xp[(group * cin_g + ci) * hp * wp..][..hp * wp];
+                let wc = &w[(o * cin_g + ci) * taps..][..taps];
+                for ky in 0..g.kh {
+                    let row = &xc[(oy * sy + ky * dy) * wp..][..wp];
+                    for kx in 0..g.kw {
+                        let wv = wc[ky * g.kw + kx];
+                        let base = ox0 * sx + kx * dx;
+                        match (len, sx) {
+                            (ROW_TILE, 1) => tap::<1>(&mut acc, row, base, wv),
+                            (ROW_TILE, 2) => tap::<2>(&mut acc, row, base, wv),
+                            _ => {
+                                for (k, a) in acc[..len].iter_mut().enumerate() {
+                                    *a += wv * row[base + k * sx];
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+            for (yv, &a) in plane[oy * w_out + ox0..][..len].iter_mut().zip(&acc) {
+                *yv = act.apply(a + bias);
+            }
+        }
+    }
+}
+
+/// acc[k] += wv * row[base + k * S] for a full tile, S known at compile time.
+#[inline(always)]
+fn tap<const S: usize>(acc: &mut [f32; ROW_TILE], row: &[f32], base: usize, wv: f32) {
+    let xs = &row[base..base + (ROW_TILE - 1) * S + 1];
+    for (k, a) in acc.iter_mut().enumerate() {
+        *a += wv * xs[k * S];
+    }
+}
+
+/// x: [c, n] -> y: [c]; the mean of each channel's `n` values.
+pub fn global_avg_pool(x: &[f32], c: usize, n: usize, y: &mut [f32]) {
+    assert_eq!(x.len(), c * n, "global_avg_pool: x is not [c, n]");
+    assert_eq!(y.len(), c, "global_avg_pool: y is not [c]");
+    for (yc, xc) in y.iter_mut().zip(x.chunks_exact(n.max(1))) {
+        *yc = xc.iter().sum::<f32>() / n as f32;
+    }
+}
+
+/// x: [c, n], s: [c] -> y: [c, n]; y = x * s per channel (squeeze-and-
+/// excitation).
+pub fn scale_channels(x: &[f32], s: &[f32], n: usize, y: &mut [f32]) {
+    assert_eq!(x.len(), s.len() * n, "scale_channels: x is not [c, n]");
+    assert_eq!(y.len(), x.len(), "scale_channels: y is not [c, n]");
+    if n == 0 {
+        return;
+    }
+    y.par_chunks_mut(n)
+        .zip(x.par_chunks(n))
+        .zip(s.par_iter())
+        .for_each(|((yc, xc), &sc)| {
+            for (yv, &xv) in yc.iter_mut().zip(xc) {
+                *yv = xv * sc;
+            }
+        });
+}
+
+/// x: [c, h_in, w_in] -> y: [c, h_out, w_out], nearest neighbour with
+/// ONNX Resize's `asymmetric` coordinates and `floor` rounding: output pixel
+/// (oy, ox) reads input (floor(oy / scale_h), floor(ox / scale_w)), clamped
+/// to the image.
+pub fn resize_nearest(
+    x: &[f32],
+    c: usize,
+    [h_in, w_in]: [usize; 2],
+    [h_out, w_out]: [usize; 2],
+    [scale_h, scale_w]: [f32; 2],
+    y: &mut [f32],
+) {
+    assert_eq!(
+        x.len(),
+        c * h_in * w_in,
+        "resize_nearest: x is not [c, h_in, w_in]"
+    );
+    assert_eq!(
+        y.len(),
+        c * h_out * w_out,
+        "resize_nearest: y is not [c, h_out, w_out]"
+    );
+    let src = |o: usize, scale: f32, n: usize| ((o as f32 / scale).floor() as usize).min(n - 1);
+    let cols: Vec<usize> = (0..w_out).map(|ox| src(ox, scale_w, w_in)).collect();
+    for (yc, xc) in y
+        .chunks_exact_mut(h_out * w_out)
+        .zip(x.chunks_exact(h_in * w_in))
+    {
+        for oy in 0..h_out {
+            let xr = &xc[src(oy, scale_h, h_in) * w_in..];
+            for (yv, &ix) in yc[oy * w_out..(oy + 1) * w_out].iter_mut().zip(&cols) {
+                *yv = xr[ix];
+            }
+        }
+    }
+}
+
+/// Concatenation along channels of one image: the parts one after another.
+pub fn concat(parts: &[&[f32]], y: &mut [f32]) {
+    assert_eq!(
+        parts.iter().map(|p| p.len()).sum::<usize>(),
+        y.len(),
+        "concat: output length"
+    );
+    let mut at = 0;
+    for p in parts {
+        y[at..at + p.len()].copy_from_slice(p);
+        at += p.len();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::util::rng::Rng;
+
+    #[test]
+    fn conv2d_known_values() {
+        // 1 channel 3x3 input, 2x2 kernel of ones, stride 1, pad 0:
+        // every output is the sum of a 2x2 window, plus the bias.
+        let g = Conv2d {
+            c_in: 1,
+            h_in: 3,
+            w_in: 3,
+            c_out: 1,
+            kh: 2,
+            kw: 2,
+            stride: [1, 1],
+            pad: [0; 4],
+            dilation: [1, 1],
+            groups: 1,
+        };
+        let x: Vec<f32> = (1..=9).map(|v| v as f32).collect();
+        let mut y = vec![0.0; 4];
+        conv2d(&g, &x, &[1.0; 4], &[0.5], ConvActivation::None, &mut y);
+        assert_eq!(y, [12.5, 16.5, 24.5, 28.5]);
+        // Padding 1 on every side, stride 2: corners see one 2x2 quarter.
+        let g = Conv2d {
+            pad: [1; 4],
+            stride: [2, 2],
+            ..g
+        };
+        assert_eq!((g.h_out(), g.w_out()), (2, 2));
+        conv2d(&g, &x, &[1.0; 4], &[0.0], ConvActivation::None, &mut y);
+        assert_eq!(y, [1.0, 5.0, 11.0, 28.0]);
+    }
+
+    #[test]
+    fn activations() {
+        assert_eq!(ConvActivation::HardSwish.apply(-4.0), 0.0);
+        assert_eq!(ConvActivation::HardSwish.apply(4.0), 4.0);
+        assert_eq!(ConvActivation::HardSwish.apply(1.0), 4.0 / 6.0);
+        let hs = ConvActivation::HardSigmoid {
+            alpha: 0.2,
+            beta: 0.5,
+        };
+        assert_eq!(hs.apply(10.0), 1.0);
+        assert_eq!(hs.apply(0.0), 0.5);
+        assert_eq!(ConvActivation::Relu.apply(-1.0), 0.0);
+        assert!((ConvActivation::Sigmoid.apply(0.0) - 0.5).abs() < 1e-7);
+    }
+
+    #[test]
+    fn pointwise_matches_the_reference() {
+        let mut rng = Rng::new(3);
+        for (c_in, c_out, h, w) in [
+            (1, 1, 1, 1),
+            (3, 5, 7, 9),
+            (17, 9, 13, 21),
+            (33, 20, 16, 17),
+        ] {
+            let g = Conv2d {
+                c_in,
+                h_in: h,
+                w_in: w,
+                c_out,
+                kh: 1,
+                kw: 1,
+                stride: [1, 1],
+                pad: [0; 4],
+                dilation: [1, 1],
+                groups: 1,
+            };
+            let x = rng.vec(c_in * h * w, -1.0, 1.0);
+            let wt = rng.vec(c_out * c_in, -1.0, 1.0);
+            let b = rng.vec(c_out, -1.0, 1.0);
+            let mut want = vec![0.0; c_out * h * w];
+            let mut got = vec![f32::NAN; c_out * h * w];
+            conv2d(&g, &x, &wt, &b, ConvActivation::HardSwish, &mut want);
+            conv2d_pointwise(&g, &x, &wt, &b, ConvActivation::HardSwish, &mut got);
+            assert_eq!(got, want, "same sums in the same order");
+        }
+    }
+
+    #[test]
+    fn rows_match_the_reference() {
+        let mut rng = Rng::new(4);
+        let mut shapes = Vec::new();
+        // Depthwise: (channels, h, w, kernel, stride, pad, dilation).
+        for (c, h, w, k, s, pad, d) in [
+            (2, 1, 1, 3, 1, 1, 1),
+            (3, 7, 9, 3, 1, 1, 1),
+            (5, 8, 11, 3, 2, 1, 1),
+            (4, 13, 10, 5, 1, 2, 1),
+            (6, 13, 10, 5, 2, 2, 1),
+            (2, 9, 9, 3, 1, 2, 2),
+            (3, 6, 7, 3, 2, 0, 1),
+            (2, 3, 2, 5, 1, 4, 2),
+        ] {
+            shapes.push(Conv2d {
+                c_in: c,
+                h_in: h,
+                w_in: w,
+                c_out: c,
+                kh: k,
+                kw: k,
+                stride: [s, s],
+                pad: [pad; 4],
+                dilation: [d, d],
+                groups: c,
+            });
+        }
+        // Full and grouped, uneven pads and strides.
+        for (c_in, c_out, groups, stride, pad) in [
+            (3, 4, 1, [2, 2], [1; 4]),
+            (4, 6, 2, [1, 2], [1, 0, 2, 1]),
+            (3, 5, 1, [1, 1], [0; 4]),
+        ] {
+            shapes.push(Conv2d {
+                c_in,
+                h_in: 11,
+                w_in: 13,
+                c_out,
+                kh: 3,
+                kw: 3,
+                stride,
+                pad,
+                dilation: [1, 1],
+                groups,
+            });
+        }
+        for g in shapes {
+            g.check().unwrap();
+            let x = rng.vec(g.c_in * g.h_in * g.w_in, -1.0, 1.0);
+            let wt = rng.vec(g.weight_len(), -1.0, 1.0);
+            let b = rng.vec(g.c_out, -1.0, 1.0);
+            let n = g.c_out * g.h_out() * g.w_out();
+            let (mut want, mut got) = (vec![0.0; n], vec![f32::NAN; n]);
+            conv2d(&g, &x, &wt, &b, ConvActivation::Relu, &mut want);
+            conv2d_rows(&g, &x, &wt, &b, ConvActivation::Relu, &mut got);
+            // Same taps in the same order, bias added last: exact.
+            assert_eq!(got, want, "{g:?}");
+        }
+    }
+
+    #[test]
+    fn pooling_scaling_resize_concat() {
+        let x = [1.0, 2.0, 3.0, 4.0, 10.0, 20.0, 30.0, 40.0];
+        let mut m = [0.0; 2];
+        global_avg_pool(&x, 2, 4, &mut m);
+        assert_eq!(m, [2.5, 25.0]);
+        let mut s = [0.0; 8];
+        scale_channels(&x, &[2.0, 0.5], 4, &mut s);
+        assert_eq!(s, [2.0, 4.0, 6.0, 8.0, 5.0, 10.0, 15.0, 20.0]);
+        // 2x2 -> 4x4 nearest: each pixel becomes a 2x2 block.
+        let mut r = [0.0; 16];
+        resize_nearest(&x[..4], 1, [2, 2], [4, 4], [2.0, 2.0], &mut r);
+        assert_eq!(
+            r,
+            [1.0, 1.0, 2.0, 2.0, 1.0, 1.0, 2.0, 2.0, 3.0, 3.0, 4.0, 4.0, 3.0, 3.0, 4.0, 4.0]
+        );
+        let mut c = [0.0; 5];
+        concat(&[&[1.0, 2.0], &[3.0, 4.0, 5.0]], &mut c);
+        assert_eq!(c, [1.0, 2.0, 3.0, 4.0, 5.0]);
+    }
+}

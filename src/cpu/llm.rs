@@ -1,0 +1,362 @@
+//! Decoder-LLM ops: the CPU twins of the kernels in `gpu::llm_ops`, and the
+//! pieces [`crate::models::llm::CpuLlm`] runs. Fused kernels (a norm folded
+//! into the following product, the SwiGLU product, the whole short-conv
+//! block) have a twin here that composes the plain reference ops in the
+//! order the unfused model applies them.
+
+use super::{dot, rms_norm, silu, softmax_rows};
+use crate::models::llm::RopeStyle;
+use crate::quant;
+use crate::tensor::{self, Tensor};
+
+/// cos and sin of every RoPE angle for positions `pos0..pos0 + n`:
+/// [n, rope_dim / 2, 2]. Angles are computed in f64 so long positions keep
+/// their precision; the GPU reads this very table, so both backends rotate by
+/// identical values.
+pub fn rope_table(pos0: usize, n: usize, rope_dim: usize, theta: f32) -> Vec<f32> {
+    let half = rope_dim / 2;
+    let mut out = Vec::with_capacity(n * half * 2);
+    for t in 0..n {
+        let p = (pos0 + t) as f64;
+        for i in 0..half {
+            let freq = (theta as f64).powf(-2.0 * i as f64 / rope_dim as f64);
+            let (sin, cos) = (p * freq).sin_cos();
+            out.push(cos as f32);
+            out.push(sin as f32);
+        }
+    }
+    out
+}
+
+/// Rotates `x` ([n, heads, head_dim], positions `pos0..pos0 + n`) in place.
+pub fn rope(
+    x: &mut [f32],
+    heads: usize,
+    head_dim: usize,
+    rope_dim: usize,
+    pos0: usize,
+    theta: f32,
+    style: RopeStyle,
+) {
+    let n = x.len() / (heads * head_dim);
+    let table = rope_table(pos0, n, rope_dim, theta);
+    rope_with_table(x, heads, head_dim, rope_dim, &table, style);
+}
+
+fn rope_with_table(
+    x: &mut [f32],
+    heads: usize,
+    head_dim: usize,
+    rope_dim: usize,
+    table: &[f32],
+    style: RopeStyle,
+) {
+    let half = rope_dim / 2;
+    for (t, row) in x.chunks_exact_mut(heads * head_dim).enumerate() {
+        let cs = &table[t * half * 2..][..half * 2];
+        for head in row.chunks_exact_mut(head_dim) {
+            for i in 0..half {
+                let (cos, sin) = (cs[2 * i], cs[2 * i + 1]);
+                let (a, b) = match style {
+                    RopeStyle::Halves => (i, i + half),
+                    RopeStyle::Interleaved => (2 * i, 2 * i + 1),
+                };
+                let (x0, x1) = (head[a], head[b]);
+                head[a] = x0 * cos - x1 * sin;
+                head[b] = x0 * sin + x1 * cos;
+            }
+        }
+    }
+}
+
+/// table: [vocab, hidden] (any type), tokens: [n] -> out: [n, hidden]. The
+/// caller has checked every token against the vocabulary.
+pub fn embedding(table: &Tensor, tokens: &[u32], out: &mut [f32]) {
+    let d = table.row_len();
+    assert_eq!(
+        out.len(),
+        tokens.len() * d,
+        "embedding: out is not [n, hidden]"
+    );
+    for (&t, row) in tokens.iter().zip(out.chunks_exact_mut(d)) {
+        quant::dequantize_row(table.dtype, table.row(t as usize), row);
+    }
+}
+
+/// w: [rows, k] (any type), x: [k] -> y: [rows]; y = W x.
+pub fn gemv(w: &Tensor, x: &[f32], y: &mut [f32]) {
+    tensor::matvec(w, x, y);
+}
+
+/// y = W rms_norm(x, nw): an RMSNorm followed by a product.
+pub fn gemv_norm(w: &Tensor, x: &[f32], nw: &[f32], eps: f32, y: &mut [f32]) {
+    let mut h = vec![0.0; x.len()];
+    rms_norm(x, nw, eps, &mut h);
+    tensor::matvec(w, &h, y);
+}
+
+/// y = silu(G h) * (U h) with h = rms_norm(x, nw): the feed-forward's first
+/// half for one token.
+pub fn gemv_swiglu(gate: &Tensor, up: &Tensor, x: &[f32], nw: &[f32], eps: f32, y: &mut [f32]) {
+    let mut g = vec![0.0; y.len()];
+    let mut u = vec![0.0; y.len()];
+    gemv_norm(gate, x, nw, eps, &mut g);
+    gemv_norm(up, x, nw, eps, &mut u);
+    for ((y, g), u) in y.iter_mut().zip(&g).zip(&u) {
+        *y = silu(*g) * u;
+    }
+}
+
+/// LFM2's short-conv block for one token, up to the output projection:
+/// bcx = in_proj rms_norm(x, nw); y = short_conv(bcx) (see [`short_conv`]).
+#[allow(clippy::too_many_arguments)]
+pub fn gemv_conv(
+    in_proj: &Tensor,
+    x: &[f32],
+    nw: &[f32],
+    eps: f32,
+    conv: &[f32],
+    kernel: usize,
+    state: &mut Vec<f32>,
+    y: &mut [f32],
+) {
+    let mut bcx = vec![0.0; 3 * x.len()];
+    gemv_norm(in_proj, x, nw, eps, &mut bcx);
+    short_conv(&bcx, conv, kernel, x.len(), state, y);
+}
+
+/// w: [rows, k] (any type), x: [n, k] -> y: [n, rows]; y = x W^T.
+pub fn gemm(w: &Tensor, x: &[f32], n: usize, y: &mut [f32]) {
+    tensor::matmul(w, x, n, y);
+}
+
+/// Shapes of one attention layer, for [`qk_rope`] and [`flash_attention`].
+#[derive(Clone, Copy, Debug)]
+pub struct AttnShape {
+    pub heads: usize,
+    pub kv_heads: usize,
+    pub head_dim: usize,
+    pub rope_dim: usize,
+    pub rope_theta: f32,
+    pub rope_style: RopeStyle,
+    pub eps: f32,
+}
+
+/// Prepares the new tokens' queries and keys and stores them: qkv is
+/// [n, (heads + 2 kv_heads) head_dim] as the projections produce it (q, then
+/// k, then v). Optional per-head RMSNorm of q and k (LFM2), RoPE at positions
+/// `pos0..pos0 + n`, then q -> `q_out` [n, heads * head_dim] and k, v -> rows
+/// `pos0..pos0 + n` of the caches ([positions, kv_heads * head_dim]).
+#[allow(clippy::too_many_arguments)]
+pub fn qk_rope(
+    qkv: &[f32],
+    n: usize,
+    s: &AttnShape,
+    q_norm: Option<&[f32]>,
+    k_norm: Option<&[f32]>,
+    pos0: usize,
+    q_out: &mut [f32],
+    k_cache: &mut [f32],
+    v_cache: &mut [f32],
+) {
+    let hd = s.head_dim;
+    let (qw, kvw) = (s.heads * hd, s.kv_heads * hd);
+    let stride = qw + 2 * kvw;
+    assert_eq!(qkv.len(), n * stride, "qk_rope: qkv is not [n, q + 2 kv]");
+    let mut q = Vec::with_capacity(n * qw);
+    let mut k = Vec::with_capacity(n * kvw);
+    for row in qkv.chunks_exact(stride) {
+        q.extend_from_slice(&row[..qw]);
+        k.extend_from_slice(&row[qw..qw + kvw]);
+    }
+    for (x, w) in [(&mut q, q_norm), (&mut k, k_norm)] {
+        if let Some(w) = w {
+            let src = x.clone();
+            rms_norm(&src, w, s.eps, x);
+        }
+    }
+    let table = rope_table(pos0, n, s.rope_dim, s.rope_theta);
+    rope_with_table(&mut q, s.heads, hd, s.rope_dim, &table, s.rope_style);
+    rope_with_table(&mut k, s.kv_heads, hd, s.rope_dim, &table, s.rope_style);
+    q_out.copy_from_slice(&q);
+    k_cache[pos0 * kvw..(pos0 + n) * kvw].copy_from_slice(&k);
+    for (t, row) in qkv.chunks_exact(stride).enumerate() {
+        v_cache[(pos0 + t) * kvw..][..kvw].copy_from_slice(&row[qw + kvw..]);
+    }
+}
+
+/// Causal grouped-query attention of `n` new queries against all `kv_len`
+/// cached positions (the new ones are the last `n`).
+/// q: [n, heads, hd], k/v: [kv_len, kv_heads, hd] -> out: [n, heads, hd]
+#[allow(clippy::too_many_arguments)]
+pub fn flash_attention(
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    n: usize,
+    kv_len: usize,
+    heads: usize,
+    kv_heads: usize,
+    hd: usize,
+    out: &mut [f32],
+) {
+    let group = heads / kv_heads;
+    let scale = attention_scale(hd);
+    let kvw = kv_heads * hd;
+    let mut scores = vec![0.0f32; kv_len];
+    for t in 0..n {
+        // Query t sits at absolute position kv_len - n + t and sees up to it.
+        let visible = kv_len - n + t + 1;
+        for h in 0..heads {
+            let kh = h / group;
+            let qv = &q[(t * heads + h) * hd..][..hd];
+            for (j, s) in scores[..visible].iter_mut().enumerate() {
+                *s = dot(qv, &k[j * kvw + kh * hd..][..hd]) * scale;
+            }
+            softmax_rows(&mut scores[..visible], visible);
+            let o = &mut out[(t * heads + h) * hd..][..hd];
+            o.fill(0.0);
+            for (j, &s) in scores[..visible].iter().enumerate() {
+                for (o, &vv) in o.iter_mut().zip(&v[j * kvw + kh * hd..][..hd]) {
+                    *o += s * vv;
+                }
+            }
+        }
+    }
+}
+
+/// The softmax scale 1 / sqrt(head_dim), as one f32 both backends use.
+pub fn attention_scale(hd: usize) -> f32 {
+    1.0 / (hd as f32).sqrt()
+}
+
+/// LFM2's gated short convolution over `n` tokens, continuing from `state`
+/// (the previous `kernel - 1` gated inputs, [kernel - 1, hidden]), which is
+/// updated. bcx: [n, 3 hidden] (B, C, x from the input projection) ->
+/// out: [n, hidden]; with bx = B * x,
+/// out[t, c] = C[t, c] * sum_j conv[c, j] * bx[t - (kernel - 1) + j, c].
+pub fn short_conv(
+    bcx: &[f32],
+    conv: &[f32],
+    kernel: usize,
+    hidden: usize,
+    state: &mut Vec<f32>,
+    out: &mut [f32],
+) {
+    let d = hidden;
+    let n = bcx.len() / (3 * d);
+    let hist = kernel - 1;
+    assert_eq!(
+        state.len(),
+        hist * d,
+        "short_conv: state is not [kernel - 1, hidden]"
+    );
+    // The convolution's input: history, then the new gated rows.
+    let mut seq = Vec::with_capacity((hist + n) * d);
+    seq.extend_from_slice(state);
+    for r in bcx.chunks_exact(3 * d) {
+        seq.extend((0..d).map(|i| r[i] * r[2 * d + i]));
+    }
+    for t in 0..n {
+        for c in 0..d {
+            let mut acc = 0.0;
+            for j in 0..kernel {
+                acc += conv[c * kernel + j] * seq[(t + j) * d + c];
+            }
+            out[t * d + c] = bcx[t * 3 * d + d + c] * acc;
+        }
+    }
+    state.clear();
+    state.extend_from_slice(&seq[n * d..]);
+}
+
+/// gu: [n, 2 f] (gate, then up, per row) -> y: [n, f]; y = silu(gate) * up.
+pub fn swiglu(gu: &[f32], f: usize, y: &mut [f32]) {
+    assert_eq!(gu.len(), 2 * y.len(), "swiglu: gu is not [n, 2 f]");
+    for (r, yr) in gu.chunks_exact(2 * f).zip(y.chunks_exact_mut(f)) {
+        for i in 0..f {
+            yr[i] = silu(r[i]) * r[f + i];
+        }
+    }
+}
+
+/// Index of the largest value; the first one on ties (as torch.argmax).
+pub fn argmax(x: &[f32]) -> usize {
+    let mut best = 0;
+    for (i, &v) in x.iter().enumerate() {
+        if v > x[best] {
+            best = i;
+        }
+    }
+    best
+}
+
+/// The `k` largest of `x` as (index, value), sorted by value descending
+/// (`f32::total_cmp`), ties by index: the order a stable sort of every
+/// (index, value) pair gives, which sampling draws from.
+pub fn top_k(x: &[f32], k: usize) -> Vec<(u32, f32)> {
+    let mut cand: Vec<(u32, f32)> = x.iter().enumerate().map(|(i, &v)| (i as u32, v)).collect();
+    cand.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+    cand.truncate(k);
+    cand
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rope_styles_agree_up_to_permutation() {
+        // Interleaved on a permuted head equals halves on the original.
+        let hd = 8;
+        let x: Vec<f32> = (0..hd).map(|i| i as f32 * 0.37 - 1.0).collect();
+        let perm: Vec<usize> = (0..hd / 2).flat_map(|i| [i, i + hd / 2]).collect();
+        let mut a = x.clone();
+        rope(&mut a, 1, hd, hd, 5, 10_000.0, RopeStyle::Halves);
+        let mut b: Vec<f32> = perm.iter().map(|&i| x[i]).collect();
+        rope(&mut b, 1, hd, hd, 5, 10_000.0, RopeStyle::Interleaved);
+        for (j, &i) in perm.iter().enumerate() {
+            assert!((a[i] - b[j]).abs() < 1e-6);
+        }
+    }
+
+    #[test]
+    fn short_conv_streams_like_one_pass() {
+        let (hidden, kernel) = (3, 3);
+        let conv: Vec<f32> = (0..hidden * kernel).map(|i| i as f32 * 0.1 + 0.2).collect();
+        let bcx: Vec<f32> = (0..5 * 3 * hidden)
+            .map(|i| (i as f32 * 0.7).sin())
+            .collect();
+        let mut whole = vec![0.0; 5 * hidden];
+        short_conv(
+            &bcx,
+            &conv,
+            kernel,
+            hidden,
+            &mut vec![0.0; 2 * hidden],
+            &mut whole,
+        );
+        let mut state = vec![0.0; 2 * hidden];
+        let mut stepped = vec![0.0; 5 * hidden];
+        for t in 0..5 {
+            short_conv(
+                &bcx[t * 3 * hidden..][..3 * hidden],
+                &conv,
+                kernel,
+                hidden,
+                &mut state,
+                &mut stepped[t * hidden..][..hidden],
+            );
+        }
+        assert_eq!(whole, stepped);
+        // The first output only sees the first input, through the last tap.
+        let (b, c, x) = (bcx[0], bcx[hidden], bcx[2 * hidden]);
+        assert!((whole[0] - c * conv[2] * b * x).abs() < 1e-7);
+    }
+
+    #[test]
+    fn argmax_takes_the_first_of_ties() {
+        assert_eq!(argmax(&[1.0, 3.0, 3.0, -1.0]), 1);
+        assert_eq!(argmax(&[2.0]), 0);
+    }
+}

@@ -1,0 +1,1003 @@
+//! Decoder-LLM kernels: products over weights kept in their stored ggml
+//! format (GEMV for decode with fused epilogues, a tiled GEMM for prefill),
+//! the embedding gather, q/k norm + RoPE + cache write, flash attention,
+//! LFM2's short convolution, SwiGLU and argmax. Each kernel has its CPU twin
+//! of the same name in [`crate::cpu::llm`]; `tests/parity/llm.rs` checks
+//! every variant against it.
+//!
+//! A weight matrix lives on the GPU as a [`GpuMatrix`]: its blocks made
+//! 4-byte aligned by [`pack_blocks`] (same values), split by rows into chunks
+//! that each fit one storage binding. A matrix can hold several parts of the
+//! same shape (gate and up; LFM2's B, C and x projections), interleaved chunk
+//! by chunk so one GEMV workgroup finds all of a row's parts in one buffer.
+
+use super::context::Bound;
+use super::kernels::{Binding, Kernel, Variant};
+use super::ops::{groups_1d, Dispatch};
+use super::Gpu;
+use crate::cpu::AttnShape;
+use crate::error::{Error, Result};
+use crate::kernel;
+use crate::models::llm::RopeStyle;
+use crate::quant::GgmlType;
+
+/// Weight formats the kernels read in place (others are converted at load).
+pub const GPU_FORMATS: [GgmlType; 9] = [
+    GgmlType::F32,
+    GgmlType::F16,
+    GgmlType::BF16,
+    GgmlType::Q4_0,
+    GgmlType::Q4_1,
+    GgmlType::Q5_0,
+    GgmlType::Q8_0,
+    GgmlType::Q4_K,
+    GgmlType::Q6_K,
+];
+
+/// The preprocessor defines that select weight format `t` in
+/// `quant_formats.wgsl`; `None` for a format without a GPU reader.
+pub fn format_defines(t: GgmlType) -> Option<&'static [&'static str]> {
+    Some(match t {
+        GgmlType::F32 => &["W_F32", "W_FLOAT"],
+        GgmlType::F16 => &["W_F16", "W_FLOAT"],
+        GgmlType::BF16 => &["W_BF16", "W_FLOAT"],
+        GgmlType::Q4_0 => &["W_Q4_0"],
+        GgmlType::Q4_1 => &["W_Q4_1"],
+        GgmlType::Q5_0 => &["W_Q5_0"],
+        GgmlType::Q8_0 => &["W_Q8_0"],
+        GgmlType::Q4_K => &["W_Q4_K"],
+        GgmlType::Q6_K => &["W_Q6_K"],
+        _ => return None,
+    })
+}
+
+/// The weight format a variant of a format kernel was compiled for.
+pub fn variant_format(v: &Variant) -> Option<GgmlType> {
+    GPU_FORMATS
+        .into_iter()
+        .find(|&t| format_defines(t).is_some_and(|d| v.defines.contains(&d[0])))
+}
+
+/// The variant of a format kernel for weights of `t`, with `extra` defines.
+fn format_variant(t: GgmlType, subgroups: bool, extra: &[&'static str]) -> Result<Variant> {
+    let f =
+        format_defines(t).ok_or_else(|| Error::gpu(format!("no GPU kernel reads {t} weights")))?;
+    let mut d: Vec<&'static str> = f.to_vec();
+    d.extend_from_slice(extra);
+    if subgroups {
+        d.push("SUBGROUPS");
+    }
+    Ok(Variant::new(&d))
+}
+
+/// Byte offset of the f16 scale in a block of the formats whose block size
+/// is 2 mod 4; the kernels read those scales from a tail array instead.
+fn split_scale_at(t: GgmlType) -> Option<usize> {
+    match t {
+        GgmlType::Q4_0 | GgmlType::Q5_0 | GgmlType::Q8_0 => Some(0),
+        GgmlType::Q6_K => Some(208),
+        _ => None,
+    }
+}
+
+/// Lays out whole blocks of `t` as the kernels read them, returning the
+/// bytes and the word offset of the scale tail (0 when there is none).
+/// Formats whose block size is 2 mod 4 have each block's 2-byte scale moved
+/// to a tail array (in block order) so every block starts on a word; the
+/// other bytes keep their order. Other formats are copied as they are. The
+/// result is padded to a whole word.
+pub fn pack_blocks(t: GgmlType, bytes: &[u8]) -> (Vec<u8>, u32) {
+    let mut out;
+    let mut d_off = 0;
+    match split_scale_at(t) {
+        None => out = bytes.to_vec(),
+        Some(at) => {
+            let bb = t.block_bytes();
+            assert_eq!(bytes.len() % bb, 0, "pack_blocks: partial {t} block");
+            out = Vec::with_capacity(bytes.len() + 4);
+            for b in bytes.chunks_exact(bb) {
+                out.extend_from_slice(&b[..at]);
+                out.extend_from_slice(&b[at + 2..]);
+            }
+            debug_assert_eq!(out.len() % 4, 0);
+            d_off = (out.len() / 4) as u32;
+            for b in bytes.chunks_exact(bb) {
+                out.extend_from_slice(&b[at..at + 2]);
+            }
+        }
+    }
+    out.resize(out.len().div_ceil(4).max(1) * 4, 0);
+    (out, d_off)
+}
+
+/// One buffer of a [`GpuMatrix`]: rows `row0..row0 + rows` of every part.
+pub struct MatrixChunk {
+    pub buf: wgpu::Buffer,
+    pub row0: usize,
+    pub rows: usize,
+    pub d_off: u32,
+}
+
+/// A weight matrix ([parts][rows, k] of `dtype`) on the GPU.
+pub struct GpuMatrix {
+    pub dtype: GgmlType,
+    pub k: usize,
+    /// Rows of each part.
+    pub rows: usize,
+    pub parts: usize,
+    pub chunks: Vec<MatrixChunk>,
+}
+
+impl GpuMatrix {
+    /// Uploads `parts` (each `rows` rows of `k` elements of `dtype`, as
+    /// stored), split by rows so that no buffer exceeds `max_bytes`.
+    pub fn upload(
+        gpu: &Gpu,
+        label: &str,
+        dtype: GgmlType,
+        k: usize,
+        rows: usize,
+        parts: &[&[u8]],
+        max_bytes: u64,
+    ) -> Result<GpuMatrix> {
+        format_defines(dtype)
+            .ok_or_else(|| Error::gpu(format!("{label}: no GPU kernel reads {dtype} weights")))?;
+        let rb = dtype.row_bytes(k).ok_or_else(|| {
+            Error::gpu(format!("{label}: rows of {k} are not whole {dtype} blocks"))
+        })?;
+        for p in parts {
+            assert_eq!(
+                p.len(),
+                rows * rb,
+                "{label}: part is not [{rows}, {k}] {dtype}"
+            );
+        }
+        let per_row = (parts.len() * rb) as u64;
+        // Room for the word of padding pack_blocks may add.
+        let chunk_rows = (max_bytes.saturating_sub(4) / per_row).min(rows.max(1) as u64) as usize;
+        if chunk_rows == 0 {
+            return Err(Error::gpu(format!(
+                "{label}: one row ({per_row} bytes) exceeds the adapter's {max_bytes} byte binding limit"
+            )));
+        }
+        let mut chunks = Vec::new();
+        let mut row0 = 0;
+        while row0 < rows {
+            let n = chunk_rows.min(rows - row0);
+            let mut bytes = Vec::with_capacity(n * parts.len() * rb);
+            for p in parts {
+                bytes.extend_from_slice(&p[row0 * rb..(row0 + n) * rb]);
+            }
+            let (packed, d_off) = pack_blocks(dtype, &bytes);
+            let buf = gpu.upload(&format!("{label}[{row0}..]"), &packed)?;
+            chunks.push(MatrixChunk {
+                buf,
+                row0,
+                rows: n,
+                d_off,
+            });
+            row0 += n;
+        }
+        Ok(GpuMatrix {
+            dtype,
+            k,
+            rows,
+            parts: parts.len(),
+            chunks,
+        })
+    }
+}
+
+/// Declares a kernel over every weight format (each also with SUBGROUPS when
+/// `subgroups` is given), reading `quant_formats.wgsl` before its own file.
+macro_rules! format_kernel {
+    ($ident:ident, $name:literal, $file:literal, [$($b:expr),*], $params:ty, [$($d:literal),*]) => {
+        kernel!($ident, $name, ["quant_formats.wgsl", $file], [$($b),*], $params, [
+            &["W_F32", "W_FLOAT" $(, $d)*],
+            &["W_F16", "W_FLOAT" $(, $d)*],
+            &["W_BF16", "W_FLOAT" $(, $d)*],
+            &["W_Q4_0" $(, $d)*],
+            &["W_Q4_1" $(, $d)*],
+            &["W_Q5_0" $(, $d)*],
+            &["W_Q8_0" $(, $d)*],
+            &["W_Q4_K" $(, $d)*],
+            &["W_Q6_K" $(, $d)*],
+        ]);
+    };
+    ($ident:ident, $name:literal, $file:literal, [$($b:expr),*], $params:ty, [$($d:literal),*], subgroups) => {
+        kernel!($ident, $name, ["quant_formats.wgsl", $file], [$($b),*], $params, [
+            &["W_F32", "W_FLOAT" $(, $d)*],
+            &["W_F16", "W_FLOAT" $(, $d)*],
+            &["W_BF16", "W_FLOAT" $(, $d)*],
+            &["W_Q4_0" $(, $d)*],
+            &["W_Q4_1" $(, $d)*],
+            &["W_Q5_0" $(, $d)*],
+            &["W_Q8_0" $(, $d)*],
+            &["W_Q4_K" $(, $d)*],
+            &["W_Q6_K" $(, $d)*],
+            &["W_F32", "W_FLOAT", "SUBGROUPS" $(, $d)*],
+            &["W_F16", "W_FLOAT", "SUBGROUPS" $(, $d)*],
+            &["W_BF16", "W_FLOAT", "SUBGROUPS" $(, $d)*],
+            &["W_Q4_0", "SUBGROUPS" $(, $d)*],
+            &["W_Q4_1", "SUBGROUPS" $(, $d)*],
+            &["W_Q5_0", "SUBGROUPS" $(, $d)*],
+            &["W_Q8_0", "SUBGROUPS" $(, $d)*],
+            &["W_Q4_K", "SUBGROUPS" $(, $d)*],
+            &["W_Q6_K", "SUBGROUPS" $(, $d)*],
+        ]);
+    };
+}
+
+// ---------------------------------------------------------------- gemv
+
+#[repr(C)]
+#[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
+struct GemvParams {
+    k: u32,
+    rows: u32,
+    out_off: u32,
+    x_off: u32,
+    d_off: u32,
+    eps: f32,
+    conv_l: u32,
+    hidden: u32,
+}
+const _: () = assert!(std::mem::size_of::<GemvParams>() == 32);
+
+format_kernel!(
+    GEMV,
+    "gemv",
+    "gemv.wgsl",
+    [Binding::read("w"), Binding::read("x"), Binding::write("y")],
+    GemvParams,
+    [],
+    subgroups
+);
+format_kernel!(
+    GEMV_ADD,
+    "gemv_add",
+    "gemv.wgsl",
+    [Binding::read("w"), Binding::read("x"), Binding::write("y")],
+    GemvParams,
+    ["ADD"],
+    subgroups
+);
+format_kernel!(
+    GEMV_NORM,
+    "gemv_norm",
+    "gemv.wgsl",
+    [
+        Binding::read("w"),
+        Binding::read("x"),
+        Binding::read("nw"),
+        Binding::write("y")
+    ],
+    GemvParams,
+    ["NORM"],
+    subgroups
+);
+format_kernel!(
+    GEMV_SWIGLU,
+    "gemv_swiglu",
+    "gemv.wgsl",
+    [
+        Binding::read("w"),
+        Binding::read("x"),
+        Binding::read("nw"),
+        Binding::write("y")
+    ],
+    GemvParams,
+    ["NORM", "SWIGLU"],
+    subgroups
+);
+format_kernel!(
+    GEMV_CONV,
+    "gemv_conv",
+    "gemv.wgsl",
+    [
+        Binding::read("w"),
+        Binding::read("x"),
+        Binding::read("nw"),
+        Binding::read("conv"),
+        Binding::write("state"),
+        Binding::write("y")
+    ],
+    GemvParams,
+    ["NORM", "CONV"],
+    subgroups
+);
+
+/// Output rows of one GEMV workgroup (`R` in gemv.wgsl).
+const GEMV_ROWS: usize = 4;
+
+/// What a GEMV does with its dot products (see gemv.wgsl).
+pub enum GemvEpilogue<'a> {
+    /// y = W x
+    Store,
+    /// y += W x (the residual add)
+    Add,
+    /// y = W rms_norm(x, nw)
+    Norm { nw: &'a wgpu::Buffer, eps: f32 },
+    /// y = silu(G n) * (U n), n = rms_norm(x, nw); parts: gate, up.
+    Swiglu { nw: &'a wgpu::Buffer, eps: f32 },
+    /// LFM2's short-conv block (parts: B, C, x) up to the output projection.
+    Conv {
+        nw: &'a wgpu::Buffer,
+        eps: f32,
+        /// [hidden, taps]
+        conv: &'a wgpu::Buffer,
+        /// [taps - 1, hidden]
+        state: &'a wgpu::Buffer,
+        taps: usize,
+    },
+}
+
+/// y[out_off..] (+)= W x[x_off..], one dispatch per chunk of `w`.
+#[allow(clippy::too_many_arguments)]
+pub fn gemv(
+    gpu: &Gpu,
+    subgroups: bool,
+    w: &GpuMatrix,
+    epi: &GemvEpilogue,
+    x: &wgpu::Buffer,
+    x_off: usize,
+    y: &wgpu::Buffer,
+    out_off: usize,
+) -> Result<Vec<Dispatch>> {
+    let (kernel, parts, extra): (&'static Kernel, usize, &[&'static str]) = match epi {
+        GemvEpilogue::Store => (&GEMV, 1, &[]),
+        GemvEpilogue::Add => (&GEMV_ADD, 1, &["ADD"]),
+        GemvEpilogue::Norm { .. } => (&GEMV_NORM, 1, &["NORM"]),
+        GemvEpilogue::Swiglu { .. } => (&GEMV_SWIGLU, 2, &["NORM", "SWIGLU"]),
+        GemvEpilogue::Conv { .. } => (&GEMV_CONV, 3, &["NORM", "CONV"]),
+    };
+    assert_eq!(
+        w.parts, parts,
+        "{}: matrix has {} parts",
+        kernel.name, w.parts
+    );
+    let variant = format_variant(w.dtype, subgroups, extra)?;
+    let (eps, taps) = match epi {
+        GemvEpilogue::Norm { eps, .. } | GemvEpilogue::Swiglu { eps, .. } => (*eps, 0),
+        GemvEpilogue::Conv { eps, taps, .. } => (*eps, *taps),
+        _ => (0.0, 0),
+    };
+    let mut out = Vec::with_capacity(w.chunks.len());
+    for c in &w.chunks {
+        let params = GemvParams {
+            k: w.k as u32,
+            rows: c.rows as u32,
+            out_off: (out_off + c.row0) as u32,
+            x_off: x_off as u32,
+            d_off: c.d_off,
+            eps,
+            conv_l: taps as u32,
+            hidden: w.rows as u32,
+        };
+        let bufs: Vec<&wgpu::Buffer> = match epi {
+            GemvEpilogue::Store | GemvEpilogue::Add => vec![&c.buf, x, y],
+            GemvEpilogue::Norm { nw, .. } | GemvEpilogue::Swiglu { nw, .. } => {
+                vec![&c.buf, x, nw, y]
+            }
+            GemvEpilogue::Conv {
+                nw, conv, state, ..
+            } => vec![&c.buf, x, nw, conv, state, y],
+        };
+        out.push(Dispatch {
+            bound: gpu.bind(kernel, &variant, &bufs, &params)?,
+            groups: groups_1d(c.rows, GEMV_ROWS),
+        });
+    }
+    Ok(out)
+}
+
+// ---------------------------------------------------------------- gemm
+
+#[repr(C)]
+#[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
+struct GemmParams {
+    k: u32,
+    rows: u32,
+    n: u32,
+    x_stride: u32,
+    y_stride: u32,
+    part_rows: u32,
+    part_stride: u32,
+    out_off: u32,
+    d_off: u32,
+    _pad: [u32; 3],
+}
+const _: () = assert!(std::mem::size_of::<GemmParams>() == 48);
+
+format_kernel!(
+    GEMM,
+    "gemm",
+    "gemm.wgsl",
+    [Binding::read("w"), Binding::read("x"), Binding::write("y")],
+    GemmParams,
+    []
+);
+format_kernel!(
+    GEMM_ADD,
+    "gemm_add",
+    "gemm.wgsl",
+    [Binding::read("w"), Binding::read("x"), Binding::write("y")],
+    GemmParams,
+    ["ADD"]
+);
+
+/// Weight rows and tokens of one GEMM tile (`BN`, `BM` in gemm.wgsl).
+const GEMM_ROWS: usize = 64;
+const GEMM_TOKENS: usize = 32;
+
+/// y[t, out_off + part * w.rows + r] (+)= W_part[r] . x[t] for `n` tokens;
+/// x: [n, x_stride], y: [n, y_stride]. One dispatch per chunk of `w`.
+#[allow(clippy::too_many_arguments)]
+pub fn gemm(
+    gpu: &Gpu,
+    w: &GpuMatrix,
+    add: bool,
+    x: &wgpu::Buffer,
+    x_stride: usize,
+    y: &wgpu::Buffer,
+    y_stride: usize,
+    out_off: usize,
+    n: usize,
+) -> Result<Vec<Dispatch>> {
+    let (kernel, extra): (&'static Kernel, &[&'static str]) = if add {
+        (&GEMM_ADD, &["ADD"])
+    } else {
+        (&GEMM, &[])
+    };
+    let variant = format_variant(w.dtype, false, extra)?;
+    let mut out = Vec::with_capacity(w.chunks.len());
+    for c in &w.chunks {
+        let rows = c.rows * w.parts;
+        let params = GemmParams {
+            k: w.k as u32,
+            rows: rows as u32,
+            n: n as u32,
+            x_stride: x_stride as u32,
+            y_stride: y_stride as u32,
+            part_rows: c.rows as u32,
+            part_stride: w.rows as u32,
+            out_off: (out_off + c.row0) as u32,
+            d_off: c.d_off,
+            _pad: [0; 3],
+        };
+        out.push(Dispatch {
+            bound: gpu.bind(kernel, &variant, &[&c.buf, x, y], &params)?,
+            groups: [
+                rows.div_ceil(GEMM_ROWS) as u32,
+                n.div_ceil(GEMM_TOKENS) as u32,
+                1,
+            ],
+        });
+    }
+    Ok(out)
+}
+
+/// Compiles the prefill GEMMs for weights of `t` ahead of their first use.
+pub fn warm_gemm(gpu: &Gpu, t: GgmlType) -> Result<()> {
+    gpu.pipeline(&GEMM, &format_variant(t, false, &[])?)?;
+    gpu.pipeline(&GEMM_ADD, &format_variant(t, false, &["ADD"])?)?;
+    Ok(())
+}
+
+// ---------------------------------------------------------------- embedding
+
+#[repr(C)]
+#[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
+struct EmbeddingParams {
+    k: u32,
+    n: u32,
+    row0: u32,
+    rows: u32,
+    d_off: u32,
+    tok_off: u32,
+    _pad: [u32; 2],
+}
+const _: () = assert!(std::mem::size_of::<EmbeddingParams>() == 32);
+
+format_kernel!(
+    EMBEDDING,
+    "embedding",
+    "embedding.wgsl",
+    [
+        Binding::read("w"),
+        Binding::read("tokens"),
+        Binding::write("y")
+    ],
+    EmbeddingParams,
+    []
+);
+
+/// y[t] = table[tokens[tok_off + t]] for `n` tokens (checked against the
+/// vocabulary by the caller); one dispatch per chunk of the table.
+pub fn embedding(
+    gpu: &Gpu,
+    table: &GpuMatrix,
+    tokens: &wgpu::Buffer,
+    tok_off: usize,
+    y: &wgpu::Buffer,
+    n: usize,
+) -> Result<Vec<Dispatch>> {
+    let variant = format_variant(table.dtype, false, &[])?;
+    let mut out = Vec::with_capacity(table.chunks.len());
+    for c in &table.chunks {
+        let params = EmbeddingParams {
+            k: table.k as u32,
+            n: n as u32,
+            row0: c.row0 as u32,
+            rows: c.rows as u32,
+            d_off: c.d_off,
+            tok_off: tok_off as u32,
+            _pad: [0; 2],
+        };
+        out.push(Dispatch {
+            bound: gpu.bind(&EMBEDDING, &variant, &[&c.buf, tokens, y], &params)?,
+            groups: groups_1d(n, 1),
+        });
+    }
+    Ok(out)
+}
+
+// ---------------------------------------------------------------- qk_rope
+
+#[repr(C)]
+#[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
+struct QkRopeParams {
+    heads: u32,
+    kv_heads: u32,
+    hd: u32,
+    half: u32,
+    interleaved: u32,
+    n: u32,
+    eps: f32,
+    qkv_stride: u32,
+}
+const _: () = assert!(std::mem::size_of::<QkRopeParams>() == 32);
+
+kernel!(
+    QK_ROPE,
+    "qk_rope",
+    "qk_rope.wgsl",
+    [
+        Binding::read("qkv"),
+        Binding::read("qn"),
+        Binding::read("kn"),
+        Binding::read("cs"),
+        Binding::read("step"),
+        Binding::write("q_out"),
+        Binding::write("kc"),
+        Binding::write("vc")
+    ],
+    QkRopeParams,
+    [&[], &["QK_NORM"]]
+);
+
+/// Largest head the attention kernels hold in workgroup memory.
+pub const MAX_HEAD_DIM: usize = 256;
+
+/// The GPU buffers of one attention layer's sequence state and the per-call
+/// inputs every attention kernel reads.
+pub struct AttnBuffers<'a> {
+    /// [token, pos0, kv_len, splits] as u32
+    pub step: &'a wgpu::Buffer,
+    /// [positions, kv_heads * head_dim]
+    pub k_cache: &'a wgpu::Buffer,
+    pub v_cache: &'a wgpu::Buffer,
+}
+
+/// q/k norm (when `norms` holds the q and k weights), RoPE by the angles in
+/// `cs` ([n, rope_dim / 2, 2], cpu::rope_table), q -> q_out, k and v into
+/// the caches at rows pos0 + t.
+#[allow(clippy::too_many_arguments)]
+pub fn qk_rope(
+    gpu: &Gpu,
+    s: &AttnShape,
+    qkv: &wgpu::Buffer,
+    norms: Option<(&wgpu::Buffer, &wgpu::Buffer)>,
+    cs: &wgpu::Buffer,
+    kv: &AttnBuffers,
+    q_out: &wgpu::Buffer,
+    n: usize,
+) -> Result<Dispatch> {
+    assert!(s.head_dim <= 512, "qk_rope: head_dim {} > 512", s.head_dim);
+    let params = QkRopeParams {
+        heads: s.heads as u32,
+        kv_heads: s.kv_heads as u32,
+        hd: s.head_dim as u32,
+        half: (s.rope_dim / 2) as u32,
+        interleaved: (s.rope_style == RopeStyle::Interleaved) as u32,
+        n: n as u32,
+        eps: s.eps,
+        qkv_stride: ((s.heads + 2 * s.kv_heads) * s.head_dim) as u32,
+    };
+    // Without norms the weight bindings are never read; bind qkv there.
+    let (variant, qn, kn) = match norms {
+        Some((qn, kn)) => (Variant::new(&["QK_NORM"]), qn, kn),
+        None => (Variant::default(), qkv, qkv),
+    };
+    let bound = gpu.bind(
+        &QK_ROPE,
+        &variant,
+        &[qkv, qn, kn, cs, kv.step, q_out, kv.k_cache, kv.v_cache],
+        &params,
+    )?;
+    Ok(Dispatch {
+        bound,
+        groups: [(s.heads + s.kv_heads) as u32, n as u32, 1],
+    })
+}
+
+// ---------------------------------------------------------------- attention
+
+#[repr(C)]
+#[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
+struct AttentionParams {
+    heads: u32,
+    kv_heads: u32,
+    hd: u32,
+    n_q: u32,
+    scale: f32,
+    kv_stride: u32,
+    _pad: [u32; 2],
+}
+const _: () = assert!(std::mem::size_of::<AttentionParams>() == 32);
+
+kernel!(
+    FLASH_ATTENTION,
+    "flash_attention",
+    "flash_attention.wgsl",
+    [
+        Binding::read("q"),
+        Binding::read("kc"),
+        Binding::read("vc"),
+        Binding::read("step"),
+        Binding::write("out"),
+        Binding::write("part")
+    ],
+    AttentionParams,
+    [&[], &["SUBGROUPS"]]
+);
+
+kernel!(
+    FLASH_ATTENTION_MERGE,
+    "flash_attention_merge",
+    "flash_attention_merge.wgsl",
+    [
+        Binding::read("part"),
+        Binding::read("step"),
+        Binding::write("out")
+    ],
+    AttentionParams,
+    [&[]]
+);
+
+/// Most splits of the key/value positions per head in decode.
+pub const MAX_SPLITS: usize = 32;
+/// Positions per split before decode attention splits further.
+const SPLIT_LEN: usize = 256;
+
+/// How many workgroups per head decode attention spreads `kv_len` positions
+/// over (flash-decode): long contexts use more of the GPU.
+pub fn attention_splits(kv_len: usize) -> usize {
+    kv_len.div_ceil(SPLIT_LEN).clamp(1, MAX_SPLITS)
+}
+
+/// Floats of the partial-result buffer for `n_q` queries of `heads` heads.
+pub fn attention_part_len(heads: usize, head_dim: usize, n_q: usize) -> usize {
+    n_q * heads * MAX_SPLITS * (head_dim + 2)
+}
+
+/// Causal attention of `n_q` queries (q: [n_q, heads * head_dim]) against
+/// the caches; kv_len and splits come from the step buffer. Record with
+/// `[splits, heads, n_q]` workgroups, then, when splits > 1, the merge.
+pub struct Attention {
+    pub main: Bound,
+    pub merge: Bound,
+    pub heads: u32,
+    pub n_q: u32,
+}
+
+impl Attention {
+    pub fn record(&self, pass: &mut wgpu::ComputePass<'_>, splits: usize) {
+        self.main
+            .record(pass, [splits as u32, self.heads, self.n_q]);
+        if splits > 1 {
+            self.merge.record(pass, [self.heads, self.n_q, 1]);
+        }
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+pub fn flash_attention(
+    gpu: &Gpu,
+    subgroups: bool,
+    s: &AttnShape,
+    q: &wgpu::Buffer,
+    kv: &AttnBuffers,
+    out: &wgpu::Buffer,
+    part: &wgpu::Buffer,
+    n_q: usize,
+) -> Result<Attention> {
+    if s.head_dim > MAX_HEAD_DIM {
+        return Err(Error::gpu(format!(
+            "attention heads of {} dimensions (the GPU kernels hold at most {MAX_HEAD_DIM})",
+            s.head_dim
+        )));
+    }
+    let params = AttentionParams {
+        heads: s.heads as u32,
+        kv_heads: s.kv_heads as u32,
+        hd: s.head_dim as u32,
+        n_q: n_q as u32,
+        scale: crate::cpu::attention_scale(s.head_dim),
+        kv_stride: (s.kv_heads * s.head_dim) as u32,
+        _pad: [0; 2],
+    };
+    let variant = if subgroups {
+        Variant::new(&["SUBGROUPS"])
+    } else {
+        Variant::default()
+    };
+    let main = gpu.bind(
+        &FLASH_ATTENTION,
+        &variant,
+        &[q, kv.k_cache, kv.v_cache, kv.step, out, part],
+        &params,
+    )?;
+    let merge = gpu.bind(
+        &FLASH_ATTENTION_MERGE,
+        &Variant::default(),
+        &[part, kv.step, out],
+        &params,
+    )?;
+    Ok(Attention {
+        main,
+        merge,
+        heads: s.heads as u32,
+        n_q: n_q as u32,
+    })
+}
+
+// ---------------------------------------------------------------- short_conv
+
+#[repr(C)]
+#[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
+struct ShortConvParams {
+    hidden: u32,
+    n: u32,
+    taps: u32,
+    _pad: u32,
+}
+const _: () = assert!(std::mem::size_of::<ShortConvParams>() == 16);
+
+kernel!(
+    SHORT_CONV,
+    "short_conv",
+    "short_conv.wgsl",
+    [
+        Binding::read("bcx"),
+        Binding::read("conv"),
+        Binding::write("state"),
+        Binding::write("y")
+    ],
+    ShortConvParams,
+    [&[]]
+);
+
+/// LFM2's gated short convolution over `n` tokens: bcx [n, 3 hidden] ->
+/// y [n, hidden], continuing from and updating `state` [taps - 1, hidden].
+#[allow(clippy::too_many_arguments)]
+pub fn short_conv(
+    gpu: &Gpu,
+    bcx: &wgpu::Buffer,
+    conv: &wgpu::Buffer,
+    state: &wgpu::Buffer,
+    y: &wgpu::Buffer,
+    hidden: usize,
+    taps: usize,
+    n: usize,
+) -> Result<Dispatch> {
+    let params = ShortConvParams {
+        hidden: hidden as u32,
+        n: n as u32,
+        taps: taps as u32,
+        _pad: 0,
+    };
+    Ok(Dispatch {
+        bound: gpu.bind(
+            &SHORT_CONV,
+            &Variant::default(),
+            &[bcx, conv, state, y],
+            &params,
+        )?,
+        groups: groups_1d(hidden, 64),
+    })
+}
+
+// ---------------------------------------------------------------- swiglu
+
+#[repr(C)]
+#[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
+struct SwigluParams {
+    f: u32,
+    n: u32,
+    _pad: [u32; 2],
+}
+const _: () = assert!(std::mem::size_of::<SwigluParams>() == 16);
+
+kernel!(
+    SWIGLU,
+    "swiglu",
+    "swiglu.wgsl",
+    [Binding::read("gu"), Binding::write("y")],
+    SwigluParams,
+    [&[]]
+);
+
+/// gu: [n, 2 f] (gate | up) -> y: [n, f] = silu(gate) * up.
+pub fn swiglu(
+    gpu: &Gpu,
+    gu: &wgpu::Buffer,
+    y: &wgpu::Buffer,
+    f: usize,
+    n: usize,
+) -> Result<Dispatch> {
+    let params = SwigluParams {
+        f: f as u32,
+        n: n as u32,
+        _pad: [0; 2],
+    };
+    Ok(Dispatch {
+        bound: gpu.bind(&SWIGLU, &Variant::default(), &[gu, y], &params)?,
+        groups: groups_1d(f * n, 256),
+    })
+}
+
+// ---------------------------------------------------------------- argmax
+
+#[repr(C)]
+#[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
+struct ArgmaxParams {
+    n: u32,
+    _pad: [u32; 3],
+}
+const _: () = assert!(std::mem::size_of::<ArgmaxParams>() == 16);
+
+kernel!(
+    ARGMAX,
+    "argmax",
+    "argmax.wgsl",
+    [Binding::read("x"), Binding::write("out")],
+    ArgmaxParams,
+    [&[]]
+);
+
+/// out[0] = the index of the largest of x[0..n] (the first on ties).
+pub fn argmax(gpu: &Gpu, x: &wgpu::Buffer, out: &wgpu::Buffer, n: usize) -> Result<Dispatch> {
+    let params = ArgmaxParams {
+        n: n as u32,
+        _pad: [0; 3],
+    };
+    Ok(Dispatch {
+        bound: gpu.bind(&ARGMAX, &Variant::default(), &[x, out], &params)?,
+        groups: [1, 1, 1],
+    })
+}
+
+// ---------------------------------------------------------------- top_k
+
+#[repr(C)]
+#[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
+struct TopKParams {
+    n: u32,
+    k: u32,
+    _pad: [u32; 2],
+}
+const _: () = assert!(std::mem::size_of::<TopKParams>() == 16);
+
+kernel!(
+    TOP_K,
+    "top_k",
+    "top_k.wgsl",
+    [Binding::read("x"), Binding::write("out")],
+    TopKParams,
+    [&[]]
+);
+
+/// Most candidates [`top_k`] selects.
+pub const MAX_TOP_K: usize = 256;
+
+/// out: the `k` (<= [`MAX_TOP_K`], <= n) largest of x[0..n] as (index,
+/// value bits) u32 pairs, unordered; which ones matches `cpu::top_k`.
+pub fn top_k(
+    gpu: &Gpu,
+    x: &wgpu::Buffer,
+    out: &wgpu::Buffer,
+    n: usize,
+    k: usize,
+) -> Result<Dispatch> {
+    assert!(k <= MAX_TOP_K && k <= n && k > 0, "top_k: k = {k} of {n}");
+    let params = TopKParams {
+        n: n as u32,
+        k: k as u32,
+        _pad: [0; 2],
+    };
+    Ok(Dispatch {
+        bound: gpu.bind(&TOP_K, &Variant::default(), &[x, out], &params)?,
+        groups: [1, 1, 1],
+    })
+}
+
+/// Sorts [`top_k`]'s output as `cpu::top_k` orders candidates.
+pub fn sort_candidates(raw: &[u32]) -> Vec<(u32, f32)> {
+    let mut c: Vec<(u32, f32)> = raw
+        .chunks_exact(2)
+        .map(|p| (p[0], f32::from_bits(p[1])))
+        .collect();
+    c.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+    c
+}
+
+/// Compiles the prefill-only kernels without weights (short_conv, swiglu)
+/// ahead of their first use.
+pub fn warm_prefill_kernels(gpu: &Gpu) -> Result<()> {
+    gpu.pipeline(&SHORT_CONV, &Variant::default())?;
+    gpu.pipeline(&SWIGLU, &Variant::default())?;
+    Ok(())
+}
+
+/// The kernels declared in this module.
+pub static KERNELS: &[&Kernel] = &[
+    &GEMV,
+    &GEMV_ADD,
+    &GEMV_NORM,
+    &GEMV_SWIGLU,
+    &GEMV_CONV,
+    &GEMM,
+    &GEMM_ADD,
+    &EMBEDDING,
+    &QK_ROPE,
+    &FLASH_ATTENTION,
+    &FLASH_ATTENTION_MERGE,
+    &SHORT_CONV,
+    &SWIGLU,
+    &ARGMAX,
+    &TOP_K,
+];
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn packing_moves_unaligned_scales_to_a_tail() {
+        // Two Q4_0 blocks: d = [1, 2] and [3, 4], qs = 16 bytes each.
+        let mut bytes = Vec::new();
+        for b in 0..2u8 {
+            bytes.extend_from_slice(&[2 * b + 1, 2 * b + 2]);
+            bytes.extend((0..16).map(|i| 16 * b + i));
+        }
+        let (packed, d_off) = pack_blocks(GgmlType::Q4_0, &bytes);
+        assert_eq!(d_off, 8);
+        assert_eq!(&packed[..16], &bytes[2..18]);
+        assert_eq!(&packed[16..32], &bytes[20..36]);
+        assert_eq!(&packed[32..36], &[1, 2, 3, 4]);
+        assert_eq!(packed.len(), 36);
+        // Aligned formats are copied (and padded to a word).
+        let (f16, d_off) = pack_blocks(GgmlType::F16, &[1, 2, 3, 4, 5, 6]);
+        assert_eq!((f16, d_off), (vec![1, 2, 3, 4, 5, 6, 0, 0], 0));
+    }
+
+    #[test]
+    fn every_gpu_format_has_defines_and_is_found_from_its_variant() {
+        for t in GPU_FORMATS {
+            let v = format_variant(t, true, &["ADD"]).unwrap();
+            assert_eq!(variant_format(&v), Some(t));
+        }
+        assert!(format_defines(GgmlType::Q5_K).is_none());
+    }
+}

@@ -1,0 +1,892 @@
+//! The GPU forward of LFM2 and Llama-family decoders, built from the same
+//! [`LlmConfig`] and [`Weights`] as the CPU reference ([`super::llm::CpuLlm`],
+//! its oracle in `tests/llm_gpu.rs`).
+//!
+//! Weights are uploaded in their stored format ([`GpuMatrix`]); the KV cache
+//! and the conv state stay on the GPU. Decode is prepared once (bind groups,
+//! dispatch list, scratch buffers: nothing is allocated per token) and
+//! records a whole token, every layer, the head and the argmax, into one
+//! submission; the per-token values (token id, position, KV length, attention
+//! splits, RoPE angles) go into two small buffers written once per token, and
+//! only the token id comes back (or, for sampling, the top candidates; or
+//! the logits, when asked). Per decode
+//! layer: an attention layer is norm+QKV, q/k norm+RoPE+cache write,
+//! attention (+ merge on long contexts), output projection+residual,
+//! norm+gate/up+SwiGLU, down+residual; an LFM2 conv layer is
+//! norm+in_proj+conv block, output projection+residual and the same MLP.
+//! Prefill runs the tiled GEMM over chunks of up to [`PREFILL_CHUNK`]
+//! tokens, one submission per chunk.
+
+use super::llm::{CausalLm, Layer, LayerKind, LlmConfig, Mixer, Weights};
+use crate::cpu::{self, AttnShape};
+use crate::error::{Error, Result};
+use crate::gpu::llm_ops::{self, AttnBuffers, GemvEpilogue, GpuMatrix};
+use crate::gpu::ops::{self, Dispatch};
+use crate::gpu::Gpu;
+use crate::quant::GgmlType;
+use crate::run::sampling::Sampler;
+use crate::tensor::Tensor;
+use std::sync::Arc;
+
+/// Most tokens one prefill submission processes.
+pub const PREFILL_CHUNK: usize = 256;
+/// KV positions allocated at first; the cache doubles when it fills.
+const INITIAL_KV: usize = 256;
+
+/// Sizes that default to what the adapter allows; tests lower them to
+/// exercise split matrices, chunked prefill and KV-cache growth on tiny
+/// models.
+#[derive(Clone, Debug, Default)]
+pub struct GpuLlmOptions {
+    /// Largest weight buffer (at most the adapter's storage binding limit).
+    pub max_chunk_bytes: Option<u64>,
+    /// Most tokens per prefill submission (at most [`PREFILL_CHUNK`]).
+    pub prefill_chunk: Option<usize>,
+    /// KV positions allocated at load (the cache grows as needed).
+    pub kv_positions: Option<usize>,
+}
+
+enum GpuMixer {
+    Attention {
+        /// q, k, v projections and where each writes in the qkv row: one
+        /// matrix when they share a format, else three.
+        qkv: Vec<(GpuMatrix, usize)>,
+        o: GpuMatrix,
+        /// LFM2's per-head q and k RMSNorm weights.
+        norms: Option<(wgpu::Buffer, wgpu::Buffer)>,
+    },
+    Conv {
+        /// Parts B, C, x.
+        in_proj: GpuMatrix,
+        /// [hidden, taps]
+        conv: wgpu::Buffer,
+        out: GpuMatrix,
+    },
+}
+
+enum GpuFfn {
+    /// Gate and up as two parts of one matrix (fused SwiGLU GEMV).
+    Fused(GpuMatrix),
+    /// Gate and up in different formats.
+    Split(GpuMatrix, GpuMatrix),
+}
+
+struct GpuLayer {
+    norm1: wgpu::Buffer,
+    norm2: wgpu::Buffer,
+    mixer: GpuMixer,
+    ffn: GpuFfn,
+    down: GpuMatrix,
+}
+
+/// Per-layer sequence state on the GPU.
+enum GpuState {
+    /// [cap, kv_heads * head_dim] each.
+    Kv { k: wgpu::Buffer, v: wgpu::Buffer },
+    /// [taps - 1, hidden]
+    Conv(wgpu::Buffer),
+}
+
+/// Buffers of one decode step, allocated once.
+struct DecodeIo {
+    /// [token, pos, kv_len, attention splits] as u32.
+    step: wgpu::Buffer,
+    /// RoPE cos/sin of this position: [rope_dim / 2, 2].
+    cs: wgpu::Buffer,
+    /// [hidden]: the residual stream.
+    x: wgpu::Buffer,
+    /// [q + 2 kv]
+    qkv: wgpu::Buffer,
+    /// [heads * head_dim]
+    q: wgpu::Buffer,
+    att: wgpu::Buffer,
+    part: wgpu::Buffer,
+    /// [hidden]
+    conv_out: wgpu::Buffer,
+    /// [ffn]
+    g: wgpu::Buffer,
+    /// [2 ffn], only for split gate/up.
+    gu: wgpu::Buffer,
+    /// [vocab]
+    logits: wgpu::Buffer,
+    /// [1] u32
+    token: wgpu::Buffer,
+    /// [top_k, 2] u32: (id, logit bits) of the most likely tokens.
+    cand: wgpu::Buffer,
+    token_staging: wgpu::Buffer,
+    logits_staging: wgpu::Buffer,
+    cand_staging: wgpu::Buffer,
+}
+
+/// What a decode step reads back.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Readback {
+    /// The argmax token id.
+    Token,
+    /// The top_k most likely tokens, for sampling.
+    Candidates,
+    Logits,
+}
+
+/// One recorded step of the decode plan.
+enum Op {
+    Fixed(Dispatch),
+    /// Its workgroup count depends on the KV length.
+    Attention(llm_ops::Attention),
+}
+
+pub struct GpuLlm {
+    gpu: Arc<Gpu>,
+    cfg: LlmConfig,
+    subgroups: bool,
+    attn: AttnShape,
+    embed: GpuMatrix,
+    /// None when tied to the embedding.
+    head: Option<GpuMatrix>,
+    final_norm: wgpu::Buffer,
+    layers: Vec<GpuLayer>,
+    state: Vec<GpuState>,
+    /// KV positions allocated.
+    cap: usize,
+    pos: usize,
+    io: DecodeIo,
+    plan: Vec<Op>,
+    argmax: Dispatch,
+    /// Selects the candidates sampling needs (`top_k` of them).
+    select: Dispatch,
+    top_k: usize,
+    prefill_chunk: usize,
+}
+
+/// Uploads weights, converting formats no kernel reads to f16 (and noting
+/// which, for one notice at the end).
+struct Uploader<'a> {
+    g: &'a Gpu,
+    /// Largest weight buffer.
+    max: u64,
+    converted: Vec<GgmlType>,
+}
+
+impl Uploader<'_> {
+    /// The tensor in a format the kernels read: as it is, or as f16.
+    fn readable(&mut self, t: &Tensor) -> Result<Tensor> {
+        if llm_ops::format_defines(t.dtype).is_some() {
+            return Ok(t.clone());
+        }
+        if !self.converted.contains(&t.dtype) {
+            self.converted.push(t.dtype);
+        }
+        t.to_dtype(GgmlType::F16)
+    }
+
+    /// One matrix of `parts` (same shape; their formats already readable
+    /// and equal, or all converted here).
+    fn matrix(&mut self, label: &str, parts: &[&Tensor]) -> Result<GpuMatrix> {
+        let parts: Vec<Tensor> = parts
+            .iter()
+            .map(|t| self.readable(t))
+            .collect::<Result<_>>()?;
+        let bytes: Vec<&[u8]> = parts.iter().map(|t| t.bytes()).collect();
+        let t = &parts[0];
+        GpuMatrix::upload(
+            self.g,
+            label,
+            t.dtype,
+            t.row_len(),
+            t.rows(),
+            &bytes,
+            self.max,
+        )
+    }
+
+    fn layer(&mut self, i: usize, l: &Layer, cfg: &LlmConfig) -> Result<GpuLayer> {
+        let (d, hd) = (cfg.hidden, cfg.head_dim);
+        let (qw, kvw) = (cfg.heads * hd, cfg.kv_heads * hd);
+        let g = self.g;
+        let mixer = match &l.mixer {
+            Mixer::Attention(a) => {
+                let (q, k, v) = (
+                    self.readable(&a.q)?,
+                    self.readable(&a.k)?,
+                    self.readable(&a.v)?,
+                );
+                // One QKV product when the three share a format.
+                let qkv = if q.dtype == k.dtype && k.dtype == v.dtype {
+                    let bytes = [q.bytes(), k.bytes(), v.bytes()].concat();
+                    let t = Tensor::from_bytes("qkv", q.dtype, vec![qw + 2 * kvw, d], bytes)?;
+                    vec![(self.matrix(&format!("layer {i} qkv"), &[&t])?, 0)]
+                } else {
+                    vec![
+                        (self.matrix(&format!("layer {i} q"), &[&q])?, 0),
+                        (self.matrix(&format!("layer {i} k"), &[&k])?, qw),
+                        (self.matrix(&format!("layer {i} v"), &[&v])?, qw + kvw),
+                    ]
+                };
+                let norms = match (&a.q_norm, &a.k_norm) {
+                    (Some(qn), Some(kn)) => {
+                        Some((g.upload_f32("q_norm", qn)?, g.upload_f32("k_norm", kn)?))
+                    }
+                    (None, None) => None,
+                    _ => {
+                        return Err(Error::invalid(format!(
+                            "layer {i}: a q norm without a k norm (or the reverse)"
+                        )))
+                    }
+                };
+                GpuMixer::Attention {
+                    qkv,
+                    o: self.matrix(&format!("layer {i} o"), &[&a.o])?,
+                    norms,
+                }
+            }
+            Mixer::Conv(c) => {
+                // B, C and x rows as three parts, so one GEMV workgroup finds
+                // a channel's three rows in one buffer.
+                let t = self.readable(&c.in_proj)?;
+                let (rb, b) = (t.row_bytes(), t.bytes());
+                let parts: Vec<&[u8]> = (0..3).map(|p| &b[p * d * rb..(p + 1) * d * rb]).collect();
+                let label = format!("layer {i} in_proj");
+                GpuMixer::Conv {
+                    in_proj: GpuMatrix::upload(g, &label, t.dtype, d, d, &parts, self.max)?,
+                    conv: g.upload_f32("conv", &c.conv)?,
+                    out: self.matrix(&format!("layer {i} out_proj"), &[&c.out_proj])?,
+                }
+            }
+        };
+        let (gate, up) = (self.readable(&l.gate)?, self.readable(&l.up)?);
+        let ffn = if gate.dtype == up.dtype {
+            GpuFfn::Fused(self.matrix(&format!("layer {i} gate/up"), &[&gate, &up])?)
+        } else {
+            GpuFfn::Split(
+                self.matrix(&format!("layer {i} gate"), &[&gate])?,
+                self.matrix(&format!("layer {i} up"), &[&up])?,
+            )
+        };
+        Ok(GpuLayer {
+            norm1: g.upload_f32("norm1", &l.norm1)?,
+            norm2: g.upload_f32("norm2", &l.norm2)?,
+            mixer,
+            ffn,
+            down: self.matrix(&format!("layer {i} down"), &[&l.down])?,
+        })
+    }
+}
+
+impl GpuLlm {
+    /// Uploads the model and prepares decode. Fails (rather than panics) on
+    /// an adapter that lacks the memory or limits, or rejects a kernel.
+    pub fn new(
+        gpu: Arc<Gpu>,
+        cfg: &LlmConfig,
+        w: &Weights,
+        opts: &GpuLlmOptions,
+    ) -> Result<GpuLlm> {
+        let max = opts
+            .max_chunk_bytes
+            .unwrap_or(gpu.caps.max_binding)
+            .min(gpu.caps.max_binding);
+        let attn = AttnShape {
+            heads: cfg.heads,
+            kv_heads: cfg.kv_heads,
+            head_dim: cfg.head_dim,
+            rope_dim: cfg.rope_dim,
+            rope_theta: cfg.rope_theta,
+            rope_style: cfg.rope_style,
+            eps: cfg.norm_eps,
+        };
+        if cfg.head_dim > llm_ops::MAX_HEAD_DIM {
+            return Err(Error::gpu(format!(
+                "attention heads of {} dimensions (the GPU kernels hold at most {})",
+                cfg.head_dim,
+                llm_ops::MAX_HEAD_DIM
+            )));
+        }
+        let handle = gpu.clone();
+        let g = &*handle;
+        let mut up = Uploader {
+            g,
+            max,
+            converted: Vec::new(),
+        };
+        let layers = w
+            .layers
+            .iter()
+            .enumerate()
+            .map(|(i, l)| up.layer(i, l, cfg))
+            .collect::<Result<Vec<_>>>()?;
+        let embed = up.matrix("embedding", &[&w.embed])?;
+        let tied = std::ptr::eq(w.head.bytes(), w.embed.bytes());
+        let head = if tied {
+            None
+        } else {
+            Some(up.matrix("head", &[&w.head])?)
+        };
+        if !up.converted.is_empty() {
+            let names: Vec<&str> = up.converted.iter().map(|t| t.name()).collect();
+            eprintln!(
+                "gpu: no kernel reads {} weights yet; converted them to f16",
+                names.join(", ")
+            );
+        }
+        let (d, hd) = (cfg.hidden, cfg.head_dim);
+        let (qw, kvw) = (cfg.heads * hd, cfg.kv_heads * hd);
+        let f32s = |label: &str, n: usize| g.scratch(label, (n.max(1) * 4) as u64);
+        let f = cfg.ffn;
+        let io = DecodeIo {
+            step: f32s("step", 4)?,
+            cs: f32s("rope", cfg.rope_dim)?,
+            x: f32s("x", d)?,
+            qkv: f32s("qkv", qw + 2 * kvw)?,
+            q: f32s("q", qw)?,
+            att: f32s("att", qw)?,
+            part: f32s("part", llm_ops::attention_part_len(cfg.heads, hd, 1))?,
+            conv_out: f32s("conv_out", d)?,
+            g: f32s("g", f)?,
+            gu: f32s("gu", 2 * f)?,
+            logits: f32s("logits", cfg.vocab)?,
+            token: f32s("token", 1)?,
+            cand: f32s("candidates", 2 * llm_ops::MAX_TOP_K)?,
+            token_staging: g.staging("token", 4),
+            logits_staging: g.staging("logits", (cfg.vocab * 4) as u64),
+            cand_staging: g.staging("candidates", (8 * llm_ops::MAX_TOP_K) as u64),
+        };
+        let cap = opts
+            .kv_positions
+            .unwrap_or(INITIAL_KV)
+            .clamp(1, cfg.context.min(max_positions(g, kvw)).max(1));
+        let state = cfg
+            .layers
+            .iter()
+            .map(|k| {
+                Ok(match k {
+                    LayerKind::Attention => GpuState::Kv {
+                        k: f32s("k cache", cap * kvw)?,
+                        v: f32s("v cache", cap * kvw)?,
+                    },
+                    LayerKind::Conv => {
+                        GpuState::Conv(f32s("conv state", cfg.conv_kernel.saturating_sub(1) * d)?)
+                    }
+                })
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let argmax = llm_ops::argmax(g, &io.logits, &io.token, cfg.vocab)?;
+        let top_k = llm_ops::MAX_TOP_K.min(cfg.vocab);
+        let select = llm_ops::top_k(g, &io.logits, &io.cand, cfg.vocab, top_k)?;
+        let mut m = GpuLlm {
+            subgroups: gpu.caps.subgroups,
+            gpu,
+            cfg: cfg.clone(),
+            attn,
+            embed,
+            head,
+            final_norm: g.upload_f32("final_norm", &w.final_norm)?,
+            layers,
+            state,
+            cap,
+            pos: 0,
+            io,
+            plan: Vec::new(),
+            argmax,
+            select,
+            top_k,
+            prefill_chunk: opts
+                .prefill_chunk
+                .unwrap_or(PREFILL_CHUNK)
+                .clamp(1, PREFILL_CHUNK),
+        };
+        m.plan = m.build_plan()?;
+        m.warm_prefill()?;
+        m.reset();
+        Ok(m)
+    }
+
+    /// The decode plan over the current buffers (rebuilt when the KV cache
+    /// grows).
+    fn build_plan(&self) -> Result<Vec<Op>> {
+        let g = &*self.gpu;
+        let (io, sub, eps) = (&self.io, self.subgroups, self.cfg.norm_eps);
+        let mut plan = Vec::new();
+        let fixed = |ds: Vec<Dispatch>, plan: &mut Vec<Op>| {
+            plan.extend(ds.into_iter().map(Op::Fixed));
+        };
+        fixed(
+            llm_ops::embedding(g, &self.embed, &io.step, 0, &io.x, 1)?,
+            &mut plan,
+        );
+        for (layer, state) in self.layers.iter().zip(&self.state) {
+            let norm1 = GemvEpilogue::Norm {
+                nw: &layer.norm1,
+                eps,
+            };
+            match (&layer.mixer, state) {
+                (GpuMixer::Attention { qkv, o, norms }, GpuState::Kv { k, v }) => {
+                    for (m, off) in qkv {
+                        fixed(
+                            llm_ops::gemv(g, sub, m, &norm1, &io.x, 0, &io.qkv, *off)?,
+                            &mut plan,
+                        );
+                    }
+                    let kv = AttnBuffers {
+                        step: &io.step,
+                        k_cache: k,
+                        v_cache: v,
+                    };
+                    let norms = norms.as_ref().map(|(a, b)| (a, b));
+                    let rope =
+                        llm_ops::qk_rope(g, &self.attn, &io.qkv, norms, &io.cs, &kv, &io.q, 1)?;
+                    plan.push(Op::Fixed(rope));
+                    plan.push(Op::Attention(llm_ops::flash_attention(
+                        g, sub, &self.attn, &io.q, &kv, &io.att, &io.part, 1,
+                    )?));
+                    fixed(
+                        llm_ops::gemv(g, sub, o, &GemvEpilogue::Add, &io.att, 0, &io.x, 0)?,
+                        &mut plan,
+                    );
+                }
+                (GpuMixer::Conv { in_proj, conv, out }, GpuState::Conv(st)) => {
+                    let epi = GemvEpilogue::Conv {
+                        nw: &layer.norm1,
+                        eps,
+                        conv,
+                        state: st,
+                        taps: self.cfg.conv_kernel,
+                    };
+                    fixed(
+                        llm_ops::gemv(g, sub, in_proj, &epi, &io.x, 0, &io.conv_out, 0)?,
+                        &mut plan,
+                    );
+                    fixed(
+                        llm_ops::gemv(g, sub, out, &GemvEpilogue::Add, &io.conv_out, 0, &io.x, 0)?,
+                        &mut plan,
+                    );
+                }
+                _ => unreachable!("states are built from the same layer kinds"),
+            }
+            let norm2 = GemvEpilogue::Norm {
+                nw: &layer.norm2,
+                eps,
+            };
+            match &layer.ffn {
+                GpuFfn::Fused(m) => {
+                    let epi = GemvEpilogue::Swiglu {
+                        nw: &layer.norm2,
+                        eps,
+                    };
+                    fixed(
+                        llm_ops::gemv(g, sub, m, &epi, &io.x, 0, &io.g, 0)?,
+                        &mut plan,
+                    );
+                }
+                GpuFfn::Split(gate, up) => {
+                    fixed(
+                        llm_ops::gemv(g, sub, gate, &norm2, &io.x, 0, &io.gu, 0)?,
+                        &mut plan,
+                    );
+                    fixed(
+                        llm_ops::gemv(g, sub, up, &norm2, &io.x, 0, &io.gu, self.cfg.ffn)?,
+                        &mut plan,
+                    );
+                    plan.push(Op::Fixed(llm_ops::swiglu(
+                        g,
+                        &io.gu,
+                        &io.g,
+                        self.cfg.ffn,
+                        1,
+                    )?));
+                }
+            }
+            fixed(
+                llm_ops::gemv(g, sub, &layer.down, &GemvEpilogue::Add, &io.g, 0, &io.x, 0)?,
+                &mut plan,
+            );
+        }
+        let head = GemvEpilogue::Norm {
+            nw: &self.final_norm,
+            eps,
+        };
+        fixed(
+            llm_ops::gemv(g, sub, self.head(), &head, &io.x, 0, &io.logits, 0)?,
+            &mut plan,
+        );
+        Ok(plan)
+    }
+
+    /// Compute dispatches one greedy decode step records (attention merges
+    /// on long contexts add one per attention layer).
+    pub fn dispatches_per_token(&self) -> usize {
+        self.plan.len() + 1
+    }
+
+    fn head(&self) -> &GpuMatrix {
+        self.head.as_ref().unwrap_or(&self.embed)
+    }
+
+    fn matrices(&self) -> impl Iterator<Item = &GpuMatrix> {
+        let per_layer = self.layers.iter().flat_map(|l| {
+            let mut v: Vec<&GpuMatrix> = vec![&l.down];
+            match &l.mixer {
+                GpuMixer::Attention { qkv, o, .. } => {
+                    v.extend(qkv.iter().map(|(m, _)| m));
+                    v.push(o);
+                }
+                GpuMixer::Conv { in_proj, out, .. } => v.extend([in_proj, out]),
+            }
+            match &l.ffn {
+                GpuFfn::Fused(m) => v.push(m),
+                GpuFfn::Split(a, b) => v.extend([a, b]),
+            }
+            v
+        });
+        per_layer.chain([&self.embed, self.head()])
+    }
+
+    /// Compiles every prefill pipeline now, so that a kernel the driver
+    /// rejects shows at load time rather than in the middle of a run.
+    fn warm_prefill(&self) -> Result<()> {
+        let g = &*self.gpu;
+        let mut seen = Vec::new();
+        for m in self.matrices() {
+            if !seen.contains(&m.dtype) {
+                seen.push(m.dtype);
+                llm_ops::warm_gemm(g, m.dtype)?;
+            }
+        }
+        llm_ops::warm_prefill_kernels(g)?;
+        g.pipeline(&ops::RMS_NORM, &g.reduce_variant())?;
+        Ok(())
+    }
+
+    /// Makes room for `needed` KV positions, growing the caches (and
+    /// rebuilding the decode plan over the new buffers).
+    fn ensure_capacity(&mut self, needed: usize) -> Result<()> {
+        if needed <= self.cap {
+            return Ok(());
+        }
+        let kvw = self.cfg.kv_heads * self.cfg.head_dim;
+        let limit = max_positions(&self.gpu, kvw).min(self.cfg.context);
+        if needed > limit {
+            return Err(Error::gpu(format!(
+                "a sequence of {needed} tokens does not fit this adapter's KV cache \
+                 (at most {limit} positions of {kvw} floats in one binding)"
+            )));
+        }
+        let cap = (2 * self.cap).max(needed).min(limit);
+        let g = &*self.gpu;
+        let used = (self.pos * kvw * 4) as u64;
+        let mut enc = g.device.create_command_encoder(&Default::default());
+        for s in self.state.iter_mut() {
+            if let GpuState::Kv { k, v } = s {
+                let nk = g.scratch("k cache", (cap * kvw * 4) as u64)?;
+                let nv = g.scratch("v cache", (cap * kvw * 4) as u64)?;
+                if used > 0 {
+                    enc.copy_buffer_to_buffer(k, 0, &nk, 0, used);
+                    enc.copy_buffer_to_buffer(v, 0, &nv, 0, used);
+                }
+                *k = nk;
+                *v = nv;
+            }
+        }
+        g.queue.submit([enc.finish()]);
+        self.cap = cap;
+        self.plan = self.build_plan()?;
+        Ok(())
+    }
+
+    fn check_tokens(&self, tokens: &[u32]) -> Result<()> {
+        if tokens.is_empty() {
+            return Err(Error::invalid("forward: no tokens"));
+        }
+        if self.pos + tokens.len() > self.cfg.context {
+            return Err(Error::invalid(format!(
+                "sequence of {} tokens exceeds the model's context of {}",
+                self.pos + tokens.len(),
+                self.cfg.context
+            )));
+        }
+        if let Some(t) = tokens.iter().find(|&&t| t as usize >= self.cfg.vocab) {
+            return Err(Error::invalid(format!(
+                "token id {t} is outside the {}-token vocabulary",
+                self.cfg.vocab
+            )));
+        }
+        Ok(())
+    }
+
+    /// Writes the per-call values every kernel reads: the step buffer and the
+    /// RoPE angles of positions pos..pos + n.
+    fn write_step(&self, token: u32, n: usize, splits: usize, cs: &wgpu::Buffer) {
+        let q = &self.gpu.queue;
+        let step = [token, self.pos as u32, (self.pos + n) as u32, splits as u32];
+        q.write_buffer(&self.io.step, 0, bytemuck::cast_slice(&step));
+        if self.cfg.rope_dim > 0 {
+            let table = cpu::rope_table(self.pos, n, self.cfg.rope_dim, self.cfg.rope_theta);
+            q.write_buffer(cs, 0, bytemuck::cast_slice(&table));
+        }
+    }
+
+    /// One decode step: appends `token`; returns the bytes `what` asks for.
+    fn decode(&mut self, token: u32, what: Readback) -> Result<Vec<u8>> {
+        self.check_tokens(&[token])?;
+        self.ensure_capacity(self.pos + 1)?;
+        let splits = llm_ops::attention_splits(self.pos + 1);
+        self.write_step(token, 1, splits, &self.io.cs);
+        let g = &*self.gpu;
+        let mut enc = g.device.create_command_encoder(&Default::default());
+        {
+            let mut pass = enc.begin_compute_pass(&Default::default());
+            for op in &self.plan {
+                match op {
+                    Op::Fixed(d) => d.record(&mut pass),
+                    Op::Attention(a) => a.record(&mut pass, splits),
+                }
+            }
+            match what {
+                Readback::Token => self.argmax.record(&mut pass),
+                Readback::Candidates => self.select.record(&mut pass),
+                Readback::Logits => {}
+            }
+        }
+        let io = &self.io;
+        let (src, staging, len) = match what {
+            Readback::Token => (&io.token, &io.token_staging, 4),
+            Readback::Candidates => (&io.cand, &io.cand_staging, 8 * self.top_k as u64),
+            Readback::Logits => (&io.logits, &io.logits_staging, (self.cfg.vocab * 4) as u64),
+        };
+        enc.copy_buffer_to_buffer(src, 0, staging, 0, len);
+        let out = g.submit_and_read(enc, staging, len)?;
+        self.pos += 1;
+        Ok(out)
+    }
+
+    /// Largest prefill chunk whose buffers all fit one binding.
+    fn prefill_chunk_len(&self) -> usize {
+        let c = &self.cfg;
+        let widest = [
+            c.vocab,
+            2 * c.ffn,
+            3 * c.hidden,
+            (c.heads + 2 * c.kv_heads) * c.head_dim,
+        ]
+        .into_iter()
+        .max()
+        .unwrap_or(1);
+        let fit = (self.gpu.caps.max_binding / (4 * widest as u64)) as usize;
+        fit.clamp(1, self.prefill_chunk)
+    }
+
+    /// Runs `tokens` (at most a prefill chunk) through the model in one
+    /// submission; returns the logits of every token (`all`), of the last
+    /// one (`last`), or none.
+    fn prefill(&mut self, tokens: &[u32], all: bool, last: bool) -> Result<Vec<f32>> {
+        let n = tokens.len();
+        self.ensure_capacity(self.pos + n)?;
+        let g = &*self.gpu;
+        let c = &self.cfg;
+        let (d, f, hd) = (c.hidden, c.ffn, c.head_dim);
+        let (qw, kvw) = (c.heads * hd, c.kv_heads * hd);
+        let qkvw = qw + 2 * kvw;
+        let f32s = |label: &str, len: usize| g.scratch(label, (len.max(1) * 4) as u64);
+        let tok = g.upload_u32("tokens", tokens)?;
+        let cs = f32s("rope", n * c.rope_dim)?;
+        let x = f32s("x", n * d)?;
+        let h = f32s("h", n * d)?;
+        let qkv = f32s("qkv", n * qkvw)?;
+        let q = f32s("q", n * qw)?;
+        let att = f32s("att", n * qw)?;
+        let bcx = f32s("bcx", n * 3 * d)?;
+        let conv_out = f32s("conv_out", n * d)?;
+        let gu = f32s("gu", n * 2 * f)?;
+        let gg = f32s("g", n * f)?;
+        let rows = if all { n } else { 1 };
+        let logits = f32s("logits", rows * c.vocab)?;
+        self.write_step(0, n, 1, &cs);
+
+        let eps = c.norm_eps;
+        let rv = g.reduce_variant();
+        let mut work: Vec<Dispatch> = Vec::new();
+        let mut attention = Vec::new();
+        work.extend(llm_ops::embedding(g, &self.embed, &tok, 0, &x, n)?);
+        // Dispatches are recorded in order; attention ones are kept aside
+        // with the index they go before.
+        for (layer, state) in self.layers.iter().zip(&self.state) {
+            work.push(ops::rms_norm(g, &rv, &x, &layer.norm1, &h, d, n, eps)?);
+            match (&layer.mixer, state) {
+                (
+                    GpuMixer::Attention {
+                        qkv: mats,
+                        o,
+                        norms,
+                    },
+                    GpuState::Kv { k, v },
+                ) => {
+                    for (m, off) in mats {
+                        work.extend(llm_ops::gemm(g, m, false, &h, d, &qkv, qkvw, *off, n)?);
+                    }
+                    let kv = AttnBuffers {
+                        step: &self.io.step,
+                        k_cache: k,
+                        v_cache: v,
+                    };
+                    let norms = norms.as_ref().map(|(a, b)| (a, b));
+                    work.push(llm_ops::qk_rope(
+                        g, &self.attn, &qkv, norms, &cs, &kv, &q, n,
+                    )?);
+                    let a = llm_ops::flash_attention(
+                        g,
+                        self.subgroups,
+                        &self.attn,
+                        &q,
+                        &kv,
+                        &att,
+                        &self.io.part,
+                        n,
+                    )?;
+                    attention.push((work.len(), a));
+                    work.extend(llm_ops::gemm(g, o, true, &att, qw, &x, d, 0, n)?);
+                }
+                (GpuMixer::Conv { in_proj, conv, out }, GpuState::Conv(st)) => {
+                    work.extend(llm_ops::gemm(g, in_proj, false, &h, d, &bcx, 3 * d, 0, n)?);
+                    work.push(llm_ops::short_conv(
+                        g,
+                        &bcx,
+                        conv,
+                        st,
+                        &conv_out,
+                        d,
+                        c.conv_kernel,
+                        n,
+                    )?);
+                    work.extend(llm_ops::gemm(g, out, true, &conv_out, d, &x, d, 0, n)?);
+                }
+                _ => unreachable!("states are built from the same layer kinds"),
+            }
+            work.push(ops::rms_norm(g, &rv, &x, &layer.norm2, &h, d, n, eps)?);
+            match &layer.ffn {
+                GpuFfn::Fused(m) => {
+                    work.extend(llm_ops::gemm(g, m, false, &h, d, &gu, 2 * f, 0, n)?)
+                }
+                GpuFfn::Split(gate, up) => {
+                    work.extend(llm_ops::gemm(g, gate, false, &h, d, &gu, 2 * f, 0, n)?);
+                    work.extend(llm_ops::gemm(g, up, false, &h, d, &gu, 2 * f, f, n)?);
+                }
+            }
+            work.push(llm_ops::swiglu(g, &gu, &gg, f, n)?);
+            work.extend(llm_ops::gemm(g, &layer.down, true, &gg, f, &x, d, 0, n)?);
+        }
+        if all {
+            work.push(ops::rms_norm(g, &rv, &x, &self.final_norm, &h, d, n, eps)?);
+            work.extend(llm_ops::gemm(
+                g,
+                self.head(),
+                false,
+                &h,
+                d,
+                &logits,
+                c.vocab,
+                0,
+                n,
+            )?);
+        } else if last {
+            let head = GemvEpilogue::Norm {
+                nw: &self.final_norm,
+                eps,
+            };
+            work.extend(llm_ops::gemv(
+                g,
+                self.subgroups,
+                self.head(),
+                &head,
+                &x,
+                (n - 1) * d,
+                &logits,
+                0,
+            )?);
+        }
+
+        let mut enc = g.device.create_command_encoder(&Default::default());
+        {
+            let mut pass = enc.begin_compute_pass(&Default::default());
+            let mut pending = attention.iter().peekable();
+            for (i, dsp) in work.iter().enumerate() {
+                while let Some((_, a)) = pending.next_if(|(at, _)| *at == i) {
+                    a.record(&mut pass, 1);
+                }
+                dsp.record(&mut pass);
+            }
+            for (_, a) in pending {
+                a.record(&mut pass, 1);
+            }
+        }
+        self.pos += n;
+        if !(all || last) {
+            g.queue.submit([enc.finish()]);
+            return Ok(Vec::new());
+        }
+        let len = (rows * c.vocab * 4) as u64;
+        let staging = g.staging("logits", len);
+        enc.copy_buffer_to_buffer(&logits, 0, &staging, 0, len);
+        Ok(bytemuck::pod_collect_to_vec(
+            &g.submit_and_read(enc, &staging, len)?,
+        ))
+    }
+}
+
+/// KV positions one cache binding holds on this adapter.
+fn max_positions(g: &Gpu, kvw: usize) -> usize {
+    (g.caps.max_binding / (4 * kvw.max(1) as u64)) as usize
+}
+
+impl CausalLm for GpuLlm {
+    fn config(&self) -> &LlmConfig {
+        &self.cfg
+    }
+
+    fn position(&self) -> usize {
+        self.pos
+    }
+
+    fn reset(&mut self) {
+        self.pos = 0;
+        for s in &self.state {
+            if let GpuState::Conv(b) = s {
+                let zeros = vec![0u8; b.size() as usize];
+                self.gpu.queue.write_buffer(b, 0, &zeros);
+            }
+        }
+    }
+
+    fn forward(&mut self, tokens: &[u32], all_logits: bool) -> Result<Vec<f32>> {
+        self.check_tokens(tokens)?;
+        if tokens.len() == 1 {
+            let bytes = self.decode(tokens[0], Readback::Logits)?;
+            return Ok(bytemuck::pod_collect_to_vec(&bytes));
+        }
+        let chunk = self.prefill_chunk_len();
+        let mut out = Vec::new();
+        let count = tokens.len().div_ceil(chunk);
+        for (i, part) in tokens.chunks(chunk).enumerate() {
+            let last = i + 1 == count;
+            out.extend(self.prefill(part, all_logits, last)?);
+        }
+        Ok(out)
+    }
+
+    fn step_greedy(&mut self, token: u32) -> Result<u32> {
+        let bytes = self.decode(token, Readback::Token)?;
+        Ok(u32::from_le_bytes(bytes[..4].try_into().expect("4 bytes")))
+    }
+
+    fn step_sample(&mut self, token: u32, sampler: &mut Sampler, history: &[u32]) -> Result<u32> {
+        match sampler.candidates_needed() {
+            Some(k) if k <= self.top_k || self.top_k == self.cfg.vocab => {
+                let raw = self.decode(token, Readback::Candidates)?;
+                let cand = llm_ops::sort_candidates(&bytemuck::pod_collect_to_vec(&raw));
+                Ok(sampler.sample_top(cand))
+            }
+            _ => {
+                let logits = self.forward(&[token], false)?;
+                Ok(sampler.sample(&logits, history))
+            }
+        }
+    }
+}

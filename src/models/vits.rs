@@ -1,0 +1,1164 @@
+//! VITS (Kim et al. 2021) as Piper trains and exports it: phoneme ids ->
+//! waveform. The voice is Piper's ONNX file; its initialisers keep their
+//! PyTorch names (`enc_p.encoder.attn_layers.0.conv_q.weight`, ...), so this
+//! is a port of the model that reads its weights out of the file, not an
+//! ONNX executor: the graph's ~3,900 nodes are mostly shape arithmetic around
+//! a few dozen convolutions, which read more clearly as the modules they came
+//! from. Convolution hyper-parameters (kernel, dilation, padding, groups,
+//! stride) are read from the graph's `Conv`/`ConvTranspose` nodes, found by
+//! their weight or bias name, so nothing about the voice's size is assumed.
+//!
+//! Inference (`SynthesizerTrn.infer` in Piper's `vits/models.py`):
+//! 1. text encoder: embedding * sqrt(hidden), transformer layers with
+//!    relative-position self-attention (window 4, keys and values) and a
+//!    conv FFN, post-norm; a 1x1 projection gives the prior mean and log-std
+//!    per phoneme;
+//! 2. stochastic duration predictor run in reverse on noise scaled by
+//!    `noise_w`: log-durations -> frames per phoneme = ceil(exp(logw) *
+//!    length_scale);
+//! 3. the prior expanded to frames, `z_p = m + eps * exp(logs) * noise_scale`;
+//! 4. the normalising flow (4 mean-only affine couplings with WaveNet
+//!    blocks, channel flips between) run in reverse;
+//! 5. the HiFi-GAN generator: conv, then per stage leaky ReLU, transposed
+//!    convolution (upsampling) and the average of multi-receptive-field
+//!    residual blocks of dilated convolutions; leaky ReLU, conv, tanh.
+//!
+//! Activations are `[channels, time]` (PyTorch's layout without the batch).
+
+mod gpu;
+
+pub use gpu::GpuGenerator;
+
+use crate::cli::{Device, DeviceChoice};
+use crate::cpu::{self, Conv1dShape, ConvTranspose1dShape};
+use crate::error::{Error, Result};
+use crate::formats::onnx::{OnnxGraph, OnnxModel, OnnxNode};
+use crate::util::rng::Rng;
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+
+/// `modules.LayerNorm` epsilon.
+const LN_EPS: f32 = 1e-5;
+/// Leaky ReLU slope inside the generator (`LRELU_SLOPE`).
+const LRELU_SLOPE: f32 = 0.1;
+/// `F.leaky_relu`'s default slope, used once before `conv_post`.
+const LRELU_SLOPE_POST: f32 = 0.01;
+/// Rational-quadratic spline settings of `ConvFlow` (`transforms.py`).
+const SPLINE_TAIL_BOUND: f32 = 5.0;
+const SPLINE_MIN_BIN: f32 = 1e-3;
+const SPLINE_MIN_DERIVATIVE: f32 = 1e-3;
+
+/// What the voice's `.onnx.json` says about synthesis.
+#[derive(Clone, Debug)]
+pub struct VoiceConfig {
+    pub sample_rate: u32,
+    pub espeak_voice: String,
+    pub noise_scale: f32,
+    pub length_scale: f32,
+    pub noise_w: f32,
+    /// The whole parsed config (phoneme maps are read from it).
+    pub json: serde_json::Value,
+    pub path: PathBuf,
+}
+
+impl VoiceConfig {
+    pub fn open(path: &Path) -> Result<VoiceConfig> {
+        let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
+        let json: serde_json::Value = serde_json::from_str(&text)
+            .map_err(|e| Error::format(path, format!("not JSON: {e}")))?;
+        let bad = |what: &str| Error::format(path, what.to_string());
+        if let Some(t) = json.get("phoneme_type").and_then(|v| v.as_str()) {
+            if t != "espeak" {
+                return Err(Error::unsupported(
+                    path,
+                    format!("phoneme_type '{t}' (only espeak voices)"),
+                ));
+            }
+        }
+        if json.get("vowel_clusters").is_some_and(|v| !v.is_null()) {
+            return Err(Error::unsupported(path, "vowel_clusters"));
+        }
+        if json
+            .get("num_speakers")
+            .and_then(|v| v.as_u64())
+            .unwrap_or(1)
+            > 1
+        {
+            return Err(Error::unsupported(path, "multi-speaker voices"));
+        }
+        let sample_rate = json
+            .pointer("/audio/sample_rate")
+            .and_then(|v| v.as_u64())
+            .filter(|&r| (1000..=192_000).contains(&r))
+            .ok_or_else(|| bad("audio.sample_rate is missing or out of range"))?
+            as u32;
+        let espeak_voice = json
+            .pointer("/espeak/voice")
+            .and_then(|v| v.as_str())
+            .ok_or_else(|| bad("espeak.voice is missing"))?
+            .to_string();
+        let scale = |key: &str, default: f32| -> Result<f32> {
+            match json.pointer(&format!("/inference/{key}")) {
+                None => Ok(default),
+                Some(v) => v
+                    .as_f64()
+                    .map(|v| v as f32)
+                    .filter(|v| v.is_finite())
+                    .ok_or_else(|| bad(&format!("inference.{key} is not a number"))),
+            }
+        };
+        // Piper's defaults when the config does not say.
+        Ok(VoiceConfig {
+            sample_rate,
+            espeak_voice,
+            noise_scale: scale("noise_scale", 0.667)?,
+            length_scale: scale("length_scale", 1.0)?,
+            noise_w: scale("noise_w", 0.8)?,
+            json,
+            path: path.to_path_buf(),
+        })
+    }
+}
+
+/// A convolution read from the graph: weights and the node's hyper-parameters.
+#[derive(Clone, Debug)]
+pub struct Conv {
+    pub w: Vec<f32>,
+    pub b: Option<Vec<f32>>,
+    pub shape: Conv1dShape,
+}
+
+impl Conv {
+    /// x: [c_in, t] -> [c_out, t_out]
+    pub fn forward(&self, x: &[f32], t: usize) -> Vec<f32> {
+        let mut y = vec![0.0; self.shape.c_out * self.shape.t_out(t)];
+        cpu::conv1d(x, t, &self.w, self.b.as_deref(), &self.shape, &mut y);
+        y
+    }
+}
+
+/// A transposed convolution read from the graph.
+#[derive(Clone, Debug)]
+pub struct ConvT {
+    pub w: Vec<f32>,
+    pub b: Option<Vec<f32>>,
+    pub shape: ConvTranspose1dShape,
+}
+
+impl ConvT {
+    pub fn forward(&self, x: &[f32], t: usize) -> Vec<f32> {
+        let mut y = vec![0.0; self.shape.c_out * self.shape.t_out(t)];
+        cpu::conv_transpose1d(x, t, &self.w, self.b.as_deref(), &self.shape, &mut y);
+        y
+    }
+}
+
+/// Reads tensors and convolution nodes out of the ONNX graph by name.
+struct Loader<'a> {
+    path: &'a Path,
+    graph: &'a OnnxGraph,
+    /// Weight or bias name -> the Conv / ConvTranspose node that uses it.
+    conv_by_input: HashMap<&'a str, &'a OnnxNode>,
+}
+
+impl<'a> Loader<'a> {
+    fn new(path: &'a Path, graph: &'a OnnxGraph) -> Self {
+        let mut conv_by_input = HashMap::new();
+        for n in &graph.nodes {
+            if n.op_type == "Conv" || n.op_type == "ConvTranspose" {
+                for i in n.inputs.iter().skip(1) {
+                    conv_by_input.insert(i.as_str(), n);
+                }
+            }
+        }
+        Loader {
+            path,
+            graph,
+            conv_by_input,
+        }
+    }
+
+    fn missing(&self, name: &str) -> Error {
+        Error::format(
+            self.path,
+            format!("no tensor '{name}' (not a Piper VITS voice?)"),
+        )
+    }
+
+    fn has(&self, name: &str) -> bool {
+        self.graph.constant(name).is_some()
+    }
+
+    /// A float tensor and its dims.
+    fn tensor(&self, name: &str) -> Result<(Vec<f32>, Vec<usize>)> {
+        let t = self
+            .graph
+            .constant(name)
+            .ok_or_else(|| self.missing(name))?;
+        let dims = t.dims.iter().map(|&d| d as usize).collect();
+        Ok((t.to_f32()?, dims))
+    }
+
+    fn vector(&self, name: &str, len: usize) -> Result<Vec<f32>> {
+        let (v, _) = self.tensor(name)?;
+        if v.len() != len {
+            return Err(Error::format(
+                self.path,
+                format!("tensor '{name}' has {} values, expected {len}", v.len()),
+            ));
+        }
+        Ok(v)
+    }
+
+    /// The node using `key` (a weight or bias name) as an input.
+    fn node(&self, key: &str, op: &str) -> Result<&'a OnnxNode> {
+        match self.conv_by_input.get(key) {
+            Some(n) if n.op_type == op => Ok(n),
+            _ => Err(Error::format(
+                self.path,
+                format!("no {op} node using '{key}'"),
+            )),
+        }
+    }
+
+    /// A `Conv` found by `key`, its weight or bias name (exports that fold
+    /// weight norm give the weight a generated name, but keep the bias's).
+    fn conv(&self, key: &str) -> Result<Conv> {
+        let n = self.node(key, "Conv")?;
+        let (w, dims) = self.tensor(&n.inputs[1])?;
+        let b = match n.inputs.get(2).filter(|s| !s.is_empty()) {
+            Some(name) => Some(self.tensor(name)?.0),
+            None => None,
+        };
+        if dims.len() != 3 {
+            return Err(n.error(format!("weight has shape {dims:?}, expected [out, in, k]")));
+        }
+        let groups = n.int_or("group", 1)? as usize;
+        let dilations = n.ints_or("dilations", &[1])?;
+        let dilation = dilations.first().copied().unwrap_or(1);
+        let pads = n.ints_or("pads", &[0, 0])?;
+        let strides = n.ints_or("strides", &[1])?;
+        if dilations.len() != 1 || dilation < 1 || n.attr("auto_pad").is_some() {
+            return Err(n.unsupported(format!("Conv dilations {dilations:?} / auto_pad")));
+        }
+        if strides.iter().any(|&s| s != 1) {
+            return Err(n.unsupported("strided Conv"));
+        }
+        let (pad_left, pad_right) = match pads.as_slice() {
+            [] => (0, 0),
+            [l, r] if *l >= 0 && *r >= 0 => (*l as usize, *r as usize),
+            other => return Err(n.error(format!("pads {other:?}"))),
+        };
+        let shape = Conv1dShape {
+            c_in: dims[1] * groups,
+            c_out: dims[0],
+            kernel: dims[2],
+            dilation: dilation as usize,
+            pad_left,
+            pad_right,
+            groups: groups.max(1),
+        };
+        if b.as_ref().is_some_and(|b| b.len() != shape.c_out)
+            || dims[2] == 0
+            || dims[0] % shape.groups != 0
+        {
+            return Err(n.error("bias or weight shape is inconsistent"));
+        }
+        Ok(Conv { w, b, shape })
+    }
+
+    /// A Conv whose padding the module applies itself (an explicit `Pad`
+    /// before the node), e.g. the FFN's "same" padding.
+    fn conv_padded(&self, key: &str, pad_left: usize, pad_right: usize) -> Result<Conv> {
+        let mut c = self.conv(key)?;
+        if c.shape.pad_left != 0 || c.shape.pad_right != 0 {
+            return Err(Error::format(
+                self.path,
+                format!("Conv using '{key}' already pads"),
+            ));
+        }
+        c.shape.pad_left = pad_left;
+        c.shape.pad_right = pad_right;
+        Ok(c)
+    }
+
+    fn conv_transpose(&self, weight: &str) -> Result<ConvT> {
+        let n = self.node(weight, "ConvTranspose")?;
+        let (w, dims) = self.tensor(weight)?;
+        let b = match n.inputs.get(2).filter(|s| !s.is_empty()) {
+            Some(name) => Some(self.tensor(name)?.0),
+            None => None,
+        };
+        if dims.len() != 3 || n.int_or("group", 1)? != 1 {
+            return Err(n.unsupported(format!("ConvTranspose weight {dims:?} / groups")));
+        }
+        let stride = n.ints_or("strides", &[1])?.first().copied().unwrap_or(1);
+        let pads = n.ints_or("pads", &[0, 0])?;
+        let pad = pads.first().copied().unwrap_or(0);
+        if pads.iter().any(|&p| p != pad)
+            || stride < 1
+            || pad < 0
+            || n.attr("output_padding").is_some()
+        {
+            return Err(n.unsupported(format!("ConvTranspose pads {pads:?} stride {stride}")));
+        }
+        if n.ints_or("dilations", &[1])?.iter().any(|&d| d != 1) {
+            return Err(n.unsupported("dilated ConvTranspose"));
+        }
+        let shape = ConvTranspose1dShape {
+            c_in: dims[0],
+            c_out: dims[1],
+            kernel: dims[2],
+            stride: stride as usize,
+            pad: pad as usize,
+        };
+        if b.as_ref().is_some_and(|b| b.len() != shape.c_out) {
+            return Err(n.error("bias shape"));
+        }
+        Ok(ConvT { w, b, shape })
+    }
+
+    fn layer_norm(&self, prefix: &str, c: usize) -> Result<LayerNorm> {
+        Ok(LayerNorm {
+            gamma: self.vector(&format!("{prefix}.gamma"), c)?,
+            beta: self.vector(&format!("{prefix}.beta"), c)?,
+        })
+    }
+
+    /// How many `{prefix}{i}{suffix}` tensors exist for i = 0, step, 2 step, ...
+    fn count(&self, prefix: &str, suffix: &str, first: usize, step: usize) -> usize {
+        let mut n = 0;
+        while self.has(&format!("{prefix}{}{suffix}", first + n * step)) {
+            n += 1;
+        }
+        n
+    }
+}
+
+/// Layer norm over channels at every time step (`modules.LayerNorm`).
+#[derive(Clone, Debug)]
+struct LayerNorm {
+    gamma: Vec<f32>,
+    beta: Vec<f32>,
+}
+
+impl LayerNorm {
+    /// x: [c, t] in place.
+    fn forward(&self, x: &mut [f32], t: usize) {
+        let c = self.gamma.len();
+        let mut xt = transpose(x, c, t);
+        let mut y = vec![0.0; xt.len()];
+        cpu::layer_norm(&xt, &self.gamma, &self.beta, LN_EPS, &mut y);
+        xt.copy_from_slice(&y);
+        x.copy_from_slice(&transpose(&xt, t, c));
+    }
+}
+
+/// [rows, cols] -> [cols, rows]
+fn transpose(x: &[f32], rows: usize, cols: usize) -> Vec<f32> {
+    let mut y = vec![0.0; x.len()];
+    for r in 0..rows {
+        for c in 0..cols {
+            y[c * rows + r] = x[r * cols + c];
+        }
+    }
+    y
+}
+
+fn add_in_place(x: &mut [f32], y: &[f32]) {
+    cpu::add_assign(x, y);
+}
+
+/// Multi-head self-attention with relative-position keys and values shared
+/// by all heads (`attentions.MultiHeadAttention`, window_size set).
+#[derive(Clone, Debug)]
+struct Attention {
+    q: Conv,
+    k: Conv,
+    v: Conv,
+    o: Conv,
+    /// [2 window + 1, k_channels]
+    rel_k: Vec<f32>,
+    rel_v: Vec<f32>,
+    window: usize,
+    k_channels: usize,
+}
+
+impl Attention {
+    /// x: [c, t] -> [c, t]
+    fn forward(&self, x: &[f32], t: usize) -> Vec<f32> {
+        let c = self.q.shape.c_out;
+        let dk = self.k_channels;
+        let heads = c / dk;
+        let w = self.window as isize;
+        let scale = 1.0 / (dk as f32).sqrt();
+        let (q, k, v) = (
+            transpose(&self.q.forward(x, t), c, t),
+            transpose(&self.k.forward(x, t), c, t),
+            transpose(&self.v.forward(x, t), c, t),
+        );
+        // out: [t, c] before the output projection.
+        let mut out = vec![0.0f32; t * c];
+        let mut p = vec![0.0f32; t];
+        let mut qs = vec![0.0f32; dk];
+        for h in 0..heads {
+            let hd = h * dk..(h + 1) * dk;
+            for i in 0..t {
+                for (d, qv) in qs.iter_mut().enumerate() {
+                    *qv = q[i * c + h * dk + d] * scale;
+                }
+                for (j, pj) in p.iter_mut().enumerate() {
+                    let mut s = cpu::dot(&qs, &k[j * c..][hd.clone()]);
+                    let r = j as isize - i as isize;
+                    if r.abs() <= w {
+                        let e = (r + w) as usize;
+                        s += cpu::dot(&qs, &self.rel_k[e * dk..(e + 1) * dk]);
+                    }
+                    *pj = s;
+                }
+                cpu::softmax_rows(&mut p, t);
+                let o = &mut out[i * c..][hd.clone()];
+                for (j, &pj) in p.iter().enumerate() {
+                    for (ov, vv) in o.iter_mut().zip(&v[j * c..][hd.clone()]) {
+                        *ov += pj * vv;
+                    }
+                }
+                for r in -w..=w {
+                    let j = i as isize + r;
+                    if j < 0 || j >= t as isize {
+                        continue;
+                    }
+                    let pj = p[j as usize];
+                    let e = (r + w) as usize;
+                    for (ov, rv) in o.iter_mut().zip(&self.rel_v[e * dk..(e + 1) * dk]) {
+                        *ov += pj * rv;
+                    }
+                }
+            }
+        }
+        self.o.forward(&transpose(&out, t, c), t)
+    }
+}
+
+#[derive(Clone, Debug)]
+struct EncoderLayer {
+    attn: Attention,
+    norm1: LayerNorm,
+    ffn1: Conv,
+    ffn2: Conv,
+    norm2: LayerNorm,
+}
+
+/// `models.TextEncoder`: ids -> (hidden x, prior mean m, prior log-std logs).
+#[derive(Clone, Debug)]
+struct TextEncoder {
+    /// [vocab, hidden]
+    emb: Vec<f32>,
+    hidden: usize,
+    layers: Vec<EncoderLayer>,
+    proj: Conv,
+}
+
+/// Text encoder outputs, each [channels, phonemes].
+pub struct Encoded {
+    pub x: Vec<f32>,
+    pub m: Vec<f32>,
+    pub logs: Vec<f32>,
+    pub len: usize,
+}
+
+impl TextEncoder {
+    fn load(l: &Loader) -> Result<TextEncoder> {
+        let (emb, dims) = l.tensor("enc_p.emb.weight").or_else(|_| {
+            // Piper's export names the embedding after the Gather that uses it.
+            let n = l
+                .graph
+                .nodes
+                .iter()
+                .find(|n| n.name == "/enc_p/emb/Gather")
+                .ok_or_else(|| l.missing("enc_p.emb.weight"))?;
+            l.tensor(&n.inputs[0])
+        })?;
+        if dims.len() != 2 {
+            return Err(Error::format(l.path, format!("embedding shape {dims:?}")));
+        }
+        let hidden = dims[1];
+        let n_layers = l.count("enc_p.encoder.attn_layers.", ".conv_q.weight", 0, 1);
+        if n_layers == 0 {
+            return Err(l.missing("enc_p.encoder.attn_layers.0.conv_q.weight"));
+        }
+        let mut layers = Vec::new();
+        for i in 0..n_layers {
+            let p = format!("enc_p.encoder.attn_layers.{i}");
+            let (rel_k, rk) = l.tensor(&format!("{p}.emb_rel_k"))?;
+            let (rel_v, rv) = l.tensor(&format!("{p}.emb_rel_v"))?;
+            if rk.len() != 3 || rk[0] != 1 || rk[1] % 2 == 0 || rk != rv || hidden % rk[2] != 0 {
+                return Err(Error::format(
+                    l.path,
+                    format!("{p}.emb_rel_k has shape {rk:?}; expected [1, 2 window + 1, hidden / heads]"),
+                ));
+            }
+            let ffn = format!("enc_p.encoder.ffn_layers.{i}");
+            let k1 = l.conv(&format!("{ffn}.conv_1.weight"))?.shape.kernel;
+            layers.push(EncoderLayer {
+                attn: Attention {
+                    q: l.conv(&format!("{p}.conv_q.weight"))?,
+                    k: l.conv(&format!("{p}.conv_k.weight"))?,
+                    v: l.conv(&format!("{p}.conv_v.weight"))?,
+                    o: l.conv(&format!("{p}.conv_o.weight"))?,
+                    rel_k,
+                    rel_v,
+                    window: (rk[1] - 1) / 2,
+                    k_channels: rk[2],
+                },
+                norm1: l.layer_norm(&format!("enc_p.encoder.norm_layers_1.{i}"), hidden)?,
+                // "Same" padding, applied by FFN._same_padding.
+                ffn1: l.conv_padded(&format!("{ffn}.conv_1.weight"), (k1 - 1) / 2, k1 / 2)?,
+                ffn2: l.conv_padded(&format!("{ffn}.conv_2.weight"), (k1 - 1) / 2, k1 / 2)?,
+                norm2: l.layer_norm(&format!("enc_p.encoder.norm_layers_2.{i}"), hidden)?,
+            });
+        }
+        Ok(TextEncoder {
+            emb,
+            hidden,
+            layers,
+            proj: l.conv("enc_p.proj.weight")?,
+        })
+    }
+
+    fn vocab(&self) -> usize {
+        self.emb.len() / self.hidden
+    }
+
+    fn forward(&self, ids: &[usize]) -> Encoded {
+        let (h, t) = (self.hidden, ids.len());
+        let scale = (h as f32).sqrt();
+        let mut xt = vec![0.0; t * h];
+        for (row, &id) in xt.chunks_mut(h).zip(ids) {
+            for (o, e) in row.iter_mut().zip(&self.emb[id * h..(id + 1) * h]) {
+                *o = e * scale;
+            }
+        }
+        let mut x = transpose(&xt, t, h);
+        for layer in &self.layers {
+            let y = layer.attn.forward(&x, t);
+            add_in_place(&mut x, &y);
+            layer.norm1.forward(&mut x, t);
+            let mut y = layer.ffn1.forward(&x, t);
+            y.iter_mut().for_each(|v| *v = v.max(0.0));
+            let y = layer.ffn2.forward(&y, t);
+            add_in_place(&mut x, &y);
+            layer.norm2.forward(&mut x, t);
+        }
+        let stats = self.proj.forward(&x, t);
+        let half = stats.len() / 2;
+        Encoded {
+            m: stats[..half].to_vec(),
+            logs: stats[half..].to_vec(),
+            x,
+            len: t,
+        }
+    }
+}
+
+/// Dilated depth-separable convolutions (`modules.DDSConv`).
+#[derive(Clone, Debug)]
+struct DdsConv {
+    sep: Vec<Conv>,
+    pointwise: Vec<Conv>,
+    norms1: Vec<LayerNorm>,
+    norms2: Vec<LayerNorm>,
+}
+
+impl DdsConv {
+    fn load(l: &Loader, prefix: &str, c: usize) -> Result<DdsConv> {
+        let n = l.count(&format!("{prefix}.convs_sep."), ".weight", 0, 1);
+        let mut d = DdsConv {
+            sep: Vec::new(),
+            pointwise: Vec::new(),
+            norms1: Vec::new(),
+            norms2: Vec::new(),
+        };
+        for i in 0..n {
+            d.sep
+                .push(l.conv(&format!("{prefix}.convs_sep.{i}.weight"))?);
+            d.pointwise
+                .push(l.conv(&format!("{prefix}.convs_1x1.{i}.weight"))?);
+            d.norms1
+                .push(l.layer_norm(&format!("{prefix}.norms_1.{i}"), c)?);
+            d.norms2
+                .push(l.layer_norm(&format!("{prefix}.norms_2.{i}"), c)?);
+        }
+        Ok(d)
+    }
+
+    /// x: [c, t] in place (masks are all ones for one unpadded sequence).
+    fn forward(&self, x: &mut [f32], t: usize) {
+        for i in 0..self.sep.len() {
+            let mut y = self.sep[i].forward(x, t);
+            self.norms1[i].forward(&mut y, t);
+            y.iter_mut().for_each(|v| *v = cpu::gelu(*v));
+            let mut y = self.pointwise[i].forward(&y, t);
+            self.norms2[i].forward(&mut y, t);
+            y.iter_mut().for_each(|v| *v = cpu::gelu(*v));
+            add_in_place(x, &y);
+        }
+    }
+}
+
+/// A rational-quadratic spline coupling (`modules.ConvFlow`) on 2 channels.
+#[derive(Clone, Debug)]
+struct ConvFlow {
+    pre: Conv,
+    dds: DdsConv,
+    proj: Conv,
+    filter_channels: usize,
+}
+
+impl ConvFlow {
+    /// Inverse transform of z: [2, t] in place, conditioned on g: [c, t].
+    fn reverse(&self, z: &mut [f32], g: &[f32], t: usize) {
+        let (z0, z1) = z.split_at_mut(t);
+        let mut h = self.pre.forward(z0, t);
+        add_in_place(&mut h, g);
+        self.dds.forward(&mut h, t);
+        let h = self.proj.forward(&h, t);
+        let n_params = self.proj.shape.c_out;
+        let bins = (n_params + 1) / 3;
+        let norm = 1.0 / (self.filter_channels as f32).sqrt();
+        let mut params = vec![0.0f32; n_params];
+        for (ti, x) in z1.iter_mut().enumerate() {
+            for (p, v) in params.iter_mut().enumerate() {
+                *v = h[p * t + ti];
+            }
+            let widths: Vec<f32> = params[..bins].iter().map(|v| v * norm).collect();
+            let heights: Vec<f32> = params[bins..2 * bins].iter().map(|v| v * norm).collect();
+            *x = spline_inverse(*x, &widths, &heights, &params[2 * bins..]);
+        }
+    }
+}
+
+/// Inverse of the rational-quadratic spline with linear tails outside
+/// [-B, B] (`unconstrained_rational_quadratic_spline`, inverse=True).
+/// `derivatives` holds the inner knots' unnormalised derivatives (bins - 1).
+pub fn spline_inverse(x: f32, widths_u: &[f32], heights_u: &[f32], derivatives_u: &[f32]) -> f32 {
+    let b = SPLINE_TAIL_BOUND;
+    if !(-b..=b).contains(&x) {
+        return x;
+    }
+    let bins = widths_u.len();
+    let knots = |u: &[f32]| -> Vec<f32> {
+        let mut s = u.to_vec();
+        cpu::softmax_rows(&mut s, bins);
+        let mut cum = Vec::with_capacity(bins + 1);
+        cum.push(0.0f32);
+        let mut acc = 0.0f32;
+        for v in &s {
+            acc += SPLINE_MIN_BIN + (1.0 - SPLINE_MIN_BIN * bins as f32) * v;
+            cum.push(acc);
+        }
+        for c in cum.iter_mut() {
+            *c = 2.0 * b * *c - b;
+        }
+        cum[0] = -b;
+        cum[bins] = b;
+        cum
+    };
+    let cw = knots(widths_u);
+    let ch = knots(heights_u);
+    // Linear tails: the outer derivatives are pinned so the slope there is 1.
+    let edge = ((1.0 - SPLINE_MIN_DERIVATIVE).exp() - 1.0).ln();
+    let softplus = |v: f32| if v > 20.0 { v } else { v.exp().ln_1p() };
+    let deriv = |i: usize| -> f32 {
+        let u = if i == 0 || i == bins {
+            edge
+        } else {
+            derivatives_u[i - 1]
+        };
+        SPLINE_MIN_DERIVATIVE + softplus(u)
+    };
+    // searchsorted over the height knots, the last one nudged up by 1e-6.
+    let mut bin = 0;
+    for (i, &k) in ch.iter().enumerate() {
+        let k = if i == bins { k + 1e-6 } else { k };
+        if x >= k {
+            bin = i;
+        }
+    }
+    let bin = bin.min(bins - 1);
+    let (in_cw, in_w) = (cw[bin], cw[bin + 1] - cw[bin]);
+    let (in_ch, in_h) = (ch[bin], ch[bin + 1] - ch[bin]);
+    let delta = in_h / in_w;
+    let (d0, d1) = (deriv(bin), deriv(bin + 1));
+    let dx = x - in_ch;
+    let s = d0 + d1 - 2.0 * delta;
+    let qa = dx * s + in_h * (delta - d0);
+    let qb = in_h * d0 - dx * s;
+    let qc = -delta * dx;
+    let disc = (qb * qb - 4.0 * qa * qc).max(0.0);
+    let root = (2.0 * qc) / (-qb - disc.sqrt());
+    root * in_w + in_cw
+}
+
+/// The stochastic duration predictor, reverse direction only.
+#[derive(Clone, Debug)]
+struct DurationPredictor {
+    pre: Conv,
+    dds: DdsConv,
+    proj: Conv,
+    /// Spline flows in the order inference applies them (flows 7, 5, 3).
+    flows: Vec<ConvFlow>,
+    /// ElementwiseAffine(2): mean and exp(-logs) (folded by the export).
+    affine_m: Vec<f32>,
+    affine_inv_scale: Vec<f32>,
+}
+
+impl DurationPredictor {
+    fn load(l: &Loader, hidden: usize) -> Result<DurationPredictor> {
+        let filter = l.conv("dp.pre.weight")?.shape.c_out;
+        // flows = [affine, (convflow, flip) x n]; inference skips flows.1.
+        let n = l.count("dp.flows.", ".pre.weight", 3, 2);
+        if n == 0 {
+            return Err(l.missing("dp.flows.3.pre.weight"));
+        }
+        let mut flows = Vec::new();
+        for i in (0..n).rev() {
+            let p = format!("dp.flows.{}", 3 + 2 * i);
+            flows.push(ConvFlow {
+                pre: l.conv(&format!("{p}.pre.weight"))?,
+                dds: DdsConv::load(l, &format!("{p}.convs"), filter)?,
+                proj: l.conv(&format!("{p}.proj.weight"))?,
+                filter_channels: filter,
+            });
+        }
+        let affine_m = l.vector("dp.flows.0.m", 2)?;
+        // exp(-logs) is a constant the export folded: the tensor the Mul after
+        // (z - m) multiplies by.
+        let inv_scale_name = l
+            .graph
+            .nodes
+            .iter()
+            .find(|n| n.name == "/dp/flows.0/Mul")
+            .and_then(|n| n.inputs.get(1))
+            .ok_or_else(|| l.missing("dp.flows.0.logs"))?;
+        let affine_inv_scale = l.vector(inv_scale_name, 2)?;
+        let pre = l.conv("dp.pre.weight")?;
+        if pre.shape.c_in != hidden {
+            return Err(Error::format(
+                l.path,
+                "dp.pre does not take the encoder's channels",
+            ));
+        }
+        Ok(DurationPredictor {
+            pre,
+            dds: DdsConv::load(l, "dp.convs", filter)?,
+            proj: l.conv("dp.proj.weight")?,
+            flows,
+            affine_m,
+            affine_inv_scale,
+        })
+    }
+
+    /// Log-durations [t] from the encoder's x: [hidden, t] and noise z: [2, t].
+    fn reverse(&self, x: &[f32], t: usize, mut z: Vec<f32>) -> Vec<f32> {
+        let mut g = self.pre.forward(x, t);
+        self.dds.forward(&mut g, t);
+        let g = self.proj.forward(&g, t);
+        for flow in &self.flows {
+            // Flip (channel reversal) precedes each spline flow in reverse order.
+            let (a, b) = z.split_at_mut(t);
+            a.swap_with_slice(b);
+            flow.reverse(&mut z, &g, t);
+        }
+        // The last flip before the affine flow, then the affine flow.
+        let (a, b) = z.split_at_mut(t);
+        a.swap_with_slice(b);
+        for ch in 0..2 {
+            for v in &mut z[ch * t..(ch + 1) * t] {
+                *v = (*v - self.affine_m[ch]) * self.affine_inv_scale[ch];
+            }
+        }
+        z.truncate(t);
+        z
+    }
+}
+
+/// A mean-only affine coupling with a WaveNet block (`ResidualCouplingLayer`).
+#[derive(Clone, Debug)]
+struct Coupling {
+    pre: Conv,
+    in_layers: Vec<Conv>,
+    res_skip: Vec<Conv>,
+    post: Conv,
+}
+
+impl Coupling {
+    /// Inverse of the coupling on z: [channels, t] in place.
+    fn reverse(&self, z: &mut [f32], t: usize) {
+        let half = self.pre.shape.c_in;
+        let hidden = self.pre.shape.c_out;
+        let (x0, x1) = z.split_at_mut(half * t);
+        let mut h = self.pre.forward(x0, t);
+        let mut out = vec![0.0f32; hidden * t];
+        let n = self.in_layers.len();
+        for (i, (inl, rs)) in self.in_layers.iter().zip(&self.res_skip).enumerate() {
+            let x_in = inl.forward(&h, t);
+            let (a, b) = x_in.split_at(hidden * t);
+            let acts: Vec<f32> = a
+                .iter()
+                .zip(b)
+                .map(|(a, b)| a.tanh() * sigmoid(*b))
+                .collect();
+            let r = rs.forward(&acts, t);
+            if i + 1 < n {
+                add_in_place(&mut h, &r[..hidden * t]);
+                add_in_place(&mut out, &r[hidden * t..]);
+            } else {
+                add_in_place(&mut out, &r);
+            }
+        }
+        let m = self.post.forward(&out, t);
+        for (x, m) in x1.iter_mut().zip(&m) {
+            *x -= m;
+        }
+    }
+}
+
+fn sigmoid(x: f32) -> f32 {
+    1.0 / (1.0 + (-x).exp())
+}
+
+/// Reverses the channel order of x: [c, t] (`modules.Flip`).
+fn flip_channels(x: &mut [f32], c: usize, t: usize) {
+    for i in 0..c / 2 {
+        let (a, b) = x.split_at_mut((c - 1 - i) * t);
+        a[i * t..(i + 1) * t].swap_with_slice(&mut b[..t]);
+    }
+}
+
+/// The HiFi-GAN generator (`models.Generator`, ResBlock2).
+#[derive(Clone, Debug)]
+pub struct Generator {
+    pub conv_pre: Conv,
+    pub ups: Vec<ConvT>,
+    /// resblocks[stage][kernel] = the block's dilated convolutions in order.
+    pub resblocks: Vec<Vec<Vec<Conv>>>,
+    pub conv_post: Conv,
+}
+
+impl Generator {
+    fn load(l: &Loader) -> Result<Generator> {
+        let n_ups = l.count("dec.ups.", ".weight", 0, 1);
+        let n_blocks = l.count("dec.resblocks.", ".convs.0.weight", 0, 1);
+        if n_ups == 0 || n_blocks == 0 || n_blocks % n_ups != 0 {
+            return Err(Error::format(
+                l.path,
+                "dec.ups / dec.resblocks are missing or uneven",
+            ));
+        }
+        if l.has("dec.resblocks.0.convs1.0.weight") {
+            return Err(Error::unsupported(
+                l.path,
+                "HiFi-GAN ResBlock1 (high-quality voices)",
+            ));
+        }
+        let per_stage = n_blocks / n_ups;
+        let mut resblocks = Vec::new();
+        for s in 0..n_ups {
+            let mut stage = Vec::new();
+            for j in 0..per_stage {
+                let b = s * per_stage + j;
+                let n_convs = l.count(&format!("dec.resblocks.{b}.convs."), ".weight", 0, 1);
+                let convs = (0..n_convs)
+                    .map(|c| l.conv(&format!("dec.resblocks.{b}.convs.{c}.weight")))
+                    .collect::<Result<Vec<_>>>()?;
+                stage.push(convs);
+            }
+            resblocks.push(stage);
+        }
+        Ok(Generator {
+            conv_pre: l.conv("dec.conv_pre.weight")?,
+            ups: (0..n_ups)
+                .map(|i| l.conv_transpose(&format!("dec.ups.{i}.weight")))
+                .collect::<Result<_>>()?,
+            resblocks,
+            conv_post: l.conv("dec.conv_post.weight")?,
+        })
+    }
+
+    /// Samples per frame (the product of the upsampling strides).
+    pub fn hop(&self) -> usize {
+        self.ups.iter().map(|u| u.shape.stride).product()
+    }
+
+    /// z: [inter_channels, frames] -> audio [frames * hop] in [-1, 1].
+    pub fn forward(&self, z: &[f32], frames: usize) -> Vec<f32> {
+        let mut t = frames;
+        let mut x = self.conv_pre.forward(z, t);
+        for (up, blocks) in self.ups.iter().zip(&self.resblocks) {
+            cpu::leaky_relu(&mut x, LRELU_SLOPE);
+            x = up.forward(&x, t);
+            t = up.shape.t_out(t);
+            let mut sum = vec![0.0f32; x.len()];
+            for convs in blocks {
+                let mut xb = x.clone();
+                for c in convs {
+                    let mut xt = xb.clone();
+                    cpu::leaky_relu(&mut xt, LRELU_SLOPE);
+                    let y = c.forward(&xt, t);
+                    add_in_place(&mut xb, &y);
+                }
+                add_in_place(&mut sum, &xb);
+            }
+            let k = blocks.len() as f32;
+            sum.iter_mut().for_each(|v| *v /= k);
+            x = sum;
+        }
+        cpu::leaky_relu(&mut x, LRELU_SLOPE_POST);
+        let mut y = self.conv_post.forward(&x, t);
+        y.iter_mut().for_each(|v| *v = v.tanh());
+        y
+    }
+}
+
+/// Synthesis settings (Piper's `scales` input).
+#[derive(Clone, Copy, Debug)]
+pub struct Scales {
+    /// Noise added to the prior before the flow.
+    pub noise_scale: f32,
+    /// Multiplies every phoneme's duration (> 1 is slower).
+    pub length_scale: f32,
+    /// Noise fed to the duration predictor.
+    pub noise_w: f32,
+}
+
+/// A Piper VITS voice.
+pub struct Vits {
+    pub config: VoiceConfig,
+    enc: TextEncoder,
+    dp: DurationPredictor,
+    /// Couplings in file order (flows 0, 2, 4, 6); reverse runs them backwards.
+    flows: Vec<Coupling>,
+    pub dec: Generator,
+    inter_channels: usize,
+}
+
+/// The latent a voice decodes, with what produced it.
+pub struct Latent {
+    /// [inter_channels, frames]
+    pub z: Vec<f32>,
+    pub frames: usize,
+    /// Frames per phoneme id.
+    pub durations: Vec<usize>,
+}
+
+impl Vits {
+    /// Opens `model.onnx` and its `model.onnx.json`.
+    pub fn open(onnx_path: &Path) -> Result<Vits> {
+        let mut json = onnx_path.as_os_str().to_owned();
+        json.push(".json");
+        let config = VoiceConfig::open(Path::new(&json))?;
+        let model = OnnxModel::open(onnx_path)?;
+        Vits::from_onnx(&model, config)
+    }
+
+    pub fn from_onnx(model: &OnnxModel, config: VoiceConfig) -> Result<Vits> {
+        let l = Loader::new(&model.path, &model.graph);
+        let enc = TextEncoder::load(&l)?;
+        let dp = DurationPredictor::load(&l, enc.hidden)?;
+        let n_flows = l.count("flow.flows.", ".pre.weight", 0, 2);
+        if n_flows == 0 {
+            return Err(l.missing("flow.flows.0.pre.weight"));
+        }
+        let mut flows = Vec::new();
+        for i in 0..n_flows {
+            let p = format!("flow.flows.{}", 2 * i);
+            let n_layers = l.count(&format!("{p}.enc.in_layers."), ".bias", 0, 1);
+            flows.push(Coupling {
+                pre: l.conv(&format!("{p}.pre.weight"))?,
+                in_layers: (0..n_layers)
+                    .map(|j| l.conv(&format!("{p}.enc.in_layers.{j}.bias")))
+                    .collect::<Result<_>>()?,
+                res_skip: (0..n_layers)
+                    .map(|j| l.conv(&format!("{p}.enc.res_skip_layers.{j}.bias")))
+                    .collect::<Result<_>>()?,
+                post: l.conv(&format!("{p}.post.weight"))?,
+            });
+        }
+        let inter_channels = 2 * flows[0].pre.shape.c_in;
+        let dec = Generator::load(&l)?;
+        if enc.proj.shape.c_out != 2 * inter_channels || dec.conv_pre.shape.c_in != inter_channels {
+            return Err(Error::format(
+                &model.path,
+                "encoder, flow and decoder channels disagree",
+            ));
+        }
+        Ok(Vits {
+            config,
+            enc,
+            dp,
+            flows,
+            dec,
+            inter_channels,
+        })
+    }
+
+    pub fn vocab(&self) -> usize {
+        self.enc.vocab()
+    }
+
+    pub fn inter_channels(&self) -> usize {
+        self.inter_channels
+    }
+
+    /// Phoneme ids -> the latent the decoder turns into audio. Noise is drawn
+    /// from `rng` (duration noise first, then the prior's), so a seed fixes
+    /// the result.
+    pub fn latent(&self, ids: &[i64], scales: &Scales, rng: &mut Rng) -> Result<Latent> {
+        if ids.is_empty() {
+            return Err(Error::invalid("no phoneme ids to synthesise"));
+        }
+        let vocab = self.vocab();
+        let ids = ids
+            .iter()
+            .map(|&id| {
+                usize::try_from(id)
+                    .ok()
+                    .filter(|&i| i < vocab)
+                    .ok_or_else(|| {
+                        Error::invalid(format!(
+                            "phoneme id {id} is outside the voice's {vocab} symbols"
+                        ))
+                    })
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let t = ids.len();
+        let enc = self.enc.forward(&ids);
+        let noise: Vec<f32> = (0..2 * t).map(|_| rng.normal() * scales.noise_w).collect();
+        let logw = self.dp.reverse(&enc.x, t, noise);
+        let durations: Vec<usize> = logw
+            .iter()
+            .map(|&l| {
+                let w = (l.exp() * scales.length_scale).ceil();
+                if w.is_finite() && w > 0.0 {
+                    w as usize
+                } else {
+                    0
+                }
+            })
+            .collect();
+        let frames = durations.iter().sum::<usize>().max(1);
+        // Expand the prior to frames and sample z_p.
+        let c = self.inter_channels;
+        let mut z = vec![0.0f32; c * frames];
+        let mut f = 0;
+        for (j, &d) in durations.iter().enumerate() {
+            for _ in 0..d {
+                for ch in 0..c {
+                    z[ch * frames + f] = enc.m[ch * t + j];
+                }
+                f += 1;
+            }
+        }
+        let mut logs = vec![0.0f32; c * frames];
+        let mut f = 0;
+        for (j, &d) in durations.iter().enumerate() {
+            for _ in 0..d {
+                for ch in 0..c {
+                    logs[ch * frames + f] = enc.logs[ch * t + j];
+                }
+                f += 1;
+            }
+        }
+        for (zv, l) in z.iter_mut().zip(&logs) {
+            *zv += rng.normal() * l.exp() * scales.noise_scale;
+        }
+        for flow in self.flows.iter().rev() {
+            flip_channels(&mut z, c, frames);
+            flow.reverse(&mut z, frames);
+        }
+        Ok(Latent {
+            z,
+            frames,
+            durations,
+        })
+    }
+
+    /// Phoneme ids -> audio samples in [-1, 1] at the voice's rate (CPU).
+    pub fn synthesize(&self, ids: &[i64], scales: &Scales, rng: &mut Rng) -> Result<Vec<f32>> {
+        let lat = self.latent(ids, scales, rng)?;
+        Ok(self.dec.forward(&lat.z, lat.frames))
+    }
+}
+
+/// A voice on the device the user chose: the CPU reference, or the GPU
+/// generator behind the CPU text encoder, duration predictor and flow.
+pub enum Synthesizer {
+    Cpu(Vits),
+    Gpu(Vits, Box<GpuGenerator>),
+}
+
+impl Synthesizer {
+    /// Opens `device`; without an explicit GPU request, a machine with no
+    /// usable adapter falls back to the CPU (see [`DeviceChoice::open`]).
+    pub fn new(vits: Vits, device: &DeviceChoice) -> Result<Synthesizer> {
+        Ok(match device.open()? {
+            Device::Cpu => Synthesizer::Cpu(vits),
+            Device::Gpu(g) => {
+                let dec = GpuGenerator::new(g, &vits.dec)?;
+                Synthesizer::Gpu(vits, Box::new(dec))
+            }
+        })
+    }
+
+    pub fn vits(&self) -> &Vits {
+        match self {
+            Synthesizer::Cpu(v) | Synthesizer::Gpu(v, _) => v,
+        }
+    }
+
+    pub fn backend_name(&self) -> String {
+        match self {
+            Synthesizer::Cpu(_) => "cpu".to_string(),
+            Synthesizer::Gpu(_, g) => format!("gpu ({})", g.gpu().info.name),
+        }
+    }
+
+    /// Phoneme ids -> audio samples in [-1, 1] at the voice's rate.
+    pub fn synthesize(&self, ids: &[i64], scales: &Scales, rng: &mut Rng) -> Result<Vec<f32>> {
+        match self {
+            Synthesizer::Cpu(v) => v.synthesize(ids, scales, rng),
+            Synthesizer::Gpu(v, dec) => {
+                let lat = v.latent(ids, scales, rng)?;
+                dec.forward(&lat.z, lat.frames)
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn flip_reverses_channels() {
+        let mut x: Vec<f32> = (0..6).map(|v| v as f32).collect();
+        flip_channels(&mut x, 3, 2);
+        assert_eq!(x, [4.0, 5.0, 2.0, 3.0, 0.0, 1.0]);
+    }
+
+    #[test]
+    fn spline_is_identity_outside_the_tails_and_monotone_inside() {
+        let w = [0.3, -0.2, 0.1, 0.0, 0.5, -0.4, 0.2, 0.1, 0.0, -0.1];
+        let h = [0.1, 0.2, -0.3, 0.0, 0.4, -0.1, 0.3, -0.2, 0.0, 0.1];
+        let d = [0.2, -0.1, 0.0, 0.3, -0.2, 0.1, 0.0, 0.2, -0.3];
+        assert_eq!(spline_inverse(6.0, &w, &h, &d), 6.0);
+        assert_eq!(spline_inverse(-7.5, &w, &h, &d), -7.5);
+        let mut prev = f32::NEG_INFINITY;
+        for i in -49..=49 {
+            let y = spline_inverse(i as f32 * 0.1, &w, &h, &d);
+            assert!(y > prev && y.abs() <= 5.0, "not monotone at {i}");
+            prev = y;
+        }
+    }
+}

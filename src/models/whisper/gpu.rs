@@ -1,0 +1,473 @@
+//! The Whisper encoder on the GPU, conv stem included: im2col + matmul for
+//! both convolutions (GELU fused, positions added as the matmul's residual),
+//! then pre-norm layers of LayerNorm, fused-QKV matmul, attention, and
+//! matmuls with bias, GELU and residual fused; the final LayerNorm; and each
+//! decoder layer's cross-attention K/V projection of the output, which is all
+//! the CPU decoder reads back. One submission per 30 s window.
+//!
+//! Weights go up as f16 when they are exactly f16 (CTranslate2's f16 files),
+//! f32 otherwise. The kernels are the shared dense ones (`gpu::dense`) plus
+//! `im2col_1d` and `attention_tiled` here, whose CPU twins are
+//! `model::im2col_1d` and `cpu::attention`.
+
+use super::model::{Config, CrossKv, LayerNorm, Linear, Whisper, LN_EPS};
+use crate::cpu::{Activation, AttentionShape};
+use crate::error::Result;
+use crate::gpu::dense::{self, pack_f16, WeightFormat};
+use crate::gpu::kernels::{Binding, Kernel, Variant};
+use crate::gpu::ops::{groups_1d, Dispatch};
+use crate::gpu::Gpu;
+use crate::kernel;
+use crate::models::whisper::mel::N_FRAMES;
+use std::sync::Arc;
+
+#[repr(C)]
+#[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
+struct Im2colParams {
+    t_in: u32,
+    channels: u32,
+    t_stride: u32,
+    c_stride: u32,
+    kernel: u32,
+    stride: u32,
+    pad: u32,
+    t_out: u32,
+}
+const _: () = assert!(std::mem::size_of::<Im2colParams>() == 32);
+
+kernel!(
+    IM2COL_1D,
+    "im2col_1d",
+    "im2col.wgsl",
+    [Binding::read("x"), Binding::write("cols")],
+    Im2colParams,
+    [&[]]
+);
+
+#[repr(C)]
+#[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
+struct AttentionTiledParams {
+    rows: u32,
+    heads: u32,
+    q_stride: u32,
+    k_stride: u32,
+    v_stride: u32,
+    q_col: u32,
+    k_col: u32,
+    v_col: u32,
+    scale: f32,
+    _pad: [u32; 3],
+}
+const _: () = assert!(std::mem::size_of::<AttentionTiledParams>() == 48);
+
+kernel!(
+    ATTENTION_TILED,
+    "attention_tiled",
+    "attention_tiled.wgsl",
+    [
+        Binding::read("q"),
+        Binding::read("k"),
+        Binding::read("v"),
+        Binding::write("out"),
+    ],
+    AttentionTiledParams,
+    [&[]]
+);
+
+/// Largest head size [`attention_tiled`] handles (Whisper's is 64 at every size).
+pub const ATTENTION_TILED_MAX_HEAD_DIM: usize = 64;
+
+/// The kernels declared in this module.
+pub static KERNELS: &[&Kernel] = &[&IM2COL_1D, &ATTENTION_TILED];
+
+/// Non-causal attention of `rows` positions against themselves (one
+/// sequence), for the long sequences of the encoder; same maths as
+/// `cpu::attention` with one `SeqSpan::same` span. out: [rows, heads * head_dim].
+///
+/// `gpu::dense::attention` gives each query row its own thread with
+/// head-size registers; on Mesa lavapipe (22.3) that kernel writes only the
+/// first element of each row once sequences pass ~500 keys at head size 64,
+/// so the encoder uses this tiled kernel, which also reads each key row once
+/// per 16 queries instead of once per query.
+pub fn attention_tiled(
+    gpu: &Gpu,
+    q: &wgpu::Buffer,
+    k: &wgpu::Buffer,
+    v: &wgpu::Buffer,
+    out: &wgpu::Buffer,
+    rows: usize,
+    shape: &AttentionShape,
+) -> Result<Dispatch> {
+    assert!(
+        !shape.causal && shape.kv_heads == shape.heads,
+        "attention_tiled: bidirectional, one kv head per head"
+    );
+    assert!(
+        shape.head_dim % 4 == 0 && shape.head_dim <= ATTENTION_TILED_MAX_HEAD_DIM,
+        "attention_tiled: head_dim {} must be a multiple of 4 up to {ATTENTION_TILED_MAX_HEAD_DIM}",
+        shape.head_dim
+    );
+    if rows == 0 || rows.div_ceil(16) > 65535 || shape.heads > 65535 {
+        return Err(crate::Error::gpu(format!(
+            "attention over {rows} rows and {} heads cannot be dispatched",
+            shape.heads
+        )));
+    }
+    let params = AttentionTiledParams {
+        rows: rows as u32,
+        heads: shape.heads as u32,
+        q_stride: shape.q_stride as u32,
+        k_stride: shape.k_stride as u32,
+        v_stride: shape.v_stride as u32,
+        q_col: shape.q_col as u32,
+        k_col: shape.k_col as u32,
+        v_col: shape.v_col as u32,
+        scale: shape.scale,
+        _pad: [0; 3],
+    };
+    let variant = Variant::default().with("HEAD_DIM", shape.head_dim as u32);
+    let bound = gpu.bind(&ATTENTION_TILED, &variant, &[q, k, v, out], &params)?;
+    Ok(Dispatch {
+        bound,
+        groups: [rows.div_ceil(16) as u32, shape.heads as u32, 1],
+    })
+}
+
+/// The columns of a 1-D convolution (see `model::im2col_1d` for the layout).
+#[allow(clippy::too_many_arguments)]
+pub fn im2col_1d(
+    gpu: &Gpu,
+    x: &wgpu::Buffer,
+    cols: &wgpu::Buffer,
+    t_in: usize,
+    channels: usize,
+    t_stride: usize,
+    c_stride: usize,
+    kernel: usize,
+    stride: usize,
+    pad: usize,
+    t_out: usize,
+) -> Result<Dispatch> {
+    let params = Im2colParams {
+        t_in: t_in as u32,
+        channels: channels as u32,
+        t_stride: t_stride as u32,
+        c_stride: c_stride as u32,
+        kernel: kernel as u32,
+        stride: stride as u32,
+        pad: pad as u32,
+        t_out: t_out as u32,
+    };
+    let bound = gpu.bind(&IM2COL_1D, &Variant::default(), &[x, cols], &params)?;
+    Ok(Dispatch {
+        bound,
+        groups: groups_1d(t_out * channels * kernel, 256),
+    })
+}
+
+/// A weight matrix and its bias on the GPU.
+struct GpuLinear {
+    w: wgpu::Buffer,
+    format: WeightFormat,
+    bias: Option<wgpu::Buffer>,
+    n: usize,
+    k: usize,
+}
+
+impl GpuLinear {
+    fn upload(
+        gpu: &Gpu,
+        name: &str,
+        w: &[f32],
+        bias: Option<&[f32]>,
+        n: usize,
+        k: usize,
+    ) -> Result<GpuLinear> {
+        // f16 only when nothing is lost: CT2 stores Whisper in f16.
+        let exact_f16 = w.iter().all(|&v| half::f16::from_f32(v).to_f32() == v);
+        let (w, format) = if exact_f16 {
+            (gpu.upload_u32(name, &pack_f16(w, n, k))?, WeightFormat::F16)
+        } else {
+            (gpu.upload_f32(name, w)?, WeightFormat::F32)
+        };
+        let bias = bias
+            .map(|b| gpu.upload_f32(&format!("{name}.bias"), b))
+            .transpose()?;
+        Ok(GpuLinear {
+            w,
+            format,
+            bias,
+            n,
+            k,
+        })
+    }
+
+    fn from(gpu: &Gpu, name: &str, l: &Linear) -> Result<GpuLinear> {
+        GpuLinear::upload(gpu, name, &l.w, l.b.as_deref(), l.n_out, l.n_in)
+    }
+
+    /// y[m, n] = act(x · w^T + bias) + residual
+    fn matmul(
+        &self,
+        gpu: &Gpu,
+        x: &wgpu::Buffer,
+        y: &wgpu::Buffer,
+        m: usize,
+        act: Option<Activation>,
+        residual: Option<&wgpu::Buffer>,
+    ) -> Result<Dispatch> {
+        dense::matmul(
+            gpu,
+            &dense::Linear {
+                x,
+                w: &self.w,
+                format: self.format,
+                bias: self.bias.as_ref(),
+                residual,
+                y,
+                m,
+                k: self.k,
+                n: self.n,
+                act,
+            },
+        )
+    }
+}
+
+struct GpuNorm {
+    gamma: wgpu::Buffer,
+    beta: wgpu::Buffer,
+}
+
+impl GpuNorm {
+    fn from(gpu: &Gpu, name: &str, n: &LayerNorm) -> Result<GpuNorm> {
+        Ok(GpuNorm {
+            gamma: gpu.upload_f32(&format!("{name}.gamma"), &n.gamma)?,
+            beta: gpu.upload_f32(&format!("{name}.beta"), &n.beta)?,
+        })
+    }
+
+    fn run(
+        &self,
+        gpu: &Gpu,
+        x: &wgpu::Buffer,
+        y: &wgpu::Buffer,
+        d: usize,
+        rows: usize,
+    ) -> Result<Dispatch> {
+        dense::layer_norm(
+            gpu,
+            &gpu.reduce_variant(),
+            x,
+            &self.gamma,
+            &self.beta,
+            y,
+            d,
+            rows,
+            LN_EPS,
+        )
+    }
+}
+
+/// The encoder with its buffers and every dispatch bound once.
+pub struct GpuEncoder {
+    gpu: Arc<Gpu>,
+    config: Config,
+    /// [n_mels, 3000], written each window.
+    mel: wgpu::Buffer,
+    /// The encoder output [n_audio_ctx, d].
+    xa: wgpu::Buffer,
+    /// Per decoder layer, [n_audio_ctx, 2d].
+    kv: Vec<wgpu::Buffer>,
+    /// The whole window, in order: each step's name, dispatch and output.
+    plan: Vec<Step>,
+}
+
+/// One dispatch of the plan and the buffer it writes (for [`GpuEncoder::intermediates`]).
+struct Step {
+    name: String,
+    dispatch: Dispatch,
+    output: wgpu::Buffer,
+}
+
+impl GpuEncoder {
+    pub fn new(gpu: Arc<Gpu>, model: &Whisper) -> Result<GpuEncoder> {
+        let c = model.config.clone();
+        let e = &model.encoder;
+        let g = &*gpu;
+        let (d, t, t_in, n_mels, d_ff) = (c.d_model, c.n_audio_ctx, N_FRAMES, c.n_mels, c.d_ff);
+        let f32s = |name: &str, n: usize| g.scratch(name, (n * 4) as u64);
+
+        let mel = f32s("mel", n_mels * t_in)?;
+        let cols1 = f32s("conv1.cols", t_in * n_mels * 3)?;
+        let h1 = f32s("conv1.out", t_in * d)?;
+        let cols2 = f32s("conv2.cols", t * d * 3)?;
+        let x = f32s("x", t * d)?;
+        let x2 = f32s("x2", t * d)?;
+        let h = f32s("h", t * d)?;
+        let qkv = f32s("qkv", t * 3 * d)?;
+        let att = f32s("attention", t * d)?;
+        let ff = f32s("ffn", t * d_ff)?;
+        let xa = f32s("encoder.out", t * d)?;
+        let positions = g.upload_f32("positions", &e.positions)?;
+        let conv1 = GpuLinear::upload(g, "conv1", &e.conv1_w, Some(&e.conv1_b), d, n_mels * 3)?;
+        let conv2 = GpuLinear::upload(g, "conv2", &e.conv2_w, Some(&e.conv2_b), d, d * 3)?;
+        let head_dim = d / c.n_audio_heads;
+        let shape = AttentionShape {
+            heads: c.n_audio_heads,
+            kv_heads: c.n_audio_heads,
+            head_dim,
+            scale: 1.0 / (head_dim as f32).sqrt(),
+            causal: false,
+            q_stride: 3 * d,
+            k_stride: 3 * d,
+            v_stride: 3 * d,
+            q_col: 0,
+            k_col: d,
+            v_col: 2 * d,
+        };
+        let gelu = Some(Activation::Gelu);
+
+        let mut plan = Vec::new();
+        let mut step = |name: String, dispatch: Dispatch, output: &wgpu::Buffer| {
+            plan.push(Step {
+                name,
+                dispatch,
+                output: output.clone(),
+            })
+        };
+        step(
+            "conv1.cols".into(),
+            im2col_1d(g, &mel, &cols1, t_in, n_mels, 1, t_in, 3, 1, 1, t_in)?,
+            &cols1,
+        );
+        step(
+            "conv1".into(),
+            conv1.matmul(g, &cols1, &h1, t_in, gelu, None)?,
+            &h1,
+        );
+        step(
+            "conv2.cols".into(),
+            im2col_1d(g, &h1, &cols2, t_in, d, d, 1, 3, 2, 1, t)?,
+            &cols2,
+        );
+        step(
+            "conv2+positions".into(),
+            conv2.matmul(g, &cols2, &x, t, gelu, Some(&positions))?,
+            &x,
+        );
+        for (i, l) in e.layers.iter().enumerate() {
+            let p = format!("encoder.{i}");
+            let attn_norm = GpuNorm::from(g, &format!("{p}.attn_norm"), &l.attn_norm)?;
+            let wqkv = GpuLinear::from(g, &format!("{p}.qkv"), &l.qkv)?;
+            let wout = GpuLinear::from(g, &format!("{p}.out"), &l.out)?;
+            let mlp_norm = GpuNorm::from(g, &format!("{p}.mlp_norm"), &l.mlp.norm)?;
+            let fc1 = GpuLinear::from(g, &format!("{p}.fc1"), &l.mlp.fc1)?;
+            let fc2 = GpuLinear::from(g, &format!("{p}.fc2"), &l.mlp.fc2)?;
+            step(
+                format!("{p}.attn_norm"),
+                attn_norm.run(g, &x, &h, d, t)?,
+                &h,
+            );
+            step(
+                format!("{p}.qkv"),
+                wqkv.matmul(g, &h, &qkv, t, None, None)?,
+                &qkv,
+            );
+            step(
+                format!("{p}.attention"),
+                attention_tiled(g, &qkv, &qkv, &qkv, &att, t, &shape)?,
+                &att,
+            );
+            step(
+                format!("{p}.attn_residual"),
+                wout.matmul(g, &att, &x2, t, None, Some(&x))?,
+                &x2,
+            );
+            step(format!("{p}.mlp_norm"), mlp_norm.run(g, &x2, &h, d, t)?, &h);
+            step(
+                format!("{p}.fc1"),
+                fc1.matmul(g, &h, &ff, t, gelu, None)?,
+                &ff,
+            );
+            step(
+                format!("{p}.out"),
+                fc2.matmul(g, &ff, &x, t, None, Some(&x2))?,
+                &x,
+            );
+        }
+        let norm = GpuNorm::from(g, "encoder.norm", &e.norm)?;
+        step("encoder.norm".into(), norm.run(g, &x, &xa, d, t)?, &xa);
+        let mut kv = Vec::new();
+        for (i, l) in model.decoder.layers.iter().enumerate() {
+            let w = GpuLinear::from(g, &format!("decoder.{i}.cross_kv"), &l.cross_kv)?;
+            let out = f32s(&format!("decoder.{i}.cross_kv.out"), t * 2 * d)?;
+            step(
+                format!("decoder.{i}.cross_kv"),
+                w.matmul(g, &xa, &out, t, None, None)?,
+                &out,
+            );
+            kv.push(out);
+        }
+        Ok(GpuEncoder {
+            gpu,
+            config: c,
+            mel,
+            xa,
+            kv,
+            plan,
+        })
+    }
+
+    /// Runs one window of features [n_mels, 3000]; the results stay on the GPU.
+    fn run(&self, mel: &[f32]) -> Result<()> {
+        assert_eq!(
+            mel.len(),
+            self.config.n_mels * N_FRAMES,
+            "gpu encoder: mel is not [n_mels, 3000]"
+        );
+        self.gpu
+            .queue
+            .write_buffer(&self.mel, 0, bytemuck::cast_slice(mel));
+        let work: Vec<&Dispatch> = self.plan.iter().map(|s| &s.dispatch).collect();
+        self.gpu.run_all(&work)
+    }
+
+    /// Debug hook: runs the window one dispatch at a time and returns every
+    /// step's name and output, to find the first one that diverges from the
+    /// CPU reference. Slow; never used on the normal path.
+    pub fn intermediates(&self, mel: &[f32]) -> Result<Vec<(String, Vec<f32>)>> {
+        self.gpu
+            .queue
+            .write_buffer(&self.mel, 0, bytemuck::cast_slice(mel));
+        let mut out = Vec::new();
+        for s in &self.plan {
+            self.gpu.run_all(&[&s.dispatch])?;
+            out.push((s.name.clone(), self.gpu.read_f32(&s.output)?));
+        }
+        Ok(out)
+    }
+
+    /// The encoder output [n_audio_ctx, d] for one window.
+    pub fn forward(&self, mel: &[f32]) -> Result<Vec<f32>> {
+        self.run(mel)?;
+        self.gpu.read_f32(&self.xa)
+    }
+
+    /// The cross-attention state of the window run last.
+    pub fn cross_kv(&self) -> Result<CrossKv> {
+        let kv = self
+            .kv
+            .iter()
+            .map(|b| self.gpu.read_f32(b))
+            .collect::<Result<_>>()?;
+        Ok(CrossKv { kv })
+    }
+}
+
+impl crate::run::transcribe::AudioEncoder for GpuEncoder {
+    fn encode(&mut self, mel: &[f32]) -> Result<CrossKv> {
+        self.run(mel)?;
+        self.cross_kv()
+    }
+}

@@ -1,0 +1,658 @@
+//! The Whisper network: config -> weights -> CPU forward.
+//!
+//! Encoder: conv1 (k3, pad 1) and GELU, conv2 (k3, stride 2, pad 1) and
+//! GELU, plus sinusoidal positions; pre-norm transformer layers; a final
+//! LayerNorm.
+//! Decoder: token + learned positions, pre-norm layers of causal
+//! self-attention (KV-cached), cross-attention to the encoder output and an
+//! MLP; final LayerNorm; logits against the token embedding (shared output
+//! embedding). LayerNorm eps 1e-5, exact GELU, as in openai-whisper.
+//!
+//! Weights are read from a CTranslate2 `model.bin` (names verbatim) and
+//! widened to f32: CT2 fuses q/k/v (`self_attention/linear_0`) and the
+//! cross-attention k/v (`attention/linear_1`), with a zero bias for k.
+
+use crate::cpu::{self, AttentionShape, SeqSpan};
+use crate::error::{Error, Result};
+use crate::formats::ct2::Ct2File;
+use rayon::prelude::*;
+
+pub const LN_EPS: f32 = 1e-5;
+
+/// Sizes, read from the tensors of the checkpoint.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Config {
+    pub n_mels: usize,
+    /// Encoder positions (1500 for 30 s).
+    pub n_audio_ctx: usize,
+    pub d_model: usize,
+    pub n_audio_layers: usize,
+    pub n_audio_heads: usize,
+    /// Decoder positions (448).
+    pub n_text_ctx: usize,
+    pub n_text_layers: usize,
+    pub n_text_heads: usize,
+    pub n_vocab: usize,
+    pub d_ff: usize,
+}
+
+impl Config {
+    pub fn from_ct2(f: &Ct2File) -> Result<Config> {
+        let shape = |name: &str| -> Result<Vec<usize>> {
+            f.variable(name).map(|v| v.shape.clone()).ok_or_else(|| {
+                Error::format(
+                    f.path(),
+                    format!("missing variable {name} (not a Whisper model?)"),
+                )
+            })
+        };
+        let conv1 = shape("encoder/conv1/weight")?;
+        let enc_pos = shape("encoder/position_encodings/encodings")?;
+        let emb = shape("decoder/embeddings/weight")?;
+        let dec_pos = shape("decoder/position_encodings/encodings")?;
+        let ff = shape("encoder/layer_0/ffn/linear_0/weight")?;
+        let count = |prefix: &str| {
+            (0..)
+                .take_while(|i| {
+                    f.variable(&format!("{prefix}/layer_{i}/ffn/linear_0/weight"))
+                        .is_some()
+                })
+                .count()
+        };
+        if conv1.len() != 3
+            || enc_pos.len() != 2
+            || emb.len() != 2
+            || dec_pos.len() != 2
+            || ff.len() != 2
+        {
+            return Err(Error::format(
+                f.path(),
+                "unexpected tensor ranks for a Whisper model",
+            ));
+        }
+        let heads = |name: &str| -> Result<usize> {
+            let h = f.scalar_i64(name)?;
+            usize::try_from(h)
+                .ok()
+                .filter(|&h| h > 0)
+                .ok_or_else(|| Error::format(f.path(), format!("{name} = {h}")))
+        };
+        let c = Config {
+            n_mels: conv1[1],
+            n_audio_ctx: enc_pos[0],
+            d_model: conv1[0],
+            n_audio_layers: count("encoder"),
+            n_audio_heads: heads("encoder/num_heads")?,
+            n_text_ctx: dec_pos[0],
+            n_text_layers: count("decoder"),
+            n_text_heads: heads("decoder/num_heads")?,
+            n_vocab: emb[0],
+            d_ff: ff[0],
+        };
+        let d = c.d_model;
+        let ok = conv1[2] == 3
+            && enc_pos[1] == d
+            && emb[1] == d
+            && dec_pos[1] == d
+            && d % c.n_audio_heads == 0
+            && d % c.n_text_heads == 0
+            && c.n_audio_layers > 0
+            && c.n_text_layers > 0;
+        if !ok {
+            return Err(Error::format(
+                f.path(),
+                format!("inconsistent Whisper sizes {c:?}"),
+            ));
+        }
+        // CT2's generic decoder options that Whisper never changes: refuse
+        // a file that sets them otherwise instead of computing nonsense.
+        for (name, want) in [
+            ("decoder/pre_norm", 1),
+            ("decoder/activation", 3),
+            ("decoder/alibi", 0),
+        ] {
+            if let Some(v) = f.variable(name).map(|_| f.scalar_i64(name)).transpose()? {
+                if v != want {
+                    return Err(Error::unsupported(
+                        f.path(),
+                        format!("{name} = {v} (Whisper uses {want})"),
+                    ));
+                }
+            }
+        }
+        Ok(c)
+    }
+
+    pub fn is_multilingual(&self) -> bool {
+        self.n_vocab >= 51865
+    }
+}
+
+/// y = x W^T + b, W in the PyTorch `[out, in]` layout.
+pub struct Linear {
+    pub w: Vec<f32>,
+    pub b: Option<Vec<f32>>,
+    pub n_out: usize,
+    pub n_in: usize,
+}
+
+impl Linear {
+    fn load(f: &Ct2File, prefix: &str, n_out: usize, n_in: usize) -> Result<Linear> {
+        let w = f.f32(&format!("{prefix}/weight"), &[n_out, n_in])?;
+        let bias = format!("{prefix}/bias");
+        let b = match f.variable(&bias) {
+            Some(_) => Some(f.f32(&bias, &[n_out])?),
+            None => None,
+        };
+        Ok(Linear { w, b, n_out, n_in })
+    }
+
+    /// x: [rows, n_in] -> [rows, n_out]
+    pub fn forward(&self, x: &[f32]) -> Vec<f32> {
+        let rows = x.len() / self.n_in;
+        let mut y = vec![0.0; rows * self.n_out];
+        cpu::matmul(
+            x,
+            &self.w,
+            self.b.as_deref(),
+            rows,
+            self.n_in,
+            self.n_out,
+            &mut y,
+        );
+        y
+    }
+}
+
+pub struct LayerNorm {
+    pub gamma: Vec<f32>,
+    pub beta: Vec<f32>,
+}
+
+impl LayerNorm {
+    fn load(f: &Ct2File, prefix: &str, d: usize) -> Result<LayerNorm> {
+        Ok(LayerNorm {
+            gamma: f.f32(&format!("{prefix}/gamma"), &[d])?,
+            beta: f.f32(&format!("{prefix}/beta"), &[d])?,
+        })
+    }
+
+    pub fn forward(&self, x: &[f32]) -> Vec<f32> {
+        let mut y = vec![0.0; x.len()];
+        cpu::layer_norm(x, &self.gamma, &self.beta, LN_EPS, &mut y);
+        y
+    }
+}
+
+/// Pre-norm MLP: fc2(gelu(fc1(ln(x)))).
+pub struct Mlp {
+    pub norm: LayerNorm,
+    pub fc1: Linear,
+    pub fc2: Linear,
+}
+
+impl Mlp {
+    fn load(f: &Ct2File, prefix: &str, c: &Config) -> Result<Mlp> {
+        Ok(Mlp {
+            norm: LayerNorm::load(f, &format!("{prefix}/layer_norm"), c.d_model)?,
+            fc1: Linear::load(f, &format!("{prefix}/linear_0"), c.d_ff, c.d_model)?,
+            fc2: Linear::load(f, &format!("{prefix}/linear_1"), c.d_model, c.d_ff)?,
+        })
+    }
+
+    /// x += mlp(x)
+    fn forward(&self, x: &mut [f32]) {
+        let mut h = self.fc1.forward(&self.norm.forward(x));
+        h.par_iter_mut().for_each(|v| *v = cpu::gelu(*v));
+        cpu::add_assign(x, &self.fc2.forward(&h));
+    }
+}
+
+pub struct EncoderLayer {
+    pub attn_norm: LayerNorm,
+    /// [3d, d]: q, k, v stacked.
+    pub qkv: Linear,
+    pub out: Linear,
+    pub mlp: Mlp,
+}
+
+pub struct Encoder {
+    /// [d, n_mels, 3]
+    pub conv1_w: Vec<f32>,
+    pub conv1_b: Vec<f32>,
+    /// [d, d, 3]
+    pub conv2_w: Vec<f32>,
+    pub conv2_b: Vec<f32>,
+    /// [n_audio_ctx, d]
+    pub positions: Vec<f32>,
+    pub layers: Vec<EncoderLayer>,
+    pub norm: LayerNorm,
+}
+
+pub struct DecoderLayer {
+    pub self_norm: LayerNorm,
+    /// [3d, d]
+    pub self_qkv: Linear,
+    pub self_out: Linear,
+    pub cross_norm: LayerNorm,
+    pub cross_q: Linear,
+    /// [2d, d], applied to the encoder output once per window.
+    pub cross_kv: Linear,
+    pub cross_out: Linear,
+    pub mlp: Mlp,
+}
+
+pub struct Decoder {
+    /// [n_vocab, d], also the output projection.
+    pub embedding: Vec<f32>,
+    /// [n_text_ctx, d]
+    pub positions: Vec<f32>,
+    pub layers: Vec<DecoderLayer>,
+    pub norm: LayerNorm,
+}
+
+pub struct Whisper {
+    pub config: Config,
+    pub encoder: Encoder,
+    pub decoder: Decoder,
+}
+
+impl Whisper {
+    pub fn from_ct2(f: &Ct2File) -> Result<Whisper> {
+        let c = Config::from_ct2(f)?;
+        let d = c.d_model;
+        let encoder = Encoder {
+            conv1_w: f.f32("encoder/conv1/weight", &[d, c.n_mels, 3])?,
+            conv1_b: f.f32("encoder/conv1/bias", &[d])?,
+            conv2_w: f.f32("encoder/conv2/weight", &[d, d, 3])?,
+            conv2_b: f.f32("encoder/conv2/bias", &[d])?,
+            positions: f.f32("encoder/position_encodings/encodings", &[c.n_audio_ctx, d])?,
+            layers: (0..c.n_audio_layers)
+                .map(|i| {
+                    let p = format!("encoder/layer_{i}");
+                    Ok(EncoderLayer {
+                        attn_norm: LayerNorm::load(
+                            f,
+                            &format!("{p}/self_attention/layer_norm"),
+                            d,
+                        )?,
+                        qkv: Linear::load(f, &format!("{p}/self_attention/linear_0"), 3 * d, d)?,
+                        out: Linear::load(f, &format!("{p}/self_attention/linear_1"), d, d)?,
+                        mlp: Mlp::load(f, &format!("{p}/ffn"), &c)?,
+                    })
+                })
+                .collect::<Result<_>>()?,
+            norm: LayerNorm::load(f, "encoder/layer_norm", d)?,
+        };
+        let decoder = Decoder {
+            embedding: f.f32("decoder/embeddings/weight", &[c.n_vocab, d])?,
+            positions: f.f32("decoder/position_encodings/encodings", &[c.n_text_ctx, d])?,
+            layers: (0..c.n_text_layers)
+                .map(|i| {
+                    let p = format!("decoder/layer_{i}");
+                    Ok(DecoderLayer {
+                        self_norm: LayerNorm::load(
+                            f,
+                            &format!("{p}/self_attention/layer_norm"),
+                            d,
+                        )?,
+                        self_qkv: Linear::load(
+                            f,
+                            &format!("{p}/self_attention/linear_0"),
+                            3 * d,
+                            d,
+                        )?,
+                        self_out: Linear::load(f, &format!("{p}/self_attention/linear_1"), d, d)?,
+                        cross_norm: LayerNorm::load(f, &format!("{p}/attention/layer_norm"), d)?,
+                        cross_q: Linear::load(f, &format!("{p}/attention/linear_0"), d, d)?,
+                        cross_kv: Linear::load(f, &format!("{p}/attention/linear_1"), 2 * d, d)?,
+                        cross_out: Linear::load(f, &format!("{p}/attention/linear_2"), d, d)?,
+                        mlp: Mlp::load(f, &format!("{p}/ffn"), &c)?,
+                    })
+                })
+                .collect::<Result<_>>()?,
+            norm: LayerNorm::load(f, "decoder/layer_norm", d)?,
+        };
+        // The output projection must be the embedding (CT2 writes it as an alias).
+        if let Some(v) = f.variable("decoder/projection/weight") {
+            if v.shape != [c.n_vocab, d] {
+                return Err(Error::format(
+                    f.path(),
+                    "decoder/projection/weight has the wrong shape",
+                ));
+            }
+            if f.variable("decoder/projection/bias").is_some() {
+                return Err(Error::unsupported(
+                    f.path(),
+                    "a bias on the output projection",
+                ));
+            }
+        }
+        Ok(Whisper {
+            config: c,
+            encoder,
+            decoder,
+        })
+    }
+}
+
+/// im2col for a 1-D convolution: x holds `channels` series of `t_in` steps,
+/// element (t, c) at `t * t_stride + c * c_stride`; the result is
+/// [t_out, channels * kernel] with cols[t, c * kernel + k] = x(t * stride + k - pad, c)
+/// (zero outside 0..t_in), so the convolution is one matmul against the
+/// PyTorch `[out, in, kernel]` weight.
+#[allow(clippy::too_many_arguments)]
+pub fn im2col_1d(
+    x: &[f32],
+    t_in: usize,
+    channels: usize,
+    t_stride: usize,
+    c_stride: usize,
+    kernel: usize,
+    stride: usize,
+    pad: usize,
+    t_out: usize,
+) -> Vec<f32> {
+    let width = channels * kernel;
+    let mut cols = vec![0.0; t_out * width];
+    cols.par_chunks_mut(width.max(1))
+        .enumerate()
+        .for_each(|(t, row)| {
+            for c in 0..channels {
+                for k in 0..kernel {
+                    let s = (t * stride + k) as isize - pad as isize;
+                    if (0..t_in as isize).contains(&s) {
+                        row[c * kernel + k] = x[s as usize * t_stride + c * c_stride];
+                    }
+                }
+            }
+        });
+    cols
+}
+
+/// Whisper's attention layout: `heads` heads of d / heads, scaled by
+/// 1 / sqrt(head_dim), q/k/v read from fused rows.
+fn attention_shape(
+    d: usize,
+    heads: usize,
+    causal: bool,
+    q: (usize, usize),
+    k: (usize, usize),
+    v: (usize, usize),
+) -> AttentionShape {
+    let head_dim = d / heads;
+    AttentionShape {
+        heads,
+        kv_heads: heads,
+        head_dim,
+        scale: 1.0 / (head_dim as f32).sqrt(),
+        causal,
+        q_stride: q.0,
+        q_col: q.1,
+        k_stride: k.0,
+        k_col: k.1,
+        v_stride: v.0,
+        v_col: v.1,
+    }
+}
+
+impl Encoder {
+    /// mel [n_mels, 3000] -> conv1 + GELU, conv2 + GELU, + positions: [n_ctx, d].
+    /// Both convolutions are an im2col followed by one matmul.
+    pub fn stem(&self, c: &Config, mel: &[f32]) -> Vec<f32> {
+        let (n_mels, d) = (c.n_mels, c.d_model);
+        let t_in = mel.len() / n_mels;
+        assert_eq!(
+            mel.len(),
+            n_mels * t_in,
+            "encoder: mel is not [n_mels, frames]"
+        );
+        assert_eq!(
+            t_in,
+            2 * c.n_audio_ctx,
+            "encoder: expected {} frames",
+            2 * c.n_audio_ctx
+        );
+        // conv1 (k3, pad 1) over the mel bins, channel-major [n_mels, t_in].
+        let cols = im2col_1d(mel, t_in, n_mels, 1, t_in, 3, 1, 1, t_in);
+        let mut h1 = vec![0.0; t_in * d];
+        cpu::matmul(
+            &cols,
+            &self.conv1_w,
+            Some(&self.conv1_b),
+            t_in,
+            n_mels * 3,
+            d,
+            &mut h1,
+        );
+        h1.par_iter_mut().for_each(|v| *v = cpu::gelu(*v));
+        // conv2 (k3, stride 2, pad 1) over h1, time-major [t_in, d].
+        let t_out = c.n_audio_ctx;
+        let cols = im2col_1d(&h1, t_in, d, d, 1, 3, 2, 1, t_out);
+        let mut x = vec![0.0; t_out * d];
+        cpu::matmul(
+            &cols,
+            &self.conv2_w,
+            Some(&self.conv2_b),
+            t_out,
+            d * 3,
+            d,
+            &mut x,
+        );
+        x.par_iter_mut()
+            .zip(self.positions.par_iter())
+            .for_each(|(v, p)| *v = cpu::gelu(*v) + p);
+        x
+    }
+
+    /// mel [n_mels, 3000] -> encoder output [n_audio_ctx, d].
+    pub fn forward(&self, c: &Config, mel: &[f32]) -> Vec<f32> {
+        let mut x = self.stem(c, mel);
+        for layer in &self.layers {
+            layer.forward(c, &mut x);
+        }
+        self.norm.forward(&x)
+    }
+}
+
+impl EncoderLayer {
+    fn forward(&self, c: &Config, x: &mut [f32]) {
+        let d = c.d_model;
+        let t = x.len() / d;
+        let qkv = self.qkv.forward(&self.attn_norm.forward(x));
+        let shape = attention_shape(
+            d,
+            c.n_audio_heads,
+            false,
+            (3 * d, 0),
+            (3 * d, d),
+            (3 * d, 2 * d),
+        );
+        let mut a = vec![0.0; t * d];
+        cpu::attention(&qkv, &qkv, &qkv, &[SeqSpan::same(0, t)], &shape, &mut a);
+        cpu::add_assign(x, &self.out.forward(&a));
+        self.mlp.forward(x);
+    }
+}
+
+/// The cross-attention keys and values of one audio window, per decoder
+/// layer [n_audio_ctx, 2d]: k in columns 0..d, v in d..2d.
+pub struct CrossKv {
+    pub kv: Vec<Vec<f32>>,
+}
+
+/// One sequence's self-attention cache, per layer [len, 2d] (k then v).
+#[derive(Clone)]
+pub struct KvCache {
+    kv: Vec<Vec<f32>>,
+    len: usize,
+}
+
+impl KvCache {
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+}
+
+impl Decoder {
+    pub fn new_cache(&self) -> KvCache {
+        KvCache {
+            kv: vec![Vec::new(); self.layers.len()],
+            len: 0,
+        }
+    }
+
+    /// The cross-attention keys and values for encoder output `xa` [n_audio_ctx, d].
+    pub fn cross_kv(&self, xa: &[f32]) -> CrossKv {
+        CrossKv {
+            kv: self.layers.iter().map(|l| l.cross_kv.forward(xa)).collect(),
+        }
+    }
+
+    /// Runs `n_new` new tokens for each of `caches.len()` sequences
+    /// (`tokens` holds them sequence after sequence), appending to the caches.
+    /// Returns the final-norm hidden states [n_seq * n_new, d].
+    pub fn forward(
+        &self,
+        c: &Config,
+        tokens: &[u32],
+        caches: &mut [KvCache],
+        cross: &CrossKv,
+    ) -> Vec<f32> {
+        let d = c.d_model;
+        let n_seq = caches.len();
+        let n_new = tokens.len() / n_seq.max(1);
+        assert!(
+            n_seq > 0 && tokens.len() == n_seq * n_new,
+            "decoder: tokens per sequence"
+        );
+        let past = caches[0].len;
+        assert!(
+            caches.iter().all(|k| k.len == past),
+            "decoder: caches of different lengths"
+        );
+        assert!(
+            past + n_new <= c.n_text_ctx,
+            "decoder: {} positions exceed the {} context",
+            past + n_new,
+            c.n_text_ctx
+        );
+        let mut x = vec![0.0; tokens.len() * d];
+        for (r, (row, &tok)) in x.chunks_exact_mut(d).zip(tokens).enumerate() {
+            let tok = tok as usize;
+            assert!(
+                tok < c.n_vocab,
+                "decoder: token {tok} outside the vocabulary"
+            );
+            let pos = past + r % n_new;
+            let e = &self.embedding[tok * d..(tok + 1) * d];
+            let p = &self.positions[pos * d..(pos + 1) * d];
+            for ((o, a), b) in row.iter_mut().zip(e).zip(p) {
+                *o = a + b;
+            }
+        }
+        for (li, layer) in self.layers.iter().enumerate() {
+            // Causal self-attention over the cache plus the new tokens.
+            let qkv = layer.self_qkv.forward(&layer.self_norm.forward(&x));
+            let self_shape =
+                attention_shape(d, c.n_text_heads, true, (3 * d, 0), (2 * d, 0), (2 * d, d));
+            let mut a = vec![0.0; x.len()];
+            for (s, cache) in caches.iter_mut().enumerate() {
+                let rows = s * n_new..(s + 1) * n_new;
+                for row in qkv[rows.start * 3 * d..rows.end * 3 * d].chunks_exact(3 * d) {
+                    cache.kv[li].extend_from_slice(&row[d..]);
+                }
+                let span = SeqSpan {
+                    q_start: 0,
+                    q_len: n_new,
+                    kv_start: 0,
+                    kv_len: past + n_new,
+                };
+                let q = &qkv[rows.start * 3 * d..rows.end * 3 * d];
+                let kv = &cache.kv[li];
+                cpu::attention(
+                    q,
+                    kv,
+                    kv,
+                    &[span],
+                    &self_shape,
+                    &mut a[rows.start * d..rows.end * d],
+                );
+            }
+            cpu::add_assign(&mut x, &layer.self_out.forward(&a));
+            // Cross-attention to the audio.
+            let q = layer.cross_q.forward(&layer.cross_norm.forward(&x));
+            let kv = &cross.kv[li];
+            let cross_shape =
+                attention_shape(d, c.n_text_heads, false, (d, 0), (2 * d, 0), (2 * d, d));
+            let spans: Vec<SeqSpan> = (0..n_seq)
+                .map(|s| SeqSpan {
+                    q_start: s * n_new,
+                    q_len: n_new,
+                    kv_start: 0,
+                    kv_len: kv.len() / (2 * d),
+                })
+                .collect();
+            let mut a = vec![0.0; x.len()];
+            cpu::attention(&q, kv, kv, &spans, &cross_shape, &mut a);
+            cpu::add_assign(&mut x, &layer.cross_out.forward(&a));
+            layer.mlp.forward(&mut x);
+        }
+        for cache in caches.iter_mut() {
+            cache.len += n_new;
+        }
+        self.norm.forward(&x)
+    }
+
+    /// Logits [rows, n_vocab] of final-norm hidden states [rows, d].
+    pub fn logits(&self, c: &Config, hidden: &[f32]) -> Vec<f32> {
+        let rows = hidden.len() / c.d_model;
+        let mut y = vec![0.0; rows * c.n_vocab];
+        cpu::matmul(
+            hidden,
+            &self.embedding,
+            None,
+            rows,
+            c.d_model,
+            c.n_vocab,
+            &mut y,
+        );
+        y
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn im2col_matches_a_direct_convolution() {
+        let mut rng = crate::util::rng::Rng::new(9);
+        let (t_in, ch, out, k, stride, pad) = (11, 3, 2, 3, 2, 1);
+        // Channel-major input, as the mel spectrogram.
+        let x = rng.vec(ch * t_in, -1.0, 1.0);
+        let w = rng.vec(out * ch * k, -1.0, 1.0);
+        let t_out = (t_in + 2 * pad - k) / stride + 1;
+        let cols = im2col_1d(&x, t_in, ch, 1, t_in, k, stride, pad, t_out);
+        let mut y = vec![0.0; t_out * out];
+        cpu::matmul(&cols, &w, None, t_out, ch * k, out, &mut y);
+        for t in 0..t_out {
+            for o in 0..out {
+                let mut want = 0.0;
+                for c in 0..ch {
+                    for j in 0..k {
+                        let s = (t * stride + j) as isize - pad as isize;
+                        if (0..t_in as isize).contains(&s) {
+                            want += w[(o * ch + c) * k + j] * x[c * t_in + s as usize];
+                        }
+                    }
+                }
+                assert!((y[t * out + o] - want).abs() < 1e-5);
+            }
+        }
+    }
+}

@@ -1,0 +1,289 @@
+//! AVX2 + FMA copies of the most used kernels of `quant::fast`, written with
+//! intrinsics: compiled with AVX2 enabled, the portable bodies still keep
+//! their lanes in 128-bit registers. Same algorithm as the portable kernel of
+//! each type (levels times x per block, scale applied once per block or
+//! sub-block, constant parts through the precomputed sums of x), in 8 lanes
+//! of 256 bits with fused multiply-adds.
+//!
+//! Every function here is `unsafe`: the caller must have checked that the CPU
+//! has AVX2 and FMA, and that `row` holds whole blocks for `x.len()` values
+//! and `sums` the sums that `RowDot::new` computes for the type.
+
+use super::{f16_to_f32, q5_levels};
+use crate::quant::{
+    q4_0::BlockQ4_0, q4_1::BlockQ4_1, q4_k::BlockQ4K, q5_0::BlockQ5_0, q5_1::BlockQ5_1,
+    q5_k::BlockQ5K, q6_k::BlockQ6K, q8_0::BlockQ8_0, util::get_scale_min_k4, QK_K,
+};
+use std::arch::x86_64::*;
+
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn hsum(v: __m256) -> f32 {
+    let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)))
+}
+
+/// acc + sum of 16 unsigned byte levels times 16 values at `x`, in 8 lanes.
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn dot16_u8(q: __m128i, x: *const f32, acc: __m256) -> __m256 {
+    let a = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(q));
+    let b = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_unpackhi_epi64(q, q)));
+    _mm256_fmadd_ps(
+        b,
+        _mm256_loadu_ps(x.add(8)),
+        _mm256_fmadd_ps(a, _mm256_loadu_ps(x), acc),
+    )
+}
+
+/// As [`dot16_u8`] for signed byte levels.
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn dot16_i8(q: __m128i, x: *const f32, acc: __m256) -> __m256 {
+    let a = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q));
+    let b = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_unpackhi_epi64(q, q)));
+    _mm256_fmadd_ps(
+        b,
+        _mm256_loadu_ps(x.add(8)),
+        _mm256_fmadd_ps(a, _mm256_loadu_ps(x), acc),
+    )
+}
+
+/// Sum of 32 unsigned byte levels times 32 values at `x`, in 8 lanes.
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn dot32_u8(q: __m256i, x: *const f32) -> __m256 {
+    let lo = dot16_u8(_mm256_castsi256_si128(q), x, _mm256_setzero_ps());
+    dot16_u8(_mm256_extracti128_si256(q, 1), x.add(16), lo)
+}
+
+/// Sum of a Q4_0/Q4_1 block's levels times x: low nibbles are elements
+/// 0..16, high nibbles 16..32.
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn nibbles32(qs: &[u8; 16], x: *const f32) -> __m256 {
+    let mask = _mm_set1_epi8(0x0F);
+    let q = _mm_loadu_si128(qs.as_ptr().cast());
+    let lo = _mm_and_si128(q, mask);
+    let hi = _mm_and_si128(_mm_srli_epi16(q, 4), mask);
+    dot16_u8(hi, x.add(16), dot16_u8(lo, x, _mm256_setzero_ps()))
+}
+
+#[target_feature(enable = "avx2,fma")]
+pub(super) unsafe fn q4_0(row: &[u8], x: &[f32], sums: &[f32]) -> f32 {
+    let blocks: &[BlockQ4_0] = bytemuck::cast_slice(row);
+    let mut acc = _mm256_setzero_ps();
+    let mut offset = 0.0f32;
+    for ((b, xs), &s) in blocks.iter().zip(x.chunks_exact(32)).zip(sums) {
+        let d = f16_to_f32(b.d);
+        acc = _mm256_fmadd_ps(nibbles32(&b.qs, xs.as_ptr()), _mm256_set1_ps(d), acc);
+        offset += d * s;
+    }
+    hsum(acc) - 8.0 * offset
+}
+
+#[target_feature(enable = "avx2,fma")]
+pub(super) unsafe fn q4_1(row: &[u8], x: &[f32], sums: &[f32]) -> f32 {
+    let blocks: &[BlockQ4_1] = bytemuck::cast_slice(row);
+    let mut acc = _mm256_setzero_ps();
+    let mut offset = 0.0f32;
+    for ((b, xs), &s) in blocks.iter().zip(x.chunks_exact(32)).zip(sums) {
+        let d = f16_to_f32(b.d);
+        acc = _mm256_fmadd_ps(nibbles32(&b.qs, xs.as_ptr()), _mm256_set1_ps(d), acc);
+        offset += f16_to_f32(b.m) * s;
+    }
+    hsum(acc) + offset
+}
+
+#[target_feature(enable = "avx2,fma")]
+pub(super) unsafe fn q8_0(row: &[u8], x: &[f32], _sums: &[f32]) -> f32 {
+    let blocks: &[BlockQ8_0] = bytemuck::cast_slice(row);
+    let mut acc = _mm256_setzero_ps();
+    for (b, xs) in blocks.iter().zip(x.chunks_exact(32)) {
+        let d = f16_to_f32(b.d);
+        let q = b.qs.as_ptr();
+        let xp = xs.as_ptr();
+        let lo = dot16_i8(_mm_loadu_si128(q.cast()), xp, _mm256_setzero_ps());
+        let t = dot16_i8(_mm_loadu_si128(q.add(16).cast()), xp.add(16), lo);
+        acc = _mm256_fmadd_ps(t, _mm256_set1_ps(d), acc);
+    }
+    hsum(acc)
+}
+
+#[target_feature(enable = "avx2,fma")]
+pub(super) unsafe fn q5_0(row: &[u8], x: &[f32], sums: &[f32]) -> f32 {
+    let blocks: &[BlockQ5_0] = bytemuck::cast_slice(row);
+    let mut acc = _mm256_setzero_ps();
+    let mut offset = 0.0f32;
+    for ((b, xs), &s) in blocks.iter().zip(x.chunks_exact(32)).zip(sums) {
+        let d = f16_to_f32(b.d);
+        let q = q5_levels(&b.qs, b.qh);
+        let t = dot32_u8(_mm256_loadu_si256(q.as_ptr().cast()), xs.as_ptr());
+        acc = _mm256_fmadd_ps(t, _mm256_set1_ps(d), acc);
+        offset += d * s;
+    }
+    hsum(acc) - 16.0 * offset
+}
+
+#[target_feature(enable = "avx2,fma")]
+pub(super) unsafe fn q5_1(row: &[u8], x: &[f32], sums: &[f32]) -> f32 {
+    let blocks: &[BlockQ5_1] = bytemuck::cast_slice(row);
+    let mut acc = _mm256_setzero_ps();
+    let mut offset = 0.0f32;
+    for ((b, xs), &s) in blocks.iter().zip(x.chunks_exact(32)).zip(sums) {
+        let d = f16_to_f32(b.d);
+        let q = q5_levels(&b.qs, b.qh);
+        let t = dot32_u8(_mm256_loadu_si256(q.as_ptr().cast()), xs.as_ptr());
+        acc = _mm256_fmadd_ps(t, _mm256_set1_ps(d), acc);
+        offset += f16_to_f32(b.m) * s;
+    }
+    hsum(acc) + offset
+}
+
+/// Bits `shift..` of every byte of `v` under `mask`, moved up to bit 4.
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn high_bits(v: __m256i, shift: i32, mask: __m256i) -> __m256i {
+    let b = _mm256_srl_epi16(v, _mm_cvtsi32_si128(shift));
+    _mm256_slli_epi16(_mm256_and_si256(b, mask), 4)
+}
+
+/// The fields of a Q4_K or Q5_K super-block.
+struct KBlock<'a> {
+    d: f32,
+    dmin: f32,
+    scales: &'a [u8; 12],
+    qs: &'a [u8; QK_K / 2],
+    qh: Option<&'a [u8; QK_K / 8]>,
+}
+
+/// Q4_K and Q5_K: sub-blocks `2k` and `2k + 1` of a super-block are the low
+/// and high nibbles of the 32 bytes `qs[32k..]`, plus (Q5_K) bits `2k` and
+/// `2k + 1` of `qh` as bit 4. Adds the level sums to `acc`, returns the min
+/// part.
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn k_quant(b: KBlock, xs: &[f32], ss: &[f32], acc: &mut __m256) -> f32 {
+    let mask = _mm256_set1_epi8(0x0F);
+    let one = _mm256_set1_epi8(1);
+    let high = b.qh.map(|h| _mm256_loadu_si256(h.as_ptr().cast()));
+    let mut offset = 0.0f32;
+    for k in 0..4 {
+        let (sc1, m1) = get_scale_min_k4(2 * k, b.scales);
+        let (sc2, m2) = get_scale_min_k4(2 * k + 1, b.scales);
+        let q = _mm256_loadu_si256(b.qs.as_ptr().add(32 * k).cast());
+        let mut lo = _mm256_and_si256(q, mask);
+        let mut hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), mask);
+        if let Some(h) = high {
+            lo = _mm256_or_si256(lo, high_bits(h, 2 * k as i32, one));
+            hi = _mm256_or_si256(hi, high_bits(h, 2 * k as i32 + 1, one));
+        }
+        let xp = xs.as_ptr().add(64 * k);
+        *acc = _mm256_fmadd_ps(dot32_u8(lo, xp), _mm256_set1_ps(b.d * sc1 as f32), *acc);
+        *acc = _mm256_fmadd_ps(
+            dot32_u8(hi, xp.add(32)),
+            _mm256_set1_ps(b.d * sc2 as f32),
+            *acc,
+        );
+        offset += b.dmin * (m1 as f32 * ss[2 * k] + m2 as f32 * ss[2 * k + 1]);
+    }
+    offset
+}
+
+#[target_feature(enable = "avx2,fma")]
+pub(super) unsafe fn q4_k(row: &[u8], x: &[f32], sums: &[f32]) -> f32 {
+    let blocks: &[BlockQ4K] = bytemuck::cast_slice(row);
+    let mut acc = _mm256_setzero_ps();
+    let mut offset = 0.0f32;
+    for ((b, xs), ss) in blocks
+        .iter()
+        .zip(x.chunks_exact(QK_K))
+        .zip(sums.chunks_exact(8))
+    {
+        let kb = KBlock {
+            d: f16_to_f32(b.d),
+            dmin: f16_to_f32(b.dmin),
+            scales: &b.scales,
+            qs: &b.qs,
+            qh: None,
+        };
+        offset += k_quant(kb, xs, ss, &mut acc);
+    }
+    hsum(acc) - offset
+}
+
+#[target_feature(enable = "avx2,fma")]
+pub(super) unsafe fn q5_k(row: &[u8], x: &[f32], sums: &[f32]) -> f32 {
+    let blocks: &[BlockQ5K] = bytemuck::cast_slice(row);
+    let mut acc = _mm256_setzero_ps();
+    let mut offset = 0.0f32;
+    for ((b, xs), ss) in blocks
+        .iter()
+        .zip(x.chunks_exact(QK_K))
+        .zip(sums.chunks_exact(8))
+    {
+        let kb = KBlock {
+            d: f16_to_f32(b.d),
+            dmin: f16_to_f32(b.dmin),
+            scales: &b.scales,
+            qs: &b.qs,
+            qh: Some(&b.qh),
+        };
+        offset += k_quant(kb, xs, ss, &mut acc);
+    }
+    hsum(acc) - offset
+}
+
+/// Q6_K: per half of 128, four runs of 32 levels (`ql` nibbles with two
+/// `qh` bits each); the first and second 16 of each run have their own scale.
+#[target_feature(enable = "avx2,fma")]
+pub(super) unsafe fn q6_k(row: &[u8], x: &[f32], sums: &[f32]) -> f32 {
+    let blocks: &[BlockQ6K] = bytemuck::cast_slice(row);
+    let m4 = _mm256_set1_epi8(0x0F);
+    let m2 = _mm256_set1_epi8(3);
+    let mut acc = _mm256_setzero_ps();
+    let mut offset = 0.0f32;
+    for ((b, xs), ss) in blocks
+        .iter()
+        .zip(x.chunks_exact(QK_K))
+        .zip(sums.chunks_exact(16))
+    {
+        let d = f16_to_f32(b.d);
+        let mut ds = [0.0f32; 16];
+        for g in 0..16 {
+            ds[g] = d * (b.scales[g] as i8) as f32;
+            offset += ds[g] * ss[g];
+        }
+        for h in 0..2 {
+            let ql0 = _mm256_loadu_si256(b.ql.as_ptr().add(64 * h).cast());
+            let ql1 = _mm256_loadu_si256(b.ql.as_ptr().add(64 * h + 32).cast());
+            let qh = _mm256_loadu_si256(b.qh.as_ptr().add(32 * h).cast());
+            let runs = [
+                _mm256_or_si256(_mm256_and_si256(ql0, m4), high_bits(qh, 0, m2)),
+                _mm256_or_si256(_mm256_and_si256(ql1, m4), high_bits(qh, 2, m2)),
+                _mm256_or_si256(
+                    _mm256_and_si256(_mm256_srli_epi16(ql0, 4), m4),
+                    high_bits(qh, 4, m2),
+                ),
+                _mm256_or_si256(
+                    _mm256_and_si256(_mm256_srli_epi16(ql1, 4), m4),
+                    high_bits(qh, 6, m2),
+                ),
+            ];
+            for (r, q) in runs.into_iter().enumerate() {
+                let xp = xs.as_ptr().add(128 * h + 32 * r);
+                let g = 8 * h + 2 * r;
+                let a = dot16_u8(_mm256_castsi256_si128(q), xp, _mm256_setzero_ps());
+                let c = dot16_u8(
+                    _mm256_extracti128_si256(q, 1),
+                    xp.add(16),
+                    _mm256_setzero_ps(),
+                );
+                acc = _mm256_fmadd_ps(a, _mm256_set1_ps(ds[g]), acc);
+                acc = _mm256_fmadd_ps(c, _mm256_set1_ps(ds[g + 1]), acc);
+            }
+        }
+    }
+    hsum(acc) - 32.0 * offset
+}

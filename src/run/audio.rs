@@ -1,0 +1,480 @@
+//! Audio in: WAV of any common sample format (hound), FLAC, MP3, Ogg Vorbis
+//! and the WAV codecs hound lacks (symphonia), from a file or from stdin
+//! (`-`); mixed down to mono and resampled to the rate a model wants with
+//! rubato's FFT resampler. Decoding streams packet by packet into the
+//! resampler, so memory holds the output samples and little else (stdin is
+//! read whole first, as the decoders need to seek).
+
+use crate::error::{Error, Result};
+use rubato::audioadapter_buffers::direct::InterleavedSlice;
+use rubato::{Fft, FixedSync, Indexing, Resampler};
+use std::fs::File;
+use std::io::{BufReader, Read};
+use std::path::Path;
+
+/// Mono samples at the requested rate, and what the input was.
+#[derive(Debug)]
+pub struct Audio {
+    pub samples: Vec<f32>,
+    pub rate: u32,
+    pub source_rate: u32,
+    pub source_channels: u16,
+}
+
+impl Audio {
+    pub fn seconds(&self) -> f64 {
+        self.samples.len() as f64 / self.rate as f64
+    }
+}
+
+/// Frames per resampler call.
+const CHUNK: usize = 1024;
+
+/// Mono resampling fed in pieces: rubato's synchronous FFT resampler (the
+/// ratio is fixed), its start-up delay trimmed, its output cut to
+/// ceil(n_in * ratio) frames as `Resampler::process_all` does.
+struct MonoSink {
+    rate_in: u32,
+    rate_out: u32,
+    resampler: Option<Fft<f32>>,
+    pending: Vec<f32>,
+    chunk_out: Vec<f32>,
+    to_trim: usize,
+    n_in: usize,
+    out: Vec<f32>,
+}
+
+impl MonoSink {
+    fn new(rate_in: u32, rate_out: u32) -> Result<MonoSink> {
+        let resampler = if rate_in == rate_out {
+            None
+        } else {
+            let r = Fft::<f32>::new(
+                rate_in as usize,
+                rate_out as usize,
+                CHUNK,
+                1,
+                FixedSync::Input,
+            )
+            .map_err(|e| {
+                Error::invalid(format!(
+                    "cannot resample {rate_in} Hz to {rate_out} Hz: {e}"
+                ))
+            })?;
+            Some(r)
+        };
+        let (to_trim, chunk_out) = match &resampler {
+            Some(r) => (r.output_delay(), vec![0.0; r.output_frames_max()]),
+            None => (0, Vec::new()),
+        };
+        Ok(MonoSink {
+            rate_in,
+            rate_out,
+            resampler,
+            pending: Vec::new(),
+            chunk_out,
+            to_trim,
+            n_in: 0,
+            out: Vec::new(),
+        })
+    }
+
+    fn push(&mut self, mono: impl IntoIterator<Item = f32>) -> Result<()> {
+        let Some(r) = &mut self.resampler else {
+            let before = self.out.len();
+            self.out.extend(mono);
+            self.n_in += self.out.len() - before;
+            return Ok(());
+        };
+        let before = self.pending.len();
+        self.pending.extend(mono);
+        self.n_in += self.pending.len() - before;
+        let need = r.input_frames_next();
+        let mut used = 0;
+        while self.pending.len() - used >= need {
+            let input = &self.pending[used..used + need];
+            Self::run(
+                r,
+                &mut self.chunk_out,
+                &mut self.out,
+                &mut self.to_trim,
+                input,
+                None,
+            )?;
+            used += need;
+        }
+        self.pending.drain(..used);
+        Ok(())
+    }
+
+    fn run(
+        r: &mut Fft<f32>,
+        chunk_out: &mut [f32],
+        out: &mut Vec<f32>,
+        to_trim: &mut usize,
+        input: &[f32],
+        partial: Option<usize>,
+    ) -> Result<()> {
+        let frames_in = input.len().max(1);
+        let padded;
+        let input = if input.is_empty() {
+            padded = [0.0f32];
+            &padded[..]
+        } else {
+            input
+        };
+        let adapter_in = InterleavedSlice::new(input, 1, frames_in).expect("mono slice");
+        let n_out = chunk_out.len();
+        let mut adapter_out = InterleavedSlice::new_mut(chunk_out, 1, n_out).expect("mono slice");
+        let indexing = partial.map(|n| Indexing::new().partial_len(n));
+        let (_, produced) = r
+            .process_into_buffer(&adapter_in, &mut adapter_out, indexing.as_ref())
+            .map_err(|e| Error::invalid(format!("resampling failed: {e}")))?;
+        let skip = (*to_trim).min(produced);
+        *to_trim -= skip;
+        out.extend_from_slice(&chunk_out[skip..produced]);
+        Ok(())
+    }
+
+    fn finish(mut self) -> Result<Vec<f32>> {
+        let Some(r) = &mut self.resampler else {
+            return Ok(self.out);
+        };
+        let expected =
+            (self.n_in as f64 * self.rate_out as f64 / self.rate_in as f64).ceil() as usize;
+        if !self.pending.is_empty() {
+            let n = self.pending.len();
+            Self::run(
+                r,
+                &mut self.chunk_out,
+                &mut self.out,
+                &mut self.to_trim,
+                &self.pending,
+                Some(n),
+            )?;
+        }
+        // Flush the filter's delay with silence.
+        while self.out.len() < expected {
+            Self::run(
+                r,
+                &mut self.chunk_out,
+                &mut self.out,
+                &mut self.to_trim,
+                &[],
+                Some(0),
+            )?;
+        }
+        self.out.truncate(expected);
+        Ok(self.out)
+    }
+}
+
+/// Reads `path` (`-` for stdin) as mono at `rate` Hz.
+pub fn load(path: &Path, rate: u32) -> Result<Audio> {
+    let audio = if path.as_os_str() == "-" {
+        let mut bytes = Vec::new();
+        std::io::stdin()
+            .read_to_end(&mut bytes)
+            .map_err(|e| Error::io("<stdin>", e))?;
+        decode(Path::new("<stdin>"), std::io::Cursor::new(bytes), rate)?
+    } else {
+        let file = File::open(path).map_err(|e| Error::io(path, e))?;
+        if file.metadata().is_ok_and(|m| m.is_dir()) {
+            return Err(Error::invalid(format!(
+                "{}: is a directory, not an audio file",
+                path.display()
+            )));
+        }
+        decode(path, file, rate)?
+    };
+    if audio.samples.is_empty() {
+        return Err(Error::format(
+            path_label(path),
+            "no audio samples (empty recording)",
+        ));
+    }
+    Ok(audio)
+}
+
+fn path_label(path: &Path) -> &Path {
+    if path.as_os_str() == "-" {
+        Path::new("<stdin>")
+    } else {
+        path
+    }
+}
+
+/// Something both decoders can read from (a file, or stdin's bytes).
+trait Source: symphonia::core::io::MediaSource + 'static {}
+impl<T: symphonia::core::io::MediaSource + 'static> Source for T {}
+
+fn decode<S: Source>(label: &Path, mut src: S, rate: u32) -> Result<Audio> {
+    let mut magic = [0u8; 12];
+    let n = read_up_to(&mut src, &mut magic).map_err(|e| Error::io(label, e))?;
+    if n == 0 {
+        return Err(Error::format(label, "empty file (no audio)"));
+    }
+    src.rewind().map_err(|e| Error::io(label, e))?;
+    let is_wav = n == 12 && &magic[..4] == b"RIFF" && &magic[8..] == b"WAVE";
+    if is_wav {
+        match decode_wav(label, BufReader::new(&mut src), rate) {
+            Ok(a) => return Ok(a),
+            // hound reads PCM and float; other WAV codecs (ADPCM, A-law,
+            // mu-law) may still be read by symphonia.
+            Err(wav_err) => {
+                src.rewind().map_err(|e| Error::io(label, e))?;
+                return decode_other(label, src, rate).map_err(|_| wav_err);
+            }
+        }
+    }
+    decode_other(label, src, rate)
+}
+
+fn read_up_to(src: &mut impl Read, buf: &mut [u8]) -> std::io::Result<usize> {
+    let mut n = 0;
+    while n < buf.len() {
+        match src.read(&mut buf[n..])? {
+            0 => break,
+            k => n += k,
+        }
+    }
+    Ok(n)
+}
+
+fn decode_wav(label: &Path, src: impl Read, rate: u32) -> Result<Audio> {
+    let bad = |e: hound::Error| Error::format(label, format!("not a readable WAV file: {e}"));
+    let reader = hound::WavReader::new(src).map_err(bad)?;
+    let spec = reader.spec();
+    let channels = spec.channels as usize;
+    if channels == 0 || spec.sample_rate == 0 {
+        return Err(Error::format(
+            label,
+            "WAV header has no channels or a zero sample rate",
+        ));
+    }
+    let mut sink = MonoSink::new(spec.sample_rate, rate)?;
+    let mut frame = Vec::with_capacity(channels);
+    let mut block = Vec::with_capacity(4096);
+    let mut push = |v: f32, sink: &mut MonoSink| -> Result<()> {
+        frame.push(v);
+        if frame.len() == channels {
+            block.push(frame.iter().sum::<f32>() / channels as f32);
+            frame.clear();
+            if block.len() == 4096 {
+                sink.push(block.drain(..))?;
+            }
+        }
+        Ok(())
+    };
+    match spec.sample_format {
+        hound::SampleFormat::Float => {
+            for s in reader.into_samples::<f32>() {
+                push(s.map_err(bad)?, &mut sink)?;
+            }
+        }
+        hound::SampleFormat::Int => {
+            let scale = 1.0 / (1u64 << (spec.bits_per_sample.clamp(1, 32) - 1)) as f32;
+            for s in reader.into_samples::<i32>() {
+                push(s.map_err(bad)? as f32 * scale, &mut sink)?;
+            }
+        }
+    }
+    sink.push(block)?;
+    Ok(Audio {
+        samples: sink.finish()?,
+        rate,
+        source_rate: spec.sample_rate,
+        source_channels: spec.channels,
+    })
+}
+
+fn decode_other<S: Source>(label: &Path, src: S, rate: u32) -> Result<Audio> {
+    use symphonia::core::codecs::audio::AudioDecoderOptions;
+    use symphonia::core::errors::Error as SymError;
+    use symphonia::core::formats::probe::Hint;
+    use symphonia::core::formats::{FormatOptions, TrackType};
+    use symphonia::core::io::MediaSourceStream;
+    use symphonia::core::meta::MetadataOptions;
+
+    let not_audio = |e: SymError| {
+        Error::format(
+            label,
+            format!("not a recognised audio file (WAV, FLAC, MP3, Ogg Vorbis): {e}"),
+        )
+    };
+    let mss = MediaSourceStream::new(Box::new(src), Default::default());
+    let mut hint = Hint::new();
+    if let Some(ext) = label.extension().and_then(|e| e.to_str()) {
+        hint.with_extension(ext);
+    }
+    let mut format = symphonia::default::get_probe()
+        .probe(
+            &hint,
+            mss,
+            FormatOptions::default(),
+            MetadataOptions::default(),
+        )
+        .map_err(not_audio)?;
+    let track = format
+        .default_track(TrackType::Audio)
+        .ok_or_else(|| Error::format(label, "no audio track"))?;
+    let track_id = track.id;
+    let params = track
+        .codec_params
+        .as_ref()
+        .and_then(|p| p.audio())
+        .ok_or_else(|| Error::format(label, "no audio track"))?;
+    let mut decoder = symphonia::default::get_codecs()
+        .make_audio_decoder(params, &AudioDecoderOptions::default())
+        .map_err(|e| Error::unsupported(label, format!("audio codec: {e}")))?;
+    let mut sink: Option<MonoSink> = None;
+    let (mut source_rate, mut source_channels) = (0u32, 0u16);
+    let mut interleaved: Vec<f32> = Vec::new();
+    loop {
+        let packet = match format.next_packet() {
+            Ok(Some(p)) => p,
+            Ok(None) => break,
+            Err(SymError::IoError(e)) if e.kind() == std::io::ErrorKind::UnexpectedEof => break,
+            Err(e) => return Err(Error::format(label, format!("cannot read audio: {e}"))),
+        };
+        if packet.track_id != track_id {
+            continue;
+        }
+        let buf = match decoder.decode(&packet) {
+            Ok(b) => b,
+            // A corrupt packet is skipped, as players do.
+            Err(SymError::DecodeError(_)) => continue,
+            Err(e) => return Err(Error::format(label, format!("cannot decode audio: {e}"))),
+        };
+        let (r, ch) = (buf.spec().rate(), buf.spec().channels().count());
+        if ch == 0 || r == 0 {
+            return Err(Error::format(
+                label,
+                "audio with no channels or a zero sample rate",
+            ));
+        }
+        if sink.is_none() {
+            sink = Some(MonoSink::new(r, rate)?);
+            (source_rate, source_channels) = (r, ch as u16);
+        } else if (r, ch as u16) != (source_rate, source_channels) {
+            return Err(Error::unsupported(
+                label,
+                "the sample rate or channel count changes mid-stream",
+            ));
+        }
+        interleaved.resize(buf.samples_interleaved(), 0.0);
+        buf.copy_to_slice_interleaved(&mut interleaved);
+        let sink = sink.as_mut().expect("created above");
+        sink.push(
+            interleaved
+                .chunks_exact(ch)
+                .map(|f| f.iter().sum::<f32>() / ch as f32),
+        )?;
+    }
+    let samples = match sink {
+        Some(s) => s.finish()?,
+        None => Vec::new(),
+    };
+    Ok(Audio {
+        samples,
+        rate,
+        source_rate,
+        source_channels,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tone(rate: u32, hz: f32, seconds: f32) -> Vec<f32> {
+        (0..(rate as f32 * seconds) as usize)
+            .map(|n| (std::f32::consts::TAU * hz * n as f32 / rate as f32).sin() * 0.5)
+            .collect()
+    }
+
+    #[test]
+    fn resampling_keeps_length_and_the_tone() {
+        let x = tone(48_000, 440.0, 1.0);
+        let mut sink = MonoSink::new(48_000, 16_000).unwrap();
+        // Uneven pieces, as packets come.
+        for piece in x.chunks(777) {
+            sink.push(piece.iter().copied()).unwrap();
+        }
+        let y = sink.finish().unwrap();
+        assert_eq!(y.len(), 16_000);
+        let want = tone(16_000, 440.0, 1.0);
+        // Away from the edges the resampled tone is the tone sampled at 16 kHz.
+        let err: f32 = y[1000..15_000]
+            .iter()
+            .zip(&want[1000..15_000])
+            .map(|(a, b)| (a - b).abs())
+            .fold(0.0, f32::max);
+        assert!(err < 1e-3, "max error {err}");
+    }
+
+    #[test]
+    fn reads_stereo_24_bit_wav_at_44100() {
+        let dir = std::env::temp_dir().join(format!("lfm-audio-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("stereo.wav");
+        let spec = hound::WavSpec {
+            channels: 2,
+            sample_rate: 44_100,
+            bits_per_sample: 24,
+            sample_format: hound::SampleFormat::Int,
+        };
+        let mut w = hound::WavWriter::create(&path, spec).unwrap();
+        let x = tone(44_100, 300.0, 0.5);
+        for v in &x {
+            let s = (v * 8_388_607.0) as i32;
+            w.write_sample(s).unwrap();
+            w.write_sample(-s / 2).unwrap();
+        }
+        w.finalize().unwrap();
+        let a = load(&path, 16_000).unwrap();
+        assert_eq!((a.source_rate, a.source_channels), (44_100, 2));
+        assert_eq!(a.samples.len(), 8000);
+        let peak = a.samples[1000..7000]
+            .iter()
+            .fold(0.0f32, |m, v| m.max(v.abs()));
+        assert!(
+            (peak - 0.125).abs() < 0.01,
+            "mono mix of 0.5 and -0.25: peak {peak}"
+        );
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn refuses_non_audio_and_empty_files() {
+        let dir = std::env::temp_dir().join(format!("lfm-audio-bad-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        for (name, bytes) in [
+            ("empty.wav", &b""[..]),
+            (
+                "text.wav",
+                &b"this is not audio at all, just some text\n"[..],
+            ),
+            ("trunc.wav", &b"RIFF\x24\x00\x00\x00WAVEfmt "[..]),
+        ] {
+            let p = dir.join(name);
+            std::fs::write(&p, bytes).unwrap();
+            let e = load(&p, 16_000).unwrap_err().to_string();
+            assert!(e.contains(name), "{e}");
+        }
+        let p = dir.join("silent.wav");
+        let spec = hound::WavSpec {
+            channels: 1,
+            sample_rate: 16_000,
+            bits_per_sample: 16,
+            sample_format: hound::SampleFormat::Int,
+        };
+        hound::WavWriter::create(&p, spec)
+            .unwrap()
+            .finalize()
+            .unwrap();
+        let e = load(&p, 16_000).unwrap_err().to_string();
+        assert!(e.contains("no audio samples"), "{e}");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}

@@ -1,0 +1,446 @@
+//! Long-form transcription as openai-whisper's `transcribe()`: the audio is
+//! cut into 30 s windows; each is decoded (with temperature fallback when the
+//! text is too repetitive or too unlikely), split into segments at its
+//! timestamp tokens, and the next window starts at the last complete
+//! timestamp. The text so far prompts the next window.
+
+pub mod decode;
+pub mod output;
+
+use crate::error::{Error, Result};
+use crate::models::whisper::mel::{LogMel, HOP, N_FRAMES, SAMPLE_RATE};
+use crate::models::whisper::model::{CrossKv, Whisper};
+use crate::models::whisper::WhisperFiles;
+use crate::util::rng::Rng;
+use decode::{Decoded, Rules, Strategy, WindowDecoder, TIME_PRECISION};
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Task {
+    /// Speech to text in the language spoken.
+    Transcribe,
+    /// Speech to English text.
+    Translate,
+}
+
+/// Decoding options; the defaults are openai-whisper's `transcribe()`
+/// defaults, except `best_of` 5 as its command line uses.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct Options {
+    /// Language code (`en`, `fr`, ...); None detects it on multilingual models.
+    pub language: Option<String>,
+    pub task: Task,
+    /// Tried in order until a window's result passes the thresholds.
+    pub temperatures: Vec<f32>,
+    pub best_of: usize,
+    /// 1: greedy; more: beam search at temperature 0.
+    pub beam_size: usize,
+    pub patience: f32,
+    pub length_penalty: Option<f32>,
+    pub compression_ratio_threshold: Option<f32>,
+    pub logprob_threshold: Option<f32>,
+    pub no_speech_threshold: Option<f32>,
+    pub condition_on_previous_text: bool,
+    pub initial_prompt: Option<String>,
+    pub without_timestamps: bool,
+    pub max_initial_timestamp: Option<f32>,
+    pub suppress_blank: bool,
+    /// Seed of the sampler used by temperature fallback.
+    pub seed: u64,
+}
+
+impl Default for Options {
+    fn default() -> Options {
+        Options {
+            language: None,
+            task: Task::Transcribe,
+            temperatures: vec![0.0, 0.2, 0.4, 0.6, 0.8, 1.0],
+            best_of: 5,
+            beam_size: 1,
+            patience: 1.0,
+            length_penalty: None,
+            compression_ratio_threshold: Some(2.4),
+            logprob_threshold: Some(-1.0),
+            no_speech_threshold: Some(0.6),
+            condition_on_previous_text: true,
+            initial_prompt: None,
+            without_timestamps: false,
+            max_initial_timestamp: Some(1.0),
+            suppress_blank: true,
+            seed: 0,
+        }
+    }
+}
+
+/// Turns one window of features [n_mels, 3000] into the decoder's
+/// cross-attention state: the encoder on the CPU or on a GPU.
+pub trait AudioEncoder {
+    fn encode(&mut self, mel: &[f32]) -> Result<CrossKv>;
+}
+
+/// The CPU reference encoder.
+pub struct CpuEncoder<'a>(pub &'a Whisper);
+
+impl AudioEncoder for CpuEncoder<'_> {
+    fn encode(&mut self, mel: &[f32]) -> Result<CrossKv> {
+        let m = self.0;
+        let xa = m.encoder.forward(&m.config, mel);
+        Ok(m.decoder.cross_kv(&xa))
+    }
+}
+
+/// One token of a segment, for machine-readable output.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct Token {
+    pub id: u32,
+    pub text: String,
+    pub logprob: f32,
+}
+
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct Segment {
+    pub id: usize,
+    /// Frame (10 ms) at which the window that produced it started.
+    pub seek: usize,
+    pub start: f64,
+    pub end: f64,
+    pub text: String,
+    pub tokens: Vec<Token>,
+    pub temperature: f32,
+    pub avg_logprob: f32,
+    pub compression_ratio: f32,
+    pub no_speech_prob: f32,
+}
+
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct Transcript {
+    pub text: String,
+    pub language: String,
+    /// Set when the language was detected.
+    pub language_probability: Option<f32>,
+    pub duration: f64,
+    pub segments: Vec<Segment>,
+}
+
+/// The language and task tokens for `opts`, checked against the model.
+fn resolve_language(files: &WhisperFiles, opts: &Options) -> Result<Option<u32>> {
+    let tok = &files.tokenizer;
+    let multilingual = files.model.config.is_multilingual();
+    match &opts.language {
+        Some(code) => {
+            let code = code.to_lowercase();
+            let Some(t) = tok.language_token(&code) else {
+                let known: Vec<&str> = tok
+                    .specials
+                    .languages
+                    .iter()
+                    .map(|(c, _)| c.as_str())
+                    .collect();
+                return Err(Error::invalid(format!(
+                    "unknown language code {code:?}; known: {}",
+                    known.join(" ")
+                )));
+            };
+            if !multilingual && code != "en" {
+                return Err(Error::invalid(format!(
+                    "language {code:?}: this model is English-only (use a multilingual model)"
+                )));
+            }
+            Ok(multilingual.then_some(t))
+        }
+        None => Ok(None),
+    }
+}
+
+/// Detects the spoken language from the first 30 s, as openai-whisper does:
+/// one decoder step after `<|startoftranscript|>`, restricted to the
+/// language tokens. Returns the token and its probability.
+pub fn detect_language(
+    files: &WhisperFiles,
+    encoder: &mut dyn AudioEncoder,
+    mel: &LogMel,
+) -> Result<(u32, f32)> {
+    let m = &files.model;
+    let s = &files.tokenizer.specials;
+    // The first 3000 frames of the padded signal (not zero-filled).
+    let window = mel.frames(0, N_FRAMES);
+    let cross = encoder.encode(&window)?;
+    let mut cache = m.decoder.new_cache();
+    let hidden = m.decoder.forward(
+        &m.config,
+        &[s.sot],
+        std::slice::from_mut(&mut cache),
+        &cross,
+    );
+    let logits = m.decoder.logits(&m.config, &hidden);
+    let langs: Vec<u32> = s.languages.iter().map(|&(_, t)| t).collect();
+    let max = langs
+        .iter()
+        .map(|&t| logits[t as usize])
+        .fold(f32::NEG_INFINITY, f32::max);
+    let z: f32 = langs
+        .iter()
+        .map(|&t| (logits[t as usize] - max).exp())
+        .sum();
+    let best = langs
+        .iter()
+        .copied()
+        .max_by(|&a, &b| logits[a as usize].total_cmp(&logits[b as usize]))
+        .ok_or_else(|| Error::invalid("the tokenizer has no language tokens"))?;
+    Ok((best, (logits[best as usize] - max).exp() / z))
+}
+
+/// Transcribes 16 kHz mono `samples`. `on_segment` sees each segment as soon
+/// as its window is done (for streaming output and progress).
+pub fn transcribe(
+    files: &WhisperFiles,
+    encoder: &mut dyn AudioEncoder,
+    samples: &[f32],
+    opts: &Options,
+    on_segment: &mut dyn FnMut(&Segment, f64) -> Result<()>,
+) -> Result<Transcript> {
+    let m = &files.model;
+    let c = &m.config;
+    let tok = &files.tokenizer;
+    let s = &tok.specials;
+    let multilingual = c.is_multilingual();
+    if opts.task == Task::Translate && !multilingual {
+        return Err(Error::invalid(
+            "--task translate needs a multilingual model; this one is English-only",
+        ));
+    }
+    if opts.temperatures.is_empty() || opts.temperatures.iter().any(|t| !(0.0..=10.0).contains(t)) {
+        return Err(Error::invalid("temperatures must be between 0 and 10"));
+    }
+    if opts.beam_size == 0 || opts.best_of == 0 {
+        return Err(Error::invalid(
+            "--beam-size and --best-of must be at least 1",
+        ));
+    }
+    let mel = files.mel.log_mel(samples);
+    let content_frames = mel.content_frames();
+    let duration = samples.len() as f64 / SAMPLE_RATE as f64;
+
+    let mut language_probability = None;
+    let language_token = match resolve_language(files, opts)? {
+        Some(t) => Some(t),
+        None if multilingual => {
+            let (t, p) = detect_language(files, encoder, &mel)?;
+            language_probability = Some(p);
+            Some(t)
+        }
+        None => None,
+    };
+    let language = language_token
+        .and_then(|t| tok.language_code(t))
+        .unwrap_or("en")
+        .to_string();
+
+    let mut sot_sequence = vec![s.sot];
+    if multilingual {
+        sot_sequence.push(language_token.expect("multilingual models always have a language"));
+        sot_sequence.push(match opts.task {
+            Task::Transcribe => s.transcribe,
+            Task::Translate => s.translate,
+        });
+    }
+    if opts.without_timestamps {
+        sot_sequence.push(s.no_timestamps);
+    }
+    let suppress_begin = if files.generation.suppress_ids_begin.is_empty() {
+        let mut v = tok.encode(" ")?;
+        v.push(s.eot);
+        v
+    } else {
+        files.generation.suppress_ids_begin.clone()
+    };
+    let mut suppress = files.generation.suppress_ids.clone();
+    // Whatever the config says, the task and start tokens are never sampled.
+    suppress.extend([s.transcribe, s.translate, s.sot, s.sot_prev, s.sot_lm]);
+    suppress.extend(s.no_speech);
+    suppress.sort_unstable();
+    suppress.dedup();
+    let rules = Rules {
+        suppress,
+        suppress_begin: if opts.suppress_blank {
+            suppress_begin
+        } else {
+            Vec::new()
+        },
+        timestamps: !opts.without_timestamps,
+        max_initial_timestamp: opts
+            .max_initial_timestamp
+            .map(|t| (t as f64 / TIME_PRECISION).round() as u32),
+    };
+    let decoder = WindowDecoder {
+        model: m,
+        tokenizer: tok,
+        rules: &rules,
+    };
+    let sample_len = c.n_text_ctx / 2;
+    let input_stride = N_FRAMES / c.n_audio_ctx;
+    let mut rng = Rng::new(opts.seed);
+
+    let mut all_tokens: Vec<u32> = Vec::new();
+    if let Some(p) = &opts.initial_prompt {
+        all_tokens.extend(tok.encode(&format!(" {}", p.trim()))?);
+    }
+    let mut prompt_reset_since = 0;
+    let mut segments: Vec<Segment> = Vec::new();
+    let mut seek = 0;
+    while seek < content_frames {
+        let time_offset = (seek * HOP) as f64 / SAMPLE_RATE as f64;
+        let segment_size = N_FRAMES.min(content_frames - seek);
+        let segment_duration = (segment_size * HOP) as f64 / SAMPLE_RATE as f64;
+        let cross = encoder.encode(&mel.window(seek, segment_size))?;
+
+        let previous = &all_tokens[prompt_reset_since..];
+        let mut prompt = Vec::new();
+        if !previous.is_empty() {
+            prompt.push(s.sot_prev);
+            prompt.extend_from_slice(
+                &previous[previous.len().saturating_sub(c.n_text_ctx / 2 - 1)..],
+            );
+        }
+        let sot_index = prompt.len();
+        prompt.extend_from_slice(&sot_sequence);
+
+        let result = decode_with_fallback(
+            &decoder, &cross, &prompt, sot_index, opts, sample_len, &mut rng,
+        );
+        if let Some(threshold) = opts.no_speech_threshold {
+            let confident = opts
+                .logprob_threshold
+                .is_some_and(|lt| result.avg_logprob > lt);
+            if result.no_speech_prob > threshold && !confident {
+                seek += segment_size;
+                continue;
+            }
+        }
+
+        let previous_seek = seek;
+        let tokens = &result.tokens;
+        let is_ts: Vec<bool> = tokens.iter().map(|&t| t >= s.timestamp_begin).collect();
+        let ts_pos = |t: u32| (t - s.timestamp_begin) as f64;
+        let single_timestamp_ending =
+            is_ts.len() >= 2 && !is_ts[is_ts.len() - 2] && is_ts[is_ts.len() - 1];
+        // Slices end after each pair of consecutive timestamps.
+        let mut slices: Vec<usize> = (1..tokens.len())
+            .filter(|&i| is_ts[i - 1] && is_ts[i])
+            .collect();
+        let mut pieces: Vec<(f64, f64, std::ops::Range<usize>)> = Vec::new();
+        if !slices.is_empty() {
+            if single_timestamp_ending {
+                slices.push(tokens.len());
+            }
+            let mut last = 0;
+            for &cur in &slices {
+                let start = time_offset + ts_pos(tokens[last]) * TIME_PRECISION;
+                let end = time_offset + ts_pos(tokens[cur - 1]) * TIME_PRECISION;
+                pieces.push((start, end, last..cur));
+                last = cur;
+            }
+            if single_timestamp_ending {
+                seek += segment_size;
+            } else {
+                seek += ts_pos(tokens[last - 1]) as usize * input_stride;
+            }
+        } else {
+            let mut end = segment_duration;
+            if let Some(&last_ts) = tokens.iter().rev().find(|&&t| t >= s.timestamp_begin) {
+                if last_ts != s.timestamp_begin {
+                    end = ts_pos(last_ts) * TIME_PRECISION;
+                }
+            }
+            pieces.push((time_offset, time_offset + end, 0..tokens.len()));
+            seek += segment_size;
+        }
+
+        for (start, end, range) in pieces {
+            let ids = &tokens[range.clone()];
+            let text = tok.decode(ids);
+            // An instantaneous or empty segment is dropped with its tokens.
+            if start == end || text.trim().is_empty() {
+                continue;
+            }
+            all_tokens.extend_from_slice(ids);
+            let seg = Segment {
+                id: segments.len(),
+                seek: previous_seek,
+                start,
+                end,
+                text,
+                tokens: ids
+                    .iter()
+                    .zip(&result.token_logprobs[range])
+                    .map(|(&id, &logprob)| Token {
+                        id,
+                        text: tok.token_text(id),
+                        logprob,
+                    })
+                    .collect(),
+                temperature: result.temperature,
+                avg_logprob: result.avg_logprob,
+                compression_ratio: result.compression_ratio,
+                no_speech_prob: result.no_speech_prob,
+            };
+            on_segment(
+                &seg,
+                (seek.min(content_frames) * HOP) as f64 / SAMPLE_RATE as f64,
+            )?;
+            segments.push(seg);
+        }
+        if !opts.condition_on_previous_text || result.temperature > 0.5 {
+            prompt_reset_since = all_tokens.len();
+        }
+    }
+    Ok(Transcript {
+        text: segments.iter().map(|s| s.text.as_str()).collect(),
+        language,
+        language_probability,
+        duration,
+        segments,
+    })
+}
+
+/// Decodes a window at each temperature in turn until the result is neither
+/// too repetitive nor too unlikely (or is judged silence).
+fn decode_with_fallback(
+    decoder: &WindowDecoder,
+    cross: &CrossKv,
+    prompt: &[u32],
+    sot_index: usize,
+    opts: &Options,
+    sample_len: usize,
+    rng: &mut Rng,
+) -> Decoded {
+    let mut result = Decoded::default();
+    for &temperature in &opts.temperatures {
+        let strategy = Strategy {
+            temperature,
+            beam_size: opts.beam_size,
+            best_of: opts.best_of,
+            patience: opts.patience,
+            length_penalty: opts.length_penalty,
+            sample_len,
+        };
+        result = decoder.decode(cross, prompt, sot_index, &strategy, rng);
+        let too_repetitive = opts
+            .compression_ratio_threshold
+            .is_some_and(|t| result.compression_ratio > t);
+        let too_unlikely = opts
+            .logprob_threshold
+            .is_some_and(|t| result.avg_logprob < t);
+        // Likely silence: no fallback (the window will be skipped).
+        let silence = opts
+            .no_speech_threshold
+            .is_some_and(|t| result.no_speech_prob > t)
+            && opts
+                .logprob_threshold
+                .is_some_and(|t| result.avg_logprob < t);
+        if silence || !(too_repetitive || too_unlikely) {
+            break;
+        }
+    }
+    result
+}

@@ -1,0 +1,708 @@
+//! Parity cases for the decoder-LLM kernels in `gpu::llm_ops`, against their
+//! CPU twins in `cpu::llm`. Quantised weights come from `Tensor::quantize_f32`
+//! and the CPU side dequantises the very same blocks, so only the order of
+//! the f32 additions (and exp/sqrt rounding) differs.
+
+use super::{assert_close, Case, SIZES};
+use lfm::cpu::{self, AttnShape};
+use lfm::gpu::llm_ops::{self, GemvEpilogue, GpuMatrix};
+use lfm::gpu::ops::Dispatch;
+use lfm::gpu::{Gpu, Variant};
+use lfm::models::llm::RopeStyle;
+use lfm::quant::GgmlType;
+use lfm::tensor::Tensor;
+use lfm::util::rng::Rng;
+
+pub const CASES: &[Case] = &[
+    Case {
+        kernel: "gemv",
+        run: gemv,
+    },
+    Case {
+        kernel: "gemv_add",
+        run: gemv_add,
+    },
+    Case {
+        kernel: "gemv_norm",
+        run: gemv_norm,
+    },
+    Case {
+        kernel: "gemv_swiglu",
+        run: gemv_swiglu,
+    },
+    Case {
+        kernel: "gemv_conv",
+        run: gemv_conv,
+    },
+    Case {
+        kernel: "gemm",
+        run: gemm,
+    },
+    Case {
+        kernel: "gemm_add",
+        run: gemm_add,
+    },
+    Case {
+        kernel: "embedding",
+        run: embedding,
+    },
+    Case {
+        kernel: "qk_rope",
+        run: qk_rope,
+    },
+    Case {
+        kernel: "flash_attention",
+        run: flash_attention,
+    },
+    Case {
+        kernel: "flash_attention_merge",
+        run: flash_attention_merge,
+    },
+    Case {
+        kernel: "short_conv",
+        run: short_conv,
+    },
+    Case {
+        kernel: "swiglu",
+        run: swiglu,
+    },
+    Case {
+        kernel: "argmax",
+        run: argmax,
+    },
+    Case {
+        kernel: "top_k",
+        run: top_k,
+    },
+];
+
+/// Products over k terms summed in another order: outputs of order one carry
+/// absolute errors of a few 1e-7 (f32 roundings of partial sums), so the
+/// normalised squared error stays below ~1e-11 (the largest seen on lavapipe:
+/// 3e-11). 1e-9 leaves headroom for other drivers while one wrong weight in a
+/// row (an error of ~1/sqrt(k) of the output, squared: >= 1e-4) still fails.
+const PRODUCT_TOL: f64 = 1e-9;
+
+/// [`assert_close`] for products whose inputs are scaled to give outputs of
+/// order one (see [`weights`]): the squared error is measured against
+/// max(||want||^2, n * 0.1^2), so that an output that happens to cancel to
+/// almost zero (as a single one may) is judged by the size of its terms, not
+/// by its own.
+#[track_caller]
+fn assert_products(what: &str, got: &[f32], want: &[f32], tol: f64) {
+    assert_close(what, got, want, f64::INFINITY);
+    let num: f64 = got
+        .iter()
+        .zip(want)
+        .map(|(g, w)| ((g - w) as f64).powi(2))
+        .sum();
+    let den = want
+        .iter()
+        .map(|w| (*w as f64).powi(2))
+        .sum::<f64>()
+        .max(0.01 * want.len() as f64);
+    let err = num / den;
+    assert!(err <= tol, "{what}: normalised error {err:.3e} > {tol:.1e}");
+}
+
+fn format_and_subgroups(v: &Variant) -> (GgmlType, bool) {
+    let t = llm_ops::variant_format(v).expect("format kernel variant names its format");
+    (t, v.defines.contains(&"SUBGROUPS"))
+}
+
+/// Row lengths to test: odd ones for the float formats (which accept any
+/// length), whole blocks otherwise; the largest spans several passes of the
+/// 128-thread x 8-element GEMV workgroup.
+fn row_lengths(t: GgmlType) -> Vec<usize> {
+    match t.block_size() {
+        1 => vec![1, 33, 1025],
+        32 => vec![32, 96, 1056],
+        _ => vec![256, 1280],
+    }
+}
+
+/// Output rows: one, the 4-row GEMV workgroup + 1, and several workgroups.
+const ROWS: [usize; 3] = [1, 5, 132];
+
+/// Random weights of `rows` x `k` with the scale of a trained layer
+/// (outputs of order one for inputs of order one).
+fn weights(t: GgmlType, rows: usize, k: usize, rng: &mut Rng) -> Tensor {
+    let a = 2.0 / (k as f32).sqrt();
+    let data = rng.vec(rows * k, -a, a);
+    Tensor::quantize_f32("w", vec![rows, k], &data, t).unwrap()
+}
+
+/// Uploads `parts` of one format as one matrix, split into chunks of at most
+/// `max_rows` rows to exercise the splitting a binding limit forces.
+fn upload(gpu: &Gpu, parts: &[&Tensor], max_rows: usize) -> GpuMatrix {
+    let t = parts[0];
+    let bytes: Vec<&[u8]> = parts.iter().map(|p| p.bytes()).collect();
+    let max = (max_rows * parts.len() * t.row_bytes() + 4) as u64;
+    GpuMatrix::upload(gpu, "w", t.dtype, t.row_len(), t.rows(), &bytes, max).unwrap()
+}
+
+fn run(gpu: &Gpu, ds: &[Dispatch]) {
+    let refs: Vec<&Dispatch> = ds.iter().collect();
+    gpu.run_all(&refs).unwrap();
+}
+
+fn gemv_case(gpu: &Gpu, v: &Variant, add: bool) {
+    let (t, sub) = format_and_subgroups(v);
+    let mut rng = Rng::new(11);
+    for k in row_lengths(t) {
+        for rows in ROWS {
+            let w = weights(t, rows, k, &mut rng);
+            // x sits after one row of other values; y is written from row 3.
+            let xs = rng.vec(2 * k, -2.0, 2.0);
+            let (x, x_off, out_off) = (&xs[k..], k, 3);
+            let mut want = vec![0.0; rows];
+            cpu::gemv(&w, x, &mut want);
+            let mut y0 = vec![f32::NAN; out_off + rows];
+            if add {
+                let base = rng.vec(rows, -1.0, 1.0);
+                for (i, b) in base.iter().enumerate() {
+                    y0[out_off + i] = *b;
+                    want[i] += b;
+                }
+            }
+            let m = upload(gpu, &[&w], 50);
+            let gx = gpu.upload_f32("x", &xs).unwrap();
+            let gy = gpu.upload_f32("y", &y0).unwrap();
+            let epi = if add {
+                GemvEpilogue::Add
+            } else {
+                GemvEpilogue::Store
+            };
+            run(
+                gpu,
+                &llm_ops::gemv(gpu, sub, &m, &epi, &gx, x_off, &gy, out_off).unwrap(),
+            );
+            let got = gpu.read_f32(&gy).unwrap();
+            assert_products(
+                &format!("{} k={k} rows={rows}", v.key()),
+                &got[out_off..out_off + rows],
+                &want,
+                PRODUCT_TOL,
+            );
+        }
+    }
+}
+
+fn gemv(gpu: &Gpu, v: &Variant) {
+    gemv_case(gpu, v, false);
+}
+
+fn gemv_add(gpu: &Gpu, v: &Variant) {
+    gemv_case(gpu, v, true);
+}
+
+fn gemv_norm(gpu: &Gpu, v: &Variant) {
+    let (t, sub) = format_and_subgroups(v);
+    let mut rng = Rng::new(12);
+    for k in row_lengths(t) {
+        for rows in ROWS {
+            let w = weights(t, rows, k, &mut rng);
+            let x = rng.vec(k, -3.0, 3.0);
+            let nw = rng.vec(k, 0.5, 1.5);
+            let mut want = vec![0.0; rows];
+            cpu::gemv_norm(&w, &x, &nw, 1e-5, &mut want);
+            let m = upload(gpu, &[&w], 50);
+            let gx = gpu.upload_f32("x", &x).unwrap();
+            let gn = gpu.upload_f32("nw", &nw).unwrap();
+            let gy = gpu.poisoned_f32("y", rows).unwrap();
+            let epi = GemvEpilogue::Norm { nw: &gn, eps: 1e-5 };
+            run(
+                gpu,
+                &llm_ops::gemv(gpu, sub, &m, &epi, &gx, 0, &gy, 0).unwrap(),
+            );
+            let got = gpu.read_f32(&gy).unwrap();
+            // The norm's scale is applied after the sum instead of before:
+            // one more rounding per output on top of the product's.
+            assert_products(
+                &format!("{} k={k} rows={rows}", v.key()),
+                &got[..rows],
+                &want,
+                PRODUCT_TOL,
+            );
+        }
+    }
+}
+
+fn gemv_swiglu(gpu: &Gpu, v: &Variant) {
+    let (t, sub) = format_and_subgroups(v);
+    let mut rng = Rng::new(13);
+    for k in row_lengths(t) {
+        for rows in ROWS {
+            let gate = weights(t, rows, k, &mut rng);
+            let up = weights(t, rows, k, &mut rng);
+            let x = rng.vec(k, -3.0, 3.0);
+            let nw = rng.vec(k, 0.5, 1.5);
+            let mut want = vec![0.0; rows];
+            cpu::gemv_swiglu(&gate, &up, &x, &nw, 1e-5, &mut want);
+            let m = upload(gpu, &[&gate, &up], 50);
+            let gx = gpu.upload_f32("x", &x).unwrap();
+            let gn = gpu.upload_f32("nw", &nw).unwrap();
+            let gy = gpu.poisoned_f32("y", rows).unwrap();
+            let epi = GemvEpilogue::Swiglu { nw: &gn, eps: 1e-5 };
+            run(
+                gpu,
+                &llm_ops::gemv(gpu, sub, &m, &epi, &gx, 0, &gy, 0).unwrap(),
+            );
+            let got = gpu.read_f32(&gy).unwrap();
+            // Two products (as gemv_norm) multiplied: their errors add.
+            assert_products(
+                &format!("{} k={k} rows={rows}", v.key()),
+                &got[..rows],
+                &want,
+                2.0 * PRODUCT_TOL,
+            );
+        }
+    }
+}
+
+fn gemv_conv(gpu: &Gpu, v: &Variant) {
+    let (t, sub) = format_and_subgroups(v);
+    let mut rng = Rng::new(14);
+    let hiddens = match t.block_size() {
+        1 => vec![1, 33, 130],
+        32 => vec![32, 96],
+        _ => vec![256],
+    };
+    for d in hiddens {
+        for taps in [1, 3, 4] {
+            let in_proj = weights(t, 3 * d, d, &mut rng);
+            let conv = rng.vec(d * taps, -1.0, 1.0);
+            let nw = rng.vec(d, 0.5, 1.5);
+            let mut state = rng.vec((taps - 1) * d, -1.0, 1.0);
+            let rb = in_proj.row_bytes();
+            let b = in_proj.bytes();
+            let parts: Vec<&[u8]> = (0..3).map(|p| &b[p * d * rb..(p + 1) * d * rb]).collect();
+            let max = (20 * 3 * rb + 4) as u64;
+            let m = GpuMatrix::upload(gpu, "in_proj", t, d, d, &parts, max).unwrap();
+            let gc = gpu.upload_f32("conv", &conv).unwrap();
+            let gn = gpu.upload_f32("nw", &nw).unwrap();
+            let gs = gpu.upload_f32("state", &state).unwrap();
+            // Two tokens in a row: the second reads the state the first left.
+            for step in 0..2 {
+                let x = rng.vec(d, -3.0, 3.0);
+                let mut want = vec![0.0; d];
+                cpu::gemv_conv(&in_proj, &x, &nw, 1e-5, &conv, taps, &mut state, &mut want);
+                let gx = gpu.upload_f32("x", &x).unwrap();
+                let gy = gpu.poisoned_f32("y", d).unwrap();
+                let epi = GemvEpilogue::Conv {
+                    nw: &gn,
+                    eps: 1e-5,
+                    conv: &gc,
+                    state: &gs,
+                    taps,
+                };
+                run(
+                    gpu,
+                    &llm_ops::gemv(gpu, sub, &m, &epi, &gx, 0, &gy, 0).unwrap(),
+                );
+                let what = format!("{} d={d} taps={taps} step={step}", v.key());
+                // Products of three projections and a short sum: a few
+                // gemv_norm errors.
+                assert_products(
+                    &what,
+                    &gpu.read_f32(&gy).unwrap()[..d],
+                    &want,
+                    4.0 * PRODUCT_TOL,
+                );
+                if taps > 1 {
+                    assert_products(
+                        &format!("{what} state"),
+                        &gpu.read_f32(&gs).unwrap()[..state.len()],
+                        &state,
+                        PRODUCT_TOL,
+                    );
+                }
+            }
+        }
+    }
+}
+
+fn gemm_case(gpu: &Gpu, v: &Variant, add: bool) {
+    let (t, _) = format_and_subgroups(v);
+    let mut rng = Rng::new(15);
+    for k in row_lengths(t) {
+        for (rows, n) in [(1, 1), (65, 33), (132, 5)] {
+            // Two parts side by side in y: [n, 2 rows + 3] with 1 leading column.
+            let a = weights(t, rows, k, &mut rng);
+            let b = weights(t, rows, k, &mut rng);
+            let x_stride = k + 2;
+            let xs = rng.vec(n * x_stride, -2.0, 2.0);
+            let x: Vec<f32> = xs.chunks(x_stride).flat_map(|r| r[..k].to_vec()).collect();
+            let (ya, yb) = (
+                {
+                    let mut y = vec![0.0; n * rows];
+                    cpu::gemm(&a, &x, n, &mut y);
+                    y
+                },
+                {
+                    let mut y = vec![0.0; n * rows];
+                    cpu::gemm(&b, &x, n, &mut y);
+                    y
+                },
+            );
+            let y_stride = 2 * rows + 3;
+            let mut y0 = vec![f32::NAN; n * y_stride];
+            if add {
+                y0 = rng.vec(n * y_stride, -1.0, 1.0);
+            }
+            let mut want = Vec::new();
+            let mut got_at = Vec::new();
+            for tok in 0..n {
+                for (p, yp) in [&ya, &yb].into_iter().enumerate() {
+                    for r in 0..rows {
+                        let at = tok * y_stride + 1 + p * rows + r;
+                        let base = if add { y0[at] } else { 0.0 };
+                        want.push(base + yp[tok * rows + r]);
+                        got_at.push(at);
+                    }
+                }
+            }
+            let m = upload(gpu, &[&a, &b], 50);
+            let gx = gpu.upload_f32("x", &xs).unwrap();
+            let gy = gpu.upload_f32("y", &y0).unwrap();
+            run(
+                gpu,
+                &llm_ops::gemm(gpu, &m, add, &gx, x_stride, &gy, y_stride, 1, n).unwrap(),
+            );
+            let all = gpu.read_f32(&gy).unwrap();
+            let got: Vec<f32> = got_at.iter().map(|&i| all[i]).collect();
+            assert_products(
+                &format!("{} k={k} rows={rows} n={n}", v.key()),
+                &got,
+                &want,
+                PRODUCT_TOL,
+            );
+        }
+    }
+}
+
+fn gemm(gpu: &Gpu, v: &Variant) {
+    gemm_case(gpu, v, false);
+}
+
+fn gemm_add(gpu: &Gpu, v: &Variant) {
+    gemm_case(gpu, v, true);
+}
+
+fn embedding(gpu: &Gpu, v: &Variant) {
+    let (t, _) = format_and_subgroups(v);
+    let mut rng = Rng::new(16);
+    let dims = match t.block_size() {
+        1 => vec![1, 33, 520],
+        32 => vec![32, 544],
+        _ => vec![256, 768],
+    };
+    for d in dims {
+        let vocab = 67;
+        let table = weights(t, vocab, d, &mut rng);
+        let tokens: Vec<u32> = [0, vocab - 1, 5, 31, 32, 33, 5]
+            .iter()
+            .map(|&i| i as u32)
+            .collect();
+        let n = tokens.len();
+        let mut want = vec![0.0; n * d];
+        cpu::embedding(&table, &tokens, &mut want);
+        // Chunks of 32 rows: tokens 31, 32 and 66 fall in different buffers.
+        let m = upload(gpu, &[&table], 32);
+        assert_eq!(m.chunks.len(), 3);
+        let mut tok_buf = vec![7u32; 2];
+        tok_buf.extend(&tokens);
+        let gt = gpu.upload_u32("tokens", &tok_buf).unwrap();
+        let gy = gpu.poisoned_f32("y", n * d).unwrap();
+        run(gpu, &llm_ops::embedding(gpu, &m, &gt, 2, &gy, n).unwrap());
+        // Dequantisation is exact on both sides.
+        assert_close(
+            &format!("{} d={d}", v.key()),
+            &gpu.read_f32(&gy).unwrap()[..n * d],
+            &want,
+            0.0,
+        );
+    }
+}
+
+fn qk_rope(gpu: &Gpu, v: &Variant) {
+    let norm = v.defines.contains(&"QK_NORM");
+    let mut rng = Rng::new(17);
+    for (heads, kv_heads, hd, rope_dim, style) in [
+        (4, 2, 64, 64, RopeStyle::Halves),
+        (3, 1, 34, 32, RopeStyle::Interleaved),
+        (2, 2, 130, 130, RopeStyle::Halves),
+    ] {
+        for (n, pos0) in [(1, 0), (1, 700), (5, 7)] {
+            let s = AttnShape {
+                heads,
+                kv_heads,
+                head_dim: hd,
+                rope_dim,
+                rope_theta: 10_000.0,
+                rope_style: style,
+                eps: 1e-5,
+            };
+            let (qw, kvw) = (heads * hd, kv_heads * hd);
+            let qkv = rng.vec(n * (qw + 2 * kvw), -2.0, 2.0);
+            let qn = rng.vec(hd, 0.5, 1.5);
+            let kn = rng.vec(hd, 0.5, 1.5);
+            let cap = pos0 + n + 2;
+            let mut want_q = vec![0.0; n * qw];
+            let mut want_k = vec![f32::NAN; cap * kvw];
+            let mut want_v = vec![f32::NAN; cap * kvw];
+            cpu::qk_rope(
+                &qkv,
+                n,
+                &s,
+                norm.then_some(qn.as_slice()),
+                norm.then_some(kn.as_slice()),
+                pos0,
+                &mut want_q,
+                &mut want_k,
+                &mut want_v,
+            );
+            let gqkv = gpu.upload_f32("qkv", &qkv).unwrap();
+            let gqn = gpu.upload_f32("qn", &qn).unwrap();
+            let gkn = gpu.upload_f32("kn", &kn).unwrap();
+            let cs = cpu::rope_table(pos0, n, rope_dim, s.rope_theta);
+            let gcs = gpu.upload_f32("cs", &cs).unwrap();
+            let step = gpu
+                .upload_u32("step", &[0, pos0 as u32, (pos0 + n) as u32, 1])
+                .unwrap();
+            let gq = gpu.poisoned_f32("q", n * qw).unwrap();
+            let gk = gpu.poisoned_f32("kc", cap * kvw).unwrap();
+            let gv = gpu.poisoned_f32("vc", cap * kvw).unwrap();
+            let kv = llm_ops::AttnBuffers {
+                step: &step,
+                k_cache: &gk,
+                v_cache: &gv,
+            };
+            let d = llm_ops::qk_rope(
+                gpu,
+                &s,
+                &gqkv,
+                norm.then_some((&gqn, &gkn)),
+                &gcs,
+                &kv,
+                &gq,
+                n,
+            )
+            .unwrap();
+            gpu.run_all(&[&d]).unwrap();
+            let what = format!("{} hd={hd} n={n} pos0={pos0}", v.key());
+            // The same cos/sin table on both sides; the norm's sum of
+            // squares is added in another order: a few ulps.
+            assert_close(&what, &gpu.read_f32(&gq).unwrap()[..n * qw], &want_q, 1e-12);
+            let rows = pos0 * kvw..(pos0 + n) * kvw;
+            let k = gpu.read_f32(&gk).unwrap();
+            assert_close(
+                &format!("{what} k"),
+                &k[rows.clone()],
+                &want_k[rows.clone()],
+                1e-12,
+            );
+            let vv = gpu.read_f32(&gv).unwrap();
+            // Values are copied.
+            assert_close(&format!("{what} v"), &vv[rows.clone()], &want_v[rows], 0.0);
+            // Other cache rows are left alone.
+            assert!(
+                k[..pos0 * kvw].iter().all(|x| x.is_nan()),
+                "{what}: wrote outside"
+            );
+        }
+    }
+}
+
+/// Runs flash attention (and its merge when split) for `n_q` queries over
+/// `kv_len` cached positions and compares with `cpu::flash_attention`.
+#[allow(clippy::too_many_arguments)]
+fn attention_case(
+    gpu: &Gpu,
+    v: &Variant,
+    heads: usize,
+    kv_heads: usize,
+    hd: usize,
+    n_q: usize,
+    kv_len: usize,
+    splits: usize,
+    rng: &mut Rng,
+) {
+    let sub = v.defines.contains(&"SUBGROUPS");
+    let s = AttnShape {
+        heads,
+        kv_heads,
+        head_dim: hd,
+        rope_dim: hd,
+        rope_theta: 10_000.0,
+        rope_style: RopeStyle::Halves,
+        eps: 1e-5,
+    };
+    let kvw = kv_heads * hd;
+    // Peaked scores (|q.k| up to ~hd) test the running max; the cache has
+    // spare poisoned rows past kv_len that must never be read.
+    let q = rng.vec(n_q * heads * hd, -1.5, 1.5);
+    let k = rng.vec(kv_len * kvw, -1.5, 1.5);
+    let vv = rng.vec(kv_len * kvw, -1.0, 1.0);
+    let mut want = vec![0.0; n_q * heads * hd];
+    cpu::flash_attention(&q, &k, &vv, n_q, kv_len, heads, kv_heads, hd, &mut want);
+    let pad = |x: &[f32]| {
+        let mut p = x.to_vec();
+        p.extend(std::iter::repeat_n(f32::NAN, 3 * kvw));
+        p
+    };
+    let gq = gpu.upload_f32("q", &q).unwrap();
+    let gk = gpu.upload_f32("kc", &pad(&k)).unwrap();
+    let gv = gpu.upload_f32("vc", &pad(&vv)).unwrap();
+    let step = gpu
+        .upload_u32(
+            "step",
+            &[0, (kv_len - n_q) as u32, kv_len as u32, splits as u32],
+        )
+        .unwrap();
+    let out = gpu.poisoned_f32("out", n_q * heads * hd).unwrap();
+    let part = gpu
+        .poisoned_f32("part", llm_ops::attention_part_len(heads, hd, n_q))
+        .unwrap();
+    let kv = llm_ops::AttnBuffers {
+        step: &step,
+        k_cache: &gk,
+        v_cache: &gv,
+    };
+    let att = llm_ops::flash_attention(gpu, sub, &s, &gq, &kv, &out, &part, n_q).unwrap();
+    let mut enc = gpu.device.create_command_encoder(&Default::default());
+    {
+        let mut pass = enc.begin_compute_pass(&Default::default());
+        att.record(&mut pass, splits);
+    }
+    gpu.submit_and_wait(enc).unwrap();
+    // exp and the online rescaling round differently from the CPU's
+    // two-pass softmax: ~1e-6 relative per element, squared.
+    assert_close(
+        &format!(
+            "{} heads={heads}/{kv_heads} hd={hd} n_q={n_q} kv_len={kv_len} splits={splits}",
+            v.key()
+        ),
+        &gpu.read_f32(&out).unwrap(),
+        &want,
+        1e-10,
+    );
+}
+
+fn flash_attention(gpu: &Gpu, v: &Variant) {
+    let mut rng = Rng::new(18);
+    for hd in [64, 33, 256] {
+        // Decode over every interesting length, with the splits decode uses.
+        for kv_len in [1, 63, 64, 65, 257, 1025] {
+            let splits = llm_ops::attention_splits(kv_len);
+            attention_case(gpu, v, 4, 2, hd, 1, kv_len, splits, &mut rng);
+        }
+        // Causal prefill: 33 new queries after 7 cached positions.
+        attention_case(gpu, v, 4, 1, hd, 33, 40, 1, &mut rng);
+        attention_case(gpu, v, 2, 2, hd, 1, 1, 1, &mut rng);
+    }
+}
+
+fn flash_attention_merge(gpu: &Gpu, _v: &Variant) {
+    // The merge only runs after a split pass: drive it through the portable
+    // split kernel with more splits than positions need (empty splits too).
+    let v = Variant::default();
+    let mut rng = Rng::new(19);
+    for (kv_len, splits) in [(2, 2), (65, 3), (300, llm_ops::MAX_SPLITS), (1025, 7)] {
+        attention_case(gpu, &v, 4, 2, 64, 1, kv_len, splits, &mut rng);
+    }
+}
+
+fn short_conv(gpu: &Gpu, _v: &Variant) {
+    let mut rng = Rng::new(20);
+    for &d in SIZES {
+        for (n, taps) in [(1, 3), (4, 3), (7, 4), (2, 1)] {
+            let bcx = rng.vec(n * 3 * d, -2.0, 2.0);
+            let conv = rng.vec(d * taps, -1.0, 1.0);
+            let mut state = rng.vec((taps - 1) * d, -1.0, 1.0);
+            let gs = gpu.upload_f32("state", &state).unwrap();
+            let mut want = vec![0.0; n * d];
+            cpu::short_conv(&bcx, &conv, taps, d, &mut state, &mut want);
+            let gb = gpu.upload_f32("bcx", &bcx).unwrap();
+            let gc = gpu.upload_f32("conv", &conv).unwrap();
+            let gy = gpu.poisoned_f32("y", n * d).unwrap();
+            let disp = llm_ops::short_conv(gpu, &gb, &gc, &gs, &gy, d, taps, n).unwrap();
+            gpu.run_all(&[&disp]).unwrap();
+            let what = format!("short_conv d={d} n={n} taps={taps}");
+            // Sums of `taps` terms in the same order; products may fuse.
+            assert_close(&what, &gpu.read_f32(&gy).unwrap()[..n * d], &want, 1e-12);
+            if taps > 1 {
+                assert_close(
+                    &format!("{what} state"),
+                    &gpu.read_f32(&gs).unwrap()[..state.len()],
+                    &state,
+                    1e-12,
+                );
+            }
+        }
+    }
+}
+
+fn swiglu(gpu: &Gpu, _v: &Variant) {
+    let mut rng = Rng::new(21);
+    for &f in SIZES {
+        for n in [1, 3] {
+            let gu = rng.vec(n * 2 * f, -6.0, 6.0);
+            let mut want = vec![0.0; n * f];
+            cpu::swiglu(&gu, f, &mut want);
+            let gg = gpu.upload_f32("gu", &gu).unwrap();
+            let gy = gpu.poisoned_f32("y", n * f).unwrap();
+            let d = llm_ops::swiglu(gpu, &gg, &gy, f, n).unwrap();
+            gpu.run_all(&[&d]).unwrap();
+            // One exp and a division: a few ulps of the GPU's exp.
+            assert_close(
+                &format!("swiglu f={f} n={n}"),
+                &gpu.read_f32(&gy).unwrap()[..n * f],
+                &want,
+                1e-12,
+            );
+        }
+    }
+}
+
+fn argmax(gpu: &Gpu, _v: &Variant) {
+    let mut rng = Rng::new(22);
+    for &n in SIZES.iter().chain(&[65_536]) {
+        let mut x = rng.vec(n, -5.0, 5.0);
+        // A tie for the maximum: the first must win, as on the CPU.
+        let at = n / 3;
+        x[at] = 7.0;
+        x[n - 1] = 7.0;
+        let gx = gpu.upload_f32("x", &x).unwrap();
+        let out = gpu.upload_u32("out", &[u32::MAX]).unwrap();
+        let d = llm_ops::argmax(gpu, &gx, &out, n).unwrap();
+        gpu.run_all(&[&d]).unwrap();
+        let got = gpu.read_u32(&out).unwrap()[0] as usize;
+        assert_eq!(got, cpu::argmax(&x), "argmax n={n}");
+    }
+}
+
+fn top_k(gpu: &Gpu, _v: &Variant) {
+    let mut rng = Rng::new(23);
+    for &n in SIZES.iter().chain(&[65_536]) {
+        // Values on a coarse grid, so many are tied (also at the k-th value),
+        // with both signs and a few infinities.
+        let mut x: Vec<f32> = rng
+            .vec(n, -8.0, 8.0)
+            .iter()
+            .map(|v| (v * 2.0).round() / 2.0)
+            .collect();
+        x[n / 2] = f32::NEG_INFINITY;
+        x[n - 1] = f32::INFINITY;
+        for k in [1, 40, llm_ops::MAX_TOP_K] {
+            let k = k.min(n);
+            let gx = gpu.upload_f32("x", &x).unwrap();
+            let out = gpu.upload_u32("out", &vec![u32::MAX; 2 * k]).unwrap();
+            let d = llm_ops::top_k(gpu, &gx, &out, n, k).unwrap();
+            gpu.run_all(&[&d]).unwrap();
+            let got = llm_ops::sort_candidates(&gpu.read_u32(&out).unwrap());
+            // A selection: exactly the same candidates, in the same order.
+            assert_eq!(got, cpu::top_k(&x, k), "top_k n={n} k={k}");
+        }
+    }
+}
