@@ -4,8 +4,10 @@
 
 use super::{DeviceArgs, DeviceChoice};
 use crate::formats::gguf::GgufFile;
+use crate::gpu::llm_ops;
 use crate::models::llm::CausalLm;
 use crate::models::{self, LoadOptions, LoadedLlm};
+use crate::quant::{policy, GgmlType};
 use crate::run::kld::{
     self, ArmDevice, ArmSource, ArmSpec, Chunks, RefFile, RefHeader, RefWriter, Reference, Report,
     REF_ENCODING, REF_FORMAT_VERSION,
@@ -117,6 +119,17 @@ fn load_arm(
         },
     )
     .with_context(|| format!("arm '{text}'"))?;
+    if loaded.backend_name() == "gpu" {
+        let unread = gpu_unreadable(&spec.source, &loaded)?;
+        if !unread.is_empty() {
+            let names: Vec<&str> = unread.iter().map(|t| t.name()).collect();
+            bail!(
+                "arm '{text}': no GPU kernel reads {} weights (the GPU path would run them as \
+                 f16, a different arm); run this one @cpu",
+                names.join(", ")
+            );
+        }
+    }
     if spec.device == Some(ArmDevice::Gpu) && loaded.backend_name() == "cpu" {
         bail!(
             "arm '{text}': asked for the GPU, but the model runs on the CPU here (the GPU path \
@@ -124,6 +137,33 @@ fn load_arm(
         );
     }
     Ok((spec.label(loaded.backend_name()), loaded))
+}
+
+/// The matrix types of an arm that no GPU kernel reads (the GPU path would
+/// convert them to f16): a weight-format arm's type and its fallbacks for
+/// the model's row lengths, or a GGUF file's quantised tensor types.
+fn gpu_unreadable(source: &ArmSource, loaded: &LoadedLlm) -> anyhow::Result<Vec<GgmlType>> {
+    let mut types: Vec<GgmlType> = match source {
+        ArmSource::Type(t) => {
+            let c = loaded.model.config();
+            [c.hidden, c.heads * c.head_dim, c.ffn]
+                .iter()
+                .map(|&row| policy::fallback(*t, row))
+                .collect()
+        }
+        ArmSource::File(p) if p.is_file() => GgufFile::open(p)?
+            .tensor_infos()
+            .iter()
+            .filter(|t| policy::role(&t.name, &t.shape) != policy::Role::Kept)
+            .map(|t| t.dtype)
+            .collect(),
+        // HF checkpoints hold f32, f16 or bf16, which the GPU reads.
+        ArmSource::File(_) => Vec::new(),
+    };
+    types.retain(|&t| llm_ops::format_defines(t).is_none());
+    types.sort_by_key(|t| t.id());
+    types.dedup();
+    Ok(types)
 }
 
 fn tokenizer_from(path: &Path) -> anyhow::Result<Tokenizer> {
