@@ -61,7 +61,10 @@ pub fn man_page(cmd: clap::Command) -> String {
 
 pub mod embed;
 pub mod generate;
+pub mod gguf_write;
+pub mod kld;
 pub mod ocr_layout;
+pub mod quantize;
 pub mod scoreboard;
 pub mod speak;
 pub mod transcribe;
@@ -160,7 +163,10 @@ pub fn tools() -> Vec<(&'static str, clap::Command)> {
     vec![
         ("embed", embed::Args::command()),
         ("generate", generate::Args::command()),
+        ("gguf-write", gguf_write::Args::command()),
+        ("kld", kld::Args::command()),
         ("ocr-layout", ocr_layout::Args::command()),
+        ("quantize", quantize::Args::command()),
         ("scoreboard", scoreboard::Args::command()),
         ("speak", speak::Args::command()),
         ("transcribe", transcribe::Args::command()),
@@ -185,8 +191,14 @@ pub enum Tool {
     Embed(embed::Args),
     /// Generate text with a language model.
     Generate(generate::Args),
+    /// Write a Hugging Face checkpoint as a GGUF file (f32, f16, bf16).
+    GgufWrite(gguf_write::Args),
+    /// KL divergence of weight formats, files or devices from a reference.
+    Kld(kld::Args),
     /// Find the layout regions of document page images.
     OcrLayout(ocr_layout::Args),
+    /// Quantise a model to a ggml block format.
+    Quantize(quantize::Args),
     /// Benchmark language models across formats, backends and depths.
     Scoreboard(scoreboard::Args),
     /// Speak text with a Piper voice (writes a WAV file or stream).
@@ -200,7 +212,10 @@ impl Lfm {
         match self.tool {
             Tool::Embed(a) => embed::run(a),
             Tool::Generate(a) => generate::run(a),
+            Tool::GgufWrite(a) => gguf_write::run(a),
+            Tool::Kld(a) => kld::run(a),
             Tool::OcrLayout(a) => ocr_layout::run(a),
+            Tool::Quantize(a) => quantize::run(a),
             Tool::Scoreboard(a) => scoreboard::run(a),
             Tool::Speak(a) => speak::run(a),
             Tool::Transcribe(a) => transcribe::run(a),

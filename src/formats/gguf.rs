@@ -991,12 +991,12 @@ impl GgufWriter {
     }
 }
 
-fn encode_str(buf: &mut Vec<u8>, s: &str) {
+pub(crate) fn encode_str(buf: &mut Vec<u8>, s: &str) {
     buf.extend_from_slice(&(s.len() as u64).to_le_bytes());
     buf.extend_from_slice(s.as_bytes());
 }
 
-fn encode_value(buf: &mut Vec<u8>, v: &Value) {
+pub(crate) fn encode_value(buf: &mut Vec<u8>, v: &Value) {
     match v {
         Value::U8(x) => buf.push(*x),
         Value::I8(x) => buf.push(*x as u8),

@@ -251,17 +251,21 @@ pub fn load_weights(
 
 impl Weights {
     /// Every matrix (embedding, projections, head) converted to `dtype`, as a
-    /// weight-format arm for benchmarks and KL-divergence runs. Matrices whose
-    /// row length does not fit the block size keep their type; their names
-    /// are returned. Norms and the conv taps stay f32.
-    pub fn converted(&self, dtype: crate::quant::GgmlType) -> Result<(Weights, Vec<String>)> {
-        let mut kept = Vec::new();
+    /// weight-format arm for benchmarks and KL-divergence runs. A matrix whose
+    /// row length does not fit the block size gets llama-quantize's fallback
+    /// type (`quant::policy::fallback`); those are returned as (name, type).
+    /// Norms and the conv taps stay f32.
+    pub fn converted(
+        &self,
+        dtype: crate::quant::GgmlType,
+    ) -> Result<(Weights, Vec<(String, crate::quant::GgmlType)>)> {
+        let mut fell_back = Vec::new();
         let mut conv = |t: &Tensor| -> Result<Tensor> {
-            if dtype.row_bytes(t.row_len()).is_none() {
-                kept.push(t.name.clone());
-                return Ok(t.clone());
+            let to = crate::quant::policy::fallback(dtype, t.row_len());
+            if to != dtype {
+                fell_back.push((t.name.clone(), to));
             }
-            t.to_dtype(dtype)
+            t.to_dtype(to)
         };
         let tied = self.head.name == self.embed.name;
         let embed = conv(&self.embed)?;
@@ -303,7 +307,7 @@ impl Weights {
                 final_norm: self.final_norm.clone(),
                 head,
             },
-            kept,
+            fell_back,
         ))
     }
 

@@ -117,12 +117,21 @@ pub fn load_llm(path: &Path, opts: &LoadOptions) -> Result<LoadedLlm> {
     };
     let weights = match opts.weight_type {
         Some(t) => {
-            let (w, kept) = weights.converted(t)?;
-            if !kept.is_empty() {
+            let (w, fell_back) = weights.converted(t)?;
+            if !fell_back.is_empty() {
+                let mut by_type: Vec<(GgmlType, usize)> = Vec::new();
+                for (_, f) in &fell_back {
+                    match by_type.iter_mut().find(|(t, _)| t == f) {
+                        Some((_, n)) => *n += 1,
+                        None => by_type.push((*f, 1)),
+                    }
+                }
+                let counts: Vec<String> =
+                    by_type.iter().map(|(f, n)| format!("{n} to {f}")).collect();
                 eprintln!(
-                    "{} matrices keep their type (row length does not fit {t}): {}",
-                    kept.len(),
-                    kept.join(", ")
+                    "{} matrices fall back from {t} (rows do not fit its blocks): {}",
+                    fell_back.len(),
+                    counts.join(", ")
                 );
             }
             w

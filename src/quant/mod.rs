@@ -21,6 +21,7 @@
 
 pub mod fast;
 pub mod float;
+pub mod policy;
 pub mod q1_0;
 pub mod q2_k;
 pub mod q3_k;

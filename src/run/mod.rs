@@ -3,9 +3,11 @@
 pub mod audio;
 pub mod bench;
 pub mod chat;
+pub mod convert;
 pub mod embed;
 pub mod generate;
 pub mod image;
+pub mod kld;
 pub mod phonemes;
 pub mod sampling;
 pub mod transcribe;

@@ -1,0 +1,7 @@
+use clap::Parser;
+
+fn main() -> std::process::ExitCode {
+    lfm::cli::finish(lfm::cli::gguf_write::run(
+        lfm::cli::gguf_write::Args::parse(),
+    ))
+}

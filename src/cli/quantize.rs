@@ -1,0 +1,233 @@
+//! `quantize`: a checkpoint (HF directory, safetensors file or GGUF) to a
+//! GGUF file whose matrices are in a ggml block format.
+
+use crate::quant::policy::{Policy, Special};
+use crate::quant::GgmlType;
+use crate::run::convert::{self, Plan, PlanOptions, Written};
+use clap::Parser;
+use serde_json::json;
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+/// Quantise a model to a ggml block format (q8_0, q4_0, q4_k, q1_0, ...).
+///
+/// Reads an HF directory, a safetensors file or a GGUF file and writes a
+/// GGUF file tensor by tensor, quantising on every core, with
+/// llama-quantize's policy: norms and other 1-D tensors keep their type, a
+/// tensor whose rows do not fit the format's blocks falls back to a
+/// compatible type (reported on stderr), every other matrix gets the target
+/// type. The output is written to a temporary file and renamed into place.
+#[derive(Parser, Debug)]
+#[command(name = "quantize", version)]
+pub struct Args {
+    /// The model: an HF directory, a .safetensors file or a .gguf file.
+    pub input: PathBuf,
+
+    /// Target type of the matrices: q8_0, q4_0, q4_1, q5_0, q5_1, q2_k,
+    /// q3_k, q4_k, q5_k, q6_k, q1_0 (1-bit signs, 1.125 bits per weight),
+    /// or f32, f16, bf16.
+    #[arg(long, value_parser = type_name)]
+    pub to: GgmlType,
+
+    /// Output file (default: INPUT-TYPE.gguf beside the input).
+    #[arg(short, long)]
+    pub output: Option<PathBuf>,
+
+    /// Keep the token embedding (embed) or the output head (head) in the
+    /// input's type.
+    #[arg(long, value_enum, value_delimiter = ',')]
+    pub keep: Vec<Kept>,
+
+    /// Type of the token embedding (token_embd.weight).
+    #[arg(long, value_parser = type_name)]
+    pub embed_type: Option<GgmlType>,
+
+    /// Type of the output head (output.weight; a model with tied embeddings
+    /// has none: its head is the embedding).
+    #[arg(long, value_parser = type_name)]
+    pub head_type: Option<GgmlType>,
+
+    /// Quantise tensors that are already in another block format
+    /// (dequantised to f32 first, which adds the new format's error to the
+    /// old one's). Dequantising to f32, f16 or bf16 needs no flag.
+    #[arg(long)]
+    pub allow_requantize: bool,
+
+    /// Replace the output file if it exists.
+    #[arg(short, long)]
+    pub force: bool,
+
+    /// Print one JSON object describing the file (every tensor's type)
+    /// instead of text.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kept {
+    /// The token embedding.
+    Embed,
+    /// The output head.
+    Head,
+}
+
+/// Parses a ggml type name; the error lists every name.
+pub fn type_name(s: &str) -> Result<GgmlType, String> {
+    GgmlType::from_name(s).ok_or_else(|| {
+        let names: Vec<&str> = GgmlType::ALL.iter().map(|t| t.name()).collect();
+        format!("unknown type '{s}' (known: {})", names.join(", "))
+    })
+}
+
+/// INPUT-TYPE.gguf beside the input (a directory's sibling, a file's
+/// neighbour without its extension).
+pub fn default_output(input: &Path, t: GgmlType) -> PathBuf {
+    let stem = if input.is_dir() {
+        input
+            .canonicalize()
+            .ok()
+            .and_then(|p| p.file_name().map(|n| n.to_string_lossy().to_string()))
+    } else {
+        input.file_stem().map(|n| n.to_string_lossy().to_string())
+    }
+    .unwrap_or_else(|| "model".to_string());
+    let parent = if input.is_dir() {
+        input
+            .canonicalize()
+            .ok()
+            .and_then(|p| p.parent().map(Path::to_path_buf))
+    } else {
+        input.parent().map(Path::to_path_buf)
+    }
+    .unwrap_or_default();
+    parent.join(format!("{stem}-{t}.gguf"))
+}
+
+pub fn run(args: Args) -> anyhow::Result<()> {
+    for (kept, t, flag) in [
+        (Kept::Embed, args.embed_type, "embed"),
+        (Kept::Head, args.head_type, "head"),
+    ] {
+        if args.keep.contains(&kept) && t.is_some() {
+            anyhow::bail!("--keep {flag} and --{flag}-type contradict each other");
+        }
+    }
+    let special = |kept: Kept, t: Option<GgmlType>| {
+        if args.keep.contains(&kept) {
+            Special::Keep
+        } else {
+            t.map_or(Special::Target, Special::Type)
+        }
+    };
+    let policy = Policy {
+        target: args.to,
+        embedding: special(Kept::Embed, args.embed_type),
+        output: special(Kept::Head, args.head_type),
+    };
+    let opts = PlanOptions {
+        allow_requantize: args.allow_requantize,
+        tokenizer_pre: None,
+    };
+    let plan = convert::plan(&args.input, &policy, &opts)?;
+    if matches!(plan.input, convert::Input::Tensors(_)) {
+        eprintln!(
+            "{}: no config.json beside it: tensors keep their names and the GGUF carries no \
+             model metadata (llama.cpp cannot run it as a model)",
+            args.input.display()
+        );
+    }
+    let out = args
+        .output
+        .clone()
+        .unwrap_or_else(|| default_output(&args.input, args.to));
+    let bar = crate::util::progress::bar(plan.tensors.len() as u64, "quantizing");
+    let written = convert::write(&plan, &out, args.force, |_| bar.inc(1))?;
+    bar.finish_and_clear();
+    report(
+        &Report {
+            plan: &plan,
+            output: &out,
+            written: &written,
+        },
+        args.json,
+    )
+}
+
+/// What `gguf-write` and `quantize` print when done.
+pub struct Report<'a> {
+    pub plan: &'a Plan,
+    pub output: &'a Path,
+    pub written: &'a Written,
+}
+
+/// Fallbacks and the type mix on stderr, one summary line (or the JSON
+/// object) on stdout.
+pub fn report(r: &Report, json: bool) -> anyhow::Result<()> {
+    let w = r.written;
+    let bpw = if w.params > 0 {
+        (w.bytes_out * 8) as f64 / w.params as f64
+    } else {
+        0.0
+    };
+    if json {
+        let tensors: Vec<_> = r
+            .plan
+            .tensors
+            .iter()
+            .map(|t| {
+                json!({"name": t.name, "shape": t.shape, "from": t.from.name(), "to": t.to.name(),
+                       "fell_back_from": t.fell_back_from.map(|f| f.name())})
+            })
+            .collect();
+        let v = json!({
+            "input": r.plan.input_path.display().to_string(),
+            "output": r.output.display().to_string(),
+            "tensors": tensors,
+            "params": w.params,
+            "bytes_in": w.bytes_in,
+            "bytes_out": w.bytes_out,
+            "bits_per_weight": bpw,
+            "seconds": w.seconds,
+        });
+        println!("{v}");
+        return Ok(());
+    }
+    let fallbacks: Vec<_> = r
+        .plan
+        .tensors
+        .iter()
+        .filter_map(|t| t.fell_back_from.map(|f| (t, f)))
+        .collect();
+    for (t, asked) in &fallbacks {
+        eprintln!(
+            "{}: rows of {} do not fit {asked} blocks of {}: {} instead",
+            t.name,
+            t.shape.last().copied().unwrap_or(1),
+            asked.block_size(),
+            t.to
+        );
+    }
+    if !fallbacks.is_empty() {
+        eprintln!(
+            "{} of {} tensors fell back to another type",
+            fallbacks.len(),
+            r.plan.tensors.len()
+        );
+    }
+    let mut mix: BTreeMap<&str, usize> = BTreeMap::new();
+    for t in &r.plan.tensors {
+        *mix.entry(t.to.name()).or_default() += 1;
+    }
+    let mix: Vec<String> = mix.iter().map(|(t, n)| format!("{n} {t}")).collect();
+    eprintln!("tensor types: {}", mix.join(", "));
+    println!(
+        "{}: {} tensors, {} weights, {:.1} MB -> {:.1} MB ({bpw:.3} bits per weight) in {:.1} s",
+        r.output.display(),
+        w.tensors,
+        w.params,
+        w.bytes_in as f64 / 1e6,
+        w.bytes_out as f64 / 1e6,
+        w.seconds
+    );
+    Ok(())
+}
