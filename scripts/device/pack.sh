@@ -6,7 +6,7 @@
 #                          test binaries; scripts/device/unpack.sh makes
 #                          target/release/<tool> wrappers around lfm
 #   .dev/small.tar         the layout model, the mel filters, the LibriVox clips
-#   .dev/<model>.NN        23 MiB chunks of each large model's tar
+#   .dev/<model>.NN        40 MiB chunks of each large model's tar
 # Run from the repo root after `cargo build --release --bin lfm --example
 # llm_gpu_check` and `cargo test --release --no-run --test gpu_parity --test llm_gpu`.
 set -euo pipefail
@@ -26,7 +26,7 @@ tar cf "$D/small.tar" -C samples/models layout-cdla whisper-mel \
 : >"$D/chunks.txt"
 for m in smollm2 piper-joe all-minilm-l6-v2 whisper-tiny.en; do
     rm -f "$D/$m".[0-9][0-9]
-    tar cf - -C samples/models "$m" | split -b 23M -d -a 2 - "$D/$m."
+    tar cf - -C samples/models "$m" | split -b 40M -d -a 2 - "$D/$m."
     echo "$m $(ls "$D/$m".[0-9][0-9] | wc -l)" >>"$D/chunks.txt"
 done
 rm -rf "$D/stage"

@@ -8,6 +8,10 @@ set -uo pipefail
 cd "$(dirname "$0")/../.."
 for f in .gl/*.deb; do dpkg -x "$f" /; done
 ldconfig
+# Test binaries find their fixtures through the checkout path they were built
+# in (CARGO_MANIFEST_DIR); point it here.
+built_in=${BUILT_IN:-/work/main}
+[[ -e $built_in ]] || { mkdir -p "$(dirname "$built_in")" && ln -s "$PWD" "$built_in"; }
 S=/tmp/lfm-stash
 mkdir -p "$S" samples/models target/release/examples
 if [[ -f .dev/bin.tar.xz ]]; then
@@ -16,6 +20,10 @@ fi
 if [[ -d $S/bin ]]; then
     cp "$S/bin/lfm" target/release/lfm
     cp "$S/bin/llm_gpu_check" target/release/examples/llm_gpu_check
+    cp "$S/bin/gpu_parity" "$S/bin/llm_gpu" target/release/
+    # ... and the tools through the target folder (CARGO_BIN_EXE_lfm).
+    built_target=${BUILT_TARGET:-/work/target}
+    [[ -e $built_target ]] || { mkdir -p "$built_target" && ln -s "$PWD/target/release" "$built_target/release"; }
     for tool in generate scoreboard embed transcribe speak ocr-layout quantize kld gguf-write; do
         printf '#!/bin/sh\nexec "$(dirname "$0")/lfm" %s "$@"\n' "$tool" >"target/release/$tool"
         chmod +x "target/release/$tool"

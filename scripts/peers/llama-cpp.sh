@@ -73,14 +73,15 @@ build() {
 pack() {
     local out=$1
     unpack
-    # Everything a CPU or CUDA build of the library and tools/ needs; the other
+    # Everything a CPU or CUDA build of the library and tools/ needs, and the
+    # GGUF converter (convert_hf_to_gguf.py, conversion/, gguf-py); the other
     # GPU backends, docs, vocab test models, web UI and server are left out.
     local excludes=(
         --exclude=llama.cpp/build --exclude=llama.cpp/docs --exclude=llama.cpp/models
         --exclude=llama.cpp/media --exclude=llama.cpp/.github --exclude=llama.cpp/.devops
         --exclude=llama.cpp/tests --exclude=llama.cpp/examples --exclude=llama.cpp/pocs
         --exclude=llama.cpp/tools/ui --exclude=llama.cpp/tools/server --exclude=llama.cpp/tools/cli
-        --exclude=llama.cpp/gguf-py --exclude=llama.cpp/conversion --exclude='llama.cpp/*.py'
+        --exclude=llama.cpp/gguf-py/tests
         --exclude="$(basename "$STAMP")"
     )
     for b in cann et hexagon hip metal musa opencl openvino sycl virtgpu vulkan webgpu zdnn zendnn; do
