@@ -15,6 +15,7 @@ use crate::run::kld::{
 use crate::tokenizer::Tokenizer;
 use anyhow::{bail, Context};
 use clap::Parser;
+use std::io::Write;
 use std::path::{Path, PathBuf};
 
 /// KL divergence of weight formats, model files or devices from a reference.
@@ -344,9 +345,9 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     bar.finish_and_clear();
     eprintln!("evaluated in {:.1} s", start.elapsed().as_secs_f64());
     if args.json {
-        println!("{}", serde_json::to_string(&report)?);
+        writeln!(std::io::stdout(), "{}", serde_json::to_string(&report)?)?;
     } else {
-        print!("{}", tables(&report));
+        write!(std::io::stdout(), "{}", tables(&report))?;
     }
     Ok(())
 }

@@ -7,6 +7,7 @@ use crate::run::convert::{self, Plan, PlanOptions, Written};
 use clap::Parser;
 use serde_json::json;
 use std::collections::BTreeMap;
+use std::io::Write;
 use std::path::{Path, PathBuf};
 
 /// Quantise a model to a ggml block format (q8_0, q4_0, q4_k, q1_0, ...).
@@ -189,7 +190,7 @@ pub fn report(r: &Report, json: bool) -> anyhow::Result<()> {
             "bits_per_weight": bpw,
             "seconds": w.seconds,
         });
-        println!("{v}");
+        writeln!(std::io::stdout(), "{v}")?;
         return Ok(());
     }
     let fallbacks: Vec<_> = r
@@ -220,7 +221,8 @@ pub fn report(r: &Report, json: bool) -> anyhow::Result<()> {
     }
     let mix: Vec<String> = mix.iter().map(|(t, n)| format!("{n} {t}")).collect();
     eprintln!("tensor types: {}", mix.join(", "));
-    println!(
+    writeln!(
+        std::io::stdout(),
         "{}: {} tensors, {} weights, {:.1} MB -> {:.1} MB ({bpw:.3} bits per weight) in {:.1} s",
         r.output.display(),
         w.tensors,
@@ -228,6 +230,6 @@ pub fn report(r: &Report, json: bool) -> anyhow::Result<()> {
         w.bytes_in as f64 / 1e6,
         w.bytes_out as f64 / 1e6,
         w.seconds
-    );
+    )?;
     Ok(())
 }

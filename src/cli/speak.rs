@@ -7,7 +7,7 @@ use crate::util::atomic_write::AtomicFile;
 use crate::util::rng::Rng;
 use anyhow::{bail, Context};
 use clap::Parser;
-use std::io::{IsTerminal, Read};
+use std::io::{IsTerminal, Read, Write};
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
@@ -298,7 +298,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                 "audio_seconds": audio,
             })).collect::<Vec<_>>(),
         });
-        println!("{v}");
+        writeln!(std::io::stdout(), "{v}")?;
     }
     eprintln!(
         "{} sentence(s), {:.2} s of audio in {:.2} s (real-time factor {:.3}, first sentence after {:.2} s) | seed {}",

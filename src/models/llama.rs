@@ -156,7 +156,7 @@ pub fn load_gguf(cfg: &LlmConfig, g: &GgufFile) -> Result<Weights> {
         "token_embd.weight",
         "output_norm.weight",
         Some("output.weight"),
-        |i| gguf_layer_names(i),
+        gguf_layer_names,
     )
 }
 

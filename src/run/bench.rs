@@ -127,19 +127,6 @@ pub fn host_copy_bandwidth() -> f64 {
     2.0 * n as f64 / best
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn mean_and_sample_sd() {
-        let (m, s) = mean_sd(&[1.0, 2.0, 3.0, 4.0]);
-        assert_eq!(m, 2.5);
-        assert!((s - 1.290_994).abs() < 1e-6);
-        assert_eq!(mean_sd(&[5.0]), (5.0, 0.0));
-    }
-}
-
 /// Measured device memory bandwidth (bytes read + written per second) of
 /// large buffer-to-buffer copies, the roofline's denominator on the GPU.
 pub fn gpu_copy_bandwidth(gpu: &crate::gpu::Gpu) -> Result<f64> {
@@ -158,4 +145,17 @@ pub fn gpu_copy_bandwidth(gpu: &crate::gpu::Gpu) -> Result<f64> {
         best = best.min(t.elapsed().as_secs_f64());
     }
     Ok(2.0 * (size * copies) as f64 / best)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn mean_and_sample_sd() {
+        let (m, s) = mean_sd(&[1.0, 2.0, 3.0, 4.0]);
+        assert_eq!(m, 2.5);
+        assert!((s - 1.290_994).abs() < 1e-6);
+        assert_eq!(mean_sd(&[5.0]), (5.0, 0.0));
+    }
 }
