@@ -69,7 +69,7 @@ cpu)
     echo "lfm2 cpu table: exit $? in $((SECONDS - start)) s" >>"$OUT/summary.md"
     ;;
 gpu)
-    gpu_rows smollm2 "$SMOL" 512 8
+    gpu_rows smollm2 "$SMOL" 512 4
     gpu_rows lfm2-350m-random "$LFM2" 256 4
     echo "gpu rows took $((SECONDS - start)) s" >>"$OUT/summary.md"
     ;;
