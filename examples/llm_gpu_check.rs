@@ -1,7 +1,7 @@
 //! The GPU forward against the CPU reference on any language model (HF
 //! directory or GGUF), on the same weights: a random prompt, then greedy
 //! steps driven by the CPU's choices, comparing logits at every step. For
-//! checkouts of real models on real GPUs (scripts/device/llm.sh); the tests
+//! checkouts of real models on real GPUs (scripts/device/llm_peer.sh); the tests
 //! do the same on small models.
 //!
 //!     cargo run --release --example llm_gpu_check -- MODEL [--type q4_0] [--prompt 16] [--steps 8]

@@ -4,6 +4,12 @@
 # target/release (tool wrappers around lfm), collects model chunks in
 # /tmp/lfm-stash across calls (a warm machine keeps /tmp), and unpacks each
 # model whose chunks are all there into samples/models.
+# .gl holds the Debian packages libvulkan1, libglvnd0, libegl1, libgl1,
+# libglx0, libgles2 and libopengl0 (the NVIDIA Vulkan driver there needs the
+# GL dispatch libraries too); the commands after this script also need
+#   export VK_DRIVER_FILES=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json
+# or wgpu finds no adapter. Write results under /tmp and tar them into $OUT:
+# only a few files come back from $OUT, and it is emptied before each call.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 for f in .gl/*.deb; do dpkg -x "$f" /; done
