@@ -143,7 +143,10 @@ impl Activation {
 
 /// In-place softmax over each row of `x` ([rows, n]), max-subtracted.
 pub fn softmax_rows(x: &mut [f32], n: usize) {
-    assert!(n > 0 && x.len() % n == 0, "softmax_rows: shape mismatch");
+    assert!(
+        n > 0 && x.len().is_multiple_of(n),
+        "softmax_rows: shape mismatch"
+    );
     for row in x.chunks_exact_mut(n) {
         let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
         let mut sum = 0.0;

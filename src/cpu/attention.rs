@@ -55,7 +55,7 @@ impl AttentionShape {
     /// Checks the invariants shared by the CPU and GPU versions.
     pub fn check(&self, seqs: &[SeqSpan], rows: usize) {
         assert!(
-            self.heads > 0 && self.kv_heads > 0 && self.heads % self.kv_heads == 0,
+            self.heads > 0 && self.kv_heads > 0 && self.heads.is_multiple_of(self.kv_heads),
             "attention: {} heads not a multiple of {} kv heads",
             self.heads,
             self.kv_heads

@@ -93,8 +93,8 @@ impl Conv2d {
     /// Checks that the sizes describe a convolution with a non-empty output.
     pub fn check(&self) -> Result<(), String> {
         let ok = self.groups > 0
-            && self.c_in % self.groups == 0
-            && self.c_out % self.groups == 0
+            && self.c_in.is_multiple_of(self.groups)
+            && self.c_out.is_multiple_of(self.groups)
             && self.kh > 0
             && self.kw > 0
             && self.stride.iter().all(|&s| s > 0)

@@ -46,7 +46,7 @@ pub fn conv1d(
 ) {
     let t_out = s.t_out(t_in);
     assert!(
-        s.groups > 0 && s.c_in % s.groups == 0 && s.c_out % s.groups == 0,
+        s.groups > 0 && s.c_in.is_multiple_of(s.groups) && s.c_out.is_multiple_of(s.groups),
         "conv1d: groups"
     );
     let cin_g = s.c_in / s.groups;

@@ -4,7 +4,7 @@
 pub fn rms_norm(x: &[f32], w: &[f32], eps: f32, y: &mut [f32]) {
     let n = w.len();
     assert!(
-        n > 0 && x.len() % n == 0 && x.len() == y.len(),
+        n > 0 && x.len().is_multiple_of(n) && x.len() == y.len(),
         "rms_norm: shape mismatch"
     );
     for (xr, yr) in x.chunks_exact(n).zip(y.chunks_exact_mut(n)) {
@@ -21,7 +21,7 @@ pub fn rms_norm(x: &[f32], w: &[f32], eps: f32, y: &mut [f32]) {
 pub fn layer_norm(x: &[f32], w: &[f32], b: &[f32], eps: f32, y: &mut [f32]) {
     let n = w.len();
     assert!(
-        n > 0 && b.len() == n && x.len() % n == 0 && x.len() == y.len(),
+        n > 0 && b.len() == n && x.len().is_multiple_of(n) && x.len() == y.len(),
         "layer_norm: shape mismatch"
     );
     for (xr, yr) in x.chunks_exact(n).zip(y.chunks_exact_mut(n)) {

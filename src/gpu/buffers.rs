@@ -13,7 +13,7 @@ impl Gpu {
     pub fn upload(&self, label: &str, bytes: &[u8]) -> Result<wgpu::Buffer> {
         self.check_size(label, bytes.len() as u64)?;
         let scope = self.device.push_error_scope(wgpu::ErrorFilter::OutOfMemory);
-        let buf = if bytes.len() % 4 == 0 && !bytes.is_empty() {
+        let buf = if bytes.len().is_multiple_of(4) && !bytes.is_empty() {
             self.device
                 .create_buffer_init(&wgpu::util::BufferInitDescriptor {
                     label: Some(label),

@@ -109,7 +109,7 @@ impl BertConfig {
             type_vocab_size: size("type_vocab_size", Some(DEFAULT_TYPE_VOCAB_SIZE))?,
             layer_norm_eps,
         };
-        if c.hidden_size % c.num_attention_heads != 0 {
+        if !c.hidden_size.is_multiple_of(c.num_attention_heads) {
             return Err(Error::format(
                 path,
                 format!(

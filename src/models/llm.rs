@@ -71,13 +71,13 @@ impl LlmConfig {
         {
             return bad(format!("zero size in config: {self:?}"));
         }
-        if self.heads % self.kv_heads != 0 {
+        if !self.heads.is_multiple_of(self.kv_heads) {
             return bad(format!(
                 "{} heads is not a multiple of {} kv heads",
                 self.heads, self.kv_heads
             ));
         }
-        if self.rope_dim > self.head_dim || self.rope_dim % 2 != 0 {
+        if self.rope_dim > self.head_dim || !self.rope_dim.is_multiple_of(2) {
             return bad(format!(
                 "rope dimension {} does not fit head dimension {}",
                 self.rope_dim, self.head_dim

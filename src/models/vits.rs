@@ -850,7 +850,7 @@ impl Generator {
     fn load(l: &Loader) -> Result<Generator> {
         let n_ups = l.count("dec.ups.", ".weight", 0, 1);
         let n_blocks = l.count("dec.resblocks.", ".convs.0.weight", 0, 1);
-        if n_ups == 0 || n_blocks == 0 || n_blocks % n_ups != 0 {
+        if n_ups == 0 || n_blocks == 0 || !n_blocks.is_multiple_of(n_ups) {
             return Err(Error::format(
                 l.path,
                 "dec.ups / dec.resblocks are missing or uneven",

@@ -54,7 +54,7 @@ impl<'a> RowDot<'a> {
     /// Prepares for rows of `dtype` dotted with `x`.
     pub fn new(dtype: GgmlType, x: &'a [f32]) -> Self {
         let g = sum_group(dtype);
-        let sums = if g > 0 && x.len() % g == 0 {
+        let sums = if g > 0 && x.len().is_multiple_of(g) {
             x.chunks_exact(g).map(|c| c.iter().sum()).collect()
         } else {
             Vec::new()
@@ -248,7 +248,7 @@ unsafe fn dot_tile_avx2_fma(x: &[f32], w: &[f32], k: usize, out: &mut [f32]) {
 pub fn dot_tile(x: &[f32], w: &[f32], k: usize, out: &mut [f32]) {
     static KERNEL: std::sync::OnceLock<TileKernel> = std::sync::OnceLock::new();
     assert!(
-        k > 0 && x.len() % k == 0 && w.len() % k == 0,
+        k > 0 && x.len().is_multiple_of(k) && w.len().is_multiple_of(k),
         "dot_tile: rows of {k}"
     );
     assert_eq!(

@@ -168,7 +168,7 @@ impl GgmlType {
     /// Bytes in a row of `n` elements; `None` when `n` is not a multiple of
     /// the block size (or the size overflows).
     pub fn row_bytes(self, n: usize) -> Option<usize> {
-        if n % self.block_size() != 0 {
+        if !n.is_multiple_of(self.block_size()) {
             return None;
         }
         (n / self.block_size()).checked_mul(self.block_bytes())

@@ -57,7 +57,7 @@ pub fn role(name: &str, shape: &[usize]) -> Role {
 /// The type a row of `row_len` elements gets when `target` is asked for:
 /// `target` itself when the row is whole blocks, else llama.cpp's fallback.
 pub fn fallback(target: GgmlType, row_len: usize) -> GgmlType {
-    let fits = |t: GgmlType| row_len % t.block_size() == 0;
+    let fits = |t: GgmlType| row_len.is_multiple_of(t.block_size());
     if fits(target) {
         return target;
     }

@@ -699,7 +699,7 @@ impl<'a> Lowering<'a> {
                 Some(_) => node.ints("split")?.to_vec(),
                 None => {
                     let n = node.outputs.len().max(1);
-                    if xs[axis] % n != 0 {
+                    if !xs[axis].is_multiple_of(n) {
                         return Err(
                             node.error(format_args!("{} does not split into {n}", xs[axis]))
                         );
@@ -755,7 +755,7 @@ impl<'a> Lowering<'a> {
         }
         let known: usize = shape.iter().product();
         if let Some(k) = infer {
-            if known == 0 || total % known != 0 {
+            if known == 0 || !total.is_multiple_of(known) {
                 return Err(node.error(format_args!("cannot reshape {xs:?} to {target:?}")));
             }
             shape[k] = total / known;

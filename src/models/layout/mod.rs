@@ -86,7 +86,7 @@ impl LayoutModel {
             .map(|&v| graph.values[v].shape.as_slice())
             .collect();
         let n = outs.len() / 2;
-        if outs.len() % 2 != 0 || n == 0 || n > STRIDES.len() {
+        if !outs.len().is_multiple_of(2) || n == 0 || n > STRIDES.len() {
             return Err(bad(format!(
                 "{} outputs, expected 2 per level for 1 to 4 levels",
                 outs.len()

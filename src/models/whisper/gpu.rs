@@ -103,7 +103,7 @@ pub fn attention_tiled(
         "attention_tiled: bidirectional, one kv head per head"
     );
     assert!(
-        shape.head_dim % 4 == 0 && shape.head_dim <= ATTENTION_TILED_MAX_HEAD_DIM,
+        shape.head_dim.is_multiple_of(4) && shape.head_dim <= ATTENTION_TILED_MAX_HEAD_DIM,
         "attention_tiled: head_dim {} must be a multiple of 4 up to {ATTENTION_TILED_MAX_HEAD_DIM}",
         shape.head_dim
     );

@@ -94,8 +94,8 @@ impl Config {
             && enc_pos[1] == d
             && emb[1] == d
             && dec_pos[1] == d
-            && d % c.n_audio_heads == 0
-            && d % c.n_text_heads == 0
+            && d.is_multiple_of(c.n_audio_heads)
+            && d.is_multiple_of(c.n_text_heads)
             && c.n_audio_layers > 0
             && c.n_text_layers > 0;
         if !ok {
