@@ -18,6 +18,9 @@
 // same time, which the caches serve as broadcasts.
 // HEAD_DIM is an override constant (pipeline specialisation) so the loops over
 // it have a fixed length and the arrays stay in registers.
+// An invocation runs ~kv_len * (2 * HEAD_DIM + 6) loop iterations, which on
+// lavapipe must stay under its 65535 per invocation (gpu::SOFTWARE_LOOP_LIMIT;
+// gpu::dense::attention refuses longer inputs there).
 
 struct Params {
     rows: u32, n_seqs: u32, heads: u32, kv_heads: u32,

@@ -64,3 +64,9 @@ fn kernels_match_cpu() {
         }
     }
 }
+
+#[test]
+fn long_attention_is_refused_on_software_adapters_and_right_elsewhere() {
+    let Some(gpu) = parity::gpu() else { return };
+    parity::dense::long_attention_is_refused_on_software_adapters_and_right_elsewhere(gpu);
+}

@@ -136,7 +136,7 @@ impl DeviceChoice {
         match self {
             DeviceChoice::Cpu => Ok(Device::Cpu),
             DeviceChoice::Gpu(opts) => match Gpu::new(opts) {
-                Ok(gpu) if !opts.is_explicit() && gpu.info.device_type == wgpu::DeviceType::Cpu => {
+                Ok(gpu) if !opts.is_explicit() && gpu.is_software() => {
                     eprintln!(
                         "only a software GPU ({}) found; running on the CPU (--gpu uses it anyway)",
                         gpu.info.name

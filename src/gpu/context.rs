@@ -63,6 +63,13 @@ pub struct Capabilities {
 
 type PipelineKey = (&'static str, String);
 
+/// Loop iterations one shader invocation may run on Mesa's llvmpipe
+/// (lavapipe), all its loops together: past it gallivm ends every loop
+/// silently (`LP_MAX_TGSI_LOOP_ITERATIONS`), so the results are wrong.
+/// Kernels whose loop counts grow with the input check against it on
+/// software adapters.
+pub const SOFTWARE_LOOP_LIMIT: usize = 65535;
+
 pub struct Gpu {
     pub device: wgpu::Device,
     pub queue: wgpu::Queue,
@@ -165,6 +172,11 @@ impl Gpu {
             layouts: Mutex::new(HashMap::new()),
             pipelines: Mutex::new(HashMap::new()),
         })
+    }
+
+    /// A software rasteriser (lavapipe, SwiftShader) rather than a GPU.
+    pub fn is_software(&self) -> bool {
+        self.info.device_type == wgpu::DeviceType::Cpu
     }
 
     /// One line for stderr: adapter, backend, driver and the features in use.

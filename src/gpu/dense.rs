@@ -6,7 +6,7 @@
 
 use super::kernels::{Binding, Kernel, Variant};
 use super::ops::{groups_1d, Dispatch};
-use super::Gpu;
+use super::{Gpu, SOFTWARE_LOOP_LIMIT};
 use crate::cpu::{Activation, AttentionShape, SeqSpan};
 use crate::error::{Error, Result};
 use crate::kernel;
@@ -286,6 +286,18 @@ pub fn attention(
         return Err(Error::gpu(format!(
             "attention over {rows} rows and {} heads cannot be dispatched",
             shape.heads
+        )));
+    }
+    // Each invocation walks its keys with two loops over the head per key.
+    let longest = seqs.iter().map(|s| s.kv_len).max().unwrap_or(0);
+    let loops = longest * (2 * shape.head_dim + 6) + 2 * shape.head_dim + 64;
+    if gpu.is_software() && loops > SOFTWARE_LOOP_LIMIT {
+        return Err(Error::gpu(format!(
+            "attention over {longest} keys of head size {} needs ~{loops} loop iterations per \
+             invocation, more than the {SOFTWARE_LOOP_LIMIT} a software Vulkan driver \
+             ({}) runs before it silently cuts loops short; use the CPU path (--cpu) or a \
+             hardware GPU",
+            shape.head_dim, gpu.info.name
         )));
     }
     let params = AttentionParams {

@@ -14,5 +14,5 @@ pub mod preprocess;
 pub mod speech;
 pub mod vision;
 
-pub use context::{Backend, Gpu, GpuOptions};
+pub use context::{Backend, Gpu, GpuOptions, SOFTWARE_LOOP_LIMIT};
 pub use kernels::{Access, Kernel, Variant};

@@ -330,3 +330,59 @@ fn attention(gpu: &Gpu, _v: &Variant) {
         );
     }
 }
+
+/// Attention longer than a software driver's loop budget
+/// (`gpu::SOFTWARE_LOOP_LIMIT`: lavapipe would cut the key loop short and
+/// return NaNs): refused there with an error naming the limit, computed like
+/// the CPU elsewhere.
+pub fn long_attention_is_refused_on_software_adapters_and_right_elsewhere(gpu: &Gpu) {
+    let (heads, hd, kv_len) = (2, 64, 600);
+    let seqs = [SeqSpan {
+        q_start: 0,
+        q_len: 2,
+        kv_start: 0,
+        kv_len,
+    }];
+    let shape = AttentionShape {
+        heads,
+        kv_heads: heads,
+        head_dim: hd,
+        scale: 1.0 / (hd as f32).sqrt(),
+        causal: false,
+        q_stride: heads * hd,
+        k_stride: heads * hd,
+        v_stride: heads * hd,
+        q_col: 0,
+        k_col: 0,
+        v_col: 0,
+    };
+    let mut rng = Rng::new(7);
+    let q = rng.vec(2 * heads * hd, -2.0, 2.0);
+    let k = rng.vec(kv_len * heads * hd, -2.0, 2.0);
+    let v = rng.vec(kv_len * heads * hd, -2.0, 2.0);
+    let (gq, gk, gv) = (
+        gpu.upload_f32("q", &q).unwrap(),
+        gpu.upload_f32("k", &k).unwrap(),
+        gpu.upload_f32("v", &v).unwrap(),
+    );
+    let gs = gpu.upload_u32("seqs", &dense::pack_seqs(&seqs)).unwrap();
+    let gout = gpu.poisoned_f32("out", 2 * heads * hd).unwrap();
+    let result = dense::attention(gpu, &gq, &gk, &gv, &gs, &seqs, &shape, &gout);
+    if gpu.is_software() {
+        let err = result
+            .err()
+            .expect("a software adapter must refuse 600 keys")
+            .to_string();
+        assert!(err.contains("65535") && err.contains("--cpu"), "{err}");
+        return;
+    }
+    gpu.run_all(&[&result.unwrap()]).unwrap();
+    let mut want = vec![0.0; 2 * heads * hd];
+    cpu::attention(&q, &k, &v, &seqs, &shape, &mut want);
+    assert_close(
+        "attention over 600 keys",
+        &gpu.read_f32(&gout).unwrap(),
+        &want,
+        1e-10,
+    );
+}
