@@ -166,7 +166,7 @@ fn tile_variants() -> Vec<TileKernel> {
     {
         fn avx2_fma(x: &[f32], w: &[f32], k: usize, out: &mut [f32]) {
             // SAFETY: listed only when the CPU reports AVX2 and FMA.
-            unsafe { dot_tile_avx2_fma(x, w, k, out) }
+            unsafe { avx2::dot_tile(x, w, k, out) }
         }
         if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma")
         {
@@ -174,70 +174,6 @@ fn tile_variants() -> Vec<TileKernel> {
         }
     }
     v
-}
-
-/// `dot_tile_body` with 256-bit fused multiply-adds written out: the
-/// compiler keeps the portable body's 8-lane sums in 128-bit registers even
-/// with AVX2 enabled, at about half this speed.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma")]
-unsafe fn dot_tile_avx2_fma(x: &[f32], w: &[f32], k: usize, out: &mut [f32]) {
-    use std::arch::x86_64::*;
-    #[inline(always)]
-    unsafe fn hsum(v: __m256) -> f32 {
-        let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-        let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-        _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)))
-    }
-    let m = x.len() / k;
-    let nr = w.len() / k;
-    let full = k - k % 8;
-    let tail = |xr: &[f32], wr: &[f32]| -> f32 {
-        let mut s = 0.0f32;
-        for j in full..k {
-            s += xr[j] * wr[j];
-        }
-        s
-    };
-    for (i, xr) in x.chunks_exact(k).enumerate() {
-        let xp = xr.as_ptr();
-        let mut t = 0;
-        while t + 4 <= nr {
-            let wr = |r: usize| &w[(t + r) * k..(t + r + 1) * k];
-            let rows = [wr(0), wr(1), wr(2), wr(3)];
-            let mut acc = [_mm256_setzero_ps(); 4];
-            let mut j = 0;
-            while j < full {
-                // SAFETY: j + 8 <= full <= k, the length of xr and of each row.
-                let xv = unsafe { _mm256_loadu_ps(xp.add(j)) };
-                for (a, row) in acc.iter_mut().zip(rows) {
-                    *a = _mm256_fmadd_ps(xv, unsafe { _mm256_loadu_ps(row.as_ptr().add(j)) }, *a);
-                }
-                j += 8;
-            }
-            for (r, (a, row)) in acc.into_iter().zip(rows).enumerate() {
-                out[(t + r) * m + i] = hsum(a) + tail(xr, row);
-            }
-            t += 4;
-        }
-        for t in t..nr {
-            let row = &w[t * k..(t + 1) * k];
-            let mut a = _mm256_setzero_ps();
-            let mut j = 0;
-            while j < full {
-                // SAFETY: as above.
-                a = unsafe {
-                    _mm256_fmadd_ps(
-                        _mm256_loadu_ps(xp.add(j)),
-                        _mm256_loadu_ps(row.as_ptr().add(j)),
-                        a,
-                    )
-                };
-                j += 8;
-            }
-            out[t * m + i] = hsum(a) + tail(xr, row);
-        }
-    }
 }
 
 /// Every dot product of a row of `x` (`[m, k]`) with a row of `w`
@@ -572,67 +508,76 @@ fn q3_k(blocks: &[BlockQ3K], x: &[f32], sums: &[f32]) -> f32 {
     sum_lanes(&acc) - 4.0 * offset
 }
 
-/// Per 32-element sub-block j: sum (d sc_j q - dmin m_j) x.
+/// The fields of a Q4_K or Q5_K super-block: sub-blocks `2k` and `2k + 1`
+/// are the low and high nibbles of `qs[32k..32k + 32]`, plus (Q5_K) bits `2k`
+/// and `2k + 1` of `qh` as bit 4.
+struct KBlock<'a> {
+    d: f32,
+    dmin: f32,
+    scales: &'a [u8; 12],
+    qs: &'a [u8; QK_K / 2],
+    qh: Option<&'a [u8; QK_K / 8]>,
+}
+
+impl<'a> KBlock<'a> {
+    #[inline(always)]
+    fn q4_k(b: &'a BlockQ4K) -> Self {
+        KBlock {
+            d: f16_to_f32(b.d),
+            dmin: f16_to_f32(b.dmin),
+            scales: &b.scales,
+            qs: &b.qs,
+            qh: None,
+        }
+    }
+
+    #[inline(always)]
+    fn q5_k(b: &'a BlockQ5K) -> Self {
+        KBlock {
+            d: f16_to_f32(b.d),
+            dmin: f16_to_f32(b.dmin),
+            scales: &b.scales,
+            qs: &b.qs,
+            qh: Some(&b.qh),
+        }
+    }
+}
+
+/// Per 32-element sub-block j: sum (d sc_j q - dmin m_j) x, over the
+/// super-blocks `blocks` yields.
 #[inline(always)]
-fn q4_k(blocks: &[BlockQ4K], x: &[f32], sums: &[f32]) -> f32 {
+fn k_quant<'a>(blocks: impl Iterator<Item = KBlock<'a>>, x: &[f32], sums: &[f32]) -> f32 {
     let mut acc = [0.0f32; 32];
     let mut offset = 0.0f32;
-    for ((b, xs), ss) in blocks
-        .iter()
-        .zip(x.chunks_exact(QK_K))
-        .zip(sums.chunks_exact(8))
-    {
-        let d = f16_to_f32(b.d);
-        let dmin = f16_to_f32(b.dmin);
+    for ((b, xs), ss) in blocks.zip(x.chunks_exact(QK_K)).zip(sums.chunks_exact(8)) {
         for k in 0..4 {
-            let (sc1, m1) = get_scale_min_k4(2 * k, &b.scales);
-            let (sc2, m2) = get_scale_min_k4(2 * k + 1, &b.scales);
-            let (d1, d2) = (d * sc1 as f32, d * sc2 as f32);
+            let (sc1, m1) = get_scale_min_k4(2 * k, b.scales);
+            let (sc2, m2) = get_scale_min_k4(2 * k + 1, b.scales);
+            let (d1, d2) = (b.d * sc1 as f32, b.d * sc2 as f32);
             let q = &b.qs[32 * k..32 * k + 32];
+            let high = |l: usize, bit: usize| b.qh.map_or(0, |h| ((h[l] >> bit) & 1) << 4);
             let lo = block32(&xs[64 * k..64 * k + 32]);
             let hi = block32(&xs[64 * k + 32..64 * k + 64]);
             for l in 0..32 {
-                acc[l] += d1 * ((q[l] & 0x0F) as f32 * lo[l]);
+                acc[l] += d1 * (((q[l] & 0x0F) | high(l, 2 * k)) as f32 * lo[l]);
             }
             for l in 0..32 {
-                acc[l] += d2 * ((q[l] >> 4) as f32 * hi[l]);
+                acc[l] += d2 * (((q[l] >> 4) | high(l, 2 * k + 1)) as f32 * hi[l]);
             }
-            offset += dmin * (m1 as f32 * ss[2 * k] + m2 as f32 * ss[2 * k + 1]);
+            offset += b.dmin * (m1 as f32 * ss[2 * k] + m2 as f32 * ss[2 * k + 1]);
         }
     }
     sum_lanes(&acc) - offset
 }
 
 #[inline(always)]
+fn q4_k(blocks: &[BlockQ4K], x: &[f32], sums: &[f32]) -> f32 {
+    k_quant(blocks.iter().map(KBlock::q4_k), x, sums)
+}
+
+#[inline(always)]
 fn q5_k(blocks: &[BlockQ5K], x: &[f32], sums: &[f32]) -> f32 {
-    let mut acc = [0.0f32; 32];
-    let mut offset = 0.0f32;
-    for ((b, xs), ss) in blocks
-        .iter()
-        .zip(x.chunks_exact(QK_K))
-        .zip(sums.chunks_exact(8))
-    {
-        let d = f16_to_f32(b.d);
-        let dmin = f16_to_f32(b.dmin);
-        for k in 0..4 {
-            let (sc1, m1) = get_scale_min_k4(2 * k, &b.scales);
-            let (sc2, m2) = get_scale_min_k4(2 * k + 1, &b.scales);
-            let (d1, d2) = (d * sc1 as f32, d * sc2 as f32);
-            let q = &b.qs[32 * k..32 * k + 32];
-            let lo = block32(&xs[64 * k..64 * k + 32]);
-            let hi = block32(&xs[64 * k + 32..64 * k + 64]);
-            for l in 0..32 {
-                let h = ((b.qh[l] >> (2 * k)) & 1) << 4;
-                acc[l] += d1 * (((q[l] & 0x0F) | h) as f32 * lo[l]);
-            }
-            for l in 0..32 {
-                let h = ((b.qh[l] >> (2 * k + 1)) & 1) << 4;
-                acc[l] += d2 * (((q[l] >> 4) | h) as f32 * hi[l]);
-            }
-            offset += dmin * (m1 as f32 * ss[2 * k] + m2 as f32 * ss[2 * k + 1]);
-        }
-    }
-    sum_lanes(&acc) - offset
+    k_quant(blocks.iter().map(KBlock::q5_k), x, sums)
 }
 
 /// Per 16-element group g: sum d sc_g (q - 32) x.

@@ -9,7 +9,7 @@
 //! has AVX2 and FMA, and that `row` holds whole blocks for `x.len()` values
 //! and `sums` the sums that `RowDot::new` computes for the type.
 
-use super::{f16_to_f32, q5_levels};
+use super::{f16_to_f32, q5_levels, KBlock};
 use crate::quant::{
     q4_0::BlockQ4_0, q4_1::BlockQ4_1, q4_k::BlockQ4K, q5_0::BlockQ5_0, q5_1::BlockQ5_1,
     q5_k::BlockQ5K, q6_k::BlockQ6K, q8_0::BlockQ8_0, util::get_scale_min_k4, QK_K,
@@ -149,15 +149,6 @@ unsafe fn high_bits(v: __m256i, shift: i32, mask: __m256i) -> __m256i {
     _mm256_slli_epi16(_mm256_and_si256(b, mask), 4)
 }
 
-/// The fields of a Q4_K or Q5_K super-block.
-struct KBlock<'a> {
-    d: f32,
-    dmin: f32,
-    scales: &'a [u8; 12],
-    qs: &'a [u8; QK_K / 2],
-    qh: Option<&'a [u8; QK_K / 8]>,
-}
-
 /// Q4_K and Q5_K: sub-blocks `2k` and `2k + 1` of a super-block are the low
 /// and high nibbles of the 32 bytes `qs[32k..]`, plus (Q5_K) bits `2k` and
 /// `2k + 1` of `qh` as bit 4. Adds the level sums to `acc`, returns the min
@@ -191,48 +182,32 @@ unsafe fn k_quant(b: KBlock, xs: &[f32], ss: &[f32], acc: &mut __m256) -> f32 {
     offset
 }
 
+/// Q4_K and Q5_K rows: the super-blocks `blocks` yields, through [`k_quant`].
+#[inline]
 #[target_feature(enable = "avx2,fma")]
-pub(super) unsafe fn q4_k(row: &[u8], x: &[f32], sums: &[f32]) -> f32 {
-    let blocks: &[BlockQ4K] = bytemuck::cast_slice(row);
+unsafe fn k_quant_row<'a>(
+    blocks: impl Iterator<Item = KBlock<'a>>,
+    x: &[f32],
+    sums: &[f32],
+) -> f32 {
     let mut acc = _mm256_setzero_ps();
     let mut offset = 0.0f32;
-    for ((b, xs), ss) in blocks
-        .iter()
-        .zip(x.chunks_exact(QK_K))
-        .zip(sums.chunks_exact(8))
-    {
-        let kb = KBlock {
-            d: f16_to_f32(b.d),
-            dmin: f16_to_f32(b.dmin),
-            scales: &b.scales,
-            qs: &b.qs,
-            qh: None,
-        };
-        offset += k_quant(kb, xs, ss, &mut acc);
+    for ((b, xs), ss) in blocks.zip(x.chunks_exact(QK_K)).zip(sums.chunks_exact(8)) {
+        offset += k_quant(b, xs, ss, &mut acc);
     }
     hsum(acc) - offset
 }
 
 #[target_feature(enable = "avx2,fma")]
+pub(super) unsafe fn q4_k(row: &[u8], x: &[f32], sums: &[f32]) -> f32 {
+    let blocks: &[BlockQ4K] = bytemuck::cast_slice(row);
+    k_quant_row(blocks.iter().map(KBlock::q4_k), x, sums)
+}
+
+#[target_feature(enable = "avx2,fma")]
 pub(super) unsafe fn q5_k(row: &[u8], x: &[f32], sums: &[f32]) -> f32 {
     let blocks: &[BlockQ5K] = bytemuck::cast_slice(row);
-    let mut acc = _mm256_setzero_ps();
-    let mut offset = 0.0f32;
-    for ((b, xs), ss) in blocks
-        .iter()
-        .zip(x.chunks_exact(QK_K))
-        .zip(sums.chunks_exact(8))
-    {
-        let kb = KBlock {
-            d: f16_to_f32(b.d),
-            dmin: f16_to_f32(b.dmin),
-            scales: &b.scales,
-            qs: &b.qs,
-            qh: Some(&b.qh),
-        };
-        offset += k_quant(kb, xs, ss, &mut acc);
-    }
-    hsum(acc) - offset
+    k_quant_row(blocks.iter().map(KBlock::q5_k), x, sums)
 }
 
 /// Q6_K: per half of 128, four runs of 32 levels (`ql` nibbles with two
@@ -286,4 +261,60 @@ pub(super) unsafe fn q6_k(row: &[u8], x: &[f32], sums: &[f32]) -> f32 {
         }
     }
     hsum(acc) - 32.0 * offset
+}
+
+/// `super::dot_tile_body` with 256-bit fused multiply-adds written out: the
+/// compiler keeps the portable body's 8-lane sums in 128-bit registers even
+/// with AVX2 enabled, at about half this speed.
+#[target_feature(enable = "avx2,fma")]
+pub(super) unsafe fn dot_tile(x: &[f32], w: &[f32], k: usize, out: &mut [f32]) {
+    let m = x.len() / k;
+    let nr = w.len() / k;
+    let full = k - k % 8;
+    let tail = |xr: &[f32], wr: &[f32]| -> f32 {
+        let mut s = 0.0f32;
+        for j in full..k {
+            s += xr[j] * wr[j];
+        }
+        s
+    };
+    for (i, xr) in x.chunks_exact(k).enumerate() {
+        let xp = xr.as_ptr();
+        let mut t = 0;
+        while t + 4 <= nr {
+            let wr = |r: usize| &w[(t + r) * k..(t + r + 1) * k];
+            let rows = [wr(0), wr(1), wr(2), wr(3)];
+            let mut acc = [_mm256_setzero_ps(); 4];
+            let mut j = 0;
+            while j < full {
+                // SAFETY: j + 8 <= full <= k, the length of xr and of each row.
+                let xv = unsafe { _mm256_loadu_ps(xp.add(j)) };
+                for (a, row) in acc.iter_mut().zip(rows) {
+                    *a = _mm256_fmadd_ps(xv, unsafe { _mm256_loadu_ps(row.as_ptr().add(j)) }, *a);
+                }
+                j += 8;
+            }
+            for (r, (a, row)) in acc.into_iter().zip(rows).enumerate() {
+                out[(t + r) * m + i] = hsum(a) + tail(xr, row);
+            }
+            t += 4;
+        }
+        for t in t..nr {
+            let row = &w[t * k..(t + 1) * k];
+            let mut a = _mm256_setzero_ps();
+            let mut j = 0;
+            while j < full {
+                // SAFETY: as above.
+                a = unsafe {
+                    _mm256_fmadd_ps(
+                        _mm256_loadu_ps(xp.add(j)),
+                        _mm256_loadu_ps(row.as_ptr().add(j)),
+                        a,
+                    )
+                };
+                j += 8;
+            }
+            out[t * m + i] = hsum(a) + tail(xr, row);
+        }
+    }
 }
