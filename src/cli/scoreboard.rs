@@ -4,6 +4,7 @@
 //! memory-bandwidth roofline each number reaches.
 
 use crate::cli::DeviceChoice;
+use crate::gpu::profile::DecodeProfile;
 use crate::gpu::{Backend, GpuOptions};
 use crate::models::{self, LoadOptions};
 use crate::quant::GgmlType;
@@ -84,6 +85,11 @@ pub struct Args {
     /// Seed for the random token ids.
     #[arg(long, default_value_t = 1234)]
     pub seed: u64,
+
+    /// Also profile this many decode steps of each gpu arm at each depth:
+    /// device time per kernel (timestamp queries) and host time per step.
+    #[arg(long, value_name = "STEPS")]
+    pub profile: Option<usize>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, Serialize)]
@@ -129,6 +135,16 @@ struct Report {
     host_copy_bandwidth_gb_s: f64,
     command: String,
     rows: Vec<Row>,
+    profiles: Vec<Profile>,
+}
+
+/// Where a gpu arm's decode step spends its time.
+#[derive(Serialize)]
+struct Profile {
+    model: String,
+    format: String,
+    depth: usize,
+    profile: DecodeProfile,
 }
 
 pub fn run(args: Args) -> anyhow::Result<()> {
@@ -184,7 +200,11 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     }
     let host_bw = bench::host_copy_bandwidth();
 
+    if args.profile == Some(0) {
+        bail!("--profile needs at least 1 step");
+    }
     let mut rows = Vec::new();
+    let mut profiles = Vec::new();
     for model in &models {
         for &ty in &types {
             for &arm in &args.backends {
@@ -248,6 +268,24 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                             samples: m.samples,
                         });
                     }
+                    if let (Some(steps), Arm::Gpu) = (args.profile, arm) {
+                        let model_ref = loaded.model.as_mut();
+                        model_ref.reset();
+                        let mut rng = crate::util::rng::Rng::new(args.seed);
+                        let mut id = || (rng.next_u64() % cfg.vocab as u64) as u32;
+                        if depth > 0 {
+                            let ids: Vec<u32> = (0..depth).map(|_| id()).collect();
+                            model_ref.forward(&ids, false)?;
+                        }
+                        let profile = model_ref.profile_decode(id(), steps)?;
+                        eprintln!("{}", profile.table());
+                        profiles.push(Profile {
+                            model: display_name(model),
+                            format: loaded.weight_format().to_string(),
+                            depth,
+                            profile,
+                        });
+                    }
                 }
             }
         }
@@ -275,6 +313,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         host_copy_bandwidth_gb_s: host_bw / 1e9,
         command: std::env::args().collect::<Vec<_>>().join(" "),
         rows,
+        profiles,
     };
     let text = match args.output {
         Output::Md => markdown(&report),
@@ -400,6 +439,15 @@ fn markdown(rep: &Report) -> String {
             r.ratio_vs_peer
                 .map(|x| format!("{x:.2}x"))
                 .unwrap_or_else(|| "-".into()),
+        ));
+    }
+    for p in &rep.profiles {
+        s.push_str(&format!(
+            "\n#### decode profile: {} {} gpu, depth {}\n\n{}",
+            p.model,
+            p.format,
+            p.depth,
+            p.profile.table()
         ));
     }
     s

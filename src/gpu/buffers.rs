@@ -111,6 +111,12 @@ impl Gpu {
         len: u64,
     ) -> Result<Vec<u8>> {
         self.queue.submit([enc.finish()]);
+        self.read_staging(staging, len)
+    }
+
+    /// The first `len` bytes of `staging` once the device has finished the
+    /// submissions that write it.
+    pub fn read_staging(&self, staging: &wgpu::Buffer, len: u64) -> Result<Vec<u8>> {
         let (tx, rx) = std::sync::mpsc::channel();
         staging.map_async(wgpu::MapMode::Read, ..len, move |r| {
             let _ = tx.send(r);

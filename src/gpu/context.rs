@@ -59,6 +59,8 @@ pub struct Capabilities {
     pub max_workgroup_storage: u32,
     pub max_invocations: u32,
     pub max_storage_buffers: u32,
+    /// Timestamp queries inside compute passes ([`super::profile`]).
+    pub timestamps: bool,
 }
 
 type PipelineKey = (&'static str, String);
@@ -143,6 +145,12 @@ impl Gpu {
         if f16 {
             required |= wgpu::Features::SHADER_F16;
         }
+        let timing =
+            wgpu::Features::TIMESTAMP_QUERY | wgpu::Features::TIMESTAMP_QUERY_INSIDE_PASSES;
+        let timestamps = feats.contains(timing);
+        if timestamps {
+            required |= timing;
+        }
         // Ask for everything the adapter can give: large models need the full
         // binding and buffer sizes.
         let (device, queue) = pollster::block_on(adapter.request_device(&wgpu::DeviceDescriptor {
@@ -163,6 +171,7 @@ impl Gpu {
             max_workgroup_storage: limits.max_compute_workgroup_storage_size,
             max_invocations: limits.max_compute_invocations_per_workgroup,
             max_storage_buffers: limits.max_storage_buffers_per_shader_stage,
+            timestamps,
         };
         Ok(Gpu {
             device,
@@ -274,7 +283,10 @@ impl Gpu {
                 k.name, key.1
             )));
         }
-        let source = preprocess(k.source, &variant.defines)
+        let text = k
+            .wgsl()
+            .map_err(|e| Error::gpu(format!("kernel {}: {e}", k.name)))?;
+        let source = preprocess(&text, &variant.defines)
             .map_err(|e| Error::gpu(format!("kernel {}: {e}", k.name)))?;
         let layout = self.layout(k);
         let scope = self.device.push_error_scope(wgpu::ErrorFilter::Validation);

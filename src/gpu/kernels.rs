@@ -41,6 +41,8 @@ pub struct Kernel {
     /// Same name as the CPU twin in `crate::cpu` and the parity case.
     pub name: &'static str,
     pub source: &'static str,
+    /// The files under `shaders/` that `source` concatenates, in order.
+    pub files: &'static [&'static str],
     pub entry: &'static str,
     pub bindings: &'static [Binding],
     pub params_size: usize,
@@ -50,6 +52,26 @@ pub struct Kernel {
 }
 
 impl Kernel {
+    /// The WGSL source: the built-in copy, or, when `LFM_SHADER_DIR` names a
+    /// folder, the same files read from there at pipeline creation (for
+    /// trying kernel changes without rebuilding).
+    pub fn wgsl(&self) -> std::io::Result<std::borrow::Cow<'static, str>> {
+        let Some(dir) = std::env::var_os("LFM_SHADER_DIR") else {
+            return Ok(self.source.into());
+        };
+        let mut text = String::new();
+        for f in self.files {
+            let path = std::path::Path::new(&dir).join(f);
+            let part = std::fs::read_to_string(&path)
+                .map_err(|e| std::io::Error::new(e.kind(), format!("{}: {e}", path.display())))?;
+            text += &part;
+            if self.files.len() > 1 {
+                text.push('\n');
+            }
+        }
+        Ok(text.into())
+    }
+
     pub fn needs_subgroups(&self, v: &Variant) -> bool {
         v.defines.contains(&"SUBGROUPS")
     }
@@ -121,6 +143,7 @@ macro_rules! kernel {
         pub static $ident: $crate::gpu::Kernel = $crate::gpu::Kernel {
             name: $name,
             source: concat!($(include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/shaders/", $file)), "\n"),+),
+            files: &[$($file),+],
             entry: "main",
             bindings: &[$($b),*],
             params_size: std::mem::size_of::<$params>(),
@@ -131,6 +154,7 @@ macro_rules! kernel {
         pub static $ident: $crate::gpu::Kernel = $crate::gpu::Kernel {
             name: $name,
             source: include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/shaders/", $file)),
+            files: &[$file],
             entry: "main",
             bindings: &[$($b),*],
             params_size: std::mem::size_of::<$params>(),

@@ -356,7 +356,6 @@ pub fn gemv(
         "{}: matrix has {} parts",
         kernel.name, w.parts
     );
-    let variant = format_variant(w.dtype, subgroups, extra)?;
     let (eps, taps) = match epi {
         GemvEpilogue::Norm { eps, .. } | GemvEpilogue::Swiglu { eps, .. } => (*eps, 0),
         GemvEpilogue::Conv { eps, taps, .. } => (*eps, *taps),
@@ -364,6 +363,7 @@ pub fn gemv(
     };
     let mut out = Vec::with_capacity(w.chunks.len());
     for c in &w.chunks {
+        let variant = format_variant(w.dtype, subgroups, extra)?;
         let params = GemvParams {
             k: w.k as u32,
             rows: c.rows as u32,
@@ -676,9 +676,10 @@ kernel!(
 );
 
 /// Most splits of the key/value positions per head in decode.
-pub const MAX_SPLITS: usize = 32;
-/// Positions per split before decode attention splits further.
-const SPLIT_LEN: usize = 256;
+pub const MAX_SPLITS: usize = 128;
+/// Positions per split before decode attention splits further: one
+/// 64-key block per workgroup, so even short contexts spread over the GPU.
+const SPLIT_LEN: usize = 64;
 
 /// How many workgroups per head decode attention spreads `kv_len` positions
 /// over (flash-decode): long contexts use more of the GPU.
@@ -703,10 +704,23 @@ pub struct Attention {
 
 impl Attention {
     pub fn record(&self, pass: &mut wgpu::ComputePass<'_>, splits: usize) {
+        self.record_with(pass, splits, &mut |_, _| {});
+    }
+
+    /// As [`Attention::record`], calling `after` after each dispatch with its
+    /// kernel name (the profiler writes timestamps there).
+    pub fn record_with(
+        &self,
+        pass: &mut wgpu::ComputePass<'_>,
+        splits: usize,
+        after: &mut dyn FnMut(&mut wgpu::ComputePass<'_>, &'static str),
+    ) {
         self.main
             .record(pass, [splits as u32, self.heads, self.n_q]);
+        after(pass, self.main.name);
         if splits > 1 {
             self.merge.record(pass, [self.heads, self.n_q, 1]);
+            after(pass, self.merge.name);
         }
     }
 }
@@ -863,28 +877,71 @@ pub fn swiglu(
 #[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
 struct ArgmaxParams {
     n: u32,
-    _pad: [u32; 3],
+    groups: u32,
+    _pad: [u32; 2],
 }
 const _: () = assert!(std::mem::size_of::<ArgmaxParams>() == 16);
 
 kernel!(
+    ARGMAX_PART,
+    "argmax_part",
+    "argmax.wgsl",
+    [Binding::read("x"), Binding::write("part")],
+    ArgmaxParams,
+    [&["PARTIAL"]]
+);
+kernel!(
     ARGMAX,
     "argmax",
     "argmax.wgsl",
-    [Binding::read("x"), Binding::write("out")],
+    [Binding::read("part"), Binding::write("out")],
     ArgmaxParams,
     [&[]]
 );
 
-/// out[0] = the index of the largest of x[0..n] (the first on ties).
-pub fn argmax(gpu: &Gpu, x: &wgpu::Buffer, out: &wgpu::Buffer, n: usize) -> Result<Dispatch> {
+/// Elements of x one `argmax_part` workgroup reduces (CHUNK in argmax.wgsl).
+pub const ARGMAX_CHUNK: usize = 1024;
+
+/// out[0] = the index of the largest of x[0..n] (the first on ties): many
+/// workgroups find the best of their slice, one more picks among those.
+pub fn argmax(gpu: &Gpu, x: &wgpu::Buffer, out: &wgpu::Buffer, n: usize) -> Result<Vec<Dispatch>> {
+    let groups = n.div_ceil(ARGMAX_CHUNK).max(1);
     let params = ArgmaxParams {
         n: n as u32,
-        _pad: [0; 3],
+        groups: groups as u32,
+        _pad: [0; 2],
+    };
+    let part = gpu.scratch("argmax pairs", (8 * groups) as u64)?;
+    let pv = Variant::new(&["PARTIAL"]);
+    Ok(vec![
+        Dispatch {
+            bound: gpu.bind(&ARGMAX_PART, &pv, &[x, &part], &params)?,
+            groups: [groups as u32, 1, 1],
+        },
+        Dispatch {
+            bound: gpu.bind(&ARGMAX, &Variant::default(), &[&part, out], &params)?,
+            groups: [1, 1, 1],
+        },
+    ])
+}
+
+/// The first kernel of [`argmax`] alone: (value bits, index) of the best of
+/// each ARGMAX_CHUNK slice of x into `part` (for its parity test).
+pub fn argmax_part(gpu: &Gpu, x: &wgpu::Buffer, part: &wgpu::Buffer, n: usize) -> Result<Dispatch> {
+    let groups = n.div_ceil(ARGMAX_CHUNK).max(1);
+    let params = ArgmaxParams {
+        n: n as u32,
+        groups: groups as u32,
+        _pad: [0; 2],
     };
     Ok(Dispatch {
-        bound: gpu.bind(&ARGMAX, &Variant::default(), &[x, out], &params)?,
-        groups: [1, 1, 1],
+        bound: gpu.bind(
+            &ARGMAX_PART,
+            &Variant::new(&["PARTIAL"]),
+            &[x, part],
+            &params,
+        )?,
+        groups: [groups as u32, 1, 1],
     })
 }
 
@@ -965,6 +1022,7 @@ pub static KERNELS: &[&Kernel] = &[
     &FLASH_ATTENTION_MERGE,
     &SHORT_CONV,
     &SWIGLU,
+    &ARGMAX_PART,
     &ARGMAX,
     &TOP_K,
 ];

@@ -11,6 +11,7 @@ pub mod kernels;
 pub mod llm_ops;
 pub mod ops;
 pub mod preprocess;
+pub mod profile;
 pub mod speech;
 pub mod vision;
 

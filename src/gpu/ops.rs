@@ -130,5 +130,38 @@ pub fn rms_norm(
     })
 }
 
+kernel!(
+    COPY,
+    "copy",
+    "copy.wgsl",
+    [Binding::read("x"), Binding::write("y")],
+    AddParams,
+    [&[]]
+);
+
+/// `y = x` over `words` u32s (a multiple of 4), by `groups` workgroups that
+/// stride over the buffer.
+pub fn copy(
+    gpu: &Gpu,
+    x: &wgpu::Buffer,
+    y: &wgpu::Buffer,
+    words: usize,
+    groups: usize,
+) -> Result<Dispatch> {
+    assert!(
+        words.is_multiple_of(4),
+        "copy: {words} words is not whole vec4s"
+    );
+    let params = AddParams {
+        n: (words / 4) as u32,
+        _pad: [0; 3],
+    };
+    let bound = gpu.bind(&COPY, &Variant::default(), &[x, y], &params)?;
+    Ok(Dispatch {
+        bound,
+        groups: groups_1d(groups, 1),
+    })
+}
+
 /// The kernels declared in this module.
-pub static KERNELS: &[&Kernel] = &[&ADD, &RMS_NORM];
+pub static KERNELS: &[&Kernel] = &[&ADD, &RMS_NORM, &COPY];

@@ -381,6 +381,17 @@ pub trait CausalLm {
         let logits = self.forward(&[token], false)?;
         Ok(sampler.sample(&logits, history))
     }
+    /// Runs `steps` greedy steps from `token` and says where each step's
+    /// time goes (GPU backends, with timestamp queries).
+    fn profile_decode(
+        &mut self,
+        _token: u32,
+        _steps: usize,
+    ) -> Result<crate::gpu::profile::DecodeProfile> {
+        Err(crate::error::Error::invalid(
+            "decode profiling needs the GPU backend",
+        ))
+    }
 }
 
 /// Observer of named intermediate activations (`"layer.3.conv_out"`), for

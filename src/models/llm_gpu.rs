@@ -22,11 +22,13 @@ use crate::cpu::{self, AttnShape};
 use crate::error::{Error, Result};
 use crate::gpu::llm_ops::{self, AttnBuffers, GemvEpilogue, GpuMatrix};
 use crate::gpu::ops::{self, Dispatch};
+use crate::gpu::profile::{DecodeProfile, PassTimer};
 use crate::gpu::Gpu;
 use crate::quant::GgmlType;
 use crate::run::sampling::Sampler;
 use crate::tensor::Tensor;
 use std::sync::Arc;
+use std::time::Instant;
 
 /// Most tokens one prefill submission processes.
 pub const PREFILL_CHUNK: usize = 256;
@@ -151,7 +153,7 @@ pub struct GpuLlm {
     pos: usize,
     io: DecodeIo,
     plan: Vec<Op>,
-    argmax: Dispatch,
+    argmax: Vec<Dispatch>,
     /// Selects the candidates sampling needs (`top_k` of them).
     select: Dispatch,
     top_k: usize,
@@ -514,7 +516,7 @@ impl GpuLlm {
     /// Compute dispatches one greedy decode step records (attention merges
     /// on long contexts add one per attention layer).
     pub fn dispatches_per_token(&self) -> usize {
-        self.plan.len() + 1
+        self.plan.len() + self.argmax.len()
     }
 
     fn head(&self) -> &GpuMatrix {
@@ -634,17 +636,7 @@ impl GpuLlm {
         let mut enc = g.device.create_command_encoder(&Default::default());
         {
             let mut pass = enc.begin_compute_pass(&Default::default());
-            for op in &self.plan {
-                match op {
-                    Op::Fixed(d) => d.record(&mut pass),
-                    Op::Attention(a) => a.record(&mut pass, splits),
-                }
-            }
-            match what {
-                Readback::Token => self.argmax.record(&mut pass),
-                Readback::Candidates => self.select.record(&mut pass),
-                Readback::Logits => {}
-            }
+            self.record_step(&mut pass, splits, what, &mut |_, _| {});
         }
         let io = &self.io;
         let (src, staging, len) = match what {
@@ -656,6 +648,82 @@ impl GpuLlm {
         let out = g.submit_and_read(enc, staging, len)?;
         self.pos += 1;
         Ok(out)
+    }
+
+    /// Records one decode step into `pass`, calling `after` after each
+    /// dispatch with its kernel name.
+    fn record_step(
+        &self,
+        pass: &mut wgpu::ComputePass<'_>,
+        splits: usize,
+        what: Readback,
+        after: &mut dyn FnMut(&mut wgpu::ComputePass<'_>, &'static str),
+    ) {
+        let last = match what {
+            Readback::Token => &self.argmax[..],
+            Readback::Candidates => std::slice::from_ref(&self.select),
+            Readback::Logits => &[],
+        };
+        for op in &self.plan {
+            match op {
+                Op::Fixed(d) => {
+                    d.record(pass);
+                    after(pass, d.bound.name);
+                }
+                Op::Attention(a) => a.record_with(pass, splits, after),
+            }
+        }
+        for d in last {
+            d.record(pass);
+            after(pass, d.bound.name);
+        }
+    }
+
+    /// Runs `steps` greedy decode steps from `token` with a device timestamp
+    /// after every dispatch, and says where the time went: host recording,
+    /// submission and waiting, and device time per kernel.
+    pub fn profile_decode(&mut self, mut token: u32, steps: usize) -> Result<DecodeProfile> {
+        // Every attention layer may add a merge.
+        let timer = PassTimer::new(&self.gpu, 2 * self.plan.len() as u32 + 2)?;
+        let mut prof = DecodeProfile::default();
+        for _ in 0..steps {
+            self.check_tokens(&[token])?;
+            self.ensure_capacity(self.pos + 1)?;
+            let splits = llm_ops::attention_splits(self.pos + 1);
+            self.write_step(token, 1, splits, &self.io.cs);
+            let g = &*self.gpu;
+            let t0 = Instant::now();
+            let mut enc = g.device.create_command_encoder(&Default::default());
+            let mut names = Vec::new();
+            {
+                let mut pass = enc.begin_compute_pass(&Default::default());
+                timer.mark(&mut pass, 0);
+                self.record_step(&mut pass, splits, Readback::Token, &mut |p, name| {
+                    names.push(name);
+                    timer.mark(p, names.len() as u32);
+                });
+            }
+            let marks = names.len() as u32 + 1;
+            if marks > timer.capacity() {
+                return Err(Error::gpu("profile: more dispatches than timestamps"));
+            }
+            timer.resolve(&mut enc, marks);
+            enc.copy_buffer_to_buffer(&self.io.token, 0, &self.io.token_staging, 0, 4);
+            let t1 = Instant::now();
+            g.queue.submit([enc.finish()]);
+            let t2 = Instant::now();
+            let out = g.read_staging(&self.io.token_staging, 4)?;
+            let t3 = Instant::now();
+            let ts = timer.read(g, marks)?;
+            prof.record_us += (t1 - t0).as_secs_f64() * 1e6;
+            prof.submit_us += (t2 - t1).as_secs_f64() * 1e6;
+            prof.wait_us += (t3 - t2).as_secs_f64() * 1e6;
+            prof.wall_us += (t3 - t0).as_secs_f64() * 1e6;
+            prof.add_step(&names, &ts);
+            self.pos += 1;
+            token = u32::from_le_bytes(out[..4].try_into().expect("4 bytes"));
+        }
+        Ok(prof.finish())
     }
 
     /// Largest prefill chunk whose buffers all fit one binding.
@@ -869,6 +937,10 @@ impl CausalLm for GpuLlm {
             out.extend(self.prefill(part, all_logits, last)?);
         }
         Ok(out)
+    }
+
+    fn profile_decode(&mut self, token: u32, steps: usize) -> Result<DecodeProfile> {
+        GpuLlm::profile_decode(self, token, steps)
     }
 
     fn step_greedy(&mut self, token: u32) -> Result<u32> {

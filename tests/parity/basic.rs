@@ -14,7 +14,25 @@ pub const CASES: &[Case] = &[
         kernel: "rms_norm",
         run: rms_norm,
     },
+    Case {
+        kernel: "copy",
+        run: copy,
+    },
 ];
+
+fn copy(gpu: &Gpu, _v: &Variant) {
+    let mut rng = Rng::new(3);
+    // Fewer invocations than elements too: each strides over the buffer.
+    for (n, groups) in [(4, 1), (1028, 1), (1028, 3), (70_000, 5), (70_000, 100)] {
+        let x = rng.vec(n, -2.0, 2.0);
+        let gx = gpu.upload_f32("x", &x).unwrap();
+        let gy = gpu.poisoned_f32("y", n).unwrap();
+        let d = ops::copy(gpu, &gx, &gy, n, groups).unwrap();
+        gpu.run_all(&[&d]).unwrap();
+        let got = gpu.read_f32(&gy).unwrap();
+        assert_close(&format!("copy n={n} groups={groups}"), &got[..n], &x, 0.0);
+    }
+}
 
 fn add(gpu: &Gpu, _v: &Variant) {
     let mut rng = Rng::new(1);

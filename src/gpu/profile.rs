@@ -1,0 +1,200 @@
+//! GPU timestamps between the dispatches of one compute pass, for finding
+//! where a decode step's time goes (`scoreboard --profile`). Needs the
+//! adapter's timestamp queries inside passes (Vulkan and DX12 drivers mostly
+//! have them; WebGPU does not).
+
+use super::Gpu;
+use crate::error::{Error, Result};
+use serde::Serialize;
+
+/// A query set of timestamps written between dispatches, resolved into a
+/// buffer and read back after the submission.
+pub struct PassTimer {
+    set: wgpu::QuerySet,
+    resolved: wgpu::Buffer,
+    staging: wgpu::Buffer,
+    capacity: u32,
+    /// Nanoseconds per timestamp tick.
+    period: f64,
+}
+
+impl PassTimer {
+    /// Room for `capacity` timestamps; an error when the adapter has no
+    /// timestamp queries inside passes.
+    pub fn new(gpu: &Gpu, capacity: u32) -> Result<PassTimer> {
+        if !gpu.caps.timestamps {
+            return Err(Error::gpu(format!(
+                "{}: no timestamp queries inside compute passes on this adapter",
+                gpu.info.name
+            )));
+        }
+        // wgpu's cap on the queries of one set.
+        let capacity = capacity.clamp(2, 4096);
+        let bytes = capacity as u64 * 8;
+        let set = gpu.device.create_query_set(&wgpu::QuerySetDescriptor {
+            label: Some("pass timer"),
+            ty: wgpu::QueryType::Timestamp,
+            count: capacity,
+        });
+        let resolved = gpu.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("pass timer"),
+            size: bytes,
+            usage: wgpu::BufferUsages::QUERY_RESOLVE | wgpu::BufferUsages::COPY_SRC,
+            mapped_at_creation: false,
+        });
+        Ok(PassTimer {
+            set,
+            resolved,
+            staging: gpu.staging("pass timer", bytes),
+            capacity,
+            period: gpu.queue.get_timestamp_period() as f64,
+        })
+    }
+
+    pub fn capacity(&self) -> u32 {
+        self.capacity
+    }
+
+    /// Writes timestamp `i` at this point of the pass.
+    pub fn mark(&self, pass: &mut wgpu::ComputePass<'_>, i: u32) {
+        pass.write_timestamp(&self.set, i);
+    }
+
+    /// Copies the first `n` timestamps towards the staging buffer; record
+    /// after the pass ends.
+    pub fn resolve(&self, enc: &mut wgpu::CommandEncoder, n: u32) {
+        enc.resolve_query_set(&self.set, 0..n, &self.resolved, 0);
+        enc.copy_buffer_to_buffer(&self.resolved, 0, &self.staging, 0, n as u64 * 8);
+    }
+
+    /// The first `n` timestamps in nanoseconds after the first, once the
+    /// submission that resolved them is done.
+    pub fn read(&self, gpu: &Gpu, n: u32) -> Result<Vec<f64>> {
+        let len = n as u64 * 8;
+        let (tx, rx) = std::sync::mpsc::channel();
+        self.staging
+            .map_async(wgpu::MapMode::Read, ..len, move |r| {
+                let _ = tx.send(r);
+            });
+        gpu.device
+            .poll(wgpu::PollType::wait_indefinitely())
+            .map_err(|e| Error::gpu(format!("timestamps: {e}")))?;
+        rx.recv()
+            .map_err(|_| Error::gpu("timestamps: map callback dropped"))?
+            .map_err(|e| Error::gpu(format!("timestamps: {e}")))?;
+        let ticks: Vec<u64> = bytemuck::pod_collect_to_vec(
+            &self
+                .staging
+                .get_mapped_range(..len)
+                .map_err(|e| Error::gpu(format!("timestamps: {e}")))?,
+        );
+        self.staging.unmap();
+        let t0 = ticks.first().copied().unwrap_or(0);
+        Ok(ticks
+            .iter()
+            .map(|&t| t.saturating_sub(t0) as f64 * self.period)
+            .collect())
+    }
+}
+
+/// Where the time of a decode step goes, averaged over the profiled steps.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct DecodeProfile {
+    pub steps: usize,
+    /// Host time from recording to having the token back.
+    pub wall_us: f64,
+    /// Host time recording the dispatches into the pass.
+    pub record_us: f64,
+    /// Host time in `CommandEncoder::finish` and `Queue::submit`.
+    pub submit_us: f64,
+    /// Host time waiting for the device and mapping the result.
+    pub wait_us: f64,
+    /// Device time from the first dispatch's start to the last one's end.
+    pub gpu_us: f64,
+    pub dispatches: usize,
+    /// Per kernel, in order of first use.
+    pub kernels: Vec<KernelTime>,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct KernelTime {
+    pub name: String,
+    /// Dispatches of it per step.
+    pub calls: f64,
+    /// Device time per step: from the end of the previous dispatch to the
+    /// end of this one, so barriers and launch gaps count too.
+    pub us: f64,
+}
+
+impl DecodeProfile {
+    /// Adds one step: the kernel name of each dispatch and the timestamps
+    /// around them (`names.len() + 1`, in ns from the first).
+    pub fn add_step(&mut self, names: &[&str], ts: &[f64]) {
+        self.steps += 1;
+        self.dispatches = names.len();
+        self.gpu_us += ts.last().copied().unwrap_or(0.0) / 1e3;
+        for (i, name) in names.iter().enumerate() {
+            let dt = (ts[i + 1] - ts[i]).max(0.0) / 1e3;
+            match self.kernels.iter_mut().find(|k| k.name == *name) {
+                Some(k) => {
+                    k.calls += 1.0;
+                    k.us += dt;
+                }
+                None => self.kernels.push(KernelTime {
+                    name: name.to_string(),
+                    calls: 1.0,
+                    us: dt,
+                }),
+            }
+        }
+    }
+
+    /// Turns the sums into per-step averages.
+    pub fn finish(mut self) -> DecodeProfile {
+        let n = self.steps.max(1) as f64;
+        for v in [
+            &mut self.wall_us,
+            &mut self.record_us,
+            &mut self.submit_us,
+            &mut self.wait_us,
+            &mut self.gpu_us,
+        ] {
+            *v /= n;
+        }
+        for k in &mut self.kernels {
+            k.calls /= n;
+            k.us /= n;
+        }
+        self
+    }
+
+    /// A markdown table for stderr.
+    pub fn table(&self) -> String {
+        let mut s = format!(
+            "decode step, mean of {} steps: wall {:.1} us = record {:.1} + finish/submit {:.1} \
+             + wait {:.1}; device busy {:.1} us over {} dispatches ({:.2} us each)\n\n\
+             | kernel | calls/step | us/step | share | us/call |\n|---|---:|---:|---:|---:|\n",
+            self.steps,
+            self.wall_us,
+            self.record_us,
+            self.submit_us,
+            self.wait_us,
+            self.gpu_us,
+            self.dispatches,
+            self.gpu_us / self.dispatches.max(1) as f64,
+        );
+        let mut ks = self.kernels.clone();
+        ks.sort_by(|a, b| b.us.total_cmp(&a.us));
+        for k in ks {
+            s += &format!(
+                "| {} | {:.0} | {:.1} | {:.1}% | {:.2} |\n",
+                k.name,
+                k.calls,
+                k.us,
+                100.0 * k.us / self.gpu_us.max(1e-9),
+                k.us / k.calls.max(1e-9)
+            );
+        }
+        s
+    }
+}
