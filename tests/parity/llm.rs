@@ -71,6 +71,10 @@ pub const CASES: &[Case] = &[
         run: argmax,
     },
     Case {
+        kernel: "argmax_part",
+        run: argmax_part,
+    },
+    Case {
         kernel: "top_k",
         run: top_k,
     },
@@ -675,10 +679,38 @@ fn argmax(gpu: &Gpu, _v: &Variant) {
         x[n - 1] = 7.0;
         let gx = gpu.upload_f32("x", &x).unwrap();
         let out = gpu.upload_u32("out", &[u32::MAX]).unwrap();
-        let d = llm_ops::argmax(gpu, &gx, &out, n).unwrap();
-        gpu.run_all(&[&d]).unwrap();
+        let ds = llm_ops::argmax(gpu, &gx, &out, n).unwrap();
+        run(gpu, &ds);
         let got = gpu.read_u32(&out).unwrap()[0] as usize;
         assert_eq!(got, cpu::argmax(&x), "argmax n={n}");
+    }
+}
+
+fn argmax_part(gpu: &Gpu, _v: &Variant) {
+    let mut rng = Rng::new(24);
+    let chunk = llm_ops::ARGMAX_CHUNK;
+    for n in [1, 1000, chunk, chunk + 1, 3 * chunk + 5] {
+        let mut x = rng.vec(n, -5.0, 5.0);
+        // A tie inside the last slice, and a NaN that must never win.
+        let last = (n - 1) / chunk * chunk;
+        x[n - 1] = 9.0;
+        x[last] = 9.0;
+        if n > 2 {
+            x[1] = f32::NAN;
+        }
+        let groups = n.div_ceil(chunk);
+        let gx = gpu.upload_f32("x", &x).unwrap();
+        let part = gpu.upload_u32("part", &vec![7; 2 * groups]).unwrap();
+        let d = llm_ops::argmax_part(gpu, &gx, &part, n).unwrap();
+        gpu.run_all(&[&d]).unwrap();
+        let got = gpu.read_u32(&part).unwrap();
+        for g in 0..groups {
+            let slice = &x[g * chunk..((g + 1) * chunk).min(n)];
+            let i = cpu::argmax(slice);
+            let what = format!("argmax_part n={n} slice {g}");
+            assert_eq!(got[2 * g + 1] as usize, g * chunk + i, "{what}: index");
+            assert_eq!(f32::from_bits(got[2 * g]), slice[i], "{what}: value");
+        }
     }
 }
 
