@@ -111,11 +111,18 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         let j = j0 + lid;
         var sc = NEG;
         if (j < end) {
-            var sd = 0.0;
-            for (var d = 0u; d < hd; d++) {
-                sd += qs[d] * kc[j * p.kv_stride + kvo + d];
+            // Four independent sums, so the key loads are in flight together.
+            let kb = j * p.kv_stride + kvo;
+            var sd = vec4<f32>();
+            var d = 0u;
+            for (; d + 4u <= hd; d += 4u) {
+                let kv4 = vec4<f32>(kc[kb + d], kc[kb + d + 1u], kc[kb + d + 2u], kc[kb + d + 3u]);
+                sd += vec4<f32>(qs[d], qs[d + 1u], qs[d + 2u], qs[d + 3u]) * kv4;
             }
-            sc = sd * p.scale;
+            for (; d < hd; d++) {
+                sd.x += qs[d] * kc[kb + d];
+            }
+            sc = (sd.x + sd.y + sd.z + sd.w) * p.scale;
         }
 #if SUBGROUPS
         let m_new = max(m, wg_reduce(sc, lid, true, sid, ssize));
@@ -135,11 +142,20 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         for (var i = 0u; i < 4u; i++) {
             let d = lid + i * WG;
             if (d < hd) {
-                var a = acc[i] * corr;
-                for (var jj = 0u; jj < cnt; jj++) {
-                    a += ps[jj] * vc[(j0 + jj) * p.kv_stride + kvo + d];
+                // Four keys per step with independent sums (loads in flight together).
+                let vb = j0 * p.kv_stride + kvo + d;
+                let st = p.kv_stride;
+                var a4 = vec4<f32>();
+                var jj = 0u;
+                for (; jj + 4u <= cnt; jj += 4u) {
+                    let v4 = vec4<f32>(vc[vb + jj * st], vc[vb + (jj + 1u) * st],
+                                       vc[vb + (jj + 2u) * st], vc[vb + (jj + 3u) * st]);
+                    a4 += vec4<f32>(ps[jj], ps[jj + 1u], ps[jj + 2u], ps[jj + 3u]) * v4;
                 }
-                acc[i] = a;
+                for (; jj < cnt; jj++) {
+                    a4.x += ps[jj] * vc[vb + jj * st];
+                }
+                acc[i] = acc[i] * corr + ((a4.x + a4.y) + (a4.z + a4.w));
             }
         }
         m = m_new;
