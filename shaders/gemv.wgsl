@@ -6,14 +6,18 @@
 //   gemv_add     ADD:           y[out_off + o] += W[o] . x   (residual add)
 //   gemv_norm    NORM:          y[out_off + o] = W[o] . n,  n = rms_norm(x) * nw
 //   gemv_swiglu  NORM + SWIGLU: y[out_off + o] = silu(W[o] . n) * (W[rows + o] . n)
-//   gemv_conv    NORM + CONV:   LFM2's short-conv block for channel c = out_off + o:
-//                B, C, X = rows o, rows + o, 2 rows + o of W times n; bx = B X;
-//                y[c] = C * (sum_j<L-1 conv[c, j] state[j, c] + conv[c, L-1] bx),
-//                and the state [L-1, hidden] shifts by one with bx appended.
+//   gemv_conv    NORM + CONV:   LFM2's short-conv block for channel c = out_off + o
+//                at position pos = step[1]: B, C, X = rows o, rows + o, 2 rows + o
+//                of W times n; bx = B X; y[c] = C * (sum_j<L-1 conv[c, j]
+//                bx(pos - L + 1 + j) + conv[c, L-1] bx). The state is a ring of
+//                L rows [L, hidden]: bx of position q in row q % L. L - 1 rows
+//                are read, bx(pos) is written over the oldest; the spare row
+//                lets a step be undone by not advancing pos.
 // The norm is folded in: sum_i W[o, i] x[i] nw[i] is accumulated alongside
 // sum_i x[i]^2, and the result scaled by 1 / sqrt(mean + eps) at the end.
 // bindings: 0 params, 1 w: array<u32> (chunk), 2 x: array<f32> (k from x_off),
-//           NORM: 3 nw (k); CONV: 4 conv [hidden, L], 5 state [L-1, hidden];
+//           NORM: 3 nw (k); CONV: 4 conv [hidden, L], 5 state [L, hidden],
+//           6 step: array<u32> [token, pos, ...];
 //           last: y (read_write)
 // dispatch: ceil(rows / R) workgroups of WG threads (a power of two: 256
 //           with subgroups, 128 without)
@@ -41,7 +45,8 @@ struct Params {
 #if CONV
 @group(0) @binding(4) var<storage, read> conv: array<f32>;
 @group(0) @binding(5) var<storage, read_write> state: array<f32>;
-@group(0) @binding(6) var<storage, read_write> y: array<f32>;
+@group(0) @binding(6) var<storage, read> step: array<u32>;
+@group(0) @binding(7) var<storage, read_write> y: array<f32>;
 #else
 @group(0) @binding(4) var<storage, read_write> y: array<f32>;
 #endif
@@ -211,18 +216,15 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
 #if CONV
     let c = o;
     let l = p.conv_l;
+    let pos = step[1];
     let bx = v0 * v2;
     var a = 0.0;
     for (var j = 0u; j + 1u < l; j++) {
-        a += conv[c * l + j] * state[j * p.hidden + c];
+        // Position pos - (l - 1) + j, congruent to pos + 1 + j mod l.
+        a += conv[c * l + j] * state[((pos + 1u + j) % l) * p.hidden + c];
     }
     a += conv[c * l + l - 1u] * bx;
-    for (var j = 0u; j + 2u < l; j++) {
-        state[j * p.hidden + c] = state[(j + 1u) * p.hidden + c];
-    }
-    if (l > 1u) {
-        state[(l - 2u) * p.hidden + c] = bx;
-    }
+    state[(pos % l) * p.hidden + c] = bx;
     y[o] = v1 * a;
 #else
 #if ADD

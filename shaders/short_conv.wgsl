@@ -1,9 +1,12 @@
-// short_conv: LFM2's gated short convolution over n tokens (prefill),
-// continuing from and updating the state (the last L-1 gated inputs):
+// short_conv: LFM2's gated short convolution over n tokens (prefill) at
+// positions pos0 = step[1] onwards, continuing from and updating the state:
 // bx[t] = B[t] * X[t]; y[t, c] = C[t, c] * sum_j conv[c, j] seq[t + j, c],
-// where seq is the state followed by bx. bcx holds B, C, X side by side.
+// where seq is bx of positions pos0 - (l - 1) .. pos0 + n - 1. bcx holds B, C,
+// X side by side. The state is the ring gemv_conv keeps: [l, hidden], bx of
+// position q in row q % l.
 // bindings: 0 params {hidden, n, l}, 1 bcx: [n, 3 hidden], 2 conv: [hidden, l],
-//           3 state: [l-1, hidden] (read_write), 4 y: [n, hidden] (read_write)
+//           3 state: [l, hidden] (read_write), 4 step: array<u32> [token, pos0, ...],
+//           5 y: [n, hidden] (read_write)
 // dispatch: ceil(hidden / 64) workgroups of 64 threads, one channel each
 
 struct Params { hidden: u32, n: u32, l: u32, _p0: u32 }
@@ -12,15 +15,20 @@ struct Params { hidden: u32, n: u32, l: u32, _p0: u32 }
 @group(0) @binding(1) var<storage, read> bcx: array<f32>;
 @group(0) @binding(2) var<storage, read> conv: array<f32>;
 @group(0) @binding(3) var<storage, read_write> state: array<f32>;
-@group(0) @binding(4) var<storage, read_write> y: array<f32>;
+@group(0) @binding(4) var<storage, read> step: array<u32>;
+@group(0) @binding(5) var<storage, read_write> y: array<f32>;
 
-fn seq(i: u32, c: u32) -> f32 {
+fn bx(t: u32, c: u32) -> f32 {
+    return bcx[t * 3u * p.hidden + c] * bcx[t * 3u * p.hidden + 2u * p.hidden + c];
+}
+
+fn seq(i: u32, c: u32, pos0: u32) -> f32 {
     let hist = p.l - 1u;
     if (i < hist) {
-        return state[i * p.hidden + c];
+        // Position pos0 - hist + i, congruent to pos0 + 1 + i mod l.
+        return state[((pos0 + 1u + i) % p.l) * p.hidden + c];
     }
-    let t = i - hist;
-    return bcx[t * 3u * p.hidden + c] * bcx[t * 3u * p.hidden + 2u * p.hidden + c];
+    return bx(i - hist, c);
 }
 
 @compute @workgroup_size(64)
@@ -29,16 +37,16 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     if (c >= p.hidden) {
         return;
     }
+    let pos0 = step[1];
     for (var t = 0u; t < p.n; t++) {
         var a = 0.0;
         for (var j = 0u; j < p.l; j++) {
-            a += conv[c * p.l + j] * seq(t + j, c);
+            a += conv[c * p.l + j] * seq(t + j, c, pos0);
         }
         y[t * p.hidden + c] = bcx[t * 3u * p.hidden + p.hidden + c] * a;
     }
-    // The new state is seq[n .. n + l - 1]; ascending j only reads entries
-    // not yet overwritten (n >= 1).
-    for (var j = 0u; j + 1u < p.l; j++) {
-        state[j * p.hidden + c] = seq(p.n + j, c);
+    // The chunk's last (up to l) positions into their rows, after all reads.
+    for (var t = select(0u, p.n - p.l, p.n > p.l); t < p.n; t++) {
+        state[((pos0 + t) % p.l) * p.hidden + c] = bx(t, c);
     }
 }

@@ -290,6 +290,41 @@ fn compare(
     if !all_paths {
         return;
     }
+    // Pipelined greedy decoding (the GPU a step ahead), stopped early and
+    // resumed: the step it takes back must leave the KV cache and the conv
+    // state ring as a step-by-step loop does.
+    let want = cpu_m.forward(&prompt, false).unwrap();
+    gpu_m.forward(&prompt, false).unwrap();
+    let first = cpu::argmax(&want) as u32;
+    let mut cpu_tokens = Vec::new();
+    let mut tok = first;
+    for _ in 0..steps {
+        tok = cpu_m.step_greedy(tok).unwrap();
+        cpu_tokens.push(tok);
+    }
+    let stop_at = (steps / 2).max(1);
+    let mut got = Vec::new();
+    let n = gpu_m
+        .greedy_run(first, steps, &mut |t| {
+            got.push(t);
+            got.len() < stop_at
+        })
+        .unwrap();
+    assert_eq!(n, stop_at, "{what} tokens before the stop");
+    let resume = *got.last().unwrap();
+    gpu_m
+        .greedy_run(resume, steps - stop_at, &mut |t| {
+            got.push(t);
+            true
+        })
+        .unwrap();
+    assert_eq!(got, cpu_tokens, "{what} pipelined greedy tokens");
+    assert_eq!(gpu_m.position(), cpu_m.position());
+    let want = cpu_m.forward(&[tok], false).unwrap();
+    let after = gpu_m.forward(&[tok], false).unwrap();
+    assert_logits(&format!("{what} after the pipelined run"), &after, &want, v, TINY_TOL);
+    cpu_m.reset();
+    gpu_m.reset();
     // Sampling with llama.cpp's defaults draws from the top candidates the
     // GPU selects: the same tokens as sampling the CPU's full logits.
     let opts = SamplingOptions {

@@ -300,6 +300,7 @@ format_kernel!(
         Binding::read("nw"),
         Binding::read("conv"),
         Binding::write("state"),
+        Binding::read("step"),
         Binding::write("y")
     ],
     GemvParams,
@@ -326,8 +327,10 @@ pub enum GemvEpilogue<'a> {
         eps: f32,
         /// [hidden, taps]
         conv: &'a wgpu::Buffer,
-        /// [taps - 1, hidden]
+        /// [taps, hidden]: the ring of gated inputs (gemv.wgsl).
         state: &'a wgpu::Buffer,
+        /// [token, pos, ...]: the position of the token.
+        step: &'a wgpu::Buffer,
         taps: usize,
     },
 }
@@ -380,8 +383,12 @@ pub fn gemv(
                 vec![&c.buf, x, nw, y]
             }
             GemvEpilogue::Conv {
-                nw, conv, state, ..
-            } => vec![&c.buf, x, nw, conv, state, y],
+                nw,
+                conv,
+                state,
+                step,
+                ..
+            } => vec![&c.buf, x, nw, conv, state, step, y],
         };
         out.push(Dispatch {
             bound: gpu.bind(kernel, &variant, &bufs, &params)?,
@@ -796,20 +803,23 @@ kernel!(
         Binding::read("bcx"),
         Binding::read("conv"),
         Binding::write("state"),
+        Binding::read("step"),
         Binding::write("y")
     ],
     ShortConvParams,
     [&[]]
 );
 
-/// LFM2's gated short convolution over `n` tokens: bcx [n, 3 hidden] ->
-/// y [n, hidden], continuing from and updating `state` [taps - 1, hidden].
+/// LFM2's gated short convolution over `n` tokens at positions step[1]..:
+/// bcx [n, 3 hidden] -> y [n, hidden], continuing from and updating the ring
+/// `state` [taps, hidden] (short_conv.wgsl).
 #[allow(clippy::too_many_arguments)]
 pub fn short_conv(
     gpu: &Gpu,
     bcx: &wgpu::Buffer,
     conv: &wgpu::Buffer,
     state: &wgpu::Buffer,
+    step: &wgpu::Buffer,
     y: &wgpu::Buffer,
     hidden: usize,
     taps: usize,
@@ -825,7 +835,7 @@ pub fn short_conv(
         bound: gpu.bind(
             &SHORT_CONV,
             &Variant::default(),
-            &[bcx, conv, state, y],
+            &[bcx, conv, state, step, y],
             &params,
         )?,
         groups: groups_1d(hidden, 64),

@@ -381,6 +381,26 @@ pub trait CausalLm {
         let logits = self.forward(&[token], false)?;
         Ok(sampler.sample(&logits, history))
     }
+    /// Greedy decoding: consumes `token`, then each token produced, passing
+    /// every produced token to `emit` until it returns false or `max` are
+    /// produced; returns how many were. The sequence afterwards is what as
+    /// many [`CausalLm::step_greedy`] calls leave (the last produced token is
+    /// not consumed). Backends override this to keep the device busy.
+    fn greedy_run(
+        &mut self,
+        token: u32,
+        max: usize,
+        emit: &mut dyn FnMut(u32) -> bool,
+    ) -> Result<usize> {
+        let mut token = token;
+        for produced in 1..=max {
+            token = self.step_greedy(token)?;
+            if !emit(token) {
+                return Ok(produced);
+            }
+        }
+        Ok(max)
+    }
     /// Runs `steps` greedy steps from `token` and says where each step's
     /// time goes (GPU backends, with timestamp queries).
     fn profile_decode(

@@ -85,7 +85,8 @@ struct GpuLayer {
 enum GpuState {
     /// [cap, kv_heads * head_dim] each.
     Kv { k: wgpu::Buffer, v: wgpu::Buffer },
-    /// [taps - 1, hidden]
+    /// [taps, hidden]: a ring of the gated inputs, position q in row q % taps
+    /// (gemv.wgsl), so a decode step can be undone by not advancing.
     Conv(wgpu::Buffer),
 }
 
@@ -111,11 +112,14 @@ struct DecodeIo {
     gu: wgpu::Buffer,
     /// [vocab]
     logits: wgpu::Buffer,
-    /// [1] u32
+    /// [1] u32: the token a decode step consumes; its argmax writes the
+    /// next one here, so greedy steps can follow each other on the GPU.
     token: wgpu::Buffer,
     /// [top_k, 2] u32: (id, logit bits) of the most likely tokens.
     cand: wgpu::Buffer,
     token_staging: wgpu::Buffer,
+    /// A second one, so a step can be in flight while the last is read.
+    token_staging2: wgpu::Buffer,
     logits_staging: wgpu::Buffer,
     cand_staging: wgpu::Buffer,
 }
@@ -349,6 +353,7 @@ impl GpuLlm {
             token: f32s("token", 1)?,
             cand: f32s("candidates", 2 * llm_ops::MAX_TOP_K)?,
             token_staging: g.staging("token", 4),
+            token_staging2: g.staging("token", 4),
             logits_staging: g.staging("logits", (cfg.vocab * 4) as u64),
             cand_staging: g.staging("candidates", (8 * llm_ops::MAX_TOP_K) as u64),
         };
@@ -366,7 +371,7 @@ impl GpuLlm {
                         v: f32s("v cache", cap * kvw)?,
                     },
                     LayerKind::Conv => {
-                        GpuState::Conv(f32s("conv state", cfg.conv_kernel.saturating_sub(1) * d)?)
+                        GpuState::Conv(f32s("conv state", cfg.conv_kernel.max(1) * d)?)
                     }
                 })
             })
@@ -412,7 +417,7 @@ impl GpuLlm {
             plan.extend(ds.into_iter().map(Op::Fixed));
         };
         fixed(
-            llm_ops::embedding(g, &self.embed, &io.step, 0, &io.x, 1)?,
+            llm_ops::embedding(g, &self.embed, &io.token, 0, &io.x, 1)?,
             &mut plan,
         );
         for (layer, state) in self.layers.iter().zip(&self.state) {
@@ -451,6 +456,7 @@ impl GpuLlm {
                         eps,
                         conv,
                         state: st,
+                        step: &io.step,
                         taps: self.cfg.conv_kernel,
                     };
                     fixed(
@@ -615,10 +621,12 @@ impl GpuLlm {
     }
 
     /// Writes the per-call values every kernel reads: the step buffer and the
-    /// RoPE angles of positions pos..pos + n.
-    fn write_step(&self, token: u32, n: usize, splits: usize, cs: &wgpu::Buffer) {
+    /// RoPE angles of positions pos..pos + n. Queue writes land between
+    /// submissions in order, so this may run while earlier steps are in flight.
+    fn write_step(&self, n: usize, splits: usize, cs: &wgpu::Buffer) {
         let q = &self.gpu.queue;
-        let step = [token, self.pos as u32, (self.pos + n) as u32, splits as u32];
+        // step[0] is unused: decode reads its token from io.token.
+        let step = [0, self.pos as u32, (self.pos + n) as u32, splits as u32];
         q.write_buffer(&self.io.step, 0, bytemuck::cast_slice(&step));
         if self.cfg.rope_dim > 0 {
             let table = cpu::rope_table(self.pos, n, self.cfg.rope_dim, self.cfg.rope_theta);
@@ -629,9 +637,10 @@ impl GpuLlm {
     /// One decode step: appends `token`; returns the bytes `what` asks for.
     fn decode(&mut self, token: u32, what: Readback) -> Result<Vec<u8>> {
         self.check_tokens(&[token])?;
+        self.write_token(token);
         self.ensure_capacity(self.pos + 1)?;
         let splits = llm_ops::attention_splits(self.pos + 1);
-        self.write_step(token, 1, splits, &self.io.cs);
+        self.write_step(1, splits, &self.io.cs);
         let g = &*self.gpu;
         let mut enc = g.device.create_command_encoder(&Default::default());
         {
@@ -648,6 +657,84 @@ impl GpuLlm {
         let out = g.submit_and_read(enc, staging, len)?;
         self.pos += 1;
         Ok(out)
+    }
+
+    /// Sets the token the next decode step consumes (otherwise it consumes
+    /// the one the previous step's argmax left in io.token).
+    fn write_token(&self, token: u32) {
+        self.gpu
+            .queue
+            .write_buffer(&self.io.token, 0, bytemuck::bytes_of(&token));
+    }
+
+    /// Submits one greedy decode step consuming the token in io.token, its
+    /// argmax copied into `staging`; advances the position.
+    fn submit_greedy(&mut self, staging: &wgpu::Buffer) -> Result<()> {
+        if self.pos + 1 > self.cfg.context {
+            return Err(Error::invalid(format!(
+                "sequence of {} tokens exceeds the model's context of {}",
+                self.pos + 1,
+                self.cfg.context
+            )));
+        }
+        self.ensure_capacity(self.pos + 1)?;
+        let splits = llm_ops::attention_splits(self.pos + 1);
+        self.write_step(1, splits, &self.io.cs);
+        let g = &*self.gpu;
+        let mut enc = g.device.create_command_encoder(&Default::default());
+        {
+            let mut pass = enc.begin_compute_pass(&Default::default());
+            self.record_step(&mut pass, splits, Readback::Token, &mut |_, _| {});
+        }
+        enc.copy_buffer_to_buffer(&self.io.token, 0, staging, 0, 4);
+        g.queue.submit([enc.finish()]);
+        self.pos += 1;
+        Ok(())
+    }
+
+    /// Greedy decoding with the GPU one step ahead of the host: step i + 1
+    /// is submitted, consuming the token step i left on the GPU, before the
+    /// host reads step i's token, so recording and submitting overlap the
+    /// device's work. When `emit` stops early the step that ran ahead is
+    /// undone (the position goes back; its KV row and conv-state ring row are
+    /// rewritten by the next token), so the sequence is what a loop of
+    /// [`CausalLm::step_greedy`] leaves.
+    fn greedy_pipelined(
+        &mut self,
+        token: u32,
+        max: usize,
+        emit: &mut dyn FnMut(u32) -> bool,
+    ) -> Result<usize> {
+        if max == 0 {
+            return Ok(0);
+        }
+        self.check_tokens(&[token])?;
+        self.write_token(token);
+        let staging = [
+            self.io.token_staging.clone(),
+            self.io.token_staging2.clone(),
+        ];
+        self.submit_greedy(&staging[0])?;
+        let (mut submitted, mut produced) = (1, 0);
+        loop {
+            if submitted < max {
+                self.submit_greedy(&staging[submitted % 2])?;
+                submitted += 1;
+            }
+            let bytes = self.gpu.read_staging(&staging[produced % 2], 4)?;
+            let next = u32::from_le_bytes(bytes[..4].try_into().expect("4 bytes"));
+            produced += 1;
+            if !emit(next) || produced == max {
+                if submitted > produced {
+                    // The step that ran ahead consumed `next`: wait for it
+                    // (its staging buffer must be unmapped for reuse) and
+                    // take it back.
+                    self.gpu.read_staging(&staging[produced % 2], 4)?;
+                    self.pos -= 1;
+                }
+                return Ok(produced);
+            }
+        }
     }
 
     /// Records one decode step into `pass`, calling `after` after each
@@ -688,9 +775,10 @@ impl GpuLlm {
         let mut prof = DecodeProfile::default();
         for _ in 0..steps {
             self.check_tokens(&[token])?;
+            self.write_token(token);
             self.ensure_capacity(self.pos + 1)?;
             let splits = llm_ops::attention_splits(self.pos + 1);
-            self.write_step(token, 1, splits, &self.io.cs);
+            self.write_step(1, splits, &self.io.cs);
             let g = &*self.gpu;
             let t0 = Instant::now();
             let mut enc = g.device.create_command_encoder(&Default::default());
@@ -767,7 +855,7 @@ impl GpuLlm {
         let gg = f32s("g", n * f)?;
         let rows = if all { n } else { 1 };
         let logits = f32s("logits", rows * c.vocab)?;
-        self.write_step(0, n, 1, &cs);
+        self.write_step(n, 1, &cs);
 
         let eps = c.norm_eps;
         let rv = g.reduce_variant();
@@ -819,6 +907,7 @@ impl GpuLlm {
                         &bcx,
                         conv,
                         st,
+                        &self.io.step,
                         &conv_out,
                         d,
                         c.conv_kernel,
@@ -941,6 +1030,15 @@ impl CausalLm for GpuLlm {
 
     fn profile_decode(&mut self, token: u32, steps: usize) -> Result<DecodeProfile> {
         GpuLlm::profile_decode(self, token, steps)
+    }
+
+    fn greedy_run(
+        &mut self,
+        token: u32,
+        max: usize,
+        emit: &mut dyn FnMut(u32) -> bool,
+    ) -> Result<usize> {
+        self.greedy_pipelined(token, max, emit)
     }
 
     fn step_greedy(&mut self, token: u32) -> Result<u32> {

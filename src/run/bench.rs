@@ -89,11 +89,9 @@ pub fn measure(
                 t.elapsed()
             }
             Test::Tg(n) => {
-                let mut tok = ids(1)[0];
+                let tok = ids(1)[0];
                 let t = Instant::now();
-                for _ in 0..n {
-                    tok = model.step_greedy(tok)?;
-                }
+                model.greedy_run(tok, n, &mut |_| true)?;
                 t.elapsed()
             }
         };

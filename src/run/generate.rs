@@ -87,6 +87,78 @@ impl StopFilter<'_> {
     }
 }
 
+/// The produced tokens on their way to text: detokenised, held back while a
+/// stop string could still match, and the reason the run ends.
+struct Output<'a> {
+    stream: Option<TextStream<'a>>,
+    filter: StopFilter<'a>,
+    text: String,
+    history: Vec<u32>,
+    generated: Vec<u32>,
+    finish: FinishReason,
+    eos_ids: &'a [u32],
+    max_tokens: usize,
+}
+
+fn stdout_error(e: std::io::Error) -> Error {
+    Error::Io {
+        path: "<stdout>".into(),
+        source: e,
+    }
+}
+
+impl Output<'_> {
+    /// Takes one produced token; returns whether generation goes on.
+    fn push(
+        &mut self,
+        token: u32,
+        on_text: &mut impl FnMut(&str) -> std::io::Result<()>,
+    ) -> Result<bool> {
+        if self.generated.len() >= self.max_tokens {
+            return Ok(false);
+        }
+        if self.eos_ids.contains(&token) {
+            self.finish = FinishReason::Eos;
+            return Ok(false);
+        }
+        self.generated.push(token);
+        self.history.push(token);
+        if let Some(s) = self.stream.as_mut() {
+            if let Some(piece) = s.push(token)? {
+                let (out, stopped) = self.filter.push(&piece);
+                self.text.push_str(&out);
+                on_text(&out).map_err(stdout_error)?;
+                if stopped {
+                    self.finish = FinishReason::Stop;
+                    return Ok(false);
+                }
+            }
+        }
+        Ok(self.generated.len() < self.max_tokens)
+    }
+
+    /// Emits what the stream and the stop filter still hold.
+    fn flush(&mut self, on_text: &mut impl FnMut(&str) -> std::io::Result<()>) -> Result<()> {
+        if self.finish == FinishReason::Stop {
+            return Ok(());
+        }
+        if let Some(s) = self.stream.as_mut() {
+            if let Some(piece) = s.finish()? {
+                let (out, stopped) = self.filter.push(&piece);
+                self.text.push_str(&out);
+                on_text(&out).map_err(stdout_error)?;
+                if stopped {
+                    self.finish = FinishReason::Stop;
+                    return Ok(());
+                }
+            }
+        }
+        let rest = self.filter.finish();
+        self.text.push_str(&rest);
+        on_text(&rest).map_err(stdout_error)
+    }
+}
+
 /// Runs one generation. `on_text` receives the text as it is produced
 /// (nothing when there is no tokenizer); its error aborts the run.
 pub fn generate(
@@ -108,72 +180,52 @@ pub fn generate(
             req.max_tokens
         )));
     }
-    let io_err = |e: std::io::Error| Error::Io {
-        path: "<stdout>".into(),
-        source: e,
+    let mut out = Output {
+        stream: tokenizer.map(TextStream::new),
+        filter: StopFilter {
+            stop: req.stop,
+            pending: String::new(),
+        },
+        text: String::new(),
+        history: req.prompt_ids.clone(),
+        generated: Vec::new(),
+        finish: FinishReason::Length,
+        eos_ids: req.eos_ids,
+        max_tokens: req.max_tokens,
     };
-    let mut stream = tokenizer.map(TextStream::new);
-    let mut filter = StopFilter {
-        stop: req.stop,
-        pending: String::new(),
-    };
-    let mut text = String::new();
-    let mut history = req.prompt_ids.clone();
-    let mut generated = Vec::new();
 
     let t0 = Instant::now();
     let logits = model.forward(&req.prompt_ids, false)?;
-    let mut next = sampler.sample(&logits, &history);
+    let first = sampler.sample(&logits, &out.history);
     let prefill = t0.elapsed();
 
     let t1 = Instant::now();
     let mut decode_steps = 0usize;
-    let mut finish = FinishReason::Length;
-    while generated.len() < req.max_tokens {
-        if req.eos_ids.contains(&next) {
-            finish = FinishReason::Eos;
-            break;
-        }
-        generated.push(next);
-        history.push(next);
-        if let Some(s) = stream.as_mut() {
-            if let Some(piece) = s.push(next)? {
-                let (out, stopped) = filter.push(&piece);
-                text.push_str(&out);
-                on_text(&out).map_err(io_err)?;
-                if stopped {
-                    finish = FinishReason::Stop;
+    if out.push(first, &mut on_text)? {
+        if sampler.is_greedy() {
+            // The backend may keep the device a step ahead of this loop.
+            let mut failed = None;
+            decode_steps = model.greedy_run(first, req.max_tokens - 1, &mut |t| {
+                out.push(t, &mut on_text).unwrap_or_else(|e| {
+                    failed = Some(e);
+                    false
+                })
+            })?;
+            if let Some(e) = failed {
+                return Err(e);
+            }
+        } else {
+            let mut next = first;
+            loop {
+                decode_steps += 1;
+                next = model.step_sample(next, sampler, &out.history)?;
+                if !out.push(next, &mut on_text)? {
                     break;
                 }
             }
         }
-        if generated.len() == req.max_tokens {
-            break;
-        }
-        decode_steps += 1;
-        next = if sampler.is_greedy() {
-            model.step_greedy(next)?
-        } else {
-            model.step_sample(next, sampler, &history)?
-        };
     }
-    if finish != FinishReason::Stop {
-        if let Some(s) = stream.as_mut() {
-            if let Some(piece) = s.finish()? {
-                let (out, stopped) = filter.push(&piece);
-                text.push_str(&out);
-                on_text(&out).map_err(io_err)?;
-                if stopped {
-                    finish = FinishReason::Stop;
-                }
-            }
-        }
-        if finish != FinishReason::Stop {
-            let rest = filter.finish();
-            text.push_str(&rest);
-            on_text(&rest).map_err(io_err)?;
-        }
-    }
+    out.flush(&mut on_text)?;
     let decode = t1.elapsed();
     let rate = |n: usize, d: std::time::Duration| {
         if d.as_secs_f64() > 0.0 {
@@ -187,15 +239,15 @@ pub fn generate(
             prompt_tokens: req.prompt_ids.len(),
             prefill_ms: prefill.as_secs_f64() * 1e3,
             prefill_tok_per_s: rate(req.prompt_ids.len(), prefill),
-            generated_tokens: generated.len(),
+            generated_tokens: out.generated.len(),
             decode_ms: decode.as_secs_f64() * 1e3,
             // Forward passes after the prefill, each of which yields a token.
             decode_tok_per_s: rate(decode_steps, decode),
         },
         prompt_ids: req.prompt_ids.clone(),
-        generated_ids: generated,
-        text,
-        finish_reason: finish,
+        generated_ids: out.generated,
+        text: out.text,
+        finish_reason: out.finish,
     })
 }
 

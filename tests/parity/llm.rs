@@ -145,6 +145,28 @@ fn upload(gpu: &Gpu, parts: &[&Tensor], max_rows: usize) -> GpuMatrix {
     GpuMatrix::upload(gpu, "w", t.dtype, t.row_len(), t.rows(), &bytes, max).unwrap()
 }
 
+/// The CPU's conv state (the gated inputs of positions pos - taps + 1 ..
+/// pos - 1, oldest first, [taps - 1, d]) in the GPU's ring layout ([taps, d],
+/// position q in row q % taps), the spare row NaN.
+fn to_ring(state: &[f32], taps: usize, d: usize, pos: usize) -> Vec<f32> {
+    let mut ring = vec![f32::NAN; taps * d];
+    for j in 0..taps - 1 {
+        let row = (pos + 1 + j) % taps;
+        ring[row * d..(row + 1) * d].copy_from_slice(&state[j * d..(j + 1) * d]);
+    }
+    ring
+}
+
+/// The inverse of [`to_ring`]: the rows the next token at `pos` reads.
+fn from_ring(ring: &[f32], taps: usize, d: usize, pos: usize) -> Vec<f32> {
+    (0..taps - 1)
+        .flat_map(|j| {
+            let row = (pos + 1 + j) % taps;
+            ring[row * d..(row + 1) * d].to_vec()
+        })
+        .collect()
+}
+
 fn run(gpu: &Gpu, ds: &[Dispatch]) {
     let refs: Vec<&Dispatch> = ds.iter().collect();
     gpu.run_all(&refs).unwrap();
@@ -278,6 +300,9 @@ fn gemv_conv(gpu: &Gpu, v: &Variant) {
             let conv = rng.vec(d * taps, -1.0, 1.0);
             let nw = rng.vec(d, 0.5, 1.5);
             let mut state = rng.vec((taps - 1) * d, -1.0, 1.0);
+            // The GPU keeps the state as a ring; start at a position that
+            // wraps it, with its spare row poisoned (it must not be read).
+            let pos0 = 5;
             let rb = in_proj.row_bytes();
             let b = in_proj.bytes();
             let parts: Vec<&[u8]> = (0..3).map(|p| &b[p * d * rb..(p + 1) * d * rb]).collect();
@@ -285,9 +310,13 @@ fn gemv_conv(gpu: &Gpu, v: &Variant) {
             let m = GpuMatrix::upload(gpu, "in_proj", t, d, d, &parts, max).unwrap();
             let gc = gpu.upload_f32("conv", &conv).unwrap();
             let gn = gpu.upload_f32("nw", &nw).unwrap();
-            let gs = gpu.upload_f32("state", &state).unwrap();
+            let gs = gpu
+                .upload_f32("state", &to_ring(&state, taps, d, pos0))
+                .unwrap();
             // Two tokens in a row: the second reads the state the first left.
             for step in 0..2 {
+                let pos = pos0 + step;
+                let gstep = gpu.upload_u32("step", &[0, pos as u32, 0, 0]).unwrap();
                 let x = rng.vec(d, -3.0, 3.0);
                 let mut want = vec![0.0; d];
                 cpu::gemv_conv(&in_proj, &x, &nw, 1e-5, &conv, taps, &mut state, &mut want);
@@ -298,6 +327,7 @@ fn gemv_conv(gpu: &Gpu, v: &Variant) {
                     eps: 1e-5,
                     conv: &gc,
                     state: &gs,
+                    step: &gstep,
                     taps,
                 };
                 run(
@@ -314,9 +344,10 @@ fn gemv_conv(gpu: &Gpu, v: &Variant) {
                     4.0 * PRODUCT_TOL,
                 );
                 if taps > 1 {
+                    let ring = gpu.read_f32(&gs).unwrap();
                     assert_products(
                         &format!("{what} state"),
-                        &gpu.read_f32(&gs).unwrap()[..state.len()],
+                        &from_ring(&ring, taps, d, pos + 1),
                         &state,
                         PRODUCT_TOL,
                     );
@@ -624,13 +655,17 @@ fn short_conv(gpu: &Gpu, _v: &Variant) {
             let bcx = rng.vec(n * 3 * d, -2.0, 2.0);
             let conv = rng.vec(d * taps, -1.0, 1.0);
             let mut state = rng.vec((taps - 1) * d, -1.0, 1.0);
-            let gs = gpu.upload_f32("state", &state).unwrap();
+            let pos0 = 6;
+            let gs = gpu
+                .upload_f32("state", &to_ring(&state, taps, d, pos0))
+                .unwrap();
+            let gstep = gpu.upload_u32("step", &[0, pos0 as u32, 0, 0]).unwrap();
             let mut want = vec![0.0; n * d];
             cpu::short_conv(&bcx, &conv, taps, d, &mut state, &mut want);
             let gb = gpu.upload_f32("bcx", &bcx).unwrap();
             let gc = gpu.upload_f32("conv", &conv).unwrap();
             let gy = gpu.poisoned_f32("y", n * d).unwrap();
-            let disp = llm_ops::short_conv(gpu, &gb, &gc, &gs, &gy, d, taps, n).unwrap();
+            let disp = llm_ops::short_conv(gpu, &gb, &gc, &gs, &gstep, &gy, d, taps, n).unwrap();
             gpu.run_all(&[&disp]).unwrap();
             let what = format!("short_conv d={d} n={n} taps={taps}");
             // Sums of `taps` terms in the same order; products may fuse.
@@ -638,7 +673,7 @@ fn short_conv(gpu: &Gpu, _v: &Variant) {
             if taps > 1 {
                 assert_close(
                     &format!("{what} state"),
-                    &gpu.read_f32(&gs).unwrap()[..state.len()],
+                    &from_ring(&gpu.read_f32(&gs).unwrap(), taps, d, pos0 + n),
                     &state,
                     1e-12,
                 );
