@@ -110,19 +110,27 @@ impl Gpu {
         staging: &wgpu::Buffer,
         len: u64,
     ) -> Result<Vec<u8>> {
-        self.queue.submit([enc.finish()]);
-        self.read_staging(staging, len)
+        let done = self.queue.submit([enc.finish()]);
+        self.read_staging(staging, len, done)
     }
 
-    /// The first `len` bytes of `staging` once the device has finished the
-    /// submissions that write it.
-    pub fn read_staging(&self, staging: &wgpu::Buffer, len: u64) -> Result<Vec<u8>> {
+    /// The first `len` bytes of `staging` once submission `done`, which
+    /// writes it, has finished; later submissions may still be running.
+    pub fn read_staging(
+        &self,
+        staging: &wgpu::Buffer,
+        len: u64,
+        done: wgpu::SubmissionIndex,
+    ) -> Result<Vec<u8>> {
         let (tx, rx) = std::sync::mpsc::channel();
         staging.map_async(wgpu::MapMode::Read, ..len, move |r| {
             let _ = tx.send(r);
         });
         self.device
-            .poll(wgpu::PollType::wait_indefinitely())
+            .poll(wgpu::PollType::Wait {
+                submission_index: Some(done),
+                timeout: None,
+            })
             .map_err(|e| Error::gpu(format!("readback: {e}")))?;
         rx.recv()
             .map_err(|_| Error::gpu("readback: map callback dropped"))?

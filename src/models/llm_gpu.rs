@@ -669,7 +669,7 @@ impl GpuLlm {
 
     /// Submits one greedy decode step consuming the token in io.token, its
     /// argmax copied into `staging`; advances the position.
-    fn submit_greedy(&mut self, staging: &wgpu::Buffer) -> Result<()> {
+    fn submit_greedy(&mut self, staging: &wgpu::Buffer) -> Result<wgpu::SubmissionIndex> {
         if self.pos + 1 > self.cfg.context {
             return Err(Error::invalid(format!(
                 "sequence of {} tokens exceeds the model's context of {}",
@@ -687,9 +687,9 @@ impl GpuLlm {
             self.record_step(&mut pass, splits, Readback::Token, &mut |_, _| {});
         }
         enc.copy_buffer_to_buffer(&self.io.token, 0, staging, 0, 4);
-        g.queue.submit([enc.finish()]);
+        let done = g.queue.submit([enc.finish()]);
         self.pos += 1;
-        Ok(())
+        Ok(done)
     }
 
     /// Greedy decoding with the GPU one step ahead of the host: step i + 1
@@ -714,14 +714,17 @@ impl GpuLlm {
             self.io.token_staging.clone(),
             self.io.token_staging2.clone(),
         ];
-        self.submit_greedy(&staging[0])?;
+        // Submission of each step in flight, oldest first.
+        let mut flight = std::collections::VecDeque::new();
+        flight.push_back(self.submit_greedy(&staging[0])?);
         let (mut submitted, mut produced) = (1, 0);
         loop {
             if submitted < max {
-                self.submit_greedy(&staging[submitted % 2])?;
+                flight.push_back(self.submit_greedy(&staging[submitted % 2])?);
                 submitted += 1;
             }
-            let bytes = self.gpu.read_staging(&staging[produced % 2], 4)?;
+            let done = flight.pop_front().expect("a step in flight");
+            let bytes = self.gpu.read_staging(&staging[produced % 2], 4, done)?;
             let next = u32::from_le_bytes(bytes[..4].try_into().expect("4 bytes"));
             produced += 1;
             if !emit(next) || produced == max {
@@ -729,7 +732,8 @@ impl GpuLlm {
                     // The step that ran ahead consumed `next`: wait for it
                     // (its staging buffer must be unmapped for reuse) and
                     // take it back.
-                    self.gpu.read_staging(&staging[produced % 2], 4)?;
+                    let done = flight.pop_front().expect("the step ahead");
+                    self.gpu.read_staging(&staging[produced % 2], 4, done)?;
                     self.pos -= 1;
                 }
                 return Ok(produced);
@@ -798,9 +802,9 @@ impl GpuLlm {
             timer.resolve(&mut enc, marks);
             enc.copy_buffer_to_buffer(&self.io.token, 0, &self.io.token_staging, 0, 4);
             let t1 = Instant::now();
-            g.queue.submit([enc.finish()]);
+            let done = g.queue.submit([enc.finish()]);
             let t2 = Instant::now();
-            let out = g.read_staging(&self.io.token_staging, 4)?;
+            let out = g.read_staging(&self.io.token_staging, 4, done)?;
             let t3 = Instant::now();
             let ts = timer.read(g, marks)?;
             prof.record_us += (t1 - t0).as_secs_f64() * 1e6;
