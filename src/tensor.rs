@@ -257,6 +257,55 @@ pub fn matvec(w: &Tensor, x: &[f32], y: &mut [f32]) {
         .for_each(|(r, out)| *out = dot.dot(&bytes[r * rb..(r + 1) * rb]));
 }
 
+/// `ys[i] = ws[i] x` for several matrices with the same input, in one
+/// parallel pass over all their rows: one fork and join instead of one per
+/// matrix (decode's q/k/v and gate/up, where each pass is short).
+pub fn matvec_same_input(ws: &[&Tensor], x: &[f32], ys: &mut [&mut [f32]]) {
+    assert_eq!(
+        ws.len(),
+        ys.len(),
+        "matvec_same_input: one output per matrix"
+    );
+    let mut starts = Vec::with_capacity(ws.len() + 1);
+    let mut total = 0;
+    for (w, y) in ws.iter().zip(ys.iter()) {
+        assert_eq!(
+            x.len(),
+            w.row_len(),
+            "matvec '{}': x is not [{}]",
+            w.name,
+            w.row_len()
+        );
+        assert_eq!(
+            y.len(),
+            w.rows(),
+            "matvec '{}': y is not [{}]",
+            w.name,
+            w.rows()
+        );
+        starts.push(total);
+        total += w.rows();
+    }
+    starts.push(total);
+    let dots: Vec<quant::fast::RowDot> = ws
+        .iter()
+        .map(|w| quant::fast::RowDot::new(w.dtype, x))
+        .collect();
+    let mut out = vec![0.0f32; total];
+    out.par_iter_mut()
+        .enumerate()
+        .with_min_len(16)
+        .for_each(|(i, o)| {
+            let m = starts.partition_point(|&s| s <= i) - 1;
+            let (w, r) = (ws[m], i - starts[m]);
+            let rb = w.row_bytes();
+            *o = dots[m].dot(&w.bytes()[r * rb..(r + 1) * rb]);
+        });
+    for (m, y) in ys.iter_mut().enumerate() {
+        y.copy_from_slice(&out[starts[m]..starts[m + 1]]);
+    }
+}
+
 /// Weight rows dequantised together in [`matmul`], so each input row is read
 /// once per tile rather than once per weight row.
 const MATMUL_TILE: usize = 16;
@@ -310,6 +359,25 @@ mod tests {
     fn weights(dtype: GgmlType, n: usize, k: usize, seed: u64) -> Tensor {
         let data = Rng::new(seed).vec(n * k, -1.0, 1.0);
         Tensor::quantize_f32("w", vec![n, k], &data, dtype).unwrap()
+    }
+
+    #[test]
+    fn matvec_same_input_equals_one_matvec_per_matrix() {
+        // Different formats and row counts, sharing one input.
+        let ws = [
+            weights(GgmlType::Q4_1, 7, 64, 1),
+            weights(GgmlType::Q8_0, 33, 64, 2),
+            weights(GgmlType::F32, 1, 64, 3),
+        ];
+        let x = Rng::new(4).vec(64, -2.0, 2.0);
+        let mut got: Vec<Vec<f32>> = ws.iter().map(|w| vec![f32::NAN; w.rows()]).collect();
+        let mut outs: Vec<&mut [f32]> = got.iter_mut().map(|v| v.as_mut_slice()).collect();
+        matvec_same_input(&[&ws[0], &ws[1], &ws[2]], &x, &mut outs);
+        for (w, g) in ws.iter().zip(&got) {
+            let mut want = vec![0.0; w.rows()];
+            matvec(w, &x, &mut want);
+            assert_eq!(g, &want, "{:?}", w.dtype);
+        }
     }
 
     #[test]

@@ -527,9 +527,17 @@ impl CausalLm for CpuLlm {
                     let mut q = vec![0.0f32; n * qw];
                     let mut k = vec![0.0f32; n * kvw];
                     let mut v = vec![0.0f32; n * kvw];
-                    tensor::matmul(&a.q, &h, n, &mut q);
-                    tensor::matmul(&a.k, &h, n, &mut k);
-                    tensor::matmul(&a.v, &h, n, &mut v);
+                    if n == 1 {
+                        tensor::matvec_same_input(
+                            &[&a.q, &a.k, &a.v],
+                            &h,
+                            &mut [&mut q, &mut k, &mut v],
+                        );
+                    } else {
+                        tensor::matmul(&a.q, &h, n, &mut q);
+                        tensor::matmul(&a.k, &h, n, &mut k);
+                        tensor::matmul(&a.v, &h, n, &mut v);
+                    }
                     if let Some(w) = &a.q_norm {
                         let src = q.clone();
                         cpu::rms_norm(&src, w, cfg.norm_eps, &mut q);
@@ -587,8 +595,12 @@ impl CausalLm for CpuLlm {
             cpu::rms_norm(&x, &layer.norm2, cfg.norm_eps, &mut h);
             let mut g = vec![0.0f32; n * cfg.ffn];
             let mut u = vec![0.0f32; n * cfg.ffn];
-            tensor::matmul(&layer.gate, &h, n, &mut g);
-            tensor::matmul(&layer.up, &h, n, &mut u);
+            if n == 1 {
+                tensor::matvec_same_input(&[&layer.gate, &layer.up], &h, &mut [&mut g, &mut u]);
+            } else {
+                tensor::matmul(&layer.gate, &h, n, &mut g);
+                tensor::matmul(&layer.up, &h, n, &mut u);
+            }
             for (g, u) in g.iter_mut().zip(&u) {
                 *g = cpu::silu(*g) * u;
             }
