@@ -322,7 +322,13 @@ fn compare(
     assert_eq!(gpu_m.position(), cpu_m.position());
     let want = cpu_m.forward(&[tok], false).unwrap();
     let after = gpu_m.forward(&[tok], false).unwrap();
-    assert_logits(&format!("{what} after the pipelined run"), &after, &want, v, TINY_TOL);
+    assert_logits(
+        &format!("{what} after the pipelined run"),
+        &after,
+        &want,
+        v,
+        TINY_TOL,
+    );
     cpu_m.reset();
     gpu_m.reset();
     // Sampling with llama.cpp's defaults draws from the top candidates the
