@@ -6,10 +6,12 @@
 //! and the conv state stay on the GPU. Decode is prepared once (bind groups,
 //! dispatch list, scratch buffers: nothing is allocated per token) and
 //! records a whole token, every layer, the head and the argmax, into one
-//! submission; the per-token values (token id, position, KV length, attention
-//! splits, RoPE angles) go into two small buffers written once per token, and
-//! only the token id comes back (or, for sampling, the top candidates; or
-//! the logits, when asked). Per decode
+//! submission; the per-token values (position, KV length, attention splits,
+//! RoPE angles) go into two small buffers written once per token, and only
+//! the token id comes back (or, for sampling, the top candidates; or the
+//! logits, when asked). The token a step consumes is read on the GPU from
+//! where the previous step's argmax left it, so greedy decoding runs a step
+//! ahead of the host ([`CausalLm::greedy_run`]). Per decode
 //! layer: an attention layer is norm+QKV, q/k norm+RoPE+cache write,
 //! attention (+ merge on long contexts), output projection+residual,
 //! norm+gate/up+SwiGLU, down+residual; an LFM2 conv layer is
