@@ -243,7 +243,7 @@ impl Tensor {
     }
 }
 
-/// w: [n, k] (any type), x: [k] -> y: [n]; y = W x. Rows in parallel.
+/// w: [n, k] (any type), x: `[k]` -> y: `[n]`; y = W x. Rows in parallel.
 pub fn matvec(w: &Tensor, x: &[f32], y: &mut [f32]) {
     let (n, k) = (w.rows(), w.row_len());
     assert_eq!(x.len(), k, "matvec '{}': x is not [{k}]", w.name);

@@ -130,7 +130,7 @@ impl Conv2d {
     }
 }
 
-/// x: [c_in, h_in, w_in], w: [c_out, c_in / groups, kh, kw], b: [c_out]
+/// x: [c_in, h_in, w_in], w: [c_out, c_in / groups, kh, kw], b: `[c_out]`
 /// -> y: [c_out, h_out, w_out]; y = act(b + sum over the group's input
 /// channels and the kernel window of w * x), zero padding.
 ///
@@ -183,7 +183,7 @@ const PW_PIXELS: usize = 16;
 const PW_PANEL: usize = 64;
 
 /// A 1x1 convolution ([`Conv2d::is_pointwise`]): x: [c_in, n],
-/// w: [c_out, c_in], b: [c_out] -> y: [c_out, n] over the n = h * w pixels;
+/// w: [c_out, c_in], b: `[c_out]` -> y: [c_out, n] over the n = h * w pixels;
 /// y = act(b + w x). Same sums as [`conv2d`] (input channels in order),
 /// computed in 4 x 16 register tiles over packed panels of pixels.
 pub fn conv2d_pointwise(
@@ -434,7 +434,7 @@ fn tap<const S: usize>(acc: &mut [f32; ROW_TILE], row: &[f32], base: usize, wv: 
     }
 }
 
-/// x: [c, n] -> y: [c]; the mean of each channel's `n` values.
+/// x: [c, n] -> y: `[c]`; the mean of each channel's `n` values.
 pub fn global_avg_pool(x: &[f32], c: usize, n: usize, y: &mut [f32]) {
     assert_eq!(x.len(), c * n, "global_avg_pool: x is not [c, n]");
     assert_eq!(y.len(), c, "global_avg_pool: y is not [c]");
@@ -443,7 +443,7 @@ pub fn global_avg_pool(x: &[f32], c: usize, n: usize, y: &mut [f32]) {
     }
 }
 
-/// x: [c, n], s: [c] -> y: [c, n]; y = x * s per channel (squeeze-and-
+/// x: [c, n], s: `[c]` -> y: [c, n]; y = x * s per channel (squeeze-and-
 /// excitation).
 pub fn scale_channels(x: &[f32], s: &[f32], n: usize, y: &mut [f32]) {
     assert_eq!(x.len(), s.len() * n, "scale_channels: x is not [c, n]");

@@ -34,7 +34,7 @@ const TILE: usize = 512;
 const OB: usize = 4;
 const TB: usize = 16;
 
-/// x: [c_in, t_in], w: [c_out, c_in / groups, k], bias: [c_out] or none
+/// x: [c_in, t_in], w: [c_out, c_in / groups, k], bias: `[c_out]` or none
 /// -> y: [c_out, t_out] (stride 1). Work is split over output channels.
 pub fn conv1d(
     x: &[f32],
@@ -246,7 +246,7 @@ impl ConvTranspose1dShape {
     }
 }
 
-/// x: [c_in, t_in], w: [c_in, c_out, k], bias: [c_out] or none
+/// x: [c_in, t_in], w: [c_in, c_out, k], bias: `[c_out]` or none
 /// -> y: [c_out, t_out]; y[o, t*stride + k - pad] += x[i, t] w[i, o, k].
 /// Written as a gather (each output step sums the taps that reach it) so
 /// output rows are independent and computed in parallel.

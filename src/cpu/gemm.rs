@@ -1,8 +1,8 @@
 //! The fast CPU matrix multiply, for the CPU backend's heavy lifting. Same
-//! contract as [`super::matmul`] (the plain oracle it is tested against):
-//! y[m, n] = x[m, k] · w[n, k]^T + bias[n], with the weights repacked once.
+//! contract as [`super::matmul()`] (the plain oracle it is tested against):
+//! y[m, n] = x[m, k] · w[n, k]^T + `bias[n]`, with the weights repacked once.
 //!
-//! The weights are stored in panels of 16 rows of w, k-major ([k][16]), so
+//! The weights are stored in panels of 16 rows of w, k-major (`[k][16]`), so
 //! one k step of a panel is 16 contiguous floats: two 8-wide vectors. The
 //! inner kernel holds a 6 x 16 block of y in 12 vector accumulators and, per
 //! k, loads the two panel vectors, broadcasts 6 values of x and issues 12
@@ -54,8 +54,8 @@ impl PackedMatrix {
     }
 }
 
-/// y[m, n] = x[m, k] · w[n, k]^T (+ bias[n]) for a packed w; equal to
-/// [`super::matmul`]'s result up to the order of the additions.
+/// y[m, n] = x[m, k] · w[n, k]^T (+ `bias[n]`) for a packed w; equal to
+/// [`super::matmul()`]'s result up to the order of the additions.
 pub fn matmul_packed(x: &[f32], w: &PackedMatrix, bias: Option<&[f32]>, m: usize, y: &mut [f32]) {
     let (n, k) = (w.n, w.k);
     assert_eq!(x.len(), m * k, "matmul_packed: x is not [m, k]");

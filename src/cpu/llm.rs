@@ -69,7 +69,7 @@ fn rope_with_table(
     }
 }
 
-/// table: [vocab, hidden] (any type), tokens: [n] -> out: [n, hidden]. The
+/// table: [vocab, hidden] (any type), tokens: `[n]` -> out: [n, hidden]. The
 /// caller has checked every token against the vocabulary.
 pub fn embedding(table: &Tensor, tokens: &[u32], out: &mut [f32]) {
     let d = table.row_len();
@@ -83,7 +83,7 @@ pub fn embedding(table: &Tensor, tokens: &[u32], out: &mut [f32]) {
     }
 }
 
-/// w: [rows, k] (any type), x: [k] -> y: [rows]; y = W x.
+/// w: [rows, k] (any type), x: `[k]` -> y: `[rows]`; y = W x.
 pub fn gemv(w: &Tensor, x: &[f32], y: &mut [f32]) {
     tensor::matvec(w, x, y);
 }

@@ -22,7 +22,7 @@ pub fn dot(a: &[f32], b: &[f32]) -> f32 {
     acc.iter().sum::<f32>() + tail
 }
 
-/// x: [m, k], w: [n, k], bias: [n] or none -> y: [m, n]; y = x w^T + bias.
+/// x: [m, k], w: [n, k], bias: `[n]` or none -> y: [m, n]; y = x w^T + bias.
 /// Rows of `y` are computed in parallel.
 pub fn matmul(
     x: &[f32],

@@ -1,6 +1,6 @@
 //! Normalisations.
 
-/// x: [rows, n], w: [n] -> y: [rows, n]; y = w * x / sqrt(mean(x^2) + eps)
+/// x: [rows, n], w: `[n]` -> y: [rows, n]; y = w * x / sqrt(mean(x^2) + eps)
 pub fn rms_norm(x: &[f32], w: &[f32], eps: f32, y: &mut [f32]) {
     let n = w.len();
     assert!(
@@ -16,7 +16,7 @@ pub fn rms_norm(x: &[f32], w: &[f32], eps: f32, y: &mut [f32]) {
     }
 }
 
-/// x: [rows, n], w, b: [n] -> y: [rows, n]; y = (x - mean) / sqrt(var + eps) * w + b
+/// x: [rows, n], w, b: `[n]` -> y: [rows, n]; y = (x - mean) / sqrt(var + eps) * w + b
 /// (biased variance, as torch.nn.LayerNorm).
 pub fn layer_norm(x: &[f32], w: &[f32], b: &[f32], eps: f32, y: &mut [f32]) {
     let n = w.len();

@@ -71,12 +71,12 @@ kernel!(
 /// Rows and columns of y one matmul workgroup computes.
 const MATMUL_TILE: usize = 64;
 
-/// One linear layer: y[m, n] = act(x[m, k] · w[n, k]^T + bias[n]) + residual[m, n].
+/// One linear layer: y[m, n] = act(x[m, k] · w[n, k]^T + `bias[n]`) + residual[m, n].
 pub struct Linear<'a> {
     pub x: &'a wgpu::Buffer,
     pub w: &'a wgpu::Buffer,
     pub format: WeightFormat,
-    /// [n]
+    /// `[n]`
     pub bias: Option<&'a wgpu::Buffer>,
     /// [m, n], added after the activation.
     pub residual: Option<&'a wgpu::Buffer>,
@@ -263,7 +263,7 @@ pub fn pack_seqs(seqs: &[SeqSpan]) -> Vec<u32> {
 
 /// Attention over the ragged batch `seqs` (uploaded as `seqs_buf` =
 /// [`pack_seqs`]); out: [rows, heads * head_dim]. Same maths as
-/// [`crate::cpu::attention`].
+/// [`crate::cpu::attention()`].
 #[allow(clippy::too_many_arguments)]
 pub fn attention(
     gpu: &Gpu,

@@ -437,7 +437,7 @@ format_kernel!(
 const GEMM_ROWS: usize = 64;
 const GEMM_TOKENS: usize = 32;
 
-/// y[t, out_off + part * w.rows + r] (+)= W_part[r] . x[t] for `n` tokens;
+/// y[t, out_off + part * w.rows + r] (+)= `W_part[r]` . `x[t]` for `n` tokens;
 /// x: [n, x_stride], y: [n, y_stride]. One dispatch per chunk of `w`.
 #[allow(clippy::too_many_arguments)]
 pub fn gemm(
@@ -519,7 +519,7 @@ format_kernel!(
     []
 );
 
-/// y[t] = table[tokens[tok_off + t]] for `n` tokens (checked against the
+/// `y[t]` = table[tokens[tok_off + t]] for `n` tokens (checked against the
 /// vocabulary by the caller); one dispatch per chunk of the table.
 pub fn embedding(
     gpu: &Gpu,
@@ -810,7 +810,7 @@ kernel!(
     [&[]]
 );
 
-/// LFM2's gated short convolution over `n` tokens at positions step[1]..:
+/// LFM2's gated short convolution over `n` tokens at positions `step[1]`..:
 /// bcx [n, 3 hidden] -> y [n, hidden], continuing from and updating the ring
 /// `state` [taps, hidden] (short_conv.wgsl).
 #[allow(clippy::too_many_arguments)]
@@ -912,7 +912,7 @@ kernel!(
 /// Elements of x one `argmax_part` workgroup reduces (CHUNK in argmax.wgsl).
 pub const ARGMAX_CHUNK: usize = 1024;
 
-/// out[0] = the index of the largest of x[0..n] (the first on ties): many
+/// `out[0]` = the index of the largest of x[0..n] (the first on ties): many
 /// workgroups find the best of their slice, one more picks among those.
 pub fn argmax(gpu: &Gpu, x: &wgpu::Buffer, out: &wgpu::Buffer, n: usize) -> Result<Vec<Dispatch>> {
     let groups = n.div_ceil(ARGMAX_CHUNK).max(1);

@@ -71,7 +71,7 @@ fn to_u32(what: &str, v: usize) -> Result<u32> {
 }
 
 /// `y = act(conv(x, w) + b)` for geometry `g` (see [`crate::cpu::conv2d`]);
-/// x: [c_in, h_in, w_in], w: [c_out, c_in / groups, kh, kw], b: [c_out],
+/// x: [c_in, h_in, w_in], w: [c_out, c_in / groups, kh, kw], b: `[c_out]`,
 /// y: [c_out, h_out, w_out]. `variant` is [`conv2d_variant`] or, for any
 /// geometry, the default.
 #[allow(clippy::too_many_arguments)]
@@ -161,7 +161,7 @@ kernel!(
     [&[]]
 );
 
-/// x: [c, n] -> y: [c], the mean of each channel.
+/// x: [c, n] -> y: `[c]`, the mean of each channel.
 pub fn global_avg_pool(
     gpu: &Gpu,
     x: &wgpu::Buffer,
@@ -199,7 +199,7 @@ kernel!(
     [&[]]
 );
 
-/// x: [c, n], s: [c] -> y: [c, n], y = x * s per channel.
+/// x: [c, n], s: `[c]` -> y: [c, n], y = x * s per channel.
 pub fn scale_channels(
     gpu: &Gpu,
     x: &wgpu::Buffer,

@@ -3,7 +3,7 @@
 //! the GPU plan.
 //!
 //! Forward pass (post-norm):
-//!   h = LayerNorm(word[id] + position[pos] + token_type[type])
+//!   h = LayerNorm(`word[id]` + `position[pos]` + `token_type[type]`)
 //!   per layer: a = LayerNorm(h + Wo · attention(Wq h, Wk h, Wv h))
 //!              h = LayerNorm(a + W2 · act(W1 a))
 //! Batches are ragged: sequences of different lengths packed row after row,
@@ -161,19 +161,19 @@ pub struct BertLayer {
     pub qkv_w: Vec<f32>,
     /// attention.self.{query,key,value}.bias stacked: [3 d]
     pub qkv_b: Vec<f32>,
-    /// attention.output.dense.weight: [d, d], .bias: [d]
+    /// attention.output.dense.weight: [d, d], .bias: `[d]`
     pub attention_output_w: Vec<f32>,
     pub attention_output_b: Vec<f32>,
-    /// attention.output.LayerNorm.weight, .bias: [d]
+    /// attention.output.LayerNorm.weight, .bias: `[d]`
     pub attention_norm_w: Vec<f32>,
     pub attention_norm_b: Vec<f32>,
-    /// intermediate.dense.weight: [i, d], .bias: [i]
+    /// intermediate.dense.weight: [i, d], .bias: `[i]`
     pub intermediate_w: Vec<f32>,
     pub intermediate_b: Vec<f32>,
-    /// output.dense.weight: [d, i], .bias: [d]
+    /// output.dense.weight: [d, i], .bias: `[d]`
     pub output_w: Vec<f32>,
     pub output_b: Vec<f32>,
-    /// output.LayerNorm.weight, .bias: [d]
+    /// output.LayerNorm.weight, .bias: `[d]`
     pub output_norm_w: Vec<f32>,
     pub output_norm_b: Vec<f32>,
 }
@@ -185,7 +185,7 @@ pub struct BertWeights {
     pub position_embeddings: Vec<f32>,
     /// embeddings.token_type_embeddings.weight: [type_vocab, d]
     pub token_type_embeddings: Vec<f32>,
-    /// embeddings.LayerNorm.weight, .bias: [d]
+    /// embeddings.LayerNorm.weight, .bias: `[d]`
     pub embeddings_norm_w: Vec<f32>,
     pub embeddings_norm_b: Vec<f32>,
     pub layers: Vec<BertLayer>,
@@ -445,11 +445,11 @@ impl BertWeights {
 /// A ragged batch of token sequences, packed row after row.
 #[derive(Clone, Debug, Default)]
 pub struct Batch {
-    /// [tokens]
+    /// `[tokens]`
     pub ids: Vec<u32>,
-    /// [tokens]: 0 for single sentences
+    /// `[tokens]`: 0 for single sentences
     pub type_ids: Vec<u32>,
-    /// [tokens]: position within its sequence
+    /// `[tokens]`: position within its sequence
     pub positions: Vec<u32>,
     pub seqs: Vec<SeqSpan>,
 }

@@ -101,7 +101,7 @@ pub struct Attention {
     pub v: Tensor,
     /// [hidden, heads * head_dim]
     pub o: Tensor,
-    /// LFM2: RMSNorm over each head of q and k before RoPE, [head_dim].
+    /// LFM2: RMSNorm over each head of q and k before RoPE, `[head_dim]`.
     pub q_norm: Option<Vec<f32>>,
     pub k_norm: Option<Vec<f32>>,
 }
@@ -122,10 +122,10 @@ pub enum Mixer {
 }
 
 pub struct Layer {
-    /// [hidden]
+    /// `[hidden]`
     pub norm1: Vec<f32>,
     pub mixer: Mixer,
-    /// [hidden]
+    /// `[hidden]`
     pub norm2: Vec<f32>,
     /// [ffn, hidden]
     pub gate: Tensor,
@@ -139,7 +139,7 @@ pub struct Weights {
     /// [vocab, hidden]
     pub embed: Tensor,
     pub layers: Vec<Layer>,
-    /// [hidden]
+    /// `[hidden]`
     pub final_norm: Vec<f32>,
     /// [vocab, hidden]; the embedding itself when tied.
     pub head: Tensor,

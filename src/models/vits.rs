@@ -841,7 +841,7 @@ fn flip_channels(x: &mut [f32], c: usize, t: usize) {
 pub struct Generator {
     pub conv_pre: Conv,
     pub ups: Vec<ConvT>,
-    /// resblocks[stage][kernel] = the block's dilated convolutions in order.
+    /// `resblocks[stage][kernel]` = the block's dilated convolutions in order.
     pub resblocks: Vec<Vec<Vec<Conv>>>,
     pub conv_post: Conv,
 }

@@ -3,7 +3,7 @@
 //!
 //! [`plan`] opens the input (an HF directory, a GGUF file, or a bare
 //! safetensors file), decides each tensor's output type with a
-//! [`Policy`], and lays out the metadata; [`write`] then streams the file:
+//! [`Policy`], and lays out the metadata; [`write()`] then streams the file:
 //! one tensor is read (memory-mapped), dequantised to f32 when its type
 //! changes, quantised row-parallel on every core, written, and dropped
 //! before the next, so memory stays near the size of the largest tensor.

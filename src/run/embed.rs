@@ -16,13 +16,13 @@ use tokenizers::{Tokenizer, TruncationDirection, TruncationParams, TruncationStr
 /// How token vectors become one sentence vector (sentence-transformers' Pooling).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum Pooling {
-    /// The first token ([CLS]).
+    /// The first token (`[CLS]`).
     Cls,
     /// Mean over the tokens.
     Mean,
     /// Elementwise maximum over the tokens.
     Max,
-    /// The last token ([SEP] for BERT).
+    /// The last token (`[SEP]` for BERT).
     #[value(name = "last")]
     LastToken,
     /// Sum over the tokens divided by sqrt(token count).
@@ -385,7 +385,7 @@ impl Embedder {
         opts.pooling.as_deref().unwrap_or(&self.sentence.pooling)
     }
 
-    /// Tokenises `texts` as sentence-transformers does: [CLS] text [SEP],
+    /// Tokenises `texts` as sentence-transformers does: `[CLS]` text `[SEP]`,
     /// truncated to max_seq_length.
     pub fn tokenize<S: AsRef<str> + Sync>(&self, texts: &[S]) -> Result<Vec<Tokens>> {
         let inputs: Vec<&str> = texts.iter().map(|t| t.as_ref()).collect();

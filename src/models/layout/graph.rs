@@ -52,7 +52,7 @@ pub enum Op {
         geom: Conv2d,
         /// [c_out, c_in / groups, kh, kw]
         weight: Vec<f32>,
-        /// [c_out]
+        /// `[c_out]`
         bias: Vec<f32>,
         act: ConvActivation,
     },
