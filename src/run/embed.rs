@@ -16,13 +16,13 @@ use tokenizers::{Tokenizer, TruncationDirection, TruncationParams, TruncationStr
 /// How token vectors become one sentence vector (sentence-transformers' Pooling).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum Pooling {
-    /// The first token (`[CLS]`).
+    /// The first token (BERT's CLS).
     Cls,
     /// Mean over the tokens.
     Mean,
     /// Elementwise maximum over the tokens.
     Max,
-    /// The last token (`[SEP]` for BERT).
+    /// The last token (SEP for BERT).
     #[value(name = "last")]
     LastToken,
     /// Sum over the tokens divided by sqrt(token count).
