@@ -1,20 +1,54 @@
-// top_k: the k largest of x[0..n] (k <= n, k <= 256) as (index, value) pairs
+// top_k: the k largest of n values (k <= n, k <= 256) as (index, value) pairs
 // for sampling with a small readback; which k values are chosen matches a
 // stable sort by value, descending (ties at the k-th value go to the lowest
 // indices), as cpu::top_k and run::sampling do. Unordered: the host sorts.
 // Values are ordered by their bits made monotonic (key), so a radix select
 // over four 8-bit digits, most significant first, finds the k-th key T with
 // one workgroup histogram per digit; then every key > T and the first
-// (lowest-index) keys == T are written, in index order per thread range.
-// bindings: 0 params {n, k}, 1 x: [n], 2 out: array<u32> [2 k]
-//           (read_write): pairs (index, bitcast<u32>(value))
-// dispatch: one workgroup of 256 threads
+// (lowest-index) keys == T are written, in index order per thread range:
+// all keys > T in index order, then the ties, in index order.
+// Three kernels from this file (gpu::llm_ops::top_k):
+//   top_k           one workgroup over x[0..n];
+//   top_k_part      PARTIAL: workgroup g over the slice x[g SLICE .. (g + 1)
+//                   SLICE) (the last one also takes the rest up to n, so each
+//                   holds >= k values), its k pairs to out[2 k g ..];
+//   top_k (MERGE)   one workgroup over n pairs (index, value bits) from
+//                   top_k_part, keeping their indices. Ties at the final
+//                   threshold lie in index order in that list (slices in
+//                   order; within one, in one group), so the result is the
+//                   one-workgroup kernel's.
+// bindings: 0 params {n, k}, 1 x: [n] (MERGE: array<u32> [2 n] pairs),
+//           2 out: array<u32> [2 k] (PARTIAL: [2 k groups]) (read_write):
+//           pairs (index, bitcast<u32>(value))
+// dispatch: one workgroup of 256 threads; PARTIAL: floor(n / SLICE)
 
 struct Params { n: u32, k: u32, _p0: u32, _p1: u32 }
 
 @group(0) @binding(0) var<uniform> p: Params;
+#if MERGE
+@group(0) @binding(1) var<storage, read> x: array<u32>;
+#else
 @group(0) @binding(1) var<storage, read> x: array<f32>;
+#endif
 @group(0) @binding(2) var<storage, read_write> out: array<u32>;
+
+const SLICE: u32 = 4096u;
+
+#if MERGE
+fn value(i: u32) -> f32 {
+    return bitcast<f32>(x[2u * i + 1u]);
+}
+fn index(i: u32) -> u32 {
+    return x[2u * i];
+}
+#else
+fn value(i: u32) -> f32 {
+    return x[i];
+}
+fn index(i: u32) -> u32 {
+    return i;
+}
+#endif
 
 const WG: u32 = 256u;
 
@@ -30,7 +64,16 @@ fn key(v: f32) -> u32 {
 }
 
 @compute @workgroup_size(256)
-fn main(@builtin(local_invocation_index) lid: u32) {
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+#if PARTIAL
+    let first = wid.x * SLICE;
+    let end = select(first + SLICE, p.n, wid.x + 1u == p.n / SLICE);
+    let base = wid.x * p.k;
+#else
+    let first = 0u;
+    let end = p.n;
+    let base = 0u;
+#endif
     var prefix = 0u;
     var mask = 0u;
     var remaining = p.k;
@@ -38,8 +81,8 @@ fn main(@builtin(local_invocation_index) lid: u32) {
         let shift = 24u - 8u * round;
         atomicStore(&hist[lid], 0u);
         workgroupBarrier();
-        for (var i = lid; i < p.n; i += WG) {
-            let kk = key(x[i]);
+        for (var i = first + lid; i < end; i += WG) {
+            let kk = key(value(i));
             if ((kk & mask) == prefix) {
                 atomicAdd(&hist[(kk >> shift) & 255u], 1u);
             }
@@ -68,13 +111,13 @@ fn main(@builtin(local_invocation_index) lid: u32) {
     }
     // prefix is now the k-th largest key T; take every key > T and the
     // first `remaining` keys == T by index.
-    let chunk = (p.n + WG - 1u) / WG;
-    let lo = min(lid * chunk, p.n);
-    let hi = min(lo + chunk, p.n);
+    let chunk = (end - first + WG - 1u) / WG;
+    let lo = min(first + lid * chunk, end);
+    let hi = min(lo + chunk, end);
     var gt = 0u;
     var eq = 0u;
     for (var i = lo; i < hi; i++) {
-        let kk = key(x[i]);
+        let kk = key(value(i));
         gt += u32(kk > prefix);
         eq += u32(kk == prefix);
     }
@@ -98,16 +141,16 @@ fn main(@builtin(local_invocation_index) lid: u32) {
     var at_eq = scan_eq[lid] - eq;
     let n_gt = p.k - remaining;
     for (var i = lo; i < hi; i++) {
-        let v = x[i];
+        let v = value(i);
         let kk = key(v);
         if (kk > prefix) {
-            out[2u * at_gt] = i;
-            out[2u * at_gt + 1u] = bitcast<u32>(v);
+            out[2u * (base + at_gt)] = index(i);
+            out[2u * (base + at_gt) + 1u] = bitcast<u32>(v);
             at_gt++;
         } else if (kk == prefix) {
             if (at_eq < remaining) {
-                out[2u * (n_gt + at_eq)] = i;
-                out[2u * (n_gt + at_eq) + 1u] = bitcast<u32>(v);
+                out[2u * (base + n_gt + at_eq)] = index(i);
+                out[2u * (base + n_gt + at_eq) + 1u] = bitcast<u32>(v);
             }
             at_eq++;
         }

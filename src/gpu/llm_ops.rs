@@ -972,30 +972,88 @@ kernel!(
     "top_k.wgsl",
     [Binding::read("x"), Binding::write("out")],
     TopKParams,
-    [&[]]
+    [&[], &["MERGE"]]
+);
+kernel!(
+    TOP_K_PART,
+    "top_k_part",
+    "top_k.wgsl",
+    [Binding::read("x"), Binding::write("out")],
+    TopKParams,
+    [&["PARTIAL"]]
 );
 
 /// Most candidates [`top_k`] selects.
 pub const MAX_TOP_K: usize = 256;
+/// Values one `top_k_part` workgroup selects from (SLICE in top_k.wgsl;
+/// the last slice also takes the remainder).
+pub const TOP_K_SLICE: usize = 4096;
 
 /// out: the `k` (<= [`MAX_TOP_K`], <= n) largest of x[0..n] as (index,
-/// value bits) u32 pairs, unordered; which ones matches `cpu::top_k`.
+/// value bits) u32 pairs, unordered; which ones matches `cpu::top_k`. Past
+/// two slices, each slice's k best are selected in parallel first and one
+/// workgroup picks among those.
 pub fn top_k(
     gpu: &Gpu,
     x: &wgpu::Buffer,
     out: &wgpu::Buffer,
     n: usize,
     k: usize,
-) -> Result<Dispatch> {
+) -> Result<Vec<Dispatch>> {
     assert!(k <= MAX_TOP_K && k <= n && k > 0, "top_k: k = {k} of {n}");
+    let params = |n: usize| TopKParams {
+        n: n as u32,
+        k: k as u32,
+        _pad: [0; 2],
+    };
+    if n < 2 * TOP_K_SLICE {
+        return Ok(vec![Dispatch {
+            bound: gpu.bind(&TOP_K, &Variant::default(), &[x, out], &params(n))?,
+            groups: [1, 1, 1],
+        }]);
+    }
+    let groups = n / TOP_K_SLICE;
+    let cand = gpu.scratch("top-k candidates", (8 * k * groups) as u64)?;
+    Ok(vec![
+        top_k_part(gpu, x, &cand, n, k)?,
+        Dispatch {
+            bound: gpu.bind(
+                &TOP_K,
+                &Variant::new(&["MERGE"]),
+                &[&cand, out],
+                &params(k * groups),
+            )?,
+            groups: [1, 1, 1],
+        },
+    ])
+}
+
+/// The first kernel of [`top_k`]'s two: the k best of each slice of x (n
+/// >= TOP_K_SLICE) into `cand`, k pairs per slice (for its parity test).
+pub fn top_k_part(
+    gpu: &Gpu,
+    x: &wgpu::Buffer,
+    cand: &wgpu::Buffer,
+    n: usize,
+    k: usize,
+) -> Result<Dispatch> {
+    assert!(
+        k <= MAX_TOP_K && n >= TOP_K_SLICE && k > 0,
+        "top_k_part: k = {k} of {n}"
+    );
     let params = TopKParams {
         n: n as u32,
         k: k as u32,
         _pad: [0; 2],
     };
     Ok(Dispatch {
-        bound: gpu.bind(&TOP_K, &Variant::default(), &[x, out], &params)?,
-        groups: [1, 1, 1],
+        bound: gpu.bind(
+            &TOP_K_PART,
+            &Variant::new(&["PARTIAL"]),
+            &[x, cand],
+            &params,
+        )?,
+        groups: [(n / TOP_K_SLICE) as u32, 1, 1],
     })
 }
 
@@ -1035,6 +1093,7 @@ pub static KERNELS: &[&Kernel] = &[
     &ARGMAX_PART,
     &ARGMAX,
     &TOP_K,
+    &TOP_K_PART,
 ];
 
 #[cfg(test)]

@@ -161,7 +161,7 @@ pub struct GpuLlm {
     plan: Vec<Op>,
     argmax: Vec<Dispatch>,
     /// Selects the candidates sampling needs (`top_k` of them).
-    select: Dispatch,
+    select: Vec<Dispatch>,
     top_k: usize,
     prefill_chunk: usize,
 }
@@ -754,7 +754,7 @@ impl GpuLlm {
     ) {
         let last = match what {
             Readback::Token => &self.argmax[..],
-            Readback::Candidates => std::slice::from_ref(&self.select),
+            Readback::Candidates => &self.select[..],
             Readback::Logits => &[],
         };
         for op in &self.plan {

@@ -78,6 +78,10 @@ pub const CASES: &[Case] = &[
         kernel: "top_k",
         run: top_k,
     },
+    Case {
+        kernel: "top_k_part",
+        run: top_k_part,
+    },
 ];
 
 /// Products over k terms summed in another order: outputs of order one carry
@@ -749,9 +753,16 @@ fn argmax_part(gpu: &Gpu, _v: &Variant) {
     }
 }
 
-fn top_k(gpu: &Gpu, _v: &Variant) {
+fn top_k(gpu: &Gpu, v: &Variant) {
     let mut rng = Rng::new(23);
-    for &n in SIZES.iter().chain(&[65_536]) {
+    // The MERGE variant runs after top_k_part, on inputs of two slices or more.
+    let slice = llm_ops::TOP_K_SLICE;
+    let sizes: Vec<usize> = if v.defines.contains(&"MERGE") {
+        vec![2 * slice, 3 * slice + 77, 65_536]
+    } else {
+        SIZES.iter().copied().chain([2 * slice - 1]).collect()
+    };
+    for n in sizes {
         // Values on a coarse grid, so many are tied (also at the k-th value),
         // with both signs and a few infinities.
         let mut x: Vec<f32> = rng
@@ -765,11 +776,45 @@ fn top_k(gpu: &Gpu, _v: &Variant) {
             let k = k.min(n);
             let gx = gpu.upload_f32("x", &x).unwrap();
             let out = gpu.upload_u32("out", &vec![u32::MAX; 2 * k]).unwrap();
-            let d = llm_ops::top_k(gpu, &gx, &out, n, k).unwrap();
-            gpu.run_all(&[&d]).unwrap();
+            let ds = llm_ops::top_k(gpu, &gx, &out, n, k).unwrap();
+            assert_eq!(ds.len(), if n < 2 * slice { 1 } else { 2 });
+            run(gpu, &ds);
             let got = llm_ops::sort_candidates(&gpu.read_u32(&out).unwrap());
             // A selection: exactly the same candidates, in the same order.
             assert_eq!(got, cpu::top_k(&x, k), "top_k n={n} k={k}");
+        }
+    }
+}
+
+fn top_k_part(gpu: &Gpu, _v: &Variant) {
+    let mut rng = Rng::new(25);
+    let slice = llm_ops::TOP_K_SLICE;
+    // One slice, and several with a longer last one; coarse values so that
+    // ties fall at each slice's k-th value.
+    for n in [slice, 3 * slice + 100] {
+        let x: Vec<f32> = rng
+            .vec(n, -8.0, 8.0)
+            .iter()
+            .map(|v| (v * 2.0).round() / 2.0)
+            .collect();
+        let groups = n / slice;
+        for k in [1, 40, llm_ops::MAX_TOP_K] {
+            let gx = gpu.upload_f32("x", &x).unwrap();
+            let cand = gpu
+                .upload_u32("cand", &vec![u32::MAX; 2 * k * groups])
+                .unwrap();
+            let d = llm_ops::top_k_part(gpu, &gx, &cand, n, k).unwrap();
+            gpu.run_all(&[&d]).unwrap();
+            let got = gpu.read_u32(&cand).unwrap();
+            for g in 0..groups {
+                let (lo, hi) = (g * slice, if g + 1 == groups { n } else { (g + 1) * slice });
+                let want: Vec<(u32, f32)> = cpu::top_k(&x[lo..hi], k)
+                    .into_iter()
+                    .map(|(i, v)| (i + lo as u32, v))
+                    .collect();
+                let mine = llm_ops::sort_candidates(&got[2 * k * g..2 * k * (g + 1)]);
+                assert_eq!(mine, want, "top_k_part n={n} k={k} slice {g}");
+            }
         }
     }
 }
