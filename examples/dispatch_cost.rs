@@ -77,8 +77,8 @@ fn main() -> anyhow::Result<()> {
                     }
                 }
                 timer.resolve(&mut enc, n as u32 + 1);
-                gpu.queue.submit([enc.finish()]);
-                let ts = timer.read(&gpu, n as u32 + 1)?;
+                let done = gpu.queue.submit([enc.finish()]);
+                let ts = timer.read(&gpu, n as u32 + 1, done)?;
                 device = device.min(ts[n] / 1e3 / n as f64);
             }
         }

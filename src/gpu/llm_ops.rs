@@ -915,19 +915,10 @@ pub const ARGMAX_CHUNK: usize = 1024;
 /// `out[0]` = the index of the largest of x[0..n] (the first on ties): many
 /// workgroups find the best of their slice, one more picks among those.
 pub fn argmax(gpu: &Gpu, x: &wgpu::Buffer, out: &wgpu::Buffer, n: usize) -> Result<Vec<Dispatch>> {
-    let groups = n.div_ceil(ARGMAX_CHUNK).max(1);
-    let params = ArgmaxParams {
-        n: n as u32,
-        groups: groups as u32,
-        _pad: [0; 2],
-    };
-    let part = gpu.scratch("argmax pairs", (8 * groups) as u64)?;
-    let pv = Variant::new(&["PARTIAL"]);
+    let params = argmax_params(n);
+    let part = gpu.scratch("argmax pairs", 8 * params.groups as u64)?;
     Ok(vec![
-        Dispatch {
-            bound: gpu.bind(&ARGMAX_PART, &pv, &[x, &part], &params)?,
-            groups: [groups as u32, 1, 1],
-        },
+        argmax_part(gpu, x, &part, n)?,
         Dispatch {
             bound: gpu.bind(&ARGMAX, &Variant::default(), &[&part, out], &params)?,
             groups: [1, 1, 1],
@@ -938,12 +929,7 @@ pub fn argmax(gpu: &Gpu, x: &wgpu::Buffer, out: &wgpu::Buffer, n: usize) -> Resu
 /// The first kernel of [`argmax`] alone: (value bits, index) of the best of
 /// each ARGMAX_CHUNK slice of x into `part` (for its parity test).
 pub fn argmax_part(gpu: &Gpu, x: &wgpu::Buffer, part: &wgpu::Buffer, n: usize) -> Result<Dispatch> {
-    let groups = n.div_ceil(ARGMAX_CHUNK).max(1);
-    let params = ArgmaxParams {
-        n: n as u32,
-        groups: groups as u32,
-        _pad: [0; 2],
-    };
+    let params = argmax_params(n);
     Ok(Dispatch {
         bound: gpu.bind(
             &ARGMAX_PART,
@@ -951,8 +937,17 @@ pub fn argmax_part(gpu: &Gpu, x: &wgpu::Buffer, part: &wgpu::Buffer, n: usize) -
             &[x, part],
             &params,
         )?,
-        groups: [groups as u32, 1, 1],
+        groups: [params.groups, 1, 1],
     })
+}
+
+/// Both argmax kernels' params: n and the number of slices.
+fn argmax_params(n: usize) -> ArgmaxParams {
+    ArgmaxParams {
+        n: n as u32,
+        groups: n.div_ceil(ARGMAX_CHUNK).max(1) as u32,
+        _pad: [0; 2],
+    }
 }
 
 // ---------------------------------------------------------------- top_k

@@ -67,28 +67,11 @@ impl PassTimer {
         enc.copy_buffer_to_buffer(&self.resolved, 0, &self.staging, 0, n as u64 * 8);
     }
 
-    /// The first `n` timestamps in nanoseconds after the first, once the
-    /// submission that resolved them is done.
-    pub fn read(&self, gpu: &Gpu, n: u32) -> Result<Vec<f64>> {
-        let len = n as u64 * 8;
-        let (tx, rx) = std::sync::mpsc::channel();
-        self.staging
-            .map_async(wgpu::MapMode::Read, ..len, move |r| {
-                let _ = tx.send(r);
-            });
-        gpu.device
-            .poll(wgpu::PollType::wait_indefinitely())
-            .map_err(|e| Error::gpu(format!("timestamps: {e}")))?;
-        rx.recv()
-            .map_err(|_| Error::gpu("timestamps: map callback dropped"))?
-            .map_err(|e| Error::gpu(format!("timestamps: {e}")))?;
-        let ticks: Vec<u64> = bytemuck::pod_collect_to_vec(
-            &self
-                .staging
-                .get_mapped_range(..len)
-                .map_err(|e| Error::gpu(format!("timestamps: {e}")))?,
-        );
-        self.staging.unmap();
+    /// The first `n` timestamps in nanoseconds after the first, once
+    /// submission `done`, which resolved them, has finished.
+    pub fn read(&self, gpu: &Gpu, n: u32, done: wgpu::SubmissionIndex) -> Result<Vec<f64>> {
+        let ticks: Vec<u64> =
+            bytemuck::pod_collect_to_vec(&gpu.read_staging(&self.staging, n as u64 * 8, done)?);
         let t0 = ticks.first().copied().unwrap_or(0);
         Ok(ticks
             .iter()

@@ -602,17 +602,23 @@ impl GpuLlm {
         Ok(())
     }
 
+    /// Fails when `n` more tokens would not fit the model's context.
+    fn check_room(&self, n: usize) -> Result<()> {
+        if self.pos + n > self.cfg.context {
+            return Err(Error::invalid(format!(
+                "sequence of {} tokens exceeds the model's context of {}",
+                self.pos + n,
+                self.cfg.context
+            )));
+        }
+        Ok(())
+    }
+
     fn check_tokens(&self, tokens: &[u32]) -> Result<()> {
         if tokens.is_empty() {
             return Err(Error::invalid("forward: no tokens"));
         }
-        if self.pos + tokens.len() > self.cfg.context {
-            return Err(Error::invalid(format!(
-                "sequence of {} tokens exceeds the model's context of {}",
-                self.pos + tokens.len(),
-                self.cfg.context
-            )));
-        }
+        self.check_room(tokens.len())?;
         if let Some(t) = tokens.iter().find(|&&t| t as usize >= self.cfg.vocab) {
             return Err(Error::invalid(format!(
                 "token id {t} is outside the {}-token vocabulary",
@@ -640,15 +646,9 @@ impl GpuLlm {
     fn decode(&mut self, token: u32, what: Readback) -> Result<Vec<u8>> {
         self.check_tokens(&[token])?;
         self.write_token(token);
-        self.ensure_capacity(self.pos + 1)?;
-        let splits = llm_ops::attention_splits(self.pos + 1);
-        self.write_step(1, splits, &self.io.cs);
+        let splits = self.begin_step()?;
+        let mut enc = self.encode_step(splits, what);
         let g = &*self.gpu;
-        let mut enc = g.device.create_command_encoder(&Default::default());
-        {
-            let mut pass = enc.begin_compute_pass(&Default::default());
-            self.record_step(&mut pass, splits, what, &mut |_, _| {});
-        }
         let io = &self.io;
         let (src, staging, len) = match what {
             Readback::Token => (&io.token, &io.token_staging, 4),
@@ -659,6 +659,26 @@ impl GpuLlm {
         let out = g.submit_and_read(enc, staging, len)?;
         self.pos += 1;
         Ok(out)
+    }
+
+    /// Makes room for one more position and writes its step values; returns
+    /// the attention splits the step records.
+    fn begin_step(&mut self) -> Result<usize> {
+        self.ensure_capacity(self.pos + 1)?;
+        let splits = llm_ops::attention_splits(self.pos + 1);
+        self.write_step(1, splits, &self.io.cs);
+        Ok(splits)
+    }
+
+    /// An encoder holding one decode step's pass (the readback copy is the
+    /// caller's).
+    fn encode_step(&self, splits: usize, what: Readback) -> wgpu::CommandEncoder {
+        let mut enc = self.gpu.device.create_command_encoder(&Default::default());
+        {
+            let mut pass = enc.begin_compute_pass(&Default::default());
+            self.record_step(&mut pass, splits, what, &mut |_, _| {});
+        }
+        enc
     }
 
     /// Sets the token the next decode step consumes (otherwise it consumes
@@ -672,24 +692,11 @@ impl GpuLlm {
     /// Submits one greedy decode step consuming the token in io.token, its
     /// argmax copied into `staging`; advances the position.
     fn submit_greedy(&mut self, staging: &wgpu::Buffer) -> Result<wgpu::SubmissionIndex> {
-        if self.pos + 1 > self.cfg.context {
-            return Err(Error::invalid(format!(
-                "sequence of {} tokens exceeds the model's context of {}",
-                self.pos + 1,
-                self.cfg.context
-            )));
-        }
-        self.ensure_capacity(self.pos + 1)?;
-        let splits = llm_ops::attention_splits(self.pos + 1);
-        self.write_step(1, splits, &self.io.cs);
-        let g = &*self.gpu;
-        let mut enc = g.device.create_command_encoder(&Default::default());
-        {
-            let mut pass = enc.begin_compute_pass(&Default::default());
-            self.record_step(&mut pass, splits, Readback::Token, &mut |_, _| {});
-        }
+        self.check_room(1)?;
+        let splits = self.begin_step()?;
+        let mut enc = self.encode_step(splits, Readback::Token);
         enc.copy_buffer_to_buffer(&self.io.token, 0, staging, 0, 4);
-        let done = g.queue.submit([enc.finish()]);
+        let done = self.gpu.queue.submit([enc.finish()]);
         self.pos += 1;
         Ok(done)
     }
@@ -782,9 +789,7 @@ impl GpuLlm {
         for _ in 0..steps {
             self.check_tokens(&[token])?;
             self.write_token(token);
-            self.ensure_capacity(self.pos + 1)?;
-            let splits = llm_ops::attention_splits(self.pos + 1);
-            self.write_step(1, splits, &self.io.cs);
+            let splits = self.begin_step()?;
             let g = &*self.gpu;
             let t0 = Instant::now();
             let mut enc = g.device.create_command_encoder(&Default::default());
@@ -806,9 +811,9 @@ impl GpuLlm {
             let t1 = Instant::now();
             let done = g.queue.submit([enc.finish()]);
             let t2 = Instant::now();
-            let out = g.read_staging(&self.io.token_staging, 4, done)?;
+            let out = g.read_staging(&self.io.token_staging, 4, done.clone())?;
             let t3 = Instant::now();
-            let ts = timer.read(g, marks)?;
+            let ts = timer.read(g, marks, done)?;
             prof.record_us += (t1 - t0).as_secs_f64() * 1e6;
             prof.submit_us += (t2 - t1).as_secs_f64() * 1e6;
             prof.wait_us += (t3 - t2).as_secs_f64() * 1e6;

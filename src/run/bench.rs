@@ -168,8 +168,8 @@ pub fn gpu_copy_bandwidth(gpu: &crate::gpu::Gpu) -> Result<f64> {
             }
         }
         timer.resolve(&mut enc, copies as u32 + 1);
-        gpu.queue.submit([enc.finish()]);
-        let ts = timer.read(gpu, copies as u32 + 1)?;
+        let done = gpu.queue.submit([enc.finish()]);
+        let ts = timer.read(gpu, copies as u32 + 1, done)?;
         let ns = ts[copies as usize];
         if ns > 0.0 {
             best = best.min(ns * 1e-9);
