@@ -62,6 +62,54 @@ fn json_report_has_one_row_per_arm_and_test() {
 }
 
 #[test]
+fn gpu_arm_profiles_its_decode_steps() {
+    let o = run(
+        BIN,
+        &[
+            &tiny(),
+            "-b",
+            "gpu",
+            "-p",
+            "0",
+            "-n",
+            "2",
+            "-r",
+            "1",
+            "--profile",
+            "3",
+            "-o",
+            "json",
+        ],
+    );
+    if !o.status.success() && std::env::var_os("LFM_SKIP_GPU_TESTS").is_some() {
+        eprintln!("SKIPPING the GPU scoreboard run (LFM_SKIP_GPU_TESTS set)");
+        return;
+    }
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
+    assert!(v["gpu_copy_bandwidth_gb_s"].as_f64().unwrap() > 0.0);
+    let profiles = v["profiles"].as_array().unwrap();
+    assert_eq!(profiles.len(), 1);
+    let p = &profiles[0]["profile"];
+    assert_eq!(p["steps"], 3);
+    let kernels = p["kernels"].as_array().unwrap();
+    // Every dispatch is attributed to a kernel, once per step.
+    let calls: f64 = kernels.iter().map(|k| k["calls"].as_f64().unwrap()).sum();
+    assert_eq!(calls, p["dispatches"].as_f64().unwrap());
+    assert!(kernels.iter().any(|k| k["name"] == "argmax"));
+    let kernel_us: f64 = kernels.iter().map(|k| k["us"].as_f64().unwrap()).sum();
+    let gpu_us = p["gpu_us"].as_f64().unwrap();
+    // The per-kernel times tile the step (more only if a clock stepped back).
+    assert!(gpu_us > 0.0 && kernel_us >= gpu_us * (1.0 - 1e-6));
+    assert!(p["wall_us"].as_f64().unwrap() >= p["wait_us"].as_f64().unwrap());
+    assert!(
+        stderr(&o).contains("| kernel | calls/step |"),
+        "{}",
+        stderr(&o)
+    );
+}
+
+#[test]
 fn bad_arguments() {
     assert_clean_failure(&run(BIN, &[&tiny(), "-b", "cpu", "-t", "q9_9"]), &["q9_9"]);
     assert_clean_failure(
