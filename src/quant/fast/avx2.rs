@@ -24,30 +24,32 @@ unsafe fn hsum(v: __m256) -> f32 {
     _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)))
 }
 
+/// acc + 16 levels already widened to i32 (`lo`: elements 0..8, `hi`:
+/// 8..16) times 16 values at `x`, in 8 lanes.
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn dot16_i32(lo: __m256i, hi: __m256i, x: *const f32, acc: __m256) -> __m256 {
+    _mm256_fmadd_ps(
+        _mm256_cvtepi32_ps(hi),
+        _mm256_loadu_ps(x.add(8)),
+        _mm256_fmadd_ps(_mm256_cvtepi32_ps(lo), _mm256_loadu_ps(x), acc),
+    )
+}
+
 /// acc + sum of 16 unsigned byte levels times 16 values at `x`, in 8 lanes.
 #[inline]
 #[target_feature(enable = "avx2,fma")]
 unsafe fn dot16_u8(q: __m128i, x: *const f32, acc: __m256) -> __m256 {
-    let a = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(q));
-    let b = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_unpackhi_epi64(q, q)));
-    _mm256_fmadd_ps(
-        b,
-        _mm256_loadu_ps(x.add(8)),
-        _mm256_fmadd_ps(a, _mm256_loadu_ps(x), acc),
-    )
+    let hi = _mm_unpackhi_epi64(q, q);
+    dot16_i32(_mm256_cvtepu8_epi32(q), _mm256_cvtepu8_epi32(hi), x, acc)
 }
 
 /// As [`dot16_u8`] for signed byte levels.
 #[inline]
 #[target_feature(enable = "avx2,fma")]
 unsafe fn dot16_i8(q: __m128i, x: *const f32, acc: __m256) -> __m256 {
-    let a = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q));
-    let b = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_unpackhi_epi64(q, q)));
-    _mm256_fmadd_ps(
-        b,
-        _mm256_loadu_ps(x.add(8)),
-        _mm256_fmadd_ps(a, _mm256_loadu_ps(x), acc),
-    )
+    let hi = _mm_unpackhi_epi64(q, q);
+    dot16_i32(_mm256_cvtepi8_epi32(q), _mm256_cvtepi8_epi32(hi), x, acc)
 }
 
 /// Sum of 32 unsigned byte levels times 32 values at `x`, in 8 lanes.
