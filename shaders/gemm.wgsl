@@ -11,6 +11,15 @@
 // bindings: 0 params, 1 w: array<u32> (chunk), 2 x: [n, x_stride] (first k
 //           used), 3 y: [n, y_stride] (read_write)
 // dispatch: (ceil(rows / BN), ceil(n / BM), 1) workgroups of 256 threads
+//
+// COOP (with F16 and SUBGROUPS; the engine enables it where the adapter
+// offers 16x16x16 cooperative matrices with f16 inputs and an f32
+// accumulator, subgroups of 32, e.g. tensor cores on NVIDIA): the weight and
+// activation tiles are rounded to f16 in workgroup memory and each of the 8
+// subgroups multiplies one 16 x 16 block of the output tile as cooperative
+// matrices, summing in f32. Same sums as the portable kernel
+// with every factor rounded to f16 (relative 2^-11; activations past f16's
+// range, |x| > 65504, would overflow).
 
 struct Params {
     k: u32,
@@ -35,6 +44,115 @@ struct Params {
 const BN: u32 = 64u;
 const BM: u32 = 32u;
 const BK: u32 = 32u;
+
+#if COOP
+// Row strides of the tiles in workgroup memory, padded (the coop loads and
+// stores want 16-byte multiples; the padding spreads rows over banks).
+const LDA: u32 = 40u;
+const LDC: u32 = 68u;
+
+var<workgroup> ws: array<f16, 2560>; // [BN][LDA]: weights, row-major A
+var<workgroup> xs: array<f16, 1280>; // [BM][LDA]: tokens, column-major B
+var<workgroup> cs: array<f32, 2176>; // [BM][LDC]: output, column-major C
+
+// Elements e0..e0+7 of weight row `row`, zero past k.
+fn w_tile(row: u32, e0: u32) -> W8 {
+    if (e0 < p.k) {
+        return w8(row, e0, p.k, p.d_off);
+    }
+    return W8(vec4<f32>(0.0), vec4<f32>(0.0));
+}
+
+// Values e0..e0+3 of the activation row starting at `at`, zero past k.
+fn x_tile(at: u32, e0: u32) -> vec4<f32> {
+    var v = vec4<f32>(0.0);
+    for (var i = 0u; i < 4u; i++) {
+        if (e0 + i < p.k) {
+            v[i] = x[at + e0 + i];
+        }
+    }
+    return v;
+}
+
+// 8 subgroups of 32, each one 16 x 16 block of the 64-row x 32-token tile:
+// small blocks make many subgroups (prefill GEMMs are too small to fill a
+// large GPU otherwise). The next k-step's loads are issued before this
+// step's multiplies, so their latency overlaps them.
+@compute @workgroup_size(256)
+fn main(@builtin(workgroup_id) wid: vec3<u32>,
+        @builtin(local_invocation_index) lid: u32,
+        @builtin(subgroup_id) sg: u32) {
+    let row_base = wid.x * BN;
+    let tok_base = wid.y * BM;
+    let sr = (sg & 3u) * 16u;
+    let st = (sg >> 2u) * 16u;
+    // This thread's share of the tiles: 8 weights of one row, 4 values of
+    // one token.
+    let wr = lid >> 2u;
+    let wc = (lid & 3u) * 8u;
+    let wrow = min(row_base + wr, p.rows - 1u);
+    let xt = lid >> 3u;
+    let xc = (lid & 7u) * 4u;
+    let xat = min(tok_base + xt, p.n - 1u) * p.x_stride;
+    var acc = coop_mat16x16<f32, C>();
+    var wv = w_tile(wrow, wc);
+    var xv = x_tile(xat, xc);
+    for (var k0 = 0u; k0 < p.k; k0 += BK) {
+        let wa = wr * LDA + wc;
+        ws[wa] = f16(wv.a.x);
+        ws[wa + 1u] = f16(wv.a.y);
+        ws[wa + 2u] = f16(wv.a.z);
+        ws[wa + 3u] = f16(wv.a.w);
+        ws[wa + 4u] = f16(wv.b.x);
+        ws[wa + 5u] = f16(wv.b.y);
+        ws[wa + 6u] = f16(wv.b.z);
+        ws[wa + 7u] = f16(wv.b.w);
+        let xa = xt * LDA + xc;
+        xs[xa] = f16(xv.x);
+        xs[xa + 1u] = f16(xv.y);
+        xs[xa + 2u] = f16(xv.z);
+        xs[xa + 3u] = f16(xv.w);
+        workgroupBarrier();
+        wv = w_tile(wrow, k0 + BK + wc);
+        xv = x_tile(xat, k0 + BK + xc);
+        // Every index and stride a `let` of its own.
+        let lda = LDA;
+        let ia0 = sr * LDA;
+        let ib0 = st * LDA;
+        let ia1 = ia0 + 16u;
+        let ib1 = ib0 + 16u;
+        let a0 = coopLoadT<coop_mat16x16<f16, A>>(&ws[ia0], lda);
+        let b0 = coopLoad<coop_mat16x16<f16, B>>(&xs[ib0], lda);
+        acc = coopMultiplyAdd(a0, b0, acc);
+        let a1 = coopLoadT<coop_mat16x16<f16, A>>(&ws[ia1], lda);
+        let b1 = coopLoad<coop_mat16x16<f16, B>>(&xs[ib1], lda);
+        acc = coopMultiplyAdd(a1, b1, acc);
+        workgroupBarrier();
+    }
+    // C stored column-major (cs[t * LDC + r]): the threads below read
+    // consecutive rows from consecutive words.
+    let ldc = LDC;
+    let ic = st * LDC + sr;
+    coopStore(acc, &cs[ic], ldc);
+    workgroupBarrier();
+    for (var i = 0u; i < 8u; i++) {
+        let g = lid + 256u * i;
+        let r = g & 63u;
+        let t = g >> 6u;
+        let row = row_base + r;
+        let tok = tok_base + t;
+        if (row < p.rows && tok < p.n) {
+            let col = (row / p.part_rows) * p.part_stride + p.out_off + row % p.part_rows;
+            let at = tok * p.y_stride + col;
+#if ADD
+            y[at] = y[at] + cs[t * LDC + r];
+#else
+            y[at] = cs[t * LDC + r];
+#endif
+        }
+    }
+}
+#else
 
 var<workgroup> ws: array<f32, 2048>; // [BK][BN]
 var<workgroup> xs: array<f32, 1024>; // [BM][BK]
@@ -115,3 +233,4 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         }
     }
 }
+#endif

@@ -7,7 +7,13 @@
 // bindings: 0 params {hidden, n, l}, 1 bcx: [n, 3 hidden], 2 conv: [hidden, l],
 //           3 state: [l, hidden] (read_write), 4 step: array<u32> [token, pos0, ...],
 //           5 y: [n, hidden] (read_write)
-// dispatch: ceil(hidden / 64) workgroups of 64 threads, one channel each
+// dispatch: (ceil(hidden / 64), ceil(n / TOK)) workgroups of 64 threads, one
+//           channel each, over a block of TOK tokens; needs l - 1 <= TOK
+//
+// Only the first token block reads the state (its first l - 1 tokens reach
+// back before pos0), so only its threads write it, each its own channel
+// after its own reads: the other blocks never touch it, and no two
+// workgroups race on it.
 
 struct Params { hidden: u32, n: u32, l: u32, _p0: u32 }
 
@@ -31,19 +37,25 @@ fn seq(i: u32, c: u32, pos0: u32) -> f32 {
     return bx(i - hist, c);
 }
 
+const TOK: u32 = 16u;
+
 @compute @workgroup_size(64)
-fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
+fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(workgroup_id) wid: vec3<u32>) {
     let c = gid.x;
     if (c >= p.hidden) {
         return;
     }
     let pos0 = step[1];
-    for (var t = 0u; t < p.n; t++) {
+    let t0 = wid.y * TOK;
+    for (var t = t0; t < min(t0 + TOK, p.n); t++) {
         var a = 0.0;
         for (var j = 0u; j < p.l; j++) {
             a += conv[c * p.l + j] * seq(t + j, c, pos0);
         }
         y[t * p.hidden + c] = bcx[t * 3u * p.hidden + p.hidden + c] * a;
+    }
+    if (wid.y != 0u) {
+        return;
     }
     // The chunk's last (up to l) positions into their rows, after all reads.
     for (var t = select(0u, p.n - p.l, p.n > p.l); t < p.n; t++) {

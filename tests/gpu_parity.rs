@@ -70,3 +70,50 @@ fn long_attention_is_refused_on_software_adapters_and_right_elsewhere() {
     let Some(gpu) = parity::gpu() else { return };
     parity::dense::long_attention_is_refused_on_software_adapters_and_right_elsewhere(gpu);
 }
+
+/// Every variant of every kernel, including those this adapter cannot run
+/// (in CI: the subgroup, f16 and cooperative-matrix ones, which lavapipe
+/// lacks), parses, validates and translates to SPIR-V with naga, the
+/// compiler wgpu itself uses. Needs no adapter.
+#[test]
+fn every_kernel_variant_is_valid_wgsl() {
+    use lfm::gpu::preprocess::{enable_directives, preprocess};
+    use wgpu::naga;
+    let mut checked = 0;
+    for k in lfm::gpu::kernels::all() {
+        for defines in k.variants {
+            let v = lfm::gpu::Variant::new(defines);
+            let what = format!("{} [{}]", k.name, v.key());
+            let source = enable_directives(&v)
+                + &preprocess(k.source, &v.defines).unwrap_or_else(|e| panic!("{what}: {e}"));
+            let module = naga::front::wgsl::parse_str(&source)
+                .unwrap_or_else(|e| panic!("{what}: {}", e.emit_to_string(&source)));
+            let info = naga::valid::Validator::new(
+                naga::valid::ValidationFlags::all(),
+                naga::valid::Capabilities::all(),
+            )
+            .validate(&module)
+            .unwrap_or_else(|e| panic!("{what}: {}", e.emit_to_string(&source)));
+            let constants = v
+                .constants
+                .iter()
+                .map(|(n, c)| (n.to_string(), *c as f64))
+                .collect();
+            let (module, info) = naga::back::pipeline_constants::process_overrides(
+                &module,
+                &info,
+                Some((naga::ShaderStage::Compute, k.entry)),
+                &constants,
+            )
+            .unwrap_or_else(|e| panic!("{what}: {e}"));
+            let options = naga::back::spv::Options {
+                lang_version: (1, 3),
+                ..Default::default()
+            };
+            naga::back::spv::write_vec(&module, &info, &options, None)
+                .unwrap_or_else(|e| panic!("{what}: {e}"));
+            checked += 1;
+        }
+    }
+    assert!(checked > 100, "only {checked} variants checked");
+}

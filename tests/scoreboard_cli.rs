@@ -62,7 +62,7 @@ fn json_report_has_one_row_per_arm_and_test() {
 }
 
 #[test]
-fn gpu_arm_profiles_its_decode_steps() {
+fn gpu_arm_profiles_its_decode_steps_and_prefill() {
     let o = run(
         BIN,
         &[
@@ -70,7 +70,7 @@ fn gpu_arm_profiles_its_decode_steps() {
             "-b",
             "gpu",
             "-p",
-            "0",
+            "5",
             "-n",
             "2",
             "-r",
@@ -89,24 +89,30 @@ fn gpu_arm_profiles_its_decode_steps() {
     let v: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
     assert!(v["gpu_copy_bandwidth_gb_s"].as_f64().unwrap() > 0.0);
     let profiles = v["profiles"].as_array().unwrap();
-    assert_eq!(profiles.len(), 1);
-    let p = &profiles[0]["profile"];
-    assert_eq!(p["steps"], 3);
-    let kernels = p["kernels"].as_array().unwrap();
-    // Every dispatch is attributed to a kernel, once per step.
-    let calls: f64 = kernels.iter().map(|k| k["calls"].as_f64().unwrap()).sum();
-    assert_eq!(calls, p["dispatches"].as_f64().unwrap());
-    assert!(kernels.iter().any(|k| k["name"] == "argmax"));
-    let kernel_us: f64 = kernels.iter().map(|k| k["us"].as_f64().unwrap()).sum();
-    let gpu_us = p["gpu_us"].as_f64().unwrap();
-    // The per-kernel times tile the step (more only if a clock stepped back).
-    assert!(gpu_us > 0.0 && kernel_us >= gpu_us * (1.0 - 1e-6));
-    assert!(p["wall_us"].as_f64().unwrap() >= p["wait_us"].as_f64().unwrap());
-    assert!(
-        stderr(&o).contains("| kernel | calls/step |"),
-        "{}",
-        stderr(&o)
-    );
+    assert_eq!(profiles.len(), 2);
+    // (test, runs, a kernel it must have run)
+    for (p, (test, runs, kernel)) in profiles
+        .iter()
+        .zip([("decode", 3, "argmax"), ("pp5", 1, "gemm")])
+    {
+        assert_eq!(p["test"], test);
+        let p = &p["profile"];
+        assert_eq!(p["steps"], runs, "{test}");
+        let kernels = p["kernels"].as_array().unwrap();
+        // Every dispatch is attributed to a kernel, once per step.
+        let calls: f64 = kernels.iter().map(|k| k["calls"].as_f64().unwrap()).sum();
+        assert_eq!(calls, p["dispatches"].as_f64().unwrap(), "{test}");
+        assert!(kernels.iter().any(|k| k["name"] == kernel), "{test}");
+        let kernel_us: f64 = kernels.iter().map(|k| k["us"].as_f64().unwrap()).sum();
+        let gpu_us = p["gpu_us"].as_f64().unwrap();
+        // The per-kernel times tile the step (more only if a clock stepped back).
+        assert!(gpu_us > 0.0 && kernel_us >= gpu_us * (1.0 - 1e-6), "{test}");
+        assert!(p["wall_us"].as_f64().unwrap() >= p["wait_us"].as_f64().unwrap());
+    }
+    let err = stderr(&o);
+    assert!(err.contains("decode step, mean of 3 runs"), "{err}");
+    assert!(err.contains("prefill of 5 tokens, mean of 1 runs"), "{err}");
+    assert!(err.contains("| kernel | calls/step |"), "{err}");
 }
 
 #[test]

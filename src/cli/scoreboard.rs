@@ -4,7 +4,7 @@
 //! memory-bandwidth roofline each number reaches.
 
 use crate::cli::DeviceChoice;
-use crate::gpu::profile::DecodeProfile;
+use crate::gpu::profile::StepProfile;
 use crate::gpu::{Backend, GpuOptions};
 use crate::models::{self, LoadOptions};
 use crate::quant::GgmlType;
@@ -86,8 +86,9 @@ pub struct Args {
     #[arg(long, default_value_t = 1234)]
     pub seed: u64,
 
-    /// Also profile this many decode steps of each gpu arm at each depth:
-    /// device time per kernel (timestamp queries) and host time per step.
+    /// Also profile this many decode steps of each gpu arm at each depth,
+    /// and one run of each prompt test: device time per kernel (timestamp
+    /// queries) and host time per step.
     #[arg(long, value_name = "STEPS")]
     pub profile: Option<usize>,
 }
@@ -138,13 +139,15 @@ struct Report {
     profiles: Vec<Profile>,
 }
 
-/// Where a gpu arm's decode step spends its time.
+/// Where a gpu arm's decode step or prefill spends its time.
 #[derive(Serialize)]
 struct Profile {
     model: String,
     format: String,
     depth: usize,
-    profile: DecodeProfile,
+    /// "decode" or the prompt test ("pp512").
+    test: String,
+    profile: StepProfile,
 }
 
 pub fn run(args: Args) -> anyhow::Result<()> {
@@ -269,22 +272,43 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                         });
                     }
                     if let (Some(steps), Arm::Gpu) = (args.profile, arm) {
+                        let format = loaded.weight_format().to_string();
                         let model_ref = loaded.model.as_mut();
-                        model_ref.reset();
                         let mut rng = crate::util::rng::Rng::new(args.seed);
-                        let mut id = || (rng.next_u64() % cfg.vocab as u64) as u32;
-                        if depth > 0 {
-                            let ids: Vec<u32> = (0..depth).map(|_| id()).collect();
-                            model_ref.forward(&ids, false)?;
-                        }
-                        let profile = model_ref.profile_decode(id(), steps)?;
-                        eprintln!("{}", profile.table());
-                        profiles.push(Profile {
-                            model: display_name(model),
-                            format: loaded.weight_format().to_string(),
-                            depth,
-                            profile,
+                        let mut ids = |n: usize| -> Vec<u32> {
+                            (0..n)
+                                .map(|_| (rng.next_u64() % cfg.vocab as u64) as u32)
+                                .collect()
+                        };
+                        let prompts = tests.iter().filter_map(|t| match t {
+                            Test::Pp(n) => Some(*n),
+                            Test::Tg(_) => None,
                         });
+                        let runs: Vec<Option<usize>> =
+                            std::iter::once(None).chain(prompts.map(Some)).collect();
+                        for run in runs {
+                            model_ref.reset();
+                            if depth > 0 {
+                                model_ref.forward(&ids(depth), false)?;
+                            }
+                            let (test, profile) = match run {
+                                None => (
+                                    "decode".to_string(),
+                                    model_ref.profile_decode(ids(1)[0], steps)?,
+                                ),
+                                Some(n) => {
+                                    (Test::Pp(n).name(0), model_ref.profile_prefill(&ids(n))?)
+                                }
+                            };
+                            eprintln!("{}", profile.table());
+                            profiles.push(Profile {
+                                model: display_name(model),
+                                format: format.clone(),
+                                depth,
+                                test,
+                                profile,
+                            });
+                        }
                     }
                 }
             }
@@ -443,7 +467,8 @@ fn markdown(rep: &Report) -> String {
     }
     for p in &rep.profiles {
         s.push_str(&format!(
-            "\n#### decode profile: {} {} gpu, depth {}\n\n{}",
+            "\n#### {} profile: {} {} gpu, depth {}\n\n{}",
+            p.test,
             p.model,
             p.format,
             p.depth,

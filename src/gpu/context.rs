@@ -1,7 +1,7 @@
 //! Adapter selection, device creation and the pipeline cache.
 
 use super::kernels::{Access, Kernel, Variant};
-use super::preprocess::preprocess;
+use super::preprocess::{enable_directives, preprocess};
 use crate::error::{Error, Result};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -53,6 +53,10 @@ pub struct Capabilities {
     /// Smallest subgroup size the adapter may run a kernel with.
     pub subgroup_min: u32,
     pub f16: bool,
+    /// 16x16x16 cooperative matrices (tensor cores) with f16 inputs and an
+    /// f32 accumulator, in subgroups of exactly 32 (the prefill GEMM's COOP
+    /// variant; see [`coop_matrix_usable`]).
+    pub coop_matrix: bool,
     /// Largest byte range one storage binding may cover.
     pub max_binding: u64,
     pub max_buffer: u64,
@@ -64,6 +68,34 @@ pub struct Capabilities {
 }
 
 type PipelineKey = (&'static str, String);
+
+/// Workgroup memory the GEMM's COOP variant declares (f16 tiles of 64 x 40
+/// and 32 x 40, an f32 tile of 32 x 68).
+const COOP_GEMM_STORAGE: u32 = (2560 + 1280) * 2 + 2176 * 4;
+
+/// True when the adapter offers what the GEMM's COOP variant is written
+/// for: a 16x16x16 cooperative-matrix configuration with f16 A and B and f32
+/// C and result, subgroups that are always 32 wide (the kernel splits its
+/// 256 threads into 8 subgroups), and room for its tiles.
+fn coop_matrix_usable(
+    adapter: &wgpu::Adapter,
+    info: &wgpu::AdapterInfo,
+    limits: &wgpu::Limits,
+) -> bool {
+    use wgpu::CooperativeScalarType::{F16, F32};
+    if !adapter
+        .features()
+        .contains(wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX)
+        || info.subgroup_min_size != 32
+        || info.subgroup_max_size != 32
+        || limits.max_compute_workgroup_storage_size < COOP_GEMM_STORAGE
+    {
+        return false;
+    }
+    adapter.cooperative_matrix_properties().iter().any(|c| {
+        (c.m_size, c.n_size, c.k_size) == (16, 16, 16) && c.ab_type == F16 && c.cr_type == F32
+    })
+}
 
 /// Loop iterations one shader invocation may run on Mesa's llvmpipe
 /// (lavapipe), all its loops together: past it gallivm ends every loop
@@ -145,6 +177,15 @@ impl Gpu {
         if f16 {
             required |= wgpu::Features::SHADER_F16;
         }
+        // LFM_NO_COOP_MATRIX: measure the portable GEMM on the same adapter.
+        let coop = !opts.portable
+            && std::env::var_os("LFM_NO_COOP_MATRIX").is_none()
+            && subgroups
+            && f16
+            && coop_matrix_usable(&adapter, &info, &limits);
+        if coop {
+            required |= wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX;
+        }
         let timing =
             wgpu::Features::TIMESTAMP_QUERY | wgpu::Features::TIMESTAMP_QUERY_INSIDE_PASSES;
         let timestamps = feats.contains(timing);
@@ -157,7 +198,15 @@ impl Gpu {
             label: Some("lfm"),
             required_features: required,
             required_limits: limits.clone(),
-            experimental_features: wgpu::ExperimentalFeatures::disabled(),
+            experimental_features: if coop {
+                // SAFETY: wgpu marks cooperative matrices experimental (its
+                // API may change and may have bugs). Only the GEMM's COOP
+                // variant uses them, and its parity case checks it against
+                // the CPU on every adapter that runs it.
+                unsafe { wgpu::ExperimentalFeatures::enabled() }
+            } else {
+                wgpu::ExperimentalFeatures::disabled()
+            },
             memory_hints: wgpu::MemoryHints::Performance,
             trace: wgpu::Trace::Off,
         }))
@@ -166,6 +215,7 @@ impl Gpu {
             subgroups,
             subgroup_min: info.subgroup_min_size,
             f16,
+            coop_matrix: coop,
             max_binding: limits.max_storage_buffer_binding_size,
             max_buffer: limits.max_buffer_size,
             max_workgroup_storage: limits.max_compute_workgroup_storage_size,
@@ -191,7 +241,7 @@ impl Gpu {
     /// One line for stderr: adapter, backend, driver and the features in use.
     pub fn describe(&self) -> String {
         format!(
-            "gpu: {} ({:?}, {} {}){}{}",
+            "gpu: {} ({:?}, {} {}){}{}{}",
             self.info.name,
             self.info.backend,
             self.info.driver,
@@ -202,6 +252,11 @@ impl Gpu {
                 ""
             },
             if self.caps.f16 { ", f16" } else { "" },
+            if self.caps.coop_matrix {
+                ", cooperative matrices"
+            } else {
+                ""
+            },
         )
     }
 
@@ -283,11 +338,18 @@ impl Gpu {
                 k.name, key.1
             )));
         }
+        if k.needs_coop_matrix(variant) && !self.caps.coop_matrix {
+            return Err(Error::gpu(format!(
+                "kernel {} variant {} needs cooperative matrices",
+                k.name, key.1
+            )));
+        }
         let text = k
             .wgsl()
             .map_err(|e| Error::gpu(format!("kernel {}: {e}", k.name)))?;
-        let source = preprocess(&text, &variant.defines)
-            .map_err(|e| Error::gpu(format!("kernel {}: {e}", k.name)))?;
+        let source = enable_directives(variant)
+            + &preprocess(&text, &variant.defines)
+                .map_err(|e| Error::gpu(format!("kernel {}: {e}", k.name)))?;
         let layout = self.layout(k);
         let scope = self.device.push_error_scope(wgpu::ErrorFilter::Validation);
         let module = self

@@ -204,6 +204,28 @@ macro_rules! format_kernel {
             &["W_Q6_K" $(, $d)*],
         ]);
     };
+    ($ident:ident, $name:literal, $file:literal, [$($b:expr),*], $params:ty, [$($d:literal),*], coop) => {
+        kernel!($ident, $name, ["quant_formats.wgsl", $file], [$($b),*], $params, [
+            &["W_F32", "W_FLOAT" $(, $d)*],
+            &["W_F16", "W_FLOAT" $(, $d)*],
+            &["W_BF16", "W_FLOAT" $(, $d)*],
+            &["W_Q4_0" $(, $d)*],
+            &["W_Q4_1" $(, $d)*],
+            &["W_Q5_0" $(, $d)*],
+            &["W_Q8_0" $(, $d)*],
+            &["W_Q4_K" $(, $d)*],
+            &["W_Q6_K" $(, $d)*],
+            &["W_F32", "W_FLOAT", "COOP", "F16", "SUBGROUPS" $(, $d)*],
+            &["W_F16", "W_FLOAT", "COOP", "F16", "SUBGROUPS" $(, $d)*],
+            &["W_BF16", "W_FLOAT", "COOP", "F16", "SUBGROUPS" $(, $d)*],
+            &["W_Q4_0", "COOP", "F16", "SUBGROUPS" $(, $d)*],
+            &["W_Q4_1", "COOP", "F16", "SUBGROUPS" $(, $d)*],
+            &["W_Q5_0", "COOP", "F16", "SUBGROUPS" $(, $d)*],
+            &["W_Q8_0", "COOP", "F16", "SUBGROUPS" $(, $d)*],
+            &["W_Q4_K", "COOP", "F16", "SUBGROUPS" $(, $d)*],
+            &["W_Q6_K", "COOP", "F16", "SUBGROUPS" $(, $d)*],
+        ]);
+    };
     ($ident:ident, $name:literal, $file:literal, [$($b:expr),*], $params:ty, [$($d:literal),*], subgroups) => {
         kernel!($ident, $name, ["quant_formats.wgsl", $file], [$($b),*], $params, [
             &["W_F32", "W_FLOAT" $(, $d)*],
@@ -422,7 +444,8 @@ format_kernel!(
     "gemm.wgsl",
     [Binding::read("w"), Binding::read("x"), Binding::write("y")],
     GemmParams,
-    []
+    [],
+    coop
 );
 format_kernel!(
     GEMM_ADD,
@@ -430,18 +453,33 @@ format_kernel!(
     "gemm.wgsl",
     [Binding::read("w"), Binding::read("x"), Binding::write("y")],
     GemmParams,
-    ["ADD"]
+    ["ADD"],
+    coop
 );
 
 /// Weight rows and tokens of one GEMM tile (`BN`, `BM` in gemm.wgsl).
 const GEMM_ROWS: usize = 64;
 const GEMM_TOKENS: usize = 32;
 
+/// The GEMM variant for weights of `t`: with `coop`, the cooperative-matrix
+/// one (for adapters with `caps.coop_matrix`).
+fn gemm_variant(t: GgmlType, add: bool, coop: bool) -> Result<Variant> {
+    let mut extra = Vec::new();
+    if add {
+        extra.push("ADD");
+    }
+    if coop {
+        extra.extend(["COOP", "F16", "SUBGROUPS"]);
+    }
+    format_variant(t, false, &extra)
+}
+
 /// y[t, out_off + part * w.rows + r] (+)= `W_part[r]` . `x[t]` for `n` tokens;
 /// x: [n, x_stride], y: [n, y_stride]. One dispatch per chunk of `w`.
 #[allow(clippy::too_many_arguments)]
 pub fn gemm(
     gpu: &Gpu,
+    coop: bool,
     w: &GpuMatrix,
     add: bool,
     x: &wgpu::Buffer,
@@ -451,12 +489,8 @@ pub fn gemm(
     out_off: usize,
     n: usize,
 ) -> Result<Vec<Dispatch>> {
-    let (kernel, extra): (&'static Kernel, &[&'static str]) = if add {
-        (&GEMM_ADD, &["ADD"])
-    } else {
-        (&GEMM, &[])
-    };
-    let variant = format_variant(w.dtype, false, extra)?;
+    let kernel = if add { &GEMM_ADD } else { &GEMM };
+    let variant = gemm_variant(w.dtype, add, coop)?;
     let mut out = Vec::with_capacity(w.chunks.len());
     for c in &w.chunks {
         let rows = c.rows * w.parts;
@@ -486,8 +520,9 @@ pub fn gemm(
 
 /// Compiles the prefill GEMMs for weights of `t` ahead of their first use.
 pub fn warm_gemm(gpu: &Gpu, t: GgmlType) -> Result<()> {
-    gpu.pipeline(&GEMM, &format_variant(t, false, &[])?)?;
-    gpu.pipeline(&GEMM_ADD, &format_variant(t, false, &["ADD"])?)?;
+    let coop = gpu.caps.coop_matrix;
+    gpu.pipeline(&GEMM, &gemm_variant(t, false, coop)?)?;
+    gpu.pipeline(&GEMM_ADD, &gemm_variant(t, true, coop)?)?;
     Ok(())
 }
 
@@ -810,6 +845,9 @@ kernel!(
     [&[]]
 );
 
+/// Tokens per short_conv workgroup (`TOK` in short_conv.wgsl).
+const SHORT_CONV_TOKENS: usize = 16;
+
 /// LFM2's gated short convolution over `n` tokens at positions `step[1]`..:
 /// bcx [n, 3 hidden] -> y [n, hidden], continuing from and updating the ring
 /// `state` [taps, hidden] (short_conv.wgsl).
@@ -825,6 +863,12 @@ pub fn short_conv(
     taps: usize,
     n: usize,
 ) -> Result<Dispatch> {
+    if taps > SHORT_CONV_TOKENS + 1 {
+        return Err(Error::gpu(format!(
+            "short_conv: {taps} taps; the GPU kernel takes at most {}",
+            SHORT_CONV_TOKENS + 1
+        )));
+    }
     let params = ShortConvParams {
         hidden: hidden as u32,
         n: n as u32,
@@ -838,7 +882,11 @@ pub fn short_conv(
             &[bcx, conv, state, step, y],
             &params,
         )?,
-        groups: groups_1d(hidden, 64),
+        groups: [
+            hidden.div_ceil(64) as u32,
+            n.div_ceil(SHORT_CONV_TOKENS) as u32,
+            1,
+        ],
     })
 }
 

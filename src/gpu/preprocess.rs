@@ -42,6 +42,19 @@ pub fn preprocess(source: &str, defines: &[&str]) -> Result<String, String> {
     Ok(out)
 }
 
+/// The WGSL `enable` directives a variant's features need; they must open
+/// the module, before any file of a multi-file kernel.
+pub fn enable_directives(v: &super::Variant) -> String {
+    let mut s = String::new();
+    if v.defines.contains(&"F16") {
+        s += "enable f16;\n";
+    }
+    if v.defines.contains(&"COOP") {
+        s += "enable wgpu_cooperative_matrix;\n";
+    }
+    s
+}
+
 #[cfg(test)]
 mod tests {
     use super::preprocess;

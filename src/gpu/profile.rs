@@ -1,5 +1,5 @@
 //! GPU timestamps between the dispatches of one compute pass, for finding
-//! where a decode step's time goes (`scoreboard --profile`). Needs the
+//! where a decode step's or a prefill's time goes (`scoreboard --profile`). Needs the
 //! adapter's timestamp queries inside passes (Vulkan and DX12 drivers mostly
 //! have them; WebGPU does not).
 
@@ -80,9 +80,12 @@ impl PassTimer {
     }
 }
 
-/// Where the time of a decode step goes, averaged over the profiled steps.
+/// Where the time of a decode step or of a prefill submission goes,
+/// averaged over the profiled steps.
 #[derive(Clone, Debug, Default, Serialize)]
-pub struct DecodeProfile {
+pub struct StepProfile {
+    /// What one step is: "decode step", "prefill of 512 tokens".
+    pub what: String,
     pub steps: usize,
     /// Host time from recording to having the token back.
     pub wall_us: f64,
@@ -109,7 +112,7 @@ pub struct KernelTime {
     pub us: f64,
 }
 
-impl DecodeProfile {
+impl StepProfile {
     /// Adds one step: the kernel name of each dispatch and the timestamps
     /// around them (`names.len() + 1`, in ns from the first).
     pub fn add_step(&mut self, names: &[&str], ts: &[f64]) {
@@ -133,7 +136,7 @@ impl DecodeProfile {
     }
 
     /// Turns the sums into per-step averages.
-    pub fn finish(mut self) -> DecodeProfile {
+    pub fn finish(mut self) -> StepProfile {
         let n = self.steps.max(1) as f64;
         for v in [
             &mut self.wall_us,
@@ -154,9 +157,10 @@ impl DecodeProfile {
     /// A markdown table for stderr.
     pub fn table(&self) -> String {
         let mut s = format!(
-            "decode step, mean of {} steps: wall {:.1} us = record {:.1} + finish/submit {:.1} \
+            "{}, mean of {} runs: wall {:.1} us = record {:.1} + finish/submit {:.1} \
              + wait {:.1}; device busy {:.1} us over {} dispatches ({:.2} us each)\n\n\
              | kernel | calls/step | us/step | share | us/call |\n|---|---:|---:|---:|---:|\n",
+            self.what,
             self.steps,
             self.wall_us,
             self.record_us,

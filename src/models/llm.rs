@@ -407,9 +407,16 @@ pub trait CausalLm {
         &mut self,
         _token: u32,
         _steps: usize,
-    ) -> Result<crate::gpu::profile::DecodeProfile> {
+    ) -> Result<crate::gpu::profile::StepProfile> {
         Err(crate::error::Error::invalid(
             "decode profiling needs the GPU backend",
+        ))
+    }
+    /// Prefills `tokens` and says where the time of each prefill submission
+    /// goes (GPU backends, with timestamp queries).
+    fn profile_prefill(&mut self, _tokens: &[u32]) -> Result<crate::gpu::profile::StepProfile> {
+        Err(crate::error::Error::invalid(
+            "prefill profiling needs the GPU backend",
         ))
     }
 }

@@ -24,7 +24,7 @@ use crate::cpu::{self, AttnShape};
 use crate::error::{Error, Result};
 use crate::gpu::llm_ops::{self, AttnBuffers, GemvEpilogue, GpuMatrix};
 use crate::gpu::ops::{self, Dispatch};
-use crate::gpu::profile::{DecodeProfile, PassTimer};
+use crate::gpu::profile::{PassTimer, StepProfile};
 use crate::gpu::Gpu;
 use crate::quant::GgmlType;
 use crate::run::sampling::Sampler;
@@ -33,7 +33,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 /// Most tokens one prefill submission processes.
-pub const PREFILL_CHUNK: usize = 256;
+pub const PREFILL_CHUNK: usize = 512;
 /// KV positions allocated at first; the cache doubles when it fills.
 const INITIAL_KV: usize = 256;
 
@@ -782,10 +782,13 @@ impl GpuLlm {
     /// Runs `steps` greedy decode steps from `token` with a device timestamp
     /// after every dispatch, and says where the time went: host recording,
     /// submission and waiting, and device time per kernel.
-    pub fn profile_decode(&mut self, mut token: u32, steps: usize) -> Result<DecodeProfile> {
+    pub fn profile_decode(&mut self, mut token: u32, steps: usize) -> Result<StepProfile> {
         // Every attention layer may add a merge.
         let timer = PassTimer::new(&self.gpu, 2 * self.plan.len() as u32 + 2)?;
-        let mut prof = DecodeProfile::default();
+        let mut prof = StepProfile {
+            what: "decode step".into(),
+            ..Default::default()
+        };
         for _ in 0..steps {
             self.check_tokens(&[token])?;
             self.write_token(token);
@@ -845,9 +848,38 @@ impl GpuLlm {
     /// submission; returns the logits of every token (`all`), of the last
     /// one (`last`), or none.
     fn prefill(&mut self, tokens: &[u32], all: bool, last: bool) -> Result<Vec<f32>> {
+        self.prefill_timed(tokens, all, last, None)
+    }
+
+    /// Prefills `tokens` from the current position (in chunks, as
+    /// `forward` does) with a device timestamp after every dispatch; each
+    /// chunk is one run of the profile.
+    pub fn profile_prefill(&mut self, tokens: &[u32]) -> Result<StepProfile> {
+        self.check_tokens(tokens)?;
+        let chunk = self.prefill_chunk_len();
+        let mut prof = StepProfile {
+            what: format!("prefill of {} tokens", tokens.len().min(chunk)),
+            ..Default::default()
+        };
+        for part in tokens.chunks(chunk) {
+            self.prefill_timed(part, false, true, Some(&mut prof))?;
+        }
+        Ok(prof.finish())
+    }
+
+    /// [`GpuLlm::prefill`], adding the submission's device timestamps to
+    /// `prof` when given.
+    fn prefill_timed(
+        &mut self,
+        tokens: &[u32],
+        all: bool,
+        last: bool,
+        prof: Option<&mut StepProfile>,
+    ) -> Result<Vec<f32>> {
         let n = tokens.len();
         self.ensure_capacity(self.pos + n)?;
         let g = &*self.gpu;
+        let coop = g.caps.coop_matrix;
         let c = &self.cfg;
         let (d, f, hd) = (c.hidden, c.ffn, c.head_dim);
         let (qw, kvw) = (c.heads * hd, c.kv_heads * hd);
@@ -887,7 +919,9 @@ impl GpuLlm {
                     GpuState::Kv { k, v },
                 ) => {
                     for (m, off) in mats {
-                        work.extend(llm_ops::gemm(g, m, false, &h, d, &qkv, qkvw, *off, n)?);
+                        work.extend(llm_ops::gemm(
+                            g, coop, m, false, &h, d, &qkv, qkvw, *off, n,
+                        )?);
                     }
                     let kv = AttnBuffers {
                         step: &self.io.step,
@@ -909,10 +943,21 @@ impl GpuLlm {
                         n,
                     )?;
                     attention.push((work.len(), a));
-                    work.extend(llm_ops::gemm(g, o, true, &att, qw, &x, d, 0, n)?);
+                    work.extend(llm_ops::gemm(g, coop, o, true, &att, qw, &x, d, 0, n)?);
                 }
                 (GpuMixer::Conv { in_proj, conv, out }, GpuState::Conv(st)) => {
-                    work.extend(llm_ops::gemm(g, in_proj, false, &h, d, &bcx, 3 * d, 0, n)?);
+                    work.extend(llm_ops::gemm(
+                        g,
+                        coop,
+                        in_proj,
+                        false,
+                        &h,
+                        d,
+                        &bcx,
+                        3 * d,
+                        0,
+                        n,
+                    )?);
                     work.push(llm_ops::short_conv(
                         g,
                         &bcx,
@@ -924,27 +969,52 @@ impl GpuLlm {
                         c.conv_kernel,
                         n,
                     )?);
-                    work.extend(llm_ops::gemm(g, out, true, &conv_out, d, &x, d, 0, n)?);
+                    work.extend(llm_ops::gemm(
+                        g, coop, out, true, &conv_out, d, &x, d, 0, n,
+                    )?);
                 }
                 _ => unreachable!("states are built from the same layer kinds"),
             }
             work.push(ops::rms_norm(g, &rv, &x, &layer.norm2, &h, d, n, eps)?);
             match &layer.ffn {
                 GpuFfn::Fused(m) => {
-                    work.extend(llm_ops::gemm(g, m, false, &h, d, &gu, 2 * f, 0, n)?)
+                    work.extend(llm_ops::gemm(g, coop, m, false, &h, d, &gu, 2 * f, 0, n)?)
                 }
                 GpuFfn::Split(gate, up) => {
-                    work.extend(llm_ops::gemm(g, gate, false, &h, d, &gu, 2 * f, 0, n)?);
-                    work.extend(llm_ops::gemm(g, up, false, &h, d, &gu, 2 * f, f, n)?);
+                    work.extend(llm_ops::gemm(
+                        g,
+                        coop,
+                        gate,
+                        false,
+                        &h,
+                        d,
+                        &gu,
+                        2 * f,
+                        0,
+                        n,
+                    )?);
+                    work.extend(llm_ops::gemm(g, coop, up, false, &h, d, &gu, 2 * f, f, n)?);
                 }
             }
             work.push(llm_ops::swiglu(g, &gu, &gg, f, n)?);
-            work.extend(llm_ops::gemm(g, &layer.down, true, &gg, f, &x, d, 0, n)?);
+            work.extend(llm_ops::gemm(
+                g,
+                coop,
+                &layer.down,
+                true,
+                &gg,
+                f,
+                &x,
+                d,
+                0,
+                n,
+            )?);
         }
         if all {
             work.push(ops::rms_norm(g, &rv, &x, &self.final_norm, &h, d, n, eps)?);
             work.extend(llm_ops::gemm(
                 g,
+                coop,
                 self.head(),
                 false,
                 &h,
@@ -971,31 +1041,70 @@ impl GpuLlm {
             )?);
         }
 
+        // Room for a timestamp before the first dispatch and after each.
+        let timer = match prof {
+            Some(_) => Some(PassTimer::new(
+                g,
+                (work.len() + 2 * attention.len() + 1) as u32,
+            )?),
+            None => None,
+        };
+        let mut names = Vec::new();
+        let t0 = Instant::now();
         let mut enc = g.device.create_command_encoder(&Default::default());
         {
             let mut pass = enc.begin_compute_pass(&Default::default());
+            let mut after = |p: &mut wgpu::ComputePass<'_>, name: &'static str| {
+                if let Some(t) = &timer {
+                    names.push(name);
+                    t.mark(p, names.len() as u32);
+                }
+            };
+            if let Some(t) = &timer {
+                t.mark(&mut pass, 0);
+            }
             let mut pending = attention.iter().peekable();
             for (i, dsp) in work.iter().enumerate() {
                 while let Some((_, a)) = pending.next_if(|(at, _)| *at == i) {
-                    a.record(&mut pass, 1);
+                    a.record_with(&mut pass, 1, &mut after);
                 }
                 dsp.record(&mut pass);
+                after(&mut pass, dsp.bound.name);
             }
             for (_, a) in pending {
-                a.record(&mut pass, 1);
+                a.record_with(&mut pass, 1, &mut after);
             }
         }
         self.pos += n;
-        if !(all || last) {
-            g.queue.submit([enc.finish()]);
-            return Ok(Vec::new());
+        let marks = names.len() as u32 + 1;
+        if let Some(t) = &timer {
+            t.resolve(&mut enc, marks);
         }
-        let len = (rows * c.vocab * 4) as u64;
-        let staging = g.staging("logits", len);
-        enc.copy_buffer_to_buffer(&logits, 0, &staging, 0, len);
-        Ok(bytemuck::pod_collect_to_vec(
-            &g.submit_and_read(enc, &staging, len)?,
-        ))
+        let readback = (all || last).then(|| {
+            let len = (rows * c.vocab * 4) as u64;
+            let staging = g.staging("logits", len);
+            enc.copy_buffer_to_buffer(&logits, 0, &staging, 0, len);
+            (staging, len)
+        });
+        let t1 = Instant::now();
+        let done = g.queue.submit([enc.finish()]);
+        let t2 = Instant::now();
+        let out = match readback {
+            Some((staging, len)) => {
+                bytemuck::pod_collect_to_vec(&g.read_staging(&staging, len, done.clone())?)
+            }
+            None => Vec::new(),
+        };
+        if let (Some(t), Some(prof)) = (&timer, prof) {
+            let ts = t.read(g, marks, done)?;
+            let t3 = Instant::now();
+            prof.record_us += (t1 - t0).as_secs_f64() * 1e6;
+            prof.submit_us += (t2 - t1).as_secs_f64() * 1e6;
+            prof.wait_us += (t3 - t2).as_secs_f64() * 1e6;
+            prof.wall_us += (t3 - t0).as_secs_f64() * 1e6;
+            prof.add_step(&names, &ts);
+        }
+        Ok(out)
     }
 }
 
@@ -1039,8 +1148,12 @@ impl CausalLm for GpuLlm {
         Ok(out)
     }
 
-    fn profile_decode(&mut self, token: u32, steps: usize) -> Result<DecodeProfile> {
+    fn profile_decode(&mut self, token: u32, steps: usize) -> Result<StepProfile> {
         GpuLlm::profile_decode(self, token, steps)
+    }
+
+    fn profile_prefill(&mut self, tokens: &[u32]) -> Result<StepProfile> {
+        GpuLlm::profile_prefill(self, tokens)
     }
 
     fn greedy_run(
