@@ -243,14 +243,41 @@ impl Tensor {
     }
 }
 
+/// How the matrix-vector products treat their input.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Activations {
+    /// f32, as the reference does: results differ from it only in the
+    /// order of f32 operations.
+    #[default]
+    F32,
+    /// Rounded to 8-bit levels in blocks of 32 for Q4_0, Q4_1 and Q8_0
+    /// weights (llama.cpp's CPU convention; `quant::fast::int8`), f32 for
+    /// the other types.
+    Int8,
+}
+
+impl Activations {
+    fn row_dot<'a>(self, t: GgmlType, x: &'a [f32]) -> quant::fast::RowDot<'a> {
+        match self {
+            Activations::F32 => quant::fast::RowDot::new(t, x),
+            Activations::Int8 => quant::fast::RowDot::new_int8(t, x),
+        }
+    }
+}
+
 /// w: [n, k] (any type), x: `[k]` -> y: `[n]`; y = W x. Rows in parallel.
 pub fn matvec(w: &Tensor, x: &[f32], y: &mut [f32]) {
+    matvec_with(w, x, y, Activations::F32)
+}
+
+/// [`matvec`] with the input treated as `act` says.
+pub fn matvec_with(w: &Tensor, x: &[f32], y: &mut [f32], act: Activations) {
     let (n, k) = (w.rows(), w.row_len());
     assert_eq!(x.len(), k, "matvec '{}': x is not [{k}]", w.name);
     assert_eq!(y.len(), n, "matvec '{}': y is not [{n}]", w.name);
     let rb = w.row_bytes();
     let bytes = w.bytes();
-    let dot = quant::fast::RowDot::new(w.dtype, x);
+    let dot = act.row_dot(w.dtype, x);
     y.par_iter_mut()
         .enumerate()
         .with_min_len(16)
@@ -260,7 +287,7 @@ pub fn matvec(w: &Tensor, x: &[f32], y: &mut [f32]) {
 /// `ys[i] = ws[i] x` for several matrices with the same input, in one
 /// parallel pass over all their rows: one fork and join instead of one per
 /// matrix (decode's q/k/v and gate/up, where each pass is short).
-pub fn matvec_same_input(ws: &[&Tensor], x: &[f32], ys: &mut [&mut [f32]]) {
+pub fn matvec_same_input(ws: &[&Tensor], x: &[f32], ys: &mut [&mut [f32]], act: Activations) {
     assert_eq!(
         ws.len(),
         ys.len(),
@@ -287,10 +314,7 @@ pub fn matvec_same_input(ws: &[&Tensor], x: &[f32], ys: &mut [&mut [f32]]) {
         total += w.rows();
     }
     starts.push(total);
-    let dots: Vec<quant::fast::RowDot> = ws
-        .iter()
-        .map(|w| quant::fast::RowDot::new(w.dtype, x))
-        .collect();
+    let dots: Vec<quant::fast::RowDot> = ws.iter().map(|w| act.row_dot(w.dtype, x)).collect();
     let mut out = vec![0.0f32; total];
     out.par_iter_mut()
         .enumerate()
@@ -370,13 +394,15 @@ mod tests {
             weights(GgmlType::F32, 1, 64, 3),
         ];
         let x = Rng::new(4).vec(64, -2.0, 2.0);
-        let mut got: Vec<Vec<f32>> = ws.iter().map(|w| vec![f32::NAN; w.rows()]).collect();
-        let mut outs: Vec<&mut [f32]> = got.iter_mut().map(|v| v.as_mut_slice()).collect();
-        matvec_same_input(&[&ws[0], &ws[1], &ws[2]], &x, &mut outs);
-        for (w, g) in ws.iter().zip(&got) {
-            let mut want = vec![0.0; w.rows()];
-            matvec(w, &x, &mut want);
-            assert_eq!(g, &want, "{:?}", w.dtype);
+        for act in [Activations::F32, Activations::Int8] {
+            let mut got: Vec<Vec<f32>> = ws.iter().map(|w| vec![f32::NAN; w.rows()]).collect();
+            let mut outs: Vec<&mut [f32]> = got.iter_mut().map(|v| v.as_mut_slice()).collect();
+            matvec_same_input(&[&ws[0], &ws[1], &ws[2]], &x, &mut outs, act);
+            for (w, g) in ws.iter().zip(&got) {
+                let mut want = vec![0.0; w.rows()];
+                matvec_with(w, &x, &mut want, act);
+                assert_eq!(g, &want, "{:?} {act:?}", w.dtype);
+            }
         }
     }
 

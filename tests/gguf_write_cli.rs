@@ -68,6 +68,7 @@ fn cpu(weight_type: Option<GgmlType>) -> LoadOptions {
     LoadOptions {
         device: DeviceChoice::Cpu,
         weight_type,
+        cpu_activations: lfm::tensor::Activations::F32,
     }
 }
 

@@ -559,6 +559,7 @@ fn check_fixture(name: &str, model: &str) {
             &LoadOptions {
                 device,
                 weight_type: None,
+                cpu_activations: lfm::tensor::Activations::F32,
             },
         )
         .unwrap()

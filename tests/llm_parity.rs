@@ -65,6 +65,7 @@ fn check(name: &str, model_path: &str) {
         &LoadOptions {
             device: DeviceChoice::Cpu,
             weight_type: None,
+            cpu_activations: lfm::tensor::Activations::F32,
         },
     )
     .unwrap();

@@ -38,6 +38,7 @@ fn logits(path: &Path, weight_type: Option<GgmlType>) -> Vec<f32> {
         &LoadOptions {
             device: DeviceChoice::Cpu,
             weight_type,
+            cpu_activations: lfm::tensor::Activations::F32,
         },
     )
     .unwrap();

@@ -4,6 +4,7 @@ use crate::models::{self, LoadOptions};
 use crate::run::chat::{ChatTemplate, Message};
 use crate::run::generate::{generate, Request};
 use crate::run::sampling::{Sampler, SamplingOptions};
+use crate::tensor::Activations;
 use anyhow::{bail, Context};
 use clap::Parser;
 use std::io::{Read, Write};
@@ -87,6 +88,9 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let opts = LoadOptions {
         device: args.device.choice(),
         weight_type: None,
+        // Decode on the CPU with int8 inputs to the quantised products, as
+        // llama.cpp does.
+        cpu_activations: Activations::Int8,
     };
     let mut loaded = models::load_llm(&model_path, &opts)?;
     eprintln!("{}", loaded.describe());

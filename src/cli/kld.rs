@@ -12,6 +12,7 @@ use crate::run::kld::{
     self, ArmDevice, ArmSource, ArmSpec, Chunks, RefFile, RefHeader, RefWriter, Reference, Report,
     REF_ENCODING, REF_FORMAT_VERSION,
 };
+use crate::tensor::Activations;
 use crate::tokenizer::Tokenizer;
 use anyhow::{bail, Context};
 use clap::Parser;
@@ -117,6 +118,8 @@ fn load_arm(
         &LoadOptions {
             device,
             weight_type,
+            // The weights' own error: inputs stay f32.
+            cpu_activations: Activations::F32,
         },
     )
     .with_context(|| format!("arm '{text}'"))?;

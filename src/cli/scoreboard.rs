@@ -9,6 +9,7 @@ use crate::gpu::{Backend, GpuOptions};
 use crate::models::{self, LoadOptions};
 use crate::quant::GgmlType;
 use crate::run::bench::{self, Measurement, Test};
+use crate::tensor::Activations;
 use anyhow::{bail, Context};
 use clap::Parser;
 use serde::Serialize;
@@ -220,6 +221,9 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                     &LoadOptions {
                         device,
                         weight_type: ty,
+                        // What generate runs, and what llama.cpp's CPU
+                        // backend does.
+                        cpu_activations: Activations::Int8,
                     },
                 )?;
                 if arm == Arm::Gpu && loaded.backend_name() == "cpu" {

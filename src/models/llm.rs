@@ -11,7 +11,7 @@ use crate::error::{Error, Result};
 use crate::formats::TensorSource;
 use crate::quant;
 use crate::run::sampling::Sampler;
-use crate::tensor::{self, Tensor};
+use crate::tensor::{self, Activations, Tensor};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Arch {
@@ -434,16 +434,22 @@ enum State {
     Conv(Vec<f32>),
 }
 
-/// The CPU reference forward.
+/// The CPU forward: the reference, or with [`Activations::Int8`] the faster
+/// decode of the CLI tools.
 pub struct CpuLlm {
     pub cfg: LlmConfig,
     pub w: Weights,
     state: Vec<State>,
     pos: usize,
     tap: Option<Tap>,
+    /// How single-token (decode) products inside the layers treat their
+    /// input; prefill's matrix products and the vocabulary projection stay
+    /// f32.
+    act: Activations,
 }
 
 impl CpuLlm {
+    /// The reference: every product in f32.
     pub fn new(cfg: LlmConfig, w: Weights) -> CpuLlm {
         let mut m = CpuLlm {
             cfg,
@@ -451,9 +457,16 @@ impl CpuLlm {
             state: Vec::new(),
             pos: 0,
             tap: None,
+            act: Activations::F32,
         };
         m.reset();
         m
+    }
+
+    /// Decode products with their input treated as `act` says.
+    pub fn with_activations(mut self, act: Activations) -> CpuLlm {
+        self.act = act;
+        self
     }
 
     pub fn set_tap(&mut self, tap: Option<Tap>) {
@@ -509,6 +522,15 @@ impl CausalLm for CpuLlm {
         }
         let (d, hd) = (cfg.hidden, cfg.head_dim);
         let (qw, kvw) = (cfg.heads * hd, cfg.kv_heads * hd);
+        let act = self.act;
+        // y = x W^T for m rows: one row (decode) as `act` says, more in f32.
+        let product = |w: &Tensor, x: &[f32], m: usize, y: &mut [f32]| {
+            if m == 1 {
+                tensor::matvec_with(w, x, y, act)
+            } else {
+                tensor::matmul(w, x, m, y)
+            }
+        };
         // x: [n, hidden]
         let mut x = vec![0.0f32; n * d];
         for (t, &tok) in tokens.iter().enumerate() {
@@ -539,6 +561,7 @@ impl CausalLm for CpuLlm {
                             &[&a.q, &a.k, &a.v],
                             &h,
                             &mut [&mut q, &mut k, &mut v],
+                            act,
                         );
                     } else {
                         tensor::matmul(&a.q, &h, n, &mut q);
@@ -585,14 +608,14 @@ impl CausalLm for CpuLlm {
                         hd,
                         &mut att,
                     );
-                    tensor::matmul(&a.o, &att, n, &mut mix);
+                    product(&a.o, &att, n, &mut mix);
                 }
                 (Mixer::Conv(c), State::Conv(state)) => {
                     let mut bcx = vec![0.0f32; n * 3 * d];
-                    tensor::matmul(&c.in_proj, &h, n, &mut bcx);
+                    product(&c.in_proj, &h, n, &mut bcx);
                     let mut conv_out = vec![0.0f32; n * d];
                     cpu::short_conv(&bcx, &c.conv, cfg.conv_kernel, d, state, &mut conv_out);
-                    tensor::matmul(&c.out_proj, &conv_out, n, &mut mix);
+                    product(&c.out_proj, &conv_out, n, &mut mix);
                 }
                 _ => unreachable!("layer state is built from the same layer kinds"),
             }
@@ -603,7 +626,12 @@ impl CausalLm for CpuLlm {
             let mut g = vec![0.0f32; n * cfg.ffn];
             let mut u = vec![0.0f32; n * cfg.ffn];
             if n == 1 {
-                tensor::matvec_same_input(&[&layer.gate, &layer.up], &h, &mut [&mut g, &mut u]);
+                tensor::matvec_same_input(
+                    &[&layer.gate, &layer.up],
+                    &h,
+                    &mut [&mut g, &mut u],
+                    act,
+                );
             } else {
                 tensor::matmul(&layer.gate, &h, n, &mut g);
                 tensor::matmul(&layer.up, &h, n, &mut u);
@@ -611,7 +639,7 @@ impl CausalLm for CpuLlm {
             for (g, u) in g.iter_mut().zip(&u) {
                 *g = cpu::silu(*g) * u;
             }
-            tensor::matmul(&layer.down, &g, n, &mut mix);
+            product(&layer.down, &g, n, &mut mix);
             cpu::add_assign(&mut x, &mix);
             self.tap(|| format!("layer.{li}.out"), &x);
         }
@@ -621,6 +649,9 @@ impl CausalLm for CpuLlm {
         let mut normed = vec![0.0f32; rows * d];
         cpu::rms_norm(last, &self.w.final_norm, cfg.norm_eps, &mut normed);
         let mut logits = vec![0.0f32; rows * cfg.vocab];
+        // The vocabulary projection keeps f32 inputs: rounding the final
+        // hidden state (large outliers) to 8 bits moves logits by enough to
+        // change SmolLM2's first greedy token (tests/smollm2_reference.rs).
         tensor::matmul(&self.w.head, &normed, rows, &mut logits);
         Ok(logits)
     }

@@ -17,6 +17,7 @@ use crate::formats::hf::{self, HfConfig};
 use crate::formats::TensorSource;
 use crate::quant::GgmlType;
 use crate::run::sampling::SamplingOptions;
+use crate::tensor::Activations;
 use crate::tokenizer::{GgufVocab, Tokenizer};
 use llm::{CausalLm, CpuLlm, LlmConfig, Weights};
 use llm_gpu::{GpuLlm, GpuLlmOptions};
@@ -46,6 +47,9 @@ pub struct LoadOptions {
     /// Convert every matrix to this format after loading (a weight-format
     /// arm for benchmarks and KL-divergence runs).
     pub weight_type: Option<GgmlType>,
+    /// How the CPU backend's decode products treat their input (the GPU
+    /// ignores it): f32 for reference runs, int8 for speed.
+    pub cpu_activations: Activations,
 }
 
 /// A loaded language model with what generation needs beside it.
@@ -147,7 +151,10 @@ pub fn load_llm(path: &Path, opts: &LoadOptions) -> Result<LoadedLlm> {
         .unwrap_or("none")
         .to_string();
     let (model, backend): (Box<dyn CausalLm>, &'static str) = match opts.device.open()? {
-        Device::Cpu => (Box::new(CpuLlm::new(cfg, weights)), "cpu"),
+        Device::Cpu => (
+            Box::new(CpuLlm::new(cfg, weights).with_activations(opts.cpu_activations)),
+            "cpu",
+        ),
         Device::Gpu(gpu) => match GpuLlm::new(gpu, &cfg, &weights, &GpuLlmOptions::default()) {
             Ok(m) => (Box::new(m), "gpu"),
             // A GPU picked by default that cannot run this model (limits,
@@ -155,7 +162,8 @@ pub fn load_llm(path: &Path, opts: &LoadOptions) -> Result<LoadedLlm> {
             // one the user asked for by name is an error.
             Err(e) if !opts.device.is_explicit_gpu() => {
                 eprintln!("{e}; running on the CPU");
-                (Box::new(CpuLlm::new(cfg, weights)), "cpu")
+                let m = CpuLlm::new(cfg, weights).with_activations(opts.cpu_activations);
+                (Box::new(m), "cpu")
             }
             Err(e) => return Err(e),
         },

@@ -16,6 +16,10 @@
 //! generic lanes in 128-bit registers. The best copy the CPU runs is chosen
 //! at run time. F32 has no kernel here: it uses the reference, which is
 //! `cpu::dot` itself.
+//!
+//! [`int8`] has faster, less exact kernels that round the input to 8-bit
+//! levels (llama.cpp's CPU convention) for Q4_0, Q4_1 and Q8_0; callers opt
+//! in with [`RowDot::new_int8`].
 
 use super::util::get_scale_min_k4;
 use super::{
@@ -29,6 +33,7 @@ type Kernel = fn(&[u8], &[f32], &[f32]) -> f32;
 
 #[cfg(target_arch = "x86_64")]
 mod avx2;
+pub mod int8;
 
 /// Dot products of rows of one weight type with one input vector.
 pub struct RowDot<'a> {
@@ -37,6 +42,9 @@ pub struct RowDot<'a> {
     /// Sums of `x` over the groups the kernel needs (see `sum_group`).
     sums: Vec<f32>,
     kernel: Option<Kernel>,
+    /// The input rounded to 8 bits and the kernel over it, when asked for
+    /// ([`RowDot::new_int8`]) and the type has one.
+    int8: Option<(int8::Q8Input, int8::Kernel)>,
 }
 
 /// Elements per precomputed sum of `x` for each kernel (0: none needed).
@@ -64,11 +72,40 @@ impl<'a> RowDot<'a> {
             x,
             sums,
             kernel: kernel(dtype),
+            int8: None,
+        }
+    }
+
+    /// As [`RowDot::new`], but with `x` rounded to 8-bit levels in blocks
+    /// of 32 for the types that have an integer kernel (Q4_0, Q4_1, Q8_0;
+    /// see [`int8`]); other types, and inputs that are not whole blocks,
+    /// stay exact.
+    pub fn new_int8(dtype: GgmlType, x: &'a [f32]) -> Self {
+        let kernel = int8::variants(dtype).pop();
+        match kernel {
+            Some(k) if x.len().is_multiple_of(32) => RowDot {
+                dtype,
+                x,
+                sums: Vec::new(),
+                kernel: None,
+                int8: Some((int8::Q8Input::new(x), k)),
+            },
+            _ => RowDot::new(dtype, x),
         }
     }
 
     /// The dot product of `row` (`dtype`, `x.len()` elements) with `x`.
     pub fn dot(&self, row: &[u8]) -> f32 {
+        if let Some((q, k)) = &self.int8 {
+            assert_eq!(
+                self.dtype.row_bytes(self.x.len()),
+                Some(row.len()),
+                "RowDot: a {} row of {} elements has the wrong size",
+                self.dtype,
+                self.x.len()
+            );
+            return k(row, q);
+        }
         match self.kernel {
             Some(k) => {
                 assert_eq!(

@@ -320,3 +320,104 @@ pub(super) unsafe fn dot_tile(x: &[f32], w: &[f32], k: usize, out: &mut [f32]) {
         }
     }
 }
+
+/// Sum of 32 unsigned levels (`w`, bytes 0..255) times 32 signed input
+/// levels, in 8 i32 lanes: byte products summed in pairs to i16 (at most
+/// 2 * 255 * 127, no saturation for 4-bit and sign-folded 7-bit levels),
+/// then pairs of those to i32.
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn dot32_u8_i8(w: __m256i, x: __m256i) -> __m256 {
+    let pairs = _mm256_maddubs_epi16(w, x);
+    _mm256_cvtepi32_ps(_mm256_madd_epi16(pairs, _mm256_set1_epi16(1)))
+}
+
+/// A Q4_0/Q4_1 block's 32 levels as bytes: low nibbles are elements 0..16,
+/// high nibbles 16..32.
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn nibbles_u8(qs: &[u8; 16]) -> __m256i {
+    let mask = _mm_set1_epi8(0x0F);
+    let q = _mm_loadu_si128(qs.as_ptr().cast());
+    let lo = _mm_and_si128(q, mask);
+    let hi = _mm_and_si128(_mm_srli_epi16(q, 4), mask);
+    _mm256_set_m128i(hi, lo)
+}
+
+/// The int8 Q4_0/Q4_1 loop: per block, the byte products of its levels
+/// with the input's, scaled by `d_w d_x`, plus `c_w s_x`, where `c` is the
+/// weight's constant part (Q4_0's `-8 d_w`, Q4_1's min `m`). `scales` gives
+/// a block's levels and its (d, c), converted from f16 with F16C. Two
+/// blocks a step into two accumulators, so consecutive blocks do not wait
+/// on one chain of multiply-adds.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn nibble_rows_int8<B>(
+    blocks: &[B],
+    x: &super::int8::Q8Input,
+    parts: impl Fn(&B) -> (&[u8; 16], f32, f32),
+) -> f32 {
+    let (xq, xd, xs) = (x.qs.as_ptr(), &x.d[..blocks.len()], &x.s[..blocks.len()]);
+    let block = |i: usize, acc: __m256, offset: f32| {
+        let (qs, d, c) = parts(&blocks[i]);
+        let t = dot32_u8_i8(nibbles_u8(qs), _mm256_loadu_si256(xq.add(32 * i).cast()));
+        (
+            _mm256_fmadd_ps(t, _mm256_set1_ps(d * xd[i]), acc),
+            offset + c * xs[i],
+        )
+    };
+    let (mut a0, mut a1) = (_mm256_setzero_ps(), _mm256_setzero_ps());
+    let (mut o0, mut o1) = (0.0f32, 0.0f32);
+    let mut i = 0;
+    while i + 2 <= blocks.len() {
+        (a0, o0) = block(i, a0, o0);
+        (a1, o1) = block(i + 1, a1, o1);
+        i += 2;
+    }
+    if i < blocks.len() {
+        (a0, o0) = block(i, a0, o0);
+    }
+    hsum(_mm256_add_ps(a0, a1)) + o0 + o1
+}
+
+/// Two f16 values (little-endian, `lo` then `hi`) as f32, with F16C.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn f16_pair(lo: [u8; 2], hi: [u8; 2]) -> (f32, f32) {
+    let bits = u32::from_le_bytes([lo[0], lo[1], hi[0], hi[1]]);
+    let v = _mm_cvtph_ps(_mm_cvtsi32_si128(bits as i32));
+    (_mm_cvtss_f32(v), _mm_cvtss_f32(_mm_movehdup_ps(v)))
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn q4_0_int8(row: &[u8], x: &super::int8::Q8Input) -> f32 {
+    let blocks: &[BlockQ4_0] = bytemuck::cast_slice(row);
+    nibble_rows_int8(blocks, x, |b| {
+        let (d, _) = f16_pair(b.d, [0, 0]);
+        (&b.qs, d, -8.0 * d)
+    })
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn q4_1_int8(row: &[u8], x: &super::int8::Q8Input) -> f32 {
+    let blocks: &[BlockQ4_1] = bytemuck::cast_slice(row);
+    nibble_rows_int8(blocks, x, |b| {
+        let (d, m) = f16_pair(b.d, b.m);
+        (&b.qs, d, m)
+    })
+}
+
+/// Signed by signed: the weight's sign moves onto the input so the byte
+/// product sees |w| (unsigned) times +-x.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn q8_0_int8(row: &[u8], x: &super::int8::Q8Input) -> f32 {
+    let blocks: &[BlockQ8_0] = bytemuck::cast_slice(row);
+    let mut acc = _mm256_setzero_ps();
+    for (i, b) in blocks.iter().enumerate() {
+        let w = _mm256_loadu_si256(b.qs.as_ptr().cast());
+        let xq = _mm256_loadu_si256(x.qs.as_ptr().add(32 * i).cast());
+        let t = dot32_u8_i8(_mm256_sign_epi8(w, w), _mm256_sign_epi8(xq, w));
+        acc = _mm256_fmadd_ps(t, _mm256_set1_ps(f16_to_f32(b.d) * x.d[i]), acc);
+    }
+    hsum(acc)
+}

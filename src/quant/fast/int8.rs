@@ -1,0 +1,206 @@
+//! Row dot products with the input rounded to 8-bit integers, as llama.cpp's
+//! CPU backend does for its Q4_0, Q4_1 and Q8_0 weights: the input is cut
+//! into blocks of 32 with one f32 scale `d = max|x| / 127` and levels
+//! `round(x / d)` (ggml's Q8_1 activations), so each block's sum of products
+//! is a sum of integer products, scaled once. Faster than the f32 kernels of
+//! `quant::fast` (the byte products need no conversions) and less exact: the
+//! input's rounding adds a relative error of about 2^-9 per value to each
+//! sum, which the tests bound. The exact kernels stay the reference; callers
+//! choose this path ([`crate::tensor::Activations::Int8`]).
+
+use super::f16_to_f32;
+use crate::quant::{q4_0::BlockQ4_0, q4_1::BlockQ4_1, q8_0::BlockQ8_0, GgmlType};
+
+/// The input in blocks of 32 levels.
+pub struct Q8Input {
+    /// Levels, 32 per block.
+    pub qs: Vec<i8>,
+    /// Each block's scale.
+    pub d: Vec<f32>,
+    /// Each block's `d * sum(levels)`: the weight formats' constant parts
+    /// (Q4_0's `- 8`, Q4_1's min) multiply it.
+    pub s: Vec<f32>,
+}
+
+impl Q8Input {
+    /// `x` in blocks; `x.len()` must be a multiple of 32.
+    pub fn new(x: &[f32]) -> Q8Input {
+        assert!(x.len().is_multiple_of(32), "Q8Input: not whole blocks");
+        let blocks = x.len() / 32;
+        let mut q = Q8Input {
+            qs: vec![0; x.len()],
+            d: Vec::with_capacity(blocks),
+            s: Vec::with_capacity(blocks),
+        };
+        for (xb, qb) in x.chunks_exact(32).zip(q.qs.chunks_exact_mut(32)) {
+            let amax = xb.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+            let d = amax / 127.0;
+            let id = if d > 0.0 { 1.0 / d } else { 0.0 };
+            let mut sum = 0i32;
+            for (l, &v) in qb.iter_mut().zip(xb) {
+                *l = (v * id).round() as i8;
+                sum += *l as i32;
+            }
+            q.d.push(d);
+            q.s.push(d * sum as f32);
+        }
+        q
+    }
+}
+
+/// A row kernel over a quantised input: (row bytes, input) -> dot product.
+pub type Kernel = fn(&[u8], &Q8Input) -> f32;
+
+/// The copies of the int8 kernel for `t` this CPU runs, best last; empty
+/// for types without one.
+pub fn variants(t: GgmlType) -> Vec<Kernel> {
+    let mut v: Vec<Kernel> = match t {
+        GgmlType::Q4_0 => vec![|r, q| q4_0(bytemuck::cast_slice(r), q)],
+        GgmlType::Q4_1 => vec![|r, q| q4_1(bytemuck::cast_slice(r), q)],
+        GgmlType::Q8_0 => vec![|r, q| q8_0(bytemuck::cast_slice(r), q)],
+        _ => return Vec::new(),
+    };
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
+        // SAFETY (each): listed only when the CPU reports AVX2 and FMA;
+        // RowDot checked the row size against the input's length.
+        match t {
+            GgmlType::Q4_0 => v.push(|r, q| unsafe { super::avx2::q4_0_int8(r, q) }),
+            GgmlType::Q4_1 => v.push(|r, q| unsafe { super::avx2::q4_1_int8(r, q) }),
+            GgmlType::Q8_0 => v.push(|r, q| unsafe { super::avx2::q8_0_int8(r, q) }),
+            _ => {}
+        }
+    }
+    v
+}
+
+/// Sum of 16 low-nibble and 16 high-nibble levels times their inputs.
+#[inline(always)]
+fn nibble_dot(qs: &[u8; 16], x: &[i8]) -> i32 {
+    let mut s = 0i32;
+    for j in 0..16 {
+        s += (qs[j] & 0x0F) as i32 * x[j] as i32 + (qs[j] >> 4) as i32 * x[j + 16] as i32;
+    }
+    s
+}
+
+/// sum d_w d_x (q - 8) x = sum d_w (d_x q.x - 8 s_x).
+fn q4_0(blocks: &[BlockQ4_0], x: &Q8Input) -> f32 {
+    let mut acc = 0.0f32;
+    for (((b, xq), &d), &s) in blocks.iter().zip(x.qs.chunks_exact(32)).zip(&x.d).zip(&x.s) {
+        acc += f16_to_f32(b.d) * (d * nibble_dot(&b.qs, xq) as f32 - 8.0 * s);
+    }
+    acc
+}
+
+/// sum (d_w q + m) d_x x = sum d_w d_x q.x + m s_x.
+fn q4_1(blocks: &[BlockQ4_1], x: &Q8Input) -> f32 {
+    let mut acc = 0.0f32;
+    for (((b, xq), &d), &s) in blocks.iter().zip(x.qs.chunks_exact(32)).zip(&x.d).zip(&x.s) {
+        acc += f16_to_f32(b.d) * d * nibble_dot(&b.qs, xq) as f32 + f16_to_f32(b.m) * s;
+    }
+    acc
+}
+
+fn q8_0(blocks: &[BlockQ8_0], x: &Q8Input) -> f32 {
+    let mut acc = 0.0f32;
+    for ((b, xq), &d) in blocks.iter().zip(x.qs.chunks_exact(32)).zip(&x.d) {
+        let dot: i32 =
+            b.qs.iter()
+                .zip(xq)
+                .map(|(&w, &v)| w as i8 as i32 * v as i32)
+                .sum();
+        acc += f16_to_f32(b.d) * d * dot as f32;
+    }
+    acc
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::quant::{dequantize_row, quantize_row};
+    use crate::util::rng::Rng;
+
+    /// Every copy of each kernel against the f32 dot product of the
+    /// dequantised row with the input: rounding the input to 8 bits moves
+    /// each block's sum by at most 1/254 of its sum |w| max|x| (half a
+    /// level of 127 per value); swapped nibble halves or a wrong scale
+    /// exceed it.
+    #[test]
+    fn int8_kernels_are_within_the_input_rounding_of_the_f32_dot() {
+        let mut rng = Rng::new(41);
+        for t in [GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q8_0] {
+            for k in [32, 256, 4096] {
+                for scale in [1.0, 1e-3, 30.0] {
+                    let w: Vec<f32> = (0..k).map(|_| rng.normal() * scale).collect();
+                    let mut row = vec![0u8; t.row_bytes(k).unwrap()];
+                    quantize_row(t, &w, &mut row);
+                    let mut wd = vec![0.0f32; k];
+                    dequantize_row(t, &row, &mut wd);
+                    // An input with a few large values, as activations have.
+                    let mut x = rng.vec(k, -1.0, 1.0);
+                    x[k / 3] = 20.0;
+                    let want: f64 = wd.iter().zip(&x).map(|(a, b)| *a as f64 * *b as f64).sum();
+                    let bound: f64 = wd
+                        .chunks_exact(32)
+                        .zip(x.chunks_exact(32))
+                        .map(|(wb, xb)| {
+                            let amax = xb.iter().fold(0.0f32, |m, v| m.max(v.abs())) as f64;
+                            wb.iter().map(|v| v.abs() as f64).sum::<f64>() * amax / 254.0
+                        })
+                        .sum::<f64>()
+                        + 1e-6 * want.abs();
+                    let q = Q8Input::new(&x);
+                    let vs = variants(t);
+                    assert!(!vs.is_empty());
+                    for (v, kern) in vs.into_iter().enumerate() {
+                        let got = kern(&row, &q) as f64;
+                        assert!(
+                            (got - want).abs() <= bound,
+                            "{t} k {k} scale {scale} variant {v}: {got} vs {want} (bound {bound})"
+                        );
+                    }
+                }
+            }
+        }
+    }
+
+    /// The copies (portable, AVX2) compute the same integer sums and differ
+    /// only in the order of the f32 scaling.
+    #[test]
+    fn int8_copies_agree() {
+        let mut rng = Rng::new(42);
+        for t in [GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q8_0] {
+            let k = 1024;
+            let w: Vec<f32> = (0..k).map(|_| rng.normal()).collect();
+            let mut row = vec![0u8; t.row_bytes(k).unwrap()];
+            quantize_row(t, &w, &mut row);
+            let q = Q8Input::new(&rng.vec(k, -3.0, 3.0));
+            let got: Vec<f32> = variants(t).into_iter().map(|kern| kern(&row, &q)).collect();
+            let mag: f32 = got[0].abs().max(1.0);
+            for g in &got {
+                assert!((g - got[0]).abs() <= 1e-5 * mag, "{t}: {got:?}");
+            }
+        }
+    }
+
+    #[test]
+    fn quantised_input_round_trips_within_half_a_level() {
+        let mut rng = Rng::new(43);
+        let x = rng.vec(96, -5.0, 5.0);
+        let q = Q8Input::new(&x);
+        for (b, xb) in x.chunks_exact(32).enumerate() {
+            let mut sum = 0i32;
+            for (j, &v) in xb.iter().enumerate() {
+                let l = q.qs[32 * b + j];
+                sum += l as i32;
+                assert!((l as f32 * q.d[b] - v).abs() <= 0.5 * q.d[b] * 1.0001);
+            }
+            assert!((q.s[b] - q.d[b] * sum as f32).abs() <= 1e-6 * q.s[b].abs().max(1.0));
+        }
+        // All zeros: scale 0, levels 0, no NaN.
+        let z = Q8Input::new(&[0.0; 32]);
+        assert_eq!((z.d[0], z.s[0]), (0.0, 0.0));
+        assert!(z.qs.iter().all(|&l| l == 0));
+    }
+}
