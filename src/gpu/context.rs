@@ -55,7 +55,7 @@ pub struct Capabilities {
     pub f16: bool,
     /// 16x16x16 cooperative matrices (tensor cores) with f16 inputs and an
     /// f32 accumulator, in subgroups of exactly 32 (the prefill GEMM's COOP
-    /// variant; see [`coop_matrix_usable`]).
+    /// variant; `coop_matrix_usable` says what is checked).
     pub coop_matrix: bool,
     /// Largest byte range one storage binding may cover.
     pub max_binding: u64,
