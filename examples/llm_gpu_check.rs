@@ -10,7 +10,9 @@
 //! error ||gpu - cpu||^2 / ||cpu||^2 and max |gpu - cpu| / max |cpu| over the
 //! prefill and the steps, how many greedy tokens agree, the dispatches per
 //! decode token and the load time. Exits 1 when an error exceeds 1e-6 (f32
-//! summation order alone stays near 1e-10 on real models).
+//! summation order alone stays near 1e-10 on real models), or 5e-5 where the
+//! prefill GEMM runs on cooperative matrices with f16 inputs (measured 7e-6
+//! to 9e-6 on a random LFM2-350M).
 
 use anyhow::{bail, Context};
 use lfm::gpu::{Gpu, GpuOptions};
@@ -22,6 +24,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 const TOL: f64 = 1e-6;
+const COOP_TOL: f64 = 5e-5;
 
 fn errors(got: &[f32], want: &[f32]) -> (f64, f64) {
     let (mut num, mut den, mut diff, mut scale) = (0f64, 0f64, 0f32, 0f32);
@@ -63,6 +66,7 @@ fn main() -> anyhow::Result<()> {
         None => w,
     };
     let gpu = Arc::new(Gpu::new(&GpuOptions::default())?);
+    let coop = gpu.caps.coop_matrix;
     let adapter = gpu.describe();
     let t0 = Instant::now();
     let mut g = GpuLlm::new(gpu, &cfg, &w, &GpuLlmOptions::default())?;
@@ -86,7 +90,7 @@ fn main() -> anyhow::Result<()> {
         agree += usize::from(lfm::cpu::argmax(&got) == lfm::cpu::argmax(&want));
         tok = lfm::cpu::argmax(&want) as u32;
     }
-    let ok = worst <= TOL;
+    let ok = worst <= if coop { COOP_TOL } else { TOL };
     let report = serde_json::json!({
         "model": path.display().to_string(),
         "type": ty.map(|t| t.name()),
