@@ -10,12 +10,7 @@
 //           5 out: [n_q, heads * hd], 6 part: [n_q, heads, splits, hd + 2]
 //           (out, part read_write)
 // dispatch: (splits, heads, n_q) workgroups of 64 threads; hd <= 256
-//           (QTILE: (ceil(n_q / 64), heads, 1), one split, hd <= 64)
 // variants: SUBGROUPS reduces with subgroup ops, otherwise a shared-memory tree.
-//           QTILE is for prefill: one thread per query, 64 queries of a head
-//           per workgroup, blocks of 32 keys and values staged in workgroup
-//           memory once for all of them, each thread's running max, sum and
-//           output in registers (no reductions).
 
 struct Params {
     heads: u32,
@@ -40,88 +35,6 @@ const WG: u32 = 64u;
 // A finite "minus infinity": exp(NEG - NEG) stays 1, never NaN.
 const NEG: f32 = -1.0e30;
 
-#if QTILE
-const QT: u32 = 64u;
-const KB: u32 = 32u;
-
-var<workgroup> kt: array<vec4<f32>, 512>; // [KB][16]: keys, zero past hd
-var<workgroup> vt: array<vec4<f32>, 512>; // [KB][16]: values
-
-@compute @workgroup_size(64)
-fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
-    let h = wid.y;
-    let t = wid.x * QT + lid;
-    let hd = p.hd;
-    // Query t is position kv_len - n_q + t and sees the keys up to it; the
-    // workgroup loads the keys its last query sees.
-    let first = step[2] - p.n_q;
-    let tq = min(t, p.n_q - 1u);
-    let visible = first + tq + 1u;
-    let end = first + min(wid.x * QT + QT, p.n_q);
-    let kvo = (h / (p.heads / p.kv_heads)) * hd;
-    var qv: array<vec4<f32>, 16>;
-    for (var i = 0u; i < 16u; i++) {
-        var v = vec4<f32>(0.0);
-        for (var c = 0u; c < 4u; c++) {
-            if (4u * i + c < hd) {
-                v[c] = q[(tq * p.heads + h) * hd + 4u * i + c];
-            }
-        }
-        qv[i] = v;
-    }
-    var acc: array<vec4<f32>, 16>;
-    var m = NEG;
-    var l = 0.0;
-    for (var j0 = 0u; j0 < end; j0 += KB) {
-        // 32 keys x 64 dimensions, consecutive threads on consecutive ones.
-        for (var i = 0u; i < 32u; i++) {
-            let at = lid + 64u * i;
-            let j = j0 + (at >> 6u);
-            let d = at & 63u;
-            var kv = 0.0;
-            var vv = 0.0;
-            if (j < end && d < hd) {
-                kv = kc[j * p.kv_stride + kvo + d];
-                vv = vc[j * p.kv_stride + kvo + d];
-            }
-            kt[at >> 2u][d & 3u] = kv;
-            vt[at >> 2u][d & 3u] = vv;
-        }
-        workgroupBarrier();
-        var sc: array<f32, 32>;
-        var mb = NEG;
-        for (var kk = 0u; kk < KB; kk++) {
-            var a = vec4<f32>(0.0);
-            for (var i = 0u; i < 16u; i++) {
-                a += qv[i] * kt[kk * 16u + i];
-            }
-            let sj = select(NEG, ((a.x + a.y) + (a.z + a.w)) * p.scale, j0 + kk < visible);
-            sc[kk] = sj;
-            mb = max(mb, sj);
-        }
-        let m_new = max(m, mb);
-        let corr = exp(m - m_new);
-        l *= corr;
-        for (var i = 0u; i < 16u; i++) {
-            acc[i] *= corr;
-        }
-        for (var kk = 0u; kk < KB; kk++) {
-            let pj = select(0.0, exp(sc[kk] - m_new), j0 + kk < visible);
-            l += pj;
-            for (var i = 0u; i < 16u; i++) {
-                acc[i] += pj * vt[kk * 16u + i];
-            }
-        }
-        m = m_new;
-        workgroupBarrier();
-    }
-    if (t < p.n_q) {
-        for (var d = 0u; d < hd; d++) {
-            out[(t * p.heads + h) * hd + d] = acc[d >> 2u][d & 3u] / l;
-        }
-    }
-}
-#else
 var<workgroup> qs: array<f32, 256>;
 var<workgroup> ps: array<f32, 64>;
 var<workgroup> red: array<f32, 64>;
@@ -269,4 +182,3 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         }
     }
 }
-#endif

@@ -701,7 +701,7 @@ kernel!(
         Binding::write("part")
     ],
     AttentionParams,
-    [&[], &["SUBGROUPS"], &["QTILE"]]
+    [&[], &["SUBGROUPS"]]
 );
 
 kernel!(
@@ -742,8 +742,6 @@ pub struct Attention {
     pub merge: Bound,
     pub heads: u32,
     pub n_q: u32,
-    /// The QTILE variant (prefill): one split, `n_q / 64` workgroups a head.
-    pub q_tiled: bool,
 }
 
 impl Attention {
@@ -759,13 +757,6 @@ impl Attention {
         splits: usize,
         after: &mut dyn FnMut(&mut wgpu::ComputePass<'_>, &'static str),
     ) {
-        if self.q_tiled {
-            assert_eq!(splits, 1, "the QTILE attention has one split");
-            let tiles = self.n_q.div_ceil(ATTENTION_Q_TILE);
-            self.main.record(pass, [tiles, self.heads, 1]);
-            after(pass, self.main.name);
-            return;
-        }
         self.main
             .record(pass, [splits as u32, self.heads, self.n_q]);
         after(pass, self.main.name);
@@ -776,28 +767,10 @@ impl Attention {
     }
 }
 
-/// Queries per workgroup of the QTILE attention (`QT` in flash_attention.wgsl).
-const ATTENTION_Q_TILE: u32 = 64;
-/// Widest head the QTILE attention holds in registers.
-const ATTENTION_Q_TILE_MAX_HEAD: usize = 64;
-
-/// Whether a prefill of `n_q` queries over `kv_len` positions can take the
-/// QTILE attention: heads of at most 64, and on software rasterisers only
-/// while every loop of an invocation stays under their iteration limit
-/// (about 1,100 a block of 32 keys).
-pub fn attention_q_tiled(gpu: &Gpu, s: &AttnShape, n_q: usize, kv_len: usize) -> bool {
-    n_q > 1
-        && s.head_dim <= ATTENTION_Q_TILE_MAX_HEAD
-        && (!gpu.is_software() || kv_len.div_ceil(32) * 1100 < super::SOFTWARE_LOOP_LIMIT)
-}
-
-/// Attention of `n_q` new queries against the caches: the split kernel (and
-/// its merge) or, with `q_tiled` (see [`attention_q_tiled`]), the QTILE one.
 #[allow(clippy::too_many_arguments)]
 pub fn flash_attention(
     gpu: &Gpu,
     subgroups: bool,
-    q_tiled: bool,
     s: &AttnShape,
     q: &wgpu::Buffer,
     kv: &AttnBuffers,
@@ -820,9 +793,7 @@ pub fn flash_attention(
         kv_stride: (s.kv_heads * s.head_dim) as u32,
         _pad: [0; 2],
     };
-    let variant = if q_tiled {
-        Variant::new(&["QTILE"])
-    } else if subgroups {
+    let variant = if subgroups {
         Variant::new(&["SUBGROUPS"])
     } else {
         Variant::default()
@@ -844,7 +815,6 @@ pub fn flash_attention(
         merge,
         heads: s.heads as u32,
         n_q: n_q as u32,
-        q_tiled,
     })
 }
 

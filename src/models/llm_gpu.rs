@@ -445,7 +445,7 @@ impl GpuLlm {
                         llm_ops::qk_rope(g, &self.attn, &io.qkv, norms, &io.cs, &kv, &io.q, 1)?;
                     plan.push(Op::Fixed(rope));
                     plan.push(Op::Attention(llm_ops::flash_attention(
-                        g, sub, false, &self.attn, &io.q, &kv, &io.att, &io.part, 1,
+                        g, sub, &self.attn, &io.q, &kv, &io.att, &io.part, 1,
                     )?));
                     fixed(
                         llm_ops::gemv(g, sub, o, &GemvEpilogue::Add, &io.att, 0, &io.x, 0)?,
@@ -935,7 +935,6 @@ impl GpuLlm {
                     let a = llm_ops::flash_attention(
                         g,
                         self.subgroups,
-                        llm_ops::attention_q_tiled(g, &self.attn, n, self.pos + n),
                         &self.attn,
                         &q,
                         &kv,

@@ -574,7 +574,6 @@ fn attention_case(
     rng: &mut Rng,
 ) {
     let sub = v.defines.contains(&"SUBGROUPS");
-    let q_tiled = v.defines.contains(&"QTILE");
     let s = AttnShape {
         heads,
         kv_heads,
@@ -615,7 +614,7 @@ fn attention_case(
         k_cache: &gk,
         v_cache: &gv,
     };
-    let att = llm_ops::flash_attention(gpu, sub, q_tiled, &s, &gq, &kv, &out, &part, n_q).unwrap();
+    let att = llm_ops::flash_attention(gpu, sub, &s, &gq, &kv, &out, &part, n_q).unwrap();
     let mut enc = gpu.device.create_command_encoder(&Default::default());
     {
         let mut pass = enc.begin_compute_pass(&Default::default());
@@ -637,16 +636,6 @@ fn attention_case(
 
 fn flash_attention(gpu: &Gpu, v: &Variant) {
     let mut rng = Rng::new(18);
-    if v.defines.contains(&"QTILE") {
-        // Prefill only, heads up to 64: several query tiles, key blocks
-        // that end mid-block, queries after cached positions, grouped heads.
-        for hd in [64, 33, 8] {
-            for (n_q, kv_len) in [(2, 2), (33, 40), (130, 130), (70, 101)] {
-                attention_case(gpu, v, 4, 2, hd, n_q, kv_len, 1, &mut rng);
-            }
-        }
-        return;
-    }
     for hd in [64, 33, 256] {
         // Decode over every interesting length, with the splits decode uses.
         for kv_len in [1, 63, 64, 65, 257, 1025] {
