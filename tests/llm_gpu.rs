@@ -545,10 +545,9 @@ fn fixture(rel: &str) -> std::path::PathBuf {
 }
 
 /// max |got - want| / max |want|, the measure tests/llm_parity.rs holds the
-/// CPU to against transformers (1e-4 of the logit range, far below the
-/// fixtures' smallest top-1/top-2 gap of 1.4e-2 of the range).
+/// CPU to against transformers: at most `tol` (see [`gold_tol`]).
 #[track_caller]
-fn assert_near_gold(what: &str, got: &[f32], want: &[f32]) {
+fn assert_near_gold(what: &str, got: &[f32], want: &[f32], tol: f32) {
     assert_eq!(got.len(), want.len(), "{what}: length");
     let scale = want.iter().fold(0f32, |m, v| m.max(v.abs()));
     let err = got
@@ -556,7 +555,7 @@ fn assert_near_gold(what: &str, got: &[f32], want: &[f32]) {
         .zip(want)
         .fold(0f32, |m, (g, w)| m.max((g - w).abs()));
     assert!(
-        err / scale <= 1e-4,
+        err / scale <= tol,
         "{what}: max |diff| {err} vs max |logit| {scale}"
     );
 }
@@ -564,9 +563,23 @@ fn assert_near_gold(what: &str, got: &[f32], want: &[f32]) {
 /// The GPU on a fixture: logits at every position and step against the CPU
 /// reference (tight) and against transformers (as the CPU is held),
 /// greedy tokens equal to transformers'.
+/// The gold tolerance: 1e-4 of the logit range, as the CPU is held, far
+/// below the fixtures' smallest top-1/top-2 gap of 1.4e-2 of the range; 5e-3
+/// where the prefill GEMM rounds its inputs to f16 (measured on the H200:
+/// 1.9e-3 tiny LFM2, 2.9e-3 tiny Llama, whose random weights give logits up
+/// to 30).
+fn gold_tol(g: &Gpu) -> f32 {
+    if g.caps.coop_matrix {
+        5e-3
+    } else {
+        1e-4
+    }
+}
+
 fn check_fixture(name: &str, model: &str) {
     let Some(gpu) = gpu() else { return };
     let tiny = tol(&gpu, TINY_TOL);
+    let gold_tol = gold_tol(&gpu);
     let g = gold(name);
     let load = |device| {
         load_llm(
@@ -595,14 +608,14 @@ fn check_fixture(name: &str, model: &str) {
         v,
         tiny,
     );
-    assert_near_gold(&format!("{model} prefill"), &prefill, &g.prefill);
+    assert_near_gold(&format!("{model} prefill"), &prefill, &g.prefill, gold_tol);
     let mut next = cpu::argmax(&prefill[(g.prompt.len() - 1) * v..]) as u32;
     assert_eq!(next, g.tokens[0], "{model}: greedy token 0");
     for step in 1..g.tokens.len() {
         let logits = m.forward(&[next], false).unwrap();
         let what = format!("{model} step {step}");
         assert_logits(&what, &logits, &c.forward(&[next], false).unwrap(), v, tiny);
-        assert_near_gold(&what, &logits, &g.steps[step * v..(step + 1) * v]);
+        assert_near_gold(&what, &logits, &g.steps[step * v..(step + 1) * v], gold_tol);
         next = cpu::argmax(&logits) as u32;
         assert_eq!(next, g.tokens[step], "{model}: greedy token {step}");
     }
