@@ -87,8 +87,12 @@ pub struct StepProfile {
     /// What one step is: "decode step", "prefill of 512 tokens".
     pub what: String,
     pub steps: usize,
-    /// Host time from recording to having the token back.
+    /// Host time from building the step's dispatches to having the result
+    /// back.
     pub wall_us: f64,
+    /// Host time building the step's buffers and bind groups (prefill; a
+    /// decode step reuses the plan built at load, so 0 there).
+    pub prepare_us: f64,
     /// Host time recording the dispatches into the pass.
     pub record_us: f64,
     /// Host time in `CommandEncoder::finish` and `Queue::submit`.
@@ -140,6 +144,7 @@ impl StepProfile {
         let n = self.steps.max(1) as f64;
         for v in [
             &mut self.wall_us,
+            &mut self.prepare_us,
             &mut self.record_us,
             &mut self.submit_us,
             &mut self.wait_us,
@@ -157,12 +162,13 @@ impl StepProfile {
     /// A markdown table for stderr.
     pub fn table(&self) -> String {
         let mut s = format!(
-            "{}, mean of {} runs: wall {:.1} us = record {:.1} + finish/submit {:.1} \
-             + wait {:.1}; device busy {:.1} us over {} dispatches ({:.2} us each)\n\n\
+            "{}, mean of {} runs: wall {:.1} us = prepare {:.1} + record {:.1} + finish/submit \
+             {:.1} + wait {:.1}; device busy {:.1} us over {} dispatches ({:.2} us each)\n\n\
              | kernel | calls/step | us/step | share | us/call |\n|---|---:|---:|---:|---:|\n",
             self.what,
             self.steps,
             self.wall_us,
+            self.prepare_us,
             self.record_us,
             self.submit_us,
             self.wait_us,

@@ -876,6 +876,7 @@ impl GpuLlm {
         last: bool,
         prof: Option<&mut StepProfile>,
     ) -> Result<Vec<f32>> {
+        let start = Instant::now();
         let n = tokens.len();
         self.ensure_capacity(self.pos + n)?;
         let g = &*self.gpu;
@@ -1041,7 +1042,10 @@ impl GpuLlm {
             )?);
         }
 
-        // Room for a timestamp before the first dispatch and after each.
+        // Recording starts here (the profile counts the timer's own set-up
+        // in it). Room for a timestamp before the first dispatch and after
+        // each.
+        let t0 = Instant::now();
         let timer = match prof {
             Some(_) => Some(PassTimer::new(
                 g,
@@ -1050,7 +1054,6 @@ impl GpuLlm {
             None => None,
         };
         let mut names = Vec::new();
-        let t0 = Instant::now();
         let mut enc = g.device.create_command_encoder(&Default::default());
         {
             let mut pass = enc.begin_compute_pass(&Default::default());
@@ -1098,10 +1101,11 @@ impl GpuLlm {
         if let (Some(t), Some(prof)) = (&timer, prof) {
             let ts = t.read(g, marks, done)?;
             let t3 = Instant::now();
+            prof.prepare_us += (t0 - start).as_secs_f64() * 1e6;
             prof.record_us += (t1 - t0).as_secs_f64() * 1e6;
             prof.submit_us += (t2 - t1).as_secs_f64() * 1e6;
             prof.wait_us += (t3 - t2).as_secs_f64() * 1e6;
-            prof.wall_us += (t3 - t0).as_secs_f64() * 1e6;
+            prof.wall_us += (t3 - start).as_secs_f64() * 1e6;
             prof.add_step(&names, &ts);
         }
         Ok(out)
