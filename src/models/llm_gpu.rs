@@ -164,6 +164,60 @@ pub struct GpuLlm {
     select: Vec<Dispatch>,
     top_k: usize,
     prefill_chunk: usize,
+    /// The last prefill's work buffers, reused while they are large enough
+    /// (allocating ~40 MB of them per 512-token prefill cost the host
+    /// milliseconds).
+    prefill_scratch: Option<PrefillScratch>,
+}
+
+/// Work buffers of one prefill submission, sized for `tokens` tokens and
+/// `logit_rows` rows of logits.
+struct PrefillScratch {
+    tokens: usize,
+    logit_rows: usize,
+    ids: wgpu::Buffer,
+    cs: wgpu::Buffer,
+    x: wgpu::Buffer,
+    h: wgpu::Buffer,
+    qkv: wgpu::Buffer,
+    q: wgpu::Buffer,
+    att: wgpu::Buffer,
+    bcx: wgpu::Buffer,
+    conv_out: wgpu::Buffer,
+    gu: wgpu::Buffer,
+    gg: wgpu::Buffer,
+    logits: wgpu::Buffer,
+}
+
+impl PrefillScratch {
+    fn new(g: &Gpu, c: &LlmConfig, tokens: usize, logit_rows: usize) -> Result<PrefillScratch> {
+        let n = tokens;
+        let (d, f, hd) = (c.hidden, c.ffn, c.head_dim);
+        let (qw, kvw) = (c.heads * hd, c.kv_heads * hd);
+        let f32s = |label: &str, len: usize| g.scratch(label, (len.max(1) * 4) as u64);
+        let ids = g.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("tokens"),
+            size: (n.max(1) * 4) as u64,
+            usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST,
+            mapped_at_creation: false,
+        });
+        Ok(PrefillScratch {
+            tokens,
+            logit_rows,
+            ids,
+            cs: f32s("rope", n * c.rope_dim)?,
+            x: f32s("x", n * d)?,
+            h: f32s("h", n * d)?,
+            qkv: f32s("qkv", n * (qw + 2 * kvw))?,
+            q: f32s("q", n * qw)?,
+            att: f32s("att", n * qw)?,
+            bcx: f32s("bcx", n * 3 * d)?,
+            conv_out: f32s("conv_out", n * d)?,
+            gu: f32s("gu", n * 2 * f)?,
+            gg: f32s("g", n * f)?,
+            logits: f32s("logits", logit_rows * c.vocab)?,
+        })
+    }
 }
 
 /// Uploads weights, converting formats no kernel reads to f16 (and noting
@@ -402,6 +456,7 @@ impl GpuLlm {
                 .prefill_chunk
                 .unwrap_or(PREFILL_CHUNK)
                 .clamp(1, PREFILL_CHUNK),
+            prefill_scratch: None,
         };
         m.plan = m.build_plan()?;
         m.warm_prefill()?;
@@ -879,37 +934,36 @@ impl GpuLlm {
         let start = Instant::now();
         let n = tokens.len();
         self.ensure_capacity(self.pos + n)?;
+        let rows = if all { n } else { 1 };
+        let fits = |s: &PrefillScratch| s.tokens >= n && s.logit_rows >= rows;
+        if !self.prefill_scratch.as_ref().is_some_and(fits) {
+            // Room for a whole chunk, so one allocation serves every prompt.
+            let tokens = n.max(self.prefill_chunk_len());
+            self.prefill_scratch = None;
+            self.prefill_scratch = Some(PrefillScratch::new(&self.gpu, &self.cfg, tokens, rows)?);
+        }
+        let sc = self.prefill_scratch.as_ref().expect("allocated above");
         let g = &*self.gpu;
         let coop = g.caps.coop_matrix;
         let c = &self.cfg;
         let (d, f, hd) = (c.hidden, c.ffn, c.head_dim);
-        let (qw, kvw) = (c.heads * hd, c.kv_heads * hd);
-        let qkvw = qw + 2 * kvw;
-        let f32s = |label: &str, len: usize| g.scratch(label, (len.max(1) * 4) as u64);
-        let tok = g.upload_u32("tokens", tokens)?;
-        let cs = f32s("rope", n * c.rope_dim)?;
-        let x = f32s("x", n * d)?;
-        let h = f32s("h", n * d)?;
-        let qkv = f32s("qkv", n * qkvw)?;
-        let q = f32s("q", n * qw)?;
-        let att = f32s("att", n * qw)?;
-        let bcx = f32s("bcx", n * 3 * d)?;
-        let conv_out = f32s("conv_out", n * d)?;
-        let gu = f32s("gu", n * 2 * f)?;
-        let gg = f32s("g", n * f)?;
-        let rows = if all { n } else { 1 };
-        let logits = f32s("logits", rows * c.vocab)?;
-        self.write_step(n, 1, &cs);
+        let qw = c.heads * hd;
+        let qkvw = qw + 2 * c.kv_heads * hd;
+        g.queue
+            .write_buffer(&sc.ids, 0, bytemuck::cast_slice(tokens));
+        let (tok, cs, x, h, qkv, q, att) = (&sc.ids, &sc.cs, &sc.x, &sc.h, &sc.qkv, &sc.q, &sc.att);
+        let (bcx, conv_out, gu, gg, logits) = (&sc.bcx, &sc.conv_out, &sc.gu, &sc.gg, &sc.logits);
+        self.write_step(n, 1, cs);
 
         let eps = c.norm_eps;
         let rv = g.reduce_variant();
         let mut work: Vec<Dispatch> = Vec::new();
         let mut attention = Vec::new();
-        work.extend(llm_ops::embedding(g, &self.embed, &tok, 0, &x, n)?);
+        work.extend(llm_ops::embedding(g, &self.embed, tok, 0, x, n)?);
         // Dispatches are recorded in order; attention ones are kept aside
         // with the index they go before.
         for (layer, state) in self.layers.iter().zip(&self.state) {
-            work.push(ops::rms_norm(g, &rv, &x, &layer.norm1, &h, d, n, eps)?);
+            work.push(ops::rms_norm(g, &rv, x, &layer.norm1, h, d, n, eps)?);
             match (&layer.mixer, state) {
                 (
                     GpuMixer::Attention {
@@ -920,9 +974,7 @@ impl GpuLlm {
                     GpuState::Kv { k, v },
                 ) => {
                     for (m, off) in mats {
-                        work.extend(llm_ops::gemm(
-                            g, coop, m, false, &h, d, &qkv, qkvw, *off, n,
-                        )?);
+                        work.extend(llm_ops::gemm(g, coop, m, false, h, d, qkv, qkvw, *off, n)?);
                     }
                     let kv = AttnBuffers {
                         step: &self.io.step,
@@ -930,21 +982,19 @@ impl GpuLlm {
                         v_cache: v,
                     };
                     let norms = norms.as_ref().map(|(a, b)| (a, b));
-                    work.push(llm_ops::qk_rope(
-                        g, &self.attn, &qkv, norms, &cs, &kv, &q, n,
-                    )?);
+                    work.push(llm_ops::qk_rope(g, &self.attn, qkv, norms, cs, &kv, q, n)?);
                     let a = llm_ops::flash_attention(
                         g,
                         self.subgroups,
                         &self.attn,
-                        &q,
+                        q,
                         &kv,
-                        &att,
+                        att,
                         &self.io.part,
                         n,
                     )?;
                     attention.push((work.len(), a));
-                    work.extend(llm_ops::gemm(g, coop, o, true, &att, qw, &x, d, 0, n)?);
+                    work.extend(llm_ops::gemm(g, coop, o, true, att, qw, x, d, 0, n)?);
                 }
                 (GpuMixer::Conv { in_proj, conv, out }, GpuState::Conv(st)) => {
                     work.extend(llm_ops::gemm(
@@ -952,75 +1002,62 @@ impl GpuLlm {
                         coop,
                         in_proj,
                         false,
-                        &h,
+                        h,
                         d,
-                        &bcx,
+                        bcx,
                         3 * d,
                         0,
                         n,
                     )?);
                     work.push(llm_ops::short_conv(
                         g,
-                        &bcx,
+                        bcx,
                         conv,
                         st,
                         &self.io.step,
-                        &conv_out,
+                        conv_out,
                         d,
                         c.conv_kernel,
                         n,
                     )?);
-                    work.extend(llm_ops::gemm(
-                        g, coop, out, true, &conv_out, d, &x, d, 0, n,
-                    )?);
+                    work.extend(llm_ops::gemm(g, coop, out, true, conv_out, d, x, d, 0, n)?);
                 }
                 _ => unreachable!("states are built from the same layer kinds"),
             }
-            work.push(ops::rms_norm(g, &rv, &x, &layer.norm2, &h, d, n, eps)?);
+            work.push(ops::rms_norm(g, &rv, x, &layer.norm2, h, d, n, eps)?);
             match &layer.ffn {
                 GpuFfn::Fused(m) => {
-                    work.extend(llm_ops::gemm(g, coop, m, false, &h, d, &gu, 2 * f, 0, n)?)
+                    work.extend(llm_ops::gemm(g, coop, m, false, h, d, gu, 2 * f, 0, n)?)
                 }
                 GpuFfn::Split(gate, up) => {
-                    work.extend(llm_ops::gemm(
-                        g,
-                        coop,
-                        gate,
-                        false,
-                        &h,
-                        d,
-                        &gu,
-                        2 * f,
-                        0,
-                        n,
-                    )?);
-                    work.extend(llm_ops::gemm(g, coop, up, false, &h, d, &gu, 2 * f, f, n)?);
+                    work.extend(llm_ops::gemm(g, coop, gate, false, h, d, gu, 2 * f, 0, n)?);
+                    work.extend(llm_ops::gemm(g, coop, up, false, h, d, gu, 2 * f, f, n)?);
                 }
             }
-            work.push(llm_ops::swiglu(g, &gu, &gg, f, n)?);
+            work.push(llm_ops::swiglu(g, gu, gg, f, n)?);
             work.extend(llm_ops::gemm(
                 g,
                 coop,
                 &layer.down,
                 true,
-                &gg,
+                gg,
                 f,
-                &x,
+                x,
                 d,
                 0,
                 n,
             )?);
         }
         if all {
-            work.push(ops::rms_norm(g, &rv, &x, &self.final_norm, &h, d, n, eps)?);
+            work.push(ops::rms_norm(g, &rv, x, &self.final_norm, h, d, n, eps)?);
             work.extend(llm_ops::gemm(
                 g,
                 coop,
                 self.head(),
                 false,
-                &h,
+                h,
                 d,
-                &logits,
+                logits,
                 c.vocab,
                 0,
                 n,
@@ -1035,9 +1072,9 @@ impl GpuLlm {
                 self.subgroups,
                 self.head(),
                 &head,
-                &x,
+                x,
                 (n - 1) * d,
-                &logits,
+                logits,
                 0,
             )?);
         }
@@ -1086,7 +1123,7 @@ impl GpuLlm {
         let readback = (all || last).then(|| {
             let len = (rows * c.vocab * 4) as u64;
             let staging = g.staging("logits", len);
-            enc.copy_buffer_to_buffer(&logits, 0, &staging, 0, len);
+            enc.copy_buffer_to_buffer(logits, 0, &staging, 0, len);
             (staging, len)
         });
         let t1 = Instant::now();
