@@ -188,65 +188,40 @@ impl GpuMatrix {
     }
 }
 
-/// Declares a kernel over every weight format (each also with SUBGROUPS when
-/// `subgroups` is given), reading `quant_formats.wgsl` before its own file.
+/// Declares a kernel over every weight format, reading `quant_formats.wgsl`
+/// before its own file: the portable variants, then each format again with
+/// SUBGROUPS (`subgroups`) or with the cooperative-matrix GEMM's COOP, F16
+/// and SUBGROUPS (`coop`). `$d` are defines every variant has.
 macro_rules! format_kernel {
     ($ident:ident, $name:literal, $file:literal, [$($b:expr),*], $params:ty, [$($d:literal),*]) => {
-        kernel!($ident, $name, ["quant_formats.wgsl", $file], [$($b),*], $params, [
-            &["W_F32", "W_FLOAT" $(, $d)*],
-            &["W_F16", "W_FLOAT" $(, $d)*],
-            &["W_BF16", "W_FLOAT" $(, $d)*],
-            &["W_Q4_0" $(, $d)*],
-            &["W_Q4_1" $(, $d)*],
-            &["W_Q5_0" $(, $d)*],
-            &["W_Q8_0" $(, $d)*],
-            &["W_Q4_K" $(, $d)*],
-            &["W_Q6_K" $(, $d)*],
-        ]);
-    };
-    ($ident:ident, $name:literal, $file:literal, [$($b:expr),*], $params:ty, [$($d:literal),*], coop) => {
-        kernel!($ident, $name, ["quant_formats.wgsl", $file], [$($b),*], $params, [
-            &["W_F32", "W_FLOAT" $(, $d)*],
-            &["W_F16", "W_FLOAT" $(, $d)*],
-            &["W_BF16", "W_FLOAT" $(, $d)*],
-            &["W_Q4_0" $(, $d)*],
-            &["W_Q4_1" $(, $d)*],
-            &["W_Q5_0" $(, $d)*],
-            &["W_Q8_0" $(, $d)*],
-            &["W_Q4_K" $(, $d)*],
-            &["W_Q6_K" $(, $d)*],
-            &["W_F32", "W_FLOAT", "COOP", "F16", "SUBGROUPS" $(, $d)*],
-            &["W_F16", "W_FLOAT", "COOP", "F16", "SUBGROUPS" $(, $d)*],
-            &["W_BF16", "W_FLOAT", "COOP", "F16", "SUBGROUPS" $(, $d)*],
-            &["W_Q4_0", "COOP", "F16", "SUBGROUPS" $(, $d)*],
-            &["W_Q4_1", "COOP", "F16", "SUBGROUPS" $(, $d)*],
-            &["W_Q5_0", "COOP", "F16", "SUBGROUPS" $(, $d)*],
-            &["W_Q8_0", "COOP", "F16", "SUBGROUPS" $(, $d)*],
-            &["W_Q4_K", "COOP", "F16", "SUBGROUPS" $(, $d)*],
-            &["W_Q6_K", "COOP", "F16", "SUBGROUPS" $(, $d)*],
-        ]);
+        format_kernel!(@sets $ident, $name, $file, [$($b),*], $params, [$($d),*], [], [[]]);
     };
     ($ident:ident, $name:literal, $file:literal, [$($b:expr),*], $params:ty, [$($d:literal),*], subgroups) => {
-        kernel!($ident, $name, ["quant_formats.wgsl", $file], [$($b),*], $params, [
-            &["W_F32", "W_FLOAT" $(, $d)*],
-            &["W_F16", "W_FLOAT" $(, $d)*],
-            &["W_BF16", "W_FLOAT" $(, $d)*],
-            &["W_Q4_0" $(, $d)*],
-            &["W_Q4_1" $(, $d)*],
-            &["W_Q5_0" $(, $d)*],
-            &["W_Q8_0" $(, $d)*],
-            &["W_Q4_K" $(, $d)*],
-            &["W_Q6_K" $(, $d)*],
-            &["W_F32", "W_FLOAT", "SUBGROUPS" $(, $d)*],
-            &["W_F16", "W_FLOAT", "SUBGROUPS" $(, $d)*],
-            &["W_BF16", "W_FLOAT", "SUBGROUPS" $(, $d)*],
-            &["W_Q4_0", "SUBGROUPS" $(, $d)*],
-            &["W_Q4_1", "SUBGROUPS" $(, $d)*],
-            &["W_Q5_0", "SUBGROUPS" $(, $d)*],
-            &["W_Q8_0", "SUBGROUPS" $(, $d)*],
-            &["W_Q4_K", "SUBGROUPS" $(, $d)*],
-            &["W_Q6_K", "SUBGROUPS" $(, $d)*],
-        ]);
+        format_kernel!(@sets $ident, $name, $file, [$($b),*], $params, [$($d),*], [],
+            [[] ["SUBGROUPS"]]);
+    };
+    ($ident:ident, $name:literal, $file:literal, [$($b:expr),*], $params:ty, [$($d:literal),*], coop) => {
+        format_kernel!(@sets $ident, $name, $file, [$($b),*], $params, [$($d),*], [],
+            [[] ["COOP", "F16", "SUBGROUPS"]]);
+    };
+    // Each feature set `$f` adds one variant per format to the list `$acc`.
+    (@sets $ident:ident, $name:literal, $file:literal, [$($b:expr),*], $params:ty, [$($d:literal),*],
+     [$($acc:tt)*], [[$($f:literal),*] $($rest:tt)*]) => {
+        format_kernel!(@sets $ident, $name, $file, [$($b),*], $params, [$($d),*], [$($acc)*
+            &["W_F32", "W_FLOAT" $(, $f)* $(, $d)*],
+            &["W_F16", "W_FLOAT" $(, $f)* $(, $d)*],
+            &["W_BF16", "W_FLOAT" $(, $f)* $(, $d)*],
+            &["W_Q4_0" $(, $f)* $(, $d)*],
+            &["W_Q4_1" $(, $f)* $(, $d)*],
+            &["W_Q5_0" $(, $f)* $(, $d)*],
+            &["W_Q8_0" $(, $f)* $(, $d)*],
+            &["W_Q4_K" $(, $f)* $(, $d)*],
+            &["W_Q6_K" $(, $f)* $(, $d)*],
+        ], [$($rest)*]);
+    };
+    (@sets $ident:ident, $name:literal, $file:literal, [$($b:expr),*], $params:ty, [$($d:literal),*],
+     [$($acc:tt)*], []) => {
+        kernel!($ident, $name, ["quant_formats.wgsl", $file], [$($b),*], $params, [$($acc)*]);
     };
 }
 
