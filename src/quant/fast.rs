@@ -39,12 +39,21 @@ pub mod int8;
 pub struct RowDot<'a> {
     dtype: GgmlType,
     x: &'a [f32],
-    /// Sums of `x` over the groups the kernel needs (see `sum_group`).
-    sums: Vec<f32>,
-    kernel: Option<Kernel>,
-    /// The input rounded to 8 bits and the kernel over it, when asked for
-    /// ([`RowDot::new_int8`]) and the type has one.
-    int8: Option<(int8::Q8Input, int8::Kernel)>,
+    /// The byte size of a row of `x.len()` elements, computed once (the
+    /// kernels check every row against it).
+    row_bytes: Option<usize>,
+    path: Path,
+}
+
+/// How [`RowDot`] computes its products.
+enum Path {
+    /// The reference: dequantise, then dot.
+    Reference,
+    /// A fast f32 kernel and the sums of `x` it needs (see `sum_group`).
+    F32(Kernel, Vec<f32>),
+    /// `x` rounded to 8 bits and the integer kernel over it
+    /// ([`RowDot::new_int8`]).
+    Int8(int8::Q8Input, int8::Kernel),
 }
 
 /// Elements per precomputed sum of `x` for each kernel (0: none needed).
@@ -61,18 +70,23 @@ fn sum_group(t: GgmlType) -> usize {
 impl<'a> RowDot<'a> {
     /// Prepares for rows of `dtype` dotted with `x`.
     pub fn new(dtype: GgmlType, x: &'a [f32]) -> Self {
-        let g = sum_group(dtype);
-        let sums = if g > 0 && x.len().is_multiple_of(g) {
-            x.chunks_exact(g).map(|c| c.iter().sum()).collect()
-        } else {
-            Vec::new()
+        let path = match kernel(dtype) {
+            Some(k) => {
+                let g = sum_group(dtype);
+                let sums = if g > 0 && x.len().is_multiple_of(g) {
+                    x.chunks_exact(g).map(|c| c.iter().sum()).collect()
+                } else {
+                    Vec::new()
+                };
+                Path::F32(k, sums)
+            }
+            None => Path::Reference,
         };
         RowDot {
             dtype,
             x,
-            sums,
-            kernel: kernel(dtype),
-            int8: None,
+            row_bytes: dtype.row_bytes(x.len()),
+            path,
         }
     }
 
@@ -81,14 +95,12 @@ impl<'a> RowDot<'a> {
     /// see [`int8`]); other types, and inputs that are not whole blocks,
     /// stay exact.
     pub fn new_int8(dtype: GgmlType, x: &'a [f32]) -> Self {
-        let kernel = int8::variants(dtype).pop();
-        match kernel {
+        match int8::variants(dtype).pop() {
             Some(k) if x.len().is_multiple_of(32) => RowDot {
                 dtype,
                 x,
-                sums: Vec::new(),
-                kernel: None,
-                int8: Some((int8::Q8Input::new(x), k)),
+                row_bytes: dtype.row_bytes(x.len()),
+                path: Path::Int8(int8::Q8Input::new(x), k),
             },
             _ => RowDot::new(dtype, x),
         }
@@ -96,29 +108,29 @@ impl<'a> RowDot<'a> {
 
     /// The dot product of `row` (`dtype`, `x.len()` elements) with `x`.
     pub fn dot(&self, row: &[u8]) -> f32 {
-        if let Some((q, k)) = &self.int8 {
-            assert_eq!(
-                self.dtype.row_bytes(self.x.len()),
-                Some(row.len()),
-                "RowDot: a {} row of {} elements has the wrong size",
-                self.dtype,
-                self.x.len()
-            );
-            return k(row, q);
-        }
-        match self.kernel {
-            Some(k) => {
-                assert_eq!(
-                    self.dtype.row_bytes(self.x.len()),
-                    Some(row.len()),
-                    "RowDot: a {} row of {} elements has the wrong size",
-                    self.dtype,
-                    self.x.len()
-                );
-                k(row, self.x, &self.sums)
+        match &self.path {
+            Path::Reference => super::dot_row(self.dtype, row, self.x),
+            Path::F32(k, sums) => {
+                self.check_row(row);
+                k(row, self.x, sums)
             }
-            None => super::dot_row(self.dtype, row, self.x),
+            Path::Int8(q, k) => {
+                self.check_row(row);
+                k(row, q)
+            }
         }
+    }
+
+    /// The kernels read whole blocks unchecked: a row of the wrong size is a
+    /// caller's bug.
+    fn check_row(&self, row: &[u8]) {
+        assert_eq!(
+            self.row_bytes,
+            Some(row.len()),
+            "RowDot: a {} row of {} elements has the wrong size",
+            self.dtype,
+            self.x.len()
+        );
     }
 }
 
@@ -702,7 +714,10 @@ mod tests {
                     // Every compiled copy (portable, AVX2), not just the one
                     // this CPU would pick.
                     for (v, kern) in variants(t).into_iter().enumerate() {
-                        dot.kernel = Some(kern);
+                        match &mut dot.path {
+                            Path::F32(k, _) => *k = kern,
+                            _ => panic!("{t}: RowDot did not pick an f32 kernel"),
+                        }
                         let got = dot.dot(&row);
                         assert!(
                             (got - want).abs() <= 2e-6 * mag,
@@ -751,7 +766,10 @@ mod tests {
             let want = super::super::dot_row(t, &row, &x);
             let mut dot = RowDot::new(t, &x);
             for kern in variants(t) {
-                dot.kernel = Some(kern);
+                match &mut dot.path {
+                    Path::F32(k, _) => *k = kern,
+                    _ => panic!("{t}: RowDot did not pick an f32 kernel"),
+                }
                 assert!((dot.dot(&row) - want).abs() <= 1e-5, "{t}");
             }
         }
