@@ -67,6 +67,21 @@ pub struct Capabilities {
     pub timestamps: bool,
 }
 
+impl Capabilities {
+    /// The first feature variant `v` needs (by its defines SUBGROUPS, F16,
+    /// COOP) that the adapter lacks.
+    pub fn missing(&self, v: &Variant) -> Option<&'static str> {
+        [
+            ("SUBGROUPS", self.subgroups, "subgroups"),
+            ("F16", self.f16, "f16"),
+            ("COOP", self.coop_matrix, "cooperative matrices"),
+        ]
+        .into_iter()
+        .find(|(define, have, _)| !have && v.defines.contains(define))
+        .map(|(_, _, feature)| feature)
+    }
+}
+
 type PipelineKey = (&'static str, String);
 
 /// Workgroup memory the GEMM's COOP variant declares (f16 tiles of 64 x 40
@@ -326,21 +341,9 @@ impl Gpu {
         {
             return Ok(p.clone());
         }
-        if k.needs_subgroups(variant) && !self.caps.subgroups {
+        if let Some(feature) = self.caps.missing(variant) {
             return Err(Error::gpu(format!(
-                "kernel {} variant {} needs subgroups",
-                k.name, key.1
-            )));
-        }
-        if k.needs_f16(variant) && !self.caps.f16 {
-            return Err(Error::gpu(format!(
-                "kernel {} variant {} needs f16",
-                k.name, key.1
-            )));
-        }
-        if k.needs_coop_matrix(variant) && !self.caps.coop_matrix {
-            return Err(Error::gpu(format!(
-                "kernel {} variant {} needs cooperative matrices",
+                "kernel {} variant {} needs {feature}",
                 k.name, key.1
             )));
         }

@@ -71,16 +71,6 @@ impl Kernel {
         }
         Ok(text.into())
     }
-
-    pub fn needs_subgroups(&self, v: &Variant) -> bool {
-        v.defines.contains(&"SUBGROUPS")
-    }
-    pub fn needs_f16(&self, v: &Variant) -> bool {
-        v.defines.contains(&"F16")
-    }
-    pub fn needs_coop_matrix(&self, v: &Variant) -> bool {
-        v.defines.contains(&"COOP")
-    }
 }
 
 /// A compiled form of a kernel: preprocessor defines (features such as

@@ -48,11 +48,7 @@ pub fn runnable_variants(gpu: &Gpu, k: &Kernel) -> Vec<Variant> {
     k.variants
         .iter()
         .map(|d| Variant::new(d))
-        .filter(|v| {
-            (!k.needs_subgroups(v) || gpu.caps.subgroups)
-                && (!k.needs_f16(v) || gpu.caps.f16)
-                && (!k.needs_coop_matrix(v) || gpu.caps.coop_matrix)
-        })
+        .filter(|v| gpu.caps.missing(v).is_none())
         .collect()
 }
 
