@@ -937,7 +937,8 @@ impl GpuLlm {
         let rows = if all { n } else { 1 };
         let fits = |s: &PrefillScratch| s.tokens >= n && s.logit_rows >= rows;
         if !self.prefill_scratch.as_ref().is_some_and(fits) {
-            // Room for a whole chunk, so one allocation serves every prompt.
+            // Room for a whole chunk, so one allocation serves every prompt;
+            // the old buffers go first, so both are never held at once.
             let tokens = n.max(self.prefill_chunk_len());
             self.prefill_scratch = None;
             self.prefill_scratch = Some(PrefillScratch::new(&self.gpu, &self.cfg, tokens, rows)?);
