@@ -6,6 +6,7 @@
 use super::Gpu;
 use crate::error::{Error, Result};
 use serde::Serialize;
+use std::time::Instant;
 
 /// A query set of timestamps written between dispatches, resolved into a
 /// buffer and read back after the submission.
@@ -117,9 +118,18 @@ pub struct KernelTime {
 }
 
 impl StepProfile {
-    /// Adds one step: the kernel name of each dispatch and the timestamps
-    /// around them (`names.len() + 1`, in ns from the first).
-    pub fn add_step(&mut self, names: &[&str], ts: &[f64]) {
+    /// Adds one step: the host's instants at the start of its phases and at
+    /// its end (`[prepare, record, finish/submit, wait, done]`), the kernel
+    /// name of each dispatch and the timestamps around them
+    /// (`names.len() + 1`, in ns from the first).
+    pub fn add_step(&mut self, host: [Instant; 5], names: &[&str], ts: &[f64]) {
+        let us = |a: Instant, b: Instant| (b - a).as_secs_f64() * 1e6;
+        let [prepare, record, submit, wait, done] = host;
+        self.prepare_us += us(prepare, record);
+        self.record_us += us(record, submit);
+        self.submit_us += us(submit, wait);
+        self.wait_us += us(wait, done);
+        self.wall_us += us(prepare, done);
         self.steps += 1;
         self.dispatches = names.len();
         self.gpu_us += ts.last().copied().unwrap_or(0.0) / 1e3;

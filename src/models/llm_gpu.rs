@@ -872,11 +872,7 @@ impl GpuLlm {
             let out = g.read_staging(&self.io.token_staging, 4, done.clone())?;
             let t3 = Instant::now();
             let ts = timer.read(g, marks, done)?;
-            prof.record_us += (t1 - t0).as_secs_f64() * 1e6;
-            prof.submit_us += (t2 - t1).as_secs_f64() * 1e6;
-            prof.wait_us += (t3 - t2).as_secs_f64() * 1e6;
-            prof.wall_us += (t3 - t0).as_secs_f64() * 1e6;
-            prof.add_step(&names, &ts);
+            prof.add_step([t0, t0, t1, t2, t3], &names, &ts);
             self.pos += 1;
             token = u32::from_le_bytes(out[..4].try_into().expect("4 bytes"));
         }
@@ -1139,12 +1135,7 @@ impl GpuLlm {
         if let (Some(t), Some(prof)) = (&timer, prof) {
             let ts = t.read(g, marks, done)?;
             let t3 = Instant::now();
-            prof.prepare_us += (t0 - start).as_secs_f64() * 1e6;
-            prof.record_us += (t1 - t0).as_secs_f64() * 1e6;
-            prof.submit_us += (t2 - t1).as_secs_f64() * 1e6;
-            prof.wait_us += (t3 - t2).as_secs_f64() * 1e6;
-            prof.wall_us += (t3 - start).as_secs_f64() * 1e6;
-            prof.add_step(&names, &ts);
+            prof.add_step([start, t0, t1, t2, t3], &names, &ts);
         }
         Ok(out)
     }
