@@ -15,11 +15,13 @@ use crate::tensor::{self, Tensor};
 /// identical values.
 pub fn rope_table(pos0: usize, n: usize, rope_dim: usize, theta: f32) -> Vec<f32> {
     let half = rope_dim / 2;
+    let freqs: Vec<f64> = (0..half)
+        .map(|i| (theta as f64).powf(-2.0 * i as f64 / rope_dim as f64))
+        .collect();
     let mut out = Vec::with_capacity(n * half * 2);
     for t in 0..n {
         let p = (pos0 + t) as f64;
-        for i in 0..half {
-            let freq = (theta as f64).powf(-2.0 * i as f64 / rope_dim as f64);
+        for &freq in &freqs {
             let (sin, cos) = (p * freq).sin_cos();
             out.push(cos as f32);
             out.push(sin as f32);

@@ -168,6 +168,32 @@ pub struct GpuLlm {
     /// (allocating ~40 MB of them per 512-token prefill cost the host
     /// milliseconds).
     prefill_scratch: Option<PrefillScratch>,
+    prefill_work: Option<PrefillWork>,
+    /// RoPE cos/sin of every position reached so far ([`cpu::rope_table`]'s
+    /// layout), computed once: a 512-token table took the host ~0.7 ms.
+    rope: Vec<f32>,
+}
+
+/// What a prefill submission computes: `n` tokens, returning the logits of
+/// every one (`all`), of the last (`last`), or none.
+#[derive(Clone, Copy, PartialEq, Eq)]
+struct PrefillShape {
+    n: usize,
+    all: bool,
+    last: bool,
+}
+
+/// A prefill's dispatches, kept while its shape repeats (every full chunk
+/// has the same one): building its uniforms and ~140 bind groups cost the
+/// host 2-3 ms per 512-token chunk. Built over the current work buffers and
+/// KV caches, so it is dropped whenever either is replaced.
+struct PrefillWork {
+    shape: PrefillShape,
+    work: Vec<Dispatch>,
+    /// Attention dispatches, with the index in `work` they go before.
+    attention: Vec<(usize, llm_ops::Attention)>,
+    /// Where the logits are read back, and how many bytes.
+    staging: Option<(wgpu::Buffer, u64)>,
 }
 
 /// Work buffers of one prefill submission, sized for `tokens` tokens and
@@ -457,6 +483,8 @@ impl GpuLlm {
                 .unwrap_or(PREFILL_CHUNK)
                 .clamp(1, PREFILL_CHUNK),
             prefill_scratch: None,
+            prefill_work: None,
+            rope: Vec::new(),
         };
         m.plan = m.build_plan()?;
         m.warm_prefill()?;
@@ -621,9 +649,16 @@ impl GpuLlm {
         Ok(())
     }
 
-    /// Makes room for `needed` KV positions, growing the caches (and
-    /// rebuilding the decode plan over the new buffers).
+    /// Makes room for `needed` positions: their RoPE angles, and KV cache
+    /// room, growing the caches (and rebuilding the decode plan over the new
+    /// buffers).
     fn ensure_capacity(&mut self, needed: usize) -> Result<()> {
+        let rd = self.cfg.rope_dim;
+        let have = self.rope.len() / rd.max(1);
+        if rd > 0 && have < needed {
+            let more = cpu::rope_table(have, needed - have, rd, self.cfg.rope_theta);
+            self.rope.extend(more);
+        }
         if needed <= self.cap {
             return Ok(());
         }
@@ -654,6 +689,7 @@ impl GpuLlm {
         g.queue.submit([enc.finish()]);
         self.cap = cap;
         self.plan = self.build_plan()?;
+        self.prefill_work = None;
         Ok(())
     }
 
@@ -691,9 +727,10 @@ impl GpuLlm {
         // step[0] is unused: decode reads its token from io.token.
         let step = [0, self.pos as u32, (self.pos + n) as u32, splits as u32];
         q.write_buffer(&self.io.step, 0, bytemuck::cast_slice(&step));
-        if self.cfg.rope_dim > 0 {
-            let table = cpu::rope_table(self.pos, n, self.cfg.rope_dim, self.cfg.rope_theta);
-            q.write_buffer(cs, 0, bytemuck::cast_slice(&table));
+        let rd = self.cfg.rope_dim;
+        if rd > 0 {
+            let angles = &self.rope[self.pos * rd..(self.pos + n) * rd];
+            q.write_buffer(cs, 0, bytemuck::cast_slice(angles));
         }
     }
 
@@ -902,56 +939,19 @@ impl GpuLlm {
         self.prefill_timed(tokens, all, last, None)
     }
 
-    /// Prefills `tokens` from the current position (in chunks, as
-    /// `forward` does) with a device timestamp after every dispatch; each
-    /// chunk is one run of the profile.
-    pub fn profile_prefill(&mut self, tokens: &[u32]) -> Result<StepProfile> {
-        self.check_tokens(tokens)?;
-        let chunk = self.prefill_chunk_len();
-        let mut prof = StepProfile {
-            what: format!("prefill of {} tokens", tokens.len().min(chunk)),
-            ..Default::default()
-        };
-        for part in tokens.chunks(chunk) {
-            self.prefill_timed(part, false, true, Some(&mut prof))?;
-        }
-        Ok(prof.finish())
-    }
-
-    /// [`GpuLlm::prefill`], adding the submission's device timestamps to
-    /// `prof` when given.
-    fn prefill_timed(
-        &mut self,
-        tokens: &[u32],
-        all: bool,
-        last: bool,
-        prof: Option<&mut StepProfile>,
-    ) -> Result<Vec<f32>> {
-        let start = Instant::now();
-        let n = tokens.len();
-        self.ensure_capacity(self.pos + n)?;
-        let rows = if all { n } else { 1 };
-        let fits = |s: &PrefillScratch| s.tokens >= n && s.logit_rows >= rows;
-        if !self.prefill_scratch.as_ref().is_some_and(fits) {
-            // Room for a whole chunk, so one allocation serves every prompt;
-            // the old buffers go first, so both are never held at once.
-            let tokens = n.max(self.prefill_chunk_len());
-            self.prefill_scratch = None;
-            self.prefill_scratch = Some(PrefillScratch::new(&self.gpu, &self.cfg, tokens, rows)?);
-        }
-        let sc = self.prefill_scratch.as_ref().expect("allocated above");
+    /// Builds a prefill's dispatches (uniforms and bind groups over the
+    /// current work buffers and caches) for `shape`.
+    fn prefill_work(&self, shape: PrefillShape) -> Result<PrefillWork> {
+        let PrefillShape { n, all, last } = shape;
+        let sc = self.prefill_scratch.as_ref().expect("allocated before");
         let g = &*self.gpu;
         let coop = g.caps.coop_matrix;
         let c = &self.cfg;
         let (d, f, hd) = (c.hidden, c.ffn, c.head_dim);
         let qw = c.heads * hd;
         let qkvw = qw + 2 * c.kv_heads * hd;
-        g.queue
-            .write_buffer(&sc.ids, 0, bytemuck::cast_slice(tokens));
         let (tok, cs, x, h, qkv, q, att) = (&sc.ids, &sc.cs, &sc.x, &sc.h, &sc.qkv, &sc.q, &sc.att);
         let (bcx, conv_out, gu, gg, logits) = (&sc.bcx, &sc.conv_out, &sc.gu, &sc.gg, &sc.logits);
-        self.write_step(n, 1, cs);
-
         let eps = c.norm_eps;
         let rv = g.reduce_variant();
         let mut work: Vec<Dispatch> = Vec::new();
@@ -1075,6 +1075,69 @@ impl GpuLlm {
                 0,
             )?);
         }
+        let rows = if all { n } else { 1 };
+        let staging = (all || last).then(|| {
+            let len = (rows * c.vocab * 4) as u64;
+            (g.staging("logits", len), len)
+        });
+        Ok(PrefillWork {
+            shape,
+            work,
+            attention,
+            staging,
+        })
+    }
+
+    /// Prefills `tokens` from the current position (in chunks, as
+    /// `forward` does) with a device timestamp after every dispatch; each
+    /// chunk is one run of the profile.
+    pub fn profile_prefill(&mut self, tokens: &[u32]) -> Result<StepProfile> {
+        self.check_tokens(tokens)?;
+        let chunk = self.prefill_chunk_len();
+        let mut prof = StepProfile {
+            what: format!("prefill of {} tokens", tokens.len().min(chunk)),
+            ..Default::default()
+        };
+        for part in tokens.chunks(chunk) {
+            self.prefill_timed(part, false, true, Some(&mut prof))?;
+        }
+        Ok(prof.finish())
+    }
+
+    /// [`GpuLlm::prefill`], adding the submission's device timestamps to
+    /// `prof` when given.
+    fn prefill_timed(
+        &mut self,
+        tokens: &[u32],
+        all: bool,
+        last: bool,
+        prof: Option<&mut StepProfile>,
+    ) -> Result<Vec<f32>> {
+        let start = Instant::now();
+        let n = tokens.len();
+        self.ensure_capacity(self.pos + n)?;
+        let rows = if all { n } else { 1 };
+        let fits = |s: &PrefillScratch| s.tokens >= n && s.logit_rows >= rows;
+        if !self.prefill_scratch.as_ref().is_some_and(fits) {
+            // Room for a whole chunk, so one allocation serves every prompt;
+            // the old buffers go first, so both are never held at once.
+            let tokens = n.max(self.prefill_chunk_len());
+            self.prefill_work = None;
+            self.prefill_scratch = None;
+            self.prefill_scratch = Some(PrefillScratch::new(&self.gpu, &self.cfg, tokens, rows)?);
+        }
+        let shape = PrefillShape { n, all, last };
+        if self.prefill_work.as_ref().is_none_or(|w| w.shape != shape) {
+            self.prefill_work = None;
+            self.prefill_work = Some(self.prefill_work(shape)?);
+        }
+        let sc = self.prefill_scratch.as_ref().expect("allocated above");
+        let pw = self.prefill_work.as_ref().expect("built above");
+        let g = &*self.gpu;
+        g.queue
+            .write_buffer(&sc.ids, 0, bytemuck::cast_slice(tokens));
+        self.write_step(n, 1, &sc.cs);
+        let (work, attention) = (&pw.work, &pw.attention);
 
         // Recording starts here (the profile counts the timer's own set-up
         // in it). Room for a timestamp before the first dispatch and after
@@ -1117,18 +1180,15 @@ impl GpuLlm {
         if let Some(t) = &timer {
             t.resolve(&mut enc, marks);
         }
-        let readback = (all || last).then(|| {
-            let len = (rows * c.vocab * 4) as u64;
-            let staging = g.staging("logits", len);
-            enc.copy_buffer_to_buffer(logits, 0, &staging, 0, len);
-            (staging, len)
-        });
+        if let Some((staging, len)) = &pw.staging {
+            enc.copy_buffer_to_buffer(&sc.logits, 0, staging, 0, *len);
+        }
         let t1 = Instant::now();
         let done = g.queue.submit([enc.finish()]);
         let t2 = Instant::now();
-        let out = match readback {
+        let out = match &pw.staging {
             Some((staging, len)) => {
-                bytemuck::pod_collect_to_vec(&g.read_staging(&staging, len, done.clone())?)
+                bytemuck::pod_collect_to_vec(&g.read_staging(staging, *len, done.clone())?)
             }
             None => Vec::new(),
         };
