@@ -793,6 +793,65 @@ pub fn flash_attention(
     })
 }
 
+kernel!(
+    PREFILL_ATTENTION,
+    "prefill_attention",
+    "prefill_attention.wgsl",
+    [
+        Binding::read("q"),
+        Binding::read("kc"),
+        Binding::read("vc"),
+        Binding::read("step"),
+        Binding::write("out")
+    ],
+    AttentionParams,
+    [&["COOP", "F16", "SUBGROUPS"]]
+);
+
+/// Head size and queries per workgroup of prefill_attention.wgsl.
+const PREFILL_ATTENTION_HEAD_DIM: usize = 64;
+const PREFILL_ATTENTION_QUERIES: usize = 64;
+
+/// Causal attention of `n_q` prefill queries on cooperative matrices
+/// (kv_len from the step buffer), or None where that kernel does not apply
+/// (no cooperative matrices, or heads other than 64 wide): then
+/// [`flash_attention`] does the work.
+pub fn prefill_attention(
+    gpu: &Gpu,
+    s: &AttnShape,
+    q: &wgpu::Buffer,
+    kv: &AttnBuffers,
+    out: &wgpu::Buffer,
+    n_q: usize,
+) -> Result<Option<Dispatch>> {
+    if !gpu.caps.coop_matrix || s.head_dim != PREFILL_ATTENTION_HEAD_DIM {
+        return Ok(None);
+    }
+    let params = AttentionParams {
+        heads: s.heads as u32,
+        kv_heads: s.kv_heads as u32,
+        hd: s.head_dim as u32,
+        n_q: n_q as u32,
+        scale: crate::cpu::attention_scale(s.head_dim),
+        kv_stride: (s.kv_heads * s.head_dim) as u32,
+        _pad: [0; 2],
+    };
+    let bound = gpu.bind(
+        &PREFILL_ATTENTION,
+        &Variant::new(&["COOP", "F16", "SUBGROUPS"]),
+        &[q, kv.k_cache, kv.v_cache, kv.step, out],
+        &params,
+    )?;
+    Ok(Some(Dispatch {
+        bound,
+        groups: [
+            n_q.div_ceil(PREFILL_ATTENTION_QUERIES) as u32,
+            s.heads as u32,
+            1,
+        ],
+    }))
+}
+
 // ---------------------------------------------------------------- short_conv
 
 #[repr(C)]
@@ -1088,6 +1147,12 @@ pub fn sort_candidates(raw: &[u32]) -> Vec<(u32, f32)> {
 /// Compiles the prefill-only kernels without weights (short_conv, swiglu)
 /// ahead of their first use.
 pub fn warm_prefill_kernels(gpu: &Gpu) -> Result<()> {
+    if gpu.caps.coop_matrix {
+        gpu.pipeline(
+            &PREFILL_ATTENTION,
+            &Variant::new(&["COOP", "F16", "SUBGROUPS"]),
+        )?;
+    }
     gpu.pipeline(&SHORT_CONV, &Variant::default())?;
     gpu.pipeline(&SWIGLU, &Variant::default())?;
     Ok(())
@@ -1106,6 +1171,7 @@ pub static KERNELS: &[&Kernel] = &[
     &QK_ROPE,
     &FLASH_ATTENTION,
     &FLASH_ATTENTION_MERGE,
+    &PREFILL_ATTENTION,
     &SHORT_CONV,
     &SWIGLU,
     &ARGMAX_PART,

@@ -980,17 +980,22 @@ impl GpuLlm {
                     };
                     let norms = norms.as_ref().map(|(a, b)| (a, b));
                     work.push(llm_ops::qk_rope(g, &self.attn, qkv, norms, cs, &kv, q, n)?);
-                    let a = llm_ops::flash_attention(
-                        g,
-                        self.subgroups,
-                        &self.attn,
-                        q,
-                        &kv,
-                        att,
-                        &self.io.part,
-                        n,
-                    )?;
-                    attention.push((work.len(), a));
+                    match llm_ops::prefill_attention(g, &self.attn, q, &kv, att, n)? {
+                        Some(a) => work.push(a),
+                        None => {
+                            let a = llm_ops::flash_attention(
+                                g,
+                                self.subgroups,
+                                &self.attn,
+                                q,
+                                &kv,
+                                att,
+                                &self.io.part,
+                                n,
+                            )?;
+                            attention.push((work.len(), a));
+                        }
+                    }
                     work.extend(llm_ops::gemm(g, coop, o, true, att, qw, x, d, 0, n)?);
                 }
                 (GpuMixer::Conv { in_proj, conv, out }, GpuState::Conv(st)) => {

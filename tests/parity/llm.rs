@@ -59,6 +59,10 @@ pub const CASES: &[Case] = &[
         run: flash_attention_merge,
     },
     Case {
+        kernel: "prefill_attention",
+        run: prefill_attention,
+    },
+    Case {
         kernel: "short_conv",
         run: short_conv,
     },
@@ -614,15 +618,25 @@ fn attention_case(
         k_cache: &gk,
         v_cache: &gv,
     };
-    let att = llm_ops::flash_attention(gpu, sub, &s, &gq, &kv, &out, &part, n_q).unwrap();
+    let coop = v.defines.contains(&"COOP");
     let mut enc = gpu.device.create_command_encoder(&Default::default());
-    {
+    if coop {
+        let d = llm_ops::prefill_attention(gpu, &s, &gq, &kv, &out, n_q)
+            .unwrap()
+            .expect("the adapter runs the COOP variant");
+        let mut pass = enc.begin_compute_pass(&Default::default());
+        d.record(&mut pass);
+    } else {
+        let att = llm_ops::flash_attention(gpu, sub, &s, &gq, &kv, &out, &part, n_q).unwrap();
         let mut pass = enc.begin_compute_pass(&Default::default());
         att.record(&mut pass, splits);
     }
     gpu.submit_and_wait(enc).unwrap();
     // exp and the online rescaling round differently from the CPU's
-    // two-pass softmax: ~1e-6 relative per element, squared.
+    // two-pass softmax: ~1e-6 relative per element, squared. The COOP
+    // prefill kernel rounds q, k, v and the probabilities to f16 (relative
+    // 2^-11 each, ~1e-6 squared); one key dropped from 65 gives ~1e-4.
+    let tol = if coop { 1e-5 } else { 1e-10 };
     assert_close(
         &format!(
             "{} heads={heads}/{kv_heads} hd={hd} n_q={n_q} kv_len={kv_len} splits={splits}",
@@ -630,7 +644,7 @@ fn attention_case(
         ),
         &gpu.read_f32(&out).unwrap(),
         &want,
-        1e-10,
+        tol,
     );
 }
 
@@ -646,6 +660,16 @@ fn flash_attention(gpu: &Gpu, v: &Variant) {
         attention_case(gpu, v, 4, 1, hd, 33, 40, 1, &mut rng);
         attention_case(gpu, v, 2, 2, hd, 1, 1, 1, &mut rng);
     }
+}
+
+fn prefill_attention(gpu: &Gpu, v: &Variant) {
+    let mut rng = Rng::new(21);
+    // Blocks of 64 queries and 32 keys: one query, part of a block, exact
+    // blocks and past them; with nothing, a little and a lot cached before.
+    for (n_q, cached) in [(1, 0), (33, 7), (64, 0), (65, 31), (130, 100), (200, 0)] {
+        attention_case(gpu, v, 4, 2, 64, n_q, n_q + cached, 1, &mut rng);
+    }
+    attention_case(gpu, v, 6, 6, 64, 40, 40, 1, &mut rng);
 }
 
 fn flash_attention_merge(gpu: &Gpu, _v: &Variant) {

@@ -1,0 +1,248 @@
+// prefill_attention: causal grouped-query attention of n_q new queries
+// against the key/value caches on cooperative matrices, for prefill (the
+// decode kernel, flash_attention, runs one workgroup per query and head and
+// reads every key once per query). kv_len = step[2] positions are cached;
+// query t sees the first kv_len - n_q + t + 1.
+//
+// One workgroup per 64 queries of one head; each of its 4 subgroups owns 16
+// queries. Keys and values are staged in blocks of 32 as f16 in workgroup
+// memory, shared by the 4 subgroups. Two passes over the visible blocks:
+// the first finds each query's largest score m and l = sum exp(s - m); the
+// second sums (exp(s - m) / l) * v, so the output sums are final as they
+// accumulate (a one-pass online softmax would rescale them per block, which
+// cooperative matrices cannot do in place). Scores Q K^T and the sums P V
+// are 16x16x16 products with f16 inputs (q pre-scaled, k, v, p rounded to
+// f16) and f32 sums; the softmax runs in f32.
+//
+// Needs COOP (with F16 and SUBGROUPS, subgroups of 32); head_dim 64.
+// bindings: 0 params, 1 q: [n_q, heads * hd], 2 kc, 3 vc: [positions, kv_stride],
+//           4 step: array<u32> [token, pos0, kv_len, splits],
+//           5 out: [n_q, heads * hd] (read_write)
+// dispatch: (ceil(n_q / 64), heads, 1) workgroups of 128 threads
+
+struct Params {
+    heads: u32,
+    kv_heads: u32,
+    hd: u32,
+    n_q: u32,
+    scale: f32,
+    kv_stride: u32,
+    _p0: u32,
+    _p1: u32,
+}
+
+@group(0) @binding(0) var<uniform> p: Params;
+@group(0) @binding(1) var<storage, read> q: array<f32>;
+@group(0) @binding(2) var<storage, read> kc: array<f32>;
+@group(0) @binding(3) var<storage, read> vc: array<f32>;
+@group(0) @binding(4) var<storage, read> step: array<u32>;
+@group(0) @binding(5) var<storage, read_write> out: array<f32>;
+
+const HD: u32 = 64u;
+const QB: u32 = 64u; // queries per workgroup
+const KB: u32 = 32u; // keys per block
+// Row strides in workgroup memory, padded (16-byte multiples for the
+// cooperative loads and stores; the padding spreads rows over banks).
+const LD: u32 = 72u;  // f16 rows of HD
+const LDS: u32 = 36u; // f32 score rows of KB
+const LDP: u32 = 40u; // f16 probability rows of KB
+// A finite "minus infinity": exp(NEG - m) is 0, never NaN.
+const NEG: f32 = -1.0e30;
+
+// Q of the workgroup's 64 queries first; then keys in rows 0..KB-1 and
+// values in rows KB..2KB-1.
+var<workgroup> kvs: array<f16, 4608>;  // [QB][LD]
+var<workgroup> ss: array<f32, 2304>;   // per subgroup [16][LDS]: scores, then output blocks
+var<workgroup> ps: array<f16, 2560>;   // per subgroup [16][LDP]: probabilities
+
+// Stages `rows` rows (keys or values from position j0) of kv head `kvo` into
+// kvs from row `at`, as f16; positions past kv_len are zeros.
+fn stage(cache: u32, j0: u32, kv_len: u32, kvo: u32, at: u32, lid: u32) {
+    // 128 threads, 16 per row of 64 (four values each), 8 rows a round.
+    let c = (lid & 15u) * 4u;
+    for (var r = lid >> 4u; r < KB; r += 8u) {
+        let j = j0 + r;
+        var v = vec4<f32>();
+        if (j < kv_len) {
+            let b = j * p.kv_stride + kvo + c;
+            if (cache == 0u) {
+                v = vec4<f32>(kc[b], kc[b + 1u], kc[b + 2u], kc[b + 3u]);
+            } else {
+                v = vec4<f32>(vc[b], vc[b + 1u], vc[b + 2u], vc[b + 3u]);
+            }
+        }
+        let o = (at + r) * LD + c;
+        kvs[o] = f16(v.x);
+        kvs[o + 1u] = f16(v.y);
+        kvs[o + 2u] = f16(v.z);
+        kvs[o + 3u] = f16(v.w);
+    }
+}
+
+// Scores of the subgroup's 16 queries (qa0..qa3: 16 dimensions each)
+// against the 32 staged keys, into its rows of ss from `is0`.
+fn scores(qa0: coop_mat16x16<f16, A>, qa1: coop_mat16x16<f16, A>,
+          qa2: coop_mat16x16<f16, A>, qa3: coop_mat16x16<f16, A>, is0: u32) {
+    // Every index and stride a `let` of its own (naga's SPIR-V writer
+    // wants the cooperative operations' pointers built from named values).
+    let ld = LD;
+    let lds = LDS;
+    for (var n0 = 0u; n0 < KB; n0 += 16u) {
+        let ik0 = n0 * LD;
+        let ik1 = ik0 + 16u;
+        let ik2 = ik0 + 32u;
+        let ik3 = ik0 + 48u;
+        let is = is0 + n0;
+        var s = coop_mat16x16<f32, C>();
+        s = coopMultiplyAdd(qa0, coopLoad<coop_mat16x16<f16, B>>(&kvs[ik0], ld), s);
+        s = coopMultiplyAdd(qa1, coopLoad<coop_mat16x16<f16, B>>(&kvs[ik1], ld), s);
+        s = coopMultiplyAdd(qa2, coopLoad<coop_mat16x16<f16, B>>(&kvs[ik2], ld), s);
+        s = coopMultiplyAdd(qa3, coopLoad<coop_mat16x16<f16, B>>(&kvs[ik3], ld), s);
+        coopStoreT(s, &ss[is], lds);
+    }
+}
+
+@compute @workgroup_size(128)
+fn main(@builtin(workgroup_id) wid: vec3<u32>,
+        @builtin(local_invocation_index) lid: u32,
+        @builtin(subgroup_id) sg: u32,
+        @builtin(subgroup_invocation_id) lane: u32) {
+    let h = wid.y;
+    let kvo = (h / (p.heads / p.kv_heads)) * HD;
+    let kv_len = step[2];
+    let base = kv_len - p.n_q; // positions cached before these queries
+    let q0 = wid.x * QB;
+    let last_q = min(q0 + QB, p.n_q) - 1u;
+    // Blocks any query of the workgroup sees. Cooperative operations need
+    // workgroup-uniform control flow, so every subgroup runs every block
+    // (keys past a row's last position are masked) and subgroups past n_q
+    // compute rows that are never written.
+    let blocks = (base + last_q + 1u + KB - 1u) / KB;
+    let t0 = q0 + sg * 16u;
+
+    // Q, scaled, rounded to f16; rows past n_q are zeros.
+    let qc = (lid & 15u) * 4u;
+    for (var r = lid >> 4u; r < QB; r += 8u) {
+        let t = q0 + r;
+        var v = vec4<f32>();
+        if (t < p.n_q) {
+            let b = (t * p.heads + h) * HD + qc;
+            v = vec4<f32>(q[b], q[b + 1u], q[b + 2u], q[b + 3u]) * p.scale;
+        }
+        let o = r * LD + qc;
+        kvs[o] = f16(v.x);
+        kvs[o + 1u] = f16(v.y);
+        kvs[o + 2u] = f16(v.z);
+        kvs[o + 3u] = f16(v.w);
+    }
+    workgroupBarrier();
+    let ld = LD;
+    let lds = LDS;
+    let ldp = LDP;
+    let iq0 = sg * 16u * LD;
+    let iq1 = iq0 + 16u;
+    let iq2 = iq0 + 32u;
+    let iq3 = iq0 + 48u;
+    let qa0 = coopLoadT<coop_mat16x16<f16, A>>(&kvs[iq0], ld);
+    let qa1 = coopLoadT<coop_mat16x16<f16, A>>(&kvs[iq1], ld);
+    let qa2 = coopLoadT<coop_mat16x16<f16, A>>(&kvs[iq2], ld);
+    let qa3 = coopLoadT<coop_mat16x16<f16, A>>(&kvs[iq3], ld);
+    workgroupBarrier();
+
+    // This lane's query row within the subgroup, and which half of a block's
+    // 32 keys it reads.
+    let r = lane >> 1u;
+    let half = (lane & 1u) * 16u;
+    let vis = base + t0 + r; // last position row r sees
+    let is0 = sg * 16u * LDS;
+    let ip0 = sg * 16u * LDP;
+
+    // Pass 1: m and l of every row.
+    var m = NEG;
+    var l = 0.0;
+    for (var b = 0u; b < blocks; b++) {
+        let j0 = b * KB;
+        stage(0u, j0, kv_len, kvo, 0u, lid);
+        workgroupBarrier();
+        scores(qa0, qa1, qa2, qa3, is0);
+        workgroupBarrier();
+        var bm = NEG;
+        for (var i = 0u; i < 16u; i++) {
+            let j = j0 + half + i;
+            bm = max(bm, select(NEG, ss[is0 + r * LDS + half + i], j <= vis));
+        }
+        bm = max(bm, subgroupShuffleXor(bm, 1u));
+        let m_new = max(m, bm);
+        var bl = 0.0;
+        for (var i = 0u; i < 16u; i++) {
+            let j = j0 + half + i;
+            bl += select(0.0, exp(ss[is0 + r * LDS + half + i] - m_new), j <= vis);
+        }
+        bl += subgroupShuffleXor(bl, 1u);
+        l = l * exp(m - m_new) + bl;
+        m = m_new;
+    }
+    let inv_l = 1.0 / l;
+
+    // Pass 2: the output sums.
+    var o0 = coop_mat16x16<f32, C>();
+    var o1 = coop_mat16x16<f32, C>();
+    var o2 = coop_mat16x16<f32, C>();
+    var o3 = coop_mat16x16<f32, C>();
+    // Values: keys 0..15 and 16..31 of the block, 16 dimensions at a time.
+    let iv00 = KB * LD;
+    let iv01 = iv00 + 16u;
+    let iv02 = iv00 + 32u;
+    let iv03 = iv00 + 48u;
+    let iv10 = (KB + 16u) * LD;
+    let iv11 = iv10 + 16u;
+    let iv12 = iv10 + 32u;
+    let iv13 = iv10 + 48u;
+    let ip1 = ip0 + 16u;
+    for (var b = 0u; b < blocks; b++) {
+        let j0 = b * KB;
+        workgroupBarrier(); // the last block's values are read
+        stage(0u, j0, kv_len, kvo, 0u, lid);
+        stage(1u, j0, kv_len, kvo, KB, lid);
+        workgroupBarrier();
+        scores(qa0, qa1, qa2, qa3, is0);
+        workgroupBarrier();
+        for (var i = 0u; i < 16u; i++) {
+            let j = j0 + half + i;
+            let pr = select(0.0, exp(ss[is0 + r * LDS + half + i] - m) * inv_l, j <= vis);
+            ps[ip0 + r * LDP + half + i] = f16(pr);
+        }
+        workgroupBarrier();
+        let pa0 = coopLoadT<coop_mat16x16<f16, A>>(&ps[ip0], ldp);
+        let pa1 = coopLoadT<coop_mat16x16<f16, A>>(&ps[ip1], ldp);
+        o0 = coopMultiplyAdd(pa0, coopLoadT<coop_mat16x16<f16, B>>(&kvs[iv00], ld), o0);
+        o0 = coopMultiplyAdd(pa1, coopLoadT<coop_mat16x16<f16, B>>(&kvs[iv10], ld), o0);
+        o1 = coopMultiplyAdd(pa0, coopLoadT<coop_mat16x16<f16, B>>(&kvs[iv01], ld), o1);
+        o1 = coopMultiplyAdd(pa1, coopLoadT<coop_mat16x16<f16, B>>(&kvs[iv11], ld), o1);
+        o2 = coopMultiplyAdd(pa0, coopLoadT<coop_mat16x16<f16, B>>(&kvs[iv02], ld), o2);
+        o2 = coopMultiplyAdd(pa1, coopLoadT<coop_mat16x16<f16, B>>(&kvs[iv12], ld), o2);
+        o3 = coopMultiplyAdd(pa0, coopLoadT<coop_mat16x16<f16, B>>(&kvs[iv03], ld), o3);
+        o3 = coopMultiplyAdd(pa1, coopLoadT<coop_mat16x16<f16, B>>(&kvs[iv13], ld), o3);
+    }
+
+    // Each 16 x 16 output block through the subgroup's score rows to out:
+    // 8 values a lane, row lane / 2, columns (lane & 1) * 8 + i.
+    let t = t0 + r;
+    let ob = (t * p.heads + h) * HD + (lane & 1u) * 8u;
+    let sb = is0 + r * LDS + (lane & 1u) * 8u;
+    for (var c = 0u; c < 4u; c++) {
+        workgroupBarrier();
+        switch c {
+            case 0u: { coopStoreT(o0, &ss[is0], lds); }
+            case 1u: { coopStoreT(o1, &ss[is0], lds); }
+            case 2u: { coopStoreT(o2, &ss[is0], lds); }
+            default: { coopStoreT(o3, &ss[is0], lds); }
+        }
+        workgroupBarrier();
+        if (t < p.n_q) {
+            for (var i = 0u; i < 8u; i++) {
+                out[ob + c * 16u + i] = ss[sb + i];
+            }
+        }
+    }
+}
