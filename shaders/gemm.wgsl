@@ -2,14 +2,17 @@
 // activation rows, for prefill: y[t, col(o)] (+)= W[o] . x[t] for o < rows,
 // t < n. Tiles of BN weight rows x BM tokens; each k-step dequantises a
 // BN x BK weight tile into workgroup memory once for all BM tokens.
-//   gemm      y = ...
-//   gemm_add  ADD: y += ...  (residual add)
+//   gemm       y = ...
+//   gemm_add   ADD: y += ...  (residual add)
+//   gemm_norm  NORM: x[t] is RMS-normalised first (LLM prenorm, fused):
+//              y[t, col(o)] = (W[o] . (x[t] * nw)) / sqrt(mean(x[t]^2) + eps),
+//              the token's scale applied to the sums at the end
 // A chunk may hold several parts (gate and up; LFM2's B, C, x) of part_rows
 // rows each: chunk row o lands in column
 //   col(o) = (o / part_rows) * part_stride + out_off + o % part_rows,
 // so the parts come out side by side in y's rows ([n, parts * part_stride]).
 // bindings: 0 params, 1 w: array<u32> (chunk), 2 x: [n, x_stride] (first k
-//           used), 3 y: [n, y_stride] (read_write)
+//           used), NORM: 3 nw: [k]; last: y: [n, y_stride] (read_write)
 // dispatch: (ceil(rows / BN), ceil(n / BM), 1) workgroups of 256 threads
 //
 // COOP (with F16 and SUBGROUPS; the engine enables it where the adapter
@@ -31,7 +34,7 @@ struct Params {
     part_stride: u32,
     out_off: u32,
     d_off: u32,
-    _p0: u32,
+    eps: f32,       // NORM
     _p1: u32,
     _p2: u32,
 }
@@ -39,11 +42,50 @@ struct Params {
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read> w: array<u32>;
 @group(0) @binding(2) var<storage, read> x: array<f32>;
+#if NORM
+@group(0) @binding(3) var<storage, read> nw: array<f32>;
+@group(0) @binding(4) var<storage, read_write> y: array<f32>;
+#else
 @group(0) @binding(3) var<storage, read_write> y: array<f32>;
+#endif
 
 const BN: u32 = 64u;
 const BM: u32 = 32u;
 const BK: u32 = 32u;
+
+#if NORM
+// NORM: each thread's sum of squares of its token's values (both variants
+// give 8 threads each token, 4 values of every k-step), then the tokens'
+// scales 1 / sqrt(mean + eps).
+var<workgroup> ssq: array<f32, 256>;
+var<workgroup> tscale: array<f32, 32>;
+
+// NORM: the scales of the tile's BM tokens from each thread's `ss`, into
+// tscale (every thread calls it, in uniform control flow).
+fn token_scales(lid: u32, ss: f32) {
+    ssq[lid] = ss;
+    workgroupBarrier();
+    if (lid < BM) {
+        var t = 0.0;
+        for (var i = 0u; i < 8u; i++) {
+            t += ssq[lid * 8u + i];
+        }
+        tscale[lid] = inverseSqrt(t / f32(p.k) + p.eps);
+    }
+    workgroupBarrier();
+}
+
+// NORM: norm weights e0..e0+3, zero past k.
+fn nw4(e0: u32) -> vec4<f32> {
+    var v = vec4<f32>(0.0);
+    for (var i = 0u; i < 4u; i++) {
+        if (e0 + i < p.k) {
+            v[i] = nw[e0 + i];
+        }
+    }
+    return v;
+}
+#endif
 
 #if COOP
 // Row strides of the tiles in workgroup memory, padded (the coop loads and
@@ -97,7 +139,14 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>,
     var acc = coop_mat16x16<f32, C>();
     var wv = w_tile(wrow, wc);
     var xv = x_tile(xat, xc);
+#if NORM
+    var ss = 0.0;
+#endif
     for (var k0 = 0u; k0 < p.k; k0 += BK) {
+#if NORM
+        ss += dot(xv, xv);
+        xv *= nw4(k0 + xc);
+#endif
         let wa = wr * LDA + wc;
         ws[wa] = f16(wv.a.x);
         ws[wa + 1u] = f16(wv.a.y);
@@ -135,6 +184,9 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>,
     let ic = st * LDC + sr;
     coopStore(acc, &cs[ic], ldc);
     workgroupBarrier();
+#if NORM
+    token_scales(lid, ss);
+#endif
     for (var i = 0u; i < 8u; i++) {
         let g = lid + 256u * i;
         let r = g & 63u;
@@ -147,7 +199,11 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>,
 #if ADD
             y[at] = y[at] + cs[t * LDC + r];
 #else
+#if NORM
+            y[at] = cs[t * LDC + r] * tscale[t];
+#else
             y[at] = cs[t * LDC + r];
+#endif
 #endif
         }
     }
@@ -172,6 +228,9 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     let xc = (lid & 7u) * 4u;
     let xtok = min(tok_base + xt, p.n - 1u);
     var acc: array<f32, 8>; // [4 rows][2 tokens]
+#if NORM
+    var ss = 0.0;
+#endif
     for (var k0 = 0u; k0 < p.k; k0 += BK) {
         let e0 = k0 + wu * 8u;
         var wv = W8(vec4<f32>(0.0), vec4<f32>(0.0));
@@ -192,6 +251,10 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
             var v = 0.0;
             if (e < p.k) {
                 v = x[xtok * p.x_stride + e];
+#if NORM
+                ss += v * v;
+                v *= nw[e];
+#endif
             }
             xs[xt * BK + xc + i] = v;
         }
@@ -214,6 +277,9 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         }
         workgroupBarrier();
     }
+#if NORM
+    token_scales(lid, ss);
+#endif
     for (var i = 0u; i < 4u; i++) {
         let row = row_base + tx + 16u * i;
         if (row >= p.rows) {
@@ -227,7 +293,11 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
 #if ADD
                 y[at] = y[at] + acc[i * 2u + j];
 #else
+#if NORM
+                y[at] = acc[i * 2u + j] * tscale[ty + 16u * j];
+#else
                 y[at] = acc[i * 2u + j];
+#endif
 #endif
             }
         }

@@ -409,7 +409,8 @@ struct GemmParams {
     part_stride: u32,
     out_off: u32,
     d_off: u32,
-    _pad: [u32; 3],
+    eps: f32,
+    _pad: [u32; 2],
 }
 const _: () = assert!(std::mem::size_of::<GemmParams>() == 48);
 
@@ -432,31 +433,66 @@ format_kernel!(
     coop
 );
 
+format_kernel!(
+    GEMM_NORM,
+    "gemm_norm",
+    "gemm.wgsl",
+    [
+        Binding::read("w"),
+        Binding::read("x"),
+        Binding::read("nw"),
+        Binding::write("y")
+    ],
+    GemmParams,
+    ["NORM"],
+    coop
+);
+
 /// Weight rows and tokens of one GEMM tile (`BN`, `BM` in gemm.wgsl).
 const GEMM_ROWS: usize = 64;
 const GEMM_TOKENS: usize = 32;
 
-/// The GEMM variant for weights of `t`: with `coop`, the cooperative-matrix
-/// one (for adapters with `caps.coop_matrix`).
-fn gemm_variant(t: GgmlType, add: bool, coop: bool) -> Result<Variant> {
-    let mut extra = Vec::new();
-    if add {
-        extra.push("ADD");
+/// What a GEMM does with its sums, and to its activations first.
+#[derive(Clone, Copy)]
+pub enum GemmMode<'a> {
+    /// y = W x
+    Set,
+    /// y += W x (the residual add)
+    Add,
+    /// y = W rms_norm(x) * nw: the prenorm fused into the product
+    Norm { nw: &'a wgpu::Buffer, eps: f32 },
+}
+
+impl GemmMode<'_> {
+    /// The kernel, and the define that picks its epilogue.
+    fn kernel(&self) -> (&'static Kernel, Option<&'static str>) {
+        match self {
+            GemmMode::Set => (&GEMM, None),
+            GemmMode::Add => (&GEMM_ADD, Some("ADD")),
+            GemmMode::Norm { .. } => (&GEMM_NORM, Some("NORM")),
+        }
     }
+}
+
+/// The GEMM variant for weights of `t` with the epilogue `define`: with
+/// `coop`, the cooperative-matrix one (for adapters with `caps.coop_matrix`).
+fn gemm_variant(t: GgmlType, define: Option<&'static str>, coop: bool) -> Result<Variant> {
+    let mut extra: Vec<&str> = define.into_iter().collect();
     if coop {
         extra.extend(["COOP", "F16", "SUBGROUPS"]);
     }
     format_variant(t, false, &extra)
 }
 
-/// y[t, out_off + part * w.rows + r] (+)= `W_part[r]` . `x[t]` for `n` tokens;
+/// y[t, out_off + part * w.rows + r] (+)= `W_part[r]` . `x[t]` for `n` tokens
+/// (`mode` says which, and whether x[t] is RMS-normalised first);
 /// x: [n, x_stride], y: [n, y_stride]. One dispatch per chunk of `w`.
 #[allow(clippy::too_many_arguments)]
 pub fn gemm(
     gpu: &Gpu,
     coop: bool,
     w: &GpuMatrix,
-    add: bool,
+    mode: GemmMode,
     x: &wgpu::Buffer,
     x_stride: usize,
     y: &wgpu::Buffer,
@@ -464,8 +500,12 @@ pub fn gemm(
     out_off: usize,
     n: usize,
 ) -> Result<Vec<Dispatch>> {
-    let kernel = if add { &GEMM_ADD } else { &GEMM };
-    let variant = gemm_variant(w.dtype, add, coop)?;
+    let (kernel, define) = mode.kernel();
+    let variant = gemm_variant(w.dtype, define, coop)?;
+    let eps = match mode {
+        GemmMode::Norm { eps, .. } => eps,
+        _ => 0.0,
+    };
     let mut out = Vec::with_capacity(w.chunks.len());
     for c in &w.chunks {
         let rows = c.rows * w.parts;
@@ -479,10 +519,17 @@ pub fn gemm(
             part_stride: w.rows as u32,
             out_off: (out_off + c.row0) as u32,
             d_off: c.d_off,
-            _pad: [0; 3],
+            eps,
+            _pad: [0; 2],
+        };
+        let bound = match mode {
+            GemmMode::Norm { nw, .. } => {
+                gpu.bind(kernel, &variant, &[&c.buf, x, nw, y], &params)?
+            }
+            _ => gpu.bind(kernel, &variant, &[&c.buf, x, y], &params)?,
         };
         out.push(Dispatch {
-            bound: gpu.bind(kernel, &variant, &[&c.buf, x, y], &params)?,
+            bound,
             groups: [
                 rows.div_ceil(GEMM_ROWS) as u32,
                 n.div_ceil(GEMM_TOKENS) as u32,
@@ -496,8 +543,13 @@ pub fn gemm(
 /// Compiles the prefill GEMMs for weights of `t` ahead of their first use.
 pub fn warm_gemm(gpu: &Gpu, t: GgmlType) -> Result<()> {
     let coop = gpu.caps.coop_matrix;
-    gpu.pipeline(&GEMM, &gemm_variant(t, false, coop)?)?;
-    gpu.pipeline(&GEMM_ADD, &gemm_variant(t, true, coop)?)?;
+    for (kernel, define) in [
+        (&GEMM, None),
+        (&GEMM_ADD, Some("ADD")),
+        (&GEMM_NORM, Some("NORM")),
+    ] {
+        gpu.pipeline(kernel, &gemm_variant(t, define, coop)?)?;
+    }
     Ok(())
 }
 
@@ -1167,6 +1219,7 @@ pub static KERNELS: &[&Kernel] = &[
     &GEMV_CONV,
     &GEMM,
     &GEMM_ADD,
+    &GEMM_NORM,
     &EMBEDDING,
     &QK_ROPE,
     &FLASH_ATTENTION,

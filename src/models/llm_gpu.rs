@@ -22,8 +22,8 @@
 use super::llm::{CausalLm, Layer, LayerKind, LlmConfig, Mixer, Weights};
 use crate::cpu::{self, AttnShape};
 use crate::error::{Error, Result};
-use crate::gpu::llm_ops::{self, AttnBuffers, GemvEpilogue, GpuMatrix};
-use crate::gpu::ops::{self, Dispatch};
+use crate::gpu::llm_ops::{self, AttnBuffers, GemmMode, GemvEpilogue, GpuMatrix};
+use crate::gpu::ops::Dispatch;
 use crate::gpu::profile::{PassTimer, StepProfile};
 use crate::gpu::Gpu;
 use crate::quant::GgmlType;
@@ -204,7 +204,6 @@ struct PrefillScratch {
     ids: wgpu::Buffer,
     cs: wgpu::Buffer,
     x: wgpu::Buffer,
-    h: wgpu::Buffer,
     qkv: wgpu::Buffer,
     q: wgpu::Buffer,
     att: wgpu::Buffer,
@@ -233,7 +232,6 @@ impl PrefillScratch {
             ids,
             cs: f32s("rope", n * c.rope_dim)?,
             x: f32s("x", n * d)?,
-            h: f32s("h", n * d)?,
             qkv: f32s("qkv", n * (qw + 2 * kvw))?,
             q: f32s("q", n * qw)?,
             att: f32s("att", n * qw)?,
@@ -645,7 +643,6 @@ impl GpuLlm {
             }
         }
         llm_ops::warm_prefill_kernels(g)?;
-        g.pipeline(&ops::RMS_NORM, &g.reduce_variant())?;
         Ok(())
     }
 
@@ -950,17 +947,20 @@ impl GpuLlm {
         let (d, f, hd) = (c.hidden, c.ffn, c.head_dim);
         let qw = c.heads * hd;
         let qkvw = qw + 2 * c.kv_heads * hd;
-        let (tok, cs, x, h, qkv, q, att) = (&sc.ids, &sc.cs, &sc.x, &sc.h, &sc.qkv, &sc.q, &sc.att);
+        let (tok, cs, x, qkv, q, att) = (&sc.ids, &sc.cs, &sc.x, &sc.qkv, &sc.q, &sc.att);
         let (bcx, conv_out, gu, gg, logits) = (&sc.bcx, &sc.conv_out, &sc.gu, &sc.gg, &sc.logits);
         let eps = c.norm_eps;
-        let rv = g.reduce_variant();
         let mut work: Vec<Dispatch> = Vec::new();
         let mut attention = Vec::new();
         work.extend(llm_ops::embedding(g, &self.embed, tok, 0, x, n)?);
         // Dispatches are recorded in order; attention ones are kept aside
         // with the index they go before.
         for (layer, state) in self.layers.iter().zip(&self.state) {
-            work.push(ops::rms_norm(g, &rv, x, &layer.norm1, h, d, n, eps)?);
+            // Each layer's prenorms are fused into the GEMMs that read them.
+            let norm1 = GemmMode::Norm {
+                nw: &layer.norm1,
+                eps,
+            };
             match (&layer.mixer, state) {
                 (
                     GpuMixer::Attention {
@@ -971,7 +971,7 @@ impl GpuLlm {
                     GpuState::Kv { k, v },
                 ) => {
                     for (m, off) in mats {
-                        work.extend(llm_ops::gemm(g, coop, m, false, h, d, qkv, qkvw, *off, n)?);
+                        work.extend(llm_ops::gemm(g, coop, m, norm1, x, d, qkv, qkvw, *off, n)?);
                     }
                     let kv = AttnBuffers {
                         step: &self.io.step,
@@ -996,15 +996,26 @@ impl GpuLlm {
                             attention.push((work.len(), a));
                         }
                     }
-                    work.extend(llm_ops::gemm(g, coop, o, true, att, qw, x, d, 0, n)?);
+                    work.extend(llm_ops::gemm(
+                        g,
+                        coop,
+                        o,
+                        GemmMode::Add,
+                        att,
+                        qw,
+                        x,
+                        d,
+                        0,
+                        n,
+                    )?);
                 }
                 (GpuMixer::Conv { in_proj, conv, out }, GpuState::Conv(st)) => {
                     work.extend(llm_ops::gemm(
                         g,
                         coop,
                         in_proj,
-                        false,
-                        h,
+                        norm1,
+                        x,
                         d,
                         bcx,
                         3 * d,
@@ -1022,18 +1033,32 @@ impl GpuLlm {
                         c.conv_kernel,
                         n,
                     )?);
-                    work.extend(llm_ops::gemm(g, coop, out, true, conv_out, d, x, d, 0, n)?);
+                    work.extend(llm_ops::gemm(
+                        g,
+                        coop,
+                        out,
+                        GemmMode::Add,
+                        conv_out,
+                        d,
+                        x,
+                        d,
+                        0,
+                        n,
+                    )?);
                 }
                 _ => unreachable!("states are built from the same layer kinds"),
             }
-            work.push(ops::rms_norm(g, &rv, x, &layer.norm2, h, d, n, eps)?);
+            let norm2 = GemmMode::Norm {
+                nw: &layer.norm2,
+                eps,
+            };
             match &layer.ffn {
                 GpuFfn::Fused(m) => {
-                    work.extend(llm_ops::gemm(g, coop, m, false, h, d, gu, 2 * f, 0, n)?)
+                    work.extend(llm_ops::gemm(g, coop, m, norm2, x, d, gu, 2 * f, 0, n)?)
                 }
                 GpuFfn::Split(gate, up) => {
-                    work.extend(llm_ops::gemm(g, coop, gate, false, h, d, gu, 2 * f, 0, n)?);
-                    work.extend(llm_ops::gemm(g, coop, up, false, h, d, gu, 2 * f, f, n)?);
+                    work.extend(llm_ops::gemm(g, coop, gate, norm2, x, d, gu, 2 * f, 0, n)?);
+                    work.extend(llm_ops::gemm(g, coop, up, norm2, x, d, gu, 2 * f, f, n)?);
                 }
             }
             work.push(llm_ops::swiglu(g, gu, gg, f, n)?);
@@ -1041,7 +1066,7 @@ impl GpuLlm {
                 g,
                 coop,
                 &layer.down,
-                true,
+                GemmMode::Add,
                 gg,
                 f,
                 x,
@@ -1051,13 +1076,16 @@ impl GpuLlm {
             )?);
         }
         if all {
-            work.push(ops::rms_norm(g, &rv, x, &self.final_norm, h, d, n, eps)?);
+            let norm = GemmMode::Norm {
+                nw: &self.final_norm,
+                eps,
+            };
             work.extend(llm_ops::gemm(
                 g,
                 coop,
                 self.head(),
-                false,
-                h,
+                norm,
+                x,
                 d,
                 logits,
                 c.vocab,

@@ -5,7 +5,7 @@
 
 use super::{assert_close, Case, SIZES};
 use lfm::cpu::{self, AttnShape};
-use lfm::gpu::llm_ops::{self, GemvEpilogue, GpuMatrix};
+use lfm::gpu::llm_ops::{self, GemmMode, GemvEpilogue, GpuMatrix};
 use lfm::gpu::ops::Dispatch;
 use lfm::gpu::{Gpu, Variant};
 use lfm::models::llm::RopeStyle;
@@ -41,6 +41,10 @@ pub const CASES: &[Case] = &[
     Case {
         kernel: "gemm_add",
         run: gemm_add,
+    },
+    Case {
+        kernel: "gemm_norm",
+        run: gemm_norm,
     },
     Case {
         kernel: "embedding",
@@ -365,9 +369,19 @@ fn gemv_conv(gpu: &Gpu, v: &Variant) {
     }
 }
 
-fn gemm_case(gpu: &Gpu, v: &Variant, add: bool) {
+/// Which GEMM epilogue a case runs (llm_ops::GemmMode without its buffer).
+#[derive(Clone, Copy, PartialEq)]
+enum Epilogue {
+    Set,
+    Add,
+    Norm,
+}
+
+fn gemm_case(gpu: &Gpu, v: &Variant, epilogue: Epilogue) {
     let (t, _) = format_and_subgroups(v);
     let coop = v.defines.contains(&"COOP");
+    let add = epilogue == Epilogue::Add;
+    let eps = 1e-5;
     // The COOP variant rounds both factors to f16 (relative 2^-11 each):
     // ~1e-7 of normalised squared error on these sums, while one wrong
     // weight in a row still gives >= 1e-4.
@@ -381,7 +395,13 @@ fn gemm_case(gpu: &Gpu, v: &Variant, add: bool) {
             let b = weights(t, rows, k, &mut rng);
             let x_stride = k + 2;
             let xs = rng.vec(n * x_stride, -2.0, 2.0);
-            let x: Vec<f32> = xs.chunks(x_stride).flat_map(|r| r[..k].to_vec()).collect();
+            let mut x: Vec<f32> = xs.chunks(x_stride).flat_map(|r| r[..k].to_vec()).collect();
+            // NORM: the CPU normalises first, as the unfused model did.
+            let nw = rng.vec(k, 0.5, 1.5);
+            if epilogue == Epilogue::Norm {
+                let raw = x.clone();
+                cpu::rms_norm(&raw, &nw, eps, &mut x);
+            }
             let (ya, yb) = (
                 {
                     let mut y = vec![0.0; n * rows];
@@ -414,9 +434,15 @@ fn gemm_case(gpu: &Gpu, v: &Variant, add: bool) {
             let m = upload(gpu, &[&a, &b], 50);
             let gx = gpu.upload_f32("x", &xs).unwrap();
             let gy = gpu.upload_f32("y", &y0).unwrap();
+            let gnw = gpu.upload_f32("nw", &nw).unwrap();
+            let mode = match epilogue {
+                Epilogue::Set => GemmMode::Set,
+                Epilogue::Add => GemmMode::Add,
+                Epilogue::Norm => GemmMode::Norm { nw: &gnw, eps },
+            };
             run(
                 gpu,
-                &llm_ops::gemm(gpu, coop, &m, add, &gx, x_stride, &gy, y_stride, 1, n).unwrap(),
+                &llm_ops::gemm(gpu, coop, &m, mode, &gx, x_stride, &gy, y_stride, 1, n).unwrap(),
             );
             let all = gpu.read_f32(&gy).unwrap();
             let got: Vec<f32> = got_at.iter().map(|&i| all[i]).collect();
@@ -431,11 +457,15 @@ fn gemm_case(gpu: &Gpu, v: &Variant, add: bool) {
 }
 
 fn gemm(gpu: &Gpu, v: &Variant) {
-    gemm_case(gpu, v, false);
+    gemm_case(gpu, v, Epilogue::Set);
 }
 
 fn gemm_add(gpu: &Gpu, v: &Variant) {
-    gemm_case(gpu, v, true);
+    gemm_case(gpu, v, Epilogue::Add);
+}
+
+fn gemm_norm(gpu: &Gpu, v: &Variant) {
+    gemm_case(gpu, v, Epilogue::Norm);
 }
 
 fn embedding(gpu: &Gpu, v: &Variant) {
