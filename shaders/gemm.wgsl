@@ -7,6 +7,10 @@
 //   gemm_norm  NORM: x[t] is RMS-normalised first (LLM prenorm, fused):
 //              y[t, col(o)] = (W[o] . (x[t] * nw)) / sqrt(mean(x[t]^2) + eps),
 //              the token's scale applied to the sums at the end
+//   gemm_norm_swiglu  NORM + SWIGLU: W holds gate and up as its two parts;
+//              each tile's 64 rows are 32 gate rows and the matching 32 up
+//              rows, and y[t, out_off + r] = silu(gate[t, r]) * up[t, r]
+//              (dispatch x: ceil(part_rows / 32) tiles)
 // A chunk may hold several parts (gate and up; LFM2's B, C, x) of part_rows
 // rows each: chunk row o lands in column
 //   col(o) = (o / part_rows) * part_stride + out_off + o % part_rows,
@@ -52,6 +56,18 @@ struct Params {
 const BN: u32 = 64u;
 const BM: u32 = 32u;
 const BK: u32 = 32u;
+
+#if SWIGLU
+fn silu(v: f32) -> f32 {
+    return v / (1.0 + exp(-v));
+}
+
+// The chunk row that tile row `r` (of 64) reads: gate rows, then the
+// matching up rows.
+fn swiglu_row(tile: u32, r: u32) -> u32 {
+    return min(tile * 32u + (r & 31u), p.part_rows - 1u) + (r >> 5u) * p.part_rows;
+}
+#endif
 
 #if NORM
 // NORM: each thread's sum of squares of its token's values (both variants
@@ -132,7 +148,11 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>,
     // one token.
     let wr = lid >> 2u;
     let wc = (lid & 3u) * 8u;
+#if SWIGLU
+    let wrow = swiglu_row(wid.x, wr);
+#else
     let wrow = min(row_base + wr, p.rows - 1u);
+#endif
     let xt = lid >> 3u;
     let xc = (lid & 7u) * 4u;
     let xat = min(tok_base + xt, p.n - 1u) * p.x_stride;
@@ -141,11 +161,13 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>,
     var xv = x_tile(xat, xc);
 #if NORM
     var ss = 0.0;
+    // The norm weights are prefetched with the activations they scale.
+    var gv = nw4(xc);
 #endif
     for (var k0 = 0u; k0 < p.k; k0 += BK) {
 #if NORM
         ss += dot(xv, xv);
-        xv *= nw4(k0 + xc);
+        xv *= gv;
 #endif
         let wa = wr * LDA + wc;
         ws[wa] = f16(wv.a.x);
@@ -164,6 +186,9 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>,
         workgroupBarrier();
         wv = w_tile(wrow, k0 + BK + wc);
         xv = x_tile(xat, k0 + BK + xc);
+#if NORM
+        gv = nw4(k0 + BK + xc);
+#endif
         // Every index and stride a `let` of its own.
         let lda = LDA;
         let ia0 = sr * LDA;
@@ -187,6 +212,20 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>,
 #if NORM
     token_scales(lid, ss);
 #endif
+#if SWIGLU
+    for (var i = 0u; i < 4u; i++) {
+        let g = lid + 256u * i;
+        let r = g & 31u;
+        let t = g >> 5u;
+        let row = wid.x * 32u + r;
+        let tok = tok_base + t;
+        if (row < p.part_rows && tok < p.n) {
+            let gate = cs[t * LDC + r] * tscale[t];
+            let up = cs[t * LDC + r + 32u] * tscale[t];
+            y[tok * p.y_stride + p.out_off + row] = silu(gate) * up;
+        }
+    }
+#else
     for (var i = 0u; i < 8u; i++) {
         let g = lid + 256u * i;
         let r = g & 63u;
@@ -207,6 +246,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>,
 #endif
         }
     }
+#endif
 }
 #else
 
@@ -222,7 +262,11 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     // This thread's share of the weight tile: 8 elements of one row.
     let wr = lid >> 2u;
     let wu = lid & 3u;
+#if SWIGLU
+    let wrow = swiglu_row(wid.x, wr);
+#else
     let wrow = min(row_base + wr, p.rows - 1u);
+#endif
     // ... and of the activation tile: 4 elements of one token.
     let xt = lid >> 3u;
     let xc = (lid & 7u) * 4u;
@@ -280,6 +324,21 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
 #if NORM
     token_scales(lid, ss);
 #endif
+#if SWIGLU
+    // Tile rows tx + 16 i: gate for i < 2, the matching up row at i + 2.
+    for (var i = 0u; i < 2u; i++) {
+        let row = wid.x * 32u + tx + 16u * i;
+        for (var j = 0u; j < 2u; j++) {
+            let t = ty + 16u * j;
+            let tok = tok_base + t;
+            if (row < p.part_rows && tok < p.n) {
+                let gate = acc[i * 2u + j] * tscale[t];
+                let up = acc[(i + 2u) * 2u + j] * tscale[t];
+                y[tok * p.y_stride + p.out_off + row] = silu(gate) * up;
+            }
+        }
+    }
+#else
     for (var i = 0u; i < 4u; i++) {
         let row = row_base + tx + 16u * i;
         if (row >= p.rows) {
@@ -302,5 +361,6 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
             }
         }
     }
+#endif
 }
 #endif

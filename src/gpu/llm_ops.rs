@@ -448,6 +448,29 @@ format_kernel!(
     coop
 );
 
+format_kernel!(
+    GEMM_NORM_SWIGLU,
+    "gemm_norm_swiglu",
+    "gemm.wgsl",
+    [
+        Binding::read("w"),
+        Binding::read("x"),
+        Binding::read("nw"),
+        Binding::write("y")
+    ],
+    GemmParams,
+    ["NORM", "SWIGLU"],
+    coop
+);
+
+/// The GEMM kernels with the defines that pick each one's epilogue.
+static GEMM_EPILOGUES: [(&Kernel, &[&str]); 4] = [
+    (&GEMM, &[]),
+    (&GEMM_ADD, &["ADD"]),
+    (&GEMM_NORM, &["NORM"]),
+    (&GEMM_NORM_SWIGLU, &["NORM", "SWIGLU"]),
+];
+
 /// Weight rows and tokens of one GEMM tile (`BN`, `BM` in gemm.wgsl).
 const GEMM_ROWS: usize = 64;
 const GEMM_TOKENS: usize = 32;
@@ -461,23 +484,36 @@ pub enum GemmMode<'a> {
     Add,
     /// y = W rms_norm(x) * nw: the prenorm fused into the product
     Norm { nw: &'a wgpu::Buffer, eps: f32 },
+    /// As `Norm` for a [gate; up] matrix (two parts), then
+    /// y[t, r] = silu(gate[t, r]) * up[t, r]: a LLaMA MLP up to its down
+    /// projection
+    NormSwiglu { nw: &'a wgpu::Buffer, eps: f32 },
 }
 
 impl GemmMode<'_> {
-    /// The kernel, and the define that picks its epilogue.
-    fn kernel(&self) -> (&'static Kernel, Option<&'static str>) {
-        match self {
-            GemmMode::Set => (&GEMM, None),
-            GemmMode::Add => (&GEMM_ADD, Some("ADD")),
-            GemmMode::Norm { .. } => (&GEMM_NORM, Some("NORM")),
+    /// The kernel, and the defines that pick its epilogue.
+    fn kernel(&self) -> (&'static Kernel, &'static [&'static str]) {
+        GEMM_EPILOGUES[match self {
+            GemmMode::Set => 0,
+            GemmMode::Add => 1,
+            GemmMode::Norm { .. } => 2,
+            GemmMode::NormSwiglu { .. } => 3,
+        }]
+    }
+
+    /// The norm weights and epsilon, for the modes that normalise.
+    fn norm(&self) -> Option<(&wgpu::Buffer, f32)> {
+        match *self {
+            GemmMode::Norm { nw, eps } | GemmMode::NormSwiglu { nw, eps } => Some((nw, eps)),
+            GemmMode::Set | GemmMode::Add => None,
         }
     }
 }
 
-/// The GEMM variant for weights of `t` with the epilogue `define`: with
+/// The GEMM variant for weights of `t` with the epilogue `defines`: with
 /// `coop`, the cooperative-matrix one (for adapters with `caps.coop_matrix`).
-fn gemm_variant(t: GgmlType, define: Option<&'static str>, coop: bool) -> Result<Variant> {
-    let mut extra: Vec<&str> = define.into_iter().collect();
+fn gemm_variant(t: GgmlType, defines: &[&'static str], coop: bool) -> Result<Variant> {
+    let mut extra = defines.to_vec();
     if coop {
         extra.extend(["COOP", "F16", "SUBGROUPS"]);
     }
@@ -500,12 +536,16 @@ pub fn gemm(
     out_off: usize,
     n: usize,
 ) -> Result<Vec<Dispatch>> {
-    let (kernel, define) = mode.kernel();
-    let variant = gemm_variant(w.dtype, define, coop)?;
-    let eps = match mode {
-        GemmMode::Norm { eps, .. } => eps,
-        _ => 0.0,
-    };
+    let (kernel, defines) = mode.kernel();
+    let variant = gemm_variant(w.dtype, defines, coop)?;
+    let swiglu = matches!(mode, GemmMode::NormSwiglu { .. });
+    if swiglu && w.parts != 2 {
+        return Err(Error::gpu(format!(
+            "gemm_norm_swiglu needs a [gate; up] matrix, got {} parts",
+            w.parts
+        )));
+    }
+    let eps = mode.norm().map_or(0.0, |(_, eps)| eps);
     let mut out = Vec::with_capacity(w.chunks.len());
     for c in &w.chunks {
         let rows = c.rows * w.parts;
@@ -522,19 +562,19 @@ pub fn gemm(
             eps,
             _pad: [0; 2],
         };
-        let bound = match mode {
-            GemmMode::Norm { nw, .. } => {
-                gpu.bind(kernel, &variant, &[&c.buf, x, nw, y], &params)?
-            }
-            _ => gpu.bind(kernel, &variant, &[&c.buf, x, y], &params)?,
+        let bound = match mode.norm() {
+            Some((nw, _)) => gpu.bind(kernel, &variant, &[&c.buf, x, nw, y], &params)?,
+            None => gpu.bind(kernel, &variant, &[&c.buf, x, y], &params)?,
+        };
+        // SWIGLU tiles hold half their rows from each part.
+        let tiles = if swiglu {
+            c.rows.div_ceil(GEMM_ROWS / 2)
+        } else {
+            rows.div_ceil(GEMM_ROWS)
         };
         out.push(Dispatch {
             bound,
-            groups: [
-                rows.div_ceil(GEMM_ROWS) as u32,
-                n.div_ceil(GEMM_TOKENS) as u32,
-                1,
-            ],
+            groups: [tiles as u32, n.div_ceil(GEMM_TOKENS) as u32, 1],
         });
     }
     Ok(out)
@@ -543,12 +583,8 @@ pub fn gemm(
 /// Compiles the prefill GEMMs for weights of `t` ahead of their first use.
 pub fn warm_gemm(gpu: &Gpu, t: GgmlType) -> Result<()> {
     let coop = gpu.caps.coop_matrix;
-    for (kernel, define) in [
-        (&GEMM, None),
-        (&GEMM_ADD, Some("ADD")),
-        (&GEMM_NORM, Some("NORM")),
-    ] {
-        gpu.pipeline(kernel, &gemm_variant(t, define, coop)?)?;
+    for (kernel, defines) in &GEMM_EPILOGUES {
+        gpu.pipeline(kernel, &gemm_variant(t, defines, coop)?)?;
     }
     Ok(())
 }
@@ -1220,6 +1256,7 @@ pub static KERNELS: &[&Kernel] = &[
     &GEMM,
     &GEMM_ADD,
     &GEMM_NORM,
+    &GEMM_NORM_SWIGLU,
     &EMBEDDING,
     &QK_ROPE,
     &FLASH_ATTENTION,

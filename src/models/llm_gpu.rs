@@ -1054,14 +1054,18 @@ impl GpuLlm {
             };
             match &layer.ffn {
                 GpuFfn::Fused(m) => {
-                    work.extend(llm_ops::gemm(g, coop, m, norm2, x, d, gu, 2 * f, 0, n)?)
+                    let mode = GemmMode::NormSwiglu {
+                        nw: &layer.norm2,
+                        eps,
+                    };
+                    work.extend(llm_ops::gemm(g, coop, m, mode, x, d, gg, f, 0, n)?)
                 }
                 GpuFfn::Split(gate, up) => {
                     work.extend(llm_ops::gemm(g, coop, gate, norm2, x, d, gu, 2 * f, 0, n)?);
                     work.extend(llm_ops::gemm(g, coop, up, norm2, x, d, gu, 2 * f, f, n)?);
+                    work.push(llm_ops::swiglu(g, gu, gg, f, n)?);
                 }
             }
-            work.push(llm_ops::swiglu(g, gu, gg, f, n)?);
             work.extend(llm_ops::gemm(
                 g,
                 coop,

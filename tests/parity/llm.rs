@@ -47,6 +47,10 @@ pub const CASES: &[Case] = &[
         run: gemm_norm,
     },
     Case {
+        kernel: "gemm_norm_swiglu",
+        run: gemm_norm_swiglu,
+    },
+    Case {
         kernel: "embedding",
         run: embedding,
     },
@@ -375,6 +379,7 @@ enum Epilogue {
     Set,
     Add,
     Norm,
+    NormSwiglu,
 }
 
 fn gemm_case(gpu: &Gpu, v: &Variant, epilogue: Epilogue) {
@@ -398,7 +403,7 @@ fn gemm_case(gpu: &Gpu, v: &Variant, epilogue: Epilogue) {
             let mut x: Vec<f32> = xs.chunks(x_stride).flat_map(|r| r[..k].to_vec()).collect();
             // NORM: the CPU normalises first, as the unfused model did.
             let nw = rng.vec(k, 0.5, 1.5);
-            if epilogue == Epilogue::Norm {
+            if matches!(epilogue, Epilogue::Norm | Epilogue::NormSwiglu) {
                 let raw = x.clone();
                 cpu::rms_norm(&raw, &nw, eps, &mut x);
             }
@@ -422,6 +427,15 @@ fn gemm_case(gpu: &Gpu, v: &Variant, epilogue: Epilogue) {
             let mut want = Vec::new();
             let mut got_at = Vec::new();
             for tok in 0..n {
+                if epilogue == Epilogue::NormSwiglu {
+                    // One column per row pair: silu(gate) * up.
+                    for r in 0..rows {
+                        let i = tok * rows + r;
+                        want.push(cpu::silu(ya[i]) * yb[i]);
+                        got_at.push(tok * y_stride + 1 + r);
+                    }
+                    continue;
+                }
                 for (p, yp) in [&ya, &yb].into_iter().enumerate() {
                     for r in 0..rows {
                         let at = tok * y_stride + 1 + p * rows + r;
@@ -439,6 +453,7 @@ fn gemm_case(gpu: &Gpu, v: &Variant, epilogue: Epilogue) {
                 Epilogue::Set => GemmMode::Set,
                 Epilogue::Add => GemmMode::Add,
                 Epilogue::Norm => GemmMode::Norm { nw: &gnw, eps },
+                Epilogue::NormSwiglu => GemmMode::NormSwiglu { nw: &gnw, eps },
             };
             run(
                 gpu,
@@ -466,6 +481,10 @@ fn gemm_add(gpu: &Gpu, v: &Variant) {
 
 fn gemm_norm(gpu: &Gpu, v: &Variant) {
     gemm_case(gpu, v, Epilogue::Norm);
+}
+
+fn gemm_norm_swiglu(gpu: &Gpu, v: &Variant) {
+    gemm_case(gpu, v, Epilogue::NormSwiglu);
 }
 
 fn embedding(gpu: &Gpu, v: &Variant) {
