@@ -93,7 +93,7 @@ fn gpu_arm_profiles_its_decode_steps_and_prefill() {
     // (test, runs, a kernel it must have run)
     for (p, (test, runs, kernel)) in profiles
         .iter()
-        .zip([("decode", 3, "argmax"), ("pp5", 1, "gemm")])
+        .zip([("decode", 3, "argmax"), ("pp5", 1, "gemm_add")])
     {
         assert_eq!(p["test"], test);
         let p = &p["profile"];
