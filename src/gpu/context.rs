@@ -84,14 +84,16 @@ impl Capabilities {
 
 type PipelineKey = (&'static str, String);
 
-/// Workgroup memory the GEMM's COOP variant declares (f16 tiles of 64 x 40
-/// and 32 x 40, an f32 tile of 32 x 68).
-const COOP_GEMM_STORAGE: u32 = (2560 + 1280) * 2 + 2176 * 4;
+/// Most workgroup memory a COOP kernel declares: prefill_attention's f16
+/// key/value tile of 64 x 72, f32 scores of 4 x 16 x 36 and f16
+/// probabilities of 4 x 16 x 40 (the GEMM's: 16 KiB, 17.1 with NORM).
+const COOP_STORAGE: u32 = 4608 * 2 + 2304 * 4 + 2560 * 2;
 
-/// True when the adapter offers what the GEMM's COOP variant is written
-/// for: a 16x16x16 cooperative-matrix configuration with f16 A and B and f32
-/// C and result, subgroups that are always 32 wide (the kernel splits its
-/// 256 threads into 8 subgroups), and room for its tiles.
+/// True when the adapter offers what the COOP variants (the GEMM's, prefill
+/// attention) are written for: a 16x16x16 cooperative-matrix configuration
+/// with f16 A and B and f32 C and result, subgroups that are always 32 wide
+/// (the kernels split their threads into subgroups of 32), and room for
+/// their tiles.
 fn coop_matrix_usable(
     adapter: &wgpu::Adapter,
     info: &wgpu::AdapterInfo,
@@ -103,7 +105,7 @@ fn coop_matrix_usable(
         .contains(wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX)
         || info.subgroup_min_size != 32
         || info.subgroup_max_size != 32
-        || limits.max_compute_workgroup_storage_size < COOP_GEMM_STORAGE
+        || limits.max_compute_workgroup_storage_size < COOP_STORAGE
     {
         return false;
     }
