@@ -17,7 +17,9 @@
 //! norm+gate/up+SwiGLU, down+residual; an LFM2 conv layer is
 //! norm+in_proj+conv block, output projection+residual and the same MLP.
 //! Prefill runs the tiled GEMM over chunks of up to [`PREFILL_CHUNK`]
-//! tokens, one submission per chunk.
+//! tokens, one submission per chunk, with the prenorms (and LLaMA's SwiGLU)
+//! fused into the GEMMs and, on adapters with cooperative matrices, a tiled
+//! attention kernel; a chunk's dispatches are kept while its shape repeats.
 
 use super::llm::{CausalLm, Layer, LayerKind, LlmConfig, Mixer, Weights};
 use crate::cpu::{self, AttnShape};
@@ -215,7 +217,16 @@ struct PrefillScratch {
 }
 
 impl PrefillScratch {
-    fn new(g: &Gpu, c: &LlmConfig, tokens: usize, logit_rows: usize) -> Result<PrefillScratch> {
+    /// `split_ffn`: some layer's gate and up are separate matrices, whose
+    /// products meet in `gu` before the SwiGLU (fused ones never leave the
+    /// GEMM).
+    fn new(
+        g: &Gpu,
+        c: &LlmConfig,
+        tokens: usize,
+        logit_rows: usize,
+        split_ffn: bool,
+    ) -> Result<PrefillScratch> {
         let n = tokens;
         let (d, f, hd) = (c.hidden, c.ffn, c.head_dim);
         let (qw, kvw) = (c.heads * hd, c.kv_heads * hd);
@@ -237,7 +248,7 @@ impl PrefillScratch {
             att: f32s("att", n * qw)?,
             bcx: f32s("bcx", n * 3 * d)?,
             conv_out: f32s("conv_out", n * d)?,
-            gu: f32s("gu", n * 2 * f)?,
+            gu: f32s("gu", if split_ffn { n * 2 * f } else { 0 })?,
             gg: f32s("g", n * f)?,
             logits: f32s("logits", logit_rows * c.vocab)?,
         })
@@ -1161,7 +1172,13 @@ impl GpuLlm {
             let tokens = n.max(self.prefill_chunk_len());
             self.prefill_work = None;
             self.prefill_scratch = None;
-            self.prefill_scratch = Some(PrefillScratch::new(&self.gpu, &self.cfg, tokens, rows)?);
+            let split_ffn = self
+                .layers
+                .iter()
+                .any(|l| matches!(l.ffn, GpuFfn::Split(..)));
+            self.prefill_scratch = Some(PrefillScratch::new(
+                &self.gpu, &self.cfg, tokens, rows, split_ffn,
+            )?);
         }
         let shape = PrefillShape { n, all, last };
         if self.prefill_work.as_ref().is_none_or(|w| w.shape != shape) {
