@@ -108,9 +108,12 @@ fn nw4(e0: u32) -> vec4<f32> {
 // stores want 16-byte multiples; the padding spreads rows over banks).
 const LDA: u32 = 40u;
 const LDC: u32 = 68u;
+// The f16 tiles are held as vec4s (LDA / 4 a row): a thread stores its 8
+// weights and 4 activations in 3 stores instead of 12.
+const LDA4: u32 = 10u;
 
-var<workgroup> ws: array<f16, 2560>; // [BN][LDA]: weights, row-major A
-var<workgroup> xs: array<f16, 1280>; // [BM][LDA]: tokens, column-major B
+var<workgroup> ws: array<vec4<f16>, 640>; // [BN][LDA4]: weights, row-major A
+var<workgroup> xs: array<vec4<f16>, 320>; // [BM][LDA4]: tokens, column-major B
 var<workgroup> cs: array<f32, 2176>; // [BM][LDC]: output, column-major C
 
 // Elements e0..e0+7 of weight row `row`, zero past k.
@@ -169,20 +172,10 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>,
         ss += dot(xv, xv);
         xv *= gv;
 #endif
-        let wa = wr * LDA + wc;
-        ws[wa] = f16(wv.a.x);
-        ws[wa + 1u] = f16(wv.a.y);
-        ws[wa + 2u] = f16(wv.a.z);
-        ws[wa + 3u] = f16(wv.a.w);
-        ws[wa + 4u] = f16(wv.b.x);
-        ws[wa + 5u] = f16(wv.b.y);
-        ws[wa + 6u] = f16(wv.b.z);
-        ws[wa + 7u] = f16(wv.b.w);
-        let xa = xt * LDA + xc;
-        xs[xa] = f16(xv.x);
-        xs[xa + 1u] = f16(xv.y);
-        xs[xa + 2u] = f16(xv.z);
-        xs[xa + 3u] = f16(xv.w);
+        let wa = wr * LDA4 + wc / 4u;
+        ws[wa] = vec4<f16>(wv.a);
+        ws[wa + 1u] = vec4<f16>(wv.b);
+        xs[xt * LDA4 + xc / 4u] = vec4<f16>(xv);
         workgroupBarrier();
         wv = w_tile(wrow, k0 + BK + wc);
         xv = x_tile(xat, k0 + BK + xc);
@@ -190,11 +183,11 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>,
         gv = nw4(k0 + BK + xc);
 #endif
         // Every index and stride a `let` of its own.
-        let lda = LDA;
-        let ia0 = sr * LDA;
-        let ib0 = st * LDA;
-        let ia1 = ia0 + 16u;
-        let ib1 = ib0 + 16u;
+        let lda = LDA4;
+        let ia0 = sr * LDA4;
+        let ib0 = st * LDA4;
+        let ia1 = ia0 + 4u;
+        let ib1 = ib0 + 4u;
         let a0 = coopLoadT<coop_mat16x16<f16, A>>(&ws[ia0], lda);
         let b0 = coopLoad<coop_mat16x16<f16, B>>(&xs[ib0], lda);
         acc = coopMultiplyAdd(a0, b0, acc);
