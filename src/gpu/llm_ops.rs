@@ -482,7 +482,7 @@ pub enum GemmMode<'a> {
     Set,
     /// y += W x (the residual add)
     Add,
-    /// y = W rms_norm(x) * nw: the prenorm fused into the product
+    /// y = W (rms_norm(x) * nw): the prenorm fused into the product
     Norm { nw: &'a wgpu::Buffer, eps: f32 },
     /// As `Norm` for a [gate; up] matrix (two parts), then
     /// y[t, r] = silu(gate[t, r]) * up[t, r]: a LLaMA MLP up to its down
