@@ -170,6 +170,7 @@ pub struct GpuLlm {
     /// (allocating ~40 MB of them per 512-token prefill cost the host
     /// milliseconds).
     prefill_scratch: Option<PrefillScratch>,
+    /// The last prefill's dispatches, reused while the next has its shape.
     prefill_work: Option<PrefillWork>,
     /// RoPE cos/sin of every position reached so far ([`cpu::rope_table`]'s
     /// layout), computed once: a 512-token table took the host ~0.7 ms.
