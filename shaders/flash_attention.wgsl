@@ -5,25 +5,14 @@
 // `splits` = step[3] workgroups per head (flash-decode): with one split the
 // result goes straight to out, otherwise each split writes its unnormalised
 // sums and (m, l) to part and flash_attention_merge combines them.
-// bindings: 0 params, 1 q: [n_q, heads * hd], 2 kc, 3 vc: [positions, kv_stride],
+// bindings: 0 params (attention_params.wgsl), 1 q: [n_q, heads * hd],
+//           2 kc, 3 vc: [positions, kv_stride],
 //           4 step: array<u32> [token, pos0, kv_len, splits],
 //           5 out: [n_q, heads * hd], 6 part: [n_q, heads, splits, hd + 2]
 //           (out, part read_write)
 // dispatch: (splits, heads, n_q) workgroups of 64 threads; hd <= 256
 // variants: SUBGROUPS reduces with subgroup ops, otherwise a shared-memory tree.
 
-struct Params {
-    heads: u32,
-    kv_heads: u32,
-    hd: u32,
-    n_q: u32,
-    scale: f32,
-    kv_stride: u32,
-    _p0: u32,
-    _p1: u32,
-}
-
-@group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read> q: array<f32>;
 @group(0) @binding(2) var<storage, read> kc: array<f32>;
 @group(0) @binding(3) var<storage, read> vc: array<f32>;

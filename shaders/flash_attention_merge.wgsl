@@ -1,23 +1,11 @@
 // flash_attention_merge: combines the per-split partial results of
 // flash_attention (unnormalised sums acc, running max m, running sum l):
 // M = max m_s, out = sum_s acc_s e^(m_s - M) / sum_s l_s e^(m_s - M).
-// bindings: 0 params (as flash_attention), 1 part: [n_q, heads, splits, hd + 2],
+// bindings: 0 params (attention_params.wgsl), 1 part: [n_q, heads, splits, hd + 2],
 //           2 step: array<u32> [token, pos0, kv_len, splits], 3 out: [n_q, heads * hd]
 // dispatch: (heads, n_q, 1) workgroups of 64 threads; splits <= 128
 //           (llm_ops::MAX_SPLITS)
 
-struct Params {
-    heads: u32,
-    kv_heads: u32,
-    hd: u32,
-    n_q: u32,
-    scale: f32,
-    kv_stride: u32,
-    _p0: u32,
-    _p1: u32,
-}
-
-@group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read> part: array<f32>;
 @group(0) @binding(2) var<storage, read> step: array<u32>;
 @group(0) @binding(3) var<storage, read_write> out: array<f32>;

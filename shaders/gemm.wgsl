@@ -1,8 +1,7 @@
 // gemm: one weight chunk (any format of quant_formats.wgsl) times n
 // activation rows, for prefill: y[t, col(o)] (+)= W[o] . x[t] for o < rows,
-// t < n. Tiles of BN weight rows x BM tokens; each k-step dequantises a
+// t < n, with one of the epilogues below (every kernel has ADD or NORM). Tiles of BN weight rows x BM tokens; each k-step dequantises a
 // BN x BK weight tile into workgroup memory once for all BM tokens.
-//   gemm       y = ...
 //   gemm_add   ADD: y += ...  (residual add)
 //   gemm_norm  NORM: x[t] is RMS-normalised first (LLM prenorm, fused):
 //              y[t, col(o)] = (W[o] . (x[t] * nw)) / sqrt(mean(x[t]^2) + eps),
@@ -61,13 +60,18 @@ const BK: u32 = 32u;
 fn silu(v: f32) -> f32 {
     return v / (1.0 + exp(-v));
 }
-
-// The chunk row that tile row `r` (of 64) reads: gate rows, then the
-// matching up rows.
-fn swiglu_row(tile: u32, r: u32) -> u32 {
-    return min(tile * 32u + (r & 31u), p.part_rows - 1u) + (r >> 5u) * p.part_rows;
-}
 #endif
+
+// The chunk row that row `r` of weight tile `tile` reads (rows past the end
+// repeat the last one; their sums are dropped). SWIGLU: 32 gate rows, then
+// the matching up rows.
+fn weight_row(tile: u32, r: u32) -> u32 {
+#if SWIGLU
+    return min(tile * 32u + (r & 31u), p.part_rows - 1u) + (r >> 5u) * p.part_rows;
+#else
+    return min(tile * BN + r, p.rows - 1u);
+#endif
+}
 
 #if NORM
 // NORM: each thread's sum of squares of its token's values (both variants
@@ -151,11 +155,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>,
     // one token.
     let wr = lid >> 2u;
     let wc = (lid & 3u) * 8u;
-#if SWIGLU
-    let wrow = swiglu_row(wid.x, wr);
-#else
-    let wrow = min(row_base + wr, p.rows - 1u);
-#endif
+    let wrow = weight_row(wid.x, wr);
     let xt = lid >> 3u;
     let xc = (lid & 7u) * 4u;
     let xat = min(tok_base + xt, p.n - 1u) * p.x_stride;
@@ -231,11 +231,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>,
 #if ADD
             y[at] = y[at] + cs[t * LDC + r];
 #else
-#if NORM
-            y[at] = cs[t * LDC + r] * tscale[t];
-#else
-            y[at] = cs[t * LDC + r];
-#endif
+            y[at] = cs[t * LDC + r] * tscale[t]; // NORM
 #endif
         }
     }
@@ -255,11 +251,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     // This thread's share of the weight tile: 8 elements of one row.
     let wr = lid >> 2u;
     let wu = lid & 3u;
-#if SWIGLU
-    let wrow = swiglu_row(wid.x, wr);
-#else
-    let wrow = min(row_base + wr, p.rows - 1u);
-#endif
+    let wrow = weight_row(wid.x, wr);
     // ... and of the activation tile: 4 elements of one token.
     let xt = lid >> 3u;
     let xc = (lid & 7u) * 4u;
@@ -345,11 +337,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
 #if ADD
                 y[at] = y[at] + acc[i * 2u + j];
 #else
-#if NORM
-                y[at] = acc[i * 2u + j] * tscale[ty + 16u * j];
-#else
-                y[at] = acc[i * 2u + j];
-#endif
+                y[at] = acc[i * 2u + j] * tscale[ty + 16u * j]; // NORM
 #endif
             }
         }

@@ -15,23 +15,12 @@
 // f16) and f32 sums; the softmax runs in f32.
 //
 // Needs COOP (with F16 and SUBGROUPS, subgroups of 32); head_dim 64.
-// bindings: 0 params, 1 q: [n_q, heads * hd], 2 kc, 3 vc: [positions, kv_stride],
+// bindings: 0 params (attention_params.wgsl), 1 q: [n_q, heads * hd],
+//           2 kc, 3 vc: [positions, kv_stride],
 //           4 step: array<u32> [token, pos0, kv_len, splits],
 //           5 out: [n_q, heads * hd] (read_write)
 // dispatch: (ceil(n_q / 64), heads, 1) workgroups of 128 threads
 
-struct Params {
-    heads: u32,
-    kv_heads: u32,
-    hd: u32,
-    n_q: u32,
-    scale: f32,
-    kv_stride: u32,
-    _p0: u32,
-    _p1: u32,
-}
-
-@group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read> q: array<f32>;
 @group(0) @binding(2) var<storage, read> kc: array<f32>;
 @group(0) @binding(3) var<storage, read> vc: array<f32>;

@@ -415,15 +415,6 @@ struct GemmParams {
 const _: () = assert!(std::mem::size_of::<GemmParams>() == 48);
 
 format_kernel!(
-    GEMM,
-    "gemm",
-    "gemm.wgsl",
-    [Binding::read("w"), Binding::read("x"), Binding::write("y")],
-    GemmParams,
-    [],
-    coop
-);
-format_kernel!(
     GEMM_ADD,
     "gemm_add",
     "gemm.wgsl",
@@ -464,12 +455,15 @@ format_kernel!(
 );
 
 /// The GEMM kernels with the defines that pick each one's epilogue.
-static GEMM_EPILOGUES: [(&Kernel, &[&str]); 4] = [
-    (&GEMM, &[]),
+static GEMM_EPILOGUES: [(&Kernel, &[&str]); 3] = [
     (&GEMM_ADD, &["ADD"]),
     (&GEMM_NORM, &["NORM"]),
     (&GEMM_NORM_SWIGLU, &["NORM", "SWIGLU"]),
 ];
+
+/// The defines of a cooperative-matrix variant (the `coop` set of
+/// `format_kernel!`), for adapters with `caps.coop_matrix`.
+const COOP: [&str; 3] = ["COOP", "F16", "SUBGROUPS"];
 
 /// Weight rows and tokens of one GEMM tile (`BN`, `BM` in gemm.wgsl).
 const GEMM_ROWS: usize = 64;
@@ -478,8 +472,6 @@ const GEMM_TOKENS: usize = 32;
 /// What a GEMM does with its sums, and to its activations first.
 #[derive(Clone, Copy)]
 pub enum GemmMode<'a> {
-    /// y = W x
-    Set,
     /// y += W x (the residual add)
     Add,
     /// y = W (rms_norm(x) * nw): the prenorm fused into the product
@@ -494,10 +486,9 @@ impl GemmMode<'_> {
     /// The kernel, and the defines that pick its epilogue.
     fn kernel(&self) -> (&'static Kernel, &'static [&'static str]) {
         GEMM_EPILOGUES[match self {
-            GemmMode::Set => 0,
-            GemmMode::Add => 1,
-            GemmMode::Norm { .. } => 2,
-            GemmMode::NormSwiglu { .. } => 3,
+            GemmMode::Add => 0,
+            GemmMode::Norm { .. } => 1,
+            GemmMode::NormSwiglu { .. } => 2,
         }]
     }
 
@@ -505,7 +496,7 @@ impl GemmMode<'_> {
     fn norm(&self) -> Option<(&wgpu::Buffer, f32)> {
         match *self {
             GemmMode::Norm { nw, eps } | GemmMode::NormSwiglu { nw, eps } => Some((nw, eps)),
-            GemmMode::Set | GemmMode::Add => None,
+            GemmMode::Add => None,
         }
     }
 }
@@ -515,7 +506,7 @@ impl GemmMode<'_> {
 fn gemm_variant(t: GgmlType, defines: &[&'static str], coop: bool) -> Result<Variant> {
     let mut extra = defines.to_vec();
     if coop {
-        extra.extend(["COOP", "F16", "SUBGROUPS"]);
+        extra.extend(COOP);
     }
     format_variant(t, false, &extra)
 }
@@ -751,10 +742,25 @@ struct AttentionParams {
 }
 const _: () = assert!(std::mem::size_of::<AttentionParams>() == 32);
 
+impl AttentionParams {
+    /// `n_q` queries of shape `s` against caches of kv_heads * head_dim a row.
+    fn new(s: &AttnShape, n_q: usize) -> AttentionParams {
+        AttentionParams {
+            heads: s.heads as u32,
+            kv_heads: s.kv_heads as u32,
+            hd: s.head_dim as u32,
+            n_q: n_q as u32,
+            scale: crate::cpu::attention_scale(s.head_dim),
+            kv_stride: (s.kv_heads * s.head_dim) as u32,
+            _pad: [0; 2],
+        }
+    }
+}
+
 kernel!(
     FLASH_ATTENTION,
     "flash_attention",
-    "flash_attention.wgsl",
+    ["attention_params.wgsl", "flash_attention.wgsl"],
     [
         Binding::read("q"),
         Binding::read("kc"),
@@ -770,7 +776,7 @@ kernel!(
 kernel!(
     FLASH_ATTENTION_MERGE,
     "flash_attention_merge",
-    "flash_attention_merge.wgsl",
+    ["attention_params.wgsl", "flash_attention_merge.wgsl"],
     [
         Binding::read("part"),
         Binding::read("step"),
@@ -847,15 +853,7 @@ pub fn flash_attention(
             s.head_dim
         )));
     }
-    let params = AttentionParams {
-        heads: s.heads as u32,
-        kv_heads: s.kv_heads as u32,
-        hd: s.head_dim as u32,
-        n_q: n_q as u32,
-        scale: crate::cpu::attention_scale(s.head_dim),
-        kv_stride: (s.kv_heads * s.head_dim) as u32,
-        _pad: [0; 2],
-    };
+    let params = AttentionParams::new(s, n_q);
     let variant = if subgroups {
         Variant::new(&["SUBGROUPS"])
     } else {
@@ -884,7 +882,7 @@ pub fn flash_attention(
 kernel!(
     PREFILL_ATTENTION,
     "prefill_attention",
-    "prefill_attention.wgsl",
+    ["attention_params.wgsl", "prefill_attention.wgsl"],
     [
         Binding::read("q"),
         Binding::read("kc"),
@@ -893,7 +891,7 @@ kernel!(
         Binding::write("out")
     ],
     AttentionParams,
-    [&["COOP", "F16", "SUBGROUPS"]]
+    [&COOP]
 );
 
 /// Head size and queries per workgroup of prefill_attention.wgsl.
@@ -915,18 +913,10 @@ pub fn prefill_attention(
     if !gpu.caps.coop_matrix || s.head_dim != PREFILL_ATTENTION_HEAD_DIM {
         return Ok(None);
     }
-    let params = AttentionParams {
-        heads: s.heads as u32,
-        kv_heads: s.kv_heads as u32,
-        hd: s.head_dim as u32,
-        n_q: n_q as u32,
-        scale: crate::cpu::attention_scale(s.head_dim),
-        kv_stride: (s.kv_heads * s.head_dim) as u32,
-        _pad: [0; 2],
-    };
+    let params = AttentionParams::new(s, n_q);
     let bound = gpu.bind(
         &PREFILL_ATTENTION,
-        &Variant::new(&["COOP", "F16", "SUBGROUPS"]),
+        &Variant::new(&COOP),
         &[q, kv.k_cache, kv.v_cache, kv.step, out],
         &params,
     )?;
@@ -1236,10 +1226,7 @@ pub fn sort_candidates(raw: &[u32]) -> Vec<(u32, f32)> {
 /// ahead of their first use.
 pub fn warm_prefill_kernels(gpu: &Gpu) -> Result<()> {
     if gpu.caps.coop_matrix {
-        gpu.pipeline(
-            &PREFILL_ATTENTION,
-            &Variant::new(&["COOP", "F16", "SUBGROUPS"]),
-        )?;
+        gpu.pipeline(&PREFILL_ATTENTION, &Variant::new(&COOP))?;
     }
     gpu.pipeline(&SHORT_CONV, &Variant::default())?;
     gpu.pipeline(&SWIGLU, &Variant::default())?;
@@ -1253,7 +1240,6 @@ pub static KERNELS: &[&Kernel] = &[
     &GEMV_NORM,
     &GEMV_SWIGLU,
     &GEMV_CONV,
-    &GEMM,
     &GEMM_ADD,
     &GEMM_NORM,
     &GEMM_NORM_SWIGLU,

@@ -35,10 +35,6 @@ pub const CASES: &[Case] = &[
         run: gemv_conv,
     },
     Case {
-        kernel: "gemm",
-        run: gemm,
-    },
-    Case {
         kernel: "gemm_add",
         run: gemm_add,
     },
@@ -376,7 +372,6 @@ fn gemv_conv(gpu: &Gpu, v: &Variant) {
 /// Which GEMM epilogue a case runs (llm_ops::GemmMode without its buffer).
 #[derive(Clone, Copy, PartialEq)]
 enum Epilogue {
-    Set,
     Add,
     Norm,
     NormSwiglu,
@@ -450,7 +445,6 @@ fn gemm_case(gpu: &Gpu, v: &Variant, epilogue: Epilogue) {
             let gy = gpu.upload_f32("y", &y0).unwrap();
             let gnw = gpu.upload_f32("nw", &nw).unwrap();
             let mode = match epilogue {
-                Epilogue::Set => GemmMode::Set,
                 Epilogue::Add => GemmMode::Add,
                 Epilogue::Norm => GemmMode::Norm { nw: &gnw, eps },
                 Epilogue::NormSwiglu => GemmMode::NormSwiglu { nw: &gnw, eps },
@@ -469,10 +463,6 @@ fn gemm_case(gpu: &Gpu, v: &Variant, epilogue: Epilogue) {
             );
         }
     }
-}
-
-fn gemm(gpu: &Gpu, v: &Variant) {
-    gemm_case(gpu, v, Epilogue::Set);
 }
 
 fn gemm_add(gpu: &Gpu, v: &Variant) {

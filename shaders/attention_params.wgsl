@@ -1,0 +1,16 @@
+// Parameters of the attention kernels (flash_attention, its merge,
+// prefill_attention), gpu::llm_ops::AttentionParams: query heads, key/value
+// heads, head size, new queries, softmax scale, cache row length.
+
+struct Params {
+    heads: u32,
+    kv_heads: u32,
+    hd: u32,
+    n_q: u32,
+    scale: f32,
+    kv_stride: u32,
+    _p0: u32,
+    _p1: u32,
+}
+
+@group(0) @binding(0) var<uniform> p: Params;
