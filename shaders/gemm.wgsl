@@ -1,15 +1,16 @@
 // gemm: one weight chunk (any format of quant_formats.wgsl) times n
 // activation rows, for prefill: y[t, col(o)] (+)= W[o] . x[t] for o < rows,
-// t < n, with one of the epilogues below (every kernel has ADD or NORM). Tiles of BN weight rows x BM tokens; each k-step dequantises a
-// BN x BK weight tile into workgroup memory once for all BM tokens.
+// t < n, with one of the epilogues below (every kernel has ADD or NORM).
+// Tiles of BN weight rows x BM tokens; each k-step dequantises a BN x BK
+// weight tile into workgroup memory once for all BM tokens.
 //   gemm_add   ADD: y += ...  (residual add)
 //   gemm_norm  NORM: x[t] is RMS-normalised first (LLM prenorm, fused):
 //              y[t, col(o)] = (W[o] . (x[t] * nw)) / sqrt(mean(x[t]^2) + eps),
 //              the token's scale applied to the sums at the end
 //   gemm_norm_swiglu  NORM + SWIGLU: W holds gate and up as its two parts;
-//              each tile's 64 rows are 32 gate rows and the matching 32 up
+//              each tile's BN rows are BN / 2 gate rows and the matching up
 //              rows, and y[t, out_off + r] = silu(gate[t, r]) * up[t, r]
-//              (dispatch x: ceil(part_rows / 32) tiles)
+//              (dispatch x: ceil(part_rows / (BN / 2)) tiles)
 // A chunk may hold several parts (gate and up; LFM2's B, C, x) of part_rows
 // rows each: chunk row o lands in column
 //   col(o) = (o / part_rows) * part_stride + out_off + o % part_rows,
@@ -21,9 +22,9 @@
 // COOP (with F16 and SUBGROUPS; the engine enables it where the adapter
 // offers 16x16x16 cooperative matrices with f16 inputs and an f32
 // accumulator, subgroups of 32, e.g. tensor cores on NVIDIA): the weight and
-// activation tiles are rounded to f16 in workgroup memory and each of the 8
-// subgroups multiplies one 16 x 16 block of the output tile as cooperative
-// matrices, summing in f32. Same sums as the portable kernel
+// activation tiles are rounded to f16 in workgroup memory and each of the 4
+// subgroups multiplies a 32 x 32 block of the 64 x 64 output tile as
+// cooperative matrices, summing in f32. Same sums as the portable kernel
 // with every factor rounded to f16 (relative 2^-11; activations past f16's
 // range, |x| > 65504, would overflow).
 
@@ -52,9 +53,17 @@ struct Params {
 @group(0) @binding(3) var<storage, read_write> y: array<f32>;
 #endif
 
-const BN: u32 = 64u;
-const BM: u32 = 32u;
 const BK: u32 = 32u;
+#if WIDE
+// 2 x 2 cooperative matrices a subgroup (COOP only)
+const FR: u32 = 2u;
+const FT: u32 = 2u;
+#else
+const FR: u32 = 1u;
+const FT: u32 = 1u;
+#endif
+const BN: u32 = 64u * FR;
+const BM: u32 = 32u * FT;
 
 #if SWIGLU
 fn silu(v: f32) -> f32 {
@@ -63,37 +72,21 @@ fn silu(v: f32) -> f32 {
 #endif
 
 // The chunk row that row `r` of weight tile `tile` reads (rows past the end
-// repeat the last one; their sums are dropped). SWIGLU: 32 gate rows, then
-// the matching up rows.
+// repeat the last one; their sums are dropped). SWIGLU: BN / 2 gate rows,
+// then the matching up rows.
 fn weight_row(tile: u32, r: u32) -> u32 {
 #if SWIGLU
-    return min(tile * 32u + (r & 31u), p.part_rows - 1u) + (r >> 5u) * p.part_rows;
+    const HALF: u32 = BN / 2u;
+    return min(tile * HALF + r % HALF, p.part_rows - 1u) + (r / HALF) * p.part_rows;
 #else
     return min(tile * BN + r, p.rows - 1u);
 #endif
 }
 
 #if NORM
-// NORM: each thread's sum of squares of its token's values (both variants
-// give 8 threads each token, 4 values of every k-step), then the tokens'
-// scales 1 / sqrt(mean + eps).
-var<workgroup> ssq: array<f32, 256>;
-var<workgroup> tscale: array<f32, 32>;
-
-// NORM: the scales of the tile's BM tokens from each thread's `ss`, into
-// tscale (every thread calls it, in uniform control flow).
-fn token_scales(lid: u32, ss: f32) {
-    ssq[lid] = ss;
-    workgroupBarrier();
-    if (lid < BM) {
-        var t = 0.0;
-        for (var i = 0u; i < 8u; i++) {
-            t += ssq[lid * 8u + i];
-        }
-        tscale[lid] = inverseSqrt(t / f32(p.k) + p.eps);
-    }
-    workgroupBarrier();
-}
+// NORM: 8 threads share each token's values, 4 of every k-step; their sums
+// of squares give the tokens' scales 1 / sqrt(mean + eps).
+var<workgroup> tscale: array<f32, BM>;
 
 // NORM: norm weights e0..e0+3, zero past k.
 fn nw4(e0: u32) -> vec4<f32> {
@@ -108,17 +101,21 @@ fn nw4(e0: u32) -> vec4<f32> {
 #endif
 
 #if COOP
-// Row strides of the tiles in workgroup memory, padded (the coop loads and
-// stores want 16-byte multiples; the padding spreads rows over banks).
+// Row strides of the tiles in workgroup memory: the f16 tiles padded (the
+// coop loads want 16-byte multiples; the padding spreads rows over banks)
+// and held as vec4s (LDA / 4 a row). WIDE's f32 output tile is unpadded, as
+// its tiles and output must fit in 48 KiB.
 const LDA: u32 = 40u;
-const LDC: u32 = 68u;
-// The f16 tiles are held as vec4s (LDA / 4 a row): a thread stores its 8
-// weights and 4 activations in 3 stores instead of 12.
 const LDA4: u32 = 10u;
+#if WIDE
+const LDC: u32 = BN;
+#else
+const LDC: u32 = BN + 4u;
+#endif
 
-var<workgroup> ws: array<vec4<f16>, 640>; // [BN][LDA4]: weights, row-major A
-var<workgroup> xs: array<vec4<f16>, 320>; // [BM][LDA4]: tokens, column-major B
-var<workgroup> cs: array<f32, 2176>; // [BM][LDC]: output, column-major C
+var<workgroup> ws: array<vec4<f16>, BN * LDA4>; // [BN][LDA4]: weights, row-major A
+var<workgroup> xs: array<vec4<f16>, BM * LDA4>; // [BM][LDA4]: tokens, column-major B
+var<workgroup> cs: array<f32, BM * LDC>; // [BM][LDC]: output, column-major C
 
 // Elements e0..e0+7 of weight row `row`, zero past k.
 fn w_tile(row: u32, e0: u32) -> W8 {
@@ -139,90 +136,155 @@ fn x_tile(at: u32, e0: u32) -> vec4<f32> {
     return v;
 }
 
-// 8 subgroups of 32, each one 16 x 16 block of the 64-row x 32-token tile:
-// small blocks make many subgroups (prefill GEMMs are too small to fill a
-// large GPU otherwise). The next k-step's loads are issued before this
-// step's multiplies, so their latency overlaps them.
+// A thread's share of one k-step: 8 weights of FR rows (r + 64 i), 4 values
+// of FT tokens (t + 32 j), NORM: and the norm weights of those values.
+// Neighbouring threads read neighbouring words.
+struct Stage {
+    w: array<W8, FR>,
+    x: array<vec4<f32>, FT>,
+#if NORM
+    g: vec4<f32>,
+#endif
+}
+
+fn load_stage(wrow: array<u32, FR>, we: u32, xat: array<u32, FT>, xe: u32) -> Stage {
+    var s: Stage;
+    for (var i = 0u; i < FR; i++) {
+        s.w[i] = w_tile(wrow[i], we);
+    }
+    for (var j = 0u; j < FT; j++) {
+        s.x[j] = x_tile(xat[j], xe);
+    }
+#if NORM
+    s.g = nw4(xe);
+#endif
+    return s;
+}
+
+// 8 subgroups of 32 in 4 rows x 2 columns, each an FR x FT block of 16 x 16
+// cooperative matrices of the output tile. The default (1 x 1) makes many
+// small tiles, for GEMMs too small to fill a large GPU otherwise; WIDE
+// (2 x 2) uses each fragment loaded from workgroup memory for two multiplies
+// and each activation fetched from memory for 128 weight rows (the k-loop's
+// global loads, not its multiplies, bound it). The next k-step's loads are
+// issued before this step's multiplies, so their latency overlaps them.
 @compute @workgroup_size(256)
 fn main(@builtin(workgroup_id) wid: vec3<u32>,
         @builtin(local_invocation_index) lid: u32,
         @builtin(subgroup_id) sg: u32) {
     let row_base = wid.x * BN;
     let tok_base = wid.y * BM;
-    let sr = (sg & 3u) * 16u;
-    let st = (sg >> 2u) * 16u;
-    // This thread's share of the tiles: 8 weights of one row, 4 values of
-    // one token.
+    let sr = (sg & 3u) * 16u * FR;
+    let st = (sg >> 2u) * 16u * FT;
+    // This thread's rows and tokens of the tiles (see Stage); tokens past n
+    // read token n - 1 (their sums are dropped).
     let wr = lid >> 2u;
     let wc = (lid & 3u) * 8u;
-    let wrow = weight_row(wid.x, wr);
+    var wrow: array<u32, FR>;
+    for (var i = 0u; i < FR; i++) {
+        wrow[i] = weight_row(wid.x, wr + 64u * i);
+    }
     let xt = lid >> 3u;
     let xc = (lid & 7u) * 4u;
-    let xat = min(tok_base + xt, p.n - 1u) * p.x_stride;
-    var acc = coop_mat16x16<f32, C>();
-    var wv = w_tile(wrow, wc);
-    var xv = x_tile(xat, xc);
-#if NORM
-    var ss = 0.0;
-    // The norm weights are prefetched with the activations they scale.
-    var gv = nw4(xc);
+    var xat: array<u32, FT>;
+    for (var j = 0u; j < FT; j++) {
+        xat[j] = min(tok_base + xt + 32u * j, p.n - 1u) * p.x_stride;
+    }
+    var c00 = coop_mat16x16<f32, C>();
+#if WIDE
+    var c01 = coop_mat16x16<f32, C>();
+    var c10 = coop_mat16x16<f32, C>();
+    var c11 = coop_mat16x16<f32, C>();
 #endif
+#if NORM
+    var ss: array<f32, FT>;
+#endif
+    var v = load_stage(wrow, wc, xat, xc);
     for (var k0 = 0u; k0 < p.k; k0 += BK) {
+        for (var i = 0u; i < FR; i++) {
+            let wa = (wr + 64u * i) * LDA4 + wc / 4u;
+            ws[wa] = vec4<f16>(v.w[i].a);
+            ws[wa + 1u] = vec4<f16>(v.w[i].b);
+        }
+        for (var j = 0u; j < FT; j++) {
+            var xv = v.x[j];
 #if NORM
-        ss += dot(xv, xv);
-        xv *= gv;
+            ss[j] += dot(xv, xv);
+            xv *= v.g;
 #endif
-        let wa = wr * LDA4 + wc / 4u;
-        ws[wa] = vec4<f16>(wv.a);
-        ws[wa + 1u] = vec4<f16>(wv.b);
-        xs[xt * LDA4 + xc / 4u] = vec4<f16>(xv);
+            xs[(xt + 32u * j) * LDA4 + xc / 4u] = vec4<f16>(xv);
+        }
         workgroupBarrier();
-        wv = w_tile(wrow, k0 + BK + wc);
-        xv = x_tile(xat, k0 + BK + xc);
-#if NORM
-        gv = nw4(k0 + BK + xc);
-#endif
+        v = load_stage(wrow, k0 + BK + wc, xat, k0 + BK + xc);
         // Every index and stride a `let` of its own.
         let lda = LDA4;
-        let ia0 = sr * LDA4;
-        let ib0 = st * LDA4;
-        let ia1 = ia0 + 4u;
-        let ib1 = ib0 + 4u;
-        let a0 = coopLoadT<coop_mat16x16<f16, A>>(&ws[ia0], lda);
-        let b0 = coopLoad<coop_mat16x16<f16, B>>(&xs[ib0], lda);
-        acc = coopMultiplyAdd(a0, b0, acc);
-        let a1 = coopLoadT<coop_mat16x16<f16, A>>(&ws[ia1], lda);
-        let b1 = coopLoad<coop_mat16x16<f16, B>>(&xs[ib1], lda);
-        acc = coopMultiplyAdd(a1, b1, acc);
+        for (var kk = 0u; kk < 2u; kk++) {
+            let ia = sr * LDA4 + kk * 4u;
+            let ib = st * LDA4 + kk * 4u;
+            let a0 = coopLoadT<coop_mat16x16<f16, A>>(&ws[ia], lda);
+            let b0 = coopLoad<coop_mat16x16<f16, B>>(&xs[ib], lda);
+            c00 = coopMultiplyAdd(a0, b0, c00);
+#if WIDE
+            let ia1 = ia + 16u * LDA4;
+            let ib1 = ib + 16u * LDA4;
+            let a1 = coopLoadT<coop_mat16x16<f16, A>>(&ws[ia1], lda);
+            let b1 = coopLoad<coop_mat16x16<f16, B>>(&xs[ib1], lda);
+            c01 = coopMultiplyAdd(a0, b1, c01);
+            c10 = coopMultiplyAdd(a1, b0, c10);
+            c11 = coopMultiplyAdd(a1, b1, c11);
+#endif
+        }
         workgroupBarrier();
     }
+#if NORM
+    // The tokens' sums of squares from their 8 threads, through cs before
+    // it holds the output.
+    for (var j = 0u; j < FT; j++) {
+        cs[(xt + 32u * j) * 8u + (lid & 7u)] = ss[j];
+    }
+    workgroupBarrier();
+    if (lid < BM) {
+        var t = 0.0;
+        for (var i = 0u; i < 8u; i++) {
+            t += cs[lid * 8u + i];
+        }
+        tscale[lid] = inverseSqrt(t / f32(p.k) + p.eps);
+    }
+    workgroupBarrier();
+#endif
     // C stored column-major (cs[t * LDC + r]): the threads below read
     // consecutive rows from consecutive words.
     let ldc = LDC;
-    let ic = st * LDC + sr;
-    coopStore(acc, &cs[ic], ldc);
-    workgroupBarrier();
-#if NORM
-    token_scales(lid, ss);
+    let i00 = st * LDC + sr;
+    coopStore(c00, &cs[i00], ldc);
+#if WIDE
+    let i01 = i00 + 16u * LDC;
+    let i10 = i00 + 16u;
+    let i11 = i01 + 16u;
+    coopStore(c01, &cs[i01], ldc);
+    coopStore(c10, &cs[i10], ldc);
+    coopStore(c11, &cs[i11], ldc);
 #endif
+    workgroupBarrier();
 #if SWIGLU
-    for (var i = 0u; i < 4u; i++) {
+    const HALF: u32 = BN / 2u;
+    for (var i = 0u; i < HALF * BM / 256u; i++) {
         let g = lid + 256u * i;
-        let r = g & 31u;
-        let t = g >> 5u;
-        let row = wid.x * 32u + r;
+        let r = g % HALF;
+        let t = g / HALF;
+        let row = wid.x * HALF + r;
         let tok = tok_base + t;
         if (row < p.part_rows && tok < p.n) {
             let gate = cs[t * LDC + r] * tscale[t];
-            let up = cs[t * LDC + r + 32u] * tscale[t];
+            let up = cs[t * LDC + r + HALF] * tscale[t];
             y[tok * p.y_stride + p.out_off + row] = silu(gate) * up;
         }
     }
 #else
-    for (var i = 0u; i < 8u; i++) {
+    for (var i = 0u; i < BN * BM / 256u; i++) {
         let g = lid + 256u * i;
-        let r = g & 63u;
-        let t = g >> 6u;
+        let r = g % BN;
+        let t = g / BN;
         let row = row_base + r;
         let tok = tok_base + t;
         if (row < p.rows && tok < p.n) {
@@ -241,6 +303,9 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>,
 
 var<workgroup> ws: array<f32, 2048>; // [BK][BN]
 var<workgroup> xs: array<f32, 1024>; // [BM][BK]
+#if NORM
+var<workgroup> ssq: array<f32, 256>;
+#endif
 
 @compute @workgroup_size(256)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
@@ -307,7 +372,17 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         workgroupBarrier();
     }
 #if NORM
-    token_scales(lid, ss);
+    // The tokens' sums of squares from their 8 threads.
+    ssq[lid] = ss;
+    workgroupBarrier();
+    if (lid < BM) {
+        var t = 0.0;
+        for (var i = 0u; i < 8u; i++) {
+            t += ssq[lid * 8u + i];
+        }
+        tscale[lid] = inverseSqrt(t / f32(p.k) + p.eps);
+    }
+    workgroupBarrier();
 #endif
 #if SWIGLU
     // Tile rows tx + 16 i: gate for i < 2, the matching up row at i + 2.

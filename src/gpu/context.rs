@@ -84,10 +84,10 @@ impl Capabilities {
 
 type PipelineKey = (&'static str, String);
 
-/// Most workgroup memory a COOP kernel declares: prefill_attention's f16
-/// key/value tile of 64 x 72, f32 scores of 4 x 16 x 36 and f16
-/// probabilities of 4 x 16 x 40 (the GEMM's: 16 KiB, 17.1 with NORM).
-const COOP_STORAGE: u32 = 4608 * 2 + 2304 * 4 + 2560 * 2;
+/// Most workgroup memory a COOP kernel declares: gemm_norm's f16 weight and
+/// token tiles of 1280 and 640 vec4s, its f32 output tile of 128 x 64 and
+/// the norm's 64 token scales (prefill_attention's: 23 KiB).
+const COOP_STORAGE: u32 = (1280 + 640) * 8 + (8192 + 64) * 4;
 
 /// True when the adapter offers what the COOP variants (the GEMM's, prefill
 /// attention) are written for: a 16x16x16 cooperative-matrix configuration

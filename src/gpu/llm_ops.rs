@@ -202,7 +202,7 @@ macro_rules! format_kernel {
     };
     ($ident:ident, $name:literal, $file:literal, [$($b:expr),*], $params:ty, [$($d:literal),*], coop) => {
         format_kernel!(@sets $ident, $name, $file, [$($b),*], $params, [$($d),*], [],
-            [[] ["COOP", "F16", "SUBGROUPS"]]);
+            [[] ["COOP", "F16", "SUBGROUPS"] ["COOP", "F16", "SUBGROUPS", "WIDE"]]);
     };
     // Each feature set `$f` adds one variant per format to the list `$acc`.
     (@sets $ident:ident, $name:literal, $file:literal, [$($b:expr),*], $params:ty, [$($d:literal),*],
@@ -465,9 +465,39 @@ static GEMM_EPILOGUES: [(&Kernel, &[&str]); 3] = [
 /// `format_kernel!`), for adapters with `caps.coop_matrix`.
 const COOP: [&str; 3] = ["COOP", "F16", "SUBGROUPS"];
 
-/// Weight rows and tokens of one GEMM tile (`BN`, `BM` in gemm.wgsl).
-const GEMM_ROWS: usize = 64;
-const GEMM_TOKENS: usize = 32;
+/// Weight rows and tokens of one GEMM tile (`BN`, `BM` in gemm.wgsl), and
+/// of a WIDE one (COOP only).
+const GEMM_TILE: (usize, usize) = (64, 32);
+const GEMM_WIDE_TILE: (usize, usize) = (128, 64);
+
+/// The fewest WIDE tiles a GEMM must have to use them: on the H200 (132
+/// multiprocessors) they made GEMMs of 128 tiles and more 8-25% faster, and
+/// one of 64 tiles 50% slower (a GPU half idle).
+const GEMM_WIDE_MIN_TILES: usize = 128;
+
+/// Which GEMM kernel runs.
+#[derive(Clone, Copy, PartialEq, Debug)]
+pub enum GemmKernel {
+    /// The portable kernel (f32 products)
+    Portable,
+    /// On cooperative matrices (f16 products; adapters with
+    /// `caps.coop_matrix`), in WIDE tiles where a GEMM has at least
+    /// `GEMM_WIDE_MIN_TILES` of them
+    Coop,
+    /// On cooperative matrices in the tiles given (parity tests)
+    CoopTiles { wide: bool },
+}
+
+impl GemmKernel {
+    /// The kernel for an adapter with or without cooperative matrices.
+    pub fn for_adapter(coop: bool) -> GemmKernel {
+        if coop {
+            GemmKernel::Coop
+        } else {
+            GemmKernel::Portable
+        }
+    }
+}
 
 /// What a GEMM does with its sums, and to its activations first.
 #[derive(Clone, Copy)]
@@ -502,11 +532,14 @@ impl GemmMode<'_> {
 }
 
 /// The GEMM variant for weights of `t` with the epilogue `defines`: with
-/// `coop`, the cooperative-matrix one (for adapters with `caps.coop_matrix`).
-fn gemm_variant(t: GgmlType, defines: &[&'static str], coop: bool) -> Result<Variant> {
+/// `coop`, a cooperative-matrix one, of WIDE tiles with `wide`.
+fn gemm_variant(t: GgmlType, defines: &[&'static str], coop: bool, wide: bool) -> Result<Variant> {
     let mut extra = defines.to_vec();
     if coop {
         extra.extend(COOP);
+        if wide {
+            extra.push("WIDE");
+        }
     }
     format_variant(t, false, &extra)
 }
@@ -517,7 +550,7 @@ fn gemm_variant(t: GgmlType, defines: &[&'static str], coop: bool) -> Result<Var
 #[allow(clippy::too_many_arguments)]
 pub fn gemm(
     gpu: &Gpu,
-    coop: bool,
+    kernel: GemmKernel,
     w: &GpuMatrix,
     mode: GemmMode,
     x: &wgpu::Buffer,
@@ -527,8 +560,7 @@ pub fn gemm(
     out_off: usize,
     n: usize,
 ) -> Result<Vec<Dispatch>> {
-    let (kernel, defines) = mode.kernel();
-    let variant = gemm_variant(w.dtype, defines, coop)?;
+    let (shader, defines) = mode.kernel();
     let swiglu = matches!(mode, GemmMode::NormSwiglu { .. });
     if swiglu && w.parts != 2 {
         return Err(Error::gpu(format!(
@@ -553,19 +585,32 @@ pub fn gemm(
             eps,
             _pad: [0; 2],
         };
-        let bound = match mode.norm() {
-            Some((nw, _)) => gpu.bind(kernel, &variant, &[&c.buf, x, nw, y], &params)?,
-            None => gpu.bind(kernel, &variant, &[&c.buf, x, y], &params)?,
-        };
         // SWIGLU tiles hold half their rows from each part.
-        let tiles = if swiglu {
-            c.rows.div_ceil(GEMM_ROWS / 2)
-        } else {
-            rows.div_ceil(GEMM_ROWS)
+        let tiles = |(tile_rows, tile_tokens): (usize, usize)| {
+            let across = if swiglu {
+                c.rows.div_ceil(tile_rows / 2)
+            } else {
+                rows.div_ceil(tile_rows)
+            };
+            [across, n.div_ceil(tile_tokens)]
         };
+        let (coop, wide) = match kernel {
+            GemmKernel::Portable => (false, false),
+            GemmKernel::Coop => {
+                let [across, down] = tiles(GEMM_WIDE_TILE);
+                (true, across * down >= GEMM_WIDE_MIN_TILES)
+            }
+            GemmKernel::CoopTiles { wide } => (true, wide),
+        };
+        let variant = gemm_variant(w.dtype, defines, coop, wide)?;
+        let bound = match mode.norm() {
+            Some((nw, _)) => gpu.bind(shader, &variant, &[&c.buf, x, nw, y], &params)?,
+            None => gpu.bind(shader, &variant, &[&c.buf, x, y], &params)?,
+        };
+        let [across, down] = tiles(if wide { GEMM_WIDE_TILE } else { GEMM_TILE });
         out.push(Dispatch {
             bound,
-            groups: [tiles as u32, n.div_ceil(GEMM_TOKENS) as u32, 1],
+            groups: [across as u32, down as u32, 1],
         });
     }
     Ok(out)
@@ -575,7 +620,10 @@ pub fn gemm(
 pub fn warm_gemm(gpu: &Gpu, t: GgmlType) -> Result<()> {
     let coop = gpu.caps.coop_matrix;
     for (kernel, defines) in &GEMM_EPILOGUES {
-        gpu.pipeline(kernel, &gemm_variant(t, defines, coop)?)?;
+        gpu.pipeline(kernel, &gemm_variant(t, defines, coop, false)?)?;
+        if coop {
+            gpu.pipeline(kernel, &gemm_variant(t, defines, coop, true)?)?;
+        }
     }
     Ok(())
 }

@@ -954,7 +954,7 @@ impl GpuLlm {
         let PrefillShape { n, all, last } = shape;
         let sc = self.prefill_scratch.as_ref().expect("allocated before");
         let g = &*self.gpu;
-        let coop = g.caps.coop_matrix;
+        let gemm_kernel = llm_ops::GemmKernel::for_adapter(g.caps.coop_matrix);
         let c = &self.cfg;
         let (d, f, hd) = (c.hidden, c.ffn, c.head_dim);
         let qw = c.heads * hd;
@@ -983,7 +983,18 @@ impl GpuLlm {
                     GpuState::Kv { k, v },
                 ) => {
                     for (m, off) in mats {
-                        work.extend(llm_ops::gemm(g, coop, m, norm1, x, d, qkv, qkvw, *off, n)?);
+                        work.extend(llm_ops::gemm(
+                            g,
+                            gemm_kernel,
+                            m,
+                            norm1,
+                            x,
+                            d,
+                            qkv,
+                            qkvw,
+                            *off,
+                            n,
+                        )?);
                     }
                     let kv = AttnBuffers {
                         step: &self.io.step,
@@ -1010,7 +1021,7 @@ impl GpuLlm {
                     }
                     work.extend(llm_ops::gemm(
                         g,
-                        coop,
+                        gemm_kernel,
                         o,
                         GemmMode::Add,
                         att,
@@ -1024,7 +1035,7 @@ impl GpuLlm {
                 (GpuMixer::Conv { in_proj, conv, out }, GpuState::Conv(st)) => {
                     work.extend(llm_ops::gemm(
                         g,
-                        coop,
+                        gemm_kernel,
                         in_proj,
                         norm1,
                         x,
@@ -1047,7 +1058,7 @@ impl GpuLlm {
                     )?);
                     work.extend(llm_ops::gemm(
                         g,
-                        coop,
+                        gemm_kernel,
                         out,
                         GemmMode::Add,
                         conv_out,
@@ -1070,17 +1081,39 @@ impl GpuLlm {
                         nw: &layer.norm2,
                         eps,
                     };
-                    work.extend(llm_ops::gemm(g, coop, m, mode, x, d, gg, f, 0, n)?)
+                    work.extend(llm_ops::gemm(g, gemm_kernel, m, mode, x, d, gg, f, 0, n)?)
                 }
                 GpuFfn::Split(gate, up) => {
-                    work.extend(llm_ops::gemm(g, coop, gate, norm2, x, d, gu, 2 * f, 0, n)?);
-                    work.extend(llm_ops::gemm(g, coop, up, norm2, x, d, gu, 2 * f, f, n)?);
+                    work.extend(llm_ops::gemm(
+                        g,
+                        gemm_kernel,
+                        gate,
+                        norm2,
+                        x,
+                        d,
+                        gu,
+                        2 * f,
+                        0,
+                        n,
+                    )?);
+                    work.extend(llm_ops::gemm(
+                        g,
+                        gemm_kernel,
+                        up,
+                        norm2,
+                        x,
+                        d,
+                        gu,
+                        2 * f,
+                        f,
+                        n,
+                    )?);
                     work.push(llm_ops::swiglu(g, gu, gg, f, n)?);
                 }
             }
             work.extend(llm_ops::gemm(
                 g,
-                coop,
+                gemm_kernel,
                 &layer.down,
                 GemmMode::Add,
                 gg,
@@ -1098,7 +1131,7 @@ impl GpuLlm {
             };
             work.extend(llm_ops::gemm(
                 g,
-                coop,
+                gemm_kernel,
                 self.head(),
                 norm,
                 x,

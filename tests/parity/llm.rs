@@ -5,7 +5,7 @@
 
 use super::{assert_close, Case, SIZES};
 use lfm::cpu::{self, AttnShape};
-use lfm::gpu::llm_ops::{self, GemmMode, GemvEpilogue, GpuMatrix};
+use lfm::gpu::llm_ops::{self, GemmKernel, GemmMode, GemvEpilogue, GpuMatrix};
 use lfm::gpu::ops::Dispatch;
 use lfm::gpu::{Gpu, Variant};
 use lfm::models::llm::RopeStyle;
@@ -380,6 +380,13 @@ enum Epilogue {
 fn gemm_case(gpu: &Gpu, v: &Variant, epilogue: Epilogue) {
     let (t, _) = format_and_subgroups(v);
     let coop = v.defines.contains(&"COOP");
+    let kernel = if coop {
+        GemmKernel::CoopTiles {
+            wide: v.defines.contains(&"WIDE"),
+        }
+    } else {
+        GemmKernel::Portable
+    };
     let add = epilogue == Epilogue::Add;
     let eps = 1e-5;
     // The COOP variant rounds both factors to f16 (relative 2^-11 each):
@@ -388,7 +395,7 @@ fn gemm_case(gpu: &Gpu, v: &Variant, epilogue: Epilogue) {
     let tol = if coop { 1e-5 } else { PRODUCT_TOL };
     let mut rng = Rng::new(15);
     for k in row_lengths(t) {
-        // Past one 64 x 64 COOP tile in both directions too.
+        // Past one COOP tile (64 x 32, WIDE 128 x 64) in both directions too.
         for (rows, n) in [(1, 1), (65, 33), (132, 5), (70, 130)] {
             // Two parts side by side in y: [n, 2 rows + 3] with 1 leading column.
             let a = weights(t, rows, k, &mut rng);
@@ -451,7 +458,7 @@ fn gemm_case(gpu: &Gpu, v: &Variant, epilogue: Epilogue) {
             };
             run(
                 gpu,
-                &llm_ops::gemm(gpu, coop, &m, mode, &gx, x_stride, &gy, y_stride, 1, n).unwrap(),
+                &llm_ops::gemm(gpu, kernel, &m, mode, &gx, x_stride, &gy, y_stride, 1, n).unwrap(),
             );
             let all = gpu.read_f32(&gy).unwrap();
             let got: Vec<f32> = got_at.iter().map(|&i| all[i]).collect();
