@@ -117,12 +117,13 @@ var<workgroup> ws: array<vec4<f16>, BN * LDA4>; // [BN][LDA4]: weights, row-majo
 var<workgroup> xs: array<vec4<f16>, BM * LDA4>; // [BM][LDA4]: tokens, column-major B
 var<workgroup> cs: array<f32, BM * LDC>; // [BM][LDC]: output, column-major C
 
-// Elements e0..e0+7 of weight row `row`, zero past k.
-fn w_tile(row: u32, e0: u32) -> W8 {
+// The words elements e0..e0+7 of weight row `row` are made from (w8_raw),
+// zeros past k.
+fn w_tile(row: u32, e0: u32) -> W8Raw {
     if (e0 < p.k) {
-        return w8(row, e0, p.k, p.d_off);
+        return w8_raw(row, e0, p.k, p.d_off);
     }
-    return W8(vec4<f32>(0.0), vec4<f32>(0.0));
+    return W8Raw();
 }
 
 // Values e0..e0+3 of the activation row starting at `at`, zero past k.
@@ -138,9 +139,11 @@ fn x_tile(at: u32, e0: u32) -> vec4<f32> {
 
 // A thread's share of one k-step: 8 weights of FR rows (r + 64 i), 4 values
 // of FT tokens (t + 32 j), NORM: and the norm weights of those values.
-// Neighbouring threads read neighbouring words.
+// Neighbouring threads read neighbouring words. The weights are held as
+// loaded (w8_raw) and decoded when stored: fewer registers held through the
+// multiplies (on the H200, prefill 21% faster with F16 weights, 16% Q8_0).
 struct Stage {
-    w: array<W8, FR>,
+    w: array<W8Raw, FR>,
     x: array<vec4<f32>, FT>,
 #if NORM
     g: vec4<f32>,
@@ -203,8 +206,9 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>,
     for (var k0 = 0u; k0 < p.k; k0 += BK) {
         for (var i = 0u; i < FR; i++) {
             let wa = (wr + 64u * i) * LDA4 + wc / 4u;
-            ws[wa] = vec4<f16>(v.w[i].a);
-            ws[wa + 1u] = vec4<f16>(v.w[i].b);
+            let wv = w8_unpack(v.w[i]);
+            ws[wa] = vec4<f16>(wv.a);
+            ws[wa + 1u] = vec4<f16>(wv.b);
         }
         for (var j = 0u; j < FT; j++) {
             var xv = v.x[j];
