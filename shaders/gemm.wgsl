@@ -22,9 +22,10 @@
 // COOP (with F16 and SUBGROUPS; the engine enables it where the adapter
 // offers 16x16x16 cooperative matrices with f16 inputs and an f32
 // accumulator, subgroups of 32, e.g. tensor cores on NVIDIA): the weight and
-// activation tiles are rounded to f16 in workgroup memory and each of the 4
-// subgroups multiplies a 32 x 32 block of the 64 x 64 output tile as
-// cooperative matrices, summing in f32. Same sums as the portable kernel
+// activation tiles are rounded to f16 in workgroup memory and each of the 8
+// subgroups multiplies a block of the output tile as cooperative matrices
+// (one 16 x 16 matrix of a 64 x 32 tile; WIDE: 2 x 2 of a 128 x 64 tile),
+// summing in f32. Same sums as the portable kernel
 // with every factor rounded to f16 (relative 2^-11; activations past f16's
 // range, |x| > 65504, would overflow).
 
