@@ -68,13 +68,20 @@ pub struct Capabilities {
 }
 
 impl Capabilities {
+    /// Whether the GEMM's WIDE cooperative-matrix tiles fit the adapter's
+    /// workgroup memory (48 KiB; the other COOP kernels need 23 KiB).
+    pub fn coop_wide(&self) -> bool {
+        self.coop_matrix && self.max_workgroup_storage >= WIDE_STORAGE
+    }
+
     /// The first feature variant `v` needs (by its defines SUBGROUPS, F16,
-    /// COOP) that the adapter lacks.
+    /// COOP, WIDE) that the adapter lacks.
     pub fn missing(&self, v: &Variant) -> Option<&'static str> {
         [
             ("SUBGROUPS", self.subgroups, "subgroups"),
             ("F16", self.f16, "f16"),
             ("COOP", self.coop_matrix, "cooperative matrices"),
+            ("WIDE", self.coop_wide(), "48 KiB of workgroup memory"),
         ]
         .into_iter()
         .find(|(define, have, _)| !have && v.defines.contains(define))
@@ -84,10 +91,15 @@ impl Capabilities {
 
 type PipelineKey = (&'static str, String);
 
-/// Most workgroup memory a COOP kernel declares: gemm_norm's f16 weight and
-/// token tiles of 1280 and 640 vec4s, its f32 output tile of 128 x 64 and
-/// the norm's 64 token scales (prefill_attention's: 23 KiB).
-const COOP_STORAGE: u32 = (1280 + 640) * 8 + (8192 + 64) * 4;
+/// Most workgroup memory a COOP kernel declares, but for the WIDE GEMM:
+/// prefill_attention's f16 key/value tile of 64 x 72, f32 scores of
+/// 4 x 16 x 36 and f16 probabilities of 4 x 16 x 40 (the GEMM's: 16.1 KiB).
+const COOP_STORAGE: u32 = 4608 * 2 + 2304 * 4 + 2560 * 2;
+
+/// Workgroup memory of the WIDE GEMM (gemm_norm's): f16 weight and token
+/// tiles of 1280 and 640 vec4s, its f32 output tile of 128 x 64 and the
+/// norm's 64 token scales.
+const WIDE_STORAGE: u32 = (1280 + 640) * 8 + (8192 + 64) * 4;
 
 /// True when the adapter offers what the COOP variants (the GEMM's, prefill
 /// attention) are written for: a 16x16x16 cooperative-matrix configuration

@@ -470,9 +470,10 @@ const COOP: [&str; 3] = ["COOP", "F16", "SUBGROUPS"];
 const GEMM_TILE: (usize, usize) = (64, 32);
 const GEMM_WIDE_TILE: (usize, usize) = (128, 64);
 
-/// The fewest WIDE tiles a GEMM must have to use them: on the H200 (132
-/// multiprocessors) they made GEMMs of 128 tiles and more 8-25% faster, and
-/// one of 64 tiles 50% slower (a GPU half idle).
+/// The fewest WIDE tiles a GEMM must have to use them (where they fit,
+/// `Capabilities::coop_wide`): on the H200 (132 multiprocessors) they made
+/// GEMMs of 128 tiles and more 8-25% faster, and one of 64 tiles 50% slower
+/// (a GPU half idle).
 const GEMM_WIDE_MIN_TILES: usize = 128;
 
 /// Which GEMM kernel runs.
@@ -481,8 +482,8 @@ pub enum GemmKernel {
     /// The portable kernel (f32 products)
     Portable,
     /// On cooperative matrices (f16 products; adapters with
-    /// `caps.coop_matrix`), in WIDE tiles where a GEMM has at least
-    /// `GEMM_WIDE_MIN_TILES` of them
+    /// `caps.coop_matrix`), in WIDE tiles where they fit and a GEMM has at
+    /// least `GEMM_WIDE_MIN_TILES` of them
     Coop,
     /// On cooperative matrices in the tiles given (parity tests)
     CoopTiles { wide: bool },
@@ -598,7 +599,10 @@ pub fn gemm(
             GemmKernel::Portable => (false, false),
             GemmKernel::Coop => {
                 let [across, down] = tiles(GEMM_WIDE_TILE);
-                (true, across * down >= GEMM_WIDE_MIN_TILES)
+                (
+                    true,
+                    gpu.caps.coop_wide() && across * down >= GEMM_WIDE_MIN_TILES,
+                )
             }
             GemmKernel::CoopTiles { wide } => (true, wide),
         };
@@ -621,7 +625,7 @@ pub fn warm_gemm(gpu: &Gpu, t: GgmlType) -> Result<()> {
     let coop = gpu.caps.coop_matrix;
     for (kernel, defines) in &GEMM_EPILOGUES {
         gpu.pipeline(kernel, &gemm_variant(t, defines, coop, false)?)?;
-        if coop {
+        if gpu.caps.coop_wide() {
             gpu.pipeline(kernel, &gemm_variant(t, defines, coop, true)?)?;
         }
     }
