@@ -89,6 +89,21 @@ fn weight_row(tile: u32, r: u32) -> u32 {
 // of squares give the tokens' scales 1 / sqrt(mean + eps).
 var<workgroup> tscale: array<f32, BM>;
 
+// NORM: the tokens' scales into tscale from their threads' sums of squares
+// in cs[token * 8 + i] (every thread calls it, in uniform control flow,
+// after storing its sums).
+fn token_scales(lid: u32) {
+    workgroupBarrier();
+    if (lid < BM) {
+        var t = 0.0;
+        for (var i = 0u; i < 8u; i++) {
+            t += cs[lid * 8u + i];
+        }
+        tscale[lid] = inverseSqrt(t / f32(p.k) + p.eps);
+    }
+    workgroupBarrier();
+}
+
 // NORM: norm weights e0..e0+3, zero past k.
 fn nw4(e0: u32) -> vec4<f32> {
     var v = vec4<f32>(0.0);
@@ -242,20 +257,11 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>,
         workgroupBarrier();
     }
 #if NORM
-    // The tokens' sums of squares from their 8 threads, through cs before
-    // it holds the output.
+    // The sums of squares go through cs before it holds the output.
     for (var j = 0u; j < FT; j++) {
         cs[(xt + 32u * j) * 8u + (lid & 7u)] = ss[j];
     }
-    workgroupBarrier();
-    if (lid < BM) {
-        var t = 0.0;
-        for (var i = 0u; i < 8u; i++) {
-            t += cs[lid * 8u + i];
-        }
-        tscale[lid] = inverseSqrt(t / f32(p.k) + p.eps);
-    }
-    workgroupBarrier();
+    token_scales(lid);
 #endif
     // C stored column-major (cs[t * LDC + r]): the threads below read
     // consecutive rows from consecutive words.
@@ -309,7 +315,9 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>,
 var<workgroup> ws: array<f32, 2048>; // [BK][BN]
 var<workgroup> xs: array<f32, 1024>; // [BM][BK]
 #if NORM
-var<workgroup> ssq: array<f32, 256>;
+// The threads' sums of squares (named as the COOP variant's output tile,
+// which carries them there, for token_scales).
+var<workgroup> cs: array<f32, 256>;
 #endif
 
 @compute @workgroup_size(256)
@@ -334,7 +342,9 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         let e0 = k0 + wu * 8u;
         var wv = W8(vec4<f32>(0.0), vec4<f32>(0.0));
         if (e0 < p.k) {
-            wv = w8(wrow, e0, p.k, p.d_off);
+            // In two steps as the COOP variant does, so that the portable
+            // parity cases check w8_raw and w8_unpack too.
+            wv = w8_unpack(w8_raw(wrow, e0, p.k, p.d_off));
         }
         let wb = wu * 8u * BN + wr;
         ws[wb] = wv.a.x;
@@ -377,17 +387,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         workgroupBarrier();
     }
 #if NORM
-    // The tokens' sums of squares from their 8 threads.
-    ssq[lid] = ss;
-    workgroupBarrier();
-    if (lid < BM) {
-        var t = 0.0;
-        for (var i = 0u; i < 8u; i++) {
-            t += ssq[lid * 8u + i];
-        }
-        tscale[lid] = inverseSqrt(t / f32(p.k) + p.eps);
-    }
-    workgroupBarrier();
+    cs[lid] = ss;
+    token_scales(lid);
 #endif
 #if SWIGLU
     // Tile rows tx + 16 i: gate for i < 2, the matching up row at i + 2.

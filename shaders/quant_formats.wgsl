@@ -113,30 +113,29 @@ fn w8(row: u32, e0: u32, k: u32, d_off: u32) -> W8 {
 #endif
 
 #if W_F16
-// Raw: four words of two f16 each.
-struct W8Raw { h: vec4<u32> }
-fn w8_raw(row: u32, e0: u32, k: u32, d_off: u32) -> W8Raw {
-    if ((k & 7u) == 0u) {
-        let b = (row * k + e0) >> 1u;
-        return W8Raw(vec4<u32>(w[b], w[b + 1u], w[b + 2u], w[b + 3u]));
-    }
-    // Rows not of whole words: w8's values, packed again (exactly).
-    let v = w8(row, e0, k, d_off);
-    return W8Raw(vec4<u32>(pack2x16float(v.a.xy), pack2x16float(v.a.zw),
-                           pack2x16float(v.b.xy), pack2x16float(v.b.zw)));
+// A pair of f16 values and their word.
+fn word16(v: vec2<f32>) -> u32 {
+    return pack2x16float(v);
 }
-fn w8_unpack(r: W8Raw) -> W8 {
-    return W8(vec4<f32>(unpack2x16float(r.h.x), unpack2x16float(r.h.y)),
-              vec4<f32>(unpack2x16float(r.h.z), unpack2x16float(r.h.w)));
+fn pair16(v: u32) -> vec2<f32> {
+    return unpack2x16float(v);
 }
 #endif
 
 #if W_BF16
-// Raw: four words of two bf16 each.
-struct W8Raw { h: vec4<u32> }
-fn bf16_word(v: vec2<f32>) -> u32 {
+// A pair of bf16 values and their word.
+fn word16(v: vec2<f32>) -> u32 {
     return (bitcast<u32>(v.x) >> 16u) | (bitcast<u32>(v.y) & 0xffff0000u);
 }
+fn pair16(v: u32) -> vec2<f32> {
+    return bf16_pair(v);
+}
+#endif
+
+#if W_FLOAT
+#if !W_F32
+// F16, BF16 raw: four words of two 16-bit values each.
+struct W8Raw { h: vec4<u32> }
 fn w8_raw(row: u32, e0: u32, k: u32, d_off: u32) -> W8Raw {
     if ((k & 7u) == 0u) {
         let b = (row * k + e0) >> 1u;
@@ -144,13 +143,12 @@ fn w8_raw(row: u32, e0: u32, k: u32, d_off: u32) -> W8Raw {
     }
     // Rows not of whole words: w8's values, packed again (exactly).
     let v = w8(row, e0, k, d_off);
-    return W8Raw(vec4<u32>(bf16_word(v.a.xy), bf16_word(v.a.zw),
-                           bf16_word(v.b.xy), bf16_word(v.b.zw)));
+    return W8Raw(vec4<u32>(word16(v.a.xy), word16(v.a.zw), word16(v.b.xy), word16(v.b.zw)));
 }
 fn w8_unpack(r: W8Raw) -> W8 {
-    return W8(vec4<f32>(bf16_pair(r.h.x), bf16_pair(r.h.y)),
-              vec4<f32>(bf16_pair(r.h.z), bf16_pair(r.h.w)));
+    return W8(vec4<f32>(pair16(r.h.x), pair16(r.h.y)), vec4<f32>(pair16(r.h.z), pair16(r.h.w)));
 }
+#endif
 #endif
 
 #if W_Q4_0
