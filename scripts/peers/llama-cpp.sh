@@ -40,7 +40,7 @@ download() {
     if [[ ! -f $SDIST ]]; then
         mkdir -p samples/cache
         echo "llama-cpp: downloading llama-cpp-python==$VERSION (sdist)" >&2
-        python3 -m pip download --quiet --no-deps --no-binary :all: -d samples/cache \
+        python3 -m pip download --quiet --no-deps --no-binary llama-cpp-python -d samples/cache \
             "llama-cpp-python==$VERSION"
     fi
 }
