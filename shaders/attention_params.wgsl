@@ -1,6 +1,7 @@
 // Parameters of the attention kernels (flash_attention, its merge,
 // prefill_attention), gpu::llm_ops::AttentionParams: query heads, key/value
-// heads, head size, new queries, softmax scale, cache row length.
+// heads, head size, new queries, softmax scale, cache row length, and the
+// sliding window (positions a query sees back, itself included; 0 for all).
 
 struct Params {
     heads: u32,
@@ -9,7 +10,7 @@ struct Params {
     n_q: u32,
     scale: f32,
     kv_stride: u32,
-    _p0: u32,
+    window: u32,
     _p1: u32,
 }
 

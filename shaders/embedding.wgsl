@@ -1,4 +1,4 @@
-// embedding: y[t, :] = table[tokens[tok_off + t], :], dequantised from any
+// embedding: y[t, :] = scale * table[tokens[tok_off + t], :], dequantised from any
 // format of quant_formats.wgsl. A table split by rows into chunks is read
 // with one dispatch per chunk; each writes only the tokens whose rows it holds.
 // bindings: 0 params, 1 w: array<u32> (table chunk), 2 tokens: array<u32>,
@@ -12,7 +12,7 @@ struct Params {
     rows: u32,      // rows in this chunk
     d_off: u32,
     tok_off: u32,
-    _p0: u32,
+    scale: f32,     // Gemma: sqrt(hidden); 1 otherwise
     _p1: u32,
 }
 
@@ -38,7 +38,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
         let vals = array<f32, 8>(v.a.x, v.a.y, v.a.z, v.a.w, v.b.x, v.b.y, v.b.z, v.b.w);
         for (var i = 0u; i < 8u; i++) {
             if (e0 + i < p.k) {
-                y[t * p.k + e0 + i] = vals[i];
+                y[t * p.k + e0 + i] = vals[i] * p.scale;
             }
         }
     }

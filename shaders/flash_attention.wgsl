@@ -1,7 +1,7 @@
 // flash_attention: causal grouped-query attention of n_q new queries against
 // the key/value caches, in one pass with an online softmax (running max m,
 // running sum l). kv_len = step[2] positions are cached; query t sees the
-// first kv_len - n_q + t + 1. For decode the positions are split over
+// first kv_len - n_q + t + 1, or of those the last p.window when it is set. For decode the positions are split over
 // `splits` = step[3] workgroups per head (flash-decode): with one split the
 // result goes straight to out, otherwise each split writes its unnormalised
 // sums and (m, l) to part and flash_attention_merge combines them.
@@ -83,10 +83,16 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     let hd = p.hd;
     let kv_len = step[2];
     let splits = step[3];
-    let visible = kv_len - p.n_q + t + 1u;
+    // Query t sees positions lo..last (its sliding window, or all).
+    let last = kv_len - p.n_q + t + 1u;
+    var lo = 0u;
+    if (p.window > 0u && last > p.window) {
+        lo = last - p.window;
+    }
+    let visible = last - lo;
     let chunk = (visible + splits - 1u) / splits;
-    let start = min(s * chunk, visible);
-    let end = min(start + chunk, visible);
+    let start = lo + min(s * chunk, visible);
+    let end = min(start + chunk, last);
     let kh = h / (p.heads / p.kv_heads);
     let kvo = kh * hd;
     for (var d = lid; d < hd; d += WG) {

@@ -10,6 +10,7 @@
 //   gemm_norm_swiglu  NORM + SWIGLU: W holds gate and up as its two parts;
 //              each tile's BN rows are BN / 2 gate rows and the matching up
 //              rows, and y[t, out_off + r] = silu(gate[t, r]) * up[t, r]
+//   gemm_norm_geglu  NORM + SWIGLU + GELU: the same with gelu_tanh for silu
 //              (dispatch x: ceil(part_rows / (BN / 2)) tiles)
 // A chunk may hold several parts (gate and up; LFM2's B, C, x) of part_rows
 // rows each: chunk row o lands in column
@@ -67,8 +68,18 @@ const BN: u32 = 64u * FR;
 const BM: u32 = 32u * FT;
 
 #if SWIGLU
-fn silu(v: f32) -> f32 {
+// The gate's activation: silu (SwiGLU) or, with GELU, tanh-approximated
+// GELU (GeGLU, Gemma).
+fn gate_act(v: f32) -> f32 {
+#if GELU
+    // tanh through exp of a non-positive argument: no overflow at large |v|.
+    let u = 0.7978845608028654 * (v + 0.044715 * v * v * v);
+    let e = exp(-2.0 * abs(u));
+    let th = (1.0 - e) / (1.0 + e);
+    return 0.5 * v * (1.0 + select(th, -th, u < 0.0));
+#else
     return v / (1.0 + exp(-v));
+#endif
 }
 #endif
 
@@ -288,7 +299,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>,
         if (row < p.part_rows && tok < p.n) {
             let gate = cs[t * LDC + r] * tscale[t];
             let up = cs[t * LDC + r + HALF] * tscale[t];
-            y[tok * p.y_stride + p.out_off + row] = silu(gate) * up;
+            y[tok * p.y_stride + p.out_off + row] = gate_act(gate) * up;
         }
     }
 #else
@@ -400,7 +411,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
             if (row < p.part_rows && tok < p.n) {
                 let gate = acc[i * 2u + j] * tscale[t];
                 let up = acc[(i + 2u) * 2u + j] * tscale[t];
-                y[tok * p.y_stride + p.out_off + row] = silu(gate) * up;
+                y[tok * p.y_stride + p.out_off + row] = gate_act(gate) * up;
             }
         }
     }

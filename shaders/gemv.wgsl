@@ -6,6 +6,7 @@
 //   gemv_add     ADD:           y[out_off + o] += W[o] . x   (residual add)
 //   gemv_norm    NORM:          y[out_off + o] = W[o] . n,  n = rms_norm(x) * nw
 //   gemv_swiglu  NORM + SWIGLU: y[out_off + o] = silu(W[o] . n) * (W[rows + o] . n)
+//   gemv_geglu   NORM + SWIGLU + GELU: the same with gelu_tanh for silu
 //   gemv_conv    NORM + CONV:   LFM2's short-conv block for channel c = out_off + o
 //                at position pos = step[1]: B, C, X = rows o, rows + o, 2 rows + o
 //                of W times n; bx = B X; y[c] = C * (sum_j<L-1 conv[c, j]
@@ -106,8 +107,18 @@ fn norm8(e0: u32) -> W8 {
 }
 #endif
 
-fn silu(v: f32) -> f32 {
+// The gate's activation: silu (SwiGLU) or, with GELU, tanh-approximated
+// GELU (GeGLU, Gemma).
+fn gate_act(v: f32) -> f32 {
+#if GELU
+    // tanh through exp of a non-positive argument: no overflow at large |v|.
+    let u = 0.7978845608028654 * (v + 0.044715 * v * v * v);
+    let e = exp(-2.0 * abs(u));
+    let th = (1.0 - e) / (1.0 + e);
+    return 0.5 * v * (1.0 + select(th, -th, u < 0.0));
+#else
     return v / (1.0 + exp(-v));
+#endif
 }
 
 // Row r of the chunk's matrix times xv, elements e0..e0+7.
@@ -211,7 +222,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
 #endif
     let o = p.out_off + row;
 #if SWIGLU
-    y[o] = silu(v0) * v1;
+    y[o] = gate_act(v0) * v1;
 #else
 #if CONV
     let c = o;

@@ -2,7 +2,8 @@
 // against the key/value caches on cooperative matrices, for prefill (the
 // decode kernel, flash_attention, runs one workgroup per query and head and
 // reads every key once per query). kv_len = step[2] positions are cached;
-// query t sees the first kv_len - n_q + t + 1.
+// query t sees the first kv_len - n_q + t + 1, or of those the last p.window
+// when it is set.
 //
 // One workgroup per 64 queries of one head; each of its 4 subgroups owns 16
 // queries. Keys and values are staged in blocks of 32 as f16 in workgroup
@@ -43,6 +44,12 @@ const NEG: f32 = -1.0e30;
 var<workgroup> kvs: array<f16, 4608>;  // [QB][LD]
 var<workgroup> ss: array<f32, 2304>;   // per subgroup [16][LDS]: scores, then output blocks
 var<workgroup> ps: array<f16, 2560>;   // per subgroup [16][LDP]: probabilities
+
+// Whether key position j is visible to a query whose last position is vis
+// (causal, and inside the sliding window when p.window is set).
+fn visible(j: u32, vis: u32) -> bool {
+    return j <= vis && (p.window == 0u || j + p.window > vis);
+}
 
 // Stages `rows` rows (keys or values from position j0) of kv head `kvo` into
 // kvs from row `at`, as f16; positions past kv_len are zeros.
@@ -158,14 +165,14 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>,
         var bm = NEG;
         for (var i = 0u; i < 16u; i++) {
             let j = j0 + half + i;
-            bm = max(bm, select(NEG, ss[is0 + r * LDS + half + i], j <= vis));
+            bm = max(bm, select(NEG, ss[is0 + r * LDS + half + i], visible(j, vis)));
         }
         bm = max(bm, subgroupShuffleXor(bm, 1u));
         let m_new = max(m, bm);
         var bl = 0.0;
         for (var i = 0u; i < 16u; i++) {
             let j = j0 + half + i;
-            bl += select(0.0, exp(ss[is0 + r * LDS + half + i] - m_new), j <= vis);
+            bl += select(0.0, exp(ss[is0 + r * LDS + half + i] - m_new), visible(j, vis));
         }
         bl += subgroupShuffleXor(bl, 1u);
         l = l * exp(m - m_new) + bl;
@@ -198,7 +205,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>,
         workgroupBarrier();
         for (var i = 0u; i < 16u; i++) {
             let j = j0 + half + i;
-            let pr = select(0.0, exp(ss[is0 + r * LDS + half + i] - m) * inv_l, j <= vis);
+            let pr = select(0.0, exp(ss[is0 + r * LDS + half + i] - m) * inv_l, visible(j, vis));
             ps[ip0 + r * LDP + half + i] = f16(pr);
         }
         workgroupBarrier();

@@ -2,14 +2,15 @@
 // qkv holds each token's projections side by side ([n, q | k | v]). One
 // workgroup per (head, token): a query head goes to q_out, a key head to the
 // key cache and its value head to the value cache, at cache row pos0 + t
-// (pos0 = step[1]). QK_NORM first applies LFM2's per-head RMSNorm (weights
-// qn, kn); then RoPE rotates the first 2 half dimensions in pairs (i, i + half)
+// (pos0 = step[1]). BIAS first adds the projections' biases (Qwen2: bias,
+// laid out as a qkv row); QK_NORM applies the per-head RMSNorm (LFM2, Qwen3,
+// Gemma-3: weights qn, kn); then RoPE rotates the first 2 half dimensions in pairs (i, i + half)
 // or, when interleaved, (2i, 2i + 1), by the angles in cs ([n, half, 2]
 // cos/sin, computed in f64 on the host: cpu::rope_table).
 // bindings: 0 params, 1 qkv: [n, qkv_stride], 2 qn: [hd], 3 kn: [hd],
 //           4 cs: [n, half, 2], 5 step: array<u32> [token, pos0, kv_len, splits],
 //           6 q_out: [n, heads * hd], 7 kc, 8 vc: [positions, kv_heads * hd]
-//           (q_out, kc, vc read_write)
+//           (q_out, kc, vc read_write), 9 bias: [qkv_stride]
 // dispatch: (heads + kv_heads, n, 1) workgroups of 64 threads; hd <= 512
 
 struct Params {
@@ -32,6 +33,7 @@ struct Params {
 @group(0) @binding(6) var<storage, read_write> q_out: array<f32>;
 @group(0) @binding(7) var<storage, read_write> kc: array<f32>;
 @group(0) @binding(8) var<storage, read_write> vc: array<f32>;
+@group(0) @binding(9) var<storage, read> bias: array<f32>;
 
 var<workgroup> head: array<f32, 512>;
 var<workgroup> red: array<f32, 64>;
@@ -45,9 +47,14 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     let kvw = p.kv_heads * hd;
     let kh = hi - select(p.heads, 0u, is_q);
     let src = t * p.qkv_stride + select(p.heads * hd + kh * hd, hi * hd, is_q);
+    // Where this head's values sit in a qkv row (its bias too).
+    let col = src - t * p.qkv_stride;
     var ss = 0.0;
     for (var d = lid; d < hd; d += 64u) {
-        let v = qkv[src + d];
+        var v = qkv[src + d];
+#if BIAS
+        v += bias[col + d];
+#endif
         head[d] = v;
         ss += v * v;
     }
@@ -90,7 +97,11 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         let dst = (step[1] + t) * kvw + kh * hd;
         for (var d = lid; d < hd; d += 64u) {
             kc[dst + d] = head[d];
+#if BIAS
+            vc[dst + d] = qkv[src + kvw + d] + bias[col + kvw + d];
+#else
             vc[dst + d] = qkv[src + kvw + d];
+#endif
         }
     }
 }

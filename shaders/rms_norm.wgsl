@@ -1,8 +1,10 @@
-// rms_norm: y[r, :] = w * x[r, :] / sqrt(mean(x[r, :]^2) + eps), per row.
+// rms_norm: y[r, :] = w * x[r, :] / sqrt(mean(x[r, :]^2) + eps), per row;
+// with ADD, y[r, :] += that (a post-norm joining the residual stream, Gemma-3).
 // bindings: 0 params {n, rows, eps}, 1 x: array<f32> (rows*n), 2 w: array<f32> (n),
 //           3 y: array<f32> (rows*n)
 // dispatch: one workgroup of WG threads per row: (rows, 1, 1)
-// variants: SUBGROUPS reduces with subgroupAdd, otherwise a shared-memory tree.
+// variants: SUBGROUPS reduces with subgroupAdd, otherwise a shared-memory tree;
+//           ADD accumulates into y.
 
 struct Params { n: u32, rows: u32, eps: f32, _p0: u32 }
 
@@ -51,6 +53,10 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
 #endif
     let scale = inverseSqrt(total / f32(p.n) + p.eps);
     for (var i = lid; i < p.n; i += WG) {
+#if ADD
+        y[base + i] += w[i] * (x[base + i] * scale);
+#else
         y[base + i] = w[i] * (x[base + i] * scale);
+#endif
     }
 }

@@ -222,6 +222,40 @@ impl Tensor {
         &self.bytes()[r * rb..(r + 1) * rb]
     }
 
+    /// Rows `start..start + count` of a matrix as a tensor of their own
+    /// (a fused projection split into its parts), sharing a mapping.
+    pub fn row_range(&self, name: impl Into<String>, start: usize, count: usize) -> Result<Tensor> {
+        let name = name.into();
+        if self.shape.len() != 2 || start + count > self.rows() {
+            return Err(Error::invalid(format!(
+                "tensor '{}' {:?}: no rows {start}..{} to split off as '{name}'",
+                self.name,
+                self.shape,
+                start + count
+            )));
+        }
+        let rb = self.row_bytes();
+        let shape = vec![count, self.row_len()];
+        Ok(match &self.storage {
+            Storage::Mapped { map, offset, .. } => Tensor {
+                name,
+                dtype: self.dtype,
+                shape,
+                storage: Storage::Mapped {
+                    map: map.clone(),
+                    offset: offset + start * rb,
+                    len: count * rb,
+                },
+            },
+            Storage::Owned(v) => Tensor {
+                name,
+                dtype: self.dtype,
+                shape,
+                storage: Storage::Owned(Arc::new(v[start * rb..(start + count) * rb].to_vec())),
+            },
+        })
+    }
+
     /// Dequantises row `r` into `out` (`row_len()` values), e.g. one
     /// embedding from a quantised token table.
     pub fn row_to_f32(&self, r: usize, out: &mut [f32]) {

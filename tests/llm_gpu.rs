@@ -16,8 +16,8 @@ use lfm::cpu;
 use lfm::formats::gguf::GgufFile;
 use lfm::gpu::{Gpu, GpuOptions};
 use lfm::models::llm::{
-    Arch, Attention, CausalLm, CpuLlm, Layer, LayerKind, LlmConfig, Mixer, RopeStyle, ShortConv,
-    Weights,
+    load_weights, Arch, Attention, CausalLm, CpuLlm, FfnAct, Layer, LayerKind, LlmConfig, Mixer,
+    RopeScaling, RopeStyle, ShortConv, Weights,
 };
 use lfm::models::llm_gpu::{GpuLlm, GpuLlmOptions};
 use lfm::models::{llama, load_llm, LoadOptions};
@@ -137,6 +137,7 @@ fn random_weights(cfg: &LlmConfig, seed: u64, fmt: Formats, tied: bool) -> Weigh
                 o: mat(&mut rng, i, "o", d, qw),
                 q_norm: None,
                 k_norm: None,
+                qkv_bias: cfg.qkv_bias.then(|| rng.vec(qw + 2 * kvw, -0.5, 0.5)),
             }),
             LayerKind::Conv => Mixer::Conv(ShortConv {
                 in_proj: mat(&mut rng, i, "in_proj", 3 * d, d),
@@ -151,6 +152,8 @@ fn random_weights(cfg: &LlmConfig, seed: u64, fmt: Formats, tied: bool) -> Weigh
             gate: mat(&mut rng, i, "gate", f, d),
             up: mat(&mut rng, i, "up", f, d),
             down: mat(&mut rng, i, "down", d, f),
+            post_mixer_norm: None,
+            post_ffn_norm: None,
         });
     }
     let embed = {
@@ -168,8 +171,12 @@ fn random_weights(cfg: &LlmConfig, seed: u64, fmt: Formats, tied: bool) -> Weigh
     for l in layers.iter_mut() {
         l.norm1 = norm(d);
         l.norm2 = norm(d);
+        if cfg.post_norms {
+            l.post_mixer_norm = Some(norm(d));
+            l.post_ffn_norm = Some(norm(d));
+        }
         match &mut l.mixer {
-            Mixer::Attention(a) if cfg.arch == Arch::Lfm2 => {
+            Mixer::Attention(a) if matches!(cfg.arch, Arch::Lfm2 | Arch::Qwen3 | Arch::Gemma3) => {
                 a.q_norm = Some(norm(hd));
                 a.k_norm = Some(norm(hd));
             }
@@ -206,6 +213,8 @@ fn tiny_lfm2() -> LlmConfig {
             LayerKind::Attention,
         ],
         conv_kernel: 3,
+        attn_scale: cpu::attention_scale(64),
+        ..LlmConfig::default()
     }
 }
 
@@ -224,7 +233,64 @@ fn tiny_llama() -> LlmConfig {
         rope_dim: 32,
         rope_style: RopeStyle::Interleaved,
         layers: vec![LayerKind::Attention; 3],
-        conv_kernel: 0,
+        attn_scale: cpu::attention_scale(32),
+        ..LlmConfig::default()
+    }
+}
+
+/// Gemma-3's switches at a tiny size: post-norms, GeGLU, scaled
+/// embeddings, q/k norms, its own softmax scale, and a sliding window of 5
+/// with a local RoPE base on all layers but the last.
+fn tiny_gemma3() -> LlmConfig {
+    LlmConfig {
+        arch: Arch::Gemma3,
+        hidden: 256,
+        heads: 4,
+        kv_heads: 1,
+        head_dim: 64,
+        ffn: 512,
+        vocab: 263,
+        context: 128,
+        norm_eps: 1e-6,
+        rope_theta: 1_000_000.0,
+        rope_dim: 64,
+        rope_scaling: RopeScaling::Linear(8.0),
+        rope_local_theta: Some(10_000.0),
+        layers: vec![LayerKind::Attention; 3],
+        sliding_layers: vec![true, true, false],
+        sliding_window: 5,
+        post_norms: true,
+        ffn_act: FfnAct::GeluTanh,
+        embed_scale: 16.0,
+        attn_scale: 1.0 / 48f32.sqrt(),
+        ..LlmConfig::default()
+    }
+}
+
+/// Qwen2's q/k/v biases, with Llama 3's RoPE scaling.
+fn tiny_qwen2() -> LlmConfig {
+    LlmConfig {
+        arch: Arch::Qwen2,
+        hidden: 256,
+        heads: 8,
+        kv_heads: 2,
+        head_dim: 32,
+        ffn: 768,
+        vocab: 259,
+        context: 128,
+        norm_eps: 1e-6,
+        rope_theta: 500_000.0,
+        rope_dim: 32,
+        rope_scaling: RopeScaling::Llama3 {
+            factor: 8.0,
+            low_freq_factor: 1.0,
+            high_freq_factor: 4.0,
+            original_context: 64,
+        },
+        layers: vec![LayerKind::Attention; 2],
+        qkv_bias: true,
+        attn_scale: cpu::attention_scale(32),
+        ..LlmConfig::default()
     }
 }
 
@@ -408,6 +474,34 @@ fn tiny_llama_matches_cpu() {
 }
 
 #[test]
+fn tiny_gemma3_matches_cpu() {
+    compare(
+        gpu(),
+        &tiny_gemma3(),
+        7,
+        true,
+        &GpuLlmOptions::default(),
+        16,
+        true,
+        "gemma3",
+    );
+}
+
+#[test]
+fn tiny_qwen2_matches_cpu() {
+    compare(
+        gpu(),
+        &tiny_qwen2(),
+        8,
+        false,
+        &GpuLlmOptions::default(),
+        16,
+        true,
+        "qwen2",
+    );
+}
+
+#[test]
 fn split_weights_chunked_prefill_and_cache_growth_match_cpu() {
     // 300 kB buffers split the larger matrices in two to four; 4-token
     // prefill chunks and a 5-position initial cache that has to grow twice
@@ -447,7 +541,7 @@ fn portable_kernels_match_cpu() {
         "lfm2 portable",
     );
     compare(
-        g,
+        g.clone(),
         &tiny_llama(),
         6,
         false,
@@ -455,6 +549,16 @@ fn portable_kernels_match_cpu() {
         8,
         false,
         "llama portable",
+    );
+    compare(
+        g,
+        &tiny_gemma3(),
+        9,
+        true,
+        &opts,
+        8,
+        false,
+        "gemma3 portable",
     );
 }
 
@@ -493,8 +597,9 @@ fn smollm2_first_steps_match_cpu() {
         .encode("The capital of France is", true)
         .unwrap();
     let smol = tol(&g, SMOLLM2_TOL);
-    let mut cpu_m = CpuLlm::new(cfg.clone(), llama::load_gguf(&cfg, &file).unwrap());
-    let w = llama::load_gguf(&cfg, &file).unwrap();
+    let names = llama::gguf_names(&cfg);
+    let mut cpu_m = CpuLlm::new(cfg.clone(), load_weights(&cfg, &file, &names).unwrap());
+    let w = load_weights(&cfg, &file, &names).unwrap();
     let mut gpu_m = GpuLlm::new(g, &cfg, &w, &GpuLlmOptions::default()).unwrap();
     let v = cfg.vocab;
     let want = cpu_m.forward(&prompt, false).unwrap();

@@ -58,10 +58,17 @@ fn assert_logits(what: &str, got: &[f32], want: &[f32]) {
 }
 
 fn check(name: &str, model_path: &str) {
+    check_dir(
+        name,
+        &common::repo().join("samples/fixtures/llm").join(model_path),
+    );
+}
+
+fn check_dir(name: &str, path: &std::path::Path) {
     let g = gold(name);
-    let path = common::repo().join("samples/fixtures/llm").join(model_path);
+    let model_path = path.display();
     let mut loaded = load_llm(
-        &path,
+        path,
         &LoadOptions {
             device: DeviceChoice::Cpu,
             weight_type: None,
@@ -117,4 +124,129 @@ fn tiny_llama_hf_matches_transformers() {
 #[test]
 fn tiny_llama_gguf_matches_transformers() {
     check("tiny-llama", "tiny-llama.f32.gguf");
+}
+
+#[test]
+fn tiny_qwen2_hf_and_gguf_match_transformers() {
+    check("tiny-qwen2", "tiny-qwen2");
+    check("tiny-qwen2", "tiny-qwen2.f32.gguf");
+}
+
+#[test]
+fn tiny_qwen3_hf_and_gguf_match_transformers() {
+    check("tiny-qwen3", "tiny-qwen3");
+    check("tiny-qwen3", "tiny-qwen3.f32.gguf");
+}
+
+#[test]
+fn tiny_gemma3_hf_matches_transformers() {
+    check("tiny-gemma3", "tiny-gemma3");
+}
+
+#[test]
+fn tiny_phi3_hf_and_gguf_match_transformers() {
+    check("tiny-phi3", "tiny-phi3");
+    check("tiny-phi3", "tiny-phi3.f32.gguf");
+}
+
+#[test]
+fn tiny_mistral_hf_matches_transformers() {
+    check("tiny-mistral", "tiny-mistral");
+}
+
+#[test]
+fn tiny_llama3_hf_and_gguf_match_transformers() {
+    check("tiny-llama3", "tiny-llama3");
+    // llama.cpp's converter stores the scaling as rope_freqs.weight.
+    check("tiny-llama3", "tiny-llama3.f32.gguf");
+}
+
+/// LFM2's config.json as LiquidAI publishes it: the original key names
+/// (block_ff_dim, block_norm_eps, theta, tie_embedding, full_attn_idxs, ...),
+/// no intermediate_size or layer_types. The same weights must load to the same
+/// model as the transformers-style config.
+#[test]
+fn lfm2_published_config_style_loads_the_same_model() {
+    let src = common::repo().join("samples/fixtures/llm/tiny-lfm2");
+    let dir = tempdir_with_copy(&src);
+    let cfg: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(src.join("config.json")).unwrap()).unwrap();
+    let layer_types = cfg["layer_types"].as_array().unwrap();
+    let attn: Vec<usize> = (0..layer_types.len())
+        .filter(|&i| layer_types[i] == "full_attention")
+        .collect();
+    let theta = cfg["rope_parameters"]["rope_theta"].clone();
+    let published = serde_json::json!({
+        "architectures": ["Lfm2ForCausalLM"],
+        "model_type": "lfm2",
+        "block_auto_adjust_ff_dim": cfg["block_auto_adjust_ff_dim"],
+        "block_dim": cfg["hidden_size"],
+        "block_ff_dim": cfg["intermediate_size"],
+        "block_ffn_dim_multiplier": cfg["block_ffn_dim_multiplier"],
+        "block_multiple_of": cfg["block_multiple_of"],
+        "block_norm_eps": cfg["norm_eps"],
+        "bos_token_id": cfg["bos_token_id"],
+        "conv_L_cache": cfg["conv_L_cache"],
+        "conv_bias": false,
+        "eos_token_id": cfg["eos_token_id"],
+        "full_attn_idxs": attn,
+        "hidden_size": cfg["hidden_size"],
+        "max_position_embeddings": cfg["max_position_embeddings"],
+        "num_attention_heads": cfg["num_attention_heads"],
+        "num_heads": cfg["num_attention_heads"],
+        "num_hidden_layers": cfg["num_hidden_layers"],
+        "num_key_value_heads": cfg["num_key_value_heads"],
+        "pad_token_id": cfg["pad_token_id"],
+        "theta": theta,
+        "tie_embedding": true,
+        "vocab_size": cfg["vocab_size"],
+    });
+    std::fs::write(dir.join("config.json"), published.to_string()).unwrap();
+    let open = |p: &std::path::Path| lfm::models::open_llm(p).unwrap();
+    let (want, _) = open(&src);
+    let (got, _) = open(&dir);
+    assert_eq!(format!("{got:?}"), format!("{want:?}"));
+    check_dir("tiny-lfm2", &dir);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// A copy of the model directory `src` in a fresh temporary directory.
+fn tempdir_with_copy(src: &std::path::Path) -> std::path::PathBuf {
+    let dir = std::env::temp_dir().join(format!("lfm-published-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    for e in std::fs::read_dir(src).unwrap() {
+        let e = e.unwrap();
+        std::fs::copy(e.path(), dir.join(e.file_name())).unwrap();
+    }
+    dir
+}
+
+/// A RoPE scaling or architecture we do not implement is refused by name,
+/// with what is supported, never run with a silent fallback.
+#[test]
+fn unknown_architectures_and_rope_scalings_are_refused_by_name() {
+    let src = common::repo().join("samples/fixtures/llm/tiny-llama");
+    let dir = tempdir_with_copy(&src);
+    let mut cfg: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(src.join("config.json")).unwrap()).unwrap();
+    cfg["rope_parameters"] =
+        serde_json::json!({"rope_type": "yarn", "factor": 4.0, "rope_theta": 1e4});
+    std::fs::write(dir.join("config.json"), cfg.to_string()).unwrap();
+    let err = lfm::models::open_llm(&dir)
+        .err()
+        .expect("yarn is refused")
+        .to_string();
+    assert!(err.contains("'yarn'") && err.contains("llama3"), "{err}");
+    assert!(err.contains("config.json"), "names the file: {err}");
+    cfg["model_type"] = "falcon".into();
+    std::fs::write(dir.join("config.json"), cfg.to_string()).unwrap();
+    let err = lfm::models::open_llm(&dir)
+        .err()
+        .expect("falcon is refused")
+        .to_string();
+    assert!(
+        err.contains("'falcon'") && err.contains("gemma3_text"),
+        "{err}"
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
 }

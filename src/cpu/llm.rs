@@ -4,24 +4,27 @@
 //! block) have a twin here that composes the plain reference ops in the
 //! order the unfused model applies them.
 
-use super::{dot, rms_norm, silu, softmax_rows};
-use crate::models::llm::RopeStyle;
+use super::{add_assign, dot, gelu_tanh, rms_norm, silu, softmax_rows};
+use crate::models::llm::{FfnAct, RopeStyle};
 use crate::quant;
 use crate::tensor::{self, Tensor};
 
-/// cos and sin of every RoPE angle for positions `pos0..pos0 + n`:
-/// [n, rope_dim / 2, 2]. Angles are computed in f64 so long positions keep
-/// their precision; the GPU reads this very table, so both backends rotate by
-/// identical values.
+/// cos and sin of every RoPE angle for positions `pos0..pos0 + n` of plain
+/// RoPE with base `theta`: [n, rope_dim / 2, 2] (see [`rope_table_freqs`]).
 pub fn rope_table(pos0: usize, n: usize, rope_dim: usize, theta: f32) -> Vec<f32> {
-    let half = rope_dim / 2;
-    let freqs: Vec<f64> = (0..half)
-        .map(|i| (theta as f64).powf(-2.0 * i as f64 / rope_dim as f64))
-        .collect();
-    let mut out = Vec::with_capacity(n * half * 2);
+    let freqs = crate::models::llm::RopeScaling::None.inv_freqs(theta, rope_dim);
+    rope_table_freqs(pos0, n, &freqs)
+}
+
+/// cos and sin of every RoPE angle for positions `pos0..pos0 + n` and the
+/// rotation frequencies `freqs` ([rope_dim / 2]): [n, rope_dim / 2, 2].
+/// Angles are computed in f64 so long positions keep their precision; the
+/// GPU reads this very table, so both backends rotate by identical values.
+pub fn rope_table_freqs(pos0: usize, n: usize, freqs: &[f64]) -> Vec<f32> {
+    let mut out = Vec::with_capacity(n * freqs.len() * 2);
     for t in 0..n {
         let p = (pos0 + t) as f64;
-        for &freq in &freqs {
+        for &freq in freqs {
             let (sin, cos) = (p * freq).sin_cos();
             out.push(cos as f32);
             out.push(sin as f32);
@@ -30,7 +33,8 @@ pub fn rope_table(pos0: usize, n: usize, rope_dim: usize, theta: f32) -> Vec<f32
     out
 }
 
-/// Rotates `x` ([n, heads, head_dim], positions `pos0..pos0 + n`) in place.
+/// Rotates `x` ([n, heads, head_dim], positions `pos0..pos0 + n`) in place
+/// by plain RoPE with base `theta`.
 pub fn rope(
     x: &mut [f32],
     heads: usize,
@@ -45,7 +49,9 @@ pub fn rope(
     rope_with_table(x, heads, head_dim, rope_dim, &table, style);
 }
 
-fn rope_with_table(
+/// Rotates `x` ([n, heads, head_dim]) in place by the angles of `table`
+/// ([n, rope_dim / 2, 2], [`rope_table_freqs`]).
+pub fn rope_with_table(
     x: &mut [f32],
     heads: usize,
     head_dim: usize,
@@ -97,15 +103,23 @@ pub fn gemv_norm(w: &Tensor, x: &[f32], nw: &[f32], eps: f32, y: &mut [f32]) {
     tensor::matvec(w, &h, y);
 }
 
-/// y = silu(G h) * (U h) with h = rms_norm(x, nw): the feed-forward's first
+/// y = act(G h) * (U h) with h = rms_norm(x, nw): the feed-forward's first
 /// half for one token.
-pub fn gemv_swiglu(gate: &Tensor, up: &Tensor, x: &[f32], nw: &[f32], eps: f32, y: &mut [f32]) {
+pub fn gemv_swiglu(
+    gate: &Tensor,
+    up: &Tensor,
+    x: &[f32],
+    nw: &[f32],
+    eps: f32,
+    act: FfnAct,
+    y: &mut [f32],
+) {
     let mut g = vec![0.0; y.len()];
     let mut u = vec![0.0; y.len()];
     gemv_norm(gate, x, nw, eps, &mut g);
     gemv_norm(up, x, nw, eps, &mut u);
     for ((y, g), u) in y.iter_mut().zip(&g).zip(&u) {
-        *y = silu(*g) * u;
+        *y = ffn_act(act, *g) * u;
     }
 }
 
@@ -139,16 +153,22 @@ pub struct AttnShape {
     pub kv_heads: usize,
     pub head_dim: usize,
     pub rope_dim: usize,
-    pub rope_theta: f32,
     pub rope_style: RopeStyle,
     pub eps: f32,
+    /// The softmax scale of the scores.
+    pub scale: f32,
+    /// Positions a query sees back, itself included; 0 for all.
+    pub window: usize,
 }
 
 /// Prepares the new tokens' queries and keys and stores them: qkv is
 /// [n, (heads + 2 kv_heads) head_dim] as the projections produce it (q, then
-/// k, then v). Optional per-head RMSNorm of q and k (LFM2), RoPE at positions
-/// `pos0..pos0 + n`, then q -> `q_out` [n, heads * head_dim] and k, v -> rows
-/// `pos0..pos0 + n` of the caches ([positions, kv_heads * head_dim]).
+/// k, then v). Optional biases (Qwen2, [(heads + 2 kv_heads) head_dim]) are
+/// added, optional per-head RMSNorms of q and k applied (LFM2, Qwen3,
+/// Gemma-3), RoPE by the angles of `table` ([n, rope_dim / 2, 2],
+/// [`rope_table_freqs`] for positions `pos0..pos0 + n`), then q -> `q_out`
+/// [n, heads * head_dim] and k, v -> rows `pos0..pos0 + n` of the caches
+/// ([positions, kv_heads * head_dim]).
 #[allow(clippy::too_many_arguments)]
 pub fn qk_rope(
     qkv: &[f32],
@@ -156,6 +176,8 @@ pub fn qk_rope(
     s: &AttnShape,
     q_norm: Option<&[f32]>,
     k_norm: Option<&[f32]>,
+    bias: Option<&[f32]>,
+    table: &[f32],
     pos0: usize,
     q_out: &mut [f32],
     k_cache: &mut [f32],
@@ -165,9 +187,16 @@ pub fn qk_rope(
     let (qw, kvw) = (s.heads * hd, s.kv_heads * hd);
     let stride = qw + 2 * kvw;
     assert_eq!(qkv.len(), n * stride, "qk_rope: qkv is not [n, q + 2 kv]");
+    let mut rows = qkv.to_vec();
+    if let Some(b) = bias {
+        assert_eq!(b.len(), stride, "qk_rope: bias is not [q + 2 kv]");
+        for row in rows.chunks_exact_mut(stride) {
+            add_assign(row, b);
+        }
+    }
     let mut q = Vec::with_capacity(n * qw);
     let mut k = Vec::with_capacity(n * kvw);
-    for row in qkv.chunks_exact(stride) {
+    for row in rows.chunks_exact(stride) {
         q.extend_from_slice(&row[..qw]);
         k.extend_from_slice(&row[qw..qw + kvw]);
     }
@@ -177,50 +206,53 @@ pub fn qk_rope(
             rms_norm(&src, w, s.eps, x);
         }
     }
-    let table = rope_table(pos0, n, s.rope_dim, s.rope_theta);
-    rope_with_table(&mut q, s.heads, hd, s.rope_dim, &table, s.rope_style);
-    rope_with_table(&mut k, s.kv_heads, hd, s.rope_dim, &table, s.rope_style);
+    rope_with_table(&mut q, s.heads, hd, s.rope_dim, table, s.rope_style);
+    rope_with_table(&mut k, s.kv_heads, hd, s.rope_dim, table, s.rope_style);
     q_out.copy_from_slice(&q);
     k_cache[pos0 * kvw..(pos0 + n) * kvw].copy_from_slice(&k);
-    for (t, row) in qkv.chunks_exact(stride).enumerate() {
+    for (t, row) in rows.chunks_exact(stride).enumerate() {
         v_cache[(pos0 + t) * kvw..][..kvw].copy_from_slice(&row[qw + kvw..]);
     }
 }
 
 /// Causal grouped-query attention of `n` new queries against all `kv_len`
-/// cached positions (the new ones are the last `n`).
+/// cached positions (the new ones are the last `n`), each query seeing the
+/// last `s.window` positions up to its own (all of them when 0).
 /// q: [n, heads, hd], k/v: [kv_len, kv_heads, hd] -> out: [n, heads, hd]
-#[allow(clippy::too_many_arguments)]
 pub fn flash_attention(
     q: &[f32],
     k: &[f32],
     v: &[f32],
     n: usize,
     kv_len: usize,
-    heads: usize,
-    kv_heads: usize,
-    hd: usize,
+    s: &AttnShape,
     out: &mut [f32],
 ) {
-    let group = heads / kv_heads;
-    let scale = attention_scale(hd);
-    let kvw = kv_heads * hd;
+    let (heads, hd) = (s.heads, s.head_dim);
+    let group = heads / s.kv_heads;
+    let kvw = s.kv_heads * hd;
     let mut scores = vec![0.0f32; kv_len];
     for t in 0..n {
         // Query t sits at absolute position kv_len - n + t and sees up to it.
-        let visible = kv_len - n + t + 1;
+        let end = kv_len - n + t + 1;
+        let start = if s.window > 0 {
+            end.saturating_sub(s.window)
+        } else {
+            0
+        };
+        let visible = end - start;
         for h in 0..heads {
             let kh = h / group;
             let qv = &q[(t * heads + h) * hd..][..hd];
-            for (j, s) in scores[..visible].iter_mut().enumerate() {
-                *s = dot(qv, &k[j * kvw + kh * hd..][..hd]) * scale;
+            for (j, sc) in scores[..visible].iter_mut().enumerate() {
+                *sc = dot(qv, &k[(start + j) * kvw + kh * hd..][..hd]) * s.scale;
             }
             softmax_rows(&mut scores[..visible], visible);
             let o = &mut out[(t * heads + h) * hd..][..hd];
             o.fill(0.0);
-            for (j, &s) in scores[..visible].iter().enumerate() {
-                for (o, &vv) in o.iter_mut().zip(&v[j * kvw + kh * hd..][..hd]) {
-                    *o += s * vv;
+            for (j, &sc) in scores[..visible].iter().enumerate() {
+                for (o, &vv) in o.iter_mut().zip(&v[(start + j) * kvw + kh * hd..][..hd]) {
+                    *o += sc * vv;
                 }
             }
         }
@@ -274,11 +306,24 @@ pub fn short_conv(
 
 /// gu: [n, 2 f] (gate, then up, per row) -> y: [n, f]; y = silu(gate) * up.
 pub fn swiglu(gu: &[f32], f: usize, y: &mut [f32]) {
-    assert_eq!(gu.len(), 2 * y.len(), "swiglu: gu is not [n, 2 f]");
+    gated(gu, f, FfnAct::Silu, y)
+}
+
+/// gu: [n, 2 f] (gate, then up, per row) -> y: [n, f]; y = act(gate) * up.
+pub fn gated(gu: &[f32], f: usize, act: FfnAct, y: &mut [f32]) {
+    assert_eq!(gu.len(), 2 * y.len(), "gated: gu is not [n, 2 f]");
     for (r, yr) in gu.chunks_exact(2 * f).zip(y.chunks_exact_mut(f)) {
         for i in 0..f {
-            yr[i] = silu(r[i]) * r[f + i];
+            yr[i] = ffn_act(act, r[i]) * r[f + i];
         }
+    }
+}
+
+/// The feed-forward's activation of one gate value.
+pub fn ffn_act(act: FfnAct, x: f32) -> f32 {
+    match act {
+        FfnAct::Silu => silu(x),
+        FfnAct::GeluTanh => gelu_tanh(x),
     }
 }
 

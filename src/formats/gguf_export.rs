@@ -25,7 +25,6 @@ use super::safetensors::Safetensors;
 use super::TensorSource;
 use crate::error::{Error, Result};
 use crate::models::llm::{Arch, LayerKind, LlmConfig};
-use crate::models::{lfm2, llama};
 use crate::quant::GgmlType;
 use crate::tensor::Tensor;
 use serde_json::Value as Json;
@@ -98,34 +97,24 @@ impl HfExport {
     /// plans the GGUF file; nothing is converted yet.
     pub fn open(dir: &Path, opts: &ExportOptions) -> Result<HfExport> {
         let c = HfConfig::open(dir)?;
-        let arch = match c.get_str_opt("model_type")?.unwrap_or("") {
-            "llama" => Arch::Llama,
-            "lfm2" => Arch::Lfm2,
-            other => {
-                return Err(Error::unsupported(
-                    c.path(),
-                    format!("model_type '{other}' (gguf-write handles llama and lfm2)"),
-                ))
-            }
-        };
         let weights = Safetensors::open(dir)?;
-        let tied = c
-            .get_bool_opt("tie_word_embeddings")?
-            .unwrap_or(arch == Arch::Lfm2);
         // Our loaders check the config against itself and every weight's
         // shape against the config, so the planned file is a loadable model.
-        let config = match arch {
-            Arch::Llama => {
-                let cfg = llama::config_from_hf(&c)?;
-                llama::load_hf(&cfg, &weights, tied)?;
-                cfg
-            }
-            Arch::Lfm2 => {
-                let cfg = lfm2::config_from_hf(&c)?;
-                lfm2::load_hf(&cfg, &weights, tied)?;
-                cfg
-            }
-        };
+        let (config, names) = crate::models::arch::from_hf(&c)?;
+        let arch = config.arch;
+        if !matches!(arch, Arch::Llama | Arch::Lfm2) {
+            return Err(Error::unsupported(
+                c.path(),
+                format!("{arch:?} checkpoints (gguf-write handles llama and lfm2)"),
+            ));
+        }
+        if config.rope_scaling != crate::models::llm::RopeScaling::None {
+            return Err(Error::unsupported(
+                c.path(),
+                "RoPE scaling (gguf-write does not write rope_freqs or scaling keys yet)",
+            ));
+        }
+        crate::models::llm::load_weights(&config, &weights, &names)?;
         let tensors = plan_tensors(arch, &config, &weights)?;
         let metadata = metadata(dir, &c, arch, &config, &tensors, opts)?;
         Ok(HfExport {
@@ -194,18 +183,20 @@ fn gguf_name(arch: Arch, hf: &str) -> Option<Option<String>> {
     let layer: usize = layer.parse().ok()?;
     let (stem, suffix) = rest.rsplit_once('.')?;
     let mapped = match arch {
-        Arch::Llama => match stem {
-            "input_layernorm" => "attn_norm",
-            "post_attention_layernorm" => "ffn_norm",
-            "self_attn.q_proj" => "attn_q",
-            "self_attn.k_proj" => "attn_k",
-            "self_attn.v_proj" => "attn_v",
-            "self_attn.o_proj" => "attn_output",
-            "mlp.gate_proj" => "ffn_gate",
-            "mlp.up_proj" => "ffn_up",
-            "mlp.down_proj" => "ffn_down",
-            _ => return None,
-        },
+        Arch::Llama | Arch::Mistral | Arch::Qwen2 | Arch::Qwen3 | Arch::Gemma3 | Arch::Phi3 => {
+            match stem {
+                "input_layernorm" => "attn_norm",
+                "post_attention_layernorm" => "ffn_norm",
+                "self_attn.q_proj" => "attn_q",
+                "self_attn.k_proj" => "attn_k",
+                "self_attn.v_proj" => "attn_v",
+                "self_attn.o_proj" => "attn_output",
+                "mlp.gate_proj" => "ffn_gate",
+                "mlp.up_proj" => "ffn_up",
+                "mlp.down_proj" => "ffn_down",
+                _ => return None,
+            }
+        }
         Arch::Lfm2 => match stem {
             "operator_norm" => "attn_norm",
             "ffn_norm" => "ffn_norm",
@@ -305,10 +296,7 @@ fn metadata(
     opts: &ExportOptions,
 ) -> Result<Vec<(String, Value)>> {
     let path = c.path();
-    let a = match arch {
-        Arch::Llama => "llama",
-        Arch::Lfm2 => "lfm2",
-    };
+    let a = arch.gguf_name();
     let key = |k: &str| format!("{a}.{k}");
     let u = |what: &str, n: usize| u32_of(what, n, path);
     let mut m = Meta::default();
@@ -331,10 +319,11 @@ fn metadata(
     m.set(key("feed_forward_length"), u("feed-forward size", cfg.ffn)?);
     m.set(key("attention.head_count"), u("head count", cfg.heads)?);
     match arch {
-        Arch::Llama => m.set(
-            key("attention.head_count_kv"),
-            u("kv head count", cfg.kv_heads)?,
-        ),
+        Arch::Llama | Arch::Mistral | Arch::Qwen2 | Arch::Qwen3 | Arch::Gemma3 | Arch::Phi3 => m
+            .set(
+                key("attention.head_count_kv"),
+                u("kv head count", cfg.kv_heads)?,
+            ),
         Arch::Lfm2 => {
             let kv = i32::try_from(cfg.kv_heads)
                 .map_err(|_| Error::format(path, "kv head count does not fit an i32"))?;
@@ -356,10 +345,11 @@ fn metadata(
     m.set(key("vocab_size"), u("vocabulary size", cfg.vocab)?);
     match arch {
         Arch::Lfm2 => m.set(key("shortconv.l_cache"), u("conv size", cfg.conv_kernel)?),
-        Arch::Llama => m.set(
-            key("rope.dimension_count"),
-            u("rope dimension", cfg.rope_dim)?,
-        ),
+        Arch::Llama | Arch::Mistral | Arch::Qwen2 | Arch::Qwen3 | Arch::Gemma3 | Arch::Phi3 => m
+            .set(
+                key("rope.dimension_count"),
+                u("rope dimension", cfg.rope_dim)?,
+            ),
     }
     m.set("general.quantization_version", QUANTIZATION_VERSION);
     tokenizer_metadata(dir, arch, cfg.vocab, opts.tokenizer_pre.as_deref(), &mut m)?;

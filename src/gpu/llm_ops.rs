@@ -18,7 +18,7 @@ use super::Gpu;
 use crate::cpu::AttnShape;
 use crate::error::{Error, Result};
 use crate::kernel;
-use crate::models::llm::RopeStyle;
+use crate::models::llm::{FfnAct, RopeStyle};
 use crate::quant::GgmlType;
 
 /// Weight formats the kernels read in place (others are converted at load).
@@ -288,6 +288,20 @@ format_kernel!(
     subgroups
 );
 format_kernel!(
+    GEMV_GEGLU,
+    "gemv_geglu",
+    "gemv.wgsl",
+    [
+        Binding::read("w"),
+        Binding::read("x"),
+        Binding::read("nw"),
+        Binding::write("y")
+    ],
+    GemvParams,
+    ["NORM", "SWIGLU", "GELU"],
+    subgroups
+);
+format_kernel!(
     GEMV_CONV,
     "gemv_conv",
     "gemv.wgsl",
@@ -316,8 +330,12 @@ pub enum GemvEpilogue<'a> {
     Add,
     /// y = W rms_norm(x, nw)
     Norm { nw: &'a wgpu::Buffer, eps: f32 },
-    /// y = silu(G n) * (U n), n = rms_norm(x, nw); parts: gate, up.
-    Swiglu { nw: &'a wgpu::Buffer, eps: f32 },
+    /// y = act(G n) * (U n), n = rms_norm(x, nw); parts: gate, up.
+    Swiglu {
+        nw: &'a wgpu::Buffer,
+        eps: f32,
+        act: FfnAct,
+    },
     /// LFM2's short-conv block (parts: B, C, x) up to the output projection.
     Conv {
         nw: &'a wgpu::Buffer,
@@ -348,7 +366,13 @@ pub fn gemv(
         GemvEpilogue::Store => (&GEMV, 1, &[]),
         GemvEpilogue::Add => (&GEMV_ADD, 1, &["ADD"]),
         GemvEpilogue::Norm { .. } => (&GEMV_NORM, 1, &["NORM"]),
-        GemvEpilogue::Swiglu { .. } => (&GEMV_SWIGLU, 2, &["NORM", "SWIGLU"]),
+        GemvEpilogue::Swiglu {
+            act: FfnAct::Silu, ..
+        } => (&GEMV_SWIGLU, 2, &["NORM", "SWIGLU"]),
+        GemvEpilogue::Swiglu {
+            act: FfnAct::GeluTanh,
+            ..
+        } => (&GEMV_GEGLU, 2, &["NORM", "SWIGLU", "GELU"]),
         GemvEpilogue::Conv { .. } => (&GEMV_CONV, 3, &["NORM", "CONV"]),
     };
     assert_eq!(
@@ -454,11 +478,27 @@ format_kernel!(
     coop
 );
 
+format_kernel!(
+    GEMM_NORM_GEGLU,
+    "gemm_norm_geglu",
+    "gemm.wgsl",
+    [
+        Binding::read("w"),
+        Binding::read("x"),
+        Binding::read("nw"),
+        Binding::write("y")
+    ],
+    GemmParams,
+    ["NORM", "SWIGLU", "GELU"],
+    coop
+);
+
 /// The GEMM kernels with the defines that pick each one's epilogue.
-static GEMM_EPILOGUES: [(&Kernel, &[&str]); 3] = [
+static GEMM_EPILOGUES: [(&Kernel, &[&str]); 4] = [
     (&GEMM_ADD, &["ADD"]),
     (&GEMM_NORM, &["NORM"]),
     (&GEMM_NORM_SWIGLU, &["NORM", "SWIGLU"]),
+    (&GEMM_NORM_GEGLU, &["NORM", "SWIGLU", "GELU"]),
 ];
 
 /// The defines of a cooperative-matrix variant (the `coop` set of
@@ -508,9 +548,13 @@ pub enum GemmMode<'a> {
     /// y = W (rms_norm(x) * nw): the prenorm fused into the product
     Norm { nw: &'a wgpu::Buffer, eps: f32 },
     /// As `Norm` for a [gate; up] matrix (two parts), then
-    /// y[t, r] = silu(gate[t, r]) * up[t, r]: a LLaMA MLP up to its down
+    /// y[t, r] = act(gate[t, r]) * up[t, r]: a gated MLP up to its down
     /// projection
-    NormSwiglu { nw: &'a wgpu::Buffer, eps: f32 },
+    NormSwiglu {
+        nw: &'a wgpu::Buffer,
+        eps: f32,
+        act: FfnAct,
+    },
 }
 
 impl GemmMode<'_> {
@@ -519,14 +563,20 @@ impl GemmMode<'_> {
         GEMM_EPILOGUES[match self {
             GemmMode::Add => 0,
             GemmMode::Norm { .. } => 1,
-            GemmMode::NormSwiglu { .. } => 2,
+            GemmMode::NormSwiglu {
+                act: FfnAct::Silu, ..
+            } => 2,
+            GemmMode::NormSwiglu {
+                act: FfnAct::GeluTanh,
+                ..
+            } => 3,
         }]
     }
 
     /// The norm weights and epsilon, for the modes that normalise.
     fn norm(&self) -> Option<(&wgpu::Buffer, f32)> {
         match *self {
-            GemmMode::Norm { nw, eps } | GemmMode::NormSwiglu { nw, eps } => Some((nw, eps)),
+            GemmMode::Norm { nw, eps } | GemmMode::NormSwiglu { nw, eps, .. } => Some((nw, eps)),
             GemmMode::Add => None,
         }
     }
@@ -565,8 +615,8 @@ pub fn gemm(
     let swiglu = matches!(mode, GemmMode::NormSwiglu { .. });
     if swiglu && w.parts != 2 {
         return Err(Error::gpu(format!(
-            "gemm_norm_swiglu needs a [gate; up] matrix, got {} parts",
-            w.parts
+            "{} needs a [gate; up] matrix, got {} parts",
+            shader.name, w.parts
         )));
     }
     let eps = mode.norm().map_or(0.0, |(_, eps)| eps);
@@ -620,10 +670,15 @@ pub fn gemm(
     Ok(out)
 }
 
-/// Compiles the prefill GEMMs for weights of `t` ahead of their first use.
-pub fn warm_gemm(gpu: &Gpu, t: GgmlType) -> Result<()> {
+/// Compiles the prefill GEMMs for weights of `t` ahead of their first use
+/// (of the gated epilogues, the one of `act`).
+pub fn warm_gemm(gpu: &Gpu, t: GgmlType, act: FfnAct) -> Result<()> {
     let coop = gpu.caps.coop_matrix;
-    for (kernel, defines) in &GEMM_EPILOGUES {
+    let skip = match act {
+        FfnAct::Silu => GEMM_NORM_GEGLU.name,
+        FfnAct::GeluTanh => GEMM_NORM_SWIGLU.name,
+    };
+    for (kernel, defines) in GEMM_EPILOGUES.iter().filter(|(k, _)| k.name != skip) {
         gpu.pipeline(kernel, &gemm_variant(t, defines, coop, false)?)?;
         if gpu.caps.coop_wide() {
             gpu.pipeline(kernel, &gemm_variant(t, defines, coop, true)?)?;
@@ -643,7 +698,8 @@ struct EmbeddingParams {
     rows: u32,
     d_off: u32,
     tok_off: u32,
-    _pad: [u32; 2],
+    scale: f32,
+    _pad: u32,
 }
 const _: () = assert!(std::mem::size_of::<EmbeddingParams>() == 32);
 
@@ -660,13 +716,15 @@ format_kernel!(
     []
 );
 
-/// `y[t]` = table[tokens[tok_off + t]] for `n` tokens (checked against the
-/// vocabulary by the caller); one dispatch per chunk of the table.
+/// `y[t]` = scale * table[tokens[tok_off + t]] for `n` tokens (checked
+/// against the vocabulary by the caller); one dispatch per chunk of the table.
+#[allow(clippy::too_many_arguments)]
 pub fn embedding(
     gpu: &Gpu,
     table: &GpuMatrix,
     tokens: &wgpu::Buffer,
     tok_off: usize,
+    scale: f32,
     y: &wgpu::Buffer,
     n: usize,
 ) -> Result<Vec<Dispatch>> {
@@ -680,7 +738,8 @@ pub fn embedding(
             rows: c.rows as u32,
             d_off: c.d_off,
             tok_off: tok_off as u32,
-            _pad: [0; 2],
+            scale,
+            _pad: 0,
         };
         out.push(Dispatch {
             bound: gpu.bind(&EMBEDDING, &variant, &[&c.buf, tokens, y], &params)?,
@@ -718,10 +777,11 @@ kernel!(
         Binding::read("step"),
         Binding::write("q_out"),
         Binding::write("kc"),
-        Binding::write("vc")
+        Binding::write("vc"),
+        Binding::read("bias")
     ],
     QkRopeParams,
-    [&[], &["QK_NORM"]]
+    [&[], &["QK_NORM"], &["BIAS"], &["BIAS", "QK_NORM"]]
 );
 
 /// Largest head the attention kernels hold in workgroup memory.
@@ -746,6 +806,7 @@ pub fn qk_rope(
     s: &AttnShape,
     qkv: &wgpu::Buffer,
     norms: Option<(&wgpu::Buffer, &wgpu::Buffer)>,
+    bias: Option<&wgpu::Buffer>,
     cs: &wgpu::Buffer,
     kv: &AttnBuffers,
     q_out: &wgpu::Buffer,
@@ -762,15 +823,29 @@ pub fn qk_rope(
         eps: s.eps,
         qkv_stride: ((s.heads + 2 * s.kv_heads) * s.head_dim) as u32,
     };
-    // Without norms the weight bindings are never read; bind qkv there.
-    let (variant, qn, kn) = match norms {
-        Some((qn, kn)) => (Variant::new(&["QK_NORM"]), qn, kn),
-        None => (Variant::default(), qkv, qkv),
-    };
+    // Bindings a variant never reads are bound to qkv.
+    let mut defines = Vec::new();
+    if bias.is_some() {
+        defines.push("BIAS");
+    }
+    if norms.is_some() {
+        defines.push("QK_NORM");
+    }
+    let (qn, kn) = norms.unwrap_or((qkv, qkv));
     let bound = gpu.bind(
         &QK_ROPE,
-        &variant,
-        &[qkv, qn, kn, cs, kv.step, q_out, kv.k_cache, kv.v_cache],
+        &Variant::new(&defines),
+        &[
+            qkv,
+            qn,
+            kn,
+            cs,
+            kv.step,
+            q_out,
+            kv.k_cache,
+            kv.v_cache,
+            bias.unwrap_or(qkv),
+        ],
         &params,
     )?;
     Ok(Dispatch {
@@ -790,7 +865,8 @@ struct AttentionParams {
     n_q: u32,
     scale: f32,
     kv_stride: u32,
-    _pad: [u32; 2],
+    window: u32,
+    _pad: u32,
 }
 const _: () = assert!(std::mem::size_of::<AttentionParams>() == 32);
 
@@ -802,9 +878,10 @@ impl AttentionParams {
             kv_heads: s.kv_heads as u32,
             hd: s.head_dim as u32,
             n_q: n_q as u32,
-            scale: crate::cpu::attention_scale(s.head_dim),
+            scale: s.scale,
             kv_stride: (s.kv_heads * s.head_dim) as u32,
-            _pad: [0; 2],
+            window: s.window as u32,
+            _pad: 0,
         }
     }
 }
@@ -1071,16 +1148,17 @@ kernel!(
     "swiglu.wgsl",
     [Binding::read("gu"), Binding::write("y")],
     SwigluParams,
-    [&[]]
+    [&[], &["GELU"]]
 );
 
-/// gu: [n, 2 f] (gate | up) -> y: [n, f] = silu(gate) * up.
+/// gu: [n, 2 f] (gate | up) -> y: [n, f] = act(gate) * up.
 pub fn swiglu(
     gpu: &Gpu,
     gu: &wgpu::Buffer,
     y: &wgpu::Buffer,
     f: usize,
     n: usize,
+    act: FfnAct,
 ) -> Result<Dispatch> {
     let params = SwigluParams {
         f: f as u32,
@@ -1088,9 +1166,17 @@ pub fn swiglu(
         _pad: [0; 2],
     };
     Ok(Dispatch {
-        bound: gpu.bind(&SWIGLU, &Variant::default(), &[gu, y], &params)?,
+        bound: gpu.bind(&SWIGLU, &act_variant(act), &[gu, y], &params)?,
         groups: groups_1d(f * n, 256),
     })
+}
+
+/// The variant of the gated kernels for `act`.
+fn act_variant(act: FfnAct) -> Variant {
+    match act {
+        FfnAct::Silu => Variant::default(),
+        FfnAct::GeluTanh => Variant::new(&["GELU"]),
+    }
 }
 
 // ---------------------------------------------------------------- argmax
@@ -1276,12 +1362,12 @@ pub fn sort_candidates(raw: &[u32]) -> Vec<(u32, f32)> {
 
 /// Compiles the prefill-only kernels without weights (short_conv, swiglu)
 /// ahead of their first use.
-pub fn warm_prefill_kernels(gpu: &Gpu) -> Result<()> {
+pub fn warm_prefill_kernels(gpu: &Gpu, act: FfnAct) -> Result<()> {
     if gpu.caps.coop_matrix {
         gpu.pipeline(&PREFILL_ATTENTION, &Variant::new(&COOP))?;
     }
     gpu.pipeline(&SHORT_CONV, &Variant::default())?;
-    gpu.pipeline(&SWIGLU, &Variant::default())?;
+    gpu.pipeline(&SWIGLU, &act_variant(act))?;
     Ok(())
 }
 
@@ -1291,10 +1377,12 @@ pub static KERNELS: &[&Kernel] = &[
     &GEMV_ADD,
     &GEMV_NORM,
     &GEMV_SWIGLU,
+    &GEMV_GEGLU,
     &GEMV_CONV,
     &GEMM_ADD,
     &GEMM_NORM,
     &GEMM_NORM_SWIGLU,
+    &GEMM_NORM_GEGLU,
     &EMBEDDING,
     &QK_ROPE,
     &FLASH_ATTENTION,

@@ -101,10 +101,11 @@ kernel!(
     "rms_norm.wgsl",
     [Binding::read("x"), Binding::read("w"), Binding::write("y")],
     RmsNormParams,
-    [&[], &["SUBGROUPS"]]
+    [&[], &["SUBGROUPS"], &["ADD"], &["ADD", "SUBGROUPS"]]
 );
 
-/// `y[r] = w * x[r] / rms(x[r])` for `rows` rows of `n`.
+/// `y[r] = w * x[r] / rms(x[r])` for `rows` rows of `n` (`y[r] +=` with the
+/// ADD variant).
 // The arguments are the kernel's bindings and params, as in every dispatch wrapper.
 #[allow(clippy::too_many_arguments)]
 pub fn rms_norm(

@@ -3,8 +3,9 @@
 //! `modeling_lfm2.py`; from an HF directory or a GGUF file (llama.cpp's
 //! `lfm2` architecture).
 
-use super::llama::{gguf_layer_names, hf_rope_theta};
-use super::llm::{load_weights, Arch, LayerKind, LayerNames, LlmConfig, RopeStyle, Weights};
+use super::llama::{gguf_layer_names, hf_rope};
+use super::llm::{Arch, LayerKind, LayerNames, LlmConfig, Names, RopeScaling, RopeStyle};
+use crate::cpu;
 use crate::error::{Error, Result};
 use crate::formats::gguf::GgufFile;
 use crate::formats::hf::HfConfig;
@@ -36,7 +37,26 @@ pub fn ffn_width(
     ff as usize
 }
 
+/// A key under its current transformers name or the original LFM2 config's
+/// (`block_ff_dim`, `theta`, ...), as `Lfm2Config` accepts both.
+fn aliased<'a>(c: &HfConfig, names: &[&'a str]) -> Option<&'a str> {
+    names
+        .iter()
+        .copied()
+        .find(|k| c.get(k).is_some_and(|v| !v.is_null()))
+}
+
+/// Whether the head is tied (`tie_word_embeddings`, or the original
+/// `tie_embedding`; tied by default, as `Lfm2Config`).
+pub fn hf_tied(c: &HfConfig) -> Result<bool> {
+    match aliased(c, &["tie_word_embeddings", "tie_embedding"]) {
+        Some(k) => c.get_bool(k),
+        None => Ok(true),
+    }
+}
+
 pub fn config_from_hf(c: &HfConfig) -> Result<LlmConfig> {
+    let key = |names: &[&'static str]| aliased(c, names).unwrap_or(names[0]);
     let n_layers = c.get_usize("num_hidden_layers")?;
     let layers: Vec<LayerKind> = match c.get_str_array_opt("layer_types")? {
         Some(types) => types
@@ -46,13 +66,13 @@ pub fn config_from_hf(c: &HfConfig) -> Result<LlmConfig> {
                 "full_attention" => Ok(LayerKind::Attention),
                 other => Err(Error::unsupported(
                     c.path(),
-                    format!("layer type '{other}'"),
+                    format!("layer type '{other}' (supported: conv, full_attention)"),
                 )),
             })
             .collect::<Result<_>>()?,
-        None => {
-            let attn = c.get_usize_array("full_attn_idxs")?;
-            (0..n_layers)
+        // Lfm2Config: without either list every layer is attention.
+        None => match c.get_usize_array_opt("full_attn_idxs")? {
+            Some(attn) => (0..n_layers)
                 .map(|i| {
                     if attn.contains(&i) {
                         LayerKind::Attention
@@ -60,8 +80,9 @@ pub fn config_from_hf(c: &HfConfig) -> Result<LlmConfig> {
                         LayerKind::Conv
                     }
                 })
-                .collect()
-        }
+                .collect(),
+            None => vec![LayerKind::Attention; n_layers],
+        },
     };
     if layers.len() != n_layers {
         return Err(Error::format(
@@ -72,9 +93,17 @@ pub fn config_from_hf(c: &HfConfig) -> Result<LlmConfig> {
     if c.get_bool_opt("conv_bias")?.unwrap_or(false) {
         return Err(Error::unsupported(c.path(), "conv_bias = true"));
     }
-    let hidden = c.get_usize("hidden_size")?;
-    let heads = c.get_usize("num_attention_heads")?;
+    let hidden = c.get_usize(key(&["hidden_size", "block_dim"]))?;
+    let heads = c.get_usize(key(&["num_attention_heads", "num_heads"]))?;
     let head_dim = hidden / heads.max(1);
+    let (rope_theta, rope_scaling) =
+        match aliased(c, &["rope_parameters", "rope_scaling", "rope_theta"]) {
+            Some(_) => hf_rope(c, DEFAULT_ROPE_THETA)?,
+            None => (
+                c.get_f32_opt("theta")?.unwrap_or(DEFAULT_ROPE_THETA),
+                RopeScaling::None,
+            ),
+        };
     let cfg = LlmConfig {
         arch: Arch::Lfm2,
         hidden,
@@ -82,32 +111,36 @@ pub fn config_from_hf(c: &HfConfig) -> Result<LlmConfig> {
         kv_heads: c.get_usize_opt("num_key_value_heads")?.unwrap_or(heads),
         head_dim,
         ffn: ffn_width(
-            c.get_usize("intermediate_size")?,
+            c.get_usize(key(&["intermediate_size", "block_ff_dim"]))?,
             c.get_bool_opt("block_auto_adjust_ff_dim")?.unwrap_or(true),
             c.get_f64_opt("block_ffn_dim_multiplier")?,
             c.get_usize_opt("block_multiple_of")?.unwrap_or(256),
         ),
         vocab: c.get_usize("vocab_size")?,
         context: c.get_usize("max_position_embeddings")?,
-        norm_eps: c.get_f32_opt("norm_eps")?.unwrap_or(1e-5),
-        rope_theta: hf_rope_theta(c, DEFAULT_ROPE_THETA)?,
+        norm_eps: c
+            .get_f32_opt(key(&["norm_eps", "block_norm_eps"]))?
+            .unwrap_or(1e-5),
+        rope_theta,
         rope_dim: head_dim,
         rope_style: RopeStyle::Halves,
+        rope_scaling,
         layers,
         conv_kernel: c.get_usize_opt("conv_L_cache")?.unwrap_or(3),
+        attn_scale: cpu::attention_scale(head_dim),
+        ..LlmConfig::default()
     };
     cfg.validate(c.path())?;
     Ok(cfg)
 }
 
-pub fn load_hf(cfg: &LlmConfig, src: &dyn TensorSource, tied: bool) -> Result<Weights> {
-    load_weights(
-        cfg,
-        src,
-        "model.embed_tokens.weight",
-        "model.embedding_norm.weight",
-        (!tied).then_some("lm_head.weight"),
-        |i| {
+pub fn hf_names(tied: bool) -> Names {
+    Names {
+        embed: "model.embed_tokens.weight".into(),
+        final_norm: "model.embedding_norm.weight".into(),
+        head: (!tied).then(|| "lm_head.weight".into()),
+        norm_shift: 0.0,
+        layer: Box::new(|i| {
             let p = format!("model.layers.{i}");
             LayerNames {
                 norm1: format!("{p}.operator_norm.weight"),
@@ -124,9 +157,10 @@ pub fn load_hf(cfg: &LlmConfig, src: &dyn TensorSource, tied: bool) -> Result<We
                 gate: format!("{p}.feed_forward.w1.weight"),
                 up: format!("{p}.feed_forward.w3.weight"),
                 down: format!("{p}.feed_forward.w2.weight"),
+                ..LayerNames::default()
             }
-        },
-    )
+        }),
+    }
 }
 
 pub fn config_from_gguf(g: &GgufFile) -> Result<LlmConfig> {
@@ -191,25 +225,26 @@ pub fn config_from_gguf(g: &GgufFile) -> Result<LlmConfig> {
             })
             .collect(),
         conv_kernel: g.get_usize(&key("shortconv.l_cache"))?,
+        attn_scale: cpu::attention_scale(head_dim),
+        ..LlmConfig::default()
     };
     cfg.validate(g.path())?;
     Ok(cfg)
 }
 
-pub fn load_gguf(cfg: &LlmConfig, g: &GgufFile) -> Result<Weights> {
-    load_weights(
-        cfg,
-        g,
-        "token_embd.weight",
-        "token_embd_norm.weight",
-        Some("output.weight"),
-        |i| {
+pub fn gguf_names() -> Names {
+    Names {
+        embed: "token_embd.weight".into(),
+        final_norm: "token_embd_norm.weight".into(),
+        head: Some("output.weight".into()),
+        norm_shift: 0.0,
+        layer: Box::new(|i| {
             let mut n = gguf_layer_names(i);
             n.q_norm = Some(format!("blk.{i}.attn_q_norm.weight"));
             n.k_norm = Some(format!("blk.{i}.attn_k_norm.weight"));
             n
-        },
-    )
+        }),
+    }
 }
 
 #[cfg(test)]

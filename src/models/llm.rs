@@ -6,17 +6,39 @@
 //! short convolution. The architecture files (`llama.rs`, `lfm2.rs`) map
 //! their checkpoint's config keys and tensor names onto these types.
 
+use super::recipe::{self, DecoderOps, Residual};
 use crate::cpu;
 use crate::error::{Error, Result};
 use crate::formats::TensorSource;
-use crate::quant;
 use crate::run::sampling::Sampler;
 use crate::tensor::{self, Activations, Tensor};
 
+/// The checkpoint families the decoder recipe runs. Each is a config parser
+/// and a names table (`arch.rs`) over the same [`LlmConfig`] switches.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Arch {
     Llama,
+    Mistral,
     Lfm2,
+    Qwen2,
+    Qwen3,
+    Gemma3,
+    Phi3,
+}
+
+impl Arch {
+    /// The name llama.cpp's GGUF files use (`general.architecture`).
+    pub fn gguf_name(self) -> &'static str {
+        match self {
+            // llama.cpp converts Mistral checkpoints to its llama architecture.
+            Arch::Llama | Arch::Mistral => "llama",
+            Arch::Lfm2 => "lfm2",
+            Arch::Qwen2 => "qwen2",
+            Arch::Qwen3 => "qwen3",
+            Arch::Gemma3 => "gemma3",
+            Arch::Phi3 => "phi3",
+        }
+    }
 }
 
 /// Which dimensions RoPE rotates together.
@@ -29,11 +51,81 @@ pub enum RopeStyle {
     Interleaved,
 }
 
+/// How a checkpoint stretches RoPE beyond its training context.
+#[derive(Clone, Debug, PartialEq)]
+pub enum RopeScaling {
+    None,
+    /// Positions divided by the factor (transformers' `linear`).
+    Linear(f32),
+    /// Llama 3.1's frequency-dependent scaling (transformers' `llama3`).
+    Llama3 {
+        factor: f32,
+        low_freq_factor: f32,
+        high_freq_factor: f32,
+        original_context: usize,
+    },
+    /// Per-dimension divisors of the frequencies, `[rope_dim / 2]`: how
+    /// llama.cpp stores Llama 3's scaling (`rope_freqs.weight`).
+    Factors(Vec<f32>),
+}
+
+impl RopeScaling {
+    /// The rotation frequencies of dimension pairs `0..rope_dim / 2` for
+    /// base `theta`, computed in f64 (transformers' formulas).
+    pub fn inv_freqs(&self, theta: f32, rope_dim: usize) -> Vec<f64> {
+        let half = rope_dim / 2;
+        let base: Vec<f64> = (0..half)
+            .map(|i| (theta as f64).powf(-2.0 * i as f64 / rope_dim as f64))
+            .collect();
+        match self {
+            RopeScaling::None => base,
+            RopeScaling::Linear(f) => base.iter().map(|w| w / *f as f64).collect(),
+            RopeScaling::Factors(ff) => base.iter().zip(ff).map(|(w, f)| w / *f as f64).collect(),
+            RopeScaling::Llama3 {
+                factor,
+                low_freq_factor,
+                high_freq_factor,
+                original_context,
+            } => {
+                let (factor, low, high) = (
+                    *factor as f64,
+                    *low_freq_factor as f64,
+                    *high_freq_factor as f64,
+                );
+                let old = *original_context as f64;
+                let (low_wavelen, high_wavelen) = (old / low, old / high);
+                base.iter()
+                    .map(|&w| {
+                        let wavelen = 2.0 * std::f64::consts::PI / w;
+                        if wavelen < high_wavelen {
+                            w
+                        } else if wavelen > low_wavelen {
+                            w / factor
+                        } else {
+                            let smooth = (old / wavelen - low) / (high - low);
+                            (1.0 - smooth) * w / factor + smooth * w
+                        }
+                    })
+                    .collect()
+            }
+        }
+    }
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum LayerKind {
     Attention,
     /// LFM2 gated short convolution.
     Conv,
+}
+
+/// The activation of the gated feed-forward: `act(gate) * up`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FfnAct {
+    /// SwiGLU (Llama, Qwen, LFM2, Phi-3).
+    Silu,
+    /// GeGLU with the tanh approximation of GELU (Gemma).
+    GeluTanh,
 }
 
 #[derive(Clone, Debug)]
@@ -43,7 +135,7 @@ pub struct LlmConfig {
     pub heads: usize,
     pub kv_heads: usize,
     pub head_dim: usize,
-    /// Feed-forward (SwiGLU) width.
+    /// Feed-forward width.
     pub ffn: usize,
     pub vocab: usize,
     /// Longest sequence the model was trained for.
@@ -53,9 +145,60 @@ pub struct LlmConfig {
     /// Dimensions of each head that RoPE rotates (usually `head_dim`).
     pub rope_dim: usize,
     pub rope_style: RopeStyle,
+    /// Applies to the full-attention layers (sliding layers use it too unless
+    /// `rope_local_theta` is set).
+    pub rope_scaling: RopeScaling,
+    /// Gemma-3: the sliding-window layers' own RoPE base, unscaled.
+    pub rope_local_theta: Option<f32>,
     pub layers: Vec<LayerKind>,
+    /// Attention layers that see only the last `sliding_window` positions
+    /// (one flag per layer; empty when none do).
+    pub sliding_layers: Vec<bool>,
+    pub sliding_window: usize,
     /// LFM2: taps of the causal depthwise convolution.
     pub conv_kernel: usize,
+    /// Qwen2: biases on the q, k and v projections.
+    pub qkv_bias: bool,
+    /// Gemma-3: RMSNorms on the attention and feed-forward outputs before
+    /// they join the residual stream.
+    pub post_norms: bool,
+    pub ffn_act: FfnAct,
+    /// Gemma: the embedding rows are multiplied by this (sqrt(hidden)).
+    pub embed_scale: f32,
+    /// The softmax scale of attention scores (1 / sqrt(head_dim) unless the
+    /// checkpoint says otherwise).
+    pub attn_scale: f32,
+}
+
+impl Default for LlmConfig {
+    /// A Llama-style config with every size zero, for tests to fill in.
+    fn default() -> LlmConfig {
+        LlmConfig {
+            arch: Arch::Llama,
+            hidden: 0,
+            heads: 0,
+            kv_heads: 0,
+            head_dim: 0,
+            ffn: 0,
+            vocab: 0,
+            context: 0,
+            norm_eps: 1e-5,
+            rope_theta: 10_000.0,
+            rope_dim: 0,
+            rope_style: RopeStyle::Halves,
+            rope_scaling: RopeScaling::None,
+            rope_local_theta: None,
+            layers: Vec::new(),
+            sliding_layers: Vec::new(),
+            sliding_window: 0,
+            conv_kernel: 0,
+            qkv_bias: false,
+            post_norms: false,
+            ffn_act: FfnAct::Silu,
+            embed_scale: 1.0,
+            attn_scale: 0.0,
+        }
+    }
 }
 
 impl LlmConfig {
@@ -89,7 +232,62 @@ impl LlmConfig {
         if self.layers.contains(&LayerKind::Conv) && !(1..=64).contains(&self.conv_kernel) {
             return bad(format!("conv kernel size {}", self.conv_kernel));
         }
+        if !self.sliding_layers.is_empty() {
+            if self.sliding_layers.len() != self.layers.len() {
+                return bad(format!(
+                    "{} sliding-window flags for {} layers",
+                    self.sliding_layers.len(),
+                    self.layers.len()
+                ));
+            }
+            if self.sliding_window == 0 {
+                return bad("sliding-window layers with a window of 0".into());
+            }
+        }
+        if let RopeScaling::Factors(f) = &self.rope_scaling {
+            if f.len() != self.rope_dim / 2 || f.iter().any(|v| !(v.is_finite() && *v > 0.0)) {
+                return bad(format!(
+                    "{} RoPE frequency factors for {} rotated dimensions (need {} positive ones)",
+                    f.len(),
+                    self.rope_dim,
+                    self.rope_dim / 2
+                ));
+            }
+        }
+        if !(self.attn_scale.is_finite() && self.attn_scale > 0.0) {
+            return bad(format!("attention scale {}", self.attn_scale));
+        }
         Ok(())
+    }
+
+    /// Whether attention layer `layer` sees only the last `sliding_window`
+    /// positions.
+    pub fn is_sliding(&self, layer: usize) -> bool {
+        self.sliding_layers.get(layer).copied().unwrap_or(false)
+    }
+
+    /// The positions attention layer `layer` sees back from a query (the
+    /// query included); 0 for all of them.
+    pub fn window(&self, layer: usize) -> usize {
+        if self.is_sliding(layer) {
+            self.sliding_window
+        } else {
+            0
+        }
+    }
+
+    /// Whether layer `layer` rotates with the local RoPE (Gemma-3's
+    /// sliding layers) rather than the global one.
+    pub fn uses_local_rope(&self, layer: usize) -> bool {
+        self.rope_local_theta.is_some() && self.is_sliding(layer)
+    }
+
+    /// RoPE frequencies of the global (`local` false) or local rotation.
+    pub fn rope_freqs(&self, local: bool) -> Vec<f64> {
+        match (local, self.rope_local_theta) {
+            (true, Some(theta)) => RopeScaling::None.inv_freqs(theta, self.rope_dim),
+            _ => self.rope_scaling.inv_freqs(self.rope_theta, self.rope_dim),
+        }
     }
 }
 
@@ -101,9 +299,12 @@ pub struct Attention {
     pub v: Tensor,
     /// [hidden, heads * head_dim]
     pub o: Tensor,
-    /// LFM2: RMSNorm over each head of q and k before RoPE, `[head_dim]`.
+    /// LFM2, Qwen3, Gemma-3: RMSNorm over each head of q and k before RoPE,
+    /// `[head_dim]`.
     pub q_norm: Option<Vec<f32>>,
     pub k_norm: Option<Vec<f32>>,
+    /// Qwen2: the q, k and v biases side by side, `[(heads + 2 kv_heads) head_dim]`.
+    pub qkv_bias: Option<Vec<f32>>,
 }
 
 pub struct ShortConv {
@@ -133,6 +334,10 @@ pub struct Layer {
     pub up: Tensor,
     /// [hidden, ffn]
     pub down: Tensor,
+    /// Gemma-3: RMSNorm weights of the mixer's and the feed-forward's
+    /// outputs, `[hidden]` each.
+    pub post_mixer_norm: Option<Vec<f32>>,
+    pub post_ffn_norm: Option<Vec<f32>>,
 }
 
 pub struct Weights {
@@ -173,78 +378,149 @@ pub fn load_vector(src: &dyn TensorSource, name: &str, len: usize) -> Result<Vec
     Ok(t.to_f32())
 }
 
-/// Tensor names of one decoder layer in a checkpoint's naming scheme.
+/// Tensor names of one decoder layer in a checkpoint's naming scheme; a
+/// role the architecture lacks is `None`.
+#[derive(Default)]
 pub struct LayerNames {
     pub norm1: String,
     pub norm2: String,
     pub q: String,
     pub k: String,
     pub v: String,
+    /// Phi-3: q, k and v rows in one matrix (then `q`, `k`, `v` are unused).
+    pub qkv: Option<String>,
+    pub q_bias: Option<String>,
+    pub k_bias: Option<String>,
+    pub v_bias: Option<String>,
     pub o: String,
     pub q_norm: Option<String>,
     pub k_norm: Option<String>,
+    pub post_mixer_norm: Option<String>,
+    pub post_ffn_norm: Option<String>,
     pub conv_in: String,
     pub conv: String,
     pub conv_out: String,
     pub gate: String,
     pub up: String,
+    /// Phi-3: gate rows, then up rows, in one matrix (then `gate`, `up` are
+    /// unused).
+    pub gate_up: Option<String>,
     pub down: String,
 }
 
-/// Loads every weight named by `names` and checks it against `cfg`.
-pub fn load_weights(
-    cfg: &LlmConfig,
-    src: &dyn TensorSource,
-    embed: &str,
-    final_norm: &str,
-    head: Option<&str>,
-    names: impl Fn(usize) -> LayerNames,
-) -> Result<Weights> {
+/// Where an architecture keeps its weights in one checkpoint format.
+pub struct Names {
+    pub embed: String,
+    pub final_norm: String,
+    /// None when the head is always the embedding; a named head that the
+    /// file lacks is tied too.
+    pub head: Option<String>,
+    /// Added to every RMSNorm weight on load: Gemma's HF checkpoints store
+    /// `w` of a `(1 + w)` norm (llama.cpp's converter adds the 1).
+    pub norm_shift: f32,
+    pub layer: Box<dyn Fn(usize) -> LayerNames>,
+}
+
+/// Loads every weight `names` lists and checks it against `cfg`.
+pub fn load_weights(cfg: &LlmConfig, src: &dyn TensorSource, names: &Names) -> Result<Weights> {
     let (d, hd, f) = (cfg.hidden, cfg.head_dim, cfg.ffn);
-    let embed = load_tensor(src, embed, &[cfg.vocab, d])?;
+    let (qw, kvw) = (cfg.heads * hd, cfg.kv_heads * hd);
+    let norm = |name: &str, len: usize| -> Result<Vec<f32>> {
+        let mut w = load_vector(src, name, len)?;
+        if names.norm_shift != 0.0 {
+            w.iter_mut().for_each(|v| *v += names.norm_shift);
+        }
+        Ok(w)
+    };
+    let opt_norm = |name: &Option<String>, len: usize| -> Result<Option<Vec<f32>>> {
+        name.as_deref().map(|n| norm(n, len)).transpose()
+    };
+    let embed = load_tensor(src, &names.embed, &[cfg.vocab, d])?;
     let mut layers = Vec::with_capacity(cfg.layers.len());
     for (i, kind) in cfg.layers.iter().enumerate() {
-        let n = names(i);
+        let n = (names.layer)(i);
         let mixer = match kind {
-            LayerKind::Attention => Mixer::Attention(Attention {
-                q: load_tensor(src, &n.q, &[cfg.heads * hd, d])?,
-                k: load_tensor(src, &n.k, &[cfg.kv_heads * hd, d])?,
-                v: load_tensor(src, &n.v, &[cfg.kv_heads * hd, d])?,
-                o: load_tensor(src, &n.o, &[d, cfg.heads * hd])?,
-                q_norm: n
-                    .q_norm
-                    .as_deref()
-                    .map(|name| load_vector(src, name, hd))
-                    .transpose()?,
-                k_norm: n
-                    .k_norm
-                    .as_deref()
-                    .map(|name| load_vector(src, name, hd))
-                    .transpose()?,
-            }),
+            LayerKind::Attention => {
+                let (q, k, v) = match &n.qkv {
+                    Some(fused) => {
+                        let t = load_tensor(src, fused, &[qw + 2 * kvw, d])?;
+                        (
+                            t.row_range(format!("{fused}[q]"), 0, qw)?,
+                            t.row_range(format!("{fused}[k]"), qw, kvw)?,
+                            t.row_range(format!("{fused}[v]"), qw + kvw, kvw)?,
+                        )
+                    }
+                    None => (
+                        load_tensor(src, &n.q, &[qw, d])?,
+                        load_tensor(src, &n.k, &[kvw, d])?,
+                        load_tensor(src, &n.v, &[kvw, d])?,
+                    ),
+                };
+                let qkv_bias = match (&n.q_bias, &n.k_bias, &n.v_bias) {
+                    (Some(qb), Some(kb), Some(vb)) if cfg.qkv_bias => {
+                        let mut b = load_vector(src, qb, qw)?;
+                        b.extend(load_vector(src, kb, kvw)?);
+                        b.extend(load_vector(src, vb, kvw)?);
+                        Some(b)
+                    }
+                    _ => None,
+                };
+                Mixer::Attention(Attention {
+                    q,
+                    k,
+                    v,
+                    o: load_tensor(src, &n.o, &[d, qw])?,
+                    q_norm: opt_norm(&n.q_norm, hd)?,
+                    k_norm: opt_norm(&n.k_norm, hd)?,
+                    qkv_bias,
+                })
+            }
             LayerKind::Conv => Mixer::Conv(ShortConv {
                 in_proj: load_tensor(src, &n.conv_in, &[3 * d, d])?,
                 conv: load_vector(src, &n.conv, d * cfg.conv_kernel)?,
                 out_proj: load_tensor(src, &n.conv_out, &[d, d])?,
             }),
         };
+        let (gate, up) = match &n.gate_up {
+            Some(fused) => {
+                let t = load_tensor(src, fused, &[2 * f, d])?;
+                (
+                    t.row_range(format!("{fused}[gate]"), 0, f)?,
+                    t.row_range(format!("{fused}[up]"), f, f)?,
+                )
+            }
+            None => (
+                load_tensor(src, &n.gate, &[f, d])?,
+                load_tensor(src, &n.up, &[f, d])?,
+            ),
+        };
+        let (post_mixer_norm, post_ffn_norm) = if cfg.post_norms {
+            (
+                opt_norm(&n.post_mixer_norm, d)?,
+                opt_norm(&n.post_ffn_norm, d)?,
+            )
+        } else {
+            (None, None)
+        };
         layers.push(Layer {
-            norm1: load_vector(src, &n.norm1, d)?,
+            norm1: norm(&n.norm1, d)?,
             mixer,
-            norm2: load_vector(src, &n.norm2, d)?,
-            gate: load_tensor(src, &n.gate, &[f, d])?,
-            up: load_tensor(src, &n.up, &[f, d])?,
+            norm2: norm(&n.norm2, d)?,
+            gate,
+            up,
             down: load_tensor(src, &n.down, &[d, f])?,
+            post_mixer_norm,
+            post_ffn_norm,
         });
     }
-    let head = match head.filter(|h| src.has(h)) {
+    let head = match names.head.as_deref().filter(|h| src.has(h)) {
         Some(h) => load_tensor(src, h, &[cfg.vocab, d])?,
         None => embed.clone(),
     };
     Ok(Weights {
         embed,
         layers,
-        final_norm: load_vector(src, final_norm, d)?,
+        final_norm: norm(&names.final_norm, d)?,
         head,
     })
 }
@@ -284,6 +560,7 @@ impl Weights {
                     o: conv(&a.o)?,
                     q_norm: a.q_norm.clone(),
                     k_norm: a.k_norm.clone(),
+                    qkv_bias: a.qkv_bias.clone(),
                 }),
                 Mixer::Conv(c) => Mixer::Conv(ShortConv {
                     in_proj: conv(&c.in_proj)?,
@@ -298,6 +575,8 @@ impl Weights {
                 gate: conv(&l.gate)?,
                 up: conv(&l.up)?,
                 down: conv(&l.down)?,
+                post_mixer_norm: l.post_mixer_norm.clone(),
+                post_ffn_norm: l.post_ffn_norm.clone(),
             });
         }
         Ok((
@@ -472,12 +751,6 @@ impl CpuLlm {
     pub fn set_tap(&mut self, tap: Option<Tap>) {
         self.tap = tap;
     }
-
-    fn tap(&mut self, name: impl FnOnce() -> String, x: &[f32]) {
-        if let Some(t) = self.tap.as_mut() {
-            t(&name(), x);
-        }
-    }
 }
 
 impl CausalLm for CpuLlm {
@@ -508,151 +781,242 @@ impl CausalLm for CpuLlm {
     }
 
     fn forward(&mut self, tokens: &[u32], all_logits: bool) -> Result<Vec<f32>> {
-        let cfg = self.cfg.clone();
         let n = tokens.len();
         if n == 0 {
             return Err(Error::invalid("forward: no tokens"));
         }
-        if self.pos + n > cfg.context {
+        if self.pos + n > self.cfg.context {
             return Err(Error::invalid(format!(
                 "sequence of {} tokens exceeds the model's context of {}",
                 self.pos + n,
-                cfg.context
+                self.cfg.context
             )));
         }
-        let (d, hd) = (cfg.hidden, cfg.head_dim);
-        let (qw, kvw) = (cfg.heads * hd, cfg.kv_heads * hd);
-        let act = self.act;
-        // y = x W^T for m rows: one row (decode) as `act` says, more in f32.
-        let product = |w: &Tensor, x: &[f32], m: usize, y: &mut [f32]| {
-            if m == 1 {
-                tensor::matvec_with(w, x, y, act)
-            } else {
-                tensor::matmul(w, x, m, y)
-            }
+        if let Some(&tok) = tokens.iter().find(|&&t| t as usize >= self.cfg.vocab) {
+            return Err(Error::invalid(format!(
+                "token id {tok} is outside the {}-token vocabulary",
+                self.cfg.vocab
+            )));
+        }
+        let d = self.cfg.hidden;
+        let mut pass = CpuPass {
+            cfg: &self.cfg,
+            w: &self.w,
+            state: &mut self.state,
+            tap: &mut self.tap,
+            act: self.act,
+            tokens,
+            pos: self.pos,
+            rows: if all_logits { n } else { 1 },
+            x: vec![0.0; n * d],
+            h: vec![0.0; n * d],
+            y: Vec::new(),
+            logits: Vec::new(),
         };
-        // x: [n, hidden]
-        let mut x = vec![0.0f32; n * d];
-        for (t, &tok) in tokens.iter().enumerate() {
-            if tok as usize >= cfg.vocab {
-                return Err(Error::invalid(format!(
-                    "token id {tok} is outside the {}-token vocabulary",
-                    cfg.vocab
-                )));
-            }
-            quant::dequantize_row(
-                self.w.embed.dtype,
-                self.w.embed.row(tok as usize),
-                &mut x[t * d..(t + 1) * d],
-            );
-        }
-        let mut h = vec![0.0f32; n * d];
-        let mut mix = vec![0.0f32; n * d];
-        for li in 0..cfg.layers.len() {
-            let layer = &self.w.layers[li];
-            cpu::rms_norm(&x, &layer.norm1, cfg.norm_eps, &mut h);
-            match (&layer.mixer, &mut self.state[li]) {
-                (Mixer::Attention(a), State::Kv { k: kc, v: vc }) => {
-                    let mut q = vec![0.0f32; n * qw];
-                    let mut k = vec![0.0f32; n * kvw];
-                    let mut v = vec![0.0f32; n * kvw];
-                    if n == 1 {
-                        tensor::matvec_same_input(
-                            &[&a.q, &a.k, &a.v],
-                            &h,
-                            &mut [&mut q, &mut k, &mut v],
-                            act,
-                        );
-                    } else {
-                        tensor::matmul(&a.q, &h, n, &mut q);
-                        tensor::matmul(&a.k, &h, n, &mut k);
-                        tensor::matmul(&a.v, &h, n, &mut v);
-                    }
-                    if let Some(w) = &a.q_norm {
-                        let src = q.clone();
-                        cpu::rms_norm(&src, w, cfg.norm_eps, &mut q);
-                    }
-                    if let Some(w) = &a.k_norm {
-                        let src = k.clone();
-                        cpu::rms_norm(&src, w, cfg.norm_eps, &mut k);
-                    }
-                    cpu::rope(
-                        &mut q,
-                        cfg.heads,
-                        hd,
-                        cfg.rope_dim,
-                        self.pos,
-                        cfg.rope_theta,
-                        cfg.rope_style,
-                    );
-                    cpu::rope(
-                        &mut k,
-                        cfg.kv_heads,
-                        hd,
-                        cfg.rope_dim,
-                        self.pos,
-                        cfg.rope_theta,
-                        cfg.rope_style,
-                    );
-                    kc.extend_from_slice(&k);
-                    vc.extend_from_slice(&v);
-                    let mut att = vec![0.0f32; n * qw];
-                    cpu::flash_attention(
-                        &q,
-                        kc,
-                        vc,
-                        n,
-                        self.pos + n,
-                        cfg.heads,
-                        cfg.kv_heads,
-                        hd,
-                        &mut att,
-                    );
-                    product(&a.o, &att, n, &mut mix);
-                }
-                (Mixer::Conv(c), State::Conv(state)) => {
-                    let mut bcx = vec![0.0f32; n * 3 * d];
-                    product(&c.in_proj, &h, n, &mut bcx);
-                    let mut conv_out = vec![0.0f32; n * d];
-                    cpu::short_conv(&bcx, &c.conv, cfg.conv_kernel, d, state, &mut conv_out);
-                    product(&c.out_proj, &conv_out, n, &mut mix);
-                }
-                _ => unreachable!("layer state is built from the same layer kinds"),
-            }
-            self.tap(|| format!("layer.{li}.mixer_out"), &mix);
-            cpu::add_assign(&mut x, &mix);
-            let layer = &self.w.layers[li];
-            cpu::rms_norm(&x, &layer.norm2, cfg.norm_eps, &mut h);
-            let mut g = vec![0.0f32; n * cfg.ffn];
-            let mut u = vec![0.0f32; n * cfg.ffn];
-            if n == 1 {
-                tensor::matvec_same_input(
-                    &[&layer.gate, &layer.up],
-                    &h,
-                    &mut [&mut g, &mut u],
-                    act,
-                );
-            } else {
-                tensor::matmul(&layer.gate, &h, n, &mut g);
-                tensor::matmul(&layer.up, &h, n, &mut u);
-            }
-            for (g, u) in g.iter_mut().zip(&u) {
-                *g = cpu::silu(*g) * u;
-            }
-            product(&layer.down, &g, n, &mut mix);
-            cpu::add_assign(&mut x, &mix);
-            self.tap(|| format!("layer.{li}.out"), &x);
-        }
+        recipe::decoder(&self.cfg, &mut pass)?;
+        let logits = std::mem::take(&mut pass.logits);
         self.pos += n;
-        let rows = if all_logits { n } else { 1 };
-        let last = &x[(n - rows) * d..];
+        Ok(logits)
+    }
+}
+
+/// One forward of the CPU reference over `tokens`: the recipe's operations
+/// computed at once.
+struct CpuPass<'a> {
+    cfg: &'a LlmConfig,
+    w: &'a Weights,
+    state: &'a mut [State],
+    tap: &'a mut Option<Tap>,
+    act: Activations,
+    tokens: &'a [u32],
+    /// Position of the first token.
+    pos: usize,
+    /// Rows of logits to compute (the last ones).
+    rows: usize,
+    /// [n, hidden]: the residual stream.
+    x: Vec<f32>,
+    /// [n, hidden]: a normed copy of x.
+    h: Vec<f32>,
+    /// The last block's output before its projection ([n, heads * head_dim]
+    /// after attention, [n, hidden] after the conv, [n, ffn] after the
+    /// feed-forward).
+    y: Vec<f32>,
+    logits: Vec<f32>,
+}
+
+impl CpuPass<'_> {
+    fn n(&self) -> usize {
+        self.tokens.len()
+    }
+
+    /// y = x W^T for m rows: one row (decode) as `act` says, more in f32.
+    fn product(&self, w: &Tensor, x: &[f32], m: usize, y: &mut [f32]) {
+        if m == 1 {
+            tensor::matvec_with(w, x, y, self.act)
+        } else {
+            tensor::matmul(w, x, m, y)
+        }
+    }
+
+    /// Several products of the same input (q/k/v, gate/up).
+    fn products(&self, ws: &[&Tensor], x: &[f32], ys: &mut [&mut Vec<f32>]) {
+        let n = self.n();
+        if n == 1 {
+            let mut outs: Vec<&mut [f32]> = ys.iter_mut().map(|y| y.as_mut_slice()).collect();
+            tensor::matvec_same_input(ws, x, &mut outs, self.act);
+        } else {
+            for (w, y) in ws.iter().zip(ys.iter_mut()) {
+                tensor::matmul(w, x, n, y);
+            }
+        }
+    }
+
+    fn tap(&mut self, name: impl FnOnce() -> String, which: &[f32]) {
+        if let Some(t) = self.tap.as_mut() {
+            t(&name(), which);
+        }
+    }
+}
+
+impl DecoderOps for CpuPass<'_> {
+    fn embed(&mut self) -> Result<()> {
+        cpu::embedding(&self.w.embed, self.tokens, &mut self.x);
+        if self.cfg.embed_scale != 1.0 {
+            let s = self.cfg.embed_scale;
+            self.x.iter_mut().for_each(|v| *v *= s);
+        }
+        Ok(())
+    }
+
+    fn attention(&mut self, li: usize) -> Result<()> {
+        let cfg = self.cfg;
+        let (n, hd) = (self.n(), cfg.head_dim);
+        let (qw, kvw) = (cfg.heads * hd, cfg.kv_heads * hd);
+        let layer = &self.w.layers[li];
+        let Mixer::Attention(a) = &layer.mixer else {
+            unreachable!("the recipe runs attention on attention layers")
+        };
+        cpu::rms_norm(&self.x, &layer.norm1, cfg.norm_eps, &mut self.h);
+        let (mut q, mut k, mut v) = (vec![0.0; n * qw], vec![0.0; n * kvw], vec![0.0; n * kvw]);
+        self.products(&[&a.q, &a.k, &a.v], &self.h, &mut [&mut q, &mut k, &mut v]);
+        let mut qkv = Vec::with_capacity(n * (qw + 2 * kvw));
+        for t in 0..n {
+            qkv.extend_from_slice(&q[t * qw..][..qw]);
+            qkv.extend_from_slice(&k[t * kvw..][..kvw]);
+            qkv.extend_from_slice(&v[t * kvw..][..kvw]);
+        }
+        let shape = attn_shape(cfg, li);
+        let table = cpu::rope_table_freqs(self.pos, n, &cfg.rope_freqs(cfg.uses_local_rope(li)));
+        let State::Kv { k: kc, v: vc } = &mut self.state[li] else {
+            unreachable!("layer state is built from the same layer kinds")
+        };
+        let kv_len = self.pos + n;
+        kc.resize(kv_len * kvw, 0.0);
+        vc.resize(kv_len * kvw, 0.0);
+        let mut q_roped = vec![0.0; n * qw];
+        cpu::qk_rope(
+            &qkv,
+            n,
+            &shape,
+            a.q_norm.as_deref(),
+            a.k_norm.as_deref(),
+            a.qkv_bias.as_deref(),
+            &table,
+            self.pos,
+            &mut q_roped,
+            kc,
+            vc,
+        );
+        self.y = vec![0.0; n * qw];
+        cpu::flash_attention(&q_roped, kc, vc, n, kv_len, &shape, &mut self.y);
+        Ok(())
+    }
+
+    fn short_conv(&mut self, li: usize) -> Result<()> {
+        let cfg = self.cfg;
+        let (n, d) = (self.n(), cfg.hidden);
+        let layer = &self.w.layers[li];
+        let Mixer::Conv(c) = &layer.mixer else {
+            unreachable!("the recipe runs the conv block on conv layers")
+        };
+        cpu::rms_norm(&self.x, &layer.norm1, cfg.norm_eps, &mut self.h);
+        let mut bcx = vec![0.0f32; n * 3 * d];
+        self.product(&c.in_proj, &self.h, n, &mut bcx);
+        let State::Conv(state) = &mut self.state[li] else {
+            unreachable!("layer state is built from the same layer kinds")
+        };
+        self.y = vec![0.0f32; n * d];
+        cpu::short_conv(&bcx, &c.conv, cfg.conv_kernel, d, state, &mut self.y);
+        Ok(())
+    }
+
+    fn ffn(&mut self, li: usize) -> Result<()> {
+        let cfg = self.cfg;
+        let (n, f) = (self.n(), cfg.ffn);
+        let layer = &self.w.layers[li];
+        cpu::rms_norm(&self.x, &layer.norm2, cfg.norm_eps, &mut self.h);
+        let (mut g, mut u) = (vec![0.0f32; n * f], vec![0.0f32; n * f]);
+        self.products(&[&layer.gate, &layer.up], &self.h, &mut [&mut g, &mut u]);
+        for (g, u) in g.iter_mut().zip(&u) {
+            *g = cpu::ffn_act(cfg.ffn_act, *g) * u;
+        }
+        self.y = g;
+        Ok(())
+    }
+
+    fn residual(&mut self, li: usize, which: Residual) -> Result<()> {
+        let cfg = self.cfg;
+        let (n, d) = (self.n(), cfg.hidden);
+        let layer = &self.w.layers[li];
+        let (w, post) = match (which, &layer.mixer) {
+            (Residual::Mixer, Mixer::Attention(a)) => (&a.o, &layer.post_mixer_norm),
+            (Residual::Mixer, Mixer::Conv(c)) => (&c.out_proj, &layer.post_mixer_norm),
+            (Residual::Ffn, _) => (&layer.down, &layer.post_ffn_norm),
+        };
+        let mut out = vec![0.0f32; n * d];
+        self.product(w, &self.y, n, &mut out);
+        if let Some(pw) = post {
+            let src = out.clone();
+            cpu::rms_norm(&src, pw, cfg.norm_eps, &mut out);
+        }
+        match which {
+            Residual::Mixer => self.tap(|| format!("layer.{li}.mixer_out"), &out),
+            Residual::Ffn => self.tap(|| format!("layer.{li}.ffn_out"), &out),
+        }
+        cpu::add_assign(&mut self.x, &out);
+        if which == Residual::Ffn {
+            let x = std::mem::take(&mut self.x);
+            self.tap(|| format!("layer.{li}.out"), &x);
+            self.x = x;
+        }
+        Ok(())
+    }
+
+    fn head(&mut self) -> Result<()> {
+        let (n, d) = (self.n(), self.cfg.hidden);
+        let rows = self.rows;
+        let last = &self.x[(n - rows) * d..];
         let mut normed = vec![0.0f32; rows * d];
-        cpu::rms_norm(last, &self.w.final_norm, cfg.norm_eps, &mut normed);
-        let mut logits = vec![0.0f32; rows * cfg.vocab];
+        cpu::rms_norm(last, &self.w.final_norm, self.cfg.norm_eps, &mut normed);
+        self.logits = vec![0.0f32; rows * self.cfg.vocab];
         // The vocabulary projection keeps f32 inputs: rounding the final
         // hidden state (large outliers) to 8 bits moves logits by enough to
         // change SmolLM2's first greedy token (tests/smollm2_reference.rs).
-        tensor::matmul(&self.w.head, &normed, rows, &mut logits);
-        Ok(logits)
+        tensor::matmul(&self.w.head, &normed, rows, &mut self.logits);
+        Ok(())
+    }
+}
+
+/// The attention shape of layer `li` (its window, the checkpoint's scale).
+pub fn attn_shape(cfg: &LlmConfig, li: usize) -> cpu::AttnShape {
+    cpu::AttnShape {
+        heads: cfg.heads,
+        kv_heads: cfg.kv_heads,
+        head_dim: cfg.head_dim,
+        rope_dim: cfg.rope_dim,
+        rope_style: cfg.rope_style,
+        eps: cfg.norm_eps,
+        scale: cfg.attn_scale,
+        window: cfg.window(li),
     }
 }

@@ -1,12 +1,17 @@
 //! Model architectures: one file each, in the order config -> weights ->
 //! forward. [`load_llm`] opens any supported language-model checkpoint.
 
+pub mod arch;
 pub mod bert;
+pub mod gemma3;
 pub mod layout;
 pub mod lfm2;
 pub mod llama;
 pub mod llm;
 pub mod llm_gpu;
+pub mod phi3;
+pub mod qwen;
+pub mod recipe;
 pub mod vits;
 pub mod whisper;
 
@@ -197,29 +202,9 @@ pub fn open_llm(path: &Path) -> Result<(LlmConfig, Weights)> {
 
 fn open_hf(dir: &Path) -> Result<Opened> {
     let c = HfConfig::open(dir)?;
-    let arch = c.get_str_opt("model_type")?.unwrap_or("");
-    let tied = c
-        .get_bool_opt("tie_word_embeddings")?
-        .unwrap_or(matches!(arch, "lfm2"));
+    let (cfg, names) = arch::from_hf(&c)?;
     let src = hf::open_checkpoint(dir)?;
-    let (cfg, weights) = match arch {
-        "llama" => {
-            let cfg = llama::config_from_hf(&c)?;
-            let w = llama::load_hf(&cfg, src.as_ref(), tied)?;
-            (cfg, w)
-        }
-        "lfm2" => {
-            let cfg = lfm2::config_from_hf(&c)?;
-            let w = lfm2::load_hf(&cfg, src.as_ref(), tied)?;
-            (cfg, w)
-        }
-        other => {
-            return Err(Error::unsupported(
-                c.path(),
-                format!("model_type '{other}' (supported: llama, lfm2)"),
-            ))
-        }
-    };
+    let weights = llm::load_weights(&cfg, src.as_ref(), &names)?;
     let tokenizer = if dir.join("tokenizer.json").is_file() {
         Some(Tokenizer::from_hf_dir(dir)?)
     } else {
@@ -259,24 +244,20 @@ fn hf_sampling_defaults(dir: &Path) -> Result<SamplingOptions> {
 
 fn open_gguf(path: &Path) -> Result<Opened> {
     let g = GgufFile::open(path)?;
-    let (cfg, weights) = match g.architecture()? {
-        "llama" => {
-            let cfg = llama::config_from_gguf(&g)?;
-            let w = llama::load_gguf(&cfg, &g)?;
-            (cfg, w)
-        }
-        "lfm2" => {
-            let cfg = lfm2::config_from_gguf(&g)?;
-            let w = lfm2::load_gguf(&cfg, &g)?;
-            (cfg, w)
-        }
-        other => {
-            return Err(Error::unsupported(
+    let (cfg, names) = arch::from_gguf(&g)?;
+    let weights = llm::load_weights(&cfg, &g, &names)?;
+    if let Some(tokens) = g.get_str_array_opt("tokenizer.ggml.tokens")? {
+        let rows = weights.embed.rows();
+        if tokens.len() != rows {
+            return Err(Error::format(
                 path,
-                format!("architecture '{other}' (supported: llama, lfm2)"),
-            ))
+                format!(
+                    "a vocabulary of {} tokens for an embedding of {rows} rows",
+                    tokens.len()
+                ),
+            ));
         }
-    };
+    }
     let tokenizer = match g.get_str_opt("tokenizer.ggml.model")? {
         Some(_) => Some(gguf_tokenizer(&g)?),
         None => None,

@@ -64,7 +64,14 @@ fn rms_norm(gpu: &Gpu, v: &Variant) {
             cpu::rms_norm(&x, &w, 1e-5, &mut want);
             let gx = gpu.upload_f32("x", &x).unwrap();
             let gw = gpu.upload_f32("w", &w).unwrap();
-            let gy = gpu.poisoned_f32("y", rows * n).unwrap();
+            let gy = if v.defines.contains(&"ADD") {
+                // Accumulates into a residual stream of its own.
+                let y0 = rng.vec(rows * n, -2.0, 2.0);
+                cpu::add_assign(&mut want, &y0);
+                gpu.upload_f32("y", &y0).unwrap()
+            } else {
+                gpu.poisoned_f32("y", rows * n).unwrap()
+            };
             let d = ops::rms_norm(gpu, v, &gx, &gw, &gy, n, rows, 1e-5).unwrap();
             gpu.run_all(&[&d]).unwrap();
             let got = gpu.read_f32(&gy).unwrap();

@@ -8,7 +8,7 @@ use lfm::cpu::{self, AttnShape};
 use lfm::gpu::llm_ops::{self, GemmKernel, GemmMode, GemvEpilogue, GpuMatrix};
 use lfm::gpu::ops::Dispatch;
 use lfm::gpu::{Gpu, Variant};
-use lfm::models::llm::RopeStyle;
+use lfm::models::llm::{FfnAct, RopeStyle};
 use lfm::quant::GgmlType;
 use lfm::tensor::Tensor;
 use lfm::util::rng::Rng;
@@ -31,6 +31,10 @@ pub const CASES: &[Case] = &[
         run: gemv_swiglu,
     },
     Case {
+        kernel: "gemv_geglu",
+        run: gemv_swiglu,
+    },
+    Case {
         kernel: "gemv_conv",
         run: gemv_conv,
     },
@@ -44,6 +48,10 @@ pub const CASES: &[Case] = &[
     },
     Case {
         kernel: "gemm_norm_swiglu",
+        run: gemm_norm_swiglu,
+    },
+    Case {
+        kernel: "gemm_norm_geglu",
         run: gemm_norm_swiglu,
     },
     Case {
@@ -266,8 +274,18 @@ fn gemv_norm(gpu: &Gpu, v: &Variant) {
     }
 }
 
+/// The gated activation a variant computes (GELU: GeGLU).
+fn act_of(v: &Variant) -> FfnAct {
+    if v.defines.contains(&"GELU") {
+        FfnAct::GeluTanh
+    } else {
+        FfnAct::Silu
+    }
+}
+
 fn gemv_swiglu(gpu: &Gpu, v: &Variant) {
     let (t, sub) = format_and_subgroups(v);
+    let act = act_of(v);
     let mut rng = Rng::new(13);
     for k in row_lengths(t) {
         for rows in ROWS {
@@ -276,12 +294,16 @@ fn gemv_swiglu(gpu: &Gpu, v: &Variant) {
             let x = rng.vec(k, -3.0, 3.0);
             let nw = rng.vec(k, 0.5, 1.5);
             let mut want = vec![0.0; rows];
-            cpu::gemv_swiglu(&gate, &up, &x, &nw, 1e-5, &mut want);
+            cpu::gemv_swiglu(&gate, &up, &x, &nw, 1e-5, act, &mut want);
             let m = upload(gpu, &[&gate, &up], 50);
             let gx = gpu.upload_f32("x", &x).unwrap();
             let gn = gpu.upload_f32("nw", &nw).unwrap();
             let gy = gpu.poisoned_f32("y", rows).unwrap();
-            let epi = GemvEpilogue::Swiglu { nw: &gn, eps: 1e-5 };
+            let epi = GemvEpilogue::Swiglu {
+                nw: &gn,
+                eps: 1e-5,
+                act,
+            };
             run(
                 gpu,
                 &llm_ops::gemv(gpu, sub, &m, &epi, &gx, 0, &gy, 0).unwrap(),
@@ -374,7 +396,7 @@ fn gemv_conv(gpu: &Gpu, v: &Variant) {
 enum Epilogue {
     Add,
     Norm,
-    NormSwiglu,
+    NormSwiglu(FfnAct),
 }
 
 fn gemm_case(gpu: &Gpu, v: &Variant, epilogue: Epilogue) {
@@ -405,7 +427,7 @@ fn gemm_case(gpu: &Gpu, v: &Variant, epilogue: Epilogue) {
             let mut x: Vec<f32> = xs.chunks(x_stride).flat_map(|r| r[..k].to_vec()).collect();
             // NORM: the CPU normalises first, as the unfused model did.
             let nw = rng.vec(k, 0.5, 1.5);
-            if matches!(epilogue, Epilogue::Norm | Epilogue::NormSwiglu) {
+            if matches!(epilogue, Epilogue::Norm | Epilogue::NormSwiglu(_)) {
                 let raw = x.clone();
                 cpu::rms_norm(&raw, &nw, eps, &mut x);
             }
@@ -429,11 +451,11 @@ fn gemm_case(gpu: &Gpu, v: &Variant, epilogue: Epilogue) {
             let mut want = Vec::new();
             let mut got_at = Vec::new();
             for tok in 0..n {
-                if epilogue == Epilogue::NormSwiglu {
-                    // One column per row pair: silu(gate) * up.
+                if let Epilogue::NormSwiglu(act) = epilogue {
+                    // One column per row pair: act(gate) * up.
                     for r in 0..rows {
                         let i = tok * rows + r;
-                        want.push(cpu::silu(ya[i]) * yb[i]);
+                        want.push(cpu::ffn_act(act, ya[i]) * yb[i]);
                         got_at.push(tok * y_stride + 1 + r);
                     }
                     continue;
@@ -454,7 +476,7 @@ fn gemm_case(gpu: &Gpu, v: &Variant, epilogue: Epilogue) {
             let mode = match epilogue {
                 Epilogue::Add => GemmMode::Add,
                 Epilogue::Norm => GemmMode::Norm { nw: &gnw, eps },
-                Epilogue::NormSwiglu => GemmMode::NormSwiglu { nw: &gnw, eps },
+                Epilogue::NormSwiglu(act) => GemmMode::NormSwiglu { nw: &gnw, eps, act },
             };
             run(
                 gpu,
@@ -481,7 +503,7 @@ fn gemm_norm(gpu: &Gpu, v: &Variant) {
 }
 
 fn gemm_norm_swiglu(gpu: &Gpu, v: &Variant) {
-    gemm_case(gpu, v, Epilogue::NormSwiglu);
+    gemm_case(gpu, v, Epilogue::NormSwiglu(act_of(v)));
 }
 
 fn embedding(gpu: &Gpu, v: &Variant) {
@@ -502,6 +524,9 @@ fn embedding(gpu: &Gpu, v: &Variant) {
         let n = tokens.len();
         let mut want = vec![0.0; n * d];
         cpu::embedding(&table, &tokens, &mut want);
+        // Gemma's scale (a power of two, so the product stays exact).
+        let scale = if d == 33 { 16.0 } else { 1.0 };
+        want.iter_mut().for_each(|w| *w *= scale);
         // Chunks of 32 rows: tokens 31, 32 and 66 fall in different buffers.
         let m = upload(gpu, &[&table], 32);
         assert_eq!(m.chunks.len(), 3);
@@ -509,7 +534,10 @@ fn embedding(gpu: &Gpu, v: &Variant) {
         tok_buf.extend(&tokens);
         let gt = gpu.upload_u32("tokens", &tok_buf).unwrap();
         let gy = gpu.poisoned_f32("y", n * d).unwrap();
-        run(gpu, &llm_ops::embedding(gpu, &m, &gt, 2, &gy, n).unwrap());
+        run(
+            gpu,
+            &llm_ops::embedding(gpu, &m, &gt, 2, scale, &gy, n).unwrap(),
+        );
         // Dequantisation is exact on both sides.
         assert_close(
             &format!("{} d={d}", v.key()),
@@ -522,6 +550,7 @@ fn embedding(gpu: &Gpu, v: &Variant) {
 
 fn qk_rope(gpu: &Gpu, v: &Variant) {
     let norm = v.defines.contains(&"QK_NORM");
+    let with_bias = v.defines.contains(&"BIAS");
     let mut rng = Rng::new(17);
     for (heads, kv_heads, hd, rope_dim, style) in [
         (4, 2, 64, 64, RopeStyle::Halves),
@@ -534,12 +563,15 @@ fn qk_rope(gpu: &Gpu, v: &Variant) {
                 kv_heads,
                 head_dim: hd,
                 rope_dim,
-                rope_theta: 10_000.0,
                 rope_style: style,
                 eps: 1e-5,
+                scale: cpu::attention_scale(hd),
+                window: 0,
             };
             let (qw, kvw) = (heads * hd, kv_heads * hd);
             let qkv = rng.vec(n * (qw + 2 * kvw), -2.0, 2.0);
+            let bias = rng.vec(qw + 2 * kvw, -1.0, 1.0);
+            let cs = cpu::rope_table(pos0, n, rope_dim, 10_000.0);
             let qn = rng.vec(hd, 0.5, 1.5);
             let kn = rng.vec(hd, 0.5, 1.5);
             let cap = pos0 + n + 2;
@@ -552,6 +584,8 @@ fn qk_rope(gpu: &Gpu, v: &Variant) {
                 &s,
                 norm.then_some(qn.as_slice()),
                 norm.then_some(kn.as_slice()),
+                with_bias.then_some(bias.as_slice()),
+                &cs,
                 pos0,
                 &mut want_q,
                 &mut want_k,
@@ -560,8 +594,8 @@ fn qk_rope(gpu: &Gpu, v: &Variant) {
             let gqkv = gpu.upload_f32("qkv", &qkv).unwrap();
             let gqn = gpu.upload_f32("qn", &qn).unwrap();
             let gkn = gpu.upload_f32("kn", &kn).unwrap();
-            let cs = cpu::rope_table(pos0, n, rope_dim, s.rope_theta);
             let gcs = gpu.upload_f32("cs", &cs).unwrap();
+            let gbias = gpu.upload_f32("bias", &bias).unwrap();
             let step = gpu
                 .upload_u32("step", &[0, pos0 as u32, (pos0 + n) as u32, 1])
                 .unwrap();
@@ -578,6 +612,7 @@ fn qk_rope(gpu: &Gpu, v: &Variant) {
                 &s,
                 &gqkv,
                 norm.then_some((&gqn, &gkn)),
+                with_bias.then_some(&gbias),
                 &gcs,
                 &kv,
                 &gq,
@@ -621,6 +656,7 @@ fn attention_case(
     n_q: usize,
     kv_len: usize,
     splits: usize,
+    window: usize,
     rng: &mut Rng,
 ) {
     let sub = v.defines.contains(&"SUBGROUPS");
@@ -629,9 +665,11 @@ fn attention_case(
         kv_heads,
         head_dim: hd,
         rope_dim: hd,
-        rope_theta: 10_000.0,
         rope_style: RopeStyle::Halves,
         eps: 1e-5,
+        // A checkpoint's own scale (Gemma's query_pre_attn_scalar).
+        scale: 1.0 / (hd as f32 + 7.0).sqrt(),
+        window,
     };
     let kvw = kv_heads * hd;
     // Peaked scores (|q.k| up to ~hd) test the running max; the cache has
@@ -640,7 +678,7 @@ fn attention_case(
     let k = rng.vec(kv_len * kvw, -1.5, 1.5);
     let vv = rng.vec(kv_len * kvw, -1.0, 1.0);
     let mut want = vec![0.0; n_q * heads * hd];
-    cpu::flash_attention(&q, &k, &vv, n_q, kv_len, heads, kv_heads, hd, &mut want);
+    cpu::flash_attention(&q, &k, &vv, n_q, kv_len, &s, &mut want);
     let pad = |x: &[f32]| {
         let mut p = x.to_vec();
         p.extend(std::iter::repeat_n(f32::NAN, 3 * kvw));
@@ -685,7 +723,7 @@ fn attention_case(
     let tol = if coop { 1e-5 } else { 1e-10 };
     assert_close(
         &format!(
-            "{} heads={heads}/{kv_heads} hd={hd} n_q={n_q} kv_len={kv_len} splits={splits}",
+            "{} heads={heads}/{kv_heads} hd={hd} n_q={n_q} kv_len={kv_len} splits={splits} window={window}",
             v.key()
         ),
         &gpu.read_f32(&out).unwrap(),
@@ -700,11 +738,28 @@ fn flash_attention(gpu: &Gpu, v: &Variant) {
         // Decode over every interesting length, with the splits decode uses.
         for kv_len in [1, 63, 64, 65, 257, 1025] {
             let splits = llm_ops::attention_splits(kv_len);
-            attention_case(gpu, v, 4, 2, hd, 1, kv_len, splits, &mut rng);
+            attention_case(gpu, v, 4, 2, hd, 1, kv_len, splits, 0, &mut rng);
         }
         // Causal prefill: 33 new queries after 7 cached positions.
-        attention_case(gpu, v, 4, 1, hd, 33, 40, 1, &mut rng);
-        attention_case(gpu, v, 2, 2, hd, 1, 1, 1, &mut rng);
+        attention_case(gpu, v, 4, 1, hd, 33, 40, 1, 0, &mut rng);
+        attention_case(gpu, v, 2, 2, hd, 1, 1, 1, 0, &mut rng);
+        // Sliding windows: shorter than the cache (split or not), one
+        // position, and longer than the cache.
+        attention_case(
+            gpu,
+            v,
+            4,
+            2,
+            hd,
+            1,
+            257,
+            llm_ops::attention_splits(257),
+            100,
+            &mut rng,
+        );
+        attention_case(gpu, v, 4, 1, hd, 33, 40, 1, 9, &mut rng);
+        attention_case(gpu, v, 2, 2, hd, 3, 20, 1, 1, &mut rng);
+        attention_case(gpu, v, 2, 1, hd, 5, 12, 1, 4096, &mut rng);
     }
 }
 
@@ -713,19 +768,25 @@ fn prefill_attention(gpu: &Gpu, v: &Variant) {
     // Blocks of 64 queries and 32 keys: one query, part of a block, exact
     // blocks and past them; with nothing, a little and a lot cached before.
     for (n_q, cached) in [(1, 0), (33, 7), (64, 0), (65, 31), (130, 100), (200, 0)] {
-        attention_case(gpu, v, 4, 2, 64, n_q, n_q + cached, 1, &mut rng);
+        attention_case(gpu, v, 4, 2, 64, n_q, n_q + cached, 1, 0, &mut rng);
     }
-    attention_case(gpu, v, 6, 6, 64, 40, 40, 1, &mut rng);
+    attention_case(gpu, v, 6, 6, 64, 40, 40, 1, 0, &mut rng);
+    // Sliding windows inside a block, across blocks, and of one position.
+    attention_case(gpu, v, 4, 2, 64, 130, 230, 1, 17, &mut rng);
+    attention_case(gpu, v, 4, 2, 64, 65, 96, 1, 70, &mut rng);
+    attention_case(gpu, v, 2, 1, 64, 33, 33, 1, 1, &mut rng);
 }
 
 fn flash_attention_merge(gpu: &Gpu, _v: &Variant) {
     // The merge only runs after a split pass: drive it through the portable
-    // split kernel with more splits than positions need (empty splits too).
+    // split kernel with more splits than positions need (empty splits too,
+    // and splits over a sliding window).
     let v = Variant::default();
     let mut rng = Rng::new(19);
     for (kv_len, splits) in [(2, 2), (65, 3), (300, llm_ops::MAX_SPLITS), (1025, 7)] {
-        attention_case(gpu, &v, 4, 2, 64, 1, kv_len, splits, &mut rng);
+        attention_case(gpu, &v, 4, 2, 64, 1, kv_len, splits, 0, &mut rng);
     }
+    attention_case(gpu, &v, 4, 2, 64, 1, 300, llm_ops::MAX_SPLITS, 31, &mut rng);
 }
 
 fn short_conv(gpu: &Gpu, _v: &Variant) {
@@ -764,20 +825,21 @@ fn short_conv(gpu: &Gpu, _v: &Variant) {
     }
 }
 
-fn swiglu(gpu: &Gpu, _v: &Variant) {
+fn swiglu(gpu: &Gpu, v: &Variant) {
+    let act = act_of(v);
     let mut rng = Rng::new(21);
     for &f in SIZES {
         for n in [1, 3] {
             let gu = rng.vec(n * 2 * f, -6.0, 6.0);
             let mut want = vec![0.0; n * f];
-            cpu::swiglu(&gu, f, &mut want);
+            cpu::gated(&gu, f, act, &mut want);
             let gg = gpu.upload_f32("gu", &gu).unwrap();
             let gy = gpu.poisoned_f32("y", n * f).unwrap();
-            let d = llm_ops::swiglu(gpu, &gg, &gy, f, n).unwrap();
+            let d = llm_ops::swiglu(gpu, &gg, &gy, f, n, act).unwrap();
             gpu.run_all(&[&d]).unwrap();
             // One exp and a division: a few ulps of the GPU's exp.
             assert_close(
-                &format!("swiglu f={f} n={n}"),
+                &format!("swiglu {} f={f} n={n}", v.key()),
                 &gpu.read_f32(&gy).unwrap()[..n * f],
                 &want,
                 1e-12,

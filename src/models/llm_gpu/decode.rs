@@ -1,0 +1,405 @@
+//! Decode: the recipe recorded once as fused dispatches over the decode
+//! buffers (rebuilt when the KV cache grows), then one submission per token.
+
+use super::{GpuFfn, GpuLlm, GpuMixer, GpuState, Op, Readback};
+use crate::error::{Error, Result};
+use crate::gpu::llm_ops::{self, AttnBuffers, GemvEpilogue};
+use crate::gpu::ops::{self, Dispatch};
+use crate::gpu::profile::{PassTimer, StepProfile};
+use crate::gpu::Variant;
+use crate::models::llm::attn_shape;
+use crate::models::recipe::{self, DecoderOps, Residual};
+use std::time::Instant;
+
+/// Records the recipe's operations for one token.
+struct DecodeRecorder<'a> {
+    m: &'a GpuLlm,
+    plan: Vec<Op>,
+    /// The last block's output, the input of its projection.
+    y: Option<&'a wgpu::Buffer>,
+}
+
+impl DecodeRecorder<'_> {
+    fn fixed(&mut self, ds: Vec<Dispatch>) {
+        self.plan.extend(ds.into_iter().map(Op::Fixed));
+    }
+}
+
+impl<'a> DecoderOps for DecodeRecorder<'a> {
+    fn embed(&mut self) -> Result<()> {
+        let m = self.m;
+        let io = &m.io;
+        let scale = m.cfg.embed_scale;
+        self.fixed(llm_ops::embedding(
+            &m.gpu, &m.embed, &io.token, 0, scale, &io.x, 1,
+        )?);
+        Ok(())
+    }
+
+    fn attention(&mut self, li: usize) -> Result<()> {
+        let m: &'a GpuLlm = self.m;
+        let (g, io, sub) = (&*m.gpu, &m.io, m.subgroups);
+        let layer = &m.layers[li];
+        let (
+            GpuMixer::Attention {
+                qkv, norms, bias, ..
+            },
+            GpuState::Kv { k, v },
+        ) = (&layer.mixer, &m.state[li])
+        else {
+            unreachable!("the recipe runs attention on attention layers")
+        };
+        let norm1 = GemvEpilogue::Norm {
+            nw: &layer.norm1,
+            eps: m.cfg.norm_eps,
+        };
+        for (mat, off) in qkv {
+            self.fixed(llm_ops::gemv(g, sub, mat, &norm1, &io.x, 0, &io.qkv, *off)?);
+        }
+        let kv = AttnBuffers {
+            step: &io.step,
+            k_cache: k,
+            v_cache: v,
+        };
+        let shape = attn_shape(&m.cfg, li);
+        let cs = if m.cfg.uses_local_rope(li) {
+            &io.cs_local
+        } else {
+            &io.cs
+        };
+        let norms = norms.as_ref().map(|(a, b)| (a, b));
+        let rope = llm_ops::qk_rope(g, &shape, &io.qkv, norms, bias.as_ref(), cs, &kv, &io.q, 1)?;
+        self.plan.push(Op::Fixed(rope));
+        self.plan.push(Op::Attention(llm_ops::flash_attention(
+            g, sub, &shape, &io.q, &kv, &io.att, &io.part, 1,
+        )?));
+        self.y = Some(&io.att);
+        Ok(())
+    }
+
+    fn short_conv(&mut self, li: usize) -> Result<()> {
+        let m: &'a GpuLlm = self.m;
+        let (g, io, sub) = (&*m.gpu, &m.io, m.subgroups);
+        let layer = &m.layers[li];
+        let (GpuMixer::Conv { in_proj, conv, .. }, GpuState::Conv(st)) =
+            (&layer.mixer, &m.state[li])
+        else {
+            unreachable!("the recipe runs the conv block on conv layers")
+        };
+        let epi = GemvEpilogue::Conv {
+            nw: &layer.norm1,
+            eps: m.cfg.norm_eps,
+            conv,
+            state: st,
+            step: &io.step,
+            taps: m.cfg.conv_kernel,
+        };
+        self.fixed(llm_ops::gemv(
+            g,
+            sub,
+            in_proj,
+            &epi,
+            &io.x,
+            0,
+            &io.conv_out,
+            0,
+        )?);
+        self.y = Some(&io.conv_out);
+        Ok(())
+    }
+
+    fn ffn(&mut self, li: usize) -> Result<()> {
+        let m: &'a GpuLlm = self.m;
+        let (g, io, sub) = (&*m.gpu, &m.io, m.subgroups);
+        let (layer, eps, act) = (&m.layers[li], m.cfg.norm_eps, m.cfg.ffn_act);
+        match &layer.ffn {
+            GpuFfn::Fused(mat) => {
+                let epi = GemvEpilogue::Swiglu {
+                    nw: &layer.norm2,
+                    eps,
+                    act,
+                };
+                self.fixed(llm_ops::gemv(g, sub, mat, &epi, &io.x, 0, &io.g, 0)?);
+            }
+            GpuFfn::Split(gate, up) => {
+                let norm2 = GemvEpilogue::Norm {
+                    nw: &layer.norm2,
+                    eps,
+                };
+                let f = m.cfg.ffn;
+                self.fixed(llm_ops::gemv(g, sub, gate, &norm2, &io.x, 0, &io.gu, 0)?);
+                self.fixed(llm_ops::gemv(g, sub, up, &norm2, &io.x, 0, &io.gu, f)?);
+                self.plan
+                    .push(Op::Fixed(llm_ops::swiglu(g, &io.gu, &io.g, f, 1, act)?));
+            }
+        }
+        self.y = Some(&io.g);
+        Ok(())
+    }
+
+    fn residual(&mut self, li: usize, which: Residual) -> Result<()> {
+        let m: &'a GpuLlm = self.m;
+        let (g, io, sub) = (&*m.gpu, &m.io, m.subgroups);
+        let layer = &m.layers[li];
+        let (w, post) = match (which, &layer.mixer) {
+            (Residual::Mixer, GpuMixer::Attention { o, .. }) => (o, &layer.post_mixer_norm),
+            (Residual::Mixer, GpuMixer::Conv { out, .. }) => (out, &layer.post_mixer_norm),
+            (Residual::Ffn, _) => (&layer.down, &layer.post_ffn_norm),
+        };
+        let y = self.y.take().expect("a block ran before its projection");
+        match post {
+            None => self.fixed(llm_ops::gemv(
+                g,
+                sub,
+                w,
+                &GemvEpilogue::Add,
+                y,
+                0,
+                &io.x,
+                0,
+            )?),
+            Some(pw) => {
+                self.fixed(llm_ops::gemv(
+                    g,
+                    sub,
+                    w,
+                    &GemvEpilogue::Store,
+                    y,
+                    0,
+                    &io.mix,
+                    0,
+                )?);
+                let variant = norm_add_variant(sub);
+                let d = m.cfg.hidden;
+                let add = ops::rms_norm(g, &variant, &io.mix, pw, &io.x, d, 1, m.cfg.norm_eps)?;
+                self.plan.push(Op::Fixed(add));
+            }
+        }
+        Ok(())
+    }
+
+    fn head(&mut self) -> Result<()> {
+        let m = self.m;
+        let head = GemvEpilogue::Norm {
+            nw: &m.final_norm,
+            eps: m.cfg.norm_eps,
+        };
+        let io = &m.io;
+        self.fixed(llm_ops::gemv(
+            &m.gpu,
+            m.subgroups,
+            m.head(),
+            &head,
+            &io.x,
+            0,
+            &io.logits,
+            0,
+        )?);
+        Ok(())
+    }
+}
+
+/// The rms_norm variant that adds a post-norm into the residual stream.
+pub(super) fn norm_add_variant(subgroups: bool) -> Variant {
+    if subgroups {
+        Variant::new(&["ADD", "SUBGROUPS"])
+    } else {
+        Variant::new(&["ADD"])
+    }
+}
+
+impl GpuLlm {
+    /// The decode plan over the current buffers (rebuilt when the KV cache
+    /// grows).
+    pub(super) fn build_plan(&self) -> Result<Vec<Op>> {
+        let mut rec = DecodeRecorder {
+            m: self,
+            plan: Vec::new(),
+            y: None,
+        };
+        recipe::decoder(&self.cfg, &mut rec)?;
+        Ok(rec.plan)
+    }
+
+    /// One decode step: appends `token`; returns the bytes `what` asks for.
+    pub(super) fn decode(&mut self, token: u32, what: Readback) -> Result<Vec<u8>> {
+        self.check_tokens(&[token])?;
+        self.write_token(token);
+        let splits = self.begin_step()?;
+        let mut enc = self.encode_step(splits, what);
+        let g = &*self.gpu;
+        let io = &self.io;
+        let (src, staging, len) = match what {
+            Readback::Token => (&io.token, &io.token_staging, 4),
+            Readback::Candidates => (&io.cand, &io.cand_staging, 8 * self.top_k as u64),
+            Readback::Logits => (&io.logits, &io.logits_staging, (self.cfg.vocab * 4) as u64),
+        };
+        enc.copy_buffer_to_buffer(src, 0, staging, 0, len);
+        let out = g.submit_and_read(enc, staging, len)?;
+        self.pos += 1;
+        Ok(out)
+    }
+
+    /// Makes room for one more position and writes its step values; returns
+    /// the attention splits the step records.
+    fn begin_step(&mut self) -> Result<usize> {
+        self.ensure_capacity(self.pos + 1)?;
+        let splits = llm_ops::attention_splits(self.pos + 1);
+        self.write_step(1, splits, &self.io.cs, &self.io.cs_local);
+        Ok(splits)
+    }
+
+    /// An encoder holding one decode step's pass (the readback copy is the
+    /// caller's).
+    fn encode_step(&self, splits: usize, what: Readback) -> wgpu::CommandEncoder {
+        let mut enc = self.gpu.device.create_command_encoder(&Default::default());
+        {
+            let mut pass = enc.begin_compute_pass(&Default::default());
+            self.record_step(&mut pass, splits, what, &mut |_, _| {});
+        }
+        enc
+    }
+
+    /// Sets the token the next decode step consumes (otherwise it consumes
+    /// the one the previous step's argmax left in io.token).
+    fn write_token(&self, token: u32) {
+        self.gpu
+            .queue
+            .write_buffer(&self.io.token, 0, bytemuck::bytes_of(&token));
+    }
+
+    /// Submits one greedy decode step consuming the token in io.token, its
+    /// argmax copied into `staging`; advances the position.
+    fn submit_greedy(&mut self, staging: &wgpu::Buffer) -> Result<wgpu::SubmissionIndex> {
+        self.check_room(1)?;
+        let splits = self.begin_step()?;
+        let mut enc = self.encode_step(splits, Readback::Token);
+        enc.copy_buffer_to_buffer(&self.io.token, 0, staging, 0, 4);
+        let done = self.gpu.queue.submit([enc.finish()]);
+        self.pos += 1;
+        Ok(done)
+    }
+
+    /// Greedy decoding with the GPU one step ahead of the host: step i + 1
+    /// is submitted, consuming the token step i left on the GPU, before the
+    /// host reads step i's token, so recording and submitting overlap the
+    /// device's work. When `emit` stops early the step that ran ahead is
+    /// undone (the position goes back; its KV row and conv-state ring row are
+    /// rewritten by the next token), so the sequence is what a loop of
+    /// [`CausalLm::step_greedy`] leaves.
+    pub(super) fn greedy_pipelined(
+        &mut self,
+        token: u32,
+        max: usize,
+        emit: &mut dyn FnMut(u32) -> bool,
+    ) -> Result<usize> {
+        if max == 0 {
+            return Ok(0);
+        }
+        self.check_tokens(&[token])?;
+        self.write_token(token);
+        let staging = [
+            self.io.token_staging.clone(),
+            self.io.token_staging2.clone(),
+        ];
+        // Submission of each step in flight, oldest first.
+        let mut flight = std::collections::VecDeque::new();
+        flight.push_back(self.submit_greedy(&staging[0])?);
+        let (mut submitted, mut produced) = (1, 0);
+        loop {
+            if submitted < max {
+                flight.push_back(self.submit_greedy(&staging[submitted % 2])?);
+                submitted += 1;
+            }
+            let done = flight.pop_front().expect("a step in flight");
+            let bytes = self.gpu.read_staging(&staging[produced % 2], 4, done)?;
+            let next = u32::from_le_bytes(bytes[..4].try_into().expect("4 bytes"));
+            produced += 1;
+            if !emit(next) || produced == max {
+                if submitted > produced {
+                    // The step that ran ahead consumed `next`: wait for it
+                    // (its staging buffer must be unmapped for reuse) and
+                    // take it back.
+                    let done = flight.pop_front().expect("the step ahead");
+                    self.gpu.read_staging(&staging[produced % 2], 4, done)?;
+                    self.pos -= 1;
+                }
+                return Ok(produced);
+            }
+        }
+    }
+
+    /// Records one decode step into `pass`, calling `after` after each
+    /// dispatch with its kernel name.
+    fn record_step(
+        &self,
+        pass: &mut wgpu::ComputePass<'_>,
+        splits: usize,
+        what: Readback,
+        after: &mut dyn FnMut(&mut wgpu::ComputePass<'_>, &'static str),
+    ) {
+        let last = match what {
+            Readback::Token => &self.argmax[..],
+            Readback::Candidates => &self.select[..],
+            Readback::Logits => &[],
+        };
+        for op in &self.plan {
+            match op {
+                Op::Fixed(d) => {
+                    d.record(pass);
+                    after(pass, d.bound.name);
+                }
+                Op::Attention(a) => a.record_with(pass, splits, after),
+            }
+        }
+        for d in last {
+            d.record(pass);
+            after(pass, d.bound.name);
+        }
+    }
+
+    /// Runs `steps` greedy decode steps from `token` with a device timestamp
+    /// after every dispatch, and says where the time went: host recording,
+    /// submission and waiting, and device time per kernel.
+    pub fn profile_decode(&mut self, mut token: u32, steps: usize) -> Result<StepProfile> {
+        // Every attention layer may add a merge.
+        let timer = PassTimer::new(&self.gpu, 2 * self.plan.len() as u32 + 2)?;
+        let mut prof = StepProfile {
+            what: "decode step".into(),
+            ..Default::default()
+        };
+        for _ in 0..steps {
+            self.check_tokens(&[token])?;
+            self.write_token(token);
+            let splits = self.begin_step()?;
+            let g = &*self.gpu;
+            let t0 = Instant::now();
+            let mut enc = g.device.create_command_encoder(&Default::default());
+            let mut names = Vec::new();
+            {
+                let mut pass = enc.begin_compute_pass(&Default::default());
+                timer.mark(&mut pass, 0);
+                self.record_step(&mut pass, splits, Readback::Token, &mut |p, name| {
+                    names.push(name);
+                    timer.mark(p, names.len() as u32);
+                });
+            }
+            let marks = names.len() as u32 + 1;
+            if marks > timer.capacity() {
+                return Err(Error::gpu("profile: more dispatches than timestamps"));
+            }
+            timer.resolve(&mut enc, marks);
+            enc.copy_buffer_to_buffer(&self.io.token, 0, &self.io.token_staging, 0, 4);
+            let t1 = Instant::now();
+            let done = g.queue.submit([enc.finish()]);
+            let t2 = Instant::now();
+            let out = g.read_staging(&self.io.token_staging, 4, done.clone())?;
+            let t3 = Instant::now();
+            let ts = timer.read(g, marks, done)?;
+            prof.add_step([t0, t0, t1, t2, t3], &names, &ts);
+            self.pos += 1;
+            token = u32::from_le_bytes(out[..4].try_into().expect("4 bytes"));
+        }
+        Ok(prof.finish())
+    }
+}

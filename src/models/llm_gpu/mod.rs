@@ -1,0 +1,537 @@
+//! The GPU forward of the decoder recipe ([`super::recipe`]), built from the
+//! same [`LlmConfig`] and [`Weights`] as the CPU reference
+//! ([`super::llm::CpuLlm`], its oracle in `tests/llm_gpu.rs`).
+//!
+//! Weights are uploaded in their stored format ([`GpuMatrix`], `upload.rs`);
+//! the KV cache and the conv state stay on the GPU. Decode (`decode.rs`) is
+//! prepared once (bind groups, dispatch list, scratch buffers: nothing is
+//! allocated per token) and records a whole token, every layer, the head and
+//! the argmax, into one submission; the per-token values (position, KV
+//! length, attention splits, RoPE angles) go into small buffers written once
+//! per token, and only the token id comes back (or, for sampling, the top
+//! candidates; or the logits, when asked). The token a step consumes is read
+//! on the GPU from where the previous step's argmax left it, so greedy
+//! decoding runs a step ahead of the host ([`CausalLm::greedy_run`]). The
+//! recipe's operations become fused dispatches: norm+QKV, biases+q/k
+//! norm+RoPE+cache write, attention (+ merge on long contexts), output
+//! projection+residual (or, with a post-norm, projection then norm+add),
+//! norm+gate/up+activation, down+residual; an LFM2 conv block is
+//! norm+in_proj+conv. Prefill (`prefill.rs`) runs the tiled GEMM over
+//! chunks of up to [`PREFILL_CHUNK`] tokens, one submission per chunk, with
+//! the prenorms (and the gated activation) fused into the GEMMs and, on
+//! adapters with cooperative matrices, a tiled attention kernel; a chunk's
+//! dispatches are kept while its shape repeats.
+
+mod decode;
+mod prefill;
+mod upload;
+
+use super::llm::{CausalLm, LayerKind, LlmConfig, Weights};
+use crate::cpu;
+use crate::error::{Error, Result};
+use crate::gpu::llm_ops::{self, GpuMatrix};
+use crate::gpu::ops::Dispatch;
+use crate::gpu::profile::StepProfile;
+use crate::gpu::Gpu;
+use crate::run::sampling::Sampler;
+use prefill::{PrefillScratch, PrefillWork};
+use std::sync::Arc;
+use upload::Uploader;
+
+/// Most tokens one prefill submission processes.
+pub const PREFILL_CHUNK: usize = 512;
+/// KV positions allocated at first; the cache doubles when it fills.
+const INITIAL_KV: usize = 256;
+
+/// Sizes that default to what the adapter allows; tests lower them to
+/// exercise split matrices, chunked prefill and KV-cache growth on tiny
+/// models.
+#[derive(Clone, Debug, Default)]
+pub struct GpuLlmOptions {
+    /// Largest weight buffer (at most the adapter's storage binding limit).
+    pub max_chunk_bytes: Option<u64>,
+    /// Most tokens per prefill submission (at most [`PREFILL_CHUNK`]).
+    pub prefill_chunk: Option<usize>,
+    /// KV positions allocated at load (the cache grows as needed).
+    pub kv_positions: Option<usize>,
+}
+
+enum GpuMixer {
+    Attention {
+        /// q, k, v projections and where each writes in the qkv row: one
+        /// matrix when they share a format, else three.
+        qkv: Vec<(GpuMatrix, usize)>,
+        o: GpuMatrix,
+        /// Per-head q and k RMSNorm weights.
+        norms: Option<(wgpu::Buffer, wgpu::Buffer)>,
+        /// q, k and v biases as one qkv row.
+        bias: Option<wgpu::Buffer>,
+    },
+    Conv {
+        /// Parts B, C, x.
+        in_proj: GpuMatrix,
+        /// [hidden, taps]
+        conv: wgpu::Buffer,
+        out: GpuMatrix,
+    },
+}
+
+enum GpuFfn {
+    /// Gate and up as two parts of one matrix (fused SwiGLU GEMV).
+    Fused(GpuMatrix),
+    /// Gate and up in different formats.
+    Split(GpuMatrix, GpuMatrix),
+}
+
+struct GpuLayer {
+    norm1: wgpu::Buffer,
+    norm2: wgpu::Buffer,
+    mixer: GpuMixer,
+    ffn: GpuFfn,
+    down: GpuMatrix,
+    post_mixer_norm: Option<wgpu::Buffer>,
+    post_ffn_norm: Option<wgpu::Buffer>,
+}
+
+/// Per-layer sequence state on the GPU.
+enum GpuState {
+    /// [cap, kv_heads * head_dim] each.
+    Kv { k: wgpu::Buffer, v: wgpu::Buffer },
+    /// [taps, hidden]: a ring of the gated inputs, position q in row q % taps
+    /// (gemv.wgsl), so a decode step can be undone by not advancing.
+    Conv(wgpu::Buffer),
+}
+
+/// Buffers of one decode step, allocated once.
+struct DecodeIo {
+    /// [token, pos, kv_len, attention splits] as u32.
+    step: wgpu::Buffer,
+    /// RoPE cos/sin of this position: [rope_dim / 2, 2].
+    cs: wgpu::Buffer,
+    /// The same for the local RoPE (Gemma-3's sliding layers).
+    cs_local: wgpu::Buffer,
+    /// [hidden]: the residual stream.
+    x: wgpu::Buffer,
+    /// [q + 2 kv]
+    qkv: wgpu::Buffer,
+    /// [heads * head_dim]
+    q: wgpu::Buffer,
+    att: wgpu::Buffer,
+    part: wgpu::Buffer,
+    /// [hidden]
+    conv_out: wgpu::Buffer,
+    /// [hidden]: an output projection awaiting its post-norm.
+    mix: wgpu::Buffer,
+    /// [ffn]
+    g: wgpu::Buffer,
+    /// [2 ffn], only for split gate/up.
+    gu: wgpu::Buffer,
+    /// [vocab]
+    logits: wgpu::Buffer,
+    /// [1] u32: the token a decode step consumes; its argmax writes the
+    /// next one here, so greedy steps can follow each other on the GPU.
+    token: wgpu::Buffer,
+    /// [top_k, 2] u32: (id, logit bits) of the most likely tokens.
+    cand: wgpu::Buffer,
+    token_staging: wgpu::Buffer,
+    /// A second one, so a step can be in flight while the last is read.
+    token_staging2: wgpu::Buffer,
+    logits_staging: wgpu::Buffer,
+    cand_staging: wgpu::Buffer,
+}
+
+/// What a decode step reads back.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Readback {
+    /// The argmax token id.
+    Token,
+    /// The top_k most likely tokens, for sampling.
+    Candidates,
+    Logits,
+}
+
+/// One recorded step of the decode plan.
+enum Op {
+    Fixed(Dispatch),
+    /// Its workgroup count depends on the KV length.
+    Attention(llm_ops::Attention),
+}
+
+pub struct GpuLlm {
+    gpu: Arc<Gpu>,
+    cfg: LlmConfig,
+    subgroups: bool,
+    embed: GpuMatrix,
+    /// None when tied to the embedding.
+    head: Option<GpuMatrix>,
+    final_norm: wgpu::Buffer,
+    layers: Vec<GpuLayer>,
+    state: Vec<GpuState>,
+    /// KV positions allocated.
+    cap: usize,
+    pos: usize,
+    io: DecodeIo,
+    plan: Vec<Op>,
+    argmax: Vec<Dispatch>,
+    /// Selects the candidates sampling needs (`top_k` of them).
+    select: Vec<Dispatch>,
+    top_k: usize,
+    prefill_chunk: usize,
+    /// The last prefill's work buffers, reused while they are large enough
+    /// (allocating ~40 MB of them per 512-token prefill cost the host
+    /// milliseconds).
+    prefill_scratch: Option<PrefillScratch>,
+    /// The last prefill's dispatches, reused while the next has its shape.
+    prefill_work: Option<PrefillWork>,
+    /// RoPE cos/sin of every position reached so far
+    /// ([`cpu::rope_table_freqs`]' layout), computed once: a 512-token
+    /// table took the host ~0.7 ms. `rope_local` for the local RoPE.
+    rope: Vec<f32>,
+    rope_local: Vec<f32>,
+}
+
+impl GpuLlm {
+    /// Uploads the model and prepares decode. Fails (rather than panics) on
+    /// an adapter that lacks the memory or limits, or rejects a kernel.
+    pub fn new(
+        gpu: Arc<Gpu>,
+        cfg: &LlmConfig,
+        w: &Weights,
+        opts: &GpuLlmOptions,
+    ) -> Result<GpuLlm> {
+        let max = opts
+            .max_chunk_bytes
+            .unwrap_or(gpu.caps.max_binding)
+            .min(gpu.caps.max_binding);
+        if cfg.head_dim > llm_ops::MAX_HEAD_DIM {
+            return Err(Error::gpu(format!(
+                "attention heads of {} dimensions (the GPU kernels hold at most {})",
+                cfg.head_dim,
+                llm_ops::MAX_HEAD_DIM
+            )));
+        }
+        if cfg.post_norms && !cfg.hidden.is_multiple_of(4) {
+            return Err(Error::gpu(format!(
+                "post-norms over a hidden size of {} (the GPU path needs a multiple of 4)",
+                cfg.hidden
+            )));
+        }
+        let handle = gpu.clone();
+        let g = &*handle;
+        let mut up = Uploader {
+            g,
+            max,
+            converted: Vec::new(),
+        };
+        let layers = w
+            .layers
+            .iter()
+            .enumerate()
+            .map(|(i, l)| up.layer(i, l, cfg))
+            .collect::<Result<Vec<_>>>()?;
+        let embed = up.matrix("embedding", &[&w.embed])?;
+        let tied = std::ptr::eq(w.head.bytes(), w.embed.bytes());
+        let head = if tied {
+            None
+        } else {
+            Some(up.matrix("head", &[&w.head])?)
+        };
+        if !up.converted.is_empty() {
+            let names: Vec<&str> = up.converted.iter().map(|t| t.name()).collect();
+            eprintln!(
+                "gpu: no kernel reads {} weights yet; converted them to f16",
+                names.join(", ")
+            );
+        }
+        let (d, hd) = (cfg.hidden, cfg.head_dim);
+        let (qw, kvw) = (cfg.heads * hd, cfg.kv_heads * hd);
+        let f32s = |label: &str, n: usize| g.scratch(label, (n.max(1) * 4) as u64);
+        let f = cfg.ffn;
+        let io = DecodeIo {
+            step: f32s("step", 4)?,
+            cs: f32s("rope", cfg.rope_dim)?,
+            cs_local: f32s("rope local", cfg.rope_dim)?,
+            x: f32s("x", d)?,
+            qkv: f32s("qkv", qw + 2 * kvw)?,
+            q: f32s("q", qw)?,
+            att: f32s("att", qw)?,
+            part: f32s("part", llm_ops::attention_part_len(cfg.heads, hd, 1))?,
+            conv_out: f32s("conv_out", d)?,
+            mix: f32s("mix", d)?,
+            g: f32s("g", f)?,
+            gu: f32s("gu", 2 * f)?,
+            logits: f32s("logits", cfg.vocab)?,
+            token: f32s("token", 1)?,
+            cand: f32s("candidates", 2 * llm_ops::MAX_TOP_K)?,
+            token_staging: g.staging("token", 4),
+            token_staging2: g.staging("token", 4),
+            logits_staging: g.staging("logits", (cfg.vocab * 4) as u64),
+            cand_staging: g.staging("candidates", (8 * llm_ops::MAX_TOP_K) as u64),
+        };
+        let cap = opts
+            .kv_positions
+            .unwrap_or(INITIAL_KV)
+            .clamp(1, cfg.context.min(max_positions(g, kvw)).max(1));
+        let state = cfg
+            .layers
+            .iter()
+            .map(|k| {
+                Ok(match k {
+                    LayerKind::Attention => GpuState::Kv {
+                        k: f32s("k cache", cap * kvw)?,
+                        v: f32s("v cache", cap * kvw)?,
+                    },
+                    LayerKind::Conv => {
+                        GpuState::Conv(f32s("conv state", cfg.conv_kernel.max(1) * d)?)
+                    }
+                })
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let argmax = llm_ops::argmax(g, &io.logits, &io.token, cfg.vocab)?;
+        let top_k = llm_ops::MAX_TOP_K.min(cfg.vocab);
+        let select = llm_ops::top_k(g, &io.logits, &io.cand, cfg.vocab, top_k)?;
+        let mut m = GpuLlm {
+            subgroups: gpu.caps.subgroups,
+            gpu,
+            cfg: cfg.clone(),
+            embed,
+            head,
+            final_norm: g.upload_f32("final_norm", &w.final_norm)?,
+            layers,
+            state,
+            cap,
+            pos: 0,
+            io,
+            plan: Vec::new(),
+            argmax,
+            select,
+            top_k,
+            prefill_chunk: opts
+                .prefill_chunk
+                .unwrap_or(PREFILL_CHUNK)
+                .clamp(1, PREFILL_CHUNK),
+            prefill_scratch: None,
+            prefill_work: None,
+            rope: Vec::new(),
+            rope_local: Vec::new(),
+        };
+        m.plan = m.build_plan()?;
+        m.warm_prefill()?;
+        m.reset();
+        Ok(m)
+    }
+
+    /// Compute dispatches one greedy decode step records (attention merges
+    /// on long contexts add one per attention layer).
+    pub fn dispatches_per_token(&self) -> usize {
+        self.plan.len() + self.argmax.len()
+    }
+
+    fn head(&self) -> &GpuMatrix {
+        self.head.as_ref().unwrap_or(&self.embed)
+    }
+
+    fn matrices(&self) -> impl Iterator<Item = &GpuMatrix> {
+        let per_layer = self.layers.iter().flat_map(|l| {
+            let mut v: Vec<&GpuMatrix> = vec![&l.down];
+            match &l.mixer {
+                GpuMixer::Attention { qkv, o, .. } => {
+                    v.extend(qkv.iter().map(|(m, _)| m));
+                    v.push(o);
+                }
+                GpuMixer::Conv { in_proj, out, .. } => v.extend([in_proj, out]),
+            }
+            match &l.ffn {
+                GpuFfn::Fused(m) => v.push(m),
+                GpuFfn::Split(a, b) => v.extend([a, b]),
+            }
+            v
+        });
+        per_layer.chain([&self.embed, self.head()])
+    }
+
+    /// Compiles every prefill pipeline now, so that a kernel the driver
+    /// rejects shows at load time rather than in the middle of a run.
+    fn warm_prefill(&self) -> Result<()> {
+        let g = &*self.gpu;
+        let mut seen = Vec::new();
+        for m in self.matrices() {
+            if !seen.contains(&m.dtype) {
+                seen.push(m.dtype);
+                llm_ops::warm_gemm(g, m.dtype, self.cfg.ffn_act)?;
+            }
+        }
+        llm_ops::warm_prefill_kernels(g, self.cfg.ffn_act)?;
+        Ok(())
+    }
+
+    /// Makes room for `needed` positions: their RoPE angles, and KV cache
+    /// room, growing the caches (and rebuilding the decode plan over the new
+    /// buffers).
+    fn ensure_capacity(&mut self, needed: usize) -> Result<()> {
+        let rd = self.cfg.rope_dim;
+        let have = self.rope.len() / rd.max(1);
+        if rd > 0 && have < needed {
+            let table =
+                |local| cpu::rope_table_freqs(have, needed - have, &self.cfg.rope_freqs(local));
+            let (global, local) = (table(false), self.cfg.rope_local_theta.map(|_| table(true)));
+            self.rope.extend(global);
+            self.rope_local.extend(local.unwrap_or_default());
+        }
+        if needed <= self.cap {
+            return Ok(());
+        }
+        let kvw = self.cfg.kv_heads * self.cfg.head_dim;
+        let limit = max_positions(&self.gpu, kvw).min(self.cfg.context);
+        if needed > limit {
+            return Err(Error::gpu(format!(
+                "a sequence of {needed} tokens does not fit this adapter's KV cache \
+                 (at most {limit} positions of {kvw} floats in one binding)"
+            )));
+        }
+        let cap = (2 * self.cap).max(needed).min(limit);
+        let g = &*self.gpu;
+        let used = (self.pos * kvw * 4) as u64;
+        let mut enc = g.device.create_command_encoder(&Default::default());
+        for s in self.state.iter_mut() {
+            if let GpuState::Kv { k, v } = s {
+                let nk = g.scratch("k cache", (cap * kvw * 4) as u64)?;
+                let nv = g.scratch("v cache", (cap * kvw * 4) as u64)?;
+                if used > 0 {
+                    enc.copy_buffer_to_buffer(k, 0, &nk, 0, used);
+                    enc.copy_buffer_to_buffer(v, 0, &nv, 0, used);
+                }
+                *k = nk;
+                *v = nv;
+            }
+        }
+        g.queue.submit([enc.finish()]);
+        self.cap = cap;
+        self.plan = self.build_plan()?;
+        self.prefill_work = None;
+        Ok(())
+    }
+
+    /// Fails when `n` more tokens would not fit the model's context.
+    fn check_room(&self, n: usize) -> Result<()> {
+        if self.pos + n > self.cfg.context {
+            return Err(Error::invalid(format!(
+                "sequence of {} tokens exceeds the model's context of {}",
+                self.pos + n,
+                self.cfg.context
+            )));
+        }
+        Ok(())
+    }
+
+    fn check_tokens(&self, tokens: &[u32]) -> Result<()> {
+        if tokens.is_empty() {
+            return Err(Error::invalid("forward: no tokens"));
+        }
+        self.check_room(tokens.len())?;
+        if let Some(t) = tokens.iter().find(|&&t| t as usize >= self.cfg.vocab) {
+            return Err(Error::invalid(format!(
+                "token id {t} is outside the {}-token vocabulary",
+                self.cfg.vocab
+            )));
+        }
+        Ok(())
+    }
+
+    /// Writes the per-call values every kernel reads: the step buffer and the
+    /// RoPE angles of positions pos..pos + n (`cs`, and `cs_local` for the
+    /// local RoPE). Queue writes land between submissions in order, so this
+    /// may run while earlier steps are in flight.
+    fn write_step(&self, n: usize, splits: usize, cs: &wgpu::Buffer, cs_local: &wgpu::Buffer) {
+        let q = &self.gpu.queue;
+        // step[0] is unused: decode reads its token from io.token.
+        let step = [0, self.pos as u32, (self.pos + n) as u32, splits as u32];
+        q.write_buffer(&self.io.step, 0, bytemuck::cast_slice(&step));
+        let rd = self.cfg.rope_dim;
+        if rd > 0 {
+            let angles = &self.rope[self.pos * rd..(self.pos + n) * rd];
+            q.write_buffer(cs, 0, bytemuck::cast_slice(angles));
+            if !self.rope_local.is_empty() {
+                let angles = &self.rope_local[self.pos * rd..(self.pos + n) * rd];
+                q.write_buffer(cs_local, 0, bytemuck::cast_slice(angles));
+            }
+        }
+    }
+}
+
+/// KV positions one cache binding holds on this adapter.
+fn max_positions(g: &Gpu, kvw: usize) -> usize {
+    (g.caps.max_binding / (4 * kvw.max(1) as u64)) as usize
+}
+
+impl CausalLm for GpuLlm {
+    fn config(&self) -> &LlmConfig {
+        &self.cfg
+    }
+
+    fn position(&self) -> usize {
+        self.pos
+    }
+
+    fn reset(&mut self) {
+        self.pos = 0;
+        for s in &self.state {
+            if let GpuState::Conv(b) = s {
+                let zeros = vec![0u8; b.size() as usize];
+                self.gpu.queue.write_buffer(b, 0, &zeros);
+            }
+        }
+    }
+
+    fn forward(&mut self, tokens: &[u32], all_logits: bool) -> Result<Vec<f32>> {
+        self.check_tokens(tokens)?;
+        if tokens.len() == 1 {
+            let bytes = self.decode(tokens[0], Readback::Logits)?;
+            return Ok(bytemuck::pod_collect_to_vec(&bytes));
+        }
+        let chunk = self.prefill_chunk_len();
+        let mut out = Vec::new();
+        let count = tokens.len().div_ceil(chunk);
+        for (i, part) in tokens.chunks(chunk).enumerate() {
+            let last = i + 1 == count;
+            out.extend(self.prefill(part, all_logits, last)?);
+        }
+        Ok(out)
+    }
+
+    fn profile_decode(&mut self, token: u32, steps: usize) -> Result<StepProfile> {
+        GpuLlm::profile_decode(self, token, steps)
+    }
+
+    fn profile_prefill(&mut self, tokens: &[u32]) -> Result<StepProfile> {
+        GpuLlm::profile_prefill(self, tokens)
+    }
+
+    fn greedy_run(
+        &mut self,
+        token: u32,
+        max: usize,
+        emit: &mut dyn FnMut(u32) -> bool,
+    ) -> Result<usize> {
+        self.greedy_pipelined(token, max, emit)
+    }
+
+    fn step_greedy(&mut self, token: u32) -> Result<u32> {
+        let bytes = self.decode(token, Readback::Token)?;
+        Ok(u32::from_le_bytes(bytes[..4].try_into().expect("4 bytes")))
+    }
+
+    fn step_sample(&mut self, token: u32, sampler: &mut Sampler, history: &[u32]) -> Result<u32> {
+        match sampler.candidates_needed() {
+            Some(k) if k <= self.top_k || self.top_k == self.cfg.vocab => {
+                let raw = self.decode(token, Readback::Candidates)?;
+                let cand = llm_ops::sort_candidates(&bytemuck::pod_collect_to_vec(&raw));
+                Ok(sampler.sample_top(cand))
+            }
+            _ => {
+                let logits = self.forward(&[token], false)?;
+                Ok(sampler.sample(&logits, history))
+            }
+        }
+    }
+}

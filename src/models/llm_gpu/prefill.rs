@@ -1,0 +1,521 @@
+//! Prefill: the recipe recorded as GEMMs over a chunk of tokens, one
+//! submission per chunk; the dispatches are kept while the chunk's shape
+//! repeats.
+
+use super::decode::norm_add_variant;
+use super::{GpuFfn, GpuLlm, GpuMixer, GpuState};
+use crate::error::Result;
+use crate::gpu::llm_ops::{self, AttnBuffers, GemmKernel, GemmMode, GemvEpilogue};
+use crate::gpu::ops::{self, Dispatch};
+use crate::gpu::profile::{PassTimer, StepProfile};
+use crate::gpu::Gpu;
+use crate::models::llm::{attn_shape, LlmConfig};
+use crate::models::recipe::{self, DecoderOps, Residual};
+use std::time::Instant;
+
+/// What a prefill submission computes: `n` tokens, returning the logits of
+/// every one (`all`), of the last (`last`), or none.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(super) struct PrefillShape {
+    n: usize,
+    all: bool,
+    last: bool,
+}
+
+/// A prefill's dispatches, kept while its shape repeats (every full chunk
+/// has the same one): building its uniforms and ~140 bind groups cost the
+/// host 2-3 ms per 512-token chunk. Built over the current work buffers and
+/// KV caches, so it is dropped whenever either is replaced.
+pub(super) struct PrefillWork {
+    shape: PrefillShape,
+    work: Vec<Dispatch>,
+    /// Attention dispatches, with the index in `work` they go before.
+    attention: Vec<(usize, llm_ops::Attention)>,
+    /// Where the logits are read back, and how many bytes.
+    staging: Option<(wgpu::Buffer, u64)>,
+}
+
+/// Work buffers of one prefill submission, sized for `tokens` tokens and
+/// `logit_rows` rows of logits.
+pub(super) struct PrefillScratch {
+    tokens: usize,
+    logit_rows: usize,
+    ids: wgpu::Buffer,
+    cs: wgpu::Buffer,
+    cs_local: wgpu::Buffer,
+    x: wgpu::Buffer,
+    qkv: wgpu::Buffer,
+    q: wgpu::Buffer,
+    att: wgpu::Buffer,
+    bcx: wgpu::Buffer,
+    conv_out: wgpu::Buffer,
+    /// [n, hidden]: output projections awaiting their post-norm, and zeros
+    /// to clear it with.
+    mix: wgpu::Buffer,
+    zeros: wgpu::Buffer,
+    gu: wgpu::Buffer,
+    gg: wgpu::Buffer,
+    logits: wgpu::Buffer,
+}
+
+impl PrefillScratch {
+    /// `split_ffn`: some layer's gate and up are separate matrices, whose
+    /// products meet in `gu` before the SwiGLU (fused ones never leave the
+    /// GEMM).
+    fn new(
+        g: &Gpu,
+        c: &LlmConfig,
+        tokens: usize,
+        logit_rows: usize,
+        split_ffn: bool,
+    ) -> Result<PrefillScratch> {
+        let n = tokens;
+        let (d, f, hd) = (c.hidden, c.ffn, c.head_dim);
+        let (qw, kvw) = (c.heads * hd, c.kv_heads * hd);
+        let f32s = |label: &str, len: usize| g.scratch(label, (len.max(1) * 4) as u64);
+        let ids = g.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("tokens"),
+            size: (n.max(1) * 4) as u64,
+            usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST,
+            mapped_at_creation: false,
+        });
+        Ok(PrefillScratch {
+            tokens,
+            logit_rows,
+            ids,
+            cs: f32s("rope", n * c.rope_dim)?,
+            cs_local: f32s(
+                "rope local",
+                if c.rope_local_theta.is_some() {
+                    n * c.rope_dim
+                } else {
+                    0
+                },
+            )?,
+            x: f32s("x", n * d)?,
+            qkv: f32s("qkv", n * (qw + 2 * kvw))?,
+            q: f32s("q", n * qw)?,
+            att: f32s("att", n * qw)?,
+            bcx: f32s("bcx", n * 3 * d)?,
+            conv_out: f32s("conv_out", n * d)?,
+            mix: f32s("mix", if c.post_norms { n * d } else { 0 })?,
+            zeros: f32s("zeros", if c.post_norms { n * d } else { 0 })?,
+            gu: f32s("gu", if split_ffn { n * 2 * f } else { 0 })?,
+            gg: f32s("g", n * f)?,
+            logits: f32s("logits", logit_rows * c.vocab)?,
+        })
+    }
+}
+
+/// Records the recipe's operations for one prefill chunk.
+struct PrefillRecorder<'a> {
+    m: &'a GpuLlm,
+    sc: &'a PrefillScratch,
+    shape: PrefillShape,
+    kernel: GemmKernel,
+    work: Vec<Dispatch>,
+    /// Attention dispatches, with the index in `work` they go before.
+    attention: Vec<(usize, llm_ops::Attention)>,
+    /// The last block's output ([n, width]), the input of its projection.
+    y: Option<(&'a wgpu::Buffer, usize)>,
+}
+
+impl PrefillRecorder<'_> {
+    /// y (+)= W x over the chunk's tokens.
+    #[allow(clippy::too_many_arguments)]
+    fn gemm(
+        &mut self,
+        w: &llm_ops::GpuMatrix,
+        mode: GemmMode,
+        x: &wgpu::Buffer,
+        x_stride: usize,
+        y: &wgpu::Buffer,
+        y_stride: usize,
+        out_off: usize,
+    ) -> Result<()> {
+        let ds = llm_ops::gemm(
+            &self.m.gpu,
+            self.kernel,
+            w,
+            mode,
+            x,
+            x_stride,
+            y,
+            y_stride,
+            out_off,
+            self.shape.n,
+        )?;
+        self.work.extend(ds);
+        Ok(())
+    }
+}
+
+impl<'a> DecoderOps for PrefillRecorder<'a> {
+    fn embed(&mut self) -> Result<()> {
+        let (m, sc) = (self.m, self.sc);
+        let scale = m.cfg.embed_scale;
+        let n = self.shape.n;
+        self.work.extend(llm_ops::embedding(
+            &m.gpu, &m.embed, &sc.ids, 0, scale, &sc.x, n,
+        )?);
+        Ok(())
+    }
+
+    fn attention(&mut self, li: usize) -> Result<()> {
+        let (m, sc): (&'a GpuLlm, &'a PrefillScratch) = (self.m, self.sc);
+        let (g, c, n) = (&*m.gpu, &m.cfg, self.shape.n);
+        let layer = &m.layers[li];
+        let (
+            GpuMixer::Attention {
+                qkv: mats,
+                norms,
+                bias,
+                ..
+            },
+            GpuState::Kv { k, v },
+        ) = (&layer.mixer, &m.state[li])
+        else {
+            unreachable!("the recipe runs attention on attention layers")
+        };
+        let qw = c.heads * c.head_dim;
+        let qkvw = qw + 2 * c.kv_heads * c.head_dim;
+        // The prenorm is fused into the GEMMs that read it.
+        let norm1 = GemmMode::Norm {
+            nw: &layer.norm1,
+            eps: c.norm_eps,
+        };
+        for (mat, off) in mats {
+            self.gemm(mat, norm1, &sc.x, c.hidden, &sc.qkv, qkvw, *off)?;
+        }
+        let kv = AttnBuffers {
+            step: &m.io.step,
+            k_cache: k,
+            v_cache: v,
+        };
+        let shape = attn_shape(c, li);
+        let cs = if c.uses_local_rope(li) {
+            &sc.cs_local
+        } else {
+            &sc.cs
+        };
+        let norms = norms.as_ref().map(|(a, b)| (a, b));
+        self.work.push(llm_ops::qk_rope(
+            g,
+            &shape,
+            &sc.qkv,
+            norms,
+            bias.as_ref(),
+            cs,
+            &kv,
+            &sc.q,
+            n,
+        )?);
+        match llm_ops::prefill_attention(g, &shape, &sc.q, &kv, &sc.att, n)? {
+            Some(a) => self.work.push(a),
+            None => {
+                let a = llm_ops::flash_attention(
+                    g,
+                    m.subgroups,
+                    &shape,
+                    &sc.q,
+                    &kv,
+                    &sc.att,
+                    &m.io.part,
+                    n,
+                )?;
+                self.attention.push((self.work.len(), a));
+            }
+        }
+        self.y = Some((&sc.att, qw));
+        Ok(())
+    }
+
+    fn short_conv(&mut self, li: usize) -> Result<()> {
+        let (m, sc): (&'a GpuLlm, &'a PrefillScratch) = (self.m, self.sc);
+        let (c, n, d) = (&m.cfg, self.shape.n, m.cfg.hidden);
+        let layer = &m.layers[li];
+        let (GpuMixer::Conv { in_proj, conv, .. }, GpuState::Conv(st)) =
+            (&layer.mixer, &m.state[li])
+        else {
+            unreachable!("the recipe runs the conv block on conv layers")
+        };
+        let norm1 = GemmMode::Norm {
+            nw: &layer.norm1,
+            eps: c.norm_eps,
+        };
+        self.gemm(in_proj, norm1, &sc.x, d, &sc.bcx, 3 * d, 0)?;
+        self.work.push(llm_ops::short_conv(
+            &m.gpu,
+            &sc.bcx,
+            conv,
+            st,
+            &m.io.step,
+            &sc.conv_out,
+            d,
+            c.conv_kernel,
+            n,
+        )?);
+        self.y = Some((&sc.conv_out, d));
+        Ok(())
+    }
+
+    fn ffn(&mut self, li: usize) -> Result<()> {
+        let (m, sc): (&'a GpuLlm, &'a PrefillScratch) = (self.m, self.sc);
+        let (c, n) = (&m.cfg, self.shape.n);
+        let (d, f) = (c.hidden, c.ffn);
+        let layer = &m.layers[li];
+        match &layer.ffn {
+            GpuFfn::Fused(mat) => {
+                let mode = GemmMode::NormSwiglu {
+                    nw: &layer.norm2,
+                    eps: c.norm_eps,
+                    act: c.ffn_act,
+                };
+                self.gemm(mat, mode, &sc.x, d, &sc.gg, f, 0)?;
+            }
+            GpuFfn::Split(gate, up) => {
+                let norm2 = GemmMode::Norm {
+                    nw: &layer.norm2,
+                    eps: c.norm_eps,
+                };
+                self.gemm(gate, norm2, &sc.x, d, &sc.gu, 2 * f, 0)?;
+                self.gemm(up, norm2, &sc.x, d, &sc.gu, 2 * f, f)?;
+                self.work
+                    .push(llm_ops::swiglu(&m.gpu, &sc.gu, &sc.gg, f, n, c.ffn_act)?);
+            }
+        }
+        self.y = Some((&sc.gg, f));
+        Ok(())
+    }
+
+    fn residual(&mut self, li: usize, which: Residual) -> Result<()> {
+        let (m, sc): (&'a GpuLlm, &'a PrefillScratch) = (self.m, self.sc);
+        let (c, n, d) = (&m.cfg, self.shape.n, m.cfg.hidden);
+        let layer = &m.layers[li];
+        let (w, post) = match (which, &layer.mixer) {
+            (Residual::Mixer, GpuMixer::Attention { o, .. }) => (o, &layer.post_mixer_norm),
+            (Residual::Mixer, GpuMixer::Conv { out, .. }) => (out, &layer.post_mixer_norm),
+            (Residual::Ffn, _) => (&layer.down, &layer.post_ffn_norm),
+        };
+        let (y, width) = self.y.take().expect("a block ran before its projection");
+        match post {
+            None => self.gemm(w, GemmMode::Add, y, width, &sc.x, d, 0)?,
+            Some(pw) => {
+                // The GEMM adds into its output: clear it first (from a
+                // buffer never written, which wgpu zero-initialises).
+                self.work.push(ops::copy(
+                    &m.gpu,
+                    &sc.zeros,
+                    &sc.mix,
+                    n * d,
+                    n * d / 1024 + 1,
+                )?);
+                self.gemm(w, GemmMode::Add, y, width, &sc.mix, d, 0)?;
+                let variant = norm_add_variant(m.subgroups);
+                self.work.push(ops::rms_norm(
+                    &m.gpu, &variant, &sc.mix, pw, &sc.x, d, n, c.norm_eps,
+                )?);
+            }
+        }
+        Ok(())
+    }
+
+    fn head(&mut self) -> Result<()> {
+        let (m, sc): (&'a GpuLlm, &'a PrefillScratch) = (self.m, self.sc);
+        let (c, n, d) = (&m.cfg, self.shape.n, m.cfg.hidden);
+        if self.shape.all {
+            let norm = GemmMode::Norm {
+                nw: &m.final_norm,
+                eps: c.norm_eps,
+            };
+            self.gemm(m.head(), norm, &sc.x, d, &sc.logits, c.vocab, 0)?;
+        } else if self.shape.last {
+            let head = GemvEpilogue::Norm {
+                nw: &m.final_norm,
+                eps: c.norm_eps,
+            };
+            self.work.extend(llm_ops::gemv(
+                &m.gpu,
+                m.subgroups,
+                m.head(),
+                &head,
+                &sc.x,
+                (n - 1) * d,
+                &sc.logits,
+                0,
+            )?);
+        }
+        Ok(())
+    }
+}
+
+impl GpuLlm {
+    /// Builds a prefill's dispatches (uniforms and bind groups over the
+    /// current work buffers and caches) for `shape`.
+    fn prefill_work(&self, shape: PrefillShape) -> Result<PrefillWork> {
+        let sc = self.prefill_scratch.as_ref().expect("allocated before");
+        let g = &*self.gpu;
+        let mut rec = PrefillRecorder {
+            m: self,
+            sc,
+            shape,
+            kernel: GemmKernel::for_adapter(g.caps.coop_matrix),
+            work: Vec::new(),
+            attention: Vec::new(),
+            y: None,
+        };
+        recipe::decoder(&self.cfg, &mut rec)?;
+        let rows = if shape.all { shape.n } else { 1 };
+        let staging = (shape.all || shape.last).then(|| {
+            let len = (rows * self.cfg.vocab * 4) as u64;
+            (g.staging("logits", len), len)
+        });
+        Ok(PrefillWork {
+            shape,
+            work: rec.work,
+            attention: rec.attention,
+            staging,
+        })
+    }
+
+    /// Largest prefill chunk whose buffers all fit one binding.
+    pub(super) fn prefill_chunk_len(&self) -> usize {
+        let c = &self.cfg;
+        let widest = [
+            c.vocab,
+            2 * c.ffn,
+            3 * c.hidden,
+            (c.heads + 2 * c.kv_heads) * c.head_dim,
+        ]
+        .into_iter()
+        .max()
+        .unwrap_or(1);
+        let fit = (self.gpu.caps.max_binding / (4 * widest as u64)) as usize;
+        fit.clamp(1, self.prefill_chunk)
+    }
+
+    /// Runs `tokens` (at most a prefill chunk) through the model in one
+    /// submission; returns the logits of every token (`all`), of the last
+    /// one (`last`), or none.
+    pub(super) fn prefill(&mut self, tokens: &[u32], all: bool, last: bool) -> Result<Vec<f32>> {
+        self.prefill_timed(tokens, all, last, None)
+    }
+
+    /// Prefills `tokens` from the current position (in chunks, as
+    /// `forward` does) with a device timestamp after every dispatch; each
+    /// chunk is one run of the profile.
+    pub fn profile_prefill(&mut self, tokens: &[u32]) -> Result<StepProfile> {
+        self.check_tokens(tokens)?;
+        let chunk = self.prefill_chunk_len();
+        let mut prof = StepProfile {
+            what: format!("prefill of {} tokens", tokens.len().min(chunk)),
+            ..Default::default()
+        };
+        for part in tokens.chunks(chunk) {
+            self.prefill_timed(part, false, true, Some(&mut prof))?;
+        }
+        Ok(prof.finish())
+    }
+
+    /// [`GpuLlm::prefill`], adding the submission's device timestamps to
+    /// `prof` when given.
+    fn prefill_timed(
+        &mut self,
+        tokens: &[u32],
+        all: bool,
+        last: bool,
+        prof: Option<&mut StepProfile>,
+    ) -> Result<Vec<f32>> {
+        let start = Instant::now();
+        let n = tokens.len();
+        self.ensure_capacity(self.pos + n)?;
+        let rows = if all { n } else { 1 };
+        let fits = |s: &PrefillScratch| s.tokens >= n && s.logit_rows >= rows;
+        if !self.prefill_scratch.as_ref().is_some_and(fits) {
+            // Room for a whole chunk, so one allocation serves every prompt;
+            // the old buffers go first, so both are never held at once.
+            let tokens = n.max(self.prefill_chunk_len());
+            self.prefill_work = None;
+            self.prefill_scratch = None;
+            let split_ffn = self
+                .layers
+                .iter()
+                .any(|l| matches!(l.ffn, GpuFfn::Split(..)));
+            self.prefill_scratch = Some(PrefillScratch::new(
+                &self.gpu, &self.cfg, tokens, rows, split_ffn,
+            )?);
+        }
+        let shape = PrefillShape { n, all, last };
+        if self.prefill_work.as_ref().is_none_or(|w| w.shape != shape) {
+            self.prefill_work = None;
+            self.prefill_work = Some(self.prefill_work(shape)?);
+        }
+        let sc = self.prefill_scratch.as_ref().expect("allocated above");
+        let pw = self.prefill_work.as_ref().expect("built above");
+        let g = &*self.gpu;
+        g.queue
+            .write_buffer(&sc.ids, 0, bytemuck::cast_slice(tokens));
+        self.write_step(n, 1, &sc.cs, &sc.cs_local);
+        let (work, attention) = (&pw.work, &pw.attention);
+
+        // Recording starts here (the profile counts the timer's own set-up
+        // in it). Room for a timestamp before the first dispatch and after
+        // each.
+        let t0 = Instant::now();
+        let timer = match prof {
+            Some(_) => Some(PassTimer::new(
+                g,
+                (work.len() + 2 * attention.len() + 1) as u32,
+            )?),
+            None => None,
+        };
+        let mut names = Vec::new();
+        let mut enc = g.device.create_command_encoder(&Default::default());
+        {
+            let mut pass = enc.begin_compute_pass(&Default::default());
+            let mut after = |p: &mut wgpu::ComputePass<'_>, name: &'static str| {
+                if let Some(t) = &timer {
+                    names.push(name);
+                    t.mark(p, names.len() as u32);
+                }
+            };
+            if let Some(t) = &timer {
+                t.mark(&mut pass, 0);
+            }
+            let mut pending = attention.iter().peekable();
+            for (i, dsp) in work.iter().enumerate() {
+                while let Some((_, a)) = pending.next_if(|(at, _)| *at == i) {
+                    a.record_with(&mut pass, 1, &mut after);
+                }
+                dsp.record(&mut pass);
+                after(&mut pass, dsp.bound.name);
+            }
+            for (_, a) in pending {
+                a.record_with(&mut pass, 1, &mut after);
+            }
+        }
+        self.pos += n;
+        let marks = names.len() as u32 + 1;
+        if let Some(t) = &timer {
+            t.resolve(&mut enc, marks);
+        }
+        if let Some((staging, len)) = &pw.staging {
+            enc.copy_buffer_to_buffer(&sc.logits, 0, staging, 0, *len);
+        }
+        let t1 = Instant::now();
+        let done = g.queue.submit([enc.finish()]);
+        let t2 = Instant::now();
+        let out = match &pw.staging {
+            Some((staging, len)) => {
+                bytemuck::pod_collect_to_vec(&g.read_staging(staging, *len, done.clone())?)
+            }
+            None => Vec::new(),
+        };
+        if let (Some(t), Some(prof)) = (&timer, prof) {
+            let ts = t.read(g, marks, done)?;
+            let t3 = Instant::now();
+            prof.add_step([start, t0, t1, t2, t3], &names, &ts);
+        }
+        Ok(out)
+    }
+}
