@@ -5,15 +5,40 @@
 //! order the unfused model applies them.
 
 use super::{add_assign, dot, gelu_tanh, rms_norm, silu, softmax_rows};
-use crate::models::llm::{FfnAct, RopeStyle};
 use crate::quant;
 use crate::tensor::{self, Tensor};
+
+/// Which dimensions RoPE rotates together.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RopeStyle {
+    /// (i, i + d/2): transformers' `rotate_half`, llama.cpp's NEOX mode.
+    Halves,
+    /// (2i, 2i + 1): llama.cpp's normal mode, used for GGUF Llama files whose
+    /// q/k rows the converter permuted.
+    Interleaved,
+}
+
+/// The activation of the gated feed-forward: `act(gate) * up`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FfnAct {
+    /// SwiGLU (Llama, Qwen, LFM2, Phi-3).
+    Silu,
+    /// GeGLU with the tanh approximation of GELU (Gemma).
+    GeluTanh,
+}
+
+/// The rotation frequencies of plain RoPE with base `theta`, for the
+/// dimension pairs `0..rope_dim / 2`, in f64.
+pub fn rope_freqs(theta: f32, rope_dim: usize) -> Vec<f64> {
+    (0..rope_dim / 2)
+        .map(|i| (theta as f64).powf(-2.0 * i as f64 / rope_dim as f64))
+        .collect()
+}
 
 /// cos and sin of every RoPE angle for positions `pos0..pos0 + n` of plain
 /// RoPE with base `theta`: [n, rope_dim / 2, 2] (see [`rope_table_freqs`]).
 pub fn rope_table(pos0: usize, n: usize, rope_dim: usize, theta: f32) -> Vec<f32> {
-    let freqs = crate::models::llm::RopeScaling::None.inv_freqs(theta, rope_dim);
-    rope_table_freqs(pos0, n, &freqs)
+    rope_table_freqs(pos0, n, &rope_freqs(theta, rope_dim))
 }
 
 /// cos and sin of every RoPE angle for positions `pos0..pos0 + n` and the

@@ -121,7 +121,7 @@ pub fn all() -> impl Iterator<Item = &'static Kernel> {
         super::llm_ops::KERNELS,
         super::vision::KERNELS,
         super::speech::KERNELS,
-        crate::models::whisper::gpu::KERNELS,
+        super::whisper::KERNELS,
     ]
     .into_iter()
     .flatten()

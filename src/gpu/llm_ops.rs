@@ -16,9 +16,9 @@ use super::kernels::{Binding, Kernel, Variant};
 use super::ops::{groups_1d, Dispatch};
 use super::Gpu;
 use crate::cpu::AttnShape;
+use crate::cpu::{FfnAct, RopeStyle};
 use crate::error::{Error, Result};
 use crate::kernel;
-use crate::models::llm::{FfnAct, RopeStyle};
 use crate::quant::GgmlType;
 
 /// Weight formats the kernels read in place (others are converted at load).

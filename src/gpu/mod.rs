@@ -14,6 +14,7 @@ pub mod preprocess;
 pub mod profile;
 pub mod speech;
 pub mod vision;
+pub mod whisper;
 
 pub use context::{Backend, Gpu, GpuOptions, SOFTWARE_LOOP_LIMIT};
 pub use kernels::{Access, Kernel, Variant};

@@ -6,6 +6,8 @@
 //! short convolution. The architecture files (`llama.rs`, `lfm2.rs`) map
 //! their checkpoint's config keys and tensor names onto these types.
 
+pub use crate::cpu::llm::{FfnAct, RopeStyle};
+
 use super::recipe::{self, DecoderOps, Residual};
 use crate::cpu;
 use crate::error::{Error, Result};
@@ -41,16 +43,6 @@ impl Arch {
     }
 }
 
-/// Which dimensions RoPE rotates together.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum RopeStyle {
-    /// (i, i + d/2): transformers' `rotate_half`, llama.cpp's NEOX mode.
-    Halves,
-    /// (2i, 2i + 1): llama.cpp's normal mode, used for GGUF Llama files whose
-    /// q/k rows the converter permuted.
-    Interleaved,
-}
-
 /// How a checkpoint stretches RoPE beyond its training context.
 #[derive(Clone, Debug, PartialEq)]
 pub enum RopeScaling {
@@ -73,10 +65,7 @@ impl RopeScaling {
     /// The rotation frequencies of dimension pairs `0..rope_dim / 2` for
     /// base `theta`, computed in f64 (transformers' formulas).
     pub fn inv_freqs(&self, theta: f32, rope_dim: usize) -> Vec<f64> {
-        let half = rope_dim / 2;
-        let base: Vec<f64> = (0..half)
-            .map(|i| (theta as f64).powf(-2.0 * i as f64 / rope_dim as f64))
-            .collect();
+        let base = cpu::rope_freqs(theta, rope_dim);
         match self {
             RopeScaling::None => base,
             RopeScaling::Linear(f) => base.iter().map(|w| w / *f as f64).collect(),
@@ -117,15 +106,6 @@ pub enum LayerKind {
     Attention,
     /// LFM2 gated short convolution.
     Conv,
-}
-
-/// The activation of the gated feed-forward: `act(gate) * up`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum FfnAct {
-    /// SwiGLU (Llama, Qwen, LFM2, Phi-3).
-    Silu,
-    /// GeGLU with the tanh approximation of GELU (Gemma).
-    GeluTanh,
 }
 
 #[derive(Clone, Debug)]

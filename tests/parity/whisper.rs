@@ -1,9 +1,10 @@
-//! Parity cases for the Whisper-specific kernels in `models::whisper::gpu`.
+//! Parity cases for the Whisper-specific kernels in `gpu::whisper`.
 
 use super::{assert_close, Case};
 use lfm::cpu::{self, AttentionShape, SeqSpan};
+use lfm::gpu::whisper as wgpu_ops;
 use lfm::gpu::{Gpu, Variant};
-use lfm::models::whisper::{gpu as wgpu_ops, model};
+use lfm::models::whisper::model;
 use lfm::util::rng::Rng;
 
 pub const CASES: &[Case] = &[

@@ -7,163 +7,18 @@
 //!
 //! Weights go up as f16 when they are exactly f16 (CTranslate2's f16 files),
 //! f32 otherwise. The kernels are the shared dense ones (`gpu::dense`) plus
-//! `im2col_1d` and `attention_tiled` here, whose CPU twins are
+//! `gpu::whisper`'s `im2col_1d` and `attention_tiled`, whose CPU twins are
 //! `model::im2col_1d` and `cpu::attention`.
 
 use super::model::{Config, CrossKv, LayerNorm, Linear, Whisper, LN_EPS};
 use crate::cpu::{Activation, AttentionShape};
 use crate::error::Result;
 use crate::gpu::dense::{self, pack_f16, WeightFormat};
-use crate::gpu::kernels::{Binding, Kernel, Variant};
-use crate::gpu::ops::{groups_1d, Dispatch};
+use crate::gpu::ops::Dispatch;
+use crate::gpu::whisper::{attention_tiled, im2col_1d};
 use crate::gpu::Gpu;
-use crate::kernel;
 use crate::models::whisper::mel::N_FRAMES;
 use std::sync::Arc;
-
-#[repr(C)]
-#[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
-struct Im2colParams {
-    t_in: u32,
-    channels: u32,
-    t_stride: u32,
-    c_stride: u32,
-    kernel: u32,
-    stride: u32,
-    pad: u32,
-    t_out: u32,
-}
-const _: () = assert!(std::mem::size_of::<Im2colParams>() == 32);
-
-kernel!(
-    IM2COL_1D,
-    "im2col_1d",
-    "im2col.wgsl",
-    [Binding::read("x"), Binding::write("cols")],
-    Im2colParams,
-    [&[]]
-);
-
-#[repr(C)]
-#[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
-struct AttentionTiledParams {
-    rows: u32,
-    heads: u32,
-    q_stride: u32,
-    k_stride: u32,
-    v_stride: u32,
-    q_col: u32,
-    k_col: u32,
-    v_col: u32,
-    scale: f32,
-    _pad: [u32; 3],
-}
-const _: () = assert!(std::mem::size_of::<AttentionTiledParams>() == 48);
-
-kernel!(
-    ATTENTION_TILED,
-    "attention_tiled",
-    "attention_tiled.wgsl",
-    [
-        Binding::read("q"),
-        Binding::read("k"),
-        Binding::read("v"),
-        Binding::write("out"),
-    ],
-    AttentionTiledParams,
-    [&[]]
-);
-
-/// Largest head size [`attention_tiled`] handles (Whisper's is 64 at every size).
-pub const ATTENTION_TILED_MAX_HEAD_DIM: usize = 64;
-
-/// The kernels declared in this module.
-pub static KERNELS: &[&Kernel] = &[&IM2COL_1D, &ATTENTION_TILED];
-
-/// Non-causal attention of `rows` positions against themselves (one
-/// sequence), for the long sequences of the encoder; same maths as
-/// `cpu::attention` with one `SeqSpan::same` span. out: [rows, heads * head_dim].
-///
-/// `gpu::dense::attention` gives each query row its own thread with
-/// head-size registers; on Mesa lavapipe (22.3) that kernel writes only the
-/// first element of each row once sequences pass ~500 keys at head size 64,
-/// so the encoder uses this tiled kernel, which also reads each key row once
-/// per 16 queries instead of once per query.
-pub fn attention_tiled(
-    gpu: &Gpu,
-    q: &wgpu::Buffer,
-    k: &wgpu::Buffer,
-    v: &wgpu::Buffer,
-    out: &wgpu::Buffer,
-    rows: usize,
-    shape: &AttentionShape,
-) -> Result<Dispatch> {
-    assert!(
-        !shape.causal && shape.kv_heads == shape.heads,
-        "attention_tiled: bidirectional, one kv head per head"
-    );
-    assert!(
-        shape.head_dim.is_multiple_of(4) && shape.head_dim <= ATTENTION_TILED_MAX_HEAD_DIM,
-        "attention_tiled: head_dim {} must be a multiple of 4 up to {ATTENTION_TILED_MAX_HEAD_DIM}",
-        shape.head_dim
-    );
-    if rows == 0 || rows.div_ceil(16) > 65535 || shape.heads > 65535 {
-        return Err(crate::Error::gpu(format!(
-            "attention over {rows} rows and {} heads cannot be dispatched",
-            shape.heads
-        )));
-    }
-    let params = AttentionTiledParams {
-        rows: rows as u32,
-        heads: shape.heads as u32,
-        q_stride: shape.q_stride as u32,
-        k_stride: shape.k_stride as u32,
-        v_stride: shape.v_stride as u32,
-        q_col: shape.q_col as u32,
-        k_col: shape.k_col as u32,
-        v_col: shape.v_col as u32,
-        scale: shape.scale,
-        _pad: [0; 3],
-    };
-    let variant = Variant::default().with("HEAD_DIM", shape.head_dim as u32);
-    let bound = gpu.bind(&ATTENTION_TILED, &variant, &[q, k, v, out], &params)?;
-    Ok(Dispatch {
-        bound,
-        groups: [rows.div_ceil(16) as u32, shape.heads as u32, 1],
-    })
-}
-
-/// The columns of a 1-D convolution (see `model::im2col_1d` for the layout).
-#[allow(clippy::too_many_arguments)]
-pub fn im2col_1d(
-    gpu: &Gpu,
-    x: &wgpu::Buffer,
-    cols: &wgpu::Buffer,
-    t_in: usize,
-    channels: usize,
-    t_stride: usize,
-    c_stride: usize,
-    kernel: usize,
-    stride: usize,
-    pad: usize,
-    t_out: usize,
-) -> Result<Dispatch> {
-    let params = Im2colParams {
-        t_in: t_in as u32,
-        channels: channels as u32,
-        t_stride: t_stride as u32,
-        c_stride: c_stride as u32,
-        kernel: kernel as u32,
-        stride: stride as u32,
-        pad: pad as u32,
-        t_out: t_out as u32,
-    };
-    let bound = gpu.bind(&IM2COL_1D, &Variant::default(), &[x, cols], &params)?;
-    Ok(Dispatch {
-        bound,
-        groups: groups_1d(t_out * channels * kernel, 256),
-    })
-}
 
 /// A weight matrix and its bias on the GPU.
 struct GpuLinear {
