@@ -751,6 +751,23 @@ fn tiny_llama_fixture_hf_and_gguf_match_cpu_and_transformers() {
     check_fixture("tiny-llama", "tiny-llama.f32.gguf");
 }
 
+#[test]
+fn new_architecture_fixtures_hf_and_gguf_match_cpu_and_transformers() {
+    for (name, gguf) in [
+        ("tiny-qwen2", true),
+        ("tiny-qwen3", true),
+        ("tiny-phi3", true),
+        ("tiny-llama3", true),
+        ("tiny-mistral", false),
+        ("tiny-gemma3", false),
+    ] {
+        check_fixture(name, name);
+        if gguf {
+            check_fixture(name, &format!("{name}.f32.gguf"));
+        }
+    }
+}
+
 /// `generate --gpu` runs on the GPU, names the adapter on stderr, and gives
 /// the CPU's greedy tokens. Without flags it runs on a hardware GPU, and
 /// skips a software one (lavapipe) with a notice, since the CPU path is faster.

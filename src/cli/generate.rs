@@ -10,13 +10,15 @@ use clap::Parser;
 use std::io::{Read, Write};
 use std::path::PathBuf;
 
-/// Generate text with a language model (LFM2, Llama family) on the GPU or the CPU.
+/// Generate text with a language model (Llama 2/3, Mistral, Qwen2/2.5/3, Gemma-3,
+/// Phi-3, LFM2) on the GPU or the CPU.
 #[derive(Parser, Debug)]
 #[command(name = "generate", version, about, long_about = None)]
 pub struct Args {
-    /// Model: a .gguf file or a Hugging Face directory (config.json +
-    /// safetensors + tokenizer.json). Default: SmolLM2-135M-Instruct as
-    /// fetched by scripts/setup.
+    /// Model: a .gguf file (architectures llama, qwen2, qwen3, gemma3, phi3,
+    /// lfm2) or a Hugging Face directory (config.json + safetensors +
+    /// tokenizer.json; model_type llama, mistral, qwen2, qwen3, gemma3_text,
+    /// phi3, lfm2). Default: SmolLM2-135M-Instruct as fetched by scripts/setup.
     #[arg(short, long)]
     pub model: Option<PathBuf>,
 

@@ -1,6 +1,7 @@
 //! An HF checkpoint directory mapped onto GGUF the way llama.cpp's converter
-//! (`convert_hf_to_gguf.py`, `conversion/{llama,lfm2}.py`, gguf-py's
-//! `SpecialVocab`) writes it, for the `llama` and `lfm2` architectures:
+//! (`convert_hf_to_gguf.py`, `conversion/{llama,qwen,lfm2}.py`, gguf-py's
+//! `SpecialVocab`) writes it, for the `llama` (Llama, Mistral), `qwen2`,
+//! `qwen3` and `lfm2` architectures:
 //!
 //! - metadata keys, value types and order as the converter writes them
 //!   (`general.*`, the architecture's hyperparameters, then the tokenizer:
@@ -102,10 +103,15 @@ impl HfExport {
         // shape against the config, so the planned file is a loadable model.
         let (config, names) = crate::models::arch::from_hf(&c)?;
         let arch = config.arch;
-        if !matches!(arch, Arch::Llama | Arch::Lfm2) {
+        if !matches!(
+            arch,
+            Arch::Llama | Arch::Mistral | Arch::Qwen2 | Arch::Qwen3 | Arch::Lfm2
+        ) {
             return Err(Error::unsupported(
                 c.path(),
-                format!("{arch:?} checkpoints (gguf-write handles llama and lfm2)"),
+                format!(
+                    "{arch:?} checkpoints (gguf-write handles llama, mistral, qwen2, qwen3 and lfm2)"
+                ),
             ));
         }
         if config.rope_scaling != crate::models::llm::RopeScaling::None {
@@ -171,8 +177,9 @@ fn gguf_name(arch: Arch, hf: &str) -> Option<Option<String>> {
     let top = match (arch, hf) {
         (_, "model.embed_tokens.weight") => Some("token_embd.weight"),
         (_, "lm_head.weight") => Some("output.weight"),
-        (Arch::Llama, "model.norm.weight") => Some("output_norm.weight"),
         (Arch::Lfm2, "model.embedding_norm.weight") => Some("token_embd_norm.weight"),
+        (Arch::Lfm2, _) => None,
+        (_, "model.norm.weight") => Some("output_norm.weight"),
         _ => None,
     };
     if let Some(n) = top {
@@ -194,6 +201,8 @@ fn gguf_name(arch: Arch, hf: &str) -> Option<Option<String>> {
                 "mlp.gate_proj" => "ffn_gate",
                 "mlp.up_proj" => "ffn_up",
                 "mlp.down_proj" => "ffn_down",
+                "self_attn.q_norm" => "attn_q_norm",
+                "self_attn.k_norm" => "attn_k_norm",
                 _ => return None,
             }
         }
@@ -244,9 +253,12 @@ fn plan_tensors(arch: Arch, cfg: &LlmConfig, weights: &Safetensors) -> Result<Ve
                 // [hidden, 1, taps] -> [hidden, taps]: ggml's conv op wants 2-D.
                 shape.remove(1);
             }
-            let rope_permute = match (arch, name.rsplit('.').nth(1)) {
-                (Arch::Llama, Some("attn_q")) => Some(cfg.heads),
-                (Arch::Llama, Some("attn_k")) => Some(cfg.kv_heads),
+            // llama.cpp's llama architecture rotates interleaved pairs;
+            // Qwen's converters keep transformers' halves (NEOX mode).
+            let llama = matches!(arch, Arch::Llama | Arch::Mistral);
+            let rope_permute = match name.rsplit('.').nth(1) {
+                Some("attn_q") if llama => Some(cfg.heads),
+                Some("attn_k") if llama => Some(cfg.kv_heads),
                 _ => None,
             };
             if rope_permute.is_some() && (shape.len() != 2 || name.ends_with(".bias")) {
@@ -342,18 +354,21 @@ fn metadata(
         m.set(key("attention.value_length"), u("head dim", cfg.head_dim)?);
     }
     m.set("general.file_type", opts.file_type);
-    m.set(key("vocab_size"), u("vocabulary size", cfg.vocab)?);
-    match arch {
-        Arch::Lfm2 => m.set(key("shortconv.l_cache"), u("conv size", cfg.conv_kernel)?),
-        Arch::Llama | Arch::Mistral | Arch::Qwen2 | Arch::Qwen3 | Arch::Gemma3 | Arch::Phi3 => m
-            .set(
-                key("rope.dimension_count"),
-                u("rope dimension", cfg.rope_dim)?,
-            ),
+    let llama = matches!(arch, Arch::Llama | Arch::Mistral);
+    if llama || arch == Arch::Lfm2 {
+        m.set(key("vocab_size"), u("vocabulary size", cfg.vocab)?);
+    }
+    if arch == Arch::Lfm2 {
+        m.set(key("shortconv.l_cache"), u("conv size", cfg.conv_kernel)?);
+    } else if llama {
+        m.set(
+            key("rope.dimension_count"),
+            u("rope dimension", cfg.rope_dim)?,
+        );
     }
     m.set("general.quantization_version", QUANTIZATION_VERSION);
     tokenizer_metadata(dir, arch, cfg.vocab, opts.tokenizer_pre.as_deref(), &mut m)?;
-    if arch == Arch::Llama && cfg.vocab == 49152 {
+    if llama && cfg.vocab == 49152 {
         // The converter's rule for "granite small" vocabularies, which SmolLM2
         // shares: no BOS.
         m.set("tokenizer.ggml.add_bos_token", false);
@@ -518,7 +533,7 @@ fn tokenizer_metadata(
         .and_then(|t| t.get("add_prefix_space"))
         .and_then(Json::as_bool)
     {
-        if arch == Arch::Llama {
+        if matches!(arch, Arch::Llama | Arch::Mistral) {
             m.set("tokenizer.ggml.add_space_prefix", b);
         }
     }
