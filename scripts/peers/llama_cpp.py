@@ -15,6 +15,9 @@ Subcommands (token ids as comma-separated lists):
       greedy continuation of IDS; prints JSON {"tokens": [...], "pieces": [...]}
   tokenize MODEL.gguf TEXT [--parse-special]
       prints JSON token ids (no BOS added)
+  detokenize MODEL.gguf IDS [--remove-special] [--unparse-special]
+      llama_detokenize with the vocabulary only; prints JSON {"hex": the
+      bytes, "text": them as UTF-8, invalid sequences replaced}
 Library use from another script: run this file with subprocess (keeps ggml's
 threads and libraries out of a torch process).
 """
@@ -141,6 +144,11 @@ def main():
     p.add_argument("model")
     p.add_argument("text")
     p.add_argument("--parse-special", action="store_true")
+    p = sub.add_parser("detokenize")
+    p.add_argument("model")
+    p.add_argument("ids", type=ids_arg)
+    p.add_argument("--remove-special", action="store_true")
+    p.add_argument("--unparse-special", action="store_true")
     args = ap.parse_args()
 
     L = load()
@@ -164,6 +172,27 @@ def main():
         m = Model(L, args.model, 64, "f16")
         json.dump(m.tokenize(args.text, args.parse_special), sys.stdout)
         print()
+    elif args.cmd == "detokenize":
+        data = detokenize(L, args.model, args.ids, args.remove_special, args.unparse_special)
+        json.dump({"hex": data.hex(), "text": data.decode("utf-8", errors="replace")}, sys.stdout)
+        print()
+
+
+def detokenize(L, path, ids, remove_special, unparse_special):
+    mp = L.llama_model_default_params()
+    mp.vocab_only = True
+    model = L.llama_model_load_from_file(path.encode(), mp)
+    if not model:
+        sys.exit(f"llama_cpp: cannot load {path}")
+    vocab = L.llama_model_get_vocab(model)
+    tokens = (L.llama_token * max(1, len(ids)))(*ids)
+    cap = 64 + 64 * len(ids)
+    buf = ctypes.create_string_buffer(cap)
+    n = L.llama_detokenize(vocab, tokens, len(ids), buf, cap, remove_special, unparse_special)
+    if n < 0:
+        sys.exit("llama_cpp: detokenize buffer too small")
+    L.llama_model_free(model)
+    return buf.raw[:n]
 
 
 if __name__ == "__main__":

@@ -286,6 +286,7 @@ pub fn gguf_tokenizer(g: &GgufFile) -> Result<Tokenizer> {
             .get_str_array_opt("tokenizer.ggml.merges")?
             .map(<[String]>::to_vec)
             .unwrap_or_default(),
+        scores: gguf_scores(g)?,
         token_types: g
             .get_i32_array_opt("tokenizer.ggml.token_type")?
             .map(<[i32]>::to_vec)
@@ -293,12 +294,23 @@ pub fn gguf_tokenizer(g: &GgufFile) -> Result<Tokenizer> {
         bos_id: id("tokenizer.ggml.bos_token_id")?,
         eos_id: id("tokenizer.ggml.eos_token_id")?,
         extra_eos_ids: extra_eos,
-        add_bos: g
-            .get_bool_opt("tokenizer.ggml.add_bos_token")?
-            .unwrap_or(false),
+        add_bos: g.get_bool_opt("tokenizer.ggml.add_bos_token")?,
+        add_eos: g.get_bool_opt("tokenizer.ggml.add_eos_token")?,
+        add_space_prefix: g.get_bool_opt("tokenizer.ggml.add_space_prefix")?,
         chat_template: g
             .get_str_opt("tokenizer.chat_template")?
             .map(str::to_string),
     };
     Tokenizer::from_gguf_vocab(g.path(), vocab)
+}
+
+/// `tokenizer.ggml.scores`: f32, or i32 as llama.cpp also accepts.
+fn gguf_scores(g: &GgufFile) -> Result<Vec<f32>> {
+    const KEY: &str = "tokenizer.ggml.scores";
+    if let Ok(Some(ints)) = g.get_i32_array_opt(KEY) {
+        return Ok(ints.iter().map(|&s| s as f32).collect());
+    }
+    Ok(g.get_f32_array_opt(KEY)?
+        .map(<[f32]>::to_vec)
+        .unwrap_or_default())
 }

@@ -1,15 +1,20 @@
-//! Text <-> token ids. Wraps the `tokenizers` crate: an HF `tokenizer.json`
-//! loads directly; a GGUF-embedded gpt2-style BPE vocabulary is turned into an
+//! Text <-> token ids. An HF `tokenizer.json` loads into the `tokenizers`
+//! crate directly; a GGUF-embedded gpt2-style BPE vocabulary is turned into an
 //! equivalent `tokenizer.json` (vocab, merges, special tokens, the
 //! pre-tokenizer llama.cpp uses for `tokenizer.ggml.pre`) so both encode the
-//! same way as the original tokenizer.
+//! same way as the original tokenizer. A GGUF-embedded SentencePiece
+//! vocabulary (`tokenizer.ggml.model = "llama"`) runs in [`spm`], which
+//! follows llama.cpp.
+
+pub mod spm;
 
 use crate::error::{Error, Result};
 use serde_json::{json, Value};
+use spm::{Spm, SpmOptions, TokenKind};
 use std::path::{Path, PathBuf};
 
 pub struct Tokenizer {
-    inner: tokenizers::Tokenizer,
+    inner: Inner,
     /// Where the vocabulary came from, for error messages.
     source: PathBuf,
     pub bos_id: Option<u32>,
@@ -20,21 +25,36 @@ pub struct Tokenizer {
     pub chat_template: Option<String>,
 }
 
-/// A BPE vocabulary as stored in GGUF metadata (`tokenizer.ggml.*`).
+/// The engine behind a [`Tokenizer`] (boxed: both are large, and made once).
+enum Inner {
+    Hf(Box<tokenizers::Tokenizer>),
+    Spm(Box<Spm>),
+}
+
+/// A vocabulary as stored in GGUF metadata (`tokenizer.ggml.*`).
+#[derive(Clone, Debug)]
 pub struct GgufVocab {
-    /// `tokenizer.ggml.model`; only "gpt2" (byte-level BPE) is supported.
+    /// `tokenizer.ggml.model`: "gpt2" (byte-level BPE) or "llama"
+    /// (SentencePiece).
     pub model: String,
-    /// `tokenizer.ggml.pre`: the pre-tokenizer name llama.cpp uses.
+    /// `tokenizer.ggml.pre`: the pre-tokenizer name llama.cpp uses (BPE).
     pub pre: String,
     pub tokens: Vec<String>,
+    /// BPE merges, "a b" (gpt2).
     pub merges: Vec<String>,
+    /// SentencePiece token scores (llama); empty when the file has none.
+    pub scores: Vec<f32>,
     /// llama.cpp token types: 1 normal, 2 unknown, 3 control, 4 user-defined, 5 unused, 6 byte.
     pub token_types: Vec<i32>,
     pub bos_id: Option<u32>,
     pub eos_id: Option<u32>,
     /// `tokenizer.ggml.eot_token_id` and friends: extra end-of-generation ids.
     pub extra_eos_ids: Vec<u32>,
-    pub add_bos: bool,
+    /// `tokenizer.ggml.add_bos_token`, `add_eos_token`, `add_space_prefix`;
+    /// `None` when absent (the defaults depend on the model).
+    pub add_bos: Option<bool>,
+    pub add_eos: Option<bool>,
+    pub add_space_prefix: Option<bool>,
     pub chat_template: Option<String>,
 }
 
@@ -120,7 +140,7 @@ impl Tokenizer {
         eos_ids.sort_unstable();
         eos_ids.dedup();
         Ok(Tokenizer {
-            inner,
+            inner: Inner::Hf(Box::new(inner)),
             source: path,
             bos_id,
             eos_ids,
@@ -130,14 +150,60 @@ impl Tokenizer {
         })
     }
 
-    /// Builds the equivalent HF tokenizer for a GGUF-embedded BPE vocabulary.
+    /// The tokenizer of a GGUF-embedded vocabulary.
     pub fn from_gguf_vocab(path: &Path, v: GgufVocab) -> Result<Tokenizer> {
-        if v.model != "gpt2" {
-            return Err(Error::unsupported(
+        match v.model.as_str() {
+            "gpt2" => Self::from_gguf_bpe(path, v),
+            "llama" => Self::from_gguf_spm(path, v),
+            other => Err(Error::unsupported(
                 path,
-                format!("tokenizer model '{}' (only gpt2-style BPE)", v.model),
-            ));
+                format!(
+                    "tokenizer model '{other}' (supported: gpt2 = byte-level BPE, llama = SentencePiece)"
+                ),
+            )),
         }
+    }
+
+    /// A SentencePiece vocabulary, with llama.cpp's defaults for what the
+    /// file leaves out: BOS 1, EOS 2, BOS added, EOS not, space prefix on.
+    fn from_gguf_spm(path: &Path, v: GgufVocab) -> Result<Tokenizer> {
+        let n = v.tokens.len() as u32;
+        let default_id = |id: u32| (id < n).then_some(id);
+        let options = SpmOptions {
+            bos_id: v.bos_id.or(default_id(1)),
+            eos_id: v.eos_id.or(default_id(2)),
+            add_bos: v.add_bos.unwrap_or(true),
+            add_eos: v.add_eos.unwrap_or(false),
+            add_space_prefix: v.add_space_prefix.unwrap_or(true),
+        };
+        let kinds = v
+            .token_types
+            .iter()
+            .map(|&t| TokenKind::from_gguf(t))
+            .collect();
+        let spm = Spm::new(path, v.tokens, v.scores, kinds, options)?;
+        let text = |id: Option<u32>| id.and_then(|id| spm.token_text(id)).map(str::to_string);
+        let mut eos_ids: Vec<u32> = options
+            .eos_id
+            .into_iter()
+            .chain(v.extra_eos_ids.into_iter().filter(|&id| id < n))
+            .chain(spm.end_of_generation().iter().copied())
+            .collect();
+        eos_ids.sort_unstable();
+        eos_ids.dedup();
+        Ok(Tokenizer {
+            source: path.to_path_buf(),
+            bos_id: options.bos_id,
+            bos_token: text(options.bos_id),
+            eos_token: text(options.eos_id),
+            eos_ids,
+            chat_template: v.chat_template,
+            inner: Inner::Spm(Box::new(spm)),
+        })
+    }
+
+    /// Builds the equivalent HF tokenizer for a GGUF-embedded BPE vocabulary.
+    fn from_gguf_bpe(path: &Path, v: GgufVocab) -> Result<Tokenizer> {
         let pre = pre_tokenizer_for(&v.pre)
             .ok_or_else(|| Error::unsupported(path, format!("pre-tokenizer '{}'", v.pre)))?;
         if !v.token_types.is_empty() && v.token_types.len() != v.tokens.len() {
@@ -173,7 +239,7 @@ impl Tokenizer {
                        "normalized": false, "special": v.token_types[i] == TOKEN_TYPE_CONTROL})
             })
             .collect();
-        let post = match (v.add_bos, v.bos_id) {
+        let post = match (v.add_bos.unwrap_or(false), v.bos_id) {
             (true, Some(bos)) => {
                 let tok = &v.tokens[bos as usize];
                 json!({"type": "TemplateProcessing",
@@ -210,7 +276,7 @@ impl Tokenizer {
         eos_ids.sort_unstable();
         eos_ids.dedup();
         Ok(Tokenizer {
-            inner,
+            inner: Inner::Hf(Box::new(inner)),
             source: path.to_path_buf(),
             bos_id: v.bos_id,
             eos_token: v.eos_id.map(|i| v.tokens[i as usize].clone()),
@@ -221,7 +287,10 @@ impl Tokenizer {
     }
 
     pub fn vocab_size(&self) -> usize {
-        self.inner.get_vocab_size(true)
+        match &self.inner {
+            Inner::Hf(t) => t.get_vocab_size(true),
+            Inner::Spm(t) => t.vocab_size(),
+        }
     }
 
     /// Encodes `text`; special-token strings in it (`<|im_start|>`) become
@@ -229,22 +298,42 @@ impl Tokenizer {
     /// (BOS for most models): true for raw prompts, false for rendered chat
     /// templates, which already contain them.
     pub fn encode(&self, text: &str, add_special: bool) -> Result<Vec<u32>> {
-        let enc = self
-            .inner
-            .encode(text, add_special)
-            .map_err(|e| Error::format(&self.source, format!("encoding failed: {e}")))?;
-        Ok(enc.get_ids().to_vec())
+        match &self.inner {
+            Inner::Hf(t) => {
+                let enc = t
+                    .encode(text, add_special)
+                    .map_err(|e| Error::format(&self.source, format!("encoding failed: {e}")))?;
+                Ok(enc.get_ids().to_vec())
+            }
+            Inner::Spm(t) => t.encode(text, add_special),
+        }
     }
 
     /// Decodes ids to text, leaving out special tokens.
     pub fn decode(&self, ids: &[u32]) -> Result<String> {
-        self.inner
-            .decode(ids, true)
-            .map_err(|e| Error::format(&self.source, format!("decoding failed: {e}")))
+        match &self.inner {
+            Inner::Hf(t) => t
+                .decode(ids, true)
+                .map_err(|e| Error::format(&self.source, format!("decoding failed: {e}"))),
+            Inner::Spm(t) => t.decode(ids),
+        }
+    }
+
+    /// Decodes ids that continue a text: like [`Tokenizer::decode`], except
+    /// that a SentencePiece tokenizer keeps the leading space of the first
+    /// token (it belongs between the text so far and this).
+    fn decode_continuation(&self, ids: &[u32]) -> Result<String> {
+        match &self.inner {
+            Inner::Hf(_) => self.decode(ids),
+            Inner::Spm(t) => t.decode_continuation(ids),
+        }
     }
 
     pub fn token_to_id(&self, token: &str) -> Option<u32> {
-        self.inner.token_to_id(token)
+        match &self.inner {
+            Inner::Hf(t) => t.token_to_id(token),
+            Inner::Spm(t) => t.token_to_id(token),
+        }
     }
 }
 
@@ -280,8 +369,10 @@ impl<'a> TextStream<'a> {
     /// Adds one token; returns the new text it completes, if any.
     pub fn push(&mut self, id: u32) -> Result<Option<String>> {
         self.ids.push(id);
-        let before = self.tok.decode(&self.ids[self.prefix..self.read])?;
-        let now = self.tok.decode(&self.ids[self.prefix..])?;
+        let before = self
+            .tok
+            .decode_continuation(&self.ids[self.prefix..self.read])?;
+        let now = self.tok.decode_continuation(&self.ids[self.prefix..])?;
         if now.len() > before.len() && !now.ends_with('\u{FFFD}') && now.starts_with(&before) {
             self.prefix = self.read;
             self.read = self.ids.len();
@@ -292,8 +383,10 @@ impl<'a> TextStream<'a> {
 
     /// Whatever is left (e.g. an incomplete character at the end).
     pub fn finish(&mut self) -> Result<Option<String>> {
-        let before = self.tok.decode(&self.ids[self.prefix..self.read])?;
-        let now = self.tok.decode(&self.ids[self.prefix..])?;
+        let before = self
+            .tok
+            .decode_continuation(&self.ids[self.prefix..self.read])?;
+        let now = self.tok.decode_continuation(&self.ids[self.prefix..])?;
         self.prefix = self.ids.len();
         self.read = self.ids.len();
         Ok(now
