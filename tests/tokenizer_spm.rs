@@ -84,6 +84,11 @@ fn gemma_encodes_like_llama_cpp() {
 }
 
 #[test]
+fn gemma_encodes_random_text_like_llama_cpp() {
+    check_encode(gemma(), "encode_random");
+}
+
+#[test]
 fn gemma_with_space_prefix_encodes_like_llama_cpp() {
     check_encode(gemma_space_prefix(), "encode_add_space_prefix");
 }
