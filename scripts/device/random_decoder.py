@@ -1,0 +1,59 @@
+#!/usr/bin/env python3
+"""A randomly initialised decoder with a real checkpoint's shapes, as an HF
+directory without a tokenizer, for speed and GPU-against-CPU checks on the lent
+H200 (scripts/device/recipe_check.sh), where no weights can be fetched.
+
+    python3 scripts/device/random_decoder.py gemma3-270m OUT_DIR
+    python3 scripts/device/random_decoder.py lfm2-350m OUT_DIR
+
+Shapes: gemma-3-270m's config (hidden 640, 18 layers, 4/1 heads of 256,
+feed-forward 2048, vocabulary 262144, sliding window 512 on 5 of every 6
+layers); LFM2-350M's (as scripts/fixtures/lfm2_350m_random.py). Init: every
+matrix N(0, 1/fan_in), embeddings N(0, 0.1^2) (Gemma's scaled by its
+sqrt(hidden) on input), norms near their unit gain, bf16.
+"""
+
+import sys
+
+import torch
+from transformers import Gemma3ForCausalLM, Gemma3TextConfig, Lfm2Config, Lfm2ForCausalLM
+
+
+def gemma3_270m():
+    cfg = Gemma3TextConfig(vocab_size=262144, hidden_size=640, intermediate_size=2048, num_hidden_layers=18,
+                           num_attention_heads=4, num_key_value_heads=1, head_dim=256, query_pre_attn_scalar=256,
+                           max_position_embeddings=32768, sliding_window=512, rms_norm_eps=1e-6,
+                           rope_parameters={"full_attention": {"rope_type": "default", "rope_theta": 1e6},
+                                            "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}},
+                           tie_word_embeddings=True, dtype="bfloat16")
+    return Gemma3ForCausalLM(cfg), True
+
+
+def lfm2_350m():
+    cfg = Lfm2Config(vocab_size=65536, hidden_size=1024, intermediate_size=6656, num_hidden_layers=16,
+                     num_attention_heads=16, num_key_value_heads=8, max_position_embeddings=128000,
+                     norm_eps=1e-5, conv_L_cache=3, block_multiple_of=256, block_ffn_dim_multiplier=1.0,
+                     block_auto_adjust_ff_dim=True, full_attn_idxs=[2, 5, 8, 10, 12, 14],
+                     tie_word_embeddings=True, dtype="bfloat16")
+    return Lfm2ForCausalLM(cfg), False
+
+
+def main():
+    name, out = sys.argv[1], sys.argv[2]
+    model, gemma = {"gemma3-270m": gemma3_270m, "lfm2-350m": lfm2_350m}[name]()
+    g = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for pname, p in sorted(model.named_parameters(), key=lambda kv: kv[0]):
+            if pname.endswith("embed_tokens.weight"):
+                v = 0.1 * torch.randn(p.shape, generator=g)
+            elif p.dim() == 1:
+                # Gemma stores w of (1 + w).
+                v = (0.0 if gemma else 1.0) + 0.1 * torch.randn(p.shape, generator=g)
+            else:
+                v = torch.randn(p.shape, generator=g) / (p[0].numel() ** 0.5)
+            p.copy_(v.to(p.dtype))
+    model.to(torch.bfloat16).save_pretrained(out, safe_serialization=True)
+
+
+if __name__ == "__main__":
+    main()
