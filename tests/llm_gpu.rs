@@ -687,8 +687,18 @@ fn gold_tol(g: &Gpu) -> f32 {
 }
 
 fn check_fixture(name: &str, model: &str) {
+    check_fixture_within(name, model, COOP_TOL)
+}
+
+/// [`check_fixture`] with the GPU-against-CPU tolerance `coop_tol` where the
+/// prefill GEMM rounds its inputs to f16.
+fn check_fixture_within(name: &str, model: &str, coop_tol: f64) {
     let Some(gpu) = gpu() else { return };
-    let tiny = tol(&gpu, TINY_TOL);
+    let tiny = if gpu.caps.coop_matrix {
+        coop_tol.max(TINY_TOL)
+    } else {
+        TINY_TOL
+    };
     let gold_tol = gold_tol(&gpu);
     let g = gold(name);
     let load = |device| {
@@ -759,13 +769,16 @@ fn new_architecture_fixtures_hf_and_gguf_match_cpu_and_transformers() {
         ("tiny-phi3", true),
         ("tiny-llama3", true),
         ("tiny-mistral", false),
-        ("tiny-gemma3", false),
     ] {
         check_fixture(name, name);
         if gguf {
             check_fixture(name, &format!("{name}.f32.gguf"));
         }
     }
+    // The tiny Gemma-3's norm gains of ~2.5 (scripts/fixtures/llm_archs.py)
+    // amplify the prefill GEMM's f16 rounding: 5.8e-5 measured on the H200,
+    // above COOP_TOL; lavapipe (f32) holds it to TINY_TOL like the rest.
+    check_fixture_within("tiny-gemma3", "tiny-gemma3", 3e-4);
 }
 
 /// `generate --gpu` runs on the GPU, names the adapter on stderr, and gives
