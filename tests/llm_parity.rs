@@ -250,3 +250,68 @@ fn unknown_architectures_and_rope_scalings_are_refused_by_name() {
     );
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// Every published LFM2 size's config in LiquidAI's key style (no hub is
+/// reachable here: the files are written from the released configs' keys and
+/// sizes) parses to the shapes of the released checkpoints: the feed-forward
+/// width transformers derives from `block_ff_dim` (2/3, times the
+/// multiplier, rounded up to `block_multiple_of`), the attention layers from
+/// `full_attn_idxs`, the head from `tie_embedding`.
+#[test]
+fn published_lfm2_sizes_parse_to_their_shapes() {
+    // (name, hidden, layers, heads, kv heads, block_ff_dim, attention layers, ffn)
+    let sizes: [(&str, usize, usize, usize, usize, usize, &[usize], usize); 4] = [
+        ("350M", 1024, 16, 16, 8, 6656, &[2, 5, 8, 10, 12, 14], 4608),
+        ("700M", 1536, 16, 24, 8, 10240, &[2, 5, 8, 10, 12, 14], 6912),
+        ("1.2B", 2048, 16, 32, 8, 12288, &[2, 5, 8, 10, 12, 14], 8192),
+        (
+            "2.6B",
+            2048,
+            30,
+            32,
+            8,
+            10752,
+            &[2, 6, 10, 14, 18, 21, 24, 27],
+            7168,
+        ),
+    ];
+    let dir = std::env::temp_dir().join(format!("lfm-lfm2-sizes-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    for (name, hidden, layers, heads, kv, ff, attn, ffn) in sizes {
+        let cfg = serde_json::json!({
+            "architectures": ["Lfm2ForCausalLM"], "model_type": "lfm2",
+            "block_auto_adjust_ff_dim": true, "block_dim": hidden, "block_ff_dim": ff,
+            "block_ffn_dim_multiplier": 1.0, "block_mlp_init_scale": 1.0, "block_multiple_of": 256,
+            "block_norm_eps": 1e-5, "block_out_init_scale": 1.0, "block_use_swiglu": true,
+            "block_use_xavier_init": true, "bos_token_id": 1, "conv_L_cache": 3, "conv_bias": false,
+            "conv_dim": hidden, "conv_dim_out": hidden, "conv_use_xavier_init": true,
+            "eos_token_id": 7, "full_attn_idxs": attn, "hidden_size": hidden,
+            "initializer_range": 0.02, "max_position_embeddings": 128000, "norm_eps": 1e-5,
+            "num_attention_heads": heads, "num_heads": heads, "num_hidden_layers": layers,
+            "num_key_value_heads": kv, "pad_token_id": 0, "rope_theta": 1000000.0,
+            "theta": 1000000.0, "tie_embedding": true, "torch_dtype": "bfloat16",
+            "use_cache": true, "use_pos_enc": true, "vocab_size": 65536,
+        });
+        std::fs::write(dir.join("config.json"), cfg.to_string()).unwrap();
+        let c = lfm::formats::hf::HfConfig::open(&dir).unwrap();
+        let (got, _) = lfm::models::arch::from_hf(&c).unwrap();
+        assert_eq!(
+            (
+                got.hidden,
+                got.layers.len(),
+                got.heads,
+                got.kv_heads,
+                got.ffn,
+                got.vocab
+            ),
+            (hidden, layers, heads, kv, ffn, 65536),
+            "LFM2-{name}"
+        );
+        let attention: Vec<usize> = (0..layers)
+            .filter(|&i| got.layers[i] == lfm::models::llm::LayerKind::Attention)
+            .collect();
+        assert_eq!(attention, attn, "LFM2-{name}: attention layers");
+        assert_eq!(got.rope_theta, 1e6, "LFM2-{name}: theta");
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}
