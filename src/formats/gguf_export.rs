@@ -25,7 +25,7 @@ use super::hf::HfConfig;
 use super::safetensors::Safetensors;
 use super::TensorSource;
 use crate::error::{Error, Result};
-use crate::models::llm::{Arch, LayerKind, LlmConfig};
+use crate::models::llm::{Arch, LayerKind, LlmConfig, RopeScaling};
 use crate::quant::GgmlType;
 use crate::tensor::Tensor;
 use serde_json::Value as Json;
@@ -60,6 +60,9 @@ pub struct ExportTensor {
     pub source_dtype: GgmlType,
     /// Llama q/k projections: rows permuted within each of this many heads.
     pub rope_permute: Option<usize>,
+    /// A tensor the converter computes rather than copies (Llama 3's
+    /// `rope_freqs.weight`): its f32 values; `source` is then empty.
+    pub computed: Option<Vec<f32>>,
 }
 
 /// An HF directory ready to be written as GGUF.
@@ -114,10 +117,16 @@ impl HfExport {
                 ),
             ));
         }
-        if config.rope_scaling != crate::models::llm::RopeScaling::None {
+        if !matches!(
+            config.rope_scaling,
+            RopeScaling::None | RopeScaling::Llama3 { .. }
+        ) {
             return Err(Error::unsupported(
                 c.path(),
-                "RoPE scaling (gguf-write does not write rope_freqs or scaling keys yet)",
+                format!(
+                    "RoPE scaling {:?} (gguf-write writes Llama 3's as rope_freqs.weight)",
+                    config.rope_scaling
+                ),
             ));
         }
         crate::models::llm::load_weights(&config, &weights, &names)?;
@@ -133,9 +142,13 @@ impl HfExport {
         })
     }
 
-    /// The checkpoint tensor behind `t`, as stored (no permutation).
+    /// The checkpoint tensor behind `t`, as stored (no permutation), or
+    /// the computed one.
     pub fn source_tensor(&self, t: &ExportTensor) -> Result<Tensor> {
-        self.weights.tensor(&t.source)
+        match &t.computed {
+            Some(v) => Ok(Tensor::from_f32(t.name.clone(), t.shape.clone(), v.clone())),
+            None => self.weights.tensor(&t.source),
+        }
     }
 
     /// The values of `t` as they go into the GGUF file: converted to f32,
@@ -233,6 +246,17 @@ fn plan_tensors(arch: Arch, cfg: &LlmConfig, weights: &Safetensors) -> Result<Ve
     let mut shards: Vec<_> = weights.shards().iter().collect();
     shards.sort_by_key(|s| s.path().file_name().map(|n| n.to_os_string()));
     let mut out = Vec::new();
+    // The converter's extra tensors come first.
+    if let Some(f) = llama3_rope_factors(cfg) {
+        out.push(ExportTensor {
+            name: "rope_freqs.weight".into(),
+            source: String::new(),
+            shape: vec![f.len()],
+            source_dtype: GgmlType::F32,
+            rope_permute: None,
+            computed: Some(f),
+        });
+    }
     for shard in shards {
         let mut names = shard.names();
         names.sort();
@@ -273,10 +297,44 @@ fn plan_tensors(arch: Arch, cfg: &LlmConfig, weights: &Safetensors) -> Result<Ve
                 shape,
                 source_dtype: t.dtype,
                 rope_permute,
+                computed: None,
             });
         }
     }
     Ok(out)
+}
+
+/// Llama 3's RoPE scaling as llama.cpp's converter stores it
+/// (`LlamaModel.generate_extra_tensors`): per dimension pair, the divisor of
+/// the frequency, computed in f32 as torch does there.
+fn llama3_rope_factors(cfg: &LlmConfig) -> Option<Vec<f32>> {
+    let RopeScaling::Llama3 {
+        factor,
+        low_freq_factor: low,
+        high_freq_factor: high,
+        original_context,
+    } = cfg.rope_scaling
+    else {
+        return None;
+    };
+    let (dim, old) = (cfg.head_dim, original_context as f32);
+    let (low_wavelen, high_wavelen) = (old / low, old / high);
+    Some(
+        (0..dim / 2)
+            .map(|i| {
+                let freq = 1.0 / cfg.rope_theta.powf((2 * i) as f32 / dim as f32);
+                let wavelen = 2.0 * std::f32::consts::PI / freq;
+                if wavelen < high_wavelen {
+                    1.0
+                } else if wavelen > low_wavelen {
+                    factor
+                } else {
+                    let smooth = (old / wavelen - low) / (high - low);
+                    1.0 / ((1.0 - smooth) / factor + smooth)
+                }
+            })
+            .collect(),
+    )
 }
 
 /// gguf-py's `size_label`: the parameter count with two significant digits
