@@ -297,6 +297,8 @@ pub struct ShortConv {
     pub out_proj: Tensor,
 }
 
+// One per layer, so the attention variant's size costs nothing worth a box.
+#[allow(clippy::large_enum_variant)]
 pub enum Mixer {
     Attention(Attention),
     Conv(ShortConv),
