@@ -4,8 +4,6 @@
 //!
 //! - [`gguf`]: memory-mapped GGUF v2/v3 reader and an atomic writer;
 //! - [`gguf_stream`]: a GGUF writer that takes one tensor at a time;
-//! - [`gguf_export`]: an HF directory mapped onto llama.cpp's GGUF names and
-//!   metadata;
 //! - [`safetensors`]: a `.safetensors` file or a sharded HF checkpoint;
 //! - [`hf`]: an HF model directory (`config.json` + safetensors weights);
 //! - [`ct2`]: CTranslate2 `model.bin` (Whisper);
@@ -17,7 +15,6 @@
 
 pub mod ct2;
 pub mod gguf;
-pub mod gguf_export;
 pub mod gguf_stream;
 pub mod hf;
 pub mod npy;

@@ -26,33 +26,14 @@ pub const GGUF_ARCHITECTURES: &[&str] = &["llama", "qwen2", "qwen3", "gemma3", "
 /// The config and weight names of an HF checkpoint.
 pub fn from_hf(c: &HfConfig) -> Result<(LlmConfig, Names)> {
     let model_type = c.get_str_opt("model_type")?.unwrap_or("");
-    let tied = |default: bool| -> Result<bool> {
-        Ok(c.get_bool_opt("tie_word_embeddings")?.unwrap_or(default))
-    };
-    Ok(match model_type {
-        "llama" | "mistral" => {
-            let arch = if model_type == "llama" {
-                Arch::Llama
-            } else {
-                Arch::Mistral
-            };
-            let cfg = llama::config_from_hf(c, arch)?;
-            let names = llama::hf_names(&cfg, tied(false)?);
-            (cfg, names)
-        }
-        "qwen2" | "qwen3" => {
-            let arch = if model_type == "qwen2" {
-                Arch::Qwen2
-            } else {
-                Arch::Qwen3
-            };
-            let cfg = qwen::config_from_hf(c, arch)?;
-            let names = llama::hf_names(&cfg, tied(false)?);
-            (cfg, names)
-        }
-        "gemma3_text" => (gemma3::config_from_hf(c)?, gemma3::hf_names()),
-        "phi3" => (phi3::config_from_hf(c)?, phi3::hf_names(tied(false)?)),
-        "lfm2" => (lfm2::config_from_hf(c)?, lfm2::hf_names(lfm2::hf_tied(c)?)),
+    let cfg = match model_type {
+        "llama" => llama::config_from_hf(c, Arch::Llama)?,
+        "mistral" => llama::config_from_hf(c, Arch::Mistral)?,
+        "qwen2" => qwen::config_from_hf(c, Arch::Qwen2)?,
+        "qwen3" => qwen::config_from_hf(c, Arch::Qwen3)?,
+        "gemma3_text" => gemma3::config_from_hf(c)?,
+        "phi3" => phi3::config_from_hf(c)?,
+        "lfm2" => lfm2::config_from_hf(c)?,
         other => {
             let other = if other.is_empty() { "(none)" } else { other };
             return Err(Error::unsupported(
@@ -63,7 +44,35 @@ pub fn from_hf(c: &HfConfig) -> Result<(LlmConfig, Names)> {
                 ),
             ));
         }
-    })
+    };
+    let tied = match cfg.arch {
+        Arch::Lfm2 => lfm2::hf_tied(c)?,
+        // transformers' defaults: Gemma ties, the others do not.
+        arch => c
+            .get_bool_opt("tie_word_embeddings")?
+            .unwrap_or(arch == Arch::Gemma3),
+    };
+    let names = hf_names(&cfg, tied);
+    Ok((cfg, names))
+}
+
+/// Where transformers keeps each weight of `cfg`'s architecture (`tied`:
+/// the head is the embedding).
+pub fn hf_names(cfg: &LlmConfig, tied: bool) -> Names {
+    match cfg.arch {
+        Arch::Llama | Arch::Mistral | Arch::Qwen2 | Arch::Qwen3 => llama::hf_names(cfg, tied),
+        Arch::Gemma3 => gemma3::hf_names(),
+        Arch::Phi3 => phi3::hf_names(tied),
+        Arch::Lfm2 => lfm2::hf_names(tied),
+    }
+}
+
+/// Where llama.cpp keeps each weight of `cfg`'s architecture.
+pub fn gguf_names(cfg: &LlmConfig) -> Names {
+    match cfg.arch {
+        Arch::Lfm2 => lfm2::gguf_names(),
+        _ => llama::gguf_names(cfg),
+    }
 }
 
 /// The config and weight names of a GGUF file.
@@ -74,7 +83,7 @@ pub fn from_gguf(g: &GgufFile) -> Result<(LlmConfig, Names)> {
         "qwen3" => qwen::config_from_gguf(g, Arch::Qwen3)?,
         "gemma3" => gemma3::config_from_gguf(g)?,
         "phi3" => phi3::config_from_gguf(g)?,
-        "lfm2" => return Ok((lfm2::config_from_gguf(g)?, lfm2::gguf_names())),
+        "lfm2" => lfm2::config_from_gguf(g)?,
         other => {
             return Err(Error::unsupported(
                 g.path(),
@@ -85,6 +94,6 @@ pub fn from_gguf(g: &GgufFile) -> Result<(LlmConfig, Names)> {
             ))
         }
     };
-    let names = llama::gguf_names(&cfg);
+    let names = gguf_names(&cfg);
     Ok((cfg, names))
 }

@@ -403,6 +403,63 @@ pub struct Names {
     pub layer: Box<dyn Fn(usize) -> LayerNames>,
 }
 
+impl LayerNames {
+    /// Every role's name, in one fixed order; None where this table has
+    /// none.
+    fn roles(&self) -> [Option<&str>; 21] {
+        fn s(n: &str) -> Option<&str> {
+            (!n.is_empty()).then_some(n)
+        }
+        fn o(n: &Option<String>) -> Option<&str> {
+            n.as_deref()
+        }
+        [
+            s(&self.norm1),
+            s(&self.norm2),
+            s(&self.q),
+            s(&self.k),
+            s(&self.v),
+            o(&self.qkv),
+            o(&self.q_bias),
+            o(&self.k_bias),
+            o(&self.v_bias),
+            s(&self.o),
+            o(&self.q_norm),
+            o(&self.k_norm),
+            o(&self.post_mixer_norm),
+            o(&self.post_ffn_norm),
+            s(&self.conv_in),
+            s(&self.conv),
+            s(&self.conv_out),
+            s(&self.gate),
+            s(&self.up),
+            o(&self.gate_up),
+            s(&self.down),
+        ]
+    }
+}
+
+/// (name in `a`, name in `b`) of every weight both tables name for `cfg`'s
+/// layers: how a checkpoint's names map onto another format's (export).
+pub fn name_pairs(cfg: &LlmConfig, a: &Names, b: &Names) -> Vec<(String, String)> {
+    let mut out = vec![
+        (a.embed.clone(), b.embed.clone()),
+        (a.final_norm.clone(), b.final_norm.clone()),
+    ];
+    if let (Some(x), Some(y)) = (&a.head, &b.head) {
+        out.push((x.clone(), y.clone()));
+    }
+    for i in 0..cfg.layers.len() {
+        let (la, lb) = ((a.layer)(i), (b.layer)(i));
+        for (x, y) in la.roles().into_iter().zip(lb.roles()) {
+            if let (Some(x), Some(y)) = (x, y) {
+                out.push((x.to_string(), y.to_string()));
+            }
+        }
+    }
+    out
+}
+
 /// Loads every weight `names` lists and checks it against `cfg`.
 pub fn load_weights(cfg: &LlmConfig, src: &dyn TensorSource, names: &Names) -> Result<Weights> {
     let (d, hd, f) = (cfg.hidden, cfg.head_dim, cfg.ffn);

@@ -4,6 +4,7 @@
 pub mod arch;
 pub mod bert;
 pub mod gemma3;
+pub mod gguf_export;
 pub mod layout;
 pub mod lfm2;
 pub mod llama;

@@ -10,10 +10,10 @@
 
 use crate::error::{Error, Result};
 use crate::formats::gguf::{GgufFile, Value};
-use crate::formats::gguf_export::{ExportOptions, HfExport, QUANTIZATION_VERSION};
 use crate::formats::gguf_stream::{GgufStreamWriter, TensorDecl};
 use crate::formats::safetensors::Safetensors;
 use crate::formats::TensorSource;
+use crate::models::gguf_export::{ExportOptions, HfExport, QUANTIZATION_VERSION};
 use crate::quant::policy::{llama_file_type, Policy};
 use crate::quant::GgmlType;
 use crate::tensor::Tensor;

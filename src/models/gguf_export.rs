@@ -9,7 +9,9 @@
 //!   template);
 //! - tensors under llama.cpp's names, in the converter's order (shards by
 //!   file name, tensors by name within a shard), Llama's q/k rows permuted
-//!   for ggml's interleaved RoPE, LFM2's conv taps squeezed to 2-D.
+//!   for ggml's interleaved RoPE, LFM2's conv taps squeezed to 2-D. The names
+//!   come from the architecture's HF and GGUF names tables (`models::arch`),
+//!   the ones loading reads, role by role.
 //!
 //! Where the converter would need Python to decide something, this module
 //! decides it from the files: the BPE pre-tokenizer name comes from the
@@ -20,12 +22,12 @@
 //! `block_ffn_dim_multiplier: null`, a missing `rope_theta`) is still written
 //! as the model computes.
 
-use super::gguf::Value;
-use super::hf::HfConfig;
-use super::safetensors::Safetensors;
-use super::TensorSource;
 use crate::error::{Error, Result};
-use crate::models::llm::{Arch, LayerKind, LlmConfig, RopeScaling};
+use crate::formats::gguf::Value;
+use crate::formats::hf::HfConfig;
+use crate::formats::safetensors::Safetensors;
+use crate::formats::TensorSource;
+use crate::models::llm::{name_pairs, Arch, LayerKind, LlmConfig, RopeScaling};
 use crate::quant::GgmlType;
 use crate::tensor::Tensor;
 use serde_json::Value as Json;
@@ -181,63 +183,26 @@ pub fn permute_rope_rows(w: &[f32], heads: usize, rows: usize, cols: usize) -> V
     out
 }
 
-/// llama.cpp's name for an HF tensor; `Ok(None)` for tensors the converter
-/// drops (rotary buffers).
-fn gguf_name(arch: Arch, hf: &str) -> Option<Option<String>> {
-    if hf.ends_with(".rotary_emb.inv_freq") || hf.ends_with(".attention.masked_bias") {
-        return Some(None);
+/// HF tensor names to llama.cpp's, from the architecture's two names tables
+/// (the ones loading reads), so loading and export cannot disagree.
+struct NameMap(std::collections::HashMap<String, String>);
+
+impl NameMap {
+    fn new(cfg: &LlmConfig) -> NameMap {
+        // Untied: a checkpoint that carries lm_head.weight has it exported.
+        let hf = crate::models::arch::hf_names(cfg, false);
+        let gguf = crate::models::arch::gguf_names(cfg);
+        NameMap(name_pairs(cfg, &hf, &gguf).into_iter().collect())
     }
-    let top = match (arch, hf) {
-        (_, "model.embed_tokens.weight") => Some("token_embd.weight"),
-        (_, "lm_head.weight") => Some("output.weight"),
-        (Arch::Lfm2, "model.embedding_norm.weight") => Some("token_embd_norm.weight"),
-        (Arch::Lfm2, _) => None,
-        (_, "model.norm.weight") => Some("output_norm.weight"),
-        _ => None,
-    };
-    if let Some(n) = top {
-        return Some(Some(n.to_string()));
-    }
-    let rest = hf.strip_prefix("model.layers.")?;
-    let (layer, rest) = rest.split_once('.')?;
-    let layer: usize = layer.parse().ok()?;
-    let (stem, suffix) = rest.rsplit_once('.')?;
-    let mapped = match arch {
-        Arch::Llama | Arch::Mistral | Arch::Qwen2 | Arch::Qwen3 | Arch::Gemma3 | Arch::Phi3 => {
-            match stem {
-                "input_layernorm" => "attn_norm",
-                "post_attention_layernorm" => "ffn_norm",
-                "self_attn.q_proj" => "attn_q",
-                "self_attn.k_proj" => "attn_k",
-                "self_attn.v_proj" => "attn_v",
-                "self_attn.o_proj" => "attn_output",
-                "mlp.gate_proj" => "ffn_gate",
-                "mlp.up_proj" => "ffn_up",
-                "mlp.down_proj" => "ffn_down",
-                "self_attn.q_norm" => "attn_q_norm",
-                "self_attn.k_norm" => "attn_k_norm",
-                _ => return None,
-            }
+
+    /// llama.cpp's name for an HF tensor; `Some(None)` for tensors the
+    /// converter drops (rotary buffers).
+    fn gguf_name(&self, hf: &str) -> Option<Option<String>> {
+        if hf.ends_with(".rotary_emb.inv_freq") || hf.ends_with(".attention.masked_bias") {
+            return Some(None);
         }
-        Arch::Lfm2 => match stem {
-            "operator_norm" => "attn_norm",
-            "ffn_norm" => "ffn_norm",
-            "conv.in_proj" => "shortconv.in_proj",
-            "conv.conv" => "shortconv.conv",
-            "conv.out_proj" => "shortconv.out_proj",
-            "self_attn.q_proj" => "attn_q",
-            "self_attn.k_proj" => "attn_k",
-            "self_attn.v_proj" => "attn_v",
-            "self_attn.out_proj" => "attn_output",
-            "self_attn.q_layernorm" => "attn_q_norm",
-            "self_attn.k_layernorm" => "attn_k_norm",
-            "feed_forward.w1" => "ffn_gate",
-            "feed_forward.w3" => "ffn_up",
-            "feed_forward.w2" => "ffn_down",
-            _ => return None,
-        },
-    };
-    Some(Some(format!("blk.{layer}.{mapped}.{suffix}")))
+        self.0.get(hf).map(|n| Some(n.clone()))
+    }
 }
 
 fn plan_tensors(arch: Arch, cfg: &LlmConfig, weights: &Safetensors) -> Result<Vec<ExportTensor>> {
@@ -245,6 +210,7 @@ fn plan_tensors(arch: Arch, cfg: &LlmConfig, weights: &Safetensors) -> Result<Ve
     // tensors in name order (as the safetensors package lists them).
     let mut shards: Vec<_> = weights.shards().iter().collect();
     shards.sort_by_key(|s| s.path().file_name().map(|n| n.to_os_string()));
+    let map = NameMap::new(cfg);
     let mut out = Vec::new();
     // The converter's extra tensors come first.
     if let Some(f) = llama3_rope_factors(cfg) {
@@ -261,7 +227,7 @@ fn plan_tensors(arch: Arch, cfg: &LlmConfig, weights: &Safetensors) -> Result<Ve
         let mut names = shard.names();
         names.sort();
         for source in names {
-            let name = match gguf_name(arch, &source) {
+            let name = match map.gguf_name(&source) {
                 Some(Some(n)) => n,
                 Some(None) => continue,
                 None => {
@@ -874,27 +840,32 @@ mod tests {
 
     #[test]
     fn names_map_like_the_converter() {
-        let n = |a, s| gguf_name(a, s).flatten();
-        assert_eq!(
-            n(Arch::Llama, "model.layers.12.self_attn.o_proj.weight").as_deref(),
-            Some("blk.12.attn_output.weight")
+        let cfg = |arch| LlmConfig {
+            arch,
+            layers: vec![LayerKind::Attention; 13],
+            ..LlmConfig::default()
+        };
+        let (llama, lfm2) = (
+            NameMap::new(&cfg(Arch::Llama)),
+            NameMap::new(&cfg(Arch::Lfm2)),
         );
         assert_eq!(
-            n(Arch::Lfm2, "model.layers.0.feed_forward.w2.weight").as_deref(),
-            Some("blk.0.ffn_down.weight")
+            llama.gguf_name("model.layers.12.self_attn.o_proj.weight"),
+            Some(Some("blk.12.attn_output.weight".into()))
         );
         assert_eq!(
-            n(Arch::Lfm2, "model.embedding_norm.weight").as_deref(),
-            Some("token_embd_norm.weight")
+            lfm2.gguf_name("model.layers.0.feed_forward.w2.weight"),
+            Some(Some("blk.0.ffn_down.weight".into()))
         );
         assert_eq!(
-            gguf_name(Arch::Llama, "model.layers.0.self_attn.rotary_emb.inv_freq"),
+            lfm2.gguf_name("model.embedding_norm.weight"),
+            Some(Some("token_embd_norm.weight".into()))
+        );
+        assert_eq!(
+            llama.gguf_name("model.layers.0.self_attn.rotary_emb.inv_freq"),
             Some(None)
         );
-        assert_eq!(
-            gguf_name(Arch::Llama, "model.layers.0.mystery.weight"),
-            None
-        );
-        assert_eq!(gguf_name(Arch::Llama, "model.embedding_norm.weight"), None);
+        assert_eq!(llama.gguf_name("model.layers.0.mystery.weight"), None);
+        assert_eq!(llama.gguf_name("model.embedding_norm.weight"), None);
     }
 }
