@@ -260,7 +260,16 @@ fn unknown_architectures_and_rope_scalings_are_refused_by_name() {
 #[test]
 fn published_lfm2_sizes_parse_to_their_shapes() {
     // (name, hidden, layers, heads, kv heads, block_ff_dim, attention layers, ffn)
-    type Size = (&'static str, usize, usize, usize, usize, usize, &'static [usize], usize);
+    type Size = (
+        &'static str,
+        usize,
+        usize,
+        usize,
+        usize,
+        usize,
+        &'static [usize],
+        usize,
+    );
     let sizes: [Size; 4] = [
         ("350M", 1024, 16, 16, 8, 6656, &[2, 5, 8, 10, 12, 14], 4608),
         ("700M", 1536, 16, 24, 8, 10240, &[2, 5, 8, 10, 12, 14], 6912),
