@@ -93,6 +93,7 @@ fn tiny_checkpoints_equal_llama_cpp_conversions_and_load_with_the_same_logits() 
         ("qwen2", 38),
         ("qwen3", 36),
         ("llama3", 30),
+        ("phi3", 21),
     ] {
         let out = dir.join(format!("tiny-{arch}.f32.gguf"));
         let src = fixture(&format!("tiny-{arch}"));

@@ -1,7 +1,8 @@
 //! An HF checkpoint directory mapped onto GGUF the way llama.cpp's converter
-//! (`convert_hf_to_gguf.py`, `conversion/{llama,qwen,lfm2}.py`, gguf-py's
+//! (`convert_hf_to_gguf.py`, `conversion/{llama,qwen,phi,lfm2}.py`, gguf-py's
 //! `SpecialVocab`) writes it, for the `llama` (Llama, Mistral), `qwen2`,
-//! `qwen3` and `lfm2` architectures:
+//! `qwen3`, `phi3` and `lfm2` architectures with byte-level BPE
+//! vocabularies:
 //!
 //! - metadata keys, value types and order as the converter writes them
 //!   (`general.*`, the architecture's hyperparameters, then the tokenizer:
@@ -110,12 +111,12 @@ impl HfExport {
         let arch = config.arch;
         if !matches!(
             arch,
-            Arch::Llama | Arch::Mistral | Arch::Qwen2 | Arch::Qwen3 | Arch::Lfm2
+            Arch::Llama | Arch::Mistral | Arch::Qwen2 | Arch::Qwen3 | Arch::Phi3 | Arch::Lfm2
         ) {
             return Err(Error::unsupported(
                 c.path(),
                 format!(
-                    "{arch:?} checkpoints (gguf-write handles llama, mistral, qwen2, qwen3 and lfm2)"
+                    "{arch:?} checkpoints (gguf-write handles llama, mistral, qwen2, qwen3, phi3 and lfm2)"
                 ),
             ));
         }
@@ -331,10 +332,7 @@ fn metadata(
     tensors: &[ExportTensor],
     opts: &ExportOptions,
 ) -> Result<Vec<(String, Value)>> {
-    let path = c.path();
     let a = arch.gguf_name();
-    let key = |k: &str| format!("{a}.{k}");
-    let u = |what: &str, n: usize| u32_of(what, n, path);
     let mut m = Meta::default();
     let params: usize = tensors
         .iter()
@@ -349,6 +347,34 @@ fn metadata(
     m.set("general.type", "model");
     m.set("general.name", name);
     m.set("general.size_label", size_label(params));
+    if arch == Arch::Phi3 {
+        phi3_metadata(c, cfg, opts, &mut m)?;
+    } else {
+        text_model_metadata(c, arch, cfg, opts, &mut m)?;
+    }
+    m.set("general.quantization_version", QUANTIZATION_VERSION);
+    tokenizer_metadata(dir, arch, cfg.vocab, opts.tokenizer_pre.as_deref(), &mut m)?;
+    if matches!(arch, Arch::Llama | Arch::Mistral) && cfg.vocab == 49152 {
+        // The converter's rule for "granite small" vocabularies, which SmolLM2
+        // shares: no BOS.
+        m.set("tokenizer.ggml.add_bos_token", false);
+    }
+    Ok(m.0)
+}
+
+/// The hyperparameters as `TextModel.set_gguf_parameters` writes them (and
+/// the llama and lfm2 converters' additions).
+fn text_model_metadata(
+    c: &HfConfig,
+    arch: Arch,
+    cfg: &LlmConfig,
+    opts: &ExportOptions,
+    m: &mut Meta,
+) -> Result<()> {
+    let path = c.path();
+    let a = arch.gguf_name();
+    let key = |k: &str| format!("{a}.{k}");
+    let u = |what: &str, n: usize| u32_of(what, n, path);
     m.set(key("block_count"), u("block count", cfg.layers.len())?);
     m.set(key("context_length"), u("context length", cfg.context)?);
     m.set(key("embedding_length"), u("hidden size", cfg.hidden)?);
@@ -390,14 +416,46 @@ fn metadata(
             u("rope dimension", cfg.rope_dim)?,
         );
     }
-    m.set("general.quantization_version", QUANTIZATION_VERSION);
-    tokenizer_metadata(dir, arch, cfg.vocab, opts.tokenizer_pre.as_deref(), &mut m)?;
-    if llama && cfg.vocab == 49152 {
-        // The converter's rule for "granite small" vocabularies, which SmolLM2
-        // shares: no BOS.
-        m.set("tokenizer.ggml.add_bos_token", false);
-    }
-    Ok(m.0)
+    Ok(())
+}
+
+/// Phi-3's hyperparameters in `Phi3MiniModel.set_gguf_parameters`' order.
+fn phi3_metadata(c: &HfConfig, cfg: &LlmConfig, opts: &ExportOptions, m: &mut Meta) -> Result<()> {
+    let path = c.path();
+    let key = |k: &str| format!("phi3.{k}");
+    let u = |what: &str, n: usize| u32_of(what, n, path);
+    let original = c
+        .get("rope_parameters.original_max_position_embeddings")
+        .and_then(Json::as_u64)
+        .or(c
+            .get_usize_opt("original_max_position_embeddings")?
+            .map(|v| v as u64))
+        .ok_or_else(|| Error::format(path, "no original_max_position_embeddings"))?;
+    m.set(key("context_length"), u("context length", cfg.context)?);
+    m.set(
+        key("rope.scaling.original_context_length"),
+        u("original context", original as usize)?,
+    );
+    m.set(key("embedding_length"), u("hidden size", cfg.hidden)?);
+    m.set(key("feed_forward_length"), u("feed-forward size", cfg.ffn)?);
+    m.set(key("block_count"), u("block count", cfg.layers.len())?);
+    m.set(key("attention.head_count"), u("head count", cfg.heads)?);
+    m.set(
+        key("attention.head_count_kv"),
+        u("kv head count", cfg.kv_heads)?,
+    );
+    m.set(key("attention.layer_norm_rms_epsilon"), cfg.norm_eps);
+    m.set(
+        key("rope.dimension_count"),
+        u("rope dimension", cfg.rope_dim)?,
+    );
+    m.set(key("rope.freq_base"), cfg.rope_theta);
+    m.set("general.file_type", opts.file_type);
+    m.set(
+        key("attention.sliding_window"),
+        u("sliding window", cfg.sliding_window)?,
+    );
+    Ok(())
 }
 
 fn read_json(path: &Path) -> Result<Option<Json>> {
