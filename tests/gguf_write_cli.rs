@@ -94,6 +94,8 @@ fn tiny_checkpoints_equal_llama_cpp_conversions_and_load_with_the_same_logits() 
         ("qwen3", 36),
         ("llama3", 30),
         ("phi3", 21),
+        // Gemma's SentencePiece tokenizer.model, (1 + w) norms, sliding window.
+        ("gemma3-spm", 80),
     ] {
         let out = dir.join(format!("tiny-{arch}.f32.gguf"));
         let src = fixture(&format!("tiny-{arch}"));

@@ -12,8 +12,8 @@ use std::path::PathBuf;
 /// Write a Hugging Face checkpoint as a GGUF file (f32, f16 or bf16).
 ///
 /// Reads an HF model directory (config.json, safetensors weights,
-/// tokenizer.json, tokenizer_config.json) of the llama, mistral, qwen2, qwen3,
-/// phi3 or lfm2 architecture (byte-level BPE vocabularies)
+/// tokenizer.json, tokenizer_config.json; Gemma's tokenizer.model) of the
+/// llama, mistral, qwen2, qwen3, gemma3_text, phi3 or lfm2 architecture
 /// and writes the GGUF file llama.cpp's convert_hf_to_gguf.py writes:
 /// llama.cpp's tensor names and order, architecture keys, tokenizer tokens,
 /// merges, special ids and chat template. The output is written to a

@@ -1,8 +1,8 @@
 //! An HF checkpoint directory mapped onto GGUF the way llama.cpp's converter
 //! (`convert_hf_to_gguf.py`, `conversion/{llama,qwen,phi,lfm2}.py`, gguf-py's
 //! `SpecialVocab`) writes it, for the `llama` (Llama, Mistral), `qwen2`,
-//! `qwen3`, `phi3` and `lfm2` architectures with byte-level BPE
-//! vocabularies:
+//! `qwen3`, `gemma3`, `phi3` and `lfm2` architectures (byte-level BPE
+//! vocabularies, and Gemma's SentencePiece `tokenizer.model`):
 //!
 //! - metadata keys, value types and order as the converter writes them
 //!   (`general.*`, the architecture's hyperparameters, then the tokenizer:
@@ -66,6 +66,9 @@ pub struct ExportTensor {
     /// A tensor the converter computes rather than copies (Llama 3's
     /// `rope_freqs.weight`): its f32 values; `source` is then empty.
     pub computed: Option<Vec<f32>>,
+    /// Added to every value: Gemma's `(1 + w)` norms, stored as `w` in HF
+    /// checkpoints and as `1 + w` in GGUF.
+    pub shift: f32,
 }
 
 /// An HF directory ready to be written as GGUF.
@@ -111,19 +114,29 @@ impl HfExport {
         let arch = config.arch;
         if !matches!(
             arch,
-            Arch::Llama | Arch::Mistral | Arch::Qwen2 | Arch::Qwen3 | Arch::Phi3 | Arch::Lfm2
+            Arch::Llama
+                | Arch::Mistral
+                | Arch::Qwen2
+                | Arch::Qwen3
+                | Arch::Gemma3
+                | Arch::Phi3
+                | Arch::Lfm2
         ) {
             return Err(Error::unsupported(
                 c.path(),
                 format!(
-                    "{arch:?} checkpoints (gguf-write handles llama, mistral, qwen2, qwen3, phi3 and lfm2)"
+                    "{arch:?} checkpoints (gguf-write handles llama, mistral, qwen2, qwen3, gemma3_text, phi3 and lfm2)"
                 ),
             ));
         }
-        if !matches!(
-            config.rope_scaling,
-            RopeScaling::None | RopeScaling::Llama3 { .. }
-        ) {
+        let linear_ok =
+            arch == Arch::Gemma3 && matches!(config.rope_scaling, RopeScaling::Linear(_));
+        if !(linear_ok
+            || matches!(
+                config.rope_scaling,
+                RopeScaling::None | RopeScaling::Llama3 { .. }
+            ))
+        {
             return Err(Error::unsupported(
                 c.path(),
                 format!(
@@ -157,7 +170,10 @@ impl HfExport {
     /// The values of `t` as they go into the GGUF file: converted to f32,
     /// Llama's q/k rows permuted.
     pub fn read_f32(&self, t: &ExportTensor) -> Result<Vec<f32>> {
-        let v = self.source_tensor(t)?.to_f32();
+        let mut v = self.source_tensor(t)?.to_f32();
+        if t.shift != 0.0 {
+            v.iter_mut().for_each(|x| *x += t.shift);
+        }
         Ok(match t.rope_permute {
             Some(heads) => permute_rope_rows(&v, heads, t.shape[0], t.shape[1]),
             None => v,
@@ -222,6 +238,7 @@ fn plan_tensors(arch: Arch, cfg: &LlmConfig, weights: &Safetensors) -> Result<Ve
             source_dtype: GgmlType::F32,
             rope_permute: None,
             computed: Some(f),
+            shift: 0.0,
         });
     }
     for shard in shards {
@@ -258,6 +275,11 @@ fn plan_tensors(arch: Arch, cfg: &LlmConfig, weights: &Safetensors) -> Result<Ve
                     format!("tensor '{source}' of shape {:?}", t.shape),
                 ));
             }
+            let shift = if cfg.arch == Arch::Gemma3 && name.ends_with("norm.weight") {
+                1.0
+            } else {
+                0.0
+            };
             out.push(ExportTensor {
                 name,
                 source,
@@ -265,6 +287,7 @@ fn plan_tensors(arch: Arch, cfg: &LlmConfig, weights: &Safetensors) -> Result<Ve
                 source_dtype: t.dtype,
                 rope_permute,
                 computed: None,
+                shift,
             });
         }
     }
@@ -397,13 +420,26 @@ fn text_model_metadata(
             m.set(key("attention.head_count_kv"), per_layer);
         }
     }
+    if let RopeScaling::Linear(f) = cfg.rope_scaling {
+        m.set(key("rope.scaling.type"), "linear");
+        m.set(key("rope.scaling.factor"), f);
+    }
     m.set(key("rope.freq_base"), cfg.rope_theta);
+    if let Some(theta) = cfg.rope_local_theta {
+        m.set(key("rope.freq_base_swa"), theta);
+    }
     m.set(key("attention.layer_norm_rms_epsilon"), cfg.norm_eps);
     if c.get("head_dim").is_some() {
         m.set(key("attention.key_length"), u("head dim", cfg.head_dim)?);
         m.set(key("attention.value_length"), u("head dim", cfg.head_dim)?);
     }
     m.set("general.file_type", opts.file_type);
+    if arch == Arch::Gemma3 && cfg.sliding_window > 0 {
+        m.set(
+            key("attention.sliding_window"),
+            u("sliding window", cfg.sliding_window)?,
+        );
+    }
     let llama = matches!(arch, Arch::Llama | Arch::Mistral);
     if llama || arch == Arch::Lfm2 {
         m.set(key("vocab_size"), u("vocabulary size", cfg.vocab)?);
@@ -576,6 +612,40 @@ const SPECIAL_KINDS: [(&str, Option<&str>); 7] = [
     ("mask", Some("tokenizer.ggml.mask_token_id")),
 ];
 
+struct Added {
+    content: String,
+    special: bool,
+}
+
+/// tokenizer.json's added tokens as (id, content, special).
+fn added_tokens(tj: &Json, path: &Path) -> Result<Vec<(usize, Added)>> {
+    let mut added: Vec<(usize, Added)> = Vec::new();
+    for a in tj
+        .get("added_tokens")
+        .and_then(Json::as_array)
+        .into_iter()
+        .flatten()
+    {
+        let (Some(id), Some(content)) = (
+            a.get("id").and_then(Json::as_u64),
+            a.get("content").and_then(Json::as_str),
+        ) else {
+            return Err(Error::format(
+                path,
+                format!("added token {a} has no id or content"),
+            ));
+        };
+        added.push((
+            id as usize,
+            Added {
+                content: content.to_string(),
+                special: a.get("special").and_then(Json::as_bool).unwrap_or(false),
+            },
+        ));
+    }
+    Ok(added)
+}
+
 fn tokenizer_metadata(
     dir: &Path,
     arch: Arch,
@@ -590,137 +660,22 @@ fn tokenizer_metadata(
             dir.display()
         ))
     })?;
-    let model = tj.get("model").cloned().unwrap_or(Json::Null);
-    let kind = model.get("type").and_then(Json::as_str).unwrap_or("");
-    let byte_fallback = model
-        .get("byte_fallback")
-        .and_then(Json::as_bool)
-        .unwrap_or(false);
-    if kind != "BPE" || byte_fallback {
-        return Err(Error::unsupported(
-            &path,
-            format!(
-                "tokenizer model '{kind}'{} (gguf-write writes byte-level BPE tokenizers)",
-                if byte_fallback {
-                    " with byte fallback"
-                } else {
-                    ""
-                }
-            ),
-        ));
-    }
-    let config = read_json(&dir.join("tokenizer_config.json"))?;
-    let tc = config.as_ref().and_then(Json::as_object);
-    if let Some(b) = tc
-        .and_then(|t| t.get("add_prefix_space"))
-        .and_then(Json::as_bool)
-    {
-        if matches!(arch, Arch::Llama | Arch::Mistral) {
-            m.set("tokenizer.ggml.add_space_prefix", b);
-        }
-    }
-
-    // Tokens: the BPE vocabulary, added tokens over it, padded to the
-    // model's vocabulary size with "[PAD{i}]" (unused), as the converter does.
-    let mut tokens: Vec<Option<String>> = vec![None; vocab_size];
     let out_of_range = |id: u64| {
         Error::format(
             &path,
             format!("token id {id} is outside the model's {vocab_size}-token vocabulary"),
         )
     };
-    let vocab = model
-        .get("vocab")
-        .and_then(Json::as_object)
-        .ok_or_else(|| Error::format(&path, "model.vocab is not an object"))?;
-    for (tok, id) in vocab {
-        let id = id.as_u64().ok_or_else(|| {
-            Error::format(&path, format!("vocab id of {tok:?} is not an integer"))
-        })?;
-        *tokens
-            .get_mut(id as usize)
-            .ok_or_else(|| out_of_range(id))? = Some(tok.clone());
+    let config = read_json(&dir.join("tokenizer_config.json"))?;
+    let tc = config.as_ref().and_then(Json::as_object);
+    let added = added_tokens(&tj, &path)?;
+    // Gemma's converter takes the SentencePiece model when there is one.
+    let spm = dir.join("tokenizer.model");
+    if arch == Arch::Gemma3 && spm.is_file() {
+        sentencepiece_vocab(&spm, vocab_size, tc, m)?;
+    } else {
+        bpe_vocab(&tj, &path, arch, vocab_size, tc, &added, pre_override, m)?;
     }
-    struct Added {
-        content: String,
-        special: bool,
-    }
-    let mut added: Vec<(usize, Added)> = Vec::new();
-    for a in tj
-        .get("added_tokens")
-        .and_then(Json::as_array)
-        .into_iter()
-        .flatten()
-    {
-        let (Some(id), Some(content)) = (
-            a.get("id").and_then(Json::as_u64),
-            a.get("content").and_then(Json::as_str),
-        ) else {
-            return Err(Error::format(
-                &path,
-                format!("added token {a} has no id or content"),
-            ));
-        };
-        *tokens
-            .get_mut(id as usize)
-            .ok_or_else(|| out_of_range(id))? = Some(content.to_string());
-        added.push((
-            id as usize,
-            Added {
-                content: content.to_string(),
-                special: a.get("special").and_then(Json::as_bool).unwrap_or(false),
-            },
-        ));
-    }
-    let mut list = Vec::with_capacity(vocab_size);
-    let mut types = Vec::with_capacity(vocab_size);
-    for (i, tok) in tokens.into_iter().enumerate() {
-        match tok {
-            None => {
-                list.push(format!("[PAD{i}]"));
-                types.push(TOKEN_UNUSED);
-            }
-            Some(t) => match added.iter().find(|(_, a)| a.content == t) {
-                Some((_, a)) if a.special || looks_special(&t) => {
-                    list.push(t);
-                    types.push(TOKEN_CONTROL);
-                }
-                Some(_) => {
-                    list.push(t.replace('\u{2581}', " "));
-                    types.push(TOKEN_USER_DEFINED);
-                }
-                None => {
-                    list.push(t);
-                    types.push(TOKEN_NORMAL);
-                }
-            },
-        }
-    }
-
-    let pre = match pre_override {
-        Some(p) => p.to_string(),
-        None => {
-            let pre_json = tj.get("pre_tokenizer").cloned().unwrap_or(Json::Null);
-            recognise_pre_tokenizer(&pre_json, arch)
-                .ok_or_else(|| {
-                    Error::unsupported(
-                        &path,
-                        "pre-tokenizer not recognised (known: gpt-2, smollm, llama-bpe/lfm2, \
-                         qwen2); name llama.cpp's with --tokenizer-pre",
-                    )
-                })?
-                .to_string()
-        }
-    };
-    m.set("tokenizer.ggml.model", "gpt2");
-    m.set("tokenizer.ggml.pre", pre);
-    m.set("tokenizer.ggml.tokens", list);
-    m.set("tokenizer.ggml.token_type", types);
-    let merges = merges(&model, &path)?;
-    if !merges.is_empty() {
-        m.set("tokenizer.ggml.merges", merges);
-    }
-
     // Special token ids and add-BOS/EOS flags, in gguf-py's order: what the
     // post-processor says, then tokenizer_config.json, then config.json ids.
     let token_content = |kind: &str| -> Option<String> {
@@ -782,6 +737,42 @@ fn tokenizer_metadata(
                             set_flag(&mut add_flags, "eos", is_eos, true);
                         }
                     }
+                    // The pair template: a separator between A and B (beyond
+                    // the single template's own first and last tokens).
+                    let (first, last) = if single.len() > 1 {
+                        (special_id(single.first()), special_id(single.last()))
+                    } else {
+                        (None, None)
+                    };
+                    let pair = p
+                        .get("pair")
+                        .and_then(Json::as_array)
+                        .cloned()
+                        .unwrap_or_default();
+                    if !pair.is_empty() {
+                        let start =
+                            usize::from(first.is_some() && special_id(pair.first()) == first);
+                        let stop = pair.len()
+                            - usize::from(last.is_some() && special_id(pair.last()) == last);
+                        let inner = &pair[start..stop.max(start)];
+                        let seq = |e: Option<&Json>| {
+                            e.and_then(|e| e.get("Sequence")?.get("id")?.as_str())
+                                .map(str::to_string)
+                        };
+                        if inner.len() > 2
+                            && seq(inner.first()).as_deref() == Some("A")
+                            && seq(inner.last()).as_deref() == Some("B")
+                        {
+                            let mid = &inner[1..inner.len() - 1];
+                            let separators = [token_content("sep"), token_content("eos")];
+                            let is_sep = |e: Option<&Json>| {
+                                special_id(e).is_some_and(|id| separators.contains(&Some(id)))
+                            };
+                            let add_sep = (is_sep(mid.first()) && last.is_none())
+                                || (mid.len() == 2 && is_sep(mid.get(1)));
+                            set_flag(&mut add_flags, "sep", add_sep, true);
+                        }
+                    }
                 }
                 _ => {}
             }
@@ -813,7 +804,11 @@ fn tokenizer_metadata(
             }
         }
     }
-    for (kind, id) in ids {
+    // gguf-py's SpecialVocab drops ids past the vocabulary.
+    for (kind, id) in ids
+        .into_iter()
+        .filter(|(_, id)| (*id as usize) < vocab_size)
+    {
         if let Some((_, Some(key))) = SPECIAL_KINDS.iter().find(|(k, _)| *k == kind) {
             m.set(*key, id);
         }
@@ -840,9 +835,130 @@ fn tokenizer_metadata(
             m.set("tokenizer.chat_template", t);
         }
     }
-    if let Some(n) = tj.get("normalizer").filter(|n| !n.is_null()) {
+    if arch == Arch::Gemma3 && spm.is_file() {
+        m.set("tokenizer.ggml.add_space_prefix", false);
+    } else if let Some(n) = tj.get("normalizer").filter(|n| !n.is_null()) {
         normalizer_flags(n, m);
     }
+    Ok(())
+}
+
+/// The byte-level BPE vocabulary as `_set_vocab_gpt2` writes it.
+#[allow(clippy::too_many_arguments)]
+fn bpe_vocab(
+    tj: &Json,
+    path: &Path,
+    arch: Arch,
+    vocab_size: usize,
+    tc: Option<&serde_json::Map<String, Json>>,
+    added: &[(usize, Added)],
+    pre_override: Option<&str>,
+    m: &mut Meta,
+) -> Result<()> {
+    let model = tj.get("model").cloned().unwrap_or(Json::Null);
+    let kind = model.get("type").and_then(Json::as_str).unwrap_or("");
+    let byte_fallback = model
+        .get("byte_fallback")
+        .and_then(Json::as_bool)
+        .unwrap_or(false);
+    if kind != "BPE" || byte_fallback {
+        return Err(Error::unsupported(
+            path,
+            format!(
+                "tokenizer model '{kind}'{} (gguf-write writes byte-level BPE tokenizers, and \
+                 Gemma's tokenizer.model)",
+                if byte_fallback {
+                    " with byte fallback"
+                } else {
+                    ""
+                }
+            ),
+        ));
+    }
+    if let Some(b) = tc
+        .and_then(|t| t.get("add_prefix_space"))
+        .and_then(Json::as_bool)
+    {
+        if matches!(arch, Arch::Llama | Arch::Mistral) {
+            m.set("tokenizer.ggml.add_space_prefix", b);
+        }
+    }
+
+    // Tokens: the BPE vocabulary, added tokens over it, padded to the
+    // model's vocabulary size with "[PAD{i}]" (unused), as the converter does.
+    let mut tokens: Vec<Option<String>> = vec![None; vocab_size];
+    let out_of_range = |id: u64| {
+        Error::format(
+            path,
+            format!("token id {id} is outside the model's {vocab_size}-token vocabulary"),
+        )
+    };
+    let vocab = model
+        .get("vocab")
+        .and_then(Json::as_object)
+        .ok_or_else(|| Error::format(path, "model.vocab is not an object"))?;
+    for (tok, id) in vocab {
+        let id = id
+            .as_u64()
+            .ok_or_else(|| Error::format(path, format!("vocab id of {tok:?} is not an integer")))?;
+        *tokens
+            .get_mut(id as usize)
+            .ok_or_else(|| out_of_range(id))? = Some(tok.clone());
+    }
+    for (id, a) in added {
+        *tokens
+            .get_mut(*id)
+            .ok_or_else(|| out_of_range(*id as u64))? = Some(a.content.clone());
+    }
+    let mut list = Vec::with_capacity(vocab_size);
+    let mut types = Vec::with_capacity(vocab_size);
+    for (i, tok) in tokens.into_iter().enumerate() {
+        match tok {
+            None => {
+                list.push(format!("[PAD{i}]"));
+                types.push(TOKEN_UNUSED);
+            }
+            Some(t) => match added.iter().find(|(_, a)| a.content == t) {
+                Some((_, a)) if a.special || looks_special(&t) => {
+                    list.push(t);
+                    types.push(TOKEN_CONTROL);
+                }
+                Some(_) => {
+                    list.push(t.replace('\u{2581}', " "));
+                    types.push(TOKEN_USER_DEFINED);
+                }
+                None => {
+                    list.push(t);
+                    types.push(TOKEN_NORMAL);
+                }
+            },
+        }
+    }
+
+    let pre = match pre_override {
+        Some(p) => p.to_string(),
+        None => {
+            let pre_json = tj.get("pre_tokenizer").cloned().unwrap_or(Json::Null);
+            recognise_pre_tokenizer(&pre_json, arch)
+                .ok_or_else(|| {
+                    Error::unsupported(
+                        path,
+                        "pre-tokenizer not recognised (known: gpt-2, smollm, llama-bpe/lfm2, \
+                         qwen2); name llama.cpp's with --tokenizer-pre",
+                    )
+                })?
+                .to_string()
+        }
+    };
+    m.set("tokenizer.ggml.model", "gpt2");
+    m.set("tokenizer.ggml.pre", pre);
+    m.set("tokenizer.ggml.tokens", list);
+    m.set("tokenizer.ggml.token_type", types);
+    let merges = merges(&model, path)?;
+    if !merges.is_empty() {
+        m.set("tokenizer.ggml.merges", merges);
+    }
+
     Ok(())
 }
 
@@ -871,6 +987,180 @@ fn normalizer_flags(n: &Json, m: &mut Meta) {
         }
         _ => {}
     }
+}
+
+/// SentencePiece piece types (`sentencepiece_model.proto`).
+const SP_UNKNOWN: u64 = 2;
+const SP_CONTROL: u64 = 3;
+const SP_UNUSED: u64 = 5;
+const SP_BYTE: u64 = 6;
+/// llama.cpp's byte token type.
+const TOKEN_BYTE: i32 = 6;
+const TOKEN_UNKNOWN: i32 = 2;
+
+/// The pieces of a SentencePiece `tokenizer.model` (the `ModelProto`'s
+/// field 1): (piece, score, type).
+fn read_sentencepiece(path: &Path) -> Result<Vec<(String, f32, u64)>> {
+    let bytes = std::fs::read(path).map_err(|e| Error::io(path, e))?;
+    let bad = |what: &str| Error::format(path, format!("not a SentencePiece model: {what}"));
+    let mut pieces = Vec::new();
+    let mut r = ProtoReader(&bytes);
+    while let Some((field, value)) = r.next().map_err(|e| bad(e))? {
+        if let (1, ProtoValue::Bytes(msg)) = (field, value) {
+            let (mut piece, mut score, mut kind) = (None, 0.0f32, 1u64);
+            let mut m = ProtoReader(msg);
+            while let Some((f, v)) = m.next().map_err(|e| bad(e))? {
+                match (f, v) {
+                    (1, ProtoValue::Bytes(b)) => {
+                        piece = Some(
+                            String::from_utf8(b.to_vec())
+                                .map_err(|_| bad("a piece is not UTF-8"))?,
+                        )
+                    }
+                    (2, ProtoValue::Fixed32(x)) => score = f32::from_bits(x),
+                    (3, ProtoValue::Varint(t)) => kind = t,
+                    _ => {}
+                }
+            }
+            pieces.push((
+                piece.ok_or_else(|| bad("a piece without text"))?,
+                score,
+                kind,
+            ));
+        }
+    }
+    if pieces.is_empty() {
+        return Err(bad("no pieces"));
+    }
+    Ok(pieces)
+}
+
+enum ProtoValue<'a> {
+    Varint(u64),
+    Fixed32(u32),
+    Bytes(&'a [u8]),
+}
+
+/// The protobuf wire format, field by field (enough for a SentencePiece
+/// model; 64-bit fixed values are skipped).
+struct ProtoReader<'a>(&'a [u8]);
+
+impl<'a> ProtoReader<'a> {
+    fn varint(&mut self) -> std::result::Result<u64, &'static str> {
+        let mut v = 0u64;
+        for shift in (0..64).step_by(7) {
+            let (&b, rest) = self.0.split_first().ok_or("truncated varint")?;
+            self.0 = rest;
+            v |= u64::from(b & 0x7f) << shift;
+            if b & 0x80 == 0 {
+                return Ok(v);
+            }
+        }
+        Err("varint too long")
+    }
+
+    fn take(&mut self, n: usize) -> std::result::Result<&'a [u8], &'static str> {
+        if n > self.0.len() {
+            return Err("truncated field");
+        }
+        let (a, b) = self.0.split_at(n);
+        self.0 = b;
+        Ok(a)
+    }
+
+    fn next(&mut self) -> std::result::Result<Option<(u64, ProtoValue<'a>)>, &'static str> {
+        while !self.0.is_empty() {
+            let tag = self.varint()?;
+            let field = tag >> 3;
+            match tag & 7 {
+                0 => return Ok(Some((field, ProtoValue::Varint(self.varint()?)))),
+                1 => {
+                    self.take(8)?;
+                }
+                2 => {
+                    let n = usize::try_from(self.varint()?).map_err(|_| "field too long")?;
+                    return Ok(Some((field, ProtoValue::Bytes(self.take(n)?))));
+                }
+                5 => {
+                    let b = self.take(4)?;
+                    return Ok(Some((
+                        field,
+                        ProtoValue::Fixed32(u32::from_le_bytes([b[0], b[1], b[2], b[3]])),
+                    )));
+                }
+                _ => return Err("unknown wire type"),
+            }
+        }
+        Ok(None)
+    }
+}
+
+/// The SentencePiece vocabulary as `_create_vocab_sentencepiece` writes it:
+/// every piece with its score and type ("[PAD{i}]" unused past the model's
+/// pieces), then `added_tokens.json` (user-defined) and tokenizer_config's
+/// `added_tokens_decoder` (control when special) over them.
+fn sentencepiece_vocab(
+    path: &Path,
+    vocab_size: usize,
+    tc: Option<&serde_json::Map<String, Json>>,
+    m: &mut Meta,
+) -> Result<()> {
+    let pieces = read_sentencepiece(path)?;
+    let mut tokens: Vec<String> = (0..vocab_size).map(|i| format!("[PAD{i}]")).collect();
+    let mut scores = vec![-10000.0f32; vocab_size];
+    let mut types = vec![TOKEN_UNUSED; vocab_size];
+    for (id, (piece, score, kind)) in pieces.into_iter().enumerate().take(vocab_size) {
+        types[id] = match kind {
+            SP_UNKNOWN => TOKEN_UNKNOWN,
+            SP_CONTROL => TOKEN_CONTROL,
+            SP_UNUSED => TOKEN_UNUSED,
+            SP_BYTE => TOKEN_BYTE,
+            _ => TOKEN_NORMAL,
+        };
+        tokens[id] = piece;
+        scores[id] = score;
+    }
+    let dir = path.parent().unwrap_or(Path::new("."));
+    if let Some(Json::Object(a)) = read_json(&dir.join("added_tokens.json"))? {
+        for (tok, id) in a {
+            match id.as_u64().map(|v| v as usize) {
+                Some(id) if id < vocab_size => {
+                    tokens[id] = tok.clone();
+                    scores[id] = -1000.0;
+                    types[id] = TOKEN_USER_DEFINED;
+                }
+                _ => {}
+            }
+        }
+    }
+    if let Some(Json::Object(dec)) = tc.and_then(|t| t.get("added_tokens_decoder")) {
+        for (id, data) in dec {
+            let (Ok(id), Some(content)) = (
+                id.parse::<usize>(),
+                data.get("content").and_then(Json::as_str),
+            ) else {
+                continue;
+            };
+            if id >= vocab_size {
+                continue;
+            }
+            let special = data.get("special").and_then(Json::as_bool).unwrap_or(false);
+            if special || looks_special(content) {
+                tokens[id] = content.to_string();
+                types[id] = TOKEN_CONTROL;
+            } else {
+                tokens[id] = content.replace('\u{2581}', " ");
+                types[id] = TOKEN_USER_DEFINED;
+            }
+            scores[id] = -1000.0;
+        }
+    }
+    m.set("tokenizer.ggml.model", "llama");
+    m.set("tokenizer.ggml.pre", "default");
+    m.set("tokenizer.ggml.tokens", tokens);
+    m.set("tokenizer.ggml.scores", scores);
+    m.set("tokenizer.ggml.token_type", types);
+    Ok(())
 }
 
 #[cfg(test)]

@@ -224,7 +224,11 @@ impl Plan {
             (Input::Hf(e), Some(i)) => {
                 let et = &e.tensors[i];
                 let source = e.source_tensor(et)?;
-                if t.to == t.from && et.rope_permute.is_none() && source.shape == t.shape {
+                if t.to == t.from
+                    && et.rope_permute.is_none()
+                    && et.shift == 0.0
+                    && source.shape == t.shape
+                {
                     return Ok(source);
                 }
                 (source, Some(e.read_f32(et)?))
