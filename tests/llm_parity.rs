@@ -325,3 +325,58 @@ fn published_lfm2_sizes_parse_to_their_shapes() {
     }
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// A GGUF file with an architecture, RoPE scaling or tokenizer we do not
+/// implement, or a vocabulary that disagrees with its embedding, is refused
+/// in one line naming the file and what is supported.
+#[test]
+fn bad_gguf_files_are_refused_naming_the_file() {
+    use lfm::formats::gguf::{GgufFile, GgufWriter, Value};
+    let src = common::repo().join("samples/fixtures/llm/tiny-qwen2.f32.gguf");
+    let g = GgufFile::open(&src).unwrap();
+    let dir = std::env::temp_dir().join(format!("lfm-bad-gguf-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let variant = |name: &str, edit: &dyn Fn(&mut GgufWriter)| -> String {
+        let mut w = GgufWriter::new();
+        for (k, v) in g.metadata() {
+            w.set(k.clone(), v.clone()).unwrap();
+        }
+        for t in g.tensor_infos() {
+            w.add_tensor(lfm::formats::TensorSource::tensor(&g, &t.name).unwrap())
+                .unwrap();
+        }
+        edit(&mut w);
+        let path = dir.join(name);
+        w.write(&path, true).unwrap();
+        let err = lfm::models::open_llm(&path)
+            .err()
+            .expect("refused")
+            .to_string();
+        assert!(
+            err.contains(name),
+            "{name}: the message names the file: {err}"
+        );
+        err
+    };
+    let err = variant("falcon.gguf", &|w| {
+        w.set("general.architecture", "falcon").unwrap();
+    });
+    assert!(err.contains("'falcon'") && err.contains("gemma3"), "{err}");
+    let err = variant("yarn.gguf", &|w| {
+        w.set("qwen2.rope.scaling.type", "yarn").unwrap();
+    });
+    assert!(err.contains("'yarn'") && err.contains("linear"), "{err}");
+    let err = variant("bert-vocab.gguf", &|w| {
+        w.set("tokenizer.ggml.model", "bert").unwrap();
+    });
+    assert!(
+        err.contains("bert") && err.contains("gpt2") && err.contains("llama"),
+        "{err}"
+    );
+    let err = variant("short-vocab.gguf", &|w| {
+        let tokens: Vec<String> = g.get_str_array("tokenizer.ggml.tokens").unwrap()[..383].to_vec();
+        w.set("tokenizer.ggml.tokens", Value::from(tokens)).unwrap();
+    });
+    assert!(err.contains("383") && err.contains("384"), "{err}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
