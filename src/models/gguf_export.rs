@@ -1005,11 +1005,11 @@ fn read_sentencepiece(path: &Path) -> Result<Vec<(String, f32, u64)>> {
     let bad = |what: &str| Error::format(path, format!("not a SentencePiece model: {what}"));
     let mut pieces = Vec::new();
     let mut r = ProtoReader(&bytes);
-    while let Some((field, value)) = r.next().map_err(|e| bad(e))? {
+    while let Some((field, value)) = r.next().map_err(&bad)? {
         if let (1, ProtoValue::Bytes(msg)) = (field, value) {
             let (mut piece, mut score, mut kind) = (None, 0.0f32, 1u64);
             let mut m = ProtoReader(msg);
-            while let Some((f, v)) = m.next().map_err(|e| bad(e))? {
+            while let Some((f, v)) = m.next().map_err(&bad)? {
                 match (f, v) {
                     (1, ProtoValue::Bytes(b)) => {
                         piece = Some(
