@@ -24,11 +24,16 @@ pub struct Args {
     /// The model: an HF directory, a .safetensors file or a .gguf file.
     pub input: PathBuf,
 
+    /// llama-quantize's form: `quantize IN OUT TYPE` (or `IN TYPE`), the
+    /// same as -o OUT --to TYPE.
+    #[arg(value_name = "OUT TYPE", num_args = 0..=2, hide = true)]
+    pub positional: Vec<String>,
+
     /// Target type of the matrices: q8_0, q4_0, q4_1, q5_0, q5_1, q2_k,
     /// q3_k, q4_k, q5_k, q6_k, q1_0 (1-bit signs, 1.125 bits per weight),
-    /// or f32, f16, bf16.
+    /// or f32, f16, bf16 (llama-quantize's upper-case names work too).
     #[arg(long, value_parser = type_name)]
-    pub to: GgmlType,
+    pub to: Option<GgmlType>,
 
     /// Output file (default: INPUT-TYPE.gguf beside the input).
     #[arg(short, long)]
@@ -55,13 +60,16 @@ pub struct Args {
     pub allow_requantize: bool,
 
     /// Replace the output file if it exists.
-    #[arg(short, long)]
+    #[arg(long)]
     pub force: bool,
 
     /// Print one JSON object describing the file (every tensor's type)
     /// instead of text.
     #[arg(long)]
     pub json: bool,
+
+    #[command(flatten)]
+    pub quiet: super::QuietArgs,
 }
 
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
@@ -72,9 +80,24 @@ pub enum Kept {
     Head,
 }
 
-/// Parses a ggml type name; the error lists every name.
+/// Parses a ggml type name (any case); the error lists every name, and
+/// answers llama-quantize's mixes (Q4_K_M, ...) with the block type they
+/// are built on.
 pub fn type_name(s: &str) -> Result<GgmlType, String> {
     GgmlType::from_name(s).ok_or_else(|| {
+        let lower = s.to_ascii_lowercase();
+        if let Some(base) = lower
+            .strip_suffix("_m")
+            .or_else(|| lower.strip_suffix("_s"))
+            .or_else(|| lower.strip_suffix("_l"))
+            .filter(|b| GgmlType::from_name(b).is_some())
+        {
+            return format!(
+                "'{s}' is one of llama-quantize's per-tensor mixes, which quantize does not \
+                 write yet: --to {base} gives every matrix {base} (add --head-type q6_k for \
+                 its output head)"
+            );
+        }
         let names: Vec<&str> = GgmlType::ALL.iter().map(|t| t.name()).collect();
         format!("unknown type '{s}' (known: {})", names.join(", "))
     })
@@ -104,13 +127,42 @@ pub fn default_output(input: &Path, t: GgmlType) -> PathBuf {
     parent.join(format!("{stem}-{t}.gguf"))
 }
 
-pub fn run(args: Args) -> anyhow::Result<()> {
+pub fn run(mut args: Args) -> anyhow::Result<()> {
+    args.quiet.apply();
+    // llama-quantize's `IN OUT TYPE` / `IN TYPE`.
+    let (out_arg, type_arg) = match args.positional.as_slice() {
+        [] => (None, None),
+        [t] => (None, Some(t.clone())),
+        [o, t] => (Some(PathBuf::from(o)), Some(t.clone())),
+        _ => unreachable!("clap takes at most two"),
+    };
+    if let Some(t) = type_arg {
+        if args.to.is_some() {
+            return Err(super::usage(format!(
+                "the type is given twice: {t} and --to"
+            )));
+        }
+        args.to = Some(type_name(&t).map_err(super::usage)?);
+    }
+    if let Some(o) = out_arg {
+        if args.output.is_some() {
+            return Err(super::usage("the output is given twice: OUT and -o"));
+        }
+        args.output = Some(o);
+    }
+    let Some(to) = args.to else {
+        return Err(super::usage(
+            "no target type: pass --to TYPE (q8_0, q4_0, q4_k, ...)",
+        ));
+    };
     for (kept, t, flag) in [
         (Kept::Embed, args.embed_type, "embed"),
         (Kept::Head, args.head_type, "head"),
     ] {
         if args.keep.contains(&kept) && t.is_some() {
-            anyhow::bail!("--keep {flag} and --{flag}-type contradict each other");
+            return Err(super::usage(format!(
+                "--keep {flag} and --{flag}-type contradict each other"
+            )));
         }
     }
     let special = |kept: Kept, t: Option<GgmlType>| {
@@ -121,7 +173,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         }
     };
     let policy = Policy {
-        target: args.to,
+        target: to,
         embedding: special(Kept::Embed, args.embed_type),
         output: special(Kept::Head, args.head_type),
     };
@@ -129,18 +181,22 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         allow_requantize: args.allow_requantize,
         tokenizer_pre: None,
     };
+    let out = args
+        .output
+        .clone()
+        .unwrap_or_else(|| default_output(&args.input, to));
+    crate::util::atomic_write::check_extension(&out, &["gguf"], "GGUF")
+        .map_err(|e| super::usage(e.to_string()))?;
+    // Before the model is read: a bad output path fails at once.
+    crate::util::atomic_write::check(&out, args.force)?;
     let plan = convert::plan(&args.input, &policy, &opts)?;
     if matches!(plan.input, convert::Input::Tensors(_)) {
-        eprintln!(
+        crate::notice!(
             "{}: no config.json beside it: tensors keep their names and the GGUF carries no \
              model metadata (llama.cpp cannot run it as a model)",
             args.input.display()
         );
     }
-    let out = args
-        .output
-        .clone()
-        .unwrap_or_else(|| default_output(&args.input, args.to));
     let bar = crate::util::progress::bar(plan.tensors.len() as u64, "quantizing");
     let written = convert::write(&plan, &out, args.force, |_| bar.inc(1))?;
     bar.finish_and_clear();
@@ -200,7 +256,7 @@ pub fn report(r: &Report, json: bool) -> anyhow::Result<()> {
         .filter_map(|t| t.fell_back_from.map(|f| (t, f)))
         .collect();
     for (t, asked) in &fallbacks {
-        eprintln!(
+        crate::notice!(
             "{}: rows of {} do not fit {asked} blocks of {}: {} instead",
             t.name,
             t.shape.last().copied().unwrap_or(1),
@@ -209,7 +265,7 @@ pub fn report(r: &Report, json: bool) -> anyhow::Result<()> {
         );
     }
     if !fallbacks.is_empty() {
-        eprintln!(
+        crate::notice!(
             "{} of {} tensors fell back to another type",
             fallbacks.len(),
             r.plan.tensors.len()
@@ -220,7 +276,7 @@ pub fn report(r: &Report, json: bool) -> anyhow::Result<()> {
         *mix.entry(t.to.name()).or_default() += 1;
     }
     let mix: Vec<String> = mix.iter().map(|(t, n)| format!("{n} {t}")).collect();
-    eprintln!("tensor types: {}", mix.join(", "));
+    crate::notice!("tensor types: {}", mix.join(", "));
     writeln!(
         std::io::stdout(),
         "{}: {} tensors, {} weights, {:.1} MB -> {:.1} MB ({bpw:.3} bits per weight) in {:.1} s",
