@@ -75,7 +75,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let out = args
         .output
         .clone()
-        .unwrap_or_else(|| default_output(&args.model, args.dtype));
+        .unwrap_or_else(|| default_output(&args.model, args.dtype.name()));
     crate::util::atomic_write::check_extension(&out, &["gguf"], "GGUF")
         .map_err(|e| super::usage(e.to_string()))?;
     // Before the model is read: a bad output path fails at once.

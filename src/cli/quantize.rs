@@ -1,7 +1,7 @@
 //! `quantize`: a checkpoint (HF directory, safetensors file or GGUF) to a
 //! GGUF file whose matrices are in a ggml block format.
 
-use crate::quant::policy::{Policy, Special};
+use crate::quant::policy::{Mix, Policy, Special};
 use crate::quant::GgmlType;
 use crate::run::convert::{self, Plan, PlanOptions, Written};
 use clap::Parser;
@@ -31,9 +31,12 @@ pub struct Args {
 
     /// Target type of the matrices: q8_0, q4_0, q4_1, q5_0, q5_1, q2_k,
     /// q3_k, q4_k, q5_k, q6_k, q1_0 (1-bit signs, 1.125 bits per weight),
-    /// or f32, f16, bf16 (llama-quantize's upper-case names work too).
-    #[arg(long, value_parser = type_name)]
-    pub to: Option<GgmlType>,
+    /// or f32, f16, bf16; or one of llama-quantize's mixes, which raise some
+    /// tensors as it does: q3_k_s, q3_k_m, q3_k_l, q4_k_s, q4_k_m, q5_k_s,
+    /// q5_k_m (and q2_k_mix, q6_k_mix, since q2_k and q6_k name the pure
+    /// types here). Upper-case names (Q4_K_M) work too.
+    #[arg(long, value_parser = target_name)]
+    pub to: Option<Target>,
 
     /// Output file (default: INPUT-TYPE.gguf beside the input).
     #[arg(short, long)]
@@ -80,32 +83,46 @@ pub enum Kept {
     Head,
 }
 
-/// Parses a ggml type name (any case); the error lists every name, and
-/// answers llama-quantize's mixes (Q4_K_M, ...) with the block type they
-/// are built on.
+/// Parses a ggml type name (any case); the error lists every name.
 pub fn type_name(s: &str) -> Result<GgmlType, String> {
     GgmlType::from_name(s).ok_or_else(|| {
-        let lower = s.to_ascii_lowercase();
-        if let Some(base) = lower
-            .strip_suffix("_m")
-            .or_else(|| lower.strip_suffix("_s"))
-            .or_else(|| lower.strip_suffix("_l"))
-            .filter(|b| GgmlType::from_name(b).is_some())
-        {
-            return format!(
-                "'{s}' is one of llama-quantize's per-tensor mixes, which quantize does not \
-                 write yet: --to {base} gives every matrix {base} (add --head-type q6_k for \
-                 its output head)"
-            );
-        }
         let names: Vec<&str> = GgmlType::ALL.iter().map(|t| t.name()).collect();
         format!("unknown type '{s}' (known: {})", names.join(", "))
     })
 }
 
+/// What `--to` asks for: a block type for every matrix, or a mix.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Target {
+    pub base: GgmlType,
+    pub mix: Option<Mix>,
+}
+
+impl Target {
+    fn name(&self) -> &'static str {
+        self.mix.map_or_else(|| self.base.name(), Mix::name)
+    }
+}
+
+/// A type name or a llama-quantize mix name (any case).
+pub fn target_name(s: &str) -> Result<Target, String> {
+    if let Some(mix) = Mix::from_name(s) {
+        return Ok(Target {
+            base: mix.base(),
+            mix: Some(mix),
+        });
+    }
+    type_name(s)
+        .map(|base| Target { base, mix: None })
+        .map_err(|e| {
+            let mixes: Vec<&str> = Mix::ALL.iter().map(|m| m.name()).collect();
+            format!("{e}; mixes: {}", mixes.join(", "))
+        })
+}
+
 /// INPUT-TYPE.gguf beside the input (a directory's sibling, a file's
 /// neighbour without its extension).
-pub fn default_output(input: &Path, t: GgmlType) -> PathBuf {
+pub fn default_output(input: &Path, t: &str) -> PathBuf {
     let stem = if input.is_dir() {
         input
             .canonicalize()
@@ -142,7 +159,7 @@ pub fn run(mut args: Args) -> anyhow::Result<()> {
                 "the type is given twice: {t} and --to"
             )));
         }
-        args.to = Some(type_name(&t).map_err(super::usage)?);
+        args.to = Some(target_name(&t).map_err(super::usage)?);
     }
     if let Some(o) = out_arg {
         if args.output.is_some() {
@@ -173,9 +190,10 @@ pub fn run(mut args: Args) -> anyhow::Result<()> {
         }
     };
     let policy = Policy {
-        target: to,
+        target: to.base,
         embedding: special(Kept::Embed, args.embed_type),
         output: special(Kept::Head, args.head_type),
+        mix: to.mix,
     };
     let opts = PlanOptions {
         allow_requantize: args.allow_requantize,
@@ -184,7 +202,7 @@ pub fn run(mut args: Args) -> anyhow::Result<()> {
     let out = args
         .output
         .clone()
-        .unwrap_or_else(|| default_output(&args.input, to));
+        .unwrap_or_else(|| default_output(&args.input, to.name()));
     crate::util::atomic_write::check_extension(&out, &["gguf"], "GGUF")
         .map_err(|e| super::usage(e.to_string()))?;
     // Before the model is read: a bad output path fails at once.
