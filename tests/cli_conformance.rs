@@ -1013,3 +1013,34 @@ fn the_umbrella_takes_the_same_flags() {
     );
     assert_usage_error(&o, &["--prompt"]);
 }
+
+#[test]
+fn speak_cuts_a_long_run_on_sentence_into_bounded_passes() {
+    let dir = scratch("conf-long-speech");
+    let words = [
+        "the", "small", "cat", "sat", "on", "a", "warm", "mat", "and",
+    ];
+    let text: Vec<&str> = words.iter().cycle().take(120).copied().collect();
+    let out = dir.join("long.wav");
+    let o = run(
+        SPEAK,
+        &[
+            "--cpu",
+            "--seed",
+            "1",
+            "--json",
+            "-o",
+            out.to_str().unwrap(),
+            &text.join(" "),
+        ],
+    );
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: serde_json::Value = serde_json::from_str(stdout(&o).trim()).unwrap();
+    let sentences = v["sentences"].as_array().unwrap();
+    assert!(sentences.len() >= 2, "one pass for 120 words");
+    for s in sentences {
+        let n = s["phonemes"].as_str().unwrap().chars().count();
+        assert!(n <= lfm::cli::speak::MAX_PHONEMES, "a pass of {n} phonemes");
+    }
+    assert!(v["audio_seconds"].as_f64().unwrap() > 20.0, "{v}");
+}

@@ -251,6 +251,7 @@ fn phoneme_ids_in_gold_samples_out() {
         "-o",
         out.to_str().unwrap(),
         "--cpu",
+        "--force",
     ]);
     assert_eq!(bad.status.code(), Some(1));
     assert!(stderr(&bad).contains("--phoneme-ids"), "{}", stderr(&bad));
@@ -260,6 +261,7 @@ fn phoneme_ids_in_gold_samples_out() {
         "-o",
         out.to_str().unwrap(),
         "--cpu",
+        "--force",
     ]);
     assert_eq!(bad.status.code(), Some(1));
     assert!(stderr(&bad).contains("phoneme id 999"), "{}", stderr(&bad));

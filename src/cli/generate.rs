@@ -247,13 +247,16 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             prompt_ids.len()
         );
     }
-    let wanted = args.max_tokens.unwrap_or(DEFAULT_MAX_TOKENS);
-    if args.max_tokens.is_some() && wanted > room {
-        crate::util::log::notice(&format!(
-            "notice: -n {wanted} would run past the context of {context} tokens; generating at most {room}"
-        ));
-    }
-    let max_tokens = wanted.min(room);
+    // An explicit -n is a request for that many: one that cannot fit is an
+    // error, the default stops where the context ends.
+    let max_tokens = match args.max_tokens {
+        Some(n) if n > room => bail!(
+            "the prompt ({} tokens) plus -n {n} exceeds the context of {context} tokens (at most {room} fit)",
+            prompt_ids.len()
+        ),
+        Some(n) => n,
+        None => DEFAULT_MAX_TOKENS.min(room),
+    };
     let seed = opts.seed;
     let mut sampler = Sampler::new(opts);
     let eos = tokenizer.map(|t| t.eos_ids.clone()).unwrap_or_default();

@@ -169,10 +169,45 @@ fn check_scale(name: &str, v: f32, min: f32, max: f32) -> anyhow::Result<f32> {
     Ok(v)
 }
 
-/// One sentence to synthesise: its phonemes (when they came from text) and ids.
+/// One sentence to synthesise: its phonemes (when they came from text) and
+/// ids, and whether it continues the sentence before it (a piece of a long
+/// one: no pause between them).
 struct SentenceIds {
     phonemes: Option<String>,
     ids: Vec<i64>,
+    continues: bool,
+}
+
+/// Phonemes synthesised in one pass at most (about 70 words, 25 s of
+/// speech). The model's memory and time grow faster than linearly with a
+/// pass's length (a 400-word run-on sentence took 29 s and 1.24 GB in one
+/// pass, 2000 words did not finish in 500 s), so longer sentences are cut.
+pub const MAX_PHONEMES: usize = 400;
+
+/// `s` cut into pieces of at most [`MAX_PHONEMES`] phonemes: after the last
+/// clause mark (`,` `;` `:`) in the second half of a piece, else at the last
+/// word boundary, else (one enormous word) at the limit.
+fn split_long(s: phonemes::Sentence) -> Vec<phonemes::Sentence> {
+    let mut pieces = Vec::new();
+    let mut rest = s.phonemes;
+    while rest.len() > MAX_PHONEMES {
+        let window = &rest[..MAX_PHONEMES];
+        let clause = (MAX_PHONEMES / 2..MAX_PHONEMES)
+            .rev()
+            .find(|&i| matches!(window[i].as_str(), "," | ";" | ":"));
+        let space = (1..MAX_PHONEMES).rev().find(|&i| window[i] == " ");
+        let cut = clause.map(|i| i + 1).or(space).unwrap_or(MAX_PHONEMES);
+        let tail = rest.split_off(cut);
+        pieces.push(phonemes::Sentence { phonemes: rest });
+        rest = tail;
+        while rest.first().is_some_and(|p| p == " ") {
+            rest.remove(0);
+        }
+    }
+    if !rest.is_empty() {
+        pieces.push(phonemes::Sentence { phonemes: rest });
+    }
+    pieces
 }
 
 /// `--phoneme-ids` values: one sentence each.
@@ -190,6 +225,7 @@ fn parse_ids(values: &[String]) -> anyhow::Result<Vec<SentenceIds>> {
             Ok(SentenceIds {
                 phonemes: None,
                 ids,
+                continues: false,
             })
         })
         .collect()
@@ -216,9 +252,18 @@ fn text_to_ids(text: &str, voice: &str, id_map: &PhonemeIdMap) -> anyhow::Result
     if sentences.is_empty() {
         bail!("espeak-ng found nothing to say in the text (voice {voice})");
     }
-    Ok(sentences
+    let pieces: Vec<(phonemes::Sentence, bool)> = sentences
+        .into_iter()
+        .flat_map(|s| {
+            split_long(s)
+                .into_iter()
+                .enumerate()
+                .map(|(i, piece)| (piece, i > 0))
+        })
+        .collect();
+    Ok(pieces
         .iter()
-        .map(|s| {
+        .map(|(s, continues)| {
             let r = id_map.sentence_ids(s);
             if !r.missing.is_empty() {
                 crate::notice!(
@@ -230,6 +275,7 @@ fn text_to_ids(text: &str, voice: &str, id_map: &PhonemeIdMap) -> anyhow::Result
             SentenceIds {
                 phonemes: Some(s.text()),
                 ids: r.ids,
+                continues: *continues,
             }
         })
         .collect())
@@ -323,19 +369,22 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let mut samples = 0usize;
     let mut first_audio = None;
     let mut timings = Vec::new();
+    let bar = crate::util::progress::bar(sentences.len() as u64, "speaking");
     for (i, sentence) in sentences.iter().enumerate() {
         let t0 = Instant::now();
         let audio = synth.synthesize(&sentence.ids, &scales, &mut rng)?;
         timings.push((t0.elapsed().as_secs_f64(), audio.len() as f64 / rate as f64));
         let pcm = wav::to_pcm16(&audio, !args.no_normalize);
-        if i > 0 {
+        if i > 0 && !sentence.continues {
             sink.write(&gap)?;
             samples += gap.len();
         }
+        bar.inc(1);
         sink.write(&pcm)?;
         samples += pcm.len();
         first_audio.get_or_insert_with(|| start.elapsed().as_secs_f64());
     }
+    bar.finish_and_clear();
     sink.finish()
         .with_context(|| format!("writing {}", output.display()))?;
     file.commit()?;
