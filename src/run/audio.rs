@@ -18,6 +18,17 @@ use std::path::{Path, PathBuf};
 /// codec's rate, 768 kHz the highest rate audio interfaces record at.
 pub const SOURCE_RATES: std::ops::RangeInclusive<u32> = 2_000..=768_000;
 
+/// Channels a WAV file may declare: what WAVE_FORMAT_EXTENSIBLE's 32-bit
+/// speaker mask can place (22.2 sound has 24). Past it symphonia's mask
+/// arithmetic overflows (a shift by the channel count; 65535 channels
+/// multiplied into a u16), which panics where overflow checks are on.
+pub const MAX_CHANNELS: u16 = 32;
+
+/// The largest sample magnitude accepted (float audio is nominally within
+/// -1..1): a million is 120 dB over full scale, and far below where the
+/// resampler's FFT sums overflow.
+pub const MAX_SAMPLE: f32 = 1e6;
+
 /// Mono samples at the requested rate, and what the input was.
 #[derive(Debug)]
 pub struct Audio {
@@ -88,10 +99,13 @@ impl MonoSink {
         })
     }
 
-    /// A NaN or infinite sample (a damaged float WAV) is an error: the
-    /// resampler's FFT would spread it over the whole chunk, or fail.
+    /// A NaN, infinite or absurdly large sample (a damaged float WAV) is an
+    /// error: the resampler's FFT would spread it over the whole chunk, or
+    /// overflow to infinity and fail ("Imaginary part of first value was
+    /// non-zero", a panic in rubato). Float audio is nominally within -1..1;
+    /// [`MAX_SAMPLE`] is 120 dB above that.
     fn check_finite(&self, new: &[f32]) -> Result<()> {
-        match new.iter().position(|v| !v.is_finite()) {
+        match new.iter().position(|v| !(v.abs() <= MAX_SAMPLE)) {
             None => Ok(()),
             Some(i) => Err(Error::format(
                 &self.label,
@@ -249,13 +263,14 @@ fn decode<S: Source>(label: &Path, mut src: S, rate: u32) -> Result<Audio> {
         let mut head = vec![0u8; 1 << 16];
         let n = read_up_to(&mut src, &mut head).map_err(|e| Error::io(label, e))?;
         head.truncate(n);
-        let rate_in = match src.byte_len() {
+        let format = match src.byte_len() {
             Some(len) => patch_wav_sizes(&mut head, len),
             None => None,
         };
-        // Before hound, whose header arithmetic overflows on absurd rates.
-        if let Some(r) = rate_in {
-            check_rate(label, r)?;
+        // Before hound and symphonia, whose header arithmetic overflows on
+        // absurd rates and channel counts.
+        if let Some(f) = format {
+            f.check(label)?;
         }
         let reader = BufReader::new(Cursor::new(head).chain(&mut src));
         match decode_wav(label, reader, rate) {
@@ -276,8 +291,8 @@ fn decode<S: Source>(label: &Path, mut src: S, rate: u32) -> Result<Audio> {
 /// faster-whisper) does, a data chunk whose size is 0 or runs past the end
 /// of the file is read to the end of the file: its size is rewritten in
 /// `head` (the file's first bytes) from the file's length `file_len`.
-/// Returns the sample rate of the fmt chunk, when it is in `head`.
-fn patch_wav_sizes(head: &mut [u8], file_len: u64) -> Option<u32> {
+/// Returns what the fmt chunk says, when it is in `head`.
+fn patch_wav_sizes(head: &mut [u8], file_len: u64) -> Option<WavFormat> {
     let u32_at = |h: &[u8], at: usize| u32::from_le_bytes([h[at], h[at + 1], h[at + 2], h[at + 3]]);
     let mut block_align = 1u64;
     let mut rate = None;
@@ -288,7 +303,17 @@ fn patch_wav_sizes(head: &mut [u8], file_len: u64) -> Option<u32> {
             b"fmt " if pos + 8 + 14 <= head.len() => {
                 let at = pos + 8 + 12;
                 block_align = u16::from_le_bytes([head[at], head[at + 1]]).max(1) as u64;
-                rate = Some(u32_at(head, pos + 8 + 4));
+                let tag = u16::from_le_bytes([head[pos + 8], head[pos + 9]]);
+                let channels = u16::from_le_bytes([head[pos + 10], head[pos + 11]]);
+                // WAVE_FORMAT_EXTENSIBLE: the speaker mask after cbSize and
+                // the valid-bits field.
+                let mask = (tag == 0xFFFE && size >= 40 && pos + 8 + 24 <= head.len())
+                    .then(|| u32_at(head, pos + 8 + 20));
+                rate = Some(WavFormat {
+                    rate: u32_at(head, pos + 8 + 4),
+                    channels,
+                    mask,
+                });
             }
             b"data" => {
                 let available = file_len.saturating_sub(pos as u64 + 8);
@@ -305,6 +330,42 @@ fn patch_wav_sizes(head: &mut [u8], file_len: u64) -> Option<u32> {
         pos += 8 + (size + (size & 1)) as usize;
     }
     rate
+}
+
+/// What a WAV file's fmt chunk declares.
+#[derive(Clone, Copy, Debug)]
+struct WavFormat {
+    rate: u32,
+    channels: u16,
+    /// The speaker mask of a WAVE_FORMAT_EXTENSIBLE header.
+    mask: Option<u32>,
+}
+
+impl WavFormat {
+    /// Refuses what the decoders cannot take without overflowing: a rate
+    /// outside [`SOURCE_RATES`], more than [`MAX_CHANNELS`] channels, or an
+    /// extensible speaker mask with fewer speakers than channels whose
+    /// repair in symphonia shifts past 32 bits (mask with its top bit set).
+    fn check(&self, label: &Path) -> Result<()> {
+        check_rate(label, self.rate)?;
+        let bad = |what: String| Err(Error::format(label, what));
+        if !(1..=MAX_CHANNELS).contains(&self.channels) {
+            return bad(format!(
+                "a WAV header with {} channels is implausible (1 to {MAX_CHANNELS})",
+                self.channels
+            ));
+        }
+        if let Some(mask) = self.mask {
+            let missing = self.channels as i64 - mask.count_ones() as i64;
+            if missing > 0 && (mask & 0x8000_0000 != 0 || missing >= 32) {
+                return bad(format!(
+                    "the WAV speaker mask {mask:#010x} does not fit its {} channels",
+                    self.channels
+                ));
+            }
+        }
+        Ok(())
+    }
 }
 
 /// Refuses a source rate outside [`SOURCE_RATES`], naming the file.
