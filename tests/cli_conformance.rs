@@ -222,6 +222,20 @@ fn every_tool_asks_for_force_before_replacing_a_file() {
     );
     assert!(started.elapsed() < Duration::from_secs(20));
 
+    // --append into a missing directory: refused before the benchmark too.
+    let o = run(
+        SCOREBOARD,
+        &[
+            &tiny_gguf(),
+            "-b",
+            "cpu",
+            "--append",
+            dir.join("no/such/BENCH.md").to_str().unwrap(),
+        ],
+    );
+    assert_clean_failure(&o, &["BENCH.md", "does not exist"]);
+    assert!(!stderr(&o).contains("..."), "{}", stderr(&o));
+
     let txt = old("existing.txt");
     let o = run(
         TRANSCRIBE,
@@ -519,6 +533,60 @@ fn nan_from_damaged_weights_is_an_error_naming_the_model() {
     assert!(stdout(&o).trim().is_empty(), "{}", stdout(&o));
 }
 
+/// A copy of `src` with `len` bytes from `at` (a fraction of its length,
+/// inside its weights) set to 0xFF: NaN in whatever tensor lies there.
+fn poison_window(src: &Path, dst: &Path, at: f64, len: usize) {
+    let mut bytes = std::fs::read(src).unwrap();
+    let start = (bytes.len() as f64 * at) as usize;
+    for b in &mut bytes[start..start + len] {
+        *b = 0xFF;
+    }
+    std::fs::write(dst, bytes).unwrap();
+}
+
+#[test]
+fn nan_scores_and_log_probabilities_name_the_model_file() {
+    let dir = scratch("conf-nan-onnx-ct2");
+    let onnx = dir.join("bad.onnx");
+    poison_window(&model("layout-cdla/layout_cdla.onnx"), &onnx, 0.6, 4096);
+    let page = repo().join("samples/fixtures/layout/page-mime-02.png");
+    let o = run(
+        OCR,
+        &[
+            "--cpu",
+            "-m",
+            onnx.to_str().unwrap(),
+            page.to_str().unwrap(),
+        ],
+    );
+    assert_clean_failure(&o, &["bad.onnx", "NaN"]);
+    assert!(stdout(&o).is_empty(), "{}", stdout(&o));
+
+    let whisper_dir = dir.join("whisper");
+    std::fs::create_dir_all(&whisper_dir).unwrap();
+    let real = PathBuf::from(whisper());
+    poison_window(
+        &real.join("model.bin"),
+        &whisper_dir.join("model.bin"),
+        0.5,
+        65536,
+    );
+    for f in ["config.json", "tokenizer.json", "vocabulary.txt"] {
+        std::os::unix::fs::symlink(real.join(f), whisper_dir.join(f)).unwrap();
+    }
+    let o = run(
+        TRANSCRIBE,
+        &[
+            "--cpu",
+            "-m",
+            whisper_dir.to_str().unwrap(),
+            clip("0930").to_str().unwrap(),
+        ],
+    );
+    assert_clean_failure(&o, &["model.bin", "NaN"]);
+    assert!(stdout(&o).is_empty(), "{}", stdout(&o));
+}
+
 #[test]
 fn empty_prompts_and_stop_strings_are_refused_before_the_model_loads() {
     let missing = "/nonexistent/model.gguf";
@@ -548,7 +616,7 @@ fn empty_prompts_and_stop_strings_are_refused_before_the_model_loads() {
 fn mel_filters_are_computed_as_faster_whisper_does_when_absent() {
     // The computed bank equals openai-whisper's asset (librosa, f32).
     for n in [80, 128] {
-        let asset = lfm::formats::npy::read(&model(&format!("whisper-mel/mel_{n}.npy"))).unwrap();
+        let asset = lfm::formats::npy::read(model(&format!("whisper-mel/mel_{n}.npy"))).unwrap();
         let ours = lfm::models::whisper::mel::slaney_weights(n);
         let worst = asset
             .data
