@@ -105,7 +105,7 @@ impl MonoSink {
     /// non-zero", a panic in rubato). Float audio is nominally within -1..1;
     /// [`MAX_SAMPLE`] is 120 dB above that.
     fn check_finite(&self, new: &[f32]) -> Result<()> {
-        match new.iter().position(|v| !(v.abs() <= MAX_SAMPLE)) {
+        match new.iter().position(|v| v.is_nan() || v.abs() > MAX_SAMPLE) {
             None => Ok(()),
             Some(i) => Err(Error::format(
                 &self.label,
@@ -282,6 +282,18 @@ fn decode<S: Source>(label: &Path, mut src: S, rate: u32) -> Result<Audio> {
                 return decode_other(label, src, rate).map_err(|_| wav_err);
             }
         }
+    }
+    // Only what starts as one of the formats we read goes to symphonia:
+    // its probe otherwise scans for a marker anywhere in the file, and its
+    // riff reader, reached that way, overflows on headers we never checked.
+    let flac = magic.starts_with(b"fLaC");
+    let ogg = magic.starts_with(b"OggS");
+    let mp3 = magic.starts_with(b"ID3") || (magic[0] == 0xFF && magic[1] & 0xE0 == 0xE0);
+    if !(flac || ogg || mp3) {
+        return Err(Error::format(
+            label,
+            "not a recognised audio file (WAV, FLAC, MP3, Ogg Vorbis)",
+        ));
     }
     decode_other(label, src, rate)
 }
