@@ -292,7 +292,7 @@ fn search_prints_the_best_lines_with_scores() {
     let j = embed(
         &[
             "--cpu",
-            "-q",
+            "--query",
             "A man is eating food.",
             "--docs",
             d,
@@ -385,7 +385,7 @@ fn bad_input_is_a_clear_error() {
     assert_fails(&embed(&["--cpu"], b""), 2, &["no input"]);
     assert_fails(
         &embed(
-            &["--cpu", "-q", "x", "--docs", "README.md", "-f", "npy"],
+            &["--cpu", "--query", "x", "--docs", "README.md", "-f", "npy"],
             b"",
         ),
         2,

@@ -340,12 +340,13 @@ fn bad_inputs_fail_cleanly() {
     let base = ["--cpu", "--corpus", c, "--chunks", "1"];
     let with = |extra: &[&str]| run(BIN, &[&base[..], extra].concat());
 
-    assert_clean_failure(
+    // An arm that is neither a type nor a file is a bad command line.
+    assert_usage_failure(
         &with(&["-m", m, "--arm", "q9_9"]),
         &["arm 'q9_9'", "q4_0", "model file"],
     );
     assert_clean_failure(&with(&["--arm", "q4_0"]), &["arm 'f32'", "--model"]);
-    assert_clean_failure(
+    assert_usage_failure(
         &with(&["-m", m, "--arm", "q4_0", "--ref", "nonsense"]),
         &["arm 'nonsense'"],
     );

@@ -252,7 +252,7 @@ fn bad_inputs_fail_cleanly_and_keep_what_was_there() {
         &out,
         &["--to", "q4_0", "--keep", "embed", "--embed-type", "q8_0"],
     );
-    assert_clean_failure(&o, &["--keep embed", "--embed-type"]);
+    assert_usage_failure(&o, &["--keep embed", "--embed-type"]);
 
     // Missing input; a file that is neither GGUF nor safetensors.
     assert_clean_failure(

@@ -117,12 +117,13 @@ fn gpu_arm_profiles_its_decode_steps_and_prefill() {
 
 #[test]
 fn bad_arguments() {
-    assert_clean_failure(&run(BIN, &[&tiny(), "-b", "cpu", "-t", "q9_9"]), &["q9_9"]);
-    assert_clean_failure(
+    // Bad flag values are bad command lines (exit 2), found before any model loads.
+    assert_usage_failure(&run(BIN, &[&tiny(), "-b", "cpu", "-t", "q9_9"]), &["q9_9"]);
+    assert_usage_failure(
         &run(BIN, &[&tiny(), "-b", "cpu", "-r", "0"]),
         &["repetitions"],
     );
-    assert_clean_failure(
+    assert_usage_failure(
         &run(BIN, &[&tiny(), "-b", "cpu", "-p", "0", "-n", "0"]),
         &["nothing to measure"],
     );

@@ -118,32 +118,38 @@ fn bad_input_is_a_clear_error_and_keeps_the_old_output() {
     let out = dir.join("keep.wav");
     std::fs::write(&out, b"old").unwrap();
     let o = out.to_str().unwrap();
-    for (args, want) in [
-        (vec!["", "-o", o, "--cpu"], "no text to speak"),
-        (vec!["?!", "-o", o, "--cpu"], "nothing to say"),
+    // Bad input is exit 1, a bad flag value exit 2 (before the voice loads).
+    for (args, want, code) in [
+        (vec!["", "-o", o, "--cpu", "--force"], "no text to speak", 1),
+        (vec!["?!", "-o", o, "--cpu", "--force"], "nothing to say", 1),
         (
             vec![
                 "Hi.",
                 "-o",
                 o,
                 "--cpu",
+                "--force",
                 "--model",
                 "/nonexistent/voice.onnx",
             ],
             "/nonexistent/voice.onnx",
+            1,
         ),
+        (vec!["Hi.", "-o", o, "--cpu"], "already exists", 1),
         (
             vec!["Hi.", "-o", o, "--cpu", "--length-scale", "0"],
             "--length-scale",
+            2,
         ),
         (
             vec!["Hi.", "-o", o, "--cpu", "--noise-w", "nan"],
             "--noise-w",
+            2,
         ),
     ] {
         let r = speak(&args);
         let err = stderr(&r);
-        assert_eq!(r.status.code(), Some(1), "{args:?}: {err}");
+        assert_eq!(r.status.code(), Some(code), "{args:?}: {err}");
         assert!(
             err.contains("error: ") && err.contains(want),
             "{args:?}: {err}"
@@ -156,7 +162,7 @@ fn bad_input_is_a_clear_error_and_keeps_the_old_output() {
         );
     }
     // A good run replaces it, leaving no temporary file behind.
-    let r = speak(&["Hi.", "-o", o, "--cpu", "--seed", "1"]);
+    let r = speak(&["Hi.", "-o", o, "--cpu", "--seed", "1", "--force"]);
     assert!(r.status.success(), "{}", stderr(&r));
     assert_eq!(&std::fs::read(&out).unwrap()[..4], b"RIFF");
     let left: Vec<_> = std::fs::read_dir(&dir)
@@ -245,6 +251,7 @@ fn phoneme_ids_in_gold_samples_out() {
         "-o",
         out.to_str().unwrap(),
         "--cpu",
+        "--force",
     ]);
     assert_eq!(bad.status.code(), Some(1));
     assert!(stderr(&bad).contains("--phoneme-ids"), "{}", stderr(&bad));
@@ -254,6 +261,7 @@ fn phoneme_ids_in_gold_samples_out() {
         "-o",
         out.to_str().unwrap(),
         "--cpu",
+        "--force",
     ]);
     assert_eq!(bad.status.code(), Some(1));
     assert!(stderr(&bad).contains("phoneme id 999"), "{}", stderr(&bad));

@@ -1,5 +1,5 @@
 use clap::Parser;
 
 fn main() -> std::process::ExitCode {
-    lfm::cli::finish(lfm::cli::Lfm::parse().run())
+    lfm::cli::finish(lfm::cli::Lfm::parse_from(lfm::cli::argv()).run())
 }

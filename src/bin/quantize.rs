@@ -1,5 +1,7 @@
 use clap::Parser;
 
 fn main() -> std::process::ExitCode {
-    lfm::cli::finish(lfm::cli::quantize::run(lfm::cli::quantize::Args::parse()))
+    lfm::cli::finish(lfm::cli::quantize::run(
+        lfm::cli::quantize::Args::parse_from(lfm::cli::argv()),
+    ))
 }

@@ -61,11 +61,12 @@ pub struct Args {
     #[arg(short, long, value_name = "DIR")]
     pub model: Option<PathBuf>,
 
-    /// Output format [default: jsonl; tsv with --query].
+    /// Output format [default: from the --output name's extension (.npy,
+    /// .tsv, .jsonl), else jsonl; tsv with --query].
     #[arg(short, long, value_enum)]
     pub format: Option<Format>,
 
-    /// Write the output to FILE (atomically) instead of stdout.
+    /// Write the output to FILE (atomically; `-` is stdout) instead of stdout.
     #[arg(short, long, value_name = "FILE")]
     pub output: Option<PathBuf>,
 
@@ -87,7 +88,7 @@ pub struct Args {
     pub pooling: Vec<Pooling>,
 
     /// Search mode: rank the lines of --docs by cosine similarity to TEXT.
-    #[arg(short, long, value_name = "TEXT", requires = "docs")]
+    #[arg(long, value_name = "TEXT", requires = "docs")]
     pub query: Option<String>,
 
     /// Search mode: the documents, one a line (blank lines are skipped).
@@ -100,6 +101,9 @@ pub struct Args {
 
     #[command(flatten)]
     pub device: super::DeviceArgs,
+
+    #[command(flatten)]
+    pub quiet: super::QuietArgs,
 }
 
 /// A bad combination of arguments: clap's usage error, exit status 2.
@@ -109,18 +113,55 @@ fn usage_error(msg: &str) -> ! {
         .exit()
 }
 
+/// The format an output name's extension implies, if any.
+fn format_of_extension(path: &Path) -> Option<Format> {
+    match path.extension()?.to_str()?.to_ascii_lowercase().as_str() {
+        "npy" => Some(Format::Npy),
+        "tsv" => Some(Format::Tsv),
+        "jsonl" | "json" | "ndjson" => Some(Format::Jsonl),
+        _ => None,
+    }
+}
+
+/// `--format`, or what the output name implies; a name whose extension
+/// contradicts `--format` (`-o x.npy -f jsonl`) is a bad command line.
+fn output_format(args: &Args, search: bool) -> anyhow::Result<Format> {
+    let implied = args.output.as_deref().and_then(format_of_extension);
+    match (args.format, implied) {
+        (Some(f), Some(i)) if f != i => Err(super::usage(format!(
+            "--output {} names a {} file, but --format is {}",
+            args.output.as_ref().expect("implied from it").display(),
+            format_name(i),
+            format_name(f)
+        ))),
+        (Some(f), _) | (None, Some(f)) => Ok(f),
+        (None, None) => Ok(if search { Format::Tsv } else { Format::Jsonl }),
+    }
+}
+
+fn format_name(f: Format) -> &'static str {
+    match f {
+        Format::Jsonl => "jsonl",
+        Format::Npy => "npy",
+        Format::Tsv => "tsv",
+    }
+}
+
 pub fn run(args: Args) -> anyhow::Result<()> {
+    args.quiet.apply();
     let search = args.query.is_some();
-    let format = args
-        .format
-        .unwrap_or(if search { Format::Tsv } else { Format::Jsonl });
+    let format = output_format(&args, search)?;
     if search && format == Format::Npy {
         usage_error("--format npy has no meaning with --query: use tsv or jsonl");
     }
     if !search && args.texts.is_empty() && args.input.is_none() {
         usage_error("no input: give texts as arguments, `-` to read stdin, or --input FILE");
     }
-    if format == Format::Npy && args.output.is_none() && std::io::stdout().is_terminal() {
+    let to_stdout = args
+        .output
+        .as_deref()
+        .is_none_or(crate::util::atomic_write::is_stdout);
+    if format == Format::Npy && to_stdout && std::io::stdout().is_terminal() {
         bail!("refusing to write binary .npy data to a terminal: use --output FILE or a pipe");
     }
 
@@ -160,7 +201,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let mut out = Output::open(args.output.as_deref(), args.force)?;
     let started = Instant::now();
     let embedder = load(&args)?;
-    eprintln!(
+    crate::notice!(
         "embed: loaded {} in {:.2} s on {}",
         embedder.dir.display(),
         started.elapsed().as_secs_f64(),
@@ -173,14 +214,29 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     };
 
     let started = Instant::now();
+    let weights = embedder.dir.join("model.safetensors");
+    let finite = |v: &[f32]| -> crate::Result<()> {
+        if v.iter().all(|x| x.is_finite()) {
+            Ok(())
+        } else {
+            Err(Error::format(
+                &weights,
+                "the model produced NaN or infinite embeddings (damaged weights?)",
+            ))
+        }
+    };
+    let bar = crate::util::progress::bar(texts.len() as u64, "embed");
     let stats = if let Some(query) = &args.query {
         let q = embedder.embed(&[query.as_str()], &opts)?;
+        finite(&q)?;
         let mut scored: Vec<(f32, usize)> = Vec::with_capacity(texts.len());
         let dim = embedder.dim(&opts);
         let stats = embedder.embed_each(&texts, &opts, |start, vectors| {
             for (i, v) in vectors.chunks_exact(dim).enumerate() {
+                finite(v)?;
                 scored.push((cosine(&q, v), start + i));
             }
+            bar.inc((vectors.len() / dim) as u64);
             Ok(())
         })?;
         scored.sort_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)));
@@ -206,7 +262,9 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         let dim = embedder.dim(&opts);
         let mut npy = Vec::new();
         let stats = embedder.embed_each(&texts, &opts, |start, vectors| {
+            bar.inc((vectors.len() / dim) as u64);
             for (i, v) in vectors.chunks_exact(dim).enumerate() {
+                finite(v)?;
                 let r = match format {
                     Format::Jsonl => {
                         let record = Record {
@@ -234,6 +292,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         }
         stats
     };
+    bar.finish_and_clear();
     out.finish()?;
     report(&stats, started.elapsed().as_secs_f64(), &embedder);
     Ok(())
@@ -271,13 +330,15 @@ fn default_model_dir() -> crate::Result<PathBuf> {
 
 fn report(stats: &EmbedStats, seconds: f64, embedder: &Embedder) {
     if stats.truncated > 0 {
-        eprintln!(
+        crate::notice!(
             "embed: {} of {} texts were longer than {} tokens and were truncated \
              (the model's max_seq_length)",
-            stats.truncated, stats.texts, embedder.sentence.max_seq_length
+            stats.truncated,
+            stats.texts,
+            embedder.sentence.max_seq_length
         );
     }
-    eprintln!(
+    crate::notice!(
         "embed: {} texts, {} tokens in {:.3} s: {:.1} texts/s",
         stats.texts,
         stats.tokens,

@@ -2,7 +2,7 @@
 
 use crate::models::{self, LoadOptions};
 use crate::run::chat::{ChatTemplate, Message};
-use crate::run::generate::{generate, Request};
+use crate::run::generate::{generate, FinishReason, Request};
 use crate::run::sampling::{Sampler, SamplingOptions};
 use crate::tensor::Activations;
 use anyhow::{bail, Context};
@@ -12,8 +12,19 @@ use std::path::PathBuf;
 
 /// Generate text with a language model (Llama 2/3, Mistral, Qwen2/2.5/3, Gemma-3,
 /// Phi-3, LFM2) on the GPU or the CPU.
+///
+/// llama-cli's common flags work too: --temp, -c/--ctx-size, -t/--threads,
+/// -s/--seed, -f/--file, -n/--n-predict, -ngl/--n-gpu-layers (0 runs on the
+/// CPU), -sys/--system-prompt.
 #[derive(Parser, Debug)]
-#[command(name = "generate", version, about, long_about = None)]
+#[command(
+    name = "generate",
+    version,
+    about = "Generate text with a language model (Llama 2/3, Mistral, Qwen2/3, Gemma-3, Phi-3, LFM2) on the GPU or the CPU",
+    after_help = "Examples:\n  generate --temperature 0 -p \"What is the capital of France?\"\n  \
+generate --cpu -m model.gguf -p - < question.txt\n  generate --prompt-ids 1,504,3575 -n 16 --json\n\n\
+Exit status: 0 on success, 1 on bad input or a failed run, 2 on a bad command line."
+)]
 pub struct Args {
     /// Model: a .gguf file (architectures llama, qwen2, qwen3, gemma3, phi3,
     /// lfm2) or a Hugging Face directory (config.json + safetensors +
@@ -23,32 +34,41 @@ pub struct Args {
     pub model: Option<PathBuf>,
 
     /// The prompt; `-` reads it from standard input.
-    #[arg(short, long, conflicts_with = "prompt_ids")]
+    #[arg(short, long, conflicts_with_all = ["prompt_ids", "file"], value_parser = super::values::non_empty)]
     pub prompt: Option<String>,
+
+    /// Read the prompt from FILE (llama-cli's -f).
+    #[arg(short = 'f', long, value_name = "FILE", conflicts_with = "prompt_ids")]
+    pub file: Option<PathBuf>,
 
     /// The prompt as comma-separated token ids (skips the tokenizer and the chat template).
     #[arg(long, value_delimiter = ',')]
     pub prompt_ids: Option<Vec<u32>>,
 
     /// A system message for the chat template.
-    #[arg(long)]
+    #[arg(long, visible_alias = "system-prompt")]
     pub system: Option<String>,
 
     /// Use the prompt as it is, without the model's chat template.
     #[arg(long)]
     pub raw: bool,
 
-    /// How many tokens to generate at most.
-    #[arg(short = 'n', long, default_value_t = 256)]
-    pub max_tokens: usize,
+    /// How many tokens to generate at most [default: 256, and never past
+    /// the end of the context].
+    #[arg(short = 'n', long, visible_alias = "n-predict", value_parser = super::values::positive)]
+    pub max_tokens: Option<usize>,
+
+    /// Use at most N tokens of context, prompt included (default: the model's).
+    #[arg(short = 'c', long = "ctx-size", value_name = "N", value_parser = super::values::positive)]
+    pub ctx_size: Option<usize>,
 
     /// Stop when this text appears (repeatable); it is not printed.
-    #[arg(long)]
+    #[arg(long, value_parser = super::values::non_empty)]
     pub stop: Vec<String>,
 
     /// Sampling temperature; 0 picks the most likely token (greedy).
     /// Default: the model's generation_config.json, else 0.8.
-    #[arg(long)]
+    #[arg(long, visible_alias = "temp", value_parser = super::values::non_negative)]
     pub temperature: Option<f32>,
 
     /// Keep only the k most likely tokens (0 = off). Default: generation_config, else 40.
@@ -57,20 +77,32 @@ pub struct Args {
 
     /// Keep the smallest set of tokens whose probability reaches p (1 = off).
     /// Default: generation_config, else 0.95.
-    #[arg(long)]
+    #[arg(long, value_parser = super::values::probability)]
     pub top_p: Option<f32>,
 
     /// Drop tokens less likely than min-p times the most likely one (0 = off). Default: 0.05.
-    #[arg(long)]
+    #[arg(long, value_parser = super::values::probability)]
     pub min_p: Option<f32>,
 
     /// Penalise tokens among the last 64 (1 = off). Default: generation_config, else 1.
-    #[arg(long)]
+    #[arg(long, value_parser = super::values::positive_f32)]
     pub repeat_penalty: Option<f32>,
 
     /// Random seed; the same seed gives the same output. Default: from the clock.
-    #[arg(long)]
+    #[arg(short = 's', long)]
     pub seed: Option<u64>,
+
+    /// CPU threads (default: one per core).
+    #[arg(short = 't', long, value_name = "N", value_parser = super::values::positive)]
+    pub threads: Option<usize>,
+
+    /// llama-cli's layer offload count: 0 runs on the CPU (as --cpu), any
+    /// other number on the GPU, which always holds every layer.
+    #[arg(long = "n-gpu-layers", value_name = "N", conflicts_with = "cpu")]
+    pub n_gpu_layers: Option<usize>,
+
+    #[command(flatten)]
+    pub quiet: super::QuietArgs,
 
     /// Print one JSON object at the end (prompt and generated ids, text,
     /// finish reason, timings) instead of streaming text.
@@ -81,43 +113,82 @@ pub struct Args {
     pub device: super::DeviceArgs,
 }
 
+/// The prompt text, read before the model loads (stdin or --file).
+fn prompt_text(args: &Args) -> anyhow::Result<Option<String>> {
+    let text = match (args.prompt.as_deref(), &args.file) {
+        (Some("-"), _) => {
+            let mut s = String::new();
+            std::io::stdin()
+                .read_to_string(&mut s)
+                .context("reading the prompt from stdin")?;
+            if s.trim().is_empty() {
+                bail!("the prompt on standard input is empty");
+            }
+            s
+        }
+        (Some(p), _) => p.to_string(),
+        (None, Some(path)) => {
+            let s = std::fs::read_to_string(path).map_err(|e| crate::Error::io(path, e))?;
+            if s.trim().is_empty() {
+                bail!("{}: the prompt file is empty", path.display());
+            }
+            s
+        }
+        (None, None) => return Ok(None),
+    };
+    Ok(Some(text))
+}
+
+/// Tokens generated without -n (fewer when the context ends first).
+pub const DEFAULT_MAX_TOKENS: usize = 256;
+
 pub fn run(args: Args) -> anyhow::Result<()> {
+    args.quiet.apply();
+    if args.prompt.is_none() && args.file.is_none() && args.prompt_ids.is_none() {
+        return Err(super::usage(
+            "no prompt: pass --prompt TEXT (or - for stdin), --file FILE or --prompt-ids",
+        ));
+    }
+    if args.prompt_ids.as_ref().is_some_and(|ids| ids.is_empty()) {
+        return Err(super::usage("--prompt-ids is empty"));
+    }
+    if let Some(n) = args.threads {
+        // Fails only when a pool exists already (a library caller's); keep it.
+        let _ = rayon::ThreadPoolBuilder::new()
+            .num_threads(n)
+            .build_global();
+    }
+    let text = prompt_text(&args)?;
     let model_path = match &args.model {
         Some(p) => p.clone(),
         None => models::default_llm_path()?,
     };
+    let mut device = args.device.clone();
+    if args.n_gpu_layers == Some(0) {
+        device.cpu = true;
+    }
     // Load errors already name the file.
     let opts = LoadOptions {
-        device: args.device.choice(),
+        device: device.choice(),
         weight_type: None,
         // Decode on the CPU with int8 inputs to the quantised products, as
         // llama.cpp does.
         cpu_activations: Activations::Int8,
     };
     let mut loaded = models::load_llm(&model_path, &opts)?;
-    eprintln!("{}", loaded.describe());
+    crate::util::log::notice(&loaded.describe());
     let tokenizer = loaded.tokenizer.as_ref();
 
-    let prompt_ids = match (&args.prompt_ids, &args.prompt) {
+    let prompt_ids = match (&args.prompt_ids, text) {
         (Some(ids), _) => ids.clone(),
-        (None, prompt) => {
+        (None, text) => {
             let Some(tok) = tokenizer else {
                 bail!(
                     "{}: has no tokenizer; pass --prompt-ids",
                     model_path.display()
                 );
             };
-            let text = match prompt.as_deref() {
-                Some("-") => {
-                    let mut s = String::new();
-                    std::io::stdin()
-                        .read_to_string(&mut s)
-                        .context("reading the prompt from stdin")?;
-                    s
-                }
-                Some(p) => p.to_string(),
-                None => bail!("no prompt: pass --prompt TEXT (or - for stdin) or --prompt-ids"),
-            };
+            let text = text.expect("a prompt was checked for above");
             match (&tok.chat_template, args.raw) {
                 (Some(template), false) => {
                     let mut messages = Vec::new();
@@ -147,28 +218,53 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         seed: args.seed.unwrap_or_else(clock_seed),
         ..SamplingOptions::default()
     };
+    // Defaults from generation_config.json are checked like the flags.
     for (name, ok) in [
         (
-            "--temperature",
+            "temperature",
             opts.temperature >= 0.0 && opts.temperature.is_finite(),
         ),
-        ("--top-p", (0.0..=1.0).contains(&opts.top_p)),
-        ("--min-p", (0.0..=1.0).contains(&opts.min_p)),
+        ("top_p", (0.0..=1.0).contains(&opts.top_p)),
+        ("min_p", (0.0..=1.0).contains(&opts.min_p)),
         (
-            "--repeat-penalty",
+            "repetition_penalty",
             opts.repeat_penalty > 0.0 && opts.repeat_penalty.is_finite(),
         ),
     ] {
         if !ok {
-            bail!("{name} is out of range");
+            bail!(
+                "{}: the model's default {name} is out of range (pass the flag to override it)",
+                model_path.display()
+            );
         }
     }
+    // Generate until the context is full, never past it.
+    let context = args.ctx_size.map_or(loaded.model.config().context, |c| {
+        c.min(loaded.model.config().context)
+    });
+    let room = context.saturating_sub(prompt_ids.len());
+    if room == 0 {
+        bail!(
+            "the prompt ({} tokens) fills the context of {context} tokens: nothing left to generate",
+            prompt_ids.len()
+        );
+    }
+    // An explicit -n is a request for that many: one that cannot fit is an
+    // error, the default stops where the context ends.
+    let max_tokens = match args.max_tokens {
+        Some(n) if n > room => bail!(
+            "the prompt ({} tokens) plus -n {n} exceeds the context of {context} tokens (at most {room} fit)",
+            prompt_ids.len()
+        ),
+        Some(n) => n,
+        None => DEFAULT_MAX_TOKENS.min(room),
+    };
     let seed = opts.seed;
     let mut sampler = Sampler::new(opts);
     let eos = tokenizer.map(|t| t.eos_ids.clone()).unwrap_or_default();
     let req = Request {
         prompt_ids,
-        max_tokens: args.max_tokens,
+        max_tokens,
         eos_ids: &eos,
         stop: &args.stop,
     };
@@ -188,7 +284,13 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             }
             Ok(())
         },
-    )?;
+    )
+    .map_err(|e| match e {
+        crate::Error::Invalid(what) if what.contains("NaN") => {
+            anyhow::anyhow!("{}: {what}", model_path.display())
+        }
+        e => e.into(),
+    })?;
     if args.json {
         let mut v = serde_json::to_value(&gen)?;
         v["seed"] = seed.into();
@@ -200,15 +302,20 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             writeln!(out)?;
         }
         let t = &gen.timings;
-        eprintln!(
-            "\nprompt: {} tokens, {:.1} tok/s | generated: {} tokens, {:.1} tok/s | finish: {:?} | seed {}",
+        let finish = match gen.finish_reason {
+            FinishReason::Eos => "end of text",
+            FinishReason::Stop => "stop string",
+            FinishReason::Length if max_tokens == room => "context full",
+            FinishReason::Length => "token limit",
+        };
+        crate::util::log::notice(&format!(
+            "\nprompt: {} tokens, {:.1} tok/s | generated: {} tokens, {:.1} tok/s | finish: {finish} | seed {}",
             t.prompt_tokens,
             t.prefill_tok_per_s,
             t.generated_tokens,
             t.decode_tok_per_s,
-            gen.finish_reason,
             seed
-        );
+        ));
     }
     Ok(())
 }

@@ -34,7 +34,7 @@ pub struct Args {
     pub dtype: GgmlType,
 
     /// Replace the output file if it exists.
-    #[arg(short, long)]
+    #[arg(long)]
     pub force: bool,
 
     /// llama.cpp's pre-tokenizer name (tokenizer.ggml.pre) when the one in
@@ -45,6 +45,9 @@ pub struct Args {
     /// Print one JSON object describing the file instead of text.
     #[arg(long)]
     pub json: bool,
+
+    #[command(flatten)]
+    pub quiet: super::QuietArgs,
 }
 
 fn float_type(s: &str) -> Result<GgmlType, String> {
@@ -58,6 +61,7 @@ fn float_type(s: &str) -> Result<GgmlType, String> {
 }
 
 pub fn run(args: Args) -> anyhow::Result<()> {
+    args.quiet.apply();
     if !args.model.is_dir() {
         bail!(
             "{}: not a directory (gguf-write reads an HF model directory; quantize also reads GGUF and safetensors files)",
@@ -69,11 +73,15 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         allow_requantize: false,
         tokenizer_pre: args.tokenizer_pre.clone(),
     };
-    let plan = convert::plan(&args.model, &policy, &opts)?;
     let out = args
         .output
         .clone()
-        .unwrap_or_else(|| default_output(&args.model, args.dtype));
+        .unwrap_or_else(|| default_output(&args.model, args.dtype.name()));
+    crate::util::atomic_write::check_extension(&out, &["gguf"], "GGUF")
+        .map_err(|e| super::usage(e.to_string()))?;
+    // Before the model is read: a bad output path fails at once.
+    crate::util::atomic_write::check(&out, args.force)?;
+    let plan = convert::plan(&args.model, &policy, &opts)?;
     let bar = crate::util::progress::bar(plan.tensors.len() as u64, "writing");
     let written = convert::write(&plan, &out, args.force, |_| bar.inc(1))?;
     bar.finish_and_clear();

@@ -50,7 +50,7 @@ pub struct Args {
     pub corpus: Option<PathBuf>,
 
     /// Tokens per chunk (default 512; with --ref-file, the file's).
-    #[arg(short = 'c', long)]
+    #[arg(short = 'c', long, value_parser = super::values::positive)]
     pub ctx: Option<usize>,
 
     /// Evaluate at most this many chunks (default: all whole chunks).
@@ -71,12 +71,15 @@ pub struct Args {
     pub ref_file: Option<PathBuf>,
 
     /// Replace the --save-ref file if it exists.
-    #[arg(short, long)]
+    #[arg(long)]
     pub force: bool,
 
     /// Print one JSON object instead of the tables.
     #[arg(long)]
     pub json: bool,
+
+    #[command(flatten)]
+    pub quiet: super::QuietArgs,
 
     /// The device of arms without @cpu or @gpu.
     #[command(flatten)]
@@ -188,14 +191,20 @@ fn adds_bos(tok: &Tokenizer) -> anyhow::Result<Option<u32>> {
 }
 
 pub fn run(args: Args) -> anyhow::Result<()> {
+    args.quiet.apply();
     let start = std::time::Instant::now();
-    let ref_file = args.ref_file.as_deref().map(RefFile::open).transpose()?;
-    let ref_spec = ArmSpec::parse(&args.reference)?;
+    let ref_spec = ArmSpec::parse(&args.reference).map_err(|e| super::usage(e.to_string()))?;
     let arm_specs = args
         .arms
         .iter()
         .map(|a| ArmSpec::parse(a).map(|s| (s, a.as_str())))
-        .collect::<crate::Result<Vec<_>>>()?;
+        .collect::<crate::Result<Vec<_>>>()
+        .map_err(|e| super::usage(e.to_string()))?;
+    // Before any model loads: a bad --save-ref path fails at once.
+    if let Some(path) = &args.save_ref {
+        crate::util::atomic_write::check(path, args.force)?;
+    }
+    let ref_file = args.ref_file.as_deref().map(RefFile::open).transpose()?;
     let model = args.model.as_deref();
     if let (Some(f), Some(ctx)) = (&ref_file, args.ctx) {
         if ctx != f.header.ctx {
@@ -295,7 +304,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             );
         }
     }
-    eprintln!(
+    crate::notice!(
         "{} chunks of {} tokens, {} scored positions each ({} in all); reference {}, {} arms",
         chunks.count(),
         chunks.ctx,
@@ -346,7 +355,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let bar = crate::util::progress::bar(chunks.count() as u64, "chunks");
     let report = kld::evaluate(reference, &mut arm_models, &chunks, vocab, |_| bar.inc(1))?;
     bar.finish_and_clear();
-    eprintln!("evaluated in {:.1} s", start.elapsed().as_secs_f64());
+    crate::notice!("evaluated in {:.1} s", start.elapsed().as_secs_f64());
     if args.json {
         writeln!(std::io::stdout(), "{}", serde_json::to_string(&report)?)?;
     } else {

@@ -11,6 +11,27 @@ use std::process::ExitCode;
 /// Exit status for a run that failed (bad input, unusable model, device error).
 pub const EXIT_FAILURE: u8 = 1;
 
+/// Exit status for a bad command line (clap's own errors exit with it too).
+pub const EXIT_USAGE: u8 = 2;
+
+/// A bad command line that clap's parsers cannot see (a combination of
+/// flags, an output name whose extension contradicts `--format`): exit 2.
+#[derive(Debug)]
+pub struct UsageError(pub String);
+
+impl std::fmt::Display for UsageError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for UsageError {}
+
+/// A [`UsageError`] as an `anyhow::Error`.
+pub fn usage(msg: impl Into<String>) -> anyhow::Error {
+    anyhow::Error::new(UsageError(msg.into()))
+}
+
 /// Runs a tool's `run` and turns its result into an exit code: errors are
 /// printed as one line on stderr; a closed stdout (`tool | head`) ends the
 /// program quietly with success, as Unix filters do.
@@ -18,6 +39,10 @@ pub fn finish(result: anyhow::Result<()>) -> ExitCode {
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) if is_broken_pipe(&e) => ExitCode::SUCCESS,
+        Err(e) if e.downcast_ref::<UsageError>().is_some() => {
+            let _ = writeln!(std::io::stderr(), "error: {}", one_line(&e));
+            ExitCode::from(EXIT_USAGE)
+        }
         Err(e) => {
             let _ = writeln!(std::io::stderr(), "error: {}", one_line(&e));
             ExitCode::from(EXIT_FAILURE)
@@ -42,6 +67,73 @@ pub fn one_line(e: &anyhow::Error) -> String {
     out.replace('\n', " ")
 }
 
+/// clap value parsers shared by the tools, so that a bad number is a bad
+/// command line (exit 2) found before any model loads.
+pub mod values {
+    fn number<T: std::str::FromStr>(s: &str) -> Result<T, String> {
+        s.trim()
+            .parse::<T>()
+            .map_err(|_| format!("{s:?} is not a number"))
+    }
+
+    /// An integer of at least 1.
+    pub fn positive(s: &str) -> Result<usize, String> {
+        match number::<usize>(s)? {
+            0 => Err("must be at least 1".into()),
+            n => Ok(n),
+        }
+    }
+
+    /// A finite number of at least 0.
+    pub fn non_negative(s: &str) -> Result<f32, String> {
+        let v = number::<f32>(s)?;
+        if v.is_finite() && v >= 0.0 {
+            Ok(v)
+        } else {
+            Err(format!("must be a finite number of at least 0, not {s}"))
+        }
+    }
+
+    /// A finite number above 0.
+    pub fn positive_f32(s: &str) -> Result<f32, String> {
+        let v = number::<f32>(s)?;
+        if v.is_finite() && v > 0.0 {
+            Ok(v)
+        } else {
+            Err(format!("must be a finite number above 0, not {s}"))
+        }
+    }
+
+    /// A finite number.
+    pub fn finite(s: &str) -> Result<f32, String> {
+        let v = number::<f32>(s)?;
+        if v.is_finite() {
+            Ok(v)
+        } else {
+            Err(format!("must be a finite number, not {s}"))
+        }
+    }
+
+    /// A probability: a number from 0 to 1.
+    pub fn probability(s: &str) -> Result<f32, String> {
+        let v = number::<f32>(s)?;
+        if (0.0..=1.0).contains(&v) {
+            Ok(v)
+        } else {
+            Err(format!("must be between 0 and 1, not {s}"))
+        }
+    }
+
+    /// Text that is not empty.
+    pub fn non_empty(s: &str) -> Result<String, String> {
+        if s.is_empty() {
+            Err("must not be empty".into())
+        } else {
+            Ok(s.to_string())
+        }
+    }
+}
+
 fn is_broken_pipe(e: &anyhow::Error) -> bool {
     e.chain().any(|c| {
         c.downcast_ref::<std::io::Error>()
@@ -49,14 +141,84 @@ fn is_broken_pipe(e: &anyhow::Error) -> bool {
     })
 }
 
+/// `-q/--quiet`, shared by every tool.
+#[derive(clap::Args, Debug, Clone, Default)]
+pub struct QuietArgs {
+    /// Print only results and errors: no notices, timings or progress bars.
+    #[arg(short, long)]
+    pub quiet: bool,
+}
+
+impl QuietArgs {
+    /// Applies the flag to the process's notices and progress bars.
+    pub fn apply(&self) {
+        crate::util::log::set_quiet(self.quiet);
+    }
+}
+
+/// The command line, with the single-dash long flags of the anchors
+/// (llama-cli's `-ngl`, `-sys`), which clap would read as `-n gl`, spelt
+/// as the long flags that take them. Only before `--`, and only for the
+/// tool that knows them.
+///
+/// It also keeps the GPU probe quiet on headless machines: without
+/// XDG_RUNTIME_DIR (ssh, containers, CI) libwayland, loaded by the Vulkan
+/// and EGL drivers, prints "error: XDG_RUNTIME_DIR is invalid or not set"
+/// for every probe. A WAYLAND_DISPLAY that is an absolute path needs no
+/// runtime directory, and one that does not exist fails silently. Called
+/// first thing in `main`, before any thread starts.
+pub fn argv() -> Vec<std::ffi::OsString> {
+    if std::env::var_os("XDG_RUNTIME_DIR").is_none()
+        && std::env::var_os("WAYLAND_DISPLAY").is_none()
+    {
+        std::env::set_var("WAYLAND_DISPLAY", "/nonexistent/lfm-headless/wayland-0");
+    }
+    let args: Vec<std::ffi::OsString> = std::env::args_os().collect();
+    let program = args
+        .first()
+        .and_then(|a| std::path::Path::new(a).file_name())
+        .map(|n| n.to_string_lossy().to_string())
+        .unwrap_or_default();
+    let tool = if program == "lfm" {
+        args.get(1).map(|a| a.to_string_lossy().to_string())
+    } else {
+        Some(program)
+    };
+    if tool.as_deref() != Some("generate") {
+        return args;
+    }
+    let mut out = Vec::with_capacity(args.len());
+    let mut rest = false;
+    for a in args {
+        rest |= a == "--";
+        out.push(match a.to_str() {
+            Some("-ngl") if !rest => "--n-gpu-layers".into(),
+            Some("-sys") if !rest => "--system-prompt".into(),
+            _ => a,
+        });
+    }
+    out
+}
+
 /// The roff man page for a clap command (used by `scripts/man` and the test
 /// that keeps `man/` in sync).
 pub fn man_page(cmd: clap::Command) -> String {
+    let umbrella = cmd.get_name() == "lfm";
     let mut out = Vec::new();
     clap_mangen::Man::new(cmd)
         .render(&mut out)
         .expect("rendering to a Vec cannot fail");
-    String::from_utf8(out).expect("clap_mangen writes UTF-8")
+    let mut page = String::from_utf8(out).expect("clap_mangen writes UTF-8");
+    if umbrella {
+        // clap_mangen cites subcommands as lfm-NAME(1); the pages are NAME.1.
+        for (name, _) in tools() {
+            page = page.replace(
+                &format!("lfm\\-{}(1)", name.replace('-', "\\-")),
+                &format!("{}(1)", name.replace('-', "\\-")),
+            );
+        }
+    }
+    page
 }
 
 pub mod embed;
@@ -137,18 +299,18 @@ impl DeviceChoice {
             DeviceChoice::Cpu => Ok(Device::Cpu),
             DeviceChoice::Gpu(opts) => match Gpu::new(opts) {
                 Ok(gpu) if !opts.is_explicit() && gpu.is_software() => {
-                    eprintln!(
+                    crate::util::log::notice(&format!(
                         "only a software GPU ({}) found; running on the CPU (--gpu uses it anyway)",
                         gpu.info.name
-                    );
+                    ));
                     Ok(Device::Cpu)
                 }
                 Ok(gpu) => {
-                    eprintln!("{}", gpu.describe());
+                    crate::util::log::notice(&gpu.describe());
                     Ok(Device::Gpu(Arc::new(gpu)))
                 }
                 Err(e) if !opts.is_explicit() => {
-                    eprintln!("{e}; running on the CPU");
+                    crate::util::log::notice(&format!("{e}; running on the CPU"));
                     Ok(Device::Cpu)
                 }
                 Err(e) => Err(e),

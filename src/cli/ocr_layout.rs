@@ -37,8 +37,10 @@ pub struct Args {
     pub images: Vec<PathBuf>,
 
     /// The layout model, an ONNX file.
-    #[arg(long, value_name = "FILE", default_value = DEFAULT_MODEL)]
-    pub model: PathBuf,
+    /// [default: samples/models/layout-cdla/layout_cdla.onnx, in the working
+    /// directory or the repository holding the binary]
+    #[arg(short, long, value_name = "FILE")]
+    pub model: Option<PathBuf>,
 
     /// Keep regions whose class score is above this.
     #[arg(long, default_value_t = 0.5, value_parser = unit_interval)]
@@ -61,6 +63,25 @@ pub struct Args {
 
     #[command(flatten)]
     pub device: DeviceArgs,
+
+    #[command(flatten)]
+    pub quiet: super::QuietArgs,
+}
+
+/// [`DEFAULT_MODEL`] in the working directory, else in the repository that
+/// holds the running executable (`target/<profile>/ocr-layout`).
+fn default_model() -> anyhow::Result<PathBuf> {
+    let mut candidates = vec![PathBuf::from(DEFAULT_MODEL)];
+    if let Ok(exe) = std::env::current_exe() {
+        for dir in exe.ancestors().skip(1).take(4) {
+            candidates.push(dir.join(DEFAULT_MODEL));
+        }
+    }
+    candidates.into_iter().find(|p| p.is_file()).ok_or_else(|| {
+        anyhow::anyhow!(
+            "default model {DEFAULT_MODEL} not found: run scripts/setup in the lfm checkout, or pass --model"
+        )
+    })
 }
 
 fn unit_interval(s: &str) -> Result<f32, String> {
@@ -87,6 +108,7 @@ const COLORS: [[u8; 3]; 10] = [
 ];
 
 pub fn run(args: Args) -> anyhow::Result<()> {
+    args.quiet.apply();
     let images = collect_images(&args.images)?;
     let draw_dir = match &args.draw {
         Some(p) if images.len() > 1 || p.is_dir() => {
@@ -95,29 +117,23 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         }
         _ => false,
     };
-    // One drawing to a file that exists: refuse before any work.
-    if let Some(target) = args
-        .draw
-        .as_ref()
-        .filter(|t| !draw_dir && t.exists() && !args.force)
-    {
-        bail!(
-            "{}: already exists (pass --force to overwrite)",
-            target.display()
-        );
+    // One drawing to a file: refuse a bad or existing one before any work.
+    if let Some(target) = args.draw.as_ref().filter(|_| !draw_dir) {
+        crate::util::atomic_write::check_extension(target, &["png", "jpg", "jpeg"], "PNG or JPEG")
+            .map_err(|e| super::usage(e.to_string()))?;
+        crate::util::atomic_write::check(target, args.force)?;
     }
-    if !args.model.exists() {
-        bail!(
-            "{}: no such model file (run scripts/setup in the lfm checkout, or pass --model)",
-            args.model.display()
-        );
-    }
-    let model = LayoutModel::open(&args.model)?;
+    let model_path = match &args.model {
+        Some(m) if !m.exists() => bail!("{}: no such model file", m.display()),
+        Some(m) => m.clone(),
+        None => default_model()?,
+    };
+    let model = LayoutModel::open(&model_path)?;
     let mut detector = match args.device.choice().open()? {
         Device::Cpu => Detector::cpu(model),
         Device::Gpu(gpu) => Detector::gpu(model, gpu)?,
     };
-    eprintln!("ocr-layout: {}", detector.describe());
+    crate::notice!("ocr-layout: {}", detector.describe());
     let post = PostProcess {
         score_threshold: args.threshold,
         iou_threshold: args.iou,
@@ -127,6 +143,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let bar = progress::bar(images.len() as u64, "pages");
     let mut stdout = std::io::stdout().lock();
     let (mut done, mut failed) = (0usize, 0usize);
+    // A model that yields NaN fails every page: stop at the first.
+    let mut damaged = false;
     let mut forward = Duration::ZERO;
     let start = Instant::now();
     for batch in decode_batches(&images) {
@@ -145,6 +163,13 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                 let t = Instant::now();
                 let head = detector.forward(&input)?;
                 forward += t.elapsed();
+                if head.iter().flatten().any(|x| !x.is_finite()) {
+                    damaged = true;
+                    bail!(
+                        "{}: the model produced NaN or infinite scores (damaged weights?)",
+                        model_path.display()
+                    );
+                }
                 let boxes = detector
                     .model
                     .postprocess(&head, [img.height, img.width], &post);
@@ -166,7 +191,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             });
             match result {
                 Ok(()) => done += 1,
-                Err(e) if is_broken_pipe(&e) => return Err(e),
+                Err(e) if is_broken_pipe(&e) || damaged => return Err(e),
                 Err(e) => {
                     failed += 1;
                     bar.suspend(|| eprintln!("error: {}", super::one_line(&e)));
@@ -177,7 +202,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     }
     bar.finish_and_clear();
     let secs = start.elapsed().as_secs_f64();
-    eprintln!(
+    crate::notice!(
         "ocr-layout: {done} page(s) in {secs:.2} s ({:.2} pages/s; model {:.2} s)",
         done as f64 / secs.max(1e-9),
         forward.as_secs_f64()

@@ -1,7 +1,7 @@
 //! `quantize`: a checkpoint (HF directory, safetensors file or GGUF) to a
 //! GGUF file whose matrices are in a ggml block format.
 
-use crate::quant::policy::{Policy, Special};
+use crate::quant::policy::{Mix, Policy, Special};
 use crate::quant::GgmlType;
 use crate::run::convert::{self, Plan, PlanOptions, Written};
 use clap::Parser;
@@ -24,11 +24,19 @@ pub struct Args {
     /// The model: an HF directory, a .safetensors file or a .gguf file.
     pub input: PathBuf,
 
+    /// llama-quantize's form: `quantize IN OUT TYPE` (or `IN TYPE`), the
+    /// same as -o OUT --to TYPE.
+    #[arg(value_name = "OUT TYPE", num_args = 0..=2, hide = true)]
+    pub positional: Vec<String>,
+
     /// Target type of the matrices: q8_0, q4_0, q4_1, q5_0, q5_1, q2_k,
     /// q3_k, q4_k, q5_k, q6_k, q1_0 (1-bit signs, 1.125 bits per weight),
-    /// or f32, f16, bf16.
-    #[arg(long, value_parser = type_name)]
-    pub to: GgmlType,
+    /// or f32, f16, bf16; or one of llama-quantize's mixes, which raise some
+    /// tensors as it does: q3_k_s, q3_k_m, q3_k_l, q4_k_s, q4_k_m, q5_k_s,
+    /// q5_k_m (and q2_k_mix, q6_k_mix, since q2_k and q6_k name the pure
+    /// types here). Upper-case names (Q4_K_M) work too.
+    #[arg(long, value_parser = target_name)]
+    pub to: Option<Target>,
 
     /// Output file (default: INPUT-TYPE.gguf beside the input).
     #[arg(short, long)]
@@ -55,13 +63,16 @@ pub struct Args {
     pub allow_requantize: bool,
 
     /// Replace the output file if it exists.
-    #[arg(short, long)]
+    #[arg(long)]
     pub force: bool,
 
     /// Print one JSON object describing the file (every tensor's type)
     /// instead of text.
     #[arg(long)]
     pub json: bool,
+
+    #[command(flatten)]
+    pub quiet: super::QuietArgs,
 }
 
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
@@ -72,7 +83,7 @@ pub enum Kept {
     Head,
 }
 
-/// Parses a ggml type name; the error lists every name.
+/// Parses a ggml type name (any case); the error lists every name.
 pub fn type_name(s: &str) -> Result<GgmlType, String> {
     GgmlType::from_name(s).ok_or_else(|| {
         let names: Vec<&str> = GgmlType::ALL.iter().map(|t| t.name()).collect();
@@ -80,9 +91,38 @@ pub fn type_name(s: &str) -> Result<GgmlType, String> {
     })
 }
 
+/// What `--to` asks for: a block type for every matrix, or a mix.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Target {
+    pub base: GgmlType,
+    pub mix: Option<Mix>,
+}
+
+impl Target {
+    fn name(&self) -> &'static str {
+        self.mix.map_or_else(|| self.base.name(), Mix::name)
+    }
+}
+
+/// A type name or a llama-quantize mix name (any case).
+pub fn target_name(s: &str) -> Result<Target, String> {
+    if let Some(mix) = Mix::from_name(s) {
+        return Ok(Target {
+            base: mix.base(),
+            mix: Some(mix),
+        });
+    }
+    type_name(s)
+        .map(|base| Target { base, mix: None })
+        .map_err(|e| {
+            let mixes: Vec<&str> = Mix::ALL.iter().map(|m| m.name()).collect();
+            format!("{e}; mixes: {}", mixes.join(", "))
+        })
+}
+
 /// INPUT-TYPE.gguf beside the input (a directory's sibling, a file's
 /// neighbour without its extension).
-pub fn default_output(input: &Path, t: GgmlType) -> PathBuf {
+pub fn default_output(input: &Path, t: &str) -> PathBuf {
     let stem = if input.is_dir() {
         input
             .canonicalize()
@@ -104,13 +144,42 @@ pub fn default_output(input: &Path, t: GgmlType) -> PathBuf {
     parent.join(format!("{stem}-{t}.gguf"))
 }
 
-pub fn run(args: Args) -> anyhow::Result<()> {
+pub fn run(mut args: Args) -> anyhow::Result<()> {
+    args.quiet.apply();
+    // llama-quantize's `IN OUT TYPE` / `IN TYPE`.
+    let (out_arg, type_arg) = match args.positional.as_slice() {
+        [] => (None, None),
+        [t] => (None, Some(t.clone())),
+        [o, t] => (Some(PathBuf::from(o)), Some(t.clone())),
+        _ => unreachable!("clap takes at most two"),
+    };
+    if let Some(t) = type_arg {
+        if args.to.is_some() {
+            return Err(super::usage(format!(
+                "the type is given twice: {t} and --to"
+            )));
+        }
+        args.to = Some(target_name(&t).map_err(super::usage)?);
+    }
+    if let Some(o) = out_arg {
+        if args.output.is_some() {
+            return Err(super::usage("the output is given twice: OUT and -o"));
+        }
+        args.output = Some(o);
+    }
+    let Some(to) = args.to else {
+        return Err(super::usage(
+            "no target type: pass --to TYPE (q8_0, q4_0, q4_k, ...)",
+        ));
+    };
     for (kept, t, flag) in [
         (Kept::Embed, args.embed_type, "embed"),
         (Kept::Head, args.head_type, "head"),
     ] {
         if args.keep.contains(&kept) && t.is_some() {
-            anyhow::bail!("--keep {flag} and --{flag}-type contradict each other");
+            return Err(super::usage(format!(
+                "--keep {flag} and --{flag}-type contradict each other"
+            )));
         }
     }
     let special = |kept: Kept, t: Option<GgmlType>| {
@@ -121,26 +190,31 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         }
     };
     let policy = Policy {
-        target: args.to,
+        target: to.base,
         embedding: special(Kept::Embed, args.embed_type),
         output: special(Kept::Head, args.head_type),
+        mix: to.mix,
     };
     let opts = PlanOptions {
         allow_requantize: args.allow_requantize,
         tokenizer_pre: None,
     };
+    let out = args
+        .output
+        .clone()
+        .unwrap_or_else(|| default_output(&args.input, to.name()));
+    crate::util::atomic_write::check_extension(&out, &["gguf"], "GGUF")
+        .map_err(|e| super::usage(e.to_string()))?;
+    // Before the model is read: a bad output path fails at once.
+    crate::util::atomic_write::check(&out, args.force)?;
     let plan = convert::plan(&args.input, &policy, &opts)?;
     if matches!(plan.input, convert::Input::Tensors(_)) {
-        eprintln!(
+        crate::notice!(
             "{}: no config.json beside it: tensors keep their names and the GGUF carries no \
              model metadata (llama.cpp cannot run it as a model)",
             args.input.display()
         );
     }
-    let out = args
-        .output
-        .clone()
-        .unwrap_or_else(|| default_output(&args.input, args.to));
     let bar = crate::util::progress::bar(plan.tensors.len() as u64, "quantizing");
     let written = convert::write(&plan, &out, args.force, |_| bar.inc(1))?;
     bar.finish_and_clear();
@@ -200,7 +274,7 @@ pub fn report(r: &Report, json: bool) -> anyhow::Result<()> {
         .filter_map(|t| t.fell_back_from.map(|f| (t, f)))
         .collect();
     for (t, asked) in &fallbacks {
-        eprintln!(
+        crate::notice!(
             "{}: rows of {} do not fit {asked} blocks of {}: {} instead",
             t.name,
             t.shape.last().copied().unwrap_or(1),
@@ -209,7 +283,7 @@ pub fn report(r: &Report, json: bool) -> anyhow::Result<()> {
         );
     }
     if !fallbacks.is_empty() {
-        eprintln!(
+        crate::notice!(
             "{} of {} tensors fell back to another type",
             fallbacks.len(),
             r.plan.tensors.len()
@@ -220,7 +294,7 @@ pub fn report(r: &Report, json: bool) -> anyhow::Result<()> {
         *mix.entry(t.to.name()).or_default() += 1;
     }
     let mix: Vec<String> = mix.iter().map(|(t, n)| format!("{n} {t}")).collect();
-    eprintln!("tensor types: {}", mix.join(", "));
+    crate::notice!("tensor types: {}", mix.join(", "));
     writeln!(
         std::io::stdout(),
         "{}: {} tensors, {} weights, {:.1} MB -> {:.1} MB ({bpw:.3} bits per weight) in {:.1} s",

@@ -19,10 +19,21 @@ use std::path::{Path, PathBuf};
 /// Benchmark prompt processing (pp) and generation (tg) speed across models,
 /// weight formats, backends and context depths, optionally beside llama-bench.
 #[derive(Parser, Debug)]
-#[command(name = "scoreboard", version, about, long_about = None)]
+#[command(
+    name = "scoreboard",
+    version,
+    about = "Benchmark prompt processing (pp) and generation (tg) speed of language models, \
+optionally beside llama-bench",
+    long_about = None
+)]
 pub struct Args {
     /// Model files or HF directories (default: the default generate model).
     pub models: Vec<PathBuf>,
+
+    /// A model file or HF directory, as llama-bench's -m (repeatable; added
+    /// to the positional ones).
+    #[arg(short = 'm', long = "model", value_name = "PATH")]
+    pub model: Vec<PathBuf>,
 
     /// Prompt lengths to measure (pp); 0 skips the test.
     #[arg(short = 'p', long, value_delimiter = ',', default_value = "512")]
@@ -37,7 +48,7 @@ pub struct Args {
     pub depth: Vec<usize>,
 
     /// Measured repetitions per test (after one warm-up run).
-    #[arg(short = 'r', long, default_value_t = 5)]
+    #[arg(short = 'r', long, default_value_t = 5, value_parser = super::values::positive)]
     pub repetitions: usize,
 
     /// Weight formats to convert the models to before measuring (f32, f16,
@@ -45,13 +56,10 @@ pub struct Args {
     #[arg(short = 't', long = "type", value_delimiter = ',')]
     pub types: Vec<String>,
 
-    /// Backends to measure.
-    #[arg(
-        short = 'b',
-        long = "backends",
-        value_delimiter = ',',
-        default_value = "gpu"
-    )]
+    /// Backends to measure [default: gpu; the cpu instead when the only GPU
+    /// is a software one (lavapipe), unless -b gpu, --wgpu-backend or
+    /// --adapter asks for it].
+    #[arg(short = 'b', long = "backends", value_delimiter = ',')]
     pub backends: Vec<Arm>,
 
     /// Graphics API for the gpu arms.
@@ -76,8 +84,12 @@ pub struct Args {
     pub llama_bench_args: Option<String>,
 
     /// Draw tokens/s per arm into an SVG file.
-    #[arg(long)]
+    #[arg(long, value_name = "FILE")]
     pub plot: Option<PathBuf>,
+
+    /// Replace the --plot file if it exists.
+    #[arg(long)]
+    pub force: bool,
 
     /// Append the results as a dated markdown section to this file (e.g. BENCHMARKS.md).
     #[arg(long)]
@@ -90,8 +102,11 @@ pub struct Args {
     /// Also profile this many decode steps of each gpu arm at each depth,
     /// and one run of each prompt test: device time per kernel (timestamp
     /// queries) and host time per step.
-    #[arg(long, value_name = "STEPS")]
+    #[arg(long, value_name = "STEPS", value_parser = super::values::positive)]
     pub profile: Option<usize>,
+
+    #[command(flatten)]
+    pub quiet: super::QuietArgs,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, Serialize)]
@@ -151,15 +166,49 @@ struct Profile {
     profile: StepProfile,
 }
 
-pub fn run(args: Args) -> anyhow::Result<()> {
-    if args.repetitions == 0 {
-        bail!("--repetitions must be at least 1");
+/// Checks the --append file before the benchmark runs, creating nothing.
+fn check_append(path: &Path) -> anyhow::Result<()> {
+    match std::fs::metadata(path) {
+        Ok(m) if m.is_dir() => bail!("{}: is a directory (--append needs a file)", path.display()),
+        Ok(_) => {
+            std::fs::OpenOptions::new()
+                .append(true)
+                .open(path)
+                .with_context(|| format!("{}: cannot open for appending", path.display()))?;
+        }
+        Err(_) => {
+            let parent = match path.parent() {
+                Some(p) if !p.as_os_str().is_empty() => p,
+                _ => Path::new("."),
+            };
+            if !parent.is_dir() {
+                bail!(
+                    "{}: cannot create: the directory {} does not exist",
+                    path.display(),
+                    parent.display()
+                );
+            }
+        }
     }
-    let models = if args.models.is_empty() {
-        vec![models::default_llm_path()?]
-    } else {
-        args.models.clone()
-    };
+    Ok(())
+}
+
+pub fn run(mut args: Args) -> anyhow::Result<()> {
+    args.quiet.apply();
+    // Output paths first: a bad one must not cost a benchmark.
+    if let Some(path) = &args.plot {
+        crate::util::atomic_write::check_extension(path, &["svg"], "SVG")
+            .map_err(|e| super::usage(e.to_string()))?;
+        crate::util::atomic_write::check(path, args.force)?;
+    }
+    if let Some(path) = &args.append {
+        check_append(path)?;
+    }
+    let mut models = args.models.clone();
+    models.extend(args.model.iter().cloned());
+    if models.is_empty() {
+        models.push(models::default_llm_path()?);
+    }
     let types: Vec<Option<GgmlType>> = if args.types.is_empty() {
         vec![None]
     } else {
@@ -168,7 +217,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             .map(|t| {
                 GgmlType::from_name(t)
                     .map(Some)
-                    .with_context(|| format!("unknown weight format '{t}'"))
+                    .ok_or_else(|| super::usage(format!("-t: unknown weight format '{t}'")))
             })
             .collect::<anyhow::Result<_>>()?
     };
@@ -180,7 +229,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         .collect();
     tests.extend(args.n_gen.iter().filter(|&&n| n > 0).map(|&n| Test::Tg(n)));
     if tests.is_empty() {
-        bail!("nothing to measure: every -p and -n is 0");
+        return Err(super::usage("nothing to measure: every -p and -n is 0"));
     }
 
     let gpu_opts = GpuOptions {
@@ -190,23 +239,34 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         // The gpu arm measures whatever adapter there is, lavapipe included.
         required: true,
     };
+    // Without -b, a software adapter is skipped as the other tools skip it.
+    let default_arms = args.backends.is_empty();
+    if default_arms {
+        args.backends.push(Arm::Gpu);
+    }
     let mut adapter = None;
     let mut gpu_bw = None;
     if args.backends.contains(&Arm::Gpu) {
         let gpu = crate::gpu::Gpu::new(&gpu_opts)
             .context("the gpu arm needs an adapter (or pass -b cpu)")?;
-        eprintln!("{}", gpu.describe());
-        adapter = Some(format!(
-            "{} ({:?}, {} {})",
-            gpu.info.name, gpu.info.backend, gpu.info.driver, gpu.info.driver_info
-        ));
-        gpu_bw = Some(bench::gpu_copy_bandwidth(&gpu)?);
+        let named = gpu_opts.backend.is_some() || gpu_opts.adapter.is_some();
+        if default_arms && !named && gpu.is_software() {
+            crate::util::log::notice(&format!(
+                "only a software GPU ({}) found; measuring the CPU (-b gpu measures it anyway)",
+                gpu.info.name
+            ));
+            args.backends = vec![Arm::Cpu];
+        } else {
+            crate::util::log::notice(&gpu.describe());
+            adapter = Some(format!(
+                "{} ({:?}, {} {})",
+                gpu.info.name, gpu.info.backend, gpu.info.driver, gpu.info.driver_info
+            ));
+            gpu_bw = Some(bench::gpu_copy_bandwidth(&gpu)?);
+        }
     }
     let host_bw = bench::host_copy_bandwidth();
 
-    if args.profile == Some(0) {
-        bail!("--profile needs at least 1 step");
-    }
     let mut rows = Vec::new();
     let mut profiles = Vec::new();
     for model in &models {
@@ -245,7 +305,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                                 cfg.context
                             );
                         }
-                        eprintln!(
+                        crate::notice!(
                             "{}: {} {} {} ...",
                             display_name(model),
                             loaded.weight_format(),
@@ -350,7 +410,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     };
     std::io::stdout().write_all(text.as_bytes())?;
     if let Some(path) = &args.plot {
-        crate::util::atomic_write::write_atomic(path, svg(&report).as_bytes(), true)?;
+        crate::util::atomic_write::write_atomic(path, svg(&report).as_bytes(), args.force)?;
     }
     if let Some(path) = &args.append {
         let mut f = std::fs::OpenOptions::new()
@@ -588,7 +648,14 @@ fn llama_bench(
         if let Some(extra) = extra {
             cmd.args(extra.split_whitespace());
         }
-        eprintln!("peer: {cmd:?}");
+        crate::notice!(
+            "peer: {} {}",
+            cmd.get_program().to_string_lossy(),
+            cmd.get_args()
+                .map(|a| a.to_string_lossy())
+                .collect::<Vec<_>>()
+                .join(" ")
+        );
         let out = cmd
             .output()
             .with_context(|| format!("{}: cannot run", exe.display()))?;

@@ -2,13 +2,13 @@
 
 use crate::models::vits::{Scales, Synthesizer, Vits};
 use crate::run::phonemes::{self, PhonemeIdMap};
-use crate::run::wav::{self, PcmSink, WavFile, WavStream};
-use crate::util::atomic_write::AtomicFile;
+use crate::run::wav::{self, PcmSink, RawStream, WavFile, WavStream};
+use crate::util::atomic_write::{self, AtomicFile};
 use crate::util::rng::Rng;
 use anyhow::{bail, Context};
 use clap::Parser;
 use std::io::{IsTerminal, Read, Write};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::Instant;
 
 /// Where `scripts/setup` puts the default voice, relative to the repo.
@@ -38,34 +38,55 @@ pub struct Args {
     #[arg(long, value_name = "IDS", conflicts_with = "text")]
     pub phoneme_ids: Vec<String>,
 
-    /// Output WAV file (replaced atomically if it exists), or `-` for a WAV
-    /// stream on standard output, written sentence by sentence.
-    #[arg(short, long)]
-    pub output: PathBuf,
+    /// Output WAV file (written to a temporary file and renamed into place),
+    /// or `-` for a WAV stream on standard output, written sentence by
+    /// sentence; a FIFO or device is streamed to as well.
+    #[arg(
+        short,
+        long,
+        value_name = "FILE",
+        visible_alias = "output_file",
+        required_unless_present = "output_raw"
+    )]
+    pub output: Option<PathBuf>,
+
+    /// Write raw 16-bit mono samples (no WAV header) to standard output, as
+    /// Piper's --output-raw.
+    #[arg(long, visible_alias = "output_raw", conflicts_with_all = ["output", "json"])]
+    pub output_raw: bool,
+
+    /// Speaker id of a multi-speaker voice (Piper's --speaker); this
+    /// engine runs single-speaker voices, so only 0.
+    #[arg(long, value_name = "ID")]
+    pub speaker: Option<u32>,
+
+    /// Replace the output file if it exists.
+    #[arg(long)]
+    pub force: bool,
 
     /// Voice: a Piper .onnx file with its .onnx.json beside it. Default:
     /// en_US-joe-medium as fetched by scripts/setup.
     #[arg(short, long)]
     pub model: Option<PathBuf>,
 
-    /// Phoneme length multiplier (> 1 is slower). Default: the voice's (1.0).
-    #[arg(long)]
+    /// Phoneme length multiplier (> 1 is slower; 0.05 to 20). Default: the voice's (1.0).
+    #[arg(long, visible_alias = "length_scale", value_parser = length_scale)]
     pub length_scale: Option<f32>,
 
-    /// Variation in the voice (noise added to the prior). Default: the voice's (0.667).
-    #[arg(long)]
+    /// Variation in the voice (noise added to the prior; 0 to 10). Default: the voice's (0.667).
+    #[arg(long, visible_alias = "noise_scale", value_parser = noise)]
     pub noise_scale: Option<f32>,
 
-    /// Variation in phoneme durations. Default: the voice's (0.8).
-    #[arg(long)]
+    /// Variation in phoneme durations (0 to 10). Default: the voice's (0.8).
+    #[arg(long, visible_alias = "noise_w", value_parser = noise)]
     pub noise_w: Option<f32>,
 
     /// Random seed; the same seed gives the same samples. Default: from the clock.
     #[arg(long)]
     pub seed: Option<u64>,
 
-    /// Seconds of silence between sentences.
-    #[arg(long, default_value_t = 0.2)]
+    /// Seconds of silence between sentences (0 to 60).
+    #[arg(long, visible_alias = "sentence_silence", default_value_t = 0.2, value_parser = silence)]
     pub sentence_silence: f32,
 
     /// Keep the model's loudness instead of scaling each sentence to full
@@ -80,6 +101,9 @@ pub struct Args {
 
     #[command(flatten)]
     pub device: super::DeviceArgs,
+
+    #[command(flatten)]
+    pub quiet: super::QuietArgs,
 }
 
 /// The default voice: looked up from the working directory, then from the
@@ -114,6 +138,30 @@ fn read_text(args: &Args) -> anyhow::Result<String> {
     }
 }
 
+fn in_range(s: &str, min: f32, max: f32) -> Result<f32, String> {
+    let v: f32 = s
+        .trim()
+        .parse()
+        .map_err(|_| format!("{s:?} is not a number"))?;
+    if v.is_finite() && (min..=max).contains(&v) {
+        Ok(v)
+    } else {
+        Err(format!("must be between {min} and {max}, not {s}"))
+    }
+}
+
+fn length_scale(s: &str) -> Result<f32, String> {
+    in_range(s, 0.05, 20.0)
+}
+
+fn noise(s: &str) -> Result<f32, String> {
+    in_range(s, 0.0, 10.0)
+}
+
+fn silence(s: &str) -> Result<f32, String> {
+    in_range(s, 0.0, 60.0)
+}
+
 fn check_scale(name: &str, v: f32, min: f32, max: f32) -> anyhow::Result<f32> {
     if !(v.is_finite() && (min..=max).contains(&v)) {
         bail!("{name} must be between {min} and {max}, not {v}");
@@ -121,10 +169,45 @@ fn check_scale(name: &str, v: f32, min: f32, max: f32) -> anyhow::Result<f32> {
     Ok(v)
 }
 
-/// One sentence to synthesise: its phonemes (when they came from text) and ids.
+/// One sentence to synthesise: its phonemes (when they came from text) and
+/// ids, and whether it continues the sentence before it (a piece of a long
+/// one: no pause between them).
 struct SentenceIds {
     phonemes: Option<String>,
     ids: Vec<i64>,
+    continues: bool,
+}
+
+/// Phonemes synthesised in one pass at most (about 70 words, 25 s of
+/// speech). The model's memory and time grow faster than linearly with a
+/// pass's length (a 400-word run-on sentence took 29 s and 1.24 GB in one
+/// pass, 2000 words did not finish in 500 s), so longer sentences are cut.
+pub const MAX_PHONEMES: usize = 400;
+
+/// `s` cut into pieces of at most [`MAX_PHONEMES`] phonemes: after the last
+/// clause mark (`,` `;` `:`) in the second half of a piece, else at the last
+/// word boundary, else (one enormous word) at the limit.
+fn split_long(s: phonemes::Sentence) -> Vec<phonemes::Sentence> {
+    let mut pieces = Vec::new();
+    let mut rest = s.phonemes;
+    while rest.len() > MAX_PHONEMES {
+        let window = &rest[..MAX_PHONEMES];
+        let clause = (MAX_PHONEMES / 2..MAX_PHONEMES)
+            .rev()
+            .find(|&i| matches!(window[i].as_str(), "," | ";" | ":"));
+        let space = (1..MAX_PHONEMES).rev().find(|&i| window[i] == " ");
+        let cut = clause.map(|i| i + 1).or(space).unwrap_or(MAX_PHONEMES);
+        let tail = rest.split_off(cut);
+        pieces.push(phonemes::Sentence { phonemes: rest });
+        rest = tail;
+        while rest.first().is_some_and(|p| p == " ") {
+            rest.remove(0);
+        }
+    }
+    if !rest.is_empty() {
+        pieces.push(phonemes::Sentence { phonemes: rest });
+    }
+    pieces
 }
 
 /// `--phoneme-ids` values: one sentence each.
@@ -142,6 +225,7 @@ fn parse_ids(values: &[String]) -> anyhow::Result<Vec<SentenceIds>> {
             Ok(SentenceIds {
                 phonemes: None,
                 ids,
+                continues: false,
             })
         })
         .collect()
@@ -161,19 +245,28 @@ fn text_to_ids(text: &str, voice: &str, id_map: &PhonemeIdMap) -> anyhow::Result
             .iter()
             .any(|p| !p.chars().all(|c| c.is_whitespace() || ".,;:!?".contains(c)));
         if !speakable {
-            eprintln!("notice: nothing to say in \"{}\"; skipped", s.text());
+            crate::notice!("notice: nothing to say in \"{}\"; skipped", s.text());
         }
         speakable
     });
     if sentences.is_empty() {
         bail!("espeak-ng found nothing to say in the text (voice {voice})");
     }
-    Ok(sentences
+    let pieces: Vec<(phonemes::Sentence, bool)> = sentences
+        .into_iter()
+        .flat_map(|s| {
+            split_long(s)
+                .into_iter()
+                .enumerate()
+                .map(|(i, piece)| (piece, i > 0))
+        })
+        .collect();
+    Ok(pieces
         .iter()
-        .map(|s| {
+        .map(|(s, continues)| {
             let r = id_map.sentence_ids(s);
             if !r.missing.is_empty() {
-                eprintln!(
+                crate::notice!(
                     "notice: skipped phonemes the voice does not know: {} (in \"{}\")",
                     r.missing.join(" "),
                     s.text()
@@ -182,12 +275,14 @@ fn text_to_ids(text: &str, voice: &str, id_map: &PhonemeIdMap) -> anyhow::Result
             SentenceIds {
                 phonemes: Some(s.text()),
                 ids: r.ids,
+                continues: *continues,
             }
         })
         .collect())
 }
 
 pub fn run(args: Args) -> anyhow::Result<()> {
+    args.quiet.apply();
     let text = if args.phoneme_ids.is_empty() {
         Some(read_text(&args)?)
     } else {
@@ -197,11 +292,23 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         Some(p) => p.clone(),
         None => default_voice()?,
     };
-    let silence = check_scale("--sentence-silence", args.sentence_silence, 0.0, 60.0)?;
-    let to_stdout = args.output == Path::new("-");
-    if to_stdout && args.json {
-        bail!("--json prints on standard output, which -o - uses for audio");
+    let silence = args.sentence_silence;
+    if args.speaker.is_some_and(|s| s != 0) {
+        return Err(super::usage(
+            "--speaker: this engine runs single-speaker voices (speaker 0 only)",
+        ));
     }
+    let output = args.output.clone().unwrap_or_else(|| PathBuf::from("-"));
+    let to_stdout = atomic_write::is_stdout(&output);
+    if to_stdout && args.json {
+        return Err(super::usage(
+            "--json prints on standard output, which -o - uses for audio",
+        ));
+    }
+    atomic_write::check_extension(&output, &["wav", "wave"], "WAV")
+        .map_err(|e| super::usage(e.to_string()))?;
+    // Before the voice loads, so that a bad output path fails at once.
+    atomic_write::check(&output, args.force)?;
 
     let load_start = Instant::now();
     let vits =
@@ -231,7 +338,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let rate = synth.vits().config.sample_rate;
     let seed = args.seed.unwrap_or_else(clock_seed);
     let mut rng = Rng::new(seed);
-    eprintln!(
+    crate::notice!(
         "voice: {} ({} Hz) on {}; loaded in {:.2} s",
         model_path.display(),
         rate,
@@ -240,14 +347,21 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     );
 
     // The output is opened only now that the input is known to be good.
-    let mut file = None;
-    let mut sink: Box<dyn PcmSink + '_> = if to_stdout {
-        Box::new(WavStream::new(std::io::stdout().lock(), rate)?)
-    } else {
-        let f = file.insert(AtomicFile::create(&args.output, true)?);
+    // A regular file gets its sizes in the header; stdout, a FIFO or a
+    // device gets the streaming header.
+    let mut file = AtomicFile::create(&output, args.force)?;
+    let seekable = file.is_file();
+    let mut sink: Box<dyn PcmSink + '_> = if args.output_raw {
+        Box::new(RawStream::new(file.writer()))
+    } else if seekable {
         Box::new(
-            WavFile::new(f.writer(), rate)
-                .with_context(|| format!("writing {}", args.output.display()))?,
+            WavFile::new(file.writer(), rate)
+                .with_context(|| format!("writing {}", output.display()))?,
+        )
+    } else {
+        Box::new(
+            WavStream::new(file.writer(), rate)
+                .with_context(|| format!("writing {}", output.display()))?,
         )
     };
     let gap = vec![0i16; (silence * rate as f32).round() as usize];
@@ -255,30 +369,31 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let mut samples = 0usize;
     let mut first_audio = None;
     let mut timings = Vec::new();
+    let bar = crate::util::progress::bar(sentences.len() as u64, "speaking");
     for (i, sentence) in sentences.iter().enumerate() {
         let t0 = Instant::now();
         let audio = synth.synthesize(&sentence.ids, &scales, &mut rng)?;
         timings.push((t0.elapsed().as_secs_f64(), audio.len() as f64 / rate as f64));
         let pcm = wav::to_pcm16(&audio, !args.no_normalize);
-        if i > 0 {
+        if i > 0 && !sentence.continues {
             sink.write(&gap)?;
             samples += gap.len();
         }
+        bar.inc(1);
         sink.write(&pcm)?;
         samples += pcm.len();
         first_audio.get_or_insert_with(|| start.elapsed().as_secs_f64());
     }
+    bar.finish_and_clear();
     sink.finish()
-        .with_context(|| format!("writing {}", args.output.display()))?;
-    if let Some(f) = file {
-        f.commit()?;
-    }
+        .with_context(|| format!("writing {}", output.display()))?;
+    file.commit()?;
     let elapsed = start.elapsed().as_secs_f64();
     let seconds = samples as f64 / rate as f64;
     let rtf = elapsed / seconds.max(1e-9);
     if args.json {
         let v = serde_json::json!({
-            "output": args.output.display().to_string(),
+            "output": output.display().to_string(),
             "model": model_path.display().to_string(),
             "backend": synth.backend_name(),
             "sample_rate": rate,
@@ -300,7 +415,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         });
         writeln!(std::io::stdout(), "{v}")?;
     }
-    eprintln!(
+    crate::notice!(
         "{} sentence(s), {:.2} s of audio in {:.2} s (real-time factor {:.3}, first sentence after {:.2} s) | seed {}",
         sentences.len(),
         seconds,

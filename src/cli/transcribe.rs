@@ -7,8 +7,9 @@ use crate::models::whisper::WhisperFiles;
 use crate::run::audio;
 use crate::run::transcribe::output::{Format, Writer};
 use crate::run::transcribe::{self, AudioEncoder, CpuEncoder, Options, Task};
+use crate::util::atomic_write::AtomicFile;
 use std::io::Write;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 /// Transcribe speech with Whisper (CTranslate2 model directories).
@@ -20,11 +21,23 @@ use std::time::Instant;
 #[derive(clap::Parser, Debug)]
 #[command(name = "transcribe", version)]
 pub struct Args {
-    /// Audio file to transcribe; `-` reads stdin.
-    pub audio: PathBuf,
+    /// Audio files to transcribe; `-` reads stdin.
+    #[arg(required = true, value_name = "AUDIO")]
+    pub audio: Vec<PathBuf>,
 
-    /// Model directory (CTranslate2: model.bin, config.json, tokenizer.json).
-    /// Default: Whisper tiny.en as fetched by scripts/setup.
+    /// Write the transcript to FILE instead of stdout (once per input, in
+    /// order), or into DIR as <name>.<format> (a directory, or any path
+    /// with several inputs).
+    #[arg(short, long, value_name = "PATH")]
+    pub output: Vec<PathBuf>,
+
+    /// Replace output files that exist.
+    #[arg(long)]
+    pub force: bool,
+
+    /// Model directory (CTranslate2: model.bin, config.json, tokenizer.json),
+    /// or a model name (tiny.en, base, ...) found as whisper-NAME under
+    /// samples/models. Default: Whisper tiny.en as fetched by scripts/setup.
     #[arg(short, long)]
     pub model: Option<PathBuf>,
 
@@ -50,7 +63,7 @@ pub struct Args {
     pub beam_size: u16,
 
     /// Beam search patience: stop after beam_size * patience finished beams.
-    #[arg(long, default_value_t = 1.0)]
+    #[arg(long, default_value_t = 1.0, value_parser = super::values::positive_f32)]
     pub patience: f32,
 
     /// Candidates sampled when falling back to a temperature above 0.
@@ -58,28 +71,28 @@ pub struct Args {
     pub best_of: u16,
 
     /// Rank candidates by log probability / ((5 + length) / 6)^ALPHA instead of / length.
-    #[arg(long, value_name = "ALPHA")]
+    #[arg(long, value_name = "ALPHA", value_parser = super::values::finite)]
     pub length_penalty: Option<f32>,
 
     /// First sampling temperature.
-    #[arg(long, default_value_t = 0.0)]
+    #[arg(long, default_value_t = 0.0, value_parser = super::values::non_negative)]
     pub temperature: f32,
 
     /// Temperature step on fallback, up to 1.0 (0 disables fallback).
-    #[arg(long, default_value_t = 0.2)]
+    #[arg(long, default_value_t = 0.2, value_parser = super::values::non_negative)]
     pub temperature_increment_on_fallback: f32,
 
     /// Fall back when the text compresses better than this (gzip ratio).
-    #[arg(long, default_value_t = 2.4)]
+    #[arg(long, default_value_t = 2.4, value_parser = super::values::finite)]
     pub compression_ratio_threshold: f32,
 
     /// Fall back when the average log probability is below this.
-    #[arg(long, default_value_t = -1.0, allow_hyphen_values = true)]
+    #[arg(long, default_value_t = -1.0, allow_hyphen_values = true, value_parser = super::values::finite)]
     pub logprob_threshold: f32,
 
     /// Skip a window as silence when <|nospeech|> is likelier than this
     /// and the log probability is below the threshold above.
-    #[arg(long, default_value_t = 0.6)]
+    #[arg(long, default_value_t = 0.6, value_parser = super::values::probability)]
     pub no_speech_threshold: f32,
 
     /// Do not prompt each window with the text before it.
@@ -101,9 +114,8 @@ pub struct Args {
     #[command(flatten)]
     pub device: super::DeviceArgs,
 
-    /// No timing line on stderr.
-    #[arg(short, long)]
-    pub quiet: bool,
+    #[command(flatten)]
+    pub quiet: super::QuietArgs,
 }
 
 impl Args {
@@ -145,34 +157,106 @@ impl Args {
 /// Where `scripts/setup` puts the default model, relative to the repository.
 pub const DEFAULT_MODEL: &str = "samples/models/whisper-tiny.en";
 
-/// The default model: looked up from the working directory, then from the
-/// repository that holds the running executable (`target/<profile>/..`).
-fn default_model() -> anyhow::Result<PathBuf> {
-    let mut candidates = vec![PathBuf::from(DEFAULT_MODEL)];
+/// `rel` (a model directory relative to the repository) in the working
+/// directory, else in the repository that holds the running executable
+/// (`target/<profile>/..`).
+fn find_model(rel: &Path) -> Option<PathBuf> {
+    let mut candidates = vec![rel.to_path_buf()];
     if let Ok(exe) = std::env::current_exe() {
         for dir in exe.ancestors().skip(1).take(4) {
-            candidates.push(dir.join(DEFAULT_MODEL));
+            candidates.push(dir.join(rel));
         }
     }
     candidates
         .into_iter()
         .find(|p| p.join("model.bin").is_file())
-        .ok_or_else(|| {
+}
+
+/// `--model`: a directory, or a name such as `tiny.en` (faster-whisper's
+/// sizes) for samples/models/whisper-NAME.
+fn model_dir(arg: Option<&Path>) -> anyhow::Result<PathBuf> {
+    let Some(m) = arg else {
+        return find_model(Path::new(DEFAULT_MODEL)).ok_or_else(|| {
             anyhow::anyhow!(
                 "default model {DEFAULT_MODEL} not found: run scripts/setup, or pass --model"
             )
-        })
+        });
+    };
+    if m.exists() || m.components().count() > 1 {
+        return Ok(m.to_path_buf());
+    }
+    let name = m.to_string_lossy();
+    let name = name.strip_prefix("whisper-").unwrap_or(&name);
+    find_model(&Path::new("samples/models").join(format!("whisper-{name}"))).ok_or_else(|| {
+        anyhow::anyhow!(
+            "{}: no such model directory, nor samples/models/whisper-{name} (fetch it with scripts/fetch_models.py)",
+            m.display()
+        )
+    })
+}
+
+/// Where each input's transcript goes: stdout, a file per input, or a
+/// directory of <name>.<format>.
+fn outputs(args: &Args) -> anyhow::Result<Vec<Option<PathBuf>>> {
+    let ext = match args.format {
+        Format::Txt => "txt",
+        Format::Srt => "srt",
+        Format::Vtt => "vtt",
+        Format::Json => "json",
+    };
+    let n = args.audio.len();
+    let stdin_count = args.audio.iter().filter(|a| a.as_os_str() == "-").count();
+    if stdin_count > 1 {
+        return Err(super::usage("`-` (stdin) given twice"));
+    }
+    match args.output.as_slice() {
+        [] if n == 1 => Ok(vec![None]),
+        [] => Err(super::usage(format!(
+            "{n} inputs need -o DIR (one <name>.{ext} each) or one -o FILE per input"
+        ))),
+        [dir] if n > 1 || dir.is_dir() => {
+            std::fs::create_dir_all(dir).map_err(|e| crate::Error::io(dir, e))?;
+            let mut seen = std::collections::HashSet::new();
+            args.audio
+                .iter()
+                .map(|a| {
+                    let stem = if a.as_os_str() == "-" {
+                        "stdin".into()
+                    } else {
+                        a.file_stem()
+                            .unwrap_or_default()
+                            .to_string_lossy()
+                            .to_string()
+                    };
+                    let out = dir.join(format!("{stem}.{ext}"));
+                    if !seen.insert(out.clone()) {
+                        return Err(super::usage(format!(
+                            "two inputs would both write {}",
+                            out.display()
+                        )));
+                    }
+                    Ok(Some(out))
+                })
+                .collect()
+        }
+        files if files.len() == n => Ok(files.iter().cloned().map(Some).collect()),
+        files => Err(super::usage(format!(
+            "{} -o for {n} inputs: give one per input, or one directory",
+            files.len()
+        ))),
+    }
 }
 
 pub fn run(args: Args) -> anyhow::Result<()> {
+    args.quiet.apply();
     let opts = args.options()?;
+    let outputs = outputs(&args)?;
+    for out in outputs.iter().flatten() {
+        crate::util::atomic_write::check(out, args.force)?;
+    }
     let t0 = Instant::now();
-    let model = match &args.model {
-        Some(m) => m.clone(),
-        None => default_model()?,
-    };
+    let model = model_dir(args.model.as_deref())?;
     let files = WhisperFiles::load(&model, args.mel_filters.as_deref())?;
-    let audio = audio::load(&args.audio, SAMPLE_RATE as u32)?;
     let t_loaded = Instant::now();
 
     let mut cpu_encoder;
@@ -189,34 +273,119 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         }
     };
 
-    let stdout = std::io::stdout();
-    let mut writer = Writer::new(args.format, stdout.lock());
-    let bar = crate::util::progress::bar((audio.seconds().ceil() as u64).max(1), "transcribing");
-    let mut on_segment = |seg: &transcribe::Segment, done: f64| -> crate::Result<()> {
-        bar.set_position(done as u64);
-        writer
-            .segment(seg)
-            .map_err(|e| crate::Error::io("<stdout>", e))
-    };
-    let transcript =
-        transcribe::transcribe(&files, encoder, &audio.samples, &opts, &mut on_segment)?;
-    bar.finish_and_clear();
-    let _stdout = writer
-        .finish(&transcript)
-        .map_err(|e| crate::Error::io("<stdout>", e))?;
-    if !args.quiet {
-        let secs = t_loaded.elapsed().as_secs_f64();
-        let _ = writeln!(
-            std::io::stderr(),
-            "transcribe: {:.1} s of audio in {:.2} s (real-time factor {:.3}; load {:.2} s), {} segments, language {}, {}",
-            transcript.duration,
-            secs,
-            secs / transcript.duration.max(1e-9),
-            (t_loaded - t0).as_secs_f64(),
-            transcript.segments.len(),
-            transcript.language,
-            device
-        );
+    let mut failed = 0usize;
+    for (input, output) in args.audio.iter().zip(&outputs) {
+        let result = transcribe_one(&args, &opts, &files, encoder, input, output.as_deref());
+        match result {
+            Ok(t) => crate::util::log::notice(&format!(
+                "transcribe: {}: {:.1} s of audio in {:.2} s (real-time factor {:.3}; load {:.2} s), {} segments, language {}, {}",
+                input.display(),
+                t.duration,
+                t.seconds,
+                t.seconds / t.duration.max(1e-9),
+                (t_loaded - t0).as_secs_f64(),
+                t.segments,
+                t.language,
+                device
+            )),
+            Err(e) if args.audio.len() == 1 => return Err(e),
+            Err(e) => {
+                failed += 1;
+                eprintln!("error: {}", super::one_line(&e));
+            }
+        }
+    }
+    if failed > 0 {
+        anyhow::bail!("{failed} of {} inputs failed", args.audio.len());
     }
     Ok(())
+}
+
+/// Where one transcript goes.
+enum Out {
+    Stdout(std::io::StdoutLock<'static>),
+    File(AtomicFile),
+}
+
+impl Write for Out {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        match self {
+            Out::Stdout(s) => s.write(buf),
+            Out::File(f) => f.write(buf),
+        }
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        match self {
+            Out::Stdout(s) => s.flush(),
+            Out::File(f) => f.flush(),
+        }
+    }
+}
+
+/// What one input's run reports.
+struct Done {
+    duration: f64,
+    seconds: f64,
+    segments: usize,
+    language: String,
+}
+
+fn transcribe_one(
+    args: &Args,
+    opts: &Options,
+    files: &WhisperFiles,
+    encoder: &mut dyn AudioEncoder,
+    input: &Path,
+    output: Option<&Path>,
+) -> anyhow::Result<Done> {
+    let audio = audio::load(input, SAMPLE_RATE as u32)?;
+    let start = Instant::now();
+    let (sink, label) = match output {
+        Some(p) => (
+            Out::File(AtomicFile::create(p, args.force)?),
+            p.to_path_buf(),
+        ),
+        None => (
+            Out::Stdout(std::io::stdout().lock()),
+            PathBuf::from("<stdout>"),
+        ),
+    };
+    let mut writer = Writer::new(args.format, sink);
+    let bar = crate::util::progress::bar((audio.seconds().ceil() as u64).max(1), "transcribing");
+    let weights = files.dir.join("model.bin");
+    let damaged = || {
+        crate::Error::format(
+            &weights,
+            "the model produced NaN or infinite log probabilities (damaged weights?)",
+        )
+    };
+    let mut on_segment = |seg: &transcribe::Segment, done: f64| -> crate::Result<()> {
+        if !seg.avg_logprob.is_finite() || seg.tokens.iter().any(|t| !t.logprob.is_finite()) {
+            return Err(damaged());
+        }
+        bar.set_position(done as u64);
+        // Above the bar on a terminal, not through it.
+        bar.suspend(|| writer.segment(seg))
+            .map_err(|e| crate::Error::io(&label, e))
+    };
+    let transcript = transcribe::transcribe(files, encoder, &audio.samples, opts, &mut on_segment)?;
+    bar.finish_and_clear();
+    if transcript
+        .language_probability
+        .is_some_and(|p| !p.is_finite())
+    {
+        return Err(damaged().into());
+    }
+    let sink = writer
+        .finish(&transcript)
+        .map_err(|e| crate::Error::io(&label, e))?;
+    if let Out::File(f) = sink {
+        f.commit()?;
+    }
+    Ok(Done {
+        duration: transcript.duration,
+        seconds: start.elapsed().as_secs_f64(),
+        segments: transcript.segments.len(),
+        language: transcript.language.clone(),
+    })
 }

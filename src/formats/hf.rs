@@ -222,3 +222,16 @@ impl HfCheckpoint {
         })
     }
 }
+
+/// A `tokenizer.json` through the tokenizers crate, parsed as JSON first:
+/// tokenizers 0.22 panics ("Helper", decoders/mod.rs) on a syntax error
+/// inside the `decoder` section, a lone surrogate escape included, instead
+/// of returning an error. Parsing into a `Value` decodes every string, so
+/// those are caught here (skipping them, as `IgnoredAny` does, is not enough).
+pub fn read_tokenizer_json(path: &Path) -> Result<tokenizers::Tokenizer> {
+    let bytes = std::fs::read(path).map_err(|e| Error::io(path, e))?;
+    serde_json::from_slice::<Value>(&bytes)
+        .map_err(|e| Error::format(path, format!("not valid JSON: {e}")))?;
+    tokenizers::Tokenizer::from_bytes(&bytes)
+        .map_err(|e| Error::format(path, format!("not a tokenizers JSON file: {e}")))
+}

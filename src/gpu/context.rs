@@ -194,10 +194,16 @@ impl Gpu {
         let adapter = adapters.into_iter().next().ok_or_else(|| {
             Error::gpu(match (&opts.backend, &opts.adapter) {
                 (None, None) => "no GPU adapter found (install a Vulkan driver, e.g. Debian's mesa-vulkan-drivers, or use --cpu)".to_string(),
-                _ => format!(
-                    "no GPU adapter matches backend {:?} / adapter {:?}",
-                    opts.backend, opts.adapter
-                ),
+                (backend, adapter) => {
+                    let mut want = Vec::new();
+                    if let Some(b) = backend {
+                        want.push(format!("--backend {}", format!("{b:?}").to_lowercase()));
+                    }
+                    if let Some(a) = adapter {
+                        want.push(format!("--adapter {a:?}"));
+                    }
+                    format!("no GPU adapter matches {}", want.join(" "))
+                }
             })
         })?;
         let info = adapter.get_info();

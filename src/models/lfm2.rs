@@ -93,6 +93,16 @@ pub fn config_from_hf(c: &HfConfig) -> Result<LlmConfig> {
     if c.get_bool_opt("conv_bias")?.unwrap_or(false) {
         return Err(Error::unsupported(c.path(), "conv_bias = true"));
     }
+    let multiplier = c.get_f64_opt("block_ffn_dim_multiplier")?;
+    if multiplier.is_some_and(|m| !(m.is_finite() && m > 0.0 && m <= 64.0)) {
+        return Err(Error::format(
+            c.path(),
+            format!(
+                "block_ffn_dim_multiplier {} (expected a positive number up to 64)",
+                multiplier.unwrap_or_default()
+            ),
+        ));
+    }
     let hidden = c.get_usize(key(&["hidden_size", "block_dim"]))?;
     let heads = c.get_usize(key(&["num_attention_heads", "num_heads"]))?;
     let head_dim = hidden / heads.max(1);
@@ -113,7 +123,7 @@ pub fn config_from_hf(c: &HfConfig) -> Result<LlmConfig> {
         ffn: ffn_width(
             c.get_usize(key(&["intermediate_size", "block_ff_dim"]))?,
             c.get_bool_opt("block_auto_adjust_ff_dim")?.unwrap_or(true),
-            c.get_f64_opt("block_ffn_dim_multiplier")?,
+            multiplier,
             c.get_usize_opt("block_multiple_of")?.unwrap_or(256),
         ),
         vocab: c.get_usize("vocab_size")?,

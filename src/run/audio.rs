@@ -9,8 +9,25 @@ use crate::error::{Error, Result};
 use rubato::audioadapter_buffers::direct::InterleavedSlice;
 use rubato::{Fft, FixedSync, Indexing, Resampler};
 use std::fs::File;
-use std::io::{BufReader, Read};
-use std::path::Path;
+use std::io::{BufReader, Cursor, Read};
+use std::path::{Path, PathBuf};
+
+/// Source sample rates outside this range are refused: a header claiming
+/// 1 Hz would be upsampled 16000-fold (minutes and gigabytes for nothing),
+/// one claiming gigahertz resamples to nothing. 2 kHz is below any speech
+/// codec's rate, 768 kHz the highest rate audio interfaces record at.
+pub const SOURCE_RATES: std::ops::RangeInclusive<u32> = 2_000..=768_000;
+
+/// Channels a WAV file may declare: what WAVE_FORMAT_EXTENSIBLE's 32-bit
+/// speaker mask can place (22.2 sound has 24). Past it symphonia's mask
+/// arithmetic overflows (a shift by the channel count; 65535 channels
+/// multiplied into a u16), which panics where overflow checks are on.
+pub const MAX_CHANNELS: u16 = 32;
+
+/// The largest sample magnitude accepted (float audio is nominally within
+/// -1..1): a million is 120 dB over full scale, and far below where the
+/// resampler's FFT sums overflow.
+pub const MAX_SAMPLE: f32 = 1e6;
 
 /// Mono samples at the requested rate, and what the input was.
 #[derive(Debug)]
@@ -34,6 +51,7 @@ const CHUNK: usize = 1024;
 /// ratio is fixed), its start-up delay trimmed, its output cut to
 /// ceil(n_in * ratio) frames as `Resampler::process_all` does.
 struct MonoSink {
+    label: PathBuf,
     rate_in: u32,
     rate_out: u32,
     resampler: Option<Fft<f32>>,
@@ -45,7 +63,8 @@ struct MonoSink {
 }
 
 impl MonoSink {
-    fn new(rate_in: u32, rate_out: u32) -> Result<MonoSink> {
+    fn new(label: &Path, rate_in: u32, rate_out: u32) -> Result<MonoSink> {
+        check_rate(label, rate_in)?;
         let resampler = if rate_in == rate_out {
             None
         } else {
@@ -68,6 +87,7 @@ impl MonoSink {
             None => (0, Vec::new()),
         };
         Ok(MonoSink {
+            label: label.to_path_buf(),
             rate_in,
             rate_out,
             resampler,
@@ -79,16 +99,39 @@ impl MonoSink {
         })
     }
 
+    /// A NaN, infinite or absurdly large sample (a damaged float WAV) is an
+    /// error: the resampler's FFT would spread it over the whole chunk, or
+    /// overflow to infinity and fail ("Imaginary part of first value was
+    /// non-zero", a panic in rubato). Float audio is nominally within -1..1;
+    /// [`MAX_SAMPLE`] is 120 dB above that.
+    fn check_finite(&self, new: &[f32]) -> Result<()> {
+        match new.iter().position(|v| v.is_nan() || v.abs() > MAX_SAMPLE) {
+            None => Ok(()),
+            Some(i) => Err(Error::format(
+                &self.label,
+                format!(
+                    "sample {} (at {:.3} s) is {} (damaged audio data)",
+                    self.n_in + i,
+                    (self.n_in + i) as f64 / self.rate_in as f64,
+                    new[i]
+                ),
+            )),
+        }
+    }
+
     fn push(&mut self, mono: impl IntoIterator<Item = f32>) -> Result<()> {
-        let Some(r) = &mut self.resampler else {
+        if self.resampler.is_none() {
             let before = self.out.len();
             self.out.extend(mono);
+            self.check_finite(&self.out[before..])?;
             self.n_in += self.out.len() - before;
             return Ok(());
-        };
+        }
         let before = self.pending.len();
         self.pending.extend(mono);
+        self.check_finite(&self.pending[before..])?;
         self.n_in += self.pending.len() - before;
+        let r = self.resampler.as_mut().expect("checked above");
         let need = r.input_frames_next();
         let mut used = 0;
         while self.pending.len() - used >= need {
@@ -217,7 +260,20 @@ fn decode<S: Source>(label: &Path, mut src: S, rate: u32) -> Result<Audio> {
     src.rewind().map_err(|e| Error::io(label, e))?;
     let is_wav = n == 12 && &magic[..4] == b"RIFF" && &magic[8..] == b"WAVE";
     if is_wav {
-        match decode_wav(label, BufReader::new(&mut src), rate) {
+        let mut head = vec![0u8; 1 << 16];
+        let n = read_up_to(&mut src, &mut head).map_err(|e| Error::io(label, e))?;
+        head.truncate(n);
+        let format = match src.byte_len() {
+            Some(len) => patch_wav_sizes(&mut head, len),
+            None => None,
+        };
+        // Before hound and symphonia, whose header arithmetic overflows on
+        // absurd rates and channel counts.
+        if let Some(f) = format {
+            f.check(label)?;
+        }
+        let reader = BufReader::new(Cursor::new(head).chain(&mut src));
+        match decode_wav(label, reader, rate) {
             Ok(a) => return Ok(a),
             // hound reads PCM and float; other WAV codecs (ADPCM, A-law,
             // mu-law) may still be read by symphonia.
@@ -227,7 +283,116 @@ fn decode<S: Source>(label: &Path, mut src: S, rate: u32) -> Result<Audio> {
             }
         }
     }
+    // Only what starts as one of the formats we read goes to symphonia:
+    // its probe otherwise scans for a marker anywhere in the file, and its
+    // riff reader, reached that way, overflows on headers we never checked.
+    let flac = magic.starts_with(b"fLaC");
+    let ogg = magic.starts_with(b"OggS");
+    let mp3 = magic.starts_with(b"ID3") || (magic[0] == 0xFF && magic[1] & 0xE0 == 0xE0);
+    if !(flac || ogg || mp3) {
+        return Err(Error::format(
+            label,
+            "not a recognised audio file (WAV, FLAC, MP3, Ogg Vorbis)",
+        ));
+    }
     decode_other(label, src, rate)
+}
+
+/// Streaming writers that cannot seek back leave placeholder sizes in a WAV
+/// header (0, 0x7FFFFFFF, 0xFFFFFFFF, 0xFFFFFFF0). As ffmpeg (and so
+/// faster-whisper) does, a data chunk whose size is 0 or runs past the end
+/// of the file is read to the end of the file: its size is rewritten in
+/// `head` (the file's first bytes) from the file's length `file_len`.
+/// Returns what the fmt chunk says, when it is in `head`.
+fn patch_wav_sizes(head: &mut [u8], file_len: u64) -> Option<WavFormat> {
+    let u32_at = |h: &[u8], at: usize| u32::from_le_bytes([h[at], h[at + 1], h[at + 2], h[at + 3]]);
+    let mut block_align = 1u64;
+    let mut rate = None;
+    let mut pos = 12usize;
+    while pos + 8 <= head.len() {
+        let size = u32_at(head, pos + 4) as u64;
+        match &head[pos..pos + 4] {
+            b"fmt " if pos + 8 + 14 <= head.len() => {
+                let at = pos + 8 + 12;
+                block_align = u16::from_le_bytes([head[at], head[at + 1]]).max(1) as u64;
+                let tag = u16::from_le_bytes([head[pos + 8], head[pos + 9]]);
+                let channels = u16::from_le_bytes([head[pos + 10], head[pos + 11]]);
+                // WAVE_FORMAT_EXTENSIBLE: the speaker mask after cbSize and
+                // the valid-bits field.
+                let mask = (tag == 0xFFFE && size >= 40 && pos + 8 + 24 <= head.len())
+                    .then(|| u32_at(head, pos + 8 + 20));
+                rate = Some(WavFormat {
+                    rate: u32_at(head, pos + 8 + 4),
+                    channels,
+                    mask,
+                });
+            }
+            b"data" => {
+                let available = file_len.saturating_sub(pos as u64 + 8);
+                if size == 0 || size > available {
+                    let whole = available.min(u32::MAX as u64) / block_align * block_align;
+                    head[pos + 4..pos + 8].copy_from_slice(&(whole as u32).to_le_bytes());
+                    let riff = (file_len - 8).min(u32::MAX as u64) as u32;
+                    head[4..8].copy_from_slice(&riff.to_le_bytes());
+                }
+                return rate;
+            }
+            _ => {}
+        }
+        pos += 8 + (size + (size & 1)) as usize;
+    }
+    rate
+}
+
+/// What a WAV file's fmt chunk declares.
+#[derive(Clone, Copy, Debug)]
+struct WavFormat {
+    rate: u32,
+    channels: u16,
+    /// The speaker mask of a WAVE_FORMAT_EXTENSIBLE header.
+    mask: Option<u32>,
+}
+
+impl WavFormat {
+    /// Refuses what the decoders cannot take without overflowing: a rate
+    /// outside [`SOURCE_RATES`], more than [`MAX_CHANNELS`] channels, or an
+    /// extensible speaker mask with fewer speakers than channels whose
+    /// repair in symphonia shifts past 32 bits (mask with its top bit set).
+    fn check(&self, label: &Path) -> Result<()> {
+        check_rate(label, self.rate)?;
+        let bad = |what: String| Err(Error::format(label, what));
+        if !(1..=MAX_CHANNELS).contains(&self.channels) {
+            return bad(format!(
+                "a WAV header with {} channels is implausible (1 to {MAX_CHANNELS})",
+                self.channels
+            ));
+        }
+        if let Some(mask) = self.mask {
+            let missing = self.channels as i64 - mask.count_ones() as i64;
+            if missing > 0 && (mask & 0x8000_0000 != 0 || missing >= 32) {
+                return bad(format!(
+                    "the WAV speaker mask {mask:#010x} does not fit its {} channels",
+                    self.channels
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Refuses a source rate outside [`SOURCE_RATES`], naming the file.
+fn check_rate(label: &Path, rate: u32) -> Result<()> {
+    if SOURCE_RATES.contains(&rate) {
+        return Ok(());
+    }
+    Err(Error::format(
+        label,
+        format!(
+            "a sample rate of {rate} Hz is implausible (expected {} to {} Hz): a damaged header?",
+            SOURCE_RATES.start(),
+            SOURCE_RATES.end()
+        ),
+    ))
 }
 
 fn read_up_to(src: &mut impl Read, buf: &mut [u8]) -> std::io::Result<usize> {
@@ -252,7 +417,7 @@ fn decode_wav(label: &Path, src: impl Read, rate: u32) -> Result<Audio> {
             "WAV header has no channels or a zero sample rate",
         ));
     }
-    let mut sink = MonoSink::new(spec.sample_rate, rate)?;
+    let mut sink = MonoSink::new(label, spec.sample_rate, rate)?;
     let mut frame = Vec::with_capacity(channels);
     let mut block = Vec::with_capacity(4096);
     let mut push = |v: f32, sink: &mut MonoSink| -> Result<()> {
@@ -319,6 +484,7 @@ fn decode_other<S: Source>(label: &Path, src: S, rate: u32) -> Result<Audio> {
         .default_track(TrackType::Audio)
         .ok_or_else(|| Error::format(label, "no audio track"))?;
     let track_id = track.id;
+    let expected_frames = track.num_frames;
     let params = track
         .codec_params
         .as_ref()
@@ -330,11 +496,15 @@ fn decode_other<S: Source>(label: &Path, src: S, rate: u32) -> Result<Audio> {
     let mut sink: Option<MonoSink> = None;
     let (mut source_rate, mut source_channels) = (0u32, 0u16);
     let mut interleaved: Vec<f32> = Vec::new();
+    let (mut frames, mut cut_short, mut corrupt) = (0u64, false, 0usize);
     loop {
         let packet = match format.next_packet() {
             Ok(Some(p)) => p,
             Ok(None) => break,
-            Err(SymError::IoError(e)) if e.kind() == std::io::ErrorKind::UnexpectedEof => break,
+            Err(SymError::IoError(e)) if e.kind() == std::io::ErrorKind::UnexpectedEof => {
+                cut_short = true;
+                break;
+            }
             Err(e) => return Err(Error::format(label, format!("cannot read audio: {e}"))),
         };
         if packet.track_id != track_id {
@@ -342,8 +512,11 @@ fn decode_other<S: Source>(label: &Path, src: S, rate: u32) -> Result<Audio> {
         }
         let buf = match decoder.decode(&packet) {
             Ok(b) => b,
-            // A corrupt packet is skipped, as players do.
-            Err(SymError::DecodeError(_)) => continue,
+            // A corrupt packet is skipped, as players do, and reported.
+            Err(SymError::DecodeError(_)) => {
+                corrupt += 1;
+                continue;
+            }
             Err(e) => return Err(Error::format(label, format!("cannot decode audio: {e}"))),
         };
         let (r, ch) = (buf.spec().rate(), buf.spec().channels().count());
@@ -354,7 +527,7 @@ fn decode_other<S: Source>(label: &Path, src: S, rate: u32) -> Result<Audio> {
             ));
         }
         if sink.is_none() {
-            sink = Some(MonoSink::new(r, rate)?);
+            sink = Some(MonoSink::new(label, r, rate)?);
             (source_rate, source_channels) = (r, ch as u16);
         } else if (r, ch as u16) != (source_rate, source_channels) {
             return Err(Error::unsupported(
@@ -362,6 +535,7 @@ fn decode_other<S: Source>(label: &Path, src: S, rate: u32) -> Result<Audio> {
                 "the sample rate or channel count changes mid-stream",
             ));
         }
+        frames += buf.frames() as u64;
         interleaved.resize(buf.samples_interleaved(), 0.0);
         buf.copy_to_slice_interleaved(&mut interleaved);
         let sink = sink.as_mut().expect("created above");
@@ -370,6 +544,27 @@ fn decode_other<S: Source>(label: &Path, src: S, rate: u32) -> Result<Audio> {
                 .chunks_exact(ch)
                 .map(|f| f.iter().sum::<f32>() / ch as f32),
         )?;
+    }
+    let seconds = |n: u64| n as f64 / source_rate.max(1) as f64;
+    match expected_frames {
+        Some(total) if frames < total && source_rate > 0 => crate::util::log::notice(&format!(
+            "warning: {}: the audio ends early (a truncated file?): read {:.2} s of the {:.2} s its header announces",
+            label.display(),
+            seconds(frames),
+            seconds(total)
+        )),
+        _ if cut_short => crate::util::log::notice(&format!(
+            "warning: {}: the file ends in the middle of a packet (a truncated file?); read {:.2} s",
+            label.display(),
+            seconds(frames)
+        )),
+        _ => {}
+    }
+    if corrupt > 0 {
+        crate::util::log::notice(&format!(
+            "warning: {}: skipped {corrupt} damaged packet(s)",
+            label.display()
+        ));
     }
     let samples = match sink {
         Some(s) => s.finish()?,
@@ -396,7 +591,7 @@ mod tests {
     #[test]
     fn resampling_keeps_length_and_the_tone() {
         let x = tone(48_000, 440.0, 1.0);
-        let mut sink = MonoSink::new(48_000, 16_000).unwrap();
+        let mut sink = MonoSink::new(Path::new("tone"), 48_000, 16_000).unwrap();
         // Uneven pieces, as packets come.
         for piece in x.chunks(777) {
             sink.push(piece.iter().copied()).unwrap();

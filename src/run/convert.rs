@@ -14,7 +14,7 @@ use crate::formats::gguf_stream::{GgufStreamWriter, TensorDecl};
 use crate::formats::safetensors::Safetensors;
 use crate::formats::TensorSource;
 use crate::models::gguf_export::{ExportOptions, HfExport, QUANTIZATION_VERSION};
-use crate::quant::policy::{llama_file_type, Policy};
+use crate::quant::policy::{positions, Policy, Position};
 use crate::quant::GgmlType;
 use crate::tensor::Tensor;
 use std::path::{Path, PathBuf};
@@ -75,7 +75,7 @@ pub fn open_input(path: &Path, policy: &Policy, opts: &PlanOptions) -> Result<In
     let export = |dir: &Path| -> Result<Input> {
         let eo = ExportOptions {
             tokenizer_pre: opts.tokenizer_pre.clone(),
-            file_type: llama_file_type(policy.target),
+            file_type: policy.file_type(),
         };
         Ok(Input::Hf(Box::new(HfExport::open(dir, &eo)?)))
     };
@@ -108,16 +108,19 @@ pub fn open_input(path: &Path, policy: &Policy, opts: &PlanOptions) -> Result<In
 /// Plans the output of converting `path` under `policy`.
 pub fn plan(path: &Path, policy: &Policy, opts: &PlanOptions) -> Result<Plan> {
     let input = open_input(path, policy, opts)?;
-    let file_type = llama_file_type(policy.target);
+    let file_type = policy.file_type();
     let (metadata, tensors) = match &input {
         Input::Hf(e) => {
+            let names: Vec<&str> = e.tensors.iter().map(|t| t.name.as_str()).collect();
+            let at = positions(&names);
             let tensors = e
                 .tensors
                 .iter()
                 .enumerate()
                 .map(|(i, t)| {
                     // The converter writes never-quantised tensors as F32.
-                    let c = policy.choose(&t.name, &t.shape, t.source_dtype, GgmlType::F32);
+                    let c =
+                        policy.choose_at(&t.name, &t.shape, t.source_dtype, GgmlType::F32, at[i]);
                     PlannedTensor {
                         name: t.name.clone(),
                         shape: t.shape.clone(),
@@ -138,10 +141,13 @@ pub fn plan(path: &Path, policy: &Policy, opts: &PlanOptions) -> Result<Plan> {
                 Value::U32(QUANTIZATION_VERSION),
             );
             set_in_place(&mut meta, "general.file_type", Value::U32(file_type));
-            let tensors = g
-                .tensor_infos()
+            let infos = g.tensor_infos();
+            let names: Vec<&str> = infos.iter().map(|t| t.name.as_str()).collect();
+            let at = positions(&names);
+            let tensors = infos
                 .iter()
-                .map(|t| planned(policy, &t.name, &t.shape, t.dtype))
+                .zip(at)
+                .map(|(t, at)| planned(policy, &t.name, &t.shape, t.dtype, at))
                 .collect();
             (meta, tensors)
         }
@@ -155,10 +161,12 @@ pub fn plan(path: &Path, policy: &Policy, opts: &PlanOptions) -> Result<Plan> {
                 ),
             ];
             let mut tensors = Vec::new();
-            for name in s.names() {
+            let names = s.names();
+            let refs: Vec<&str> = names.iter().map(String::as_str).collect();
+            for (name, at) in names.iter().zip(positions(&refs)) {
                 // Reading the header entry checks the dtype (F32/F16/BF16).
-                let t = s.tensor(&name)?;
-                tensors.push(planned(policy, &name, &t.shape, t.dtype));
+                let t = s.tensor(name)?;
+                tensors.push(planned(policy, name, &t.shape, t.dtype, at));
             }
             (meta, tensors)
         }
@@ -187,8 +195,14 @@ pub fn plan(path: &Path, policy: &Policy, opts: &PlanOptions) -> Result<Plan> {
 }
 
 /// A tensor kept under its own name: never-quantised ones keep their type.
-fn planned(policy: &Policy, name: &str, shape: &[usize], from: GgmlType) -> PlannedTensor {
-    let c = policy.choose(name, shape, from, from);
+fn planned(
+    policy: &Policy,
+    name: &str,
+    shape: &[usize],
+    from: GgmlType,
+    at: Position,
+) -> PlannedTensor {
+    let c = policy.choose_at(name, shape, from, from, at);
     PlannedTensor {
         name: name.to_string(),
         shape: shape.to_vec(),

@@ -506,8 +506,7 @@ fn load_tokenizer(path: &Path, model: &BertConfig, sentence: &SentenceConfig) ->
             std::io::Error::new(std::io::ErrorKind::NotFound, "tokenizer not found"),
         ));
     }
-    let mut tokenizer = Tokenizer::from_file(path)
-        .map_err(|e| Error::format(path, format!("not a tokenizers JSON file: {e}")))?;
+    let mut tokenizer: Tokenizer = crate::formats::hf::read_tokenizer_json(path)?;
     let vocab = tokenizer.get_vocab_size(true);
     if vocab != model.vocab_size {
         return Err(Error::format(

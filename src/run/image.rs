@@ -42,6 +42,21 @@ impl Rgb8 {
 /// the inverse alpha (saturating); RGBA is blended over white or black,
 /// whichever contrasts with the image's mean luminance. 16-bit images are
 /// reduced to 8 bits.
+/// True when the JPEG file at `path` has its end-of-image marker (FF D9) in
+/// its last 4 KiB (some writers pad after it). The marker cannot occur in
+/// the entropy-coded data, where every FF byte is followed by 00.
+fn jpeg_has_end(path: &Path) -> Result<bool> {
+    use std::io::{Read, Seek, SeekFrom};
+    let mut f = std::fs::File::open(path).map_err(|e| Error::io(path, e))?;
+    let len = f.metadata().map_err(|e| Error::io(path, e))?.len();
+    let tail_len = len.min(4096);
+    f.seek(SeekFrom::Start(len - tail_len))
+        .map_err(|e| Error::io(path, e))?;
+    let mut tail = vec![0u8; tail_len as usize];
+    f.read_exact(&mut tail).map_err(|e| Error::io(path, e))?;
+    Ok(tail.windows(2).any(|w| w == [0xFF, 0xD9]))
+}
+
 pub fn load(path: &Path) -> Result<Rgb8> {
     use image::{DynamicImage, ImageDecoder, ImageReader};
     use std::io::{BufRead, BufReader};
@@ -60,6 +75,12 @@ pub fn load(path: &Path) -> Result<Rgb8> {
         Err(_) if head.is_empty() => return Err(bad("the file is empty".into())),
         Err(_) => return Err(bad("not a PNG or JPEG image".into())),
     };
+    if format == image::ImageFormat::Jpeg && !jpeg_has_end(path)? {
+        // The decoder fills what is missing with grey and says nothing.
+        return Err(bad(
+            "the JPEG data ends early (no end-of-image marker): a truncated file?".into(),
+        ));
+    }
     let mut reader = ImageReader::with_format(input, format);
     let mut limits = image::Limits::default();
     limits.max_alloc = Some(MAX_DECODE_BYTES);

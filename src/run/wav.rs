@@ -93,6 +93,29 @@ impl<W: Write> PcmSink for WavStream<W> {
     }
 }
 
+/// Raw 16-bit little-endian samples, no header (Piper's --output-raw).
+pub struct RawStream<W: Write> {
+    out: W,
+}
+
+impl<W: Write> RawStream<W> {
+    pub fn new(out: W) -> Self {
+        RawStream { out }
+    }
+}
+
+impl<W: Write> PcmSink for RawStream<W> {
+    fn write(&mut self, samples: &[i16]) -> std::io::Result<()> {
+        let bytes: Vec<u8> = samples.iter().flat_map(|s| s.to_le_bytes()).collect();
+        self.out.write_all(&bytes)?;
+        self.out.flush()
+    }
+
+    fn finish(mut self: Box<Self>) -> std::io::Result<()> {
+        self.out.flush()
+    }
+}
+
 /// A 44-byte PCM16 mono header with unknown (maximal) lengths.
 pub fn stream_header(sample_rate: u32) -> [u8; 44] {
     let mut h = [0u8; 44];

@@ -2,5 +2,6 @@
 
 pub mod atomic_write;
 pub mod date;
+pub mod log;
 pub mod progress;
 pub mod rng;

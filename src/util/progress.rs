@@ -6,7 +6,7 @@ use std::io::IsTerminal;
 
 /// A bar over `len` steps labelled `what`; hidden when stderr is not a terminal.
 pub fn bar(len: u64, what: &str) -> ProgressBar {
-    if !std::io::stderr().is_terminal() {
+    if !std::io::stderr().is_terminal() || super::log::is_quiet() {
         return ProgressBar::with_draw_target(Some(len), ProgressDrawTarget::hidden());
     }
     let pb = ProgressBar::new(len);

@@ -59,3 +59,22 @@ pub fn assert_clean_failure(o: &Output, needles: &[&str]) {
         );
     }
 }
+
+/// Asserts a bad command line: exit code 2, an `error:` line naming
+/// `needles`, and no panic.
+#[track_caller]
+pub fn assert_usage_failure(o: &Output, needles: &[&str]) {
+    let err = stderr(o);
+    assert_eq!(o.status.code(), Some(2), "expected exit 2, stderr: {err}");
+    assert!(!err.contains("panicked"), "panicked: {err}");
+    let line = err
+        .lines()
+        .find(|l| l.starts_with("error: "))
+        .unwrap_or_else(|| panic!("no error line in: {err}"));
+    for n in needles {
+        assert!(
+            line.contains(n),
+            "error line {line:?} does not mention {n:?}"
+        );
+    }
+}

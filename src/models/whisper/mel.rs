@@ -52,6 +52,14 @@ impl MelFilters {
         Ok(MelFilters::new(n_mels, &a.data))
     }
 
+    /// The bank computed as faster-whisper's `get_mel_filters` computes it
+    /// when a model brings none: librosa's Slaney mel scale and area
+    /// normalisation over 0..8 kHz (openai-whisper's mel_80.npy and
+    /// mel_128.npy are this bank in f32).
+    pub fn slaney(n_mels: usize) -> MelFilters {
+        MelFilters::new(n_mels, &slaney_weights(n_mels))
+    }
+
     /// `weights`: [n_mels, 201].
     pub fn new(n_mels: usize, weights: &[f32]) -> MelFilters {
         assert_eq!(weights.len(), n_mels * N_BINS, "mel filters: shape");
@@ -114,6 +122,41 @@ impl MelFilters {
             out: vec![0.0; self.n_mels],
         }
     }
+}
+
+/// [n_mels, 201] weights of the Slaney-scale triangular filters, as
+/// faster-whisper's `FeatureExtractor.get_mel_filters(16000, 400, n_mels)`.
+pub fn slaney_weights(n_mels: usize) -> Vec<f32> {
+    // Hz of each FFT bin.
+    let fft_freqs: Vec<f64> = (0..N_BINS)
+        .map(|i| i as f64 * SAMPLE_RATE as f64 / N_FFT as f64)
+        .collect();
+    // Band edges uniformly spaced in mels up to hz_to_mel(8000), then back to Hz:
+    // linear below 1 kHz (200/3 Hz per mel), logarithmic above.
+    let max_mel = 45.245640471924965;
+    let (f_sp, min_log_hz) = (200.0 / 3.0, 1000.0);
+    let min_log_mel = min_log_hz / f_sp;
+    let logstep = 6.4f64.ln() / 27.0;
+    let freqs: Vec<f64> = (0..n_mels + 2)
+        .map(|i| {
+            let mel = max_mel * i as f64 / (n_mels + 1) as f64;
+            if mel >= min_log_mel {
+                min_log_hz * (logstep * (mel - min_log_mel)).exp()
+            } else {
+                f_sp * mel
+            }
+        })
+        .collect();
+    let mut w = Vec::with_capacity(n_mels * N_BINS);
+    for m in 0..n_mels {
+        let enorm = 2.0 / (freqs[m + 2] - freqs[m]);
+        for &f in &fft_freqs {
+            let lower = (f - freqs[m]) / (freqs[m + 1] - freqs[m]);
+            let upper = (freqs[m + 2] - f) / (freqs[m + 2] - freqs[m + 1]);
+            w.push((lower.min(upper).max(0.0) * enorm) as f32);
+        }
+    }
+    w
 }
 
 struct Scratch {

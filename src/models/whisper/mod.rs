@@ -66,21 +66,25 @@ impl WhisperFiles {
             Err(e) => return Err(Error::io(&config_path, e)),
         };
         let n = model.config.n_mels;
-        let candidates: Vec<PathBuf> = mel_dir
-            .map(Path::to_path_buf)
-            .into_iter()
-            .chain([dir.to_path_buf(), dir.with_file_name("whisper-mel")])
-            .collect();
-        let mel_dir = candidates
-            .iter()
-            .find(|d| d.join(format!("mel_{n}.npy")).is_file())
-            .ok_or_else(|| {
-                Error::invalid(format!(
-                    "no mel filter bank mel_{n}.npy in {} (run scripts/fetch_models.py whisper-mel, or pass --mel-filters DIR)",
-                    candidates.iter().map(|p| p.display().to_string()).collect::<Vec<_>>().join(", ")
-                ))
-            })?;
-        let mel = mel::MelFilters::load(mel_dir, n)?;
+        // An explicit --mel-filters DIR must hold the bank; otherwise the
+        // model directory or a whisper-mel directory beside it may, and
+        // without one the bank is computed, as faster-whisper does.
+        let mel = match mel_dir {
+            Some(d) if !d.is_dir() => {
+                return Err(Error::invalid(format!(
+                    "{}: no such directory (--mel-filters)",
+                    d.display()
+                )))
+            }
+            Some(d) => mel::MelFilters::load(d, n)?,
+            None => match [dir.to_path_buf(), dir.with_file_name("whisper-mel")]
+                .iter()
+                .find(|d| d.join(format!("mel_{n}.npy")).is_file())
+            {
+                Some(d) => mel::MelFilters::load(d, n)?,
+                None => mel::MelFilters::slaney(n),
+            },
+        };
         let vocab_ok = tokenizer.specials.timestamp_begin as usize + 1501 <= model.config.n_vocab;
         if !vocab_ok {
             return Err(Error::format(

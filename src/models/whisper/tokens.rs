@@ -29,8 +29,7 @@ pub struct Tokenizer {
 
 impl Tokenizer {
     pub fn load(path: &Path) -> Result<Tokenizer> {
-        let inner = tokenizers::Tokenizer::from_file(path)
-            .map_err(|e| Error::format(path, format!("cannot read tokenizer: {e}")))?;
+        let inner = crate::formats::hf::read_tokenizer_json(path)?;
         let id = |name: &str| inner.token_to_id(name);
         let need = |name: &str| {
             id(name).ok_or_else(|| {
