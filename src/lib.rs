@@ -7,15 +7,20 @@
 //!   declared once in the kernel registry.
 //!
 //! Binaries in `src/bin` are thin shims over [`cli`], one module per tool.
+//! The floors, top to bottom: `cli` -> `run` (shared flows) -> `models` ->
+//! `gpu`, `cpu`, [`device`], [`sampling`] -> `formats`, `quant`, `tensor`,
+//! `util`.
 
 pub mod cli;
 pub mod cpu;
+pub mod device;
 pub mod error;
 pub mod formats;
 pub mod gpu;
 pub mod models;
 pub mod quant;
 pub mod run;
+pub mod sampling;
 pub mod tensor;
 pub mod tokenizer;
 pub mod util;

@@ -3,7 +3,6 @@
 //! reference; or, with `--query` and `--docs`, the lines of a file ranked by
 //! cosine similarity to a query.
 
-use super::Device;
 use crate::error::Error;
 use crate::run::embed::{cosine, EmbedOptions, EmbedStats, Embedder, Pooling};
 use crate::util::atomic_write::AtomicFile;
@@ -305,11 +304,15 @@ fn load(args: &Args) -> anyhow::Result<Embedder> {
         Some(d) => d.clone(),
         None => default_model_dir()?,
     };
-    let gpu = match args.device.choice().open()? {
-        Device::Cpu => None,
-        Device::Gpu(gpu) => Some(gpu),
-    };
-    Embedder::load(&dir, gpu).with_context(|| format!("loading the model in {}", dir.display()))
+    let (embedder, _) = args
+        .device
+        .choice()
+        .build(
+            || Embedder::load(&dir, None),
+            |gpu| Embedder::load(&dir, Some(gpu)),
+        )
+        .with_context(|| format!("loading the model in {}", dir.display()))?;
+    Ok(embedder)
 }
 
 /// [`DEFAULT_MODEL`] in the working directory, else in the repository that

@@ -231,8 +231,8 @@ pub mod scoreboard;
 pub mod speak;
 pub mod transcribe;
 
-use crate::gpu::{Backend, Gpu, GpuOptions};
-use std::sync::Arc;
+pub use crate::device::{Device, DeviceChoice};
+use crate::gpu::{Backend, GpuOptions};
 
 /// Where to run, shared by every tool: `--cpu`, `--backend`, `--adapter`.
 #[derive(clap::Args, Debug, Clone, Default)]
@@ -255,19 +255,6 @@ pub struct DeviceArgs {
     pub gpu: bool,
 }
 
-/// The device a tool asked for.
-#[derive(Clone, Debug)]
-pub enum DeviceChoice {
-    Cpu,
-    Gpu(GpuOptions),
-}
-
-/// An opened device.
-pub enum Device {
-    Cpu,
-    Gpu(Arc<Gpu>),
-}
-
 impl DeviceArgs {
     pub fn choice(&self) -> DeviceChoice {
         if self.cpu {
@@ -279,42 +266,6 @@ impl DeviceArgs {
                 portable: false,
                 required: self.gpu,
             })
-        }
-    }
-}
-
-impl DeviceChoice {
-    /// True when the user named a backend or an adapter: a GPU that cannot
-    /// serve the request is then an error rather than a fallback to the CPU.
-    pub fn is_explicit_gpu(&self) -> bool {
-        matches!(self, DeviceChoice::Gpu(o) if o.is_explicit())
-    }
-
-    /// Opens the device. Without `--gpu`, `--backend` or `--adapter`, a
-    /// machine without a hardware GPU falls back to the CPU with a one-line
-    /// notice (a software rasteriser such as lavapipe is slower than the CPU
-    /// path); an explicit request that cannot be met is an error.
-    pub fn open(&self) -> crate::Result<Device> {
-        match self {
-            DeviceChoice::Cpu => Ok(Device::Cpu),
-            DeviceChoice::Gpu(opts) => match Gpu::new(opts) {
-                Ok(gpu) if !opts.is_explicit() && gpu.is_software() => {
-                    crate::util::log::notice(&format!(
-                        "only a software GPU ({}) found; running on the CPU (--gpu uses it anyway)",
-                        gpu.info.name
-                    ));
-                    Ok(Device::Cpu)
-                }
-                Ok(gpu) => {
-                    crate::util::log::notice(&gpu.describe());
-                    Ok(Device::Gpu(Arc::new(gpu)))
-                }
-                Err(e) if !opts.is_explicit() => {
-                    crate::util::log::notice(&format!("{e}; running on the CPU"));
-                    Ok(Device::Cpu)
-                }
-                Err(e) => Err(e),
-            },
         }
     }
 }

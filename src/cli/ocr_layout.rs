@@ -3,7 +3,7 @@
 //! One JSON object per image on stdout, optionally a picture of the page
 //! with its boxes drawn.
 
-use super::{Device, DeviceArgs};
+use super::DeviceArgs;
 use crate::error::Error;
 use crate::models::layout::{Detection, Detector, LayoutModel, PostProcess};
 use crate::run::image::{self, Rgb8};
@@ -129,10 +129,26 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         None => default_model()?,
     };
     let model = LayoutModel::open(&model_path)?;
-    let mut detector = match args.device.choice().open()? {
-        Device::Cpu => Detector::cpu(model),
-        Device::Gpu(gpu) => Detector::gpu(model, gpu)?,
-    };
+    // The GPU takes the model; a fallback after a failed GPU start reads it
+    // again.
+    let slot = std::cell::RefCell::new(Some(model));
+    let (mut detector, _) = args.device.choice().build(
+        || {
+            let taken = slot.borrow_mut().take();
+            let model = match taken {
+                Some(m) => m,
+                None => LayoutModel::open(&model_path)?,
+            };
+            Ok(Detector::cpu(model))
+        },
+        |gpu| {
+            let model = slot
+                .borrow_mut()
+                .take()
+                .expect("the model is taken once before");
+            Detector::gpu(model, gpu)
+        },
+    )?;
     crate::notice!("ocr-layout: {}", detector.describe());
     let post = PostProcess {
         score_threshold: args.threshold,

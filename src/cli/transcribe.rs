@@ -1,6 +1,5 @@
 //! `transcribe`: speech to text with Whisper.
 
-use super::Device;
 use crate::models::whisper::gpu::GpuEncoder;
 use crate::models::whisper::mel::SAMPLE_RATE;
 use crate::models::whisper::WhisperFiles;
@@ -259,18 +258,17 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let files = WhisperFiles::load(&model, args.mel_filters.as_deref())?;
     let t_loaded = Instant::now();
 
-    let mut cpu_encoder;
-    let mut gpu_encoder;
-    let (encoder, device): (&mut dyn AudioEncoder, String) = match args.device.choice().open()? {
-        Device::Cpu => {
-            cpu_encoder = CpuEncoder(&files.model);
-            (&mut cpu_encoder, "cpu".into())
-        }
-        Device::Gpu(gpu) => {
+    let mut cpu_encoder = CpuEncoder(&files.model);
+    let (mut gpu_encoder, _) = args.device.choice().build(
+        || Ok(None),
+        |gpu| {
             let name = format!("gpu encoder ({})", gpu.info.name);
-            gpu_encoder = GpuEncoder::new(gpu, &files.model)?;
-            (&mut gpu_encoder, name)
-        }
+            Ok(Some((GpuEncoder::new(gpu, &files.model)?, name)))
+        },
+    )?;
+    let (encoder, device): (&mut dyn AudioEncoder, String) = match &mut gpu_encoder {
+        Some((e, name)) => (e, name.clone()),
+        None => (&mut cpu_encoder, "cpu".into()),
     };
 
     let mut failed = 0usize;

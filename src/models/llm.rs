@@ -12,7 +12,7 @@ use super::recipe::{self, DecoderOps, Residual};
 use crate::cpu;
 use crate::error::{Error, Result};
 use crate::formats::TensorSource;
-use crate::run::sampling::Sampler;
+use crate::sampling::Sampler;
 use crate::tensor::{self, Activations, Tensor};
 
 /// The checkpoint families the decoder recipe runs. Each is a config parser
@@ -271,6 +271,7 @@ impl LlmConfig {
     }
 }
 
+#[derive(Clone)]
 pub struct Attention {
     /// [heads * head_dim, hidden]
     pub q: Tensor,
@@ -287,6 +288,7 @@ pub struct Attention {
     pub qkv_bias: Option<Vec<f32>>,
 }
 
+#[derive(Clone)]
 pub struct ShortConv {
     /// [3 * hidden, hidden]: rows for B, then C, then x.
     pub in_proj: Tensor,
@@ -299,11 +301,13 @@ pub struct ShortConv {
 
 // One per layer, so the attention variant's size costs nothing worth a box.
 #[allow(clippy::large_enum_variant)]
+#[derive(Clone)]
 pub enum Mixer {
     Attention(Attention),
     Conv(ShortConv),
 }
 
+#[derive(Clone)]
 pub struct Layer {
     /// `[hidden]`
     pub norm1: Vec<f32>,
@@ -322,6 +326,7 @@ pub struct Layer {
     pub post_ffn_norm: Option<Vec<f32>>,
 }
 
+#[derive(Clone)]
 pub struct Weights {
     /// [vocab, hidden]
     pub embed: Tensor,
@@ -690,7 +695,7 @@ pub trait CausalLm {
     /// Backends override this to avoid reading back the logits.
     fn step_greedy(&mut self, token: u32) -> Result<u32> {
         let logits = self.forward(&[token], false)?;
-        Ok(crate::run::sampling::argmax(&logits) as u32)
+        Ok(crate::sampling::argmax(&logits) as u32)
     }
     /// Appends one token and draws the next with `sampler` (`history`: the
     /// tokens so far, for the repetition penalty). Backends override this to

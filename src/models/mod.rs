@@ -16,13 +16,13 @@ pub mod recipe;
 pub mod vits;
 pub mod whisper;
 
-use crate::cli::{Device, DeviceChoice};
+use crate::device::DeviceChoice;
 use crate::error::{Error, Result};
 use crate::formats::gguf::GgufFile;
 use crate::formats::hf::{self, HfConfig};
 use crate::formats::TensorSource;
 use crate::quant::GgmlType;
-use crate::run::sampling::SamplingOptions;
+use crate::sampling::SamplingOptions;
 use crate::tensor::Activations;
 use crate::tokenizer::{GgufVocab, Tokenizer};
 use llm::{CausalLm, CpuLlm, LlmConfig, Weights};
@@ -156,24 +156,23 @@ pub fn load_llm(path: &Path, opts: &LoadOptions) -> Result<LoadedLlm> {
         .map(|l| l.gate.dtype.name())
         .unwrap_or("none")
         .to_string();
-    let (model, backend): (Box<dyn CausalLm>, &'static str) = match opts.device.open()? {
-        Device::Cpu => (
-            Box::new(CpuLlm::new(cfg, weights).with_activations(opts.cpu_activations)),
-            "cpu",
-        ),
-        Device::Gpu(gpu) => match GpuLlm::new(gpu, &cfg, &weights, &GpuLlmOptions::default()) {
-            Ok(m) => (Box::new(m), "gpu"),
-            // A GPU picked by default that cannot run this model (limits,
-            // memory, a kernel its driver rejects) falls back to the CPU;
-            // one the user asked for by name is an error.
-            Err(e) if !opts.device.is_explicit_gpu() => {
-                eprintln!("{e}; running on the CPU");
-                let m = CpuLlm::new(cfg, weights).with_activations(opts.cpu_activations);
-                (Box::new(m), "cpu")
-            }
-            Err(e) => return Err(e),
+    // Matrices share their storage: a clone for the CPU fallback copies
+    // only the norm vectors.
+    let (model, on_gpu) = opts.device.build(
+        || -> Result<Box<dyn CausalLm>> {
+            let m = CpuLlm::new(cfg.clone(), weights.clone());
+            Ok(Box::new(m.with_activations(opts.cpu_activations)))
         },
-    };
+        |gpu| -> Result<Box<dyn CausalLm>> {
+            Ok(Box::new(GpuLlm::new(
+                gpu,
+                &cfg,
+                &weights,
+                &GpuLlmOptions::default(),
+            )?))
+        },
+    )?;
+    let backend = if on_gpu { "gpu" } else { "cpu" };
     Ok(LoadedLlm {
         model,
         tokenizer,

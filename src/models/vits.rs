@@ -29,8 +29,8 @@ mod gpu;
 
 pub use gpu::GpuGenerator;
 
-use crate::cli::{Device, DeviceChoice};
 use crate::cpu::{self, Conv1dShape, ConvTranspose1dShape};
+use crate::device::DeviceChoice;
 use crate::error::{Error, Result};
 use crate::formats::onnx::{OnnxGraph, OnnxModel, OnnxNode};
 use crate::util::rng::Rng;
@@ -1100,14 +1100,12 @@ pub enum Synthesizer {
 
 impl Synthesizer {
     /// Opens `device`; without an explicit GPU request, a machine with no
-    /// usable adapter falls back to the CPU (see [`DeviceChoice::open`]).
+    /// usable adapter falls back to the CPU (see [`DeviceChoice::build`]).
     pub fn new(vits: Vits, device: &DeviceChoice) -> Result<Synthesizer> {
-        Ok(match device.open()? {
-            Device::Cpu => Synthesizer::Cpu(vits),
-            Device::Gpu(g) => {
-                let dec = GpuGenerator::new(g, &vits.dec)?;
-                Synthesizer::Gpu(vits, Box::new(dec))
-            }
+        let (dec, _) = device.build(|| Ok(None), |g| Ok(Some(GpuGenerator::new(g, &vits.dec)?)))?;
+        Ok(match dec {
+            Some(dec) => Synthesizer::Gpu(vits, Box::new(dec)),
+            None => Synthesizer::Cpu(vits),
         })
     }
 

@@ -9,6 +9,7 @@ pub mod generate;
 pub mod image;
 pub mod kld;
 pub mod phonemes;
-pub mod sampling;
+/// Sampling lives below the models that use it; this keeps its old path.
+pub use crate::sampling;
 pub mod transcribe;
 pub mod wav;

@@ -33,7 +33,7 @@ use crate::gpu::llm_ops::{self, GpuMatrix};
 use crate::gpu::ops::Dispatch;
 use crate::gpu::profile::StepProfile;
 use crate::gpu::Gpu;
-use crate::run::sampling::Sampler;
+use crate::sampling::Sampler;
 use prefill::{PrefillScratch, PrefillWork};
 use std::sync::Arc;
 use upload::Uploader;
