@@ -3,6 +3,7 @@
 use crate::models::{self, LoadOptions};
 use crate::run::chat::{ChatTemplate, Message};
 use crate::run::generate::{generate, Request};
+use crate::run::grammar::{json_schema, Constraint, Grammar, TokenTable};
 use crate::run::sampling::{Sampler, SamplingOptions};
 use crate::tensor::Activations;
 use anyhow::{bail, Context};
@@ -64,9 +65,43 @@ pub struct Args {
     #[arg(long)]
     pub min_p: Option<f32>,
 
-    /// Penalise tokens among the last 64 (1 = off). Default: generation_config, else 1.
+    /// Penalise tokens among the last --repeat-last-n (1 = off). Default: generation_config, else 1.
     #[arg(long)]
     pub repeat_penalty: Option<f32>,
+
+    /// Subtract this from the logit of every token among the last
+    /// --repeat-last-n (llama.cpp's --presence-penalty; 0 = off).
+    #[arg(long, default_value_t = 0.0, allow_negative_numbers = true, value_parser = finite_f32)]
+    pub presence_penalty: f32,
+
+    /// Subtract this times its count from the logit of every token among the
+    /// last --repeat-last-n (llama.cpp's --frequency-penalty; 0 = off).
+    #[arg(long, default_value_t = 0.0, allow_negative_numbers = true, value_parser = finite_f32)]
+    pub frequency_penalty: f32,
+
+    /// How many of the latest tokens (prompt included) the penalties look at (0 = off).
+    #[arg(long, default_value_t = 64)]
+    pub repeat_last_n: usize,
+
+    /// Add BIAS to token ID's logit (repeatable; `ID=BIAS`, or llama.cpp's
+    /// `ID+BIAS` / `ID-BIAS`; `-inf` bans the token).
+    #[arg(long, value_name = "ID=BIAS", allow_hyphen_values = true, value_parser = parse_logit_bias)]
+    pub logit_bias: Vec<(u32, f32)>,
+
+    /// With --json: each generated token's log probability and the N most
+    /// likely alternatives' (log-softmax of the model's logits, before
+    /// bias, penalties and grammar), as OpenAI's logprobs / top_logprobs.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u16).range(0..=100))]
+    pub logprobs: Option<u16>,
+
+    /// Constrain the output to a GBNF grammar (llama.cpp's format) in FILE.
+    #[arg(long, value_name = "FILE", conflicts_with = "json_schema")]
+    pub grammar: Option<PathBuf>,
+
+    /// Constrain the output to JSON valid against the JSON Schema in FILE
+    /// (turned into a grammar as llama.cpp's json_schema_to_grammar does).
+    #[arg(long, value_name = "FILE")]
+    pub json_schema: Option<PathBuf>,
 
     /// Random seed; the same seed gives the same output. Default: from the clock.
     #[arg(long)]
@@ -144,9 +179,17 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         top_p: args.top_p.unwrap_or(defaults.top_p),
         min_p: args.min_p.unwrap_or(defaults.min_p),
         repeat_penalty: args.repeat_penalty.unwrap_or(defaults.repeat_penalty),
+        presence_penalty: args.presence_penalty,
+        frequency_penalty: args.frequency_penalty,
+        repeat_last_n: args.repeat_last_n,
+        logit_bias: args.logit_bias.clone(),
+        logprobs: args.logprobs.map(usize::from),
         seed: args.seed.unwrap_or_else(clock_seed),
-        ..SamplingOptions::default()
     };
+    let vocab = loaded.model.config().vocab;
+    if let Some(&(id, _)) = opts.logit_bias.iter().find(|(id, _)| *id as usize >= vocab) {
+        bail!("--logit-bias: token id {id} is outside the vocabulary ({vocab} tokens)");
+    }
     for (name, ok) in [
         (
             "--temperature",
@@ -166,6 +209,18 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let seed = opts.seed;
     let mut sampler = Sampler::new(opts);
     let eos = tokenizer.map(|t| t.eos_ids.clone()).unwrap_or_default();
+    if let Some(grammar) = load_grammar(&args)? {
+        let Some(tok) = tokenizer else {
+            bail!(
+                "{}: has no tokenizer, which --grammar and --json-schema need",
+                model_path.display()
+            );
+        };
+        let mut bytes = tok.token_bytes();
+        bytes.resize(vocab, None);
+        let table = std::rc::Rc::new(TokenTable::new(bytes));
+        sampler.set_constraint(Constraint::new(grammar, table, eos.clone()));
+    }
     let req = Request {
         prompt_ids,
         max_tokens: args.max_tokens,
@@ -211,6 +266,52 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         );
     }
     Ok(())
+}
+
+/// The grammar of --grammar or --json-schema; errors name the file.
+fn load_grammar(args: &Args) -> anyhow::Result<Option<Grammar>> {
+    let read = |path: &PathBuf| {
+        std::fs::read_to_string(path).with_context(|| format!("{}: cannot read", path.display()))
+    };
+    if let Some(path) = &args.grammar {
+        return Ok(Some(Grammar::parse(
+            &read(path)?,
+            &path.display().to_string(),
+        )?));
+    }
+    if let Some(path) = &args.json_schema {
+        let what = path.display().to_string();
+        let schema: serde_json::Value = serde_json::from_str(&read(path)?)
+            .with_context(|| format!("{what}: not valid JSON"))?;
+        let gbnf = json_schema::to_gbnf(&schema, &what)?;
+        return Ok(Some(Grammar::parse(&gbnf, &what)?));
+    }
+    Ok(None)
+}
+
+/// `ID=BIAS`, or llama.cpp's `ID+BIAS` / `ID-BIAS`.
+fn parse_logit_bias(s: &str) -> Result<(u32, f32), String> {
+    let bad = || format!("{s:?} is not ID=BIAS (e.g. 15043=-2.5, or 15043=-inf)");
+    let (id, bias) = match s.find('=') {
+        Some(at) => (&s[..at], &s[at + 1..]),
+        None => {
+            let at = s.find(['+', '-']).filter(|&at| at > 0).ok_or_else(bad)?;
+            (&s[..at], &s[at..])
+        }
+    };
+    let id: u32 = id.trim().parse().map_err(|_| bad())?;
+    let bias: f32 = bias.trim().parse().map_err(|_| bad())?;
+    if bias.is_nan() || bias == f32::INFINITY {
+        return Err(bad());
+    }
+    Ok((id, bias))
+}
+
+fn finite_f32(s: &str) -> Result<f32, String> {
+    match s.parse::<f32>() {
+        Ok(v) if v.is_finite() => Ok(v),
+        _ => Err(format!("{s:?} is not a finite number")),
+    }
 }
 
 fn clock_seed() -> u64 {

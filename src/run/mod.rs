@@ -6,6 +6,7 @@ pub mod chat;
 pub mod convert;
 pub mod embed;
 pub mod generate;
+pub mod grammar;
 pub mod image;
 pub mod kld;
 pub mod phonemes;
