@@ -139,7 +139,7 @@ fn split_utf8(bytes: &[u8]) -> Option<(Vec<u32>, Vec<u8>)> {
         if i + len > bytes.len() {
             // Check what is there of the unfinished character.
             let tail = &bytes[i..];
-            if !tail[1..].iter().all(|&c| c & 0xC0 == 0x80) {
+            if !tail[1..].iter().all(|&c| c & 0xC0 == 0x80) || tail_range(tail).is_none() {
                 return None;
             }
             return Some((chars, tail.to_vec()));
@@ -151,8 +151,9 @@ fn split_utf8(bytes: &[u8]) -> Option<(Vec<u32>, Vec<u8>)> {
     Some((chars, Vec::new()))
 }
 
-/// The code points an unfinished UTF-8 sequence can still become.
-fn tail_range(tail: &[u8]) -> (u32, u32) {
+/// The code points an unfinished UTF-8 sequence can still become; None
+/// when it can only become an overlong or out-of-range sequence.
+fn tail_range(tail: &[u8]) -> Option<(u32, u32)> {
     let len = match tail[0] {
         0xC2..=0xDF => 2,
         0xE0..=0xEF => 3,
@@ -164,14 +165,28 @@ fn tail_range(tail: &[u8]) -> (u32, u32) {
         v = (v << 6) | (b as u32 & 0x3F);
     }
     let missing = 6 * (len - tail.len()) as u32;
-    (v << missing, (v << missing) | ((1 << missing) - 1))
+    let (lo, hi) = (v << missing, (v << missing) | ((1 << missing) - 1));
+    // The shortest form only: a 3-byte sequence is at least U+0800, etc.
+    let (min, max) = [
+        (0, 0),
+        (0, 0),
+        (0x80, 0x7FF),
+        (0x800, 0xFFFF),
+        (0x10000, 0x10FFFF),
+    ][len];
+    let (lo, hi) = (lo.max(min), hi.min(max));
+    (lo <= hi).then_some((lo, hi))
 }
 
 fn piece(bytes: &[u8]) -> Option<Piece> {
     let (chars, tail) = split_utf8(bytes)?;
     Some(Piece {
         chars,
-        tail: (!tail.is_empty()).then(|| tail_range(&tail)),
+        tail: if tail.is_empty() {
+            None
+        } else {
+            tail_range(&tail)
+        },
     })
 }
 
@@ -333,7 +348,7 @@ impl Constraint {
             }
         }
         if !tail.is_empty() {
-            let (lo, hi) = tail_range(&tail);
+            let (lo, hi) = tail_range(&tail)?;
             if !self.grammar.accepts_some(&stacks, lo, hi) {
                 return None;
             }
@@ -472,6 +487,18 @@ ws ::= [ \t]*
             *c.mask(),
             [false, false, false, true, false, true, false, true]
         );
+    }
+
+    #[test]
+    fn a_lead_byte_is_allowed_only_where_its_characters_are() {
+        // 0xE0 begins U+0800..U+0FFF: never an ASCII letter.
+        let table = Rc::new(TokenTable::new(vec![Some(vec![0xE0]), Some(b"t".to_vec())]));
+        let mut c = Constraint::new(g(r#"root ::= [a-z]+"#), table.clone(), vec![]);
+        assert_eq!(*c.mask(), [false, true]);
+        let mut c = Constraint::new(g(r#"root ::= [\u0800-\u0801]"#), table, vec![]);
+        assert_eq!(*c.mask(), [true, false]);
+        assert_eq!(tail_range(&[0xE0, 0x81]), None);
+        assert_eq!(tail_range(&[0xE0, 0xA0]), Some((0x800, 0x83F)));
     }
 
     #[test]
