@@ -252,7 +252,18 @@ pub struct Constraint {
     eos_ids: Vec<u32>,
     state: State,
     cache: HashMap<State, Rc<Vec<bool>>>,
+    /// Stack sets met while masking, by id, and the transitions between
+    /// them: walking the trie is then mostly look-ups.
+    sets: Vec<Vec<Stack>>,
+    set_ids: HashMap<Vec<Stack>, u32>,
+    transitions: HashMap<(u32, u32), u32>,
 }
+
+/// No stack accepts the character.
+const DEAD: u32 = u32::MAX;
+
+/// Transitions remembered at most before they are forgotten.
+const TRANSITION_LIMIT: usize = 1 << 20;
 
 /// Masks cached at most (each is a vocabulary of bools).
 const CACHE_LIMIT: usize = 256;
@@ -269,7 +280,34 @@ impl Constraint {
             eos_ids,
             state,
             cache: HashMap::new(),
+            sets: Vec::new(),
+            set_ids: HashMap::new(),
+            transitions: HashMap::new(),
         }
+    }
+
+    fn intern(&mut self, stacks: Vec<Stack>) -> u32 {
+        if let Some(&id) = self.set_ids.get(&stacks) {
+            return id;
+        }
+        let id = self.sets.len() as u32;
+        self.sets.push(stacks.clone());
+        self.set_ids.insert(stacks, id);
+        id
+    }
+
+    fn step(&mut self, set: u32, c: u32) -> u32 {
+        if let Some(&next) = self.transitions.get(&(set, c)) {
+            return next;
+        }
+        let stacks = self.grammar.accept(&self.sets[set as usize], c);
+        let next = if stacks.is_empty() {
+            DEAD
+        } else {
+            self.intern(stacks)
+        };
+        self.transitions.insert((set, c), next);
+        next
     }
 
     /// The grammar has matched a whole output (end-of-sequence may come).
@@ -290,7 +328,14 @@ impl Constraint {
         }
         let mut mask = vec![false; self.table.len()];
         if self.state.pending.is_empty() {
-            self.walk(0, &self.state.stacks, &mut mask);
+            if self.transitions.len() > TRANSITION_LIMIT {
+                self.transitions.clear();
+                self.sets.clear();
+                self.set_ids.clear();
+            }
+            let start = self.intern(self.state.stacks.clone());
+            let table = self.table.clone();
+            self.walk(&table, 0, start, &mut mask);
         } else {
             // A character left unfinished: the next token's bytes go on it.
             for (id, b) in self.table.bytes.iter().enumerate() {
@@ -317,22 +362,22 @@ impl Constraint {
         mask
     }
 
-    fn walk(&self, node: usize, stacks: &[Stack], mask: &mut [bool]) {
-        let n = &self.table.nodes[node];
+    fn walk(&mut self, table: &TokenTable, node: usize, set: u32, mask: &mut [bool]) {
+        let n = &table.nodes[node];
         if node != 0 {
             for &t in &n.tokens {
                 mask[t as usize] = true;
             }
         }
         for &(t, lo, hi) in &n.tails {
-            if self.grammar.accepts_some(stacks, lo, hi) {
+            if self.grammar.accepts_some(&self.sets[set as usize], lo, hi) {
                 mask[t as usize] = true;
             }
         }
         for &(c, child) in &n.children {
-            let next = self.grammar.accept(stacks, c);
-            if !next.is_empty() {
-                self.walk(child as usize, &next, mask);
+            let next = self.step(set, c);
+            if next != DEAD {
+                self.walk(table, child as usize, next, mask);
             }
         }
     }
