@@ -31,6 +31,12 @@ pub struct Args {
     #[arg(long, value_delimiter = ',')]
     pub prompt_ids: Option<Vec<u32>>,
 
+    /// The conversation so far: a JSON array of {"role", "content"} objects
+    /// (OpenAI's messages; `-` reads it from standard input), rendered with
+    /// the model's chat template; the model writes the next assistant turn.
+    #[arg(long, value_name = "FILE", conflicts_with_all = ["prompt", "prompt_ids", "system", "raw"])]
+    pub messages: Option<PathBuf>,
+
     /// A system message for the chat template.
     #[arg(long)]
     pub system: Option<String>,
@@ -135,6 +141,19 @@ pub fn run(args: Args) -> anyhow::Result<()> {
 
     let prompt_ids = match (&args.prompt_ids, &args.prompt) {
         (Some(ids), _) => ids.clone(),
+        (None, _) if args.messages.is_some() => {
+            let path = args.messages.as_ref().expect("checked");
+            let messages = read_messages(path)?;
+            let template = tokenizer.and_then(|t| t.chat_template.as_ref().map(|c| (t, c)));
+            let Some((tok, template)) = template else {
+                bail!(
+                    "{}: has no chat template (or tokenizer), which --messages needs",
+                    model_path.display()
+                );
+            };
+            let t = ChatTemplate::new(template, tok.bos_token.as_deref(), tok.eos_token.as_deref());
+            tok.encode(&t.render(&messages, true)?, false)?
+        }
         (None, prompt) => {
             let Some(tok) = tokenizer else {
                 bail!(
@@ -266,6 +285,36 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         );
     }
     Ok(())
+}
+
+/// --messages: a JSON array of {role, content} objects; errors name the file.
+fn read_messages(path: &PathBuf) -> anyhow::Result<Vec<Message>> {
+    #[derive(serde::Deserialize)]
+    struct In {
+        role: String,
+        content: String,
+    }
+    let (what, text) = if path.as_os_str() == "-" {
+        let mut s = String::new();
+        std::io::stdin()
+            .read_to_string(&mut s)
+            .context("reading --messages from stdin")?;
+        ("<stdin>".to_string(), s)
+    } else {
+        let what = path.display().to_string();
+        let text = std::fs::read_to_string(path).with_context(|| format!("{what}: cannot read"))?;
+        (what, text)
+    };
+    let list: Vec<In> = serde_json::from_str(&text).map_err(|e| {
+        anyhow::anyhow!("{what}: not a JSON array of {{\"role\", \"content\"}} messages ({e})")
+    })?;
+    if list.is_empty() {
+        bail!("{what}: the message list is empty");
+    }
+    Ok(list
+        .into_iter()
+        .map(|m| Message::new(&m.role, &m.content))
+        .collect())
 }
 
 /// The grammar of --grammar or --json-schema; errors name the file.
