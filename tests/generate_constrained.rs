@@ -111,21 +111,12 @@ fn validate(schema: &Value, v: &Value, root: &Value) -> Result<(), String> {
                 return Err(format!("{v} does not match the pattern"));
             }
         }
-        Some("integer") => {
-            if !(v.is_i64() || v.is_u64()) {
-                return Err(format!("{v} is not an integer"));
-            }
+        Some("integer") if !(v.is_i64() || v.is_u64()) => {
+            return Err(format!("{v} is not an integer"));
         }
-        Some("boolean") => {
-            if !v.is_boolean() {
-                return Err(format!("{v} is not a boolean"));
-            }
-        }
-        Some("null") => {
-            if !v.is_null() {
-                return Err(format!("{v} is not null"));
-            }
-        }
+        Some("boolean") if !v.is_boolean() => return Err(format!("{v} is not a boolean")),
+        Some("null") if !v.is_null() => return Err(format!("{v} is not null")),
+        Some("integer" | "boolean" | "null") => {}
         Some(t) => panic!("the validator lacks type {t}"),
         None => {}
     }

@@ -139,6 +139,9 @@ fn line_col(chars: &[char], at: usize) -> (usize, usize) {
 
 type PResult<T> = std::result::Result<T, (usize, String)>;
 
+/// A parsed rule: name, where it starts, alternatives.
+type ParsedRule = (String, usize, Vec<Vec<Term>>);
+
 fn is_word_char(c: char) -> bool {
     c.is_ascii_alphanumeric() || c == '-' || c == '_'
 }
@@ -185,7 +188,7 @@ impl Parser<'_> {
         Ok(self.src[start..self.pos].iter().collect())
     }
 
-    fn rules(&mut self) -> PResult<Vec<(String, usize, Vec<Vec<Term>>)>> {
+    fn rules(&mut self) -> PResult<Vec<ParsedRule>> {
         let mut out = Vec::new();
         self.space(true);
         while self.peek().is_some() {
@@ -489,7 +492,7 @@ impl Compiler {
     }
 }
 
-fn compile(rules: Vec<(String, usize, Vec<Vec<Term>>)>) -> CResult<Grammar> {
+fn compile(rules: Vec<ParsedRule>) -> CResult<Grammar> {
     let mut c = Compiler {
         ids: HashMap::new(),
         names: Vec::new(),
