@@ -8,8 +8,8 @@
 //!
 //! Binaries in `src/bin` are thin shims over [`cli`], one module per tool.
 //! The floors, top to bottom: `cli` -> `run` (shared flows) -> `models` ->
-//! `gpu`, `cpu`, [`device`], [`sampling`] -> `formats`, `quant`, `tensor`,
-//! `util`.
+//! `gpu`, `cpu`, [`device`], [`sampling`] (with [`grammar`]) -> `formats`,
+//! `quant`, `tensor`, `util`.
 
 pub mod cli;
 pub mod cpu;
@@ -17,6 +17,7 @@ pub mod device;
 pub mod error;
 pub mod formats;
 pub mod gpu;
+pub mod grammar;
 pub mod models;
 pub mod quant;
 pub mod run;

@@ -1,9 +1,13 @@
 //! Choosing the next token from logits. The chain follows llama.cpp's default
-//! order: repetition penalty, top-k, top-p, min-p, temperature, then a draw
-//! from the seeded generator. Temperature 0 is greedy (argmax after the
-//! penalty).
+//! order: logit bias, penalties (repetition, frequency, presence), the
+//! grammar's mask, top-k, top-p, min-p, temperature, then a draw from the
+//! seeded generator. Temperature 0 is greedy (argmax after bias, penalties
+//! and mask).
 
+use crate::error::Error;
+use crate::grammar::Constraint;
 use crate::util::rng::Rng;
+use serde::Serialize;
 
 #[derive(Clone, Debug)]
 pub struct SamplingOptions {
@@ -17,8 +21,31 @@ pub struct SamplingOptions {
     pub min_p: f32,
     /// 1.0 = off. Applied to tokens among the last `repeat_last_n`.
     pub repeat_penalty: f32,
+    /// 0.0 = off. Subtracted once from the logit of every token among the
+    /// last `repeat_last_n` (llama.cpp's `penalty_present`).
+    pub presence_penalty: f32,
+    /// 0.0 = off. Subtracted from a token's logit once per occurrence among
+    /// the last `repeat_last_n` (llama.cpp's `penalty_freq`).
+    pub frequency_penalty: f32,
+    /// How many of the latest tokens the penalties look at (0 = none).
     pub repeat_last_n: usize,
+    /// Added to the logits of the given token ids before anything else.
+    pub logit_bias: Vec<(u32, f32)>,
+    /// Record each chosen token's log probability and the `n` most likely
+    /// tokens' (None = off).
+    pub logprobs: Option<usize>,
     pub seed: u64,
+}
+
+/// A chosen token's log probability under the model (log-softmax of the raw
+/// logits, before bias, penalties, grammar and temperature, as llama.cpp's
+/// server reports by default), and the most likely tokens'.
+#[derive(Clone, Debug, Serialize)]
+pub struct TokenLogprob {
+    pub id: u32,
+    pub logprob: f32,
+    /// (id, log probability), most likely first.
+    pub top: Vec<(u32, f32)>,
 }
 
 impl Default for SamplingOptions {
@@ -29,7 +56,11 @@ impl Default for SamplingOptions {
             top_p: 1.0,
             min_p: 0.0,
             repeat_penalty: 1.0,
+            presence_penalty: 0.0,
+            frequency_penalty: 0.0,
             repeat_last_n: 64,
+            logit_bias: Vec::new(),
+            logprobs: None,
             seed: 0,
         }
     }
@@ -38,6 +69,10 @@ impl Default for SamplingOptions {
 pub struct Sampler {
     opts: SamplingOptions,
     rng: Rng,
+    constraint: Option<Constraint>,
+    /// What went wrong in the constraint, for the generation loop to report.
+    error: Option<Error>,
+    logprobs: Vec<TokenLogprob>,
 }
 
 pub use crate::cpu::argmax;
@@ -45,7 +80,48 @@ pub use crate::cpu::argmax;
 impl Sampler {
     pub fn new(opts: SamplingOptions) -> Sampler {
         let rng = Rng::new(opts.seed);
-        Sampler { opts, rng }
+        Sampler {
+            opts,
+            rng,
+            constraint: None,
+            error: None,
+            logprobs: Vec::new(),
+        }
+    }
+
+    /// Masks every token `constraint` does not allow from now on.
+    pub fn set_constraint(&mut self, constraint: Constraint) {
+        self.constraint = Some(constraint);
+    }
+
+    /// The constraint has matched a whole output and nothing can follow.
+    pub fn is_finished(&self) -> bool {
+        self.constraint
+            .as_ref()
+            .is_some_and(Constraint::is_finished)
+    }
+
+    /// An error of the constraint (a dead end), taken once.
+    pub fn take_error(&mut self) -> Option<Error> {
+        self.error.take()
+    }
+
+    /// The log probabilities recorded so far, one per token chosen.
+    pub fn take_logprobs(&mut self) -> Vec<TokenLogprob> {
+        std::mem::take(&mut self.logprobs)
+    }
+
+    /// Whether the logits pass to the draw unchanged (no bias, penalty or
+    /// constraint) and nothing needs all of them (log probabilities).
+    fn plain(&self) -> bool {
+        let penalised = self.opts.repeat_last_n > 0
+            && (self.opts.repeat_penalty != 1.0
+                || self.opts.presence_penalty != 0.0
+                || self.opts.frequency_penalty != 0.0);
+        !penalised
+            && self.opts.logit_bias.is_empty()
+            && self.constraint.is_none()
+            && self.opts.logprobs.is_none()
     }
 
     pub fn options(&self) -> &SamplingOptions {
@@ -55,40 +131,89 @@ impl Sampler {
     /// True when the choice depends only on the logits' argmax, so a GPU
     /// path may compute it on the device and read back one id.
     pub fn is_greedy(&self) -> bool {
-        self.opts.temperature <= 0.0 && self.opts.repeat_penalty == 1.0
+        self.opts.temperature <= 0.0 && self.plain()
     }
 
     /// Picks the next token given the logits and the tokens so far.
     pub fn sample(&mut self, logits: &[f32], history: &[u32]) -> u32 {
+        let raw = logits;
         let mut logits = logits.to_vec();
-        if self.opts.repeat_penalty != 1.0 {
-            let start = history.len().saturating_sub(self.opts.repeat_last_n);
-            let mut seen = std::collections::HashSet::new();
-            for &t in &history[start..] {
-                let t = t as usize;
-                if t < logits.len() && seen.insert(t) {
-                    // As llama.cpp and transformers: shrink positive logits,
-                    // push negative ones further down.
-                    let l = &mut logits[t];
-                    *l = if *l > 0.0 {
-                        *l / self.opts.repeat_penalty
-                    } else {
-                        *l * self.opts.repeat_penalty
-                    };
+        for &(id, bias) in &self.opts.logit_bias {
+            if let Some(l) = logits.get_mut(id as usize) {
+                *l += bias;
+            }
+        }
+        self.penalise(&mut logits, history);
+        if let Some(c) = self.constraint.as_mut() {
+            let mask = c.mask();
+            for (l, &ok) in logits.iter_mut().zip(mask.iter()) {
+                if !ok {
+                    *l = f32::NEG_INFINITY;
+                }
+            }
+            if mask.len() < logits.len() {
+                logits[mask.len()..].fill(f32::NEG_INFINITY);
+            }
+            if !mask.iter().any(|&ok| ok) {
+                self.error = Some(Error::invalid(
+                    "the grammar allows no token of the vocabulary here",
+                ));
+            }
+        }
+        let token = if self.opts.temperature <= 0.0 {
+            argmax(&logits) as u32
+        } else {
+            let mut cand = crate::cpu::top_k(&logits, logits.len());
+            // Masked tokens (-inf) are never drawn.
+            let finite = cand.iter().take_while(|c| c.1 > f32::NEG_INFINITY).count();
+            cand.truncate(finite.max(1));
+            self.sample_sorted(cand)
+        };
+        if let Some(c) = self.constraint.as_mut() {
+            if self.error.is_none() {
+                if let Err(e) = c.accept(token) {
+                    self.error = Some(e);
                 }
             }
         }
-        if self.opts.temperature <= 0.0 {
-            return argmax(&logits) as u32;
+        if let Some(n) = self.opts.logprobs {
+            self.logprobs.push(logprob(raw, token, n));
         }
-        self.sample_sorted(crate::cpu::top_k(&logits, logits.len()))
+        token
+    }
+
+    /// Repetition, frequency and presence penalties over the last
+    /// `repeat_last_n` tokens, as llama.cpp's `llama_sampler_init_penalties`:
+    /// the repetition penalty divides a positive logit (multiplies a
+    /// negative one), then `count * frequency + presence` is subtracted.
+    fn penalise(&self, logits: &mut [f32], history: &[u32]) {
+        let o = &self.opts;
+        if o.repeat_last_n == 0
+            || (o.repeat_penalty == 1.0 && o.presence_penalty == 0.0 && o.frequency_penalty == 0.0)
+        {
+            return;
+        }
+        let start = history.len().saturating_sub(o.repeat_last_n);
+        let mut counts: std::collections::HashMap<usize, u32> = std::collections::HashMap::new();
+        for &t in &history[start..] {
+            *counts.entry(t as usize).or_default() += 1;
+        }
+        for (t, n) in counts {
+            let Some(l) = logits.get_mut(t) else { continue };
+            *l = if *l <= 0.0 {
+                *l * o.repeat_penalty
+            } else {
+                *l / o.repeat_penalty
+            };
+            *l -= n as f32 * o.frequency_penalty + o.presence_penalty;
+        }
     }
 
     /// When the draw depends only on the `k` most likely tokens (sampling
     /// with top-k on and no repetition penalty), returns that k: a backend
     /// can then read back only the top candidates (see [`Sampler::sample_top`]).
     pub fn candidates_needed(&self) -> Option<usize> {
-        (self.opts.temperature > 0.0 && self.opts.repeat_penalty == 1.0 && self.opts.top_k > 0)
+        (self.opts.temperature > 0.0 && self.plain() && self.opts.top_k > 0)
             .then_some(self.opts.top_k)
     }
 
@@ -148,6 +273,26 @@ impl Sampler {
             }
         }
         cand.last().expect("at least one candidate").0
+    }
+}
+
+/// Log-softmax of `logits` at `token`, and the `n` most likely tokens'.
+fn logprob(logits: &[f32], token: u32, n: usize) -> TokenLogprob {
+    let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let sum: f64 = logits.iter().map(|&l| ((l - max) as f64).exp()).sum();
+    let log_z = max as f64 + sum.ln();
+    let lp = |l: f32| (l as f64 - log_z) as f32;
+    let top = if n == 0 {
+        Vec::new()
+    } else {
+        crate::cpu::top_k(logits, n.min(logits.len()))
+    };
+    TokenLogprob {
+        id: token,
+        logprob: logits
+            .get(token as usize)
+            .map_or(f32::NEG_INFINITY, |&l| lp(l)),
+        top: top.into_iter().map(|(id, l)| (id, lp(l))).collect(),
     }
 }
 
@@ -215,5 +360,65 @@ mod tests {
             assert!(s.sample(&logits, &[]) < 2);
             assert!(t.sample(&logits, &[]) < 2);
         }
+    }
+
+    #[test]
+    fn penalties_follow_llama_cpp() {
+        // Token 1 twice and token 2 once in the window; token 0 outside it.
+        let s = Sampler::new(SamplingOptions {
+            repeat_penalty: 2.0,
+            frequency_penalty: 0.5,
+            presence_penalty: 0.25,
+            repeat_last_n: 3,
+            ..opts(0.0)
+        });
+        let mut logits = vec![1.0, 3.0, -1.0, 0.5];
+        s.penalise(&mut logits, &[0, 1, 2, 1]);
+        assert_eq!(
+            logits,
+            vec![1.0, 3.0 / 2.0 - 1.0 - 0.25, -2.0 - 0.5 - 0.25, 0.5]
+        );
+        // repeat_last_n 0 turns them off.
+        let s = Sampler::new(SamplingOptions {
+            presence_penalty: 5.0,
+            repeat_last_n: 0,
+            ..opts(0.0)
+        });
+        assert!(s.is_greedy() && s.candidates_needed().is_none());
+    }
+
+    #[test]
+    fn logit_bias_moves_greedy_and_sampled_choices() {
+        let mut s = Sampler::new(SamplingOptions {
+            logit_bias: vec![(2, 10.0), (1, f32::NEG_INFINITY)],
+            ..opts(0.0)
+        });
+        assert!(!s.is_greedy());
+        assert_eq!(s.sample(&[0.1, 3.0, -1.0, 2.9], &[]), 2);
+        let mut t = Sampler::new(SamplingOptions {
+            logit_bias: vec![(1, f32::NEG_INFINITY)],
+            top_k: 2,
+            ..opts(1.0)
+        });
+        assert_eq!(t.candidates_needed(), None);
+        for _ in 0..50 {
+            assert_ne!(t.sample(&[0.1, 30.0, -1.0, 2.9], &[]), 1);
+        }
+    }
+
+    #[test]
+    fn logprobs_are_log_softmax_of_the_raw_logits() {
+        let mut s = Sampler::new(SamplingOptions {
+            logprobs: Some(2),
+            ..opts(0.0)
+        });
+        let logits = [0.0f32, (2.0f32).ln(), (3.0f32).ln(), f32::NEG_INFINITY];
+        assert_eq!(s.sample(&logits, &[]), 2);
+        let lp = s.take_logprobs();
+        assert_eq!(lp.len(), 1);
+        assert!((lp[0].logprob - 0.5f32.ln()).abs() < 1e-6);
+        assert_eq!(lp[0].top.len(), 2);
+        assert_eq!(lp[0].top[1].0, 1);
+        assert!((lp[0].top[1].1 - (1.0f32 / 3.0).ln()).abs() < 1e-6);
     }
 }

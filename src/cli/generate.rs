@@ -1,5 +1,6 @@
 //! `generate`: text generation with a causal language model.
 
+use crate::grammar::{json_schema, Constraint, Grammar, TokenTable};
 use crate::models::{self, LoadOptions};
 use crate::run::chat::{ChatTemplate, Message};
 use crate::run::generate::{generate, FinishReason, Request};
@@ -45,6 +46,12 @@ pub struct Args {
     #[arg(long, value_delimiter = ',')]
     pub prompt_ids: Option<Vec<u32>>,
 
+    /// The conversation so far: a JSON array of {"role", "content"} objects
+    /// (OpenAI's messages; `-` reads it from standard input), rendered with
+    /// the model's chat template; the model writes the next assistant turn.
+    #[arg(long, value_name = "FILE", conflicts_with_all = ["prompt", "prompt_ids", "system", "raw"])]
+    pub messages: Option<PathBuf>,
+
     /// A system message for the chat template.
     #[arg(long, visible_alias = "system-prompt")]
     pub system: Option<String>,
@@ -84,9 +91,43 @@ pub struct Args {
     #[arg(long, value_parser = super::values::probability)]
     pub min_p: Option<f32>,
 
-    /// Penalise tokens among the last 64 (1 = off). Default: generation_config, else 1.
+    /// Penalise tokens among the last --repeat-last-n (1 = off). Default: generation_config, else 1.
     #[arg(long, value_parser = super::values::positive_f32)]
     pub repeat_penalty: Option<f32>,
+
+    /// Subtract this from the logit of every token among the last
+    /// --repeat-last-n (llama.cpp's --presence-penalty; 0 = off).
+    #[arg(long, default_value_t = 0.0, allow_negative_numbers = true, value_parser = finite_f32)]
+    pub presence_penalty: f32,
+
+    /// Subtract this times its count from the logit of every token among the
+    /// last --repeat-last-n (llama.cpp's --frequency-penalty; 0 = off).
+    #[arg(long, default_value_t = 0.0, allow_negative_numbers = true, value_parser = finite_f32)]
+    pub frequency_penalty: f32,
+
+    /// How many of the latest tokens (prompt included) the penalties look at (0 = off).
+    #[arg(long, default_value_t = 64)]
+    pub repeat_last_n: usize,
+
+    /// Add BIAS to token ID's logit (repeatable; `ID=BIAS`, or llama.cpp's
+    /// `ID+BIAS` / `ID-BIAS`; `-inf` bans the token).
+    #[arg(long, value_name = "ID=BIAS", allow_hyphen_values = true, value_parser = parse_logit_bias)]
+    pub logit_bias: Vec<(u32, f32)>,
+
+    /// With --json: each generated token's log probability and the N most
+    /// likely alternatives' (log-softmax of the model's logits, before
+    /// bias, penalties and grammar), as OpenAI's logprobs / top_logprobs.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u16).range(0..=100))]
+    pub logprobs: Option<u16>,
+
+    /// Constrain the output to a GBNF grammar (llama.cpp's format) in FILE.
+    #[arg(long, value_name = "FILE", conflicts_with = "json_schema")]
+    pub grammar: Option<PathBuf>,
+
+    /// Constrain the output to JSON valid against the JSON Schema in FILE
+    /// (turned into a grammar as llama.cpp's json_schema_to_grammar does).
+    #[arg(long, value_name = "FILE")]
+    pub json_schema: Option<PathBuf>,
 
     /// Random seed; the same seed gives the same output. Default: from the clock.
     #[arg(short = 's', long)]
@@ -144,9 +185,13 @@ pub const DEFAULT_MAX_TOKENS: usize = 256;
 
 pub fn run(args: Args) -> anyhow::Result<()> {
     args.quiet.apply();
-    if args.prompt.is_none() && args.file.is_none() && args.prompt_ids.is_none() {
+    if args.prompt.is_none()
+        && args.file.is_none()
+        && args.prompt_ids.is_none()
+        && args.messages.is_none()
+    {
         return Err(super::usage(
-            "no prompt: pass --prompt TEXT (or - for stdin), --file FILE or --prompt-ids",
+            "no prompt: pass --prompt TEXT (or - for stdin), --file FILE, --messages FILE or --prompt-ids",
         ));
     }
     if args.prompt_ids.as_ref().is_some_and(|ids| ids.is_empty()) {
@@ -181,6 +226,19 @@ pub fn run(args: Args) -> anyhow::Result<()> {
 
     let prompt_ids = match (&args.prompt_ids, text) {
         (Some(ids), _) => ids.clone(),
+        (None, _) if args.messages.is_some() => {
+            let path = args.messages.as_ref().expect("checked");
+            let messages = read_messages(path)?;
+            let template = tokenizer.and_then(|t| t.chat_template.as_ref().map(|c| (t, c)));
+            let Some((tok, template)) = template else {
+                bail!(
+                    "{}: has no chat template (or tokenizer), which --messages needs",
+                    model_path.display()
+                );
+            };
+            let t = ChatTemplate::new(template, tok.bos_token.as_deref(), tok.eos_token.as_deref());
+            tok.encode(&t.render(&messages, true)?, false)?
+        }
         (None, text) => {
             let Some(tok) = tokenizer else {
                 bail!(
@@ -215,9 +273,17 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         top_p: args.top_p.unwrap_or(defaults.top_p),
         min_p: args.min_p.unwrap_or(defaults.min_p),
         repeat_penalty: args.repeat_penalty.unwrap_or(defaults.repeat_penalty),
+        presence_penalty: args.presence_penalty,
+        frequency_penalty: args.frequency_penalty,
+        repeat_last_n: args.repeat_last_n,
+        logit_bias: args.logit_bias.clone(),
+        logprobs: args.logprobs.map(usize::from),
         seed: args.seed.unwrap_or_else(clock_seed),
-        ..SamplingOptions::default()
     };
+    let vocab = loaded.model.config().vocab;
+    if let Some(&(id, _)) = opts.logit_bias.iter().find(|(id, _)| *id as usize >= vocab) {
+        bail!("--logit-bias: token id {id} is outside the vocabulary ({vocab} tokens)");
+    }
     // Defaults from generation_config.json are checked like the flags.
     for (name, ok) in [
         (
@@ -262,6 +328,18 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let seed = opts.seed;
     let mut sampler = Sampler::new(opts);
     let eos = tokenizer.map(|t| t.eos_ids.clone()).unwrap_or_default();
+    if let Some(grammar) = load_grammar(&args)? {
+        let Some(tok) = tokenizer else {
+            bail!(
+                "{}: has no tokenizer, which --grammar and --json-schema need",
+                model_path.display()
+            );
+        };
+        let mut bytes = tok.token_bytes();
+        bytes.resize(vocab, None);
+        let table = std::rc::Rc::new(TokenTable::new(bytes));
+        sampler.set_constraint(Constraint::new(grammar, table, eos.clone()));
+    }
     let req = Request {
         prompt_ids,
         max_tokens,
@@ -318,6 +396,82 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         ));
     }
     Ok(())
+}
+
+/// --messages: a JSON array of {role, content} objects; errors name the file.
+fn read_messages(path: &PathBuf) -> anyhow::Result<Vec<Message>> {
+    #[derive(serde::Deserialize)]
+    struct In {
+        role: String,
+        content: String,
+    }
+    let (what, text) = if path.as_os_str() == "-" {
+        let mut s = String::new();
+        std::io::stdin()
+            .read_to_string(&mut s)
+            .context("reading --messages from stdin")?;
+        ("<stdin>".to_string(), s)
+    } else {
+        let what = path.display().to_string();
+        let text = std::fs::read_to_string(path).with_context(|| format!("{what}: cannot read"))?;
+        (what, text)
+    };
+    let list: Vec<In> = serde_json::from_str(&text).map_err(|e| {
+        anyhow::anyhow!("{what}: not a JSON array of {{\"role\", \"content\"}} messages ({e})")
+    })?;
+    if list.is_empty() {
+        bail!("{what}: the message list is empty");
+    }
+    Ok(list
+        .into_iter()
+        .map(|m| Message::new(&m.role, &m.content))
+        .collect())
+}
+
+/// The grammar of --grammar or --json-schema; errors name the file.
+fn load_grammar(args: &Args) -> anyhow::Result<Option<Grammar>> {
+    let read = |path: &PathBuf| {
+        std::fs::read_to_string(path).with_context(|| format!("{}: cannot read", path.display()))
+    };
+    if let Some(path) = &args.grammar {
+        return Ok(Some(Grammar::parse(
+            &read(path)?,
+            &path.display().to_string(),
+        )?));
+    }
+    if let Some(path) = &args.json_schema {
+        let what = path.display().to_string();
+        let schema: serde_json::Value = serde_json::from_str(&read(path)?)
+            .with_context(|| format!("{what}: not valid JSON"))?;
+        let gbnf = json_schema::to_gbnf(&schema, &what)?;
+        return Ok(Some(Grammar::parse(&gbnf, &what)?));
+    }
+    Ok(None)
+}
+
+/// `ID=BIAS`, or llama.cpp's `ID+BIAS` / `ID-BIAS`.
+fn parse_logit_bias(s: &str) -> Result<(u32, f32), String> {
+    let bad = || format!("{s:?} is not ID=BIAS (e.g. 15043=-2.5, or 15043=-inf)");
+    let (id, bias) = match s.find('=') {
+        Some(at) => (&s[..at], &s[at + 1..]),
+        None => {
+            let at = s.find(['+', '-']).filter(|&at| at > 0).ok_or_else(bad)?;
+            (&s[..at], &s[at..])
+        }
+    };
+    let id: u32 = id.trim().parse().map_err(|_| bad())?;
+    let bias: f32 = bias.trim().parse().map_err(|_| bad())?;
+    if bias.is_nan() || bias == f32::INFINITY {
+        return Err(bad());
+    }
+    Ok((id, bias))
+}
+
+fn finite_f32(s: &str) -> Result<f32, String> {
+    match s.parse::<f32>() {
+        Ok(v) if v.is_finite() => Ok(v),
+        _ => Err(format!("{s:?} is not a finite number")),
+    }
 }
 
 fn clock_seed() -> u64 {

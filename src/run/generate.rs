@@ -13,7 +13,8 @@ use std::time::Instant;
 pub enum FinishReason {
     /// The model produced an end-of-sequence token.
     Eos,
-    /// A `--stop` string appeared.
+    /// A `--stop` string appeared, or the grammar matched a whole output
+    /// that nothing can continue.
     Stop,
     /// `max_tokens` were generated.
     Length,
@@ -36,6 +37,25 @@ pub struct Generation {
     pub text: String,
     pub finish_reason: FinishReason,
     pub timings: Timings,
+    /// Per generated token, when the sampler records them (`--logprobs`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub logprobs: Option<Vec<Logprob>>,
+}
+
+/// A token and its log probability, as OpenAI's `logprobs.content` entries.
+#[derive(Clone, Debug, Serialize)]
+pub struct TokenLogprobOut {
+    pub id: u32,
+    pub token: String,
+    pub bytes: Vec<u8>,
+    pub logprob: f32,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct Logprob {
+    #[serde(flatten)]
+    pub token: TokenLogprobOut,
+    pub top_logprobs: Vec<TokenLogprobOut>,
 }
 
 pub struct Request<'a> {
@@ -206,7 +226,10 @@ pub fn generate(
 
     let t1 = Instant::now();
     let mut decode_steps = 0usize;
-    if out.push(first, &mut on_text)? {
+    if let Some(e) = sampler.take_error() {
+        return Err(e);
+    }
+    if out.push(first, &mut on_text)? && !grammar_done(sampler, &mut out) {
         if sampler.is_greedy() {
             // The backend may keep the device a step ahead of this loop.
             let mut failed = None;
@@ -224,7 +247,10 @@ pub fn generate(
             loop {
                 decode_steps += 1;
                 next = model.step_sample(next, sampler, &out.history)?;
-                if !out.push(next, &mut on_text)? {
+                if let Some(e) = sampler.take_error() {
+                    return Err(e);
+                }
+                if !out.push(next, &mut on_text)? || grammar_done(sampler, &mut out) {
                     break;
                 }
             }
@@ -239,7 +265,22 @@ pub fn generate(
             0.0
         }
     };
+    let logprobs = sampler.options().logprobs.map(|_| {
+        let mut lp = sampler.take_logprobs();
+        lp.truncate(out.generated.len());
+        lp.into_iter()
+            .map(|l| Logprob {
+                token: token_out(tokenizer, l.id, l.logprob),
+                top_logprobs: l
+                    .top
+                    .iter()
+                    .map(|&(id, p)| token_out(tokenizer, id, p))
+                    .collect(),
+            })
+            .collect()
+    });
     Ok(Generation {
+        logprobs,
         timings: Timings {
             prompt_tokens: req.prompt_ids.len(),
             prefill_ms: prefill.as_secs_f64() * 1e3,
@@ -254,6 +295,28 @@ pub fn generate(
         text: out.text,
         finish_reason: out.finish,
     })
+}
+
+/// The sampler's grammar has matched a whole output that nothing can
+/// continue: the run ends there.
+fn grammar_done(sampler: &Sampler, out: &mut Output) -> bool {
+    let done = sampler.is_finished();
+    if done {
+        out.finish = FinishReason::Stop;
+    }
+    done
+}
+
+fn token_out(tokenizer: Option<&Tokenizer>, id: u32, logprob: f32) -> TokenLogprobOut {
+    let bytes = tokenizer
+        .and_then(|t| t.token_bytes_of(id))
+        .unwrap_or_default();
+    TokenLogprobOut {
+        id,
+        token: String::from_utf8_lossy(&bytes).into_owned(),
+        bytes,
+        logprob,
+    }
 }
 
 #[cfg(test)]

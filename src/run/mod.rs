@@ -6,6 +6,9 @@ pub mod chat;
 pub mod convert;
 pub mod embed;
 pub mod generate;
+/// The grammar engine lives below sampling, which masks with it; this keeps
+/// its old path.
+pub use crate::grammar;
 pub mod image;
 pub mod kld;
 pub mod phonemes;

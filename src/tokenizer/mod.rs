@@ -329,12 +329,99 @@ impl Tokenizer {
         }
     }
 
+    /// The bytes each token stands for in generated text (a byte-level BPE
+    /// token may hold part of a character); None for special tokens, which
+    /// stand for no text. For constrained generation, which matches text.
+    pub fn token_bytes(&self) -> Vec<Option<Vec<u8>>> {
+        let n = self.vocab_size() as u32;
+        let map = ByteMap::new(self);
+        (0..n).map(|id| self.bytes_with(&map, id)).collect()
+    }
+
+    /// [`Tokenizer::token_bytes`] of one token.
+    pub fn token_bytes_of(&self, id: u32) -> Option<Vec<u8>> {
+        self.bytes_with(&ByteMap::new(self), id)
+    }
+
+    fn bytes_with(&self, map: &ByteMap, id: u32) -> Option<Vec<u8>> {
+        match &self.inner {
+            Inner::Spm(t) => t.token_bytes(id),
+            Inner::Hf(t) => {
+                if map.specials.contains(&id) {
+                    return None;
+                }
+                let piece = t.id_to_token(id)?;
+                if map.byte_level {
+                    piece
+                        .chars()
+                        .map(|c| map.unicode_to_byte.get(&c).copied())
+                        .collect()
+                } else {
+                    t.decode(&[id], false).ok().map(String::into_bytes)
+                }
+            }
+        }
+    }
+
     pub fn token_to_id(&self, token: &str) -> Option<u32> {
         match &self.inner {
             Inner::Hf(t) => t.token_to_id(token),
             Inner::Spm(t) => t.token_to_id(token),
         }
     }
+}
+
+/// How an HF tokenizer's token strings turn into bytes.
+struct ByteMap {
+    byte_level: bool,
+    unicode_to_byte: std::collections::HashMap<char, u8>,
+    specials: std::collections::HashSet<u32>,
+}
+
+impl ByteMap {
+    fn new(tok: &Tokenizer) -> ByteMap {
+        match &tok.inner {
+            Inner::Spm(_) => ByteMap {
+                byte_level: false,
+                unicode_to_byte: Default::default(),
+                specials: Default::default(),
+            },
+            Inner::Hf(t) => ByteMap {
+                byte_level: matches!(
+                    t.get_decoder(),
+                    Some(tokenizers::DecoderWrapper::ByteLevel(_))
+                ),
+                unicode_to_byte: gpt2_bytes_to_unicode()
+                    .into_iter()
+                    .map(|(b, c)| (c, b))
+                    .collect(),
+                specials: t
+                    .get_added_tokens_decoder()
+                    .iter()
+                    .filter(|(_, tok)| tok.special)
+                    .map(|(&id, _)| id)
+                    .collect(),
+            },
+        }
+    }
+}
+
+/// GPT-2's map from bytes to the printable characters byte-level BPE
+/// vocabularies write them as.
+fn gpt2_bytes_to_unicode() -> Vec<(u8, char)> {
+    let mut out = Vec::with_capacity(256);
+    let mut extra = 0u32;
+    for b in 0..=255u8 {
+        let printable = matches!(b, b'!'..=b'~' | 0xA1..=0xAC | 0xAE..=0xFF);
+        let c = if printable {
+            b as u32
+        } else {
+            extra += 1;
+            255 + extra
+        };
+        out.push((b, char::from_u32(c).expect("a valid code point")));
+    }
+    out
 }
 
 fn read_json_if_exists(path: &Path) -> Result<Option<Value>> {

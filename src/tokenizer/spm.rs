@@ -322,6 +322,17 @@ impl Spm {
         self.texts.get(id as usize).map(String::as_str)
     }
 
+    /// The bytes a token stands for in generated text; None for control,
+    /// unknown and unused tokens, which stand for no text.
+    pub fn token_bytes(&self, id: u32) -> Option<Vec<u8>> {
+        let text = self.texts.get(id as usize)?;
+        match self.kinds[id as usize] {
+            TokenKind::Byte => byte_value(text).map(|b| vec![b]),
+            TokenKind::Control | TokenKind::Unknown | TokenKind::Unused => None,
+            _ => Some(text.replace('\u{2581}', " ").into_bytes()),
+        }
+    }
+
     /// Tokens whose text marks the end of generation (`<end_of_turn>`, ...).
     pub fn end_of_generation(&self) -> &[u32] {
         &self.end_of_generation
