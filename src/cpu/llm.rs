@@ -58,22 +58,6 @@ pub fn rope_table_freqs(pos0: usize, n: usize, freqs: &[f64]) -> Vec<f32> {
     out
 }
 
-/// Rotates `x` ([n, heads, head_dim], positions `pos0..pos0 + n`) in place
-/// by plain RoPE with base `theta`.
-pub fn rope(
-    x: &mut [f32],
-    heads: usize,
-    head_dim: usize,
-    rope_dim: usize,
-    pos0: usize,
-    theta: f32,
-    style: RopeStyle,
-) {
-    let n = x.len() / (heads * head_dim);
-    let table = rope_table(pos0, n, rope_dim, theta);
-    rope_with_table(x, heads, head_dim, rope_dim, &table, style);
-}
-
 /// Rotates `x` ([n, heads, head_dim]) in place by the angles of `table`
 /// ([n, rope_dim / 2, 2], [`rope_table_freqs`]).
 pub fn rope_with_table(
@@ -384,9 +368,10 @@ mod tests {
         let x: Vec<f32> = (0..hd).map(|i| i as f32 * 0.37 - 1.0).collect();
         let perm: Vec<usize> = (0..hd / 2).flat_map(|i| [i, i + hd / 2]).collect();
         let mut a = x.clone();
-        rope(&mut a, 1, hd, hd, 5, 10_000.0, RopeStyle::Halves);
+        let table = rope_table(5, 1, hd, 10_000.0);
+        rope_with_table(&mut a, 1, hd, hd, &table, RopeStyle::Halves);
         let mut b: Vec<f32> = perm.iter().map(|&i| x[i]).collect();
-        rope(&mut b, 1, hd, hd, 5, 10_000.0, RopeStyle::Interleaved);
+        rope_with_table(&mut b, 1, hd, hd, &table, RopeStyle::Interleaved);
         for (j, &i) in perm.iter().enumerate() {
             assert!((a[i] - b[j]).abs() < 1e-6);
         }

@@ -326,6 +326,18 @@ pub struct Layer {
     pub post_ffn_norm: Option<Vec<f32>>,
 }
 
+impl Layer {
+    /// The projection whose output joins the residual stream at `which`,
+    /// and its post-norm where the layer has one.
+    pub fn residual(&self, which: Residual) -> (&Tensor, Option<&[f32]>) {
+        match (which, &self.mixer) {
+            (Residual::Mixer, Mixer::Attention(a)) => (&a.o, self.post_mixer_norm.as_deref()),
+            (Residual::Mixer, Mixer::Conv(c)) => (&c.out_proj, self.post_mixer_norm.as_deref()),
+            (Residual::Ffn, _) => (&self.down, self.post_ffn_norm.as_deref()),
+        }
+    }
+}
+
 #[derive(Clone)]
 pub struct Weights {
     /// [vocab, hidden]
@@ -1012,11 +1024,7 @@ impl DecoderOps for CpuPass<'_> {
         let cfg = self.cfg;
         let (n, d) = (self.n(), cfg.hidden);
         let layer = &self.w.layers[li];
-        let (w, post) = match (which, &layer.mixer) {
-            (Residual::Mixer, Mixer::Attention(a)) => (&a.o, &layer.post_mixer_norm),
-            (Residual::Mixer, Mixer::Conv(c)) => (&c.out_proj, &layer.post_mixer_norm),
-            (Residual::Ffn, _) => (&layer.down, &layer.post_ffn_norm),
-        };
+        let (w, post) = layer.residual(which);
         let mut out = vec![0.0f32; n * d];
         self.product(w, &self.y, n, &mut out);
         if let Some(pw) = post {

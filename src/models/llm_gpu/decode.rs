@@ -141,11 +141,7 @@ impl<'a> DecoderOps for DecodeRecorder<'a> {
         let m: &'a GpuLlm = self.m;
         let (g, io, sub) = (&*m.gpu, &m.io, m.subgroups);
         let layer = &m.layers[li];
-        let (w, post) = match (which, &layer.mixer) {
-            (Residual::Mixer, GpuMixer::Attention { o, .. }) => (o, &layer.post_mixer_norm),
-            (Residual::Mixer, GpuMixer::Conv { out, .. }) => (out, &layer.post_mixer_norm),
-            (Residual::Ffn, _) => (&layer.down, &layer.post_ffn_norm),
-        };
+        let (w, post) = layer.residual(which);
         let y = self.y.take().expect("a block ran before its projection");
         match post {
             None => self.fixed(llm_ops::gemv(

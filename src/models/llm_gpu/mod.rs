@@ -27,6 +27,7 @@ mod prefill;
 mod upload;
 
 use super::llm::{CausalLm, LayerKind, LlmConfig, Weights};
+use super::recipe::Residual;
 use crate::cpu;
 use crate::error::{Error, Result};
 use crate::gpu::llm_ops::{self, GpuMatrix};
@@ -91,6 +92,18 @@ struct GpuLayer {
     down: GpuMatrix,
     post_mixer_norm: Option<wgpu::Buffer>,
     post_ffn_norm: Option<wgpu::Buffer>,
+}
+
+impl GpuLayer {
+    /// The projection whose output joins the residual stream at `which`,
+    /// and its post-norm where the layer has one.
+    fn residual(&self, which: Residual) -> (&GpuMatrix, Option<&wgpu::Buffer>) {
+        match (which, &self.mixer) {
+            (Residual::Mixer, GpuMixer::Attention { o, .. }) => (o, self.post_mixer_norm.as_ref()),
+            (Residual::Mixer, GpuMixer::Conv { out, .. }) => (out, self.post_mixer_norm.as_ref()),
+            (Residual::Ffn, _) => (&self.down, self.post_ffn_norm.as_ref()),
+        }
+    }
 }
 
 /// Per-layer sequence state on the GPU.

@@ -292,11 +292,7 @@ impl<'a> DecoderOps for PrefillRecorder<'a> {
         let (m, sc): (&'a GpuLlm, &'a PrefillScratch) = (self.m, self.sc);
         let (c, n, d) = (&m.cfg, self.shape.n, m.cfg.hidden);
         let layer = &m.layers[li];
-        let (w, post) = match (which, &layer.mixer) {
-            (Residual::Mixer, GpuMixer::Attention { o, .. }) => (o, &layer.post_mixer_norm),
-            (Residual::Mixer, GpuMixer::Conv { out, .. }) => (out, &layer.post_mixer_norm),
-            (Residual::Ffn, _) => (&layer.down, &layer.post_ffn_norm),
-        };
+        let (w, post) = layer.residual(which);
         let (y, width) = self.y.take().expect("a block ran before its projection");
         match post {
             None => self.gemm(w, GemmMode::Add, y, width, &sc.x, d, 0)?,
