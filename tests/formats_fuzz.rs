@@ -15,48 +15,18 @@
 //! cases per format). A longer one, not run in CI (see docs/fuzzing.md):
 //! `LFM_FUZZ_SECONDS=600 cargo test --release --test formats_fuzz -- --ignored --nocapture`
 
+mod fuzz_support;
+
+use fuzz_support::temp_dir;
 use lfm::formats::gguf::{Array, GgufFile, GgufWriter, Value};
 use lfm::formats::safetensors::Safetensors;
 use lfm::formats::TensorSource;
 use lfm::quant::GgmlType;
 use lfm::tensor::{matvec, Tensor};
 use lfm::util::rng::Rng;
-use std::alloc::{GlobalAlloc, Layout, System};
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::{Duration, Instant};
-
-/// Refuses single allocations over `CAP`: the process then aborts with
-/// "memory allocation of N bytes failed", failing the test loudly.
-struct CappedAlloc;
-const CAP: usize = 256 << 20;
-
-unsafe impl GlobalAlloc for CappedAlloc {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        if layout.size() > CAP {
-            return std::ptr::null_mut();
-        }
-        unsafe { System.alloc(layout) }
-    }
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        unsafe { System.dealloc(ptr, layout) }
-    }
-    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        if new_size > CAP {
-            return std::ptr::null_mut();
-        }
-        unsafe { System.realloc(ptr, layout, new_size) }
-    }
-}
-
-#[global_allocator]
-static ALLOC: CappedAlloc = CappedAlloc;
-
-fn temp_dir(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("lfm-fuzz-{}-{name}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
-}
 
 fn base_gguf(dir: &Path) -> Vec<u8> {
     let mut rng = Rng::new(3);

@@ -24,22 +24,28 @@ fn corpus() -> PathBuf {
 /// Runs kld on the tiny model over 4 chunks of 64 tokens with `extra`
 /// arguments and returns the JSON report.
 fn kld(extra: &[&str]) -> Value {
-    let (m, c) = (model(), corpus());
+    kld_on(&model(), "64", "4", extra)
+}
+
+/// Runs kld on the CPU on `model` over `chunks` chunks of `ctx` tokens of
+/// the corpus with `extra` arguments and returns the JSON report.
+fn kld_on(model: &std::path::Path, ctx: &str, chunks: &str, extra: &[&str]) -> Value {
+    let c = corpus();
     let mut args = vec![
         "--cpu",
         "--model",
-        m.to_str().unwrap(),
+        model.to_str().unwrap(),
         "--corpus",
         c.to_str().unwrap(),
         "--ctx",
-        "64",
+        ctx,
         "--chunks",
-        "4",
+        chunks,
         "--json",
     ];
     args.extend_from_slice(extra);
     let o = run(BIN, &args);
-    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(o.status.success(), "{}: {}", model.display(), stderr(&o));
     serde_json::from_str(stdout(&o).trim()).expect("one JSON object on stdout")
 }
 
@@ -418,26 +424,7 @@ fn every_architecture_runs_through_kld_and_quantize() {
         ("tiny-phi3", "tiny-phi3.f32.gguf"),
     ] {
         let m = repo().join("samples/fixtures/llm").join(name);
-        let c = corpus();
-        let o = run(
-            BIN,
-            &[
-                "--cpu",
-                "--model",
-                m.to_str().unwrap(),
-                "--corpus",
-                c.to_str().unwrap(),
-                "--ctx",
-                "32",
-                "--chunks",
-                "2",
-                "--arm",
-                "q8_0,q4_0",
-                "--json",
-            ],
-        );
-        assert!(o.status.success(), "{name}: {}", stderr(&o));
-        let r: Value = serde_json::from_str(stdout(&o).trim()).unwrap();
+        let r = kld_on(&m, "32", "2", &["--arm", "q8_0,q4_0"]);
         let mean = |a: &str| arm(&r, &format!("{a}@cpu"))["kld_mean"].as_f64().unwrap();
         assert!(
             0.0 < mean("q8_0") && mean("q8_0") < mean("q4_0"),
