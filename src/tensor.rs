@@ -364,6 +364,39 @@ pub fn matvec_same_input(ws: &[&Tensor], x: &[f32], ys: &mut [&mut [f32]], act: 
     }
 }
 
+/// Several single-token products at once: x: [m, k] -> y: [m, n], each
+/// row exactly what [`matvec_with`] gives for it alone, with each weight row
+/// read once for all m (batched decode).
+pub fn matvec_rows(w: &Tensor, x: &[f32], m: usize, y: &mut [f32], act: Activations) {
+    let (n, k) = (w.rows(), w.row_len());
+    assert_eq!(x.len(), m * k, "matvec_rows '{}': x is not [{m}, {k}]", w.name);
+    assert_eq!(y.len(), m * n, "matvec_rows '{}': y is not [{m}, {n}]", w.name);
+    if m == 1 {
+        return matvec_with(w, x, y, act);
+    }
+    if m == 0 || n == 0 {
+        return;
+    }
+    let rb = w.row_bytes();
+    let bytes = w.bytes();
+    let dots: Vec<quant::fast::RowDot> = x.chunks_exact(k).map(|r| act.row_dot(w.dtype, r)).collect();
+    let mut yt = vec![0.0f32; n * m];
+    yt.par_chunks_mut(m)
+        .enumerate()
+        .with_min_len(16)
+        .for_each(|(r, out)| {
+            let row = &bytes[r * rb..(r + 1) * rb];
+            for (o, d) in out.iter_mut().zip(&dots) {
+                *o = d.dot(row);
+            }
+        });
+    for (j, col) in yt.chunks_exact(m).enumerate() {
+        for (i, &v) in col.iter().enumerate() {
+            y[i * n + j] = v;
+        }
+    }
+}
+
 /// Weight rows dequantised together in [`matmul`], so each input row is read
 /// once per tile rather than once per weight row.
 const MATMUL_TILE: usize = 16;

@@ -228,6 +228,7 @@ pub mod kld;
 pub mod ocr_layout;
 pub mod quantize;
 pub mod scoreboard;
+pub mod serve;
 pub mod speak;
 pub mod transcribe;
 
@@ -281,6 +282,7 @@ pub fn tools() -> Vec<(&'static str, clap::Command)> {
         ("ocr-layout", ocr_layout::Args::command()),
         ("quantize", quantize::Args::command()),
         ("scoreboard", scoreboard::Args::command()),
+        ("serve", serve::Args::command()),
         ("speak", speak::Args::command()),
         ("transcribe", transcribe::Args::command()),
     ]
@@ -314,6 +316,8 @@ pub enum Tool {
     Quantize(quantize::Args),
     /// Benchmark language models across formats, backends and depths.
     Scoreboard(scoreboard::Args),
+    /// Serve models over OpenAI's HTTP API.
+    Serve(serve::Args),
     /// Speak text with a Piper voice (writes a WAV file or stream).
     Speak(speak::Args),
     /// Transcribe speech with Whisper.
@@ -330,6 +334,7 @@ impl Lfm {
             Tool::OcrLayout(a) => ocr_layout::run(a),
             Tool::Quantize(a) => quantize::run(a),
             Tool::Scoreboard(a) => scoreboard::run(a),
+            Tool::Serve(a) => serve::run(a),
             Tool::Speak(a) => speak::run(a),
             Tool::Transcribe(a) => transcribe::run(a),
         }

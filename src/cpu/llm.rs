@@ -237,6 +237,22 @@ pub fn flash_attention(
     s: &AttnShape,
     out: &mut [f32],
 ) {
+    flash_attention_at(q, k, v, n, kv_len, s, out, |p| p)
+}
+
+/// [`flash_attention`] over a cache whose position p is row `row(p)` of k
+/// and v (a paged cache: the row in the block its table names).
+#[allow(clippy::too_many_arguments)]
+pub fn flash_attention_at(
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    n: usize,
+    kv_len: usize,
+    s: &AttnShape,
+    out: &mut [f32],
+    row: impl Fn(usize) -> usize,
+) {
     let (heads, hd) = (s.heads, s.head_dim);
     let group = heads / s.kv_heads;
     let kvw = s.kv_heads * hd;
@@ -254,13 +270,13 @@ pub fn flash_attention(
             let kh = h / group;
             let qv = &q[(t * heads + h) * hd..][..hd];
             for (j, sc) in scores[..visible].iter_mut().enumerate() {
-                *sc = dot(qv, &k[(start + j) * kvw + kh * hd..][..hd]) * s.scale;
+                *sc = dot(qv, &k[row(start + j) * kvw + kh * hd..][..hd]) * s.scale;
             }
             softmax_rows(&mut scores[..visible], visible);
             let o = &mut out[(t * heads + h) * hd..][..hd];
             o.fill(0.0);
             for (j, &sc) in scores[..visible].iter().enumerate() {
-                for (o, &vv) in o.iter_mut().zip(&v[(start + j) * kvw + kh * hd..][..hd]) {
+                for (o, &vv) in o.iter_mut().zip(&v[row(start + j) * kvw + kh * hd..][..hd]) {
                     *o += sc * vv;
                 }
             }

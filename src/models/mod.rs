@@ -2,13 +2,16 @@
 //! forward. [`load_llm`] opens any supported language-model checkpoint.
 
 pub mod arch;
+pub mod batch;
 pub mod bert;
 pub mod gemma3;
 pub mod gguf_export;
 pub mod layout;
 pub mod lfm2;
 pub mod llama;
+pub mod kv_blocks;
 pub mod llm;
+pub mod llm_cpu;
 pub mod llm_gpu;
 pub mod phi3;
 pub mod qwen;
@@ -112,8 +115,8 @@ fn llama_cpp_defaults() -> SamplingOptions {
     }
 }
 
-/// Opens an HF directory or a GGUF file as a language model.
-pub fn load_llm(path: &Path, opts: &LoadOptions) -> Result<LoadedLlm> {
+/// The checkpoint at `path`, its matrices converted as `opts` asks.
+fn open_converted(path: &Path, opts: &LoadOptions) -> Result<Opened> {
     if !path.exists() {
         return Err(Error::io(
             path,
@@ -148,6 +151,55 @@ pub fn load_llm(path: &Path, opts: &LoadOptions) -> Result<LoadedLlm> {
         }
         None => weights,
     };
+    Ok((cfg, weights, tokenizer, defaults))
+}
+
+/// A language model loaded for many sequences at once (the server).
+pub struct LoadedBatch {
+    pub model: Box<dyn batch::BatchedLm>,
+    pub tokenizer: Option<Tokenizer>,
+    pub sampling_defaults: SamplingOptions,
+    pub path: PathBuf,
+}
+
+/// Opens a checkpoint for batched serving: on the CPU, continuous batching
+/// over a paged cache of `kv_bytes` (default: four full contexts); any
+/// other backend serves one sequence at a time.
+pub fn load_batched_llm(
+    path: &Path,
+    opts: &LoadOptions,
+    kv_bytes: Option<usize>,
+) -> Result<LoadedBatch> {
+    let (cfg, weights, tokenizer, defaults) = open_converted(path, opts)?;
+    // f32 keys and values of every attention layer.
+    let attention = cfg.layers.iter().filter(|k| **k == llm::LayerKind::Attention).count();
+    let per_position = (2 * attention * cfg.kv_heads * cfg.head_dim * 4).max(1);
+    let positions = kv_bytes.map_or(4 * cfg.context, |b| (b / per_position).max(1));
+    let (model, _) = opts.device.build(
+        || -> Result<Box<dyn batch::BatchedLm>> {
+            Ok(Box::new(llm_cpu::CpuBatch::new(
+                cfg.clone(),
+                weights.clone(),
+                opts.cpu_activations,
+                positions,
+            )))
+        },
+        |gpu| -> Result<Box<dyn batch::BatchedLm>> {
+            let m = GpuLlm::new(gpu, &cfg, &weights, &GpuLlmOptions::default())?;
+            Ok(Box::new(batch::SingleSlot::new(Box::new(m), "gpu")))
+        },
+    )?;
+    Ok(LoadedBatch {
+        model,
+        tokenizer,
+        sampling_defaults: defaults,
+        path: path.to_path_buf(),
+    })
+}
+
+/// Opens an HF directory or a GGUF file as a language model.
+pub fn load_llm(path: &Path, opts: &LoadOptions) -> Result<LoadedLlm> {
+    let (cfg, weights, tokenizer, defaults) = open_converted(path, opts)?;
     let bytes_per_token = weights.bytes_per_token();
     let (params, weight_bytes) = weights.totals();
     let weight_format = weights

@@ -212,6 +212,16 @@ impl MonoSink {
     }
 }
 
+/// Decodes an audio file held in memory (an upload) as mono at `rate` Hz;
+/// `label` names it in errors.
+pub fn decode_bytes(label: &Path, bytes: Vec<u8>, rate: u32) -> Result<Audio> {
+    let audio = decode(label, std::io::Cursor::new(bytes), rate)?;
+    if audio.samples.is_empty() {
+        return Err(Error::format(label, "no audio samples (empty recording)"));
+    }
+    Ok(audio)
+}
+
 /// Reads `path` (`-` for stdin) as mono at `rate` Hz.
 pub fn load(path: &Path, rate: u32) -> Result<Audio> {
     let audio = if path.as_os_str() == "-" {

@@ -66,14 +66,22 @@ pub struct Request<'a> {
 }
 
 /// Holds back streamed text that could still turn into a stop string.
-struct StopFilter<'a> {
-    stop: &'a [String],
+pub(crate) struct StopFilter {
+    stop: Vec<String>,
     pending: String,
 }
 
-impl StopFilter<'_> {
+impl StopFilter {
+    pub(crate) fn new(stop: &[String]) -> StopFilter {
+        StopFilter {
+            stop: stop.to_vec(),
+            pending: String::new(),
+        }
+    }
+
+
     /// Adds text; returns (text safe to emit, whether a stop string matched).
-    fn push(&mut self, piece: &str) -> (String, bool) {
+    pub(crate) fn push(&mut self, piece: &str) -> (String, bool) {
         self.pending.push_str(piece);
         if let Some(at) = self
             .stop
@@ -87,7 +95,7 @@ impl StopFilter<'_> {
         }
         // Keep the longest suffix that is a prefix of some stop string.
         let mut keep = 0;
-        for s in self.stop {
+        for s in &self.stop {
             for (i, _) in self.pending.char_indices() {
                 let tail = &self.pending[i..];
                 if s.starts_with(tail) {
@@ -102,7 +110,7 @@ impl StopFilter<'_> {
         (out, false)
     }
 
-    fn finish(&mut self) -> String {
+    pub(crate) fn finish(&mut self) -> String {
         std::mem::take(&mut self.pending)
     }
 }
@@ -111,7 +119,7 @@ impl StopFilter<'_> {
 /// stop string could still match, and the reason the run ends.
 struct Output<'a> {
     stream: Option<TextStream<'a>>,
-    filter: StopFilter<'a>,
+    filter: StopFilter,
     text: String,
     history: Vec<u32>,
     generated: Vec<u32>,
@@ -202,10 +210,7 @@ pub fn generate(
     }
     let mut out = Output {
         stream: tokenizer.map(TextStream::new),
-        filter: StopFilter {
-            stop: req.stop,
-            pending: String::new(),
-        },
+        filter: StopFilter::new(req.stop),
         text: String::new(),
         history: req.prompt_ids.clone(),
         generated: Vec::new(),
@@ -307,7 +312,7 @@ fn grammar_done(sampler: &Sampler, out: &mut Output) -> bool {
     done
 }
 
-fn token_out(tokenizer: Option<&Tokenizer>, id: u32, logprob: f32) -> TokenLogprobOut {
+pub(crate) fn token_out(tokenizer: Option<&Tokenizer>, id: u32, logprob: f32) -> TokenLogprobOut {
     let bytes = tokenizer
         .and_then(|t| t.token_bytes_of(id))
         .unwrap_or_default();
@@ -326,17 +331,11 @@ mod tests {
     #[test]
     fn stop_filter_holds_back_partial_matches() {
         let stop = vec!["</end>".to_string()];
-        let mut f = StopFilter {
-            stop: &stop,
-            pending: String::new(),
-        };
+        let mut f = StopFilter::new(&stop);
         assert_eq!(f.push("hello <"), ("hello ".to_string(), false));
         assert_eq!(f.push("/en"), (String::new(), false));
         assert_eq!(f.push("d> tail"), (String::new(), true));
-        let mut f = StopFilter {
-            stop: &stop,
-            pending: String::new(),
-        };
+        let mut f = StopFilter::new(&stop);
         assert_eq!(f.push("a </x"), ("a </x".to_string(), false));
         assert_eq!(f.push("<"), (String::new(), false));
         assert_eq!(f.finish(), "<");

@@ -1,0 +1,132 @@
+//! Many sequences over one set of weights: the model as a server sees it.
+//!
+//! A [`BatchedLm`] holds open sequences; each [`BatchedLm::step`] appends
+//! tokens to any of them (a prompt chunk, or the one token a decode step
+//! consumes) in one pass and returns each one's next-token logits. The CPU
+//! backend ([`super::llm_cpu::CpuBatch`]) batches for real over a paged KV
+//! cache with prefix reuse; any other [`CausalLm`] serves through
+//! [`SingleSlot`], one sequence at a time.
+
+use super::kv_blocks::BlockUsage;
+use super::llm::{CausalLm, LlmConfig};
+use crate::error::{Error, Result};
+
+pub type SeqId = u64;
+
+/// Tokens to append to one sequence in a step.
+pub struct SeqWork<'a> {
+    pub id: SeqId,
+    pub tokens: &'a [u32],
+}
+
+pub trait BatchedLm {
+    fn config(&self) -> &LlmConfig;
+    /// Most sequences open at once.
+    fn max_sequences(&self) -> usize;
+    /// Opens a sequence for `prompt` that may grow to `max_len` positions,
+    /// reserving the cache it needs; None when the cache cannot hold it now
+    /// (try again once others finish). Returns its id and how many leading
+    /// prompt tokens are already computed (a cached prefix); the caller
+    /// steps the rest.
+    fn open(&mut self, prompt: &[u32], max_len: usize) -> Result<Option<(SeqId, usize)>>;
+    /// Ends a sequence and frees its cache (what is full stays cached as a
+    /// prefix for later sequences).
+    fn close(&mut self, id: SeqId);
+    /// Appends each entry's tokens to its sequence, all in one pass, and
+    /// returns the next-token logits after each entry's last token.
+    fn step(&mut self, work: &[SeqWork]) -> Result<Vec<Vec<f32>>>;
+    fn usage(&self) -> BlockUsage;
+    fn backend_name(&self) -> &'static str;
+}
+
+/// Any single-sequence model as a batch of one. A new sequence continues
+/// from the last one's state when its prompt starts with every token that
+/// state holds (the next turn of a conversation), and starts over otherwise.
+pub struct SingleSlot {
+    model: Box<dyn CausalLm>,
+    name: &'static str,
+    open: Option<SeqId>,
+    next_id: SeqId,
+    /// Tokens the model's state holds.
+    consumed: Vec<u32>,
+}
+
+impl SingleSlot {
+    pub fn new(model: Box<dyn CausalLm>, name: &'static str) -> SingleSlot {
+        SingleSlot {
+            model,
+            name,
+            open: None,
+            next_id: 1,
+            consumed: Vec::new(),
+        }
+    }
+}
+
+impl BatchedLm for SingleSlot {
+    fn config(&self) -> &LlmConfig {
+        self.model.config()
+    }
+
+    fn max_sequences(&self) -> usize {
+        1
+    }
+
+    fn open(&mut self, prompt: &[u32], _max_len: usize) -> Result<Option<(SeqId, usize)>> {
+        if prompt.is_empty() {
+            return Err(Error::invalid("the prompt is empty"));
+        }
+        if self.open.is_some() {
+            return Ok(None);
+        }
+        let keep = self.consumed.len() < prompt.len() && prompt.starts_with(&self.consumed);
+        if !keep {
+            self.model.reset();
+            self.consumed.clear();
+        }
+        let id = self.next_id;
+        self.next_id += 1;
+        self.open = Some(id);
+        Ok(Some((id, self.consumed.len())))
+    }
+
+    fn close(&mut self, id: SeqId) {
+        if self.open == Some(id) {
+            self.open = None;
+        }
+    }
+
+    fn step(&mut self, work: &[SeqWork]) -> Result<Vec<Vec<f32>>> {
+        let mut out = Vec::with_capacity(work.len());
+        for w in work {
+            if self.open != Some(w.id) {
+                return Err(Error::invalid(format!("no open sequence {}", w.id)));
+            }
+            match self.model.forward(w.tokens, false) {
+                Ok(l) => {
+                    self.consumed.extend_from_slice(w.tokens);
+                    out.push(l);
+                }
+                Err(e) => {
+                    // The state is unknown now: start the next one afresh.
+                    self.model.reset();
+                    self.consumed.clear();
+                    return Err(e);
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    fn usage(&self) -> BlockUsage {
+        BlockUsage {
+            in_use: usize::from(self.open.is_some()),
+            cached: 0,
+            total: 1,
+        }
+    }
+
+    fn backend_name(&self) -> &'static str {
+        self.name
+    }
+}

@@ -1,0 +1,738 @@
+//! The CPU forward of the decoder recipe ([`super::recipe`]): the reference
+//! every GPU kernel is checked against, and (with int8 activations) the
+//! tools' CPU backend.
+//!
+//! One pass runs any number of sequences at once (*segments*: a prompt
+//! chunk, or one decode token each): the projections see every row together,
+//! so a batched decode step reads each weight row once for all sequences,
+//! while attention and the short convolution run per sequence on its own
+//! state. Keys and values live in a paged cache ([`super::kv_blocks`]):
+//! position p of a sequence is row `table[p / BLOCK] * BLOCK + p % BLOCK`.
+//! A single-token row is computed exactly as it would be alone, so a
+//! sequence's tokens do not depend on what else shares its step.
+
+use super::batch::{BatchedLm, SeqId, SeqWork};
+use super::kv_blocks::{blocks_for, BlockPool, BlockUsage, BLOCK};
+use super::llm::{attn_shape, CausalLm, LayerKind, LlmConfig, Mixer, Weights};
+use super::recipe::{self, DecoderOps, Residual};
+use crate::cpu;
+use crate::error::{Error, Result};
+use crate::tensor::{self, Activations, Tensor};
+use std::collections::{BTreeMap, HashMap};
+
+/// Observer of named intermediate activations (`"layer.3.conv_out"`), for
+/// finding the first op where two backends diverge. Nothing is formatted or
+/// copied when no tap is set.
+pub type Tap = Box<dyn FnMut(&str, &[f32])>;
+
+/// Keys and values of the attention layers, [blocks * BLOCK, kv_heads *
+/// head_dim] each, for the blocks a [`BlockPool`] hands out.
+struct KvStore {
+    kvw: usize,
+    /// Per layer; None for conv layers.
+    layers: Vec<Option<(Vec<f32>, Vec<f32>)>>,
+}
+
+impl KvStore {
+    fn new(cfg: &LlmConfig) -> KvStore {
+        let layers = cfg
+            .layers
+            .iter()
+            .map(|k| (*k == LayerKind::Attention).then(|| (Vec::new(), Vec::new())))
+            .collect();
+        KvStore {
+            kvw: cfg.kv_heads * cfg.head_dim,
+            layers,
+        }
+    }
+
+    /// Makes room for block ids below `blocks`.
+    fn cover(&mut self, blocks: usize) {
+        let len = blocks * BLOCK * self.kvw;
+        for (k, v) in self.layers.iter_mut().flatten() {
+            if k.len() < len {
+                k.resize(len, 0.0);
+                v.resize(len, 0.0);
+            }
+        }
+    }
+}
+
+/// Row of position `p` in a paged cache with block table `table`.
+fn cache_row(table: &[u32], p: usize) -> usize {
+    table[p / BLOCK] as usize * BLOCK + p % BLOCK
+}
+
+/// One sequence's state: its blocks, position and conv states.
+#[derive(Clone, Default)]
+struct SeqState {
+    table: Vec<u32>,
+    pos: usize,
+    /// Per layer: the last `kernel - 1` gated inputs B*x of the convolution,
+    /// [kernel - 1, hidden]; empty for attention layers.
+    conv: Vec<Vec<f32>>,
+}
+
+impl SeqState {
+    fn new(cfg: &LlmConfig) -> SeqState {
+        let hist = cfg.conv_kernel.saturating_sub(1) * cfg.hidden;
+        SeqState {
+            table: Vec::new(),
+            pos: 0,
+            conv: cfg
+                .layers
+                .iter()
+                .map(|k| match k {
+                    LayerKind::Attention => Vec::new(),
+                    LayerKind::Conv => vec![0.0; hist],
+                })
+                .collect(),
+        }
+    }
+}
+
+/// What the weights and the cache are shared by: everything but the
+/// sequences.
+struct Engine {
+    cfg: LlmConfig,
+    w: Weights,
+    act: Activations,
+    pool: BlockPool,
+    kv: KvStore,
+    tap: Option<Tap>,
+}
+
+/// A sequence's part of one pass.
+struct Segment {
+    /// Its first row among the pass's tokens, and how many.
+    start: usize,
+    n: usize,
+    state: SeqState,
+    all_logits: bool,
+    /// Conv states at the block boundaries this segment crosses (position
+    /// -> per-layer state), for the prefix cache of hybrid models.
+    snaps: Option<BTreeMap<usize, Vec<Vec<f32>>>>,
+}
+
+impl Engine {
+    fn new(cfg: LlmConfig, w: Weights, blocks: usize) -> Engine {
+        let kv = KvStore::new(&cfg);
+        Engine {
+            cfg,
+            w,
+            act: Activations::F32,
+            pool: BlockPool::new(blocks),
+            kv,
+            tap: None,
+        }
+    }
+
+    fn check_tokens(&self, tokens: &[u32]) -> Result<()> {
+        if let Some(&tok) = tokens.iter().find(|&&t| t as usize >= self.cfg.vocab) {
+            return Err(Error::invalid(format!(
+                "token id {tok} is outside the {}-token vocabulary",
+                self.cfg.vocab
+            )));
+        }
+        Ok(())
+    }
+
+    /// Gives `state` the blocks `extra` more positions need, out of the
+    /// `reserved` ones promised to it first.
+    fn grow(&mut self, state: &mut SeqState, extra: usize, reserved: &mut usize) -> Result<()> {
+        let need = blocks_for(state.pos + extra);
+        while state.table.len() < need {
+            let promised = *reserved > 0;
+            let id = self.pool.allocate(promised).ok_or_else(|| {
+                Error::invalid("the KV cache is full (every block is in use)")
+            })?;
+            if promised {
+                *reserved -= 1;
+            }
+            state.table.push(id);
+        }
+        self.kv.cover(self.pool.created());
+        Ok(())
+    }
+
+    /// Runs the recipe over `segs` (their tokens concatenated in `tokens`)
+    /// and returns the logits each segment asked for, in order.
+    fn pass(&mut self, tokens: &[u32], segs: &mut [Segment]) -> Result<Vec<f32>> {
+        let n = tokens.len();
+        let d = self.cfg.hidden;
+        let mut pass = CpuPass {
+            cfg: &self.cfg,
+            w: &self.w,
+            kv: &mut self.kv,
+            tap: &mut self.tap,
+            act: self.act,
+            tokens,
+            segs,
+            x: vec![0.0; n * d],
+            h: vec![0.0; n * d],
+            y: Vec::new(),
+            logits: Vec::new(),
+        };
+        recipe::decoder(&self.cfg, &mut pass)?;
+        let logits = std::mem::take(&mut pass.logits);
+        for s in segs.iter_mut() {
+            s.state.pos += s.n;
+        }
+        Ok(logits)
+    }
+}
+
+/// The CPU forward of one sequence: the reference, or with
+/// [`Activations::Int8`] the faster decode of the CLI tools.
+pub struct CpuLlm {
+    engine: Engine,
+    seq: SeqState,
+}
+
+impl CpuLlm {
+    /// The reference: every product in f32.
+    pub fn new(cfg: LlmConfig, w: Weights) -> CpuLlm {
+        let blocks = blocks_for(cfg.context);
+        let seq = SeqState::new(&cfg);
+        CpuLlm {
+            engine: Engine::new(cfg, w, blocks),
+            seq,
+        }
+    }
+
+    /// Decode products with their input treated as `act` says (prefill's
+    /// matrix products and the vocabulary projection stay f32).
+    pub fn with_activations(mut self, act: Activations) -> CpuLlm {
+        self.engine.act = act;
+        self
+    }
+
+    pub fn set_tap(&mut self, tap: Option<Tap>) {
+        self.engine.tap = tap;
+    }
+}
+
+impl CausalLm for CpuLlm {
+    fn config(&self) -> &LlmConfig {
+        &self.engine.cfg
+    }
+
+    fn position(&self) -> usize {
+        self.seq.pos
+    }
+
+    fn reset(&mut self) {
+        for &b in &self.seq.table {
+            self.engine.pool.release(b);
+        }
+        self.seq = SeqState::new(&self.engine.cfg);
+    }
+
+    fn forward(&mut self, tokens: &[u32], all_logits: bool) -> Result<Vec<f32>> {
+        let n = tokens.len();
+        if n == 0 {
+            return Err(Error::invalid("forward: no tokens"));
+        }
+        let context = self.engine.cfg.context;
+        if self.seq.pos + n > context {
+            return Err(Error::invalid(format!(
+                "sequence of {} tokens exceeds the model's context of {context}",
+                self.seq.pos + n
+            )));
+        }
+        self.engine.check_tokens(tokens)?;
+        let mut state = std::mem::take(&mut self.seq);
+        let grown = self.engine.grow(&mut state, n, &mut 0);
+        let mut segs = [Segment {
+            start: 0,
+            n,
+            state,
+            all_logits,
+            snaps: None,
+        }];
+        let out = grown.and_then(|_| self.engine.pass(tokens, &mut segs));
+        let [seg] = segs;
+        self.seq = seg.state;
+        out
+    }
+}
+
+/// A sequence of [`CpuBatch`].
+struct BatchSeq {
+    state: SeqState,
+    /// Every token consumed, for keying its full blocks.
+    tokens: Vec<u32>,
+    /// Blocks promised to it and not yet taken.
+    reserved: usize,
+    /// Full blocks already offered to the prefix cache.
+    registered: usize,
+}
+
+/// Many sequences on the CPU: continuous batching's backend.
+pub struct CpuBatch {
+    engine: Engine,
+    seqs: HashMap<SeqId, BatchSeq>,
+    next_id: SeqId,
+    /// Per block, the conv states at its end (hybrid models), which a
+    /// sequence that reuses the block continues from.
+    conv_at_block: HashMap<u32, Vec<Vec<f32>>>,
+    has_conv: bool,
+}
+
+impl CpuBatch {
+    /// A batch backend with room for `kv_positions` cached positions in all.
+    pub fn new(cfg: LlmConfig, w: Weights, act: Activations, kv_positions: usize) -> CpuBatch {
+        let has_conv = cfg.layers.contains(&LayerKind::Conv);
+        let mut engine = Engine::new(cfg, w, blocks_for(kv_positions).max(1));
+        engine.act = act;
+        CpuBatch {
+            engine,
+            seqs: HashMap::new(),
+            next_id: 1,
+            conv_at_block: HashMap::new(),
+            has_conv,
+        }
+    }
+
+    /// Offers the sequence's newly full blocks to the prefix cache.
+    fn register_full(&mut self, id: SeqId, snaps: Option<BTreeMap<usize, Vec<Vec<f32>>>>) {
+        let seq = self.seqs.get_mut(&id).expect("a running sequence");
+        let full = seq.state.pos / BLOCK;
+        let mut snaps = snaps.unwrap_or_default();
+        while seq.registered < full {
+            let b = seq.registered;
+            let id = seq.state.table[b];
+            let parent = b.checked_sub(1).map(|p| seq.state.table[p]);
+            let end = (b + 1) * BLOCK;
+            if self.has_conv {
+                // A hybrid model resumes a prefix only with its conv state.
+                let Some(conv) = snaps.remove(&end) else {
+                    seq.registered = full;
+                    break;
+                };
+                if !self.engine.pool.is_registered(id) {
+                    self.conv_at_block.insert(id, conv);
+                }
+            }
+            self.engine
+                .pool
+                .register(id, parent, &seq.tokens[b * BLOCK..end]);
+            seq.registered += 1;
+        }
+    }
+}
+
+impl BatchedLm for CpuBatch {
+    fn config(&self) -> &LlmConfig {
+        &self.engine.cfg
+    }
+
+    fn max_sequences(&self) -> usize {
+        usize::MAX
+    }
+
+    fn open(&mut self, prompt: &[u32], max_len: usize) -> Result<Option<(SeqId, usize)>> {
+        if prompt.is_empty() {
+            return Err(Error::invalid("the prompt is empty"));
+        }
+        self.engine.check_tokens(prompt)?;
+        let mut state = SeqState::new(&self.engine.cfg);
+        // Full blocks of the prompt already computed; the last prompt token
+        // is always computed again, for its logits.
+        let mut parent = None;
+        for block in prompt[..prompt.len() - 1].chunks_exact(BLOCK) {
+            let Some(id) = self.engine.pool.lookup(parent, block) else {
+                break;
+            };
+            if self.has_conv {
+                match self.conv_at_block.get(&id) {
+                    Some(conv) => state.conv = conv.clone(),
+                    None => {
+                        self.engine.pool.release(id);
+                        break;
+                    }
+                }
+            }
+            state.table.push(id);
+            state.pos += BLOCK;
+            parent = Some(id);
+        }
+        let reserve = blocks_for(max_len.max(prompt.len())) - state.table.len();
+        if !self.engine.pool.reserve(reserve) {
+            for &b in &state.table {
+                self.engine.pool.release(b);
+            }
+            return Ok(None);
+        }
+        let id = self.next_id;
+        self.next_id += 1;
+        let reused = state.pos;
+        let registered = state.table.len();
+        self.seqs.insert(
+            id,
+            BatchSeq {
+                state,
+                tokens: prompt[..reused].to_vec(),
+                reserved: reserve,
+                registered,
+            },
+        );
+        Ok(Some((id, reused)))
+    }
+
+    fn close(&mut self, id: SeqId) {
+        if let Some(seq) = self.seqs.remove(&id) {
+            for &b in &seq.state.table {
+                self.engine.pool.release(b);
+            }
+            self.engine.pool.unreserve(seq.reserved);
+        }
+    }
+
+    fn step(&mut self, work: &[SeqWork]) -> Result<Vec<Vec<f32>>> {
+        let mut tokens = Vec::new();
+        let mut segs: Vec<Segment> = Vec::with_capacity(work.len());
+        let context = self.engine.cfg.context;
+        for wk in work {
+            self.engine.check_tokens(wk.tokens)?;
+            let seq = self
+                .seqs
+                .get_mut(&wk.id)
+                .ok_or_else(|| Error::invalid(format!("no open sequence {}", wk.id)))?;
+            if wk.tokens.is_empty() || seq.state.pos + wk.tokens.len() > context {
+                return Err(Error::invalid(format!(
+                    "sequence {} cannot take {} more tokens at position {} (context {context})",
+                    wk.id,
+                    wk.tokens.len(),
+                    seq.state.pos
+                )));
+            }
+            let mut state = std::mem::take(&mut seq.state);
+            let grown = self.engine.grow(&mut state, wk.tokens.len(), &mut seq.reserved);
+            if let Err(e) = grown {
+                seq.state = state;
+                for (wk, seg) in work.iter().zip(segs) {
+                    self.seqs.get_mut(&wk.id).expect("present").state = seg.state;
+                }
+                return Err(e);
+            }
+            segs.push(Segment {
+                start: tokens.len(),
+                n: wk.tokens.len(),
+                state,
+                all_logits: false,
+                snaps: self.has_conv.then(BTreeMap::new),
+            });
+            tokens.extend_from_slice(wk.tokens);
+        }
+        let result = self.engine.pass(&tokens, &mut segs);
+        let vocab = self.engine.cfg.vocab;
+        let mut snaps = Vec::with_capacity(segs.len());
+        for (wk, seg) in work.iter().zip(segs) {
+            let seq = self.seqs.get_mut(&wk.id).expect("present");
+            seq.state = seg.state;
+            if result.is_ok() {
+                seq.tokens.extend_from_slice(wk.tokens);
+            }
+            snaps.push(seg.snaps);
+        }
+        let logits = result?;
+        for (wk, s) in work.iter().zip(snaps) {
+            self.register_full(wk.id, s);
+        }
+        Ok(logits.chunks_exact(vocab).map(|l| l.to_vec()).collect())
+    }
+
+    fn usage(&self) -> BlockUsage {
+        self.engine.pool.usage()
+    }
+
+    fn backend_name(&self) -> &'static str {
+        "cpu"
+    }
+}
+
+/// One forward of the CPU reference over the segments' tokens: the
+/// recipe's operations computed at once.
+struct CpuPass<'a> {
+    cfg: &'a LlmConfig,
+    w: &'a Weights,
+    kv: &'a mut KvStore,
+    tap: &'a mut Option<Tap>,
+    act: Activations,
+    tokens: &'a [u32],
+    segs: &'a mut [Segment],
+    /// [n, hidden]: the residual stream.
+    x: Vec<f32>,
+    /// [n, hidden]: a normed copy of x.
+    h: Vec<f32>,
+    /// The last block's output before its projection ([n, heads * head_dim]
+    /// after attention, [n, hidden] after the conv, [n, ffn] after the
+    /// feed-forward).
+    y: Vec<f32>,
+    logits: Vec<f32>,
+}
+
+/// Copies rows `rows` (of `width`) of `src` into one matrix.
+fn gather(src: &[f32], width: usize, rows: &[usize]) -> Vec<f32> {
+    let mut out = Vec::with_capacity(rows.len() * width);
+    for &r in rows {
+        out.extend_from_slice(&src[r * width..][..width]);
+    }
+    out
+}
+
+impl CpuPass<'_> {
+    fn n(&self) -> usize {
+        self.tokens.len()
+    }
+
+    /// Rows of single-token segments (decode) and of the others (prefill).
+    fn row_kinds(&self) -> (Vec<usize>, Vec<usize>) {
+        let (mut one, mut many) = (Vec::new(), Vec::new());
+        for s in self.segs.iter() {
+            let rows = s.start..s.start + s.n;
+            if s.n == 1 {
+                one.extend(rows);
+            } else {
+                many.extend(rows);
+            }
+        }
+        (one, many)
+    }
+
+    /// y = x W^T over every row: single-token rows as `act` says (each as it
+    /// would be alone), prompt rows in f32.
+    fn product(&self, w: &Tensor, x: &[f32], y: &mut [f32]) {
+        let m = self.n();
+        let (one, many) = self.row_kinds();
+        if many.is_empty() {
+            return tensor::matvec_rows(w, x, m, y, self.act);
+        }
+        if one.is_empty() {
+            return tensor::matmul(w, x, m, y);
+        }
+        let (k, out) = (w.row_len(), w.rows());
+        for (rows, single) in [(one, true), (many, false)] {
+            let xs = gather(x, k, &rows);
+            let mut ys = vec![0.0f32; rows.len() * out];
+            if single {
+                tensor::matvec_rows(w, &xs, rows.len(), &mut ys, self.act);
+            } else {
+                tensor::matmul(w, &xs, rows.len(), &mut ys);
+            }
+            for (i, &r) in rows.iter().enumerate() {
+                y[r * out..][..out].copy_from_slice(&ys[i * out..][..out]);
+            }
+        }
+    }
+
+    /// Several products of the same input (q/k/v, gate/up).
+    fn products(&self, ws: &[&Tensor], x: &[f32], ys: &mut [&mut Vec<f32>]) {
+        if self.n() == 1 {
+            let mut outs: Vec<&mut [f32]> = ys.iter_mut().map(|y| y.as_mut_slice()).collect();
+            tensor::matvec_same_input(ws, x, &mut outs, self.act);
+        } else {
+            for (w, y) in ws.iter().zip(ys.iter_mut()) {
+                self.product(w, x, y);
+            }
+        }
+    }
+
+    fn tap(&mut self, name: impl FnOnce() -> String, which: &[f32]) {
+        if let Some(t) = self.tap.as_mut() {
+            t(&name(), which);
+        }
+    }
+}
+
+impl DecoderOps for CpuPass<'_> {
+    fn embed(&mut self) -> Result<()> {
+        cpu::embedding(&self.w.embed, self.tokens, &mut self.x);
+        if self.cfg.embed_scale != 1.0 {
+            let s = self.cfg.embed_scale;
+            self.x.iter_mut().for_each(|v| *v *= s);
+        }
+        Ok(())
+    }
+
+    fn attention(&mut self, li: usize) -> Result<()> {
+        let cfg = self.cfg;
+        let (n, hd) = (self.n(), cfg.head_dim);
+        let (qw, kvw) = (cfg.heads * hd, cfg.kv_heads * hd);
+        let layer = &self.w.layers[li];
+        let Mixer::Attention(a) = &layer.mixer else {
+            unreachable!("the recipe runs attention on attention layers")
+        };
+        cpu::rms_norm(&self.x, &layer.norm1, cfg.norm_eps, &mut self.h);
+        let (mut q, mut k, mut v) = (vec![0.0; n * qw], vec![0.0; n * kvw], vec![0.0; n * kvw]);
+        self.products(&[&a.q, &a.k, &a.v], &self.h, &mut [&mut q, &mut k, &mut v]);
+        let shape = attn_shape(cfg, li);
+        let freqs = cfg.rope_freqs(cfg.uses_local_rope(li));
+        let (kc, vc) = self.kv.layers[li]
+            .as_mut()
+            .expect("attention layers have a cache");
+        self.y = vec![0.0; n * qw];
+        for s in self.segs.iter() {
+            let (sn, pos) = (s.n, s.state.pos);
+            let mut qkv = Vec::with_capacity(sn * (qw + 2 * kvw));
+            for t in s.start..s.start + sn {
+                qkv.extend_from_slice(&q[t * qw..][..qw]);
+                qkv.extend_from_slice(&k[t * kvw..][..kvw]);
+                qkv.extend_from_slice(&v[t * kvw..][..kvw]);
+            }
+            let table = cpu::rope_table_freqs(pos, sn, &freqs);
+            let (mut q_roped, mut kn, mut vn) =
+                (vec![0.0; sn * qw], vec![0.0; sn * kvw], vec![0.0; sn * kvw]);
+            cpu::qk_rope(
+                &qkv,
+                sn,
+                &shape,
+                a.q_norm.as_deref(),
+                a.k_norm.as_deref(),
+                a.qkv_bias.as_deref(),
+                &table,
+                0,
+                &mut q_roped,
+                &mut kn,
+                &mut vn,
+            );
+            let blocks = &s.state.table;
+            for t in 0..sn {
+                let r = cache_row(blocks, pos + t) * kvw;
+                kc[r..r + kvw].copy_from_slice(&kn[t * kvw..][..kvw]);
+                vc[r..r + kvw].copy_from_slice(&vn[t * kvw..][..kvw]);
+            }
+            cpu::flash_attention_at(
+                &q_roped,
+                kc,
+                vc,
+                sn,
+                pos + sn,
+                &shape,
+                &mut self.y[s.start * qw..(s.start + sn) * qw],
+                |p| cache_row(blocks, p),
+            );
+        }
+        Ok(())
+    }
+
+    fn short_conv(&mut self, li: usize) -> Result<()> {
+        let cfg = self.cfg;
+        let (n, d) = (self.n(), cfg.hidden);
+        let layer = &self.w.layers[li];
+        let Mixer::Conv(c) = &layer.mixer else {
+            unreachable!("the recipe runs the conv block on conv layers")
+        };
+        cpu::rms_norm(&self.x, &layer.norm1, cfg.norm_eps, &mut self.h);
+        let mut bcx = vec![0.0f32; n * 3 * d];
+        self.product(&c.in_proj, &self.h, &mut bcx);
+        self.y = vec![0.0f32; n * d];
+        let hist = cfg.conv_kernel - 1;
+        let layers = cfg.layers.len();
+        for s in self.segs.iter_mut() {
+            let rows = &bcx[s.start * 3 * d..(s.start + s.n) * 3 * d];
+            let state = &mut s.state.conv[li];
+            if let Some(snaps) = s.snaps.as_mut() {
+                // The state at a boundary b inside the segment: the gated
+                // inputs of positions b - hist .. b.
+                let pos = s.state.pos;
+                let mut seq = state.clone();
+                for r in rows.chunks_exact(3 * d) {
+                    seq.extend((0..d).map(|i| r[i] * r[2 * d + i]));
+                }
+                let mut b = (pos / BLOCK + 1) * BLOCK;
+                while b <= pos + s.n {
+                    let at = (b - pos) * d;
+                    let snap = snaps.entry(b).or_insert_with(|| vec![Vec::new(); layers]);
+                    snap[li] = seq[at..at + hist * d].to_vec();
+                    b += BLOCK;
+                }
+            }
+            cpu::short_conv(
+                rows,
+                &c.conv,
+                cfg.conv_kernel,
+                d,
+                state,
+                &mut self.y[s.start * d..(s.start + s.n) * d],
+            );
+        }
+        Ok(())
+    }
+
+    fn ffn(&mut self, li: usize) -> Result<()> {
+        let cfg = self.cfg;
+        let (n, f) = (self.n(), cfg.ffn);
+        let layer = &self.w.layers[li];
+        cpu::rms_norm(&self.x, &layer.norm2, cfg.norm_eps, &mut self.h);
+        let (mut g, mut u) = (vec![0.0f32; n * f], vec![0.0f32; n * f]);
+        self.products(&[&layer.gate, &layer.up], &self.h, &mut [&mut g, &mut u]);
+        for (g, u) in g.iter_mut().zip(&u) {
+            *g = cpu::ffn_act(cfg.ffn_act, *g) * u;
+        }
+        self.y = g;
+        Ok(())
+    }
+
+    fn residual(&mut self, li: usize, which: Residual) -> Result<()> {
+        let cfg = self.cfg;
+        let (n, d) = (self.n(), cfg.hidden);
+        let layer = &self.w.layers[li];
+        let (w, post) = layer.residual(which);
+        let mut out = vec![0.0f32; n * d];
+        self.product(w, &self.y, &mut out);
+        if let Some(pw) = post {
+            let src = out.clone();
+            cpu::rms_norm(&src, pw, cfg.norm_eps, &mut out);
+        }
+        match which {
+            Residual::Mixer => self.tap(|| format!("layer.{li}.mixer_out"), &out),
+            Residual::Ffn => self.tap(|| format!("layer.{li}.ffn_out"), &out),
+        }
+        cpu::add_assign(&mut self.x, &out);
+        if which == Residual::Ffn {
+            let x = std::mem::take(&mut self.x);
+            self.tap(|| format!("layer.{li}.out"), &x);
+            self.x = x;
+        }
+        Ok(())
+    }
+
+    fn head(&mut self) -> Result<()> {
+        let d = self.cfg.hidden;
+        let vocab = self.cfg.vocab;
+        let eps = self.cfg.norm_eps;
+        // The vocabulary projection keeps f32 inputs: rounding the final
+        // hidden state (large outliers) to 8 bits moves logits by enough to
+        // change SmolLM2's first greedy token (tests/smollm2_reference.rs).
+        // The last rows of all segments go through one product, each row as
+        // a matrix-vector product alone would compute it.
+        let last: Vec<usize> = self
+            .segs
+            .iter()
+            .filter(|s| !s.all_logits)
+            .map(|s| s.start + s.n - 1)
+            .collect();
+        let mut normed = vec![0.0f32; last.len() * d];
+        cpu::rms_norm(&gather(&self.x, d, &last), &self.w.final_norm, eps, &mut normed);
+        let mut lasts = vec![0.0f32; last.len() * vocab];
+        tensor::matvec_rows(&self.w.head, &normed, last.len(), &mut lasts, Activations::F32);
+        let mut next_last = 0;
+        for s in self.segs.iter() {
+            if s.all_logits {
+                let rows = &self.x[s.start * d..(s.start + s.n) * d];
+                let mut normed = vec![0.0f32; s.n * d];
+                cpu::rms_norm(rows, &self.w.final_norm, eps, &mut normed);
+                let mut logits = vec![0.0f32; s.n * vocab];
+                tensor::matmul(&self.w.head, &normed, s.n, &mut logits);
+                self.logits.extend_from_slice(&logits);
+            } else {
+                self.logits
+                    .extend_from_slice(&lasts[next_last * vocab..(next_last + 1) * vocab]);
+                next_last += 1;
+            }
+        }
+        Ok(())
+    }
+}
