@@ -369,8 +369,18 @@ pub fn matvec_same_input(ws: &[&Tensor], x: &[f32], ys: &mut [&mut [f32]], act: 
 /// read once for all m (batched decode).
 pub fn matvec_rows(w: &Tensor, x: &[f32], m: usize, y: &mut [f32], act: Activations) {
     let (n, k) = (w.rows(), w.row_len());
-    assert_eq!(x.len(), m * k, "matvec_rows '{}': x is not [{m}, {k}]", w.name);
-    assert_eq!(y.len(), m * n, "matvec_rows '{}': y is not [{m}, {n}]", w.name);
+    assert_eq!(
+        x.len(),
+        m * k,
+        "matvec_rows '{}': x is not [{m}, {k}]",
+        w.name
+    );
+    assert_eq!(
+        y.len(),
+        m * n,
+        "matvec_rows '{}': y is not [{m}, {n}]",
+        w.name
+    );
     if m == 1 {
         return matvec_with(w, x, y, act);
     }
@@ -379,7 +389,8 @@ pub fn matvec_rows(w: &Tensor, x: &[f32], m: usize, y: &mut [f32], act: Activati
     }
     let rb = w.row_bytes();
     let bytes = w.bytes();
-    let dots: Vec<quant::fast::RowDot> = x.chunks_exact(k).map(|r| act.row_dot(w.dtype, r)).collect();
+    let dots: Vec<quant::fast::RowDot> =
+        x.chunks_exact(k).map(|r| act.row_dot(w.dtype, r)).collect();
     let mut yt = vec![0.0f32; n * m];
     yt.par_chunks_mut(m)
         .enumerate()

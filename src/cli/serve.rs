@@ -156,7 +156,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             let d = dir.clone();
             let dev = device.clone();
             let w = Worker::spawn("embed", move || {
-                let (e, _) = dev.build(|| Embedder::load(&d, None), |g| Embedder::load(&d, Some(g)))?;
+                let (e, _) =
+                    dev.build(|| Embedder::load(&d, None), |g| Embedder::load(&d, Some(g)))?;
                 Ok(e)
             })
             .with_context(|| format!("loading {}", dir.display()))?;

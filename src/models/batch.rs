@@ -17,18 +17,29 @@ pub type SeqId = u64;
 pub struct SeqWork<'a> {
     pub id: SeqId,
     pub tokens: &'a [u32],
+    /// Compute each token as a decode step would (one at a time, with the
+    /// decode products' rounding) rather than as a prompt: how tokens
+    /// that were generated are recomputed, so that they come out exactly
+    /// as they did. [`CausalLm::forward`] treats one token as decode and
+    /// more as a prompt.
+    pub as_decode: bool,
 }
 
 pub trait BatchedLm {
     fn config(&self) -> &LlmConfig;
     /// Most sequences open at once.
     fn max_sequences(&self) -> usize;
-    /// Opens a sequence for `prompt` that may grow to `max_len` positions,
-    /// reserving the cache it needs; None when the cache cannot hold it now
+    /// Opens a sequence for `prompt`, reserving the cache its prompt and
+    /// first generated token need; None when the cache cannot hold them now
     /// (try again once others finish). Returns its id and how many leading
     /// prompt tokens are already computed (a cached prefix); the caller
     /// steps the rest.
-    fn open(&mut self, prompt: &[u32], max_len: usize) -> Result<Option<(SeqId, usize)>>;
+    fn open(&mut self, prompt: &[u32]) -> Result<Option<(SeqId, usize)>>;
+    /// Cache blocks that appending `n` tokens to `id` would take from the
+    /// free ones (beyond what it has reserved).
+    fn blocks_needed(&self, id: SeqId, n: usize) -> usize;
+    /// Cache blocks free for growth.
+    fn free_blocks(&self) -> usize;
     /// Ends a sequence and frees its cache (what is full stays cached as a
     /// prefix for later sequences).
     fn close(&mut self, id: SeqId);
@@ -39,7 +50,8 @@ pub trait BatchedLm {
     fn backend_name(&self) -> &'static str;
 }
 
-/// Any single-sequence model as a batch of one. A new sequence continues
+/// Any single-sequence model as a batch of one (its usage counts the one
+/// slot as one block). A new sequence continues
 /// from the last one's state when its prompt starts with every token that
 /// state holds (the next turn of a conversation), and starts over otherwise.
 pub struct SingleSlot {
@@ -72,7 +84,7 @@ impl BatchedLm for SingleSlot {
         1
     }
 
-    fn open(&mut self, prompt: &[u32], _max_len: usize) -> Result<Option<(SeqId, usize)>> {
+    fn open(&mut self, prompt: &[u32]) -> Result<Option<(SeqId, usize)>> {
         if prompt.is_empty() {
             return Err(Error::invalid("the prompt is empty"));
         }
@@ -88,6 +100,15 @@ impl BatchedLm for SingleSlot {
         self.next_id += 1;
         self.open = Some(id);
         Ok(Some((id, self.consumed.len())))
+    }
+
+    fn blocks_needed(&self, _id: SeqId, _n: usize) -> usize {
+        0
+    }
+
+    /// The model's own cache grows as needed.
+    fn free_blocks(&self) -> usize {
+        usize::MAX
     }
 
     fn close(&mut self, id: SeqId) {

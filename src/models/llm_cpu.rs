@@ -109,6 +109,8 @@ struct Segment {
     n: usize,
     state: SeqState,
     all_logits: bool,
+    /// Every row as a decode step computes it (else as a prompt).
+    as_decode: bool,
     /// Conv states at the block boundaries this segment crosses (position
     /// -> per-layer state), for the prefix cache of hybrid models.
     snaps: Option<BTreeMap<usize, Vec<Vec<f32>>>>,
@@ -143,9 +145,10 @@ impl Engine {
         let need = blocks_for(state.pos + extra);
         while state.table.len() < need {
             let promised = *reserved > 0;
-            let id = self.pool.allocate(promised).ok_or_else(|| {
-                Error::invalid("the KV cache is full (every block is in use)")
-            })?;
+            let id = self
+                .pool
+                .allocate(promised)
+                .ok_or_else(|| Error::invalid("the KV cache is full (every block is in use)"))?;
             if promised {
                 *reserved -= 1;
             }
@@ -248,6 +251,7 @@ impl CausalLm for CpuLlm {
             n,
             state,
             all_logits,
+            as_decode: n == 1,
             snaps: None,
         }];
         let out = grown.and_then(|_| self.engine.pass(tokens, &mut segs));
@@ -266,6 +270,10 @@ struct BatchSeq {
     reserved: usize,
     /// Full blocks already offered to the prefix cache.
     registered: usize,
+    /// Positions computed as a prompt from the start; only blocks below
+    /// it are offered to the prefix cache, so that a prefix taken from
+    /// the cache holds what computing the prompt alone would.
+    prompt_end: usize,
 }
 
 /// Many sequences on the CPU: continuous batching's backend.
@@ -297,7 +305,7 @@ impl CpuBatch {
     /// Offers the sequence's newly full blocks to the prefix cache.
     fn register_full(&mut self, id: SeqId, snaps: Option<BTreeMap<usize, Vec<Vec<f32>>>>) {
         let seq = self.seqs.get_mut(&id).expect("a running sequence");
-        let full = seq.state.pos / BLOCK;
+        let full = seq.prompt_end / BLOCK;
         let mut snaps = snaps.unwrap_or_default();
         while seq.registered < full {
             let b = seq.registered;
@@ -331,7 +339,7 @@ impl BatchedLm for CpuBatch {
         usize::MAX
     }
 
-    fn open(&mut self, prompt: &[u32], max_len: usize) -> Result<Option<(SeqId, usize)>> {
+    fn open(&mut self, prompt: &[u32]) -> Result<Option<(SeqId, usize)>> {
         if prompt.is_empty() {
             return Err(Error::invalid("the prompt is empty"));
         }
@@ -357,7 +365,7 @@ impl BatchedLm for CpuBatch {
             state.pos += BLOCK;
             parent = Some(id);
         }
-        let reserve = blocks_for(max_len.max(prompt.len())) - state.table.len();
+        let reserve = blocks_for(prompt.len() + 1) - state.table.len();
         if !self.engine.pool.reserve(reserve) {
             for &b in &state.table {
                 self.engine.pool.release(b);
@@ -375,9 +383,21 @@ impl BatchedLm for CpuBatch {
                 tokens: prompt[..reused].to_vec(),
                 reserved: reserve,
                 registered,
+                prompt_end: reused,
             },
         );
         Ok(Some((id, reused)))
+    }
+
+    fn blocks_needed(&self, id: SeqId, n: usize) -> usize {
+        self.seqs.get(&id).map_or(0, |s| {
+            let more = blocks_for(s.state.pos + n).saturating_sub(s.state.table.len());
+            more.saturating_sub(s.reserved)
+        })
+    }
+
+    fn free_blocks(&self) -> usize {
+        self.engine.pool.available()
     }
 
     fn close(&mut self, id: SeqId) {
@@ -408,7 +428,9 @@ impl BatchedLm for CpuBatch {
                 )));
             }
             let mut state = std::mem::take(&mut seq.state);
-            let grown = self.engine.grow(&mut state, wk.tokens.len(), &mut seq.reserved);
+            let grown = self
+                .engine
+                .grow(&mut state, wk.tokens.len(), &mut seq.reserved);
             if let Err(e) = grown {
                 seq.state = state;
                 for (wk, seg) in work.iter().zip(segs) {
@@ -421,6 +443,7 @@ impl BatchedLm for CpuBatch {
                 n: wk.tokens.len(),
                 state,
                 all_logits: false,
+                as_decode: wk.as_decode,
                 snaps: self.has_conv.then(BTreeMap::new),
             });
             tokens.extend_from_slice(wk.tokens);
@@ -432,6 +455,9 @@ impl BatchedLm for CpuBatch {
             let seq = self.seqs.get_mut(&wk.id).expect("present");
             seq.state = seg.state;
             if result.is_ok() {
+                if !wk.as_decode && seq.prompt_end == seq.tokens.len() {
+                    seq.prompt_end += wk.tokens.len();
+                }
                 seq.tokens.extend_from_slice(wk.tokens);
             }
             snaps.push(seg.snaps);
@@ -492,7 +518,7 @@ impl CpuPass<'_> {
         let (mut one, mut many) = (Vec::new(), Vec::new());
         for s in self.segs.iter() {
             let rows = s.start..s.start + s.n;
-            if s.n == 1 {
+            if s.as_decode {
                 one.extend(rows);
             } else {
                 many.extend(rows);
@@ -529,7 +555,7 @@ impl CpuPass<'_> {
 
     /// Several products of the same input (q/k/v, gate/up).
     fn products(&self, ws: &[&Tensor], x: &[f32], ys: &mut [&mut Vec<f32>]) {
-        if self.n() == 1 {
+        if self.n() == 1 && self.segs[0].as_decode {
             let mut outs: Vec<&mut [f32]> = ys.iter_mut().map(|y| y.as_mut_slice()).collect();
             tensor::matvec_same_input(ws, x, &mut outs, self.act);
         } else {
@@ -715,9 +741,20 @@ impl DecoderOps for CpuPass<'_> {
             .map(|s| s.start + s.n - 1)
             .collect();
         let mut normed = vec![0.0f32; last.len() * d];
-        cpu::rms_norm(&gather(&self.x, d, &last), &self.w.final_norm, eps, &mut normed);
+        cpu::rms_norm(
+            &gather(&self.x, d, &last),
+            &self.w.final_norm,
+            eps,
+            &mut normed,
+        );
         let mut lasts = vec![0.0f32; last.len() * vocab];
-        tensor::matvec_rows(&self.w.head, &normed, last.len(), &mut lasts, Activations::F32);
+        tensor::matvec_rows(
+            &self.w.head,
+            &normed,
+            last.len(),
+            &mut lasts,
+            Activations::F32,
+        );
         let mut next_last = 0;
         for s in self.segs.iter() {
             if s.all_logits {

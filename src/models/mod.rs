@@ -6,10 +6,10 @@ pub mod batch;
 pub mod bert;
 pub mod gemma3;
 pub mod gguf_export;
+pub mod kv_blocks;
 pub mod layout;
 pub mod lfm2;
 pub mod llama;
-pub mod kv_blocks;
 pub mod llm;
 pub mod llm_cpu;
 pub mod llm_gpu;
@@ -172,7 +172,11 @@ pub fn load_batched_llm(
 ) -> Result<LoadedBatch> {
     let (cfg, weights, tokenizer, defaults) = open_converted(path, opts)?;
     // f32 keys and values of every attention layer.
-    let attention = cfg.layers.iter().filter(|k| **k == llm::LayerKind::Attention).count();
+    let attention = cfg
+        .layers
+        .iter()
+        .filter(|k| **k == llm::LayerKind::Attention)
+        .count();
     let per_position = (2 * attention * cfg.kv_heads * cfg.head_dim * 4).max(1);
     let positions = kv_bytes.map_or(4 * cfg.context, |b| (b / per_position).max(1));
     let (model, _) = opts.device.build(

@@ -79,7 +79,6 @@ impl StopFilter {
         }
     }
 
-
     /// Adds text; returns (text safe to emit, whether a stop string matched).
     pub(crate) fn push(&mut self, piece: &str) -> (String, bool) {
         self.pending.push_str(piece);

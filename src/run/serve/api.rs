@@ -119,7 +119,9 @@ pub struct ChatRequest {
     pub logprobs: Option<bool>,
     #[serde(default)]
     pub top_logprobs: Option<u64>,
-    #[serde(flatten)]
+    /// Read from the same body in a second pass (a flattened struct would
+    /// lose the name of a bad field).
+    #[serde(skip)]
     pub sampling: Sampling,
 }
 
@@ -139,7 +141,9 @@ pub struct CompletionRequest {
     /// The legacy API's count of top log probabilities per token.
     #[serde(default)]
     pub logprobs: Option<u64>,
-    #[serde(flatten)]
+    /// Read from the same body in a second pass (a flattened struct would
+    /// lose the name of a bad field).
+    #[serde(skip)]
     pub sampling: Sampling,
 }
 
@@ -152,7 +156,9 @@ impl Sampling {
     }
 
     pub fn include_usage(&self) -> bool {
-        self.stream_options.as_ref().is_some_and(|o| o.include_usage)
+        self.stream_options
+            .as_ref()
+            .is_some_and(|o| o.include_usage)
     }
 
     /// The token budget asked for, if any.
@@ -200,12 +206,37 @@ impl Sampling {
             Some(x) if !x.is_finite() || !ok(x) => Err(bad(name, format!("{name} must be {want}"))),
             _ => Ok(v),
         };
-        let temperature = finite("temperature", self.temperature, &|x| (0.0..=2.0).contains(&x), "between 0 and 2")?;
+        let temperature = finite(
+            "temperature",
+            self.temperature,
+            &|x| (0.0..=2.0).contains(&x),
+            "between 0 and 2",
+        )?;
         let top_p = finite("top_p", self.top_p, &|x| x > 0.0 && x <= 1.0, "in (0, 1]")?;
-        let min_p = finite("min_p", self.min_p, &|x| (0.0..=1.0).contains(&x), "between 0 and 1")?;
-        let presence = finite("presence_penalty", self.presence_penalty, &|x| (-2.0..=2.0).contains(&x), "between -2 and 2")?;
-        let frequency = finite("frequency_penalty", self.frequency_penalty, &|x| (-2.0..=2.0).contains(&x), "between -2 and 2")?;
-        let repeat = finite("repeat_penalty", self.repeat_penalty, &|x| x > 0.0, "positive")?;
+        let min_p = finite(
+            "min_p",
+            self.min_p,
+            &|x| (0.0..=1.0).contains(&x),
+            "between 0 and 1",
+        )?;
+        let presence = finite(
+            "presence_penalty",
+            self.presence_penalty,
+            &|x| (-2.0..=2.0).contains(&x),
+            "between -2 and 2",
+        )?;
+        let frequency = finite(
+            "frequency_penalty",
+            self.frequency_penalty,
+            &|x| (-2.0..=2.0).contains(&x),
+            "between -2 and 2",
+        )?;
+        let repeat = finite(
+            "repeat_penalty",
+            self.repeat_penalty,
+            &|x| x > 0.0,
+            "positive",
+        )?;
         let mut logit_bias = Vec::new();
         for (k, &v) in self.logit_bias.iter().flatten() {
             let id: u32 = k
@@ -218,7 +249,10 @@ impl Sampling {
                 ));
             }
             if !(-100.0..=100.0).contains(&v) {
-                return Err(bad("logit_bias", format!("bias {v} of token {id} is not between -100 and 100")));
+                return Err(bad(
+                    "logit_bias",
+                    format!("bias {v} of token {id} is not between -100 and 100"),
+                ));
             }
             logit_bias.push((id, v));
         }
@@ -275,7 +309,10 @@ pub fn message_text(m: &ChatMessage, index: usize) -> Result<String, BadRequest>
                 if p.kind != "text" {
                     return Err(bad(
                         &format!("messages[{index}].content"),
-                        format!("content parts of type {:?} are not supported (text only)", p.kind),
+                        format!(
+                            "content parts of type {:?} are not supported (text only)",
+                            p.kind
+                        ),
                     ));
                 }
                 out.push_str(p.text.as_deref().unwrap_or(""));

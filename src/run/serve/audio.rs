@@ -32,7 +32,8 @@ pub struct Asr {
 impl Asr {
     pub fn load(dir: &Path, device: &DeviceChoice) -> crate::Result<Asr> {
         let files = WhisperFiles::load(dir, None)?;
-        let (gpu, _) = device.build(|| Ok(None), |g| Ok(Some(GpuEncoder::new(g, &files.model)?)))?;
+        let (gpu, _) =
+            device.build(|| Ok(None), |g| Ok(Some(GpuEncoder::new(g, &files.model)?)))?;
         Ok(Asr { files, gpu })
     }
 
@@ -79,7 +80,10 @@ struct Upload {
     temperature: Option<f32>,
 }
 
-pub async fn transcriptions(State(s): State<Arc<AppState>>, req: Request) -> Result<Response, ApiError> {
+pub async fn transcriptions(
+    State(s): State<Arc<AppState>>,
+    req: Request,
+) -> Result<Response, ApiError> {
     let Some((_, worker)) = &s.audio.asr else {
         return Err(ApiError::new(
             StatusCode::NOT_FOUND,
@@ -161,14 +165,16 @@ pub async fn transcriptions(State(s): State<Arc<AppState>>, req: Request) -> Res
     let text_of = |f: Format| -> Result<String, ApiError> {
         let mut w = Writer::new(f, Vec::new());
         for seg in &t.segments {
-            w.segment(seg).map_err(|e| ApiError::internal(e.to_string()))?;
+            w.segment(seg)
+                .map_err(|e| ApiError::internal(e.to_string()))?;
         }
-        let out = w.finish(&t).map_err(|e| ApiError::internal(e.to_string()))?;
+        let out = w
+            .finish(&t)
+            .map_err(|e| ApiError::internal(e.to_string()))?;
         Ok(String::from_utf8_lossy(&out).into_owned())
     };
-    let plain = |body: String, mime: &'static str| {
-        ([(header::CONTENT_TYPE, mime)], body).into_response()
-    };
+    let plain =
+        |body: String, mime: &'static str| ([(header::CONTENT_TYPE, mime)], body).into_response();
     Ok(match format.as_str() {
         "text" => plain(format!("{}\n", t.text.trim()), "text/plain; charset=utf-8"),
         "srt" => plain(text_of(Format::Srt)?, "application/x-subrip"),
@@ -235,7 +241,11 @@ pub async fn speech(State(s): State<Arc<AppState>>, body: Body) -> Result<Respon
         return Err(bad("input", "input is empty").into());
     }
     if r.input.chars().count() > MAX_SPEECH_CHARS {
-        return Err(bad("input", format!("input is longer than {MAX_SPEECH_CHARS} characters")).into());
+        return Err(bad(
+            "input",
+            format!("input is longer than {MAX_SPEECH_CHARS} characters"),
+        )
+        .into());
     }
     match r.response_format.as_deref() {
         None | Some("wav") => {}
@@ -284,7 +294,9 @@ pub async fn speech(State(s): State<Arc<AppState>>, body: Body) -> Result<Respon
                     spoken += 1;
                 }
                 if spoken == 0 {
-                    return Err(crate::Error::invalid("espeak-ng found nothing to say in the input"));
+                    return Err(crate::Error::invalid(
+                        "espeak-ng found nothing to say in the input",
+                    ));
                 }
                 sink.finish().map_err(|e| crate::Error::io("<wav>", e))?;
             }

@@ -135,8 +135,13 @@ pub fn router(state: Arc<AppState>) -> Router {
 async fn guard(State(s): State<Arc<AppState>>, req: Request, next: Next) -> Response {
     let path = req.uri().path().to_string();
     let endpoint = match path.as_str() {
-        "/v1/chat/completions" | "/v1/completions" | "/v1/embeddings"
-        | "/v1/audio/transcriptions" | "/v1/audio/speech" | "/v1/models" | "/health"
+        "/v1/chat/completions"
+        | "/v1/completions"
+        | "/v1/embeddings"
+        | "/v1/audio/transcriptions"
+        | "/v1/audio/speech"
+        | "/v1/models"
+        | "/health"
         | "/metrics" => path.clone(),
         _ => "other".to_string(),
     };
@@ -178,7 +183,11 @@ fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
 }
 
 async fn not_found() -> ApiError {
-    ApiError::new(StatusCode::NOT_FOUND, "invalid_request_error", "no such endpoint")
+    ApiError::new(
+        StatusCode::NOT_FOUND,
+        "invalid_request_error",
+        "no such endpoint",
+    )
 }
 
 async fn health() -> Response {
@@ -219,6 +228,30 @@ fn unix_now() -> u64 {
 pub async fn read_json<T: DeserializeOwned>(s: &AppState, body: Body) -> ApiResult<T> {
     let bytes = read_body(s, body).await?;
     parse_json(&bytes)
+}
+
+/// A completion request and its sampling fields, read from one body.
+async fn read_with_sampling<T: DeserializeOwned>(
+    s: &AppState,
+    body: Body,
+) -> ApiResult<(T, api::Sampling)> {
+    let v: Value = read_json(s, body).await?;
+    Ok((from_value(&v)?, from_value(&v)?))
+}
+
+fn from_value<T: DeserializeOwned>(v: &Value) -> ApiResult<T> {
+    serde_path_to_error::deserialize(v).map_err(|e| {
+        let path = e.path().to_string();
+        let param = (path != ".").then_some(path);
+        let message = match &param {
+            Some(p) => format!("{p}: {}", e.inner()),
+            None => e.inner().to_string(),
+        };
+        ApiError {
+            param,
+            ..ApiError::new(StatusCode::BAD_REQUEST, "invalid_request_error", message)
+        }
+    })
 }
 
 pub async fn read_body(s: &AppState, body: Body) -> ApiResult<Bytes> {
@@ -311,7 +344,11 @@ fn prepare(
         Some(f) => response_grammar(f)?,
     };
     if grammar.is_some() && l.tokenizer.is_none() {
-        return Err(bad("response_format", "the model has no tokenizer, which constrained output needs").into());
+        return Err(bad(
+            "response_format",
+            "the model has no tokenizer, which constrained output needs",
+        )
+        .into());
     }
     let (events, rx) = unbounded_channel();
     Ok(Prepared {
@@ -412,11 +449,14 @@ async fn collect(mut rx: UnboundedReceiver<GenEvent>) -> ApiResult<Collected> {
             GenEvent::Failed(m) => return Err(ApiError::internal(m)),
         }
     }
-    Err(ApiError::internal("the model thread stopped before the answer was complete"))
+    Err(ApiError::internal(
+        "the model thread stopped before the answer was complete",
+    ))
 }
 
 async fn chat(State(s): State<Arc<AppState>>, body: Body) -> ApiResult<Response> {
-    let r: ChatRequest = read_json(&s, body).await?;
+    let (mut r, sampling): (ChatRequest, _) = read_with_sampling(&s, body).await?;
+    r.sampling = sampling;
     let l = llm(&s)?;
     let (Some(tok), Some(template)) = (&l.tokenizer, &l.template) else {
         return Err(ApiError::new(
@@ -454,12 +494,28 @@ async fn chat(State(s): State<Arc<AppState>>, body: Body) -> ApiResult<Response>
 }
 
 async fn completions(State(s): State<Arc<AppState>>, body: Body) -> ApiResult<Response> {
-    let r: CompletionRequest = read_json(&s, body).await?;
+    let (mut r, sampling): (CompletionRequest, _) = read_with_sampling(&s, body).await?;
+    r.sampling = sampling;
     let l = llm(&s)?;
+    let empty = match &r.prompt {
+        Prompt::Text(t) => t.is_empty(),
+        Prompt::Texts(v) => v.iter().any(String::is_empty),
+        Prompt::Tokens(ids) => ids.is_empty(),
+    };
+    if empty {
+        return Err(bad("prompt", "the prompt is empty").into());
+    }
     let prompt = match &r.prompt {
         Prompt::Tokens(ids) => {
             if let Some(&t) = ids.iter().find(|&&t| t as usize >= l.vocab) {
-                return Err(bad("prompt", format!("token id {t} is outside the vocabulary ({} tokens)", l.vocab)).into());
+                return Err(bad(
+                    "prompt",
+                    format!(
+                        "token id {t} is outside the vocabulary ({} tokens)",
+                        l.vocab
+                    ),
+                )
+                .into());
             }
             ids.clone()
         }
@@ -608,22 +664,32 @@ fn event_stream(
                         let lp = match (want_logprobs, logprob) {
                             (true, Some(l)) => match kind {
                                 Kind::Chat => api::chat_logprobs(std::slice::from_ref(&l)),
-                                Kind::Text => api::completion_logprobs(std::slice::from_ref(&l), st.offset),
+                                Kind::Text => {
+                                    api::completion_logprobs(std::slice::from_ref(&l), st.offset)
+                                }
                             },
                             _ => Value::Null,
                         };
                         st.offset += text.len();
                         let choice = match kind {
-                            Kind::Chat => json!({"index": 0, "delta": {"content": text}, "logprobs": lp, "finish_reason": null}),
-                            Kind::Text => json!({"index": 0, "text": text, "logprobs": lp, "finish_reason": null}),
+                            Kind::Chat => {
+                                json!({"index": 0, "delta": {"content": text}, "logprobs": lp, "finish_reason": null})
+                            }
+                            Kind::Text => {
+                                json!({"index": 0, "text": text, "logprobs": lp, "finish_reason": null})
+                            }
                         };
                         st.pending.push_back(chunk(choice, None));
                     }
                     Some(GenEvent::Done(u)) => {
                         let finish = api::finish_name(u.finish);
                         let choice = match kind {
-                            Kind::Chat => json!({"index": 0, "delta": {}, "logprobs": null, "finish_reason": finish}),
-                            Kind::Text => json!({"index": 0, "text": "", "logprobs": null, "finish_reason": finish}),
+                            Kind::Chat => {
+                                json!({"index": 0, "delta": {}, "logprobs": null, "finish_reason": finish})
+                            }
+                            Kind::Text => {
+                                json!({"index": 0, "text": "", "logprobs": null, "finish_reason": finish})
+                            }
                         };
                         st.pending.push_back(chunk(choice, None));
                         if include_usage {
@@ -635,12 +701,14 @@ fn event_stream(
                     }
                     Some(GenEvent::Failed(m)) => {
                         let body = json!({"error": {"message": m, "type": "server_error", "param": null, "code": null}});
-                        st.pending.push_back(Event::default().data(body.to_string()));
+                        st.pending
+                            .push_back(Event::default().data(body.to_string()));
                         st.done = true;
                     }
                     None => {
                         let body = json!({"error": {"message": "the model thread stopped", "type": "server_error", "param": null, "code": null}});
-                        st.pending.push_back(Event::default().data(body.to_string()));
+                        st.pending
+                            .push_back(Event::default().data(body.to_string()));
                         st.done = true;
                     }
                 }
@@ -703,7 +771,11 @@ async fn embeddings(State(s): State<Arc<AppState>>, body: Body) -> ApiResult<Res
         Inputs::Tokens(v) => v.len(),
     };
     if count == 0 || count > MAX_EMBED_INPUTS {
-        return Err(bad("input", format!("input must hold 1 to {MAX_EMBED_INPUTS} items")).into());
+        return Err(bad(
+            "input",
+            format!("input must hold 1 to {MAX_EMBED_INPUTS} items"),
+        )
+        .into());
     }
     if let Inputs::Texts(v) = &inputs {
         if let Some(i) = v.iter().position(|t| t.is_empty()) {
@@ -717,20 +789,22 @@ async fn embeddings(State(s): State<Arc<AppState>>, body: Body) -> ApiResult<Res
     }
     let dims = r.dimensions;
     let (vectors, dim, tokens) = worker
-        .run(move |e: &mut Embedder| -> crate::Result<(Vec<f32>, usize, usize)> {
-            let opts = EmbedOptions::default();
-            let dim = e.dim(&opts);
-            let seqs: Vec<Vec<u32>> = match inputs {
-                Inputs::Texts(t) => e.tokenize(&t)?.into_iter().map(|t| t.ids).collect(),
-                Inputs::Tokens(t) => t,
-            };
-            let tokens = seqs.iter().map(Vec::len).sum();
-            let mut all = Vec::new();
-            for chunk in seqs.chunks(opts.batch_size) {
-                all.extend(e.embed_tokens(chunk, &opts)?);
-            }
-            Ok((all, dim, tokens))
-        })
+        .run(
+            move |e: &mut Embedder| -> crate::Result<(Vec<f32>, usize, usize)> {
+                let opts = EmbedOptions::default();
+                let dim = e.dim(&opts);
+                let seqs: Vec<Vec<u32>> = match inputs {
+                    Inputs::Texts(t) => e.tokenize(&t)?.into_iter().map(|t| t.ids).collect(),
+                    Inputs::Tokens(t) => t,
+                };
+                let tokens = seqs.iter().map(Vec::len).sum();
+                let mut all = Vec::new();
+                for chunk in seqs.chunks(opts.batch_size) {
+                    all.extend(e.embed_tokens(chunk, &opts)?);
+                }
+                Ok((all, dim, tokens))
+            },
+        )
         .await??;
     if let Some(d) = dims {
         if d == 0 || d > dim {
@@ -769,11 +843,21 @@ fn base64_encode(bytes: &[u8]) -> String {
     const ABC: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
     let mut out = String::with_capacity(bytes.len().div_ceil(3) * 4);
     for c in bytes.chunks(3) {
-        let n = (c[0] as u32) << 16 | (*c.get(1).unwrap_or(&0) as u32) << 8 | *c.get(2).unwrap_or(&0) as u32;
+        let n = (c[0] as u32) << 16
+            | (*c.get(1).unwrap_or(&0) as u32) << 8
+            | *c.get(2).unwrap_or(&0) as u32;
         out.push(ABC[(n >> 18) as usize & 63] as char);
         out.push(ABC[(n >> 12) as usize & 63] as char);
-        out.push(if c.len() > 1 { ABC[(n >> 6) as usize & 63] as char } else { '=' });
-        out.push(if c.len() > 2 { ABC[n as usize & 63] as char } else { '=' });
+        out.push(if c.len() > 1 {
+            ABC[(n >> 6) as usize & 63] as char
+        } else {
+            '='
+        });
+        out.push(if c.len() > 2 {
+            ABC[n as usize & 63] as char
+        } else {
+            '='
+        });
     }
     out
 }

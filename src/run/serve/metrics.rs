@@ -48,6 +48,8 @@ pub struct Metrics {
     pub prompt_tokens: AtomicU64,
     pub completion_tokens: AtomicU64,
     pub cancelled: AtomicU64,
+    /// Sequences sent back to the queue when the cache ran out.
+    pub preempted: AtomicU64,
     /// Generation requests queued and not yet admitted.
     pub waiting: AtomicUsize,
     pub running: AtomicUsize,
@@ -105,29 +107,89 @@ impl Metrics {
             );
         }
         let counters = [
-            ("lfm_prompt_tokens_total", "Prompt tokens prefilled or taken from the prefix cache.", self.prompt_tokens.load(Ordering::Relaxed)),
-            ("lfm_generation_tokens_total", "Tokens generated.", self.completion_tokens.load(Ordering::Relaxed)),
-            ("lfm_cancelled_total", "Generation requests whose client went away.", self.cancelled.load(Ordering::Relaxed)),
-            ("lfm_batch_steps_total", "Batched forward passes.", self.steps.load(Ordering::Relaxed)),
-            ("lfm_batch_step_sequences_total", "Sequences summed over the batched passes.", self.step_sequences.load(Ordering::Relaxed)),
+            (
+                "lfm_prompt_tokens_total",
+                "Prompt tokens prefilled or taken from the prefix cache.",
+                self.prompt_tokens.load(Ordering::Relaxed),
+            ),
+            (
+                "lfm_generation_tokens_total",
+                "Tokens generated.",
+                self.completion_tokens.load(Ordering::Relaxed),
+            ),
+            (
+                "lfm_cancelled_total",
+                "Generation requests whose client went away.",
+                self.cancelled.load(Ordering::Relaxed),
+            ),
+            (
+                "lfm_preemptions_total",
+                "Sequences sent back to the queue when the KV cache ran out.",
+                self.preempted.load(Ordering::Relaxed),
+            ),
+            (
+                "lfm_batch_steps_total",
+                "Batched forward passes.",
+                self.steps.load(Ordering::Relaxed),
+            ),
+            (
+                "lfm_batch_step_sequences_total",
+                "Sequences summed over the batched passes.",
+                self.step_sequences.load(Ordering::Relaxed),
+            ),
         ];
         for (name, help, v) in counters {
-            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter\n{name} {v}");
+            let _ = writeln!(
+                out,
+                "# HELP {name} {help}\n# TYPE {name} counter\n{name} {v}"
+            );
         }
         let gauges = [
-            ("lfm_queue_depth", "Generation requests waiting for admission.", self.waiting.load(Ordering::Relaxed)),
-            ("lfm_running_sequences", "Sequences in the running batch.", self.running.load(Ordering::Relaxed)),
-            ("lfm_kv_blocks_in_use", "KV cache blocks held by running sequences.", self.kv_blocks_in_use.load(Ordering::Relaxed)),
-            ("lfm_kv_blocks_total", "KV cache blocks in all.", self.kv_blocks_total.load(Ordering::Relaxed)),
+            (
+                "lfm_queue_depth",
+                "Generation requests waiting for admission.",
+                self.waiting.load(Ordering::Relaxed),
+            ),
+            (
+                "lfm_running_sequences",
+                "Sequences in the running batch.",
+                self.running.load(Ordering::Relaxed),
+            ),
+            (
+                "lfm_kv_blocks_in_use",
+                "KV cache blocks held by running sequences.",
+                self.kv_blocks_in_use.load(Ordering::Relaxed),
+            ),
+            (
+                "lfm_kv_blocks_total",
+                "KV cache blocks in all.",
+                self.kv_blocks_total.load(Ordering::Relaxed),
+            ),
         ];
         for (name, help, v) in gauges {
             let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} gauge\n{name} {v}");
         }
         let h = self.latencies.lock().expect("metrics lock");
-        h[TTFT].render("lfm_time_to_first_token_seconds", "From arrival to the first generated token.", &mut out);
-        h[ITL].render("lfm_inter_token_latency_seconds", "Between consecutive tokens of a sequence.", &mut out);
-        h[REQUEST].render("lfm_request_duration_seconds", "From arrival to the last token.", &mut out);
-        h[STEP].render("lfm_batch_step_seconds", "One batched forward pass.", &mut out);
+        h[TTFT].render(
+            "lfm_time_to_first_token_seconds",
+            "From arrival to the first generated token.",
+            &mut out,
+        );
+        h[ITL].render(
+            "lfm_inter_token_latency_seconds",
+            "Between consecutive tokens of a sequence.",
+            &mut out,
+        );
+        h[REQUEST].render(
+            "lfm_request_duration_seconds",
+            "From arrival to the last token.",
+            &mut out,
+        );
+        h[STEP].render(
+            "lfm_batch_step_seconds",
+            "One batched forward pass.",
+            &mut out,
+        );
         out
     }
 }

@@ -67,8 +67,15 @@ pub enum Command {
 struct Running<'t> {
     req: Box<GenRequest>,
     id: SeqId,
-    /// Prompt tokens in the cache so far.
+    /// What must be in the cache before the next decode step: the prompt,
+    /// or after a preemption the prompt and the tokens generated so far.
+    feed: Vec<u32>,
+    /// Tokens of `feed` in the cache so far.
     fed: usize,
+    /// How many leading tokens of `feed` are prompt (the rest were
+    /// generated and are recomputed as decode steps computed them).
+    prompt_len: usize,
+    /// Prompt tokens the prefix cache supplied at first admission.
     cached: usize,
     sampler: Sampler,
     /// Prompt and generated tokens, for the penalties.
@@ -76,10 +83,41 @@ struct Running<'t> {
     generated: usize,
     /// The last token produced, which the next step consumes.
     last: Option<u32>,
+    /// After a preemption: the produced token to consume once `feed` is
+    /// back in the cache.
+    resume: Option<u32>,
     stream: Option<TextStream<'t>>,
     filter: StopFilter,
-    first_token_at: Option<Instant>,
     last_token_at: Option<Instant>,
+}
+
+impl Running<'_> {
+    fn events_closed(&self) -> bool {
+        self.req.events.is_closed()
+    }
+}
+
+/// A request waiting for a place in the batch: new, or preempted when the
+/// cache ran out (it resumes where it stopped, recomputing its cache).
+enum Waiting<'t> {
+    New(Box<GenRequest>),
+    Preempted(Box<Running<'t>>),
+}
+
+impl Waiting<'_> {
+    fn request(&self) -> &GenRequest {
+        match self {
+            Waiting::New(r) => r,
+            Waiting::Preempted(r) => &r.req,
+        }
+    }
+
+    fn feed(&self) -> &[u32] {
+        match self {
+            Waiting::New(r) => &r.prompt,
+            Waiting::Preempted(r) => &r.feed,
+        }
+    }
 }
 
 /// Runs the scheduler until the command channel closes or says shut down
@@ -99,7 +137,7 @@ pub fn run(
         bytes.resize(vocab, None);
         Rc::new(TokenTable::new(bytes))
     });
-    let mut waiting: VecDeque<Box<GenRequest>> = VecDeque::new();
+    let mut waiting: VecDeque<Waiting> = VecDeque::new();
     let mut running: Vec<Running> = Vec::new();
     let mut accepting = true;
     loop {
@@ -109,19 +147,19 @@ pub fn run(
                 return;
             }
             match commands.recv() {
-                Ok(Command::Generate(r)) => waiting.push_back(r),
+                Ok(Command::Generate(r)) => waiting.push_back(Waiting::New(r)),
                 Ok(Command::Shutdown) | Err(_) => return,
             }
         }
         while let Ok(c) = commands.try_recv() {
             match c {
-                Command::Generate(r) => waiting.push_back(r),
+                Command::Generate(r) => waiting.push_back(Waiting::New(r)),
                 Command::Shutdown => accepting = false,
             }
         }
         // Abandoned requests leave at once and free their blocks.
-        waiting.retain(|r| {
-            let gone = r.events.is_closed();
+        waiting.retain(|w| {
+            let gone = w.request().events.is_closed();
             if gone {
                 metrics.waiting.fetch_sub(1, Ordering::Relaxed);
                 metrics.cancelled.fetch_add(1, Ordering::Relaxed);
@@ -129,7 +167,7 @@ pub fn run(
             !gone
         });
         running.retain(|r| {
-            let gone = r.req.events.is_closed();
+            let gone = r.events_closed();
             if gone {
                 model.close(r.id);
                 metrics.cancelled.fetch_add(1, Ordering::Relaxed);
@@ -138,36 +176,50 @@ pub fn run(
         });
         // Admission, first come first served.
         while running.len() < max_running {
-            let Some(req) = waiting.front() else { break };
-            let max_len = req.prompt.len() + req.max_tokens;
-            match model.open(&req.prompt, max_len) {
+            let Some(w) = waiting.front() else { break };
+            match model.open(w.feed()) {
                 Ok(Some((id, cached))) => {
-                    let req = waiting.pop_front().expect("front");
                     metrics.waiting.fetch_sub(1, Ordering::Relaxed);
-                    let mut sampler = Sampler::new(req.sampling.clone());
-                    if let (Some(g), Some(t)) = (&req.grammar, &table) {
-                        sampler.set_constraint(Constraint::new(g.clone(), t.clone(), eos.clone()));
-                    }
-                    running.push(Running {
-                        id,
-                        fed: cached,
-                        cached,
-                        sampler,
-                        history: req.prompt.clone(),
-                        generated: 0,
-                        last: None,
-                        stream: tokenizer.map(TextStream::new),
-                        filter: StopFilter::new(&req.stop),
-                        first_token_at: None,
-                        last_token_at: None,
-                        req,
-                    });
+                    let r = match waiting.pop_front().expect("front") {
+                        Waiting::New(req) => {
+                            let mut sampler = Sampler::new(req.sampling.clone());
+                            if let (Some(g), Some(t)) = (&req.grammar, &table) {
+                                sampler.set_constraint(Constraint::new(
+                                    g.clone(),
+                                    t.clone(),
+                                    eos.clone(),
+                                ));
+                            }
+                            Running {
+                                id,
+                                feed: req.prompt.clone(),
+                                fed: cached,
+                                prompt_len: req.prompt.len(),
+                                cached,
+                                sampler,
+                                history: req.prompt.clone(),
+                                generated: 0,
+                                last: None,
+                                resume: None,
+                                stream: tokenizer.map(TextStream::new),
+                                filter: StopFilter::new(&req.stop),
+                                last_token_at: None,
+                                req,
+                            }
+                        }
+                        Waiting::Preempted(r) => Running {
+                            id,
+                            fed: cached,
+                            ..*r
+                        },
+                    };
+                    running.push(r);
                 }
                 Ok(None) => break,
                 Err(e) => {
-                    let req = waiting.pop_front().expect("front");
                     metrics.waiting.fetch_sub(1, Ordering::Relaxed);
-                    let _ = req.events.send(GenEvent::Failed(e.to_string()));
+                    let w = waiting.pop_front().expect("front");
+                    let _ = w.request().events.send(GenEvent::Failed(e.to_string()));
                 }
             }
         }
@@ -178,89 +230,98 @@ pub fn run(
             }
             // Nothing runs, yet the first waiting request does not fit: it
             // never will.
-            let req = waiting.pop_front().expect("non-empty");
             metrics.waiting.fetch_sub(1, Ordering::Relaxed);
-            let _ = req.events.send(GenEvent::Failed(format!(
+            let w = waiting.pop_front().expect("non-empty");
+            let _ = w.request().events.send(GenEvent::Failed(format!(
                 "the request needs {} positions of KV cache, more than the server has (--kv-memory)",
-                req.prompt.len() + req.max_tokens
+                w.feed().len() + 1
             )));
             continue;
         }
 
-        // This step's work: every decode token, then prompt chunks.
-        let mut budget = STEP_TOKENS;
-        let mut plan: Vec<(usize, std::ops::Range<usize>)> = Vec::new();
-        let mut decode_tokens: Vec<u32> = Vec::new();
-        for (i, r) in running.iter().enumerate() {
-            if let Some(t) = r.last {
-                plan.push((i, 0..0));
-                decode_tokens.push(t);
-                budget = budget.saturating_sub(1);
+        // This step's work; while the cache cannot take it, the newest
+        // sequence steps back into the queue (vLLM's recompute preemption).
+        let plan = loop {
+            let plan = plan_step(&running);
+            let need: usize = plan
+                .iter()
+                .map(|(i, range)| model.blocks_needed(running[*i].id, range.len().max(1)))
+                .sum();
+            if need <= model.free_blocks() || running.len() == 1 {
+                break plan;
             }
-        }
-        for (i, r) in running.iter().enumerate() {
-            if r.last.is_none() && budget > 0 {
-                let end = (r.fed + budget).min(r.req.prompt.len());
-                plan.push((i, r.fed..end));
-                budget -= end - r.fed;
+            let mut r = running.pop().expect("more than one");
+            model.close(r.id);
+            if let Some(t) = r.last.take() {
+                r.feed = r.history[..r.history.len() - 1].to_vec();
+                r.resume = Some(t);
             }
-        }
-        let mut next_decode = 0;
-        let singles: Vec<[u32; 1]> = decode_tokens.iter().map(|&t| [t]).collect();
+            r.fed = 0;
+            metrics.preempted.fetch_add(1, Ordering::Relaxed);
+            metrics.waiting.fetch_add(1, Ordering::Relaxed);
+            waiting.push_front(Waiting::Preempted(Box::new(r)));
+        };
+        let singles: Vec<[u32; 1]> = plan
+            .iter()
+            .map(|(i, _)| [running[*i].last.unwrap_or(0)])
+            .collect();
         let work: Vec<SeqWork> = plan
             .iter()
-            .map(|(i, range)| {
+            .zip(&singles)
+            .map(|((i, range), single)| {
                 let r = &running[*i];
                 let tokens: &[u32] = if range.is_empty() {
-                    next_decode += 1;
-                    &singles[next_decode - 1]
+                    single
                 } else {
-                    &r.req.prompt[range.clone()]
+                    &r.feed[range.clone()]
                 };
-                SeqWork { id: r.id, tokens }
+                // `generate` alone computes a one-token prompt as decode.
+                let as_decode =
+                    range.is_empty() || range.start >= r.prompt_len || r.prompt_len == 1;
+                SeqWork {
+                    id: r.id,
+                    tokens,
+                    as_decode,
+                }
             })
             .collect();
         let t0 = Instant::now();
         let result = model.step(&work);
         metrics.observe_step(t0.elapsed(), work.len());
-        let logits = match result {
-            Ok(l) => l,
+        let mut finished = vec![false; running.len()];
+        match result {
+            Ok(logits) => {
+                for ((i, range), logits) in plan.iter().zip(logits) {
+                    let r = &mut running[*i];
+                    if !range.is_empty() {
+                        r.fed = range.end;
+                        if r.fed < r.feed.len() {
+                            continue;
+                        }
+                        if let Some(t) = r.resume.take() {
+                            r.last = Some(t);
+                            continue;
+                        }
+                        metrics
+                            .prompt_tokens
+                            .fetch_add(r.req.prompt.len() as u64, Ordering::Relaxed);
+                    }
+                    if let Err(e) = produce(r, &logits, &eos, tokenizer, &metrics) {
+                        let _ = r.req.events.send(GenEvent::Failed(e.to_string()));
+                        finished[*i] = true;
+                        continue;
+                    }
+                    if r.last.is_none() {
+                        finished[*i] = true;
+                    }
+                }
+            }
             Err(e) => {
                 // A failed step fails the sequences in it; the server goes on.
                 for (i, _) in &plan {
-                    let r = &running[*i];
-                    let _ = r.req.events.send(GenEvent::Failed(e.to_string()));
-                    model.close(r.id);
+                    let _ = running[*i].req.events.send(GenEvent::Failed(e.to_string()));
+                    finished[*i] = true;
                 }
-                let failed: Vec<usize> = plan.iter().map(|(i, _)| *i).collect();
-                let mut k = 0;
-                running.retain(|_| {
-                    k += 1;
-                    !failed.contains(&(k - 1))
-                });
-                publish(model, running.len(), &metrics);
-                continue;
-            }
-        };
-        let mut finished = vec![false; running.len()];
-        for ((i, range), logits) in plan.iter().zip(logits) {
-            let r = &mut running[*i];
-            if !range.is_empty() {
-                r.fed = range.end;
-                if r.fed < r.req.prompt.len() {
-                    continue;
-                }
-                metrics
-                    .prompt_tokens
-                    .fetch_add(r.req.prompt.len() as u64, Ordering::Relaxed);
-            }
-            if let Err(e) = produce(r, &logits, &eos, tokenizer, &metrics) {
-                let _ = r.req.events.send(GenEvent::Failed(e.to_string()));
-                finished[*i] = true;
-                continue;
-            }
-            if r.last.is_none() {
-                finished[*i] = true;
             }
         }
         let mut k = 0;
@@ -279,8 +340,40 @@ pub fn run(
 fn publish(model: &dyn BatchedLm, running: usize, metrics: &Metrics) {
     metrics.running.store(running, Ordering::Relaxed);
     let usage = model.usage();
-    metrics.kv_blocks_in_use.store(usage.in_use, Ordering::Relaxed);
-    metrics.kv_blocks_total.store(usage.total, Ordering::Relaxed);
+    metrics
+        .kv_blocks_in_use
+        .store(usage.in_use, Ordering::Relaxed);
+    metrics
+        .kv_blocks_total
+        .store(usage.total, Ordering::Relaxed);
+}
+
+/// Which running sequences a step feeds and what: an empty range for a
+/// decode token, else the next chunk of its feed. Decode tokens go first,
+/// then prompt chunks up to [`STEP_TOKENS`].
+fn plan_step(running: &[Running]) -> Vec<(usize, std::ops::Range<usize>)> {
+    let mut budget = STEP_TOKENS;
+    let mut plan = Vec::new();
+    for (i, r) in running.iter().enumerate() {
+        if r.last.is_some() {
+            plan.push((i, 0..0));
+            budget = budget.saturating_sub(1);
+        }
+    }
+    for (i, r) in running.iter().enumerate() {
+        if r.last.is_none() && budget > 0 {
+            // A chunk is all prompt or all recomputed decode tokens.
+            let limit = if r.fed < r.prompt_len {
+                r.prompt_len
+            } else {
+                r.feed.len()
+            };
+            let end = (r.fed + budget).min(limit);
+            plan.push((i, r.fed..end));
+            budget -= end - r.fed;
+        }
+    }
+    plan
 }
 
 /// Samples the next token from `logits`, streams its text, and decides
@@ -307,7 +400,6 @@ fn produce(
         None => metrics.observe_first_token(now - r.req.arrived),
         Some(t) => metrics.observe_inter_token(now - t),
     }
-    r.first_token_at.get_or_insert(now);
     r.last_token_at = Some(now);
     let logprob = r.sampler.options().logprobs.and_then(|_| {
         r.sampler.take_logprobs().pop().map(|l| Logprob {

@@ -1,0 +1,524 @@
+//! `serve` over HTTP: batched greedy output equal to `generate` alone, the
+//! error answers, auth, the bounded queue, cancellation, preemption, a
+//! load test, and a clean stop on SIGTERM. Each test starts its own
+//! server on a free loopback port (CPU backend) and stops it.
+
+mod common;
+mod serve_support;
+
+use serde_json::{json, Value};
+use serve_support::{read_events_then_hang_up, send, Server};
+use std::collections::HashMap;
+
+fn tiny_lfm2() -> String {
+    common::repo()
+        .join("samples/fixtures/llm/tiny-lfm2")
+        .display()
+        .to_string()
+}
+
+fn tiny_llama() -> String {
+    common::repo()
+        .join("samples/fixtures/llm/tiny-llama")
+        .display()
+        .to_string()
+}
+
+/// `generate --raw` greedy text of `prompt` alone, and its finish reason.
+fn generate_alone(model: &str, prompt: &str, n: usize) -> (String, String) {
+    let o = common::run(
+        env!("CARGO_BIN_EXE_generate"),
+        &[
+            "--cpu",
+            "-m",
+            model,
+            "--raw",
+            "--temperature",
+            "0",
+            "-n",
+            &n.to_string(),
+            "-p",
+            prompt,
+            "--json",
+        ],
+    );
+    assert!(o.status.success(), "{}", common::stderr(&o));
+    let v: Value = serde_json::from_str(common::stdout(&o).trim()).unwrap();
+    let finish = match v["finish_reason"].as_str().unwrap() {
+        "length" => "length",
+        _ => "stop",
+    };
+    (v["text"].as_str().unwrap().to_string(), finish.to_string())
+}
+
+fn completion(s: &Server, prompt: &str, n: usize) -> Value {
+    let r = s.post_json(
+        "/v1/completions",
+        &json!({"prompt": prompt, "max_tokens": n, "temperature": 0}).to_string(),
+    );
+    assert_eq!(r.status, 200, "{}", r.text());
+    r.json()
+}
+
+#[test]
+fn batched_greedy_output_equals_generate_alone() {
+    let model = common::smollm2().display().to_string();
+    let s = Server::start(&["--cpu", "-m", &model]);
+    let prompts: Vec<(String, usize)> = (0..6)
+        .map(|i| {
+            let p = match i % 3 {
+                0 => format!("Question {i}: what is {i} plus {i}? Answer:"),
+                1 => format!("Write a list of {i} fruits, one per line, with a short note about the colour of each one:"),
+                _ => "The history of the printing press".repeat(1 + i / 2),
+            };
+            (p, 8 + 7 * i)
+        })
+        .collect();
+    // Different lengths arriving at different times share the batch.
+    let port = s.port;
+    let handles: Vec<_> = prompts
+        .iter()
+        .cloned()
+        .enumerate()
+        .map(|(i, (p, n))| {
+            std::thread::spawn(move || {
+                std::thread::sleep(std::time::Duration::from_millis(40 * i as u64));
+                let body =
+                    json!({"prompt": p, "max_tokens": n, "temperature": 0, "stream": i % 2 == 1});
+                let r = serve_support::request(
+                    port,
+                    "POST",
+                    "/v1/completions",
+                    &[("Content-Type", "application/json")],
+                    body.to_string().as_bytes(),
+                );
+                assert_eq!(r.status, 200, "{}", r.text());
+                if i % 2 == 1 {
+                    let events = r.events();
+                    assert_eq!(events.last().map(String::as_str), Some("[DONE]"));
+                    let mut text = String::new();
+                    let mut finish = String::new();
+                    for e in &events[..events.len() - 1] {
+                        let v: Value = serde_json::from_str(e).unwrap();
+                        text.push_str(v["choices"][0]["text"].as_str().unwrap());
+                        if let Some(f) = v["choices"][0]["finish_reason"].as_str() {
+                            finish = f.to_string();
+                        }
+                    }
+                    (text, finish)
+                } else {
+                    let v = r.json();
+                    (
+                        v["choices"][0]["text"].as_str().unwrap().to_string(),
+                        v["choices"][0]["finish_reason"]
+                            .as_str()
+                            .unwrap()
+                            .to_string(),
+                    )
+                }
+            })
+        })
+        .collect();
+    for ((p, n), h) in prompts.iter().zip(handles) {
+        let got = h.join().unwrap();
+        assert_eq!(got, generate_alone(&model, p, *n), "prompt {p:?}");
+    }
+    // The chat endpoint renders the template as generate does.
+    let r = s.post_json(
+        "/v1/chat/completions",
+        &json!({"messages": [{"role": "user", "content": "What is the capital of France?"}], "temperature": 0, "max_tokens": 20}).to_string(),
+    );
+    assert_eq!(r.status, 200, "{}", r.text());
+    let v = r.json();
+    assert_eq!(
+        v["choices"][0]["message"]["content"],
+        "The capital of France is Paris."
+    );
+    assert_eq!(v["object"], "chat.completion");
+    assert_eq!(v["usage"]["completion_tokens"], 7);
+    // A repeat of the prompt takes its full blocks from the prefix cache.
+    let again = s.post_json(
+        "/v1/chat/completions",
+        &json!({"messages": [{"role": "user", "content": "What is the capital of France?"}], "temperature": 0, "max_tokens": 20}).to_string(),
+    );
+    let u = &again.json()["usage"];
+    assert_eq!(u["prompt_tokens_details"]["cached_tokens"], 32, "{u}");
+    assert_eq!(
+        again.json()["choices"][0]["message"]["content"],
+        "The capital of France is Paris."
+    );
+    s.wait_metric("lfm_kv_blocks_in_use", 0.0, 10);
+}
+
+#[test]
+fn bad_requests_get_openai_errors_and_the_server_keeps_serving() {
+    let s = Server::start(&["--cpu", "-m", &tiny_llama(), "--max-body-mib", "1"]);
+    let cases: Vec<(&str, String, u16, Option<&str>)> = vec![
+        ("/v1/completions", "{not json".into(), 400, None),
+        (
+            "/v1/completions",
+            json!({"prompt": 5}).to_string(),
+            400,
+            Some("prompt"),
+        ),
+        (
+            "/v1/completions",
+            json!({"prompt": "hi", "temperature": "hot"}).to_string(),
+            400,
+            Some("temperature"),
+        ),
+        (
+            "/v1/completions",
+            json!({"prompt": "hi", "temperature": 7}).to_string(),
+            400,
+            Some("temperature"),
+        ),
+        (
+            "/v1/completions",
+            json!({"prompt": "hi", "max_tokens": 0}).to_string(),
+            400,
+            Some("max_tokens"),
+        ),
+        (
+            "/v1/completions",
+            json!({"prompt": "hi", "max_tokens": 100_000_000}).to_string(),
+            400,
+            Some("max_tokens"),
+        ),
+        (
+            "/v1/completions",
+            json!({"prompt": "hi", "n": 2}).to_string(),
+            400,
+            Some("n"),
+        ),
+        (
+            "/v1/completions",
+            json!({"prompt": "hi", "stop": [""]}).to_string(),
+            400,
+            Some("stop"),
+        ),
+        (
+            "/v1/completions",
+            json!({"prompt": "hi", "logit_bias": {"abc": 1}}).to_string(),
+            400,
+            Some("logit_bias"),
+        ),
+        (
+            "/v1/completions",
+            json!({"prompt": "hi", "logit_bias": {"99999": 1}}).to_string(),
+            400,
+            Some("logit_bias"),
+        ),
+        (
+            "/v1/completions",
+            json!({"prompt": ""}).to_string(),
+            400,
+            Some("prompt"),
+        ),
+        (
+            "/v1/completions",
+            json!({"prompt": [1, 2, 99999]}).to_string(),
+            400,
+            Some("prompt"),
+        ),
+        (
+            "/v1/completions",
+            json!({"prompt": "hi", "response_format": {"type": "yaml"}}).to_string(),
+            400,
+            Some("response_format.type"),
+        ),
+        (
+            "/v1/chat/completions",
+            json!({"messages": []}).to_string(),
+            400,
+            Some("messages"),
+        ),
+        (
+            "/v1/chat/completions",
+            json!({"messages": [{"role": "wizard", "content": "x"}]}).to_string(),
+            400,
+            Some("messages[0].role"),
+        ),
+        (
+            "/v1/chat/completions",
+            json!({"messages": "hello"}).to_string(),
+            400,
+            Some("messages"),
+        ),
+        (
+            "/v1/embeddings",
+            json!({"input": "hi"}).to_string(),
+            404,
+            None,
+        ),
+        ("/v1/nowhere", "{}".into(), 404, None),
+    ];
+    for (path, body, status, param) in cases {
+        let r = s.post_json(path, &body);
+        assert_eq!(r.status, status, "{path} {body}: {}", r.text());
+        let v = r.json();
+        let err = &v["error"];
+        assert!(
+            err["message"].as_str().is_some_and(|m| !m.is_empty()),
+            "{v}"
+        );
+        assert!(err["type"].is_string(), "{v}");
+        if let Some(p) = param {
+            assert_eq!(err["param"], p, "{path} {body}: {v}");
+        }
+    }
+    // Over the body limit: 413, with the error object.
+    let big = format!("{{\"prompt\": \"{}\"}}", "a".repeat(1_500_000));
+    let r = s.post_json("/v1/completions", &big);
+    assert_eq!(r.status, 413, "{}", r.text());
+    assert!(r.json()["error"]["message"]
+        .as_str()
+        .unwrap()
+        .contains("larger than"));
+    // Still serving.
+    assert_eq!(s.request("GET", "/health", &[], b"").status, 200);
+    let v = completion(&s, "hello there", 5);
+    assert_eq!(v["usage"]["completion_tokens"], 5);
+    let m = s.request("GET", "/metrics", &[], b"").text();
+    assert!(
+        m.contains("lfm_requests_total{endpoint=\"/v1/completions\",status=\"400\"}"),
+        "{m}"
+    );
+    assert!(
+        m.contains("lfm_requests_total{endpoint=\"/v1/completions\",status=\"413\"} 1"),
+        "{m}"
+    );
+}
+
+#[test]
+fn an_api_key_is_required_when_set() {
+    let s = Server::start(&["--cpu", "-m", &tiny_llama(), "--api-key", "sekrit"]);
+    let body = json!({"prompt": "hi", "max_tokens": 2}).to_string();
+    let json_ct = ("Content-Type", "application/json");
+    let none = s.request("POST", "/v1/completions", &[json_ct], body.as_bytes());
+    assert_eq!(none.status, 401);
+    assert!(none.json()["error"]["message"]
+        .as_str()
+        .unwrap()
+        .contains("API key"));
+    let wrong = s.request(
+        "POST",
+        "/v1/completions",
+        &[json_ct, ("Authorization", "Bearer sekriT")],
+        body.as_bytes(),
+    );
+    assert_eq!(wrong.status, 401);
+    let models = s.request("GET", "/v1/models", &[], b"");
+    assert_eq!(models.status, 401);
+    let right = s.request(
+        "POST",
+        "/v1/completions",
+        &[json_ct, ("Authorization", "Bearer sekrit")],
+        body.as_bytes(),
+    );
+    assert_eq!(right.status, 200, "{}", right.text());
+    assert_eq!(
+        s.request("GET", "/health", &[], b"").status,
+        200,
+        "health stays open"
+    );
+}
+
+#[test]
+fn a_full_queue_answers_429_and_a_hang_up_frees_the_cache() {
+    let s = Server::start(&[
+        "--cpu",
+        "-m",
+        &common::smollm2().display().to_string(),
+        "--parallel",
+        "1",
+        "--max-queue",
+        "1",
+    ]);
+    // No end-of-sequence token: it runs until the client hangs up.
+    let long = json!({"prompt": "Tell me a very long story about a dragon.", "max_tokens": 2000, "stream": true,
+        "temperature": 0, "logit_bias": {"0": -100, "1": -100, "2": -100}}).to_string();
+    let ct = [("Content-Type", "application/json")];
+    let a = send(s.port, "POST", "/v1/completions", &ct, long.as_bytes());
+    s.wait_metric("lfm_running_sequences", 1.0, 60);
+    let b = send(s.port, "POST", "/v1/completions", &ct, long.as_bytes());
+    s.wait_metric("lfm_queue_depth", 1.0, 60);
+    let c = s.post_json("/v1/completions", &long);
+    assert_eq!(c.status, 429, "{}", c.text());
+    assert_eq!(c.header("retry-after"), Some("1"));
+    assert_eq!(c.json()["error"]["type"], "rate_limit_error");
+    // The running client reads a little and hangs up; the waiting one too.
+    assert!(read_events_then_hang_up(a, 3) >= 3);
+    drop(b);
+    s.wait_metric("lfm_running_sequences", 0.0, 60);
+    s.wait_metric("lfm_queue_depth", 0.0, 60);
+    s.wait_metric("lfm_kv_blocks_in_use", 0.0, 60);
+    assert!(s.metric("lfm_cancelled_total") >= 2.0);
+}
+
+#[test]
+fn a_small_cache_preempts_and_every_answer_stays_exact() {
+    // 4 MiB of cache hold ~90 SmolLM2 positions: three sequences of ~70
+    // positions cannot run together, so some step back and resume.
+    let model = common::smollm2().display().to_string();
+    let s = Server::start(&["--cpu", "-m", &model, "--kv-memory", "4"]);
+    let prompts = [
+        "The three primary colours are",
+        "A short poem about the sea:",
+        "Ten facts about owls. 1.",
+    ];
+    let port = s.port;
+    let handles: Vec<_> = prompts
+        .iter()
+        .map(|p| {
+            let body = json!({"prompt": p, "max_tokens": 60, "temperature": 0}).to_string();
+            std::thread::spawn(move || {
+                serve_support::request(
+                    port,
+                    "POST",
+                    "/v1/completions",
+                    &[("Content-Type", "application/json")],
+                    body.as_bytes(),
+                )
+            })
+        })
+        .collect();
+    for (p, h) in prompts.iter().zip(handles) {
+        let r = h.join().unwrap();
+        assert_eq!(r.status, 200, "{}", r.text());
+        let v = r.json();
+        let got = (
+            v["choices"][0]["text"].as_str().unwrap().to_string(),
+            v["choices"][0]["finish_reason"]
+                .as_str()
+                .unwrap()
+                .to_string(),
+        );
+        assert_eq!(got, generate_alone(&model, p, 60), "{p:?}");
+    }
+    assert!(
+        s.metric("lfm_preemptions_total") >= 1.0,
+        "the cache was never short"
+    );
+    s.wait_metric("lfm_kv_blocks_in_use", 0.0, 10);
+    // A request that cannot fit even alone is refused, not hung.
+    let r = s.post_json(
+        "/v1/completions",
+        &json!({"prompt": "x ".repeat(200), "max_tokens": 4}).to_string(),
+    );
+    assert_eq!(r.status, 500, "{}", r.text());
+    assert!(
+        r.json()["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("KV cache"),
+        "{}",
+        r.text()
+    );
+}
+
+#[test]
+fn sixty_four_streaming_clients_get_whole_answers_and_leak_no_blocks() {
+    let model = tiny_lfm2();
+    let s = Server::start(&["--cpu", "-m", &model]);
+    // Prompts sharing a long prefix (the prefix cache and LFM2's conv
+    // snapshots at block ends are exercised), with their expected answers
+    // from generate alone.
+    let shared =
+        "You are a helpful assistant. Answer briefly and politely, and say when you do not know. ";
+    let prompts: Vec<String> = (0..6)
+        .map(|i| format!("{shared}Question {i}: how many legs has a spider?"))
+        .collect();
+    let lengths = [3usize, 11, 24];
+    let mut expected: HashMap<(usize, usize), (String, String)> = HashMap::new();
+    for (i, p) in prompts.iter().enumerate() {
+        for &n in &lengths {
+            expected.insert((i, n), generate_alone(&model, p, n));
+        }
+    }
+    let expected = std::sync::Arc::new(expected);
+    let prompts = std::sync::Arc::new(prompts);
+    let port = s.port;
+    let clients: Vec<_> = (0..64usize)
+        .map(|c| {
+            let (expected, prompts) = (expected.clone(), prompts.clone());
+            std::thread::spawn(move || {
+                let mut done = 0;
+                let mut cancelled = 0;
+                for k in 0..3usize {
+                    let pick = (c * 7 + k * 5) % prompts.len();
+                    let n = lengths[(c + k) % lengths.len()];
+                    let body = json!({"prompt": prompts[pick], "max_tokens": n, "temperature": 0, "stream": true}).to_string();
+                    if (c + k) % 5 == 0 {
+                        let conn = send(port, "POST", "/v1/completions", &[("Content-Type", "application/json")], body.as_bytes());
+                        read_events_then_hang_up(conn, 2);
+                        cancelled += 1;
+                        continue;
+                    }
+                    let r = serve_support::request(port, "POST", "/v1/completions", &[("Content-Type", "application/json")], body.as_bytes());
+                    assert_eq!(r.status, 200, "{}", r.text());
+                    let events = r.events();
+                    assert_eq!(events.last().map(String::as_str), Some("[DONE]"), "client {c}: {events:?}");
+                    let mut text = String::new();
+                    let mut finish = String::new();
+                    for e in &events[..events.len() - 1] {
+                        let v: Value = serde_json::from_str(e).unwrap();
+                        text.push_str(v["choices"][0]["text"].as_str().unwrap());
+                        if let Some(f) = v["choices"][0]["finish_reason"].as_str() {
+                            finish = f.to_string();
+                        }
+                    }
+                    assert_eq!((text, finish), expected[&(pick, n)], "client {c} request {k}");
+                    done += 1;
+                }
+                (done, cancelled)
+            })
+        })
+        .collect();
+    let (mut done, mut cancelled) = (0, 0);
+    for h in clients {
+        let (d, c) = h.join().unwrap();
+        done += d;
+        cancelled += c;
+    }
+    assert_eq!(done + cancelled, 64 * 3);
+    s.wait_metric("lfm_running_sequences", 0.0, 30);
+    s.wait_metric("lfm_queue_depth", 0.0, 30);
+    s.wait_metric("lfm_kv_blocks_in_use", 0.0, 30);
+    let m = s.request("GET", "/metrics", &[], b"").text();
+    let ok = m
+        .lines()
+        .find_map(|l| {
+            l.strip_prefix("lfm_requests_total{endpoint=\"/v1/completions\",status=\"200\"} ")
+        })
+        .unwrap();
+    assert_eq!(
+        ok.trim().parse::<usize>().unwrap(),
+        done + cancelled,
+        "every request answered"
+    );
+}
+
+#[test]
+fn sigterm_lets_running_requests_finish_then_exits_0() {
+    let s = Server::start(&["--cpu", "-m", &common::smollm2().display().to_string()]);
+    let port = s.port;
+    let h = std::thread::spawn(move || {
+        serve_support::request(
+            port,
+            "POST",
+            "/v1/completions",
+            &[("Content-Type", "application/json")],
+            json!({"prompt": "Once upon a time", "max_tokens": 40, "temperature": 0,
+                "logit_bias": {"0": -100, "1": -100, "2": -100}})
+            .to_string()
+            .as_bytes(),
+        )
+    });
+    s.wait_metric("lfm_running_sequences", 1.0, 60);
+    let status = s.terminate();
+    assert!(status.success(), "exit status {status}");
+    let r = h.join().unwrap();
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.json()["usage"]["completion_tokens"], 40, "{}", r.text());
+}
