@@ -99,6 +99,12 @@ pub struct Args {
     #[arg(long, default_value_t = 1234)]
     pub seed: u64,
 
+    /// Batched decode instead, as llama-batched-bench measures it (`serve`'s
+    /// engine without HTTP): for each B, prefill B sequences of the first -p
+    /// tokens, then the first -n steps of all B together.
+    #[arg(long, value_delimiter = ',', value_name = "B,...", value_parser = super::values::positive)]
+    pub batch: Option<Vec<usize>>,
+
     /// Also profile this many decode steps of each gpu arm at each depth,
     /// and one run of each prompt test: device time per kernel (timestamp
     /// queries) and host time per step.
@@ -266,6 +272,9 @@ pub fn run(mut args: Args) -> anyhow::Result<()> {
         }
     }
     let host_bw = bench::host_copy_bandwidth();
+    if let Some(batches) = &args.batch {
+        return batched(&args, &models, &types, &gpu_opts, batches);
+    }
 
     let mut rows = Vec::new();
     let mut profiles = Vec::new();
@@ -700,4 +709,63 @@ fn llama_bench(
         }
     }
     Ok(rows)
+}
+
+/// `--batch`: llama-batched-bench's table for each model, format and arm.
+fn batched(
+    args: &Args,
+    models: &[PathBuf],
+    types: &[Option<GgmlType>],
+    gpu_opts: &GpuOptions,
+    batches: &[usize],
+) -> anyhow::Result<()> {
+    let pp = args.n_prompt.first().copied().unwrap_or(128).max(1);
+    let tg = args.n_gen.first().copied().unwrap_or(128).max(1);
+    let mut out = std::io::stdout().lock();
+    for model in models {
+        for &ty in types {
+            for &arm in &args.backends {
+                let device = match arm {
+                    Arm::Cpu => DeviceChoice::Cpu,
+                    Arm::Gpu => DeviceChoice::Gpu(gpu_opts.clone()),
+                };
+                let opts = LoadOptions {
+                    device,
+                    weight_type: ty,
+                    cpu_activations: Activations::Int8,
+                };
+                let most = batches.iter().max().copied().unwrap_or(1);
+                let mut loaded = models::load_batched_llm(model, &opts, None)?;
+                // Room for the largest batch, whatever the context.
+                let cfg = loaded.model.config().clone();
+                let needed = most * (pp + tg);
+                if needed > 4 * cfg.context {
+                    let attention = cfg.layers.iter().filter(|k| **k == crate::models::llm::LayerKind::Attention).count();
+                    let bytes = needed * 2 * attention * cfg.kv_heads * cfg.head_dim * 4;
+                    loaded = models::load_batched_llm(model, &opts, Some(bytes))?;
+                }
+                let backend = loaded.model.backend_name();
+                if args.output == Output::Md {
+                    writeln!(out, "\n{} ({}, {backend})\n", model.display(), ty.map_or("as stored".to_string(), |t| t.to_string()))?;
+                    writeln!(out, "| PP | TG | B | N_KV | T_PP s | S_PP t/s | T_TG s | S_TG t/s |")?;
+                    writeln!(out, "|---:|---:|---:|---:|---:|---:|---:|---:|")?;
+                }
+                for &b in batches {
+                    if b > loaded.model.max_sequences() {
+                        crate::util::log::notice(&format!("{backend}: B = {b} is more than the {} sequences this backend runs at once; skipped", loaded.model.max_sequences()));
+                        continue;
+                    }
+                    let r = bench::batched_decode(loaded.model.as_mut(), pp, tg, b, args.seed)?;
+                    match args.output {
+                        Output::Json => writeln!(out, "{}", serde_json::json!({
+                            "model": model.display().to_string(), "backend": backend, "row": r,
+                        }))?,
+                        Output::Csv => writeln!(out, "{},{backend},{},{},{},{},{:.3},{:.2},{:.3},{:.2}", model.display(), r.pp, r.tg, r.b, r.n_kv, r.t_pp, r.s_pp, r.t_tg, r.s_tg)?,
+                        Output::Md => writeln!(out, "| {} | {} | {} | {} | {:.3} | {:.2} | {:.3} | {:.2} |", r.pp, r.tg, r.b, r.n_kv, r.t_pp, r.s_pp, r.t_tg, r.s_tg)?,
+                    }
+                }
+            }
+        }
+    }
+    Ok(())
 }

@@ -191,3 +191,77 @@ mod tests {
         assert_eq!(mean_sd(&[5.0]), (5.0, 0.0));
     }
 }
+
+/// One row of a batched-decode run, in llama-batched-bench's columns.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct BatchedRow {
+    /// Prompt tokens per sequence, generated tokens per sequence, sequences.
+    pub pp: usize,
+    pub tg: usize,
+    pub b: usize,
+    /// Cache positions in use at the end.
+    pub n_kv: usize,
+    pub t_pp: f64,
+    pub s_pp: f64,
+    pub t_tg: f64,
+    pub s_tg: f64,
+}
+
+/// Prefills `b` sequences of `pp` tokens (different ones each), then
+/// decodes `tg` steps of all `b` together, as llama-batched-bench measures;
+/// tokens come from the argmax, sampling and detokenisation are excluded.
+pub fn batched_decode(
+    model: &mut dyn crate::models::batch::BatchedLm,
+    pp: usize,
+    tg: usize,
+    b: usize,
+    seed: u64,
+) -> Result<BatchedRow> {
+    use crate::models::batch::SeqWork;
+    let vocab = model.config().vocab as u64;
+    let mut rng = crate::util::rng::Rng::new(seed);
+    let prompts: Vec<Vec<u32>> = (0..b)
+        .map(|_| (0..pp).map(|_| (rng.next_u64() % vocab) as u32).collect())
+        .collect();
+    let mut ids = Vec::with_capacity(b);
+    for p in &prompts {
+        let (id, _) = model.open(p)?.ok_or_else(|| {
+            crate::Error::invalid(format!("the KV cache cannot hold {b} sequences of {pp} tokens"))
+        })?;
+        ids.push(id);
+    }
+    let t0 = std::time::Instant::now();
+    let mut last = Vec::with_capacity(b);
+    for (&id, p) in ids.iter().zip(&prompts) {
+        let work = [SeqWork { id, tokens: p, as_decode: pp == 1 }];
+        let logits = model.step(&work)?;
+        last.push(crate::sampling::argmax(&logits[0]) as u32);
+    }
+    let t_pp = t0.elapsed().as_secs_f64();
+    let t1 = std::time::Instant::now();
+    for _ in 0..tg {
+        let singles: Vec<[u32; 1]> = last.iter().map(|&t| [t]).collect();
+        let work: Vec<SeqWork> = ids
+            .iter()
+            .zip(&singles)
+            .map(|(&id, t)| SeqWork { id, tokens: t, as_decode: true })
+            .collect();
+        let logits = model.step(&work)?;
+        last = logits.iter().map(|l| crate::sampling::argmax(l) as u32).collect();
+    }
+    let t_tg = t1.elapsed().as_secs_f64();
+    for id in ids {
+        model.close(id);
+    }
+    let rate = |n: usize, t: f64| if t > 0.0 { n as f64 / t } else { 0.0 };
+    Ok(BatchedRow {
+        pp,
+        tg,
+        b,
+        n_kv: b * (pp + tg),
+        t_pp,
+        s_pp: rate(b * pp, t_pp),
+        t_tg,
+        s_tg: rate(b * tg, t_tg),
+    })
+}
