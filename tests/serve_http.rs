@@ -522,3 +522,55 @@ fn sigterm_lets_running_requests_finish_then_exits_0() {
     assert_eq!(r.status, 200, "{}", r.text());
     assert_eq!(r.json()["usage"]["completion_tokens"], 40, "{}", r.text());
 }
+
+#[test]
+fn the_gpu_backend_serves_what_generate_gives_on_the_gpu() {
+    // Lavapipe in CI: --gpu insists on an adapter, software or not.
+    let model = tiny_llama();
+    let s = Server::start(&["--gpu", "-m", &model]);
+    let prompts = [
+        "hello world, this is",
+        "the quick brown fox",
+        "hello world, this is a test",
+    ];
+    let port = s.port;
+    let handles: Vec<_> = prompts
+        .iter()
+        .map(|p| {
+            let body = json!({"prompt": p, "max_tokens": 12, "temperature": 0}).to_string();
+            std::thread::spawn(move || {
+                serve_support::request(
+                    port,
+                    "POST",
+                    "/v1/completions",
+                    &[("Content-Type", "application/json")],
+                    body.as_bytes(),
+                )
+            })
+        })
+        .collect();
+    for (p, h) in prompts.iter().zip(handles) {
+        let r = h.join().unwrap();
+        assert_eq!(r.status, 200, "{}", r.text());
+        let o = common::run(
+            env!("CARGO_BIN_EXE_generate"),
+            &[
+                "--gpu",
+                "-m",
+                &model,
+                "--raw",
+                "--temperature",
+                "0",
+                "-n",
+                "12",
+                "-p",
+                p,
+                "--json",
+            ],
+        );
+        assert!(o.status.success(), "{}", common::stderr(&o));
+        let v: Value = serde_json::from_str(common::stdout(&o).trim()).unwrap();
+        assert_eq!(r.json()["choices"][0]["text"], v["text"], "{p:?}");
+    }
+    s.wait_metric("lfm_running_sequences", 0.0, 10);
+}

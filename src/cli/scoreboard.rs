@@ -740,14 +740,26 @@ fn batched(
                 let cfg = loaded.model.config().clone();
                 let needed = most * (pp + tg);
                 if needed > 4 * cfg.context {
-                    let attention = cfg.layers.iter().filter(|k| **k == crate::models::llm::LayerKind::Attention).count();
+                    let attention = cfg
+                        .layers
+                        .iter()
+                        .filter(|k| **k == crate::models::llm::LayerKind::Attention)
+                        .count();
                     let bytes = needed * 2 * attention * cfg.kv_heads * cfg.head_dim * 4;
                     loaded = models::load_batched_llm(model, &opts, Some(bytes))?;
                 }
                 let backend = loaded.model.backend_name();
                 if args.output == Output::Md {
-                    writeln!(out, "\n{} ({}, {backend})\n", model.display(), ty.map_or("as stored".to_string(), |t| t.to_string()))?;
-                    writeln!(out, "| PP | TG | B | N_KV | T_PP s | S_PP t/s | T_TG s | S_TG t/s |")?;
+                    writeln!(
+                        out,
+                        "\n{} ({}, {backend})\n",
+                        model.display(),
+                        ty.map_or("as stored".to_string(), |t| t.to_string())
+                    )?;
+                    writeln!(
+                        out,
+                        "| PP | TG | B | N_KV | T_PP s | S_PP t/s | T_TG s | S_TG t/s |"
+                    )?;
                     writeln!(out, "|---:|---:|---:|---:|---:|---:|---:|---:|")?;
                 }
                 for &b in batches {
@@ -757,11 +769,31 @@ fn batched(
                     }
                     let r = bench::batched_decode(loaded.model.as_mut(), pp, tg, b, args.seed)?;
                     match args.output {
-                        Output::Json => writeln!(out, "{}", serde_json::json!({
-                            "model": model.display().to_string(), "backend": backend, "row": r,
-                        }))?,
-                        Output::Csv => writeln!(out, "{},{backend},{},{},{},{},{:.3},{:.2},{:.3},{:.2}", model.display(), r.pp, r.tg, r.b, r.n_kv, r.t_pp, r.s_pp, r.t_tg, r.s_tg)?,
-                        Output::Md => writeln!(out, "| {} | {} | {} | {} | {:.3} | {:.2} | {:.3} | {:.2} |", r.pp, r.tg, r.b, r.n_kv, r.t_pp, r.s_pp, r.t_tg, r.s_tg)?,
+                        Output::Json => writeln!(
+                            out,
+                            "{}",
+                            serde_json::json!({
+                                "model": model.display().to_string(), "backend": backend, "row": r,
+                            })
+                        )?,
+                        Output::Csv => writeln!(
+                            out,
+                            "{},{backend},{},{},{},{},{:.3},{:.2},{:.3},{:.2}",
+                            model.display(),
+                            r.pp,
+                            r.tg,
+                            r.b,
+                            r.n_kv,
+                            r.t_pp,
+                            r.s_pp,
+                            r.t_tg,
+                            r.s_tg
+                        )?,
+                        Output::Md => writeln!(
+                            out,
+                            "| {} | {} | {} | {} | {:.3} | {:.2} | {:.3} | {:.2} |",
+                            r.pp, r.tg, r.b, r.n_kv, r.t_pp, r.s_pp, r.t_tg, r.s_tg
+                        )?,
                     }
                 }
             }

@@ -226,14 +226,20 @@ pub fn batched_decode(
     let mut ids = Vec::with_capacity(b);
     for p in &prompts {
         let (id, _) = model.open(p)?.ok_or_else(|| {
-            crate::Error::invalid(format!("the KV cache cannot hold {b} sequences of {pp} tokens"))
+            crate::Error::invalid(format!(
+                "the KV cache cannot hold {b} sequences of {pp} tokens"
+            ))
         })?;
         ids.push(id);
     }
     let t0 = std::time::Instant::now();
     let mut last = Vec::with_capacity(b);
     for (&id, p) in ids.iter().zip(&prompts) {
-        let work = [SeqWork { id, tokens: p, as_decode: pp == 1 }];
+        let work = [SeqWork {
+            id,
+            tokens: p,
+            as_decode: pp == 1,
+        }];
         let logits = model.step(&work)?;
         last.push(crate::sampling::argmax(&logits[0]) as u32);
     }
@@ -244,10 +250,17 @@ pub fn batched_decode(
         let work: Vec<SeqWork> = ids
             .iter()
             .zip(&singles)
-            .map(|(&id, t)| SeqWork { id, tokens: t, as_decode: true })
+            .map(|(&id, t)| SeqWork {
+                id,
+                tokens: t,
+                as_decode: true,
+            })
             .collect();
         let logits = model.step(&work)?;
-        last = logits.iter().map(|l| crate::sampling::argmax(l) as u32).collect();
+        last = logits
+            .iter()
+            .map(|l| crate::sampling::argmax(l) as u32)
+            .collect();
     }
     let t_tg = t1.elapsed().as_secs_f64();
     for id in ids {

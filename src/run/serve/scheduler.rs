@@ -286,7 +286,13 @@ pub fn run(
             })
             .collect();
         let t0 = Instant::now();
-        let result = model.step(&work);
+        // A panic fails this step's requests, not the server.
+        let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| model.step(&work)))
+            .unwrap_or_else(|_| {
+                Err(Error::invalid(
+                    "the model failed on this batch (an internal error)",
+                ))
+            });
         metrics.observe_step(t0.elapsed(), work.len());
         let mut finished = vec![false; running.len()];
         match result {
@@ -306,7 +312,11 @@ pub fn run(
                             .prompt_tokens
                             .fetch_add(r.req.prompt.len() as u64, Ordering::Relaxed);
                     }
-                    if let Err(e) = produce(r, &logits, &eos, tokenizer, &metrics) {
+                    let produced = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                        produce(r, &logits, &eos, tokenizer, &metrics)
+                    }))
+                    .unwrap_or_else(|_| Err(Error::invalid("sampling failed (an internal error)")));
+                    if let Err(e) = produced {
                         let _ = r.req.events.send(GenEvent::Failed(e.to_string()));
                         finished[*i] = true;
                         continue;
