@@ -4,17 +4,30 @@
 //! another sequence already computed (vLLM's automatic prefix caching).
 //!
 //! A block is *full* when all [`BLOCK`] of its positions hold a token. A full
-//! block is keyed by its tokens and the block before it, so equal keys mean
-//! equal prefixes; once its last user lets go it stays cached (evicted least
-//! recently used first) until a new block is needed.
+//! block is keyed by its tokens and a hash of every token before it
+//! ([`chain`]), so equal keys mean equal prefixes whichever sequence computed
+//! them; once its last user lets go it stays cached (evicted least recently
+//! used first) until a new block is needed.
 
 use std::collections::{BTreeMap, HashMap};
+use std::hash::{Hash, Hasher};
 
 /// Positions per block.
 pub const BLOCK: usize = 16;
 
-/// A full block's identity: the block before it and its tokens.
-type Key = (Option<u32>, Vec<u32>);
+/// The hash of the empty prefix.
+pub const ROOT: u64 = 0;
+
+/// A full block's identity: the hash of the prefix before it and its tokens.
+type Key = (u64, Vec<u32>);
+
+/// The hash of a prefix `parent` followed by `tokens`.
+pub fn chain(parent: u64, tokens: &[u32]) -> u64 {
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    parent.hash(&mut h);
+    tokens.hash(&mut h);
+    h.finish()
+}
 
 /// Block counts for admission and metrics.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -123,9 +136,9 @@ impl BlockPool {
         Some(id)
     }
 
-    /// The cached full block that follows `parent` with `tokens`, taken
-    /// for one more user.
-    pub fn lookup(&mut self, parent: Option<u32>, tokens: &[u32]) -> Option<u32> {
+    /// The cached full block that follows the prefix hashed `parent` with
+    /// `tokens`, taken for one more user.
+    pub fn lookup(&mut self, parent: u64, tokens: &[u32]) -> Option<u32> {
         let id = *self.index.get(&(parent, tokens.to_vec()))?;
         let i = id as usize;
         if self.refs[i] == 0 {
@@ -137,19 +150,16 @@ impl BlockPool {
 
     /// Records a block that just became full, so later sequences can reuse
     /// it; a block with the same key already cached keeps that place.
-    pub fn register(&mut self, id: u32, parent: Option<u32>, tokens: &[u32]) {
+    /// Returns whether `id` was registered.
+    pub fn register(&mut self, id: u32, parent: u64, tokens: &[u32]) -> bool {
         debug_assert_eq!(tokens.len(), BLOCK);
         let key = (parent, tokens.to_vec());
         if self.key_of[id as usize].is_some() || self.index.contains_key(&key) {
-            return;
+            return false;
         }
         self.index.insert(key.clone(), id);
         self.key_of[id as usize] = Some(key);
-    }
-
-    /// Whether `id` holds a registered prefix.
-    pub fn is_registered(&self, id: u32) -> bool {
-        self.key_of[id as usize].is_some()
+        true
     }
 
     /// Lets go of one use of `id`.
@@ -187,7 +197,7 @@ mod tests {
     fn released_full_blocks_stay_cached_until_needed() {
         let mut p = BlockPool::new(2);
         let a = p.allocate(false).unwrap();
-        p.register(a, None, &toks(1));
+        p.register(a, ROOT, &toks(1));
         let b = p.allocate(false).unwrap();
         assert_eq!(p.allocate(false), None, "both blocks are held");
         p.release(a);
@@ -200,14 +210,14 @@ mod tests {
                 total: 2
             }
         );
-        assert_eq!(p.lookup(None, &toks(1)), Some(a), "the prefix is reused");
-        assert_eq!(p.lookup(None, &toks(2)), None);
+        assert_eq!(p.lookup(ROOT, &toks(1)), Some(a), "the prefix is reused");
+        assert_eq!(p.lookup(ROOT, &toks(2)), None);
         p.release(a);
         // Two new blocks: the free one, then the cached one is evicted.
         let x = p.allocate(false).unwrap();
         let y = p.allocate(false).unwrap();
         assert_eq!((x, y), (b, a));
-        assert_eq!(p.lookup(None, &toks(1)), None, "evicted");
+        assert_eq!(p.lookup(ROOT, &toks(1)), None, "evicted");
     }
 
     #[test]

@@ -12,7 +12,7 @@
 //! sequence's tokens do not depend on what else shares its step.
 
 use super::batch::{BatchedLm, SeqId, SeqWork};
-use super::kv_blocks::{blocks_for, BlockPool, BlockUsage, BLOCK};
+use super::kv_blocks::{blocks_for, chain, BlockPool, BlockUsage, BLOCK, ROOT};
 use super::llm::{attn_shape, CausalLm, LayerKind, LlmConfig, Mixer, Weights};
 use super::recipe::{self, DecoderOps, Residual};
 use crate::cpu;
@@ -268,8 +268,10 @@ struct BatchSeq {
     tokens: Vec<u32>,
     /// Blocks promised to it and not yet taken.
     reserved: usize,
-    /// Full blocks already offered to the prefix cache.
+    /// Full blocks already offered to the prefix cache, and the hash of
+    /// the prefix they end.
     registered: usize,
+    prefix_hash: u64,
     /// Positions computed as a prompt from the start; only blocks below
     /// it are offered to the prefix cache, so that a prefix taken from
     /// the cache holds what computing the prompt alone would.
@@ -310,21 +312,21 @@ impl CpuBatch {
         while seq.registered < full {
             let b = seq.registered;
             let id = seq.state.table[b];
-            let parent = b.checked_sub(1).map(|p| seq.state.table[p]);
             let end = (b + 1) * BLOCK;
+            let tokens = &seq.tokens[b * BLOCK..end];
             if self.has_conv {
                 // A hybrid model resumes a prefix only with its conv state.
                 let Some(conv) = snaps.remove(&end) else {
                     seq.registered = full;
                     break;
                 };
-                if !self.engine.pool.is_registered(id) {
+                if self.engine.pool.register(id, seq.prefix_hash, tokens) {
                     self.conv_at_block.insert(id, conv);
                 }
+            } else {
+                self.engine.pool.register(id, seq.prefix_hash, tokens);
             }
-            self.engine
-                .pool
-                .register(id, parent, &seq.tokens[b * BLOCK..end]);
+            seq.prefix_hash = chain(seq.prefix_hash, tokens);
             seq.registered += 1;
         }
     }
@@ -347,7 +349,7 @@ impl BatchedLm for CpuBatch {
         let mut state = SeqState::new(&self.engine.cfg);
         // Full blocks of the prompt already computed; the last prompt token
         // is always computed again, for its logits.
-        let mut parent = None;
+        let mut parent = ROOT;
         for block in prompt[..prompt.len() - 1].chunks_exact(BLOCK) {
             let Some(id) = self.engine.pool.lookup(parent, block) else {
                 break;
@@ -363,7 +365,7 @@ impl BatchedLm for CpuBatch {
             }
             state.table.push(id);
             state.pos += BLOCK;
-            parent = Some(id);
+            parent = chain(parent, block);
         }
         let reserve = blocks_for(prompt.len() + 1) - state.table.len();
         if !self.engine.pool.reserve(reserve) {
@@ -383,6 +385,7 @@ impl BatchedLm for CpuBatch {
                 tokens: prompt[..reused].to_vec(),
                 reserved: reserve,
                 registered,
+                prefix_hash: parent,
                 prompt_end: reused,
             },
         );
