@@ -504,14 +504,14 @@ fn bad_models_are_clear_errors() {
         std::fs::remove_dir_all(&dir).unwrap();
     }
 
-    // A tokenizer from another vocabulary: one token fewer.
+    // A tokenizer from another vocabulary: one token more than the model has rows.
     let mut tok: serde_json::Value =
         serde_json::from_slice(&std::fs::read(model_dir().join("tokenizer.json")).unwrap())
             .unwrap();
     tok["model"]["vocab"]
         .as_object_mut()
         .unwrap()
-        .remove("[unused0]");
+        .insert("[extra]".into(), 30522.into());
     let dir = model_with(
         "tokenizer",
         "tokenizer.json",
@@ -521,7 +521,7 @@ fn bad_models_are_clear_errors() {
     assert_fails(
         &o,
         1,
-        &["tokenizer.json", "30521 tokens", "vocab_size is 30522"],
+        &["tokenizer.json", "30523 tokens", "vocab_size is 30522"],
     );
     std::fs::remove_dir_all(&dir).unwrap();
 }

@@ -2,7 +2,7 @@
 //! forward. [`load_llm`] opens any supported language-model checkpoint.
 
 pub mod arch;
-pub mod bert;
+pub mod encoder;
 pub mod gemma3;
 pub mod gguf_export;
 pub mod layout;
