@@ -99,6 +99,7 @@ fn check_all(embedder: &Embedder, gold: &Gold, batch_size: usize) {
             batch_size,
             pooling: Some(vec![mode]),
             no_normalize: true,
+            ..Default::default()
         };
         let got = embedder.embed(&gold.sentences, &opts).unwrap();
         assert_matches_gold(name, &got, &gold.vectors(name), gold);

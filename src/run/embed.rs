@@ -256,7 +256,10 @@ fn tokenizer_max_length(dir: &Path) -> Result<Option<usize>> {
 
 /// `prompts` and `default_prompt_name` of config_sentence_transformers.json
 /// (none when the file is absent).
-fn read_prompts(path: &Path) -> Result<(Vec<(String, String)>, Option<String>)> {
+/// A model's prompts (name, text) and the text of its default one.
+type Prompts = (Vec<(String, String)>, Option<String>);
+
+fn read_prompts(path: &Path) -> Result<Prompts> {
     if !path.exists() {
         return Ok((Vec::new(), None));
     }
