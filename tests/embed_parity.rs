@@ -3,6 +3,7 @@
 //! tokens, and cosine >= 0.99999 for every sentence on the CPU and the GPU.
 
 use lfm::gpu::{Gpu, GpuOptions};
+use lfm::models::encoder::EncoderGemm;
 use lfm::run::embed::{cosine, EmbedOptions, Embedder, Pooling};
 use safetensors::SafeTensors;
 use std::path::{Path, PathBuf};
@@ -146,4 +147,10 @@ fn gpu_matches_sentence_transformers() {
     };
     let got = embedder.embed(&gold.sentences, &opts).unwrap();
     assert_matches_gold("gpu default", &got, &gold.vectors("default"), &gold);
+    // The batch path's GEMM (portable on adapters without cooperative
+    // matrices, f16 products on those with them).
+    let mut embedder = embedder;
+    embedder.set_gpu_gemm(EncoderGemm::Gemm);
+    let got = embedder.embed(&gold.sentences, &opts).unwrap();
+    assert_matches_gold("gpu gemm", &got, &gold.vectors("default"), &gold);
 }

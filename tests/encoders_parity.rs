@@ -6,6 +6,7 @@
 //! and cross-encoder scores (within 1e-4 of CrossEncoder.predict).
 
 use lfm::gpu::{Gpu, GpuOptions};
+use lfm::models::encoder::EncoderGemm;
 use lfm::run::embed::{cosine, quantize, EmbedOptions, Embedder, Precision, Task};
 use safetensors::SafeTensors;
 use std::path::PathBuf;
@@ -91,13 +92,19 @@ fn opts(batch_size: usize) -> EmbedOptions {
     }
 }
 
-/// Each family's default vectors and its first prompt, on one device.
-fn check_families(gpu: Option<Arc<Gpu>>) {
+/// Each family's default vectors and its first prompt, on one device (on
+/// the GPU, with the linear layers on `gemm`).
+fn check_families(gpu: Option<Arc<Gpu>>, gemm: EncoderGemm) {
     let gold = Gold::load();
     let sentences = gold.sentences();
-    let on = if gpu.is_some() { "gpu" } else { "cpu" };
+    let on = if gpu.is_some() {
+        format!("gpu {gemm:?}")
+    } else {
+        "cpu".to_string()
+    };
     for name in FAMILIES {
-        let e = Embedder::load(&dir().join(name), gpu.clone()).unwrap();
+        let mut e = Embedder::load(&dir().join(name), gpu.clone()).unwrap();
+        e.set_gpu_gemm(gemm);
         let (want, dim) = gold.array(&format!("{name}/default"));
         let got = e.embed(&sentences, &opts(3)).unwrap();
         assert_matches(&format!("{on} {name}"), &got, &want, dim);
@@ -132,14 +139,17 @@ fn tokens_match_sentence_transformers() {
 
 #[test]
 fn cpu_matches_sentence_transformers() {
-    check_families(None);
+    check_families(None, EncoderGemm::Auto);
 }
 
 #[test]
 fn gpu_matches_sentence_transformers() {
     let Some(gpu) = gpu() else { return };
     eprintln!("{}", gpu.describe());
-    check_families(Some(gpu));
+    check_families(Some(gpu.clone()), EncoderGemm::Dense);
+    // The batch path's GEMM (cooperative matrices where the adapter has
+    // them: f16 products, still well inside the bar on these tiny models).
+    check_families(Some(gpu), EncoderGemm::Gemm);
 }
 
 /// --prompt, --truncate-dim, --max-seq-length and every --precision on tiny-xlmr.
@@ -220,12 +230,13 @@ fn options_match_sentence_transformers() {
     assert!(e.set_max_seq_length(1000).is_err());
 }
 
-fn check_rerank(gpu: Option<Arc<Gpu>>) {
+fn check_rerank(gpu: Option<Arc<Gpu>>, gemm: EncoderGemm) {
     let gold = Gold::load();
     let query = gold.meta["query"].as_str().unwrap();
     let docs: Vec<String> = serde_json::from_value(gold.meta["docs"].clone()).unwrap();
     for name in ["tiny-bert-rerank", "tiny-xlmr-rerank"] {
         let mut e = Embedder::load_for(&dir().join(name), gpu.clone(), Task::Rerank).unwrap();
+        e.set_gpu_gemm(gemm);
         let r = &gold.meta["rerank"][name];
         let ids: Vec<Vec<u32>> = serde_json::from_value(r["pair_token_ids"].clone()).unwrap();
         let tokens = e.tokenize_pairs(query, &docs).unwrap();
@@ -251,11 +262,12 @@ fn check_rerank(gpu: Option<Arc<Gpu>>) {
 
 #[test]
 fn cpu_rerank_matches_cross_encoder() {
-    check_rerank(None);
+    check_rerank(None, EncoderGemm::Auto);
 }
 
 #[test]
 fn gpu_rerank_matches_cross_encoder() {
     let Some(gpu) = gpu() else { return };
-    check_rerank(Some(gpu));
+    check_rerank(Some(gpu.clone()), EncoderGemm::Dense);
+    check_rerank(Some(gpu), EncoderGemm::Gemm);
 }

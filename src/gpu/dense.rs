@@ -378,5 +378,62 @@ pub fn gated(
     })
 }
 
+#[repr(C)]
+#[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
+struct BiasRowsParams {
+    cols: u32,
+    rows: u32,
+    has_bias: u32,
+    has_residual: u32,
+}
+const _: () = assert!(std::mem::size_of::<BiasRowsParams>() == 16);
+
+kernel!(
+    BIAS_ROWS,
+    "bias_rows",
+    "bias_rows.wgsl",
+    [
+        Binding::read("bias"),
+        Binding::read("residual"),
+        Binding::write("y")
+    ],
+    BiasRowsParams,
+    [&[]]
+);
+
+/// y: [rows, cols] = `bias[cols]` broadcast + residual (each optional; zeros
+/// without either): a linear layer's output before a GEMM adds its products.
+/// The twin of [`crate::cpu::bias_rows`]. `y` must not alias an input.
+pub fn bias_rows(
+    gpu: &Gpu,
+    bias: Option<&wgpu::Buffer>,
+    residual: Option<&wgpu::Buffer>,
+    y: &wgpu::Buffer,
+    rows: usize,
+    cols: usize,
+) -> Result<Dispatch> {
+    let params = BiasRowsParams {
+        cols: cols as u32,
+        rows: rows as u32,
+        has_bias: bias.is_some() as u32,
+        has_residual: residual.is_some() as u32,
+    };
+    // Unused inputs are bound to another buffer that is only read.
+    let spare = bias.or(residual);
+    let (b, r) = match spare {
+        Some(s) => (bias.unwrap_or(s), residual.unwrap_or(s)),
+        None => {
+            return Err(Error::gpu(
+                "bias_rows without a bias or a residual: clear the buffer instead".to_string(),
+            ))
+        }
+    };
+    let bound = gpu.bind(&BIAS_ROWS, &Variant::default(), &[b, r, y], &params)?;
+    Ok(Dispatch {
+        bound,
+        groups: groups_1d(rows * cols, 256),
+    })
+}
+
 /// The kernels declared in this module.
-pub static KERNELS: &[&Kernel] = &[&MATMUL, &LAYER_NORM, &GELU, &ATTENTION, &GATED];
+pub static KERNELS: &[&Kernel] = &[&MATMUL, &LAYER_NORM, &GELU, &ATTENTION, &GATED, &BIAS_ROWS];

@@ -1097,7 +1097,30 @@ pub struct GpuEncoder {
     layers: Vec<GpuLayer>,
     embeddings_norm: GpuNorm,
     final_norm: Option<GpuNorm>,
+    /// [max(3 d, ffn width)] zeros: the bias of bias-free layers on the GEMM path.
+    zeros: wgpu::Buffer,
+    gemm: EncoderGemm,
 }
+
+/// Which kernel runs the encoder's linear layers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum EncoderGemm {
+    /// The GEMM on cooperative matrices (f16 products, f32 sums) for
+    /// batches of at least [`COOP_MIN_TOKENS`] tokens where the adapter has
+    /// them; the dense f32 matmul otherwise.
+    Auto,
+    /// Always the dense f32 matmul (fused bias, activation, residual).
+    Dense,
+    /// Always the prefill GEMM (`llm_ops::gemm`, after a `bias_rows` fill),
+    /// portable or cooperative as the adapter allows (tests run it on any adapter).
+    Gemm,
+}
+
+/// Batches this large go to the cooperative-matrix GEMM under
+/// [`EncoderGemm::Auto`]: below it a batch is too small to fill the GPU's
+/// tensor cores, and f32 products keep the small batches of interactive use
+/// (and the parity tests) at f32 accuracy.
+pub const COOP_MIN_TOKENS: usize = 512;
 
 struct GpuNorm {
     w: wgpu::Buffer,
@@ -1188,13 +1211,87 @@ impl GpuEncoder {
                 .as_ref()
                 .map(|n| norm("final_norm".into(), n))
                 .transpose()?,
+            zeros: gpu.upload_f32(
+                "zeros",
+                &vec![0.0; (3 * model.config.hidden_size).max(model.config.ffn_width())],
+            )?,
+            gemm: EncoderGemm::Auto,
         };
         // One tiny pass compiles every pipeline (some drivers only finish
         // compiling at the first dispatch), so the first real batch is as
         // fast as the rest.
         let d = model.config.hidden_size;
         gpu_model.forward(gpu, &Batch::new(&[[0u32, 0]]), &vec![0.0; 2 * d])?;
+        if gpu_model.gemm_for(gpu, COOP_MIN_TOKENS).is_some() {
+            // And the batch path's GEMMs, in sequences of two tokens.
+            let seqs = vec![[0u32, 0]; COOP_MIN_TOKENS / 2];
+            gpu_model.forward(gpu, &Batch::new(&seqs), &vec![0.0; COOP_MIN_TOKENS * d])?;
+        }
         Ok(gpu_model)
+    }
+
+    /// Picks the kernel of the linear layers (tests force one or the other).
+    pub fn set_gemm(&mut self, gemm: EncoderGemm) {
+        self.gemm = gemm;
+    }
+
+    /// The GEMM kernel for a batch of `t` tokens, or None for the dense matmul.
+    fn gemm_for(&self, gpu: &Gpu, t: usize) -> Option<llm_ops::GemmKernel> {
+        let coop = gpu.caps.coop_matrix;
+        match self.gemm {
+            EncoderGemm::Dense => None,
+            EncoderGemm::Gemm => Some(llm_ops::GemmKernel::for_adapter(coop)),
+            EncoderGemm::Auto => {
+                (coop && t >= COOP_MIN_TOKENS).then_some(llm_ops::GemmKernel::Coop)
+            }
+        }
+    }
+
+    /// One linear layer: the dense matmul with its fused epilogue, or (with
+    /// `gemm`, no activation) y = bias + residual, then y += x W^T by the GEMM.
+    fn project(
+        &self,
+        gpu: &Gpu,
+        gemm: Option<llm_ops::GemmKernel>,
+        l: &dense::Linear,
+    ) -> Result<Vec<crate::gpu::ops::Dispatch>> {
+        let Some(kernel) = gemm.filter(|_| l.act.is_none()) else {
+            return Ok(vec![dense::matmul(gpu, l)?]);
+        };
+        let w = llm_ops::GpuMatrix {
+            dtype: crate::quant::GgmlType::F32,
+            k: l.k,
+            rows: l.n,
+            parts: 1,
+            chunks: vec![llm_ops::MatrixChunk {
+                buf: l.w.clone(),
+                row0: 0,
+                rows: l.n,
+                d_off: 0,
+            }],
+        };
+        let bias = l.bias.unwrap_or(&self.zeros);
+        let mut work = vec![dense::bias_rows(
+            gpu,
+            Some(bias),
+            l.residual,
+            l.y,
+            l.m,
+            l.n,
+        )?];
+        work.extend(llm_ops::gemm(
+            gpu,
+            kernel,
+            &w,
+            llm_ops::GemmMode::Add,
+            l.x,
+            l.k,
+            l.y,
+            l.n,
+            0,
+            l.m,
+        )?);
+        Ok(work)
     }
 
     /// Most tokens one submission may hold: the largest activation,
@@ -1233,8 +1330,11 @@ impl GpuEncoder {
         let qkv = gpu.scratch("qkv", bytes(t * 3 * d))?;
         let ctx = gpu.scratch("context", bytes(t * d))?;
         let f = gpu.scratch("intermediate", bytes(t * c.ffn_width()))?;
-        let g = if c.gated {
-            Some(gpu.scratch("gated", bytes(t * inter))?)
+        let gemm = self.gemm_for(gpu, t);
+        // The activation's output: gated, or GELU apart from the GEMM.
+        let unfused_gelu = gemm.is_some() && !c.gated && c.hidden_act == Activation::Gelu;
+        let g = if c.gated || unfused_gelu {
+            Some(gpu.scratch("activated", bytes(t * inter))?)
         } else {
             None
         };
@@ -1271,8 +1371,9 @@ impl GpuEncoder {
                 }
                 _ => &h,
             };
-            work.push(dense::matmul(
+            work.extend(self.project(
                 gpu,
+                gemm,
                 &plain_linear(input, &l.qkv_w, l.qkv_b.as_ref(), &qkv, t, d, 3 * d),
             )?);
             let shape = c.attention_shape(spec.window);
@@ -1327,8 +1428,9 @@ impl GpuEncoder {
                 _ => None,
             };
             let sum_target = if post.is_some() { &normed } else { &h1 };
-            work.push(dense::matmul(
+            work.extend(self.project(
                 gpu,
+                gemm,
                 &dense::Linear {
                     residual: Some(&h),
                     ..plain_linear(
@@ -1352,9 +1454,27 @@ impl GpuEncoder {
                 &h1
             };
             let act_out = match &g {
-                Some(g) => {
-                    work.push(dense::matmul(
+                Some(g) if unfused_gelu => {
+                    work.extend(self.project(
                         gpu,
+                        gemm,
+                        &plain_linear(
+                            input,
+                            &l.intermediate_w,
+                            l.intermediate_b.as_ref(),
+                            &f,
+                            t,
+                            d,
+                            inter,
+                        ),
+                    )?);
+                    work.push(dense::gelu(gpu, &f, g, t * inter)?);
+                    g
+                }
+                Some(g) => {
+                    work.extend(self.project(
+                        gpu,
+                        gemm,
                         &plain_linear(
                             input,
                             &l.intermediate_w,
@@ -1369,8 +1489,9 @@ impl GpuEncoder {
                     g
                 }
                 None => {
-                    work.push(dense::matmul(
+                    work.extend(self.project(
                         gpu,
+                        gemm,
                         &dense::Linear {
                             act: Some(c.hidden_act),
                             ..plain_linear(
@@ -1389,8 +1510,9 @@ impl GpuEncoder {
             };
             // Post-norm: h = LN(h1 + ffn); pre-norm: h = h1 + ffn.
             let target = if c.pre_norm { &h } else { &normed };
-            work.push(dense::matmul(
+            work.extend(self.project(
                 gpu,
+                gemm,
                 &dense::Linear {
                     residual: Some(&h1),
                     ..plain_linear(

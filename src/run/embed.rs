@@ -7,7 +7,7 @@
 use crate::cpu::SeqSpan;
 use crate::error::{Error, Result};
 use crate::gpu::Gpu;
-use crate::models::encoder::{Batch, Encoder, EncoderConfig, GpuEncoder};
+use crate::models::encoder::{Batch, Encoder, EncoderConfig, EncoderGemm, GpuEncoder};
 use serde_json::Value;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -588,6 +588,13 @@ impl Embedder {
         }
         self.sentence.max_seq_length = n;
         set_truncation(&mut self.tokenizer, n, &self.dir.join("tokenizer.json"))
+    }
+
+    /// Which kernel runs the GPU encoder's linear layers (the CPU ignores it).
+    pub fn set_gpu_gemm(&mut self, gemm: EncoderGemm) {
+        if let Device::Gpu(g) = &mut self.device {
+            g.model.set_gemm(gemm);
+        }
     }
 
     /// "cpu" or the adapter's description.

@@ -27,7 +27,42 @@ pub const CASES: &[Case] = &[
         kernel: "gated",
         run: gated,
     },
+    Case {
+        kernel: "bias_rows",
+        run: bias_rows,
+    },
 ];
+
+fn bias_rows(gpu: &Gpu, _v: &Variant) {
+    let mut rng = Rng::new(62);
+    for (i, &cols) in SIZES.iter().enumerate() {
+        let rows = [1, 3, 7][i % 3];
+        let bias = rng.vec(cols, -1.0, 1.0);
+        let residual = rng.vec(rows * cols, -1.0, 1.0);
+        let gb = gpu.upload_f32("bias", &bias).unwrap();
+        let gr = gpu.upload_f32("residual", &residual).unwrap();
+        for (b, r) in [(true, true), (true, false), (false, true)] {
+            let mut want = vec![0.0; rows * cols];
+            cpu::bias_rows(
+                b.then_some(&bias[..]),
+                r.then_some(&residual[..]),
+                cols,
+                &mut want,
+            );
+            let gy = gpu.poisoned_f32("y", rows * cols).unwrap();
+            let d =
+                dense::bias_rows(gpu, b.then_some(&gb), r.then_some(&gr), &gy, rows, cols).unwrap();
+            gpu.run_all(&[&d]).unwrap();
+            // One f32 addition in the same order: exact.
+            assert_close(
+                &format!("bias_rows cols={cols} rows={rows} bias={b} residual={r}"),
+                &gpu.read_f32(&gy).unwrap()[..rows * cols],
+                &want,
+                0.0,
+            );
+        }
+    }
+}
 
 fn gated(gpu: &Gpu, _v: &Variant) {
     let mut rng = Rng::new(61);
