@@ -828,13 +828,13 @@ impl Encoder {
             Positions::Learned { offset, .. } => offset,
             Positions::Rotary => 0,
         };
-        for (t, row) in h.chunks_exact_mut(d).enumerate() {
+        let types = c.type_vocab_size.max(1);
+        for t in 0..batch.ids.len() {
             let (id, pos, ty) = (
                 batch.ids[t] as usize,
                 batch.positions[t] as usize,
                 batch.type_ids[t] as usize,
             );
-            let types = c.type_vocab_size.max(1);
             if id >= c.vocab_size || pos >= c.max_position_embeddings || ty >= types {
                 return Err(Error::invalid(format!(
                     "token {t}: id {id}, position {pos}, type {ty} out of range for the model \
@@ -842,15 +842,28 @@ impl Encoder {
                     c.vocab_size, c.max_position_embeddings
                 )));
             }
-            row.copy_from_slice(&w.word_embeddings[id * d..(id + 1) * d]);
-            if let Some(pe) = &w.position_embeddings {
-                let p = pos + offset;
-                cpu::add_assign(row, &pe[p * d..(p + 1) * d]);
-            }
-            if let Some(te) = &w.token_type_embeddings {
-                cpu::add_assign(row, &te[ty * d..(ty + 1) * d]);
-            }
         }
+        // Rows in parallel: at batch 256 this host-side lookup is a share
+        // of the GPU path's time.
+        use rayon::prelude::*;
+        h.par_chunks_mut(d)
+            .with_min_len(64)
+            .enumerate()
+            .for_each(|(t, row)| {
+                let (id, pos, ty) = (
+                    batch.ids[t] as usize,
+                    batch.positions[t] as usize,
+                    batch.type_ids[t] as usize,
+                );
+                row.copy_from_slice(&w.word_embeddings[id * d..(id + 1) * d]);
+                if let Some(pe) = &w.position_embeddings {
+                    let p = pos + offset;
+                    cpu::add_assign(row, &pe[p * d..(p + 1) * d]);
+                }
+                if let Some(te) = &w.token_type_embeddings {
+                    cpu::add_assign(row, &te[ty * d..(ty + 1) * d]);
+                }
+            });
         Ok(h)
     }
 
@@ -1541,5 +1554,91 @@ impl GpuEncoder {
         let mut out = gpu.read_f32(out)?;
         out.truncate(t * d);
         Ok(out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(json: &str) -> Result<EncoderConfig> {
+        EncoderConfig::from_json(Path::new("config.json"), json)
+    }
+
+    /// nomic-embed-text-v1.5's own config.json (the remote-code keys).
+    #[test]
+    fn nomic_remote_code_keys() {
+        let c = parse(
+            r#"{"model_type": "nomic_bert", "activation_function": "swiglu", "n_embd": 768,
+                "n_head": 12, "n_inner": 3072, "n_layer": 12, "n_positions": 8192,
+                "layer_norm_epsilon": 1e-12, "rotary_emb_base": 1000, "rotary_emb_fraction": 1.0,
+                "type_vocab_size": 2, "vocab_size": 30528}"#,
+        )
+        .unwrap();
+        assert_eq!(c.family, Family::NomicBert);
+        assert_eq!(
+            (c.hidden_size, c.num_hidden_layers, c.intermediate_size),
+            (768, 12, 3072)
+        );
+        assert_eq!(c.hidden_act, Activation::Silu);
+        assert!(c.gated && !c.pre_norm && c.positions == Positions::Rotary);
+        assert!(c
+            .layers
+            .iter()
+            .all(|l| l.rope_theta == 1000.0 && l.window == 0));
+    }
+
+    /// ModernBERT-base as transformers 4 saved it: global every third layer.
+    #[test]
+    fn modernbert_legacy_keys() {
+        let c = parse(
+            r#"{"model_type": "modernbert", "hidden_size": 768, "num_hidden_layers": 6,
+                "num_attention_heads": 12, "intermediate_size": 1152, "vocab_size": 50368,
+                "max_position_embeddings": 8192, "global_attn_every_n_layers": 3,
+                "local_attention": 128, "global_rope_theta": 160000.0,
+                "local_rope_theta": 10000.0, "hidden_activation": "gelu", "norm_eps": 1e-05}"#,
+        )
+        .unwrap();
+        let windows: Vec<usize> = c.layers.iter().map(|l| l.window).collect();
+        assert_eq!(windows, [0, 128, 128, 0, 128, 128]);
+        assert_eq!(c.layers[0].rope_theta, 160000.0);
+        assert_eq!(c.layers[1].rope_theta, 10000.0);
+        assert!(c.pre_norm && c.gated && c.type_vocab_size == 0);
+    }
+
+    #[test]
+    fn xlm_roberta_positions_start_after_padding() {
+        let c = parse(
+            r#"{"model_type": "xlm-roberta", "hidden_size": 384, "num_hidden_layers": 12,
+                "num_attention_heads": 12, "intermediate_size": 1536, "vocab_size": 250002,
+                "max_position_embeddings": 514, "pad_token_id": 1, "type_vocab_size": 1}"#,
+        )
+        .unwrap();
+        assert_eq!(
+            c.positions,
+            Positions::Learned {
+                rows: 514,
+                offset: 2
+            }
+        );
+        assert_eq!(c.max_position_embeddings, 512);
+    }
+
+    #[test]
+    fn unsupported_architectures_name_the_supported_ones() {
+        let e = parse(r#"{"model_type": "deberta-v2", "hidden_size": 8}"#)
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(e.contains("\"deberta-v2\"") && e.contains(SUPPORTED), "{e}");
+        let e = parse(
+            r#"{"model_type": "gte", "hidden_size": 8, "num_hidden_layers": 1,
+                "num_attention_heads": 2, "intermediate_size": 8, "vocab_size": 8,
+                "max_position_embeddings": 8, "rope_scaling": {"type": "ntk", "factor": 2.0}}"#,
+        )
+        .err()
+        .unwrap()
+        .to_string();
+        assert!(e.contains("rope_scaling"), "{e}");
     }
 }

@@ -376,46 +376,50 @@ fn read_pooling(path: &Path, model: &EncoderConfig) -> Result<Vec<Pooling>> {
 pub fn pool(hidden: &[f32], d: usize, seqs: &[SeqSpan], modes: &[Pooling]) -> Vec<f32> {
     let width = d * modes.len();
     let mut out = vec![0.0f32; seqs.len() * width];
-    for (s, o) in seqs.iter().zip(out.chunks_exact_mut(width.max(1))) {
-        assert!(s.q_len > 0, "pool: empty sequence");
-        let rows = &hidden[s.q_start * d..(s.q_start + s.q_len) * d];
-        for (mode, o) in modes.iter().zip(o.chunks_exact_mut(d)) {
-            match mode {
-                Pooling::Cls => o.copy_from_slice(&rows[..d]),
-                Pooling::LastToken => o.copy_from_slice(&rows[rows.len() - d..]),
-                Pooling::Max => {
-                    o.fill(f32::NEG_INFINITY);
-                    for r in rows.chunks_exact(d) {
-                        for (o, v) in o.iter_mut().zip(r) {
-                            *o = o.max(*v);
+    // Sequences in parallel (a share of the GPU path's host time at batch 256).
+    use rayon::prelude::*;
+    seqs.par_iter()
+        .zip(out.par_chunks_exact_mut(width.max(1)))
+        .for_each(|(s, o)| {
+            assert!(s.q_len > 0, "pool: empty sequence");
+            let rows = &hidden[s.q_start * d..(s.q_start + s.q_len) * d];
+            for (mode, o) in modes.iter().zip(o.chunks_exact_mut(d)) {
+                match mode {
+                    Pooling::Cls => o.copy_from_slice(&rows[..d]),
+                    Pooling::LastToken => o.copy_from_slice(&rows[rows.len() - d..]),
+                    Pooling::Max => {
+                        o.fill(f32::NEG_INFINITY);
+                        for r in rows.chunks_exact(d) {
+                            for (o, v) in o.iter_mut().zip(r) {
+                                *o = o.max(*v);
+                            }
                         }
                     }
-                }
-                Pooling::Mean | Pooling::MeanSqrtLen | Pooling::WeightedMean => {
-                    let mut total = 0.0f32;
-                    for (i, r) in rows.chunks_exact(d).enumerate() {
-                        let w = if *mode == Pooling::WeightedMean {
-                            (i + 1) as f32
+                    Pooling::Mean | Pooling::MeanSqrtLen | Pooling::WeightedMean => {
+                        let mut total = 0.0f32;
+                        for (i, r) in rows.chunks_exact(d).enumerate() {
+                            let w = if *mode == Pooling::WeightedMean {
+                                (i + 1) as f32
+                            } else {
+                                1.0
+                            };
+                            total += w;
+                            for (o, v) in o.iter_mut().zip(r) {
+                                *o += w * v;
+                            }
+                        }
+                        let div = if *mode == Pooling::MeanSqrtLen {
+                            total.sqrt()
                         } else {
-                            1.0
+                            total
                         };
-                        total += w;
-                        for (o, v) in o.iter_mut().zip(r) {
-                            *o += w * v;
+                        for o in o.iter_mut() {
+                            *o /= div;
                         }
-                    }
-                    let div = if *mode == Pooling::MeanSqrtLen {
-                        total.sqrt()
-                    } else {
-                        total
-                    };
-                    for o in o.iter_mut() {
-                        *o /= div;
                     }
                 }
             }
-        }
-    }
+        });
     out
 }
 
