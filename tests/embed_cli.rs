@@ -705,3 +705,45 @@ fn encoder_bad_input_is_a_clear_error() {
     );
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// Search with a model that has prompts: the query gets its `query` prompt,
+/// the documents its `document` one (empty on tiny-xlmr), as
+/// encode_query / encode_document do.
+#[test]
+fn search_uses_the_models_query_prompt() {
+    let m = fixture("tiny-xlmr");
+    let dir = scratch("search-prompts");
+    let docs = dir.join("docs.txt");
+    std::fs::write(&docs, "Le petit chat dort.\nA man is eating food.\n").unwrap();
+    let o = embed_with_model(
+        &m,
+        &[
+            "--cpu",
+            "--query",
+            "a cat",
+            "--docs",
+            docs.to_str().unwrap(),
+            "-f",
+            "jsonl",
+        ],
+        b"",
+    );
+    assert_ok(&o);
+    let hits = json_lines(&o);
+    let q = embed_with_model(&m, &["--cpu", "--prompt", "query: ", "a cat"], b"");
+    let d = embed_with_model(
+        &m,
+        &["--cpu", "Le petit chat dort.", "A man is eating food."],
+        b"",
+    );
+    assert_ok(&q);
+    assert_ok(&d);
+    let qv = vector(&json_lines(&q)[0]);
+    for hit in hits {
+        let line = hit["line"].as_u64().unwrap() as usize;
+        let want = cosine(&qv, &vector(&json_lines(&d)[line - 1]));
+        let got = hit["score"].as_f64().unwrap() as f32;
+        assert!((got - want).abs() < 1e-5, "line {line}: {got} vs {want}");
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}

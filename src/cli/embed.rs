@@ -102,7 +102,10 @@ pub struct Args {
     #[arg(long, value_name = "NAME", conflicts_with = "prompt")]
     pub prompt_name: Option<String>,
 
-    /// Prepend TEXT to every text (e.g. "query: ").
+    /// Prepend TEXT to every text (e.g. "query: "). With --query and neither
+    /// prompt option, the query gets the model's `query` prompt and the
+    /// documents its `document` (or `passage`, `corpus`) prompt, as
+    /// sentence-transformers' encode_query / encode_document do.
     #[arg(long, value_name = "TEXT")]
     pub prompt: Option<String>,
 
@@ -311,11 +314,29 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         print_ranked(&mut out, format, scored, &texts, &line_numbers, args.top_k)?;
         stats
     } else if let Some(query) = &args.query {
-        let q = embedder.embed(&[query.as_str()], &opts)?;
+        // Without a prompt asked for, the query and the documents get the
+        // model's own ones, as encode_query / encode_document pick them.
+        let asked = opts.prompt.is_some();
+        let role_prompt = |names: &[&str]| {
+            let found = names.iter().find_map(|n| embedder.sentence.prompt_named(n));
+            match (asked, found) {
+                (false, Some(p)) => Some(p.to_string()),
+                _ => opts.prompt.clone(),
+            }
+        };
+        let query_opts = EmbedOptions {
+            prompt: role_prompt(&["query"]),
+            ..opts.clone()
+        };
+        let doc_opts = EmbedOptions {
+            prompt: role_prompt(&["document", "passage", "corpus"]),
+            ..opts.clone()
+        };
+        let q = embedder.embed(&[query.as_str()], &query_opts)?;
         finite(&q)?;
         let mut scored: Vec<(f32, usize)> = Vec::with_capacity(texts.len());
         let dim = embedder.dim(&opts);
-        let stats = embedder.embed_each(&texts, &opts, |start, vectors| {
+        let stats = embedder.embed_each(&texts, &doc_opts, |start, vectors| {
             for (i, v) in vectors.chunks_exact(dim).enumerate() {
                 finite(v)?;
                 scored.push((cosine(&q, v), start + i));

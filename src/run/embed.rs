@@ -220,6 +220,14 @@ impl SentenceConfig {
         })
     }
 
+    /// The text of prompt `name`, if the model has it.
+    pub fn prompt_named(&self, name: &str) -> Option<&str> {
+        self.prompts
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, p)| p.as_str())
+    }
+
     /// The text of prompt `name`, or an error listing the model's prompts.
     pub fn prompt(&self, name: &str, dir: &Path) -> Result<&str> {
         self.prompts
