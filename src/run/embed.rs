@@ -927,7 +927,11 @@ impl Precision {
 pub fn quantize(vectors: &[f32], dim: usize, precision: Precision) -> Result<Vec<i16>> {
     let n = vectors.len() / dim.max(1);
     Ok(match precision {
-        Precision::Float32 => unreachable!("float32 is not quantised"),
+        Precision::Float32 => {
+            return Err(Error::invalid(
+                "float32 vectors are not quantised: write them as they are",
+            ))
+        }
         Precision::Int8 | Precision::Uint8 => {
             if n < 2 {
                 return Err(Error::invalid(format!(
