@@ -3,7 +3,8 @@
 // to its own keys), bidirectional or causal, with grouped-query heads.
 //   out[r, h] = softmax_j(scale * q[r, h] . k[j, g]) v[j, g],  g = h / (heads / kv_heads)
 // over the keys j visible to row r: all kv_len keys of its sequence, or with
-// `causal` keys 0 ..= kv_len - q_len + i for its i-th query.
+// `causal` keys 0 ..= kv_len - q_len + i for its i-th query; with a `window`
+// (encoders, q_len = kv_len) only keys j with |i - j| <= window / 2.
 // bindings: 0 params, 1 q, 2 k, 3 v: array<f32>, each row-major, read from column
 //           *_col with row stride *_stride (so all three may be one fused QKV
 //           buffer bound three times), 4 seqs: array<u32>, per sequence
@@ -26,6 +27,7 @@ struct Params {
     rows: u32, n_seqs: u32, heads: u32, kv_heads: u32,
     causal: u32, q_stride: u32, k_stride: u32, v_stride: u32,
     q_col: u32, k_col: u32, v_col: u32, scale: f32,
+    window: u32, _p0: u32, _p1: u32, _p2: u32,
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
@@ -62,10 +64,17 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     let q_len = seqs[4u * lo + 1u];
     let kv_start = seqs[4u * lo + 2u];
     let kv_len = seqs[4u * lo + 3u];
+    let i = row - seqs[4u * lo];
+    var first = 0u;
     var visible = kv_len;
     if (p.causal != 0u) {
-        let i = row - seqs[4u * lo];
         visible = min(kv_len, max(kv_len + i + 1u, q_len) - q_len);
+    }
+    if (p.window > 0u) {
+        // Bidirectional sliding window: keys within window / 2 of the query.
+        let r = p.window / 2u;
+        first = select(0u, i - r, i > r);
+        visible = min(visible, i + r + 1u);
     }
 
     var qv: array<f32, MAX_HEAD_DIM>;
@@ -77,15 +86,15 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     }
     var m = 0.0;
     var l = 0.0;
-    for (var j = 0u; j < visible; j++) {
+    for (var j = first; j < visible; j++) {
         let kr = (kv_start + j) * p.k_stride + p.k_col + g * HEAD_DIM;
         var s = 0.0;
         for (var d = 0u; d < HEAD_DIM; d++) {
             s = fma(qv[d], k[kr + d], s);
         }
-        if (j == 0u || s > m) {
-            // New maximum: rescale what was summed so far (nothing for j = 0).
-            let alpha = select(exp(m - s), 0.0, j == 0u);
+        if (j == first || s > m) {
+            // New maximum: rescale what was summed so far (nothing for the first key).
+            let alpha = select(exp(m - s), 0.0, j == first);
             l *= alpha;
             for (var d = 0u; d < HEAD_DIM; d++) {
                 acc[d] *= alpha;
@@ -99,7 +108,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
             acc[d] = fma(pj, v[vr + d], acc[d]);
         }
     }
-    let inv = select(0.0, 1.0 / l, visible > 0u);
+    let inv = select(0.0, 1.0 / l, visible > first);
     let out_base = (row * p.heads + h) * HEAD_DIM;
     for (var d = 0u; d < HEAD_DIM; d++) {
         out[out_base + d] = acc[d] * inv;

@@ -7,7 +7,7 @@
 //           3 bias: array<f32> (n; read only when has_bias),
 //           4 residual: array<f32> (m*n; read only when has_residual),
 //           5 y: array<f32> (m*n)
-// act: 0 none, 1 GELU (erf), 2 GELU (tanh), 3 ReLU.
+// act: 0 none, 1 GELU (erf), 2 GELU (tanh), 3 ReLU, 4 SiLU.
 // dispatch: (ceil(n / 64), ceil(m / 64), 1) workgroups of 16x16 threads. A
 // workgroup computes a 64x64 tile of y, stepping through k in slices of 32
 // staged in workgroup memory as vec4s of 4 rows; thread (tx, ty) owns rows
@@ -56,6 +56,7 @@ fn activate(v: f32) -> f32 {
         case 1u: { return gelu_f32(v); }
         case 2u: { return gelu_tanh_f32(v); }
         case 3u: { return max(v, 0.0); }
+        case 4u: { return v / (1.0 + exp(-v)); }
         default: { return v; }
     }
 }

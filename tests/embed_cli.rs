@@ -504,14 +504,14 @@ fn bad_models_are_clear_errors() {
         std::fs::remove_dir_all(&dir).unwrap();
     }
 
-    // A tokenizer from another vocabulary: one token fewer.
+    // A tokenizer from another vocabulary: one token more than the model has rows.
     let mut tok: serde_json::Value =
         serde_json::from_slice(&std::fs::read(model_dir().join("tokenizer.json")).unwrap())
             .unwrap();
     tok["model"]["vocab"]
         .as_object_mut()
         .unwrap()
-        .remove("[unused0]");
+        .insert("[extra]".into(), 30522.into());
     let dir = model_with(
         "tokenizer",
         "tokenizer.json",
@@ -521,7 +521,229 @@ fn bad_models_are_clear_errors() {
     assert_fails(
         &o,
         1,
-        &["tokenizer.json", "30521 tokens", "vocab_size is 30522"],
+        &["tokenizer.json", "30523 tokens", "vocab_size is 30522"],
     );
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+fn fixture(name: &str) -> PathBuf {
+    root().join("samples/fixtures/encoders").join(name)
+}
+
+#[test]
+fn rerank_prints_documents_by_cross_encoder_score() {
+    let gold: serde_json::Value = serde_json::from_slice(
+        &std::fs::read(root().join("samples/fixtures/encoders/gold.json")).unwrap(),
+    )
+    .unwrap();
+    let docs: Vec<String> = serde_json::from_value(gold["docs"].clone()).unwrap();
+    let want: Vec<f32> =
+        serde_json::from_value(gold["rerank"]["tiny-xlmr-rerank"]["scores"].clone()).unwrap();
+    let dir = scratch("rerank");
+    let path = dir.join("docs.txt");
+    std::fs::write(&path, docs.join("\n\n")).unwrap();
+    let o = embed_with_model(
+        &fixture("tiny-xlmr-rerank"),
+        &[
+            "--cpu",
+            "--rerank",
+            "--query",
+            gold["query"].as_str().unwrap(),
+            "--docs",
+            path.to_str().unwrap(),
+            "--top-k",
+            "3",
+            "-f",
+            "jsonl",
+        ],
+        b"",
+    );
+    assert_ok(&o);
+    let hits = json_lines(&o);
+    assert_eq!(hits.len(), 3);
+    let mut best: Vec<(usize, f32)> = want.iter().copied().enumerate().collect();
+    best.sort_by(|a, b| b.1.total_cmp(&a.1));
+    for (hit, (i, score)) in hits.iter().zip(best) {
+        assert_eq!(hit["text"], docs[i].as_str());
+        assert_eq!(hit["line"], 2 * i + 1, "blank lines keep their numbers");
+        let got = hit["score"].as_f64().unwrap() as f32;
+        assert!((got - score).abs() < 1e-4, "{got} vs {score}");
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn prompts_truncation_and_precision() {
+    let m = fixture("tiny-xlmr");
+    let texts = ["A man is eating food.", "x", "Le petit chat dort."];
+    let run = |extra: &[&str]| embed_with_model(&m, &[&["--cpu"][..], extra, &texts].concat(), b"");
+    let plain = run(&[]);
+    assert_ok(&plain);
+    let named = run(&["--prompt-name", "query"]);
+    let literal = run(&["--prompt", "query: "]);
+    assert_ok(&named);
+    assert_ok(&literal);
+    assert_eq!(
+        named.stdout, literal.stdout,
+        "--prompt-name query is \"query: \""
+    );
+    assert_ne!(named.stdout, plain.stdout);
+
+    let cut = run(&["--truncate-dim", "8"]);
+    assert_ok(&cut);
+    for line in json_lines(&cut) {
+        let v = vector(&line);
+        assert_eq!(v.len(), 8);
+        let norm = v.iter().map(|x| x * x).sum::<f32>().sqrt();
+        assert!((norm - 1.0).abs() < 1e-5, "renormalised: {norm}");
+    }
+
+    let dir = scratch("precision");
+    let npy = dir.join("bits.npy");
+    let o = run(&["--precision", "ubinary", "-o", npy.to_str().unwrap()]);
+    assert_ok(&o);
+    let bytes = std::fs::read(&npy).unwrap();
+    let len = u16::from_le_bytes([bytes[8], bytes[9]]) as usize;
+    let header = std::str::from_utf8(&bytes[10..10 + len]).unwrap();
+    assert!(
+        header.contains("'descr': '|u1'") && header.contains("(3, 4)"),
+        "{header}"
+    );
+    assert_eq!(bytes.len(), 10 + len + 12);
+    let ints = run(&["--precision", "int8"]);
+    assert_ok(&ints);
+    for line in json_lines(&ints) {
+        let v: Vec<i64> = serde_json::from_value(line["embedding"].clone()).unwrap();
+        assert_eq!(v.len(), 32);
+        assert!(v.iter().all(|x| (-128..=127).contains(x)));
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+
+    let short = run(&["--max-seq-length", "4"]);
+    assert_ok(&short);
+    assert!(
+        stderr(&short).contains("texts were longer than 4 tokens"),
+        "{}",
+        stderr(&short)
+    );
+}
+
+#[test]
+fn encoder_bad_input_is_a_clear_error() {
+    let m = fixture("tiny-xlmr");
+    let one = |args: &[&str]| embed_with_model(&m, args, b"");
+    assert_fails(
+        &one(&["--cpu", "--truncate-dim", "33", "x"]),
+        1,
+        &["--truncate-dim 33", "32 dimensions"],
+    );
+    assert_fails(
+        &one(&["--cpu", "--prompt-name", "nope", "x"]),
+        1,
+        &["config_sentence_transformers.json", "\"nope\"", "query"],
+    );
+    assert_fails(
+        &one(&["--cpu", "--precision", "int8", "x"]),
+        1,
+        &["int8", "two or more"],
+    );
+    assert_fails(
+        &one(&["--cpu", "--max-seq-length", "100000", "x"]),
+        1,
+        &["--max-seq-length 100000", "tiny-xlmr"],
+    );
+    assert_fails(
+        &one(&["--cpu", "--rerank", "--query", "q", "--docs", "README.md"]),
+        1,
+        &["tiny-xlmr", "not a cross-encoder"],
+    );
+    assert_fails(
+        &embed_with_model(&fixture("tiny-bert-rerank"), &["--cpu", "x"], b""),
+        1,
+        &["tiny-bert-rerank", "a cross-encoder", "--rerank"],
+    );
+    assert_fails(
+        &one(&[
+            "--cpu",
+            "--query",
+            "q",
+            "--docs",
+            "README.md",
+            "--precision",
+            "int8",
+        ]),
+        2,
+        &["--precision"],
+    );
+    // An architecture the encoder does not run: named, with the supported list.
+    let dir = scratch("gpt2");
+    for entry in std::fs::read_dir(&m).unwrap() {
+        let entry = entry.unwrap();
+        if entry.file_name() != "config.json" {
+            std::os::unix::fs::symlink(entry.path(), dir.join(entry.file_name())).unwrap();
+        }
+    }
+    let mut config: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(m.join("config.json")).unwrap()).unwrap();
+    config["model_type"] = "gpt2".into();
+    std::fs::write(
+        dir.join("config.json"),
+        serde_json::to_vec(&config).unwrap(),
+    )
+    .unwrap();
+    assert_fails(
+        &embed_with_model(&dir, &["--cpu", "x"], b""),
+        1,
+        &[
+            "config.json",
+            "\"gpt2\"",
+            "xlm-roberta",
+            "nomic_bert",
+            "gte",
+            "modernbert",
+        ],
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// Search with a model that has prompts: the query gets its `query` prompt,
+/// the documents its `document` one (empty on tiny-xlmr), as
+/// encode_query / encode_document do.
+#[test]
+fn search_uses_the_models_query_prompt() {
+    let m = fixture("tiny-xlmr");
+    let dir = scratch("search-prompts");
+    let docs = dir.join("docs.txt");
+    std::fs::write(&docs, "Le petit chat dort.\nA man is eating food.\n").unwrap();
+    let o = embed_with_model(
+        &m,
+        &[
+            "--cpu",
+            "--query",
+            "a cat",
+            "--docs",
+            docs.to_str().unwrap(),
+            "-f",
+            "jsonl",
+        ],
+        b"",
+    );
+    assert_ok(&o);
+    let hits = json_lines(&o);
+    let q = embed_with_model(&m, &["--cpu", "--prompt", "query: ", "a cat"], b"");
+    let d = embed_with_model(
+        &m,
+        &["--cpu", "Le petit chat dort.", "A man is eating food."],
+        b"",
+    );
+    assert_ok(&q);
+    assert_ok(&d);
+    let qv = vector(&json_lines(&q)[0]);
+    for hit in hits {
+        let line = hit["line"].as_u64().unwrap() as usize;
+        let want = cosine(&qv, &vector(&json_lines(&d)[line - 1]));
+        let got = hit["score"].as_f64().unwrap() as f32;
+        assert!((got - want).abs() < 1e-5, "line {line}: {got} vs {want}");
+    }
     std::fs::remove_dir_all(&dir).unwrap();
 }

@@ -4,7 +4,9 @@
 //! cosine similarity to a query.
 
 use crate::error::Error;
-use crate::run::embed::{cosine, EmbedOptions, EmbedStats, Embedder, Pooling};
+use crate::run::embed::{
+    cosine, quantize, EmbedOptions, EmbedStats, Embedder, Pooling, Precision, Task,
+};
 use crate::util::atomic_write::AtomicFile;
 use anyhow::{bail, Context};
 use clap::CommandFactory;
@@ -25,7 +27,7 @@ pub enum Format {
     Tsv,
 }
 
-/// Embed sentences with a sentence-transformers model (BERT family).
+/// Embed sentences with a sentence-transformers model, or rerank with a cross-encoder.
 ///
 /// Texts come from the arguments, from stdin (`-`, one text a line) or from a
 /// file (`--input`, one text a line). Each gets one vector, pooled and
@@ -34,7 +36,12 @@ pub enum Format {
 /// max_seq_length (256 tokens) are truncated, as sentence-transformers does.
 ///
 /// Search: `embed --query "text" --docs FILE` prints the lines of FILE most
-/// similar to the query, best first, with their cosine scores.
+/// similar to the query, best first, with their cosine scores. Rerank:
+/// `embed --rerank --model CROSS_ENCODER --query "text" --docs FILE` prints
+/// them by the cross-encoder's score.
+///
+/// Encoders: BERT, XLM-RoBERTa, NomicBERT, new-style GTE and ModernBERT
+/// checkpoints in sentence-transformers directories.
 #[derive(clap::Parser, Debug)]
 #[command(
     name = "embed",
@@ -43,7 +50,10 @@ pub enum Format {
   embed \"A man is eating food.\" \"A man rides a horse.\"
   embed --input sentences.txt --format npy --output vectors.npy
   grep -v '^#' notes.txt | embed - --cpu --batch-size 64
-  embed --query \"how do I reset my password\" --docs faq.txt --top-k 3"
+  embed --query \"how do I reset my password\" --docs faq.txt --top-k 3
+  embed --model e5-small --prompt-name query --truncate-dim 128 \"a question\"
+  embed --input docs.txt --precision ubinary --format npy -o bits.npy
+  embed --rerank --model ms-marco-MiniLM --query \"reset password\" --docs faq.txt"
 )]
 pub struct Args {
     /// Texts to embed; `-` reads one text a line from stdin.
@@ -86,9 +96,45 @@ pub struct Args {
     #[arg(long, value_enum, value_name = "MODE", value_delimiter = ',')]
     pub pooling: Vec<Pooling>,
 
-    /// Search mode: rank the lines of --docs by cosine similarity to TEXT.
+    /// Prepend the model's prompt NAME (config_sentence_transformers.json's
+    /// `prompts`, e.g. `query`) to every text [default: the model's
+    /// default_prompt_name, if any].
+    #[arg(long, value_name = "NAME", conflicts_with = "prompt")]
+    pub prompt_name: Option<String>,
+
+    /// Prepend TEXT to every text (e.g. "query: "). With --query and neither
+    /// prompt option, the query gets the model's `query` prompt and the
+    /// documents its `document` (or `passage`, `corpus`) prompt, as
+    /// sentence-transformers' encode_query / encode_document do.
+    #[arg(long, value_name = "TEXT")]
+    pub prompt: Option<String>,
+
+    /// Keep the first N dimensions of every vector (Matryoshka models),
+    /// renormalised when the model normalises.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
+    pub truncate_dim: Option<u32>,
+
+    /// Output values as sentence-transformers' quantize_embeddings makes
+    /// them: int8/uint8 (256 buckets per dimension between the minimum and
+    /// maximum over the texts embedded together), binary/ubinary (one bit a
+    /// dimension, 8 a byte).
+    #[arg(long, value_enum, value_name = "P", default_value = "float32")]
+    pub precision: Precision,
+
+    /// Truncate texts at N tokens instead of the model's max_seq_length.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(2..))]
+    pub max_seq_length: Option<u32>,
+
+    /// Search mode: rank the lines of --docs by cosine similarity to TEXT
+    /// (with --rerank: by a cross-encoder's score of the pair).
     #[arg(long, value_name = "TEXT", requires = "docs")]
     pub query: Option<String>,
+
+    /// Rerank mode: --model is a cross-encoder (a BERT or XLM-RoBERTa
+    /// sequence-classification checkpoint); print the lines of --docs by its
+    /// score of (--query, line), as CrossEncoder.predict computes it.
+    #[arg(long, requires = "query")]
+    pub rerank: bool,
 
     /// Search mode: the documents, one a line (blank lines are skipped).
     #[arg(short, long, value_name = "FILE", requires = "query")]
@@ -153,6 +199,21 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     if search && format == Format::Npy {
         usage_error("--format npy has no meaning with --query: use tsv or jsonl");
     }
+    if search && args.precision != Precision::Float32 {
+        usage_error("--precision has no meaning with --query: scores are computed in float32");
+    }
+    if args.rerank
+        && (args.truncate_dim.is_some()
+            || args.prompt.is_some()
+            || args.prompt_name.is_some()
+            || !args.pooling.is_empty()
+            || args.no_normalize)
+    {
+        usage_error(
+            "--rerank scores text pairs: --truncate-dim, --prompt, --prompt-name, --pooling \
+             and --no-normalize have no meaning with it",
+        );
+    }
     if !search && args.texts.is_empty() && args.input.is_none() {
         usage_error("no input: give texts as arguments, `-` to read stdin, or --input FILE");
     }
@@ -199,18 +260,38 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     // Before the model loads, so that an existing output is refused at once.
     let mut out = Output::open(args.output.as_deref(), args.force)?;
     let started = Instant::now();
-    let embedder = load(&args)?;
+    let mut embedder = load(&args)?;
+    if let Some(n) = args.max_seq_length {
+        embedder.set_max_seq_length(n as usize)?;
+    }
     crate::notice!(
         "embed: loaded {} in {:.2} s on {}",
         embedder.dir.display(),
         started.elapsed().as_secs_f64(),
         embedder.device_name()
     );
-    let opts = EmbedOptions {
+    let prompt = match (&args.prompt_name, &args.prompt) {
+        (Some(name), _) => Some(embedder.sentence.prompt(name, &embedder.dir)?.to_string()),
+        (None, Some(text)) => Some(text.clone()),
+        (None, None) => None,
+    };
+    let mut opts = EmbedOptions {
         batch_size: args.batch_size as usize,
         pooling: (!args.pooling.is_empty()).then(|| args.pooling.clone()),
         no_normalize: args.no_normalize,
+        prompt,
+        truncate_dim: None,
     };
+    if let Some(n) = args.truncate_dim {
+        let full = embedder.full_dim(&opts);
+        if n as usize > full {
+            bail!(
+                "--truncate-dim {n} is larger than the {full} dimensions the model in {} makes",
+                embedder.dir.display()
+            );
+        }
+        opts.truncate_dim = Some(n as usize);
+    }
 
     let started = Instant::now();
     let weights = embedder.dir.join("model.safetensors");
@@ -225,12 +306,37 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         }
     };
     let bar = crate::util::progress::bar(texts.len() as u64, "embed");
-    let stats = if let Some(query) = &args.query {
-        let q = embedder.embed(&[query.as_str()], &opts)?;
+    let stats = if let (true, Some(query)) = (args.rerank, &args.query) {
+        let (scores, stats) = embedder.rerank(query, &texts, opts.batch_size)?;
+        finite(&scores)?;
+        bar.inc(texts.len() as u64);
+        let scored: Vec<(f32, usize)> = scores.into_iter().zip(0..).collect();
+        print_ranked(&mut out, format, scored, &texts, &line_numbers, args.top_k)?;
+        stats
+    } else if let Some(query) = &args.query {
+        // Without a prompt asked for, the query and the documents get the
+        // model's own ones, as encode_query / encode_document pick them.
+        let asked = opts.prompt.is_some();
+        let role_prompt = |names: &[&str]| {
+            let found = names.iter().find_map(|n| embedder.sentence.prompt_named(n));
+            match (asked, found) {
+                (false, Some(p)) => Some(p.to_string()),
+                _ => opts.prompt.clone(),
+            }
+        };
+        let query_opts = EmbedOptions {
+            prompt: role_prompt(&["query"]),
+            ..opts.clone()
+        };
+        let doc_opts = EmbedOptions {
+            prompt: role_prompt(&["document", "passage", "corpus"]),
+            ..opts.clone()
+        };
+        let q = embedder.embed(&[query.as_str()], &query_opts)?;
         finite(&q)?;
         let mut scored: Vec<(f32, usize)> = Vec::with_capacity(texts.len());
         let dim = embedder.dim(&opts);
-        let stats = embedder.embed_each(&texts, &opts, |start, vectors| {
+        let stats = embedder.embed_each(&texts, &doc_opts, |start, vectors| {
             for (i, v) in vectors.chunks_exact(dim).enumerate() {
                 finite(v)?;
                 scored.push((cosine(&q, v), start + i));
@@ -238,24 +344,21 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             bar.inc((vectors.len() / dim) as u64);
             Ok(())
         })?;
-        scored.sort_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)));
-        for (rank, (score, i)) in scored.iter().take(args.top_k as usize).enumerate() {
-            let line = line_numbers[*i];
-            let text = &texts[*i];
-            match format {
-                Format::Jsonl => {
-                    let hit = Hit {
-                        rank: rank + 1,
-                        line,
-                        score: *score,
-                        text,
-                    };
-                    writeln!(out, "{}", json(&hit))
-                }
-                _ => writeln!(out, "{score:.4}\t{line}\t{}", escape_tsv(text)),
-            }
+        print_ranked(&mut out, format, scored, &texts, &line_numbers, args.top_k)?;
+        stats
+    } else if args.precision != Precision::Float32 {
+        let dim = embedder.dim(&opts);
+        let mut all = Vec::with_capacity(texts.len() * dim);
+        let stats = embedder.embed_each(&texts, &opts, |_, vectors| {
+            bar.inc((vectors.len() / dim) as u64);
+            finite(vectors)?;
+            all.extend_from_slice(vectors);
+            Ok(())
+        })?;
+        let q = quantize(&all, dim, args.precision)?;
+        let width = args.precision.width(dim);
+        write_quantized(&mut out, format, &q, width, &texts, args.precision)
             .map_err(|e| out.error(e))?;
-        }
         stats
     } else {
         let dim = embedder.dim(&opts);
@@ -304,12 +407,17 @@ fn load(args: &Args) -> anyhow::Result<Embedder> {
         Some(d) => d.clone(),
         None => default_model_dir()?,
     };
+    let task = if args.rerank {
+        Task::Rerank
+    } else {
+        Task::Embed
+    };
     let (embedder, _) = args
         .device
         .choice()
         .build(
-            || Embedder::load(&dir, None),
-            |gpu| Embedder::load(&dir, Some(gpu)),
+            || Embedder::load_for(&dir, None, task),
+            |gpu| Embedder::load_for(&dir, Some(gpu), task),
         )
         .with_context(|| format!("loading the model in {}", dir.display()))?;
     Ok(embedder)
@@ -401,6 +509,83 @@ pub fn split_lines(bytes: &[u8], name: &str) -> crate::Result<Vec<String>> {
         .collect()
 }
 
+/// Prints the best `top_k` of (score, index) pairs, best first (ties by
+/// position in the file).
+fn print_ranked(
+    out: &mut Output,
+    format: Format,
+    mut scored: Vec<(f32, usize)>,
+    texts: &[String],
+    line_numbers: &[usize],
+    top_k: u32,
+) -> crate::Result<()> {
+    scored.sort_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)));
+    for (rank, (score, i)) in scored.iter().take(top_k as usize).enumerate() {
+        let line = line_numbers[*i];
+        let text = &texts[*i];
+        match format {
+            Format::Jsonl => {
+                let hit = Hit {
+                    rank: rank + 1,
+                    line,
+                    score: *score,
+                    text,
+                };
+                writeln!(out, "{}", json(&hit))
+            }
+            _ => writeln!(out, "{score:.4}\t{line}\t{}", escape_tsv(text)),
+        }
+        .map_err(|e| out.error(e))?;
+    }
+    Ok(())
+}
+
+/// One quantised vector a line (jsonl: integers; tsv), or an int8/uint8 .npy.
+fn write_quantized(
+    w: &mut impl Write,
+    format: Format,
+    q: &[i16],
+    width: usize,
+    texts: &[String],
+    precision: Precision,
+) -> std::io::Result<()> {
+    match format {
+        Format::Npy => {
+            let rows = q.len() / width.max(1);
+            let descr = if precision.signed() { "|i1" } else { "|u1" };
+            write_npy_header(w, descr, rows, width)?;
+            let bytes: Vec<u8> = q.iter().map(|&v| v as u8).collect();
+            w.write_all(&bytes)
+        }
+        Format::Jsonl => {
+            for (i, v) in q.chunks_exact(width).enumerate() {
+                let record = QuantizedRecord {
+                    index: i,
+                    text: &texts[i],
+                    embedding: v,
+                };
+                writeln!(w, "{}", json(&record))?;
+            }
+            Ok(())
+        }
+        Format::Tsv => {
+            for v in q.chunks_exact(width) {
+                let line: Vec<String> = v.iter().map(i16::to_string).collect();
+                writeln!(w, "{}", line.join("\t"))?;
+            }
+            Ok(())
+        }
+    }
+}
+
+/// A `--precision` line of `--format jsonl` output.
+#[derive(serde::Serialize)]
+struct QuantizedRecord<'a> {
+    index: usize,
+    text: &'a str,
+    embedding: &'a [i16],
+}
+
 /// One line of `--format jsonl` output, fields in this order.
 #[derive(serde::Serialize)]
 struct Record<'a> {
@@ -432,8 +617,22 @@ fn escape_tsv(text: &str) -> String {
 
 /// Writes a float32 [rows, cols] array in NumPy's .npy format (version 1.0).
 fn write_npy(w: &mut impl Write, data: &[f32], rows: usize, cols: usize) -> std::io::Result<()> {
+    write_npy_header(w, "<f4", rows, cols)?;
+    for v in data {
+        w.write_all(&v.to_le_bytes())?;
+    }
+    Ok(())
+}
+
+/// The .npy (version 1.0) header of a [rows, cols] array of `descr` values.
+fn write_npy_header(
+    w: &mut impl Write,
+    descr: &str,
+    rows: usize,
+    cols: usize,
+) -> std::io::Result<()> {
     let mut header =
-        format!("{{'descr': '<f4', 'fortran_order': False, 'shape': ({rows}, {cols}), }}");
+        format!("{{'descr': '{descr}', 'fortran_order': False, 'shape': ({rows}, {cols}), }}");
     // magic (6) + version (2) + length (2) + header + '\n', padded to 64 bytes.
     let unpadded = 10 + header.len() + 1;
     header.push_str(&" ".repeat(unpadded.next_multiple_of(64) - unpadded));
@@ -441,9 +640,6 @@ fn write_npy(w: &mut impl Write, data: &[f32], rows: usize, cols: usize) -> std:
     w.write_all(b"\x93NUMPY\x01\x00")?;
     w.write_all(&(header.len() as u16).to_le_bytes())?;
     w.write_all(header.as_bytes())?;
-    for v in data {
-        w.write_all(&v.to_le_bytes())?;
-    }
     Ok(())
 }
 

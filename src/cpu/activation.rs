@@ -100,6 +100,8 @@ pub enum Activation {
     /// tanh-approximated GELU (`gelu_new`, `gelu_pytorch_tanh`).
     GeluTanh,
     Relu,
+    /// x sigmoid(x) (`silu`, `swish`; NomicBERT's SwiGLU).
+    Silu,
 }
 
 impl Activation {
@@ -109,6 +111,7 @@ impl Activation {
             "gelu" => Some(Activation::Gelu),
             "gelu_new" | "gelu_pytorch_tanh" | "gelu_fast" => Some(Activation::GeluTanh),
             "relu" => Some(Activation::Relu),
+            "silu" | "swish" | "swiglu" => Some(Activation::Silu),
             _ => None,
         }
     }
@@ -118,6 +121,7 @@ impl Activation {
             Activation::Gelu => gelu(x),
             Activation::GeluTanh => gelu_tanh(x),
             Activation::Relu => relu(x),
+            Activation::Silu => silu(x),
         }
     }
 
@@ -138,6 +142,17 @@ impl Activation {
             other => return other.apply_all(x),
         };
         x.par_iter_mut().with_min_len(4096).for_each(|v| *v = f(*v));
+    }
+}
+
+/// The gated feed-forward of encoders: gu: [n, 2 f] (activated half, then
+/// linear half, per row) -> y: [n, f] = act(gu[.., ..f]) * gu[.., f..].
+pub fn gated_act(gu: &[f32], f: usize, act: Activation, y: &mut [f32]) {
+    assert_eq!(gu.len(), 2 * y.len(), "gated_act: gu is not [n, 2 f]");
+    for (r, yr) in gu.chunks_exact(2 * f).zip(y.chunks_exact_mut(f)) {
+        for i in 0..f {
+            yr[i] = act.apply(r[i]) * r[f + i];
+        }
     }
 }
 

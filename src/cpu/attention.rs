@@ -43,6 +43,10 @@ pub struct AttentionShape {
     pub scale: f32,
     /// Query i of a sequence sees keys 0 ..= kv_len - q_len + i only.
     pub causal: bool,
+    /// 0: every key. Otherwise a bidirectional sliding window (ModernBERT's
+    /// local attention; encoders, where q_len = kv_len): query i sees keys j
+    /// with |i - j| <= window / 2 only.
+    pub window: usize,
     pub q_stride: usize,
     pub k_stride: usize,
     pub v_stride: usize,
@@ -75,13 +79,20 @@ impl AttentionShape {
         );
     }
 
-    /// Number of keys query `i` of sequence `s` may attend to.
-    pub fn visible_keys(&self, s: &SeqSpan, i: usize) -> usize {
-        if self.causal {
+    /// The keys (offsets from `kv_start`) query `i` of sequence `s` may attend to.
+    pub fn visible_keys(&self, s: &SeqSpan, i: usize) -> std::ops::Range<usize> {
+        let mut end = if self.causal {
             (s.kv_len + i + 1).saturating_sub(s.q_len).min(s.kv_len)
         } else {
             s.kv_len
+        };
+        let mut start = 0;
+        if self.window > 0 {
+            let r = self.window / 2;
+            start = i.saturating_sub(r);
+            end = end.min(i + r + 1);
         }
+        start..end.max(start)
     }
 }
 
@@ -121,7 +132,8 @@ pub fn attention(
         .enumerate()
         .for_each(|(r, (out_row, s))| {
             let i = r - s.q_start;
-            let visible = shape.visible_keys(s, i);
+            let keys = shape.visible_keys(s, i);
+            let visible = keys.len();
             let mut scores = vec![0.0f32; visible];
             for h in 0..heads {
                 let kvh = h / group;
@@ -133,12 +145,14 @@ pub fn attention(
                 let qo = r * shape.q_stride + shape.q_col + h * hd;
                 let qh = &q[qo..qo + hd];
                 for (j, sc) in scores.iter_mut().enumerate() {
-                    let ko = (s.kv_start + j) * shape.k_stride + shape.k_col + kvh * hd;
+                    let ko =
+                        (s.kv_start + keys.start + j) * shape.k_stride + shape.k_col + kvh * hd;
                     *sc = shape.scale * super::dot(qh, &k[ko..ko + hd]);
                 }
                 softmax_rows(&mut scores, visible);
                 for (j, p) in scores.iter().enumerate() {
-                    let vo = (s.kv_start + j) * shape.v_stride + shape.v_col + kvh * hd;
+                    let vo =
+                        (s.kv_start + keys.start + j) * shape.v_stride + shape.v_col + kvh * hd;
                     for (o, v) in o.iter_mut().zip(&v[vo..vo + hd]) {
                         *o += p * v;
                     }
@@ -158,6 +172,7 @@ mod tests {
             head_dim: hd,
             scale: 1.0 / (hd as f32).sqrt(),
             causal,
+            window: 0,
             q_stride: heads * hd,
             k_stride: kv_heads * hd,
             v_stride: kv_heads * hd,

@@ -18,3 +18,13 @@ pub fn add_assign(x: &mut [f32], b: &[f32]) {
         *x += b;
     }
 }
+
+/// y: [rows, cols] = `bias[cols]` broadcast + residual[rows, cols] (each
+/// optional; zeros without either).
+pub fn bias_rows(bias: Option<&[f32]>, residual: Option<&[f32]>, cols: usize, y: &mut [f32]) {
+    for (t, row) in y.chunks_exact_mut(cols).enumerate() {
+        for (j, v) in row.iter_mut().enumerate() {
+            *v = bias.map_or(0.0, |b| b[j]) + residual.map_or(0.0, |r| r[t * cols + j]);
+        }
+    }
+}

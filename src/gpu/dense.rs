@@ -1,6 +1,6 @@
 //! Dense layers on the GPU: tiled matrix multiply with a fused epilogue
-//! (bias, activation, residual), LayerNorm, GELU, and multi-head attention
-//! over ragged batches. Shared by every transformer in `models/`; each kernel
+//! (bias, activation, residual), LayerNorm, GELU, gated activations, and
+//! multi-head attention over ragged batches (optionally in a sliding window). Shared by every transformer in `models/`; each kernel
 //! has its CPU twin in [`crate::cpu`] (`matmul`, `layer_norm`, `gelu`,
 //! `attention`).
 
@@ -111,6 +111,7 @@ pub fn matmul(gpu: &Gpu, l: &Linear) -> Result<Dispatch> {
             Some(Activation::Gelu) => 1,
             Some(Activation::GeluTanh) => 2,
             Some(Activation::Relu) => 3,
+            Some(Activation::Silu) => 4,
         },
         has_residual: l.residual.is_some() as u32,
         w_stride: w_stride as u32,
@@ -225,8 +226,10 @@ struct AttentionParams {
     k_col: u32,
     v_col: u32,
     scale: f32,
+    window: u32,
+    _pad: [u32; 3],
 }
-const _: () = assert!(std::mem::size_of::<AttentionParams>() == 48);
+const _: () = assert!(std::mem::size_of::<AttentionParams>() == 64);
 
 kernel!(
     ATTENTION,
@@ -289,7 +292,10 @@ pub fn attention(
         )));
     }
     // Each invocation walks its keys with two loops over the head per key.
-    let longest = seqs.iter().map(|s| s.kv_len).max().unwrap_or(0);
+    let mut longest = seqs.iter().map(|s| s.kv_len).max().unwrap_or(0);
+    if shape.window > 0 {
+        longest = longest.min(shape.window + 1);
+    }
     let loops = longest * (2 * shape.head_dim + 6) + 2 * shape.head_dim + 64;
     if gpu.is_software() && loops > SOFTWARE_LOOP_LIMIT {
         return Err(Error::gpu(format!(
@@ -313,6 +319,8 @@ pub fn attention(
         k_col: shape.k_col as u32,
         v_col: shape.v_col as u32,
         scale: shape.scale,
+        window: shape.window as u32,
+        _pad: [0; 3],
     };
     let variant = attention_variant(shape.head_dim);
     let bound = gpu.bind(&ATTENTION, &variant, &[q, k, v, seqs_buf, out], &params)?;
@@ -323,5 +331,109 @@ pub fn attention(
     })
 }
 
+#[repr(C)]
+#[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
+struct GatedParams {
+    f: u32,
+    n: u32,
+    act: u32,
+    _pad: u32,
+}
+const _: () = assert!(std::mem::size_of::<GatedParams>() == 16);
+
+kernel!(
+    GATED,
+    "gated",
+    ["erf.wgsl", "gated.wgsl"],
+    [Binding::read("gu"), Binding::write("y")],
+    GatedParams,
+    [&[]]
+);
+
+/// gu: [n, 2 f] (activated half | linear half) -> y: [n, f] =
+/// act(gu[.., ..f]) * gu[.., f..]; the twin of [`crate::cpu::gated_act`].
+pub fn gated(
+    gpu: &Gpu,
+    gu: &wgpu::Buffer,
+    y: &wgpu::Buffer,
+    f: usize,
+    n: usize,
+    act: Activation,
+) -> Result<Dispatch> {
+    let params = GatedParams {
+        f: f as u32,
+        n: n as u32,
+        act: match act {
+            Activation::Gelu => 1,
+            Activation::GeluTanh => 2,
+            Activation::Relu => 3,
+            Activation::Silu => 4,
+        },
+        _pad: 0,
+    };
+    let bound = gpu.bind(&GATED, &Variant::default(), &[gu, y], &params)?;
+    Ok(Dispatch {
+        bound,
+        groups: groups_1d(f * n, 256),
+    })
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
+struct BiasRowsParams {
+    cols: u32,
+    rows: u32,
+    has_bias: u32,
+    has_residual: u32,
+}
+const _: () = assert!(std::mem::size_of::<BiasRowsParams>() == 16);
+
+kernel!(
+    BIAS_ROWS,
+    "bias_rows",
+    "bias_rows.wgsl",
+    [
+        Binding::read("bias"),
+        Binding::read("residual"),
+        Binding::write("y")
+    ],
+    BiasRowsParams,
+    [&[]]
+);
+
+/// y: [rows, cols] = `bias[cols]` broadcast + residual (each optional; zeros
+/// without either): a linear layer's output before a GEMM adds its products.
+/// The twin of [`crate::cpu::bias_rows`]. `y` must not alias an input.
+pub fn bias_rows(
+    gpu: &Gpu,
+    bias: Option<&wgpu::Buffer>,
+    residual: Option<&wgpu::Buffer>,
+    y: &wgpu::Buffer,
+    rows: usize,
+    cols: usize,
+) -> Result<Dispatch> {
+    let params = BiasRowsParams {
+        cols: cols as u32,
+        rows: rows as u32,
+        has_bias: bias.is_some() as u32,
+        has_residual: residual.is_some() as u32,
+    };
+    // Unused inputs are bound to another buffer that is only read.
+    let spare = bias.or(residual);
+    let (b, r) = match spare {
+        Some(s) => (bias.unwrap_or(s), residual.unwrap_or(s)),
+        None => {
+            return Err(Error::gpu(
+                "bias_rows without a bias or a residual: clear the buffer instead".to_string(),
+            ))
+        }
+    };
+    let bound = gpu.bind(&BIAS_ROWS, &Variant::default(), &[b, r, y], &params)?;
+    Ok(Dispatch {
+        bound,
+        groups: groups_1d(rows * cols, 256),
+    })
+}
+
 /// The kernels declared in this module.
-pub static KERNELS: &[&Kernel] = &[&MATMUL, &LAYER_NORM, &GELU, &ATTENTION];
+pub static KERNELS: &[&Kernel] = &[&MATMUL, &LAYER_NORM, &GELU, &ATTENTION, &GATED, &BIAS_ROWS];

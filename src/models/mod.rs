@@ -3,7 +3,7 @@
 
 pub mod arch;
 pub mod batch;
-pub mod bert;
+pub mod encoder;
 pub mod gemma3;
 pub mod gguf_export;
 pub mod kv_blocks;

@@ -23,7 +23,75 @@ pub const CASES: &[Case] = &[
         kernel: "attention",
         run: attention,
     },
+    Case {
+        kernel: "gated",
+        run: gated,
+    },
+    Case {
+        kernel: "bias_rows",
+        run: bias_rows,
+    },
 ];
+
+fn bias_rows(gpu: &Gpu, _v: &Variant) {
+    let mut rng = Rng::new(62);
+    for (i, &cols) in SIZES.iter().enumerate() {
+        let rows = [1, 3, 7][i % 3];
+        let bias = rng.vec(cols, -1.0, 1.0);
+        let residual = rng.vec(rows * cols, -1.0, 1.0);
+        let gb = gpu.upload_f32("bias", &bias).unwrap();
+        let gr = gpu.upload_f32("residual", &residual).unwrap();
+        for (b, r) in [(true, true), (true, false), (false, true)] {
+            let mut want = vec![0.0; rows * cols];
+            cpu::bias_rows(
+                b.then_some(&bias[..]),
+                r.then_some(&residual[..]),
+                cols,
+                &mut want,
+            );
+            let gy = gpu.poisoned_f32("y", rows * cols).unwrap();
+            let d =
+                dense::bias_rows(gpu, b.then_some(&gb), r.then_some(&gr), &gy, rows, cols).unwrap();
+            gpu.run_all(&[&d]).unwrap();
+            // One f32 addition in the same order: exact.
+            assert_close(
+                &format!("bias_rows cols={cols} rows={rows} bias={b} residual={r}"),
+                &gpu.read_f32(&gy).unwrap()[..rows * cols],
+                &want,
+                0.0,
+            );
+        }
+    }
+}
+
+fn gated(gpu: &Gpu, _v: &Variant) {
+    let mut rng = Rng::new(61);
+    for (i, &f) in SIZES.iter().enumerate() {
+        let act = [
+            Activation::Gelu,
+            Activation::GeluTanh,
+            Activation::Relu,
+            Activation::Silu,
+        ][i % 4];
+        for n in [1, 3] {
+            let gu = rng.vec(n * 2 * f, -6.0, 6.0);
+            let mut want = vec![0.0; n * f];
+            cpu::gated_act(&gu, f, act, &mut want);
+            let gg = gpu.upload_f32("gu", &gu).unwrap();
+            let gy = gpu.poisoned_f32("y", n * f).unwrap();
+            let d = dense::gated(gpu, &gg, &gy, f, n, act).unwrap();
+            gpu.run_all(&[&d]).unwrap();
+            // One exp (or the erf polynomial, 1.4e-7 absolute) and a product:
+            // a few ulps, squared and normalised ~1e-13.
+            assert_close(
+                &format!("gated {act:?} f={f} n={n}"),
+                &gpu.read_f32(&gy).unwrap()[..n * f],
+                &want,
+                1e-12,
+            );
+        }
+    }
+}
 
 /// Shapes (m, k, n): every size in SIZES in every dimension, the others odd
 /// and around the 64-wide tile, plus one large product.
@@ -53,6 +121,7 @@ fn matmul(gpu: &Gpu, v: &Variant) {
         (true, None, true),
         (false, Some(Activation::GeluTanh), true),
         (true, Some(Activation::Relu), false),
+        (true, Some(Activation::Silu), true),
     ];
     for (i, (m, k, n)) in matmul_shapes().into_iter().enumerate() {
         let (has_bias, act, has_residual) = epilogues[i % epilogues.len()];
@@ -187,6 +256,8 @@ struct AttentionCase {
     kv_heads: usize,
     head_dim: usize,
     causal: bool,
+    /// A bidirectional sliding window (0: none), as ModernBERT's local layers.
+    window: usize,
     /// (q_len, kv_len) per sequence; kv_len > q_len models a cached prefix.
     lens: &'static [(usize, usize)],
     /// q, k and v as column blocks of one [rows, q + k + v] buffer.
@@ -194,12 +265,33 @@ struct AttentionCase {
 }
 
 const ATTENTION_CASES: &[AttentionCase] = &[
+    // ModernBERT's local attention: a window of 8 (4 keys each side), and
+    // an odd one (7: 3 each side), over sequences shorter and longer than it.
+    AttentionCase {
+        heads: 2,
+        kv_heads: 2,
+        head_dim: 16,
+        causal: false,
+        window: 8,
+        lens: &[(1, 1), (5, 5), (33, 33), (65, 65)],
+        fused: true,
+    },
+    AttentionCase {
+        heads: 3,
+        kv_heads: 3,
+        head_dim: 8,
+        causal: false,
+        window: 7,
+        lens: &[(132, 132), (4, 4)],
+        fused: false,
+    },
     // An encoder batch: lengths around the 64-thread workgroup, fused QKV.
     AttentionCase {
         heads: 3,
         kv_heads: 3,
         head_dim: 33,
         causal: false,
+        window: 0,
         lens: &[(1, 1), (33, 33), (63, 63), (64, 64), (65, 65), (132, 132)],
         fused: true,
     },
@@ -209,6 +301,7 @@ const ATTENTION_CASES: &[AttentionCase] = &[
         kv_heads: 12,
         head_dim: 32,
         causal: false,
+        window: 0,
         lens: &[(260, 260), (1, 1), (7, 7)],
         fused: true,
     },
@@ -218,6 +311,7 @@ const ATTENTION_CASES: &[AttentionCase] = &[
         kv_heads: 2,
         head_dim: 1,
         causal: false,
+        window: 0,
         lens: &[(1025, 1025)],
         fused: false,
     },
@@ -227,6 +321,7 @@ const ATTENTION_CASES: &[AttentionCase] = &[
         kv_heads: 2,
         head_dim: 64,
         causal: true,
+        window: 0,
         lens: &[(33, 33), (5, 70), (1, 1), (65, 257)],
         fused: false,
     },
@@ -236,6 +331,7 @@ const ATTENTION_CASES: &[AttentionCase] = &[
         kv_heads: 1,
         head_dim: 256,
         causal: true,
+        window: 0,
         lens: &[(63, 63), (2, 9)],
         fused: false,
     },
@@ -267,6 +363,7 @@ fn attention(gpu: &Gpu, _v: &Variant) {
                 head_dim: hd,
                 scale: 1.0 / (hd as f32).sqrt(),
                 causal: c.causal,
+                window: c.window,
                 q_stride: stride,
                 k_stride: stride,
                 v_stride: stride,
@@ -281,6 +378,7 @@ fn attention(gpu: &Gpu, _v: &Variant) {
                 head_dim: hd,
                 scale: 1.0 / (hd as f32).sqrt(),
                 causal: c.causal,
+                window: c.window,
                 q_stride: qw,
                 k_stride: kw,
                 v_stride: kw,
@@ -321,8 +419,8 @@ fn attention(gpu: &Gpu, _v: &Variant) {
         // ~1e-12; a query reading another sequence's keys is off by O(1).
         assert_close(
             &format!(
-                "attention heads={} kv_heads={} head_dim={hd} causal={} lens={:?}",
-                c.heads, c.kv_heads, c.causal, c.lens
+                "attention heads={} kv_heads={} head_dim={hd} causal={} window={} lens={:?}",
+                c.heads, c.kv_heads, c.causal, c.window, c.lens
             ),
             &got[..rows * qw],
             &want,
@@ -349,6 +447,7 @@ pub fn long_attention_is_refused_on_software_adapters_and_right_elsewhere(gpu: &
         head_dim: hd,
         scale: 1.0 / (hd as f32).sqrt(),
         causal: false,
+        window: 0,
         q_stride: heads * hd,
         k_stride: heads * hd,
         v_stride: heads * hd,

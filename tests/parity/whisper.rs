@@ -79,6 +79,7 @@ fn attention_tiled(gpu: &Gpu, _v: &Variant) {
             head_dim: hd,
             scale: 1.0 / (hd as f32).sqrt(),
             causal: false,
+            window: 0,
             q_stride: stride,
             k_stride: stride,
             v_stride: stride,

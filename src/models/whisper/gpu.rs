@@ -174,6 +174,7 @@ impl GpuEncoder {
             head_dim,
             scale: 1.0 / (head_dim as f32).sqrt(),
             causal: false,
+            window: 0,
             q_stride: 3 * d,
             k_stride: 3 * d,
             v_stride: 3 * d,

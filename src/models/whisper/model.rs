@@ -387,6 +387,7 @@ fn attention_shape(
         head_dim,
         scale: 1.0 / (head_dim as f32).sqrt(),
         causal,
+        window: 0,
         q_stride: q.0,
         q_col: q.1,
         k_stride: k.0,
