@@ -298,6 +298,14 @@ fn decode<S: Source>(label: &Path, mut src: S, rate: u32) -> Result<Audio> {
             "not a recognised audio file (WAV, FLAC, MP3, Ogg Vorbis)",
         ));
     }
+    if ogg {
+        // symphonia's Ogg reader seeks to the last page for the duration
+        // and refuses a file whose last page is cut ("unexpected end of
+        // file"): read it as a stream, as ffmpeg does, which decodes what
+        // is there and reports the cut page.
+        let stream = symphonia::core::io::ReadOnlySource::new(src);
+        return decode_other(label, stream, rate, None);
+    }
     let layout = if mp3 {
         MpegLayout::read(&mut src).map_err(|e| Error::io(label, e))?
     } else {
@@ -548,11 +556,15 @@ fn decode_other<S: Source>(
     use symphonia::core::io::MediaSourceStream;
     use symphonia::core::meta::MetadataOptions;
 
-    let not_audio = |e: SymError| {
-        Error::format(
+    let not_audio = |e: SymError| match e {
+        SymError::IoError(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => Error::format(
+            label,
+            "the file ends before its first audio (a truncated file?)",
+        ),
+        e => Error::format(
             label,
             format!("not a recognised audio file (WAV, FLAC, MP3, Ogg Vorbis): {e}"),
-        )
+        ),
     };
     let mss = MediaSourceStream::new(Box::new(src), Default::default());
     let mut hint = Hint::new();
