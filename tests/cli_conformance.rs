@@ -282,7 +282,12 @@ fn every_tool_asks_for_force_before_replacing_a_file() {
     let page = repo().join("samples/fixtures/layout/page-mime-02.png");
     let o = run(
         OCR,
-        &["--cpu", "--draw", png.to_str().unwrap(), page.to_str().unwrap()],
+        &[
+            "--cpu",
+            "--draw",
+            png.to_str().unwrap(),
+            page.to_str().unwrap(),
+        ],
     );
     assert_clean_failure(&o, &["existing.png", "--force"]);
     assert_eq!(std::fs::read(&png).unwrap(), b"old");
@@ -448,7 +453,14 @@ fn speak_writes_a_streamed_wav_through_a_fifo_to_its_reader() {
     };
     let o = run(
         SPEAK,
-        &["--cpu", "--seed", "1", "Hello there.", "-o", fifo.to_str().unwrap()],
+        &[
+            "--cpu",
+            "--seed",
+            "1",
+            "Hello there.",
+            "-o",
+            fifo.to_str().unwrap(),
+        ],
     );
     assert!(o.status.success(), "{}", stderr(&o));
     let got = reader.join().unwrap();
@@ -633,13 +645,18 @@ fn truncated_flac_mp3_and_ogg_are_read_to_where_they_end_with_a_warning() {
     let early = dir.join("early.ogg");
     let ogg = std::fs::read(repo().join("samples/fixtures/audio/clip-0930.ogg")).unwrap();
     std::fs::write(&early, &ogg[..5000]).unwrap();
-    let e = lfm::run::audio::load(&early, 16_000).unwrap_err().to_string();
+    let e = lfm::run::audio::load(&early, 16_000)
+        .unwrap_err()
+        .to_string();
     assert!(e.contains("early.ogg") && e.contains("truncated"), "{e}");
 
     // The tool prints the warning and transcribes what is there; -q
     // leaves only results and errors.
     let cut = dir.join("cut-clip-0930.mp3");
-    let o = run(TRANSCRIBE, &["--cpu", "-m", &whisper(), cut.to_str().unwrap()]);
+    let o = run(
+        TRANSCRIBE,
+        &["--cpu", "-m", &whisper(), cut.to_str().unwrap()],
+    );
     assert!(o.status.success(), "{}", stderr(&o));
     assert!(
         stderr(&o)
@@ -653,7 +670,11 @@ fn truncated_flac_mp3_and_ogg_are_read_to_where_they_end_with_a_warning() {
         TRANSCRIBE,
         &["--cpu", "-q", "-m", &whisper(), cut.to_str().unwrap()],
     );
-    assert!(o.status.success() && stderr(&o).is_empty(), "{}", stderr(&o));
+    assert!(
+        o.status.success() && stderr(&o).is_empty(),
+        "{}",
+        stderr(&o)
+    );
 }
 
 /// A copy of `src` with every byte from `from` on set to 0xFF (NaN as f32).
@@ -752,7 +773,10 @@ fn nan_at_a_later_decode_step_is_an_error_naming_the_model() {
     std::fs::write(&bad, &bytes).unwrap();
 
     for device in ["--cpu", "--gpu"] {
-        for sampling in [&["--temperature", "0"][..], &["--temperature", "1", "--seed", "3"]] {
+        for sampling in [
+            &["--temperature", "0"][..],
+            &["--temperature", "1", "--seed", "3"],
+        ] {
             let mut args = vec![device, "--prompt-ids", ids];
             args.extend_from_slice(sampling);
             let mut six = args.clone();
@@ -1374,7 +1398,8 @@ fn on_a_terminal(bin: &str, args: &[&str]) -> (Option<i32>, String) {
     };
     assert_eq!(rc, 0, "openpty: {}", std::io::Error::last_os_error());
     // SAFETY: both are open descriptors owned by nothing else.
-    let (leader, follower) = unsafe { (OwnedFd::from_raw_fd(leader), OwnedFd::from_raw_fd(follower)) };
+    let (leader, follower) =
+        unsafe { (OwnedFd::from_raw_fd(leader), OwnedFd::from_raw_fd(follower)) };
     let mut child = {
         let mut cmd = Command::new(bin);
         cmd.args(args)
@@ -1477,7 +1502,9 @@ fn embed_and_speak_show_progress_on_a_terminal_and_none_on_a_pipe() {
     assert_eq!(code, Some(0), "{screen}");
     let pieces = terminal_pieces(&screen);
     assert!(
-        pieces.iter().any(|p| p.contains("embed [") && p.contains("/300")),
+        pieces
+            .iter()
+            .any(|p| p.contains("embed [") && p.contains("/300")),
         "{pieces:?}"
     );
     let o = run(EMBED, &embed_args);
@@ -1486,12 +1513,22 @@ fn embed_and_speak_show_progress_on_a_terminal_and_none_on_a_pipe() {
 
     let text = "One sentence. Another sentence. And a third one.";
     let wav = dir.join("three.wav");
-    let speak_args = ["--cpu", "--seed", "1", text, "-o", wav.to_str().unwrap(), "--force"];
+    let speak_args = [
+        "--cpu",
+        "--seed",
+        "1",
+        text,
+        "-o",
+        wav.to_str().unwrap(),
+        "--force",
+    ];
     let (code, screen) = on_a_terminal(SPEAK, &speak_args);
     assert_eq!(code, Some(0), "{screen}");
     let pieces = terminal_pieces(&screen);
     assert!(
-        pieces.iter().any(|p| p.contains("speaking [") && p.contains("/3")),
+        pieces
+            .iter()
+            .any(|p| p.contains("speaking [") && p.contains("/3")),
         "{pieces:?}"
     );
     let o = run(SPEAK, &speak_args);

@@ -308,7 +308,9 @@ impl GpuLlm {
                 submitted += 1;
             }
             let done = flight.pop_front().expect("a step in flight");
-            let bytes = self.gpu.read_staging(&staging[produced % 2], super::TOKEN_BYTES, done)?;
+            let bytes = self
+                .gpu
+                .read_staging(&staging[produced % 2], super::TOKEN_BYTES, done)?;
             // Damaged logits end the run (the step that ran ahead, never
             // mapped, finishes on its own).
             let next = super::greedy_token(&bytes)?;
@@ -319,7 +321,8 @@ impl GpuLlm {
                     // (its staging buffer must be unmapped for reuse) and
                     // take it back.
                     let done = flight.pop_front().expect("the step ahead");
-                    self.gpu.read_staging(&staging[produced % 2], super::TOKEN_BYTES, done)?;
+                    self.gpu
+                        .read_staging(&staging[produced % 2], super::TOKEN_BYTES, done)?;
                     self.pos -= 1;
                 }
                 return Ok(produced);
