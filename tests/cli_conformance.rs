@@ -409,7 +409,7 @@ fn a_failed_rename_removes_the_temporary_file_and_names_the_users_path() {
     // program, a user): the final rename fails.
     let dir = scratch("conf-rename");
     let input = dir.join("lines.txt");
-    let lines: String = (0..3_000)
+    let lines: String = (0..1_500)
         .map(|i| format!("line number {i} of an input\n"))
         .collect();
     std::fs::write(&input, lines).unwrap();
