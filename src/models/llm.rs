@@ -693,7 +693,6 @@ impl Weights {
     }
 }
 
-/// A causal language model on some backend.
 /// The error for logits holding a NaN or an infinity; the tools add the
 /// model file's name.
 pub const NONFINITE_LOGITS: &str = "the model's logits are NaN or infinite (damaged weights?)";
@@ -708,6 +707,7 @@ pub fn check_logits(logits: &[f32]) -> Result<()> {
     }
 }
 
+/// A causal language model on some backend.
 pub trait CausalLm {
     fn config(&self) -> &LlmConfig;
     /// Tokens consumed so far.
