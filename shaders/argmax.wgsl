@@ -1,11 +1,15 @@
 // argmax in two kernels from this file, the first one on ties (torch.argmax,
-// cpu::argmax); NaNs are never chosen over a number:
+// cpu::argmax); NaNs are never chosen over a number, and any NaN or infinity
+// in x is flagged, so a greedy step reading back only its token still sees
+// damaged logits:
 //   argmax_part (PARTIAL): workgroup g finds the best of x[g CHUNK ..
-//       (g + 1) CHUNK) and writes (value bits, index) to part[2 g], part[2 g + 1]
-//       (index NONE for an empty or all-NaN slice);
-//   argmax: out[0] = the index of the best of the `groups` pairs in part.
-// bindings: 0 params {n, groups}, PARTIAL: 1 x: [n], 2 part: array<u32> [2 groups];
-//           otherwise 1 part, 2 out: array<u32> (read_write)
+//       (g + 1) CHUNK) and writes (value bits, index, flag) to part[3 g ..
+//       3 g + 3) (index NONE for an empty or all-NaN slice; flag 1 when the
+//       slice holds a NaN or an infinity, else 0);
+//   argmax: out[0] = the index of the best of the `groups` triples in part
+//       (0 when none), out[1] = 1 when any of them is flagged, else 0.
+// bindings: 0 params {n, groups}, PARTIAL: 1 x: [n], 2 part: array<u32> [3 groups];
+//           otherwise 1 part, 2 out: array<u32> [2] (read_write)
 // dispatch: PARTIAL: `groups` = ceil(n / CHUNK) workgroups; argmax: one;
 //           256 threads each
 
@@ -22,9 +26,12 @@ struct Params { n: u32, groups: u32, _p1: u32, _p2: u32 }
 
 const CHUNK: u32 = 1024u;
 const NONE: u32 = 0xffffffffu;
+// The exponent bits of an f32: all set for an infinity or a NaN.
+const EXPONENT: u32 = 0x7f800000u;
 
 var<workgroup> bv: array<f32, 256>;
 var<workgroup> bi: array<u32, 256>;
+var<workgroup> bf: array<u32, 256>;
 
 // (v, i) beats (w, j): strictly greater, or the same value earlier; an empty
 // slot (index NONE) loses to anything.
@@ -42,10 +49,15 @@ fn better(v: f32, i: u32, w: f32, j: u32) -> bool {
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
     var v = 0.0;
     var i = NONE;
+    var flag = 0u;
 #if PARTIAL
     let end = min(p.n, (wid.x + 1u) * CHUNK);
     for (var j = wid.x * CHUNK + lid; j < end; j += 256u) {
         let xj = x[j];
+        // Bits, not comparisons: no compiler may assume the value finite.
+        if ((bitcast<u32>(xj) & EXPONENT) == EXPONENT) {
+            flag = 1u;
+        }
         if (xj == xj && better(xj, j, v, i)) {
             v = xj;
             i = j;
@@ -53,8 +65,9 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     }
 #else
     for (var g = lid; g < p.groups; g += 256u) {
-        let vg = bitcast<f32>(part[2u * g]);
-        let ig = part[2u * g + 1u];
+        let vg = bitcast<f32>(part[3u * g]);
+        let ig = part[3u * g + 1u];
+        flag = max(flag, part[3u * g + 2u]);
         if (better(vg, ig, v, i)) {
             v = vg;
             i = ig;
@@ -63,20 +76,26 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
 #endif
     bv[lid] = v;
     bi[lid] = i;
+    bf[lid] = flag;
     workgroupBarrier();
     for (var s = 128u; s > 0u; s >>= 1u) {
-        if (lid < s && better(bv[lid + s], bi[lid + s], bv[lid], bi[lid])) {
-            bv[lid] = bv[lid + s];
-            bi[lid] = bi[lid + s];
+        if (lid < s) {
+            if (better(bv[lid + s], bi[lid + s], bv[lid], bi[lid])) {
+                bv[lid] = bv[lid + s];
+                bi[lid] = bi[lid + s];
+            }
+            bf[lid] = max(bf[lid], bf[lid + s]);
         }
         workgroupBarrier();
     }
     if (lid == 0u) {
 #if PARTIAL
-        part[2u * wid.x] = bitcast<u32>(bv[0]);
-        part[2u * wid.x + 1u] = bi[0];
+        part[3u * wid.x] = bitcast<u32>(bv[0]);
+        part[3u * wid.x + 1u] = bi[0];
+        part[3u * wid.x + 2u] = bf[0];
 #else
         out[0] = select(bi[0], 0u, bi[0] == NONE);
+        out[1] = bf[0];
 #endif
     }
 }

@@ -112,6 +112,17 @@ fn devices_and_stdout_are_written_not_replaced() {
         .file_type()
         .is_char_device());
     assert!(stdout(&o).is_empty());
+    // speak turned a device into a WAV file (as root, /dev/null).
+    for force in [&[][..], &["--force"]] {
+        let mut args = vec!["--cpu", "Hi.", "-o", "/dev/null"];
+        args.extend_from_slice(force);
+        let o = run(SPEAK, &args);
+        assert!(o.status.success(), "{force:?}: {}", stderr(&o));
+        assert!(std::fs::metadata("/dev/null")
+            .unwrap()
+            .file_type()
+            .is_char_device());
+    }
 
     // `-` and /dev/stdout are standard output, with or without --force.
     for args in [&["-o", "-"][..], &["-o", "/dev/stdout", "--force"][..]] {
@@ -168,7 +179,14 @@ fn a_directory_or_a_missing_folder_fails_at_once_naming_the_users_path() {
     let o = embed(&["-o", dir.to_str().unwrap(), "--force"]);
     assert_clean_failure(&o, &[dir.to_str().unwrap(), "is a directory"]);
     assert!(temp_files(&dir).is_empty());
-    assert!(temp_files(dir.parent().unwrap()).is_empty());
+    // Beside it, in the shared temporary directory: only a temporary file
+    // of this target counts (other programs write theirs there too).
+    let name = dir.file_name().unwrap().to_string_lossy().into_owned();
+    let beside: Vec<String> = temp_files(dir.parent().unwrap())
+        .into_iter()
+        .filter(|n| n.contains(&name))
+        .collect();
+    assert!(beside.is_empty(), "{beside:?}");
 
     let missing = dir.join("no/such/out.jsonl");
     let o = embed(&["-o", missing.to_str().unwrap()]);
@@ -258,6 +276,47 @@ fn every_tool_asks_for_force_before_replacing_a_file() {
     );
     assert_clean_failure(&o, &["existing.gguf", "--force"]);
     assert_eq!(std::fs::read(&gguf).unwrap(), b"old");
+
+    let hf = repo().join("samples/fixtures/llm/tiny-lfm2");
+    let o = run(
+        GGUF_WRITE,
+        &[hf.to_str().unwrap(), "-o", gguf.to_str().unwrap()],
+    );
+    assert_clean_failure(&o, &["existing.gguf", "--force"]);
+    assert_eq!(std::fs::read(&gguf).unwrap(), b"old");
+
+    let png = old("existing.png");
+    let page = repo().join("samples/fixtures/layout/page-mime-02.png");
+    let o = run(
+        OCR,
+        &[
+            "--cpu",
+            "--draw",
+            png.to_str().unwrap(),
+            page.to_str().unwrap(),
+        ],
+    );
+    assert_clean_failure(&o, &["existing.png", "--force"]);
+    assert_eq!(std::fs::read(&png).unwrap(), b"old");
+
+    let kld_ref = old("existing.kld");
+    let corpus = repo().join("samples/corpus/alice-ch1-4.txt");
+    let o = run(
+        KLD,
+        &[
+            "--cpu",
+            "-m",
+            &tiny_gguf(),
+            "--corpus",
+            corpus.to_str().unwrap(),
+            "--arm",
+            "q8_0",
+            "--save-ref",
+            kld_ref.to_str().unwrap(),
+        ],
+    );
+    assert_clean_failure(&o, &["existing.kld", "--force"]);
+    assert_eq!(std::fs::read(&kld_ref).unwrap(), b"old");
     assert!(temp_files(&dir).is_empty());
 }
 
@@ -344,9 +403,84 @@ fn interrupted_embed_leaves_nothing(signal: &str, number: i32) {
 }
 
 #[test]
-fn sigterm_and_sigint_remove_the_temporary_file() {
+fn sigterm_sigint_and_sighup_remove_the_temporary_file() {
     interrupted_embed_leaves_nothing("TERM", 15);
     interrupted_embed_leaves_nothing("INT", 2);
+    // A closed terminal or ssh session.
+    interrupted_embed_leaves_nothing("HUP", 1);
+}
+
+#[test]
+fn a_failed_rename_removes_the_temporary_file_and_names_the_users_path() {
+    // The output path turns into a directory while the tool works (another
+    // program, a user): the final rename fails.
+    let dir = scratch("conf-rename");
+    let input = dir.join("lines.txt");
+    let lines: String = (0..1_500)
+        .map(|i| format!("line number {i} of an input\n"))
+        .collect();
+    std::fs::write(&input, lines).unwrap();
+    let out = dir.join("out.jsonl");
+    let child = Command::new(EMBED)
+        .args(["--cpu", "-m", &minilm(), "-i", input.to_str().unwrap()])
+        .args(["-o", out.to_str().unwrap()])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let started = Instant::now();
+    while temp_files(&dir).is_empty() {
+        assert!(
+            started.elapsed() < Duration::from_secs(60),
+            "no temporary file appeared"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    std::fs::create_dir(&out).unwrap();
+    std::fs::write(out.join("keep.txt"), b"mine").unwrap();
+    let o = child.wait_with_output().unwrap();
+    assert_clean_failure(&o, &["out.jsonl"]);
+    assert!(!stderr(&o).contains(".tmp"), "{}", stderr(&o));
+    assert!(temp_files(&dir).is_empty(), "{:?}", temp_files(&dir));
+    assert_eq!(std::fs::read(out.join("keep.txt")).unwrap(), b"mine");
+}
+
+#[test]
+fn speak_writes_a_streamed_wav_through_a_fifo_to_its_reader() {
+    let dir = scratch("conf-speak-fifo");
+    let fifo = dir.join("voice.wav");
+    assert!(Command::new("mkfifo")
+        .arg(&fifo)
+        .status()
+        .unwrap()
+        .success());
+    let reader = {
+        let fifo = fifo.clone();
+        std::thread::spawn(move || std::fs::read(&fifo).unwrap())
+    };
+    let o = run(
+        SPEAK,
+        &[
+            "--cpu",
+            "--seed",
+            "1",
+            "Hello there.",
+            "-o",
+            fifo.to_str().unwrap(),
+        ],
+    );
+    assert!(o.status.success(), "{}", stderr(&o));
+    let got = reader.join().unwrap();
+    assert!(std::fs::metadata(&fifo).unwrap().file_type().is_fifo());
+    assert!(temp_files(&dir).is_empty(), "{:?}", temp_files(&dir));
+    assert_eq!(&got[..4], b"RIFF", "the reader got {} bytes", got.len());
+    assert_eq!(&got[8..12], b"WAVE");
+    // The streaming header (no sizes) reads to the end, as a player reads it.
+    let copy = dir.join("copy.wav");
+    std::fs::write(&copy, &got).unwrap();
+    let audio = lfm::run::audio::load(&copy, 22_050).unwrap();
+    assert!(audio.seconds() > 0.5, "{} s of audio", audio.seconds());
+    assert!(audio.samples.iter().any(|&s| s.abs() > 0.05), "silence");
 }
 
 // ---------------------------------------------------------------------------
@@ -479,6 +613,77 @@ fn a_truncated_jpeg_is_reported() {
     assert_clean_failure(&o, &["cut.jpg", "truncated"]);
 }
 
+#[test]
+fn truncated_flac_mp3_and_ogg_are_read_to_where_they_end_with_a_warning() {
+    // As ffmpeg (and so faster-whisper) does: decode what is there, and say
+    // so, naming the file and how much was read.
+    let dir = scratch("conf-cut-audio");
+    for name in [
+        "clip-0930.flac",
+        "clip-0930.mp3",
+        "clip-0930-vbr.mp3",
+        "clip-0930.ogg",
+    ] {
+        let whole = repo().join("samples/fixtures/audio").join(name);
+        let full = lfm::run::audio::load(&whole, 16_000).unwrap();
+        assert!(full.seconds() > 3.2, "{name}: {} s", full.seconds());
+        assert!(full.warnings.is_empty(), "{name}: {:?}", full.warnings);
+
+        let bytes = std::fs::read(&whole).unwrap();
+        // Inside a frame (an Ogg page: this one's are 1.3 s long).
+        let cut = dir.join(format!("cut-{name}"));
+        std::fs::write(&cut, &bytes[..bytes.len() * 3 / 4 + 3]).unwrap();
+        let part = lfm::run::audio::load(&cut, 16_000).unwrap();
+        assert!(
+            part.seconds() > 1.0 && part.seconds() < full.seconds() - 0.5,
+            "{name}: {} s of {}",
+            part.seconds(),
+            full.seconds()
+        );
+        let read = format!("read {:.2} s", part.seconds());
+        let [warning] = &part.warnings[..] else {
+            panic!("{name}: warnings {:?}", part.warnings)
+        };
+        for needle in [cut.to_str().unwrap(), "truncated", &read] {
+            assert!(warning.contains(needle), "{warning:?} lacks {needle:?}");
+        }
+    }
+    // Cut before the first whole page of audio: nothing to decode.
+    let early = dir.join("early.ogg");
+    let ogg = std::fs::read(repo().join("samples/fixtures/audio/clip-0930.ogg")).unwrap();
+    std::fs::write(&early, &ogg[..5000]).unwrap();
+    let e = lfm::run::audio::load(&early, 16_000)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("early.ogg") && e.contains("truncated"), "{e}");
+
+    // The tool prints the warning and transcribes what is there; -q
+    // leaves only results and errors.
+    let cut = dir.join("cut-clip-0930.mp3");
+    let o = run(
+        TRANSCRIBE,
+        &["--cpu", "-m", &whisper(), cut.to_str().unwrap()],
+    );
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(
+        stderr(&o)
+            .lines()
+            .any(|l| l.starts_with("warning: ") && l.contains("cut-clip-0930.mp3")),
+        "{}",
+        stderr(&o)
+    );
+    assert!(stdout(&o).starts_with("He might"), "{}", stdout(&o));
+    let o = run(
+        TRANSCRIBE,
+        &["--cpu", "-q", "-m", &whisper(), cut.to_str().unwrap()],
+    );
+    assert!(
+        o.status.success() && stderr(&o).is_empty(),
+        "{}",
+        stderr(&o)
+    );
+}
+
 /// A copy of `src` with every byte from `from` on set to 0xFF (NaN as f32).
 fn poisoned_copy(src: &Path, dst: &Path, from: usize) {
     let mut bytes = std::fs::read(src).unwrap();
@@ -531,6 +736,75 @@ fn nan_from_damaged_weights_is_an_error_naming_the_model() {
     );
     assert_clean_failure(&o, &["nan.gguf"]);
     assert!(stdout(&o).trim().is_empty(), "{}", stdout(&o));
+}
+
+/// `generate --json` on `model` with `args`: the generated ids.
+fn generated_ids(model: &Path, args: &[&str]) -> Vec<u64> {
+    let mut all = vec!["-m", model.to_str().unwrap(), "--json"];
+    all.extend_from_slice(args);
+    let o = run(GENERATE, &all);
+    assert!(o.status.success(), "{args:?}: {}", stderr(&o));
+    let v: serde_json::Value = serde_json::from_str(stdout(&o).trim()).unwrap();
+    v["generated_ids"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t.as_u64().unwrap())
+        .collect()
+}
+
+#[test]
+fn nan_at_a_later_decode_step_is_an_error_naming_the_model() {
+    // tiny-qwen3 has its own output head: NaN in every embedding row but the
+    // prompt's leaves the prompt's logits clean, so the first forward passes
+    // and the NaN comes in with the first generated token, at the second
+    // step. The GPU's greedy steps read back only a token id (argmax's flag
+    // says whether its logits were finite), its sampling steps the top
+    // candidates; the CPU reads every logit.
+    let dir = scratch("conf-nan-later");
+    let clean = repo().join("samples/fixtures/llm/tiny-qwen3.f32.gguf");
+    let prompt: [u64; 3] = [5, 6, 7];
+    let ids = "5,6,7";
+    let gguf = lfm::formats::gguf::GgufFile::open(&clean).unwrap();
+    let embd = gguf.tensor_info("token_embd.weight").unwrap().clone();
+    assert_eq!(embd.dtype.name(), "f32");
+    let row = embd.size / embd.shape[0];
+    let start = gguf.data_offset() + embd.offset;
+    let mut bytes = std::fs::read(&clean).unwrap();
+    for t in 0..embd.shape[0] {
+        if !prompt.contains(&(t as u64)) {
+            bytes[start + t * row..start + (t + 1) * row].fill(0xFF);
+        }
+    }
+    let bad = dir.join("later-nan.gguf");
+    std::fs::write(&bad, &bytes).unwrap();
+
+    for device in ["--cpu", "--gpu"] {
+        for sampling in [
+            &["--temperature", "0"][..],
+            &["--temperature", "1", "--seed", "3"],
+        ] {
+            let mut args = vec![device, "--prompt-ids", ids];
+            args.extend_from_slice(sampling);
+            let mut six = args.clone();
+            six.extend(["-n", "6"]);
+            let first = generated_ids(&clean, &six);
+            assert!(
+                !prompt.contains(&first[0]),
+                "{args:?}: the first token {} is a prompt token",
+                first[0]
+            );
+            // One token: only the first forward runs, and its logits are clean.
+            let mut one = args.clone();
+            one.extend(["-n", "1"]);
+            assert_eq!(generated_ids(&bad, &one), first[..1], "{args:?}");
+
+            let mut all = vec!["-m", bad.to_str().unwrap()];
+            all.extend_from_slice(&six);
+            let o = run(GENERATE, &all);
+            assert_clean_failure(&o, &["later-nan.gguf", "NaN"]);
+        }
+    }
 }
 
 /// A copy of `src` with `len` bytes from `at` (a fraction of its length,
@@ -775,6 +1049,30 @@ fn no_wayland_noise_without_xdg_runtime_dir() {
 }
 
 #[test]
+fn the_library_probe_is_quiet_without_xdg_runtime_dir_too() {
+    // Library users (the GPU tests among them) do not go through a tool's
+    // main: the helper below opens a GPU in a child without the variables.
+    let o = Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", "gpu_probe_of_the_quiet_test", "--ignored"])
+        .args(["--nocapture", "--test-threads=1"])
+        .env_remove("XDG_RUNTIME_DIR")
+        .env_remove("WAYLAND_DISPLAY")
+        .output()
+        .unwrap();
+    let all = format!("{}{}", stdout(&o), stderr(&o));
+    assert!(o.status.success(), "{all}");
+    assert!(all.contains("1 passed"), "{all}");
+    assert!(!all.contains("XDG_RUNTIME_DIR"), "{all}");
+}
+
+#[test]
+#[ignore = "run in a child by the_library_probe_is_quiet_without_xdg_runtime_dir_too"]
+fn gpu_probe_of_the_quiet_test() {
+    let gpu = lfm::gpu::Gpu::new(&Default::default()).expect("a GPU adapter (lavapipe on CI)");
+    assert!(!gpu.describe().is_empty());
+}
+
+#[test]
 fn quiet_leaves_only_results_and_every_tool_has_it() {
     let o = embed(&["-q"]);
     assert!(o.status.success());
@@ -856,7 +1154,7 @@ fn llama_cli_flags_work_in_generate() {
             "1",
             "-ngl",
             "0",
-            "-n",
+            "--n-predict",
             "3",
             "--json",
         ],
@@ -1080,6 +1378,169 @@ fn the_umbrella_takes_the_same_flags() {
         &["generate", "-m", "/nonexistent.gguf", "-ngl", "0", "-p", ""],
     );
     assert_usage_error(&o, &["--prompt"]);
+}
+
+/// Runs `bin` with `args`, its stdout and stderr on a new pseudo-terminal
+/// (120 columns), and returns its exit code and what the terminal received,
+/// escape sequences included.
+fn on_a_terminal(bin: &str, args: &[&str]) -> (Option<i32>, String) {
+    use std::io::Read;
+    use std::os::fd::{FromRawFd, OwnedFd};
+    let (mut leader, mut follower) = (-1, -1);
+    let size = libc::winsize {
+        ws_row: 40,
+        ws_col: 120,
+        ws_xpixel: 0,
+        ws_ypixel: 0,
+    };
+    // SAFETY: openpty fills two descriptors, which become owned just below.
+    let rc = unsafe {
+        libc::openpty(
+            &mut leader,
+            &mut follower,
+            std::ptr::null_mut(),
+            std::ptr::null(),
+            &size,
+        )
+    };
+    assert_eq!(rc, 0, "openpty: {}", std::io::Error::last_os_error());
+    // SAFETY: both are open descriptors owned by nothing else.
+    let (leader, follower) =
+        unsafe { (OwnedFd::from_raw_fd(leader), OwnedFd::from_raw_fd(follower)) };
+    let mut child = {
+        let mut cmd = Command::new(bin);
+        cmd.args(args)
+            .env("TERM", "xterm")
+            .stdin(Stdio::null())
+            .stdout(Stdio::from(follower.try_clone().unwrap()))
+            .stderr(Stdio::from(follower));
+        cmd.spawn().unwrap()
+        // The command, and with it our copies of the follower, drop here:
+        // reading the leader ends (EIO) when the child's copies close.
+    };
+    let mut screen = Vec::new();
+    let mut leader = std::fs::File::from(leader);
+    let mut buf = [0u8; 4096];
+    loop {
+        match leader.read(&mut buf) {
+            Ok(0) => break,
+            Ok(n) => screen.extend_from_slice(&buf[..n]),
+            Err(e) if e.raw_os_error() == Some(libc::EIO) => break,
+            Err(e) => panic!("reading the terminal: {e}"),
+        }
+    }
+    let status = child.wait().unwrap();
+    (status.code(), String::from_utf8_lossy(&screen).into_owned())
+}
+
+/// The lines a terminal shows for `screen`, before later redraws: escape
+/// sequences dropped, split at carriage returns and newlines.
+fn terminal_pieces(screen: &str) -> Vec<String> {
+    let mut plain = String::new();
+    let mut chars = screen.chars().peekable();
+    while let Some(c) = chars.next() {
+        if c == '\x1b' {
+            // CSI: ESC [ parameters, then one final byte in @..~.
+            if chars.peek() == Some(&'[') {
+                chars.next();
+                for c in chars.by_ref() {
+                    if ('@'..='~').contains(&c) {
+                        break;
+                    }
+                }
+            }
+            continue;
+        }
+        plain.push(c);
+    }
+    plain
+        .split(['\r', '\n'])
+        .filter(|p| !p.trim().is_empty())
+        .map(|p| p.to_string())
+        .collect()
+}
+
+#[test]
+fn transcribe_prints_its_lines_above_its_progress_bar() {
+    let (code, screen) = on_a_terminal(
+        TRANSCRIBE,
+        &["--cpu", "-m", &whisper(), clip("0930").to_str().unwrap()],
+    );
+    assert_eq!(code, Some(0), "{screen}");
+    let pieces = terminal_pieces(&screen);
+    assert!(
+        pieces.iter().any(|p| p.contains("transcribing [")),
+        "no progress bar on the terminal: {pieces:?}"
+    );
+    // The transcript is a line of its own, not drawn into the bar.
+    assert!(
+        pieces
+            .iter()
+            .any(|p| p == "He might even have been made amiable himself."),
+        "{pieces:?}"
+    );
+    // On a pipe: no bar.
+    let o = run(
+        TRANSCRIBE,
+        &["--cpu", "-m", &whisper(), clip("0930").to_str().unwrap()],
+    );
+    assert!(o.status.success());
+    assert!(!stderr(&o).contains("transcribing ["), "{}", stderr(&o));
+}
+
+#[test]
+fn embed_and_speak_show_progress_on_a_terminal_and_none_on_a_pipe() {
+    let dir = scratch("conf-progress");
+    let input = dir.join("lines.txt");
+    let lines: String = (0..300).map(|i| format!("sentence {i}\n")).collect();
+    std::fs::write(&input, lines).unwrap();
+    let embed_args = [
+        "--cpu",
+        "-m",
+        &minilm(),
+        "-i",
+        input.to_str().unwrap(),
+        "-b",
+        "8",
+        "-o",
+        "/dev/null",
+    ];
+    let (code, screen) = on_a_terminal(EMBED, &embed_args);
+    assert_eq!(code, Some(0), "{screen}");
+    let pieces = terminal_pieces(&screen);
+    assert!(
+        pieces
+            .iter()
+            .any(|p| p.contains("embed [") && p.contains("/300")),
+        "{pieces:?}"
+    );
+    let o = run(EMBED, &embed_args);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(!stderr(&o).contains("/300"), "{}", stderr(&o));
+
+    let text = "One sentence. Another sentence. And a third one.";
+    let wav = dir.join("three.wav");
+    let speak_args = [
+        "--cpu",
+        "--seed",
+        "1",
+        text,
+        "-o",
+        wav.to_str().unwrap(),
+        "--force",
+    ];
+    let (code, screen) = on_a_terminal(SPEAK, &speak_args);
+    assert_eq!(code, Some(0), "{screen}");
+    let pieces = terminal_pieces(&screen);
+    assert!(
+        pieces
+            .iter()
+            .any(|p| p.contains("speaking [") && p.contains("/3")),
+        "{pieces:?}"
+    );
+    let o = run(SPEAK, &speak_args);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(!stderr(&o).contains("speaking ["), "{}", stderr(&o));
 }
 
 #[test]

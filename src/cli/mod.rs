@@ -161,18 +161,11 @@ impl QuietArgs {
 /// as the long flags that take them. Only before `--`, and only for the
 /// tool that knows them.
 ///
-/// It also keeps the GPU probe quiet on headless machines: without
-/// XDG_RUNTIME_DIR (ssh, containers, CI) libwayland, loaded by the Vulkan
-/// and EGL drivers, prints "error: XDG_RUNTIME_DIR is invalid or not set"
-/// for every probe. A WAYLAND_DISPLAY that is an absolute path needs no
-/// runtime directory, and one that does not exist fails silently. Called
-/// first thing in `main`, before any thread starts.
+/// It also keeps the GPU probe quiet on headless machines
+/// ([`crate::gpu::quiet_headless_probe`]). Called first thing in `main`,
+/// before any thread starts.
 pub fn argv() -> Vec<std::ffi::OsString> {
-    if std::env::var_os("XDG_RUNTIME_DIR").is_none()
-        && std::env::var_os("WAYLAND_DISPLAY").is_none()
-    {
-        std::env::set_var("WAYLAND_DISPLAY", "/nonexistent/lfm-headless/wayland-0");
-    }
+    crate::gpu::quiet_headless_probe();
     let args: Vec<std::ffi::OsString> = std::env::args_os().collect();
     let program = args
         .first()

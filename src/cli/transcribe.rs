@@ -337,6 +337,9 @@ fn transcribe_one(
     output: Option<&Path>,
 ) -> anyhow::Result<Done> {
     let audio = audio::load(input, SAMPLE_RATE as u32)?;
+    for w in &audio.warnings {
+        crate::util::log::notice(w);
+    }
     let start = Instant::now();
     let (sink, label) = match output {
         Some(p) => (

@@ -154,10 +154,30 @@ pub struct Gpu {
     pipelines: Mutex<HashMap<PipelineKey, Arc<wgpu::ComputePipeline>>>,
 }
 
+/// Keeps the adapter probe quiet on headless machines: without
+/// XDG_RUNTIME_DIR (ssh, containers, CI) libwayland, loaded by the Vulkan
+/// and EGL drivers, prints "error: XDG_RUNTIME_DIR is invalid or not set"
+/// for every probe. A WAYLAND_DISPLAY that is an absolute path needs no
+/// runtime directory, and one that does not exist fails silently. The
+/// binaries call it first thing in `main`, before any thread starts;
+/// [`Gpu::new`] calls it too, for library users (tests among them), once,
+/// before its first probe.
+pub fn quiet_headless_probe() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        if std::env::var_os("XDG_RUNTIME_DIR").is_none()
+            && std::env::var_os("WAYLAND_DISPLAY").is_none()
+        {
+            std::env::set_var("WAYLAND_DISPLAY", "/nonexistent/lfm-headless/wayland-0");
+        }
+    });
+}
+
 impl Gpu {
     /// Opens the best adapter matching `opts`: a discrete GPU before an
     /// integrated one before a software rasteriser.
     pub fn new(opts: &GpuOptions) -> Result<Gpu> {
+        quiet_headless_probe();
         // Without an explicit backend, look at the modern APIs first and
         // only then at GL (slower, no subgroups, and noisy to probe).
         let tries = match opts.backend {

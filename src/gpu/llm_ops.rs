@@ -1210,11 +1210,12 @@ kernel!(
 /// Elements of x one `argmax_part` workgroup reduces (CHUNK in argmax.wgsl).
 pub const ARGMAX_CHUNK: usize = 1024;
 
-/// `out[0]` = the index of the largest of x[0..n] (the first on ties): many
-/// workgroups find the best of their slice, one more picks among those.
+/// `out[0]` = the index of the largest of x[0..n] (the first on ties),
+/// `out[1]` = 1 when x holds a NaN or an infinity, else 0 (`out`: 2 u32):
+/// many workgroups find the best of their slice, one more picks among those.
 pub fn argmax(gpu: &Gpu, x: &wgpu::Buffer, out: &wgpu::Buffer, n: usize) -> Result<Vec<Dispatch>> {
     let params = argmax_params(n);
-    let part = gpu.scratch("argmax pairs", 8 * params.groups as u64)?;
+    let part = gpu.scratch("argmax triples", 12 * params.groups as u64)?;
     Ok(vec![
         argmax_part(gpu, x, &part, n)?,
         Dispatch {
@@ -1224,8 +1225,9 @@ pub fn argmax(gpu: &Gpu, x: &wgpu::Buffer, out: &wgpu::Buffer, n: usize) -> Resu
     ])
 }
 
-/// The first kernel of [`argmax`] alone: (value bits, index) of the best of
-/// each ARGMAX_CHUNK slice of x into `part` (for its parity test).
+/// The first kernel of [`argmax`] alone: (value bits, index, non-finite
+/// flag) of the best of each ARGMAX_CHUNK slice of x into `part` (for its
+/// parity test).
 pub fn argmax_part(gpu: &Gpu, x: &wgpu::Buffer, part: &wgpu::Buffer, n: usize) -> Result<Dispatch> {
     let params = argmax_params(n);
     Ok(Dispatch {

@@ -16,5 +16,5 @@ pub mod speech;
 pub mod vision;
 pub mod whisper;
 
-pub use context::{Backend, Gpu, GpuOptions, SOFTWARE_LOOP_LIMIT};
+pub use context::{quiet_headless_probe, Backend, Gpu, GpuOptions, SOFTWARE_LOOP_LIMIT};
 pub use kernels::{Access, Kernel, Variant};

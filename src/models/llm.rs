@@ -694,6 +694,20 @@ impl Weights {
     }
 }
 
+/// The error for logits holding a NaN or an infinity; the tools add the
+/// model file's name.
+pub const NONFINITE_LOGITS: &str = "the model's logits are NaN or infinite (damaged weights?)";
+
+/// Refuses logits holding a NaN or an infinity (damaged weights), which
+/// argmax and sampling would otherwise pass over or turn into token 0.
+pub fn check_logits(logits: &[f32]) -> Result<()> {
+    if logits.iter().all(|x| x.is_finite()) {
+        Ok(())
+    } else {
+        Err(Error::invalid(NONFINITE_LOGITS))
+    }
+}
+
 /// A causal language model on some backend.
 pub trait CausalLm {
     fn config(&self) -> &LlmConfig;
@@ -708,6 +722,7 @@ pub trait CausalLm {
     /// Backends override this to avoid reading back the logits.
     fn step_greedy(&mut self, token: u32) -> Result<u32> {
         let logits = self.forward(&[token], false)?;
+        check_logits(&logits)?;
         Ok(crate::sampling::argmax(&logits) as u32)
     }
     /// Appends one token and draws the next with `sampler` (`history`: the
@@ -715,6 +730,7 @@ pub trait CausalLm {
     /// read back less than the logits.
     fn step_sample(&mut self, token: u32, sampler: &mut Sampler, history: &[u32]) -> Result<u32> {
         let logits = self.forward(&[token], false)?;
+        check_logits(&logits)?;
         Ok(sampler.sample(&logits, history))
     }
     /// Greedy decoding: consumes `token`, then each token produced, passing

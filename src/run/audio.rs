@@ -36,6 +36,9 @@ pub struct Audio {
     pub rate: u32,
     pub source_rate: u32,
     pub source_channels: u16,
+    /// What was read past, one line each naming the file (a truncated
+    /// file, damaged packets), as ffmpeg warns; the tools print them.
+    pub warnings: Vec<String>,
 }
 
 impl Audio {
@@ -289,7 +292,7 @@ fn decode<S: Source>(label: &Path, mut src: S, rate: u32) -> Result<Audio> {
             // mu-law) may still be read by symphonia.
             Err(wav_err) => {
                 src.rewind().map_err(|e| Error::io(label, e))?;
-                return decode_other(label, src, rate).map_err(|_| wav_err);
+                return decode_other(label, src, rate, None).map_err(|_| wav_err);
             }
         }
     }
@@ -305,7 +308,93 @@ fn decode<S: Source>(label: &Path, mut src: S, rate: u32) -> Result<Audio> {
             "not a recognised audio file (WAV, FLAC, MP3, Ogg Vorbis)",
         ));
     }
-    decode_other(label, src, rate)
+    if ogg {
+        // symphonia's Ogg reader seeks to the last page for the duration
+        // and refuses a file whose last page is cut ("unexpected end of
+        // file"): read it as a stream, as ffmpeg does, which decodes what
+        // is there and reports the cut page.
+        let stream = symphonia::core::io::ReadOnlySource::new(src);
+        return decode_other(label, stream, rate, None);
+    }
+    let layout = if mp3 {
+        MpegLayout::read(&mut src).map_err(|e| Error::io(label, e))?
+    } else {
+        None
+    };
+    decode_other(label, src, rate, layout)
+}
+
+/// What an MPEG audio file's reader does not tell: a file cut inside a
+/// frame ends, for symphonia, like one that ends between frames. Without a
+/// Xing/Info/VBRI tag announcing the length, a cut shows as a valid frame
+/// header in the bytes after the last whole frame.
+struct MpegLayout {
+    /// Where the first frame starts (after an ID3v2 tag).
+    frames_at: u64,
+    /// The first frame is a Xing, Info or VBRI tag (not decoded, so not
+    /// counted; the tag announces the length instead).
+    tagged: bool,
+    len: u64,
+    /// The file's last bytes (up to TAIL).
+    tail: Vec<u8>,
+}
+
+impl MpegLayout {
+    /// More than the longest MPEG audio frame (1729 bytes: layer II at
+    /// 384 kbit/s and 32 kHz, padded).
+    const TAIL: u64 = 8192;
+
+    fn read(src: &mut impl Source) -> std::io::Result<Option<MpegLayout>> {
+        use std::io::SeekFrom;
+        let Some(len) = src.byte_len() else {
+            return Ok(None);
+        };
+        let mut id3 = [0u8; 10];
+        let n = read_up_to(src, &mut id3)?;
+        let mut frames_at = 0u64;
+        if n == 10 && id3.starts_with(b"ID3") {
+            // A syncsafe size (7 bits a byte), then a footer if flagged.
+            let size = id3[6..10]
+                .iter()
+                .fold(0u64, |acc, &b| (acc << 7) | u64::from(b & 0x7F));
+            frames_at = 10 + size + if id3[5] & 0x10 != 0 { 10 } else { 0 };
+        }
+        let mut first = [0u8; 64];
+        src.seek(SeekFrom::Start(frames_at.min(len)))?;
+        let n = read_up_to(src, &mut first)?;
+        let tagged = first[..n]
+            .windows(4)
+            .any(|w| w == b"Xing" || w == b"Info" || w == b"VBRI");
+        let from = len.saturating_sub(Self::TAIL);
+        src.seek(SeekFrom::Start(from))?;
+        let mut tail = vec![0u8; (len - from) as usize];
+        let n = read_up_to(src, &mut tail)?;
+        tail.truncate(n);
+        src.rewind()?;
+        Ok(Some(MpegLayout {
+            frames_at,
+            tagged,
+            len,
+            tail,
+        }))
+    }
+
+    /// True when the bytes after `consumed` bytes of whole frames start
+    /// with a valid frame header: a frame the file ends inside.
+    fn ends_inside_a_frame(&self, consumed: u64) -> bool {
+        let rest = self.len.saturating_sub(self.frames_at + consumed);
+        if self.tagged || rest < 4 || rest > self.tail.len() as u64 {
+            return false;
+        }
+        let at = self.tail.len() - rest as usize;
+        let h = u32::from_be_bytes(self.tail[at..at + 4].try_into().expect("4 bytes"));
+        let sync = h >> 21 == 0x7FF;
+        let version = (h >> 19) & 3; // 1 is reserved
+        let layer = (h >> 17) & 3; // 0 is reserved
+        let bitrate = (h >> 12) & 0xF; // 0 (free) and 15 are not read
+        let sample_rate = (h >> 10) & 3; // 3 is reserved
+        sync && version != 1 && layer != 0 && !matches!(bitrate, 0 | 15) && sample_rate != 3
+    }
 }
 
 /// Streaming writers that cannot seek back leave placeholder sizes in a WAV
@@ -460,10 +549,16 @@ fn decode_wav(label: &Path, src: impl Read, rate: u32) -> Result<Audio> {
         rate,
         source_rate: spec.sample_rate,
         source_channels: spec.channels,
+        warnings: Vec::new(),
     })
 }
 
-fn decode_other<S: Source>(label: &Path, src: S, rate: u32) -> Result<Audio> {
+fn decode_other<S: Source>(
+    label: &Path,
+    src: S,
+    rate: u32,
+    mpeg: Option<MpegLayout>,
+) -> Result<Audio> {
     use symphonia::core::codecs::audio::AudioDecoderOptions;
     use symphonia::core::errors::Error as SymError;
     use symphonia::core::formats::probe::Hint;
@@ -471,11 +566,15 @@ fn decode_other<S: Source>(label: &Path, src: S, rate: u32) -> Result<Audio> {
     use symphonia::core::io::MediaSourceStream;
     use symphonia::core::meta::MetadataOptions;
 
-    let not_audio = |e: SymError| {
-        Error::format(
+    let not_audio = |e: SymError| match e {
+        SymError::IoError(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => Error::format(
+            label,
+            "the file ends before its first audio (a truncated file?)",
+        ),
+        e => Error::format(
             label,
             format!("not a recognised audio file (WAV, FLAC, MP3, Ogg Vorbis): {e}"),
-        )
+        ),
     };
     let mss = MediaSourceStream::new(Box::new(src), Default::default());
     let mut hint = Hint::new();
@@ -507,6 +606,8 @@ fn decode_other<S: Source>(label: &Path, src: S, rate: u32) -> Result<Audio> {
     let (mut source_rate, mut source_channels) = (0u32, 0u16);
     let mut interleaved: Vec<f32> = Vec::new();
     let (mut frames, mut cut_short, mut corrupt) = (0u64, false, 0usize);
+    // Bytes of the track's packets (MPEG: whole frames, headers included).
+    let mut consumed = 0u64;
     loop {
         let packet = match format.next_packet() {
             Ok(Some(p)) => p,
@@ -520,6 +621,7 @@ fn decode_other<S: Source>(label: &Path, src: S, rate: u32) -> Result<Audio> {
         if packet.track_id != track_id {
             continue;
         }
+        consumed += packet.data.len() as u64;
         let buf = match decoder.decode(&packet) {
             Ok(b) => b,
             // A corrupt packet is skipped, as players do, and reported.
@@ -555,15 +657,17 @@ fn decode_other<S: Source>(label: &Path, src: S, rate: u32) -> Result<Audio> {
                 .map(|f| f.iter().sum::<f32>() / ch as f32),
         )?;
     }
+    cut_short |= mpeg.is_some_and(|m| m.ends_inside_a_frame(consumed));
     let seconds = |n: u64| n as f64 / source_rate.max(1) as f64;
+    let mut warnings = Vec::new();
     match expected_frames {
-        Some(total) if frames < total && source_rate > 0 => crate::util::log::notice(&format!(
+        Some(total) if frames < total && source_rate > 0 => warnings.push(format!(
             "warning: {}: the audio ends early (a truncated file?): read {:.2} s of the {:.2} s its header announces",
             label.display(),
             seconds(frames),
             seconds(total)
         )),
-        _ if cut_short => crate::util::log::notice(&format!(
+        _ if cut_short => warnings.push(format!(
             "warning: {}: the file ends in the middle of a packet (a truncated file?); read {:.2} s",
             label.display(),
             seconds(frames)
@@ -571,7 +675,7 @@ fn decode_other<S: Source>(label: &Path, src: S, rate: u32) -> Result<Audio> {
         _ => {}
     }
     if corrupt > 0 {
-        crate::util::log::notice(&format!(
+        warnings.push(format!(
             "warning: {}: skipped {corrupt} damaged packet(s)",
             label.display()
         ));
@@ -585,6 +689,7 @@ fn decode_other<S: Source>(label: &Path, src: S, rate: u32) -> Result<Audio> {
         rate,
         source_rate,
         source_channels,
+        warnings,
     })
 }
 

@@ -220,11 +220,7 @@ pub fn generate(
 
     let t0 = Instant::now();
     let logits = model.forward(&req.prompt_ids, false)?;
-    if logits.iter().any(|x| !x.is_finite()) {
-        return Err(Error::invalid(
-            "the model's logits are NaN or infinite (damaged weights?)",
-        ));
-    }
+    crate::models::llm::check_logits(&logits)?;
     let first = sampler.sample(&logits, &out.history);
     let prefill = t0.elapsed();
 

@@ -100,8 +100,8 @@ impl Tokenizer {
                 "no tokenizer.json in the model directory",
             ));
         }
-        let inner = tokenizers::Tokenizer::from_file(&path)
-            .map_err(|e| Error::format(&path, e.to_string()))?;
+        // Through serde_json first: tokenizers panics on some bad files.
+        let inner = crate::formats::hf::read_tokenizer_json(&path)?;
         let config = read_json_if_exists(&dir.join("tokenizer_config.json"))?;
         let token_str = |key: &str| -> Option<String> {
             match config.as_ref()?.get(key)? {

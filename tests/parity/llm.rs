@@ -857,11 +857,32 @@ fn argmax(gpu: &Gpu, _v: &Variant) {
         x[at] = 7.0;
         x[n - 1] = 7.0;
         let gx = gpu.upload_f32("x", &x).unwrap();
-        let out = gpu.upload_u32("out", &[u32::MAX]).unwrap();
+        let out = gpu.upload_u32("out", &[u32::MAX, u32::MAX]).unwrap();
         let ds = llm_ops::argmax(gpu, &gx, &out, n).unwrap();
         run(gpu, &ds);
-        let got = gpu.read_u32(&out).unwrap()[0] as usize;
-        assert_eq!(got, cpu::argmax(&x), "argmax n={n}");
+        let got = gpu.read_u32(&out).unwrap();
+        assert_eq!(got[0] as usize, cpu::argmax(&x), "argmax n={n}");
+        assert_eq!(got[1], 0, "argmax n={n}: finite input flagged");
+    }
+    // A NaN or an infinity anywhere is flagged (the greedy decode's check
+    // for damaged weights); the index stays the best number's.
+    for (n, at, bad) in [
+        (1, 0, f32::NAN),
+        (33, 20, f32::INFINITY),
+        (1025, 1024, f32::NEG_INFINITY),
+        (65_536, 40_000, -f32::NAN),
+    ] {
+        let mut x = rng.vec(n, -5.0, 5.0);
+        x[at] = bad;
+        let gx = gpu.upload_f32("x", &x).unwrap();
+        let out = gpu.upload_u32("out", &[u32::MAX, u32::MAX]).unwrap();
+        let ds = llm_ops::argmax(gpu, &gx, &out, n).unwrap();
+        run(gpu, &ds);
+        let got = gpu.read_u32(&out).unwrap();
+        assert_eq!(got[1], 1, "argmax n={n}: {bad} at {at} not flagged");
+        if bad.is_nan() && n > 1 {
+            assert_eq!(got[0] as usize, cpu::argmax(&x), "argmax n={n} with NaN");
+        }
     }
 }
 
@@ -877,9 +898,14 @@ fn argmax_part(gpu: &Gpu, _v: &Variant) {
         if n > 2 {
             x[1] = f32::NAN;
         }
+        // An infinity in the last slice of the larger inputs: flagged, and
+        // (negative) never the best.
+        if n > 2 * chunk {
+            x[last + 1] = f32::NEG_INFINITY;
+        }
         let groups = n.div_ceil(chunk);
         let gx = gpu.upload_f32("x", &x).unwrap();
-        let part = gpu.upload_u32("part", &vec![7; 2 * groups]).unwrap();
+        let part = gpu.upload_u32("part", &vec![7; 3 * groups]).unwrap();
         let d = llm_ops::argmax_part(gpu, &gx, &part, n).unwrap();
         gpu.run_all(&[&d]).unwrap();
         let got = gpu.read_u32(&part).unwrap();
@@ -887,8 +913,10 @@ fn argmax_part(gpu: &Gpu, _v: &Variant) {
             let slice = &x[g * chunk..((g + 1) * chunk).min(n)];
             let i = cpu::argmax(slice);
             let what = format!("argmax_part n={n} slice {g}");
-            assert_eq!(got[2 * g + 1] as usize, g * chunk + i, "{what}: index");
-            assert_eq!(f32::from_bits(got[2 * g]), slice[i], "{what}: value");
+            assert_eq!(got[3 * g + 1] as usize, g * chunk + i, "{what}: index");
+            assert_eq!(f32::from_bits(got[3 * g]), slice[i], "{what}: value");
+            let flagged = slice.iter().any(|v| !v.is_finite()) as u32;
+            assert_eq!(got[3 * g + 2], flagged, "{what}: non-finite flag");
         }
     }
 }

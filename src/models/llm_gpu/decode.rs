@@ -226,7 +226,7 @@ impl GpuLlm {
         let g = &*self.gpu;
         let io = &self.io;
         let (src, staging, len) = match what {
-            Readback::Token => (&io.token, &io.token_staging, 4),
+            Readback::Token => (&io.token, &io.token_staging, super::TOKEN_BYTES),
             Readback::Candidates => (&io.cand, &io.cand_staging, 8 * self.top_k as u64),
             Readback::Logits => (&io.logits, &io.logits_staging, (self.cfg.vocab * 4) as u64),
         };
@@ -270,7 +270,7 @@ impl GpuLlm {
         self.check_room(1)?;
         let splits = self.begin_step()?;
         let mut enc = self.encode_step(splits, Readback::Token);
-        enc.copy_buffer_to_buffer(&self.io.token, 0, staging, 0, 4);
+        enc.copy_buffer_to_buffer(&self.io.token, 0, staging, 0, super::TOKEN_BYTES);
         let done = self.gpu.queue.submit([enc.finish()]);
         self.pos += 1;
         Ok(done)
@@ -308,8 +308,12 @@ impl GpuLlm {
                 submitted += 1;
             }
             let done = flight.pop_front().expect("a step in flight");
-            let bytes = self.gpu.read_staging(&staging[produced % 2], 4, done)?;
-            let next = u32::from_le_bytes(bytes[..4].try_into().expect("4 bytes"));
+            let bytes = self
+                .gpu
+                .read_staging(&staging[produced % 2], super::TOKEN_BYTES, done)?;
+            // Damaged logits end the run (the step that ran ahead, never
+            // mapped, finishes on its own).
+            let next = super::greedy_token(&bytes)?;
             produced += 1;
             if !emit(next) || produced == max {
                 if submitted > produced {
@@ -317,7 +321,8 @@ impl GpuLlm {
                     // (its staging buffer must be unmapped for reuse) and
                     // take it back.
                     let done = flight.pop_front().expect("the step ahead");
-                    self.gpu.read_staging(&staging[produced % 2], 4, done)?;
+                    self.gpu
+                        .read_staging(&staging[produced % 2], super::TOKEN_BYTES, done)?;
                     self.pos -= 1;
                 }
                 return Ok(produced);

@@ -44,6 +44,19 @@ pub const PREFILL_CHUNK: usize = 512;
 /// KV positions allocated at first; the cache doubles when it fills.
 const INITIAL_KV: usize = 256;
 
+/// What a greedy step reads back: the token id and argmax's non-finite flag.
+const TOKEN_BYTES: u64 = 8;
+
+/// The token of a greedy step's readback, or the error for logits that held
+/// a NaN or an infinity (which argmax would pass over).
+fn greedy_token(bytes: &[u8]) -> Result<u32> {
+    let word = |i: usize| u32::from_le_bytes(bytes[4 * i..4 * i + 4].try_into().expect("4 bytes"));
+    if word(1) != 0 {
+        return Err(Error::invalid(super::llm::NONFINITE_LOGITS));
+    }
+    Ok(word(0))
+}
+
 /// Sizes that default to what the adapter allows; tests lower them to
 /// exercise split matrices, chunked prefill and KV-cache growth on tiny
 /// models.
@@ -141,8 +154,9 @@ struct DecodeIo {
     gu: wgpu::Buffer,
     /// [vocab]
     logits: wgpu::Buffer,
-    /// [1] u32: the token a decode step consumes; its argmax writes the
-    /// next one here, so greedy steps can follow each other on the GPU.
+    /// [2] u32: the token a decode step consumes; its argmax writes the
+    /// next one here, so greedy steps can follow each other on the GPU, and
+    /// in [1] whether the logits it chose from held a NaN or an infinity.
     token: wgpu::Buffer,
     /// [top_k, 2] u32: (id, logit bits) of the most likely tokens.
     cand: wgpu::Buffer,
@@ -274,10 +288,10 @@ impl GpuLlm {
             g: f32s("g", f)?,
             gu: f32s("gu", 2 * f)?,
             logits: f32s("logits", cfg.vocab)?,
-            token: f32s("token", 1)?,
+            token: f32s("token", 2)?,
             cand: f32s("candidates", 2 * llm_ops::MAX_TOP_K)?,
-            token_staging: g.staging("token", 4),
-            token_staging2: g.staging("token", 4),
+            token_staging: g.staging("token", TOKEN_BYTES),
+            token_staging2: g.staging("token", TOKEN_BYTES),
             logits_staging: g.staging("logits", (cfg.vocab * 4) as u64),
             cand_staging: g.staging("candidates", (8 * llm_ops::MAX_TOP_K) as u64),
         };
@@ -530,8 +544,7 @@ impl CausalLm for GpuLlm {
     }
 
     fn step_greedy(&mut self, token: u32) -> Result<u32> {
-        let bytes = self.decode(token, Readback::Token)?;
-        Ok(u32::from_le_bytes(bytes[..4].try_into().expect("4 bytes")))
+        greedy_token(&self.decode(token, Readback::Token)?)
     }
 
     fn step_sample(&mut self, token: u32, sampler: &mut Sampler, history: &[u32]) -> Result<u32> {
@@ -539,10 +552,14 @@ impl CausalLm for GpuLlm {
             Some(k) if k <= self.top_k || self.top_k == self.cfg.vocab => {
                 let raw = self.decode(token, Readback::Candidates)?;
                 let cand = llm_ops::sort_candidates(&bytemuck::pod_collect_to_vec(&raw));
+                // top_k orders by bits: a (positive) NaN or +inf comes first.
+                let values: Vec<f32> = cand.iter().map(|c| c.1).collect();
+                super::llm::check_logits(&values)?;
                 Ok(sampler.sample_top(cand))
             }
             _ => {
                 let logits = self.forward(&[token], false)?;
+                super::llm::check_logits(&logits)?;
                 Ok(sampler.sample(&logits, history))
             }
         }
