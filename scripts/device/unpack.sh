@@ -30,7 +30,7 @@ if [[ -d $S/bin ]]; then
     # ... and the tools through the target folder (CARGO_BIN_EXE_lfm).
     built_target=${BUILT_TARGET:-/work/target}
     [[ -e $built_target ]] || { mkdir -p "$built_target" && ln -s "$PWD/target/release" "$built_target/release"; }
-    for tool in generate scoreboard embed transcribe speak ocr-layout quantize kld gguf-write; do
+    for tool in generate scoreboard embed transcribe speak ocr-layout quantize kld gguf-write serve; do
         printf '#!/bin/sh\nexec "$(dirname "$0")/lfm" %s "$@"\n' "$tool" >"target/release/$tool"
         chmod +x "target/release/$tool"
     done

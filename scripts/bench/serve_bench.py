@@ -1,0 +1,135 @@
+#!/usr/bin/env python3
+"""Load generator for OpenAI-compatible servers (`serve`, llama-server):
+N concurrent streaming clients, each sending requests of a random token-id
+prompt (so no tokenizer is needed, and both servers see the same tokens)
+for exactly --max-tokens tokens (end-of-sequence banned through logit_bias).
+
+    scripts/bench/serve_bench.py --url http://127.0.0.1:8080 --streams 1,8,64 \
+        --prompt-tokens 128 --max-tokens 128 --requests 2 --vocab 65536
+
+Prints a markdown table: streams, requests, aggregate output tok/s, time to
+first token p50/p99, inter-token latency p50/p99 (ms). Standard library only.
+"""
+
+import argparse
+import http.client
+import json
+import random
+import statistics
+import threading
+import time
+from urllib.parse import urlparse
+
+
+def percentile(xs, p):
+    if not xs:
+        return float("nan")
+    xs = sorted(xs)
+    k = min(len(xs) - 1, max(0, round(p / 100 * (len(xs) - 1))))
+    return xs[k]
+
+
+def one_request(url, prompt, max_tokens, ban):
+    u = urlparse(url)
+    conn = http.client.HTTPConnection(u.hostname, u.port, timeout=600)
+    body = {
+        "prompt": prompt,
+        "max_tokens": max_tokens,
+        "temperature": 0,
+        "stream": True,
+        "logit_bias": {str(t): -100 for t in ban},
+    }
+    t0 = time.perf_counter()
+    conn.request("POST", "/v1/completions", json.dumps(body), {"Content-Type": "application/json"})
+    resp = conn.getresponse()
+    if resp.status != 200:
+        raise RuntimeError(f"HTTP {resp.status}: {resp.read()[:200]!r}")
+    times = []
+    buf = b""
+    while True:
+        chunk = resp.read1(65536)
+        if not chunk:
+            break
+        buf += chunk
+        while b"\n\n" in buf:
+            event, buf = buf.split(b"\n\n", 1)
+            for line in event.split(b"\n"):
+                if not line.startswith(b"data: ") or line == b"data: [DONE]":
+                    continue
+                v = json.loads(line[6:])
+                choices = v.get("choices") or []
+                if choices and choices[0].get("finish_reason") is None:
+                    times.append(time.perf_counter())
+    conn.close()
+    return t0, times
+
+
+def run(url, streams, requests, prompt_tokens, max_tokens, vocab, ban, seed):
+    rng = random.Random(seed)
+    prompts = [[rng.randrange(vocab) for _ in range(prompt_tokens)] for _ in range(streams * requests)]
+    ttft, itl, tokens = [], [], [0]
+    lock = threading.Lock()
+    errors = []
+
+    def client(i):
+        for k in range(requests):
+            try:
+                t0, times = one_request(url, prompts[i * requests + k], max_tokens, ban)
+            except Exception as e:  # noqa: BLE001 - reported below
+                errors.append(str(e))
+                return
+            with lock:
+                if times:
+                    ttft.append(times[0] - t0)
+                    itl.extend(b - a for a, b in zip(times, times[1:]))
+                tokens[0] += len(times)
+
+    start = time.perf_counter()
+    threads = [threading.Thread(target=client, args=(i,)) for i in range(streams)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    wall = time.perf_counter() - start
+    if errors:
+        raise SystemExit(f"{len(errors)} requests failed, first: {errors[0]}")
+    return {
+        "streams": streams,
+        "requests": streams * requests,
+        "tokens": tokens[0],
+        "tok_per_s": tokens[0] / wall,
+        "ttft_p50_ms": 1e3 * percentile(ttft, 50),
+        "ttft_p99_ms": 1e3 * percentile(ttft, 99),
+        "itl_p50_ms": 1e3 * percentile(itl, 50),
+        "itl_p99_ms": 1e3 * percentile(itl, 99),
+        "mean_itl_ms": 1e3 * statistics.fmean(itl) if itl else float("nan"),
+    }
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--url", default="http://127.0.0.1:8080")
+    ap.add_argument("--streams", default="1,8,64")
+    ap.add_argument("--requests", type=int, default=2, help="requests per stream")
+    ap.add_argument("--prompt-tokens", type=int, default=128)
+    ap.add_argument("--max-tokens", type=int, default=128)
+    ap.add_argument("--vocab", type=int, required=True, help="token ids are drawn below this")
+    ap.add_argument("--ban", default="", help="comma-separated token ids to ban (end-of-sequence)")
+    ap.add_argument("--seed", type=int, default=1234)
+    ap.add_argument("--label", default="")
+    a = ap.parse_args()
+    ban = [int(t) for t in a.ban.split(",") if t]
+    print(f"\n{a.label} ({a.url}, prompt {a.prompt_tokens}, {a.max_tokens} tokens each)\n")
+    print("| streams | requests | output tok/s | TTFT p50 ms | TTFT p99 ms | ITL p50 ms | ITL p99 ms |")
+    print("|---:|---:|---:|---:|---:|---:|---:|")
+    for n in [int(s) for s in a.streams.split(",")]:
+        r = run(a.url, n, a.requests, a.prompt_tokens, a.max_tokens, a.vocab, ban, a.seed)
+        print(
+            f"| {r['streams']} | {r['requests']} | {r['tok_per_s']:.1f} | {r['ttft_p50_ms']:.1f} | "
+            f"{r['ttft_p99_ms']:.1f} | {r['itl_p50_ms']:.2f} | {r['itl_p99_ms']:.2f} |",
+            flush=True,
+        )
+
+
+if __name__ == "__main__":
+    main()
