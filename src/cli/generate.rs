@@ -3,8 +3,9 @@
 use crate::grammar::{json_schema, Constraint, Grammar, TokenTable};
 use crate::models::{self, LoadOptions};
 use crate::run::chat::{ChatTemplate, Message};
-use crate::run::generate::{generate, FinishReason, Request};
+use crate::run::generate::{generate_with, FinishReason, Request};
 use crate::run::sampling::{Sampler, SamplingOptions};
+use crate::run::speculative::{Drafter, Speculation};
 use crate::tensor::Activations;
 use anyhow::{bail, Context};
 use clap::Parser;
@@ -129,6 +130,26 @@ pub struct Args {
     #[arg(long, value_name = "FILE")]
     pub json_schema: Option<PathBuf>,
 
+    /// Speculative decoding with prompt lookup: draft the tokens that
+    /// followed the latest earlier occurrence of the last 3, 2 or 1 tokens
+    /// (prompt and output), and check them in one forward (llama.cpp's
+    /// llama-lookup). Greedy output is unchanged; sampled output keeps its
+    /// distribution.
+    #[arg(long, conflicts_with = "draft_model")]
+    pub lookup: bool,
+
+    /// Speculative decoding with a small draft model of the same
+    /// vocabulary (GGUF or Hugging Face directory, on the same device),
+    /// as llama.cpp's --model-draft.
+    #[arg(long, visible_alias = "model-draft", value_name = "PATH")]
+    pub draft_model: Option<PathBuf>,
+
+    /// With --lookup or --draft-model: most tokens drafted per check, 1-16
+    /// [default: 8].
+    #[arg(long, visible_alias = "draft-max", value_name = "N",
+          value_parser = clap::value_parser!(u16).range(1..=16))]
+    pub draft: Option<u16>,
+
     /// Random seed; the same seed gives the same output. Default: from the clock.
     #[arg(short = 's', long)]
     pub seed: Option<u64>,
@@ -180,6 +201,9 @@ fn prompt_text(args: &Args) -> anyhow::Result<Option<String>> {
     Ok(Some(text))
 }
 
+/// Tokens drafted per check without --draft.
+pub const DEFAULT_DRAFT: usize = 8;
+
 /// Tokens generated without -n (fewer when the context ends first).
 pub const DEFAULT_MAX_TOKENS: usize = 256;
 
@@ -197,6 +221,9 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     if args.prompt_ids.as_ref().is_some_and(|ids| ids.is_empty()) {
         return Err(super::usage("--prompt-ids is empty"));
     }
+    if !args.lookup && args.draft_model.is_none() && args.draft.is_some() {
+        return Err(super::usage("--draft needs --lookup or --draft-model"));
+    }
     if let Some(n) = args.threads {
         // Fails only when a pool exists already (a library caller's); keep it.
         let _ = rayon::ThreadPoolBuilder::new()
@@ -213,14 +240,14 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         device.cpu = true;
     }
     // Load errors already name the file.
-    let opts = LoadOptions {
+    let opts_load = LoadOptions {
         device: device.choice(),
         weight_type: None,
         // Decode on the CPU with int8 inputs to the quantised products, as
         // llama.cpp does.
         cpu_activations: Activations::Int8,
     };
-    let mut loaded = models::load_llm(&model_path, &opts)?;
+    let mut loaded = models::load_llm(&model_path, &opts_load)?;
     crate::util::log::notice(&loaded.describe());
     let tokenizer = loaded.tokenizer.as_ref();
 
@@ -346,15 +373,44 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         eos_ids: &eos,
         stop: &args.stop,
     };
+    let mut draft = match &args.draft_model {
+        Some(path) => {
+            let d = models::load_llm(path, &opts_load)?;
+            crate::util::log::notice(&format!("draft {}", d.describe()));
+            check_draft_vocab(&loaded, &d, path)?;
+            Some(d)
+        }
+        None => None,
+    };
+    let mut spec = if args.lookup {
+        Some(Speculation {
+            drafter: Drafter::Lookup,
+            max_draft: args.draft.map_or(DEFAULT_DRAFT, usize::from),
+        })
+    } else {
+        draft.as_mut().map(|d| Speculation {
+            drafter: Drafter::Model {
+                model: d.model.as_mut(),
+                sampler: Sampler::new(SamplingOptions {
+                    logprobs: None,
+                    seed: seed ^ 0x9e37_79b9_7f4a_7c15,
+                    ..sampler.options().clone()
+                }),
+                consumed: Vec::new(),
+            },
+            max_draft: args.draft.map_or(DEFAULT_DRAFT, usize::from),
+        })
+    };
 
     let stdout = std::io::stdout();
     let mut out = stdout.lock();
     let streaming = !args.json;
-    let gen = generate(
+    let gen = generate_with(
         loaded.model.as_mut(),
         tokenizer,
         &mut sampler,
         &req,
+        spec.as_mut(),
         |piece| {
             if streaming {
                 out.write_all(piece.as_bytes())?;
@@ -386,14 +442,50 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             FinishReason::Length if max_tokens == room => "context full",
             FinishReason::Length => "token limit",
         };
+        let spec = gen.speculative.as_ref().map_or(String::new(), |s| {
+            format!(
+                " | {}: {}/{} drafted accepted ({:.0}%), {:.2} tokens/forward",
+                s.drafter,
+                s.accepted,
+                s.drafted,
+                100.0 * s.acceptance_rate,
+                s.tokens_per_forward
+            )
+        });
         crate::util::log::notice(&format!(
-            "\nprompt: {} tokens, {:.1} tok/s | generated: {} tokens, {:.1} tok/s | finish: {finish} | seed {}",
+            "\nprompt: {} tokens, {:.1} tok/s | generated: {} tokens, {:.1} tok/s | finish: {finish} | seed {}{spec}",
             t.prompt_tokens,
             t.prefill_tok_per_s,
             t.generated_tokens,
             t.decode_tok_per_s,
             seed
         ));
+    }
+    Ok(())
+}
+
+/// A draft model must share the model's vocabulary: the same size and,
+/// where both have tokenizers, the same bytes for every id.
+fn check_draft_vocab(
+    model: &models::LoadedLlm,
+    draft: &models::LoadedLlm,
+    path: &std::path::Path,
+) -> anyhow::Result<()> {
+    let (mv, dv) = (model.model.config().vocab, draft.model.config().vocab);
+    if mv != dv {
+        bail!(
+            "{}: the draft model's vocabulary has {dv} tokens, the model's {mv}",
+            path.display()
+        );
+    }
+    if let (Some(a), Some(b)) = (&model.tokenizer, &draft.tokenizer) {
+        let (ta, tb) = (a.token_bytes(), b.token_bytes());
+        if let Some(id) = (0..ta.len().max(tb.len())).find(|&i| ta.get(i) != tb.get(i)) {
+            bail!(
+                "{}: the draft model's vocabulary differs from the model's (token {id})",
+                path.display()
+            );
+        }
     }
     Ok(())
 }

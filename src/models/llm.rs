@@ -693,6 +693,120 @@ impl Weights {
     }
 }
 
+/// Positions an LFM2 conv layer's state can be rewound by
+/// ([`CausalLm::truncate`]): its ring keeps the gated inputs of this many
+/// positions beyond the `kernel - 1` the next token reads. More than the
+/// longest draft speculative decoding checks (`generate --draft`).
+pub const REWIND_DEPTH: usize = 32;
+
+/// Rows of LFM2's conv-state ring, on the CPU and the GPU alike: the gated
+/// inputs of position q in row q % rows, positions before 0 zeros.
+pub fn conv_ring_rows(kernel: usize) -> usize {
+    kernel.saturating_sub(1) + REWIND_DEPTH
+}
+
+/// Row of `pos - back` (which may be before position 0) in a conv ring of
+/// `rows` rows.
+fn ring_row(pos: usize, back: usize, rows: usize) -> usize {
+    (pos + rows * back.div_ceil(rows).max(1) - back) % rows
+}
+
+/// A sequence's state on the host, backend-neutral: what
+/// [`CausalLm::export_state`] gives and [`CausalLm::import_state`] takes.
+#[derive(Clone, Debug, PartialEq)]
+pub struct SeqState {
+    /// Tokens consumed.
+    pub pos: usize,
+    /// One per layer, in order.
+    pub layers: Vec<LayerState>,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub enum LayerState {
+    /// Keys and values of positions `0..pos`, `[pos, kv_heads * head_dim]`
+    /// each (after RoPE, as attention reads them).
+    Kv { k: Vec<f32>, v: Vec<f32> },
+    /// The gated conv inputs of the `rows` positions before `pos`, oldest
+    /// first, `[rows, hidden]`, `rows >= kernel - 1` (positions before 0
+    /// are zeros).
+    Conv(Vec<f32>),
+}
+
+impl SeqState {
+    /// The state after only the first `pos` tokens, when it holds enough
+    /// of each conv layer's history for that; None otherwise.
+    pub fn truncated(&self, pos: usize, cfg: &LlmConfig) -> Option<SeqState> {
+        if pos > self.pos {
+            return None;
+        }
+        let kvw = cfg.kv_heads * cfg.head_dim;
+        let (d, hist) = (cfg.hidden, cfg.conv_kernel.saturating_sub(1));
+        let back = self.pos - pos;
+        let layers = self
+            .layers
+            .iter()
+            .map(|l| match l {
+                LayerState::Kv { k, v } => Some(LayerState::Kv {
+                    k: k.get(..pos * kvw)?.to_vec(),
+                    v: v.get(..pos * kvw)?.to_vec(),
+                }),
+                LayerState::Conv(rows) => {
+                    let have = rows.len() / d.max(1);
+                    // Rows of positions pos - hist .. pos - 1; those before
+                    // position 0 are zeros whether or not they were kept.
+                    let keep = have.checked_sub(back)?;
+                    if keep < hist.min(pos) {
+                        return None;
+                    }
+                    let mut out = vec![0.0; hist.saturating_sub(keep) * d];
+                    let kept = &rows[..keep * d];
+                    out.extend_from_slice(&kept[keep.saturating_sub(hist) * d..]);
+                    Some(LayerState::Conv(out))
+                }
+            })
+            .collect::<Option<Vec<_>>>()?;
+        Some(SeqState { pos, layers })
+    }
+
+    /// Checks the state against `cfg` (layer kinds and sizes); `what`
+    /// names its source in the error.
+    pub fn check(&self, cfg: &LlmConfig, what: &str) -> Result<()> {
+        let bad = |m: String| Err(Error::invalid(format!("{what}: {m}")));
+        if self.layers.len() != cfg.layers.len() {
+            return bad(format!(
+                "state of {} layers for a model of {}",
+                self.layers.len(),
+                cfg.layers.len()
+            ));
+        }
+        if self.pos > cfg.context {
+            return bad(format!(
+                "{} positions exceed the model's context of {}",
+                self.pos, cfg.context
+            ));
+        }
+        let kvw = cfg.kv_heads * cfg.head_dim;
+        let (d, hist) = (cfg.hidden, cfg.conv_kernel.saturating_sub(1));
+        for (i, (l, kind)) in self.layers.iter().zip(&cfg.layers).enumerate() {
+            let ok = match (l, kind) {
+                (LayerState::Kv { k, v }, LayerKind::Attention) => {
+                    k.len() == self.pos * kvw && v.len() == self.pos * kvw
+                }
+                (LayerState::Conv(rows), LayerKind::Conv) => {
+                    rows.len().is_multiple_of(d) && rows.len() / d >= hist
+                }
+                _ => false,
+            };
+            if !ok {
+                return bad(format!(
+                    "layer {i} does not match the model's {kind:?} layer"
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
 /// A causal language model on some backend.
 pub trait CausalLm {
     fn config(&self) -> &LlmConfig;
@@ -736,6 +850,39 @@ pub trait CausalLm {
         }
         Ok(max)
     }
+    /// Appends `tokens` and returns the logits of every one, `[n, vocab]`,
+    /// for checking drafted tokens (speculative decoding). Row `i` is what
+    /// `forward(&[tokens[i]], false)` would return after the tokens before
+    /// it, bit for bit on the CPU (its decode products, batched); the GPU
+    /// runs its prefill GEMMs, whose rounding differs from decode's in the
+    /// last bits. The default runs the single-token forwards.
+    fn forward_verify(&mut self, tokens: &[u32]) -> Result<Vec<f32>> {
+        let mut out = Vec::with_capacity(tokens.len() * self.config().vocab);
+        for &t in tokens {
+            out.extend(self.forward(&[t], false)?);
+        }
+        Ok(out)
+    }
+    /// Forgets every position from `pos` on, as if only the first `pos`
+    /// tokens had been consumed: rejected draft tokens, or the part of a
+    /// cached conversation that a new request does not share. Attention
+    /// layers keep every position, so any `pos` works for them; LFM2's conv
+    /// layers keep the inputs of the last `kernel - 1 + REWIND_DEPTH`
+    /// positions, so `pos` must be at least [`CausalLm::min_truncate_pos`]
+    /// (or 0, which is [`CausalLm::reset`]). An error otherwise, and when
+    /// `pos` is past [`CausalLm::position`].
+    fn truncate(&mut self, pos: usize) -> Result<()>;
+    /// The smallest position [`CausalLm::truncate`] accepts now besides 0:
+    /// 0 for models without conv layers, else [`REWIND_DEPTH`] before the
+    /// furthest position reached since the last reset (or import).
+    fn min_truncate_pos(&self) -> usize;
+    /// The sequence's state (KV cache, conv state) copied to the host, in
+    /// a form every backend reads ([`CausalLm::import_state`]).
+    fn export_state(&mut self) -> Result<SeqState>;
+    /// Replaces the sequence with `state` (from [`CausalLm::export_state`]
+    /// of this model on any backend). An error, leaving the model reset,
+    /// when the state does not fit this model's layers and sizes.
+    fn import_state(&mut self, state: &SeqState) -> Result<()>;
     /// Runs `steps` greedy steps from `token` and says where each step's
     /// time goes (GPU backends, with timestamp queries).
     fn profile_decode(
@@ -765,7 +912,8 @@ pub type Tap = Box<dyn FnMut(&str, &[f32])>;
 enum State {
     /// Keys and values of every position so far, [pos, kv_heads * head_dim] each.
     Kv { k: Vec<f32>, v: Vec<f32> },
-    /// The last `kernel - 1` gated inputs B*x of the convolution, [kernel - 1, hidden].
+    /// The gated inputs B*x of the convolution as a ring
+    /// ([`conv_ring_rows`] rows of `[hidden]`, position q in row q % rows).
     Conv(Vec<f32>),
 }
 
@@ -776,6 +924,9 @@ pub struct CpuLlm {
     pub w: Weights,
     state: Vec<State>,
     pos: usize,
+    /// The furthest position reached since the last reset: the conv rings
+    /// hold the inputs of the [`conv_ring_rows`] positions before it.
+    high: usize,
     tap: Option<Tap>,
     /// How single-token (decode) products inside the layers treat their
     /// input; prefill's matrix products and the vocabulary projection stay
@@ -791,6 +942,7 @@ impl CpuLlm {
             w,
             state: Vec::new(),
             pos: 0,
+            high: 0,
             tap: None,
             act: Activations::F32,
         };
@@ -820,7 +972,7 @@ impl CausalLm for CpuLlm {
 
     fn reset(&mut self) {
         let hidden = self.cfg.hidden;
-        let hist = self.cfg.conv_kernel.saturating_sub(1);
+        let ring = conv_ring_rows(self.cfg.conv_kernel);
         self.state = self
             .cfg
             .layers
@@ -830,13 +982,124 @@ impl CausalLm for CpuLlm {
                     k: Vec::new(),
                     v: Vec::new(),
                 },
-                LayerKind::Conv => State::Conv(vec![0.0; hist * hidden]),
+                LayerKind::Conv => State::Conv(vec![0.0; ring * hidden]),
             })
             .collect();
         self.pos = 0;
+        self.high = 0;
+    }
+
+    fn truncate(&mut self, pos: usize) -> Result<()> {
+        if pos == 0 {
+            self.reset();
+            return Ok(());
+        }
+        check_truncate(pos, self.pos, self.min_truncate_pos())?;
+        self.high = self.high.max(self.pos);
+        let kvw = self.cfg.kv_heads * self.cfg.head_dim;
+        let (d, hist) = (self.cfg.hidden, self.cfg.conv_kernel.saturating_sub(1));
+        let rows = conv_ring_rows(self.cfg.conv_kernel);
+        for s in &mut self.state {
+            match s {
+                State::Kv { k, v } => {
+                    k.truncate(pos * kvw);
+                    v.truncate(pos * kvw);
+                }
+                State::Conv(ring) => {
+                    // Positions before 0 read zeros; later positions may
+                    // have written their rows.
+                    for back in pos + 1..=hist {
+                        let r = ring_row(pos, back, rows);
+                        ring[r * d..(r + 1) * d].fill(0.0);
+                    }
+                }
+            }
+        }
+        self.pos = pos;
+        Ok(())
+    }
+
+    fn min_truncate_pos(&self) -> usize {
+        if self.cfg.layers.contains(&LayerKind::Conv) {
+            self.high.max(self.pos).saturating_sub(REWIND_DEPTH)
+        } else {
+            0
+        }
+    }
+
+    fn export_state(&mut self) -> Result<SeqState> {
+        let kvw = self.cfg.kv_heads * self.cfg.head_dim;
+        let d = self.cfg.hidden;
+        let rows = conv_ring_rows(self.cfg.conv_kernel);
+        let keep = conv_rows_kept(rows, self.high.max(self.pos), self.pos);
+        let layers = self
+            .state
+            .iter()
+            .map(|s| match s {
+                State::Kv { k, v } => LayerState::Kv {
+                    k: k[..self.pos * kvw].to_vec(),
+                    v: v[..self.pos * kvw].to_vec(),
+                },
+                State::Conv(ring) => LayerState::Conv(
+                    (1..=keep)
+                        .rev()
+                        .flat_map(|back| {
+                            let r = ring_row(self.pos, back, rows);
+                            ring[r * d..(r + 1) * d].iter().copied()
+                        })
+                        .collect(),
+                ),
+            })
+            .collect();
+        Ok(SeqState {
+            pos: self.pos,
+            layers,
+        })
+    }
+
+    fn import_state(&mut self, st: &SeqState) -> Result<()> {
+        self.reset();
+        st.check(&self.cfg, "import_state")?;
+        let d = self.cfg.hidden;
+        let rows = conv_ring_rows(self.cfg.conv_kernel);
+        let mut kept = rows;
+        for (s, l) in self.state.iter_mut().zip(&st.layers) {
+            match (s, l) {
+                (State::Kv { k, v }, LayerState::Kv { k: sk, v: sv }) => {
+                    k.clone_from(sk);
+                    v.clone_from(sv);
+                }
+                (State::Conv(ring), LayerState::Conv(src)) => {
+                    let have = (src.len() / d).min(rows);
+                    kept = kept.min(have);
+                    let src = &src[src.len() - have * d..];
+                    for (i, back) in (1..=have).rev().enumerate() {
+                        let r = ring_row(st.pos, back, rows);
+                        ring[r * d..(r + 1) * d].copy_from_slice(&src[i * d..(i + 1) * d]);
+                    }
+                }
+                _ => unreachable!("checked against the config"),
+            }
+        }
+        self.pos = st.pos;
+        // Rows before the imported ones are not this sequence's.
+        self.high = st.pos + rows - kept;
+        Ok(())
     }
 
     fn forward(&mut self, tokens: &[u32], all_logits: bool) -> Result<Vec<f32>> {
+        self.run(tokens, all_logits, false)
+    }
+
+    fn forward_verify(&mut self, tokens: &[u32]) -> Result<Vec<f32>> {
+        self.run(tokens, true, true)
+    }
+}
+
+impl CpuLlm {
+    /// The forward over `tokens`; `as_decode` computes every product as a
+    /// single-token decode does (see [`CausalLm::forward_verify`]).
+    fn run(&mut self, tokens: &[u32], all_logits: bool, as_decode: bool) -> Result<Vec<f32>> {
         let n = tokens.len();
         if n == 0 {
             return Err(Error::invalid("forward: no tokens"));
@@ -863,6 +1126,7 @@ impl CausalLm for CpuLlm {
             act: self.act,
             tokens,
             pos: self.pos,
+            as_decode,
             rows: if all_logits { n } else { 1 },
             x: vec![0.0; n * d],
             h: vec![0.0; n * d],
@@ -872,8 +1136,30 @@ impl CausalLm for CpuLlm {
         recipe::decoder(&self.cfg, &mut pass)?;
         let logits = std::mem::take(&mut pass.logits);
         self.pos += n;
+        self.high = self.high.max(self.pos);
         Ok(logits)
     }
+}
+
+/// The error of a truncation to `pos` that the sequence cannot make.
+pub fn check_truncate(pos: usize, now: usize, floor: usize) -> Result<()> {
+    if pos > now {
+        return Err(Error::invalid(format!(
+            "cannot truncate a sequence of {now} tokens to {pos}"
+        )));
+    }
+    if pos < floor {
+        return Err(Error::invalid(format!(
+            "cannot rewind the conv state to position {pos}: it holds the inputs back to {floor} only"
+        )));
+    }
+    Ok(())
+}
+
+/// Conv-ring rows that hold this sequence's inputs before `pos`, when the
+/// furthest position reached is `high`: the newest `rows - (high - pos)`.
+pub fn conv_rows_kept(rows: usize, high: usize, pos: usize) -> usize {
+    rows - (high - pos).min(rows)
 }
 
 /// One forward of the CPU reference over `tokens`: the recipe's operations
@@ -887,6 +1173,8 @@ struct CpuPass<'a> {
     tokens: &'a [u32],
     /// Position of the first token.
     pos: usize,
+    /// Every product computed per row as decode computes it.
+    as_decode: bool,
     /// Rows of logits to compute (the last ones).
     rows: usize,
     /// [n, hidden]: the residual stream.
@@ -905,10 +1193,11 @@ impl CpuPass<'_> {
         self.tokens.len()
     }
 
-    /// y = x W^T for m rows: one row (decode) as `act` says, more in f32.
+    /// y = x W^T for m rows: one row (decode) as `act` says, more in f32
+    /// (or each as decode does it, `as_decode`).
     fn product(&self, w: &Tensor, x: &[f32], m: usize, y: &mut [f32]) {
-        if m == 1 {
-            tensor::matvec_with(w, x, y, self.act)
+        if m == 1 || self.as_decode {
+            tensor::matvec_rows(w, x, m, y, self.act)
         } else {
             tensor::matmul(w, x, m, y)
         }
@@ -917,7 +1206,11 @@ impl CpuPass<'_> {
     /// Several products of the same input (q/k/v, gate/up).
     fn products(&self, ws: &[&Tensor], x: &[f32], ys: &mut [&mut Vec<f32>]) {
         let n = self.n();
-        if n == 1 {
+        if self.as_decode && n > 1 {
+            for (w, y) in ws.iter().zip(ys.iter_mut()) {
+                tensor::matvec_rows(w, x, n, y, self.act);
+            }
+        } else if n == 1 {
             let mut outs: Vec<&mut [f32]> = ys.iter_mut().map(|y| y.as_mut_slice()).collect();
             tensor::matvec_same_input(ws, x, &mut outs, self.act);
         } else {
@@ -998,11 +1291,27 @@ impl DecoderOps for CpuPass<'_> {
         cpu::rms_norm(&self.x, &layer.norm1, cfg.norm_eps, &mut self.h);
         let mut bcx = vec![0.0f32; n * 3 * d];
         self.product(&c.in_proj, &self.h, n, &mut bcx);
-        let State::Conv(state) = &mut self.state[li] else {
+        let State::Conv(ring) = &mut self.state[li] else {
             unreachable!("layer state is built from the same layer kinds")
         };
+        let rows = conv_ring_rows(cfg.conv_kernel);
+        let hist = cfg.conv_kernel.saturating_sub(1);
+        let mut state: Vec<f32> = (1..=hist)
+            .rev()
+            .flat_map(|back| {
+                let r = ring_row(self.pos, back, rows);
+                ring[r * d..(r + 1) * d].iter().copied()
+            })
+            .collect();
         self.y = vec![0.0f32; n * d];
-        cpu::short_conv(&bcx, &c.conv, cfg.conv_kernel, d, state, &mut self.y);
+        cpu::short_conv(&bcx, &c.conv, cfg.conv_kernel, d, &mut state, &mut self.y);
+        // Every new position's gated input into its row (the last `rows`).
+        for t in n.saturating_sub(rows)..n {
+            let (src, r) = (&bcx[t * 3 * d..(t + 1) * 3 * d], (self.pos + t) % rows);
+            for (i, o) in ring[r * d..(r + 1) * d].iter_mut().enumerate() {
+                *o = src[i] * src[2 * d + i];
+            }
+        }
         Ok(())
     }
 
@@ -1054,7 +1363,17 @@ impl DecoderOps for CpuPass<'_> {
         // The vocabulary projection keeps f32 inputs: rounding the final
         // hidden state (large outliers) to 8 bits moves logits by enough to
         // change SmolLM2's first greedy token (tests/smollm2_reference.rs).
-        tensor::matmul(&self.w.head, &normed, rows, &mut self.logits);
+        if self.as_decode {
+            tensor::matvec_rows(
+                &self.w.head,
+                &normed,
+                rows,
+                &mut self.logits,
+                Activations::F32,
+            );
+        } else {
+            tensor::matmul(&self.w.head, &normed, rows, &mut self.logits);
+        }
         Ok(())
     }
 }

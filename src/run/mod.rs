@@ -14,5 +14,6 @@ pub mod kld;
 pub mod phonemes;
 /// Sampling lives below the models that use it; this keeps its old path.
 pub use crate::sampling;
+pub mod speculative;
 pub mod transcribe;
 pub mod wav;
