@@ -300,3 +300,67 @@ pub(crate) fn round(
     }
     unreachable!("the last row always replaces")
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::sampling::SamplingOptions;
+
+    #[test]
+    fn lookup_continues_the_latest_earlier_match() {
+        // "1 2 3" occurs twice before the tail; the latest one is followed
+        // by 7 8.
+        let h = [1, 2, 3, 4, 5, 1, 2, 3, 7, 8, 9, 1, 2, 3];
+        assert_eq!(lookup(&h, 2, 3), vec![7, 8]);
+        assert_eq!(lookup(&h, 9, 3), vec![7, 8, 9, 1, 2, 3]);
+        // Only a 1-gram matches.
+        assert_eq!(lookup(&[5, 6, 9, 5], 3, 3), vec![6, 9, 5]);
+        assert!(lookup(&[1, 2, 3], 3, 3).is_empty());
+    }
+
+    /// How often each token comes out of `check` with draft `d` (drawn
+    /// from `q` when given), over many trials.
+    fn frequencies(logits: &[f32], q: Option<&[(u32, f32)]>, trials: usize) -> Vec<f64> {
+        let mut s = Sampler::new(SamplingOptions {
+            temperature: 1.0,
+            seed: 3,
+            ..Default::default()
+        });
+        let mut drafter = Sampler::new(SamplingOptions {
+            temperature: 1.0,
+            seed: 4,
+            ..Default::default()
+        });
+        let mut counts = vec![0usize; logits.len()];
+        for _ in 0..trials {
+            let d = match q {
+                Some(q) => drafter.draw(q),
+                None => 1,
+            };
+            let t = match check(&mut s, logits, &[], d, q) {
+                Verdict::Accept => d,
+                Verdict::Replace(t) => t,
+            };
+            counts[t as usize] += 1;
+        }
+        counts.iter().map(|&c| c as f64 / trials as f64).collect()
+    }
+
+    #[test]
+    fn rejection_sampling_keeps_the_samplers_distribution() {
+        let logits = [0.5f32, 1.5, -0.5, 1.0];
+        let z: f64 = logits.iter().map(|&l| (l as f64).exp()).sum();
+        let p: Vec<f64> = logits.iter().map(|&l| (l as f64).exp() / z).collect();
+        let trials = 40_000;
+        // Three standard deviations of a frequency over `trials` draws.
+        let tol = 3.0 * (0.25f64 / trials as f64).sqrt();
+        // A deterministic draft (lookup) and a draft distribution far from p.
+        let q = [(0u32, 0.1f32), (1, 0.2), (2, 0.6), (3, 0.1)];
+        for (what, q) in [("lookup", None), ("draft model", Some(&q[..]))] {
+            let f = frequencies(&logits, q, trials);
+            for (i, (fi, pi)) in f.iter().zip(&p).enumerate() {
+                assert!((fi - pi).abs() < tol, "{what}: token {i}: {fi} vs {pi}");
+            }
+        }
+    }
+}
