@@ -130,6 +130,17 @@ pub struct Args {
     #[arg(long, value_name = "FILE")]
     pub json_schema: Option<PathBuf>,
 
+    /// Save the state after the prompt in FILE, and on a later run whose
+    /// prompt starts with the same tokens load it instead of prefilling
+    /// them (llama.cpp's --prompt-cache). The file is tied to the model: one
+    /// made by another model, damaged or of another version is an error.
+    #[arg(long, value_name = "FILE")]
+    pub prompt_cache: Option<PathBuf>,
+
+    /// With --prompt-cache: use the file but never write it.
+    #[arg(long, requires = "prompt_cache")]
+    pub prompt_cache_ro: bool,
+
     /// Speculative decoding with prompt lookup: draft the tokens that
     /// followed the latest earlier occurrence of the last 3, 2 or 1 tokens
     /// (prompt and output), and check them in one forward (llama.cpp's
@@ -223,6 +234,14 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     }
     if !args.lookup && args.draft_model.is_none() && args.draft.is_some() {
         return Err(super::usage("--draft needs --lookup or --draft-model"));
+    }
+    if let Some(path) = args
+        .prompt_cache
+        .as_deref()
+        .filter(|_| !args.prompt_cache_ro)
+    {
+        // Before the model loads: a path that cannot be written fails at once.
+        crate::util::atomic_write::check(path, true)?;
     }
     if let Some(n) = args.threads {
         // Fails only when a pool exists already (a library caller's); keep it.
@@ -402,10 +421,21 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         })
     };
 
+    let cache = match &args.prompt_cache {
+        Some(path) => Some(use_prompt_cache(
+            path,
+            !args.prompt_cache_ro,
+            &model_path,
+            loaded.model.as_mut(),
+            &req.prompt_ids,
+        )?),
+        None => None,
+    };
+
     let stdout = std::io::stdout();
     let mut out = stdout.lock();
     let streaming = !args.json;
-    let gen = generate_with(
+    let mut gen = generate_with(
         loaded.model.as_mut(),
         tokenizer,
         &mut sampler,
@@ -425,8 +455,28 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         }
         e => e.into(),
     })?;
+    if let Some(c) = &cache {
+        // The prompt as a whole: what came from the file, and the prefill
+        // before the save.
+        let t = &mut gen.timings;
+        t.cached_tokens = c.reused;
+        t.prefill_ms += c.prefill_ms;
+        let new = (t.prompt_tokens - c.reused) as f64;
+        t.prefill_tok_per_s = if t.prefill_ms > 0.0 {
+            new / (t.prefill_ms / 1e3)
+        } else {
+            0.0
+        };
+    }
     if args.json {
         let mut v = serde_json::to_value(&gen)?;
+        if let Some(c) = &cache {
+            v["prompt_cache"] = serde_json::json!({
+                "path": c.path.display().to_string(),
+                "reused_tokens": c.reused,
+                "saved_tokens": c.saved,
+            });
+        }
         v["seed"] = seed.into();
         v["model"] = model_path.display().to_string().into();
         v["backend"] = loaded.backend_name().into();
@@ -462,6 +512,86 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         ));
     }
     Ok(())
+}
+
+/// What --prompt-cache did.
+struct CacheUse {
+    path: PathBuf,
+    /// Prompt tokens loaded from the file.
+    reused: usize,
+    /// Prompt tokens whose state was written (None: not written).
+    saved: Option<usize>,
+    /// Time spent prefilling before the save.
+    prefill_ms: f64,
+}
+
+/// Loads the longest usable prefix of `prompt` from the cache at `path`
+/// into `model`, then (when `write`) prefills the prompt up to its last
+/// token and saves that state, unless the file holds it already. The last
+/// token is left for the generation, which needs its logits.
+fn use_prompt_cache(
+    path: &std::path::Path,
+    write: bool,
+    model_path: &std::path::Path,
+    model: &mut dyn crate::models::llm::CausalLm,
+    prompt: &[u32],
+) -> anyhow::Result<CacheUse> {
+    use crate::run::prompt_cache::{common_prefix, model_fingerprint, PromptCache};
+    let cfg = model.config().clone();
+    let fingerprint = model_fingerprint(model_path, &cfg)?;
+    let upto = prompt.len() - 1;
+    let mut reused = 0;
+    let mut held_tokens = None;
+    if path.exists() {
+        let pc = PromptCache::read(path, fingerprint, &cfg)?;
+        let shared = common_prefix(&pc.tokens, prompt).min(upto);
+        if shared > 0 {
+            match pc.state.truncated(shared, &cfg) {
+                Some(st) => {
+                    model.import_state(&st)?;
+                    reused = shared;
+                }
+                None => crate::util::log::notice(&format!(
+                    "{}: shares {shared} tokens with the prompt, but its conv state cannot be cut back to them; prefilling",
+                    path.display()
+                )),
+            }
+        }
+        crate::util::log::notice(&format!(
+            "prompt cache {}: {reused} of {} prompt tokens loaded",
+            path.display(),
+            prompt.len()
+        ));
+        held_tokens = Some(pc.tokens);
+    } else {
+        crate::util::log::notice(&format!(
+            "prompt cache {}: not found{}",
+            path.display(),
+            if write { ", will be created" } else { "" }
+        ));
+    }
+    let t0 = std::time::Instant::now();
+    let mut saved = None;
+    if write && upto > 0 && held_tokens.as_deref() != Some(&prompt[..upto]) {
+        let pos = model.position();
+        if pos < upto {
+            model.forward(&prompt[pos..upto], false)?;
+        }
+        let state = model.export_state()?;
+        let bytes = PromptCache {
+            tokens: prompt[..upto].to_vec(),
+            state,
+        }
+        .encode(fingerprint);
+        crate::util::atomic_write::write_atomic(path, &bytes, true)?;
+        saved = Some(upto);
+    }
+    Ok(CacheUse {
+        path: path.to_path_buf(),
+        reused,
+        saved,
+        prefill_ms: t0.elapsed().as_secs_f64() * 1e3,
+    })
 }
 
 /// A draft model must share the model's vocabulary: the same size and,

@@ -24,6 +24,8 @@ pub enum FinishReason {
 #[derive(Clone, Debug, Serialize)]
 pub struct Timings {
     pub prompt_tokens: usize,
+    /// Tokens of the prompt the model held already (not prefilled).
+    pub cached_tokens: usize,
     pub prefill_ms: f64,
     pub prefill_tok_per_s: f64,
     pub generated_tokens: usize,
@@ -195,9 +197,11 @@ pub fn generate(
     generate_with(model, tokenizer, sampler, req, None, on_text)
 }
 
-/// [`generate`], decoding speculatively when `spec` is given. The prompt is
-/// appended to what `model` holds already (a cached prefix, an earlier
-/// turn); afterwards it has consumed every produced token but the last.
+/// [`generate`], decoding speculatively when `spec` is given. `model` may
+/// hold the start of the prompt already: its first `model.position()`
+/// tokens (a cached prefix, the earlier turns of a chat), which are not
+/// prefilled again. Afterwards it has consumed the prompt and every
+/// produced token but the last.
 pub fn generate_with(
     model: &mut dyn CausalLm,
     tokenizer: Option<&Tokenizer>,
@@ -209,8 +213,15 @@ pub fn generate_with(
     if req.prompt_ids.is_empty() {
         return Err(Error::invalid("the prompt is empty"));
     }
+    let held = model.position();
+    if held >= req.prompt_ids.len() {
+        return Err(Error::invalid(format!(
+            "the model holds {held} tokens of a {}-token prompt: at least its last token must be new",
+            req.prompt_ids.len()
+        )));
+    }
     let context = model.config().context;
-    let needed = model.position() + req.prompt_ids.len() + req.max_tokens;
+    let needed = req.prompt_ids.len() + req.max_tokens;
     if needed > context {
         return Err(Error::invalid(format!(
             "prompt ({} tokens) plus --max-tokens ({}) exceeds the model's context of {context} tokens",
@@ -236,7 +247,7 @@ pub fn generate_with(
     };
 
     let t0 = Instant::now();
-    let logits = model.forward(&req.prompt_ids, false)?;
+    let logits = model.forward(&req.prompt_ids[held..], false)?;
     if logits.iter().any(|x| !x.is_finite()) {
         return Err(Error::invalid(
             "the model's logits are NaN or infinite (damaged weights?)",
@@ -353,8 +364,9 @@ pub fn generate_with(
         speculative,
         timings: Timings {
             prompt_tokens: req.prompt_ids.len(),
+            cached_tokens: held,
             prefill_ms: prefill.as_secs_f64() * 1e3,
-            prefill_tok_per_s: rate(req.prompt_ids.len(), prefill),
+            prefill_tok_per_s: rate(req.prompt_ids.len() - held, prefill),
             generated_tokens: out.generated.len(),
             decode_ms: decode.as_secs_f64() * 1e3,
             // Forward passes after the prefill, each of which yields a token.
