@@ -211,3 +211,52 @@ fn prompt_cache_is_reused_and_bad_caches_are_refused() {
     assert!(!o.status.success());
     assert!(stderr(&o).contains("prompt-cache"), "{}", stderr(&o));
 }
+
+#[test]
+fn interactive_reads_turns_from_stdin_and_keeps_the_cache() {
+    use std::io::Write;
+    use std::process::{Command, Stdio};
+    let model = smollm2();
+    let mut child = Command::new(BIN)
+        .args([
+            "--cpu",
+            "-m",
+            model.to_str().unwrap(),
+            "-i",
+            "--temperature",
+            "0",
+        ])
+        .args(["-n", "10", "--json", "--system", "Answer briefly."])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Two turns and a blank line (skipped); end of input ends the chat.
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(b"My name is Ada.\n\nWhat is my name?\n")
+        .unwrap();
+    let o = child.wait_with_output().unwrap();
+    assert!(o.status.success(), "{}", stderr(&o));
+    let turns: Vec<serde_json::Value> = stdout(&o)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(turns.len(), 2, "{}", stdout(&o));
+    let (a, b) = (&turns[0]["timings"], &turns[1]["timings"]);
+    assert_eq!(a["cached_tokens"], 0);
+    // The second turn's prompt is the whole conversation, of which the
+    // model held at least the first turn's prompt.
+    assert!(b["prompt_tokens"].as_u64() > a["prompt_tokens"].as_u64());
+    assert!(
+        b["cached_tokens"].as_u64() >= a["prompt_tokens"].as_u64(),
+        "{b}"
+    );
+    assert!(!turns[1]["text"].as_str().unwrap().is_empty());
+
+    assert_usage_failure(&generate(&["-i", "-p", "-"]), &["--interactive"]);
+    assert_usage_failure(&generate(&["-i", "--prompt-ids", "1,2"]), &["--prompt-ids"]);
+}

@@ -130,6 +130,14 @@ pub struct Args {
     #[arg(long, value_name = "FILE")]
     pub json_schema: Option<PathBuf>,
 
+    /// Chat: read turns from standard input, one a line (with a prompt on a
+    /// terminal), each answered with the chat template applied to the whole
+    /// conversation; the KV cache is kept between turns, so only a turn's
+    /// new tokens are prefilled. --prompt/--file is the first turn; end of
+    /// input (Ctrl-D) ends the chat. With --json, one object per turn.
+    #[arg(short = 'i', long, conflicts_with_all = ["messages", "prompt_ids", "prompt_cache"])]
+    pub interactive: bool,
+
     /// Save the state after the prompt in FILE, and on a later run whose
     /// prompt starts with the same tokens load it instead of prefilling
     /// them (llama.cpp's --prompt-cache). The file is tied to the model: one
@@ -224,6 +232,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         && args.file.is_none()
         && args.prompt_ids.is_none()
         && args.messages.is_none()
+        && !args.interactive
     {
         return Err(super::usage(
             "no prompt: pass --prompt TEXT (or - for stdin), --file FILE, --messages FILE or --prompt-ids",
@@ -249,6 +258,11 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             .num_threads(n)
             .build_global();
     }
+    if args.interactive && args.prompt.as_deref() == Some("-") {
+        return Err(super::usage(
+            "--interactive reads its turns from standard input: pass the first one with --prompt TEXT or --file",
+        ));
+    }
     let text = prompt_text(&args)?;
     let model_path = match &args.model {
         Some(p) => p.clone(),
@@ -270,7 +284,9 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     crate::util::log::notice(&loaded.describe());
     let tokenizer = loaded.tokenizer.as_ref();
 
+    let interactive_first = if args.interactive { text.clone() } else { None };
     let prompt_ids = match (&args.prompt_ids, text) {
+        _ if args.interactive => Vec::new(),
         (Some(ids), _) => ids.clone(),
         (None, _) if args.messages.is_some() => {
             let path = args.messages.as_ref().expect("checked");
@@ -354,6 +370,17 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let context = args.ctx_size.map_or(loaded.model.config().context, |c| {
         c.min(loaded.model.config().context)
     });
+    if args.interactive {
+        return interactive(
+            &args,
+            &model_path,
+            &mut loaded,
+            &opts_load,
+            opts,
+            context,
+            interactive_first,
+        );
+    }
     let room = context.saturating_sub(prompt_ids.len());
     if room == 0 {
         bail!(
@@ -372,54 +399,17 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         None => DEFAULT_MAX_TOKENS.min(room),
     };
     let seed = opts.seed;
-    let mut sampler = Sampler::new(opts);
     let eos = tokenizer.map(|t| t.eos_ids.clone()).unwrap_or_default();
-    if let Some(grammar) = load_grammar(&args)? {
-        let Some(tok) = tokenizer else {
-            bail!(
-                "{}: has no tokenizer, which --grammar and --json-schema need",
-                model_path.display()
-            );
-        };
-        let mut bytes = tok.token_bytes();
-        bytes.resize(vocab, None);
-        let table = std::rc::Rc::new(TokenTable::new(bytes));
-        sampler.set_constraint(Constraint::new(grammar, table, eos.clone()));
-    }
+    let grammar = grammar_table(&args, &model_path, tokenizer, vocab)?;
+    let mut sampler = new_sampler(opts, grammar.as_ref(), &eos);
     let req = Request {
         prompt_ids,
         max_tokens,
         eos_ids: &eos,
         stop: &args.stop,
     };
-    let mut draft = match &args.draft_model {
-        Some(path) => {
-            let d = models::load_llm(path, &opts_load)?;
-            crate::util::log::notice(&format!("draft {}", d.describe()));
-            check_draft_vocab(&loaded, &d, path)?;
-            Some(d)
-        }
-        None => None,
-    };
-    let mut spec = if args.lookup {
-        Some(Speculation {
-            drafter: Drafter::Lookup,
-            max_draft: args.draft.map_or(DEFAULT_DRAFT, usize::from),
-        })
-    } else {
-        draft.as_mut().map(|d| Speculation {
-            drafter: Drafter::Model {
-                model: d.model.as_mut(),
-                sampler: Sampler::new(SamplingOptions {
-                    logprobs: None,
-                    seed: seed ^ 0x9e37_79b9_7f4a_7c15,
-                    ..sampler.options().clone()
-                }),
-                consumed: Vec::new(),
-            },
-            max_draft: args.draft.map_or(DEFAULT_DRAFT, usize::from),
-        })
-    };
+    let mut draft = load_draft(&args, &loaded, &opts_load)?;
+    let mut spec = speculation(&args, draft.as_mut(), sampler.options());
 
     let cache = match &args.prompt_cache {
         Some(path) => Some(use_prompt_cache(
@@ -510,6 +500,231 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             t.decode_tok_per_s,
             seed
         ));
+    }
+    Ok(())
+}
+
+/// --grammar or --json-schema compiled, with the vocabulary's bytes.
+type GrammarTable = (Grammar, std::rc::Rc<TokenTable>);
+
+fn grammar_table(
+    args: &Args,
+    model_path: &std::path::Path,
+    tokenizer: Option<&crate::tokenizer::Tokenizer>,
+    vocab: usize,
+) -> anyhow::Result<Option<GrammarTable>> {
+    let Some(grammar) = load_grammar(args)? else {
+        return Ok(None);
+    };
+    let Some(tok) = tokenizer else {
+        bail!(
+            "{}: has no tokenizer, which --grammar and --json-schema need",
+            model_path.display()
+        );
+    };
+    let mut bytes = tok.token_bytes();
+    bytes.resize(vocab, None);
+    Ok(Some((grammar, std::rc::Rc::new(TokenTable::new(bytes)))))
+}
+
+/// A sampler with `opts`, constrained by the grammar when there is one.
+fn new_sampler(opts: SamplingOptions, grammar: Option<&GrammarTable>, eos: &[u32]) -> Sampler {
+    let mut sampler = Sampler::new(opts);
+    if let Some((g, table)) = grammar {
+        sampler.set_constraint(Constraint::new(g.clone(), table.clone(), eos.to_vec()));
+    }
+    sampler
+}
+
+/// --draft-model, loaded on the model's device and checked against it.
+fn load_draft(
+    args: &Args,
+    loaded: &models::LoadedLlm,
+    opts: &LoadOptions,
+) -> anyhow::Result<Option<models::LoadedLlm>> {
+    let Some(path) = &args.draft_model else {
+        return Ok(None);
+    };
+    let d = models::load_llm(path, opts)?;
+    crate::util::log::notice(&format!("draft {}", d.describe()));
+    check_draft_vocab(loaded, &d, path)?;
+    Ok(Some(d))
+}
+
+/// --lookup or --draft-model as a [`Speculation`]; None without either.
+fn speculation<'a>(
+    args: &Args,
+    draft: Option<&'a mut models::LoadedLlm>,
+    opts: &SamplingOptions,
+) -> Option<Speculation<'a>> {
+    let max_draft = args.draft.map_or(DEFAULT_DRAFT, usize::from);
+    if args.lookup {
+        return Some(Speculation {
+            drafter: Drafter::Lookup,
+            max_draft,
+        });
+    }
+    draft.map(|d| Speculation {
+        drafter: Drafter::Model {
+            model: d.model.as_mut(),
+            sampler: Sampler::new(SamplingOptions {
+                logprobs: None,
+                seed: opts.seed ^ 0x9e37_79b9_7f4a_7c15,
+                ..opts.clone()
+            }),
+            consumed: Vec::new(),
+        },
+        max_draft,
+    })
+}
+
+/// `-i`: a chat. Turns come from standard input, one per line (a prompt
+/// on a terminal); each is added to the conversation, which is rendered
+/// with the chat template, and only the tokens the model does not hold
+/// yet are prefilled. Ends at end of input (Ctrl-D).
+#[allow(clippy::too_many_arguments)]
+fn interactive(
+    args: &Args,
+    model_path: &std::path::Path,
+    loaded: &mut models::LoadedLlm,
+    load_opts: &LoadOptions,
+    opts: SamplingOptions,
+    context: usize,
+    first: Option<String>,
+) -> anyhow::Result<()> {
+    use std::io::{BufRead, IsTerminal};
+    // The draft is checked against the tokenizer before it moves out.
+    let mut draft = load_draft(args, loaded, load_opts)?;
+    let Some(tok) = loaded.tokenizer.take() else {
+        bail!(
+            "{}: has no tokenizer, which --interactive needs",
+            model_path.display()
+        );
+    };
+    let template = match (&tok.chat_template, args.raw) {
+        (Some(t), false) => Some(ChatTemplate::new(
+            t,
+            tok.bos_token.as_deref(),
+            tok.eos_token.as_deref(),
+        )),
+        _ => None,
+    };
+    let vocab = loaded.model.config().vocab;
+    let eos = tok.eos_ids.clone();
+    let grammar = grammar_table(args, model_path, Some(&tok), vocab)?;
+    let mut spec = speculation(args, draft.as_mut(), &opts);
+    let mut messages = Vec::new();
+    if let Some(sys) = &args.system {
+        messages.push(Message::new("system", sys));
+    }
+    // The tokens the model has consumed.
+    let mut held: Vec<u32> = Vec::new();
+    let stdin = std::io::stdin();
+    let terminal = stdin.is_terminal();
+    let mut lines = stdin.lock().lines();
+    let mut pending = first;
+    let stdout = std::io::stdout();
+    for turn in 0u64.. {
+        let line = match pending.take() {
+            Some(t) => t,
+            None => {
+                if terminal {
+                    eprint!("> ");
+                    std::io::stderr().flush()?;
+                }
+                match lines.next() {
+                    None => break,
+                    Some(l) => l.context("reading a turn from standard input")?,
+                }
+            }
+        };
+        if line.trim().is_empty() {
+            continue;
+        }
+        messages.push(Message::new("user", &line));
+        let ids = match &template {
+            Some(t) => tok.encode(&t.render(&messages, true)?, false)?,
+            None => {
+                let mut ids = held.clone();
+                ids.extend(tok.encode(&format!("{line}\n"), held.is_empty())?);
+                ids
+            }
+        };
+        let room = context.saturating_sub(ids.len());
+        if room == 0 {
+            bail!(
+                "the conversation ({} tokens) fills the context of {context} tokens",
+                ids.len()
+            );
+        }
+        let max_tokens = args.max_tokens.unwrap_or(DEFAULT_MAX_TOKENS).min(room);
+        keep_common_prefix(loaded.model.as_mut(), &held, &ids)?;
+        let mut sampler = new_sampler(
+            SamplingOptions {
+                seed: opts.seed.wrapping_add(turn),
+                ..opts.clone()
+            },
+            grammar.as_ref(),
+            &eos,
+        );
+        let req = Request {
+            prompt_ids: ids.clone(),
+            max_tokens,
+            eos_ids: &eos,
+            stop: &args.stop,
+        };
+        let mut out = stdout.lock();
+        let gen = generate_with(
+            loaded.model.as_mut(),
+            Some(&tok),
+            &mut sampler,
+            &req,
+            spec.as_mut(),
+            |piece| {
+                if !args.json {
+                    out.write_all(piece.as_bytes())?;
+                    out.flush()?;
+                }
+                Ok(())
+            },
+        )?;
+        held = ids;
+        held.extend_from_slice(&gen.generated_ids);
+        held.truncate(loaded.model.position());
+        if args.json {
+            let mut v = serde_json::to_value(&gen)?;
+            v["turn"] = turn.into();
+            writeln!(out, "{v}")?;
+        } else {
+            writeln!(out)?;
+            let t = &gen.timings;
+            crate::util::log::notice(&format!(
+                "[prompt: {} new tokens ({} kept), {:.1} tok/s | generated: {} tokens, {:.1} tok/s]",
+                t.prompt_tokens - t.cached_tokens,
+                t.cached_tokens,
+                t.prefill_tok_per_s,
+                t.generated_tokens,
+                t.decode_tok_per_s
+            ));
+        }
+        messages.push(Message::new("assistant", &gen.text));
+    }
+    Ok(())
+}
+
+/// Keeps what `model` holds of `prompt`: the common prefix of `held` (the
+/// tokens it has consumed) and `prompt`, less the prompt's last token;
+/// starts over when the model cannot rewind that far.
+fn keep_common_prefix(
+    model: &mut dyn crate::models::llm::CausalLm,
+    held: &[u32],
+    prompt: &[u32],
+) -> anyhow::Result<()> {
+    let shared = crate::run::prompt_cache::common_prefix(held, prompt).min(prompt.len() - 1);
+    if shared >= model.min_truncate_pos() {
+        model.truncate(shared)?;
+    } else {
+        model.reset();
     }
     Ok(())
 }
