@@ -70,6 +70,8 @@ pub struct Sampler {
     opts: SamplingOptions,
     rng: Rng,
     constraint: Option<Constraint>,
+    /// Always mask the whole vocabulary ([`Sampler::set_full_mask`]).
+    full_mask: bool,
     /// What went wrong in the constraint, for the generation loop to report.
     error: Option<Error>,
     logprobs: Vec<TokenLogprob>,
@@ -84,6 +86,7 @@ impl Sampler {
             opts,
             rng,
             constraint: None,
+            full_mask: false,
             error: None,
             logprobs: Vec::new(),
         }
@@ -92,6 +95,14 @@ impl Sampler {
     /// Masks every token `constraint` does not allow from now on.
     pub fn set_constraint(&mut self, constraint: Constraint) {
         self.constraint = Some(constraint);
+    }
+
+    /// `true` computes the grammar's mask over the whole vocabulary at
+    /// every step, even where checking the most likely tokens alone settles
+    /// the draw: the reference the faster path is tested and measured
+    /// against (the draw is the same either way).
+    pub fn set_full_mask(&mut self, on: bool) {
+        self.full_mask = on;
     }
 
     /// The constraint has matched a whole output and nothing can follow.
@@ -136,15 +147,65 @@ impl Sampler {
 
     /// Picks the next token given the logits and the tokens so far.
     pub fn sample(&mut self, logits: &[f32], history: &[u32]) -> u32 {
+        if let Some(token) = self.sample_unmasked(logits, history) {
+            self.commit(logits, token);
+            return token;
+        }
         let adjusted = self.adjust(logits, history);
         let token = if self.opts.temperature <= 0.0 {
             argmax(&adjusted) as u32
         } else {
-            let cand = finite_sorted(&adjusted);
+            let cand = finite_sorted(&adjusted, self.opts.top_k);
             self.sample_sorted(cand)
         };
         self.commit(logits, token);
         token
+    }
+
+    /// With a grammar, the draw [`Sampler::sample`] makes, found without
+    /// the grammar's mask over the whole vocabulary where the draw depends
+    /// only on the most likely tokens: greedy, the argmax if the grammar
+    /// allows it; with top-k, the first k allowed tokens among the 4k most
+    /// likely. Each is checked alone ([`Constraint::allows`]). None when
+    /// that does not settle it (then the full mask is computed).
+    fn sample_unmasked(&mut self, logits: &[f32], history: &[u32]) -> Option<u32> {
+        self.constraint.as_ref()?;
+        if self.full_mask {
+            return None;
+        }
+        let greedy = self.opts.temperature <= 0.0;
+        if !greedy && self.opts.top_k == 0 {
+            return None;
+        }
+        let mut adjusted = logits.to_vec();
+        for &(id, bias) in &self.opts.logit_bias {
+            if let Some(l) = adjusted.get_mut(id as usize) {
+                *l += bias;
+            }
+        }
+        self.penalise(&mut adjusted, history);
+        let c = self.constraint.as_mut().expect("checked above");
+        if greedy {
+            let t = argmax(&adjusted) as u32;
+            return (adjusted[t as usize] > f32::NEG_INFINITY && c.allows(t)).then_some(t);
+        }
+        let k = self.opts.top_k;
+        let wide = crate::cpu::top_k(&adjusted, (4 * k).min(adjusted.len()));
+        let mut allowed = Vec::with_capacity(k);
+        for &(id, l) in &wide {
+            if l == f32::NEG_INFINITY || allowed.len() == k {
+                break;
+            }
+            if c.allows(id) {
+                allowed.push((id, l));
+            }
+        }
+        // Fewer than k allowed among them: a token further down may still
+        // be among the k, so the mask decides.
+        if allowed.len() < k {
+            return None;
+        }
+        Some(self.sample_sorted(allowed))
     }
 
     /// The logits after bias, penalties and the grammar's mask.
@@ -200,7 +261,7 @@ impl Sampler {
         if self.opts.temperature <= 0.0 {
             return vec![(argmax(&adjusted) as u32, 1.0)];
         }
-        let (cand, p) = self.filter_sorted(finite_sorted(&adjusted));
+        let (cand, p) = self.filter_sorted(finite_sorted(&adjusted, self.opts.top_k));
         cand.into_iter()
             .zip(p)
             .map(|((id, _), p)| (id, p))
@@ -327,10 +388,15 @@ impl Sampler {
     }
 }
 
-/// Every token with a finite logit, sorted by logit (descending, ties to
-/// the lower id); at least one.
-fn finite_sorted(logits: &[f32]) -> Vec<(u32, f32)> {
-    let mut cand = crate::cpu::top_k(logits, logits.len());
+/// The tokens with a finite logit, sorted by logit (descending, ties to
+/// the lower id), the first `top_k` only (0: all); at least one.
+fn finite_sorted(logits: &[f32], top_k: usize) -> Vec<(u32, f32)> {
+    let k = if top_k == 0 {
+        logits.len()
+    } else {
+        top_k.min(logits.len())
+    };
+    let mut cand = crate::cpu::top_k(logits, k);
     // Masked tokens (-inf) are never drawn.
     let finite = cand.iter().take_while(|c| c.1 > f32::NEG_INFINITY).count();
     cand.truncate(finite.max(1));
