@@ -207,7 +207,7 @@ pub fn generate_with(
     tokenizer: Option<&Tokenizer>,
     sampler: &mut Sampler,
     req: &Request,
-    mut spec: Option<&mut Speculation>,
+    spec: Option<&mut Speculation>,
     mut on_text: impl FnMut(&str) -> std::io::Result<()>,
 ) -> Result<Generation> {
     if req.prompt_ids.is_empty() {
@@ -263,7 +263,7 @@ pub fn generate_with(
     }
     let mut stats = spec.as_deref().map(Speculation::stats);
     if out.push(first, &mut on_text)? && !grammar_done(sampler, &mut out) {
-        if let (Some(spec), Some(stats)) = (spec.as_deref_mut(), stats.as_mut()) {
+        if let (Some(spec), Some(stats)) = (spec, stats.as_mut()) {
             let mut last = first;
             loop {
                 let budget = out.max_tokens - out.generated.len();

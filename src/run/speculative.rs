@@ -30,6 +30,8 @@ pub const LOOKUP_NGRAM_MAX: usize = 3;
 pub const MAX_DRAFT: usize = 16;
 
 /// Where the drafts come from.
+// One per generation: the model variant's sampler costs nothing worth a box.
+#[allow(clippy::large_enum_variant)]
 pub enum Drafter<'a> {
     /// Prompt lookup over the prompt and the output so far.
     Lookup,
@@ -50,6 +52,9 @@ pub struct Speculation<'a> {
     /// Most tokens drafted per verification (1..=[`MAX_DRAFT`]).
     pub max_draft: usize,
 }
+
+/// Draft tokens, and for sampled drafts the drafter's distribution at each.
+type Drafts = (Vec<u32>, Vec<Vec<(u32, f32)>>);
 
 /// What speculation did in one generation (in `--json` and the timings
 /// line).
@@ -104,7 +109,7 @@ impl Speculation<'_> {
         k: usize,
         greedy: bool,
         stats: &mut SpecStats,
-    ) -> Result<(Vec<u32>, Vec<Vec<(u32, f32)>>)> {
+    ) -> Result<Drafts> {
         if k == 0 {
             return Ok((Vec::new(), Vec::new()));
         }
