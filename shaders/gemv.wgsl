@@ -11,13 +11,14 @@
 //                at position pos = step[1]: B, C, X = rows o, rows + o, 2 rows + o
 //                of W times n; bx = B X; y[c] = C * (sum_j<L-1 conv[c, j]
 //                bx(pos - L + 1 + j) + conv[c, L-1] bx). The state is a ring of
-//                L rows [L, hidden]: bx of position q in row q % L. L - 1 rows
-//                are read, bx(pos) is written over the oldest; the spare row
-//                lets a step be undone by not advancing pos.
+//                `ring` rows [ring, hidden] (ring >= L): bx of position q in
+//                row q % ring. L - 1 rows are read, bx(pos) is written over
+//                the oldest; the spare rows let steps be undone by moving pos
+//                back (models::llm::REWIND_DEPTH).
 // The norm is folded in: sum_i W[o, i] x[i] nw[i] is accumulated alongside
 // sum_i x[i]^2, and the result scaled by 1 / sqrt(mean + eps) at the end.
 // bindings: 0 params, 1 w: array<u32> (chunk), 2 x: array<f32> (k from x_off),
-//           NORM: 3 nw (k); CONV: 4 conv [hidden, L], 5 state [L, hidden],
+//           NORM: 3 nw (k); CONV: 4 conv [hidden, L], 5 state [ring, hidden],
 //           6 step: array<u32> [token, pos, ...];
 //           last: y (read_write)
 // dispatch: ceil(rows / R) workgroups of WG threads (a power of two: 256
@@ -36,6 +37,10 @@ struct Params {
     eps: f32,
     conv_l: u32,    // CONV: taps
     hidden: u32,    // CONV: channels (the state's row length)
+    ring: u32,      // CONV: rows of the state
+    _p0: u32,
+    _p1: u32,
+    _p2: u32,
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
@@ -230,12 +235,13 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     let pos = step[1];
     let bx = v0 * v2;
     var a = 0.0;
+    let ring = p.ring;
     for (var j = 0u; j + 1u < l; j++) {
-        // Position pos - (l - 1) + j, congruent to pos + 1 + j mod l.
-        a += conv[c * l + j] * state[((pos + 1u + j) % l) * p.hidden + c];
+        // Position pos - (l - 1) + j, congruent to pos + ring - (l - 1) + j.
+        a += conv[c * l + j] * state[((pos + ring + 1u + j - l) % ring) * p.hidden + c];
     }
     a += conv[c * l + l - 1u] * bx;
-    state[(pos % l) * p.hidden + c] = bx;
+    state[(pos % ring) * p.hidden + c] = bx;
     y[o] = v1 * a;
 #else
 #if ADD

@@ -2,10 +2,10 @@
 // positions pos0 = step[1] onwards, continuing from and updating the state:
 // bx[t] = B[t] * X[t]; y[t, c] = C[t, c] * sum_j conv[c, j] seq[t + j, c],
 // where seq is bx of positions pos0 - (l - 1) .. pos0 + n - 1. bcx holds B, C,
-// X side by side. The state is the ring gemv_conv keeps: [l, hidden], bx of
-// position q in row q % l.
-// bindings: 0 params {hidden, n, l}, 1 bcx: [n, 3 hidden], 2 conv: [hidden, l],
-//           3 state: [l, hidden] (read_write), 4 step: array<u32> [token, pos0, ...],
+// X side by side. The state is the ring gemv_conv keeps: [ring, hidden]
+// (ring >= l), bx of position q in row q % ring.
+// bindings: 0 params {hidden, n, l, ring}, 1 bcx: [n, 3 hidden], 2 conv: [hidden, l],
+//           3 state: [ring, hidden] (read_write), 4 step: array<u32> [token, pos0, ...],
 //           5 y: [n, hidden] (read_write)
 // dispatch: (ceil(hidden / 64), ceil(n / TOK)) workgroups of 64 threads, one
 //           channel each, over a block of TOK tokens; needs l - 1 <= TOK
@@ -15,7 +15,7 @@
 // after its own reads: the other blocks never touch it, and no two
 // workgroups race on it.
 
-struct Params { hidden: u32, n: u32, l: u32, _p0: u32 }
+struct Params { hidden: u32, n: u32, l: u32, ring: u32 }
 
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read> bcx: array<f32>;
@@ -31,8 +31,8 @@ fn bx(t: u32, c: u32) -> f32 {
 fn seq(i: u32, c: u32, pos0: u32) -> f32 {
     let hist = p.l - 1u;
     if (i < hist) {
-        // Position pos0 - hist + i, congruent to pos0 + 1 + i mod l.
-        return state[((pos0 + 1u + i) % p.l) * p.hidden + c];
+        // Position pos0 - hist + i, congruent to pos0 + ring - hist + i.
+        return state[((pos0 + p.ring - hist + i) % p.ring) * p.hidden + c];
     }
     return bx(i - hist, c);
 }
@@ -57,8 +57,9 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(workgroup_id) wi
     if (wid.y != 0u) {
         return;
     }
-    // The chunk's last (up to l) positions into their rows, after all reads.
-    for (var t = select(0u, p.n - p.l, p.n > p.l); t < p.n; t++) {
-        state[((pos0 + t) % p.l) * p.hidden + c] = bx(t, c);
+    // The chunk's last (up to ring) positions into their rows, after all
+    // reads.
+    for (var t = select(0u, p.n - p.ring, p.n > p.ring); t < p.n; t++) {
+        state[((pos0 + t) % p.ring) * p.hidden + c] = bx(t, c);
     }
 }

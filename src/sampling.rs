@@ -70,6 +70,8 @@ pub struct Sampler {
     opts: SamplingOptions,
     rng: Rng,
     constraint: Option<Constraint>,
+    /// Always mask the whole vocabulary ([`Sampler::set_full_mask`]).
+    full_mask: bool,
     /// What went wrong in the constraint, for the generation loop to report.
     error: Option<Error>,
     logprobs: Vec<TokenLogprob>,
@@ -84,6 +86,7 @@ impl Sampler {
             opts,
             rng,
             constraint: None,
+            full_mask: false,
             error: None,
             logprobs: Vec::new(),
         }
@@ -92,6 +95,14 @@ impl Sampler {
     /// Masks every token `constraint` does not allow from now on.
     pub fn set_constraint(&mut self, constraint: Constraint) {
         self.constraint = Some(constraint);
+    }
+
+    /// `true` computes the grammar's mask over the whole vocabulary at
+    /// every step, even where checking the most likely tokens alone settles
+    /// the draw: the reference the faster path is tested and measured
+    /// against (the draw is the same either way).
+    pub fn set_full_mask(&mut self, on: bool) {
+        self.full_mask = on;
     }
 
     /// The constraint has matched a whole output and nothing can follow.
@@ -136,7 +147,69 @@ impl Sampler {
 
     /// Picks the next token given the logits and the tokens so far.
     pub fn sample(&mut self, logits: &[f32], history: &[u32]) -> u32 {
-        let raw = logits;
+        if let Some(token) = self.sample_unmasked(logits, history) {
+            self.commit(logits, token);
+            return token;
+        }
+        let adjusted = self.adjust(logits, history);
+        let token = if self.opts.temperature <= 0.0 {
+            argmax(&adjusted) as u32
+        } else {
+            let cand = finite_sorted(&adjusted, self.opts.top_k);
+            self.sample_sorted(cand)
+        };
+        self.commit(logits, token);
+        token
+    }
+
+    /// With a grammar, the draw [`Sampler::sample`] makes, found without
+    /// the grammar's mask over the whole vocabulary where the draw depends
+    /// only on the most likely tokens: greedy, the argmax if the grammar
+    /// allows it; with top-k, the first k allowed tokens among the 4k most
+    /// likely. Each is checked alone ([`Constraint::allows`]). None when
+    /// that does not settle it (then the full mask is computed).
+    fn sample_unmasked(&mut self, logits: &[f32], history: &[u32]) -> Option<u32> {
+        self.constraint.as_ref()?;
+        if self.full_mask {
+            return None;
+        }
+        let greedy = self.opts.temperature <= 0.0;
+        if !greedy && self.opts.top_k == 0 {
+            return None;
+        }
+        let mut adjusted = logits.to_vec();
+        for &(id, bias) in &self.opts.logit_bias {
+            if let Some(l) = adjusted.get_mut(id as usize) {
+                *l += bias;
+            }
+        }
+        self.penalise(&mut adjusted, history);
+        let c = self.constraint.as_mut().expect("checked above");
+        if greedy {
+            let t = argmax(&adjusted) as u32;
+            return (adjusted[t as usize] > f32::NEG_INFINITY && c.allows(t)).then_some(t);
+        }
+        let k = self.opts.top_k;
+        let wide = crate::cpu::top_k(&adjusted, (4 * k).min(adjusted.len()));
+        let mut allowed = Vec::with_capacity(k);
+        for &(id, l) in &wide {
+            if l == f32::NEG_INFINITY || allowed.len() == k {
+                break;
+            }
+            if c.allows(id) {
+                allowed.push((id, l));
+            }
+        }
+        // Fewer than k allowed among them: a token further down may still
+        // be among the k, so the mask decides.
+        if allowed.len() < k {
+            return None;
+        }
+        Some(self.sample_sorted(allowed))
+    }
+
+    /// The logits after bias, penalties and the grammar's mask.
+    fn adjust(&mut self, logits: &[f32], history: &[u32]) -> Vec<f32> {
         let mut logits = logits.to_vec();
         for &(id, bias) in &self.opts.logit_bias {
             if let Some(l) = logits.get_mut(id as usize) {
@@ -160,15 +233,14 @@ impl Sampler {
                 ));
             }
         }
-        let token = if self.opts.temperature <= 0.0 {
-            argmax(&logits) as u32
-        } else {
-            let mut cand = crate::cpu::top_k(&logits, logits.len());
-            // Masked tokens (-inf) are never drawn.
-            let finite = cand.iter().take_while(|c| c.1 > f32::NEG_INFINITY).count();
-            cand.truncate(finite.max(1));
-            self.sample_sorted(cand)
-        };
+        logits
+    }
+
+    /// Takes `token` as the one chosen after the model's `raw` logits: the
+    /// grammar moves past it and its log probability is recorded. What
+    /// [`Sampler::sample`] does after its draw; for callers that choose by
+    /// other means ([`Sampler::distribution`], speculative decoding).
+    pub fn commit(&mut self, raw: &[f32], token: u32) {
         if let Some(c) = self.constraint.as_mut() {
             if self.error.is_none() {
                 if let Err(e) = c.accept(token) {
@@ -179,7 +251,40 @@ impl Sampler {
         if let Some(n) = self.opts.logprobs {
             self.logprobs.push(logprob(raw, token, n));
         }
-        token
+    }
+
+    /// The distribution [`Sampler::sample`] draws from: (id, probability)
+    /// of every token it can pick, most likely first, summing to 1 (the
+    /// argmax alone when greedy). Nothing is committed.
+    pub fn distribution(&mut self, logits: &[f32], history: &[u32]) -> Vec<(u32, f32)> {
+        let adjusted = self.adjust(logits, history);
+        if self.opts.temperature <= 0.0 {
+            return vec![(argmax(&adjusted) as u32, 1.0)];
+        }
+        let (cand, p) = self.filter_sorted(finite_sorted(&adjusted, self.opts.top_k));
+        cand.into_iter()
+            .zip(p)
+            .map(|((id, _), p)| (id, p))
+            .collect()
+    }
+
+    /// A uniform draw from [0, 1) of the seeded generator.
+    pub fn uniform(&mut self) -> f32 {
+        self.rng.next_f32()
+    }
+
+    /// A draw from `dist` ((id, weight) pairs; weights need not sum to 1).
+    pub fn draw(&mut self, dist: &[(u32, f32)]) -> u32 {
+        let total: f32 = dist.iter().map(|d| d.1).sum();
+        let r = self.rng.next_f32() * total;
+        let mut cum = 0.0;
+        for &(id, p) in dist {
+            cum += p;
+            if r < cum {
+                return id;
+            }
+        }
+        dist.last().expect("a non-empty distribution").0
     }
 
     /// Repetition, frequency and presence penalties over the last
@@ -231,7 +336,22 @@ impl Sampler {
 
     /// Top-k, top-p, min-p, temperature and the draw over candidates sorted
     /// by logit, descending.
-    fn sample_sorted(&mut self, mut cand: Vec<(u32, f32)>) -> u32 {
+    fn sample_sorted(&mut self, cand: Vec<(u32, f32)>) -> u32 {
+        let (cand, p) = self.filter_sorted(cand);
+        let r = self.rng.next_f32();
+        let mut cum = 0.0;
+        for (c, pi) in cand.iter().zip(&p) {
+            cum += pi;
+            if r < cum {
+                return c.0;
+            }
+        }
+        cand.last().expect("at least one candidate").0
+    }
+
+    /// Top-k, top-p, min-p and temperature over candidates sorted by logit,
+    /// descending: the candidates left and their probabilities.
+    fn filter_sorted(&self, mut cand: Vec<(u32, f32)>) -> (Vec<(u32, f32)>, Vec<f32>) {
         if self.opts.top_k > 0 {
             cand.truncate(self.opts.top_k.max(1));
         }
@@ -264,16 +384,23 @@ impl Sampler {
             c.1 /= self.opts.temperature;
         }
         let p = probs(&cand);
-        let r = self.rng.next_f32();
-        let mut cum = 0.0;
-        for (c, pi) in cand.iter().zip(&p) {
-            cum += pi;
-            if r < cum {
-                return c.0;
-            }
-        }
-        cand.last().expect("at least one candidate").0
+        (cand, p)
     }
+}
+
+/// The tokens with a finite logit, sorted by logit (descending, ties to
+/// the lower id), the first `top_k` only (0: all); at least one.
+fn finite_sorted(logits: &[f32], top_k: usize) -> Vec<(u32, f32)> {
+    let k = if top_k == 0 {
+        logits.len()
+    } else {
+        top_k.min(logits.len())
+    };
+    let mut cand = crate::cpu::top_k(logits, k);
+    // Masked tokens (-inf) are never drawn.
+    let finite = cand.iter().take_while(|c| c.1 > f32::NEG_INFINITY).count();
+    cand.truncate(finite.max(1));
+    cand
 }
 
 /// Log-softmax of `logits` at `token`, and the `n` most likely tokens'.

@@ -364,9 +364,10 @@ pub fn matvec_same_input(ws: &[&Tensor], x: &[f32], ys: &mut [&mut [f32]], act: 
     }
 }
 
-/// Several single-token products at once: x: [m, k] -> y: [m, n], each
-/// row exactly what [`matvec_with`] gives for it alone, with each weight row
-/// read once for all m (batched decode).
+/// [`matvec_with`] of `m` inputs at once: x: [m, k] -> y: [m, n], each row
+/// bit for bit what `matvec_with` gives it (the same dot of each weight row
+/// with each input), while every weight row is read once for all `m`
+/// (checking drafted tokens computes them as decode steps would).
 pub fn matvec_rows(w: &Tensor, x: &[f32], m: usize, y: &mut [f32], act: Activations) {
     let (n, k) = (w.rows(), w.row_len());
     assert_eq!(
@@ -389,8 +390,12 @@ pub fn matvec_rows(w: &Tensor, x: &[f32], m: usize, y: &mut [f32], act: Activati
     }
     let rb = w.row_bytes();
     let bytes = w.bytes();
-    let dots: Vec<quant::fast::RowDot> =
-        x.chunks_exact(k).map(|r| act.row_dot(w.dtype, r)).collect();
+    let dots: Vec<quant::fast::RowDot> = x
+        .chunks_exact(k)
+        .map(|xi| act.row_dot(w.dtype, xi))
+        .collect();
+    // Computed transposed ([n, m], one weight row per item), then
+    // transposed into y.
     let mut yt = vec![0.0f32; n * m];
     yt.par_chunks_mut(m)
         .enumerate()
@@ -461,6 +466,25 @@ mod tests {
     fn weights(dtype: GgmlType, n: usize, k: usize, seed: u64) -> Tensor {
         let data = Rng::new(seed).vec(n * k, -1.0, 1.0);
         Tensor::quantize_f32("w", vec![n, k], &data, dtype).unwrap()
+    }
+
+    #[test]
+    fn matvec_rows_equals_one_matvec_per_row() {
+        for (dtype, act) in [
+            (GgmlType::Q4_0, Activations::Int8),
+            (GgmlType::Q8_0, Activations::F32),
+            (GgmlType::F32, Activations::F32),
+        ] {
+            let w = weights(dtype, 37, 64, 5);
+            let x = Rng::new(6).vec(3 * 64, -2.0, 2.0);
+            let mut y = vec![f32::NAN; 3 * 37];
+            matvec_rows(&w, &x, 3, &mut y, act);
+            for i in 0..3 {
+                let mut want = vec![0.0; 37];
+                matvec_with(&w, &x[i * 64..(i + 1) * 64], &mut want, act);
+                assert_eq!(&y[i * 37..(i + 1) * 37], &want[..], "{dtype:?} row {i}");
+            }
+        }
     }
 
     #[test]

@@ -3,8 +3,9 @@
 use crate::grammar::{json_schema, Constraint, Grammar, TokenTable};
 use crate::models::{self, LoadOptions};
 use crate::run::chat::{ChatTemplate, Message};
-use crate::run::generate::{generate, FinishReason, Request};
+use crate::run::generate::{generate_with, FinishReason, Request};
 use crate::run::sampling::{Sampler, SamplingOptions};
+use crate::run::speculative::{Drafter, Speculation};
 use crate::tensor::Activations;
 use anyhow::{bail, Context};
 use clap::Parser;
@@ -129,6 +130,45 @@ pub struct Args {
     #[arg(long, value_name = "FILE")]
     pub json_schema: Option<PathBuf>,
 
+    /// Chat: read turns from standard input, one a line (with a prompt on a
+    /// terminal), each answered with the chat template applied to the whole
+    /// conversation; the KV cache is kept between turns, so only a turn's
+    /// new tokens are prefilled. --prompt/--file is the first turn; end of
+    /// input (Ctrl-D) ends the chat. With --json, one object per turn.
+    #[arg(short = 'i', long, conflicts_with_all = ["messages", "prompt_ids", "prompt_cache"])]
+    pub interactive: bool,
+
+    /// Save the state after the prompt in FILE, and on a later run whose
+    /// prompt starts with the same tokens load it instead of prefilling
+    /// them (llama.cpp's --prompt-cache). The file is tied to the model: one
+    /// made by another model, damaged or of another version is an error.
+    #[arg(long, value_name = "FILE")]
+    pub prompt_cache: Option<PathBuf>,
+
+    /// With --prompt-cache: use the file but never write it.
+    #[arg(long, requires = "prompt_cache")]
+    pub prompt_cache_ro: bool,
+
+    /// Speculative decoding with prompt lookup: draft the tokens that
+    /// followed the latest earlier occurrence of the last 3, 2 or 1 tokens
+    /// (prompt and output), and check them in one forward (llama.cpp's
+    /// llama-lookup). Greedy output is unchanged; sampled output keeps its
+    /// distribution.
+    #[arg(long, conflicts_with = "draft_model")]
+    pub lookup: bool,
+
+    /// Speculative decoding with a small draft model of the same
+    /// vocabulary (GGUF or Hugging Face directory, on the same device),
+    /// as llama.cpp's --model-draft.
+    #[arg(long, visible_alias = "model-draft", value_name = "PATH")]
+    pub draft_model: Option<PathBuf>,
+
+    /// With --lookup or --draft-model: most tokens drafted per check, 1-16
+    /// [default: 8].
+    #[arg(long, visible_alias = "draft-max", value_name = "N",
+          value_parser = clap::value_parser!(u16).range(1..=16))]
+    pub draft: Option<u16>,
+
     /// Random seed; the same seed gives the same output. Default: from the clock.
     #[arg(short = 's', long)]
     pub seed: Option<u64>,
@@ -180,6 +220,9 @@ fn prompt_text(args: &Args) -> anyhow::Result<Option<String>> {
     Ok(Some(text))
 }
 
+/// Tokens drafted per check without --draft.
+pub const DEFAULT_DRAFT: usize = 8;
+
 /// Tokens generated without -n (fewer when the context ends first).
 pub const DEFAULT_MAX_TOKENS: usize = 256;
 
@@ -189,6 +232,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         && args.file.is_none()
         && args.prompt_ids.is_none()
         && args.messages.is_none()
+        && !args.interactive
     {
         return Err(super::usage(
             "no prompt: pass --prompt TEXT (or - for stdin), --file FILE, --messages FILE or --prompt-ids",
@@ -197,11 +241,27 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     if args.prompt_ids.as_ref().is_some_and(|ids| ids.is_empty()) {
         return Err(super::usage("--prompt-ids is empty"));
     }
+    if !args.lookup && args.draft_model.is_none() && args.draft.is_some() {
+        return Err(super::usage("--draft needs --lookup or --draft-model"));
+    }
+    if let Some(path) = args
+        .prompt_cache
+        .as_deref()
+        .filter(|_| !args.prompt_cache_ro)
+    {
+        // Before the model loads: a path that cannot be written fails at once.
+        crate::util::atomic_write::check(path, true)?;
+    }
     if let Some(n) = args.threads {
         // Fails only when a pool exists already (a library caller's); keep it.
         let _ = rayon::ThreadPoolBuilder::new()
             .num_threads(n)
             .build_global();
+    }
+    if args.interactive && args.prompt.as_deref() == Some("-") {
+        return Err(super::usage(
+            "--interactive reads its turns from standard input: pass the first one with --prompt TEXT or --file",
+        ));
     }
     let text = prompt_text(&args)?;
     let model_path = match &args.model {
@@ -213,18 +273,20 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         device.cpu = true;
     }
     // Load errors already name the file.
-    let opts = LoadOptions {
+    let opts_load = LoadOptions {
         device: device.choice(),
         weight_type: None,
         // Decode on the CPU with int8 inputs to the quantised products, as
         // llama.cpp does.
         cpu_activations: Activations::Int8,
     };
-    let mut loaded = models::load_llm(&model_path, &opts)?;
+    let mut loaded = models::load_llm(&model_path, &opts_load)?;
     crate::util::log::notice(&loaded.describe());
     let tokenizer = loaded.tokenizer.as_ref();
 
+    let interactive_first = if args.interactive { text.clone() } else { None };
     let prompt_ids = match (&args.prompt_ids, text) {
+        _ if args.interactive => Vec::new(),
         (Some(ids), _) => ids.clone(),
         (None, _) if args.messages.is_some() => {
             let path = args.messages.as_ref().expect("checked");
@@ -308,6 +370,17 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let context = args.ctx_size.map_or(loaded.model.config().context, |c| {
         c.min(loaded.model.config().context)
     });
+    if args.interactive {
+        return interactive(
+            &args,
+            &model_path,
+            &mut loaded,
+            &opts_load,
+            opts,
+            context,
+            interactive_first,
+        );
+    }
     let room = context.saturating_sub(prompt_ids.len());
     if room == 0 {
         bail!(
@@ -326,35 +399,38 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         None => DEFAULT_MAX_TOKENS.min(room),
     };
     let seed = opts.seed;
-    let mut sampler = Sampler::new(opts);
     let eos = tokenizer.map(|t| t.eos_ids.clone()).unwrap_or_default();
-    if let Some(grammar) = load_grammar(&args)? {
-        let Some(tok) = tokenizer else {
-            bail!(
-                "{}: has no tokenizer, which --grammar and --json-schema need",
-                model_path.display()
-            );
-        };
-        let mut bytes = tok.token_bytes();
-        bytes.resize(vocab, None);
-        let table = std::rc::Rc::new(TokenTable::new(bytes));
-        sampler.set_constraint(Constraint::new(grammar, table, eos.clone()));
-    }
+    let grammar = grammar_table(&args, &model_path, tokenizer, vocab)?;
+    let mut sampler = new_sampler(opts, grammar.as_ref(), &eos);
     let req = Request {
         prompt_ids,
         max_tokens,
         eos_ids: &eos,
         stop: &args.stop,
     };
+    let mut draft = load_draft(&args, &loaded, &opts_load)?;
+    let mut spec = speculation(&args, draft.as_mut(), sampler.options());
+
+    let cache = match &args.prompt_cache {
+        Some(path) => Some(use_prompt_cache(
+            path,
+            !args.prompt_cache_ro,
+            &model_path,
+            loaded.model.as_mut(),
+            &req.prompt_ids,
+        )?),
+        None => None,
+    };
 
     let stdout = std::io::stdout();
     let mut out = stdout.lock();
     let streaming = !args.json;
-    let gen = generate(
+    let mut gen = generate_with(
         loaded.model.as_mut(),
         tokenizer,
         &mut sampler,
         &req,
+        spec.as_mut(),
         |piece| {
             if streaming {
                 out.write_all(piece.as_bytes())?;
@@ -369,8 +445,28 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         }
         e => e.into(),
     })?;
+    if let Some(c) = &cache {
+        // The prompt as a whole: what came from the file, and the prefill
+        // before the save.
+        let t = &mut gen.timings;
+        t.cached_tokens = c.reused;
+        t.prefill_ms += c.prefill_ms;
+        let new = (t.prompt_tokens - c.reused) as f64;
+        t.prefill_tok_per_s = if t.prefill_ms > 0.0 {
+            new / (t.prefill_ms / 1e3)
+        } else {
+            0.0
+        };
+    }
     if args.json {
         let mut v = serde_json::to_value(&gen)?;
+        if let Some(c) = &cache {
+            v["prompt_cache"] = serde_json::json!({
+                "path": c.path.display().to_string(),
+                "reused_tokens": c.reused,
+                "saved_tokens": c.saved,
+            });
+        }
         v["seed"] = seed.into();
         v["model"] = model_path.display().to_string().into();
         v["backend"] = loaded.backend_name().into();
@@ -386,14 +482,355 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             FinishReason::Length if max_tokens == room => "context full",
             FinishReason::Length => "token limit",
         };
+        let spec = gen.speculative.as_ref().map_or(String::new(), |s| {
+            format!(
+                " | {}: {}/{} drafted accepted ({:.0}%), {:.2} tokens/forward",
+                s.drafter,
+                s.accepted,
+                s.drafted,
+                100.0 * s.acceptance_rate,
+                s.tokens_per_forward
+            )
+        });
         crate::util::log::notice(&format!(
-            "\nprompt: {} tokens, {:.1} tok/s | generated: {} tokens, {:.1} tok/s | finish: {finish} | seed {}",
+            "\nprompt: {} tokens, {:.1} tok/s | generated: {} tokens, {:.1} tok/s | finish: {finish} | seed {}{spec}",
             t.prompt_tokens,
             t.prefill_tok_per_s,
             t.generated_tokens,
             t.decode_tok_per_s,
             seed
         ));
+    }
+    Ok(())
+}
+
+/// --grammar or --json-schema compiled, with the vocabulary's bytes.
+type GrammarTable = (Grammar, std::rc::Rc<TokenTable>);
+
+fn grammar_table(
+    args: &Args,
+    model_path: &std::path::Path,
+    tokenizer: Option<&crate::tokenizer::Tokenizer>,
+    vocab: usize,
+) -> anyhow::Result<Option<GrammarTable>> {
+    let Some(grammar) = load_grammar(args)? else {
+        return Ok(None);
+    };
+    let Some(tok) = tokenizer else {
+        bail!(
+            "{}: has no tokenizer, which --grammar and --json-schema need",
+            model_path.display()
+        );
+    };
+    let mut bytes = tok.token_bytes();
+    bytes.resize(vocab, None);
+    Ok(Some((grammar, std::rc::Rc::new(TokenTable::new(bytes)))))
+}
+
+/// A sampler with `opts`, constrained by the grammar when there is one.
+fn new_sampler(opts: SamplingOptions, grammar: Option<&GrammarTable>, eos: &[u32]) -> Sampler {
+    let mut sampler = Sampler::new(opts);
+    if let Some((g, table)) = grammar {
+        sampler.set_constraint(Constraint::new(g.clone(), table.clone(), eos.to_vec()));
+    }
+    sampler
+}
+
+/// --draft-model, loaded on the model's device and checked against it.
+fn load_draft(
+    args: &Args,
+    loaded: &models::LoadedLlm,
+    opts: &LoadOptions,
+) -> anyhow::Result<Option<models::LoadedLlm>> {
+    let Some(path) = &args.draft_model else {
+        return Ok(None);
+    };
+    let d = models::load_llm(path, opts)?;
+    crate::util::log::notice(&format!("draft {}", d.describe()));
+    check_draft_vocab(loaded, &d, path)?;
+    Ok(Some(d))
+}
+
+/// --lookup or --draft-model as a [`Speculation`]; None without either.
+fn speculation<'a>(
+    args: &Args,
+    draft: Option<&'a mut models::LoadedLlm>,
+    opts: &SamplingOptions,
+) -> Option<Speculation<'a>> {
+    let max_draft = args.draft.map_or(DEFAULT_DRAFT, usize::from);
+    if args.lookup {
+        return Some(Speculation {
+            drafter: Drafter::Lookup,
+            max_draft,
+        });
+    }
+    draft.map(|d| Speculation {
+        drafter: Drafter::Model {
+            model: d.model.as_mut(),
+            sampler: Sampler::new(SamplingOptions {
+                logprobs: None,
+                seed: opts.seed ^ 0x9e37_79b9_7f4a_7c15,
+                ..opts.clone()
+            }),
+            consumed: Vec::new(),
+        },
+        max_draft,
+    })
+}
+
+/// `-i`: a chat. Turns come from standard input, one per line (a prompt
+/// on a terminal); each is added to the conversation, which is rendered
+/// with the chat template, and only the tokens the model does not hold
+/// yet are prefilled. Ends at end of input (Ctrl-D).
+#[allow(clippy::too_many_arguments)]
+fn interactive(
+    args: &Args,
+    model_path: &std::path::Path,
+    loaded: &mut models::LoadedLlm,
+    load_opts: &LoadOptions,
+    opts: SamplingOptions,
+    context: usize,
+    first: Option<String>,
+) -> anyhow::Result<()> {
+    use std::io::{BufRead, IsTerminal};
+    // The draft is checked against the tokenizer before it moves out.
+    let mut draft = load_draft(args, loaded, load_opts)?;
+    let Some(tok) = loaded.tokenizer.take() else {
+        bail!(
+            "{}: has no tokenizer, which --interactive needs",
+            model_path.display()
+        );
+    };
+    let template = match (&tok.chat_template, args.raw) {
+        (Some(t), false) => Some(ChatTemplate::new(
+            t,
+            tok.bos_token.as_deref(),
+            tok.eos_token.as_deref(),
+        )),
+        _ => None,
+    };
+    let vocab = loaded.model.config().vocab;
+    let eos = tok.eos_ids.clone();
+    let grammar = grammar_table(args, model_path, Some(&tok), vocab)?;
+    let mut spec = speculation(args, draft.as_mut(), &opts);
+    let mut messages = Vec::new();
+    if let Some(sys) = &args.system {
+        messages.push(Message::new("system", sys));
+    }
+    // The tokens the model has consumed.
+    let mut held: Vec<u32> = Vec::new();
+    let stdin = std::io::stdin();
+    let terminal = stdin.is_terminal();
+    let mut lines = stdin.lock().lines();
+    let mut pending = first;
+    let stdout = std::io::stdout();
+    for turn in 0u64.. {
+        let line = match pending.take() {
+            Some(t) => t,
+            None => {
+                if terminal {
+                    eprint!("> ");
+                    std::io::stderr().flush()?;
+                }
+                match lines.next() {
+                    None => break,
+                    Some(l) => l.context("reading a turn from standard input")?,
+                }
+            }
+        };
+        if line.trim().is_empty() {
+            continue;
+        }
+        messages.push(Message::new("user", &line));
+        let ids = match &template {
+            Some(t) => tok.encode(&t.render(&messages, true)?, false)?,
+            None => {
+                let mut ids = held.clone();
+                ids.extend(tok.encode(&format!("{line}\n"), held.is_empty())?);
+                ids
+            }
+        };
+        let room = context.saturating_sub(ids.len());
+        if room == 0 {
+            bail!(
+                "the conversation ({} tokens) fills the context of {context} tokens",
+                ids.len()
+            );
+        }
+        let max_tokens = args.max_tokens.unwrap_or(DEFAULT_MAX_TOKENS).min(room);
+        keep_common_prefix(loaded.model.as_mut(), &held, &ids)?;
+        let mut sampler = new_sampler(
+            SamplingOptions {
+                seed: opts.seed.wrapping_add(turn),
+                ..opts.clone()
+            },
+            grammar.as_ref(),
+            &eos,
+        );
+        let req = Request {
+            prompt_ids: ids.clone(),
+            max_tokens,
+            eos_ids: &eos,
+            stop: &args.stop,
+        };
+        let mut out = stdout.lock();
+        let gen = generate_with(
+            loaded.model.as_mut(),
+            Some(&tok),
+            &mut sampler,
+            &req,
+            spec.as_mut(),
+            |piece| {
+                if !args.json {
+                    out.write_all(piece.as_bytes())?;
+                    out.flush()?;
+                }
+                Ok(())
+            },
+        )?;
+        held = ids;
+        held.extend_from_slice(&gen.generated_ids);
+        held.truncate(loaded.model.position());
+        if args.json {
+            let mut v = serde_json::to_value(&gen)?;
+            v["turn"] = turn.into();
+            writeln!(out, "{v}")?;
+        } else {
+            writeln!(out)?;
+            let t = &gen.timings;
+            crate::util::log::notice(&format!(
+                "[prompt: {} new tokens ({} kept), {:.1} tok/s | generated: {} tokens, {:.1} tok/s]",
+                t.prompt_tokens - t.cached_tokens,
+                t.cached_tokens,
+                t.prefill_tok_per_s,
+                t.generated_tokens,
+                t.decode_tok_per_s
+            ));
+        }
+        messages.push(Message::new("assistant", &gen.text));
+    }
+    Ok(())
+}
+
+/// Keeps what `model` holds of `prompt`: the common prefix of `held` (the
+/// tokens it has consumed) and `prompt`, less the prompt's last token;
+/// starts over when the model cannot rewind that far.
+fn keep_common_prefix(
+    model: &mut dyn crate::models::llm::CausalLm,
+    held: &[u32],
+    prompt: &[u32],
+) -> anyhow::Result<()> {
+    let shared = crate::run::prompt_cache::common_prefix(held, prompt).min(prompt.len() - 1);
+    if shared >= model.min_truncate_pos() {
+        model.truncate(shared)?;
+    } else {
+        model.reset();
+    }
+    Ok(())
+}
+
+/// What --prompt-cache did.
+struct CacheUse {
+    path: PathBuf,
+    /// Prompt tokens loaded from the file.
+    reused: usize,
+    /// Prompt tokens whose state was written (None: not written).
+    saved: Option<usize>,
+    /// Time spent prefilling before the save.
+    prefill_ms: f64,
+}
+
+/// Loads the longest usable prefix of `prompt` from the cache at `path`
+/// into `model`, then (when `write`) prefills the prompt up to its last
+/// token and saves that state, unless the file holds it already. The last
+/// token is left for the generation, which needs its logits.
+fn use_prompt_cache(
+    path: &std::path::Path,
+    write: bool,
+    model_path: &std::path::Path,
+    model: &mut dyn crate::models::llm::CausalLm,
+    prompt: &[u32],
+) -> anyhow::Result<CacheUse> {
+    use crate::run::prompt_cache::{common_prefix, model_fingerprint, PromptCache};
+    let cfg = model.config().clone();
+    let fingerprint = model_fingerprint(model_path, &cfg)?;
+    let upto = prompt.len() - 1;
+    let mut reused = 0;
+    let mut held_tokens = None;
+    if path.exists() {
+        let pc = PromptCache::read(path, fingerprint, &cfg)?;
+        let shared = common_prefix(&pc.tokens, prompt).min(upto);
+        if shared > 0 {
+            match pc.state.truncated(shared, &cfg) {
+                Some(st) => {
+                    model.import_state(&st)?;
+                    reused = shared;
+                }
+                None => crate::util::log::notice(&format!(
+                    "{}: shares {shared} tokens with the prompt, but its conv state cannot be cut back to them; prefilling",
+                    path.display()
+                )),
+            }
+        }
+        crate::util::log::notice(&format!(
+            "prompt cache {}: {reused} of {} prompt tokens loaded",
+            path.display(),
+            prompt.len()
+        ));
+        held_tokens = Some(pc.tokens);
+    } else {
+        crate::util::log::notice(&format!(
+            "prompt cache {}: not found{}",
+            path.display(),
+            if write { ", will be created" } else { "" }
+        ));
+    }
+    let t0 = std::time::Instant::now();
+    let mut saved = None;
+    if write && upto > 0 && held_tokens.as_deref() != Some(&prompt[..upto]) {
+        let pos = model.position();
+        if pos < upto {
+            model.forward(&prompt[pos..upto], false)?;
+        }
+        let state = model.export_state()?;
+        let bytes = PromptCache {
+            tokens: prompt[..upto].to_vec(),
+            state,
+        }
+        .encode(fingerprint);
+        crate::util::atomic_write::write_atomic(path, &bytes, true)?;
+        saved = Some(upto);
+    }
+    Ok(CacheUse {
+        path: path.to_path_buf(),
+        reused,
+        saved,
+        prefill_ms: t0.elapsed().as_secs_f64() * 1e3,
+    })
+}
+
+/// A draft model must share the model's vocabulary: the same size and,
+/// where both have tokenizers, the same bytes for every id.
+fn check_draft_vocab(
+    model: &models::LoadedLlm,
+    draft: &models::LoadedLlm,
+    path: &std::path::Path,
+) -> anyhow::Result<()> {
+    let (mv, dv) = (model.model.config().vocab, draft.model.config().vocab);
+    if mv != dv {
+        bail!(
+            "{}: the draft model's vocabulary has {dv} tokens, the model's {mv}",
+            path.display()
+        );
+    }
+    if let (Some(a), Some(b)) = (&model.tokenizer, &draft.tokenizer) {
+        let (ta, tb) = (a.token_bytes(), b.token_bytes());
+        if let Some(id) = (0..ta.len().max(tb.len())).find(|&i| ta.get(i) != tb.get(i)) {
+            bail!(
+                "{}: the draft model's vocabulary differs from the model's (token {id})",
+                path.display()
+            );
+        }
     }
     Ok(())
 }

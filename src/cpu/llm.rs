@@ -368,8 +368,15 @@ pub fn argmax(x: &[f32]) -> usize {
 /// (index, value) pair gives, which sampling draws from.
 pub fn top_k(x: &[f32], k: usize) -> Vec<(u32, f32)> {
     let mut cand: Vec<(u32, f32)> = x.iter().enumerate().map(|(i, &v)| (i as u32, v)).collect();
-    cand.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+    // A total order (ids are distinct), so selecting the first k and then
+    // sorting them gives what sorting everything would: a full sort of a
+    // 262k vocabulary took the sampler ~17 ms a token.
+    let order = |a: &(u32, f32), b: &(u32, f32)| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0));
+    if k > 0 && k < cand.len() {
+        cand.select_nth_unstable_by(k - 1, order);
+    }
     cand.truncate(k);
+    cand.sort_by(order);
     cand
 }
 

@@ -238,8 +238,10 @@ struct GemvParams {
     eps: f32,
     conv_l: u32,
     hidden: u32,
+    ring: u32,
+    _pad: [u32; 3],
 }
-const _: () = assert!(std::mem::size_of::<GemvParams>() == 32);
+const _: () = assert!(std::mem::size_of::<GemvParams>() == 48);
 
 format_kernel!(
     GEMV,
@@ -342,11 +344,13 @@ pub enum GemvEpilogue<'a> {
         eps: f32,
         /// [hidden, taps]
         conv: &'a wgpu::Buffer,
-        /// [taps, hidden]: the ring of gated inputs (gemv.wgsl).
+        /// [ring, hidden]: the ring of gated inputs (gemv.wgsl).
         state: &'a wgpu::Buffer,
         /// [token, pos, ...]: the position of the token.
         step: &'a wgpu::Buffer,
         taps: usize,
+        /// Rows of `state` (at least `taps`).
+        ring: usize,
     },
 }
 
@@ -380,10 +384,18 @@ pub fn gemv(
         "{}: matrix has {} parts",
         kernel.name, w.parts
     );
-    let (eps, taps) = match epi {
-        GemvEpilogue::Norm { eps, .. } | GemvEpilogue::Swiglu { eps, .. } => (*eps, 0),
-        GemvEpilogue::Conv { eps, taps, .. } => (*eps, *taps),
-        _ => (0.0, 0),
+    let (eps, taps, ring) = match epi {
+        GemvEpilogue::Norm { eps, .. } | GemvEpilogue::Swiglu { eps, .. } => (*eps, 0, 0),
+        GemvEpilogue::Conv {
+            eps, taps, ring, ..
+        } => {
+            assert!(
+                ring >= taps,
+                "gemv_conv: a ring of {ring} rows for {taps} taps"
+            );
+            (*eps, *taps, *ring)
+        }
+        _ => (0.0, 0, 0),
     };
     let mut out = Vec::with_capacity(w.chunks.len());
     for c in &w.chunks {
@@ -397,6 +409,8 @@ pub fn gemv(
             eps,
             conv_l: taps as u32,
             hidden: w.rows as u32,
+            ring: ring as u32,
+            _pad: [0; 3],
         };
         let bufs: Vec<&wgpu::Buffer> = match epi {
             GemvEpilogue::Store | GemvEpilogue::Add => vec![&c.buf, x, y],
@@ -1067,7 +1081,7 @@ struct ShortConvParams {
     hidden: u32,
     n: u32,
     taps: u32,
-    _pad: u32,
+    ring: u32,
 }
 const _: () = assert!(std::mem::size_of::<ShortConvParams>() == 16);
 
@@ -1091,7 +1105,7 @@ const SHORT_CONV_TOKENS: usize = 16;
 
 /// LFM2's gated short convolution over `n` tokens at positions `step[1]`..:
 /// bcx [n, 3 hidden] -> y [n, hidden], continuing from and updating the ring
-/// `state` [taps, hidden] (short_conv.wgsl).
+/// `state` [ring, hidden], ring >= taps (short_conv.wgsl).
 #[allow(clippy::too_many_arguments)]
 pub fn short_conv(
     gpu: &Gpu,
@@ -1102,8 +1116,13 @@ pub fn short_conv(
     y: &wgpu::Buffer,
     hidden: usize,
     taps: usize,
+    ring: usize,
     n: usize,
 ) -> Result<Dispatch> {
+    assert!(
+        ring >= taps,
+        "short_conv: a ring of {ring} rows for {taps} taps"
+    );
     if taps > SHORT_CONV_TOKENS + 1 {
         return Err(Error::gpu(format!(
             "short_conv: {taps} taps; the GPU kernel takes at most {}",
@@ -1114,7 +1133,7 @@ pub fn short_conv(
         hidden: hidden as u32,
         n: n as u32,
         taps: taps as u32,
-        _pad: 0,
+        ring: ring as u32,
     };
     Ok(Dispatch {
         bound: gpu.bind(

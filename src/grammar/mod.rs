@@ -430,6 +430,30 @@ impl Constraint {
         })
     }
 
+    /// Whether token `id` may come next: the mask's answer, from the
+    /// cached mask when there is one, else by running the token's bytes
+    /// through the grammar (a few steps, not a walk of the vocabulary).
+    pub fn allows(&mut self, id: u32) -> bool {
+        if let Some(m) = self.cache.get(&self.state) {
+            return m.get(id as usize).copied().unwrap_or(false);
+        }
+        if self.eos_ids.contains(&id) {
+            return self.is_complete();
+        }
+        let Some(b) = self
+            .table
+            .bytes
+            .get(id as usize)
+            .and_then(|b| b.as_deref())
+            .filter(|b| !b.is_empty())
+        else {
+            return false;
+        };
+        let mut all = self.state.pending.clone();
+        all.extend_from_slice(b);
+        self.after(&self.state.stacks, &all).is_some()
+    }
+
     /// Takes token `id` (one the mask allowed; end-of-sequence leaves the
     /// state as it is).
     pub fn accept(&mut self, id: u32) -> Result<()> {

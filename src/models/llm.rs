@@ -708,6 +708,120 @@ pub fn check_logits(logits: &[f32]) -> Result<()> {
     }
 }
 
+/// Positions an LFM2 conv layer's state can be rewound by
+/// ([`CausalLm::truncate`]): its ring keeps the gated inputs of this many
+/// positions beyond the `kernel - 1` the next token reads. More than the
+/// longest draft speculative decoding checks (`generate --draft`).
+pub const REWIND_DEPTH: usize = 32;
+
+/// Rows of LFM2's conv-state ring, on the CPU and the GPU alike: the gated
+/// inputs of position q in row q % rows, positions before 0 zeros.
+pub fn conv_ring_rows(kernel: usize) -> usize {
+    kernel.saturating_sub(1) + REWIND_DEPTH
+}
+
+/// Row of `pos - back` (which may be before position 0) in a conv ring of
+/// `rows` rows.
+pub(crate) fn ring_row(pos: usize, back: usize, rows: usize) -> usize {
+    (pos + rows * back.div_ceil(rows).max(1) - back) % rows
+}
+
+/// A sequence's state on the host, backend-neutral: what
+/// [`CausalLm::export_state`] gives and [`CausalLm::import_state`] takes.
+#[derive(Clone, Debug, PartialEq)]
+pub struct SeqState {
+    /// Tokens consumed.
+    pub pos: usize,
+    /// One per layer, in order.
+    pub layers: Vec<LayerState>,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub enum LayerState {
+    /// Keys and values of positions `0..pos`, `[pos, kv_heads * head_dim]`
+    /// each (after RoPE, as attention reads them).
+    Kv { k: Vec<f32>, v: Vec<f32> },
+    /// The gated conv inputs of the `rows` positions before `pos`, oldest
+    /// first, `[rows, hidden]`, `rows >= kernel - 1` (positions before 0
+    /// are zeros).
+    Conv(Vec<f32>),
+}
+
+impl SeqState {
+    /// The state after only the first `pos` tokens, when it holds enough
+    /// of each conv layer's history for that; None otherwise.
+    pub fn truncated(&self, pos: usize, cfg: &LlmConfig) -> Option<SeqState> {
+        if pos > self.pos {
+            return None;
+        }
+        let kvw = cfg.kv_heads * cfg.head_dim;
+        let (d, hist) = (cfg.hidden, cfg.conv_kernel.saturating_sub(1));
+        let back = self.pos - pos;
+        let layers = self
+            .layers
+            .iter()
+            .map(|l| match l {
+                LayerState::Kv { k, v } => Some(LayerState::Kv {
+                    k: k.get(..pos * kvw)?.to_vec(),
+                    v: v.get(..pos * kvw)?.to_vec(),
+                }),
+                LayerState::Conv(rows) => {
+                    let have = rows.len() / d.max(1);
+                    // Rows of positions pos - hist .. pos - 1; those before
+                    // position 0 are zeros whether or not they were kept.
+                    let keep = have.checked_sub(back)?;
+                    if keep < hist.min(pos) {
+                        return None;
+                    }
+                    let mut out = vec![0.0; hist.saturating_sub(keep) * d];
+                    let kept = &rows[..keep * d];
+                    out.extend_from_slice(&kept[keep.saturating_sub(hist) * d..]);
+                    Some(LayerState::Conv(out))
+                }
+            })
+            .collect::<Option<Vec<_>>>()?;
+        Some(SeqState { pos, layers })
+    }
+
+    /// Checks the state against `cfg` (layer kinds and sizes); `what`
+    /// names its source in the error.
+    pub fn check(&self, cfg: &LlmConfig, what: &str) -> Result<()> {
+        let bad = |m: String| Err(Error::invalid(format!("{what}: {m}")));
+        if self.layers.len() != cfg.layers.len() {
+            return bad(format!(
+                "state of {} layers for a model of {}",
+                self.layers.len(),
+                cfg.layers.len()
+            ));
+        }
+        if self.pos > cfg.context {
+            return bad(format!(
+                "{} positions exceed the model's context of {}",
+                self.pos, cfg.context
+            ));
+        }
+        let kvw = cfg.kv_heads * cfg.head_dim;
+        let (d, hist) = (cfg.hidden, cfg.conv_kernel.saturating_sub(1));
+        for (i, (l, kind)) in self.layers.iter().zip(&cfg.layers).enumerate() {
+            let ok = match (l, kind) {
+                (LayerState::Kv { k, v }, LayerKind::Attention) => {
+                    k.len() == self.pos * kvw && v.len() == self.pos * kvw
+                }
+                (LayerState::Conv(rows), LayerKind::Conv) => {
+                    rows.len().is_multiple_of(d) && rows.len() / d >= hist
+                }
+                _ => false,
+            };
+            if !ok {
+                return bad(format!(
+                    "layer {i} does not match the model's {kind:?} layer"
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
 /// A causal language model on some backend.
 pub trait CausalLm {
     fn config(&self) -> &LlmConfig;
@@ -753,6 +867,39 @@ pub trait CausalLm {
         }
         Ok(max)
     }
+    /// Appends `tokens` and returns the logits of every one, `[n, vocab]`,
+    /// for checking drafted tokens (speculative decoding). Row `i` is what
+    /// `forward(&[tokens[i]], false)` would return after the tokens before
+    /// it, bit for bit on the CPU (its decode products, batched); the GPU
+    /// runs its prefill GEMMs, whose rounding differs from decode's in the
+    /// last bits. The default runs the single-token forwards.
+    fn forward_verify(&mut self, tokens: &[u32]) -> Result<Vec<f32>> {
+        let mut out = Vec::with_capacity(tokens.len() * self.config().vocab);
+        for &t in tokens {
+            out.extend(self.forward(&[t], false)?);
+        }
+        Ok(out)
+    }
+    /// Forgets every position from `pos` on, as if only the first `pos`
+    /// tokens had been consumed: rejected draft tokens, or the part of a
+    /// cached conversation that a new request does not share. Attention
+    /// layers keep every position, so any `pos` works for them; LFM2's conv
+    /// layers keep the inputs of the last `kernel - 1 + REWIND_DEPTH`
+    /// positions, so `pos` must be at least [`CausalLm::min_truncate_pos`]
+    /// (or 0, which is [`CausalLm::reset`]). An error otherwise, and when
+    /// `pos` is past [`CausalLm::position`].
+    fn truncate(&mut self, pos: usize) -> Result<()>;
+    /// The smallest position [`CausalLm::truncate`] accepts now besides 0:
+    /// 0 for models without conv layers, else [`REWIND_DEPTH`] before the
+    /// furthest position reached since the last reset (or import).
+    fn min_truncate_pos(&self) -> usize;
+    /// The sequence's state (KV cache, conv state) copied to the host, in
+    /// a form every backend reads ([`CausalLm::import_state`]).
+    fn export_state(&mut self) -> Result<SeqState>;
+    /// Replaces the sequence with `state` (from [`CausalLm::export_state`]
+    /// of this model on any backend). An error, leaving the model reset,
+    /// when the state does not fit this model's layers and sizes.
+    fn import_state(&mut self, state: &SeqState) -> Result<()>;
     /// Runs `steps` greedy steps from `token` and says where each step's
     /// time goes (GPU backends, with timestamp queries).
     fn profile_decode(
@@ -771,6 +918,27 @@ pub trait CausalLm {
             "prefill profiling needs the GPU backend",
         ))
     }
+}
+
+/// The error of a truncation to `pos` that the sequence cannot make.
+pub fn check_truncate(pos: usize, now: usize, floor: usize) -> Result<()> {
+    if pos > now {
+        return Err(Error::invalid(format!(
+            "cannot truncate a sequence of {now} tokens to {pos}"
+        )));
+    }
+    if pos < floor {
+        return Err(Error::invalid(format!(
+            "cannot rewind the conv state to position {pos}: it holds the inputs back to {floor} only"
+        )));
+    }
+    Ok(())
+}
+
+/// Conv-ring rows that hold this sequence's inputs before `pos`, when the
+/// furthest position reached is `high`: the newest `rows - (high - pos)`.
+pub fn conv_rows_kept(rows: usize, high: usize, pos: usize) -> usize {
+    rows - (high - pos).min(rows)
 }
 
 /// The attention shape of layer `li` (its window, the checkpoint's scale).

@@ -13,7 +13,10 @@
 
 use super::batch::{BatchedLm, SeqId, SeqWork};
 use super::kv_blocks::{blocks_for, chain, BlockPool, BlockUsage, BLOCK, ROOT};
-use super::llm::{attn_shape, CausalLm, LayerKind, LlmConfig, Mixer, Weights};
+use super::llm::{
+    attn_shape, check_truncate, conv_ring_rows, conv_rows_kept, ring_row, CausalLm, LayerKind,
+    LayerState, LlmConfig, Mixer, SeqState, Weights, REWIND_DEPTH,
+};
 use super::recipe::{self, DecoderOps, Residual};
 use crate::cpu;
 use crate::error::{Error, Result};
@@ -65,18 +68,19 @@ fn cache_row(table: &[u32], p: usize) -> usize {
 
 /// One sequence's state: its blocks, position and conv states.
 #[derive(Clone, Default)]
-struct SeqState {
+struct SeqCache {
     table: Vec<u32>,
     pos: usize,
-    /// Per layer: the last `kernel - 1` gated inputs B*x of the convolution,
-    /// [kernel - 1, hidden]; empty for attention layers.
+    /// Per layer: the gated inputs B*x of the convolution as a ring
+    /// ([`conv_ring_rows`] rows of `[hidden]`, position q in row q % rows,
+    /// so a sequence can be rewound); empty for attention layers.
     conv: Vec<Vec<f32>>,
 }
 
-impl SeqState {
-    fn new(cfg: &LlmConfig) -> SeqState {
-        let hist = cfg.conv_kernel.saturating_sub(1) * cfg.hidden;
-        SeqState {
+impl SeqCache {
+    fn new(cfg: &LlmConfig) -> SeqCache {
+        let hist = conv_ring_rows(cfg.conv_kernel) * cfg.hidden;
+        SeqCache {
             table: Vec::new(),
             pos: 0,
             conv: cfg
@@ -88,6 +92,30 @@ impl SeqState {
                 })
                 .collect(),
         }
+    }
+}
+
+/// The gated inputs of the `hist` positions before `pos`, oldest first
+/// ([hist, hidden]), from a conv ring.
+fn ring_history(ring: &[f32], pos: usize, hist: usize, d: usize) -> Vec<f32> {
+    let rows = ring.len() / d;
+    (1..=hist)
+        .rev()
+        .flat_map(|back| {
+            let r = ring_row(pos, back, rows);
+            ring[r * d..(r + 1) * d].iter().copied()
+        })
+        .collect()
+}
+
+/// Writes `history` ([hist, hidden], the inputs of the positions before
+/// `pos`, oldest first) into a conv ring.
+fn set_ring_history(ring: &mut [f32], pos: usize, history: &[f32], d: usize) {
+    let rows = ring.len() / d;
+    let hist = history.len() / d;
+    for (i, back) in (1..=hist).rev().enumerate() {
+        let r = ring_row(pos, back, rows);
+        ring[r * d..(r + 1) * d].copy_from_slice(&history[i * d..(i + 1) * d]);
     }
 }
 
@@ -107,7 +135,7 @@ struct Segment {
     /// Its first row among the pass's tokens, and how many.
     start: usize,
     n: usize,
-    state: SeqState,
+    state: SeqCache,
     all_logits: bool,
     /// Every row as a decode step computes it (else as a prompt).
     as_decode: bool,
@@ -141,7 +169,7 @@ impl Engine {
 
     /// Gives `state` the blocks `extra` more positions need, out of the
     /// `reserved` ones promised to it first.
-    fn grow(&mut self, state: &mut SeqState, extra: usize, reserved: &mut usize) -> Result<()> {
+    fn grow(&mut self, state: &mut SeqCache, extra: usize, reserved: &mut usize) -> Result<()> {
         let need = blocks_for(state.pos + extra);
         while state.table.len() < need {
             let promised = *reserved > 0;
@@ -189,17 +217,21 @@ impl Engine {
 /// [`Activations::Int8`] the faster decode of the CLI tools.
 pub struct CpuLlm {
     engine: Engine,
-    seq: SeqState,
+    seq: SeqCache,
+    /// The furthest position reached since the last reset: the conv rings
+    /// hold the inputs of the [`conv_ring_rows`] positions before it.
+    high: usize,
 }
 
 impl CpuLlm {
     /// The reference: every product in f32.
     pub fn new(cfg: LlmConfig, w: Weights) -> CpuLlm {
         let blocks = blocks_for(cfg.context);
-        let seq = SeqState::new(&cfg);
+        let seq = SeqCache::new(&cfg);
         CpuLlm {
             engine: Engine::new(cfg, w, blocks),
             seq,
+            high: 0,
         }
     }
 
@@ -228,10 +260,112 @@ impl CausalLm for CpuLlm {
         for &b in &self.seq.table {
             self.engine.pool.release(b);
         }
-        self.seq = SeqState::new(&self.engine.cfg);
+        self.seq = SeqCache::new(&self.engine.cfg);
+        self.high = 0;
     }
 
     fn forward(&mut self, tokens: &[u32], all_logits: bool) -> Result<Vec<f32>> {
+        self.run(tokens, all_logits, tokens.len() == 1)
+    }
+
+    fn forward_verify(&mut self, tokens: &[u32]) -> Result<Vec<f32>> {
+        self.run(tokens, true, true)
+    }
+
+    fn truncate(&mut self, pos: usize) -> Result<()> {
+        if pos == 0 {
+            self.reset();
+            return Ok(());
+        }
+        check_truncate(pos, self.seq.pos, self.min_truncate_pos())?;
+        self.high = self.high.max(self.seq.pos);
+        // Keys and values past `pos` are overwritten as the sequence grows
+        // again; conv rows of positions before 0 must read zeros.
+        let d = self.engine.cfg.hidden;
+        let hist = self.engine.cfg.conv_kernel.saturating_sub(1);
+        for ring in self.seq.conv.iter_mut().filter(|r| !r.is_empty()) {
+            let rows = ring.len() / d;
+            for back in pos + 1..=hist {
+                let r = ring_row(pos, back, rows);
+                ring[r * d..(r + 1) * d].fill(0.0);
+            }
+        }
+        self.seq.pos = pos;
+        Ok(())
+    }
+
+    fn min_truncate_pos(&self) -> usize {
+        if self.engine.cfg.layers.contains(&LayerKind::Conv) {
+            self.high.max(self.seq.pos).saturating_sub(REWIND_DEPTH)
+        } else {
+            0
+        }
+    }
+
+    fn export_state(&mut self) -> Result<SeqState> {
+        let cfg = &self.engine.cfg;
+        let (kvw, d) = (cfg.kv_heads * cfg.head_dim, cfg.hidden);
+        let pos = self.seq.pos;
+        let rows = conv_ring_rows(cfg.conv_kernel);
+        let keep = conv_rows_kept(rows, self.high.max(pos), pos);
+        let layers = cfg
+            .layers
+            .iter()
+            .enumerate()
+            .map(|(li, kind)| match kind {
+                LayerKind::Attention => {
+                    let (kc, vc) = self.engine.kv.layers[li].as_ref().expect("attention cache");
+                    let (mut k, mut v) = (Vec::with_capacity(pos * kvw), Vec::with_capacity(pos * kvw));
+                    for p in 0..pos {
+                        let r = cache_row(&self.seq.table, p) * kvw;
+                        k.extend_from_slice(&kc[r..r + kvw]);
+                        v.extend_from_slice(&vc[r..r + kvw]);
+                    }
+                    LayerState::Kv { k, v }
+                }
+                LayerKind::Conv => LayerState::Conv(ring_history(&self.seq.conv[li], pos, keep, d)),
+            })
+            .collect();
+        Ok(SeqState { pos, layers })
+    }
+
+    fn import_state(&mut self, st: &SeqState) -> Result<()> {
+        self.reset();
+        st.check(&self.engine.cfg, "import_state")?;
+        let (kvw, d) = (self.engine.cfg.kv_heads * self.engine.cfg.head_dim, self.engine.cfg.hidden);
+        let rows = conv_ring_rows(self.engine.cfg.conv_kernel);
+        let mut state = SeqCache::new(&self.engine.cfg);
+        self.engine.grow(&mut state, st.pos, &mut 0)?;
+        let mut kept = rows;
+        for (li, l) in st.layers.iter().enumerate() {
+            match l {
+                LayerState::Kv { k, v } => {
+                    let (kc, vc) = self.engine.kv.layers[li].as_mut().expect("attention cache");
+                    for p in 0..st.pos {
+                        let r = cache_row(&state.table, p) * kvw;
+                        kc[r..r + kvw].copy_from_slice(&k[p * kvw..(p + 1) * kvw]);
+                        vc[r..r + kvw].copy_from_slice(&v[p * kvw..(p + 1) * kvw]);
+                    }
+                }
+                LayerState::Conv(src) => {
+                    let have = (src.len() / d).min(rows);
+                    kept = kept.min(have);
+                    set_ring_history(&mut state.conv[li], st.pos, &src[src.len() - have * d..], d);
+                }
+            }
+        }
+        state.pos = st.pos;
+        self.seq = state;
+        // Rows before the imported ones are not this sequence's.
+        self.high = st.pos + rows - kept;
+        Ok(())
+    }
+}
+
+impl CpuLlm {
+    /// The forward over `tokens`; `as_decode` computes every product as a
+    /// single-token decode does (see [`CausalLm::forward_verify`]).
+    fn run(&mut self, tokens: &[u32], all_logits: bool, as_decode: bool) -> Result<Vec<f32>> {
         let n = tokens.len();
         if n == 0 {
             return Err(Error::invalid("forward: no tokens"));
@@ -251,19 +385,20 @@ impl CausalLm for CpuLlm {
             n,
             state,
             all_logits,
-            as_decode: n == 1,
+            as_decode,
             snaps: None,
         }];
         let out = grown.and_then(|_| self.engine.pass(tokens, &mut segs));
         let [seg] = segs;
         self.seq = seg.state;
+        self.high = self.high.max(self.seq.pos);
         out
     }
 }
 
 /// A sequence of [`CpuBatch`].
 struct BatchSeq {
-    state: SeqState,
+    state: SeqCache,
     /// Every token consumed, for keying its full blocks.
     tokens: Vec<u32>,
     /// Blocks promised to it and not yet taken.
@@ -346,7 +481,7 @@ impl BatchedLm for CpuBatch {
             return Err(Error::invalid("the prompt is empty"));
         }
         self.engine.check_tokens(prompt)?;
-        let mut state = SeqState::new(&self.engine.cfg);
+        let mut state = SeqCache::new(&self.engine.cfg);
         // Full blocks of the prompt already computed; the last prompt token
         // is always computed again, for its logits.
         let mut parent = ROOT;
@@ -356,7 +491,15 @@ impl BatchedLm for CpuBatch {
             };
             if self.has_conv {
                 match self.conv_at_block.get(&id) {
-                    Some(conv) => state.conv = conv.clone(),
+                    Some(conv) => {
+                        let d = self.engine.cfg.hidden;
+                        let end = state.pos + BLOCK;
+                        for (ring, history) in state.conv.iter_mut().zip(conv) {
+                            if !history.is_empty() {
+                                set_ring_history(ring, end, history, d);
+                            }
+                        }
+                    }
                     None => {
                         self.engine.pool.release(id);
                         break;
@@ -661,11 +804,12 @@ impl DecoderOps for CpuPass<'_> {
         let layers = cfg.layers.len();
         for s in self.segs.iter_mut() {
             let rows = &bcx[s.start * 3 * d..(s.start + s.n) * 3 * d];
-            let state = &mut s.state.conv[li];
+            let pos = s.state.pos;
+            let ring = &mut s.state.conv[li];
+            let mut state = ring_history(ring, pos, hist, d);
             if let Some(snaps) = s.snaps.as_mut() {
                 // The state at a boundary b inside the segment: the gated
                 // inputs of positions b - hist .. b.
-                let pos = s.state.pos;
                 let mut seq = state.clone();
                 for r in rows.chunks_exact(3 * d) {
                     seq.extend((0..d).map(|i| r[i] * r[2 * d + i]));
@@ -683,9 +827,18 @@ impl DecoderOps for CpuPass<'_> {
                 &c.conv,
                 cfg.conv_kernel,
                 d,
-                state,
+                &mut state,
                 &mut self.y[s.start * d..(s.start + s.n) * d],
             );
+            // Every new position's gated input into its row (the last
+            // `ring_rows` of them).
+            let ring_rows = ring.len() / d;
+            for t in s.n.saturating_sub(ring_rows)..s.n {
+                let (src, r) = (&rows[t * 3 * d..(t + 1) * 3 * d], (pos + t) % ring_rows);
+                for (i, o) in ring[r * d..(r + 1) * d].iter_mut().enumerate() {
+                    *o = src[i] * src[2 * d + i];
+                }
+            }
         }
         Ok(())
     }
@@ -765,7 +918,12 @@ impl DecoderOps for CpuPass<'_> {
                 let mut normed = vec![0.0f32; s.n * d];
                 cpu::rms_norm(rows, &self.w.final_norm, eps, &mut normed);
                 let mut logits = vec![0.0f32; s.n * vocab];
-                tensor::matmul(&self.w.head, &normed, s.n, &mut logits);
+                if s.as_decode {
+                    // Each row as the single-token forward computes it.
+                    tensor::matvec_rows(&self.w.head, &normed, s.n, &mut logits, Activations::F32);
+                } else {
+                    tensor::matmul(&self.w.head, &normed, s.n, &mut logits);
+                }
                 self.logits.extend_from_slice(&logits);
             } else {
                 self.logits

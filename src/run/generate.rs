@@ -2,6 +2,7 @@
 //! an end-of-sequence token, a stop string, or the token budget.
 
 use super::sampling::Sampler;
+use super::speculative::{self, SpecStats, Speculation};
 use crate::error::{Error, Result};
 use crate::models::llm::CausalLm;
 use crate::tokenizer::{TextStream, Tokenizer};
@@ -23,6 +24,8 @@ pub enum FinishReason {
 #[derive(Clone, Debug, Serialize)]
 pub struct Timings {
     pub prompt_tokens: usize,
+    /// Tokens of the prompt the model held already (not prefilled).
+    pub cached_tokens: usize,
     pub prefill_ms: f64,
     pub prefill_tok_per_s: f64,
     pub generated_tokens: usize,
@@ -40,6 +43,9 @@ pub struct Generation {
     /// Per generated token, when the sampler records them (`--logprobs`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub logprobs: Option<Vec<Logprob>>,
+    /// What speculative decoding did, when it ran.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub speculative: Option<SpecStats>,
 }
 
 /// A token and its log probability, as OpenAI's `logprobs.content` entries.
@@ -193,19 +199,45 @@ pub fn generate(
     tokenizer: Option<&Tokenizer>,
     sampler: &mut Sampler,
     req: &Request,
+    on_text: impl FnMut(&str) -> std::io::Result<()>,
+) -> Result<Generation> {
+    generate_with(model, tokenizer, sampler, req, None, on_text)
+}
+
+/// [`generate`], decoding speculatively when `spec` is given. `model` may
+/// hold the start of the prompt already: its first `model.position()`
+/// tokens (a cached prefix, the earlier turns of a chat), which are not
+/// prefilled again. Afterwards it has consumed the prompt and every
+/// produced token but the last.
+pub fn generate_with(
+    model: &mut dyn CausalLm,
+    tokenizer: Option<&Tokenizer>,
+    sampler: &mut Sampler,
+    req: &Request,
+    spec: Option<&mut Speculation>,
     mut on_text: impl FnMut(&str) -> std::io::Result<()>,
 ) -> Result<Generation> {
     if req.prompt_ids.is_empty() {
         return Err(Error::invalid("the prompt is empty"));
     }
+    let held = model.position();
+    if held >= req.prompt_ids.len() {
+        return Err(Error::invalid(format!(
+            "the model holds {held} tokens of a {}-token prompt: at least its last token must be new",
+            req.prompt_ids.len()
+        )));
+    }
     let context = model.config().context;
-    let needed = model.position() + req.prompt_ids.len() + req.max_tokens;
+    let needed = req.prompt_ids.len() + req.max_tokens;
     if needed > context {
         return Err(Error::invalid(format!(
             "prompt ({} tokens) plus --max-tokens ({}) exceeds the model's context of {context} tokens",
             req.prompt_ids.len(),
             req.max_tokens
         )));
+    }
+    if let Some(spec) = spec.as_deref() {
+        spec.check_vocab(model.config().vocab)?;
     }
     let mut out = Output {
         stream: tokenizer.map(TextStream::new),
@@ -219,7 +251,7 @@ pub fn generate(
     };
 
     let t0 = Instant::now();
-    let logits = model.forward(&req.prompt_ids, false)?;
+    let logits = model.forward(&req.prompt_ids[held..], false)?;
     crate::models::llm::check_logits(&logits)?;
     let first = sampler.sample(&logits, &out.history);
     let prefill = t0.elapsed();
@@ -229,8 +261,43 @@ pub fn generate(
     if let Some(e) = sampler.take_error() {
         return Err(e);
     }
+    let mut stats = spec.as_deref().map(Speculation::stats);
     if out.push(first, &mut on_text)? && !grammar_done(sampler, &mut out) {
-        if sampler.is_greedy() {
+        if let (Some(spec), Some(stats)) = (spec, stats.as_mut()) {
+            let mut last = first;
+            loop {
+                let budget = out.max_tokens - out.generated.len();
+                let history = out.history.clone();
+                let before = out.generated.len();
+                let mut failed = None;
+                let more = speculative::round(
+                    model,
+                    sampler,
+                    spec,
+                    &history,
+                    last,
+                    budget,
+                    stats,
+                    &mut |t, sampler| {
+                        last = t;
+                        Ok(match out.push(t, &mut on_text) {
+                            Ok(more) => more && !grammar_done(sampler, &mut out),
+                            Err(e) => {
+                                failed = Some(e);
+                                false
+                            }
+                        })
+                    },
+                )?;
+                if let Some(e) = failed {
+                    return Err(e);
+                }
+                decode_steps += out.generated.len() - before;
+                if !more {
+                    break;
+                }
+            }
+        } else if sampler.is_greedy() {
             // The backend may keep the device a step ahead of this loop.
             let mut failed = None;
             decode_steps = model.greedy_run(first, req.max_tokens - 1, &mut |t| {
@@ -279,12 +346,27 @@ pub fn generate(
             })
             .collect()
     });
+    let speculative = stats.map(|mut s| {
+        s.acceptance_rate = if s.drafted > 0 {
+            s.accepted as f64 / s.drafted as f64
+        } else {
+            0.0
+        };
+        s.tokens_per_forward = if s.target_forwards > 0 {
+            decode_steps as f64 / s.target_forwards as f64
+        } else {
+            0.0
+        };
+        s
+    });
     Ok(Generation {
         logprobs,
+        speculative,
         timings: Timings {
             prompt_tokens: req.prompt_ids.len(),
+            cached_tokens: held,
             prefill_ms: prefill.as_secs_f64() * 1e3,
-            prefill_tok_per_s: rate(req.prompt_ids.len(), prefill),
+            prefill_tok_per_s: rate(req.prompt_ids.len() - held, prefill),
             generated_tokens: out.generated.len(),
             decode_ms: decode.as_secs_f64() * 1e3,
             // Forward passes after the prefill, each of which yields a token.

@@ -12,8 +12,10 @@ pub use crate::grammar;
 pub mod image;
 pub mod kld;
 pub mod phonemes;
+pub mod prompt_cache;
 /// Sampling lives below the models that use it; this keeps its old path.
 pub use crate::sampling;
 pub mod serve;
+pub mod speculative;
 pub mod transcribe;
 pub mod wav;

@@ -166,22 +166,22 @@ fn upload(gpu: &Gpu, parts: &[&Tensor], max_rows: usize) -> GpuMatrix {
 }
 
 /// The CPU's conv state (the gated inputs of positions pos - taps + 1 ..
-/// pos - 1, oldest first, [taps - 1, d]) in the GPU's ring layout ([taps, d],
-/// position q in row q % taps), the spare row NaN.
-fn to_ring(state: &[f32], taps: usize, d: usize, pos: usize) -> Vec<f32> {
-    let mut ring = vec![f32::NAN; taps * d];
+/// pos - 1, oldest first, [taps - 1, d]) in the GPU's ring layout ([ring, d],
+/// position q in row q % ring), the spare rows NaN.
+fn to_ring(state: &[f32], taps: usize, ring: usize, d: usize, pos: usize) -> Vec<f32> {
+    let mut out = vec![f32::NAN; ring * d];
     for j in 0..taps - 1 {
-        let row = (pos + 1 + j) % taps;
-        ring[row * d..(row + 1) * d].copy_from_slice(&state[j * d..(j + 1) * d]);
+        let row = (pos + ring + 1 + j - taps) % ring;
+        out[row * d..(row + 1) * d].copy_from_slice(&state[j * d..(j + 1) * d]);
     }
-    ring
+    out
 }
 
 /// The inverse of [`to_ring`]: the rows the next token at `pos` reads.
-fn from_ring(ring: &[f32], taps: usize, d: usize, pos: usize) -> Vec<f32> {
+fn from_ring(ring: &[f32], taps: usize, rows: usize, d: usize, pos: usize) -> Vec<f32> {
     (0..taps - 1)
         .flat_map(|j| {
-            let row = (pos + 1 + j) % taps;
+            let row = (pos + rows + 1 + j - taps) % rows;
             ring[row * d..(row + 1) * d].to_vec()
         })
         .collect()
@@ -344,8 +344,10 @@ fn gemv_conv(gpu: &Gpu, v: &Variant) {
             let m = GpuMatrix::upload(gpu, "in_proj", t, d, d, &parts, max).unwrap();
             let gc = gpu.upload_f32("conv", &conv).unwrap();
             let gn = gpu.upload_f32("nw", &nw).unwrap();
+            // Spare rows beyond the taps, as the models keep for rewinding.
+            let ring = taps + 2;
             let gs = gpu
-                .upload_f32("state", &to_ring(&state, taps, d, pos0))
+                .upload_f32("state", &to_ring(&state, taps, ring, d, pos0))
                 .unwrap();
             // Two tokens in a row: the second reads the state the first left.
             for step in 0..2 {
@@ -363,6 +365,7 @@ fn gemv_conv(gpu: &Gpu, v: &Variant) {
                     state: &gs,
                     step: &gstep,
                     taps,
+                    ring,
                 };
                 run(
                     gpu,
@@ -378,10 +381,10 @@ fn gemv_conv(gpu: &Gpu, v: &Variant) {
                     4.0 * PRODUCT_TOL,
                 );
                 if taps > 1 {
-                    let ring = gpu.read_f32(&gs).unwrap();
+                    let got = gpu.read_f32(&gs).unwrap();
                     assert_products(
                         &format!("{what} state"),
-                        &from_ring(&ring, taps, d, pos + 1),
+                        &from_ring(&got, taps, ring, d, pos + 1),
                         &state,
                         PRODUCT_TOL,
                     );
@@ -799,8 +802,11 @@ fn short_conv(gpu: &Gpu, _v: &Variant) {
             let conv = rng.vec(d * taps, -1.0, 1.0);
             let mut state = rng.vec((taps - 1) * d, -1.0, 1.0);
             let pos0 = 6;
+            // Spare rows, as the models keep for rewinding; fewer than the
+            // 40-token cases' tokens, so only the last ones are kept.
+            let ring = taps + 3;
             let gs = gpu
-                .upload_f32("state", &to_ring(&state, taps, d, pos0))
+                .upload_f32("state", &to_ring(&state, taps, ring, d, pos0))
                 .unwrap();
             let gstep = gpu.upload_u32("step", &[0, pos0 as u32, 0, 0]).unwrap();
             let mut want = vec![0.0; n * d];
@@ -808,7 +814,8 @@ fn short_conv(gpu: &Gpu, _v: &Variant) {
             let gb = gpu.upload_f32("bcx", &bcx).unwrap();
             let gc = gpu.upload_f32("conv", &conv).unwrap();
             let gy = gpu.poisoned_f32("y", n * d).unwrap();
-            let disp = llm_ops::short_conv(gpu, &gb, &gc, &gs, &gstep, &gy, d, taps, n).unwrap();
+            let disp =
+                llm_ops::short_conv(gpu, &gb, &gc, &gs, &gstep, &gy, d, taps, ring, n).unwrap();
             gpu.run_all(&[&disp]).unwrap();
             let what = format!("short_conv d={d} n={n} taps={taps}");
             // Sums of `taps` terms in the same order; products may fuse.
@@ -816,7 +823,7 @@ fn short_conv(gpu: &Gpu, _v: &Variant) {
             if taps > 1 {
                 assert_close(
                     &format!("{what} state"),
-                    &from_ring(&gpu.read_f32(&gs).unwrap(), taps, d, pos0 + n),
+                    &from_ring(&gpu.read_f32(&gs).unwrap(), taps, ring, d, pos0 + n),
                     &state,
                     1e-12,
                 );

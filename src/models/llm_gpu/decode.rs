@@ -7,7 +7,7 @@ use crate::gpu::llm_ops::{self, AttnBuffers, GemvEpilogue};
 use crate::gpu::ops::{self, Dispatch};
 use crate::gpu::profile::{PassTimer, StepProfile};
 use crate::gpu::Variant;
-use crate::models::llm::attn_shape;
+use crate::models::llm::{attn_shape, conv_ring_rows};
 use crate::models::recipe::{self, DecoderOps, Residual};
 use std::time::Instant;
 
@@ -93,6 +93,7 @@ impl<'a> DecoderOps for DecodeRecorder<'a> {
             state: st,
             step: &io.step,
             taps: m.cfg.conv_kernel,
+            ring: conv_ring_rows(m.cfg.conv_kernel),
         };
         self.fixed(llm_ops::gemv(
             g,
@@ -323,6 +324,7 @@ impl GpuLlm {
                     let done = flight.pop_front().expect("the step ahead");
                     self.gpu
                         .read_staging(&staging[produced % 2], super::TOKEN_BYTES, done)?;
+                    self.high = self.high.max(self.pos);
                     self.pos -= 1;
                 }
                 return Ok(produced);

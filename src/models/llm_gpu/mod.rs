@@ -26,7 +26,10 @@ mod decode;
 mod prefill;
 mod upload;
 
-use super::llm::{CausalLm, LayerKind, LlmConfig, Weights};
+use super::llm::{
+    check_truncate, conv_ring_rows, conv_rows_kept, CausalLm, LayerKind, LayerState, LlmConfig,
+    SeqState, Weights, REWIND_DEPTH,
+};
 use super::recipe::Residual;
 use crate::cpu;
 use crate::error::{Error, Result};
@@ -123,8 +126,9 @@ impl GpuLayer {
 enum GpuState {
     /// [cap, kv_heads * head_dim] each.
     Kv { k: wgpu::Buffer, v: wgpu::Buffer },
-    /// [taps, hidden]: a ring of the gated inputs, position q in row q % taps
-    /// (gemv.wgsl), so a decode step can be undone by not advancing.
+    /// [ring, hidden]: a ring of the gated inputs, position q in row
+    /// q % ring ([`conv_ring_rows`], gemv.wgsl), so steps can be undone by
+    /// moving the position back.
     Conv(wgpu::Buffer),
 }
 
@@ -197,6 +201,9 @@ pub struct GpuLlm {
     /// KV positions allocated.
     cap: usize,
     pos: usize,
+    /// The furthest position reached since the last reset, where the
+    /// position went back since (see [`CausalLm::min_truncate_pos`]).
+    high: usize,
     io: DecodeIo,
     plan: Vec<Op>,
     argmax: Vec<Dispatch>,
@@ -309,7 +316,7 @@ impl GpuLlm {
                         v: f32s("v cache", cap * kvw)?,
                     },
                     LayerKind::Conv => {
-                        GpuState::Conv(f32s("conv state", cfg.conv_kernel.max(1) * d)?)
+                        GpuState::Conv(f32s("conv state", conv_ring_rows(cfg.conv_kernel) * d)?)
                     }
                 })
             })
@@ -328,6 +335,7 @@ impl GpuLlm {
             state,
             cap,
             pos: 0,
+            high: 0,
             io,
             plan: Vec::new(),
             argmax,
@@ -502,12 +510,128 @@ impl CausalLm for GpuLlm {
 
     fn reset(&mut self) {
         self.pos = 0;
+        self.high = 0;
         for s in &self.state {
             if let GpuState::Conv(b) = s {
                 let zeros = vec![0u8; b.size() as usize];
                 self.gpu.queue.write_buffer(b, 0, &zeros);
             }
         }
+    }
+
+    fn truncate(&mut self, pos: usize) -> Result<()> {
+        if pos == 0 {
+            self.reset();
+            return Ok(());
+        }
+        check_truncate(pos, self.pos, self.min_truncate_pos())?;
+        self.high = self.high.max(self.pos);
+        // The KV rows past pos are rewritten before they are read; the conv
+        // rows of positions before 0 must read zeros again.
+        let (d, hist) = (self.cfg.hidden, self.cfg.conv_kernel.saturating_sub(1));
+        let rows = conv_ring_rows(self.cfg.conv_kernel);
+        let zeros = vec![0u8; d * 4];
+        for s in &self.state {
+            if let GpuState::Conv(b) = s {
+                for back in pos + 1..=hist {
+                    let r = (pos + rows - back) % rows;
+                    self.gpu.queue.write_buffer(b, (r * d * 4) as u64, &zeros);
+                }
+            }
+        }
+        self.pos = pos;
+        Ok(())
+    }
+
+    fn min_truncate_pos(&self) -> usize {
+        if self.cfg.layers.contains(&LayerKind::Conv) {
+            self.high.max(self.pos).saturating_sub(REWIND_DEPTH)
+        } else {
+            0
+        }
+    }
+
+    fn export_state(&mut self) -> Result<SeqState> {
+        let g = &*self.gpu;
+        let kvw = self.cfg.kv_heads * self.cfg.head_dim;
+        let d = self.cfg.hidden;
+        let rows = conv_ring_rows(self.cfg.conv_kernel);
+        let keep = conv_rows_kept(rows, self.high.max(self.pos), self.pos);
+        let kv_bytes = (self.pos * kvw * 4) as u64;
+        let read = |b: &wgpu::Buffer, len: u64| -> Result<Vec<f32>> {
+            if len == 0 {
+                return Ok(Vec::new());
+            }
+            let staging = g.staging("state", len);
+            let mut enc = g.device.create_command_encoder(&Default::default());
+            enc.copy_buffer_to_buffer(b, 0, &staging, 0, len);
+            Ok(bytemuck::pod_collect_to_vec(
+                &g.submit_and_read(enc, &staging, len)?,
+            ))
+        };
+        let mut layers = Vec::with_capacity(self.state.len());
+        for s in &self.state {
+            layers.push(match s {
+                GpuState::Kv { k, v } => LayerState::Kv {
+                    k: read(k, kv_bytes)?,
+                    v: read(v, kv_bytes)?,
+                },
+                GpuState::Conv(b) => {
+                    let ring = read(b, (rows * d * 4) as u64)?;
+                    LayerState::Conv(
+                        (1..=keep)
+                            .rev()
+                            .flat_map(|back| {
+                                let r = (self.pos + rows - back) % rows;
+                                ring[r * d..(r + 1) * d].iter().copied()
+                            })
+                            .collect(),
+                    )
+                }
+            });
+        }
+        Ok(SeqState {
+            pos: self.pos,
+            layers,
+        })
+    }
+
+    fn import_state(&mut self, st: &SeqState) -> Result<()> {
+        self.reset();
+        st.check(&self.cfg, "import_state")?;
+        self.ensure_capacity(st.pos.max(1))?;
+        let d = self.cfg.hidden;
+        let rows = conv_ring_rows(self.cfg.conv_kernel);
+        let mut kept = rows;
+        let q = &self.gpu.queue;
+        for (s, l) in self.state.iter().zip(&st.layers) {
+            match (s, l) {
+                (GpuState::Kv { k, v }, LayerState::Kv { k: sk, v: sv }) if !sk.is_empty() => {
+                    q.write_buffer(k, 0, bytemuck::cast_slice(sk));
+                    q.write_buffer(v, 0, bytemuck::cast_slice(sv));
+                }
+                (GpuState::Kv { .. }, LayerState::Kv { .. }) => {}
+                (GpuState::Conv(b), LayerState::Conv(src)) => {
+                    let have = (src.len() / d).min(rows);
+                    kept = kept.min(have);
+                    let mut ring = vec![0.0f32; rows * d];
+                    let src = &src[src.len() - have * d..];
+                    for (i, back) in (1..=have).rev().enumerate() {
+                        let r = (st.pos + rows - back) % rows;
+                        ring[r * d..(r + 1) * d].copy_from_slice(&src[i * d..(i + 1) * d]);
+                    }
+                    q.write_buffer(b, 0, bytemuck::cast_slice(&ring));
+                }
+                _ => unreachable!("checked against the config"),
+            }
+        }
+        self.pos = st.pos;
+        self.high = st.pos + rows - kept;
+        Ok(())
+    }
+
+    fn forward_verify(&mut self, tokens: &[u32]) -> Result<Vec<f32>> {
+        self.forward(tokens, true)
     }
 
     fn forward(&mut self, tokens: &[u32], all_logits: bool) -> Result<Vec<f32>> {

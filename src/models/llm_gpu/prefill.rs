@@ -9,7 +9,7 @@ use crate::gpu::llm_ops::{self, AttnBuffers, GemmKernel, GemmMode, GemvEpilogue}
 use crate::gpu::ops::{self, Dispatch};
 use crate::gpu::profile::{PassTimer, StepProfile};
 use crate::gpu::Gpu;
-use crate::models::llm::{attn_shape, LlmConfig};
+use crate::models::llm::{attn_shape, conv_ring_rows, LlmConfig};
 use crate::models::recipe::{self, DecoderOps, Residual};
 use std::time::Instant;
 
@@ -253,6 +253,7 @@ impl<'a> DecoderOps for PrefillRecorder<'a> {
             &sc.conv_out,
             d,
             c.conv_kernel,
+            conv_ring_rows(c.conv_kernel),
             n,
         )?);
         self.y = Some((&sc.conv_out, d));
