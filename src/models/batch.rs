@@ -10,6 +10,7 @@
 use super::kv_blocks::BlockUsage;
 use super::llm::{CausalLm, LlmConfig};
 use crate::error::{Error, Result};
+use crate::sampling::Sampler;
 
 pub type SeqId = u64;
 
@@ -48,12 +49,26 @@ pub trait BatchedLm {
     fn step(&mut self, work: &[SeqWork]) -> Result<Vec<Vec<f32>>>;
     fn usage(&self) -> BlockUsage;
     fn backend_name(&self) -> &'static str;
+    /// One decode step of `id` alone that draws the next token with
+    /// `sampler` on the backend's fast path (a GPU reads back a token id or
+    /// the top candidates rather than every logit); None when the backend
+    /// has none, and the caller steps and samples the logits itself.
+    fn step_sampled(
+        &mut self,
+        _id: SeqId,
+        _token: u32,
+        _sampler: &mut Sampler,
+        _history: &[u32],
+    ) -> Option<Result<u32>> {
+        None
+    }
 }
 
 /// Any single-sequence model as a batch of one (its usage counts the one
 /// slot as one block). A new sequence continues
-/// from the last one's state when its prompt starts with every token that
-/// state holds (the next turn of a conversation), and starts over otherwise.
+/// from the last one's state for the part of its prompt they share (the next
+/// turn of a conversation), as far as the model can be cut back, and starts
+/// over otherwise.
 pub struct SingleSlot {
     model: Box<dyn CausalLm>,
     name: &'static str,
@@ -91,8 +106,25 @@ impl BatchedLm for SingleSlot {
         if self.open.is_some() {
             return Ok(None);
         }
-        let keep = self.consumed.len() < prompt.len() && prompt.starts_with(&self.consumed);
-        if !keep {
+        // Keep what the new prompt shares with the state (all but its last
+        // token, which is computed again for its logits), as far as the
+        // model can be cut back.
+        let shared = self
+            .consumed
+            .iter()
+            .zip(&prompt[..prompt.len() - 1])
+            .take_while(|(a, b)| a == b)
+            .count();
+        let keep = if shared == self.consumed.len() {
+            Ok(())
+        } else if shared >= self.model.min_truncate_pos() {
+            self.model.truncate(shared)
+        } else {
+            Err(Error::invalid("cannot cut back"))
+        };
+        if keep.is_ok() {
+            self.consumed.truncate(shared);
+        } else {
             self.model.reset();
             self.consumed.clear();
         }
@@ -149,5 +181,30 @@ impl BatchedLm for SingleSlot {
 
     fn backend_name(&self) -> &'static str {
         self.name
+    }
+
+    fn step_sampled(
+        &mut self,
+        id: SeqId,
+        token: u32,
+        sampler: &mut Sampler,
+        history: &[u32],
+    ) -> Option<Result<u32>> {
+        if self.open != Some(id) {
+            return Some(Err(Error::invalid(format!("no open sequence {id}"))));
+        }
+        let next = if sampler.is_greedy() {
+            self.model.step_greedy(token)
+        } else {
+            self.model.step_sample(token, sampler, history)
+        };
+        match &next {
+            Ok(_) => self.consumed.push(token),
+            Err(_) => {
+                self.model.reset();
+                self.consumed.clear();
+            }
+        }
+        Some(next)
     }
 }

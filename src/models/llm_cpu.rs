@@ -315,7 +315,8 @@ impl CausalLm for CpuLlm {
             .map(|(li, kind)| match kind {
                 LayerKind::Attention => {
                     let (kc, vc) = self.engine.kv.layers[li].as_ref().expect("attention cache");
-                    let (mut k, mut v) = (Vec::with_capacity(pos * kvw), Vec::with_capacity(pos * kvw));
+                    let (mut k, mut v) =
+                        (Vec::with_capacity(pos * kvw), Vec::with_capacity(pos * kvw));
                     for p in 0..pos {
                         let r = cache_row(&self.seq.table, p) * kvw;
                         k.extend_from_slice(&kc[r..r + kvw]);
@@ -332,7 +333,10 @@ impl CausalLm for CpuLlm {
     fn import_state(&mut self, st: &SeqState) -> Result<()> {
         self.reset();
         st.check(&self.engine.cfg, "import_state")?;
-        let (kvw, d) = (self.engine.cfg.kv_heads * self.engine.cfg.head_dim, self.engine.cfg.hidden);
+        let (kvw, d) = (
+            self.engine.cfg.kv_heads * self.engine.cfg.head_dim,
+            self.engine.cfg.hidden,
+        );
         let rows = conv_ring_rows(self.engine.cfg.conv_kernel);
         let mut state = SeqCache::new(&self.engine.cfg);
         self.engine.grow(&mut state, st.pos, &mut 0)?;

@@ -261,6 +261,40 @@ pub fn run(
             metrics.waiting.fetch_add(1, Ordering::Relaxed);
             waiting.push_front(Waiting::Preempted(Box::new(r)));
         };
+        // One sequence decoding alone takes the backend's fast path, if it
+        // has one (no logits read back).
+        if let [(i, range)] = plan.as_slice() {
+            if range.is_empty() {
+                let i = *i;
+                let r = &mut running[i];
+                let token = r.last.expect("decoding");
+                let t0 = Instant::now();
+                let fast = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                    model.step_sampled(r.id, token, &mut r.sampler, &r.history)
+                }))
+                .unwrap_or_else(|_| {
+                    Some(Err(Error::invalid(
+                        "the model failed on this step (an internal error)",
+                    )))
+                });
+                if let Some(next) = fast {
+                    metrics.observe_step(t0.elapsed(), 1);
+                    let done = match next.and_then(|t| accept(r, t, &eos, tokenizer, &metrics)) {
+                        Ok(()) => r.last.is_none(),
+                        Err(e) => {
+                            let _ = r.req.events.send(GenEvent::Failed(e.to_string()));
+                            true
+                        }
+                    };
+                    if done {
+                        model.close(r.id);
+                        running.remove(i);
+                    }
+                    publish(model, running.len(), &metrics);
+                    continue;
+                }
+            }
+        }
         let singles: Vec<[u32; 1]> = plan
             .iter()
             .map(|(i, _)| [running[*i].last.unwrap_or(0)])
@@ -386,9 +420,7 @@ fn plan_step(running: &[Running]) -> Vec<(usize, std::ops::Range<usize>)> {
     plan
 }
 
-/// Samples the next token from `logits`, streams its text, and decides
-/// whether the sequence goes on (`r.last` is the token to consume) or ends
-/// (`r.last` is None and the final event is sent).
+/// Samples the next token from `logits` and takes it ([`accept`]).
 fn produce(
     r: &mut Running,
     logits: &[f32],
@@ -402,6 +434,19 @@ fn produce(
         ));
     }
     let token = r.sampler.sample(logits, &r.history);
+    accept(r, token, eos, tokenizer, metrics)
+}
+
+/// Takes the token the sampler drew: streams its text, and decides whether
+/// the sequence goes on (`r.last` is the token to consume) or ends (`r.last`
+/// is None and the final event is sent).
+fn accept(
+    r: &mut Running,
+    token: u32,
+    eos: &[u32],
+    tokenizer: Option<&Tokenizer>,
+    metrics: &Metrics,
+) -> crate::error::Result<()> {
     if let Some(e) = r.sampler.take_error() {
         return Err(e);
     }
