@@ -66,7 +66,7 @@ fn check(dir: &str) {
         let mut work = Vec::new();
         let mut who = Vec::new();
         for (i, p) in prompts.iter().enumerate() {
-            if got[i].len() >= steps + 1 {
+            if got[i].len() > steps {
                 continue;
             }
             if fed[i] < p.len() {

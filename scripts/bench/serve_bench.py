@@ -37,6 +37,7 @@ def one_request(url, prompt, max_tokens, ban):
         "max_tokens": max_tokens,
         "temperature": 0,
         "stream": True,
+        "stream_options": {"include_usage": True},
         "logit_bias": {str(t): -100 for t in ban},
     }
     t0 = time.perf_counter()
@@ -45,6 +46,7 @@ def one_request(url, prompt, max_tokens, ban):
     if resp.status != 200:
         raise RuntimeError(f"HTTP {resp.status}: {resp.read()[:200]!r}")
     times = []
+    usage = 0
     buf = b""
     while True:
         chunk = resp.read1(65536)
@@ -57,11 +59,14 @@ def one_request(url, prompt, max_tokens, ban):
                 if not line.startswith(b"data: ") or line == b"data: [DONE]":
                     continue
                 v = json.loads(line[6:])
+                if v.get("usage"):
+                    usage = v["usage"]["completion_tokens"]
                 choices = v.get("choices") or []
                 if choices and choices[0].get("finish_reason") is None:
                     times.append(time.perf_counter())
     conn.close()
-    return t0, times
+    # A model without a tokenizer streams no text: count from the usage.
+    return t0, times, max(usage, len(times))
 
 
 def run(url, streams, requests, prompt_tokens, max_tokens, vocab, ban, seed):
@@ -74,7 +79,7 @@ def run(url, streams, requests, prompt_tokens, max_tokens, vocab, ban, seed):
     def client(i):
         for k in range(requests):
             try:
-                t0, times = one_request(url, prompts[i * requests + k], max_tokens, ban)
+                t0, times, count = one_request(url, prompts[i * requests + k], max_tokens, ban)
             except Exception as e:  # noqa: BLE001 - reported below
                 errors.append(str(e))
                 return
@@ -82,7 +87,7 @@ def run(url, streams, requests, prompt_tokens, max_tokens, vocab, ban, seed):
                 if times:
                     ttft.append(times[0] - t0)
                     itl.extend(b - a for a, b in zip(times, times[1:]))
-                tokens[0] += len(times)
+                tokens[0] += count
 
     start = time.perf_counter()
     threads = [threading.Thread(target=client, args=(i,)) for i in range(streams)]
