@@ -1174,6 +1174,39 @@ fn llama_cli_flags_work_in_generate() {
 }
 
 #[test]
+fn llama_cli_sys_puts_a_system_message_in_the_chat_template() {
+    let model = common::smollm2();
+    let ids = |extra: &[&str]| {
+        let mut args = vec![
+            "--cpu",
+            "-m",
+            model.to_str().unwrap(),
+            "-p",
+            "Hi",
+            "-n",
+            "1",
+            "--temp",
+            "0",
+            "--json",
+        ];
+        args.extend_from_slice(extra);
+        let o = run(GENERATE, &args);
+        assert!(o.status.success(), "{}", stderr(&o));
+        let v: serde_json::Value = serde_json::from_str(stdout(&o).trim()).unwrap();
+        v["prompt_ids"].as_array().unwrap().clone()
+    };
+    // SmolLM2's template has a default system message; -sys replaces it.
+    let plain = ids(&[]);
+    let with_sys = ids(&["-sys", "You answer in one word."]);
+    assert_ne!(with_sys, plain, "-sys changed nothing");
+    assert_eq!(
+        ids(&["--system-prompt", "You answer in one word."]),
+        with_sys
+    );
+    assert_eq!(ids(&["--system", "You answer in one word."]), with_sys);
+}
+
+#[test]
 fn llama_quantize_positional_form_and_type_names() {
     let dir = scratch("conf-llama-quantize");
     let out = dir.join("out.gguf");

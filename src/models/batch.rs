@@ -62,6 +62,19 @@ pub trait BatchedLm {
     ) -> Option<Result<u32>> {
         None
     }
+    /// Greedy decoding of `id` alone, as [`CausalLm::greedy_run`]: consumes
+    /// `token`, passes each produced token to `emit` until it returns false
+    /// or `max` are produced (the last one is not consumed), keeping the
+    /// device a step ahead; None when the backend has no such path.
+    fn greedy_run(
+        &mut self,
+        _id: SeqId,
+        _token: u32,
+        _max: usize,
+        _emit: &mut dyn FnMut(u32) -> bool,
+    ) -> Option<Result<usize>> {
+        None
+    }
 }
 
 /// Any single-sequence model as a batch of one (its usage counts the one
@@ -206,5 +219,35 @@ impl BatchedLm for SingleSlot {
             }
         }
         Some(next)
+    }
+
+    fn greedy_run(
+        &mut self,
+        id: SeqId,
+        token: u32,
+        max: usize,
+        emit: &mut dyn FnMut(u32) -> bool,
+    ) -> Option<Result<usize>> {
+        if self.open != Some(id) {
+            return Some(Err(Error::invalid(format!("no open sequence {id}"))));
+        }
+        let mut produced = Vec::new();
+        let result = self.model.greedy_run(token, max, &mut |t| {
+            produced.push(t);
+            emit(t)
+        });
+        match &result {
+            Ok(_) => {
+                // `token` and every produced token but the last are consumed.
+                self.consumed.push(token);
+                produced.pop();
+                self.consumed.extend(produced);
+            }
+            Err(_) => {
+                self.model.reset();
+                self.consumed.clear();
+            }
+        }
+        Some(result)
     }
 }

@@ -140,7 +140,15 @@ pub fn run(
     let mut waiting: VecDeque<Waiting> = VecDeque::new();
     let mut running: Vec<Running> = Vec::new();
     let mut accepting = true;
+    // Commands taken while the backend ran ahead, handled first.
+    let mut arrived: Vec<Command> = Vec::new();
     loop {
+        for c in arrived.drain(..) {
+            match c {
+                Command::Generate(r) => waiting.push_back(Waiting::New(r)),
+                Command::Shutdown => accepting = false,
+            }
+        }
         // Take what has arrived; sleep only when idle.
         if running.is_empty() && waiting.is_empty() {
             if !accepting {
@@ -269,17 +277,40 @@ pub fn run(
                 let r = &mut running[i];
                 let token = r.last.expect("decoding");
                 let t0 = Instant::now();
-                let fast = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                    model.step_sampled(r.id, token, &mut r.sampler, &r.history)
-                }))
-                .unwrap_or_else(|_| {
-                    Some(Err(Error::invalid(
-                        "the model failed on this step (an internal error)",
-                    )))
-                });
-                if let Some(next) = fast {
+                let internal =
+                    || Error::invalid("the model failed on this step (an internal error)");
+                let fast = if r.sampler.is_greedy() {
+                    // Greedy: the backend runs ahead until the sequence ends,
+                    // its client goes, or another request arrives.
+                    let mut failed = None;
+                    let remaining = r.req.max_tokens.saturating_sub(r.generated).max(1);
+                    let ran = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                        model.greedy_run(r.id, token, remaining, &mut |t| {
+                            if let Err(e) = accept(r, t, &eos, tokenizer, &metrics) {
+                                failed = Some(e);
+                                return false;
+                            }
+                            if let Ok(c) = commands.try_recv() {
+                                arrived.push(c);
+                            }
+                            r.last.is_some() && arrived.is_empty() && !r.req.events.is_closed()
+                        })
+                    }))
+                    .unwrap_or_else(|_| Some(Err(internal())));
+                    ran.map(|res| match (res, failed) {
+                        (Err(e), _) | (Ok(_), Some(e)) => Err(e),
+                        (Ok(_), None) => Ok(()),
+                    })
+                } else {
+                    std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                        model.step_sampled(r.id, token, &mut r.sampler, &r.history)
+                    }))
+                    .unwrap_or_else(|_| Some(Err(internal())))
+                    .map(|next| next.and_then(|t| accept(r, t, &eos, tokenizer, &metrics)))
+                };
+                if let Some(outcome) = fast {
                     metrics.observe_step(t0.elapsed(), 1);
-                    let done = match next.and_then(|t| accept(r, t, &eos, tokenizer, &metrics)) {
+                    let done = match outcome {
                         Ok(()) => r.last.is_none(),
                         Err(e) => {
                             let _ = r.req.events.send(GenEvent::Failed(e.to_string()));
