@@ -1602,7 +1602,10 @@ fn speak_cuts_a_long_run_on_sentence_into_bounded_passes() {
     assert!(sentences.len() >= 2, "one pass for 120 words");
     for s in sentences {
         let n = s["phonemes"].as_str().unwrap().chars().count();
-        assert!(n <= lfm::cli::speak::MAX_PHONEMES, "a pass of {n} phonemes");
+        assert!(
+            n <= lfm::run::phonemes::MAX_PHONEMES,
+            "a pass of {n} phonemes"
+        );
     }
     assert!(v["audio_seconds"].as_f64().unwrap() > 20.0, "{v}");
 }

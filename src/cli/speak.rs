@@ -1,7 +1,7 @@
 //! `speak`: text to speech with a Piper (VITS) voice.
 
 use crate::models::vits::{Scales, Synthesizer, Vits};
-use crate::run::phonemes::{self, PhonemeIdMap};
+use crate::run::phonemes::{text_to_ids, PhonemeIdMap, SentenceIds};
 use crate::run::wav::{self, PcmSink, RawStream, WavFile, WavStream};
 use crate::util::atomic_write::{self, AtomicFile};
 use crate::util::rng::Rng;
@@ -169,47 +169,6 @@ fn check_scale(name: &str, v: f32, min: f32, max: f32) -> anyhow::Result<f32> {
     Ok(v)
 }
 
-/// One sentence to synthesise: its phonemes (when they came from text) and
-/// ids, and whether it continues the sentence before it (a piece of a long
-/// one: no pause between them).
-struct SentenceIds {
-    phonemes: Option<String>,
-    ids: Vec<i64>,
-    continues: bool,
-}
-
-/// Phonemes synthesised in one pass at most (about 70 words, 25 s of
-/// speech). The model's memory and time grow faster than linearly with a
-/// pass's length (a 400-word run-on sentence took 29 s and 1.24 GB in one
-/// pass, 2000 words did not finish in 500 s), so longer sentences are cut.
-pub const MAX_PHONEMES: usize = 400;
-
-/// `s` cut into pieces of at most [`MAX_PHONEMES`] phonemes: after the last
-/// clause mark (`,` `;` `:`) in the second half of a piece, else at the last
-/// word boundary, else (one enormous word) at the limit.
-fn split_long(s: phonemes::Sentence) -> Vec<phonemes::Sentence> {
-    let mut pieces = Vec::new();
-    let mut rest = s.phonemes;
-    while rest.len() > MAX_PHONEMES {
-        let window = &rest[..MAX_PHONEMES];
-        let clause = (MAX_PHONEMES / 2..MAX_PHONEMES)
-            .rev()
-            .find(|&i| matches!(window[i].as_str(), "," | ";" | ":"));
-        let space = (1..MAX_PHONEMES).rev().find(|&i| window[i] == " ");
-        let cut = clause.map(|i| i + 1).or(space).unwrap_or(MAX_PHONEMES);
-        let tail = rest.split_off(cut);
-        pieces.push(phonemes::Sentence { phonemes: rest });
-        rest = tail;
-        while rest.first().is_some_and(|p| p == " ") {
-            rest.remove(0);
-        }
-    }
-    if !rest.is_empty() {
-        pieces.push(phonemes::Sentence { phonemes: rest });
-    }
-    pieces
-}
-
 /// `--phoneme-ids` values: one sentence each.
 fn parse_ids(values: &[String]) -> anyhow::Result<Vec<SentenceIds>> {
     values
@@ -229,56 +188,6 @@ fn parse_ids(values: &[String]) -> anyhow::Result<Vec<SentenceIds>> {
             })
         })
         .collect()
-}
-
-/// Text -> sentences of ids, with notices for what cannot be spoken.
-fn text_to_ids(text: &str, voice: &str, id_map: &PhonemeIdMap) -> anyhow::Result<Vec<SentenceIds>> {
-    if text.trim().is_empty() {
-        bail!("no text to speak (the text is empty)");
-    }
-    let mut sentences = phonemes::phonemize(voice, text)?;
-    // A clause espeak-ng could not read leaves only its punctuation: nothing
-    // to say (Piper would synthesise a short breath for it).
-    sentences.retain(|s| {
-        let speakable = s
-            .phonemes
-            .iter()
-            .any(|p| !p.chars().all(|c| c.is_whitespace() || ".,;:!?".contains(c)));
-        if !speakable {
-            crate::notice!("notice: nothing to say in \"{}\"; skipped", s.text());
-        }
-        speakable
-    });
-    if sentences.is_empty() {
-        bail!("espeak-ng found nothing to say in the text (voice {voice})");
-    }
-    let pieces: Vec<(phonemes::Sentence, bool)> = sentences
-        .into_iter()
-        .flat_map(|s| {
-            split_long(s)
-                .into_iter()
-                .enumerate()
-                .map(|(i, piece)| (piece, i > 0))
-        })
-        .collect();
-    Ok(pieces
-        .iter()
-        .map(|(s, continues)| {
-            let r = id_map.sentence_ids(s);
-            if !r.missing.is_empty() {
-                crate::notice!(
-                    "notice: skipped phonemes the voice does not know: {} (in \"{}\")",
-                    r.missing.join(" "),
-                    s.text()
-                );
-            }
-            SentenceIds {
-                phonemes: Some(s.text()),
-                ids: r.ids,
-                continues: *continues,
-            }
-        })
-        .collect())
 }
 
 pub fn run(args: Args) -> anyhow::Result<()> {

@@ -373,6 +373,99 @@ impl PhonemeIdMap {
     }
 }
 
+/// One sentence to synthesise: its phonemes (when they came from text) and
+/// ids, and whether it continues the sentence before it (a piece of a long
+/// one: no pause between them).
+pub struct SentenceIds {
+    pub phonemes: Option<String>,
+    pub ids: Vec<i64>,
+    pub continues: bool,
+}
+
+/// Phonemes synthesised in one pass at most (about 70 words, 25 s of
+/// speech). The model's memory and time grow faster than linearly with a
+/// pass's length (a 400-word run-on sentence took 29 s and 1.24 GB in one
+/// pass, 2000 words did not finish in 500 s), so longer sentences are cut.
+pub const MAX_PHONEMES: usize = 400;
+
+/// `s` cut into pieces of at most [`MAX_PHONEMES`] phonemes: after the last
+/// clause mark (`,` `;` `:`) in the second half of a piece, else at the last
+/// word boundary, else (one enormous word) at the limit.
+fn split_long(s: Sentence) -> Vec<Sentence> {
+    let mut pieces = Vec::new();
+    let mut rest = s.phonemes;
+    while rest.len() > MAX_PHONEMES {
+        let window = &rest[..MAX_PHONEMES];
+        let clause = (MAX_PHONEMES / 2..MAX_PHONEMES)
+            .rev()
+            .find(|&i| matches!(window[i].as_str(), "," | ";" | ":"));
+        let space = (1..MAX_PHONEMES).rev().find(|&i| window[i] == " ");
+        let cut = clause.map(|i| i + 1).or(space).unwrap_or(MAX_PHONEMES);
+        let tail = rest.split_off(cut);
+        pieces.push(Sentence { phonemes: rest });
+        rest = tail;
+        while rest.first().is_some_and(|p| p == " ") {
+            rest.remove(0);
+        }
+    }
+    if !rest.is_empty() {
+        pieces.push(Sentence { phonemes: rest });
+    }
+    pieces
+}
+
+/// Text -> sentences of ids, with notices for what cannot be spoken.
+pub fn text_to_ids(text: &str, voice: &str, id_map: &PhonemeIdMap) -> Result<Vec<SentenceIds>> {
+    if text.trim().is_empty() {
+        return Err(Error::invalid("no text to speak (the text is empty)"));
+    }
+    let mut sentences = phonemize(voice, text)?;
+    // A clause espeak-ng could not read leaves only its punctuation: nothing
+    // to say (Piper would synthesise a short breath for it).
+    sentences.retain(|s| {
+        let speakable = s
+            .phonemes
+            .iter()
+            .any(|p| !p.chars().all(|c| c.is_whitespace() || ".,;:!?".contains(c)));
+        if !speakable {
+            crate::notice!("notice: nothing to say in \"{}\"; skipped", s.text());
+        }
+        speakable
+    });
+    if sentences.is_empty() {
+        return Err(Error::invalid(format!(
+            "espeak-ng found nothing to say in the text (voice {voice})"
+        )));
+    }
+    let pieces: Vec<(Sentence, bool)> = sentences
+        .into_iter()
+        .flat_map(|s| {
+            split_long(s)
+                .into_iter()
+                .enumerate()
+                .map(|(i, piece)| (piece, i > 0))
+        })
+        .collect();
+    Ok(pieces
+        .iter()
+        .map(|(s, continues)| {
+            let r = id_map.sentence_ids(s);
+            if !r.missing.is_empty() {
+                crate::notice!(
+                    "notice: skipped phonemes the voice does not know: {} (in \"{}\")",
+                    r.missing.join(" "),
+                    s.text()
+                );
+            }
+            SentenceIds {
+                phonemes: Some(s.text()),
+                ids: r.ids,
+                continues: *continues,
+            }
+        })
+        .collect())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

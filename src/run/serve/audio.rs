@@ -225,6 +225,9 @@ struct SpeechRequest {
     speed: Option<f32>,
 }
 
+/// Seconds of silence between sentences (piper's and `speak`'s default).
+const SENTENCE_PAUSE: f32 = 0.2;
+
 /// Most characters one speech request may carry (OpenAI's limit).
 const MAX_SPEECH_CHARS: usize = 4096;
 
@@ -271,34 +274,24 @@ pub async fn speech(State(s): State<Arc<AppState>>, body: Body) -> Result<Respon
                 noise_w: cfg.noise_w,
             };
             let rate = cfg.sample_rate;
-            let sentences = phonemes::phonemize(&cfg.espeak_voice, &text)?;
+            // As `speak` reads text: long sentences cut into bounded passes,
+            // a pause between sentences but not between pieces of one.
+            let sentences = phonemes::text_to_ids(&text, &cfg.espeak_voice, &v.ids)?;
             let mut rng = Rng::new(0);
             let mut out = std::io::Cursor::new(Vec::new());
             {
-                let mut sink: Box<dyn PcmSink + '_> = Box::new(
-                    WavFile::new(&mut out, rate).map_err(|e| crate::Error::io("<wav>", e))?,
-                );
-                let gap = vec![0i16; (0.2 * rate as f32).round() as usize];
-                let mut spoken = 0;
-                for s in &sentences {
-                    let ids = v.ids.sentence_ids(s).ids;
-                    if ids.len() <= 2 {
-                        continue;
+                let io = |e| crate::Error::io("<wav>", e);
+                let mut sink: Box<dyn PcmSink + '_> =
+                    Box::new(WavFile::new(&mut out, rate).map_err(io)?);
+                let gap = vec![0i16; (SENTENCE_PAUSE * rate as f32).round() as usize];
+                for (i, s) in sentences.iter().enumerate() {
+                    let audio = v.synth.synthesize(&s.ids, &scales, &mut rng)?;
+                    if i > 0 && !s.continues {
+                        sink.write(&gap).map_err(io)?;
                     }
-                    let audio = v.synth.synthesize(&ids, &scales, &mut rng)?;
-                    if spoken > 0 {
-                        sink.write(&gap).map_err(|e| crate::Error::io("<wav>", e))?;
-                    }
-                    sink.write(&wav::to_pcm16(&audio, true))
-                        .map_err(|e| crate::Error::io("<wav>", e))?;
-                    spoken += 1;
+                    sink.write(&wav::to_pcm16(&audio, true)).map_err(io)?;
                 }
-                if spoken == 0 {
-                    return Err(crate::Error::invalid(
-                        "espeak-ng found nothing to say in the input",
-                    ));
-                }
-                sink.finish().map_err(|e| crate::Error::io("<wav>", e))?;
+                sink.finish().map_err(io)?;
             }
             Ok(out.into_inner())
         })
