@@ -132,3 +132,40 @@ fn bad_arguments() {
         &["/no/such.gguf"],
     );
 }
+
+#[test]
+fn batch_mode_prints_a_row_per_batch_size() {
+    let o = run(
+        BIN,
+        &[
+            &tiny(),
+            "-b",
+            "cpu",
+            "--batch",
+            "1,3",
+            "-p",
+            "5",
+            "-n",
+            "2",
+            "-o",
+            "json",
+        ],
+    );
+    assert!(o.status.success(), "{}", stderr(&o));
+    let rows: Vec<serde_json::Value> = stdout(&o)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(rows.len(), 2, "{}", stdout(&o));
+    for (r, b) in rows.iter().zip([1, 3]) {
+        let row = &r["row"];
+        assert_eq!(
+            (row["b"].as_u64(), row["pp"].as_u64(), row["tg"].as_u64()),
+            (Some(b), Some(5), Some(2))
+        );
+        assert_eq!(row["n_kv"].as_u64(), Some(b * 7));
+        assert!(row["s_tg"].as_f64().unwrap() > 0.0, "{row}");
+    }
+    let o = run(BIN, &[&tiny(), "-b", "cpu", "--batch", "0"]);
+    assert_usage_failure(&o, &["--batch"]);
+}

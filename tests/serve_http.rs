@@ -24,19 +24,21 @@ fn tiny_llama() -> String {
         .to_string()
 }
 
-/// `generate --raw` greedy text of `prompt` alone, and its finish reason.
-fn generate_alone(model: &str, prompt: &str, n: usize) -> (String, String) {
+/// `generate --raw` greedy text of `prompt` alone on `device` (`--cpu`,
+/// `--gpu`), and its finish reason in OpenAI's terms.
+fn generate_alone(device: &str, model: &str, prompt: &str, n: usize) -> (String, String) {
+    let n = n.to_string();
     let o = common::run(
         env!("CARGO_BIN_EXE_generate"),
         &[
-            "--cpu",
+            device,
             "-m",
             model,
             "--raw",
             "--temperature",
             "0",
             "-n",
-            &n.to_string(),
+            &n,
             "-p",
             prompt,
             "--json",
@@ -49,6 +51,51 @@ fn generate_alone(model: &str, prompt: &str, n: usize) -> (String, String) {
         _ => "stop",
     };
     (v["text"].as_str().unwrap().to_string(), finish.to_string())
+}
+
+/// POSTs a completion request from a thread of its own.
+fn post_completion(port: u16, body: Value) -> std::thread::JoinHandle<serve_support::Reply> {
+    std::thread::spawn(move || {
+        serve_support::request(
+            port,
+            "POST",
+            "/v1/completions",
+            &[("Content-Type", "application/json")],
+            body.to_string().as_bytes(),
+        )
+    })
+}
+
+/// The text and finish reason of a successful completion answer, streamed
+/// (whole, ending in `[DONE]`) or not.
+fn answer(r: &serve_support::Reply) -> (String, String) {
+    assert_eq!(r.status, 200, "{}", r.text());
+    let streamed = r
+        .header("content-type")
+        .is_some_and(|c| c.starts_with("text/event-stream"));
+    if !streamed {
+        let v = r.json();
+        let c = &v["choices"][0];
+        return (
+            c["text"].as_str().unwrap().to_string(),
+            c["finish_reason"].as_str().unwrap().to_string(),
+        );
+    }
+    let events = r.events();
+    assert_eq!(
+        events.last().map(String::as_str),
+        Some("[DONE]"),
+        "{events:?}"
+    );
+    let (mut text, mut finish) = (String::new(), String::new());
+    for e in &events[..events.len() - 1] {
+        let v: Value = serde_json::from_str(e).unwrap();
+        text.push_str(v["choices"][0]["text"].as_str().unwrap());
+        if let Some(f) = v["choices"][0]["finish_reason"].as_str() {
+            finish = f.to_string();
+        }
+    }
+    (text, finish)
 }
 
 fn completion(s: &Server, prompt: &str, n: usize) -> Value {
@@ -78,50 +125,17 @@ fn batched_greedy_output_equals_generate_alone() {
     let port = s.port;
     let handles: Vec<_> = prompts
         .iter()
-        .cloned()
         .enumerate()
         .map(|(i, (p, n))| {
-            std::thread::spawn(move || {
-                std::thread::sleep(std::time::Duration::from_millis(40 * i as u64));
-                let body =
-                    json!({"prompt": p, "max_tokens": n, "temperature": 0, "stream": i % 2 == 1});
-                let r = serve_support::request(
-                    port,
-                    "POST",
-                    "/v1/completions",
-                    &[("Content-Type", "application/json")],
-                    body.to_string().as_bytes(),
-                );
-                assert_eq!(r.status, 200, "{}", r.text());
-                if i % 2 == 1 {
-                    let events = r.events();
-                    assert_eq!(events.last().map(String::as_str), Some("[DONE]"));
-                    let mut text = String::new();
-                    let mut finish = String::new();
-                    for e in &events[..events.len() - 1] {
-                        let v: Value = serde_json::from_str(e).unwrap();
-                        text.push_str(v["choices"][0]["text"].as_str().unwrap());
-                        if let Some(f) = v["choices"][0]["finish_reason"].as_str() {
-                            finish = f.to_string();
-                        }
-                    }
-                    (text, finish)
-                } else {
-                    let v = r.json();
-                    (
-                        v["choices"][0]["text"].as_str().unwrap().to_string(),
-                        v["choices"][0]["finish_reason"]
-                            .as_str()
-                            .unwrap()
-                            .to_string(),
-                    )
-                }
-            })
+            std::thread::sleep(std::time::Duration::from_millis(40));
+            let body =
+                json!({"prompt": p, "max_tokens": n, "temperature": 0, "stream": i % 2 == 1});
+            post_completion(port, body)
         })
         .collect();
     for ((p, n), h) in prompts.iter().zip(handles) {
-        let got = h.join().unwrap();
-        assert_eq!(got, generate_alone(&model, p, *n), "prompt {p:?}");
+        let got = answer(&h.join().unwrap());
+        assert_eq!(got, generate_alone("--cpu", &model, p, *n), "prompt {p:?}");
     }
     // The chat endpoint renders the template as generate does.
     let r = s.post_json(
@@ -371,30 +385,15 @@ fn a_small_cache_preempts_and_every_answer_stays_exact() {
     let handles: Vec<_> = prompts
         .iter()
         .map(|p| {
-            let body = json!({"prompt": p, "max_tokens": 60, "temperature": 0}).to_string();
-            std::thread::spawn(move || {
-                serve_support::request(
-                    port,
-                    "POST",
-                    "/v1/completions",
-                    &[("Content-Type", "application/json")],
-                    body.as_bytes(),
-                )
-            })
+            post_completion(
+                port,
+                json!({"prompt": p, "max_tokens": 60, "temperature": 0}),
+            )
         })
         .collect();
     for (p, h) in prompts.iter().zip(handles) {
-        let r = h.join().unwrap();
-        assert_eq!(r.status, 200, "{}", r.text());
-        let v = r.json();
-        let got = (
-            v["choices"][0]["text"].as_str().unwrap().to_string(),
-            v["choices"][0]["finish_reason"]
-                .as_str()
-                .unwrap()
-                .to_string(),
-        );
-        assert_eq!(got, generate_alone(&model, p, 60), "{p:?}");
+        let got = answer(&h.join().unwrap());
+        assert_eq!(got, generate_alone("--cpu", &model, p, 60), "{p:?}");
     }
     assert!(
         s.metric("lfm_preemptions_total") >= 1.0,
@@ -433,7 +432,7 @@ fn sixty_four_streaming_clients_get_whole_answers_and_leak_no_blocks() {
     let mut expected: HashMap<(usize, usize), (String, String)> = HashMap::new();
     for (i, p) in prompts.iter().enumerate() {
         for &n in &lengths {
-            expected.insert((i, n), generate_alone(&model, p, n));
+            expected.insert((i, n), generate_alone("--cpu", &model, p, n));
         }
     }
     let expected = std::sync::Arc::new(expected);
@@ -456,19 +455,8 @@ fn sixty_four_streaming_clients_get_whole_answers_and_leak_no_blocks() {
                         continue;
                     }
                     let r = serve_support::request(port, "POST", "/v1/completions", &[("Content-Type", "application/json")], body.as_bytes());
-                    assert_eq!(r.status, 200, "{}", r.text());
-                    let events = r.events();
-                    assert_eq!(events.last().map(String::as_str), Some("[DONE]"), "client {c}: {events:?}");
-                    let mut text = String::new();
-                    let mut finish = String::new();
-                    for e in &events[..events.len() - 1] {
-                        let v: Value = serde_json::from_str(e).unwrap();
-                        text.push_str(v["choices"][0]["text"].as_str().unwrap());
-                        if let Some(f) = v["choices"][0]["finish_reason"].as_str() {
-                            finish = f.to_string();
-                        }
-                    }
-                    assert_eq!((text, finish), expected[&(pick, n)], "client {c} request {k}");
+                    let got = answer(&r);
+                    assert_eq!(got, expected[&(pick, n)], "client {c} request {k}");
                     done += 1;
                 }
                 (done, cancelled)
@@ -537,40 +525,15 @@ fn the_gpu_backend_serves_what_generate_gives_on_the_gpu() {
     let handles: Vec<_> = prompts
         .iter()
         .map(|p| {
-            let body = json!({"prompt": p, "max_tokens": 12, "temperature": 0}).to_string();
-            std::thread::spawn(move || {
-                serve_support::request(
-                    port,
-                    "POST",
-                    "/v1/completions",
-                    &[("Content-Type", "application/json")],
-                    body.as_bytes(),
-                )
-            })
+            post_completion(
+                port,
+                json!({"prompt": p, "max_tokens": 12, "temperature": 0}),
+            )
         })
         .collect();
     for (p, h) in prompts.iter().zip(handles) {
-        let r = h.join().unwrap();
-        assert_eq!(r.status, 200, "{}", r.text());
-        let o = common::run(
-            env!("CARGO_BIN_EXE_generate"),
-            &[
-                "--gpu",
-                "-m",
-                &model,
-                "--raw",
-                "--temperature",
-                "0",
-                "-n",
-                "12",
-                "-p",
-                p,
-                "--json",
-            ],
-        );
-        assert!(o.status.success(), "{}", common::stderr(&o));
-        let v: Value = serde_json::from_str(common::stdout(&o).trim()).unwrap();
-        assert_eq!(r.json()["choices"][0]["text"], v["text"], "{p:?}");
+        let got = answer(&h.join().unwrap());
+        assert_eq!(got, generate_alone("--gpu", &model, p, 12), "{p:?}");
     }
     s.wait_metric("lfm_running_sequences", 0.0, 10);
 }

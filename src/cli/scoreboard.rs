@@ -457,12 +457,7 @@ fn roofline(
     m: &Measurement,
     bw: f64,
 ) -> f64 {
-    let attn_layers = cfg
-        .layers
-        .iter()
-        .filter(|k| **k == crate::models::llm::LayerKind::Attention)
-        .count();
-    let kv_row = 2 * attn_layers * cfg.kv_heads * cfg.head_dim * 4; // f32 K and V per position
+    let kv_row = cfg.kv_bytes_per_position();
     let n = test.tokens();
     let (passes, kv_positions) = match test {
         // One forward pass over n tokens; attention reads up to depth + n positions.
@@ -735,19 +730,9 @@ fn batched(
                     cpu_activations: Activations::Int8,
                 };
                 let most = batches.iter().max().copied().unwrap_or(1);
-                let mut loaded = models::load_batched_llm(model, &opts, None)?;
                 // Room for the largest batch, whatever the context.
-                let cfg = loaded.model.config().clone();
-                let needed = most * (pp + tg);
-                if needed > 4 * cfg.context {
-                    let attention = cfg
-                        .layers
-                        .iter()
-                        .filter(|k| **k == crate::models::llm::LayerKind::Attention)
-                        .count();
-                    let bytes = needed * 2 * attention * cfg.kv_heads * cfg.head_dim * 4;
-                    loaded = models::load_batched_llm(model, &opts, Some(bytes))?;
-                }
+                let kv = models::KvSize::Sequences(most, pp + tg);
+                let mut loaded = models::load_batched_llm(model, &opts, kv)?;
                 let backend = loaded.model.backend_name();
                 if args.output == Output::Md {
                     writeln!(

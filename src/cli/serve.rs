@@ -130,7 +130,11 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             let kv_memory = args.kv_memory;
             let id = args.alias.clone().unwrap_or_else(|| model_id(&path));
             let service = LlmService::start(id, metrics.clone(), args.parallel, move || {
-                let loaded = models::load_batched_llm(&path, &opts, kv_memory.map(|m| m << 20))?;
+                let loaded = models::load_batched_llm(
+                    &path,
+                    &opts,
+                    kv_memory.map_or(models::KvSize::Default, |m| models::KvSize::Bytes(m << 20)),
+                )?;
                 crate::util::log::notice(&format!(
                     "serve: language model {} on {} (up to {} sequences at once)",
                     path.display(),

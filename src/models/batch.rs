@@ -103,6 +103,14 @@ impl SingleSlot {
     }
 }
 
+impl SingleSlot {
+    /// Forgets the state (after a failed step its contents are unknown).
+    fn start_over(&mut self) {
+        self.model.reset();
+        self.consumed.clear();
+    }
+}
+
 impl BatchedLm for SingleSlot {
     fn config(&self) -> &LlmConfig {
         self.model.config()
@@ -128,18 +136,12 @@ impl BatchedLm for SingleSlot {
             .zip(&prompt[..prompt.len() - 1])
             .take_while(|(a, b)| a == b)
             .count();
-        let keep = if shared == self.consumed.len() {
-            Ok(())
-        } else if shared >= self.model.min_truncate_pos() {
-            self.model.truncate(shared)
-        } else {
-            Err(Error::invalid("cannot cut back"))
-        };
-        if keep.is_ok() {
+        let kept = shared == self.consumed.len()
+            || (shared >= self.model.min_truncate_pos() && self.model.truncate(shared).is_ok());
+        if kept {
             self.consumed.truncate(shared);
         } else {
-            self.model.reset();
-            self.consumed.clear();
+            self.start_over();
         }
         let id = self.next_id;
         self.next_id += 1;
@@ -174,9 +176,7 @@ impl BatchedLm for SingleSlot {
                     out.push(l);
                 }
                 Err(e) => {
-                    // The state is unknown now: start the next one afresh.
-                    self.model.reset();
-                    self.consumed.clear();
+                    self.start_over();
                     return Err(e);
                 }
             }
@@ -213,10 +213,7 @@ impl BatchedLm for SingleSlot {
         };
         match &next {
             Ok(_) => self.consumed.push(token),
-            Err(_) => {
-                self.model.reset();
-                self.consumed.clear();
-            }
+            Err(_) => self.start_over(),
         }
         Some(next)
     }
@@ -243,10 +240,7 @@ impl BatchedLm for SingleSlot {
                 produced.pop();
                 self.consumed.extend(produced);
             }
-            Err(_) => {
-                self.model.reset();
-                self.consumed.clear();
-            }
+            Err(_) => self.start_over(),
         }
         Some(result)
     }

@@ -241,6 +241,17 @@ impl LlmConfig {
         Ok(())
     }
 
+    /// Bytes of f32 keys and values one cached position takes over every
+    /// attention layer.
+    pub fn kv_bytes_per_position(&self) -> usize {
+        let attention = self
+            .layers
+            .iter()
+            .filter(|k| **k == LayerKind::Attention)
+            .count();
+        2 * attention * self.kv_heads * self.head_dim * std::mem::size_of::<f32>()
+    }
+
     /// Whether attention layer `layer` sees only the last `sliding_window`
     /// positions.
     pub fn is_sliding(&self, layer: usize) -> bool {

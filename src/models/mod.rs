@@ -162,23 +162,28 @@ pub struct LoadedBatch {
     pub path: PathBuf,
 }
 
+/// How large a batched model's KV cache is.
+#[derive(Clone, Copy, Debug)]
+pub enum KvSize {
+    /// Four full contexts.
+    Default,
+    /// At most this many bytes (`serve --kv-memory`).
+    Bytes(usize),
+    /// Room for this many sequences of this many positions each (a
+    /// benchmark's batch).
+    Sequences(usize, usize),
+}
+
 /// Opens a checkpoint for batched serving: on the CPU, continuous batching
-/// over a paged cache of `kv_bytes` (default: four full contexts); any
-/// other backend serves one sequence at a time.
-pub fn load_batched_llm(
-    path: &Path,
-    opts: &LoadOptions,
-    kv_bytes: Option<usize>,
-) -> Result<LoadedBatch> {
+/// over a paged cache of `kv`; any other backend serves one sequence at a
+/// time (in its own growing cache).
+pub fn load_batched_llm(path: &Path, opts: &LoadOptions, kv: KvSize) -> Result<LoadedBatch> {
     let (cfg, weights, tokenizer, defaults) = open_converted(path, opts)?;
-    // f32 keys and values of every attention layer.
-    let attention = cfg
-        .layers
-        .iter()
-        .filter(|k| **k == llm::LayerKind::Attention)
-        .count();
-    let per_position = (2 * attention * cfg.kv_heads * cfg.head_dim * 4).max(1);
-    let positions = kv_bytes.map_or(4 * cfg.context, |b| (b / per_position).max(1));
+    let positions = match kv {
+        KvSize::Default => 4 * cfg.context,
+        KvSize::Bytes(b) => (b / cfg.kv_bytes_per_position().max(1)).max(1),
+        KvSize::Sequences(n, len) => n * kv_blocks::blocks_for(len) * kv_blocks::BLOCK,
+    };
     let (model, _) = opts.device.build(
         || -> Result<Box<dyn batch::BatchedLm>> {
             Ok(Box::new(llm_cpu::CpuBatch::new(

@@ -10,7 +10,7 @@ use crate::grammar::{json_schema, Grammar};
 use crate::run::chat::Message;
 use crate::run::embed::{EmbedOptions, Embedder};
 use crate::run::generate::Logprob;
-use axum::body::{Body, Bytes};
+use axum::body::Body;
 use axum::extract::{Request, State};
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::middleware::{self, Next};
@@ -223,11 +223,27 @@ fn unix_now() -> u64 {
         .map_or(0, |d| d.as_secs())
 }
 
-/// Reads the body (refusing more than the limit with 413) and parses it
-/// as `T`, naming the field that is wrong.
+/// Reads the body as JSON, refusing more than the limit with 413.
+async fn read_value(s: &AppState, body: Body) -> ApiResult<Value> {
+    let bytes = axum::body::to_bytes(body, s.max_body).await.map_err(|_| {
+        ApiError::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "invalid_request_error",
+            format!("the request body is larger than {} bytes", s.max_body),
+        )
+    })?;
+    serde_json::from_slice(&bytes).map_err(|e| {
+        ApiError::new(
+            StatusCode::BAD_REQUEST,
+            "invalid_request_error",
+            format!("the body is not valid JSON: {e}"),
+        )
+    })
+}
+
+/// Reads the body as `T`, naming the field that is wrong.
 pub async fn read_json<T: DeserializeOwned>(s: &AppState, body: Body) -> ApiResult<T> {
-    let bytes = read_body(s, body).await?;
-    parse_json(&bytes)
+    from_value(&read_value(s, body).await?)
 }
 
 /// A completion request and its sampling fields, read from one body.
@@ -235,7 +251,7 @@ async fn read_with_sampling<T: DeserializeOwned>(
     s: &AppState,
     body: Body,
 ) -> ApiResult<(T, api::Sampling)> {
-    let v: Value = read_json(s, body).await?;
+    let v = read_value(s, body).await?;
     Ok((from_value(&v)?, from_value(&v)?))
 }
 
@@ -247,37 +263,7 @@ fn from_value<T: DeserializeOwned>(v: &Value) -> ApiResult<T> {
             Some(p) => format!("{p}: {}", e.inner()),
             None => e.inner().to_string(),
         };
-        ApiError {
-            param,
-            ..ApiError::new(StatusCode::BAD_REQUEST, "invalid_request_error", message)
-        }
-    })
-}
-
-pub async fn read_body(s: &AppState, body: Body) -> ApiResult<Bytes> {
-    axum::body::to_bytes(body, s.max_body).await.map_err(|_| {
-        ApiError::new(
-            StatusCode::PAYLOAD_TOO_LARGE,
-            "invalid_request_error",
-            format!("the request body is larger than {} bytes", s.max_body),
-        )
-    })
-}
-
-fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> ApiResult<T> {
-    let de = &mut serde_json::Deserializer::from_slice(bytes);
-    serde_path_to_error::deserialize(de).map_err(|e| {
-        let path = e.path().to_string();
-        let inner = e.into_inner();
-        let param = (path != ".").then_some(path);
-        let message = match &param {
-            Some(p) if !inner.is_syntax() && !inner.is_eof() => format!("{p}: {inner}"),
-            _ => format!("the body is not valid JSON: {inner}"),
-        };
-        ApiError {
-            param,
-            ..ApiError::new(StatusCode::BAD_REQUEST, "invalid_request_error", message)
-        }
+        BadRequest { message, param }.into()
     })
 }
 

@@ -277,14 +277,12 @@ pub fn run(
                 let r = &mut running[i];
                 let token = r.last.expect("decoding");
                 let t0 = Instant::now();
-                let internal =
-                    || Error::invalid("the model failed on this step (an internal error)");
                 let fast = if r.sampler.is_greedy() {
                     // Greedy: the backend runs ahead until the sequence ends,
                     // its client goes, or another request arrives.
                     let mut failed = None;
                     let remaining = r.req.max_tokens.saturating_sub(r.generated).max(1);
-                    let ran = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                    let ran = unwinding(|| {
                         model.greedy_run(r.id, token, remaining, &mut |t| {
                             if let Err(e) = accept(r, t, &eos, tokenizer, &metrics) {
                                 failed = Some(e);
@@ -295,18 +293,16 @@ pub fn run(
                             }
                             r.last.is_some() && arrived.is_empty() && !r.req.events.is_closed()
                         })
-                    }))
-                    .unwrap_or_else(|_| Some(Err(internal())));
+                    })
+                    .unwrap_or_else(|| Some(Err(internal_error())));
                     ran.map(|res| match (res, failed) {
                         (Err(e), _) | (Ok(_), Some(e)) => Err(e),
                         (Ok(_), None) => Ok(()),
                     })
                 } else {
-                    std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                        model.step_sampled(r.id, token, &mut r.sampler, &r.history)
-                    }))
-                    .unwrap_or_else(|_| Some(Err(internal())))
-                    .map(|next| next.and_then(|t| accept(r, t, &eos, tokenizer, &metrics)))
+                    unwinding(|| model.step_sampled(r.id, token, &mut r.sampler, &r.history))
+                        .unwrap_or_else(|| Some(Err(internal_error())))
+                        .map(|next| next.and_then(|t| accept(r, t, &eos, tokenizer, &metrics)))
                 };
                 if let Some(outcome) = fast {
                     metrics.observe_step(t0.elapsed(), 1);
@@ -352,12 +348,7 @@ pub fn run(
             .collect();
         let t0 = Instant::now();
         // A panic fails this step's requests, not the server.
-        let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| model.step(&work)))
-            .unwrap_or_else(|_| {
-                Err(Error::invalid(
-                    "the model failed on this batch (an internal error)",
-                ))
-            });
+        let result = unwinding(|| model.step(&work)).unwrap_or_else(|| Err(internal_error()));
         metrics.observe_step(t0.elapsed(), work.len());
         let mut finished = vec![false; running.len()];
         match result {
@@ -377,10 +368,8 @@ pub fn run(
                             .prompt_tokens
                             .fetch_add(r.req.prompt.len() as u64, Ordering::Relaxed);
                     }
-                    let produced = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                        produce(r, &logits, &eos, tokenizer, &metrics)
-                    }))
-                    .unwrap_or_else(|_| Err(Error::invalid("sampling failed (an internal error)")));
+                    let produced = unwinding(|| produce(r, &logits, &eos, tokenizer, &metrics))
+                        .unwrap_or_else(|| Err(internal_error()));
                     if let Err(e) = produced {
                         let _ = r.req.events.send(GenEvent::Failed(e.to_string()));
                         finished[*i] = true;
@@ -409,6 +398,16 @@ pub fn run(
         });
         publish(model, running.len(), &metrics);
     }
+}
+
+/// Runs `f`, None when it panics: a panic in the model or the sampler fails
+/// the requests of that step, not the server.
+fn unwinding<T>(f: impl FnOnce() -> T) -> Option<T> {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).ok()
+}
+
+fn internal_error() -> Error {
+    Error::invalid("the model failed on this step (an internal error)")
 }
 
 /// The gauges: running sequences and cache blocks.
