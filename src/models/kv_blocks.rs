@@ -55,6 +55,9 @@ pub struct BlockPool {
     clock: u64,
     /// Blocks promised to admitted sequences but not yet taken.
     reserved: usize,
+    /// Blocks with a reference (kept as a count: the gauges read it every
+    /// step).
+    held: usize,
 }
 
 impl BlockPool {
@@ -70,6 +73,7 @@ impl BlockPool {
             released_at: Vec::new(),
             clock: 0,
             reserved: 0,
+            held: 0,
         }
     }
 
@@ -80,7 +84,7 @@ impl BlockPool {
 
     pub fn usage(&self) -> BlockUsage {
         BlockUsage {
-            in_use: self.refs.iter().filter(|&&r| r > 0).count(),
+            in_use: self.held,
             cached: self.lru.len(),
             total: self.total,
         }
@@ -133,6 +137,7 @@ impl BlockPool {
             id
         };
         self.refs[id as usize] = 1;
+        self.held += 1;
         Some(id)
     }
 
@@ -143,6 +148,7 @@ impl BlockPool {
         let i = id as usize;
         if self.refs[i] == 0 {
             self.lru.remove(&self.released_at[i]);
+            self.held += 1;
         }
         self.refs[i] += 1;
         Some(id)
@@ -170,6 +176,7 @@ impl BlockPool {
         if self.refs[i] > 0 {
             return;
         }
+        self.held -= 1;
         if self.key_of[i].is_some() {
             self.clock += 1;
             self.released_at[i] = self.clock;
