@@ -1,9 +1,11 @@
 //! The encoder families beyond BERT against sentence-transformers, on tiny
 //! random checkpoints (samples/fixtures/encoders, made by
-//! scripts/fixtures/encoders.py): XLM-RoBERTa, NomicBERT, GTE and ModernBERT
+//! scripts/fixtures/encoders.py and encoders_extra.py): XLM-RoBERTa,
+//! NomicBERT, GTE (also with gte-v1.5's fixed NTK RoPE scaling) and ModernBERT
 //! embeddings (the same tokens, cosine >= 0.99999 on the CPU and the GPU),
 //! the options (prompts, truncation, quantised precisions, max_seq_length)
-//! and cross-encoder scores (within 1e-4 of CrossEncoder.predict).
+//! and cross-encoder scores of BERT, XLM-R and ModernBERT (mean pooling)
+//! heads (within 1e-4 of CrossEncoder.predict).
 
 use lfm::gpu::{Gpu, GpuOptions};
 use lfm::models::encoder::EncoderGemm;
@@ -91,7 +93,13 @@ fn gpu() -> Option<Arc<Gpu>> {
     }
 }
 
-const FAMILIES: [&str; 4] = ["tiny-xlmr", "tiny-nomic", "tiny-gte", "tiny-modernbert"];
+const FAMILIES: [&str; 5] = [
+    "tiny-xlmr",
+    "tiny-nomic",
+    "tiny-gte",
+    "tiny-modernbert",
+    "tiny-gte-ntk",
+];
 
 fn opts(batch_size: usize) -> EmbedOptions {
     EmbedOptions {
@@ -255,7 +263,11 @@ fn check_rerank(gpu: Option<Arc<Gpu>>, gemm: EncoderGemm) {
     let gold = Gold::load();
     let query = gold.meta["query"].as_str().unwrap();
     let docs: Vec<String> = serde_json::from_value(gold.meta["docs"].clone()).unwrap();
-    for name in ["tiny-bert-rerank", "tiny-xlmr-rerank"] {
+    for name in [
+        "tiny-bert-rerank",
+        "tiny-xlmr-rerank",
+        "tiny-modernbert-rerank",
+    ] {
         let mut e = Embedder::load_for(&dir().join(name), gpu.clone(), Task::Rerank).unwrap();
         e.set_gpu_gemm(gemm);
         let r = &gold.meta["rerank"][name];

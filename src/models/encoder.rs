@@ -102,6 +102,24 @@ pub struct EncoderConfig {
     /// ModernBERT's pre-norm layers with a final norm.
     pub pre_norm: bool,
     pub layers: Vec<LayerSpec>,
+    /// GTE's fixed NTK-aware RoPE scaling factor (`rope_scaling: {type:
+    /// ntk, factor}`, gte-*-v1.5); 1: none.
+    pub rope_ntk_factor: f32,
+    /// How a cross-encoder's head pools and transforms (when it has one).
+    pub classifier: ClassifierSpec,
+}
+
+/// A sequence-classification head's shape, from config.json: BERT and XLM-R
+/// pool the first token through dense + tanh; ModernBERT pools the first
+/// token or the mean (`classifier_pooling`) through dense (+ bias when
+/// `classifier_bias`) + `classifier_activation` + LayerNorm.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct ClassifierSpec {
+    pub mean_pooling: bool,
+    /// None: tanh (BERT's pooler).
+    pub act: Option<Activation>,
+    pub dense_bias: bool,
+    pub norm: bool,
 }
 
 /// `layer_norm_eps` when config.json leaves it out (transformers' BertConfig default).
@@ -283,6 +301,7 @@ impl EncoderConfig {
                 .and_then(Value::as_f64)
                 .map(|t| t as f32)
         };
+        let mut rope_ntk_factor = 1.0;
         let layers = match family {
             Family::Bert | Family::XlmRoberta => vec![
                 LayerSpec {
@@ -293,10 +312,18 @@ impl EncoderConfig {
             ],
             Family::NomicBert | Family::Gte => {
                 if let Some(s) = v.get("rope_scaling").filter(|s| !s.is_null()) {
-                    return Err(Error::unsupported(
-                        path,
-                        format!("rope_scaling {s} (plain RoPE only)"),
-                    ));
+                    rope_ntk_factor = match (family, ntk_factor(s)) {
+                        (Family::Gte, Some(f)) => f,
+                        _ => {
+                            return Err(Error::unsupported(
+                                path,
+                                format!(
+                                    "rope_scaling {s} (plain RoPE; GTE also fixed NTK: \
+                                     {{\"type\": \"ntk\", \"factor\": F}})"
+                                ),
+                            ))
+                        }
+                    };
                 }
                 let default = if family == Family::NomicBert {
                     NOMIC_ROPE_THETA
@@ -385,6 +412,8 @@ impl EncoderConfig {
             layer_norm_eps,
             pre_norm: family == Family::ModernBert,
             layers,
+            rope_ntk_factor,
+            classifier: classifier_spec(&j, family)?,
         };
         if family == Family::ModernBert && j.bool("attention_bias", false) {
             return Err(Error::unsupported(
@@ -478,7 +507,18 @@ impl EncoderConfig {
     /// cos/sin of every token's RoPE angles with base `theta`: [tokens, hd / 2, 2].
     fn rope_table(&self, batch: &Batch, theta: f32) -> Vec<f32> {
         let hd = self.head_dim();
-        let freqs = cpu::rope_freqs(theta, hd);
+        let freqs = if self.rope_ntk_factor == 1.0 {
+            cpu::rope_freqs(theta, hd)
+        } else {
+            // Fixed NTK (GTE's NTKScalingRotaryEmbedding, as vLLM computes
+            // it): the base times the factor, every frequency then divided
+            // by factor^(2 / head_dim).
+            let f = self.rope_ntk_factor as f64;
+            let shrink = f.powf(2.0 / hd as f64);
+            (0..hd / 2)
+                .map(|i| (theta as f64 * f).powf(-2.0 * i as f64 / hd as f64) / shrink)
+                .collect()
+        };
         let mut out = Vec::with_capacity(batch.tokens() * hd);
         for s in &batch.seqs {
             let p0 = batch.positions[s.q_start] as usize;
@@ -486,6 +526,49 @@ impl EncoderConfig {
         }
         out
     }
+}
+
+/// The factor of a fixed NTK `rope_scaling` (`type` or `rope_type` "ntk",
+/// `factor` > 0, no `mixed_b`), else None.
+fn ntk_factor(s: &Value) -> Option<f32> {
+    let kind = s.get("type").or_else(|| s.get("rope_type"))?.as_str()?;
+    let factor = s.get("factor")?.as_f64().filter(|f| *f > 0.0)?;
+    (kind == "ntk" && s.get("mixed_b").is_none_or(Value::is_null)).then_some(factor as f32)
+}
+
+/// The classification head's shape of a family (see [`ClassifierSpec`]).
+fn classifier_spec(j: &Json, family: Family) -> Result<ClassifierSpec> {
+    if family != Family::ModernBert {
+        return Ok(ClassifierSpec {
+            mean_pooling: false,
+            act: None,
+            dense_bias: true,
+            norm: false,
+        });
+    }
+    let mean_pooling = match j.str(&["classifier_pooling"]).unwrap_or("cls") {
+        "cls" => false,
+        "mean" => true,
+        other => {
+            return Err(Error::unsupported(
+                j.path,
+                format!("classifier_pooling {other:?} (cls, mean)"),
+            ))
+        }
+    };
+    let name = j.str(&["classifier_activation"]).unwrap_or("gelu");
+    let act = Activation::from_hf(name).ok_or_else(|| {
+        Error::unsupported(
+            j.path,
+            format!("classifier_activation {name:?} (gelu, gelu_new, relu, silu)"),
+        )
+    })?;
+    Ok(ClassifierSpec {
+        mean_pooling,
+        act: Some(act),
+        dense_bias: j.bool("classifier_bias", false),
+        norm: true,
+    })
 }
 
 /// A LayerNorm's scale and shift (zeros for ModernBERT's bias-free norms).
@@ -527,13 +610,18 @@ pub struct EncoderWeights {
     pub final_norm: Option<Norm>,
 }
 
-/// A cross-encoder's classification head on the first token's vector:
-/// logits = W_out · tanh(W_dense · h[0] + b) + b_out (BERT: the pooler and
-/// `classifier`; XLM-R: `classifier.dense` and `classifier.out_proj`).
+/// A cross-encoder's classification head: the pooled vector p (first token,
+/// or ModernBERT's mean), h = act(W_dense p + b) (tanh: BERT's pooler),
+/// ModernBERT's LayerNorm of h, logits = W_out h + b_out (BERT: the pooler and
+/// `classifier`; XLM-R: `classifier.dense` and `classifier.out_proj`;
+/// ModernBERT: `head.dense`, `head.norm` and `classifier`).
 pub struct ClassifierHead {
-    /// [d, d], `[d]`
+    pub spec: ClassifierSpec,
+    /// [d, d], `[d]` (zeros without a bias)
     pub dense_w: Vec<f32>,
     pub dense_b: Vec<f32>,
+    pub norm: Option<Norm>,
+    pub norm_eps: f32,
     /// [labels, d], `[labels]`
     pub out_w: Vec<f32>,
     pub out_b: Vec<f32>,
@@ -541,17 +629,37 @@ pub struct ClassifierHead {
 }
 
 impl ClassifierHead {
-    /// Logits of every sequence, [seqs, labels], from its first token's row of `hidden`.
+    /// Logits of every sequence, [seqs, labels], from its rows of `hidden`.
     pub fn logits(&self, hidden: &[f32], d: usize, seqs: &[SeqSpan]) -> Vec<f32> {
         let mut out = Vec::with_capacity(seqs.len() * self.labels);
         let mut pooled = vec![0.0f32; d];
+        let mut h = vec![0.0f32; d];
         for s in seqs {
-            let cls = &hidden[s.q_start * d..(s.q_start + 1) * d];
-            for (i, p) in pooled.iter_mut().enumerate() {
-                *p = (cpu::dot(&self.dense_w[i * d..(i + 1) * d], cls) + self.dense_b[i]).tanh();
+            let rows = &hidden[s.q_start * d..(s.q_start + s.q_len.max(1)) * d];
+            if self.spec.mean_pooling {
+                pooled.fill(0.0);
+                for r in rows.chunks_exact(d) {
+                    pooled.iter_mut().zip(r).for_each(|(p, v)| *p += v);
+                }
+                let n = (rows.len() / d) as f32;
+                pooled.iter_mut().for_each(|p| *p /= n);
+            } else {
+                pooled.copy_from_slice(&rows[..d]);
+            }
+            for (i, v) in h.iter_mut().enumerate() {
+                let z = cpu::dot(&self.dense_w[i * d..(i + 1) * d], &pooled) + self.dense_b[i];
+                *v = match self.spec.act {
+                    None => z.tanh(),
+                    Some(a) => a.apply(z),
+                };
+            }
+            if let Some(n) = &self.norm {
+                let mut y = vec![0.0f32; d];
+                cpu::layer_norm(&h, &n.w, &n.b, self.norm_eps, &mut y);
+                h = y;
             }
             for l in 0..self.labels {
-                out.push(cpu::dot(&self.out_w[l * d..(l + 1) * d], &pooled) + self.out_b[l]);
+                out.push(cpu::dot(&self.out_w[l * d..(l + 1) * d], &h) + self.out_b[l]);
             }
         }
         out
@@ -1030,7 +1138,8 @@ fn load_weights(
 }
 
 /// A sequence-classification head, when the checkpoint has one (BERT:
-/// `bert.pooler.dense` + `classifier`; XLM-R: `classifier.dense` + `classifier.out_proj`).
+/// `bert.pooler.dense` + `classifier`; XLM-R: `classifier.dense` +
+/// `classifier.out_proj`; ModernBERT: `head.dense` + `head.norm` + `classifier`).
 fn load_head(ts: &Tensors, c: &EncoderConfig) -> Result<Option<ClassifierHead>> {
     let d = c.hidden_size;
     let labels_of = |name: &str| -> Option<usize> {
@@ -1042,7 +1151,12 @@ fn load_head(ts: &Tensors, c: &EncoderConfig) -> Result<Option<ClassifierHead>> 
     let (dense, out) = if ts.st.tensor("classifier.out_proj.weight").is_ok() {
         ("classifier.dense".to_string(), "classifier.out_proj")
     } else if ts.st.tensor("classifier.weight").is_ok() {
-        (format!("{}pooler.dense", ts.prefix), "classifier")
+        let dense = if c.family == Family::ModernBert {
+            "head.dense".to_string()
+        } else {
+            format!("{}pooler.dense", ts.prefix)
+        };
+        (dense, "classifier")
     } else {
         return Ok(None);
     };
@@ -1050,15 +1164,31 @@ fn load_head(ts: &Tensors, c: &EncoderConfig) -> Result<Option<ClassifierHead>> 
     let labels = labels_of(&out_w_name).ok_or_else(|| {
         Error::format(ts.path, format!("tensor {out_w_name} is not [labels, {d}]"))
     })?;
-    if c.family == Family::ModernBert {
-        return Err(Error::unsupported(
-            ts.path,
-            "a ModernBERT classification head (cross-encoders: BERT, XLM-R)",
-        ));
-    }
+    let spec = c.classifier;
+    let dense_b = if spec.dense_bias {
+        ts.read(&format!("{dense}.bias"), &[d])?
+    } else {
+        vec![0.0; d]
+    };
+    let norm = if spec.norm {
+        let b = if ts.st.tensor("head.norm.bias").is_ok() {
+            ts.read("head.norm.bias", &[d])?
+        } else {
+            vec![0.0; d]
+        };
+        Some(Norm {
+            w: ts.read("head.norm.weight", &[d])?,
+            b,
+        })
+    } else {
+        None
+    };
     Ok(Some(ClassifierHead {
+        spec,
         dense_w: ts.read(&format!("{dense}.weight"), &[d, d])?,
-        dense_b: ts.read(&format!("{dense}.bias"), &[d])?,
+        dense_b,
+        norm,
+        norm_eps: c.layer_norm_eps,
         out_w: ts.read(&out_w_name, &[labels, d])?,
         out_b: ts.read(&format!("{out}.bias"), &[labels])?,
         labels,
@@ -1631,14 +1761,27 @@ mod tests {
             .unwrap()
             .to_string();
         assert!(e.contains("\"deberta-v2\"") && e.contains(SUPPORTED), "{e}");
-        let e = parse(
-            r#"{"model_type": "gte", "hidden_size": 8, "num_hidden_layers": 1,
-                "num_attention_heads": 2, "intermediate_size": 8, "vocab_size": 8,
-                "max_position_embeddings": 8, "rope_scaling": {"type": "ntk", "factor": 2.0}}"#,
-        )
-        .err()
-        .unwrap()
-        .to_string();
-        assert!(e.contains("rope_scaling"), "{e}");
+    }
+
+    #[test]
+    fn rope_scaling_fixed_ntk_on_gte_only() {
+        let config = |family: &str, scaling: &str| {
+            format!(
+                r#"{{"model_type": "{family}", "hidden_size": 8, "num_hidden_layers": 1,
+                    "num_attention_heads": 2, "intermediate_size": 8, "vocab_size": 8,
+                    "max_position_embeddings": 8, "rope_scaling": {scaling}}}"#
+            )
+        };
+        let c = parse(&config("new", r#"{"type": "ntk", "factor": 2.0}"#)).unwrap();
+        assert_eq!(c.rope_ntk_factor, 2.0);
+        for (family, scaling) in [
+            ("gte", r#"{"type": "ntk", "factor": 2.0, "mixed_b": 0.5}"#),
+            ("gte", r#"{"type": "dynamic", "factor": 2.0}"#),
+            ("gte", r#"{"type": "ntk", "factor": 0}"#),
+            ("nomic_bert", r#"{"type": "ntk", "factor": 2.0}"#),
+        ] {
+            let e = parse(&config(family, scaling)).err().unwrap().to_string();
+            assert!(e.contains("rope_scaling"), "{family} {scaling}: {e}");
+        }
     }
 }
