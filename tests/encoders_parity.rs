@@ -161,7 +161,7 @@ fn tokens_match_sentence_transformers() {
 
 #[test]
 fn cpu_matches_sentence_transformers() {
-    check_families(None, EncoderGemm::Auto, BAR);
+    check_families(None, EncoderGemm::Dense, BAR);
 }
 
 #[test]
@@ -295,7 +295,7 @@ fn check_rerank(gpu: Option<Arc<Gpu>>, gemm: EncoderGemm) {
 
 #[test]
 fn cpu_rerank_matches_cross_encoder() {
-    check_rerank(None, EncoderGemm::Auto);
+    check_rerank(None, EncoderGemm::Dense);
 }
 
 #[test]

@@ -78,6 +78,26 @@ def run_ours(binary, extra, path, batch):
     return int(m.group(1)) / float(m.group(3)), int(m.group(2)), device
 
 
+def same_weights(st, binary, extra, batch, n):
+    """Lowest cosine between our vectors and sentence-transformers' for the
+    benchmark's first n sentences."""
+    import numpy as np
+
+    sents = sentences(n)
+    with tempfile.TemporaryDirectory() as d:
+        path, npy = os.path.join(d, "s.txt"), os.path.join(d, "v.npy")
+        with open(path, "w", encoding="utf-8") as f:
+            f.write("\n".join(sents) + "\n")
+        cmd = [binary, "--input", path, "--batch-size", str(batch), "--output", npy, *extra]
+        p = subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        if p.returncode != 0:
+            sys.exit(f"{' '.join(cmd)} failed:\n{p.stderr}")
+        got = np.load(npy)
+    want = st.encode(sents, batch_size=batch, convert_to_numpy=True)
+    cos = (got * want).sum(1) / (np.linalg.norm(got, axis=1) * np.linalg.norm(want, axis=1))
+    return float(cos.min())
+
+
 def mean_sd(xs):
     return statistics.mean(xs), (statistics.stdev(xs) if len(xs) > 1 else 0.0)
 
@@ -113,6 +133,10 @@ def main():
     ap.add_argument("--threads", type=int, help="CPU threads for both sides (torch, rayon)")
     ap.add_argument("--out")
     ap.add_argument("--parity", action="store_true")
+    ap.add_argument("--same-weights", action="store_true",
+                    help="compare our vectors with sentence-transformers' on the benchmark's own "
+                         "sentences at the largest batch (for a model without gold vectors, such as "
+                         "a random one of the real shapes)")
     args = ap.parse_args()
     extra = args.ours_args.split()
 
@@ -165,6 +189,9 @@ def main():
     say("|---:|---:|---:|---:|---:|")
     for b, n, tokens, om, osd, sm, ssd in rows:
         say(f"| {b} | {n} ({tokens}) | {om:.1f} ± {osd:.1f} | {sm:.1f} ± {ssd:.1f} | {om / sm:.2f} |")
+    if args.same_weights:
+        say()
+        say(f"- same weights: lowest cosine of ours to sentence-transformers' vectors: {same_weights(st, args.binary, extra, batches[-1], args.sentences):.7f}")
     if args.parity:
         say()
         say(f"- parity: lowest cosine to the sentence-transformers gold vectors: {parity(args.binary, extra):.7f}")

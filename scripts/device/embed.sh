@@ -10,6 +10,11 @@
 #      sentence-transformers on the CPU (skip with EMBED_SKIP_CPU=1).
 # Needs: target/release/embed (or EMBED_BIN), samples/models/all-minilm-l6-v2,
 # python3 with torch, sentence-transformers, numpy, safetensors.
+# EMBED_SAME_WEIGHTS=1: the model holds weights without gold vectors (random
+# ones of the real shapes, scripts/device/random_encoder.py), so the parity
+# step compares our vectors with sentence-transformers' on the benchmark's
+# sentences instead. EMBED_NO_COOP=1 adds a GPU run with
+# LFM_NO_COOP_MATRIX=1 (the portable GEMM on the same GPU).
 # Results go to $OUT (embed_gpu.md, embed_cpu.md, logs), and to stdout.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -23,15 +28,23 @@ mkdir -p "$OUT"
 echo "commit: $(git rev-parse --short HEAD 2>/dev/null || echo unknown)" >> "$OUT/gpu.txt"
 cat "$OUT/gpu.txt"
 
+check=--parity
+[[ -n ${EMBED_SAME_WEIGHTS:-} ]] && check=--same-weights
 echo "== embed: GPU (ours, Vulkan) vs sentence-transformers (CUDA)"
 python3 scripts/bench/embed_bench.py --binary "$BIN" --st-device cuda \
     --batch-sizes 1,32,256 --sentences 4096 --sentences-batch1 512 --repeats 5 \
-    --parity --out "$OUT/embed_gpu.md" 2> >(tee "$OUT/embed_gpu.log" >&2)
+    $check --out "$OUT/embed_gpu.md" 2> >(tee "$OUT/embed_gpu.log" >&2)
+if [[ -n ${EMBED_NO_COOP:-} ]]; then
+    echo "== embed: GPU with LFM_NO_COOP_MATRIX=1 (portable GEMM)"
+    LFM_NO_COOP_MATRIX=1 python3 scripts/bench/embed_bench.py --binary "$BIN" --st-device cuda \
+        --batch-sizes 1,32,256 --sentences 4096 --sentences-batch1 512 --repeats 5 \
+        $check --out "$OUT/embed_gpu_nocoop.md" 2> >(tee "$OUT/embed_gpu_nocoop.log" >&2)
+fi
 
 if [[ -z ${EMBED_SKIP_CPU:-} ]]; then
     echo "== embed: CPU (ours --cpu vs sentence-transformers on the CPU)"
     python3 scripts/bench/embed_bench.py --binary "$BIN" --ours-args=--cpu --st-device cpu \
         --batch-sizes 1,32,256 --sentences 1024 --sentences-batch1 128 --repeats 3 \
-        --parity --out "$OUT/embed_cpu.md" 2> >(tee "$OUT/embed_cpu.log" >&2)
+        $check --out "$OUT/embed_cpu.md" 2> >(tee "$OUT/embed_cpu.log" >&2)
 fi
 echo "embed.sh: results in $OUT"

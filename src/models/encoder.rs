@@ -1248,22 +1248,14 @@ pub struct GpuEncoder {
 /// Which kernel runs the encoder's linear layers.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum EncoderGemm {
-    /// The GEMM on cooperative matrices (f16 products, f32 sums) for
-    /// batches of at least [`COOP_MIN_TOKENS`] tokens where the adapter has
-    /// them; the dense f32 matmul otherwise.
-    Auto,
-    /// Always the dense f32 matmul (fused bias, activation, residual).
+    /// The dense f32 matmul (fused bias, activation, residual): the default,
+    /// since on the H200 it outran the prefill GEMM on cooperative matrices
+    /// at every batch size measured (BENCHMARKS.md, embed).
     Dense,
-    /// Always the prefill GEMM (`llm_ops::gemm`, after a `bias_rows` fill),
+    /// The prefill GEMM (`llm_ops::gemm`, after a `bias_rows` fill),
     /// portable or cooperative as the adapter allows (tests run it on any adapter).
     Gemm,
 }
-
-/// Batches this large go to the cooperative-matrix GEMM under
-/// [`EncoderGemm::Auto`]: below it a batch is too small to fill the GPU's
-/// tensor cores, and f32 products keep the small batches of interactive use
-/// (and the parity tests) at f32 accuracy.
-pub const COOP_MIN_TOKENS: usize = 512;
 
 struct GpuNorm {
     w: wgpu::Buffer,
@@ -1358,18 +1350,13 @@ impl GpuEncoder {
                 "zeros",
                 &vec![0.0; (3 * model.config.hidden_size).max(model.config.ffn_width())],
             )?,
-            gemm: EncoderGemm::Auto,
+            gemm: EncoderGemm::Dense,
         };
         // One tiny pass compiles every pipeline (some drivers only finish
         // compiling at the first dispatch), so the first real batch is as
         // fast as the rest.
         let d = model.config.hidden_size;
         gpu_model.forward(gpu, &Batch::new(&[[0u32, 0]]), &vec![0.0; 2 * d])?;
-        if gpu_model.gemm_for(gpu, COOP_MIN_TOKENS).is_some() {
-            // And the batch path's GEMMs, in sequences of two tokens.
-            let seqs = vec![[0u32, 0]; COOP_MIN_TOKENS / 2];
-            gpu_model.forward(gpu, &Batch::new(&seqs), &vec![0.0; COOP_MIN_TOKENS * d])?;
-        }
         Ok(gpu_model)
     }
 
@@ -1378,15 +1365,12 @@ impl GpuEncoder {
         self.gemm = gemm;
     }
 
-    /// The GEMM kernel for a batch of `t` tokens, or None for the dense matmul.
-    fn gemm_for(&self, gpu: &Gpu, t: usize) -> Option<llm_ops::GemmKernel> {
+    /// The GEMM kernel of the linear layers, or None for the dense matmul.
+    fn gemm_kernel(&self, gpu: &Gpu) -> Option<llm_ops::GemmKernel> {
         let coop = gpu.caps.coop_matrix;
         match self.gemm {
             EncoderGemm::Dense => None,
             EncoderGemm::Gemm => Some(llm_ops::GemmKernel::for_adapter(coop)),
-            EncoderGemm::Auto => {
-                (coop && t >= COOP_MIN_TOKENS).then_some(llm_ops::GemmKernel::Coop)
-            }
         }
     }
 
@@ -1473,7 +1457,7 @@ impl GpuEncoder {
         let qkv = gpu.scratch("qkv", bytes(t * 3 * d))?;
         let ctx = gpu.scratch("context", bytes(t * d))?;
         let f = gpu.scratch("intermediate", bytes(t * c.ffn_width()))?;
-        let gemm = self.gemm_for(gpu, t);
+        let gemm = self.gemm_kernel(gpu);
         // The activation's output: gated, or GELU apart from the GEMM.
         let unfused_gelu = gemm.is_some() && !c.gated && c.hidden_act == Activation::Gelu;
         let g = if c.gated || unfused_gelu {
