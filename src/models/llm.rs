@@ -881,9 +881,10 @@ pub trait CausalLm {
     /// Appends `tokens` and returns the logits of every one, `[n, vocab]`,
     /// for checking drafted tokens (speculative decoding). Row `i` is what
     /// `forward(&[tokens[i]], false)` would return after the tokens before
-    /// it, bit for bit on the CPU (its decode products, batched); the GPU
-    /// runs its prefill GEMMs, whose rounding differs from decode's in the
-    /// last bits. The default runs the single-token forwards.
+    /// it, bit for bit (the CPU batches its decode products; the default,
+    /// which the GPU keeps, runs the single-token forwards: its prefill
+    /// GEMMs round differently, and on the H200 their argmaxes left plain
+    /// greedy's path).
     fn forward_verify(&mut self, tokens: &[u32]) -> Result<Vec<f32>> {
         let mut out = Vec::with_capacity(tokens.len() * self.config().vocab);
         for &t in tokens {

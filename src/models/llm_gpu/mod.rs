@@ -630,10 +630,6 @@ impl CausalLm for GpuLlm {
         Ok(())
     }
 
-    fn forward_verify(&mut self, tokens: &[u32]) -> Result<Vec<f32>> {
-        self.forward(tokens, true)
-    }
-
     fn forward(&mut self, tokens: &[u32], all_logits: bool) -> Result<Vec<f32>> {
         self.check_tokens(tokens)?;
         if tokens.len() == 1 {
