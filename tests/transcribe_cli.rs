@@ -196,3 +196,65 @@ fn umbrella_runs_transcribe() {
     assert!(o.status.success(), "{}", stderr(&o));
     assert_eq!(stdout(&o), "He was not an old-sposed young man.\n");
 }
+
+#[test]
+fn word_timestamps_in_json_and_subtitles() {
+    let c = clip("0930");
+    let c = c.to_str().unwrap();
+    let o = transcribe(&["--word-timestamps", "-f", "json", c]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let j: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
+    let words = j["segments"][0]["words"].as_array().unwrap();
+    let text: Vec<&str> = words.iter().map(|w| w["word"].as_str().unwrap()).collect();
+    assert_eq!(
+        text,
+        [
+            " He",
+            " might",
+            " even",
+            " have",
+            " been",
+            " made",
+            " amiable",
+            " himself."
+        ]
+    );
+    for w in words {
+        let (s, e, p) = (
+            w["start"].as_f64().unwrap(),
+            w["end"].as_f64().unwrap(),
+            w["probability"].as_f64().unwrap(),
+        );
+        assert!(s <= e && p > 0.0 && p <= 1.0, "{w}");
+    }
+
+    // Lines of at most 20 characters, one line a cue (faster-whisper's
+    // word times for this clip, samples/fixtures/whisper/words.json).
+    let o = transcribe(&[
+        "--word-timestamps",
+        "-f",
+        "vtt",
+        "--max-line-width",
+        "20",
+        "--max-line-count",
+        "1",
+        c,
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_eq!(
+        stdout(&o),
+        "WEBVTT\n\n00:00.000 --> 00:01.220\nHe might even have\n\n\
+         00:01.220 --> 00:02.320\nbeen made amiable\n\n\
+         00:02.320 --> 00:02.800\nhimself.\n\n"
+    );
+
+    // Layout flags without word timestamps, or for text output: usage errors.
+    for args in [
+        &["--max-line-width", "20", c][..],
+        &["--word-timestamps", "--highlight-words", c][..],
+        &["--word-timestamps", "-f", "srt", "--max-line-count", "2", c][..],
+    ] {
+        let o = transcribe(args);
+        assert_eq!(o.status.code(), Some(2), "{args:?}: {}", stderr(&o));
+    }
+}

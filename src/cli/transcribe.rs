@@ -4,7 +4,7 @@ use crate::models::whisper::gpu::GpuEncoder;
 use crate::models::whisper::mel::SAMPLE_RATE;
 use crate::models::whisper::WhisperFiles;
 use crate::run::audio;
-use crate::run::transcribe::output::{Format, Writer};
+use crate::run::transcribe::output::{Format, SubtitleOptions, Writer};
 use crate::run::transcribe::{self, AudioEncoder, CpuEncoder, Options, Task};
 use crate::util::atomic_write::AtomicFile;
 use std::io::Write;
@@ -110,6 +110,33 @@ pub struct Args {
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
 
+    /// Place every word in time (json: start, end and probability per word;
+    /// srt/vtt: cues built from the words), as faster-whisper does.
+    #[arg(long)]
+    pub word_timestamps: bool,
+
+    /// With --word-timestamps: marks that join the word after them.
+    #[arg(long, value_name = "CHARS", default_value = transcribe::words::PREPEND_PUNCTUATIONS)]
+    pub prepend_punctuations: String,
+
+    /// With --word-timestamps: marks that join the word before them.
+    #[arg(long, value_name = "CHARS", default_value = transcribe::words::APPEND_PUNCTUATIONS)]
+    pub append_punctuations: String,
+
+    /// srt/vtt with --word-timestamps: at most N characters a line.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
+    pub max_line_width: Option<u32>,
+
+    /// srt/vtt with --max-line-width: at most N lines a cue (cues then
+    /// follow the lines, not the segments).
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
+    pub max_line_count: Option<u32>,
+
+    /// srt/vtt with --word-timestamps: one cue per word, the word
+    /// underlined (karaoke).
+    #[arg(long)]
+    pub highlight_words: bool,
+
     #[command(flatten)]
     pub device: super::DeviceArgs,
 
@@ -149,6 +176,34 @@ impl Args {
             max_initial_timestamp: Some(1.0),
             suppress_blank: true,
             seed: self.seed,
+            word_timestamps: self.word_timestamps,
+            prepend_punctuations: self.prepend_punctuations.clone(),
+            append_punctuations: self.append_punctuations.clone(),
+        })
+    }
+
+    /// The subtitle layout flags, checked against each other.
+    fn subtitles(&self) -> anyhow::Result<SubtitleOptions> {
+        let layout = [
+            ("--max-line-width", self.max_line_width.is_some()),
+            ("--max-line-count", self.max_line_count.is_some()),
+            ("--highlight-words", self.highlight_words),
+        ];
+        for (flag, given) in layout {
+            if given && !self.word_timestamps {
+                return Err(super::usage(format!("{flag} needs --word-timestamps")));
+            }
+            if given && !matches!(self.format, Format::Srt | Format::Vtt) {
+                return Err(super::usage(format!("{flag} applies to -f srt and -f vtt")));
+            }
+        }
+        if self.max_line_count.is_some() && self.max_line_width.is_none() {
+            return Err(super::usage("--max-line-count needs --max-line-width"));
+        }
+        Ok(SubtitleOptions {
+            max_line_width: self.max_line_width.map(|n| n as usize),
+            max_line_count: self.max_line_count.map(|n| n as usize),
+            highlight_words: self.highlight_words,
         })
     }
 }
@@ -249,6 +304,7 @@ fn outputs(args: &Args) -> anyhow::Result<Vec<Option<PathBuf>>> {
 pub fn run(args: Args) -> anyhow::Result<()> {
     args.quiet.apply();
     let opts = args.options()?;
+    let subtitles = args.subtitles()?;
     let outputs = outputs(&args)?;
     for out in outputs.iter().flatten() {
         crate::util::atomic_write::check(out, args.force)?;
@@ -273,7 +329,15 @@ pub fn run(args: Args) -> anyhow::Result<()> {
 
     let mut failed = 0usize;
     for (input, output) in args.audio.iter().zip(&outputs) {
-        let result = transcribe_one(&args, &opts, &files, encoder, input, output.as_deref());
+        let result = transcribe_one(
+            &args,
+            &opts,
+            subtitles,
+            &files,
+            encoder,
+            input,
+            output.as_deref(),
+        );
         match result {
             Ok(t) => crate::util::log::notice(&format!(
                 "transcribe: {}: {:.1} s of audio in {:.2} s (real-time factor {:.3}; load {:.2} s), {} segments, language {}, {}",
@@ -331,6 +395,7 @@ struct Done {
 fn transcribe_one(
     args: &Args,
     opts: &Options,
+    subtitles: SubtitleOptions,
     files: &WhisperFiles,
     encoder: &mut dyn AudioEncoder,
     input: &Path,
@@ -351,7 +416,7 @@ fn transcribe_one(
             PathBuf::from("<stdout>"),
         ),
     };
-    let mut writer = Writer::new(args.format, sink);
+    let mut writer = Writer::with_subtitles(args.format, sink, subtitles);
     let bar = crate::util::progress::bar((audio.seconds().ceil() as u64).max(1), "transcribing");
     let weights = files.dir.join("model.bin");
     let damaged = || {
