@@ -6,6 +6,7 @@
 
 pub mod decode;
 pub mod output;
+pub mod vad;
 pub mod words;
 
 use crate::error::{Error, Result};

@@ -68,7 +68,7 @@ pub struct Aligner<'a> {
 
 /// x rounded to 2 decimals as Python's `round(x, 2)` (the nearest of the
 /// decimal values, from the exact binary value).
-fn round2(x: f64) -> f64 {
+pub(crate) fn round2(x: f64) -> f64 {
     format!("{x:.2}").parse().unwrap_or(x)
 }
 
