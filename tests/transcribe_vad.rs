@@ -109,6 +109,17 @@ fn speech_chunks_and_transcript_match_faster_whisper() {
     // f32 on both sides, summed in other orders, through an LSTM carried
     // across 644 windows: a few 1e-6 expected.
     assert!(worst < 1e-4, "speech probability off by {worst:.3e}");
+    // Scored in blocks of 100 windows, the state carried across: the same.
+    let blocked = vad.speech_probs_in_blocks(&audio, 100);
+    let drift = probs
+        .iter()
+        .zip(&blocked)
+        .map(|(a, b)| (a - b).abs())
+        .fold(0.0f32, f32::max);
+    assert!(
+        drift < 1e-6,
+        "blocks change the probabilities by {drift:.3e}"
+    );
 
     for case in ["default", "other"] {
         let o = vad_options(&g[case]["options"]);

@@ -319,8 +319,61 @@ impl SileroVad {
     /// The speech probability of each 512-sample window of 16 kHz `audio`,
     /// zero-padded as faster-whisper pads it (by 512 - len % 512: a whole
     /// window of zeros when the length is a multiple of 512).
+    /// Windows are scored 4096 at a time, so memory stays bounded whatever
+    /// the length of the audio.
     pub fn speech_probs(&self, audio: &[f32]) -> Vec<f32> {
+        self.speech_probs_in_blocks(audio, 4096)
+    }
+
+    /// `speech_probs`, scoring `block` windows at a time (the LSTM state
+    /// carried from block to block).
+    pub fn speech_probs_in_blocks(&self, audio: &[f32], block: usize) -> Vec<f32> {
+        let block = block.max(1);
         let windows = audio.len() / WINDOW + 1;
+        let h4 = 4 * self.hidden;
+        let hd = self.hidden;
+        let sigmoid = |v: f32| 1.0 / (1.0 + (-v).exp());
+        let mut h = vec![0.0f32; hd];
+        let mut c = vec![0.0f32; hd];
+        let mut probs = Vec::with_capacity(windows);
+        for first in (0..windows).step_by(block) {
+            let count = block.min(windows - first);
+            let x = self.window_features(audio, first, count);
+            // The LSTM's input projections of the block, then its steps in order.
+            let mut pre = vec![0.0f32; count * h4];
+            cpu::matmul(
+                &x,
+                &self.lstm_w,
+                Some(&self.lstm_b),
+                count,
+                self.hidden,
+                h4,
+                &mut pre,
+            );
+            for g in pre.chunks_exact_mut(h4) {
+                for (gate, r) in g.iter_mut().zip(self.lstm_r.chunks_exact(hd)) {
+                    *gate += r.iter().zip(&h).map(|(a, b)| a * b).sum::<f32>();
+                }
+                let mut logit = self.head_b;
+                for k in 0..hd {
+                    let i = sigmoid(g[k]);
+                    let o = sigmoid(g[hd + k]);
+                    let f = sigmoid(g[2 * hd + k]);
+                    let cand = g[3 * hd + k].tanh();
+                    c[k] = f * c[k] + i * cand;
+                    h[k] = o * c[k].tanh();
+                    logit += self.head_w[k] * h[k].max(0.0);
+                }
+                probs.push(sigmoid(logit));
+            }
+        }
+        probs
+    }
+
+    /// The convolutional encoder's output [count, hidden] for windows
+    /// `first..first + count` of `audio` (past its end: zeros).
+    fn window_features(&self, audio: &[f32], first: usize, count: usize) -> Vec<f32> {
+        let windows = count;
         let len = WINDOW + CONTEXT;
         let padded_len = len + 2 * self.pad;
         let frames = self.frames();
@@ -331,6 +384,7 @@ impl SileroVad {
             .par_chunks_mut(total_frames * self.n_fft)
             .enumerate()
             .for_each(|(w, out)| {
+                let w = first + w;
                 let at = |i: isize| -> f32 {
                     // Window w's samples, the context before it included.
                     let s = (w * WINDOW) as isize - CONTEXT as isize + i;
@@ -382,39 +436,6 @@ impl SileroVad {
             x = c.forward(&x, windows, t);
             t = c.t_out(t);
         }
-        // x: [windows, hidden], the LSTM's inputs in order.
-        let h4 = 4 * self.hidden;
-        let mut pre = vec![0.0f32; windows * h4];
-        cpu::matmul(
-            &x,
-            &self.lstm_w,
-            Some(&self.lstm_b),
-            windows,
-            self.hidden,
-            h4,
-            &mut pre,
-        );
-        let sigmoid = |v: f32| 1.0 / (1.0 + (-v).exp());
-        let hd = self.hidden;
-        let mut h = vec![0.0f32; hd];
-        let mut c = vec![0.0f32; hd];
-        let mut probs = Vec::with_capacity(windows);
-        for g in pre.chunks_exact_mut(h4) {
-            for (gate, r) in g.iter_mut().zip(self.lstm_r.chunks_exact(hd)) {
-                *gate += r.iter().zip(&h).map(|(a, b)| a * b).sum::<f32>();
-            }
-            let mut logit = self.head_b;
-            for k in 0..hd {
-                let i = sigmoid(g[k]);
-                let o = sigmoid(g[hd + k]);
-                let f = sigmoid(g[2 * hd + k]);
-                let cand = g[3 * hd + k].tanh();
-                c[k] = f * c[k] + i * cand;
-                h[k] = o * c[k].tanh();
-                logit += self.head_w[k] * h[k].max(0.0);
-            }
-            probs.push(sigmoid(logit));
-        }
-        probs
+        x
     }
 }
