@@ -289,7 +289,11 @@ fn vad_skips_silence_and_noise() {
     // Times are the recording's: the clip starts 20 s in.
     let start = segs[0]["start"].as_f64().unwrap();
     assert!((19.0..21.0).contains(&start), "{start}");
-    assert!(stderr(&o).contains("1 speech chunks"), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("from 1 speech chunks"),
+        "{}",
+        stderr(&o)
+    );
 
     // VAD options without --vad, and a model file that is not one.
     let p = path.to_str().unwrap();

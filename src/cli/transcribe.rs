@@ -419,16 +419,16 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         let result = transcribe_one(&args, &setup, encoder, input, output.as_deref());
         match result {
             Ok(t) => crate::util::log::notice(&format!(
-                "transcribe: {}: {:.1} s of audio{} in {:.2} s (real-time factor {:.3}; load {:.2} s), {} segments, language {}, {}",
+                "transcribe: {}: {:.1} s of audio in {:.2} s (real-time factor {:.3}; load {:.2} s), {} segments{}, language {}, {}",
                 input.display(),
                 t.duration,
-                t.speech.map_or(String::new(), |(n, s)| format!(
-                    " ({n} speech chunks, {s:.1} s)"
-                )),
                 t.seconds,
                 t.seconds / t.duration.max(1e-9),
                 (t_loaded - t0).as_secs_f64(),
                 t.segments,
+                t.speech.map_or(String::new(), |(n, s)| format!(
+                    " from {n} speech chunks ({s:.1} s)"
+                )),
                 t.language,
                 device
             )),
