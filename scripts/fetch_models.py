@@ -150,12 +150,22 @@ MODELS = {
             ),
         },
     },
+    "silero-vad": {
+        "about": "Silero VAD v6, ONNX, as faster-whisper ships it (transcribe --vad)",
+        "packages": ["faster-whisper==1.2.1"],
+        "files": {
+            "faster_whisper/assets/silero_vad_v6.onnx": (
+                "silero_vad_v6.onnx",
+                "4cbf549b8326f60f80f2536d9eefeb450a9abe83365a098031c89719f1be17d2",
+            ),
+        },
+    },
 }
 
 # Fetched when no names are given: what the test suite and the defaults need.
 # gemma3-270m (253 MB) is here because tests/tokenizer_spm.rs checks the
 # SentencePiece tokenizer on its real 262k-token vocabulary against llama.cpp.
-DEFAULT = ["smollm2", "all-minilm-l6-v2", "whisper-tiny.en", "whisper-mel", "piper-joe", "layout-cdla", "gemma3-270m"]
+DEFAULT = ["smollm2", "all-minilm-l6-v2", "whisper-tiny.en", "whisper-mel", "piper-joe", "layout-cdla", "gemma3-270m", "silero-vad"]
 
 
 def sha256(path):

@@ -89,6 +89,7 @@ fn options(gold: &serde_json::Value, beam_size: usize) -> Options {
         max_initial_timestamp: Some(f("max_initial_timestamp")),
         suppress_blank: o["suppress_blank"].as_bool().unwrap(),
         seed: 0,
+        ..Options::default()
     }
 }
 

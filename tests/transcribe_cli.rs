@@ -196,3 +196,144 @@ fn umbrella_runs_transcribe() {
     assert!(o.status.success(), "{}", stderr(&o));
     assert_eq!(stdout(&o), "He was not an old-sposed young man.\n");
 }
+
+#[test]
+fn word_timestamps_in_json_and_subtitles() {
+    let c = clip("0930");
+    let c = c.to_str().unwrap();
+    let o = transcribe(&["--word-timestamps", "-f", "json", c]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let j: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
+    let words = j["segments"][0]["words"].as_array().unwrap();
+    let text: Vec<&str> = words.iter().map(|w| w["word"].as_str().unwrap()).collect();
+    assert_eq!(
+        text,
+        [
+            " He",
+            " might",
+            " even",
+            " have",
+            " been",
+            " made",
+            " amiable",
+            " himself."
+        ]
+    );
+    for w in words {
+        let (s, e, p) = (
+            w["start"].as_f64().unwrap(),
+            w["end"].as_f64().unwrap(),
+            w["probability"].as_f64().unwrap(),
+        );
+        assert!(s <= e && p > 0.0 && p <= 1.0, "{w}");
+    }
+
+    // Lines of at most 20 characters, one line a cue (faster-whisper's
+    // word times for this clip, samples/fixtures/whisper/words.json).
+    let o = transcribe(&[
+        "--word-timestamps",
+        "-f",
+        "vtt",
+        "--max-line-width",
+        "20",
+        "--max-line-count",
+        "1",
+        c,
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_eq!(
+        stdout(&o),
+        "WEBVTT\n\n00:00.000 --> 00:01.220\nHe might even have\n\n\
+         00:01.220 --> 00:02.320\nbeen made amiable\n\n\
+         00:02.320 --> 00:02.800\nhimself.\n\n"
+    );
+
+    // Layout flags without word timestamps, or for text output: usage errors.
+    for args in [
+        &["--max-line-width", "20", c][..],
+        &["--word-timestamps", "--highlight-words", c][..],
+        &["--word-timestamps", "-f", "srt", "--max-line-count", "2", c][..],
+    ] {
+        let o = transcribe(args);
+        assert_eq!(o.status.code(), Some(2), "{args:?}: {}", stderr(&o));
+    }
+}
+
+#[test]
+fn vad_skips_silence_and_noise() {
+    let dir = scratch("transcribe-vad");
+    // 20 s of silence, a clip, 40 s of low white noise (an LCG, as the VAD
+    // fixture's noise).
+    let mut samples = vec![0.0f32; 20 * 16_000];
+    samples.extend(
+        lfm::run::audio::load(&clip("0930"), 16_000)
+            .unwrap()
+            .samples,
+    );
+    let mut state = 7u32;
+    samples.extend((0..40 * 16_000).map(|_| {
+        state = state.wrapping_mul(1664525).wrapping_add(1013904223);
+        ((state >> 16) as f32 - 32768.0) / 32768.0 / 16.0
+    }));
+    let path = dir.join("quiet.wav");
+    write_wav(&path, &samples);
+    let o = transcribe(&["--vad", "-f", "json", path.to_str().unwrap()]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let j: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
+    let segs = j["segments"].as_array().unwrap();
+    assert_eq!(segs.len(), 1, "{j}");
+    assert_eq!(
+        segs[0]["text"].as_str().unwrap().trim(),
+        "He might even have been made amiable himself."
+    );
+    // Times are the recording's: the clip starts 20 s in.
+    let start = segs[0]["start"].as_f64().unwrap();
+    assert!((19.0..21.0).contains(&start), "{start}");
+    assert!(
+        stderr(&o).contains("from 1 speech chunks"),
+        "{}",
+        stderr(&o)
+    );
+
+    // VAD options without --vad, and a model file that is not one.
+    let p = path.to_str().unwrap();
+    let o = transcribe(&["--vad-threshold", "0.3", p]);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    let bogus = dir.join("vad.onnx");
+    std::fs::write(&bogus, "not a model").unwrap();
+    assert_clean_failure(
+        &transcribe(&["--vad", "--vad-model", bogus.to_str().unwrap(), p]),
+        &["vad.onnx"],
+    );
+    let layout = common::model("layout-cdla").join("layout_cdla.onnx");
+    assert_clean_failure(
+        &transcribe(&["--vad", "--vad-model", layout.to_str().unwrap(), p]),
+        &["layout_cdla.onnx", "not the Silero VAD"],
+    );
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
+#[test]
+fn one_bad_file_among_many_is_reported_and_the_rest_transcribed() {
+    let dir = scratch("transcribe-many-bad");
+    let bad = dir.join("notes.wav");
+    std::fs::write(&bad, "this is not audio\n".repeat(50)).unwrap();
+    let out = dir.join("out");
+    let good = clip("0930");
+    let o = transcribe(&[
+        bad.to_str().unwrap(),
+        good.to_str().unwrap(),
+        "-o",
+        out.to_str().unwrap(),
+    ]);
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    let err = stderr(&o);
+    assert!(err.contains("notes.wav"), "{err}");
+    assert!(err.contains("1 of 2 inputs failed"), "{err}");
+    assert!(!err.contains("panicked"), "{err}");
+    let text =
+        std::fs::read_to_string(out.join("sense_and_sensibility_01_austen_64kb-0930.txt")).unwrap();
+    assert_eq!(text, "He might even have been made amiable himself.\n");
+    assert!(!out.join("notes.txt").exists());
+    std::fs::remove_dir_all(dir).unwrap();
+}

@@ -62,7 +62,7 @@ def time_lfm(binary, args, audio, reps):
     return times, text, device
 
 
-def time_faster_whisper(model_dir, audio, reps, device, compute_type, threads):
+def time_faster_whisper(model_dir, audio, reps, device, compute_type, threads, **extra):
     from faster_whisper import WhisperModel
 
     model = WhisperModel(model_dir, device=device, compute_type=compute_type, cpu_threads=threads)
@@ -75,8 +75,10 @@ def time_faster_whisper(model_dir, audio, reps, device, compute_type, threads):
     times, text = [], ""
     for _ in range(reps):
         t0 = time.perf_counter()
-        segments, _ = model.transcribe(samples, language="en", beam_size=1, best_of=5, vad_filter=False,
-                                       condition_on_previous_text=True, without_timestamps=False)
+        options = dict(language="en", beam_size=1, best_of=5, vad_filter=False,
+                       condition_on_previous_text=True, without_timestamps=False)
+        options.update(extra)
+        segments, _ = model.transcribe(samples, **options)
         text = " ".join(s.text.strip() for s in segments)
         times.append(time.perf_counter() - t0)
     return times, text
@@ -93,6 +95,9 @@ def main():
                     help="faster-whisper's cpu_threads (0: its default of 4)")
     ap.add_argument("--no-gpu", action="store_true")
     ap.add_argument("--no-cpu", action="store_true")
+    ap.add_argument("--features", action="store_true",
+                    help="also time word timestamps and VAD (lfm --word-timestamps / --vad, "
+                         "faster-whisper word_timestamps=True / vad_filter=True)")
     ap.add_argument("--json")
     a = ap.parse_args()
 
@@ -105,14 +110,26 @@ def main():
         arms.append(("lfm --cpu", *time_lfm(a.binary, ["--cpu", *model_args], audio, a.reps)))
     if not a.no_gpu:
         arms.append(("lfm (GPU encoder)", *time_lfm(a.binary, model_args, audio, a.reps)))
-    try:
-        t, text = time_faster_whisper(a.model, audio, a.reps, a.fw_device, a.fw_compute_type,
-                                      a.fw_threads)
-        threads = f", {a.fw_threads} threads" if a.fw_device == "cpu" and a.fw_threads else ""
-        arms.append((f"faster-whisper {a.fw_device} {a.fw_compute_type}{threads}", t, text,
-                     a.fw_device))
-    except Exception as e:  # reported, not fatal: the lfm numbers still stand
-        print(f"faster-whisper did not run: {e}", file=sys.stderr)
+    features = [("", [], {})]
+    if a.features:
+        features += [(" --word-timestamps", ["--word-timestamps"], dict(word_timestamps=True)),
+                     (" --vad", ["--vad"], dict(vad_filter=True))]
+        for label, flags, _ in features[1:]:
+            if not a.no_cpu:
+                arms.append((f"lfm --cpu{label}", *time_lfm(a.binary, ["--cpu", *flags, *model_args],
+                                                            audio, a.reps)))
+            if not a.no_gpu:
+                arms.append((f"lfm (GPU encoder){label}", *time_lfm(a.binary, [*flags, *model_args],
+                                                                    audio, a.reps)))
+    for label, _, extra in features:
+        try:
+            t, text = time_faster_whisper(a.model, audio, a.reps, a.fw_device, a.fw_compute_type,
+                                          a.fw_threads, **extra)
+            threads = f", {a.fw_threads} threads" if a.fw_device == "cpu" and a.fw_threads else ""
+            arms.append((f"faster-whisper {a.fw_device} {a.fw_compute_type}{threads}{label}", t, text,
+                         a.fw_device))
+        except Exception as e:  # reported, not fatal: the lfm numbers still stand
+            print(f"faster-whisper{label} did not run: {e}", file=sys.stderr)
 
     print(f"audio: {seconds:.1f} s ({os.path.basename(audio)}), model {a.model}, {a.reps} runs each\n")
     print("| arm | device | time per run (s) | real-time factor |")

@@ -1,10 +1,12 @@
 //! `transcribe`: speech to text with Whisper.
 
+use crate::models::silero_vad::SileroVad;
 use crate::models::whisper::gpu::GpuEncoder;
 use crate::models::whisper::mel::SAMPLE_RATE;
 use crate::models::whisper::WhisperFiles;
 use crate::run::audio;
-use crate::run::transcribe::output::{Format, Writer};
+use crate::run::transcribe::output::{Format, SubtitleOptions, Writer};
+use crate::run::transcribe::vad::{self, VadOptions};
 use crate::run::transcribe::{self, AudioEncoder, CpuEncoder, Options, Task};
 use crate::util::atomic_write::AtomicFile;
 use std::io::Write;
@@ -110,6 +112,68 @@ pub struct Args {
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
 
+    /// Place every word in time (json: start, end and probability per word;
+    /// srt/vtt: cues built from the words), as faster-whisper does.
+    #[arg(long)]
+    pub word_timestamps: bool,
+
+    /// With --word-timestamps: marks that join the word after them.
+    #[arg(long, value_name = "CHARS", default_value = transcribe::words::PREPEND_PUNCTUATIONS)]
+    pub prepend_punctuations: String,
+
+    /// With --word-timestamps: marks that join the word before them.
+    #[arg(long, value_name = "CHARS", default_value = transcribe::words::APPEND_PUNCTUATIONS)]
+    pub append_punctuations: String,
+
+    /// srt/vtt with --word-timestamps: at most N characters a line.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
+    pub max_line_width: Option<u32>,
+
+    /// srt/vtt with --max-line-width: at most N lines a cue (cues then
+    /// follow the lines, not the segments).
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
+    pub max_line_count: Option<u32>,
+
+    /// srt/vtt with --word-timestamps: one cue per word, the word
+    /// underlined (karaoke).
+    #[arg(long)]
+    pub highlight_words: bool,
+
+    /// Transcribe only the speech that voice activity detection (Silero VAD
+    /// v6) finds, as faster-whisper's vad_filter; times stay those of the
+    /// whole recording.
+    #[arg(long)]
+    pub vad: bool,
+
+    /// Silero VAD ONNX file. Default: samples/models/silero-vad/silero_vad_v6.onnx
+    /// as fetched by scripts/setup.
+    #[arg(long, value_name = "FILE", requires = "vad")]
+    pub vad_model: Option<PathBuf>,
+
+    /// A 32 ms window is speech from this probability on.
+    #[arg(long, default_value_t = 0.5, requires = "vad", value_parser = super::values::probability)]
+    pub vad_threshold: f32,
+
+    /// Speech ends below this probability (default: threshold - 0.15, at least 0.01).
+    #[arg(long, requires = "vad", value_parser = super::values::probability)]
+    pub vad_neg_threshold: Option<f32>,
+
+    /// Speech chunks shorter than this are dropped.
+    #[arg(long, value_name = "MS", default_value_t = 0, requires = "vad")]
+    pub vad_min_speech_duration_ms: u32,
+
+    /// Speech chunks longer than this are split (default: no limit).
+    #[arg(long, value_name = "S", requires = "vad", value_parser = super::values::positive_f32)]
+    pub vad_max_speech_duration_s: Option<f32>,
+
+    /// A speech chunk ends after this much silence.
+    #[arg(long, value_name = "MS", default_value_t = 2000, requires = "vad")]
+    pub vad_min_silence_duration_ms: u32,
+
+    /// Audio kept on each side of a speech chunk.
+    #[arg(long, value_name = "MS", default_value_t = 400, requires = "vad")]
+    pub vad_speech_pad_ms: u32,
+
     #[command(flatten)]
     pub device: super::DeviceArgs,
 
@@ -149,12 +213,76 @@ impl Args {
             max_initial_timestamp: Some(1.0),
             suppress_blank: true,
             seed: self.seed,
+            word_timestamps: self.word_timestamps,
+            prepend_punctuations: self.prepend_punctuations.clone(),
+            append_punctuations: self.append_punctuations.clone(),
+        })
+    }
+
+    /// The VAD options, as faster-whisper's `VadOptions` (its numbers in
+    /// f64, as Python holds them).
+    fn vad_options(&self) -> Option<VadOptions> {
+        let wide = |v: f32| format!("{v}").parse::<f64>().unwrap_or(v as f64);
+        self.vad.then(|| VadOptions {
+            threshold: wide(self.vad_threshold),
+            neg_threshold: self.vad_neg_threshold.map(wide),
+            min_speech_duration_ms: self.vad_min_speech_duration_ms,
+            max_speech_duration_s: self.vad_max_speech_duration_s.map_or(f64::INFINITY, wide),
+            min_silence_duration_ms: self.vad_min_silence_duration_ms,
+            speech_pad_ms: self.vad_speech_pad_ms,
+        })
+    }
+
+    /// The subtitle layout flags, checked against each other.
+    fn subtitles(&self) -> anyhow::Result<SubtitleOptions> {
+        let layout = [
+            ("--max-line-width", self.max_line_width.is_some()),
+            ("--max-line-count", self.max_line_count.is_some()),
+            ("--highlight-words", self.highlight_words),
+        ];
+        for (flag, given) in layout {
+            if given && !self.word_timestamps {
+                return Err(super::usage(format!("{flag} needs --word-timestamps")));
+            }
+            if given && !matches!(self.format, Format::Srt | Format::Vtt) {
+                return Err(super::usage(format!("{flag} applies to -f srt and -f vtt")));
+            }
+        }
+        if self.max_line_count.is_some() && self.max_line_width.is_none() {
+            return Err(super::usage("--max-line-count needs --max-line-width"));
+        }
+        Ok(SubtitleOptions {
+            max_line_width: self.max_line_width.map(|n| n as usize),
+            max_line_count: self.max_line_count.map(|n| n as usize),
+            highlight_words: self.highlight_words,
         })
     }
 }
 
 /// Where `scripts/setup` puts the default model, relative to the repository.
 pub const DEFAULT_MODEL: &str = "samples/models/whisper-tiny.en";
+/// Where `scripts/setup` puts Silero VAD.
+pub const DEFAULT_VAD_MODEL: &str = "samples/models/silero-vad/silero_vad_v6.onnx";
+
+/// `--vad-model`, or the default found as `find_model` finds models.
+fn vad_model(arg: Option<&Path>) -> anyhow::Result<SileroVad> {
+    if let Some(p) = arg {
+        return Ok(SileroVad::load(p)?);
+    }
+    let rel = Path::new(DEFAULT_VAD_MODEL);
+    let mut candidates = vec![rel.to_path_buf()];
+    if let Ok(exe) = std::env::current_exe() {
+        for dir in exe.ancestors().skip(1).take(4) {
+            candidates.push(dir.join(rel));
+        }
+    }
+    let found = candidates.into_iter().find(|p| p.is_file()).ok_or_else(|| {
+        anyhow::anyhow!(
+            "{DEFAULT_VAD_MODEL} not found: run scripts/setup (scripts/fetch_models.py silero-vad), or pass --vad-model"
+        )
+    })?;
+    Ok(SileroVad::load(&found)?)
+}
 
 /// `rel` (a model directory relative to the repository) in the working
 /// directory, else in the repository that holds the running executable
@@ -249,6 +377,11 @@ fn outputs(args: &Args) -> anyhow::Result<Vec<Option<PathBuf>>> {
 pub fn run(args: Args) -> anyhow::Result<()> {
     args.quiet.apply();
     let opts = args.options()?;
+    let subtitles = args.subtitles()?;
+    let vad_opts = args.vad_options();
+    if let Some(v) = &vad_opts {
+        v.check()?;
+    }
     let outputs = outputs(&args)?;
     for out in outputs.iter().flatten() {
         crate::util::atomic_write::check(out, args.force)?;
@@ -256,6 +389,10 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let t0 = Instant::now();
     let model = model_dir(args.model.as_deref())?;
     let files = WhisperFiles::load(&model, args.mel_filters.as_deref())?;
+    let vad = match &vad_opts {
+        Some(o) => Some((vad_model(args.vad_model.as_deref())?, o.clone())),
+        None => None,
+    };
     let t_loaded = Instant::now();
 
     let mut cpu_encoder = CpuEncoder(&files.model);
@@ -273,16 +410,25 @@ pub fn run(args: Args) -> anyhow::Result<()> {
 
     let mut failed = 0usize;
     for (input, output) in args.audio.iter().zip(&outputs) {
-        let result = transcribe_one(&args, &opts, &files, encoder, input, output.as_deref());
+        let setup = Setup {
+            opts: &opts,
+            subtitles,
+            files: &files,
+            vad: vad.as_ref(),
+        };
+        let result = transcribe_one(&args, &setup, encoder, input, output.as_deref());
         match result {
             Ok(t) => crate::util::log::notice(&format!(
-                "transcribe: {}: {:.1} s of audio in {:.2} s (real-time factor {:.3}; load {:.2} s), {} segments, language {}, {}",
+                "transcribe: {}: {:.1} s of audio in {:.2} s (real-time factor {:.3}; load {:.2} s), {} segments{}, language {}, {}",
                 input.display(),
                 t.duration,
                 t.seconds,
                 t.seconds / t.duration.max(1e-9),
                 (t_loaded - t0).as_secs_f64(),
                 t.segments,
+                t.speech.map_or(String::new(), |(n, s)| format!(
+                    " from {n} speech chunks ({s:.1} s)"
+                )),
                 t.language,
                 device
             )),
@@ -326,16 +472,31 @@ struct Done {
     seconds: f64,
     segments: usize,
     language: String,
+    /// With --vad: the speech chunks found and their seconds.
+    speech: Option<(usize, f64)>,
+}
+
+/// What every input is transcribed with.
+struct Setup<'a> {
+    opts: &'a Options,
+    subtitles: SubtitleOptions,
+    files: &'a WhisperFiles,
+    vad: Option<&'a (SileroVad, VadOptions)>,
 }
 
 fn transcribe_one(
     args: &Args,
-    opts: &Options,
-    files: &WhisperFiles,
+    setup: &Setup,
     encoder: &mut dyn AudioEncoder,
     input: &Path,
     output: Option<&Path>,
 ) -> anyhow::Result<Done> {
+    let Setup {
+        opts,
+        subtitles,
+        files,
+        vad,
+    } = *setup;
     let audio = audio::load(input, SAMPLE_RATE as u32)?;
     for w in &audio.warnings {
         crate::util::log::notice(w);
@@ -351,7 +512,7 @@ fn transcribe_one(
             PathBuf::from("<stdout>"),
         ),
     };
-    let mut writer = Writer::new(args.format, sink);
+    let mut writer = Writer::with_subtitles(args.format, sink, subtitles);
     let bar = crate::util::progress::bar((audio.seconds().ceil() as u64).max(1), "transcribing");
     let weights = files.dir.join("model.bin");
     let damaged = || {
@@ -369,7 +530,26 @@ fn transcribe_one(
         bar.suspend(|| writer.segment(seg))
             .map_err(|e| crate::Error::io(&label, e))
     };
-    let transcript = transcribe::transcribe(files, encoder, &audio.samples, opts, &mut on_segment)?;
+    let (transcript, speech) = match vad {
+        Some((model, vad_opts)) => {
+            let t = vad::transcribe_speech(
+                files,
+                encoder,
+                model,
+                &audio.samples,
+                opts,
+                vad_opts,
+                &mut on_segment,
+            )?;
+            let seconds =
+                t.speech.iter().map(|s| s.end - s.start).sum::<usize>() as f64 / SAMPLE_RATE as f64;
+            (t.transcript, Some((t.speech.len(), seconds)))
+        }
+        None => (
+            transcribe::transcribe(files, encoder, &audio.samples, opts, &mut on_segment)?,
+            None,
+        ),
+    };
     bar.finish_and_clear();
     if transcript
         .language_probability
@@ -388,5 +568,6 @@ fn transcribe_one(
         seconds: start.elapsed().as_secs_f64(),
         segments: transcript.segments.len(),
         language: transcript.language.clone(),
+        speech,
     })
 }

@@ -16,6 +16,7 @@ pub mod llm_gpu;
 pub mod phi3;
 pub mod qwen;
 pub mod recipe;
+pub mod silero_vad;
 pub mod vits;
 pub mod whisper;
 

@@ -25,6 +25,11 @@ pub struct GenerationConfig {
     /// Tokens not sampled first (a blank and end of text).
     #[serde(default)]
     pub suppress_ids_begin: Vec<u32>,
+    /// (decoder layer, head) pairs whose cross-attention follows the timing
+    /// of the words (word timestamps). Empty: openai-whisper's default, every
+    /// head of the second half of the decoder layers.
+    #[serde(default)]
+    pub alignment_heads: Vec<(usize, usize)>,
 }
 
 /// A loaded model directory: weights, tokenizer, decoding config, mel bank.

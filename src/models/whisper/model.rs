@@ -482,6 +482,36 @@ pub struct CrossKv {
     pub kv: Vec<Vec<f32>>,
 }
 
+/// The cross-attention scores of one decoder head, filled by
+/// `Decoder::forward_capturing`.
+#[derive(Clone, Debug)]
+pub struct CrossScores {
+    pub layer: usize,
+    pub head: usize,
+    /// [rows, n_audio_ctx]
+    pub scores: Vec<f32>,
+}
+
+/// q . k / sqrt(head_dim) of one head: q [rows, d], kv [frames, 2d] (k in
+/// columns 0..d) -> [rows, frames].
+fn cross_scores(q: &[f32], kv: &[f32], d: usize, heads: usize, head: usize) -> Vec<f32> {
+    let hd = d / heads;
+    let scale = 1.0 / (hd as f32).sqrt();
+    let cols = head * hd..(head + 1) * hd;
+    let frames = kv.len() / (2 * d);
+    let mut out = vec![0.0; q.len() / d * frames];
+    out.par_chunks_mut(frames.max(1))
+        .zip(q.par_chunks(d))
+        .for_each(|(row, qr)| {
+            let qh = &qr[cols.clone()];
+            for (f, o) in row.iter_mut().enumerate() {
+                let k = &kv[f * 2 * d + cols.start..f * 2 * d + cols.end];
+                *o = qh.iter().zip(k).map(|(a, b)| a * b).sum::<f32>() * scale;
+            }
+        });
+    out
+}
+
 /// One sequence's self-attention cache, per layer [len, 2d] (k then v).
 #[derive(Clone)]
 pub struct KvCache {
@@ -523,6 +553,20 @@ impl Decoder {
         tokens: &[u32],
         caches: &mut [KvCache],
         cross: &CrossKv,
+    ) -> Vec<f32> {
+        self.forward_capturing(c, tokens, caches, cross, &mut [])
+    }
+
+    /// `forward`, also filling each of `heads` with the cross-attention
+    /// scores (q . k / sqrt(head_dim), before the softmax) of its (layer,
+    /// head) [n_seq * n_new, n_audio_ctx]: what word alignment reads.
+    pub fn forward_capturing(
+        &self,
+        c: &Config,
+        tokens: &[u32],
+        caches: &mut [KvCache],
+        cross: &CrossKv,
+        heads: &mut [CrossScores],
     ) -> Vec<f32> {
         let d = c.d_model;
         let n_seq = caches.len();
@@ -598,6 +642,9 @@ impl Decoder {
                     kv_len: kv.len() / (2 * d),
                 })
                 .collect();
+            for capture in heads.iter_mut().filter(|h| h.layer == li) {
+                capture.scores = cross_scores(&q, kv, d, c.n_text_heads, capture.head);
+            }
             let mut a = vec![0.0; x.len()];
             cpu::attention(&q, kv, kv, &spans, &cross_shape, &mut a);
             cpu::add_assign(&mut x, &layer.cross_out.forward(&a));

@@ -6,6 +6,8 @@
 
 pub mod decode;
 pub mod output;
+pub mod vad;
+pub mod words;
 
 use crate::error::{Error, Result};
 use crate::models::whisper::mel::{LogMel, HOP, N_FRAMES, SAMPLE_RATE};
@@ -13,6 +15,7 @@ use crate::models::whisper::model::{CrossKv, Whisper};
 use crate::models::whisper::WhisperFiles;
 use crate::util::rng::Rng;
 use decode::{Decoded, Rules, Strategy, WindowDecoder, TIME_PRECISION};
+use words::{Aligner, WindowSegment, Word};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, serde::Serialize)]
 #[serde(rename_all = "lowercase")]
@@ -47,6 +50,12 @@ pub struct Options {
     pub suppress_blank: bool,
     /// Seed of the sampler used by temperature fallback.
     pub seed: u64,
+    /// Place each word in time (faster-whisper's `word_timestamps`).
+    pub word_timestamps: bool,
+    /// With word timestamps: marks that join the word after them...
+    pub prepend_punctuations: String,
+    /// ... and marks that join the word before them.
+    pub append_punctuations: String,
 }
 
 impl Default for Options {
@@ -68,6 +77,9 @@ impl Default for Options {
             max_initial_timestamp: Some(1.0),
             suppress_blank: true,
             seed: 0,
+            word_timestamps: false,
+            prepend_punctuations: words::PREPEND_PUNCTUATIONS.into(),
+            append_punctuations: words::APPEND_PUNCTUATIONS.into(),
         }
     }
 }
@@ -110,6 +122,9 @@ pub struct Segment {
     pub avg_logprob: f32,
     pub compression_ratio: f32,
     pub no_speech_prob: f32,
+    /// With word timestamps: the words, with their times and probabilities.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub words: Option<Vec<Word>>,
 }
 
 #[derive(Clone, Debug, serde::Serialize)]
@@ -277,6 +292,39 @@ pub fn transcribe(
         tokenizer: tok,
         rules: &rules,
     };
+    let aligner = Aligner {
+        model: m,
+        tokenizer: tok,
+        sot_sequence: sot_sequence
+            .iter()
+            .copied()
+            .filter(|&t| t != s.no_timestamps)
+            .collect(),
+        heads: if files.generation.alignment_heads.is_empty() {
+            (c.n_text_layers / 2..c.n_text_layers)
+                .flat_map(|l| (0..c.n_text_heads).map(move |h| (l, h)))
+                .collect()
+        } else {
+            files.generation.alignment_heads.clone()
+        },
+        split_on_unicode: ["zh", "ja", "th", "lo", "my", "yue"].contains(&language.as_str()),
+        prepend_punctuations: opts.prepend_punctuations.clone(),
+        append_punctuations: opts.append_punctuations.clone(),
+    };
+    if let Some(&(l, h)) = aligner
+        .heads
+        .iter()
+        .find(|&&(l, h)| l >= c.n_text_layers || h >= c.n_text_heads)
+    {
+        return Err(Error::format(
+            files.dir.join("config.json"),
+            format!(
+                "alignment head ({l}, {h}) outside the decoder's {} layers of {} heads",
+                c.n_text_layers, c.n_text_heads
+            ),
+        ));
+    }
+    let mut last_speech = 0.0;
     let sample_len = c.n_text_ctx / 2;
     let input_stride = N_FRAMES / c.n_audio_ctx;
     let mut rng = Rng::new(opts.seed);
@@ -328,7 +376,17 @@ pub fn transcribe(
         let mut slices: Vec<usize> = (1..tokens.len())
             .filter(|&i| is_ts[i - 1] && is_ts[i])
             .collect();
-        let mut pieces: Vec<(f64, f64, std::ops::Range<usize>)> = Vec::new();
+        let mut pieces: Vec<std::ops::Range<usize>> = Vec::new();
+        let mut spans: Vec<WindowSegment> = Vec::new();
+        let mut piece = |start: f64, end: f64, range: std::ops::Range<usize>| {
+            spans.push(WindowSegment {
+                start,
+                end,
+                tokens: tokens[range.clone()].to_vec(),
+                words: Vec::new(),
+            });
+            pieces.push(range);
+        };
         if !slices.is_empty() {
             if single_timestamp_ending {
                 slices.push(tokens.len());
@@ -337,7 +395,7 @@ pub fn transcribe(
             for &cur in &slices {
                 let start = time_offset + ts_pos(tokens[last]) * TIME_PRECISION;
                 let end = time_offset + ts_pos(tokens[cur - 1]) * TIME_PRECISION;
-                pieces.push((start, end, last..cur));
+                piece(start, end, last..cur);
                 last = cur;
             }
             if single_timestamp_ending {
@@ -352,11 +410,23 @@ pub fn transcribe(
                     end = ts_pos(last_ts) * TIME_PRECISION;
                 }
             }
-            pieces.push((time_offset, time_offset + end, 0..tokens.len()));
+            piece(time_offset, time_offset + end, 0..tokens.len());
             seek += segment_size;
         }
+        if opts.word_timestamps {
+            aligner.add_word_timestamps(&cross, &mut spans, time_offset, segment_size, last_speech);
+            if !single_timestamp_ending {
+                if let Some(end) = words::get_end(&spans).filter(|&e| e > time_offset) {
+                    seek = (end * 100.0).round_ties_even() as usize;
+                }
+            }
+            if let Some(end) = words::get_end(&spans) {
+                last_speech = end;
+            }
+        }
 
-        for (start, end, range) in pieces {
+        for (range, span) in pieces.into_iter().zip(spans) {
+            let (start, end) = (span.start, span.end);
             let ids = &tokens[range.clone()];
             let text = tok.decode(ids);
             // An instantaneous or empty segment is dropped with its tokens.
@@ -383,6 +453,7 @@ pub fn transcribe(
                 avg_logprob: result.avg_logprob,
                 compression_ratio: result.compression_ratio,
                 no_speech_prob: result.no_speech_prob,
+                words: opts.word_timestamps.then_some(span.words),
             };
             on_segment(
                 &seg,
