@@ -143,9 +143,17 @@ async function embed() {
 async function main() {
   const why = missingSupport();
   if (why) throw new Error(why);
+  const gpuAdapter = await navigator.gpu.requestAdapter({ powerPreference: 'high-performance' });
+  if (!gpuAdapter) {
+    throw new Error('This browser has WebGPU but offers no adapter (WebGPU turned off, the GPU blocklisted, or none it supports; chrome://gpu says why).');
+  }
+  const info = gpuAdapter.info || {};
+  const name = [info.vendor, info.architecture, info.device, info.description].filter((x) => x).join(' ');
+  const features = [...gpuAdapter.features].sort().join(', ');
   engine = await load();
   show('status', 'Opening WebGPU…');
-  const adapter = await engine.openGpu(params.get('portable') === '1');
+  const engineGpu = await engine.openGpu(params.get('portable') === '1');
+  const adapter = `WebGPU adapter: ${name || 'unnamed'}; max buffer ${(gpuAdapter.limits.maxBufferSize / 2 ** 20).toFixed(0)} MiB; features: ${features || 'none'}. Engine: ${engineGpu}`;
   show('adapter', adapter);
   show('status', 'Ready: pick a GGUF model (e.g. SmolLM2-135M, a tiny test model).');
   $('model-file').addEventListener('change', (e) => {

@@ -233,6 +233,7 @@ impl Gpu {
         });
         let adapter = adapters.into_iter().next().ok_or_else(|| {
             Error::gpu(match (&opts.backend, &opts.adapter) {
+                (None, None) if cfg!(target_arch = "wasm32") => "the browser offers no WebGPU adapter".to_string(),
                 (None, None) => "no GPU adapter found (install a Vulkan driver, e.g. Debian's mesa-vulkan-drivers, or use --cpu)".to_string(),
                 (backend, adapter) => {
                     let mut want = Vec::new();
