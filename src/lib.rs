@@ -11,6 +11,7 @@
 //! `gpu`, `cpu`, [`device`], [`sampling`] (with [`grammar`]) -> `formats`,
 //! `quant`, `tensor`, `util`.
 
+#[cfg(feature = "native")]
 pub mod cli;
 pub mod cpu;
 pub mod device;

@@ -17,9 +17,12 @@
 
 use crate::error::{Error, Result};
 use crate::quant::{self, GgmlType};
-use memmap2::Mmap;
 use rayon::prelude::*;
 use std::sync::Arc;
+
+/// The bytes a format reader shares with its tensors: a memory-mapped file,
+/// or bytes already in memory (a browser tab has no files to map).
+pub type SharedBytes = Arc<dyn AsRef<[u8]> + Send + Sync>;
 
 #[derive(Clone)]
 pub struct Tensor {
@@ -33,7 +36,7 @@ pub struct Tensor {
 #[derive(Clone)]
 enum Storage {
     Mapped {
-        map: Arc<Mmap>,
+        map: SharedBytes,
         offset: usize,
         len: usize,
     },
@@ -78,11 +81,14 @@ impl Tensor {
         name: String,
         dtype: GgmlType,
         shape: Vec<usize>,
-        map: Arc<Mmap>,
+        map: SharedBytes,
         offset: usize,
         len: usize,
     ) -> Tensor {
-        debug_assert!(offset + len <= map.len(), "{name}: range past the mapping");
+        debug_assert!(
+            offset + len <= (*map).as_ref().len(),
+            "{name}: range past the mapping"
+        );
         debug_assert_eq!(tensor_bytes(dtype, &shape), Ok(len), "{name}: size");
         Tensor {
             name,
@@ -182,7 +188,7 @@ impl Tensor {
 
     pub fn bytes(&self) -> &[u8] {
         match &self.storage {
-            Storage::Mapped { map, offset, len } => &map[*offset..*offset + *len],
+            Storage::Mapped { map, offset, len } => &(**map).as_ref()[*offset..*offset + *len],
             Storage::Owned(v) => v,
         }
     }

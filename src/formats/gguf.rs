@@ -14,6 +14,7 @@
 use super::{missing_tensor, TensorSource};
 use crate::error::{Error, Result};
 use crate::quant::{ggml_type_name, GgmlType};
+use crate::tensor::SharedBytes;
 use crate::tensor::{tensor_bytes, Tensor};
 use crate::util::atomic_write::AtomicFile;
 use memmap2::Mmap;
@@ -314,10 +315,11 @@ pub struct TensorInfo {
     pub size: usize,
 }
 
-/// A memory-mapped GGUF file.
+/// A GGUF file, memory-mapped ([`GgufFile::open`]) or in memory
+/// ([`GgufFile::from_bytes`]).
 pub struct GgufFile {
     path: PathBuf,
-    map: Arc<Mmap>,
+    map: SharedBytes,
     version: u32,
     alignment: usize,
     data_offset: usize,
@@ -505,9 +507,25 @@ impl GgufFile {
         Self::parse(path, Arc::new(map))
     }
 
-    fn parse(path: &Path, map: Arc<Mmap>) -> Result<GgufFile> {
+    /// A GGUF file already in memory (a browser tab's fetched bytes); `name`
+    /// stands for its path in errors.
+    pub fn from_bytes(name: impl AsRef<Path>, bytes: Vec<u8>) -> Result<GgufFile> {
+        let path = name.as_ref();
+        if bytes.len() < 24 {
+            return Err(Error::format(
+                path,
+                format!(
+                    "{} bytes is too short for a GGUF header (24 bytes)",
+                    bytes.len()
+                ),
+            ));
+        }
+        Self::parse(path, Arc::new(bytes))
+    }
+
+    fn parse(path: &Path, map: SharedBytes) -> Result<GgufFile> {
         let mut c = Cursor {
-            buf: &map[..],
+            buf: (*map).as_ref(),
             pos: 0,
             path,
         };
@@ -605,7 +623,7 @@ impl GgufFile {
         }
 
         let data_offset = c.pos.next_multiple_of(alignment);
-        let data_len = map.len().saturating_sub(data_offset);
+        let data_len = (*map).as_ref().len().saturating_sub(data_offset);
         let mut tensors = Vec::with_capacity(raw.len());
         for (name, dtype, shape, offset, size) in raw {
             if offset % alignment as u64 != 0 {

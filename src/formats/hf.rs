@@ -229,7 +229,7 @@ impl HfCheckpoint {
 /// of returning an error. Parsing into a `Value` decodes every string, so
 /// those are caught here (skipping them, as `IgnoredAny` does, is not enough).
 pub fn read_tokenizer_json(path: &Path) -> Result<tokenizers::Tokenizer> {
-    let bytes = std::fs::read(path).map_err(|e| Error::io(path, e))?;
+    let bytes = crate::util::fs::read(path).map_err(|e| Error::io(path, e))?;
     serde_json::from_slice::<Value>(&bytes)
         .map_err(|e| Error::format(path, format!("not valid JSON: {e}")))?;
     tokenizers::Tokenizer::from_bytes(&bytes)

@@ -30,7 +30,7 @@ impl Gpu {
                     usage: STORAGE,
                 })
         };
-        if let Some(e) = pollster::block_on(scope.pop()) {
+        if let Some(e) = super::wait::block_on(scope.pop()) {
             return Err(Error::gpu(format!(
                 "uploading {label} ({} bytes): {e}",
                 bytes.len()
@@ -57,7 +57,7 @@ impl Gpu {
             usage: STORAGE,
             mapped_at_creation: false,
         });
-        if let Some(e) = pollster::block_on(scope.pop()) {
+        if let Some(e) = super::wait::block_on(scope.pop()) {
             return Err(Error::gpu(format!(
                 "allocating {label} ({bytes} bytes): {e}"
             )));
@@ -126,15 +126,7 @@ impl Gpu {
         staging.map_async(wgpu::MapMode::Read, ..len, move |r| {
             let _ = tx.send(r);
         });
-        self.device
-            .poll(wgpu::PollType::Wait {
-                submission_index: Some(done),
-                timeout: None,
-            })
-            .map_err(|e| Error::gpu(format!("readback: {e}")))?;
-        rx.recv()
-            .map_err(|_| Error::gpu("readback: map callback dropped"))?
-            .map_err(|e| Error::gpu(format!("readback: {e}")))?;
+        super::wait::wait_mapped(&self.device, Some(done), rx, "readback")?;
         let bytes = staging
             .get_mapped_range(..len)
             .map_err(|e| Error::gpu(format!("readback: {e}")))?

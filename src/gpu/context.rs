@@ -165,12 +165,32 @@ pub struct Gpu {
 pub fn quiet_headless_probe() {
     static ONCE: std::sync::Once = std::sync::Once::new();
     ONCE.call_once(|| {
-        if std::env::var_os("XDG_RUNTIME_DIR").is_none()
+        // A browser has no environment to set (std's set_var panics there).
+        if cfg!(not(target_arch = "wasm32"))
+            && std::env::var_os("XDG_RUNTIME_DIR").is_none()
             && std::env::var_os("WAYLAND_DISPLAY").is_none()
         {
             std::env::set_var("WAYLAND_DISPLAY", "/nonexistent/lfm-headless/wayland-0");
         }
     });
+}
+
+/// The adapters `instance` offers on `backends`. A browser hands out one,
+/// the one `requestAdapter` picks (asked for high performance).
+async fn adapters_of(instance: &wgpu::Instance, backends: wgpu::Backends) -> Vec<wgpu::Adapter> {
+    #[cfg(not(target_arch = "wasm32"))]
+    {
+        instance.enumerate_adapters(backends).await
+    }
+    #[cfg(target_arch = "wasm32")]
+    {
+        let _ = backends;
+        let opts = wgpu::RequestAdapterOptions {
+            power_preference: wgpu::PowerPreference::HighPerformance,
+            ..Default::default()
+        };
+        instance.request_adapter(&opts).await.into_iter().collect()
+    }
 }
 
 impl Gpu {
@@ -189,7 +209,7 @@ impl Gpu {
             let mut desc = wgpu::InstanceDescriptor::new_without_display_handle();
             desc.backends = backends;
             let instance = wgpu::Instance::new(desc);
-            adapters = pollster::block_on(instance.enumerate_adapters(backends));
+            adapters = super::wait::block_on(adapters_of(&instance, backends));
             if let Some(want) = &opts.adapter {
                 let want = want.to_lowercase();
                 adapters.retain(|a| a.get_info().name.to_lowercase().contains(&want));
@@ -213,6 +233,7 @@ impl Gpu {
         });
         let adapter = adapters.into_iter().next().ok_or_else(|| {
             Error::gpu(match (&opts.backend, &opts.adapter) {
+                (None, None) if cfg!(target_arch = "wasm32") => "the browser offers no WebGPU adapter".to_string(),
                 (None, None) => "no GPU adapter found (install a Vulkan driver, e.g. Debian's mesa-vulkan-drivers, or use --cpu)".to_string(),
                 (backend, adapter) => {
                     let mut want = Vec::new();
@@ -261,23 +282,24 @@ impl Gpu {
         }
         // Ask for everything the adapter can give: large models need the full
         // binding and buffer sizes.
-        let (device, queue) = pollster::block_on(adapter.request_device(&wgpu::DeviceDescriptor {
-            label: Some("lfm"),
-            required_features: required,
-            required_limits: limits.clone(),
-            experimental_features: if coop {
-                // SAFETY: wgpu marks cooperative matrices experimental (its
-                // API may change and may have bugs). Only the GEMM's COOP
-                // variant uses them, and its parity case checks it against
-                // the CPU on every adapter that runs it.
-                unsafe { wgpu::ExperimentalFeatures::enabled() }
-            } else {
-                wgpu::ExperimentalFeatures::disabled()
-            },
-            memory_hints: wgpu::MemoryHints::Performance,
-            trace: wgpu::Trace::Off,
-        }))
-        .map_err(|e| Error::gpu(format!("{}: cannot open device: {e}", info.name)))?;
+        let (device, queue) =
+            super::wait::block_on(adapter.request_device(&wgpu::DeviceDescriptor {
+                label: Some("lfm"),
+                required_features: required,
+                required_limits: limits.clone(),
+                experimental_features: if coop {
+                    // SAFETY: wgpu marks cooperative matrices experimental (its
+                    // API may change and may have bugs). Only the GEMM's COOP
+                    // variant uses them, and its parity case checks it against
+                    // the CPU on every adapter that runs it.
+                    unsafe { wgpu::ExperimentalFeatures::enabled() }
+                } else {
+                    wgpu::ExperimentalFeatures::disabled()
+                },
+                memory_hints: wgpu::MemoryHints::Performance,
+                trace: wgpu::Trace::Off,
+            }))
+            .map_err(|e| Error::gpu(format!("{}: cannot open device: {e}", info.name)))?;
         let caps = Capabilities {
             subgroups,
             subgroup_min: info.subgroup_min_size,
@@ -440,7 +462,7 @@ impl Gpu {
                 },
                 cache: None,
             });
-        if let Some(err) = pollster::block_on(scope.pop()) {
+        if let Some(err) = super::wait::block_on(scope.pop()) {
             return Err(Error::gpu(format!(
                 "kernel {} variant {}: {err}",
                 k.name, key.1

@@ -14,6 +14,7 @@ pub mod preprocess;
 pub mod profile;
 pub mod speech;
 pub mod vision;
+pub mod wait;
 pub mod whisper;
 
 pub use context::{quiet_headless_probe, Backend, Gpu, GpuOptions, SOFTWARE_LOOP_LIMIT};

@@ -6,7 +6,7 @@
 use super::Gpu;
 use crate::error::{Error, Result};
 use serde::Serialize;
-use std::time::Instant;
+use web_time::Instant;
 
 /// A query set of timestamps written between dispatches, resolved into a
 /// buffer and read back after the submission.

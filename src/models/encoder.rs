@@ -203,7 +203,7 @@ impl Json<'_> {
 
 impl EncoderConfig {
     pub fn from_file(path: &Path) -> Result<EncoderConfig> {
-        let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
+        let text = crate::util::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
         EncoderConfig::from_json(path, &text)
     }
 
@@ -1078,12 +1078,9 @@ fn load_weights(
     path: &Path,
     c: &EncoderConfig,
 ) -> Result<(EncoderWeights, Option<ClassifierHead>)> {
-    let file = std::fs::File::open(path).map_err(|e| Error::io(path, e))?;
-    // SAFETY: the map is read-only and dropped before this function returns;
-    // every tensor is copied out. A file truncated underneath us would fault,
-    // as for any mmap reader.
-    let map = unsafe { memmap2::Mmap::map(&file) }.map_err(|e| Error::io(path, e))?;
-    let st = SafeTensors::deserialize(&map)
+    // Dropped before this function returns: every tensor is copied out.
+    let map = crate::util::fs::map(path).map_err(|e| Error::io(path, e))?;
+    let st = SafeTensors::deserialize((*map).as_ref())
         .map_err(|e| Error::format(path, format!("not a valid safetensors file: {e}")))?;
     let n = names(c.family);
     let prefix = ["", "bert.", "roberta.", "new.", "model.", "nomic_bert."]

@@ -305,9 +305,16 @@ fn hf_sampling_defaults(dir: &Path) -> Result<SamplingOptions> {
 }
 
 fn open_gguf(path: &Path) -> Result<Opened> {
-    let g = GgufFile::open(path)?;
-    let (cfg, names) = arch::from_gguf(&g)?;
-    let weights = llm::load_weights(&cfg, &g, &names)?;
+    let (cfg, weights, tokenizer) = llm_from_gguf(&GgufFile::open(path)?)?;
+    Ok((cfg, weights, tokenizer, llama_cpp_defaults()))
+}
+
+/// The config, weights and tokenizer of an opened GGUF file (one read from
+/// bytes, in a browser tab), as [`load_llm`] reads them.
+pub fn llm_from_gguf(g: &GgufFile) -> Result<(LlmConfig, Weights, Option<Tokenizer>)> {
+    let path = g.path();
+    let (cfg, names) = arch::from_gguf(g)?;
+    let weights = llm::load_weights(&cfg, g, &names)?;
     if let Some(tokens) = g.get_str_array_opt("tokenizer.ggml.tokens")? {
         let rows = weights.embed.rows();
         if tokens.len() != rows {
@@ -321,10 +328,10 @@ fn open_gguf(path: &Path) -> Result<Opened> {
         }
     }
     let tokenizer = match g.get_str_opt("tokenizer.ggml.model")? {
-        Some(_) => Some(gguf_tokenizer(&g)?),
+        Some(_) => Some(gguf_tokenizer(g)?),
         None => None,
     };
-    Ok((cfg, weights, tokenizer, llama_cpp_defaults()))
+    Ok((cfg, weights, tokenizer))
 }
 
 /// The tokenizer stored in a GGUF file's `tokenizer.ggml.*` metadata.

@@ -8,6 +8,7 @@ use crate::cpu::SeqSpan;
 use crate::error::{Error, Result};
 use crate::gpu::Gpu;
 use crate::models::encoder::{Batch, Encoder, EncoderConfig, EncoderGemm, GpuEncoder};
+use crate::util::fs;
 use serde_json::Value;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -86,7 +87,7 @@ pub enum ScoreActivation {
 }
 
 fn read_json(path: &Path) -> Result<Value> {
-    let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
+    let text = fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
     serde_json::from_str(&text).map_err(|e| Error::format(path, format!("not valid JSON: {e}")))
 }
 
@@ -100,7 +101,7 @@ impl SentenceConfig {
         let mut pooling = vec![Pooling::Mean];
         let mut normalize = false;
         let mut transformer_dir = dir.to_path_buf();
-        if modules_path.exists() {
+        if fs::exists(&modules_path) {
             let modules = read_json(&modules_path)?;
             let list = modules
                 .as_array()
@@ -145,7 +146,7 @@ impl SentenceConfig {
             .map_or(model.max_position_embeddings, |n| {
                 n.min(model.max_position_embeddings)
             });
-        let max_seq_length = if st_path.exists() {
+        let max_seq_length = if fs::exists(&st_path) {
             let v = read_json(&st_path)?;
             match v.get("max_seq_length") {
                 None | Some(Value::Null) => tokenizer_limit,
@@ -252,7 +253,7 @@ impl SentenceConfig {
 /// tokenizer_config.json's `model_max_length` in `dir`, when it sets a usable one.
 fn tokenizer_max_length(dir: &Path) -> Result<Option<usize>> {
     let path = dir.join("tokenizer_config.json");
-    if !path.exists() {
+    if !fs::exists(&path) {
         return Ok(None);
     }
     Ok(read_json(&path)?
@@ -268,7 +269,7 @@ fn tokenizer_max_length(dir: &Path) -> Result<Option<usize>> {
 type Prompts = (Vec<(String, String)>, Option<String>);
 
 fn read_prompts(path: &Path) -> Result<Prompts> {
-    if !path.exists() {
+    if !fs::exists(path) {
         return Ok((Vec::new(), None));
     }
     let v = read_json(path)?;
@@ -530,7 +531,7 @@ impl Embedder {
 
     /// Loads `dir` for `task`, refusing a model made for the other one.
     pub fn load_for(dir: &Path, gpu: Option<Arc<Gpu>>, task: Task) -> Result<Embedder> {
-        if !dir.is_dir() {
+        if !fs::is_dir(dir) {
             return Err(Error::io(
                 dir,
                 std::io::Error::new(std::io::ErrorKind::NotFound, "model directory not found"),
@@ -850,7 +851,7 @@ fn load_tokenizer(
     model: &EncoderConfig,
     sentence: &SentenceConfig,
 ) -> Result<Tokenizer> {
-    if !path.exists() {
+    if !fs::exists(path) {
         return Err(Error::io(
             path,
             std::io::Error::new(std::io::ErrorKind::NotFound, "tokenizer not found"),

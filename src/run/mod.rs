@@ -11,10 +11,12 @@ pub mod generate;
 pub use crate::grammar;
 pub mod image;
 pub mod kld;
+#[cfg(feature = "native")]
 pub mod phonemes;
 pub mod prompt_cache;
 /// Sampling lives below the models that use it; this keeps its old path.
 pub use crate::sampling;
+#[cfg(feature = "native")]
 pub mod serve;
 pub mod speculative;
 pub mod transcribe;

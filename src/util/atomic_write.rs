@@ -242,6 +242,8 @@ impl AtomicFile {
         match (sink, &self.temp) {
             (Sink::File(file), Some((temp, real))) => {
                 file.sync_all().map_err(|e| Error::io(&self.target, e))?;
+                // Closed before the rename (a browser's File closes nothing).
+                #[cfg_attr(target_arch = "wasm32", allow(clippy::drop_non_drop))]
                 drop(file);
                 std::fs::rename(temp, real).map_err(|e| Error::io(&self.target, e))
             }

@@ -2,6 +2,7 @@
 
 pub mod atomic_write;
 pub mod date;
+pub mod fs;
 pub mod log;
 pub mod progress;
 pub mod rng;

@@ -9,7 +9,7 @@ use crate::gpu::profile::{PassTimer, StepProfile};
 use crate::gpu::Variant;
 use crate::models::llm::{attn_shape, conv_ring_rows};
 use crate::models::recipe::{self, DecoderOps, Residual};
-use std::time::Instant;
+use web_time::Instant;
 
 /// Records the recipe's operations for one token.
 struct DecodeRecorder<'a> {

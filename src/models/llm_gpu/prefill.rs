@@ -11,7 +11,7 @@ use crate::gpu::profile::{PassTimer, StepProfile};
 use crate::gpu::Gpu;
 use crate::models::llm::{attn_shape, conv_ring_rows, LlmConfig};
 use crate::models::recipe::{self, DecoderOps, Residual};
-use std::time::Instant;
+use web_time::Instant;
 
 /// What a prefill submission computes: `n` tokens, returning the logits of
 /// every one (`all`), of the last (`last`), or none.

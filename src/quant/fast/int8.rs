@@ -54,6 +54,8 @@ pub type Kernel = fn(&[u8], &Q8Input) -> f32;
 /// The copies of the int8 kernel for `t` this CPU runs, best last; empty
 /// for types without one.
 pub fn variants(t: GgmlType) -> Vec<Kernel> {
+    // Only x86-64 adds variants below.
+    #[cfg_attr(not(target_arch = "x86_64"), allow(unused_mut))]
     let mut v: Vec<Kernel> = match t {
         GgmlType::Q4_0 => vec![|r, q| q4_0(bytemuck::cast_slice(r), q)],
         GgmlType::Q4_1 => vec![|r, q| q4_1(bytemuck::cast_slice(r), q)],

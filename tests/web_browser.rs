@@ -1,0 +1,465 @@
+//! The engine in a browser tab: serves `web/` (built by `scripts/web-build`,
+//! which `scripts/test` runs first) on a loopback port, drives headless
+//! Chromium through chromedriver (Debian's `chromium`, `chromium-driver`;
+//! WebGPU on its SwiftShader Vulkan adapter), has the page generate
+//! greedily with the tiny LFM2 fixture and embed sentences with the default
+//! encoder on WebGPU, and checks the prompt's and the produced token ids,
+//! and the vectors, against the native CPU reference. A screenshot of the
+//! page after the run is kept in `target/web-artifacts/`.
+//!
+//! Like the other GPU tests it fails without its adapter (here: without
+//! Chromium, chromedriver or the built page) unless `LFM_SKIP_GPU_TESTS=1`.
+
+use lfm::cli::DeviceChoice;
+use lfm::models::{load_llm, LoadOptions};
+use lfm::run::embed::{cosine, EmbedOptions, Embedder};
+use lfm::tensor::Activations;
+use serde_json::{json, Value};
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+const CHROMIUM: &str = "/usr/bin/chromium";
+/// The default encoder (`embed`'s), fetched by scripts/setup.
+const ENCODER: &str = "samples/models/all-minilm-l6-v2";
+const CHROMEDRIVER: &str = "/usr/bin/chromedriver";
+
+/// Chromium's WebGPU without a GPU: SwiftShader's Vulkan.
+const WEBGPU_ARGS: &[&str] = &[
+    "--enable-unsafe-webgpu",
+    "--enable-features=Vulkan",
+    "--use-vulkan=swiftshader",
+    "--use-webgpu-adapter=swiftshader",
+];
+
+/// Headless, as root (no sandbox), and nothing that reaches for the network.
+const CHROMIUM_ARGS: &[&str] = &[
+    "--headless=new",
+    "--no-sandbox",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+    "--disable-quic",
+    "--window-size=1100,1300",
+];
+
+fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// What the page needs and this machine may lack; `None` when all is there.
+fn missing() -> Option<String> {
+    for (path, what) in [
+        (CHROMIUM, "chromium (apt-get install chromium)"),
+        (
+            CHROMEDRIVER,
+            "chromedriver (apt-get install chromium-driver)",
+        ),
+    ] {
+        if !Path::new(path).exists() {
+            return Some(what.to_string());
+        }
+    }
+    let wasm = root().join("web/pkg/lfm_web_bg.wasm");
+    if !wasm.exists() {
+        return Some(format!("{} (run scripts/web-build)", wasm.display()));
+    }
+    None
+}
+
+/// Serves `web/` at `/` and the LLM fixtures at `/fixtures/`, GET only,
+/// one thread per connection, until the test process ends.
+fn serve() -> u16 {
+    let listener = TcpListener::bind("127.0.0.1:0").expect("bind a loopback port");
+    let port = listener.local_addr().unwrap().port();
+    std::thread::spawn(move || {
+        for stream in listener.incoming().flatten() {
+            std::thread::spawn(move || {
+                let _ = answer(stream);
+            });
+        }
+    });
+    port
+}
+
+fn answer(mut stream: TcpStream) -> std::io::Result<()> {
+    let mut reader = BufReader::new(stream.try_clone()?);
+    let mut line = String::new();
+    reader.read_line(&mut line)?;
+    loop {
+        let mut h = String::new();
+        if reader.read_line(&mut h)? == 0 || h == "\r\n" {
+            break;
+        }
+    }
+    let path = line.split_whitespace().nth(1).unwrap_or("/");
+    let path = path.split('?').next().unwrap_or("/");
+    let file = if let Some(rest) = path.strip_prefix("/fixtures/") {
+        root().join("samples/fixtures/llm").join(rest)
+    } else if let Some(rest) = path.strip_prefix("/encoder/") {
+        root().join(ENCODER).join(rest)
+    } else if path == "/" {
+        root().join("web/index.html")
+    } else {
+        root().join("web").join(path.trim_start_matches('/'))
+    };
+    let body = if path.contains("..") {
+        None
+    } else {
+        std::fs::read(&file).ok()
+    };
+    let Some(body) = body else {
+        return stream.write_all(
+            b"HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\nConnection: close\r\n\r\n",
+        );
+    };
+    let kind = match file.extension().and_then(|e| e.to_str()) {
+        Some("html") => "text/html; charset=utf-8",
+        Some("js") => "text/javascript",
+        Some("css") => "text/css",
+        Some("wasm") => "application/wasm",
+        _ => "application/octet-stream",
+    };
+    write!(
+        stream,
+        "HTTP/1.1 200 OK\r\nContent-Type: {kind}\r\nContent-Length: {}\r\nCache-Control: no-store\r\nConnection: close\r\n\r\n",
+        body.len()
+    )?;
+    stream.write_all(&body)
+}
+
+/// One HTTP/1.1 request to chromedriver; the JSON answer.
+fn webdriver(port: u16, method: &str, path: &str, body: Option<&Value>) -> Value {
+    let mut s = TcpStream::connect(("127.0.0.1", port)).expect("connect to chromedriver");
+    let body = body.map(|b| b.to_string()).unwrap_or_default();
+    write!(
+        s,
+        "{method} {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    // chromedriver keeps the connection open: read the head, then exactly
+    // Content-Length bytes.
+    let mut r = BufReader::new(s);
+    let mut len = 0;
+    loop {
+        let mut h = String::new();
+        if r.read_line(&mut h).unwrap() == 0 || h == "\r\n" {
+            break;
+        }
+        if let Some((name, value)) = h.split_once(':') {
+            if name.eq_ignore_ascii_case("content-length") {
+                len = value.trim().parse().expect("a Content-Length");
+            }
+        }
+    }
+    let mut raw = vec![0; len];
+    r.read_exact(&mut raw).unwrap();
+    let json = String::from_utf8_lossy(&raw);
+    serde_json::from_str(&json).unwrap_or_else(|e| panic!("chromedriver {path}: {e}: {json}"))
+}
+
+struct Driver {
+    child: Child,
+    port: u16,
+    session: String,
+}
+
+impl Driver {
+    /// chromedriver and a Chromium with [`CHROMIUM_ARGS`] and `extra_args`.
+    fn start(profile: &Path, extra_args: &[&str]) -> Driver {
+        let port = TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let child = Command::new(CHROMEDRIVER)
+            .arg(format!("--port={port}"))
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start chromedriver");
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while TcpStream::connect(("127.0.0.1", port)).is_err() {
+            assert!(Instant::now() < deadline, "chromedriver did not listen");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        let mut args: Vec<String> = CHROMIUM_ARGS.iter().map(|a| a.to_string()).collect();
+        args.extend(extra_args.iter().map(|a| a.to_string()));
+        args.push(format!("--user-data-dir={}", profile.display()));
+        let caps = json!({"capabilities": {"alwaysMatch": {
+            "browserName": "chrome",
+            "goog:chromeOptions": {"binary": CHROMIUM, "args": args},
+        }}});
+        let answer = webdriver(port, "POST", "/session", Some(&caps));
+        let session = answer["value"]["sessionId"]
+            .as_str()
+            .unwrap_or_else(|| panic!("no session: {answer}"))
+            .to_string();
+        Driver {
+            child,
+            port,
+            session,
+        }
+    }
+
+    fn call(&self, method: &str, what: &str, body: Option<&Value>) -> Value {
+        let path = format!("/session/{}/{what}", self.session);
+        webdriver(self.port, method, &path, body)["value"].clone()
+    }
+
+    /// Opens `url` and waits (up to `limit`) for the page's `lfmResult`.
+    fn run_page(&self, url: &str, limit: Duration) -> Value {
+        self.call("POST", "url", Some(&json!({ "url": url })));
+        let deadline = Instant::now() + limit;
+        loop {
+            let v = self.call(
+                "POST",
+                "execute/sync",
+                Some(&json!({"script": "return window.lfmResult || null", "args": []})),
+            );
+            if !v.is_null() {
+                return v;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "no result from {url} in {limit:?}"
+            );
+            std::thread::sleep(Duration::from_millis(250));
+        }
+    }
+
+    fn screenshot(&self, to: &Path) {
+        let b64 = self.call("GET", "screenshot", None);
+        let png = base64_decode(b64.as_str().expect("a base64 screenshot"));
+        std::fs::create_dir_all(to.parent().unwrap()).unwrap();
+        lfm::util::atomic_write::write_atomic(to, &png, true).expect("write the screenshot");
+        eprintln!("screenshot: {}", to.display());
+    }
+}
+
+impl Drop for Driver {
+    fn drop(&mut self) {
+        let _ = webdriver(
+            self.port,
+            "DELETE",
+            &format!("/session/{}", self.session),
+            None,
+        );
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn base64_decode(s: &str) -> Vec<u8> {
+    let val = |c: u8| -> u32 {
+        match c {
+            b'A'..=b'Z' => (c - b'A') as u32,
+            b'a'..=b'z' => (c - b'a' + 26) as u32,
+            b'0'..=b'9' => (c - b'0' + 52) as u32,
+            b'+' => 62,
+            b'/' => 63,
+            _ => panic!("not base64: {c}"),
+        }
+    };
+    let bytes: Vec<u8> = s.bytes().filter(|&c| c != b'=' && c != b'\n').collect();
+    let mut out = Vec::with_capacity(bytes.len() * 3 / 4);
+    for chunk in bytes.chunks(4) {
+        let mut acc = 0u32;
+        for (i, &c) in chunk.iter().enumerate() {
+            acc |= val(c) << (18 - 6 * i);
+        }
+        let n = chunk.len() - 1;
+        out.extend_from_slice(&acc.to_be_bytes()[1..1 + n]);
+    }
+    out
+}
+
+fn ids(v: &Value) -> Vec<u32> {
+    v.as_array()
+        .unwrap_or_else(|| panic!("not an id list: {v}"))
+        .iter()
+        .map(|x| x.as_u64().expect("an id") as u32)
+        .collect()
+}
+
+/// The CPU reference's greedy run: prompt ids, then up to `max` produced
+/// tokens (the last may be an end of sequence), as the page generates.
+fn cpu_greedy(model: &Path, prompt: &str, max: usize) -> (Vec<u32>, Vec<u32>) {
+    let mut m = load_llm(
+        model,
+        &LoadOptions {
+            device: DeviceChoice::Cpu,
+            weight_type: None,
+            cpu_activations: Activations::F32,
+        },
+    )
+    .unwrap();
+    let tok = m.tokenizer.take().expect("the fixture has a tokenizer");
+    let prompt_ids = tok.encode(prompt, true).unwrap();
+    let logits = m.model.forward(&prompt_ids, false).unwrap();
+    let mut produced = vec![lfm::sampling::argmax(&logits) as u32];
+    while produced.len() < max && !tok.eos_ids.contains(produced.last().unwrap()) {
+        produced.push(m.model.step_greedy(*produced.last().unwrap()).unwrap());
+    }
+    (prompt_ids, produced)
+}
+
+/// False (skip) only when something is missing and LFM_SKIP_GPU_TESTS is
+/// set; panics when something is missing otherwise.
+fn ready() -> bool {
+    let Some(what) = missing() else {
+        return true;
+    };
+    if std::env::var_os("LFM_SKIP_GPU_TESTS").is_some() {
+        eprintln!("SKIPPING the browser test (LFM_SKIP_GPU_TESTS set): no {what}");
+        return false;
+    }
+    panic!("the browser test needs {what}; set LFM_SKIP_GPU_TESTS=1 to skip it");
+}
+
+/// Page (WebGPU) and CPU embeddings differ by f32 summation order through
+/// six layers (measured on SwiftShader: below 2e-7 per element of the unit
+/// vectors); a wrong op (a missed residual, a wrong pooling) moves elements
+/// by 1e-2 and more. 1e-5 leaves room for other adapters' exp and fused
+/// multiply-adds.
+const EMBED_TOL: f32 = 1e-5;
+
+const SENTENCES: [&str; 3] = [
+    "A cat sits on the mat.",
+    "A kitten is resting on a rug.",
+    "The stock market fell sharply today.",
+];
+
+/// `%`-escapes a query parameter's value.
+fn escape(s: &str) -> String {
+    s.bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' => (b as char).to_string(),
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
+}
+
+#[test]
+fn page_generates_and_embeds_on_webgpu_as_the_cpu_reference_does() {
+    if !ready() {
+        return;
+    }
+    let port = serve();
+    let profile = std::env::temp_dir().join(format!("lfm-web-profile-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&profile);
+    let driver = Driver::start(&profile, WEBGPU_ARGS);
+
+    let (prompt, max) = ("The capital of France is", 24);
+    let url = format!(
+        "http://127.0.0.1:{port}/?model=/fixtures/tiny-lfm2.f32.gguf&max={max}&prompt={}\
+         &encoder=/encoder/&sentences={}&run=1",
+        escape(prompt),
+        escape(&serde_json::to_string(&SENTENCES).unwrap())
+    );
+    let got = driver.run_page(&url, Duration::from_secs(240));
+    driver.screenshot(&root().join("target/web-artifacts/generate.png"));
+    eprintln!("page: {got}");
+    assert!(got.get("error").is_none(), "the page failed: {got}");
+    assert!(
+        got["adapter"]
+            .as_str()
+            .unwrap_or("")
+            .contains("BrowserWebGpu"),
+        "not on the browser's WebGPU: {got}"
+    );
+
+    let (want_prompt, want) = cpu_greedy(
+        &root().join("samples/fixtures/llm/tiny-lfm2.f32.gguf"),
+        prompt,
+        max,
+    );
+    assert_eq!(ids(&got["promptIds"]), want_prompt, "prompt ids");
+    assert_eq!(
+        ids(&got["ids"]),
+        want,
+        "greedy ids: page (WebGPU) vs CPU reference"
+    );
+
+    let cpu = Embedder::load(&root().join(ENCODER), None).unwrap();
+    let want = cpu.embed(&SENTENCES, &EmbedOptions::default()).unwrap();
+    let dim = want.len() / SENTENCES.len();
+    let rows = got["embedding"]["vectors"]
+        .as_array()
+        .unwrap_or_else(|| panic!("no vectors: {got}"));
+    assert_eq!(rows.len(), SENTENCES.len());
+    for (i, (row, want)) in rows.iter().zip(want.chunks(dim)).enumerate() {
+        let row: Vec<f32> = row
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|x| x.as_f64().unwrap() as f32)
+            .collect();
+        assert_eq!(row.len(), dim, "sentence {i}: dimensions");
+        let worst = row
+            .iter()
+            .zip(want)
+            .map(|(a, b)| (a - b).abs())
+            .fold(0.0f32, f32::max);
+        eprintln!(
+            "sentence {i}: max |page - cpu| {worst:.2e}, cosine {}",
+            cosine(&row, want)
+        );
+        assert!(
+            worst <= EMBED_TOL,
+            "sentence {i}: max |page - cpu| = {worst}"
+        );
+    }
+    drop(driver);
+    let _ = std::fs::remove_dir_all(&profile);
+}
+
+#[test]
+fn page_says_what_is_wrong_with_a_file_that_is_not_a_model() {
+    if !ready() {
+        return;
+    }
+    let port = serve();
+    let profile = std::env::temp_dir().join(format!("lfm-web-profile-bad-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&profile);
+    let driver = Driver::start(&profile, WEBGPU_ARGS);
+    // The fixtures' README is a file, but not a GGUF.
+    let url = format!("http://127.0.0.1:{port}/?model=/fixtures/README.md&run=1");
+    let got = driver.run_page(&url, Duration::from_secs(120));
+    driver.screenshot(&root().join("target/web-artifacts/not-a-model.png"));
+    let err = got["error"]
+        .as_str()
+        .unwrap_or_else(|| panic!("no error: {got}"));
+    assert!(
+        err.contains("README.md") && err.contains("not a GGUF file"),
+        "{err}"
+    );
+    drop(driver);
+    let _ = std::fs::remove_dir_all(&profile);
+}
+
+#[test]
+fn page_says_so_when_the_browser_offers_no_webgpu() {
+    if !ready() {
+        return;
+    }
+    let port = serve();
+    let profile = std::env::temp_dir().join(format!("lfm-web-profile-off-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&profile);
+    let driver = Driver::start(&profile, &["--disable-features=WebGPU"]);
+    let got = driver.run_page(
+        &format!("http://127.0.0.1:{port}/"),
+        Duration::from_secs(60),
+    );
+    driver.screenshot(&root().join("target/web-artifacts/no-webgpu.png"));
+    let err = got["error"]
+        .as_str()
+        .unwrap_or_else(|| panic!("no error: {got}"));
+    assert!(err.contains("WebGPU"), "{err}");
+    drop(driver);
+    let _ = std::fs::remove_dir_all(&profile);
+}
