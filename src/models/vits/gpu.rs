@@ -95,19 +95,31 @@ impl GpuGenerator {
     }
 
     /// z: [inter_channels, frames] -> audio [frames * hop], as
-    /// [`Generator::forward`] computes it.
-    pub fn forward(&self, z: &[f32], frames: usize) -> Result<Vec<f32>> {
+    /// [`Generator::forward`] computes it (`speaker`: the speaker's offset to
+    /// `conv_pre`'s output, folded into its bias).
+    pub fn forward(&self, z: &[f32], frames: usize, speaker: Option<&[f32]>) -> Result<Vec<f32>> {
         let gpu = &*self.gpu;
         let g = &self.cpu;
         let mut work: Vec<Dispatch> = Vec::new();
         let mut t = frames;
         let zb = gpu.upload_f32("dec.z", z)?;
+        let speaker_bias = match speaker {
+            None => None,
+            Some(offset) => {
+                let c = g.conv_pre.shape.c_out;
+                let mut b = g.conv_pre.b.clone().unwrap_or_else(|| vec![0.0; c]);
+                for (b, o) in b.iter_mut().zip(offset) {
+                    *b += o;
+                }
+                Some(gpu.upload_f32("dec.conv_pre.bias+speaker", &b)?)
+            }
+        };
         let mut x = gpu.scratch("dec.x", (g.conv_pre.shape.c_out * t * 4) as u64)?;
         work.push(speech::conv1d(
             gpu,
             &zb,
             &self.conv_pre.w,
-            &self.conv_pre.b,
+            speaker_bias.as_ref().unwrap_or(&self.conv_pre.b),
             &x,
             &g.conv_pre.shape,
             t,
