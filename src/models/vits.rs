@@ -27,7 +27,7 @@
 
 mod gpu;
 
-pub use gpu::GpuGenerator;
+pub use gpu::{GpuFlow, GpuGenerator, GpuVoice};
 
 use crate::cpu::{self, Conv1dShape, ConvTranspose1dShape};
 use crate::device::DeviceChoice;
@@ -926,16 +926,10 @@ impl Coupling {
         let mut out = vec![0.0f32; hidden * t];
         let n = self.in_layers.len();
         for (i, (inl, rs)) in self.in_layers.iter().zip(&self.res_skip).enumerate() {
-            let mut x_in = inl.forward(&h, t);
-            if let Some(s) = speaker {
-                add_per_channel(&mut x_in, &s[i * 2 * hidden..(i + 1) * 2 * hidden], t);
-            }
-            let (a, b) = x_in.split_at(hidden * t);
-            let acts: Vec<f32> = a
-                .iter()
-                .zip(b)
-                .map(|(a, b)| a.tanh() * sigmoid(*b))
-                .collect();
+            let x_in = inl.forward(&h, t);
+            let mut acts = vec![0.0f32; hidden * t];
+            let g = speaker.map(|s| &s[i * 2 * hidden..(i + 1) * 2 * hidden]);
+            cpu::wavenet_gate(&x_in, g, hidden, t, &mut acts);
             let r = rs.forward(&acts, t);
             if i + 1 < n {
                 add_in_place(&mut h, &r[..hidden * t]);
@@ -956,10 +950,6 @@ fn add_per_channel(x: &mut [f32], offset: &[f32], t: usize) {
     for (row, o) in x.chunks_mut(t).zip(offset) {
         row.iter_mut().for_each(|v| *v += o);
     }
-}
-
-fn sigmoid(x: f32) -> f32 {
-    1.0 / (1.0 + (-x).exp())
 }
 
 /// Reverses the channel order of x: [c, t] (`modules.Flip`).
@@ -1278,10 +1268,11 @@ impl Vits {
         self.inter_channels
     }
 
-    /// Phoneme ids -> the latent the decoder turns into audio. Noise is drawn
-    /// from `rng` (duration noise first, then the prior's), so a seed fixes
-    /// the result.
-    pub fn latent(
+    /// Phoneme ids -> the prior sample z_p ([inter_channels, frames]) the
+    /// flow starts from: text encoder, duration predictor, length
+    /// regulation, noise. Noise is drawn from `rng` (duration noise first,
+    /// then the prior's), so a seed fixes the result.
+    pub fn prior(
         &self,
         ids: &[i64],
         speaker: Option<&SpeakerOffsets>,
@@ -1348,15 +1339,34 @@ impl Vits {
         for (zv, l) in z.iter_mut().zip(&logs) {
             *zv += rng.normal() * l.exp() * scales.noise_scale;
         }
-        for (i, flow) in self.flows.iter().enumerate().rev() {
-            flip_channels(&mut z, c, frames);
-            flow.reverse(&mut z, frames, speaker.map(|s| s.flows[i].as_slice()));
-        }
         Ok(Latent {
             z,
             frames,
             durations,
         })
+    }
+
+    /// The normalising flow in reverse on z: [inter_channels, frames] in
+    /// place (z_p -> the decoder's input).
+    pub fn flow_reverse(&self, z: &mut [f32], frames: usize, speaker: Option<&SpeakerOffsets>) {
+        for (i, flow) in self.flows.iter().enumerate().rev() {
+            flip_channels(z, self.inter_channels, frames);
+            flow.reverse(z, frames, speaker.map(|s| s.flows[i].as_slice()));
+        }
+    }
+
+    /// Phoneme ids -> the latent the decoder turns into audio: the prior
+    /// ([`Vits::prior`]) through the flow.
+    pub fn latent(
+        &self,
+        ids: &[i64],
+        speaker: Option<&SpeakerOffsets>,
+        scales: &Scales,
+        rng: &mut Rng,
+    ) -> Result<Latent> {
+        let mut lat = self.prior(ids, speaker, scales, rng)?;
+        self.flow_reverse(&mut lat.z, lat.frames, speaker);
+        Ok(lat)
     }
 
     /// Phoneme ids -> audio samples in [-1, 1] at the voice's rate (CPU).
@@ -1375,17 +1385,17 @@ impl Vits {
 }
 
 /// A voice on the device the user chose: the CPU reference, or the GPU
-/// generator behind the CPU text encoder, duration predictor and flow.
+/// flow and generator behind the CPU text encoder and duration predictor.
 pub enum Synthesizer {
     Cpu(Vits),
-    Gpu(Vits, Box<GpuGenerator>),
+    Gpu(Vits, Box<GpuVoice>),
 }
 
 impl Synthesizer {
     /// Opens `device`; without an explicit GPU request, a machine with no
     /// usable adapter falls back to the CPU (see [`DeviceChoice::build`]).
     pub fn new(vits: Vits, device: &DeviceChoice) -> Result<Synthesizer> {
-        let (dec, _) = device.build(|| Ok(None), |g| Ok(Some(GpuGenerator::new(g, &vits.dec)?)))?;
+        let (dec, _) = device.build(|| Ok(None), |g| Ok(Some(GpuVoice::new(g, &vits)?)))?;
         Ok(match dec {
             Some(dec) => Synthesizer::Gpu(vits, Box::new(dec)),
             None => Synthesizer::Cpu(vits),
@@ -1416,9 +1426,9 @@ impl Synthesizer {
     ) -> Result<Vec<f32>> {
         match self {
             Synthesizer::Cpu(v) => v.synthesize(ids, speaker, scales, rng),
-            Synthesizer::Gpu(v, dec) => {
-                let lat = v.latent(ids, speaker, scales, rng)?;
-                dec.forward(&lat.z, lat.frames, speaker.map(|s| s.dec.as_slice()))
+            Synthesizer::Gpu(v, g) => {
+                let lat = v.prior(ids, speaker, scales, rng)?;
+                g.forward(&lat.z, lat.frames, speaker)
             }
         }
     }
