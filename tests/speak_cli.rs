@@ -452,3 +452,40 @@ fn text_with_nothing_to_say_is_an_error() {
         stderr(&o)
     );
 }
+
+#[test]
+fn the_gpu_repeats_itself_and_says_what_the_cpu_says() {
+    let m = multi();
+    let run = |device: &str| {
+        let o = speak(&[
+            "-m",
+            &m,
+            device,
+            "--seed",
+            "8",
+            "--speaker",
+            "carol",
+            "--no-normalize",
+            "--output-raw",
+            "Hello there. How are you?",
+        ]);
+        assert!(o.status.success(), "{device}: {}", stderr(&o));
+        o.stdout
+            .chunks_exact(2)
+            .map(|b| i16::from_le_bytes([b[0], b[1]]))
+            .collect::<Vec<i16>>()
+    };
+    let gpu = run("--gpu");
+    assert_eq!(run("--gpu"), gpu, "same seed, same samples");
+    let cpu = run("--cpu");
+    // Same noise (drawn on the CPU), same durations; the flow and the
+    // generator in f32 on both, sums in another order: within 2 of 32767.
+    assert_eq!(cpu.len(), gpu.len());
+    let max = cpu
+        .iter()
+        .zip(&gpu)
+        .map(|(a, b)| (a - b).abs())
+        .max()
+        .unwrap();
+    assert!(max <= 2, "cpu and gpu differ by {max}");
+}

@@ -343,7 +343,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     for (i, sentence) in sentences.enumerate() {
         let sentence = sentence?;
         let t0 = Instant::now();
-        let audio = synth.synthesize(&sentence.ids, offsets.as_ref(), &scales, &mut rng)?;
+        let (audio, stages) =
+            synth.synthesize_timed(&sentence.ids, offsets.as_ref(), &scales, &mut rng)?;
         let pcm = wav::to_pcm16(&audio, !args.no_normalize);
         if i > 0 && !sentence.continues {
             sink.write(&gap)?;
@@ -360,6 +361,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                 "phonemes": sentence.phonemes,
                 "ids": sentence.ids,
                 "synthesis_seconds": t0.elapsed().as_secs_f64(),
+                "prior_seconds": stages.prior,
+                "flow_and_decoder_seconds": stages.flow_and_decoder,
                 "audio_seconds": audio.len() as f64 / rate as f64,
             }));
         }

@@ -1424,14 +1424,51 @@ impl Synthesizer {
         scales: &Scales,
         rng: &mut Rng,
     ) -> Result<Vec<f32>> {
-        match self {
-            Synthesizer::Cpu(v) => v.synthesize(ids, speaker, scales, rng),
-            Synthesizer::Gpu(v, g) => {
-                let lat = v.prior(ids, speaker, scales, rng)?;
-                g.forward(&lat.z, lat.frames, speaker)
-            }
-        }
+        Ok(self.synthesize_timed(ids, speaker, scales, rng)?.0)
     }
+
+    /// [`Synthesizer::synthesize`], with where the time went.
+    pub fn synthesize_timed(
+        &self,
+        ids: &[i64],
+        speaker: Option<&SpeakerOffsets>,
+        scales: &Scales,
+        rng: &mut Rng,
+    ) -> Result<(Vec<f32>, StageSeconds)> {
+        let t0 = std::time::Instant::now();
+        let (v, mut lat) = match self {
+            Synthesizer::Cpu(v) | Synthesizer::Gpu(v, _) => {
+                (v, v.prior(ids, speaker, scales, rng)?)
+            }
+        };
+        let prior = t0.elapsed().as_secs_f64();
+        let audio = match self {
+            Synthesizer::Cpu(_) => {
+                v.flow_reverse(&mut lat.z, lat.frames, speaker);
+                v.dec
+                    .forward(&lat.z, lat.frames, speaker.map(|s| s.dec.as_slice()))
+            }
+            Synthesizer::Gpu(_, g) => g.forward(&lat.z, lat.frames, speaker)?,
+        };
+        Ok((
+            audio,
+            StageSeconds {
+                prior,
+                flow_and_decoder: t0.elapsed().as_secs_f64() - prior,
+            },
+        ))
+    }
+}
+
+/// Where a sentence's synthesis time went.
+#[derive(Clone, Copy, Debug)]
+pub struct StageSeconds {
+    /// Text encoder, duration predictor, length regulation and noise (on
+    /// the CPU for both backends).
+    pub prior: f64,
+    /// The flow and the generator (on the chosen device), with the upload
+    /// and the read-back.
+    pub flow_and_decoder: f64,
 }
 
 #[cfg(test)]
