@@ -89,7 +89,7 @@ if os.environ.get("NO_GPU"):
 for label, extra in engines:
     runs, ttfa = [], []
     for rep in range(REPS):
-        cmd = [BIN, "-o", str(OUT / f"{label.replace(' ', '-')}.wav"), "--seed", "1", "--json", *extra]
+        cmd = [BIN, "-o", str(OUT / f"{label.replace(' ', '-')}.wav"), "--force", "--seed", "1", "--json", *extra]
         for ids in sentences:
             cmd += ["--phoneme-ids", ",".join(map(str, ids))]
         r = subprocess.run(cmd, capture_output=True, text=True)
