@@ -339,7 +339,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let mut first_audio_since_start = None;
     let mut count = 0usize;
     // How many sentences a text has is known only once it is read.
-    let bar = crate::util::progress::bar(0, "speaking");
+    let bar = crate::util::progress::counter("speaking", "sentences");
     for (i, sentence) in sentences.enumerate() {
         let sentence = sentence?;
         let t0 = Instant::now();
