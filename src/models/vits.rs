@@ -250,12 +250,100 @@ pub struct ConvT {
     pub w: Vec<f32>,
     pub b: Option<Vec<f32>>,
     pub shape: ConvTranspose1dShape,
+    /// The same weights as one convolution per output phase (empty: the
+    /// plain gather of `cpu::conv_transpose1d`).
+    phases: Vec<Phase>,
+}
+
+/// One output phase of a transposed convolution as a plain convolution:
+/// the outputs p = m * stride + r are reached only by the taps k = k0 +
+/// j * stride, from inputs m + q - j (`ConvT::phases`).
+#[derive(Clone, Debug)]
+struct Phase {
+    /// [c_out, c_in, taps], taps in reverse order of j.
+    w: Vec<f32>,
+    taps: usize,
+    /// How many inputs before m the first (reversed) tap reads.
+    pad_left: usize,
 }
 
 impl ConvT {
+    fn new(w: Vec<f32>, b: Option<Vec<f32>>, shape: ConvTranspose1dShape) -> ConvT {
+        let phases = Self::split_phases(&w, &shape).unwrap_or_default();
+        ConvT {
+            w,
+            b,
+            shape,
+            phases,
+        }
+    }
+
+    /// The stride's phases as convolutions, so the upsampling runs on the
+    /// register-blocked `cpu::conv1d` (the scatter of `cpu::conv_transpose1d`
+    /// writes strided rows and vectorises poorly). `None` where a phase would
+    /// need an input after the output it feeds (then the plain path runs).
+    fn split_phases(w: &[f32], s: &ConvTranspose1dShape) -> Option<Vec<Phase>> {
+        let (c_in, c_out, k, st) = (s.c_in, s.c_out, s.kernel, s.stride);
+        let mut phases = Vec::with_capacity(st);
+        for r in 0..st {
+            let k0 = (r + s.pad) % st;
+            let q = (r + s.pad) / st;
+            let taps = k.saturating_sub(k0).div_ceil(st);
+            if taps == 0 || q > taps - 1 {
+                return None;
+            }
+            let mut pw = vec![0.0f32; c_out * c_in * taps];
+            for o in 0..c_out {
+                for i in 0..c_in {
+                    for j in 0..taps {
+                        pw[(o * c_in + i) * taps + (taps - 1 - j)] =
+                            w[(i * c_out + o) * k + k0 + j * st];
+                    }
+                }
+            }
+            phases.push(Phase {
+                w: pw,
+                taps,
+                pad_left: taps - 1 - q,
+            });
+        }
+        Some(phases)
+    }
+
     pub fn forward(&self, x: &[f32], t: usize) -> Vec<f32> {
-        let mut y = vec![0.0; self.shape.c_out * self.shape.t_out(t)];
-        cpu::conv_transpose1d(x, t, &self.w, self.b.as_deref(), &self.shape, &mut y);
+        let s = &self.shape;
+        let t_out = s.t_out(t);
+        let mut y = vec![0.0; s.c_out * t_out];
+        if self.phases.is_empty() || t == 0 {
+            cpu::conv_transpose1d(x, t, &self.w, self.b.as_deref(), s, &mut y);
+            return y;
+        }
+        for (r, ph) in self.phases.iter().enumerate() {
+            // Outputs r, r + stride, ... below t_out.
+            let m = t_out.saturating_sub(r).div_ceil(s.stride);
+            if m == 0 {
+                continue;
+            }
+            let pad_right = (m + ph.taps - 1).saturating_sub(t + ph.pad_left);
+            let shape = Conv1dShape {
+                c_in: s.c_in,
+                c_out: s.c_out,
+                kernel: ph.taps,
+                dilation: 1,
+                pad_left: ph.pad_left,
+                pad_right,
+                groups: 1,
+            };
+            let n = shape.t_out(t);
+            let mut yr = vec![0.0; s.c_out * n];
+            cpu::conv1d(x, t, &ph.w, self.b.as_deref(), &shape, &mut yr);
+            for o in 0..s.c_out {
+                let row = &mut y[o * t_out..(o + 1) * t_out];
+                for (mi, v) in yr[o * n..o * n + m].iter().enumerate() {
+                    row[mi * s.stride + r] = *v;
+                }
+            }
+        }
         y
     }
 }
@@ -422,7 +510,7 @@ impl<'a> Loader<'a> {
         if b.as_ref().is_some_and(|b| b.len() != shape.c_out) {
             return Err(n.error("bias shape"));
         }
-        Ok(ConvT { w, b, shape })
+        Ok(ConvT::new(w, b, shape))
     }
 
     fn layer_norm(&self, prefix: &str, c: usize) -> Result<LayerNorm> {
@@ -1549,6 +1637,53 @@ mod tests {
         j["phoneme_type"] = "text".into();
         j.as_object_mut().unwrap().remove("espeak");
         assert_eq!(config(j).unwrap().phoneme_type, PhonemeType::Text);
+    }
+
+    #[test]
+    fn transposed_convolution_by_phases_is_the_plain_one() {
+        let mut rng = Rng::new(5);
+        // (c_in, c_out, kernel, stride, pad): HiFi-GAN's upsampling, odd
+        // kernels, no padding, padding past a stride.
+        for (c_in, c_out, kernel, stride, pad) in [
+            (6, 5, 16, 8, 4),
+            (4, 3, 8, 4, 2),
+            (3, 2, 3, 2, 0),
+            (2, 3, 5, 2, 1),
+            (3, 3, 7, 3, 3),
+            (2, 2, 4, 1, 1),
+        ] {
+            let shape = ConvTranspose1dShape {
+                c_in,
+                c_out,
+                kernel,
+                stride,
+                pad,
+            };
+            let w = rng.vec(c_in * c_out * kernel, -1.0, 1.0);
+            let b = rng.vec(c_out, -1.0, 1.0);
+            let c = ConvT::new(w.clone(), Some(b.clone()), shape);
+            if kernel == 2 * stride {
+                // HiFi-GAN's geometry takes the fast path.
+                assert_eq!(c.phases.len(), stride, "{shape:?}");
+            }
+            for t in [1, 2, 3, 7, 40] {
+                let x = rng.vec(c_in * t, -1.0, 1.0);
+                let mut want = vec![0.0; c_out * shape.t_out(t)];
+                cpu::conv_transpose1d(&x, t, &w, Some(&b), &shape, &mut want);
+                let got = c.forward(&x, t);
+                assert_eq!(got.len(), want.len(), "{shape:?} t={t}");
+                let max = got
+                    .iter()
+                    .zip(&want)
+                    .map(|(a, b)| (a - b).abs())
+                    .fold(0.0, f32::max);
+                assert!(
+                    max < 1e-5,
+                    "{shape:?} t={t}: max abs err {max} (phases: {})",
+                    c.phases.len()
+                );
+            }
+        }
     }
 
     #[test]
