@@ -266,3 +266,226 @@ fn phoneme_ids_in_gold_samples_out() {
     assert_eq!(bad.status.code(), Some(1));
     assert!(stderr(&bad).contains("phoneme id 999"), "{}", stderr(&bad));
 }
+
+/// The small multi-speaker voice (scripts/fixtures/piper_multispeaker.py).
+fn multi() -> String {
+    root()
+        .join("samples/fixtures/speak/multi.onnx")
+        .to_string_lossy()
+        .into_owned()
+}
+
+#[test]
+fn speakers_are_listed_and_chosen_by_name_or_id() {
+    let m = multi();
+    let o = speak(&["-m", &m, "--list-speakers"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_eq!(
+        String::from_utf8_lossy(&o.stdout),
+        "0\talice\n1\tbob\n2\tcarol\n"
+    );
+    let run = |speaker: &str| {
+        let o = speak(&[
+            "-m",
+            &m,
+            "--cpu",
+            "--seed",
+            "3",
+            "--speaker",
+            speaker,
+            "Hello there.",
+            "--output-raw",
+        ]);
+        assert!(o.status.success(), "{}", stderr(&o));
+        o.stdout
+    };
+    let bob = run("bob");
+    assert!(bob.len() > 1000);
+    assert_eq!(
+        run("1"),
+        bob,
+        "a speaker's name and id are the same speaker"
+    );
+    assert_ne!(run("carol"), bob, "another speaker, other audio");
+    // Without --speaker: the voice's default (id 0).
+    let o = speak(&[
+        "-m",
+        &m,
+        "--cpu",
+        "--seed",
+        "3",
+        "Hello there.",
+        "--output-raw",
+    ]);
+    assert_eq!(o.stdout, run("alice"));
+    for bad in ["dave", "3", "-1"] {
+        let flag = format!("--speaker={bad}");
+        let o = speak(&["-m", &m, "--cpu", &flag, "Hi.", "--output-raw"]);
+        let err = stderr(&o);
+        assert_eq!(o.status.code(), Some(2), "{bad}: {err}");
+        assert!(
+            err.contains("multi.onnx.json")
+                && err.contains(&format!("'{bad}'"))
+                && err.contains("alice"),
+            "{bad}: {err}"
+        );
+        assert!(o.stdout.is_empty() && !err.contains("panicked"), "{err}");
+    }
+    // espeak-ng reads emoji by name, as Piper does: audio, not an error.
+    let o = speak(&["-m", &m, "--cpu", "🙂", "--output-raw"]);
+    assert!(
+        o.status.success() && o.stdout.len() > 1000,
+        "{}",
+        stderr(&o)
+    );
+}
+
+#[test]
+fn raw_output_is_the_wav_files_samples() {
+    let m = multi();
+    let wav = tmp("raw.wav");
+    let args = [
+        "-m",
+        &m,
+        "--cpu",
+        "--seed",
+        "4",
+        "Stop! Wait for me, please.",
+    ];
+    let mut a = args.to_vec();
+    a.extend(["-o", wav.to_str().unwrap(), "--force"]);
+    assert!(speak(&a).status.success());
+    let mut a = args.to_vec();
+    a.push("--output-raw");
+    let o = speak(&a);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let (spec, want) = samples(&wav);
+    assert_eq!(spec.sample_rate, 16000);
+    let got: Vec<i16> = o
+        .stdout
+        .chunks_exact(2)
+        .map(|b| i16::from_le_bytes([b[0], b[1]]))
+        .collect();
+    assert_eq!(got, want, "raw PCM = the WAV's samples");
+}
+
+/// Peak resident memory of a running process, in kB (Linux).
+fn peak_rss_kb(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap()
+}
+
+#[test]
+fn a_100_kb_paragraph_streams_in_bounded_memory() {
+    use std::io::{Read, Write};
+    // One paragraph of ~100 kB with no sentence end: read clause by clause
+    // and cut into bounded passes, the first audio comes long before the
+    // text is read; the reader stops after a while (as a player might).
+    let words = [
+        "the",
+        "lighthouse",
+        "keeper",
+        "climbed",
+        "stairs",
+        "and",
+        "wound",
+        "clockwork,",
+    ];
+    let mut text = String::new();
+    let mut i = 0;
+    while text.len() < 100_000 {
+        text.push_str(words[i % words.len()]);
+        text.push(' ');
+        i += 1;
+    }
+    let mut child = Command::new(env!("CARGO_BIN_EXE_speak"))
+        .args(["-m", &multi(), "--cpu", "--seed", "1", "--output-raw"])
+        .current_dir(root())
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    stdin.write_all(text.as_bytes()).unwrap();
+    drop(stdin);
+    let t0 = std::time::Instant::now();
+    let mut stdout = child.stdout.take().unwrap();
+    // 20 s of 16 kHz audio: several passes of the one paragraph.
+    let mut buf = vec![0u8; 20 * 16000 * 2];
+    stdout.read_exact(&mut buf).unwrap();
+    let first = t0.elapsed();
+    let rss = peak_rss_kb(child.id());
+    drop(stdout);
+    let out = child.wait_with_output().unwrap();
+    let err = stderr(&out);
+    eprintln!("20 s of audio after {first:?}, peak RSS {rss} kB; {err}");
+    assert!(!err.contains("panicked"), "{err}");
+    // The whole paragraph is ~2 hours of speech; holding it (or its
+    // phonemes' latents) would take gigabytes.
+    assert!(rss < 400_000, "peak RSS {rss} kB");
+    assert!(buf.iter().any(|&b| b != 0), "silence");
+}
+
+#[test]
+fn text_with_nothing_to_say_is_an_error() {
+    let m = multi();
+    for text in ["...!?", " , ; ", "\u{200b}"] {
+        let o = speak(&["-m", &m, "--cpu", text, "--output-raw"]);
+        let err = stderr(&o);
+        assert_eq!(o.status.code(), Some(1), "{text:?}: {err}");
+        assert!(
+            err.contains("nothing to say") || err.contains("no text"),
+            "{text:?}: {err}"
+        );
+        assert!(o.stdout.is_empty() && !err.contains("panicked"), "{err}");
+    }
+    // espeak-ng reads emoji by name, as Piper does: audio, not an error.
+    let o = speak(&["-m", &m, "--cpu", "🙂", "--output-raw"]);
+    assert!(
+        o.status.success() && o.stdout.len() > 1000,
+        "{}",
+        stderr(&o)
+    );
+}
+
+#[test]
+fn the_gpu_repeats_itself_and_says_what_the_cpu_says() {
+    let m = multi();
+    let run = |device: &str| {
+        let o = speak(&[
+            "-m",
+            &m,
+            device,
+            "--seed",
+            "8",
+            "--speaker",
+            "carol",
+            "--no-normalize",
+            "--output-raw",
+            "Hello there. How are you?",
+        ]);
+        assert!(o.status.success(), "{device}: {}", stderr(&o));
+        o.stdout
+            .chunks_exact(2)
+            .map(|b| i16::from_le_bytes([b[0], b[1]]))
+            .collect::<Vec<i16>>()
+    };
+    let gpu = run("--gpu");
+    assert_eq!(run("--gpu"), gpu, "same seed, same samples");
+    let cpu = run("--cpu");
+    // Same noise (drawn on the CPU), same durations; the flow and the
+    // generator in f32 on both, sums in another order: within 2 of 32767.
+    assert_eq!(cpu.len(), gpu.len());
+    let max = cpu
+        .iter()
+        .zip(&gpu)
+        .map(|(a, b)| (a - b).abs())
+        .max()
+        .unwrap();
+    assert!(max <= 2, "cpu and gpu differ by {max}");
+}

@@ -44,8 +44,10 @@ rate = cfg["audio"]["sample_rate"]
 scales = [cfg["inference"]["noise_scale"], cfg["inference"]["length_scale"], cfg["inference"]["noise_w"]]
 
 
-def summarise(name, runs):
-    """runs: list of lists of (seconds, audio_seconds) per sentence."""
+def summarise(name, runs, ttfa):
+    """runs: list of lists of (seconds, audio_seconds) per sentence; ttfa:
+    time to first audio per run, from process start (ours) or session
+    creation (onnxruntime) to the first sentence's samples."""
     totals = [sum(s for s, _ in r) for r in runs]
     audio = sum(a for _, a in runs[0])
     # Steady state: every sentence but the first (which pays shader
@@ -60,12 +62,18 @@ def summarise(name, runs):
         "rtf_steady_median": statistics.median(steady),
         "rtf_steady_sd": statistics.stdev(steady) if len(steady) > 1 else 0.0,
         "first_sentence_seconds_median": statistics.median(first),
+        "time_to_first_audio_median": statistics.median(ttfa),
         "reps": len(runs),
     }
 
 
 results = []
-info = {"machine": platform.node(), "cpu_count": os.cpu_count(), "onnxruntime": ort.__version__}
+info = {
+    "machine": platform.node(),
+    "cpu_count": os.cpu_count(),
+    "onnxruntime": ort.__version__,
+    "onnxruntime_providers": ort.get_available_providers(),
+}
 try:
     info["nvidia"] = subprocess.run(
         ["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"],
@@ -73,14 +81,15 @@ try:
 except (OSError, subprocess.CalledProcessError):
     pass
 
-# Ours: one process per repetition, default scales, fixed seed.
+# Ours: one process per repetition, default scales, fixed seed. The ids go
+# through --phoneme-ids, so phonemisation is not timed for any engine.
 engines = [("speak gpu", []), ("speak cpu", ["--cpu"])]
 if os.environ.get("NO_GPU"):
     engines = engines[1:]
 for label, extra in engines:
-    runs = []
+    runs, ttfa = [], []
     for rep in range(REPS):
-        cmd = [BIN, "-o", str(OUT / f"{label.replace(' ', '-')}.wav"), "--seed", "1", "--json", *extra]
+        cmd = [BIN, "-o", str(OUT / f"{label.replace(' ', '-')}.wav"), "--force", "--seed", "1", "--json", *extra]
         for ids in sentences:
             cmd += ["--phoneme-ids", ",".join(map(str, ids))]
         r = subprocess.run(cmd, capture_output=True, text=True)
@@ -92,14 +101,21 @@ for label, extra in engines:
         if rep == 0:
             print(r.stderr.strip(), file=sys.stderr)
         runs.append([(s["synthesis_seconds"], s["audio_seconds"]) for s in j["sentences"]])
+        ttfa.append(j["time_to_first_audio_seconds"])
+        # What bounds it: the CPU's share (text encoder, duration predictor,
+        # length regulation) against the flow + generator on the device.
+        prior = sum(s["prior_seconds"] for s in j["sentences"][1:])
+        rest = sum(s["flow_and_decoder_seconds"] for s in j["sentences"][1:])
+        info.setdefault(f"{label} prior share (sentences 2..n)", []).append(round(prior / (prior + rest), 3))
     if runs:
-        results.append(summarise(f"{label} ({info[f'{label} device']})", runs))
+        results.append(summarise(f"{label} ({info[f'{label} device']})", runs, ttfa))
         print(results[-1], file=sys.stderr)
 
 # onnxruntime on the same ids and scales, every provider it offers here.
 for provider in [p for p in ["CUDAExecutionProvider", "CPUExecutionProvider"] if p in ort.get_available_providers()]:
+    t_load = time.perf_counter()
     sess = ort.InferenceSession(MODEL, providers=[provider])
-    runs = []
+    runs, ttfa = [], []
     for rep in range(REPS + 1):
         per = []
         for ids in sentences:
@@ -111,9 +127,14 @@ for provider in [p for p in ["CUDAExecutionProvider", "CPUExecutionProvider"] if
             t0 = time.perf_counter()
             audio = sess.run(None, feed)[0]
             per.append((time.perf_counter() - t0, audio.size / rate))
+            if rep == 0 and len(per) == 1:
+                # Session creation + the first sentence: the cold start an
+                # assistant pays (ours includes process start and voice load).
+                cold = time.perf_counter() - t_load
         if rep > 0:  # the first pass warms the session up
             runs.append(per)
-    results.append(summarise(f"onnxruntime {provider.replace('ExecutionProvider', '')}", runs))
+            ttfa.append(cold)
+    results.append(summarise(f"onnxruntime {provider.replace('ExecutionProvider', '')}", runs, ttfa))
     print(results[-1], file=sys.stderr)
 
 (OUT / "speak-bench.json").write_text(json.dumps({"info": info, "results": results}, indent=1) + "\n")
@@ -121,13 +142,13 @@ lines = [
     f"paragraph: {len(sentences)} sentences, {results[0]['audio_seconds']:.1f} s of audio at {rate} Hz; "
     f"scales {scales}; {REPS} repetitions, medians",
     "",
-    "| engine | RTF (whole run) | RTF (steady, sentences 2..n) | first sentence (s) |",
-    "|---|---|---|---|",
+    "| engine | RTF (whole run) | RTF (steady, sentences 2..n) | first sentence (s) | time to first audio, cold (s) |",
+    "|---|---|---|---|---|",
 ]
 for r in results:
     lines.append(
         f"| {r['name']} | {r['rtf_median']:.4f} | {r['rtf_steady_median']:.4f} +- {r['rtf_steady_sd']:.4f} "
-        f"| {r['first_sentence_seconds_median']:.3f} |"
+        f"| {r['first_sentence_seconds_median']:.3f} | {r['time_to_first_audio_median']:.3f} |"
     )
 lines.append("")
 lines.append("RTF = synthesis time / audio duration (lower is faster). " + json.dumps(info))

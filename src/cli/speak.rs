@@ -1,7 +1,7 @@
 //! `speak`: text to speech with a Piper (VITS) voice.
 
-use crate::models::vits::{Scales, Synthesizer, Vits};
-use crate::run::phonemes::{text_to_ids, PhonemeIdMap, SentenceIds};
+use crate::models::vits::{PhonemeType, Scales, Synthesizer, Vits, VoiceConfig};
+use crate::run::phonemes::{PhonemeIdMap, Phonemes, SentenceIds, SentenceStream};
 use crate::run::wav::{self, PcmSink, RawStream, WavFile, WavStream};
 use crate::util::atomic_write::{self, AtomicFile};
 use crate::util::rng::Rng;
@@ -22,10 +22,15 @@ pub const DEFAULT_VOICE: &str = "samples/models/piper-joe/en_US-joe-medium.onnx"
     long_about = None,
     after_help = "Text is turned into phonemes by espeak-ng (its library must be installed: \
 apt-get install espeak-ng), split into sentences, and synthesised sentence by sentence, so \
-`-o -` starts a pipe playing before a long text is done. Each sentence is scaled to full \
-volume, as Piper does, unless --no-normalize.\n\n\
+`-o -` and --output-raw start a pipe playing before a long text is done (the text is read \
+clause by clause, so the first sentence is spoken before the rest is read). Each sentence is \
+scaled to full volume, as Piper does, unless --no-normalize. A multi-speaker voice speaks as \
+--speaker (a name from its speaker_id_map, or an id; --list-speakers shows them).\n\n\
 Examples:\n  speak \"Hello there.\" -o hello.wav\n  \
-fortune | speak -o - | aplay\n  speak --cpu --seed 7 --length-scale 1.2 \"Slowly, please.\" -o slow.wav\n\n\
+fortune | speak -o - | aplay\n  \
+speak --output-raw \"Hello there.\" | aplay -r 22050 -f S16_LE -t raw -\n  \
+speak -m en_US-libritts_r-medium.onnx --speaker p3922 \"Hi.\" -o hi.wav\n  \
+speak --cpu --seed 7 --length-scale 1.2 \"Slowly, please.\" -o slow.wav\n\n\
 Exit status: 0 on success, 1 on bad input or a failed run, 2 on a bad command line."
 )]
 pub struct Args {
@@ -46,7 +51,7 @@ pub struct Args {
         long,
         value_name = "FILE",
         visible_alias = "output_file",
-        required_unless_present = "output_raw"
+        required_unless_present_any = ["output_raw", "list_speakers"]
     )]
     pub output: Option<PathBuf>,
 
@@ -55,10 +60,14 @@ pub struct Args {
     #[arg(long, visible_alias = "output_raw", conflicts_with_all = ["output", "json"])]
     pub output_raw: bool,
 
-    /// Speaker id of a multi-speaker voice (Piper's --speaker); this
-    /// engine runs single-speaker voices, so only 0.
-    #[arg(long, value_name = "ID")]
-    pub speaker: Option<u32>,
+    /// Speaker of a multi-speaker voice: a name from its speaker_id_map or
+    /// an id (Piper's --speaker). Default: the voice's default_speaker_id (0).
+    #[arg(short, long, value_name = "ID|NAME")]
+    pub speaker: Option<String>,
+
+    /// Print the voice's speakers (id, a tab, the name), one a line, and exit.
+    #[arg(long, conflicts_with_all = ["output", "output_raw", "phoneme_ids", "json"])]
+    pub list_speakers: bool,
 
     /// Replace the output file if it exists.
     #[arg(long)]
@@ -190,23 +199,57 @@ fn parse_ids(values: &[String]) -> anyhow::Result<Vec<SentenceIds>> {
         .collect()
 }
 
+/// `--list-speakers`: id and name per line (an id without a name alone).
+fn list_speakers(cfg: &VoiceConfig) -> anyhow::Result<()> {
+    let mut out = std::io::stdout().lock();
+    for id in 0..cfg.num_speakers as u32 {
+        let names: Vec<&str> = cfg
+            .speakers
+            .iter()
+            .filter(|(_, i)| *i == id)
+            .map(|(n, _)| n.as_str())
+            .collect();
+        if names.is_empty() {
+            writeln!(out, "{id}")?;
+        }
+        for n in names {
+            writeln!(out, "{id}\t{n}")?;
+        }
+    }
+    Ok(())
+}
+
+fn voice_json(model: &std::path::Path) -> PathBuf {
+    let mut json = model.as_os_str().to_owned();
+    json.push(".json");
+    PathBuf::from(json)
+}
+
 pub fn run(args: Args) -> anyhow::Result<()> {
+    let run_start = Instant::now();
     args.quiet.apply();
+    let model_path = match &args.model {
+        Some(p) => p.clone(),
+        None => default_voice()?,
+    };
+    // The config first: it answers --list-speakers and checks --speaker
+    // before anything heavy loads.
+    let voice_config = VoiceConfig::open(&voice_json(&model_path))?;
+    if args.list_speakers {
+        return list_speakers(&voice_config);
+    }
+    let speaker = match &args.speaker {
+        None => voice_config.default_speaker,
+        Some(s) => voice_config
+            .speaker(s)
+            .map_err(|e| super::usage(format!("--speaker: {e}")))?,
+    };
     let text = if args.phoneme_ids.is_empty() {
         Some(read_text(&args)?)
     } else {
         None
     };
-    let model_path = match &args.model {
-        Some(p) => p.clone(),
-        None => default_voice()?,
-    };
     let silence = args.sentence_silence;
-    if args.speaker.is_some_and(|s| s != 0) {
-        return Err(super::usage(
-            "--speaker: this engine runs single-speaker voices (speaker 0 only)",
-        ));
-    }
     let output = args.output.clone().unwrap_or_else(|| PathBuf::from("-"));
     let to_stdout = atomic_write::is_stdout(&output);
     if to_stdout && args.json {
@@ -220,8 +263,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     atomic_write::check(&output, args.force)?;
 
     let load_start = Instant::now();
-    let vits =
-        Vits::open(&model_path).with_context(|| format!("loading {}", model_path.display()))?;
+    let vits = Vits::open_with_config(&model_path, voice_config)
+        .with_context(|| format!("loading {}", model_path.display()))?;
     let cfg = &vits.config;
     let scales = Scales {
         noise_scale: check_scale(
@@ -239,10 +282,25 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         noise_w: check_scale("--noise-w", args.noise_w.unwrap_or(cfg.noise_w), 0.0, 10.0)?,
     };
     let id_map = PhonemeIdMap::from_config(&cfg.path, &cfg.json)?;
-    let sentences = match &text {
-        Some(text) => text_to_ids(text, &cfg.espeak_voice, &id_map)?,
-        None => parse_ids(&args.phoneme_ids)?,
+    let offsets = vits.speaker_offsets(speaker)?;
+    // Sentences are read as they are spoken; the first one is read here, so
+    // that text with nothing to say fails before the output is opened.
+    type Sentences<'a> = Box<dyn Iterator<Item = crate::error::Result<SentenceIds>> + 'a>;
+    let mut sentences: Sentences = match &text {
+        Some(text) => {
+            let phonemes = match cfg.phoneme_type {
+                PhonemeType::Espeak => Phonemes::Espeak(&cfg.espeak_voice),
+                PhonemeType::Text => Phonemes::Text,
+            };
+            Box::new(SentenceStream::new(text, phonemes, &id_map)?)
+        }
+        None => Box::new(parse_ids(&args.phoneme_ids)?.into_iter().map(Ok)),
     };
+    let first = sentences
+        .next()
+        .transpose()?
+        .context("no sentences to speak")?;
+    let sentences = std::iter::once(Ok(first)).chain(sentences);
     let synth = Synthesizer::new(vits, &args.device.choice())?;
     let rate = synth.vits().config.sample_rate;
     let seed = args.seed.unwrap_or_else(clock_seed);
@@ -278,11 +336,15 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let mut samples = 0usize;
     let mut first_audio = None;
     let mut timings = Vec::new();
-    let bar = crate::util::progress::bar(sentences.len() as u64, "speaking");
-    for (i, sentence) in sentences.iter().enumerate() {
+    let mut first_audio_since_start = None;
+    let mut count = 0usize;
+    // How many sentences a text has is known only once it is read.
+    let bar = crate::util::progress::counter("speaking", "sentences");
+    for (i, sentence) in sentences.enumerate() {
+        let sentence = sentence?;
         let t0 = Instant::now();
-        let audio = synth.synthesize(&sentence.ids, &scales, &mut rng)?;
-        timings.push((t0.elapsed().as_secs_f64(), audio.len() as f64 / rate as f64));
+        let (audio, stages) =
+            synth.synthesize_timed(&sentence.ids, offsets.as_ref(), &scales, &mut rng)?;
         let pcm = wav::to_pcm16(&audio, !args.no_normalize);
         if i > 0 && !sentence.continues {
             sink.write(&gap)?;
@@ -291,7 +353,19 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         bar.inc(1);
         sink.write(&pcm)?;
         samples += pcm.len();
+        count += 1;
         first_audio.get_or_insert_with(|| start.elapsed().as_secs_f64());
+        first_audio_since_start.get_or_insert_with(|| run_start.elapsed().as_secs_f64());
+        if args.json {
+            timings.push(serde_json::json!({
+                "phonemes": sentence.phonemes,
+                "ids": sentence.ids,
+                "synthesis_seconds": t0.elapsed().as_secs_f64(),
+                "prior_seconds": stages.prior,
+                "flow_and_decoder_seconds": stages.flow_and_decoder,
+                "audio_seconds": audio.len() as f64 / rate as f64,
+            }));
+        }
     }
     bar.finish_and_clear();
     sink.finish()
@@ -310,27 +384,25 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             "audio_seconds": seconds,
             "synthesis_seconds": elapsed,
             "first_sentence_seconds": first_audio,
+            "time_to_first_audio_seconds": first_audio_since_start,
             "real_time_factor": rtf,
+            "speaker": offsets.as_ref().map(|_| speaker),
             "seed": seed,
             "noise_scale": scales.noise_scale,
             "length_scale": scales.length_scale,
             "noise_w": scales.noise_w,
-            "sentences": sentences.iter().zip(&timings).map(|(s, (secs, audio))| serde_json::json!({
-                "phonemes": s.phonemes,
-                "ids": s.ids,
-                "synthesis_seconds": secs,
-                "audio_seconds": audio,
-            })).collect::<Vec<_>>(),
+            "sentences": timings,
         });
         writeln!(std::io::stdout(), "{v}")?;
     }
     crate::notice!(
-        "{} sentence(s), {:.2} s of audio in {:.2} s (real-time factor {:.3}, first sentence after {:.2} s) | seed {}",
-        sentences.len(),
+        "{} sentence(s), {:.2} s of audio in {:.2} s (real-time factor {:.3}, first sentence after {:.2} s, first audio {:.2} s after start) | seed {}",
+        count,
         seconds,
         elapsed,
         rtf,
         first_audio.unwrap_or(0.0),
+        first_audio_since_start.unwrap_or(0.0),
         seed
     );
     Ok(())

@@ -176,6 +176,22 @@ pub fn softmax_rows(x: &mut [f32], n: usize) {
     }
 }
 
+/// WaveNet's gated activation (`fused_add_tanh_sigmoid_multiply` in VITS):
+/// y[c, t] = tanh(x[c, t] + g[c]) * sigmoid(x[h + c, t] + g[h + c]), with
+/// x: [2h, t], g: [2h] a per-channel conditioning offset (none: zeros),
+/// y: [h, t].
+pub fn wavenet_gate(x: &[f32], g: Option<&[f32]>, h: usize, t: usize, y: &mut [f32]) {
+    let off = |c: usize| g.map_or(0.0, |g| g[c]);
+    for c in 0..h {
+        let (ga, gb) = (off(c), off(h + c));
+        let a = &x[c * t..(c + 1) * t];
+        let b = &x[(h + c) * t..(h + c + 1) * t];
+        for ((y, a), b) in y[c * t..(c + 1) * t].iter_mut().zip(a).zip(b) {
+            *y = (a + ga).tanh() * (1.0 / (1.0 + (-(b + gb)).exp()));
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

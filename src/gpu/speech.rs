@@ -2,7 +2,9 @@
 //! transposed convolution over `[channels, time]` activations, with the leaky
 //! ReLU that precedes every convolution in the generator fused into the input
 //! read, and the residual add and final tanh fused into the output write.
-//! CPU twins: `cpu::conv1d`, `cpu::conv_transpose1d`, `cpu::leaky_relu`.
+//! The flow's WaveNet gate (tanh * sigmoid with a conditioning offset).
+//! CPU twins: `cpu::conv1d`, `cpu::conv_transpose1d`, `cpu::leaky_relu`,
+//! `cpu::wavenet_gate`.
 
 use super::context::Bound;
 use super::kernels::{Binding, Kernel, Variant};
@@ -246,5 +248,48 @@ pub fn conv_transpose1d(
     })
 }
 
+#[repr(C)]
+#[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
+struct WavenetGateParams {
+    h: u32,
+    t: u32,
+    g_off: u32,
+    _p0: u32,
+}
+const _: () = assert!(std::mem::size_of::<WavenetGateParams>() == 16);
+
+kernel!(
+    WAVENET_GATE,
+    "wavenet_gate",
+    "wavenet_gate.wgsl",
+    [Binding::read("x"), Binding::read("g"), Binding::write("y")],
+    WavenetGateParams,
+    [&[]]
+);
+
+/// WaveNet's gated activation, the twin of [`crate::cpu::wavenet_gate`]:
+/// x: [2h, t] -> y: [h, t], with the conditioning offsets `g[g_off..g_off + 2h]`.
+pub fn wavenet_gate(
+    gpu: &Gpu,
+    x: &wgpu::Buffer,
+    g: &wgpu::Buffer,
+    y: &wgpu::Buffer,
+    h: usize,
+    t: usize,
+    g_off: usize,
+) -> Result<Dispatch> {
+    let params = WavenetGateParams {
+        h: h as u32,
+        t: t as u32,
+        g_off: g_off as u32,
+        _p0: 0,
+    };
+    let bound = gpu.bind(&WAVENET_GATE, &Variant::default(), &[x, g, y], &params)?;
+    Ok(Dispatch {
+        bound,
+        groups: groups_1d(h * t, 256),
+    })
+}
+
 /// The kernels declared in this module.
-pub static KERNELS: &[&Kernel] = &[&CONV1D, &CONV_TRANSPOSE1D];
+pub static KERNELS: &[&Kernel] = &[&CONV1D, &CONV_TRANSPOSE1D, &WAVENET_GATE];

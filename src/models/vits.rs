@@ -27,7 +27,7 @@
 
 mod gpu;
 
-pub use gpu::GpuGenerator;
+pub use gpu::{GpuFlow, GpuGenerator, GpuVoice};
 
 use crate::cpu::{self, Conv1dShape, ConvTranspose1dShape};
 use crate::device::DeviceChoice;
@@ -48,11 +48,28 @@ const SPLINE_TAIL_BOUND: f32 = 5.0;
 const SPLINE_MIN_BIN: f32 = 1e-3;
 const SPLINE_MIN_DERIVATIVE: f32 = 1e-3;
 
+/// How a voice turns text into phonemes (`phoneme_type` in its config).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PhonemeType {
+    /// espeak-ng's IPA phonemes, sentence by sentence (Piper's default).
+    Espeak,
+    /// The text's own code points after NFD decomposition, the whole text
+    /// as one sentence (Piper's `text`).
+    Text,
+}
+
 /// What the voice's `.onnx.json` says about synthesis.
 #[derive(Clone, Debug)]
 pub struct VoiceConfig {
     pub sample_rate: u32,
     pub espeak_voice: String,
+    pub phoneme_type: PhonemeType,
+    /// 1 for a single-speaker voice.
+    pub num_speakers: usize,
+    /// `speaker_id_map` as (name, id), sorted by id.
+    pub speakers: Vec<(String, u32)>,
+    /// The speaker used when none is asked for (`default_speaker_id`, else 0).
+    pub default_speaker: u32,
     pub noise_scale: f32,
     pub length_scale: f32,
     pub noise_w: f32,
@@ -67,36 +84,81 @@ impl VoiceConfig {
         let json: serde_json::Value = serde_json::from_str(&text)
             .map_err(|e| Error::format(path, format!("not JSON: {e}")))?;
         let bad = |what: &str| Error::format(path, what.to_string());
-        if let Some(t) = json.get("phoneme_type").and_then(|v| v.as_str()) {
-            if t != "espeak" {
-                return Err(Error::unsupported(
-                    path,
-                    format!("phoneme_type '{t}' (only espeak voices)"),
-                ));
-            }
-        }
+        let phoneme_type = match json.get("phoneme_type") {
+            None => PhonemeType::Espeak,
+            Some(v) => match v.as_str() {
+                Some("espeak") => PhonemeType::Espeak,
+                Some("text") => PhonemeType::Text,
+                // Piper's other types need its own phonemizers (g2pW,
+                // Nakdimon, OpenJTalk, TLTK), which espeak-ng does not replace.
+                Some(t @ ("pinyin" | "hebrew" | "japanese" | "thai")) => {
+                    return Err(Error::unsupported(
+                        path,
+                        format!(
+                            "phoneme_type '{t}' (Piper phonemizes it with its own model, not \
+                             espeak-ng; this engine reads 'espeak' and 'text' voices; \
+                             --phoneme-ids still works)"
+                        ),
+                    ))
+                }
+                _ => {
+                    return Err(bad(&format!(
+                        "unknown phoneme_type {v} (Piper's are espeak, text, pinyin, hebrew, \
+                         japanese, thai)"
+                    )))
+                }
+            },
+        };
         if json.get("vowel_clusters").is_some_and(|v| !v.is_null()) {
             return Err(Error::unsupported(path, "vowel_clusters"));
         }
-        if json
-            .get("num_speakers")
-            .and_then(|v| v.as_u64())
-            .unwrap_or(1)
-            > 1
-        {
-            return Err(Error::unsupported(path, "multi-speaker voices"));
+        let num_speakers = match json.get("num_speakers") {
+            None => 1,
+            Some(v) => v
+                .as_u64()
+                .filter(|&n| (1..=1_000_000).contains(&n))
+                .ok_or_else(|| bad("num_speakers is not a count from 1 to 1000000"))?
+                as usize,
+        };
+        let mut speakers = Vec::new();
+        if let Some(map) = json.get("speaker_id_map").filter(|v| !v.is_null()) {
+            let map = map
+                .as_object()
+                .ok_or_else(|| bad("speaker_id_map is not an object"))?;
+            for (name, id) in map {
+                let id = id
+                    .as_u64()
+                    .filter(|&i| i < num_speakers as u64)
+                    .ok_or_else(|| {
+                        bad(&format!(
+                            "speaker_id_map: '{name}' has id {id}, not one of the voice's \
+                             {num_speakers} speakers"
+                        ))
+                    })?;
+                speakers.push((name.clone(), id as u32));
+            }
         }
+        speakers.sort_by(|a, b| a.1.cmp(&b.1).then_with(|| a.0.cmp(&b.0)));
+        let default_speaker = match json.get("default_speaker_id") {
+            None => 0,
+            Some(v) => v
+                .as_u64()
+                .filter(|&i| i < num_speakers as u64)
+                .ok_or_else(|| bad("default_speaker_id is not one of the voice's speakers"))?
+                as u32,
+        };
         let sample_rate = json
             .pointer("/audio/sample_rate")
             .and_then(|v| v.as_u64())
             .filter(|&r| (1000..=192_000).contains(&r))
             .ok_or_else(|| bad("audio.sample_rate is missing or out of range"))?
             as u32;
-        let espeak_voice = json
-            .pointer("/espeak/voice")
-            .and_then(|v| v.as_str())
-            .ok_or_else(|| bad("espeak.voice is missing"))?
-            .to_string();
+        let espeak_voice = match json.pointer("/espeak/voice").and_then(|v| v.as_str()) {
+            Some(v) => v.to_string(),
+            // A `text` voice does not call espeak-ng.
+            None if phoneme_type == PhonemeType::Text => String::new(),
+            None => return Err(bad("espeak.voice is missing")),
+        };
         let scale = |key: &str, default: f32| -> Result<f32> {
             match json.pointer(&format!("/inference/{key}")) {
                 None => Ok(default),
@@ -111,12 +173,57 @@ impl VoiceConfig {
         Ok(VoiceConfig {
             sample_rate,
             espeak_voice,
+            phoneme_type,
+            num_speakers,
+            speakers,
+            default_speaker,
             noise_scale: scale("noise_scale", 0.667)?,
             length_scale: scale("length_scale", 1.0)?,
             noise_w: scale("noise_w", 0.8)?,
             json,
             path: path.to_path_buf(),
         })
+    }
+}
+
+impl VoiceConfig {
+    /// A speaker named on the command line: a name from `speaker_id_map`, or
+    /// an id below `num_speakers`.
+    pub fn speaker(&self, name_or_id: &str) -> Result<u32> {
+        if let Some((_, id)) = self.speakers.iter().find(|(n, _)| n == name_or_id) {
+            return Ok(*id);
+        }
+        if let Ok(id) = name_or_id.trim().parse::<u64>() {
+            if id < self.num_speakers as u64 {
+                return Ok(id as u32);
+            }
+        }
+        let known = if self.num_speakers == 1 {
+            "it has one speaker, 0".to_string()
+        } else if self.speakers.is_empty() {
+            format!("its speakers are ids 0 to {}", self.num_speakers - 1)
+        } else {
+            let names: Vec<&str> = self
+                .speakers
+                .iter()
+                .take(10)
+                .map(|(n, _)| n.as_str())
+                .collect();
+            format!(
+                "its speakers are ids 0 to {} or names such as {}{} (--list-speakers)",
+                self.num_speakers - 1,
+                names.join(", "),
+                if self.speakers.len() > 10 {
+                    ", ..."
+                } else {
+                    ""
+                }
+            )
+        };
+        Err(Error::invalid(format!(
+            "{}: no speaker '{name_or_id}': {known}",
+            self.path.display()
+        )))
     }
 }
 
@@ -143,12 +250,100 @@ pub struct ConvT {
     pub w: Vec<f32>,
     pub b: Option<Vec<f32>>,
     pub shape: ConvTranspose1dShape,
+    /// The same weights as one convolution per output phase (empty: the
+    /// plain gather of `cpu::conv_transpose1d`).
+    phases: Vec<Phase>,
+}
+
+/// One output phase of a transposed convolution as a plain convolution:
+/// the outputs p = m * stride + r are reached only by the taps k = k0 +
+/// j * stride, from inputs m + q - j (`ConvT::phases`).
+#[derive(Clone, Debug)]
+struct Phase {
+    /// [c_out, c_in, taps], taps in reverse order of j.
+    w: Vec<f32>,
+    taps: usize,
+    /// How many inputs before m the first (reversed) tap reads.
+    pad_left: usize,
 }
 
 impl ConvT {
+    fn new(w: Vec<f32>, b: Option<Vec<f32>>, shape: ConvTranspose1dShape) -> ConvT {
+        let phases = Self::split_phases(&w, &shape).unwrap_or_default();
+        ConvT {
+            w,
+            b,
+            shape,
+            phases,
+        }
+    }
+
+    /// The stride's phases as convolutions, so the upsampling runs on the
+    /// register-blocked `cpu::conv1d` (the scatter of `cpu::conv_transpose1d`
+    /// writes strided rows and vectorises poorly). `None` where a phase would
+    /// need an input after the output it feeds (then the plain path runs).
+    fn split_phases(w: &[f32], s: &ConvTranspose1dShape) -> Option<Vec<Phase>> {
+        let (c_in, c_out, k, st) = (s.c_in, s.c_out, s.kernel, s.stride);
+        let mut phases = Vec::with_capacity(st);
+        for r in 0..st {
+            let k0 = (r + s.pad) % st;
+            let q = (r + s.pad) / st;
+            let taps = k.saturating_sub(k0).div_ceil(st);
+            if taps == 0 || q > taps - 1 {
+                return None;
+            }
+            let mut pw = vec![0.0f32; c_out * c_in * taps];
+            for o in 0..c_out {
+                for i in 0..c_in {
+                    for j in 0..taps {
+                        pw[(o * c_in + i) * taps + (taps - 1 - j)] =
+                            w[(i * c_out + o) * k + k0 + j * st];
+                    }
+                }
+            }
+            phases.push(Phase {
+                w: pw,
+                taps,
+                pad_left: taps - 1 - q,
+            });
+        }
+        Some(phases)
+    }
+
     pub fn forward(&self, x: &[f32], t: usize) -> Vec<f32> {
-        let mut y = vec![0.0; self.shape.c_out * self.shape.t_out(t)];
-        cpu::conv_transpose1d(x, t, &self.w, self.b.as_deref(), &self.shape, &mut y);
+        let s = &self.shape;
+        let t_out = s.t_out(t);
+        let mut y = vec![0.0; s.c_out * t_out];
+        if self.phases.is_empty() || t == 0 {
+            cpu::conv_transpose1d(x, t, &self.w, self.b.as_deref(), s, &mut y);
+            return y;
+        }
+        for (r, ph) in self.phases.iter().enumerate() {
+            // Outputs r, r + stride, ... below t_out.
+            let m = t_out.saturating_sub(r).div_ceil(s.stride);
+            if m == 0 {
+                continue;
+            }
+            let pad_right = (m + ph.taps - 1).saturating_sub(t + ph.pad_left);
+            let shape = Conv1dShape {
+                c_in: s.c_in,
+                c_out: s.c_out,
+                kernel: ph.taps,
+                dilation: 1,
+                pad_left: ph.pad_left,
+                pad_right,
+                groups: 1,
+            };
+            let n = shape.t_out(t);
+            let mut yr = vec![0.0; s.c_out * n];
+            cpu::conv1d(x, t, &ph.w, self.b.as_deref(), &shape, &mut yr);
+            for o in 0..s.c_out {
+                let row = &mut y[o * t_out..(o + 1) * t_out];
+                for (mi, v) in yr[o * n..o * n + m].iter().enumerate() {
+                    row[mi * s.stride + r] = *v;
+                }
+            }
+        }
         y
     }
 }
@@ -315,7 +510,7 @@ impl<'a> Loader<'a> {
         if b.as_ref().is_some_and(|b| b.len() != shape.c_out) {
             return Err(n.error("bias shape"));
         }
-        Ok(ConvT { w, b, shape })
+        Ok(ConvT::new(w, b, shape))
     }
 
     fn layer_norm(&self, prefix: &str, c: usize) -> Result<LayerNorm> {
@@ -732,8 +927,8 @@ impl DurationPredictor {
             });
         }
         let affine_m = l.vector("dp.flows.0.m", 2)?;
-        // exp(-logs) is a constant the export folded: the tensor the Mul after
-        // (z - m) multiplies by.
+        // exp(-logs) is what the Mul after (z - m) multiplies by: a constant
+        // the export folded, or an Exp of the constant -logs.
         let inv_scale_name = l
             .graph
             .nodes
@@ -741,7 +936,18 @@ impl DurationPredictor {
             .find(|n| n.name == "/dp/flows.0/Mul")
             .and_then(|n| n.inputs.get(1))
             .ok_or_else(|| l.missing("dp.flows.0.logs"))?;
-        let affine_inv_scale = l.vector(inv_scale_name, 2)?;
+        let affine_inv_scale = if l.has(inv_scale_name) {
+            l.vector(inv_scale_name, 2)?
+        } else {
+            let exp = l
+                .graph
+                .nodes
+                .iter()
+                .find(|n| n.op_type == "Exp" && n.outputs.first() == Some(inv_scale_name))
+                .and_then(|n| n.inputs.first())
+                .ok_or_else(|| l.missing("dp.flows.0.logs"))?;
+            l.vector(exp, 2)?.iter().map(|v| v.exp()).collect()
+        };
         let pre = l.conv("dp.pre.weight")?;
         if pre.shape.c_in != hidden {
             return Err(Error::format(
@@ -759,9 +965,13 @@ impl DurationPredictor {
         })
     }
 
-    /// Log-durations [t] from the encoder's x: [hidden, t] and noise z: [2, t].
-    fn reverse(&self, x: &[f32], t: usize, mut z: Vec<f32>) -> Vec<f32> {
+    /// Log-durations [t] from the encoder's x: [hidden, t] and noise z: [2, t];
+    /// `speaker` is the speaker's offset to `pre`'s output ([filter]).
+    fn reverse(&self, x: &[f32], t: usize, mut z: Vec<f32>, speaker: Option<&[f32]>) -> Vec<f32> {
         let mut g = self.pre.forward(x, t);
+        if let Some(s) = speaker {
+            add_per_channel(&mut g, s, t);
+        }
         self.dds.forward(&mut g, t);
         let g = self.proj.forward(&g, t);
         for flow in &self.flows {
@@ -793,8 +1003,10 @@ struct Coupling {
 }
 
 impl Coupling {
-    /// Inverse of the coupling on z: [channels, t] in place.
-    fn reverse(&self, z: &mut [f32], t: usize) {
+    /// Inverse of the coupling on z: [channels, t] in place; `speaker` is
+    /// the speaker's offset to every WaveNet layer's gate input
+    /// ([2 hidden * layers], the cond layer's output).
+    fn reverse(&self, z: &mut [f32], t: usize, speaker: Option<&[f32]>) {
         let half = self.pre.shape.c_in;
         let hidden = self.pre.shape.c_out;
         let (x0, x1) = z.split_at_mut(half * t);
@@ -803,12 +1015,9 @@ impl Coupling {
         let n = self.in_layers.len();
         for (i, (inl, rs)) in self.in_layers.iter().zip(&self.res_skip).enumerate() {
             let x_in = inl.forward(&h, t);
-            let (a, b) = x_in.split_at(hidden * t);
-            let acts: Vec<f32> = a
-                .iter()
-                .zip(b)
-                .map(|(a, b)| a.tanh() * sigmoid(*b))
-                .collect();
+            let mut acts = vec![0.0f32; hidden * t];
+            let g = speaker.map(|s| &s[i * 2 * hidden..(i + 1) * 2 * hidden]);
+            cpu::wavenet_gate(&x_in, g, hidden, t, &mut acts);
             let r = rs.forward(&acts, t);
             if i + 1 < n {
                 add_in_place(&mut h, &r[..hidden * t]);
@@ -824,8 +1033,11 @@ impl Coupling {
     }
 }
 
-fn sigmoid(x: f32) -> f32 {
-    1.0 / (1.0 + (-x).exp())
+/// x: [c, t] += offset[c] at every time step.
+fn add_per_channel(x: &mut [f32], offset: &[f32], t: usize) {
+    for (row, o) in x.chunks_mut(t).zip(offset) {
+        row.iter_mut().for_each(|v| *v += o);
+    }
 }
 
 /// Reverses the channel order of x: [c, t] (`modules.Flip`).
@@ -891,10 +1103,14 @@ impl Generator {
         self.ups.iter().map(|u| u.shape.stride).product()
     }
 
-    /// z: [inter_channels, frames] -> audio [frames * hop] in [-1, 1].
-    pub fn forward(&self, z: &[f32], frames: usize) -> Vec<f32> {
+    /// z: [inter_channels, frames] -> audio [frames * hop] in [-1, 1];
+    /// `speaker` is the speaker's offset to `conv_pre`'s output.
+    pub fn forward(&self, z: &[f32], frames: usize, speaker: Option<&[f32]>) -> Vec<f32> {
         let mut t = frames;
         let mut x = self.conv_pre.forward(z, t);
+        if let Some(s) = speaker {
+            add_per_channel(&mut x, s, t);
+        }
         for (up, blocks) in self.ups.iter().zip(&self.resblocks) {
             cpu::leaky_relu(&mut x, LRELU_SLOPE);
             x = up.forward(&x, t);
@@ -941,6 +1157,110 @@ pub struct Vits {
     flows: Vec<Coupling>,
     pub dec: Generator,
     inter_channels: usize,
+    speakers: Option<SpeakerCond>,
+}
+
+/// A multi-speaker voice's speaker embeddings (`emb_g`) and the 1x1
+/// convolutions that condition the duration predictor, the flow's WaveNet
+/// layers and the decoder on them (`dp.cond`, `flow.flows.N.enc.cond_layer`,
+/// `dec.cond`). Piper's text encoder takes no speaker.
+struct SpeakerCond {
+    /// [speakers, gin]
+    emb: Vec<f32>,
+    gin: usize,
+    dp: Conv,
+    /// Per coupling, in file order.
+    flows: Vec<Conv>,
+    dec: Conv,
+}
+
+/// What one speaker adds. The embedding is constant in time, so each
+/// conditioning convolution's output is a per-channel offset, added where
+/// Piper's graph adds it.
+#[derive(Clone, Debug)]
+pub struct SpeakerOffsets {
+    /// To `dp.pre`'s output.
+    dp: Vec<f32>,
+    /// Per coupling (file order): to the WaveNet layers' gate inputs.
+    flows: Vec<Vec<f32>>,
+    /// To `dec.conv_pre`'s output.
+    pub dec: Vec<f32>,
+}
+
+impl SpeakerCond {
+    fn load(
+        l: &Loader,
+        config: &VoiceConfig,
+        dp: &DurationPredictor,
+        flows: &[Coupling],
+        dec: &Generator,
+    ) -> Result<Option<SpeakerCond>> {
+        if !l.has("emb_g.weight") {
+            if config.num_speakers > 1 {
+                return Err(Error::format(
+                    &config.path,
+                    format!(
+                        "says {} speakers, but the graph has no speaker embedding (emb_g)",
+                        config.num_speakers
+                    ),
+                ));
+            }
+            return Ok(None);
+        }
+        let (emb, dims) = l.tensor("emb_g.weight")?;
+        if dims.len() != 2 || dims[0] == 0 || dims[1] == 0 {
+            return Err(Error::format(
+                l.path,
+                format!("emb_g.weight has shape {dims:?}"),
+            ));
+        }
+        if dims[0] != config.num_speakers {
+            return Err(Error::format(
+                &config.path,
+                format!(
+                    "num_speakers is {}, but the graph's speaker embedding has {}",
+                    config.num_speakers, dims[0]
+                ),
+            ));
+        }
+        let gin = dims[1];
+        let cond = SpeakerCond {
+            emb,
+            gin,
+            dp: l.conv("dp.cond.bias")?,
+            flows: (0..flows.len())
+                .map(|i| l.conv(&format!("flow.flows.{}.enc.cond_layer.bias", 2 * i)))
+                .collect::<Result<_>>()?,
+            dec: l.conv("dec.cond.bias")?,
+        };
+        let fits = |c: &Conv, c_out: usize| {
+            c.shape.c_in == gin && c.shape.kernel == 1 && c.shape.c_out == c_out
+        };
+        let flows_fit = cond
+            .flows
+            .iter()
+            .zip(flows)
+            .all(|(c, f)| fits(c, f.in_layers.iter().map(|l| l.shape.c_out).sum()));
+        if !fits(&cond.dp, dp.pre.shape.c_out)
+            || !flows_fit
+            || !fits(&cond.dec, dec.conv_pre.shape.c_out)
+        {
+            return Err(Error::format(
+                l.path,
+                "speaker conditioning layers do not fit the embedding or the layers they condition",
+            ));
+        }
+        Ok(Some(cond))
+    }
+
+    fn offsets(&self, speaker: usize) -> SpeakerOffsets {
+        let g = &self.emb[speaker * self.gin..(speaker + 1) * self.gin];
+        SpeakerOffsets {
+            dp: self.dp.forward(g, 1),
+            flows: self.flows.iter().map(|c| c.forward(g, 1)).collect(),
+            dec: self.dec.forward(g, 1),
+        }
+    }
 }
 
 /// The latent a voice decodes, with what produced it.
@@ -958,6 +1278,11 @@ impl Vits {
         let mut json = onnx_path.as_os_str().to_owned();
         json.push(".json");
         let config = VoiceConfig::open(Path::new(&json))?;
+        Vits::open_with_config(onnx_path, config)
+    }
+
+    /// Opens `model.onnx` with its config already read.
+    pub fn open_with_config(onnx_path: &Path, config: VoiceConfig) -> Result<Vits> {
         let model = OnnxModel::open(onnx_path)?;
         Vits::from_onnx(&model, config)
     }
@@ -987,6 +1312,7 @@ impl Vits {
         }
         let inter_channels = 2 * flows[0].pre.shape.c_in;
         let dec = Generator::load(&l)?;
+        let speakers = SpeakerCond::load(&l, &config, &dp, &flows, &dec)?;
         if enc.proj.shape.c_out != 2 * inter_channels || dec.conv_pre.shape.c_in != inter_channels {
             return Err(Error::format(
                 &model.path,
@@ -1000,7 +1326,26 @@ impl Vits {
             flows,
             dec,
             inter_channels,
+            speakers,
         })
+    }
+
+    /// How many speakers the graph has (1 without a speaker embedding).
+    pub fn num_speakers(&self) -> usize {
+        self.speakers.as_ref().map_or(1, |s| s.emb.len() / s.gin)
+    }
+
+    /// Speaker `speaker`'s offsets; `None` for a single-speaker voice
+    /// (whose only speaker is 0).
+    pub fn speaker_offsets(&self, speaker: u32) -> Result<Option<SpeakerOffsets>> {
+        let n = self.num_speakers();
+        if speaker as usize >= n {
+            return Err(Error::invalid(format!(
+                "speaker {speaker} is not one of the voice's {n} (ids 0 to {})",
+                n - 1
+            )));
+        }
+        Ok(self.speakers.as_ref().map(|s| s.offsets(speaker as usize)))
     }
 
     pub fn vocab(&self) -> usize {
@@ -1011,10 +1356,17 @@ impl Vits {
         self.inter_channels
     }
 
-    /// Phoneme ids -> the latent the decoder turns into audio. Noise is drawn
-    /// from `rng` (duration noise first, then the prior's), so a seed fixes
-    /// the result.
-    pub fn latent(&self, ids: &[i64], scales: &Scales, rng: &mut Rng) -> Result<Latent> {
+    /// Phoneme ids -> the prior sample z_p ([inter_channels, frames]) the
+    /// flow starts from: text encoder, duration predictor, length
+    /// regulation, noise. Noise is drawn from `rng` (duration noise first,
+    /// then the prior's), so a seed fixes the result.
+    pub fn prior(
+        &self,
+        ids: &[i64],
+        speaker: Option<&SpeakerOffsets>,
+        scales: &Scales,
+        rng: &mut Rng,
+    ) -> Result<Latent> {
         if ids.is_empty() {
             return Err(Error::invalid("no phoneme ids to synthesise"));
         }
@@ -1035,7 +1387,9 @@ impl Vits {
         let t = ids.len();
         let enc = self.enc.forward(&ids);
         let noise: Vec<f32> = (0..2 * t).map(|_| rng.normal() * scales.noise_w).collect();
-        let logw = self.dp.reverse(&enc.x, t, noise);
+        let logw = self
+            .dp
+            .reverse(&enc.x, t, noise, speaker.map(|s| s.dp.as_slice()));
         let durations: Vec<usize> = logw
             .iter()
             .map(|&l| {
@@ -1073,10 +1427,6 @@ impl Vits {
         for (zv, l) in z.iter_mut().zip(&logs) {
             *zv += rng.normal() * l.exp() * scales.noise_scale;
         }
-        for flow in self.flows.iter().rev() {
-            flip_channels(&mut z, c, frames);
-            flow.reverse(&mut z, frames);
-        }
         Ok(Latent {
             z,
             frames,
@@ -1084,25 +1434,56 @@ impl Vits {
         })
     }
 
+    /// The normalising flow in reverse on z: [inter_channels, frames] in
+    /// place (z_p -> the decoder's input).
+    pub fn flow_reverse(&self, z: &mut [f32], frames: usize, speaker: Option<&SpeakerOffsets>) {
+        for (i, flow) in self.flows.iter().enumerate().rev() {
+            flip_channels(z, self.inter_channels, frames);
+            flow.reverse(z, frames, speaker.map(|s| s.flows[i].as_slice()));
+        }
+    }
+
+    /// Phoneme ids -> the latent the decoder turns into audio: the prior
+    /// ([`Vits::prior`]) through the flow.
+    pub fn latent(
+        &self,
+        ids: &[i64],
+        speaker: Option<&SpeakerOffsets>,
+        scales: &Scales,
+        rng: &mut Rng,
+    ) -> Result<Latent> {
+        let mut lat = self.prior(ids, speaker, scales, rng)?;
+        self.flow_reverse(&mut lat.z, lat.frames, speaker);
+        Ok(lat)
+    }
+
     /// Phoneme ids -> audio samples in [-1, 1] at the voice's rate (CPU).
-    pub fn synthesize(&self, ids: &[i64], scales: &Scales, rng: &mut Rng) -> Result<Vec<f32>> {
-        let lat = self.latent(ids, scales, rng)?;
-        Ok(self.dec.forward(&lat.z, lat.frames))
+    pub fn synthesize(
+        &self,
+        ids: &[i64],
+        speaker: Option<&SpeakerOffsets>,
+        scales: &Scales,
+        rng: &mut Rng,
+    ) -> Result<Vec<f32>> {
+        let lat = self.latent(ids, speaker, scales, rng)?;
+        Ok(self
+            .dec
+            .forward(&lat.z, lat.frames, speaker.map(|s| s.dec.as_slice())))
     }
 }
 
 /// A voice on the device the user chose: the CPU reference, or the GPU
-/// generator behind the CPU text encoder, duration predictor and flow.
+/// flow and generator behind the CPU text encoder and duration predictor.
 pub enum Synthesizer {
     Cpu(Vits),
-    Gpu(Vits, Box<GpuGenerator>),
+    Gpu(Vits, Box<GpuVoice>),
 }
 
 impl Synthesizer {
     /// Opens `device`; without an explicit GPU request, a machine with no
     /// usable adapter falls back to the CPU (see [`DeviceChoice::build`]).
     pub fn new(vits: Vits, device: &DeviceChoice) -> Result<Synthesizer> {
-        let (dec, _) = device.build(|| Ok(None), |g| Ok(Some(GpuGenerator::new(g, &vits.dec)?)))?;
+        let (dec, _) = device.build(|| Ok(None), |g| Ok(Some(GpuVoice::new(g, &vits)?)))?;
         Ok(match dec {
             Some(dec) => Synthesizer::Gpu(vits, Box::new(dec)),
             None => Synthesizer::Cpu(vits),
@@ -1122,21 +1503,188 @@ impl Synthesizer {
         }
     }
 
-    /// Phoneme ids -> audio samples in [-1, 1] at the voice's rate.
-    pub fn synthesize(&self, ids: &[i64], scales: &Scales, rng: &mut Rng) -> Result<Vec<f32>> {
-        match self {
-            Synthesizer::Cpu(v) => v.synthesize(ids, scales, rng),
-            Synthesizer::Gpu(v, dec) => {
-                let lat = v.latent(ids, scales, rng)?;
-                dec.forward(&lat.z, lat.frames)
-            }
-        }
+    /// Phoneme ids -> audio samples in [-1, 1] at the voice's rate, in
+    /// the voice of `speaker` (see [`Vits::speaker_offsets`]).
+    pub fn synthesize(
+        &self,
+        ids: &[i64],
+        speaker: Option<&SpeakerOffsets>,
+        scales: &Scales,
+        rng: &mut Rng,
+    ) -> Result<Vec<f32>> {
+        Ok(self.synthesize_timed(ids, speaker, scales, rng)?.0)
     }
+
+    /// [`Synthesizer::synthesize`], with where the time went.
+    pub fn synthesize_timed(
+        &self,
+        ids: &[i64],
+        speaker: Option<&SpeakerOffsets>,
+        scales: &Scales,
+        rng: &mut Rng,
+    ) -> Result<(Vec<f32>, StageSeconds)> {
+        let t0 = std::time::Instant::now();
+        let (v, mut lat) = match self {
+            Synthesizer::Cpu(v) | Synthesizer::Gpu(v, _) => {
+                (v, v.prior(ids, speaker, scales, rng)?)
+            }
+        };
+        let prior = t0.elapsed().as_secs_f64();
+        let audio = match self {
+            Synthesizer::Cpu(_) => {
+                v.flow_reverse(&mut lat.z, lat.frames, speaker);
+                v.dec
+                    .forward(&lat.z, lat.frames, speaker.map(|s| s.dec.as_slice()))
+            }
+            Synthesizer::Gpu(_, g) => g.forward(&lat.z, lat.frames, speaker)?,
+        };
+        Ok((
+            audio,
+            StageSeconds {
+                prior,
+                flow_and_decoder: t0.elapsed().as_secs_f64() - prior,
+            },
+        ))
+    }
+}
+
+/// Where a sentence's synthesis time went.
+#[derive(Clone, Copy, Debug)]
+pub struct StageSeconds {
+    /// Text encoder, duration predictor, length regulation and noise (on
+    /// the CPU for both backends).
+    pub prior: f64,
+    /// The flow and the generator (on the chosen device), with the upload
+    /// and the read-back.
+    pub flow_and_decoder: f64,
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn config(json: serde_json::Value) -> Result<VoiceConfig> {
+        let path = std::env::temp_dir().join(format!(
+            "lfm-vits-config-{}-{}.json",
+            std::process::id(),
+            json.to_string().len()
+        ));
+        std::fs::write(&path, json.to_string()).unwrap();
+        let c = VoiceConfig::open(&path);
+        std::fs::remove_file(&path).unwrap();
+        c
+    }
+
+    #[test]
+    fn configs_name_their_speakers_and_phoneme_types() {
+        let base = || {
+            serde_json::json!({
+                "audio": {"sample_rate": 22050},
+                "espeak": {"voice": "en-us"},
+            })
+        };
+        let c = config(base()).unwrap();
+        assert_eq!(
+            (c.phoneme_type, c.num_speakers, c.default_speaker),
+            (PhonemeType::Espeak, 1, 0)
+        );
+        assert!(c.speaker("0").is_ok() && c.speaker("1").is_err());
+        let mut j = base();
+        j["num_speakers"] = 4.into();
+        j["speaker_id_map"] = serde_json::json!({"b": 1, "a": 0, "c": 3});
+        j["default_speaker_id"] = 3.into();
+        let c = config(j).unwrap();
+        assert_eq!(
+            c.speakers,
+            [("a".into(), 0), ("b".into(), 1), ("c".into(), 3)]
+        );
+        assert_eq!(
+            (
+                c.speaker("c").unwrap(),
+                c.speaker("2").unwrap(),
+                c.default_speaker
+            ),
+            (3, 2, 3)
+        );
+        let e = c.speaker("zed").unwrap_err().to_string();
+        assert!(
+            e.contains("'zed'") && e.contains("0 to 3") && e.contains("a, b, c"),
+            "{e}"
+        );
+        for (key, value, want) in [
+            ("phoneme_type", serde_json::json!("pinyin"), "pinyin"),
+            (
+                "phoneme_type",
+                serde_json::json!("klingon"),
+                "unknown phoneme_type",
+            ),
+            ("num_speakers", serde_json::json!(0), "num_speakers"),
+            (
+                "speaker_id_map",
+                serde_json::json!({"x": 1}),
+                "'x' has id 1",
+            ),
+        ] {
+            let mut j = base();
+            j[key] = value;
+            let e = config(j).unwrap_err().to_string();
+            assert!(
+                e.contains(want) && e.contains("lfm-vits-config"),
+                "{key}: {e}"
+            );
+        }
+        let mut j = base();
+        j["phoneme_type"] = "text".into();
+        j.as_object_mut().unwrap().remove("espeak");
+        assert_eq!(config(j).unwrap().phoneme_type, PhonemeType::Text);
+    }
+
+    #[test]
+    fn transposed_convolution_by_phases_is_the_plain_one() {
+        let mut rng = Rng::new(5);
+        // (c_in, c_out, kernel, stride, pad): HiFi-GAN's upsampling, odd
+        // kernels, no padding, padding past a stride.
+        for (c_in, c_out, kernel, stride, pad) in [
+            (6, 5, 16, 8, 4),
+            (4, 3, 8, 4, 2),
+            (3, 2, 3, 2, 0),
+            (2, 3, 5, 2, 1),
+            (3, 3, 7, 3, 3),
+            (2, 2, 4, 1, 1),
+        ] {
+            let shape = ConvTranspose1dShape {
+                c_in,
+                c_out,
+                kernel,
+                stride,
+                pad,
+            };
+            let w = rng.vec(c_in * c_out * kernel, -1.0, 1.0);
+            let b = rng.vec(c_out, -1.0, 1.0);
+            let c = ConvT::new(w.clone(), Some(b.clone()), shape);
+            if kernel == 2 * stride {
+                // HiFi-GAN's geometry takes the fast path.
+                assert_eq!(c.phases.len(), stride, "{shape:?}");
+            }
+            for t in [1, 2, 3, 7, 40] {
+                let x = rng.vec(c_in * t, -1.0, 1.0);
+                let mut want = vec![0.0; c_out * shape.t_out(t)];
+                cpu::conv_transpose1d(&x, t, &w, Some(&b), &shape, &mut want);
+                let got = c.forward(&x, t);
+                assert_eq!(got.len(), want.len(), "{shape:?} t={t}");
+                let max = got
+                    .iter()
+                    .zip(&want)
+                    .map(|(a, b)| (a - b).abs())
+                    .fold(0.0, f32::max);
+                assert!(
+                    max < 1e-5,
+                    "{shape:?} t={t}: max abs err {max} (phases: {})",
+                    c.phases.len()
+                );
+            }
+        }
+    }
 
     #[test]
     fn flip_reverses_channels() {

@@ -22,7 +22,7 @@ use crate::error::{Error, Result};
 use std::collections::HashMap;
 use std::ffi::{c_char, c_int, c_void, CStr, CString};
 use std::path::Path;
-use std::sync::{Mutex, OnceLock};
+use std::sync::{Mutex, MutexGuard, OnceLock};
 use unicode_normalization::UnicodeNormalization;
 
 /// Piper's special symbols.
@@ -212,60 +212,56 @@ fn strip_language_flags(s: &str) -> String {
     out
 }
 
-/// Phonemises `text` with espeak-ng voice `voice` (e.g. "en-us"), grouped
-/// into sentences. Text that yields no phonemes gives no sentences.
-pub fn phonemize(voice: &str, text: &str) -> Result<Vec<Sentence>> {
-    let clauses = espeak_clauses(voice, text)?;
-    let mut sentences = Vec::new();
-    let mut current: Vec<String> = Vec::new();
-    for (phonemes, term) in clauses {
-        let mut s = strip_language_flags(&phonemes);
-        if let Some(p) = term.punctuation {
-            s.push(p);
-            if matches!(p, ',' | ':' | ';') {
-                s.push(' ');
-            }
-        }
-        current.extend(s.nfd().map(String::from));
-        if term.ends_sentence {
-            sentences.push(Sentence {
-                phonemes: std::mem::take(&mut current),
-            });
-        }
-    }
-    if !current.is_empty() {
-        sentences.push(Sentence { phonemes: current });
-    }
-    sentences.retain(|s| !s.phonemes.is_empty());
-    Ok(sentences)
+/// espeak-ng's clauses of one text, read one library call at a time. The
+/// library is held for the whole text: its clause reader keeps state from
+/// one call to the next, so another text must not come between.
+struct EspeakClauses {
+    espeak: MutexGuard<'static, Espeak>,
+    c_text: CString,
+    /// Byte offset of the next clause; `None` once the text is read.
+    pos: Option<usize>,
 }
 
-/// espeak-ng's clauses: (IPA phonemes, terminator).
-fn espeak_clauses(voice: &str, text: &str) -> Result<Vec<(String, Terminator)>> {
-    let espeak = espeak()?;
-    let mut e = espeak.lock().unwrap_or_else(|p| p.into_inner());
-    if e.voice.as_deref() != Some(voice) {
-        let name = CString::new(voice)
-            .map_err(|_| Error::invalid(format!("espeak voice name {voice:?} contains NUL")))?;
-        // SAFETY: a NUL-terminated string that outlives the call.
-        if unsafe { (e.set_voice)(name.as_ptr()) } != 0 {
-            return Err(Error::invalid(format!(
-                "espeak-ng has no voice '{voice}' (is espeak-ng-data complete?)"
-            )));
+impl EspeakClauses {
+    fn new(voice: &str, text: &str) -> Result<EspeakClauses> {
+        let mut e = espeak()?.lock().unwrap_or_else(|p| p.into_inner());
+        if e.voice.as_deref() != Some(voice) {
+            let name = CString::new(voice)
+                .map_err(|_| Error::invalid(format!("espeak voice name {voice:?} contains NUL")))?;
+            // SAFETY: a NUL-terminated string that outlives the call.
+            if unsafe { (e.set_voice)(name.as_ptr()) } != 0 {
+                return Err(Error::invalid(format!(
+                    "espeak-ng has no voice '{voice}' (is espeak-ng-data complete?)"
+                )));
+            }
+            e.voice = Some(voice.to_string());
         }
-        e.voice = Some(voice.to_string());
+        // NUL would end the C string early; espeak-ng reads it as a space anyway.
+        let c_text = CString::new(text.replace('\0', " ")).expect("NULs replaced");
+        Ok(EspeakClauses {
+            espeak: e,
+            c_text,
+            pos: Some(0),
+        })
     }
-    // NUL would end the C string early; espeak-ng reads it as a space anyway.
-    let c_text = CString::new(text.replace('\0', " ")).expect("NULs replaced");
-    let start = c_text.as_ptr();
-    let len = c_text.as_bytes().len();
-    let mut pos: *const c_void = start.cast();
-    let mut clauses = Vec::new();
-    while !pos.is_null() {
-        let before = pos as usize - start as usize;
-        // SAFETY: `pos` points into `c_text`, which outlives the loop;
-        // espeak-ng advances it within the string or sets it to NULL at the end.
-        let out = unsafe { (e.text_to_phonemes)(&mut pos, ESPEAK_CHARS_AUTO, ESPEAK_PHONEMES_IPA) };
+}
+
+impl Iterator for EspeakClauses {
+    /// (IPA phonemes, terminator)
+    type Item = (String, Terminator);
+
+    fn next(&mut self) -> Option<(String, Terminator)> {
+        let before = self.pos?;
+        let bytes = self.c_text.as_bytes();
+        let len = bytes.len();
+        let start = self.c_text.as_ptr();
+        // SAFETY: `before` <= len, so the pointer stays inside `c_text` (at
+        // worst on its NUL), which outlives the call; espeak-ng advances it
+        // within the string or sets it to NULL at the end.
+        let mut pos: *const c_void = unsafe { start.add(before) }.cast();
+        let out = unsafe {
+            (self.espeak.text_to_phonemes)(&mut pos, ESPEAK_CHARS_AUTO, ESPEAK_PHONEMES_IPA)
+        };
         let last = pos.is_null();
         let after = if last {
             len
@@ -280,14 +276,45 @@ fn espeak_clauses(voice: &str, text: &str) -> Result<Vec<(String, Terminator)>> 
                 .to_string_lossy()
                 .into_owned()
         };
-        let consumed = String::from_utf8_lossy(&c_text.as_bytes()[before.min(after)..after]);
-        clauses.push((phonemes, clause_terminator(&consumed, last)));
-        if !last && after <= before {
-            // No progress: stop rather than loop forever.
-            break;
+        let consumed = String::from_utf8_lossy(&bytes[before.min(after)..after]);
+        let term = clause_terminator(&consumed, last);
+        // No progress: stop rather than loop forever.
+        self.pos = (!last && after > before).then_some(after);
+        Some((phonemes, term))
+    }
+}
+
+/// A clause as Piper keeps it: the phonemes without language-switch marks,
+/// then the terminating punctuation (and a space after `,` `:` `;`).
+fn clause_phonemes(phonemes: &str, term: Terminator) -> String {
+    let mut s = strip_language_flags(phonemes);
+    if let Some(p) = term.punctuation {
+        s.push(p);
+        if matches!(p, ',' | ':' | ';') {
+            s.push(' ');
         }
     }
-    Ok(clauses)
+    s
+}
+
+/// Phonemises `text` with espeak-ng voice `voice` (e.g. "en-us"), grouped
+/// into sentences. Text that yields no phonemes gives no sentences.
+pub fn phonemize(voice: &str, text: &str) -> Result<Vec<Sentence>> {
+    let mut sentences = Vec::new();
+    let mut current: Vec<String> = Vec::new();
+    for (phonemes, term) in EspeakClauses::new(voice, text)? {
+        current.extend(clause_phonemes(&phonemes, term).nfd().map(String::from));
+        if term.ends_sentence {
+            sentences.push(Sentence {
+                phonemes: std::mem::take(&mut current),
+            });
+        }
+    }
+    if !current.is_empty() {
+        sentences.push(Sentence { phonemes: current });
+    }
+    sentences.retain(|s| !s.phonemes.is_empty());
+    Ok(sentences)
 }
 
 /// A voice's phoneme -> ids table (`phoneme_id_map` in the .onnx.json), with
@@ -414,42 +441,121 @@ fn split_long(s: Sentence) -> Vec<Sentence> {
     pieces
 }
 
-/// Text -> sentences of ids, with notices for what cannot be spoken.
-pub fn text_to_ids(text: &str, voice: &str, id_map: &PhonemeIdMap) -> Result<Vec<SentenceIds>> {
-    if text.trim().is_empty() {
-        return Err(Error::invalid("no text to speak (the text is empty)"));
-    }
-    let mut sentences = phonemize(voice, text)?;
-    // A clause espeak-ng could not read leaves only its punctuation: nothing
-    // to say (Piper would synthesise a short breath for it).
-    sentences.retain(|s| {
-        let speakable = s
-            .phonemes
-            .iter()
-            .any(|p| !p.chars().all(|c| c.is_whitespace() || ".,;:!?".contains(c)));
-        if !speakable {
-            crate::notice!("notice: nothing to say in \"{}\"; skipped", s.text());
+/// Where a text's phonemes come from (the voice's `phoneme_type`).
+#[derive(Clone, Copy, Debug)]
+pub enum Phonemes<'a> {
+    /// espeak-ng with this voice (e.g. "en-us").
+    Espeak(&'a str),
+    /// The text's code points after NFD decomposition, each non-empty line
+    /// (trimmed) a sentence, as Piper's command line reads `text` voices.
+    Text,
+}
+
+/// A text's clauses: (phonemes, whether the clause ends a sentence).
+enum Clauses<'t> {
+    Espeak(EspeakClauses),
+    Text(std::str::Lines<'t>),
+}
+
+impl Iterator for Clauses<'_> {
+    type Item = (Vec<String>, bool);
+
+    fn next(&mut self) -> Option<(Vec<String>, bool)> {
+        match self {
+            Clauses::Espeak(c) => {
+                let (phonemes, term) = c.next()?;
+                let p = clause_phonemes(&phonemes, term)
+                    .nfd()
+                    .map(String::from)
+                    .collect();
+                Some((p, term.ends_sentence))
+            }
+            Clauses::Text(lines) => loop {
+                let line = lines.next()?.trim();
+                if !line.is_empty() {
+                    return Some((line.nfd().map(String::from).collect(), true));
+                }
+            },
         }
-        speakable
-    });
-    if sentences.is_empty() {
-        return Err(Error::invalid(format!(
-            "espeak-ng found nothing to say in the text (voice {voice})"
-        )));
     }
-    let pieces: Vec<(Sentence, bool)> = sentences
-        .into_iter()
-        .flat_map(|s| {
-            split_long(s)
-                .into_iter()
-                .enumerate()
-                .map(|(i, piece)| (piece, i > 0))
+}
+
+/// Text -> sentences of ids, produced as they are read: the first
+/// sentence's ids are ready after its own clauses, not after the whole text,
+/// and what is held at once is one sentence's phonemes (a sentence longer
+/// than [`MAX_PHONEMES`] is given out piece by piece as it is read).
+/// Notices say what cannot be spoken; a text with nothing to say at all is
+/// an error.
+pub struct SentenceStream<'t, 'm> {
+    clauses: Clauses<'t>,
+    id_map: &'m PhonemeIdMap,
+    source: String,
+    /// The phonemes of the sentence being read that are not given out yet.
+    current: Vec<String>,
+    /// `current` is the rest of a sentence whose first pieces were given out.
+    continues: bool,
+    ready: std::collections::VecDeque<SentenceIds>,
+    spoken: bool,
+    done: bool,
+}
+
+impl<'t, 'm> SentenceStream<'t, 'm> {
+    pub fn new(
+        text: &'t str,
+        phonemes: Phonemes<'_>,
+        id_map: &'m PhonemeIdMap,
+    ) -> Result<SentenceStream<'t, 'm>> {
+        if text.trim().is_empty() {
+            return Err(Error::invalid("no text to speak (the text is empty)"));
+        }
+        let (clauses, source) = match phonemes {
+            Phonemes::Espeak(voice) => (
+                Clauses::Espeak(EspeakClauses::new(voice, text)?),
+                format!("espeak-ng found nothing to say in the text (voice {voice})"),
+            ),
+            Phonemes::Text => (
+                Clauses::Text(text.lines()),
+                "the text has nothing the voice can say".to_string(),
+            ),
+        };
+        Ok(SentenceStream {
+            clauses,
+            id_map,
+            source,
+            current: Vec::new(),
+            continues: false,
+            ready: Default::default(),
+            spoken: false,
+            done: false,
         })
-        .collect();
-    Ok(pieces
-        .iter()
-        .map(|(s, continues)| {
-            let r = id_map.sentence_ids(s);
+    }
+
+    /// Cuts what is read of the current sentence into passes; `end`: the
+    /// sentence is complete, else the last piece is kept to grow.
+    fn cut(&mut self, end: bool) {
+        if self.current.is_empty() {
+            return;
+        }
+        let mut pieces = split_long(Sentence {
+            phonemes: std::mem::take(&mut self.current),
+        });
+        if !end {
+            if let Some(rest) = pieces.pop() {
+                self.current = rest.phonemes;
+            }
+        }
+        for s in pieces {
+            // A clause espeak-ng could not read leaves only its punctuation:
+            // nothing to say (Piper would synthesise a short breath for it).
+            let speakable = s
+                .phonemes
+                .iter()
+                .any(|p| !p.chars().all(|c| c.is_whitespace() || ".,;:!?".contains(c)));
+            if !speakable {
+                crate::notice!("notice: nothing to say in \"{}\"; skipped", s.text());
+                continue;
+            }
+            let r = self.id_map.sentence_ids(&s);
             if !r.missing.is_empty() {
                 crate::notice!(
                     "notice: skipped phonemes the voice does not know: {} (in \"{}\")",
@@ -457,13 +563,55 @@ pub fn text_to_ids(text: &str, voice: &str, id_map: &PhonemeIdMap) -> Result<Vec
                     s.text()
                 );
             }
-            SentenceIds {
+            self.ready.push_back(SentenceIds {
                 phonemes: Some(s.text()),
                 ids: r.ids,
-                continues: *continues,
+                continues: self.continues,
+            });
+            self.continues = true;
+        }
+        if end {
+            self.continues = false;
+        }
+    }
+}
+
+impl Iterator for SentenceStream<'_, '_> {
+    type Item = Result<SentenceIds>;
+
+    fn next(&mut self) -> Option<Result<SentenceIds>> {
+        loop {
+            if let Some(s) = self.ready.pop_front() {
+                self.spoken = true;
+                return Some(Ok(s));
             }
-        })
-        .collect())
+            if self.done {
+                return None;
+            }
+            match self.clauses.next() {
+                Some((phonemes, ends_sentence)) => {
+                    self.current.extend(phonemes);
+                    if ends_sentence {
+                        self.cut(true);
+                    } else if self.current.len() > 2 * MAX_PHONEMES {
+                        self.cut(false);
+                    }
+                }
+                None => {
+                    self.done = true;
+                    self.cut(true);
+                    if self.ready.is_empty() && !self.spoken {
+                        return Some(Err(Error::invalid(self.source.clone())));
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Text -> sentences of ids, all at once (see [`SentenceStream`]).
+pub fn text_to_ids(text: &str, voice: &str, id_map: &PhonemeIdMap) -> Result<Vec<SentenceIds>> {
+    SentenceStream::new(text, Phonemes::Espeak(voice), id_map)?.collect()
 }
 
 #[cfg(test)]
@@ -512,6 +660,53 @@ mod tests {
             "hˈɛloʊ wˈɜːld"
         );
         assert_eq!(strip_language_flags("a () b ("), "a () b (");
+    }
+
+    fn toy_map() -> PhonemeIdMap {
+        let mut ids = serde_json::Map::new();
+        for (i, p) in ["_", "^", "$", " ", ",", "a", "b"].iter().enumerate() {
+            ids.insert(p.to_string(), serde_json::json!([i]));
+        }
+        let cfg = serde_json::json!({ "phoneme_id_map": ids });
+        PhonemeIdMap::from_config(Path::new("v.json"), &cfg).unwrap()
+    }
+
+    #[test]
+    fn text_voices_speak_each_line_as_its_code_points() {
+        let map = toy_map();
+        let got: Vec<SentenceIds> = SentenceStream::new("ab\n\n  ba , \n", Phonemes::Text, &map)
+            .unwrap()
+            .collect::<Result<_>>()
+            .unwrap();
+        let phonemes: Vec<_> = got.iter().map(|s| s.phonemes.clone().unwrap()).collect();
+        assert_eq!(phonemes, ["ab", "ba ,"]);
+        assert_eq!(got[0].ids, [1, 0, 5, 0, 6, 0, 2]);
+        assert!(got.iter().all(|s| !s.continues));
+        let mut none = SentenceStream::new(" .,\n", Phonemes::Text, &map).unwrap();
+        assert!(none.next().unwrap().is_err());
+        assert!(none.next().is_none());
+    }
+
+    /// A sentence too long for one pass is given out piece by piece as it
+    /// is read, in the same pieces as cutting the whole sentence at once.
+    #[test]
+    fn a_long_sentence_streams_in_the_pieces_of_a_whole_cut() {
+        let text = "and the keeper wound the clockwork, ".repeat(150);
+        let whole = phonemize("en-us", &text).unwrap();
+        assert_eq!(whole.len(), 1, "one sentence");
+        assert!(whole[0].phonemes.len() > 8 * MAX_PHONEMES);
+        let want: Vec<String> = split_long(whole[0].clone())
+            .iter()
+            .map(|s| s.text())
+            .collect();
+        let map = toy_map();
+        let got: Vec<SentenceIds> = SentenceStream::new(&text, Phonemes::Espeak("en-us"), &map)
+            .unwrap()
+            .collect::<Result<_>>()
+            .unwrap();
+        let texts: Vec<String> = got.iter().map(|s| s.phonemes.clone().unwrap()).collect();
+        assert_eq!(texts, want);
+        assert!(!got[0].continues && got[1..].iter().all(|s| s.continues));
     }
 
     #[test]

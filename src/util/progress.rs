@@ -20,3 +20,20 @@ pub fn bar(len: u64, what: &str) -> ProgressBar {
     pb.set_message(what.to_string());
     pb
 }
+
+/// A counter of steps whose total is not known in advance, labelled `what`;
+/// hidden when stderr is not a terminal.
+pub fn counter(what: &str, unit: &str) -> ProgressBar {
+    if !std::io::stderr().is_terminal() || super::log::is_quiet() {
+        return ProgressBar::hidden();
+    }
+    let pb = ProgressBar::new_spinner();
+    pb.set_style(
+        ProgressStyle::with_template(&format!(
+            "{{msg:>12}} {{spinner}} {{pos}} {unit} {{elapsed_precise}}"
+        ))
+        .expect("static progress template"),
+    );
+    pb.set_message(what.to_string());
+    pb
+}

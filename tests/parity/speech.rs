@@ -15,7 +15,40 @@ pub const CASES: &[Case] = &[
         kernel: "conv_transpose1d",
         run: conv_transpose1d,
     },
+    Case {
+        kernel: "wavenet_gate",
+        run: wavenet_gate,
+    },
 ];
+
+fn wavenet_gate(gpu: &Gpu, _v: &Variant) {
+    let mut rng = Rng::new(13);
+    for (hi, &h) in [1usize, 5, 32, 96].iter().enumerate() {
+        for &t in SIZES {
+            // Two layers' offsets; the second layer's are read at g_off = 2h.
+            // Inputs past the tanh's saturation (|v| > 15) included.
+            let x = rng.vec(2 * h * t, -20.0, 20.0);
+            let g = rng.vec(4 * h, -1.0, 1.0);
+            let layer = (hi + t) % 2;
+            let mut want = vec![0.0; h * t];
+            cpu::wavenet_gate(&x, Some(&g[layer * 2 * h..]), h, t, &mut want);
+            let gx = gpu.upload_f32("x", &x).unwrap();
+            let gg = gpu.upload_f32("g", &g).unwrap();
+            let gy = gpu.poisoned_f32("y", h * t).unwrap();
+            let d = speech::wavenet_gate(gpu, &gx, &gg, &gy, h, t, layer * 2 * h).unwrap();
+            gpu.run_all(&[&d]).unwrap();
+            let got = gpu.read_f32(&gy).unwrap();
+            // One tanh, one exp and a division: the GPU's transcendentals are
+            // a few ulps from Rust's (Vulkan allows more for exp), squared.
+            assert_close(
+                &format!("wavenet_gate h={h} t={t} layer={layer}"),
+                &got[..h * t],
+                &want,
+                1e-11,
+            );
+        }
+    }
+}
 
 /// The CPU twin of a fused input read: scale, then leaky ReLU.
 fn act_in(x: &[f32], act: InputAct) -> Vec<f32> {

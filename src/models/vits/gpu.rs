@@ -1,10 +1,25 @@
-//! The GPU plan for VITS: the HiFi-GAN generator (about 80% of the work, all
-//! of it per audio sample) runs on the GPU as one submission per sentence;
-//! the text encoder, duration predictor and flow, which work per phoneme or
-//! per 256-sample frame, stay on the CPU reference.
+//! The GPU plan for VITS: the normalising flow (per frame) and the HiFi-GAN
+//! generator (per audio sample; together nearly all of the work) run on the
+//! GPU as one submission per sentence; the text encoder and the duration
+//! predictor, which work per phoneme, and the length regulation with its
+//! noise (drawn from the seeded CPU generator, so a seed gives the same
+//! noise on both backends) stay on the CPU reference.
+//!
+//! The latent is kept as its two channel halves, the couplings' x0 and x1,
+//! in separate buffers. The flips between couplings are never done: a flip
+//! swaps the halves and reverses each one's channel order, which is folded
+//! into the weights of the layers that read and write them (`pre` reads a
+//! half with its input channels reversed, `post` writes one with its output
+//! channels reversed); after an even number of flips the halves are back in
+//! order. `x1 -= post(out)` is `post` with negated weights and the residual
+//! add, and the decoder's first convolution reads the two halves as two
+//! convolutions over its input channels.
 
-use super::{Conv, ConvT, Generator, LRELU_SLOPE, LRELU_SLOPE_POST};
-use crate::error::Result;
+use super::{
+    Conv, ConvT, Coupling, Generator, SpeakerOffsets, Vits, LRELU_SLOPE, LRELU_SLOPE_POST,
+};
+use crate::cpu::Conv1dShape;
+use crate::error::{Error, Result};
 use crate::gpu::ops::{self, Dispatch};
 use crate::gpu::speech::{self, Conv1dExtras, InputAct};
 use crate::gpu::Gpu;
@@ -53,7 +68,10 @@ impl GpuConv {
 pub struct GpuGenerator {
     gpu: Arc<Gpu>,
     cpu: Generator,
-    conv_pre: GpuConv,
+    /// conv_pre over the latent's first and second halves of channels.
+    conv_pre: [(GpuConv, Conv1dShape); 2],
+    /// conv_pre's bias (the speaker's offset is added to it per call).
+    conv_pre_bias: Vec<f32>,
     ups: Vec<GpuConv>,
     resblocks: Vec<Vec<Vec<GpuConv>>>,
     conv_post: GpuConv,
@@ -80,8 +98,24 @@ impl GpuGenerator {
             }
             resblocks.push(s);
         }
+        let half = g.conv_pre.shape.c_in / 2;
+        let conv_pre_bias = g
+            .conv_pre
+            .b
+            .clone()
+            .unwrap_or_else(|| vec![0.0; g.conv_pre.shape.c_out]);
+        let first = in_channels(&g.conv_pre, 0..half);
+        let mut second = in_channels(&g.conv_pre, half..2 * half);
+        second.b = None;
         Ok(GpuGenerator {
-            conv_pre: GpuConv::conv(&gpu, "dec.conv_pre", &g.conv_pre)?,
+            conv_pre: [
+                (GpuConv::conv(&gpu, "dec.conv_pre.0", &first)?, first.shape),
+                (
+                    GpuConv::conv(&gpu, "dec.conv_pre.1", &second)?,
+                    second.shape,
+                ),
+            ],
+            conv_pre_bias,
             conv_post: GpuConv::conv(&gpu, "dec.conv_post", &g.conv_post)?,
             ups,
             resblocks,
@@ -95,24 +129,69 @@ impl GpuGenerator {
     }
 
     /// z: [inter_channels, frames] -> audio [frames * hop], as
-    /// [`Generator::forward`] computes it.
-    pub fn forward(&self, z: &[f32], frames: usize) -> Result<Vec<f32>> {
+    /// [`Generator::forward`] computes it (`speaker`: the speaker's offset to
+    /// `conv_pre`'s output, folded into its bias).
+    pub fn forward(&self, z: &[f32], frames: usize, speaker: Option<&[f32]>) -> Result<Vec<f32>> {
+        let gpu = &*self.gpu;
+        let half = z.len() / 2;
+        let a = gpu.upload_f32("dec.z.0", &z[..half])?;
+        let b = gpu.upload_f32("dec.z.1", &z[half..])?;
+        let mut work = Vec::new();
+        let out = self.record(&a, &b, frames, speaker, &mut work)?;
+        gpu.run_all(&work.iter().collect::<Vec<_>>())?;
+        let mut audio = gpu.read_f32(&out)?;
+        audio.truncate(frames * self.cpu.hop());
+        Ok(audio)
+    }
+
+    /// Records the generator on the latent's halves a, b: [inter / 2,
+    /// frames] each; returns the buffer the audio will be in.
+    fn record(
+        &self,
+        a: &wgpu::Buffer,
+        b: &wgpu::Buffer,
+        frames: usize,
+        speaker: Option<&[f32]>,
+        work: &mut Vec<Dispatch>,
+    ) -> Result<wgpu::Buffer> {
         let gpu = &*self.gpu;
         let g = &self.cpu;
-        let mut work: Vec<Dispatch> = Vec::new();
         let mut t = frames;
-        let zb = gpu.upload_f32("dec.z", z)?;
-        let mut x = gpu.scratch("dec.x", (g.conv_pre.shape.c_out * t * 4) as u64)?;
+        let mut bias = self.conv_pre_bias.clone();
+        if let Some(offset) = speaker {
+            for (b, o) in bias.iter_mut().zip(offset) {
+                *b += o;
+            }
+        }
+        let bias = gpu.upload_f32("dec.conv_pre.bias", &bias)?;
+        let bytes = (g.conv_pre.shape.c_out * t * 4) as u64;
+        let x0 = gpu.scratch("dec.x0", bytes)?;
+        let [(w0, s0), (w1, s1)] = &self.conv_pre;
         work.push(speech::conv1d(
             gpu,
-            &zb,
-            &self.conv_pre.w,
-            &self.conv_pre.b,
-            &x,
-            &g.conv_pre.shape,
+            a,
+            &w0.w,
+            &bias,
+            &x0,
+            s0,
             t,
             InputAct::NONE,
             Conv1dExtras::default(),
+        )?);
+        let mut x = gpu.scratch("dec.x", bytes)?;
+        work.push(speech::conv1d(
+            gpu,
+            b,
+            &w1.w,
+            &w1.b,
+            &x,
+            s1,
+            t,
+            InputAct::NONE,
+            Conv1dExtras {
+                residual: Some(&x0),
+                tanh: false,
+            },
         )?);
         // The average over a stage's residual blocks is folded into the next
         // layer's input scale: leaky_relu(s * v) = s * leaky_relu(v) for s > 0.
@@ -193,9 +272,319 @@ impl GpuGenerator {
                 tanh: true,
             },
         )?);
+        Ok(out)
+    }
+}
+
+/// `c`'s weights for input channels `range` only.
+fn in_channels(c: &Conv, range: std::ops::Range<usize>) -> Conv {
+    let s = c.shape;
+    let n = range.len();
+    let mut w = Vec::with_capacity(s.c_out * n * s.kernel);
+    for o in 0..s.c_out {
+        for i in range.clone() {
+            let at = (o * s.c_in + i) * s.kernel;
+            w.extend_from_slice(&c.w[at..at + s.kernel]);
+        }
+    }
+    Conv {
+        w,
+        b: c.b.clone(),
+        shape: Conv1dShape { c_in: n, ..s },
+    }
+}
+
+/// `c`'s output channels `range` only.
+fn out_channels(c: &Conv, range: std::ops::Range<usize>) -> Conv {
+    let per = c.shape.c_in * c.shape.kernel;
+    Conv {
+        w: c.w[range.start * per..range.end * per].to_vec(),
+        b: c.b.as_ref().map(|b| b[range.clone()].to_vec()),
+        shape: Conv1dShape {
+            c_out: range.len(),
+            ..c.shape
+        },
+    }
+}
+
+/// `c` reading its input channels in reverse order.
+fn reversed_input(c: &Conv) -> Conv {
+    let s = c.shape;
+    let mut w = c.w.clone();
+    for o in 0..s.c_out {
+        for i in 0..s.c_in {
+            let (dst, src) = (
+                (o * s.c_in + i) * s.kernel,
+                (o * s.c_in + s.c_in - 1 - i) * s.kernel,
+            );
+            w[dst..dst + s.kernel].copy_from_slice(&c.w[src..src + s.kernel]);
+        }
+    }
+    Conv {
+        w,
+        b: c.b.clone(),
+        shape: s,
+    }
+}
+
+/// -c, with its output channels in reverse order when `reverse`.
+fn negated_output(c: &Conv, reverse: bool) -> Conv {
+    let s = c.shape;
+    let per = s.c_in * s.kernel;
+    let src = |o: usize| if reverse { s.c_out - 1 - o } else { o };
+    let mut w = Vec::with_capacity(c.w.len());
+    for o in 0..s.c_out {
+        w.extend(c.w[src(o) * per..(src(o) + 1) * per].iter().map(|v| -v));
+    }
+    let b =
+        c.b.as_ref()
+            .map(|b| (0..s.c_out).map(|o| -b[src(o)]).collect());
+    Conv { w, b, shape: s }
+}
+
+/// One affine coupling's layers on the device, flips folded in.
+struct GpuCoupling {
+    /// Reads x0 (the second buffer, reversed, after an odd number of flips).
+    pre: (GpuConv, Conv1dShape),
+    in_layers: Vec<(GpuConv, Conv1dShape)>,
+    /// The residual half of res_skip (all layers but the last).
+    res: Vec<(GpuConv, Conv1dShape)>,
+    /// The skip half of res_skip (the last layer's whole res_skip).
+    skip: Vec<(GpuConv, Conv1dShape)>,
+    /// -post, writing x1 (reversed after an odd number of flips).
+    post: (GpuConv, Conv1dShape),
+    /// An odd number of flips precede this coupling in the reverse pass.
+    odd: bool,
+    hidden: usize,
+}
+
+impl GpuCoupling {
+    fn new(gpu: &Gpu, name: &str, c: &Coupling, odd: bool) -> Result<GpuCoupling> {
+        let up = |n: &str, conv: &Conv| -> Result<(GpuConv, Conv1dShape)> {
+            Ok((
+                GpuConv::conv(gpu, &format!("{name}.{n}"), conv)?,
+                conv.shape,
+            ))
+        };
+        let hidden = c.pre.shape.c_out;
+        let pre = if odd {
+            reversed_input(&c.pre)
+        } else {
+            c.pre.clone()
+        };
+        let n = c.in_layers.len();
+        let mut res = Vec::new();
+        let mut skip = Vec::new();
+        for (i, rs) in c.res_skip.iter().enumerate() {
+            if i + 1 < n {
+                res.push(up("res", &out_channels(rs, 0..hidden))?);
+                skip.push(up("skip", &out_channels(rs, hidden..2 * hidden))?);
+            } else {
+                skip.push(up("skip", rs)?);
+            }
+        }
+        Ok(GpuCoupling {
+            pre: up("pre", &pre)?,
+            in_layers: c
+                .in_layers
+                .iter()
+                .map(|l| up("in_layer", l))
+                .collect::<Result<_>>()?,
+            res,
+            skip,
+            post: up("post", &negated_output(&c.post, odd))?,
+            odd,
+            hidden,
+        })
+    }
+}
+
+/// The flow's couplings on the device, in file order.
+pub struct GpuFlow {
+    gpu: Arc<Gpu>,
+    couplings: Vec<GpuCoupling>,
+    /// Where each coupling's speaker offsets start in the offsets buffer.
+    offsets_at: Vec<usize>,
+    /// Offsets of a single-speaker voice: zeros.
+    zeros: wgpu::Buffer,
+    half: usize,
+}
+
+impl GpuFlow {
+    pub fn new(gpu: Arc<Gpu>, v: &Vits) -> Result<GpuFlow> {
+        let n = v.flows.len();
+        if !n.is_multiple_of(2) {
+            return Err(Error::gpu(format!(
+                "the GPU flow folds the flips between couplings and needs an even number of \
+                 them, not {n}"
+            )));
+        }
+        let couplings = v
+            .flows
+            .iter()
+            .enumerate()
+            .map(|(i, c)| GpuCoupling::new(&gpu, &format!("flow.{i}"), c, (n - i) % 2 == 1))
+            .collect::<Result<Vec<_>>>()?;
+        let mut offsets_at = Vec::new();
+        let mut total = 0;
+        for c in &couplings {
+            offsets_at.push(total);
+            total += 2 * c.hidden * c.in_layers.len();
+        }
+        Ok(GpuFlow {
+            zeros: gpu.upload_f32("flow.no_speaker", &vec![0.0; total.max(1)])?,
+            gpu,
+            couplings,
+            offsets_at,
+            half: v.inter_channels / 2,
+        })
+    }
+
+    /// z_p: [inter_channels, frames] -> the decoder's input, as
+    /// [`Vits::flow_reverse`] computes it.
+    pub fn forward(
+        &self,
+        z: &[f32],
+        frames: usize,
+        speaker: Option<&SpeakerOffsets>,
+    ) -> Result<Vec<f32>> {
+        let gpu = &*self.gpu;
+        let (a, b) = self.upload(z)?;
+        let mut work = Vec::new();
+        let (a, b) = self.record(a, b, frames, speaker, &mut work)?;
+        gpu.run_all(&work.iter().collect::<Vec<_>>())?;
+        let n = self.half * frames;
+        let mut out = gpu.read_f32(&a)?;
+        out.truncate(n);
+        out.extend_from_slice(&gpu.read_f32(&b)?[..n]);
+        Ok(out)
+    }
+
+    /// z: [inter_channels, t] as its two halves on the device.
+    fn upload(&self, z: &[f32]) -> Result<(wgpu::Buffer, wgpu::Buffer)> {
+        let n = z.len() / 2;
+        Ok((
+            self.gpu.upload_f32("flow.z.0", &z[..n])?,
+            self.gpu.upload_f32("flow.z.1", &z[n..])?,
+        ))
+    }
+
+    /// Records the reverse flow on halves (a, b); returns the new halves.
+    fn record(
+        &self,
+        mut a: wgpu::Buffer,
+        mut b: wgpu::Buffer,
+        t: usize,
+        speaker: Option<&SpeakerOffsets>,
+        work: &mut Vec<Dispatch>,
+    ) -> Result<(wgpu::Buffer, wgpu::Buffer)> {
+        let gpu = &*self.gpu;
+        let uploaded;
+        let g = match speaker {
+            None => &self.zeros,
+            Some(s) => {
+                uploaded = gpu.upload_f32("flow.speaker", &s.flows.concat())?;
+                &uploaded
+            }
+        };
+        for (ci, c) in self.couplings.iter().enumerate().rev() {
+            let hidden = c.hidden;
+            let (x0, x1) = if c.odd { (&b, &a) } else { (&a, &b) };
+            let bytes = (hidden * t * 4) as u64;
+            let mut h = gpu.scratch("flow.h", bytes)?;
+            let conv = |x: &wgpu::Buffer,
+                        (w, s): &(GpuConv, Conv1dShape),
+                        y: &wgpu::Buffer,
+                        residual: Option<&wgpu::Buffer>| {
+                speech::conv1d(
+                    gpu,
+                    x,
+                    &w.w,
+                    &w.b,
+                    y,
+                    s,
+                    t,
+                    InputAct::NONE,
+                    Conv1dExtras {
+                        residual,
+                        tanh: false,
+                    },
+                )
+            };
+            work.push(conv(x0, &c.pre, &h, None)?);
+            let mut out: Option<wgpu::Buffer> = None;
+            let n = c.in_layers.len();
+            for l in 0..n {
+                let x_in = gpu.scratch("flow.x_in", 2 * bytes)?;
+                work.push(conv(&h, &c.in_layers[l], &x_in, None)?);
+                let acts = gpu.scratch("flow.acts", bytes)?;
+                work.push(speech::wavenet_gate(
+                    gpu,
+                    &x_in,
+                    g,
+                    &acts,
+                    hidden,
+                    t,
+                    self.offsets_at[ci] + l * 2 * hidden,
+                )?);
+                if l + 1 < n {
+                    let h_next = gpu.scratch("flow.h", bytes)?;
+                    work.push(conv(&acts, &c.res[l], &h_next, Some(&h))?);
+                    h = h_next;
+                }
+                let out_next = gpu.scratch("flow.out", bytes)?;
+                work.push(conv(&acts, &c.skip[l], &out_next, out.as_ref())?);
+                out = Some(out_next);
+            }
+            let out = out.ok_or_else(|| Error::gpu("a coupling without WaveNet layers"))?;
+            let x1_next = gpu.scratch("flow.z", (self.half * t * 4) as u64)?;
+            work.push(conv(&out, &c.post, &x1_next, Some(x1))?);
+            if c.odd {
+                a = x1_next;
+            } else {
+                b = x1_next;
+            }
+        }
+        Ok((a, b))
+    }
+}
+
+/// The flow and the generator on the device: a sentence's latent prior in,
+/// audio out, in one submission.
+pub struct GpuVoice {
+    pub flow: GpuFlow,
+    pub dec: GpuGenerator,
+}
+
+impl GpuVoice {
+    pub fn new(gpu: Arc<Gpu>, v: &Vits) -> Result<GpuVoice> {
+        Ok(GpuVoice {
+            flow: GpuFlow::new(gpu.clone(), v)?,
+            dec: GpuGenerator::new(gpu, &v.dec)?,
+        })
+    }
+
+    pub fn gpu(&self) -> &Gpu {
+        &self.flow.gpu
+    }
+
+    /// z_p: [inter_channels, frames] -> audio [frames * hop].
+    pub fn forward(
+        &self,
+        z: &[f32],
+        frames: usize,
+        speaker: Option<&SpeakerOffsets>,
+    ) -> Result<Vec<f32>> {
+        let gpu = self.gpu();
+        let (a, b) = self.flow.upload(z)?;
+        let mut work = Vec::new();
+        let (a, b) = self.flow.record(a, b, frames, speaker, &mut work)?;
+        let out = self
+            .dec
+            .record(&a, &b, frames, speaker.map(|s| s.dec.as_slice()), &mut work)?;
         gpu.run_all(&work.iter().collect::<Vec<_>>())?;
         let mut audio = gpu.read_f32(&out)?;
-        audio.truncate(t);
+        audio.truncate(frames * self.dec.cpu.hop());
         Ok(audio)
     }
 }

@@ -284,8 +284,11 @@ pub async fn speech(State(s): State<Arc<AppState>>, body: Body) -> Result<Respon
                 let mut sink: Box<dyn PcmSink + '_> =
                     Box::new(WavFile::new(&mut out, rate).map_err(io)?);
                 let gap = vec![0i16; (SENTENCE_PAUSE * rate as f32).round() as usize];
+                let speaker = v.synth.vits().speaker_offsets(cfg.default_speaker)?;
                 for (i, s) in sentences.iter().enumerate() {
-                    let audio = v.synth.synthesize(&s.ids, &scales, &mut rng)?;
+                    let audio = v
+                        .synth
+                        .synthesize(&s.ids, speaker.as_ref(), &scales, &mut rng)?;
                     if i > 0 && !s.continues {
                         sink.write(&gap).map_err(io)?;
                     }
