@@ -210,7 +210,7 @@ mod tests {
         };
         let mut y = vec![0.0; 2];
         avg_pool2d(&p, &x, false, &mut y);
-        assert_eq!(y, [(0.0 + 1.0 + 4.0 + 5.0 + 8.0 + 9.0) / 6.0, 5.5]);
+        assert_eq!(y, [(0.0 + 1.0 + 4.0 + 5.0 + 8.0 + 9.0) / 6.0, 6.5]);
         let p = Pool2d {
             kernel: [2, 2],
             stride: [2, 2],
