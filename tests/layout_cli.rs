@@ -30,7 +30,7 @@ fn scratch(name: &str) -> PathBuf {
 
 fn ocr_layout(args: &[&dyn AsRef<std::ffi::OsStr>], stdin: Option<&str>) -> Output {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_ocr-layout"));
-    cmd.arg("--model").arg(model());
+    cmd.arg("--model").arg(model()).arg("--no-text");
     for a in args {
         cmd.arg(a);
     }

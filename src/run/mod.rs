@@ -11,6 +11,7 @@ pub mod generate;
 pub use crate::grammar;
 pub mod image;
 pub mod kld;
+pub mod pdf;
 pub mod phonemes;
 pub mod prompt_cache;
 /// Sampling lives below the models that use it; this keeps its old path.

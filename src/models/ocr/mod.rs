@@ -21,6 +21,7 @@
 //!   confidence is below 0.5 are dropped.
 
 pub mod det;
+pub mod document;
 pub mod geometry;
 pub mod net;
 pub mod rec;

@@ -123,6 +123,9 @@ enum Op {
         dilation: [usize; 2],
         groups: usize,
         act: ConvActivation,
+        /// For 1x1 convolutions: the weights packed for the fast matrix
+        /// multiply, which runs them as [pixels, c_in] x [c_in, c_out].
+        packed: Option<Arc<cpu::PackedMatrix>>,
     },
     ConvTranspose {
         /// [c_in, c_out / groups, kh, kw]
@@ -176,7 +179,7 @@ enum Op {
     /// x @ W with a constant W, stored [n, k] (transposed once), and an
     /// optional bias fused from the Add after it.
     MatMulConst {
-        weight: Arc<Vec<f32>>,
+        weight: Arc<cpu::PackedMatrix>,
         k: usize,
         n: usize,
         bias: Option<Arc<Vec<f32>>>,
@@ -617,12 +620,18 @@ impl<'a> Preparer<'a> {
             }
         }
         let x = self.input_slot(node, &node.inputs[0])?;
+        let stride = pair(node, "strides", Some(1))?;
+        let pad = pads(node)?;
+        let pointwise =
+            wd[2] == 1 && wd[3] == 1 && stride == [1, 1] && pad == [0; 4] && groups == 1;
+        let packed = pointwise.then(|| Arc::new(cpu::PackedMatrix::pack(&weight, wd[0], wd[1])));
         let op = Op::Conv {
+            packed,
             weight: Arc::new(weight),
             bias: Arc::new(bias),
             kernel: [wd[2], wd[3]],
-            stride: pair(node, "strides", Some(1))?,
-            pad: pads(node)?,
+            stride,
+            pad,
             dilation: pair(node, "dilations", Some(1))?,
             groups,
             act,
@@ -729,7 +738,7 @@ impl<'a> Preparer<'a> {
         }
         let x = self.input_slot(node, &node.inputs[0])?;
         let op = Op::MatMulConst {
-            weight: Arc::new(weight),
+            weight: Arc::new(cpu::PackedMatrix::pack(&weight, n, k)),
             k,
             n,
             bias,
@@ -785,6 +794,7 @@ fn eval(node: &Node, inputs: &[&Tensor]) -> EvalResult {
             dilation,
             groups,
             act,
+            packed,
         } => {
             let [n, c, h, w] = nchw(x.shape())?;
             let geom = Conv2d {
@@ -811,8 +821,8 @@ fn eval(node: &Node, inputs: &[&Tensor]) -> EvalResult {
                 .chunks_exact(c * h * w)
                 .zip(y.chunks_exact_mut(per_out))
             {
-                if geom.is_pointwise() {
-                    cpu::conv2d_pointwise(&geom, img, weight, bias, *act, out);
+                if let Some(pw) = packed.as_deref() {
+                    pointwise_gemm(pw, img, bias, *act, c, h * w, out);
                 } else {
                     cpu::conv2d_rows(&geom, img, weight, bias, *act, out);
                 }
@@ -1065,15 +1075,7 @@ fn eval(node: &Node, inputs: &[&Tensor]) -> EvalResult {
             let data = float_input(x, "MatMul")?;
             let m = data.len() / k;
             let mut y = vec![0.0f32; m * n];
-            cpu::matmul(
-                data,
-                weight,
-                bias.as_deref().map(Vec::as_slice),
-                m,
-                *k,
-                *n,
-                &mut y,
-            );
+            cpu::matmul_packed(data, weight, bias.as_deref().map(Vec::as_slice), m, &mut y);
             let mut out = shape.to_vec();
             *out.last_mut().expect("rank >= 1") = *n;
             Ok(Tensor::F32(y, out))
@@ -1132,6 +1134,35 @@ fn eval(node: &Node, inputs: &[&Tensor]) -> EvalResult {
             Ok(Tensor::F32(y, shape.to_vec()))
         }
     }
+}
+
+/// A 1x1 convolution as a matrix product: x [c_in, n] transposed to
+/// [n, c_in], times the packed [c_out, c_in] weights, transposed back with
+/// the bias and activation. The fast multiply sums in another order than
+/// the reference convolution (fused multiply-adds): equal to rounding.
+fn pointwise_gemm(
+    w: &cpu::PackedMatrix,
+    x: &[f32],
+    bias: &[f32],
+    act: ConvActivation,
+    c_in: usize,
+    n: usize,
+    y: &mut [f32],
+) {
+    let c_out = w.rows();
+    let mut xt = vec![0.0f32; n * c_in];
+    for (ci, plane) in x.chunks_exact(n).enumerate() {
+        for (p, &v) in plane.iter().enumerate() {
+            xt[p * c_in + ci] = v;
+        }
+    }
+    let mut yt = vec![0.0f32; n * c_out];
+    cpu::matmul_packed(&xt, w, Some(bias), n, &mut yt);
+    y.par_chunks_mut(n).enumerate().for_each(|(o, plane)| {
+        for (p, v) in plane.iter_mut().enumerate() {
+            *v = act.apply(yt[p * c_out + o]);
+        }
+    });
 }
 
 /// numpy broadcasting of two shapes.
