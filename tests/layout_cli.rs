@@ -251,7 +251,7 @@ fn bad_images_are_clear_errors() {
     std::fs::create_dir_all(&nothing).unwrap();
     assert_clean_failure(
         &ocr_layout(&[&"--cpu", &nothing], None),
-        "no PNG or JPEG images",
+        "no PNG, JPEG or PDF files",
     );
     let _ = std::fs::remove_dir_all(&dir);
 }

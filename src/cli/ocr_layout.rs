@@ -329,7 +329,12 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         reading.as_secs_f64()
     );
     if failed > 0 {
-        bail!("{failed} input(s) or page(s) failed");
+        let what = if inputs.iter().any(|i| pdf::is_pdf_name(i)) {
+            "input(s) or page(s)"
+        } else {
+            "image(s)"
+        };
+        bail!("{failed} of {} {what} failed", done + failed);
     }
     Ok(())
 }
