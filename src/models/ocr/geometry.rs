@@ -386,11 +386,12 @@ pub fn perspective_transform(src: &[Point; 4], dst: &[Point; 4]) -> Option<[f64;
             return None;
         }
         a.swap(col, pivot);
-        for row in 0..8 {
+        let p = a[col];
+        for (row, r) in a.iter_mut().enumerate() {
             if row != col {
-                let f = a[row][col] / a[col][col];
-                for k in col..9 {
-                    a[row][k] -= f * a[col][k];
+                let f = r[col] / p[col];
+                for (v, q) in r.iter_mut().zip(&p).skip(col) {
+                    *v -= f * q;
                 }
             }
         }
