@@ -6,8 +6,8 @@
 //!   per-step best characters and the classifier's scores equal
 //!   onnxruntime's on the same inputs;
 //! - end to end on the CPU: the text boxes equal RapidOCR's (corner by
-//!   corner, within a pixel), the strings are identical;
-//! - the GPU path gives the CPU path's boxes and strings.
+//!   corner, within a pixel), the strings identical where the boxes
+//!   are. (The text networks have no GPU path yet.)
 
 mod common;
 
