@@ -130,6 +130,24 @@ MODELS = {
             ),
         },
     },
+    "ppocr-v4": {
+        "about": "PaddleOCR PP-OCRv4 text detector, recogniser and direction classifier, ONNX (ocr-layout's text models)",
+        "packages": ["rapidocr-onnxruntime==1.4.4"],
+        "files": {
+            "rapidocr_onnxruntime/models/ch_PP-OCRv4_det_infer.onnx": (
+                "ch_PP-OCRv4_det_infer.onnx",
+                "d2a7720d45a54257208b1e13e36a8479894cb74155a5efe29462512d42f49da9",
+            ),
+            "rapidocr_onnxruntime/models/ch_PP-OCRv4_rec_infer.onnx": (
+                "ch_PP-OCRv4_rec_infer.onnx",
+                "48fc40f24f6d2a207a2b1091d3437eb3cc3eb6b676dc3ef9c37384005483683b",
+            ),
+            "rapidocr_onnxruntime/models/ch_ppocr_mobile_v2.0_cls_infer.onnx": (
+                "ch_ppocr_mobile_v2.0_cls_infer.onnx",
+                "e47acedf663230f8863ff1ab0e64dd2d82b838fceb5957146dab185a89d6215c",
+            ),
+        },
+    },
     "gemma3-270m": {
         "about": "gemma-3-270m, GGUF Q4_K_M (SentencePiece tokenizer tests; Gemma terms of use)",
         "packages": [
@@ -165,7 +183,7 @@ MODELS = {
 # Fetched when no names are given: what the test suite and the defaults need.
 # gemma3-270m (253 MB) is here because tests/tokenizer_spm.rs checks the
 # SentencePiece tokenizer on its real 262k-token vocabulary against llama.cpp.
-DEFAULT = ["smollm2", "all-minilm-l6-v2", "whisper-tiny.en", "whisper-mel", "piper-joe", "layout-cdla", "gemma3-270m", "silero-vad"]
+DEFAULT = ["smollm2", "all-minilm-l6-v2", "whisper-tiny.en", "whisper-mel", "piper-joe", "layout-cdla", "ppocr-v4", "gemma3-270m", "silero-vad"]
 
 
 def sha256(path):

@@ -1266,6 +1266,7 @@ fn model_flags_and_names_resolve() {
         OCR,
         &[
             "--cpu",
+            "--no-text",
             "-m",
             onnx.to_str().unwrap(),
             page.to_str().unwrap(),

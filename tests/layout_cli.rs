@@ -30,7 +30,7 @@ fn scratch(name: &str) -> PathBuf {
 
 fn ocr_layout(args: &[&dyn AsRef<std::ffi::OsStr>], stdin: Option<&str>) -> Output {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_ocr-layout"));
-    cmd.arg("--model").arg(model());
+    cmd.arg("--model").arg(model()).arg("--no-text");
     for a in args {
         cmd.arg(a);
     }
@@ -251,7 +251,7 @@ fn bad_images_are_clear_errors() {
     std::fs::create_dir_all(&nothing).unwrap();
     assert_clean_failure(
         &ocr_layout(&[&"--cpu", &nothing], None),
-        "no PNG or JPEG images",
+        "no PNG, JPEG or PDF files",
     );
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -21,7 +21,7 @@ for t in gpu_parity llm_gpu; do
     strip -o "$D/stage/bin/$t" "$f"
 done
 tar cf - -C "$D/stage" bin | xz -T2 -6 >"$D/bin.tar.xz"
-tar cf "$D/small.tar" -C samples/models layout-cdla whisper-mel \
+tar cf "$D/small.tar" -C samples/models layout-cdla ppocr-v4 whisper-mel \
     -C /usr/share/pocketsphinx/test/data librivox
 : >"$D/chunks.txt"
 for m in smollm2 piper-joe all-minilm-l6-v2 whisper-tiny.en; do

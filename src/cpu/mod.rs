@@ -11,6 +11,7 @@ pub mod gemm;
 pub mod llm;
 pub mod matmul;
 pub mod norm;
+pub mod pool;
 
 pub use activation::*;
 pub use attention::*;
@@ -21,3 +22,4 @@ pub use gemm::*;
 pub use llm::*;
 pub use matmul::*;
 pub use norm::*;
+pub use pool::*;

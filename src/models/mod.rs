@@ -13,6 +13,7 @@ pub mod llama;
 pub mod llm;
 pub mod llm_cpu;
 pub mod llm_gpu;
+pub mod ocr;
 pub mod phi3;
 pub mod qwen;
 pub mod recipe;

@@ -12,6 +12,8 @@ pub use crate::grammar;
 pub mod image;
 pub mod kld;
 #[cfg(feature = "native")]
+pub mod pdf;
+#[cfg(feature = "native")]
 pub mod phonemes;
 pub mod prompt_cache;
 /// Sampling lives below the models that use it; this keeps its old path.

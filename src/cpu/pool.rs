@@ -1,0 +1,247 @@
+//! 2-D pooling and transposed convolution over one image in NCHW order
+//! (`[c, h, w]`, row-major), as ONNX defines MaxPool, AveragePool and
+//! ConvTranspose.
+
+use rayon::prelude::*;
+
+/// The window geometry of a 2-D pooling over one plane (floor rounding).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Pool2d {
+    pub h_in: usize,
+    pub w_in: usize,
+    /// [height, width]
+    pub kernel: [usize; 2],
+    pub stride: [usize; 2],
+    /// [top, left, bottom, right]
+    pub pad: [usize; 4],
+}
+
+impl Pool2d {
+    pub fn h_out(&self) -> usize {
+        (self.h_in + self.pad[0] + self.pad[2] - self.kernel[0]) / self.stride[0] + 1
+    }
+
+    pub fn w_out(&self) -> usize {
+        (self.w_in + self.pad[1] + self.pad[3] - self.kernel[1]) / self.stride[1] + 1
+    }
+
+    pub fn check(&self) -> Result<(), String> {
+        let ok = self.kernel.iter().all(|&k| k > 0)
+            && self.stride.iter().all(|&s| s > 0)
+            && self.h_in + self.pad[0] + self.pad[2] >= self.kernel[0]
+            && self.w_in + self.pad[1] + self.pad[3] >= self.kernel[1];
+        if ok {
+            Ok(())
+        } else {
+            Err(format!("invalid pooling {self:?}"))
+        }
+    }
+
+    /// The input rows (or columns) output index `o` covers on axis `a`
+    /// (0 vertical, 1 horizontal), padding excluded.
+    fn window(&self, a: usize, o: usize) -> std::ops::Range<usize> {
+        let n = [self.h_in, self.w_in][a];
+        let start = (o * self.stride[a]) as isize - self.pad[a] as isize;
+        let end = start + self.kernel[a] as isize;
+        start.max(0) as usize..(end.max(0) as usize).min(n)
+    }
+}
+
+/// x: [h_in, w_in] -> y: [h_out, w_out], the largest value of each window
+/// (padding never wins).
+pub fn max_pool2d(p: &Pool2d, x: &[f32], y: &mut [f32]) {
+    assert_eq!(x.len(), p.h_in * p.w_in, "max_pool2d: x is not [h, w]");
+    assert_eq!(y.len(), p.h_out() * p.w_out(), "max_pool2d: y size");
+    let wo = p.w_out();
+    for (oy, row) in y.chunks_exact_mut(wo).enumerate() {
+        for (ox, out) in row.iter_mut().enumerate() {
+            let mut m = f32::NEG_INFINITY;
+            for r in p.window(0, oy) {
+                for c in p.window(1, ox) {
+                    m = m.max(x[r * p.w_in + c]);
+                }
+            }
+            *out = m;
+        }
+    }
+}
+
+/// x: [h_in, w_in] -> y: [h_out, w_out], the mean of each window: over the
+/// whole kernel when `count_include_pad`, else over its pixels inside the
+/// image.
+pub fn avg_pool2d(p: &Pool2d, x: &[f32], count_include_pad: bool, y: &mut [f32]) {
+    assert_eq!(x.len(), p.h_in * p.w_in, "avg_pool2d: x is not [h, w]");
+    assert_eq!(y.len(), p.h_out() * p.w_out(), "avg_pool2d: y size");
+    let wo = p.w_out();
+    for (oy, row) in y.chunks_exact_mut(wo).enumerate() {
+        for (ox, out) in row.iter_mut().enumerate() {
+            let (rows, cols) = (p.window(0, oy), p.window(1, ox));
+            let mut sum = 0.0f32;
+            for r in rows.clone() {
+                for c in cols.clone() {
+                    sum += x[r * p.w_in + c];
+                }
+            }
+            let count = if count_include_pad {
+                p.kernel[0] * p.kernel[1]
+            } else {
+                rows.len() * cols.len()
+            };
+            *out = sum / count.max(1) as f32;
+        }
+    }
+}
+
+/// The geometry of a 2-D transposed convolution (no dilation or output
+/// padding).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ConvTranspose2d {
+    pub c_in: usize,
+    pub h_in: usize,
+    pub w_in: usize,
+    pub c_out: usize,
+    pub kh: usize,
+    pub kw: usize,
+    pub stride: [usize; 2],
+    /// [top, left, bottom, right]: cropped from the full output.
+    pub pad: [usize; 4],
+    pub groups: usize,
+}
+
+impl ConvTranspose2d {
+    pub fn h_out(&self) -> usize {
+        (self.h_in - 1) * self.stride[0] + self.kh - self.pad[0] - self.pad[2]
+    }
+
+    pub fn w_out(&self) -> usize {
+        (self.w_in - 1) * self.stride[1] + self.kw - self.pad[1] - self.pad[3]
+    }
+
+    /// Elements of the weight `[c_in, c_out / groups, kh, kw]`.
+    pub fn weight_len(&self) -> usize {
+        self.c_in * (self.c_out / self.groups.max(1)) * self.kh * self.kw
+    }
+
+    pub fn check(&self) -> Result<(), String> {
+        let ok = self.groups > 0
+            && self.c_in.is_multiple_of(self.groups)
+            && self.c_out.is_multiple_of(self.groups)
+            && self.c_in > 0
+            && self.h_in > 0
+            && self.w_in > 0
+            && self.stride.iter().all(|&s| s > 0)
+            && (self.h_in - 1) * self.stride[0] + self.kh > self.pad[0] + self.pad[2]
+            && (self.w_in - 1) * self.stride[1] + self.kw > self.pad[1] + self.pad[3];
+        if ok {
+            Ok(())
+        } else {
+            Err(format!("invalid transposed convolution {self:?}"))
+        }
+    }
+}
+
+/// x: [c_in, h_in, w_in], w: [c_in, c_out / groups, kh, kw], b: `[c_out]`
+/// -> y: [c_out, h_out, w_out]. Each output pixel gathers the input pixels
+/// whose strided kernel footprint covers it: y[o, oy, ox] = b[o] + sum over
+/// the group's input channels i and taps (ky, kx) with
+/// iy * stride + ky - pad_top = oy (same across) of x[i, iy, ix] * w[i, o, ky, kx],
+/// summed in the order input channel, kernel row, kernel column.
+pub fn conv_transpose2d(g: &ConvTranspose2d, x: &[f32], w: &[f32], b: &[f32], y: &mut [f32]) {
+    assert_eq!(
+        x.len(),
+        g.c_in * g.h_in * g.w_in,
+        "conv_transpose2d: x size"
+    );
+    assert_eq!(w.len(), g.weight_len(), "conv_transpose2d: w size");
+    assert_eq!(b.len(), g.c_out, "conv_transpose2d: b size");
+    let (ho, wo) = (g.h_out(), g.w_out());
+    assert_eq!(y.len(), g.c_out * ho * wo, "conv_transpose2d: y size");
+    let (cig, cog) = (g.c_in / g.groups, g.c_out / g.groups);
+    let taps = |o: usize, k: usize, s: usize, pad: usize, n: usize| -> Option<usize> {
+        // Input index i with i * s + k = o + pad.
+        let t = o + pad;
+        if t < k || !(t - k).is_multiple_of(s) {
+            return None;
+        }
+        let i = (t - k) / s;
+        (i < n).then_some(i)
+    };
+    y.par_chunks_mut(ho * wo)
+        .enumerate()
+        .for_each(|(o, plane)| {
+            let group = o / cog;
+            let oc = o % cog;
+            for oy in 0..ho {
+                for ox in 0..wo {
+                    let mut acc = 0.0f32;
+                    for ic in group * cig..(group + 1) * cig {
+                        for ky in 0..g.kh {
+                            let Some(iy) = taps(oy, ky, g.stride[0], g.pad[0], g.h_in) else {
+                                continue;
+                            };
+                            for kx in 0..g.kw {
+                                let Some(ix) = taps(ox, kx, g.stride[1], g.pad[1], g.w_in) else {
+                                    continue;
+                                };
+                                acc += x[(ic * g.h_in + iy) * g.w_in + ix]
+                                    * w[((ic * cog + oc) * g.kh + ky) * g.kw + kx];
+                            }
+                        }
+                    }
+                    plane[oy * wo + ox] = acc + b[o];
+                }
+            }
+        });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pooling_windows() {
+        let x: Vec<f32> = (0..12).map(|v| v as f32).collect(); // [3, 4]
+        let p = Pool2d {
+            h_in: 3,
+            w_in: 4,
+            kernel: [3, 2],
+            stride: [3, 2],
+            pad: [0; 4],
+        };
+        let mut y = vec![0.0; 2];
+        avg_pool2d(&p, &x, false, &mut y);
+        assert_eq!(y, [(0.0 + 1.0 + 4.0 + 5.0 + 8.0 + 9.0) / 6.0, 6.5]);
+        let p = Pool2d {
+            kernel: [2, 2],
+            stride: [2, 2],
+            ..p
+        };
+        let mut y = vec![0.0; 2];
+        max_pool2d(&p, &x, &mut y);
+        assert_eq!(y, [5.0, 7.0]);
+    }
+
+    #[test]
+    fn transposed_convolution_scatters_each_input_pixel() {
+        // One channel, 2x2 input, 2x2 kernel, stride 2: each input pixel
+        // becomes a 2x2 block scaled by the kernel.
+        let g = ConvTranspose2d {
+            c_in: 1,
+            h_in: 2,
+            w_in: 2,
+            c_out: 1,
+            kh: 2,
+            kw: 2,
+            stride: [2, 2],
+            pad: [0; 4],
+            groups: 1,
+        };
+        let x = [1.0, 2.0, 3.0, 4.0];
+        let w = [1.0, 10.0, 100.0, 1000.0];
+        let mut y = vec![0.0; 16];
+        conv_transpose2d(&g, &x, &w, &[0.5], &mut y);
+        assert_eq!(&y[..4], &[1.5, 10.5, 2.5, 20.5]);
+        assert_eq!(&y[4..8], &[100.5, 1000.5, 200.5, 2000.5]);
+        assert_eq!(y[15], 4000.5);
+    }
+}

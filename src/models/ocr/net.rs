@@ -1,0 +1,1449 @@
+//! A general interpreter for the ONNX graphs of the PaddleOCR networks
+//! (PP-OCRv4 detection and recognition, the mobile direction classifier).
+//!
+//! Unlike the layout detector's lowering ([`crate::models::layout::graph`]),
+//! whose shapes are fixed by the file, these graphs take images of any size
+//! (detection: any multiple of 32; recognition: any width) and compute
+//! their own reshape targets at run time (`Shape`, `Cast`, `Slice`,
+//! `Concat` over integer tensors). So shapes are found as the graph runs.
+//!
+//! Loading prepares each node once: batch norm is folded into the
+//! convolution before it, a ReLU or hard-sigmoid right after a convolution
+//! becomes its epilogue, a constant MatMul weight is transposed once (and a
+//! constant bias Add after it fused). Every other op runs as ONNX defines
+//! it, with numpy broadcasting for the elementwise ones. Any op outside the
+//! list is an `Unsupported` error naming the node, at load time.
+
+use crate::cpu::{self, Conv2d, ConvActivation};
+use crate::error::{Error, Result};
+use crate::formats::onnx::{OnnxModel, OnnxNode, OnnxTensor};
+use rayon::prelude::*;
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+/// A tensor flowing through the graph: f32 data, or i64 for the shape
+/// arithmetic. Row-major.
+#[derive(Debug, Clone)]
+pub enum Tensor {
+    F32(Vec<f32>, Vec<usize>),
+    I64(Vec<i64>, Vec<usize>),
+}
+
+impl Tensor {
+    pub fn shape(&self) -> &[usize] {
+        match self {
+            Tensor::F32(_, s) | Tensor::I64(_, s) => s,
+        }
+    }
+
+    fn floats(&self) -> Option<&[f32]> {
+        match self {
+            Tensor::F32(d, _) => Some(d),
+            Tensor::I64(..) => None,
+        }
+    }
+
+    fn ints(&self) -> Vec<i64> {
+        match self {
+            Tensor::F32(d, _) => d.iter().map(|&v| v as i64).collect(),
+            Tensor::I64(d, _) => d.clone(),
+        }
+    }
+
+    fn from_onnx(t: &OnnxTensor) -> Result<Tensor> {
+        let shape: Vec<usize> = t.shape()?;
+        if t.data_type.is_integer() {
+            Ok(Tensor::I64(t.to_i64()?, shape))
+        } else {
+            Ok(Tensor::F32(t.to_f32()?, shape))
+        }
+    }
+
+    /// Same data, `shape` (same element count) in place of the old one.
+    fn reshaped(self, shape: Vec<usize>) -> Tensor {
+        match self {
+            Tensor::F32(d, _) => Tensor::F32(d, shape),
+            Tensor::I64(d, _) => Tensor::I64(d, shape),
+        }
+    }
+
+    /// Elements picked by `index` (positions into the data).
+    fn gather(&self, index: &[usize], shape: Vec<usize>) -> Tensor {
+        match self {
+            Tensor::F32(d, _) => Tensor::F32(index.iter().map(|&i| d[i]).collect(), shape),
+            Tensor::I64(d, _) => Tensor::I64(index.iter().map(|&i| d[i]).collect(), shape),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Binary {
+    Add,
+    Sub,
+    Mul,
+    Div,
+    Pow,
+}
+
+impl Binary {
+    #[inline]
+    fn apply(self, a: f32, b: f32) -> f32 {
+        match self {
+            Binary::Add => a + b,
+            Binary::Sub => a - b,
+            Binary::Mul => a * b,
+            Binary::Div => a / b,
+            Binary::Pow if b == 2.0 => a * a,
+            Binary::Pow => a.powf(b),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy)]
+enum Unary {
+    Relu,
+    Sigmoid,
+    Sqrt,
+    HardSigmoid { alpha: f32, beta: f32 },
+    Clip { min: f32, max: f32 },
+    Identity,
+}
+
+#[derive(Debug, Clone)]
+enum Op {
+    /// Batch norm folded in; `act` fused.
+    Conv {
+        /// [c_out, c_in / groups, kh, kw]
+        weight: Arc<Vec<f32>>,
+        bias: Arc<Vec<f32>>,
+        kernel: [usize; 2],
+        stride: [usize; 2],
+        pad: [usize; 4],
+        dilation: [usize; 2],
+        groups: usize,
+        act: ConvActivation,
+        /// For 1x1 convolutions: the weights packed for the fast matrix
+        /// multiply, which runs them as [pixels, c_in] x [c_in, c_out].
+        packed: Option<Arc<cpu::PackedMatrix>>,
+    },
+    ConvTranspose {
+        /// [c_in, c_out / groups, kh, kw]
+        weight: Arc<Vec<f32>>,
+        bias: Arc<Vec<f32>>,
+        kernel: [usize; 2],
+        stride: [usize; 2],
+        pad: [usize; 4],
+        groups: usize,
+    },
+    Binary(Binary),
+    Unary(Unary),
+    /// Batch norm not after a convolution: y = x * scale + shift per
+    /// channel of [n, c, ...].
+    ChannelAffine {
+        scale: Arc<Vec<f32>>,
+        shift: Arc<Vec<f32>>,
+    },
+    GlobalAveragePool,
+    /// Average (count_include_pad false) or max pooling.
+    Pool {
+        max: bool,
+        kernel: [usize; 2],
+        stride: [usize; 2],
+        pad: [usize; 4],
+        count_include_pad: bool,
+    },
+    /// Nearest neighbour, asymmetric coordinates, floor rounding.
+    ResizeNearest {
+        scale: [f32; 2],
+    },
+    Concat {
+        axis: i64,
+    },
+    Reshape,
+    Transpose {
+        perm: Vec<usize>,
+    },
+    Squeeze {
+        axes: Vec<i64>,
+    },
+    Slice,
+    Shape,
+    Cast {
+        to_float: bool,
+    },
+    ReduceMean {
+        axes: Vec<i64>,
+        keepdims: bool,
+    },
+    /// x @ W with a constant W, stored [n, k] (transposed once), and an
+    /// optional bias fused from the Add after it.
+    MatMulConst {
+        weight: Arc<cpu::PackedMatrix>,
+        k: usize,
+        n: usize,
+        bias: Option<Arc<Vec<f32>>>,
+    },
+    /// Both operands computed: batched over the leading axes.
+    MatMul,
+    /// Over the last axis (the only one accepted at run time).
+    Softmax {
+        axis: i64,
+    },
+}
+
+#[derive(Debug, Clone)]
+struct Node {
+    op: Op,
+    /// Slots read, in the op's order.
+    inputs: Vec<usize>,
+    output: usize,
+    name: String,
+}
+
+/// A prepared network: image tensor in, output tensors out.
+#[derive(Debug, Clone)]
+pub struct Net {
+    pub path: PathBuf,
+    nodes: Vec<Node>,
+    /// The constants, by slot (None for computed values).
+    constants: Vec<Option<Arc<Tensor>>>,
+    input: usize,
+    outputs: Vec<usize>,
+    /// For each slot, the last node reading it.
+    last_use: Vec<usize>,
+}
+
+impl Net {
+    /// Reads and prepares `path`.
+    pub fn open(path: impl AsRef<Path>) -> Result<(Net, OnnxModel)> {
+        let onnx = OnnxModel::open(path.as_ref())?;
+        let net = Net::prepare(&onnx)?;
+        Ok((net, onnx))
+    }
+
+    pub fn prepare(model: &OnnxModel) -> Result<Net> {
+        Preparer::new(model).run()
+    }
+
+    /// Runs the graph on `input` (the image tensor, [n, 3, h, w]); returns
+    /// the graph outputs in file order.
+    pub fn run(&self, input: Tensor) -> Result<Vec<Tensor>> {
+        let mut values: Vec<Option<Arc<Tensor>>> = self.constants.clone();
+        values[self.input] = Some(Arc::new(input));
+        for (i, node) in self.nodes.iter().enumerate() {
+            let inputs: Vec<&Tensor> = node
+                .inputs
+                .iter()
+                .map(|&s| values[s].as_deref().expect("nodes run in dependency order"))
+                .collect();
+            let y = eval(node, &inputs)
+                .map_err(|e| Error::format(&self.path, format!("node '{}': {e}", node.name)))?;
+            values[node.output] = Some(Arc::new(y));
+            for &s in &node.inputs {
+                if self.last_use[s] == i && self.constants[s].is_none() {
+                    values[s] = None;
+                }
+            }
+        }
+        Ok(self
+            .outputs
+            .iter()
+            .map(|&s| {
+                let t = values[s].take().expect("graph outputs are computed");
+                Arc::try_unwrap(t).unwrap_or_else(|t| (*t).clone())
+            })
+            .collect())
+    }
+}
+
+struct Preparer<'a> {
+    model: &'a OnnxModel,
+    consumers: HashMap<&'a str, Vec<usize>>,
+    absorbed: Vec<bool>,
+    slots: HashMap<String, usize>,
+    constants: Vec<Option<Arc<Tensor>>>,
+    nodes: Vec<Node>,
+}
+
+impl<'a> Preparer<'a> {
+    fn new(model: &'a OnnxModel) -> Self {
+        let mut consumers: HashMap<&str, Vec<usize>> = HashMap::new();
+        for (i, n) in model.graph.nodes.iter().enumerate() {
+            for input in n.inputs.iter().filter(|s| !s.is_empty()) {
+                consumers.entry(input.as_str()).or_default().push(i);
+            }
+        }
+        Preparer {
+            model,
+            consumers,
+            absorbed: vec![false; model.graph.nodes.len()],
+            slots: HashMap::new(),
+            constants: Vec::new(),
+            nodes: Vec::new(),
+        }
+    }
+
+    fn path(&self) -> &Path {
+        &self.model.path
+    }
+
+    fn slot(&mut self, name: &str) -> usize {
+        if let Some(&s) = self.slots.get(name) {
+            return s;
+        }
+        let s = self.constants.len();
+        self.constants.push(None);
+        self.slots.insert(name.to_string(), s);
+        s
+    }
+
+    /// The slot of an input value: a computed one, or a constant loaded now.
+    fn input_slot(&mut self, node: &OnnxNode, name: &str) -> Result<usize> {
+        if let Some(&s) = self.slots.get(name) {
+            return Ok(s);
+        }
+        match self.model.graph.constant(name) {
+            Some(t) => {
+                let t = Tensor::from_onnx(t)?;
+                let s = self.slot(name);
+                self.constants[s] = Some(Arc::new(t));
+                Ok(s)
+            }
+            None => Err(node.error(format_args!(
+                "input '{name}' is not computed before this node"
+            ))),
+        }
+    }
+
+    fn constant(&self, node: &OnnxNode, index: usize) -> Result<&'a OnnxTensor> {
+        let name = node
+            .inputs
+            .get(index)
+            .filter(|s| !s.is_empty())
+            .ok_or_else(|| node.error(format_args!("input {index} is missing")))?;
+        self.model
+            .graph
+            .constant(name)
+            .ok_or_else(|| node.unsupported(format_args!("input '{name}' must be a constant")))
+    }
+
+    fn sole_consumer(&self, value: &str) -> Option<usize> {
+        if self.model.graph.outputs.iter().any(|o| o.name == value) {
+            return None;
+        }
+        match self.consumers.get(value).map(Vec::as_slice) {
+            Some(&[i]) if !self.absorbed[i] => Some(i),
+            _ => None,
+        }
+    }
+
+    fn run(mut self) -> Result<Net> {
+        let g = &self.model.graph;
+        let inputs: Vec<_> = g
+            .inputs
+            .iter()
+            .filter(|v| g.constant(&v.name).is_none())
+            .collect();
+        let [input] = inputs.as_slice() else {
+            return Err(Error::unsupported(
+                self.path(),
+                format!(
+                    "the graph has {} inputs; an image network has one",
+                    inputs.len()
+                ),
+            ));
+        };
+        let input = self.slot(&input.name);
+        for i in 0..g.nodes.len() {
+            let node = &g.nodes[i];
+            if self.absorbed[i]
+                || (node.op_type == "Constant" && g.constant(&node.outputs[0]).is_some())
+            {
+                continue;
+            }
+            if !(node.domain.is_empty() || node.domain == "ai.onnx") {
+                return Err(node.unsupported(format_args!("operator domain '{}'", node.domain)));
+            }
+            self.prepare_node(i)?;
+        }
+        let mut outputs = Vec::new();
+        for o in &g.outputs {
+            outputs.push(*self.slots.get(&o.name).ok_or_else(|| {
+                Error::format(
+                    self.path(),
+                    format!("graph output '{}' is never computed", o.name),
+                )
+            })?);
+        }
+        let mut last_use = vec![0usize; self.constants.len()];
+        for (i, n) in self.nodes.iter().enumerate() {
+            for &s in &n.inputs {
+                last_use[s] = i;
+            }
+        }
+        for &s in &outputs {
+            last_use[s] = usize::MAX;
+        }
+        Ok(Net {
+            path: self.path().to_path_buf(),
+            nodes: self.nodes,
+            constants: self.constants,
+            input,
+            outputs,
+            last_use,
+        })
+    }
+
+    fn push(&mut self, node: &OnnxNode, op: Op, inputs: Vec<usize>, out: &str) {
+        let output = self.slot(out);
+        self.nodes.push(Node {
+            op,
+            inputs,
+            output,
+            name: if node.name.is_empty() {
+                node.outputs.first().cloned().unwrap_or_default()
+            } else {
+                node.name.clone()
+            },
+        });
+    }
+
+    fn inputs(&mut self, node: &OnnxNode) -> Result<Vec<usize>> {
+        node.inputs
+            .iter()
+            .filter(|s| !s.is_empty())
+            .map(|n| self.input_slot(node, n))
+            .collect()
+    }
+
+    fn prepare_node(&mut self, i: usize) -> Result<()> {
+        let node = &self.model.graph.nodes[i];
+        let out = node
+            .outputs
+            .first()
+            .ok_or_else(|| node.error("no output"))?
+            .clone();
+        let op = match node.op_type.as_str() {
+            "Conv" => return self.prepare_conv(i),
+            "ConvTranspose" => return self.prepare_conv_transpose(node),
+            "MatMul" => return self.prepare_matmul(node),
+            "Add" => Op::Binary(Binary::Add),
+            "Sub" => Op::Binary(Binary::Sub),
+            "Mul" => Op::Binary(Binary::Mul),
+            "Div" => Op::Binary(Binary::Div),
+            "Pow" => Op::Binary(Binary::Pow),
+            "Relu" => Op::Unary(Unary::Relu),
+            "Sigmoid" => Op::Unary(Unary::Sigmoid),
+            "Sqrt" => Op::Unary(Unary::Sqrt),
+            "Identity" => Op::Unary(Unary::Identity),
+            "HardSigmoid" => Op::Unary(Unary::HardSigmoid {
+                alpha: node.float_or("alpha", 0.2)?,
+                beta: node.float_or("beta", 0.5)?,
+            }),
+            "Clip" => {
+                let bound = |k: usize, attr: &str, default: f32| -> Result<f32> {
+                    match node.inputs.get(k).filter(|s| !s.is_empty()) {
+                        Some(_) => {
+                            let v = self.constant(node, k)?.to_f32()?;
+                            v.first()
+                                .copied()
+                                .ok_or_else(|| node.error("empty clip bound"))
+                        }
+                        None => node.float_or(attr, default),
+                    }
+                };
+                let (min, max) = (
+                    bound(1, "min", f32::NEG_INFINITY)?,
+                    bound(2, "max", f32::INFINITY)?,
+                );
+                let x = self.input_slot(node, &node.inputs[0])?;
+                self.push(node, Op::Unary(Unary::Clip { min, max }), vec![x], &out);
+                return Ok(());
+            }
+            "GlobalAveragePool" => Op::GlobalAveragePool,
+            "AveragePool" | "MaxPool" => {
+                let max = node.op_type == "MaxPool";
+                if node.int_or("ceil_mode", 0)? != 0 {
+                    return Err(node.unsupported("ceil_mode"));
+                }
+                if node.string_or("auto_pad", "NOTSET")? != "NOTSET" {
+                    return Err(node.unsupported("auto_pad"));
+                }
+                let kernel = pair(node, "kernel_shape", None)?;
+                let stride = pair(node, "strides", Some(1))?;
+                let pad = pads(node)?;
+                Op::Pool {
+                    max,
+                    kernel,
+                    stride,
+                    pad,
+                    count_include_pad: node.int_or("count_include_pad", 0)? != 0,
+                }
+            }
+            "Resize" => {
+                let mode = node.string_or("mode", "nearest")?;
+                let coords = node.string_or("coordinate_transformation_mode", "half_pixel")?;
+                let rounding = node.string_or("nearest_mode", "round_prefer_floor")?;
+                if mode != "nearest" || coords != "asymmetric" || rounding != "floor" {
+                    return Err(node.unsupported(format_args!(
+                        "Resize mode {mode}, {coords} coordinates, {rounding} rounding \
+                         (only nearest/asymmetric/floor is supported)"
+                    )));
+                }
+                let scales = self.constant(node, 2)?.to_f32()?;
+                match scales.as_slice() {
+                    &[1.0, 1.0, h, w] if h > 0.0 && w > 0.0 => {
+                        let x = self.input_slot(node, &node.inputs[0])?;
+                        self.push(node, Op::ResizeNearest { scale: [h, w] }, vec![x], &out);
+                        return Ok(());
+                    }
+                    other => return Err(node.unsupported(format_args!("Resize scales {other:?}"))),
+                }
+            }
+            "Concat" => Op::Concat {
+                axis: node.int("axis")?,
+            },
+            "Reshape" => {
+                if node.int_or("allowzero", 0)? != 0 {
+                    return Err(node.unsupported("allowzero"));
+                }
+                Op::Reshape
+            }
+            "Transpose" => Op::Transpose {
+                perm: node
+                    .ints("perm")?
+                    .iter()
+                    .map(|&p| usize::try_from(p).map_err(|_| node.error("negative perm")))
+                    .collect::<Result<_>>()?,
+            },
+            "Squeeze" => {
+                let axes = match node.inputs.get(1).filter(|s| !s.is_empty()) {
+                    Some(_) => self.constant(node, 1)?.to_i64()?,
+                    None => node.ints_or("axes", &[])?,
+                };
+                let x = self.input_slot(node, &node.inputs[0])?;
+                self.push(node, Op::Squeeze { axes }, vec![x], &out);
+                return Ok(());
+            }
+            "Slice" => Op::Slice,
+            "Shape" => Op::Shape,
+            "Cast" => {
+                // 1 FLOAT, 11 DOUBLE, 10 FLOAT16; the integer types otherwise.
+                let to = node.int("to")?;
+                Op::Cast {
+                    to_float: matches!(to, 1 | 10 | 11 | 16),
+                }
+            }
+            "ReduceMean" => {
+                let axes = match node.inputs.get(1).filter(|s| !s.is_empty()) {
+                    Some(_) => self.constant(node, 1)?.to_i64()?,
+                    None => node.ints_or("axes", &[])?,
+                };
+                Op::ReduceMean {
+                    axes,
+                    keepdims: node.int_or("keepdims", 1)? != 0,
+                }
+            }
+            "Softmax" => Op::Softmax {
+                axis: node.int_or("axis", -1)?,
+            },
+            "BatchNormalization" => {
+                let c = self.constant(node, 1)?.to_f32()?.len();
+                let (mut scale, mut shift) = (vec![1.0f32; c], vec![0.0f32; c]);
+                self.fold_batch_norm(node, &mut scale, &mut shift)?;
+                Op::ChannelAffine {
+                    scale: Arc::new(scale),
+                    shift: Arc::new(shift),
+                }
+            }
+            other => {
+                return Err(node.unsupported(format_args!(
+                    "operator {other} is not one the PaddleOCR networks use"
+                )))
+            }
+        };
+        let inputs = self.inputs(node)?;
+        self.push(node, op, inputs, &out);
+        Ok(())
+    }
+
+    fn prepare_conv(&mut self, i: usize) -> Result<()> {
+        let g = &self.model.graph;
+        let node = &g.nodes[i];
+        let w = self.constant(node, 1)?;
+        let wd = w.shape()?;
+        if wd.len() != 4 {
+            return Err(node.unsupported(format_args!("weight {wd:?}: only 2-D convolutions")));
+        }
+        if node.string_or("auto_pad", "NOTSET")? != "NOTSET" {
+            return Err(node.unsupported("auto_pad"));
+        }
+        let mut weight = w.to_f32()?;
+        let mut bias = match node.inputs.get(2).filter(|s| !s.is_empty()) {
+            Some(_) => self.constant(node, 2)?.to_f32()?,
+            None => vec![0.0; wd[0]],
+        };
+        if bias.len() != wd[0] {
+            return Err(node.error(format_args!("bias of {} for {} outputs", bias.len(), wd[0])));
+        }
+        let groups =
+            usize::try_from(node.int_or("group", 1)?).map_err(|_| node.error("negative group"))?;
+        if groups == 0 || !wd[0].is_multiple_of(groups) {
+            return Err(node.error(format_args!("group {groups} for weight {wd:?}")));
+        }
+        let mut out = node.outputs[0].as_str();
+        if let Some(j) = self
+            .sole_consumer(out)
+            .filter(|&j| g.nodes[j].op_type == "BatchNormalization")
+        {
+            let bn = &g.nodes[j];
+            self.fold_batch_norm(bn, &mut weight, &mut bias)?;
+            self.absorbed[j] = true;
+            out = bn.outputs[0].as_str();
+        }
+        let mut act = ConvActivation::None;
+        if let Some(j) = self.sole_consumer(out) {
+            let n = &g.nodes[j];
+            let fused = match n.op_type.as_str() {
+                "Relu" => Some(ConvActivation::Relu),
+                "HardSigmoid" => Some(ConvActivation::HardSigmoid {
+                    alpha: n.float_or("alpha", 0.2)?,
+                    beta: n.float_or("beta", 0.5)?,
+                }),
+                _ => None,
+            };
+            if let Some(a) = fused {
+                act = a;
+                self.absorbed[j] = true;
+                out = n.outputs[0].as_str();
+            }
+        }
+        let x = self.input_slot(node, &node.inputs[0])?;
+        let stride = pair(node, "strides", Some(1))?;
+        let pad = pads(node)?;
+        let pointwise =
+            wd[2] == 1 && wd[3] == 1 && stride == [1, 1] && pad == [0; 4] && groups == 1;
+        let packed = pointwise.then(|| Arc::new(cpu::PackedMatrix::pack(&weight, wd[0], wd[1])));
+        let op = Op::Conv {
+            packed,
+            weight: Arc::new(weight),
+            bias: Arc::new(bias),
+            kernel: [wd[2], wd[3]],
+            stride,
+            pad,
+            dilation: pair(node, "dilations", Some(1))?,
+            groups,
+            act,
+        };
+        self.push(node, op, vec![x], out);
+        Ok(())
+    }
+
+    fn fold_batch_norm(&self, bn: &OnnxNode, weight: &mut [f32], bias: &mut [f32]) -> Result<()> {
+        let c = bias.len();
+        let mut p = Vec::new();
+        for k in 1..=4 {
+            let t = self.constant(bn, k)?.to_f32()?;
+            if t.len() != c {
+                return Err(bn.error(format_args!(
+                    "parameter {k} has {} values for {c} channels",
+                    t.len()
+                )));
+            }
+            p.push(t);
+        }
+        let eps = bn.float_or("epsilon", 1e-5)?;
+        let per_out = weight.len() / c;
+        for o in 0..c {
+            let s = p[0][o] / (p[3][o] + eps).sqrt();
+            for w in &mut weight[o * per_out..(o + 1) * per_out] {
+                *w *= s;
+            }
+            bias[o] = (bias[o] - p[2][o]) * s + p[1][o];
+        }
+        Ok(())
+    }
+
+    fn prepare_conv_transpose(&mut self, node: &OnnxNode) -> Result<()> {
+        let w = self.constant(node, 1)?;
+        let wd = w.shape()?;
+        let groups =
+            usize::try_from(node.int_or("group", 1)?).map_err(|_| node.error("negative group"))?;
+        if wd.len() != 4 || groups == 0 {
+            return Err(node.unsupported(format_args!("weight {wd:?}, group {groups}")));
+        }
+        if pair(node, "dilations", Some(1))? != [1, 1]
+            || node.ints_or("output_padding", &[0, 0])? != [0, 0]
+            || node.attr("output_shape").is_some()
+        {
+            return Err(node.unsupported("dilation, output padding or output shape"));
+        }
+        let c_out = wd[1] * groups;
+        let bias = match node.inputs.get(2).filter(|s| !s.is_empty()) {
+            Some(_) => self.constant(node, 2)?.to_f32()?,
+            None => vec![0.0; c_out],
+        };
+        if bias.len() != c_out {
+            return Err(node.error(format_args!("bias of {} for {c_out} outputs", bias.len())));
+        }
+        let x = self.input_slot(node, &node.inputs[0])?;
+        let op = Op::ConvTranspose {
+            weight: Arc::new(w.to_f32()?),
+            bias: Arc::new(bias),
+            kernel: [wd[2], wd[3]],
+            stride: pair(node, "strides", Some(1))?,
+            pad: pads(node)?,
+            groups,
+        };
+        self.push(node, op, vec![x], &node.outputs[0]);
+        Ok(())
+    }
+
+    fn prepare_matmul(&mut self, node: &OnnxNode) -> Result<()> {
+        let g = &self.model.graph;
+        let b_name = node.inputs.get(1).ok_or_else(|| node.error("one input"))?;
+        let Some(b) = g.constant(b_name) else {
+            let inputs = self.inputs(node)?;
+            self.push(node, Op::MatMul, inputs, &node.outputs[0]);
+            return Ok(());
+        };
+        let bd = b.shape()?;
+        let [k, n] = bd.as_slice() else {
+            return Err(node.unsupported(format_args!("constant operand of shape {bd:?}")));
+        };
+        let (k, n) = (*k, *n);
+        let data = b.to_f32()?;
+        let mut weight = vec![0.0f32; k * n];
+        for r in 0..k {
+            for c in 0..n {
+                weight[c * k + r] = data[r * n + c];
+            }
+        }
+        let mut out = node.outputs[0].as_str();
+        let mut bias = None;
+        if let Some(j) = self
+            .sole_consumer(out)
+            .filter(|&j| g.nodes[j].op_type == "Add")
+        {
+            let add = &g.nodes[j];
+            let other = add.inputs.iter().find(|s| s.as_str() != out);
+            if let Some(t) = other.and_then(|s| g.constant(s)) {
+                if t.shape()? == [n] {
+                    bias = Some(Arc::new(t.to_f32()?));
+                    self.absorbed[j] = true;
+                    out = add.outputs[0].as_str();
+                }
+            }
+        }
+        let x = self.input_slot(node, &node.inputs[0])?;
+        let op = Op::MatMulConst {
+            weight: Arc::new(cpu::PackedMatrix::pack(&weight, n, k)),
+            k,
+            n,
+            bias,
+        };
+        self.push(node, op, vec![x], out);
+        Ok(())
+    }
+}
+
+fn pair(node: &OnnxNode, name: &str, default: Option<i64>) -> Result<[usize; 2]> {
+    let v = match default {
+        Some(d) => node.ints_or(name, &[d, d])?,
+        None => node.ints(name)?.to_vec(),
+    };
+    match v.as_slice() {
+        &[a, b] if a > 0 && b > 0 => Ok([a as usize, b as usize]),
+        other => Err(node.error(format_args!("{name} {other:?}"))),
+    }
+}
+
+fn pads(node: &OnnxNode) -> Result<[usize; 4]> {
+    match node.ints_or("pads", &[0; 4])?.as_slice() {
+        &[t, l, b, r] if t >= 0 && l >= 0 && b >= 0 && r >= 0 => {
+            Ok([t as usize, l as usize, b as usize, r as usize])
+        }
+        other => Err(node.error(format_args!("pads {other:?}"))),
+    }
+}
+
+type EvalResult = std::result::Result<Tensor, String>;
+
+fn float_input<'t>(t: &'t Tensor, what: &str) -> std::result::Result<&'t [f32], String> {
+    t.floats()
+        .ok_or_else(|| format!("{what}: integer tensor where floats are expected"))
+}
+
+fn nchw(shape: &[usize]) -> std::result::Result<[usize; 4], String> {
+    match shape {
+        &[n, c, h, w] => Ok([n, c, h, w]),
+        other => Err(format!("shape {other:?} is not [n, c, h, w]")),
+    }
+}
+
+fn eval(node: &Node, inputs: &[&Tensor]) -> EvalResult {
+    let x = inputs[0];
+    match &node.op {
+        Op::Conv {
+            weight,
+            bias,
+            kernel,
+            stride,
+            pad,
+            dilation,
+            groups,
+            act,
+            packed,
+        } => {
+            let [n, c, h, w] = nchw(x.shape())?;
+            let geom = Conv2d {
+                c_in: c,
+                h_in: h,
+                w_in: w,
+                c_out: bias.len(),
+                kh: kernel[0],
+                kw: kernel[1],
+                stride: *stride,
+                pad: *pad,
+                dilation: *dilation,
+                groups: *groups,
+            };
+            geom.check()?;
+            if geom.weight_len() != weight.len() {
+                return Err(format!("weight does not fit input {:?}", x.shape()));
+            }
+            let data = float_input(x, "Conv")?;
+            let (ho, wo) = (geom.h_out(), geom.w_out());
+            let per_out = geom.c_out * ho * wo;
+            let mut y = vec![0.0f32; n * per_out];
+            for (img, out) in data
+                .chunks_exact(c * h * w)
+                .zip(y.chunks_exact_mut(per_out))
+            {
+                if let Some(pw) = packed.as_deref() {
+                    pointwise_gemm(pw, img, bias, *act, c, h * w, out);
+                } else {
+                    cpu::conv2d_rows(&geom, img, weight, bias, *act, out);
+                }
+            }
+            Ok(Tensor::F32(y, vec![n, geom.c_out, ho, wo]))
+        }
+        Op::ConvTranspose {
+            weight,
+            bias,
+            kernel,
+            stride,
+            pad,
+            groups,
+        } => {
+            let [n, c, h, w] = nchw(x.shape())?;
+            let shape = cpu::ConvTranspose2d {
+                c_in: c,
+                h_in: h,
+                w_in: w,
+                c_out: bias.len(),
+                kh: kernel[0],
+                kw: kernel[1],
+                stride: *stride,
+                pad: *pad,
+                groups: *groups,
+            };
+            shape.check()?;
+            if shape.weight_len() != weight.len() {
+                return Err(format!("weight does not fit input {:?}", x.shape()));
+            }
+            let data = float_input(x, "ConvTranspose")?;
+            let (ho, wo) = (shape.h_out(), shape.w_out());
+            let per_out = shape.c_out * ho * wo;
+            let mut y = vec![0.0f32; n * per_out];
+            for (img, out) in data
+                .chunks_exact(c * h * w)
+                .zip(y.chunks_exact_mut(per_out))
+            {
+                cpu::conv_transpose2d(&shape, img, weight, bias, out);
+            }
+            Ok(Tensor::F32(y, vec![n, shape.c_out, ho, wo]))
+        }
+        Op::Binary(op) => binary(*op, x, inputs[1]),
+        Op::Unary(op) => {
+            let data = float_input(x, "elementwise")?;
+            let op = *op;
+            let f = move |v: f32| match op {
+                Unary::Relu => v.max(0.0),
+                Unary::Sigmoid => ConvActivation::Sigmoid.apply(v),
+                Unary::Sqrt => v.sqrt(),
+                Unary::HardSigmoid { alpha, beta } => (alpha * v + beta).clamp(0.0, 1.0),
+                Unary::Clip { min, max } => v.max(min).min(max),
+                Unary::Identity => v,
+            };
+            let y: Vec<f32> = if data.len() >= 1 << 16 {
+                data.par_iter()
+                    .with_min_len(1 << 14)
+                    .map(|&v| f(v))
+                    .collect()
+            } else {
+                data.iter().map(|&v| f(v)).collect()
+            };
+            Ok(Tensor::F32(y, x.shape().to_vec()))
+        }
+        Op::ChannelAffine { scale, shift } => {
+            let shape = x.shape();
+            if shape.len() < 2 || shape[1] != scale.len() {
+                return Err(format!(
+                    "batch norm of {} channels on {shape:?}",
+                    scale.len()
+                ));
+            }
+            let inner: usize = shape[2..].iter().product();
+            let mut y = float_input(x, "BatchNormalization")?.to_vec();
+            for (k, plane) in y.chunks_exact_mut(inner.max(1)).enumerate() {
+                let ch = k % scale.len();
+                for v in plane {
+                    *v = *v * scale[ch] + shift[ch];
+                }
+            }
+            Ok(Tensor::F32(y, shape.to_vec()))
+        }
+        Op::GlobalAveragePool => {
+            let [n, c, h, w] = nchw(x.shape())?;
+            let data = float_input(x, "GlobalAveragePool")?;
+            let mut y = vec![0.0f32; n * c];
+            for (img, out) in data.chunks_exact(c * h * w).zip(y.chunks_exact_mut(c)) {
+                cpu::global_avg_pool(img, c, h * w, out);
+            }
+            Ok(Tensor::F32(y, vec![n, c, 1, 1]))
+        }
+        Op::Pool {
+            max,
+            kernel,
+            stride,
+            pad,
+            count_include_pad,
+        } => {
+            let [n, c, h, w] = nchw(x.shape())?;
+            let p = cpu::Pool2d {
+                h_in: h,
+                w_in: w,
+                kernel: *kernel,
+                stride: *stride,
+                pad: *pad,
+            };
+            p.check()?;
+            let data = float_input(x, "Pool")?;
+            let (ho, wo) = (p.h_out(), p.w_out());
+            let mut y = vec![0.0f32; n * c * ho * wo];
+            y.par_chunks_mut(ho * wo)
+                .zip(data.par_chunks(h * w))
+                .for_each(|(out, plane)| {
+                    if *max {
+                        cpu::max_pool2d(&p, plane, out);
+                    } else {
+                        cpu::avg_pool2d(&p, plane, *count_include_pad, out);
+                    }
+                });
+            Ok(Tensor::F32(y, vec![n, c, ho, wo]))
+        }
+        Op::ResizeNearest { scale } => {
+            let [n, c, h, w] = nchw(x.shape())?;
+            let (ho, wo) = (
+                (h as f32 * scale[0]).floor() as usize,
+                (w as f32 * scale[1]).floor() as usize,
+            );
+            if ho == 0 || wo == 0 {
+                return Err(format!("empty output for scales {scale:?}"));
+            }
+            let data = float_input(x, "Resize")?;
+            let mut y = vec![0.0f32; n * c * ho * wo];
+            cpu::resize_nearest(data, n * c, [h, w], [ho, wo], *scale, &mut y);
+            Ok(Tensor::F32(y, vec![n, c, ho, wo]))
+        }
+        Op::Concat { axis } => concat(inputs, *axis),
+        Op::Reshape => {
+            let target = inputs[1].ints();
+            let xs = x.shape();
+            let total: usize = xs.iter().product();
+            let mut shape = Vec::with_capacity(target.len());
+            let mut infer = None;
+            for (k, &d) in target.iter().enumerate() {
+                match d {
+                    0 => shape.push(*xs.get(k).ok_or(format!("reshape {xs:?} to {target:?}"))?),
+                    -1 if infer.is_none() => {
+                        infer = Some(k);
+                        shape.push(1);
+                    }
+                    d if d > 0 => shape.push(d as usize),
+                    _ => return Err(format!("reshape {xs:?} to {target:?}")),
+                }
+            }
+            let known: usize = shape.iter().product();
+            if let Some(k) = infer {
+                if known == 0 || !total.is_multiple_of(known) {
+                    return Err(format!("reshape {xs:?} to {target:?}"));
+                }
+                shape[k] = total / known;
+            }
+            if shape.iter().product::<usize>() != total {
+                return Err(format!("reshape {xs:?} to {target:?}"));
+            }
+            Ok(x.clone().reshaped(shape))
+        }
+        Op::Transpose { perm } => {
+            let shape = x.shape();
+            let mut seen = vec![false; shape.len()];
+            if perm.len() != shape.len()
+                || perm
+                    .iter()
+                    .any(|&p| p >= shape.len() || std::mem::replace(&mut seen[p], true))
+            {
+                return Err(format!("perm {perm:?} for shape {shape:?}"));
+            }
+            let (index, out) = transpose_index(shape, perm);
+            Ok(x.gather(&index, out))
+        }
+        Op::Squeeze { axes } => {
+            let shape = x.shape();
+            let rank = shape.len() as i64;
+            let axes: Vec<usize> = axes
+                .iter()
+                .map(|&a| if a < 0 { a + rank } else { a })
+                .filter(|&a| (0..rank).contains(&a))
+                .map(|a| a as usize)
+                .collect();
+            let out: Vec<usize> = shape
+                .iter()
+                .enumerate()
+                .filter(|&(k, &d)| {
+                    if axes.is_empty() {
+                        d != 1
+                    } else {
+                        !axes.contains(&k)
+                    }
+                })
+                .map(|(_, &d)| d)
+                .collect();
+            if axes.iter().any(|&a| shape[a] != 1) {
+                return Err(format!("squeeze axes {axes:?} of {shape:?}"));
+            }
+            Ok(x.clone().reshaped(out))
+        }
+        Op::Slice => slice(inputs),
+        Op::Shape => {
+            let s = x.shape();
+            Ok(Tensor::I64(
+                s.iter().map(|&d| d as i64).collect(),
+                vec![s.len()],
+            ))
+        }
+        Op::Cast { to_float } => Ok(match (x, to_float) {
+            (Tensor::I64(d, s), true) => {
+                Tensor::F32(d.iter().map(|&v| v as f32).collect(), s.clone())
+            }
+            (Tensor::F32(d, s), false) => {
+                Tensor::I64(d.iter().map(|&v| v as i64).collect(), s.clone())
+            }
+            (t, _) => t.clone(),
+        }),
+        Op::ReduceMean { axes, keepdims } => {
+            let shape = x.shape();
+            let rank = shape.len() as i64;
+            let last = rank - 1;
+            if axes.len() != 1 || !(axes[0] == -1 || axes[0] == last) {
+                return Err(format!(
+                    "ReduceMean over {axes:?} of {shape:?} (only the last axis)"
+                ));
+            }
+            let n = *shape.last().ok_or("ReduceMean of a scalar")?;
+            let data = float_input(x, "ReduceMean")?;
+            let y: Vec<f32> = data
+                .chunks_exact(n.max(1))
+                .map(|r| r.iter().sum::<f32>() / n as f32)
+                .collect();
+            let mut out = shape.to_vec();
+            if *keepdims {
+                *out.last_mut().expect("rank >= 1") = 1;
+            } else {
+                out.pop();
+            }
+            Ok(Tensor::F32(y, out))
+        }
+        Op::MatMulConst { weight, k, n, bias } => {
+            let shape = x.shape();
+            if shape.last() != Some(k) {
+                return Err(format!("MatMul of {shape:?} with [{k}, {n}]"));
+            }
+            let data = float_input(x, "MatMul")?;
+            let m = data.len() / k;
+            let mut y = vec![0.0f32; m * n];
+            cpu::matmul_packed(data, weight, bias.as_deref().map(Vec::as_slice), m, &mut y);
+            let mut out = shape.to_vec();
+            *out.last_mut().expect("rank >= 1") = *n;
+            Ok(Tensor::F32(y, out))
+        }
+        Op::MatMul => {
+            let (a, b) = (x, inputs[1]);
+            let (sa, sb) = (a.shape(), b.shape());
+            let ra = sa.len();
+            if ra < 2 || sb.len() != ra || sa[..ra - 2] != sb[..ra - 2] || sa[ra - 1] != sb[ra - 2]
+            {
+                return Err(format!("MatMul of {sa:?} and {sb:?}"));
+            }
+            let (m, k, n) = (sa[ra - 2], sa[ra - 1], sb[ra - 1]);
+            let batches: usize = sa[..ra - 2].iter().product();
+            let (da, db) = (float_input(a, "MatMul")?, float_input(b, "MatMul")?);
+            let mut y = vec![0.0f32; batches * m * n];
+            y.par_chunks_mut(m * n).enumerate().for_each(|(i, out)| {
+                let bt: Vec<f32> = {
+                    let bm = &db[i * k * n..(i + 1) * k * n];
+                    let mut t = vec![0.0f32; k * n];
+                    for r in 0..k {
+                        for c in 0..n {
+                            t[c * k + r] = bm[r * n + c];
+                        }
+                    }
+                    t
+                };
+                let am = &da[i * m * k..(i + 1) * m * k];
+                for (row, yr) in am
+                    .chunks_exact(k.max(1))
+                    .zip(out.chunks_exact_mut(n.max(1)))
+                {
+                    for (j, v) in yr.iter_mut().enumerate() {
+                        *v = cpu::dot(row, &bt[j * k..(j + 1) * k]);
+                    }
+                }
+            });
+            let mut out = sa.to_vec();
+            out[ra - 1] = n;
+            Ok(Tensor::F32(y, out))
+        }
+        Op::Softmax { axis } => {
+            let shape = x.shape();
+            let rank = shape.len() as i64;
+            let axis = *axis;
+            if !(axis == -1 || axis == rank - 1) {
+                return Err(format!(
+                    "Softmax on axis {axis} of {shape:?} (only the last axis)"
+                ));
+            }
+            let n = *shape.last().ok_or("Softmax of a scalar")?;
+            let mut y = float_input(x, "Softmax")?.to_vec();
+            if n > 0 {
+                cpu::softmax_rows(&mut y, n);
+            }
+            Ok(Tensor::F32(y, shape.to_vec()))
+        }
+    }
+}
+
+/// A 1x1 convolution as a matrix product: x [c_in, n] transposed to
+/// [n, c_in], times the packed [c_out, c_in] weights, transposed back with
+/// the bias and activation. The fast multiply sums in another order than
+/// the reference convolution (fused multiply-adds): equal to rounding.
+fn pointwise_gemm(
+    w: &cpu::PackedMatrix,
+    x: &[f32],
+    bias: &[f32],
+    act: ConvActivation,
+    c_in: usize,
+    n: usize,
+    y: &mut [f32],
+) {
+    let c_out = w.rows();
+    let mut xt = vec![0.0f32; n * c_in];
+    for (ci, plane) in x.chunks_exact(n).enumerate() {
+        for (p, &v) in plane.iter().enumerate() {
+            xt[p * c_in + ci] = v;
+        }
+    }
+    let mut yt = vec![0.0f32; n * c_out];
+    cpu::matmul_packed(&xt, w, Some(bias), n, &mut yt);
+    y.par_chunks_mut(n).enumerate().for_each(|(o, plane)| {
+        for (p, v) in plane.iter_mut().enumerate() {
+            *v = act.apply(yt[p * c_out + o]);
+        }
+    });
+}
+
+/// numpy broadcasting of two shapes.
+fn broadcast(a: &[usize], b: &[usize]) -> std::result::Result<Vec<usize>, String> {
+    let rank = a.len().max(b.len());
+    let mut out = vec![0; rank];
+    for k in 0..rank {
+        let da = if k + a.len() >= rank {
+            a[k + a.len() - rank]
+        } else {
+            1
+        };
+        let db = if k + b.len() >= rank {
+            b[k + b.len() - rank]
+        } else {
+            1
+        };
+        out[k] = match (da, db) {
+            (x, y) if x == y => x,
+            (1, y) => y,
+            (x, 1) => x,
+            _ => return Err(format!("shapes {a:?} and {b:?} do not broadcast")),
+        };
+    }
+    Ok(out)
+}
+
+/// Strides of `shape` seen from a broadcast `out` shape (0 on broadcast axes).
+fn broadcast_strides(shape: &[usize], out: &[usize]) -> Vec<usize> {
+    let rank = out.len();
+    let mut strides = vec![0; rank];
+    let mut s = 1;
+    for k in (0..shape.len()).rev() {
+        let o = k + rank - shape.len();
+        strides[o] = if shape[k] == 1 { 0 } else { s };
+        s *= shape[k];
+    }
+    strides
+}
+
+fn binary(op: Binary, a: &Tensor, b: &Tensor) -> EvalResult {
+    if let (Tensor::I64(da, sa), Tensor::I64(db, sb)) = (a, b) {
+        // Shape arithmetic: only equal shapes or scalars.
+        let out = broadcast(sa, sb)?;
+        let f = |x: i64, y: i64| match op {
+            Binary::Add => x + y,
+            Binary::Sub => x - y,
+            Binary::Mul => x * y,
+            Binary::Div if y != 0 => x / y,
+            _ => 0,
+        };
+        let n: usize = out.iter().product();
+        let y = (0..n)
+            .map(|i| {
+                f(
+                    da[if da.len() == 1 { 0 } else { i }],
+                    db[if db.len() == 1 { 0 } else { i }],
+                )
+            })
+            .collect();
+        return Ok(Tensor::I64(y, out));
+    }
+    let (da, db) = (
+        float_input(a, "elementwise")?,
+        float_input(b, "elementwise")?,
+    );
+    let (sa, sb) = (a.shape(), b.shape());
+    let out = broadcast(sa, sb)?;
+    let n: usize = out.iter().product();
+    let mut y = vec![0.0f32; n];
+    if sa == sb {
+        y.par_iter_mut()
+            .with_min_len(1 << 14)
+            .zip(da.par_iter().zip(db.par_iter()))
+            .for_each(|(o, (&x, &z))| *o = op.apply(x, z));
+    } else if db.len() == 1 {
+        let z = db[0];
+        y.par_iter_mut()
+            .with_min_len(1 << 14)
+            .zip(da.par_iter())
+            .for_each(|(o, &x)| *o = op.apply(x, z));
+    } else if da.len() == 1 {
+        let x = da[0];
+        y.par_iter_mut()
+            .with_min_len(1 << 14)
+            .zip(db.par_iter())
+            .for_each(|(o, &z)| *o = op.apply(x, z));
+    } else {
+        // General case, row by row over the last axis.
+        let (st_a, st_b) = (broadcast_strides(sa, &out), broadcast_strides(sb, &out));
+        let last = *out.last().unwrap_or(&1);
+        let rank = out.len();
+        y.par_chunks_mut(last.max(1))
+            .enumerate()
+            .for_each(|(row, ys)| {
+                let (mut ia, mut ib) = (0usize, 0usize);
+                let mut rem = row;
+                for k in (0..rank.saturating_sub(1)).rev() {
+                    let idx = rem % out[k];
+                    rem /= out[k];
+                    ia += idx * st_a[k];
+                    ib += idx * st_b[k];
+                }
+                let (sa_l, sb_l) = (st_a[rank - 1], st_b[rank - 1]);
+                for (j, o) in ys.iter_mut().enumerate() {
+                    *o = op.apply(da[ia + j * sa_l], db[ib + j * sb_l]);
+                }
+            });
+    }
+    Ok(Tensor::F32(y, out))
+}
+
+fn concat(inputs: &[&Tensor], axis: i64) -> EvalResult {
+    let first = inputs[0].shape();
+    let rank = first.len() as i64;
+    let axis = if axis < 0 { axis + rank } else { axis };
+    if !(0..rank).contains(&axis) {
+        return Err(format!("Concat axis {axis} of {first:?}"));
+    }
+    let axis = axis as usize;
+    let outer: usize = first[..axis].iter().product();
+    let mut out = first.to_vec();
+    out[axis] = 0;
+    for t in inputs {
+        let s = t.shape();
+        if s.len() != first.len()
+            || s.iter()
+                .enumerate()
+                .any(|(k, &d)| k != axis && d != first[k])
+        {
+            return Err(format!("Concat of {first:?} and {s:?} on axis {axis}"));
+        }
+        out[axis] += s[axis];
+    }
+    let ints = inputs.iter().all(|t| matches!(t, Tensor::I64(..)));
+    if ints {
+        let mut y = Vec::new();
+        for o in 0..outer {
+            for t in inputs {
+                let s = t.shape();
+                let inner: usize = s[axis..].iter().product();
+                y.extend_from_slice(&t.ints()[o * inner..(o + 1) * inner]);
+            }
+        }
+        return Ok(Tensor::I64(y, out));
+    }
+    let mut y = Vec::with_capacity(out.iter().product());
+    for o in 0..outer {
+        for t in inputs {
+            let s = t.shape();
+            let inner: usize = s[axis..].iter().product();
+            let d = float_input(t, "Concat")?;
+            y.extend_from_slice(&d[o * inner..(o + 1) * inner]);
+        }
+    }
+    Ok(Tensor::F32(y, out))
+}
+
+fn slice(inputs: &[&Tensor]) -> EvalResult {
+    let x = inputs[0];
+    let shape = x.shape();
+    let rank = shape.len();
+    let starts = inputs.get(1).ok_or("Slice without starts")?.ints();
+    let ends = inputs.get(2).ok_or("Slice without ends")?.ints();
+    let axes: Vec<i64> = match inputs.get(3) {
+        Some(t) => t.ints(),
+        None => (0..starts.len() as i64).collect(),
+    };
+    let steps: Vec<i64> = match inputs.get(4) {
+        Some(t) => t.ints(),
+        None => vec![1; starts.len()],
+    };
+    if ends.len() != starts.len() || axes.len() != starts.len() || steps.len() != starts.len() {
+        return Err("Slice: starts, ends, axes and steps differ in length".into());
+    }
+    let mut begin = vec![0usize; rank];
+    let mut count = shape.to_vec();
+    for k in 0..starts.len() {
+        let a = if axes[k] < 0 {
+            axes[k] + rank as i64
+        } else {
+            axes[k]
+        };
+        if !(0..rank as i64).contains(&a) || steps[k] != 1 {
+            return Err(format!(
+                "Slice axis {} step {} of {shape:?}",
+                axes[k], steps[k]
+            ));
+        }
+        let a = a as usize;
+        let d = shape[a] as i64;
+        let clamp = |v: i64| if v < 0 { (v + d).max(0) } else { v.min(d) };
+        let (s, e) = (clamp(starts[k]), clamp(ends[k]));
+        begin[a] = s as usize;
+        count[a] = (e - s).max(0) as usize;
+    }
+    let mut strides = vec![1usize; rank];
+    for k in (0..rank.saturating_sub(1)).rev() {
+        strides[k] = strides[k + 1] * shape[k + 1];
+    }
+    let n: usize = count.iter().product();
+    let mut index = Vec::with_capacity(n);
+    let mut idx = vec![0usize; rank];
+    for _ in 0..n {
+        index.push(
+            (0..rank)
+                .map(|k| (begin[k] + idx[k]) * strides[k])
+                .sum::<usize>(),
+        );
+        for k in (0..rank).rev() {
+            idx[k] += 1;
+            if idx[k] < count[k] {
+                break;
+            }
+            idx[k] = 0;
+        }
+    }
+    Ok(x.gather(&index, count))
+}
+
+/// Source positions of a transpose of `shape` by `perm`, and its shape.
+fn transpose_index(shape: &[usize], perm: &[usize]) -> (Vec<usize>, Vec<usize>) {
+    let rank = shape.len();
+    let mut strides = vec![1usize; rank];
+    for k in (0..rank.saturating_sub(1)).rev() {
+        strides[k] = strides[k + 1] * shape[k + 1];
+    }
+    let out: Vec<usize> = perm.iter().map(|&p| shape[p]).collect();
+    let out_strides: Vec<usize> = perm.iter().map(|&p| strides[p]).collect();
+    let n: usize = shape.iter().product();
+    let mut index = Vec::with_capacity(n);
+    let mut idx = vec![0usize; rank];
+    for _ in 0..n {
+        index.push(idx.iter().zip(&out_strides).map(|(i, s)| i * s).sum());
+        for k in (0..rank).rev() {
+            idx[k] += 1;
+            if idx[k] < out[k] {
+                break;
+            }
+            idx[k] = 0;
+        }
+    }
+    (index, out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn broadcasting_matches_numpy() {
+        let a = Tensor::F32((0..6).map(|v| v as f32).collect(), vec![2, 3]);
+        let b = Tensor::F32(vec![10.0, 20.0, 30.0], vec![3]);
+        let Tensor::F32(y, s) = binary(Binary::Add, &a, &b).unwrap() else {
+            panic!()
+        };
+        assert_eq!(s, [2, 3]);
+        assert_eq!(y, [10.0, 21.0, 32.0, 13.0, 24.0, 35.0]);
+        let c = Tensor::F32(vec![1.0, 2.0], vec![2, 1]);
+        let Tensor::F32(y, _) = binary(Binary::Mul, &a, &c).unwrap() else {
+            panic!()
+        };
+        assert_eq!(y, [0.0, 1.0, 2.0, 6.0, 8.0, 10.0]);
+        assert!(binary(Binary::Add, &a, &Tensor::F32(vec![1.0; 2], vec![2])).is_err());
+    }
+
+    #[test]
+    fn slice_concat_transpose() {
+        let x = Tensor::I64(vec![1, 3, 48, 320], vec![4]);
+        let s = slice(&[
+            &x,
+            &Tensor::I64(vec![1], vec![1]),
+            &Tensor::I64(vec![-1], vec![1]),
+        ])
+        .unwrap();
+        assert_eq!(s.ints(), [3, 48]);
+        let c = concat(&[&s, &Tensor::I64(vec![-1], vec![1])], 0).unwrap();
+        assert_eq!(c.ints(), [3, 48, -1]);
+        let t = Tensor::F32((0..6).map(|v| v as f32).collect(), vec![1, 2, 3]);
+        let (index, shape) = transpose_index(t.shape(), &[0, 2, 1]);
+        assert_eq!(shape, [1, 3, 2]);
+        assert_eq!(index, [0, 3, 1, 4, 2, 5]);
+    }
+}
