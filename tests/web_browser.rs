@@ -131,23 +131,41 @@ fn answer(mut stream: TcpStream) -> std::io::Result<()> {
     stream.write_all(&body)
 }
 
-/// One HTTP/1.1 request to chromedriver; the JSON answer.
+/// One HTTP/1.1 request to chromedriver; the JSON answer. A connection
+/// chromedriver resets (seen once in a fresh clone's first run, while
+/// Chromium was starting) is tried again, up to three times: every request
+/// here is safe to repeat (a poll, a navigation, a session whose first
+/// attempt never answered).
 fn webdriver(port: u16, method: &str, path: &str, body: Option<&Value>) -> Value {
-    let mut s = TcpStream::connect(("127.0.0.1", port)).expect("connect to chromedriver");
     let body = body.map(|b| b.to_string()).unwrap_or_default();
+    let mut tries = 0;
+    loop {
+        match webdriver_once(port, method, path, &body) {
+            Ok(v) => return v,
+            Err(e) if tries < 3 => {
+                eprintln!("chromedriver {method} {path}: {e}; trying again");
+                tries += 1;
+                std::thread::sleep(Duration::from_millis(500));
+            }
+            Err(e) => panic!("chromedriver {method} {path}: {e}"),
+        }
+    }
+}
+
+fn webdriver_once(port: u16, method: &str, path: &str, body: &str) -> std::io::Result<Value> {
+    let mut s = TcpStream::connect(("127.0.0.1", port))?;
     write!(
         s,
         "{method} {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
         body.len()
-    )
-    .unwrap();
+    )?;
     // chromedriver keeps the connection open: read the head, then exactly
     // Content-Length bytes.
     let mut r = BufReader::new(s);
     let mut len = 0;
     loop {
         let mut h = String::new();
-        if r.read_line(&mut h).unwrap() == 0 || h == "\r\n" {
+        if r.read_line(&mut h)? == 0 || h == "\r\n" {
             break;
         }
         if let Some((name, value)) = h.split_once(':') {
@@ -157,9 +175,9 @@ fn webdriver(port: u16, method: &str, path: &str, body: Option<&Value>) -> Value
         }
     }
     let mut raw = vec![0; len];
-    r.read_exact(&mut raw).unwrap();
+    r.read_exact(&mut raw)?;
     let json = String::from_utf8_lossy(&raw);
-    serde_json::from_str(&json).unwrap_or_else(|e| panic!("chromedriver {path}: {e}: {json}"))
+    Ok(serde_json::from_str(&json).unwrap_or_else(|e| panic!("chromedriver {path}: {e}: {json}")))
 }
 
 struct Driver {
