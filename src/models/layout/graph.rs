@@ -530,7 +530,7 @@ impl<'a> Lowering<'a> {
             .filter(|&j| g.nodes[j].op_type == "BatchNormalization")
         {
             let bn = &g.nodes[j];
-            fold_batch_norm(self, bn, &mut weight, &mut bias)?;
+            fold_batch_norm(bn, |k| self.constant(bn, k), &mut weight, &mut bias)?;
             self.absorbed[j] = true;
             out = bn.outputs[0].as_str();
         }
@@ -771,17 +771,19 @@ impl<'a> Lowering<'a> {
 
 /// Folds `BatchNormalization(scale, B, mean, var, epsilon)` into the
 /// preceding convolution: w' = w * s, b' = (b - mean) * s + B with
-/// s = scale / sqrt(var + epsilon), per output channel.
-fn fold_batch_norm(
-    l: &Lowering<'_>,
+/// s = scale / sqrt(var + epsilon), per output channel. `constant(k)` is
+/// the node's input k as a constant (the layout and OCR lowerings each
+/// have their own reader).
+pub(crate) fn fold_batch_norm<'t>(
     bn: &OnnxNode,
+    constant: impl Fn(usize) -> Result<&'t OnnxTensor>,
     weight: &mut [f32],
     bias: &mut [f32],
 ) -> Result<()> {
     let c = bias.len();
     let mut p = Vec::new();
     for k in 1..=4 {
-        let t = l.constant(bn, k)?.to_f32()?;
+        let t = constant(k)?.to_f32()?;
         if t.len() != c {
             return Err(bn.error(format_args!(
                 "parameter {k} has {} values for {c} channels",

@@ -17,6 +17,7 @@
 use crate::cpu::{self, Conv2d, ConvActivation};
 use crate::error::{Error, Result};
 use crate::formats::onnx::{OnnxModel, OnnxNode, OnnxTensor};
+use crate::models::layout::graph::fold_batch_norm;
 use rayon::prelude::*;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -551,7 +552,7 @@ impl<'a> Preparer<'a> {
             "BatchNormalization" => {
                 let c = self.constant(node, 1)?.to_f32()?.len();
                 let (mut scale, mut shift) = (vec![1.0f32; c], vec![0.0f32; c]);
-                self.fold_batch_norm(node, &mut scale, &mut shift)?;
+                fold_batch_norm(node, |k| self.constant(node, k), &mut scale, &mut shift)?;
                 Op::ChannelAffine {
                     scale: Arc::new(scale),
                     shift: Arc::new(shift),
@@ -598,7 +599,7 @@ impl<'a> Preparer<'a> {
             .filter(|&j| g.nodes[j].op_type == "BatchNormalization")
         {
             let bn = &g.nodes[j];
-            self.fold_batch_norm(bn, &mut weight, &mut bias)?;
+            fold_batch_norm(bn, |k| self.constant(bn, k), &mut weight, &mut bias)?;
             self.absorbed[j] = true;
             out = bn.outputs[0].as_str();
         }
@@ -637,31 +638,6 @@ impl<'a> Preparer<'a> {
             act,
         };
         self.push(node, op, vec![x], out);
-        Ok(())
-    }
-
-    fn fold_batch_norm(&self, bn: &OnnxNode, weight: &mut [f32], bias: &mut [f32]) -> Result<()> {
-        let c = bias.len();
-        let mut p = Vec::new();
-        for k in 1..=4 {
-            let t = self.constant(bn, k)?.to_f32()?;
-            if t.len() != c {
-                return Err(bn.error(format_args!(
-                    "parameter {k} has {} values for {c} channels",
-                    t.len()
-                )));
-            }
-            p.push(t);
-        }
-        let eps = bn.float_or("epsilon", 1e-5)?;
-        let per_out = weight.len() / c;
-        for o in 0..c {
-            let s = p[0][o] / (p[3][o] + eps).sqrt();
-            for w in &mut weight[o * per_out..(o + 1) * per_out] {
-                *w *= s;
-            }
-            bias[o] = (bias[o] - p[2][o]) * s + p[1][o];
-        }
         Ok(())
     }
 
