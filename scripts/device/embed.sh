@@ -14,7 +14,9 @@
 # ones of the real shapes, scripts/device/random_encoder.py), so the parity
 # step compares our vectors with sentence-transformers' on the benchmark's
 # sentences instead. EMBED_NO_COOP=1 adds a GPU run with
-# LFM_NO_COOP_MATRIX=1 (the portable GEMM on the same GPU).
+# LFM_NO_COOP_MATRIX=1 (the portable GEMM on the same GPU). EMBED_PROFILE=1
+# adds `embed --profile` over the benchmark's 4096 sentences at batch 32 and
+# 256 (host phases and per-kernel device time; embed_profile_B.txt).
 # Results go to $OUT (embed_gpu.md, embed_cpu.md, logs), and to stdout.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -39,6 +41,16 @@ if [[ -n ${EMBED_NO_COOP:-} ]]; then
     LFM_NO_COOP_MATRIX=1 python3 scripts/bench/embed_bench.py --binary "$BIN" --st-device cuda \
         --batch-sizes 1,32,256 --sentences 4096 --sentences-batch1 512 --repeats 5 \
         $check --out "$OUT/embed_gpu_nocoop.md" 2> >(tee "$OUT/embed_gpu_nocoop.log" >&2)
+fi
+
+if [[ -n ${EMBED_PROFILE:-} ]]; then
+    echo "== embed --profile (GPU), the benchmark's sentences"
+    python3 -c 'import sys; sys.path.insert(0, "scripts/bench"); import embed_bench as e; print("\n".join(e.sentences(4096)))' \
+        > "$OUT/sentences.txt"
+    for b in 32 256; do
+        "$BIN" --input "$OUT/sentences.txt" --batch-size "$b" --format npy --output "$OUT/profile.npy" \
+            --force --profile 2>&1 | tee "$OUT/embed_profile_$b.txt"
+    done
 fi
 
 if [[ -z ${EMBED_SKIP_CPU:-} ]]; then

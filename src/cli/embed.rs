@@ -125,6 +125,12 @@ pub struct Args {
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(2..))]
     pub max_seq_length: Option<u32>,
 
+    /// Print where the time went on stderr after the run: tokenising, the
+    /// host's embedding lookup, the encoder (on the GPU per kernel, from
+    /// device timestamps), pooling; per batch.
+    #[arg(long)]
+    pub profile: bool,
+
     /// Search mode: rank the lines of --docs by cosine similarity to TEXT
     /// (with --rerank: by a cross-encoder's score of the pair).
     #[arg(long, value_name = "TEXT", requires = "docs")]
@@ -293,6 +299,9 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         opts.truncate_dim = Some(n as usize);
     }
 
+    if args.profile {
+        embedder.start_profile();
+    }
     let started = Instant::now();
     let weights = embedder.dir.join("model.safetensors");
     let finite = |v: &[f32]| -> crate::Result<()> {
@@ -397,6 +406,9 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     bar.finish_and_clear();
     out.finish()?;
     report(&stats, started.elapsed().as_secs_f64(), &embedder);
+    if let Some(p) = embedder.take_profile() {
+        eprintln!("{}", p.table());
+    }
     Ok(())
 }
 

@@ -213,6 +213,79 @@ pub fn gelu(gpu: &Gpu, x: &wgpu::Buffer, y: &wgpu::Buffer, n: usize) -> Result<D
 
 #[repr(C)]
 #[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
+struct SeqPoolParams {
+    d: u32,
+    n_seqs: u32,
+    n_modes: u32,
+    _pad: u32,
+    modes: [u32; 8],
+}
+const _: () = assert!(std::mem::size_of::<SeqPoolParams>() == 48);
+
+kernel!(
+    SEQ_POOL,
+    "seq_pool",
+    "seq_pool.wgsl",
+    [
+        Binding::read("x"),
+        Binding::read("seqs"),
+        Binding::write("out")
+    ],
+    SeqPoolParams,
+    [&[]]
+);
+
+/// How [`seq_pool`] reduces a sequence's rows: cls, last, max, mean,
+/// mean / sqrt(len), position-weighted mean (the codes of seq_pool.wgsl).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PoolMode {
+    First = 0,
+    Last = 1,
+    Max = 2,
+    Mean = 3,
+    MeanSqrtLen = 4,
+    WeightedMean = 5,
+}
+
+/// Most modes one [`seq_pool`] dispatch computes.
+pub const SEQ_POOL_MAX_MODES: usize = 6;
+
+/// out[s, m d .. (m + 1) d] = mode m of sequence s's rows of x ([rows, d]);
+/// `seqs_buf` is [`pack_seqs`] of the `n_seqs` sequences.
+pub fn seq_pool(
+    gpu: &Gpu,
+    x: &wgpu::Buffer,
+    seqs_buf: &wgpu::Buffer,
+    n_seqs: usize,
+    d: usize,
+    modes: &[PoolMode],
+    out: &wgpu::Buffer,
+) -> Result<Dispatch> {
+    assert!(
+        !modes.is_empty() && modes.len() <= SEQ_POOL_MAX_MODES,
+        "seq_pool: {} modes",
+        modes.len()
+    );
+    let mut codes = [0u32; 8];
+    for (c, m) in codes.iter_mut().zip(modes) {
+        *c = *m as u32;
+    }
+    let params = SeqPoolParams {
+        d: d as u32,
+        n_seqs: n_seqs as u32,
+        n_modes: modes.len() as u32,
+        _pad: 0,
+        modes: codes,
+    };
+    let bound = gpu.bind(&SEQ_POOL, &Variant::default(), &[x, seqs_buf, out], &params)?;
+    Ok(Dispatch {
+        bound,
+        groups: groups_1d(n_seqs, 1),
+    })
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
 struct AttentionParams {
     rows: u32,
     n_seqs: u32,
@@ -243,7 +316,7 @@ kernel!(
         Binding::write("out"),
     ],
     AttentionParams,
-    [&[]]
+    [&[], &["HD32"], &["HD64"], &["HD128"]]
 );
 
 /// Query rows one attention workgroup handles (one per thread).
@@ -254,7 +327,13 @@ pub const ATTENTION_MAX_HEAD_DIM: usize = 256;
 
 /// The attention pipeline for one head size (a specialisation constant).
 pub fn attention_variant(head_dim: usize) -> Variant {
-    Variant::default().with("HEAD_DIM", head_dim as u32)
+    let bucket = match head_dim {
+        0..=32 => Variant::new(&["HD32"]),
+        33..=64 => Variant::new(&["HD64"]),
+        65..=128 => Variant::new(&["HD128"]),
+        _ => Variant::default(),
+    };
+    bucket.with("HEAD_DIM", head_dim as u32)
 }
 
 /// The `seqs` buffer of [`attention`]: {q_start, q_len, kv_start, kv_len} per sequence.
@@ -436,4 +515,12 @@ pub fn bias_rows(
 }
 
 /// The kernels declared in this module.
-pub static KERNELS: &[&Kernel] = &[&MATMUL, &LAYER_NORM, &GELU, &ATTENTION, &GATED, &BIAS_ROWS];
+pub static KERNELS: &[&Kernel] = &[
+    &MATMUL,
+    &LAYER_NORM,
+    &GELU,
+    &ATTENTION,
+    &GATED,
+    &BIAS_ROWS,
+    &SEQ_POOL,
+];

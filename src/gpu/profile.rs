@@ -201,3 +201,44 @@ impl StepProfile {
         s
     }
 }
+
+impl Gpu {
+    /// Records `work` into one submission with a timestamp before the first
+    /// dispatch and after each, waits for it and adds the step to `prof`;
+    /// `start` is when the caller began building the step (its prepare time).
+    pub fn run_timed(
+        &self,
+        work: &[&super::ops::Dispatch],
+        start: Instant,
+        prof: &mut StepProfile,
+    ) -> Result<()> {
+        let t0 = Instant::now();
+        let timer = PassTimer::new(self, work.len() as u32 + 1)?;
+        if timer.capacity() < work.len() as u32 + 1 {
+            return Err(Error::gpu(format!(
+                "{} dispatches are more than one profile's {} timestamps",
+                work.len(),
+                timer.capacity()
+            )));
+        }
+        let mut enc = self.device.create_command_encoder(&Default::default());
+        {
+            let mut pass = enc.begin_compute_pass(&Default::default());
+            timer.mark(&mut pass, 0);
+            for (i, d) in work.iter().enumerate() {
+                d.record(&mut pass);
+                timer.mark(&mut pass, i as u32 + 1);
+            }
+        }
+        let marks = work.len() as u32 + 1;
+        timer.resolve(&mut enc, marks);
+        let t1 = Instant::now();
+        let done = self.queue.submit([enc.finish()]);
+        let t2 = Instant::now();
+        let ts = timer.read(self, marks, done)?;
+        let t3 = Instant::now();
+        let names: Vec<&str> = work.iter().map(|d| d.bound.name).collect();
+        prof.add_step([start, t0, t1, t2, t3], &names, &ts);
+        Ok(())
+    }
+}

@@ -17,11 +17,14 @@
 
 use crate::cpu::{self, Activation, AttentionShape, AttnShape, RopeStyle, SeqSpan};
 use crate::error::{Error, Result};
+use crate::gpu::ops::Dispatch;
+use crate::gpu::profile::StepProfile;
 use crate::gpu::{dense, llm_ops, Gpu};
 use safetensors::{Dtype, SafeTensors};
 use serde_json::Value;
 use std::path::Path;
 use std::sync::OnceLock;
+use web_time::Instant;
 
 /// An encoder architecture, by its config.json `model_type`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -1230,6 +1233,17 @@ impl Batch {
     }
 }
 
+/// Where the GPU passes' time goes, summed over the profiled passes.
+#[derive(Clone, Debug, Default)]
+pub struct EncoderTimes {
+    /// Building, recording, submitting and running each pass, per kernel.
+    pub pass: StepProfile,
+    /// Uploading the embedding sum (part of the pass's prepare time).
+    pub upload_us: f64,
+    /// Reading the last hidden state (or the pooled vectors) back.
+    pub readback_us: f64,
+}
+
 /// An encoder with its weights on the GPU: the same forward pass as
 /// [`Encoder::forward_cpu`], recorded into one submission per batch.
 pub struct GpuEncoder {
@@ -1434,6 +1448,22 @@ impl GpuEncoder {
     /// Last hidden state, [tokens, d]. `sum` is [`Encoder::embedding_sum`] of
     /// `batch`; the batch must hold at most [`GpuEncoder::max_tokens`] tokens.
     pub fn forward(&self, gpu: &Gpu, batch: &Batch, sum: &[f32]) -> Result<Vec<f32>> {
+        self.forward_timed(gpu, batch, sum, None, None)
+    }
+
+    /// [`GpuEncoder::forward`], then with `pool` each sequence's rows
+    /// pooled on the device ([n_seqs, modes * d] comes back, not every
+    /// token's state), adding the pass's device timestamps to `prof` when
+    /// given (its readback is timed apart, in [`EncoderTimes`]).
+    pub fn forward_timed(
+        &self,
+        gpu: &Gpu,
+        batch: &Batch,
+        sum: &[f32],
+        pool: Option<&[dense::PoolMode]>,
+        prof: Option<&mut EncoderTimes>,
+    ) -> Result<Vec<f32>> {
+        let start = Instant::now();
         let c = &self.config;
         let (d, inter, t) = (c.hidden_size, c.intermediate_size, batch.tokens());
         if t == 0 {
@@ -1448,6 +1478,7 @@ impl GpuEncoder {
         let eps = c.layer_norm_eps;
         let bytes = |n: usize| (n * 4) as u64;
         let x = gpu.upload_f32("embedding sum", sum)?;
+        let uploaded = Instant::now();
         let h = gpu.scratch("hidden", bytes(t * d))?;
         let h1 = gpu.scratch("attention hidden", bytes(t * d))?;
         let normed = gpu.scratch("normed", bytes(t * d))?;
@@ -1661,10 +1692,33 @@ impl GpuEncoder {
             }
             None => &h,
         };
-        gpu.run_all(&work.iter().collect::<Vec<_>>())?;
-        let mut out = gpu.read_f32(out)?;
-        out.truncate(t * d);
-        Ok(out)
+        let (out, len) = match pool {
+            Some(modes) => {
+                let n = batch.seqs.len();
+                let pooled = gpu.scratch("pooled", bytes(n * modes.len() * d))?;
+                work.push(dense::seq_pool(gpu, out, &seqs, n, d, modes, &pooled)?);
+                (pooled, n * modes.len() * d)
+            }
+            None => (out.clone(), t * d),
+        };
+        let work: Vec<&Dispatch> = work.iter().collect();
+        let read = match prof {
+            None => {
+                gpu.run_all(&work)?;
+                None
+            }
+            Some(times) => {
+                times.upload_us += (uploaded - start).as_secs_f64() * 1e6;
+                gpu.run_timed(&work, start, &mut times.pass)?;
+                Some((Instant::now(), times))
+            }
+        };
+        let mut values = gpu.read_f32(&out)?;
+        values.truncate(len);
+        if let Some((at, times)) = read {
+            times.readback_us += at.elapsed().as_secs_f64() * 1e6;
+        }
+        Ok(values)
     }
 }
 

@@ -6,13 +6,17 @@
 
 use crate::cpu::SeqSpan;
 use crate::error::{Error, Result};
+use crate::gpu::dense::{PoolMode, SEQ_POOL_MAX_MODES};
 use crate::gpu::Gpu;
-use crate::models::encoder::{Batch, Encoder, EncoderConfig, EncoderGemm, GpuEncoder};
+use crate::models::encoder::{
+    Batch, Encoder, EncoderConfig, EncoderGemm, EncoderTimes, GpuEncoder,
+};
 use crate::util::fs;
 use serde_json::Value;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use tokenizers::{Tokenizer, TruncationDirection, TruncationParams, TruncationStrategy};
+use web_time::Instant;
 
 /// How token vectors become one sentence vector (sentence-transformers' Pooling).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -35,6 +39,18 @@ pub enum Pooling {
 }
 
 impl Pooling {
+    /// The GPU pooling kernel's code for this mode.
+    fn device_mode(self) -> PoolMode {
+        match self {
+            Pooling::Cls => PoolMode::First,
+            Pooling::Mean => PoolMode::Mean,
+            Pooling::Max => PoolMode::Max,
+            Pooling::LastToken => PoolMode::Last,
+            Pooling::MeanSqrtLen => PoolMode::MeanSqrtLen,
+            Pooling::WeightedMean => PoolMode::WeightedMean,
+        }
+    }
+
     /// Name in sentence-transformers' `pooling_mode`.
     pub fn st_name(self) -> &'static str {
         match self {
@@ -521,6 +537,56 @@ pub struct Embedder {
     pub task: Task,
     tokenizer: Tokenizer,
     device: Device,
+    /// Where the time goes, while [`Embedder::start_profile`] has asked.
+    profile: Mutex<Option<EmbedProfile>>,
+}
+
+/// Host phases of embedding, and the GPU passes per kernel, summed over the
+/// batches of a run (`embed --profile`).
+#[derive(Clone, Debug, Default)]
+pub struct EmbedProfile {
+    pub batches: usize,
+    pub texts: usize,
+    pub tokens: usize,
+    pub tokenize_us: f64,
+    /// The embedding lookup on the host (GPU path).
+    pub embedding_sum_us: f64,
+    /// The encoder: the whole CPU forward, or the GPU pass and readback.
+    pub encoder_us: f64,
+    pub pool_us: f64,
+    pub gpu: Option<EncoderTimes>,
+}
+
+impl EmbedProfile {
+    /// A markdown summary for stderr: host phases per batch, then the GPU
+    /// pass's kernels.
+    pub fn table(&self) -> String {
+        let n = self.batches.max(1) as f64;
+        let mut s = format!(
+            "embed profile: {} batches, {} texts, {} tokens ({:.0} a batch)\n\n\
+             | phase | ms/batch |\n|---|---:|\n\
+             | tokenize | {:.3} |\n| embedding sum (host) | {:.3} |\n\
+             | encoder | {:.3} |\n| pool (CPU) + normalise | {:.3} |\n",
+            self.batches,
+            self.texts,
+            self.tokens,
+            self.tokens as f64 / n,
+            self.tokenize_us / n / 1e3,
+            self.embedding_sum_us / n / 1e3,
+            self.encoder_us / n / 1e3,
+            self.pool_us / n / 1e3,
+        );
+        if let Some(g) = &self.gpu {
+            s += &format!(
+                "\nencoder on the GPU: upload of the embedding sum {:.3} ms/batch (in prepare), \
+                 readback {:.3} ms/batch\n\n{}",
+                g.upload_us / n / 1e3,
+                g.readback_us / n / 1e3,
+                g.pass.clone().finish().table()
+            );
+        }
+        s
+    }
 }
 
 impl Embedder {
@@ -587,7 +653,40 @@ impl Embedder {
             task,
             tokenizer,
             device,
+            profile: Mutex::new(None),
         })
+    }
+
+    /// Starts collecting an [`EmbedProfile`] (device timestamps need the
+    /// adapter's timestamp queries; without them the GPU pass fails).
+    pub fn start_profile(&self) {
+        let gpu = matches!(self.device, Device::Gpu(_)).then(|| EncoderTimes {
+            pass: crate::gpu::profile::StepProfile {
+                what: "encoder pass".to_string(),
+                ..Default::default()
+            },
+            upload_us: 0.0,
+            readback_us: 0.0,
+        });
+        *self.profile.lock().expect("profile lock") = Some(EmbedProfile {
+            gpu,
+            ..Default::default()
+        });
+    }
+
+    /// The profile collected since [`Embedder::start_profile`], ending it.
+    pub fn take_profile(&self) -> Option<EmbedProfile> {
+        self.profile.lock().expect("profile lock").take()
+    }
+
+    /// Adds `f`'s time to the profile's phase `phase`, when one is running.
+    fn timed<T>(&self, phase: fn(&mut EmbedProfile) -> &mut f64, f: impl FnOnce() -> T) -> T {
+        let start = Instant::now();
+        let out = f();
+        if let Some(p) = self.profile.lock().expect("profile lock").as_mut() {
+            *phase(p) += start.elapsed().as_secs_f64() * 1e6;
+        }
+        out
     }
 
     /// Truncates inputs at `n` tokens instead of the model's max_seq_length.
@@ -668,11 +767,56 @@ impl Embedder {
 
     /// The last hidden state of one ragged batch, [tokens, d].
     fn hidden(&self, batch: &Batch) -> Result<Vec<f32>> {
+        self.encode(batch, None)
+    }
+
+    /// The last hidden state of one ragged batch ([tokens, d]), or with
+    /// `pool` each sequence's pooled vectors ([sequences, modes * d]; on
+    /// the GPU pooled there, so only those come back).
+    fn encode(&self, batch: &Batch, pool_modes: Option<&[Pooling]>) -> Result<Vec<f32>> {
+        if let Some(p) = self.profile.lock().expect("profile lock").as_mut() {
+            p.batches += 1;
+            p.texts += batch.seqs.len();
+            p.tokens += batch.tokens();
+        }
+        self.encode_uncounted(batch, pool_modes)
+    }
+
+    fn encode_uncounted(&self, batch: &Batch, pool_modes: Option<&[Pooling]>) -> Result<Vec<f32>> {
         match &self.device {
-            Device::Cpu => self.model.forward_cpu(batch),
+            Device::Cpu => {
+                let hidden = self.timed(|p| &mut p.encoder_us, || self.model.forward_cpu(batch))?;
+                Ok(match pool_modes {
+                    Some(modes) => self.timed(
+                        |p| &mut p.pool_us,
+                        || pool(&hidden, self.model.config.hidden_size, &batch.seqs, modes),
+                    ),
+                    None => hidden,
+                })
+            }
+            Device::Gpu(_) if pool_modes.is_some_and(|m| m.len() > SEQ_POOL_MAX_MODES) => {
+                let hidden = self.encode_uncounted(batch, None)?;
+                let modes = pool_modes.expect("checked above");
+                let d = self.model.config.hidden_size;
+                Ok(pool(&hidden, d, &batch.seqs, modes))
+            }
             Device::Gpu(g) => {
-                let sum = self.model.embedding_sum(batch)?;
-                g.model.forward(&g.gpu, batch, &sum)
+                let sum = self.timed(
+                    |p| &mut p.embedding_sum_us,
+                    || self.model.embedding_sum(batch),
+                )?;
+                let device_modes: Option<Vec<PoolMode>> =
+                    pool_modes.map(|m| m.iter().map(|m| m.device_mode()).collect());
+                let start = Instant::now();
+                let mut guard = self.profile.lock().expect("profile lock");
+                let times = guard.as_mut().and_then(|p| p.gpu.as_mut());
+                let out =
+                    g.model
+                        .forward_timed(&g.gpu, batch, &sum, device_modes.as_deref(), times);
+                if let Some(p) = guard.as_mut() {
+                    p.encoder_us += start.elapsed().as_secs_f64() * 1e6;
+                }
+                out
             }
         }
     }
@@ -688,14 +832,18 @@ impl Embedder {
         }
         let batch = Batch::new(seqs);
         let d = self.model.config.hidden_size;
-        let hidden = self.hidden(&batch)?;
         let modes = self.poolings(opts);
-        let mut out = pool(&hidden, d, &batch.seqs, modes);
+        let mut out = self.encode(&batch, Some(modes))?;
         let normalized = self.sentence.normalize && !opts.no_normalize;
         if normalized {
-            for v in out.chunks_exact_mut(d * modes.len()) {
-                normalize(v);
-            }
+            self.timed(
+                |p| &mut p.pool_us,
+                || {
+                    for v in out.chunks_exact_mut(d * modes.len()) {
+                        normalize(v);
+                    }
+                },
+            );
         }
         let full = d * modes.len();
         let dim = self.dim(opts);
@@ -742,14 +890,17 @@ impl Embedder {
         mut sink: impl FnMut(usize, &[f32]) -> Result<()>,
     ) -> Result<EmbedStats> {
         assert!(opts.batch_size > 0, "batch_size is 0");
-        let tokens = match self.prompt(opts) {
-            Some(p) => {
-                let prompted: Vec<String> =
-                    texts.iter().map(|t| format!("{p}{}", t.as_ref())).collect();
-                self.tokenize(&prompted)?
-            }
-            None => self.tokenize(texts)?,
-        };
+        let tokens = self.timed(
+            |p| &mut p.tokenize_us,
+            || match self.prompt(opts) {
+                Some(p) => {
+                    let prompted: Vec<String> =
+                        texts.iter().map(|t| format!("{p}{}", t.as_ref())).collect();
+                    self.tokenize(&prompted)
+                }
+                None => self.tokenize(texts),
+            },
+        )?;
         let stats = EmbedStats {
             texts: texts.len(),
             tokens: tokens.iter().map(|t| t.ids.len()).sum(),

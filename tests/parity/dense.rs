@@ -31,7 +31,60 @@ pub const CASES: &[Case] = &[
         kernel: "bias_rows",
         run: bias_rows,
     },
+    Case {
+        kernel: "seq_pool",
+        run: seq_pool,
+    },
 ];
+
+/// Every pooling mode, alone and several at once, over ragged batches
+/// (a one-row sequence included) against the CPU's `run::embed::pool`.
+fn seq_pool(gpu: &Gpu, _v: &Variant) {
+    use lfm::gpu::dense::PoolMode;
+    use lfm::run::embed::{pool, Pooling};
+    let pairs = [
+        (Pooling::Cls, PoolMode::First),
+        (Pooling::LastToken, PoolMode::Last),
+        (Pooling::Max, PoolMode::Max),
+        (Pooling::Mean, PoolMode::Mean),
+        (Pooling::MeanSqrtLen, PoolMode::MeanSqrtLen),
+        (Pooling::WeightedMean, PoolMode::WeightedMean),
+    ];
+    let mut rng = Rng::new(63);
+    for (i, &d) in SIZES.iter().enumerate() {
+        let lens = [[1, 5, 3], [7, 1, 2], [4, 9, 1]][i % 3];
+        let mut seqs = Vec::new();
+        let mut rows = 0;
+        for &n in &lens {
+            seqs.push(SeqSpan {
+                q_start: rows,
+                q_len: n,
+                kv_start: rows,
+                kv_len: n,
+            });
+            rows += n;
+        }
+        let x = rng.vec(rows * d, -2.0, 2.0);
+        let gx = gpu.upload_f32("x", &x).unwrap();
+        let gs = gpu.upload_u32("seqs", &dense::pack_seqs(&seqs)).unwrap();
+        let one_each = pairs.iter().map(|p| vec![*p]);
+        for set in one_each.chain([pairs.to_vec(), vec![pairs[3], pairs[0]]]) {
+            let (host, device): (Vec<Pooling>, Vec<PoolMode>) = set.iter().copied().unzip();
+            let want = pool(&x, d, &seqs, &host);
+            let gy = gpu.poisoned_f32("out", want.len()).unwrap();
+            let k = dense::seq_pool(gpu, &gx, &gs, seqs.len(), d, &device, &gy).unwrap();
+            gpu.run_all(&[&k]).unwrap();
+            // The same sums in the same order; a weighted sum may fuse its
+            // multiply-add.
+            assert_close(
+                &format!("seq_pool d={d} lens={lens:?} modes={device:?}"),
+                &gpu.read_f32(&gy).unwrap()[..want.len()],
+                &want,
+                1e-6,
+            );
+        }
+    }
+}
 
 fn bias_rows(gpu: &Gpu, _v: &Variant) {
     let mut rng = Rng::new(62);
@@ -325,6 +378,16 @@ const ATTENTION_CASES: &[AttentionCase] = &[
         lens: &[(33, 33), (5, 70), (1, 1), (65, 257)],
         fused: false,
     },
+    // The 128 bucket, bidirectional, short and long sequences.
+    AttentionCase {
+        heads: 2,
+        kv_heads: 2,
+        head_dim: 100,
+        causal: false,
+        window: 0,
+        lens: &[(3, 3), (70, 70)],
+        fused: true,
+    },
     // The largest head size, causal, one key-value head.
     AttentionCase {
         heads: 3,
@@ -337,7 +400,13 @@ const ATTENTION_CASES: &[AttentionCase] = &[
     },
 ];
 
-fn attention(gpu: &Gpu, _v: &Variant) {
+fn attention(gpu: &Gpu, v: &Variant) {
+    // dense::attention picks the variant by head size (HD32, HD64, HD128,
+    // the default for more): the cases below cover every bucket, so they
+    // run once, for the default variant.
+    if !v.defines.is_empty() {
+        return;
+    }
     let mut rng = Rng::new(6);
     for c in ATTENTION_CASES {
         let hd = c.head_dim;
