@@ -18,7 +18,7 @@
 // and no barriers: the threads of a workgroup read the same key rows at the
 // same time, which the caches serve as broadcasts.
 // HEAD_DIM is an override constant (pipeline specialisation) so the loops over
-// it have a fixed length; variants HD32, HD64, HD128 size the arrays.
+// it have a fixed length and the arrays stay in registers.
 // An invocation runs ~kv_len * (2 * HEAD_DIM + 6) loop iterations, which on
 // lavapipe must stay under its 65535 per invocation (gpu::SOFTWARE_LOOP_LIMIT;
 // gpu::dense::attention refuses longer inputs there).
@@ -39,22 +39,7 @@ struct Params {
 
 override WG: u32 = 64u;
 override HEAD_DIM: u32 = 64u;
-// The per-thread arrays' size: the smallest bucket that holds HEAD_DIM
-// (gpu::dense::attention_variant), so a small head keeps them in registers;
-// arrays of 256 floats end up in memory on NVIDIA's compiler.
-#if HD32
-const MAX_HEAD_DIM: u32 = 32u;
-#else
-#if HD64
-const MAX_HEAD_DIM: u32 = 64u;
-#else
-#if HD128
-const MAX_HEAD_DIM: u32 = 128u;
-#else
 const MAX_HEAD_DIM: u32 = 256u;
-#endif
-#endif
-#endif
 
 @compute @workgroup_size(WG)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,

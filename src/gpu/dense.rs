@@ -316,7 +316,7 @@ kernel!(
         Binding::write("out"),
     ],
     AttentionParams,
-    [&[], &["HD32"], &["HD64"], &["HD128"]]
+    [&[]]
 );
 
 /// Query rows one attention workgroup handles (one per thread).
@@ -327,13 +327,7 @@ pub const ATTENTION_MAX_HEAD_DIM: usize = 256;
 
 /// The attention pipeline for one head size (a specialisation constant).
 pub fn attention_variant(head_dim: usize) -> Variant {
-    let bucket = match head_dim {
-        0..=32 => Variant::new(&["HD32"]),
-        33..=64 => Variant::new(&["HD64"]),
-        65..=128 => Variant::new(&["HD128"]),
-        _ => Variant::default(),
-    };
-    bucket.with("HEAD_DIM", head_dim as u32)
+    Variant::default().with("HEAD_DIM", head_dim as u32)
 }
 
 /// The `seqs` buffer of [`attention`]: {q_start, q_len, kv_start, kv_len} per sequence.
