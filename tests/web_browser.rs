@@ -4,15 +4,20 @@
 //! WebGPU on its SwiftShader Vulkan adapter), has the page generate
 //! greedily with the tiny LFM2 fixture and embed sentences with the default
 //! encoder on WebGPU, and checks the prompt's and the produced token ids,
-//! and the vectors, against the native CPU reference. A screenshot of the
-//! page after the run is kept in `target/web-artifacts/`.
+//! and the vectors, against the native CPU reference; then the same with
+//! the tiny LFM2 HF directory through its chat template, greedy and
+//! sampled (the engine's sampler, a fixed seed), and the message for a
+//! model over the adapter's buffer limits. A screenshot of the page after
+//! each run is kept in `target/web-artifacts/`.
 //!
 //! Like the other GPU tests it fails without its adapter (here: without
 //! Chromium, chromedriver or the built page) unless `LFM_SKIP_GPU_TESTS=1`.
 
 use lfm::cli::DeviceChoice;
 use lfm::models::{load_llm, LoadOptions};
+use lfm::run::chat::{ChatTemplate, Message};
 use lfm::run::embed::{cosine, EmbedOptions, Embedder};
+use lfm::sampling::{Sampler, SamplingOptions};
 use lfm::tensor::Activations;
 use serde_json::{json, Value};
 use std::io::{BufRead, BufReader, Read, Write};
@@ -250,6 +255,32 @@ impl Driver {
         }
     }
 
+    /// Runs another generation on the page's loaded model (its
+    /// `lfmGenerate`, the form changed by `query`) and waits for the result.
+    fn generate_again(&self, query: &str, limit: Duration) -> Value {
+        self.call(
+            "POST",
+            "execute/sync",
+            Some(&json!({"script": "window.lfmGenerate(arguments[0])", "args": [query]})),
+        );
+        let deadline = Instant::now() + limit;
+        loop {
+            let v = self.call(
+                "POST",
+                "execute/sync",
+                Some(&json!({"script": "return window.lfmResult || null", "args": []})),
+            );
+            if !v.is_null() {
+                return v;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "no result from {query} in {limit:?}"
+            );
+            std::thread::sleep(Duration::from_millis(250));
+        }
+    }
+
     fn screenshot(&self, to: &Path) {
         let b64 = self.call("GET", "screenshot", None);
         let png = base64_decode(b64.as_str().expect("a base64 screenshot"));
@@ -326,6 +357,59 @@ fn cpu_greedy(model: &Path, prompt: &str, max: usize) -> (Vec<u32>, Vec<u32>) {
     (prompt_ids, produced)
 }
 
+/// The CPU reference of a run as `generate` makes it on an HF directory:
+/// the prompt through the model's chat template, generation_config.json's
+/// sampling settings with `temperature`/`seed` replaced when given, the
+/// first token drawn after the prefill, then one step each; up to `max`
+/// produced tokens (the last may be an end of sequence), as the page does.
+fn cpu_chat_run(
+    dir: &Path,
+    prompt: &str,
+    max: usize,
+    sampling: Option<(f32, u64)>,
+) -> (String, Vec<u32>, Vec<u32>) {
+    let mut m = load_llm(
+        dir,
+        &LoadOptions {
+            device: DeviceChoice::Cpu,
+            weight_type: None,
+            cpu_activations: Activations::F32,
+        },
+    )
+    .unwrap();
+    let tok = m.tokenizer.take().expect("the fixture has a tokenizer");
+    let template = ChatTemplate::new(
+        tok.chat_template
+            .as_ref()
+            .expect("the fixture has a chat template"),
+        tok.bos_token.as_deref(),
+        tok.eos_token.as_deref(),
+    );
+    let text = template
+        .render(&[Message::new("user", prompt)], true)
+        .unwrap();
+    let prompt_ids = tok.encode(&text, false).unwrap();
+    let mut opts: SamplingOptions = m.sampling_defaults.clone();
+    if let Some((t, seed)) = sampling {
+        opts.temperature = t;
+        opts.seed = seed;
+    }
+    let mut sampler = Sampler::new(opts);
+    let logits = m.model.forward(&prompt_ids, false).unwrap();
+    let mut history = prompt_ids.clone();
+    let mut produced = vec![sampler.sample(&logits, &history)];
+    history.push(produced[0]);
+    while produced.len() < max && !tok.eos_ids.contains(produced.last().unwrap()) {
+        let next = m
+            .model
+            .step_sample(*produced.last().unwrap(), &mut sampler, &history)
+            .unwrap();
+        produced.push(next);
+        history.push(next);
+    }
+    (text, prompt_ids, produced)
+}
+
 /// False (skip) only when something is missing and LFM_SKIP_GPU_TESTS is
 /// set; panics when something is missing otherwise.
 fn ready() -> bool {
@@ -375,7 +459,7 @@ fn page_generates_and_embeds_on_webgpu_as_the_cpu_reference_does() {
     let (prompt, max) = ("The capital of France is", 24);
     let url = format!(
         "http://127.0.0.1:{port}/?model=/fixtures/tiny-lfm2.f32.gguf&max={max}&prompt={}\
-         &encoder=/encoder/&sentences={}&run=1",
+         &temperature=0&raw=1&encoder=/encoder/&sentences={}&run=1",
         escape(prompt),
         escape(&serde_json::to_string(&SENTENCES).unwrap())
     );
@@ -478,6 +562,79 @@ fn page_says_so_when_the_browser_offers_no_webgpu() {
         .as_str()
         .unwrap_or_else(|| panic!("no error: {got}"));
     assert!(err.contains("WebGPU"), "{err}");
+    drop(driver);
+    let _ = std::fs::remove_dir_all(&profile);
+}
+
+#[test]
+fn page_runs_an_hf_directory_with_its_chat_template_and_sampler_as_the_cpu_reference_does() {
+    if !ready() {
+        return;
+    }
+    let port = serve();
+    let profile = std::env::temp_dir().join(format!("lfm-web-profile-hf-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&profile);
+    let driver = Driver::start(&profile, WEBGPU_ARGS);
+    let dir = root().join("samples/fixtures/llm/tiny-lfm2");
+    let (prompt, max) = ("Name a colour.", 12);
+    let base = format!(
+        "http://127.0.0.1:{port}/?model=/fixtures/tiny-lfm2/&max={max}&prompt={}&run=1",
+        escape(prompt)
+    );
+
+    // The directory's own defaults: generation_config.json says do_sample
+    // false (greedy), and the tokenizer carries a chat template.
+    let got = driver.run_page(&base, Duration::from_secs(180));
+    driver.screenshot(&root().join("target/web-artifacts/hf-dir-greedy.png"));
+    eprintln!("page (greedy): {got}");
+    assert!(got.get("error").is_none(), "the page failed: {got}");
+    assert!(
+        got["model"]
+            .as_str()
+            .unwrap_or("")
+            .contains("tiny-lfm2: Lfm2"),
+        "{got}"
+    );
+    let (text, want_prompt, want_greedy) = cpu_chat_run(&dir, prompt, max, None);
+    assert!(text.contains("<|im_start|>user"), "{text}");
+    assert_eq!(
+        got["promptText"].as_str(),
+        Some(text.as_str()),
+        "templated prompt"
+    );
+    assert_eq!(ids(&got["promptIds"]), want_prompt, "prompt ids");
+    assert_eq!(
+        ids(&got["ids"]),
+        want_greedy,
+        "greedy ids: page (WebGPU, HF directory) vs CPU reference"
+    );
+
+    // Sampled: temperature 1 with the directory's top-k/top-p/min-p, seed 7.
+    let got = driver.generate_again("temperature=1&seed=7", Duration::from_secs(120));
+    driver.screenshot(&root().join("target/web-artifacts/hf-dir-sampled.png"));
+    eprintln!("page (sampled): {got}");
+    assert!(got.get("error").is_none(), "the page failed: {got}");
+    let (_, _, want) = cpu_chat_run(&dir, prompt, max, Some((1.0, 7)));
+    assert_ne!(want, want_greedy, "the sampled run must differ from greedy");
+    assert_eq!(
+        ids(&got["ids"]),
+        want,
+        "sampled ids (seed 7): page (WebGPU) vs CPU reference"
+    );
+
+    // A device that allows buffers and bindings of 1 KiB: a row of the
+    // feed-forward's down matrix does not fit. The page says so (and does
+    // not hang).
+    let got = driver.run_page(&format!("{base}&maxbuffer=1024"), Duration::from_secs(120));
+    driver.screenshot(&root().join("target/web-artifacts/too-large.png"));
+    let err = got["error"]
+        .as_str()
+        .unwrap_or_else(|| panic!("no error: {got}"));
+    assert!(
+        err.contains("tiny-lfm2 does not fit this WebGPU adapter (buffers up to 1024 bytes")
+            && err.contains("exceeds the adapter's 1024 byte binding limit"),
+        "{err}"
+    );
     drop(driver);
     let _ = std::fs::remove_dir_all(&profile);
 }
