@@ -75,7 +75,8 @@ fn missing() -> Option<String> {
     None
 }
 
-/// Serves `web/` at `/` and the LLM fixtures at `/fixtures/`, GET only,
+/// Serves `web/` at `/`, the LLM fixtures at `/fixtures/` and
+/// `samples/models/` at `/models/` (the speed run's), GET only,
 /// one thread per connection, until the test process ends.
 fn serve() -> u16 {
     let listener = TcpListener::bind("127.0.0.1:0").expect("bind a loopback port");
@@ -104,6 +105,8 @@ fn answer(mut stream: TcpStream) -> std::io::Result<()> {
     let path = path.split('?').next().unwrap_or("/");
     let file = if let Some(rest) = path.strip_prefix("/fixtures/") {
         root().join("samples/fixtures/llm").join(rest)
+    } else if let Some(rest) = path.strip_prefix("/models/") {
+        root().join("samples/models").join(rest)
     } else if let Some(rest) = path.strip_prefix("/encoder/") {
         root().join(ENCODER).join(rest)
     } else if path == "/" {
@@ -189,6 +192,8 @@ struct Driver {
     child: Child,
     port: u16,
     session: String,
+    /// Chromium's version, as chromedriver reports it.
+    browser_version: String,
 }
 
 impl Driver {
@@ -222,10 +227,15 @@ impl Driver {
             .as_str()
             .unwrap_or_else(|| panic!("no session: {answer}"))
             .to_string();
+        let browser_version = answer["value"]["capabilities"]["browserVersion"]
+            .as_str()
+            .unwrap_or("unknown")
+            .to_string();
         Driver {
             child,
             port,
             session,
+            browser_version,
         }
     }
 
@@ -635,6 +645,75 @@ fn page_runs_an_hf_directory_with_its_chat_template_and_sampler_as_the_cpu_refer
             && err.contains("exceeds the adapter's 1024 byte binding limit"),
         "{err}"
     );
+    drop(driver);
+    let _ = std::fs::remove_dir_all(&profile);
+}
+
+/// The page's own speed (not run by default; `LFM_WEB_BENCH` names the
+/// models, paths under the server's `/fixtures/` or `/models/`, comma
+/// separated; `LFM_WEB_BENCH_MAX` the tokens to produce, default 16): the
+/// load, prefill and decode rates the page shows, with the browser and the
+/// adapter, printed and written to `target/web-artifacts/bench.json`. BENCHMARKS.md, "In a
+/// browser tab", has the command.
+#[test]
+#[ignore]
+fn page_speed() {
+    let Ok(models) = std::env::var("LFM_WEB_BENCH") else {
+        eprintln!("page_speed: set LFM_WEB_BENCH=/fixtures/tiny-lfm2.f32.gguf,...");
+        return;
+    };
+    assert!(ready());
+    let max: usize = std::env::var("LFM_WEB_BENCH_MAX")
+        .ok()
+        .map(|m| m.parse().expect("LFM_WEB_BENCH_MAX: a number"))
+        .unwrap_or(16);
+    let port = serve();
+    let profile =
+        std::env::temp_dir().join(format!("lfm-web-profile-bench-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&profile);
+    let driver = Driver::start(&profile, WEBGPU_ARGS);
+    let mut rows = Vec::new();
+    for model in models.split(',') {
+        // Greedy on the raw prompt: the same work on every model.
+        let url = format!(
+            "http://127.0.0.1:{port}/?model={model}&max={max}&prompt={}&temperature=0&raw=1&run=1",
+            escape("The capital of France is")
+        );
+        let t0 = Instant::now();
+        let got = driver.run_page(&url, Duration::from_secs(3600));
+        let name = model
+            .trim_end_matches('/')
+            .rsplit('/')
+            .next()
+            .unwrap_or(model);
+        driver.screenshot(&root().join(format!("target/web-artifacts/bench-{name}.png")));
+        assert!(
+            got.get("error").is_none(),
+            "{model}: the page failed: {got}"
+        );
+        let row = json!({
+            "model": model,
+            "browser": format!("Chromium {}", driver.browser_version),
+            "adapter": got["adapter"],
+            "loaded": got["model"],
+            "prompt_tokens": got["promptIds"].as_array().map(|a| a.len()),
+            "prefill_seconds": got["prefillSeconds"],
+            "prefill_tok_per_s": got["prefillTokS"],
+            "generated_tokens": got["ids"].as_array().map(|a| a.len()),
+            "decode_seconds": got["decodeSeconds"],
+            "decode_tok_per_s": got["decodeTokS"],
+            "page_seconds": t0.elapsed().as_secs_f64(),
+        });
+        eprintln!("{row:#}");
+        rows.push(row);
+    }
+    let out = root().join("target/web-artifacts/bench.json");
+    lfm::util::atomic_write::write_atomic(
+        &out,
+        serde_json::to_string_pretty(&rows).unwrap().as_bytes(),
+        true,
+    )
+    .expect("write bench.json");
     drop(driver);
     let _ = std::fs::remove_dir_all(&profile);
 }
