@@ -645,6 +645,22 @@ fn page_runs_an_hf_directory_with_its_chat_template_and_sampler_as_the_cpu_refer
             && err.contains("exceeds the adapter's 1024 byte binding limit"),
         "{err}"
     );
+
+    // An HF directory that holds no language model (the encoder's): the
+    // message names the directory's file, not the tab's in-memory path.
+    let got = driver.run_page(
+        &format!("http://127.0.0.1:{port}/?model=/encoder/&run=1"),
+        Duration::from_secs(120),
+    );
+    let err = got["error"]
+        .as_str()
+        .unwrap_or_else(|| panic!("no error: {got}"));
+    eprintln!("not an LLM directory: {err}");
+    assert!(
+        err.contains("encoder/config.json: unsupported: model_type 'bert'")
+            && !err.contains("/model/"),
+        "{err}"
+    );
     drop(driver);
     let _ = std::fs::remove_dir_all(&profile);
 }

@@ -295,10 +295,9 @@ fn mib(bytes: u64) -> String {
 /// An error about the files under [`MODEL_DIR`], told with the directory's
 /// own name (`/model/config.json` -> `tiny-lfm2/config.json`).
 fn in_dir(e: lfm::Error, dir: &str) -> lfm::Error {
-    let text = e.to_string().replace(MODEL_DIR, dir);
     match e {
-        lfm::Error::Gpu(_) => lfm::Error::gpu(text),
-        _ => lfm::Error::invalid(text),
+        lfm::Error::Gpu(what) => lfm::Error::gpu(what.replace(MODEL_DIR, dir)),
+        e => lfm::Error::invalid(e.to_string().replace(MODEL_DIR, dir)),
     }
 }
 
