@@ -291,6 +291,57 @@ impl Driver {
         }
     }
 
+    /// Picks `files` in the page's file input `#id` (WebDriver's send keys:
+    /// one path a line for an input that takes several).
+    fn pick_files(&self, id: &str, files: &[PathBuf]) {
+        let el = self.call(
+            "POST",
+            "element",
+            Some(&json!({"using": "css selector", "value": format!("#{id}")})),
+        );
+        let el = el
+            .as_object()
+            .and_then(|o| o.values().next())
+            .and_then(Value::as_str)
+            .unwrap_or_else(|| panic!("no #{id}: {el}"))
+            .to_string();
+        let text: Vec<String> = files.iter().map(|f| f.display().to_string()).collect();
+        let answer = self.call(
+            "POST",
+            &format!("element/{el}/value"),
+            Some(&json!({ "text": text.join("\n") })),
+        );
+        assert!(answer.is_null(), "send keys to #{id}: {answer}");
+    }
+
+    /// Waits (up to `limit`) until the element `#id`'s text contains `want`
+    /// or the page reports an error; returns the text.
+    fn wait_for_text(&self, id: &str, want: &str, limit: Duration) -> String {
+        let deadline = Instant::now() + limit;
+        loop {
+            let v = self.call(
+                "POST",
+                "execute/sync",
+                Some(&json!({
+                    "script": "return [document.getElementById(arguments[0]).textContent, (window.lfmResult || {}).error || null]",
+                    "args": [id]
+                })),
+            );
+            let text = v[0].as_str().unwrap_or("").to_string();
+            if text.contains(want) {
+                return text;
+            }
+            if let Some(e) = v[1].as_str() {
+                panic!("the page failed while #{id} waited for {want:?}: {e}");
+            }
+            assert!(
+                Instant::now() < deadline,
+                "#{id} is {text:?} after {limit:?}"
+            );
+            std::thread::sleep(Duration::from_millis(250));
+        }
+    }
+
     fn screenshot(&self, to: &Path) {
         let b64 = self.call("GET", "screenshot", None);
         let png = base64_decode(b64.as_str().expect("a base64 screenshot"));
@@ -631,6 +682,42 @@ fn page_runs_an_hf_directory_with_its_chat_template_and_sampler_as_the_cpu_refer
         want,
         "sampled ids (seed 7): page (WebGPU) vs CPU reference"
     );
+
+    // The same directory picked as files (the page's file input, as a user
+    // picks them), then generated greedily from the form.
+    let got = driver.run_page(
+        &format!(
+            "http://127.0.0.1:{port}/?max={max}&prompt={}",
+            escape(prompt)
+        ),
+        Duration::from_secs(120),
+    );
+    assert!(got.get("error").is_none(), "the page failed: {got}");
+    let files: Vec<PathBuf> = [
+        "config.json",
+        "generation_config.json",
+        "model.safetensors",
+        "tokenizer.json",
+        "tokenizer_config.json",
+    ]
+    .iter()
+    .map(|f| dir.join(f))
+    .collect();
+    driver.pick_files("model-file", &files);
+    let shown = driver.wait_for_text("model", "loaded in", Duration::from_secs(120));
+    assert!(
+        shown.contains("Lfm2") && shown.contains("chat template"),
+        "{shown}"
+    );
+    let got = driver.generate_again("", Duration::from_secs(120));
+    driver.screenshot(&root().join("target/web-artifacts/hf-dir-picked.png"));
+    assert!(got.get("error").is_none(), "the page failed: {got}");
+    assert_eq!(
+        ids(&got["promptIds"]),
+        want_prompt,
+        "picked files: prompt ids"
+    );
+    assert_eq!(ids(&got["ids"]), want_greedy, "picked files: greedy ids");
 
     // A device that allows buffers and bindings of 1 KiB: a row of the
     // feed-forward's down matrix does not fit. The page says so (and does
