@@ -718,6 +718,10 @@ fn page_runs_an_hf_directory_with_its_chat_template_and_sampler_as_the_cpu_refer
         "picked files: prompt ids"
     );
     assert_eq!(ids(&got["ids"]), want_greedy, "picked files: greedy ids");
+    // And as a directory (the input with webkitdirectory), on the same page.
+    driver.pick_files("model-dir", std::slice::from_ref(&dir));
+    let shown = driver.wait_for_text("model", "tiny-lfm2: Lfm2", Duration::from_secs(120));
+    assert!(shown.contains("loaded in"), "{shown}");
 
     // A device that allows buffers and bindings of 1 KiB: a row of the
     // feed-forward's down matrix does not fit. The page says so (and does

@@ -118,7 +118,9 @@ async function modelFromFiles(list, dirName) {
   const gguf = all.filter((f) => f.name.endsWith('.gguf'));
   if (gguf.length === 1 && all.length === 1) return fromFile(gguf[0]);
   const wanted = (n) => MODEL_DIR_FILES.includes(n) || n.endsWith('.safetensors') || n === WEIGHTS_INDEX;
-  const picked = all.filter((f) => wanted(f.name));
+  // A picked directory's own files, not its subdirectories' (onnx/, ...).
+  const topLevel = (f) => !f.webkitRelativePath || f.webkitRelativePath.split('/').length === 2;
+  const picked = all.filter((f) => topLevel(f) && wanted(f.name));
   const name = dirName || (all[0].webkitRelativePath || '').split('/')[0] || 'the picked files';
   if (!picked.some((f) => f.name === 'config.json')) {
     throw new Error(`${name}: no config.json among the files (pick one .gguf file, or an HF model directory: config.json, tokenizer.json, *.safetensors, ...)`);
