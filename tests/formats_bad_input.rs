@@ -460,6 +460,17 @@ fn safetensors_header_errors() {
         let e = st_err(&d, &format!("{name}.safetensors"), &bytes);
         assert!(e.contains(want), "{name}: {e}");
     }
+    // Shorter than the header length: an empty file (mapped, then refused).
+    for (name, bytes) in [("empty", &b""[..]), ("four-bytes", &b"\x01\0\0\0"[..])] {
+        let e = st_err(&d, &format!("{name}.safetensors"), bytes);
+        assert!(
+            e.contains(&format!(
+                "{} bytes is too short for a safetensors file",
+                bytes.len()
+            )),
+            "{name}: {e}"
+        );
+    }
     std::fs::remove_dir_all(&d).unwrap();
 }
 

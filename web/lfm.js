@@ -79,16 +79,25 @@ async function call(name) {
 }
 
 const api = {
-  // Opens the adapter; `portable` ignores subgroups and f16.
-  async openGpu(portable = false) {
+  // Opens the adapter; `portable` ignores subgroups and f16; `maxBuffer`
+  // (bytes, 0 = the adapter's) treats larger buffers as over its limits.
+  async openGpu(portable = false, maxBuffer = 0) {
     lfm.set_portable(portable);
+    lfm.set_max_buffer(maxBuffer);
     await call('open_gpu');
     return lfm.gpu_description();
   },
+  // A GGUF file; returns { description, chat_template, defaults }.
   async loadModel(name, bytes) {
     lfm.set_model_bytes(name, bytes);
     await call('load_model');
-    return lfm.model_description();
+    return JSON.parse(lfm.model_info());
+  },
+  // An HF model directory (named `name`) as [relativePath, Uint8Array] pairs.
+  async loadModelDir(name, files) {
+    files.forEach(([path, bytes], i) => lfm.add_model_file(name, path, bytes, i === 0));
+    await call('load_model');
+    return JSON.parse(lfm.model_info());
   },
   // A sentence-transformers directory as [relativePath, Uint8Array] pairs.
   async loadEncoder(files) {
@@ -104,10 +113,14 @@ const api = {
     const dim = flat.length / sentences.length;
     return sentences.map((_, i) => flat.slice(i * dim, (i + 1) * dim));
   },
-  // Greedy generation: calls onText(newText, producedIds) per token;
-  // returns { promptIds, ids, text, seconds } (seconds: after the first token).
-  async generate(prompt, maxTokens, onText) {
-    lfm.set_prompt(prompt, maxTokens);
+  // Generation through the engine's chat template and sampler; `request`:
+  // { prompt, max_tokens, chat?, system?, temperature?, top_k?, top_p?,
+  // min_p?, repeat_penalty?, seed? } (missing: the model's defaults).
+  // Calls onText(newText, producedIds) per token; returns { promptIds,
+  // promptText, ids, text, prefillSeconds, decodeSeconds }.
+  async generate(request, onText) {
+    const bad = lfm.set_generation(JSON.stringify(request));
+    if (bad) throw new Error(bad);
     const t0 = performance.now();
     await call('start_generation');
     const tFirst = performance.now();
@@ -121,6 +134,7 @@ const api = {
     const ids = JSON.parse(lfm.produced_ids());
     return {
       promptIds: JSON.parse(lfm.prompt_ids()),
+      promptText: lfm.prompt_text(),
       ids,
       text,
       prefillSeconds: (tFirst - t0) / 1000,

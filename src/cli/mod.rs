@@ -259,6 +259,7 @@ impl DeviceArgs {
                 adapter: self.adapter.clone(),
                 portable: false,
                 required: self.gpu,
+                ..Default::default()
             })
         }
     }

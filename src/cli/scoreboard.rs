@@ -244,6 +244,7 @@ pub fn run(mut args: Args) -> anyhow::Result<()> {
         portable: false,
         // The gpu arm measures whatever adapter there is, lavapipe included.
         required: true,
+        ..Default::default()
     };
     // Without -b, a software adapter is skipped as the other tools skip it.
     let default_arms = args.backends.is_empty();

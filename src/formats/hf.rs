@@ -9,6 +9,7 @@
 use super::safetensors::{Safetensors, INDEX_FILE, SINGLE_FILE};
 use super::TensorSource;
 use crate::error::{Error, Result};
+use crate::util::fs;
 use serde_json::Value;
 use std::path::{Path, PathBuf};
 
@@ -22,13 +23,13 @@ pub struct HfConfig {
 }
 
 fn check_dir(dir: &Path) -> Result<()> {
-    if !dir.exists() {
+    if !fs::exists(dir) {
         return Err(Error::invalid(format!(
             "{}: no such model directory",
             dir.display()
         )));
     }
-    if !dir.is_dir() {
+    if !fs::is_dir(dir) {
         return Err(Error::invalid(format!(
             "{}: not a directory (expected an HF model directory)",
             dir.display()
@@ -41,19 +42,19 @@ impl HfConfig {
     /// Reads `dir/config.json` (or `dir` itself when it is a file).
     pub fn open(dir: impl AsRef<Path>) -> Result<HfConfig> {
         let dir = dir.as_ref();
-        let path = if dir.is_file() {
+        let path = if fs::is_file(dir) {
             dir.to_path_buf()
         } else {
             check_dir(dir)?;
             dir.join(CONFIG_FILE)
         };
-        if !path.is_file() {
+        if !fs::is_file(&path) {
             return Err(Error::invalid(format!(
                 "{}: missing (an HF model directory needs {CONFIG_FILE})",
                 path.display()
             )));
         }
-        let text = std::fs::read(&path).map_err(|e| Error::io(&path, e))?;
+        let text = fs::read(&path).map_err(|e| Error::io(&path, e))?;
         let value: Value = serde_json::from_slice(&text)
             .map_err(|e| Error::format(&path, format!("not valid JSON: {e}")))?;
         if !value.is_object() {
@@ -192,8 +193,8 @@ impl HfConfig {
 pub fn open_checkpoint(dir: impl AsRef<Path>) -> Result<Box<dyn TensorSource>> {
     let dir = dir.as_ref();
     check_dir(dir)?;
-    if !dir.join(SINGLE_FILE).is_file() && !dir.join(INDEX_FILE).is_file() {
-        let what = if dir.join("pytorch_model.bin").exists() {
+    if !fs::is_file(&dir.join(SINGLE_FILE)) && !fs::is_file(&dir.join(INDEX_FILE)) {
+        let what = if fs::exists(&dir.join("pytorch_model.bin")) {
             "only pytorch_model.bin (pickle) is here; lfm reads safetensors".to_string()
         } else {
             format!("no weights: neither {SINGLE_FILE} nor {INDEX_FILE} is here")
@@ -229,7 +230,7 @@ impl HfCheckpoint {
 /// of returning an error. Parsing into a `Value` decodes every string, so
 /// those are caught here (skipping them, as `IgnoredAny` does, is not enough).
 pub fn read_tokenizer_json(path: &Path) -> Result<tokenizers::Tokenizer> {
-    let bytes = crate::util::fs::read(path).map_err(|e| Error::io(path, e))?;
+    let bytes = fs::read(path).map_err(|e| Error::io(path, e))?;
     serde_json::from_slice::<Value>(&bytes)
         .map_err(|e| Error::format(path, format!("not valid JSON: {e}")))?;
     tokenizers::Tokenizer::from_bytes(&bytes)

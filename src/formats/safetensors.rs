@@ -11,11 +11,10 @@
 use super::{missing_tensor, TensorSource};
 use crate::error::{Error, Result};
 use crate::quant::GgmlType;
-use crate::tensor::Tensor;
-use memmap2::Mmap;
+use crate::tensor::{SharedBytes, Tensor};
+use crate::util::fs;
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 
 /// Headers larger than this are refused before they are read (the
 /// `safetensors` crate uses the same limit).
@@ -53,7 +52,7 @@ struct Entry {
 /// One memory-mapped `.safetensors` file.
 pub struct SafetensorsFile {
     path: PathBuf,
-    map: Arc<Mmap>,
+    map: SharedBytes,
     names: Vec<String>,
     entries: HashMap<String, Entry>,
     metadata: BTreeMap<String, String>,
@@ -62,22 +61,22 @@ pub struct SafetensorsFile {
 impl SafetensorsFile {
     pub fn open(path: impl AsRef<Path>) -> Result<SafetensorsFile> {
         let path = path.as_ref();
-        let file = std::fs::File::open(path).map_err(|e| Error::io(path, e))?;
-        let len = file.metadata().map_err(|e| Error::io(path, e))?.len();
+        // Memory-mapped natively; in a browser tab, the bytes the page gave.
+        let map = crate::util::fs::map(path).map_err(|e| Error::io(path, e))?;
+        let len = (*map).as_ref().len();
         if len < 8 {
             return Err(Error::format(
                 path,
                 format!("{len} bytes is too short for a safetensors file"),
             ));
         }
-        // SAFETY: read-only map shared by the tensors that borrow it; the
-        // file must not be truncated while it is open (as for every mmap reader).
-        let map = unsafe { Mmap::map(&file) }.map_err(|e| Error::io(path, e))?;
-        Self::parse(path, Arc::new(map))
+        Self::parse(path, map)
     }
 
-    fn parse(path: &Path, map: Arc<Mmap>) -> Result<SafetensorsFile> {
+    fn parse(path: &Path, map: SharedBytes) -> Result<SafetensorsFile> {
         let err = |what: String| Error::format(path, what);
+        let shared = map.clone();
+        let map: &[u8] = (*shared).as_ref();
         let header_len = u64::from_le_bytes(map[..8].try_into().expect("8 bytes"));
         let avail = map.len() as u64 - 8;
         if header_len > avail || header_len > MAX_HEADER_BYTES {
@@ -166,7 +165,7 @@ impl SafetensorsFile {
         names.sort_by_key(|n| (entries[n].start, n.clone()));
         Ok(SafetensorsFile {
             path: path.to_path_buf(),
-            map,
+            map: shared,
             names,
             entries,
             metadata,
@@ -239,13 +238,13 @@ impl Safetensors {
     /// directory holding `model.safetensors` or `model.safetensors.index.json`.
     pub fn open(path: impl AsRef<Path>) -> Result<Safetensors> {
         let path = path.as_ref();
-        if path.is_dir() {
+        if fs::is_dir(path) {
             let single = path.join(SINGLE_FILE);
             let index = path.join(INDEX_FILE);
-            if single.is_file() {
+            if fs::is_file(&single) {
                 return Self::single(path, SafetensorsFile::open(&single)?);
             }
-            if index.is_file() {
+            if fs::is_file(&index) {
                 return Self::sharded(path, &index);
             }
             return Err(Error::format(
@@ -271,7 +270,7 @@ impl Safetensors {
     }
 
     fn sharded(path: &Path, index: &Path) -> Result<Safetensors> {
-        let text = std::fs::read(index).map_err(|e| Error::io(index, e))?;
+        let text = fs::read(index).map_err(|e| Error::io(index, e))?;
         let json: serde_json::Value = serde_json::from_slice(&text)
             .map_err(|e| Error::format(index, format!("not JSON: {e}")))?;
         let map = json

@@ -37,6 +37,10 @@ pub struct GpuOptions {
     /// The user asked for a GPU (`--gpu`): use a software rasteriser if it
     /// is the only adapter, and fail rather than fall back to the CPU.
     pub required: bool,
+    /// Treat buffers and storage bindings over this many bytes as over the
+    /// adapter's limits (a smaller device than it offers; the browser
+    /// page's `maxbuffer=` option, which tests its too-large message).
+    pub max_buffer_bytes: Option<u64>,
 }
 
 impl GpuOptions {
@@ -249,7 +253,12 @@ impl Gpu {
         })?;
         let info = adapter.get_info();
         let feats = adapter.features();
-        let limits = adapter.limits();
+        let mut limits = adapter.limits();
+        if let Some(cap) = opts.max_buffer_bytes {
+            limits.max_buffer_size = limits.max_buffer_size.min(cap);
+            limits.max_storage_buffer_binding_size =
+                limits.max_storage_buffer_binding_size.min(cap);
+        }
         if limits.max_storage_buffers_per_shader_stage < 8 {
             return Err(Error::gpu(format!(
                 "adapter {} allows only {} storage buffers per shader stage; 8 are needed",

@@ -106,8 +106,8 @@ impl LoadedLlm {
 }
 
 /// llama.cpp's sampling defaults (temperature 0.8, top-k 40, top-p 0.95,
-/// min-p 0.05, no repetition penalty).
-fn llama_cpp_defaults() -> SamplingOptions {
+/// min-p 0.05, no repetition penalty): a GGUF file's, which carries none.
+pub fn llama_cpp_defaults() -> SamplingOptions {
     SamplingOptions {
         temperature: 0.8,
         top_k: 40,
@@ -264,11 +264,20 @@ pub fn open_llm(path: &Path) -> Result<(LlmConfig, Weights)> {
 }
 
 fn open_hf(dir: &Path) -> Result<Opened> {
+    llm_from_hf_dir(dir)
+}
+
+/// The config, weights, tokenizer and generation_config.json's sampling
+/// settings of an HF directory, as [`load_llm`] reads them (in a browser
+/// tab: the files the page handed over, see `util::fs`).
+pub fn llm_from_hf_dir(
+    dir: &Path,
+) -> Result<(LlmConfig, Weights, Option<Tokenizer>, SamplingOptions)> {
     let c = HfConfig::open(dir)?;
     let (cfg, names) = arch::from_hf(&c)?;
     let src = hf::open_checkpoint(dir)?;
     let weights = llm::load_weights(&cfg, src.as_ref(), &names)?;
-    let tokenizer = if dir.join("tokenizer.json").is_file() {
+    let tokenizer = if crate::util::fs::is_file(&dir.join("tokenizer.json")) {
         Some(Tokenizer::from_hf_dir(dir)?)
     } else {
         None
@@ -281,7 +290,7 @@ fn open_hf(dir: &Path) -> Result<Opened> {
 fn hf_sampling_defaults(dir: &Path) -> Result<SamplingOptions> {
     let path = dir.join("generation_config.json");
     let mut d = llama_cpp_defaults();
-    if !path.is_file() {
+    if !crate::util::fs::is_file(&path) {
         return Ok(d);
     }
     let g = HfConfig::open(&path)?;

@@ -9,6 +9,7 @@
 pub mod spm;
 
 use crate::error::{Error, Result};
+use crate::util::fs;
 use serde_json::{json, Value};
 use spm::{Spm, SpmOptions, TokenKind};
 use std::path::{Path, PathBuf};
@@ -94,7 +95,7 @@ impl Tokenizer {
     /// `generation_config.json` (eos ids) from an HF directory.
     pub fn from_hf_dir(dir: &Path) -> Result<Tokenizer> {
         let path = dir.join("tokenizer.json");
-        if !path.is_file() {
+        if !fs::is_file(&path) {
             return Err(Error::format(
                 dir,
                 "no tokenizer.json in the model directory",
@@ -118,9 +119,8 @@ impl Tokenizer {
             .and_then(|t| t.as_str())
             .map(str::to_string);
         let jinja = dir.join("chat_template.jinja");
-        if jinja.is_file() {
-            chat_template =
-                Some(std::fs::read_to_string(&jinja).map_err(|e| Error::io(&jinja, e))?);
+        if fs::is_file(&jinja) {
+            chat_template = Some(fs::read_to_string(&jinja).map_err(|e| Error::io(&jinja, e))?);
         }
         let bos_id = bos_token.as_deref().and_then(|t| inner.token_to_id(t));
         let mut eos_ids: Vec<u32> = eos_token
@@ -425,10 +425,10 @@ fn gpt2_bytes_to_unicode() -> Vec<(u8, char)> {
 }
 
 fn read_json_if_exists(path: &Path) -> Result<Option<Value>> {
-    if !path.is_file() {
+    if !fs::is_file(path) {
         return Ok(None);
     }
-    let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
+    let text = fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
     serde_json::from_str(&text)
         .map(Some)
         .map_err(|e| Error::format(path, format!("invalid JSON: {e}")))

@@ -14,8 +14,11 @@ use lfm::formats::gguf::GgufFile;
 use lfm::gpu::{Gpu, GpuOptions};
 use lfm::models::llm::CausalLm;
 use lfm::models::llm_gpu::{GpuLlm, GpuLlmOptions};
+use lfm::run::chat::{ChatTemplate, Message};
 use lfm::run::embed::{EmbedOptions, Embedder};
+use lfm::sampling::{Sampler, SamplingOptions};
 use lfm::tokenizer::Tokenizer;
+use serde_json::{json, Value};
 use std::cell::RefCell;
 use std::sync::Arc;
 use wasm_bindgen::prelude::*;
@@ -36,9 +39,10 @@ struct Session {
     gpu_options: GpuOptions,
     /// The model file the page handed over, until `load_model` takes it.
     model_bytes: Option<(String, Vec<u8>)>,
+    /// The name of the HF directory whose files are under [`MODEL_DIR`].
+    model_dir: Option<String>,
     model: Option<Model>,
-    prompt: String,
-    max_tokens: usize,
+    request: Request,
     generation: Option<Generation>,
     encoder: Option<Embedder>,
     sentences: Vec<String>,
@@ -51,10 +55,36 @@ struct Model {
     llm: GpuLlm,
     tokenizer: Option<Tokenizer>,
     description: String,
+    /// generation_config.json's sampling settings (an HF directory), else
+    /// llama.cpp's defaults, as the native `generate` takes them.
+    sampling_defaults: SamplingOptions,
+}
+
+/// What the next [`start_generation`] runs, from [`set_generation`].
+#[derive(Default)]
+struct Request {
+    prompt: String,
+    max_tokens: usize,
+    /// Through the model's chat template (when it has one); `None`: as
+    /// `generate` does, the template when there is one.
+    chat: Option<bool>,
+    system: Option<String>,
+    /// Set fields replace the model's defaults.
+    temperature: Option<f32>,
+    top_k: Option<usize>,
+    top_p: Option<f32>,
+    min_p: Option<f32>,
+    repeat_penalty: Option<f32>,
+    seed: u64,
 }
 
 struct Generation {
     prompt_ids: Vec<u32>,
+    /// The prompt as the model saw it (after the chat template).
+    prompt_text: String,
+    sampler: Sampler,
+    /// The prompt and every produced token (the repetition penalty's view).
+    history: Vec<u32>,
     /// Tokens produced so far; the last one is not consumed yet.
     produced: Vec<u32>,
     eos: Vec<u32>,
@@ -142,11 +172,46 @@ pub fn set_model_bytes(name: String, bytes: Vec<u8>) {
         let mut s = s.borrow_mut();
         s.model = None;
         s.generation = None;
+        s.model_dir = None;
         s.model_bytes = Some((name, bytes));
+    });
+    lfm::util::fs::remove_dir(MODEL_DIR);
+}
+
+/// The directory an HF model directory's files are handed over into.
+const MODEL_DIR: &str = "/model";
+
+/// Hands over one file of an HF model directory (`config.json`,
+/// `tokenizer.json`, `model.safetensors` or the shards of its index,
+/// `generation_config.json`, `tokenizer_config.json`, ...) by its name
+/// inside the directory, for [`load_model`]; `first` forgets the files of
+/// a previous model; `dir_name` names the directory in messages.
+#[wasm_bindgen]
+pub fn add_model_file(dir_name: String, relative_path: String, bytes: Vec<u8>, first: bool) {
+    if first {
+        lfm::util::fs::remove_dir(MODEL_DIR);
+    }
+    SESSION.with(|s| {
+        let mut s = s.borrow_mut();
+        s.model = None;
+        s.generation = None;
+        s.model_bytes = None;
+        s.model_dir = Some(dir_name);
+    });
+    lfm::util::fs::add_file(std::path::Path::new(MODEL_DIR).join(relative_path), bytes);
+}
+
+/// Treat buffers over `bytes` as over the adapter's limits (0: the
+/// adapter's own); for the next [`open_gpu`].
+#[wasm_bindgen]
+pub fn set_max_buffer(bytes: f64) {
+    SESSION.with(|s| {
+        s.borrow_mut().gpu_options.max_buffer_bytes = (bytes >= 1.0).then_some(bytes as u64)
     });
 }
 
-/// Parses the file handed over and uploads it to the GPU (waits).
+/// Parses the model handed over (a GGUF file or an HF directory's files)
+/// through the recipe the native `generate` uses and uploads it (waits).
 #[wasm_bindgen]
 pub fn load_model() -> i32 {
     with_session(|s| {
@@ -154,15 +219,30 @@ pub fn load_model() -> i32 {
             .gpu
             .clone()
             .ok_or_else(|| lfm::Error::gpu("no GPU opened (open_gpu first)"))?;
-        let (name, bytes) = s
-            .model_bytes
-            .take()
-            .ok_or_else(|| lfm::Error::invalid("no model file handed over"))?;
         s.model = None;
-        let g = GgufFile::from_bytes(&name, bytes)?;
-        let (cfg, weights, tokenizer) = lfm::models::llm_from_gguf(&g)?;
+        let (name, cfg, weights, tokenizer, sampling_defaults) =
+            match (s.model_bytes.take(), s.model_dir.clone()) {
+                (Some((name, bytes)), _) => {
+                    let g = GgufFile::from_bytes(&name, bytes)?;
+                    let (cfg, weights, tokenizer) = lfm::models::llm_from_gguf(&g)?;
+                    (
+                        name,
+                        cfg,
+                        weights,
+                        tokenizer,
+                        lfm::models::llama_cpp_defaults(),
+                    )
+                }
+                (None, Some(dir)) => {
+                    let (cfg, weights, tokenizer, defaults) =
+                        lfm::models::llm_from_hf_dir(std::path::Path::new(MODEL_DIR))
+                            .map_err(|e| in_dir(e, &dir))?;
+                    (dir, cfg, weights, tokenizer, defaults)
+                }
+                (None, None) => return Err(lfm::Error::invalid("no model file handed over")),
+            };
         let description = format!(
-            "{name}: {:?}, {} layers, d{}, {} weights, vocabulary {}",
+            "{name}: {:?}, {} layers, d{}, {} weights, vocabulary {}{}",
             cfg.arch,
             cfg.layers.len(),
             cfg.hidden,
@@ -171,16 +251,77 @@ pub fn load_model() -> i32 {
                 .first()
                 .map(|l| l.gate.dtype.name())
                 .unwrap_or("none"),
-            cfg.vocab
+            cfg.vocab,
+            if tokenizer
+                .as_ref()
+                .is_some_and(|t| t.chat_template.is_some())
+            {
+                ", chat template"
+            } else {
+                ""
+            }
         );
-        let llm = GpuLlm::new(gpu, &cfg, &weights, &GpuLlmOptions::default())?;
+        let llm = GpuLlm::new(gpu.clone(), &cfg, &weights, &GpuLlmOptions::default()).map_err(
+            |e| match e {
+                // Limits, memory, a kernel the adapter refuses: the model
+                // cannot run here, whatever the page does.
+                lfm::Error::Gpu(what) => lfm::Error::gpu(format!(
+                    "{name} does not fit this WebGPU adapter (buffers up to {}, storage bindings up to {}): {what}",
+                    mib(gpu.caps.max_buffer),
+                    mib(gpu.caps.max_binding)
+                )),
+                e => e,
+            },
+        )?;
         s.model = Some(Model {
             name,
             llm,
             tokenizer,
             description,
+            sampling_defaults,
         });
         Ok(Status::Ok)
+    })
+}
+
+fn mib(bytes: u64) -> String {
+    if bytes >= 1 << 20 {
+        format!("{:.0} MiB", bytes as f64 / (1u64 << 20) as f64)
+    } else {
+        format!("{bytes} bytes")
+    }
+}
+
+/// An error about the files under [`MODEL_DIR`], told with the directory's
+/// own name (`/model/config.json` -> `tiny-lfm2/config.json`).
+fn in_dir(e: lfm::Error, dir: &str) -> lfm::Error {
+    match e {
+        lfm::Error::Gpu(what) => lfm::Error::gpu(what.replace(MODEL_DIR, dir)),
+        e => lfm::Error::invalid(e.to_string().replace(MODEL_DIR, dir)),
+    }
+}
+
+/// The loaded model: `{description, chat_template, defaults: {temperature,
+/// top_k, top_p, min_p, repeat_penalty}}`, JSON (the page fills its form).
+#[wasm_bindgen]
+pub fn model_info() -> String {
+    read(|s| {
+        let Some(m) = s.model.as_ref() else {
+            return "null".to_string();
+        };
+        let d = &m.sampling_defaults;
+        json!({
+            "description": m.description,
+            "chat_template": m.tokenizer.as_ref().is_some_and(|t| t.chat_template.is_some()),
+            "defaults": {
+                "temperature": d.temperature,
+                "top_k": d.top_k,
+                "top_p": d.top_p,
+                "min_p": d.min_p,
+                "repeat_penalty": d.repeat_penalty,
+            },
+        })
+        .to_string()
     })
 }
 
@@ -194,23 +335,82 @@ pub fn model_description() -> String {
     })
 }
 
-/// The prompt and token budget for the next [`start_generation`].
+/// What the next [`start_generation`] runs, JSON: `{prompt, max_tokens,
+/// chat?, system?, temperature?, top_k?, top_p?, min_p?, repeat_penalty?,
+/// seed?}` (a missing sampling field: the model's default; `chat`: through
+/// the chat template, by default when the model has one). Returns the
+/// error text, empty when the request is well formed.
 #[wasm_bindgen]
-pub fn set_prompt(prompt: String, max_tokens: u32) {
-    SESSION.with(|s| {
-        let mut s = s.borrow_mut();
-        s.prompt = prompt;
-        s.max_tokens = max_tokens as usize;
-    });
+pub fn set_generation(request: String) -> String {
+    match parse_request(&request) {
+        Ok(r) => {
+            SESSION.with(|s| s.borrow_mut().request = r);
+            String::new()
+        }
+        Err(e) => format!("the generation request: {e}"),
+    }
 }
 
-/// Tokenises the prompt, prefills it and produces the first token (waits;
+fn parse_request(text: &str) -> Result<Request, String> {
+    let v: Value = serde_json::from_str(text).map_err(|e| e.to_string())?;
+    let f32_of = |k: &str| -> Result<Option<f32>, String> {
+        match v.get(k) {
+            None | Some(Value::Null) => Ok(None),
+            Some(x) => x
+                .as_f64()
+                .filter(|x| x.is_finite())
+                .map(|x| Some(x as f32))
+                .ok_or_else(|| format!("{k} must be a number, not {x}")),
+        }
+    };
+    let u64_of = |k: &str| -> Result<Option<u64>, String> {
+        match v.get(k) {
+            None | Some(Value::Null) => Ok(None),
+            Some(x) => x
+                .as_u64()
+                .map(Some)
+                .ok_or_else(|| format!("{k} must be a whole number >= 0, not {x}")),
+        }
+    };
+    let r = Request {
+        prompt: v["prompt"].as_str().unwrap_or_default().to_string(),
+        max_tokens: u64_of("max_tokens")?.unwrap_or(64).max(1) as usize,
+        chat: v.get("chat").and_then(Value::as_bool),
+        system: v
+            .get("system")
+            .and_then(Value::as_str)
+            .filter(|s| !s.is_empty())
+            .map(str::to_string),
+        temperature: f32_of("temperature")?,
+        top_k: u64_of("top_k")?.map(|k| k as usize),
+        top_p: f32_of("top_p")?,
+        min_p: f32_of("min_p")?,
+        repeat_penalty: f32_of("repeat_penalty")?,
+        seed: u64_of("seed")?.unwrap_or(0),
+    };
+    if r.temperature.is_some_and(|t| t < 0.0) {
+        return Err("temperature must be >= 0".into());
+    }
+    if r.top_p.is_some_and(|p| !(0.0..=1.0).contains(&p)) {
+        return Err("top_p must be between 0 and 1".into());
+    }
+    if r.min_p.is_some_and(|p| !(0.0..=1.0).contains(&p)) {
+        return Err("min_p must be between 0 and 1".into());
+    }
+    if r.repeat_penalty.is_some_and(|p| p <= 0.0) {
+        return Err("repeat_penalty must be > 0".into());
+    }
+    Ok(r)
+}
+
+/// Tokenises the prompt (through the chat template as `generate` does),
+/// prefills it and draws the first token with the engine's sampler (waits;
 /// read it with [`produced_ids`] / [`take_new_text`]).
 #[wasm_bindgen]
 pub fn start_generation() -> i32 {
     with_session(|s| {
         s.generation = None;
-        let prompt = s.prompt.clone();
+        let r = &s.request;
         let m = s
             .model
             .as_mut()
@@ -218,17 +418,65 @@ pub fn start_generation() -> i32 {
         let tok = m.tokenizer.as_ref().ok_or_else(|| {
             lfm::Error::invalid(format!("{} has no tokenizer in its metadata", m.name))
         })?;
-        let prompt_ids = tok.encode(&prompt, true)?;
+        if r.prompt.is_empty() {
+            return Err(lfm::Error::invalid("the prompt is empty"));
+        }
+        let template = match (r.chat, tok.chat_template.as_ref()) {
+            (Some(false), _) => None,
+            (_, Some(t)) => Some(t),
+            (Some(true), None) => {
+                return Err(lfm::Error::invalid(format!(
+                    "{} has no chat template",
+                    m.name
+                )))
+            }
+            (None, None) => None,
+        };
+        let (prompt_text, prompt_ids) = match template {
+            Some(t) => {
+                let mut messages = Vec::new();
+                if let Some(sys) = &r.system {
+                    messages.push(Message::new("system", sys));
+                }
+                messages.push(Message::new("user", &r.prompt));
+                let t = ChatTemplate::new(t, tok.bos_token.as_deref(), tok.eos_token.as_deref());
+                let text = t.render(&messages, true)?;
+                let ids = tok.encode(&text, false)?;
+                (text, ids)
+            }
+            None => (r.prompt.clone(), tok.encode(&r.prompt, true)?),
+        };
         if prompt_ids.is_empty() {
             return Err(lfm::Error::invalid("the prompt is empty"));
         }
+        let context = m.llm.config().context;
+        if prompt_ids.len() + r.max_tokens > context {
+            return Err(lfm::Error::invalid(format!(
+                "prompt ({} tokens) plus max tokens ({}) exceeds the model's context of {context} tokens",
+                prompt_ids.len(),
+                r.max_tokens
+            )));
+        }
+        let d = &m.sampling_defaults;
+        let mut sampler = Sampler::new(SamplingOptions {
+            temperature: r.temperature.unwrap_or(d.temperature),
+            top_k: r.top_k.unwrap_or(d.top_k),
+            top_p: r.top_p.unwrap_or(d.top_p),
+            min_p: r.min_p.unwrap_or(d.min_p),
+            repeat_penalty: r.repeat_penalty.unwrap_or(d.repeat_penalty),
+            seed: r.seed,
+            ..SamplingOptions::default()
+        });
         let eos = tok.eos_ids.clone();
         m.llm.reset();
         let logits = m.llm.forward(&prompt_ids, false)?;
         lfm::models::llm::check_logits(&logits)?;
-        let first = lfm::sampling::argmax(&logits) as u32;
+        let first = sampler.sample(&logits, &prompt_ids);
         let mut g = Generation {
+            history: prompt_ids.clone(),
             prompt_ids,
+            prompt_text,
+            sampler,
             produced: Vec::new(),
             eos,
             text: String::new(),
@@ -245,7 +493,7 @@ pub fn start_generation() -> i32 {
 #[wasm_bindgen]
 pub fn next_token() -> i32 {
     with_session(|s| {
-        let max_tokens = s.max_tokens;
+        let max_tokens = s.request.max_tokens;
         let (Some(m), Some(g)) = (s.model.as_mut(), s.generation.as_mut()) else {
             return Err(lfm::Error::invalid("no generation started"));
         };
@@ -253,7 +501,11 @@ pub fn next_token() -> i32 {
         if g.eos.contains(&last) || g.produced.len() >= max_tokens {
             return Ok(Status::Done);
         }
-        let next = m.llm.step_greedy(last)?;
+        let next = if g.sampler.is_greedy() {
+            m.llm.step_greedy(last)?
+        } else {
+            m.llm.step_sample(last, &mut g.sampler, &g.history)?
+        };
         let tok = m.tokenizer.as_ref().expect("checked at the start");
         push_token(g, tok, next)?;
         Ok(Status::Ok)
@@ -263,6 +515,7 @@ pub fn next_token() -> i32 {
 /// Records `id` as produced, decodes the text so far and keeps the new part.
 fn push_token(g: &mut Generation, tok: &Tokenizer, id: u32) -> lfm::Result<()> {
     g.produced.push(id);
+    g.history.push(id);
     let text = tok.decode(&g.produced)?;
     // A byte-level token may end inside a character: wait for the rest.
     if !text.ends_with('\u{fffd}') {
@@ -298,6 +551,17 @@ pub fn prompt_ids() -> String {
                 .unwrap_or_default(),
         )
         .expect("ids serialise")
+    })
+}
+
+/// The prompt as the model saw it (after the chat template).
+#[wasm_bindgen]
+pub fn prompt_text() -> String {
+    read(|s| {
+        s.generation
+            .as_ref()
+            .map(|g| g.prompt_text.clone())
+            .unwrap_or_default()
     })
 }
 
