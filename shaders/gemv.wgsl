@@ -28,12 +28,13 @@
 // COLS (the gemv_cols_* kernels, batched decode): the same products for
 //   p.cols activation columns, x column j at x_off + j x_stride, y column j at
 //   j y_stride (+ out_off); each workgroup loads its weights once and applies
-//   them to NB columns (wid.z: the column group), every column with exactly
+//   them to NB columns (wid.x: the column group, so the workgroups reading
+//   the same weights run side by side and share them in cache), every column with exactly
 //   the single kernel's per-thread sums and reduction, so column j equals
 //   the single kernel on column j bit for bit. CONV reads column j's position
 //   and its state's first ring row from a row record, step[8 j + 1] and
 //   step[8 j + 5] (models::llm_gpu::batch).
-// dispatch (COLS): (x, y) as above, ceil(cols / NB) in z.
+// dispatch (COLS): (ceil(cols / NB), then the row groups over y and z).
 // Accumulators are vec4s (one lane per row), not arrays: arrays indexed in
 // loops may be left in memory by a driver's compiler.
 
@@ -177,8 +178,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
         , @builtin(subgroup_invocation_id) sid: u32, @builtin(subgroup_size) ssize: u32
 #endif
 ) {
-    let first = (wid.y * nwg.x + wid.x) * R;
-    let col0 = wid.z * NB;
+    let first = (wid.z * nwg.y + wid.y) * R;
+    let col0 = wid.x * NB;
     // Columns past the last repeat it; their results are dropped.
     let last_col = p.cols - 1u;
     var a0 = array<vec4<f32>, NB>();

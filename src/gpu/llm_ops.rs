@@ -577,7 +577,13 @@ fn gemv_impl(
         };
         let mut groups = groups_1d(c.rows, GEMV_ROWS);
         if let Some(cols) = cols {
-            groups[2] = cols.n.div_ceil(GEMV_COLS_PER_GROUP) as u32;
+            // Column groups fastest: the workgroups of one weight block
+            // run together (gemv.wgsl).
+            groups = [
+                cols.n.div_ceil(GEMV_COLS_PER_GROUP) as u32,
+                groups[0],
+                groups[1],
+            ];
         }
         out.push(Dispatch {
             bound: gpu.bind(kernel, &variant, &bufs, &params)?,
