@@ -180,7 +180,7 @@ pub enum KvSize {
 /// batch says its length).
 const GPU_SLOT_POSITIONS: usize = 4096;
 /// Sequences a GPU batch holds by default.
-const GPU_DEFAULT_SLOTS: usize = 64;
+const GPU_DEFAULT_SLOTS: usize = 16;
 
 /// The GPU batch's sequences and positions per sequence for `kv`: a
 /// benchmark's batch as asked; otherwise slots of up to
