@@ -179,7 +179,9 @@ fn check(dir: &str) {
         "{dir}: greedy_run from a slot"
     );
 
-    // Every slot taken: admission waits; a prompt past a slot is an error.
+    // Every slot taken: admission waits; a prompt past a slot is an error
+    // (the server clamps requests to the context a slot gives).
+    assert_eq!(b.config().context, 64);
     assert_eq!(b.usage().in_use, 5);
     assert!(
         b.open(&prompts[0]).unwrap().is_none(),

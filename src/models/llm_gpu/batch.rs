@@ -94,6 +94,9 @@ enum Want {
 
 pub struct GpuBatch {
     m: GpuLlm,
+    /// The model's config with its context cut to a slot: what the server
+    /// clamps requests to.
+    cfg: LlmConfig,
     slot_len: usize,
     ring: usize,
     seqs: Vec<Option<Seq>>,
@@ -184,6 +187,10 @@ impl GpuBatch {
             Vec::new()
         };
         let mut b = GpuBatch {
+            cfg: LlmConfig {
+                context: slot_len,
+                ..cfg.clone()
+            },
             m,
             slot_len,
             ring,
@@ -640,8 +647,9 @@ fn row_tokens(bytes: &[u8]) -> Result<Vec<u32>> {
 }
 
 impl BatchedLm for GpuBatch {
+    /// The context is a slot's positions.
     fn config(&self) -> &LlmConfig {
-        &self.m.cfg
+        &self.cfg
     }
 
     fn max_sequences(&self) -> usize {
