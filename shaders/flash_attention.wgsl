@@ -16,8 +16,8 @@
 //   decode row of its own sequence, whose row record (step[8 t ..],
 //   gpu::llm_ops::ROW_RECORD) gives its kv_len, its splits and its slot's
 //   first cache row; the dispatch has the most splits of any row (workgroups
-//   past a row's own return at once) and part keeps MAX_SPLITS per head:
-//   [n_q, heads, MAX_SPLITS, hd + 2]. Each row computes what the single
+//   past a row's own return at once) and part keeps p.part_splits (the most
+//   any row may have) per head: [n_q, heads, part_splits, hd + 2]. Each row computes what the single
 //   kernel computes for it alone.
 
 @group(0) @binding(1) var<storage, read> q: array<f32>;
@@ -28,9 +28,6 @@
 @group(0) @binding(6) var<storage, read_write> part: array<f32>;
 
 const WG: u32 = 64u;
-#if ROWS
-const MAX_SPLITS: u32 = 128u;
-#endif
 // A finite "minus infinity": exp(NEG - NEG) stays 1, never NaN.
 const NEG: f32 = -1.0e30;
 
@@ -186,7 +183,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         }
     } else {
 #if ROWS
-        let pb = ((t * p.heads + h) * MAX_SPLITS + s) * (hd + 2u);
+        let pb = ((t * p.heads + h) * p.part_splits + s) * (hd + 2u);
 #else
         let pb = ((t * p.heads + h) * splits + s) * (hd + 2u);
 #endif

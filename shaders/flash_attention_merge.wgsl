@@ -6,7 +6,7 @@
 // dispatch: (heads, n_q, 1) workgroups of 64 threads; splits <= 128
 //           (llm_ops::MAX_SPLITS)
 // ROWS (flash_attention_merge_rows, batched decode): row t's splits come
-//   from its row record (step[8 t + 3]), part keeps MAX_SPLITS per head
+//   from its row record (step[8 t + 3]), part keeps p.part_splits per head
 //   (flash_attention.wgsl), and a row of one split (written by
 //   flash_attention itself) is left alone.
 
@@ -29,7 +29,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     if (splits <= 1u) {
         return;
     }
-    let base = (t * p.heads + h) * MAX_SPLITS * (hd + 2u);
+    let base = (t * p.heads + h) * p.part_splits * (hd + 2u);
 #else
     let splits = min(step[3], MAX_SPLITS);
     let base = (t * p.heads + h) * splits * (hd + 2u);

@@ -1101,7 +1101,8 @@ struct AttentionParams {
     scale: f32,
     kv_stride: u32,
     window: u32,
-    _pad: u32,
+    /// ROWS: splits per head the partial-result buffer holds.
+    part_splits: u32,
 }
 const _: () = assert!(std::mem::size_of::<AttentionParams>() == 32);
 
@@ -1116,7 +1117,7 @@ impl AttentionParams {
             scale: s.scale,
             kv_stride: (s.kv_heads * s.head_dim) as u32,
             window: s.window as u32,
-            _pad: 0,
+            part_splits: 0,
         }
     }
 }
@@ -1189,6 +1190,17 @@ const SPLIT_LEN: usize = 64;
 /// over (flash-decode): long contexts use more of the GPU.
 pub fn attention_splits(kv_len: usize) -> usize {
     kv_len.div_ceil(SPLIT_LEN).clamp(1, MAX_SPLITS)
+}
+
+/// Floats of [`flash_attention_rows`]' partial-result buffer for `n` rows
+/// of at most `max_splits` splits.
+pub fn attention_rows_part_len(
+    heads: usize,
+    head_dim: usize,
+    n: usize,
+    max_splits: usize,
+) -> usize {
+    n * heads * max_splits * (head_dim + 2)
 }
 
 /// Floats of the partial-result buffer for `n_q` queries of `heads` heads.
@@ -1274,9 +1286,9 @@ pub fn flash_attention(
 
 /// [`flash_attention`] for `n` decode rows of a batch, each of its own
 /// sequence: `kv.step` holds a row record per row ([`ROW_RECORD`]: its
-/// kv_len, splits and slot), `part` [`attention_part_len`] of n. Record with
-/// the most splits of any row; each row comes out as [`flash_attention`]
-/// computes it alone.
+/// kv_len, splits and slot), `part` [`attention_rows_part_len`] of n and
+/// `max_splits` (the most any row may have). Record with the most splits of
+/// any row; each row comes out as [`flash_attention`] computes it alone.
 #[allow(clippy::too_many_arguments)]
 pub fn flash_attention_rows(
     gpu: &Gpu,
@@ -1287,6 +1299,7 @@ pub fn flash_attention_rows(
     out: &wgpu::Buffer,
     part: &wgpu::Buffer,
     n: usize,
+    max_splits: usize,
 ) -> Result<Attention> {
     if s.head_dim > MAX_HEAD_DIM {
         return Err(Error::gpu(format!(
@@ -1294,7 +1307,14 @@ pub fn flash_attention_rows(
             s.head_dim
         )));
     }
-    let params = AttentionParams::new(s, n);
+    assert!(
+        (1..=MAX_SPLITS).contains(&max_splits),
+        "flash_attention_rows: {max_splits} splits"
+    );
+    let params = AttentionParams {
+        part_splits: max_splits as u32,
+        ..AttentionParams::new(s, n)
+    };
     let variant = if subgroups {
         Variant::new(&["ROWS", "SUBGROUPS"])
     } else {

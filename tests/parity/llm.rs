@@ -1359,15 +1359,19 @@ fn flash_attention_rows(gpu: &Gpu, v: &Variant) {
             let gq = gpu.upload_f32("q", &q).unwrap();
             let rec = gpu.upload_u32("rows", &records).unwrap();
             let out = gpu.poisoned_f32("out", n * qw).unwrap();
-            let part = gpu
-                .scratch("part", 4 * llm_ops::attention_part_len(heads, hd, n) as u64)
-                .unwrap();
+            // The partial results hold the most splits a row of the slots
+            // can have.
+            let max_splits = llm_ops::attention_splits(cap);
+            let part_len = llm_ops::attention_rows_part_len(heads, hd, n, max_splits);
+            let part = gpu.scratch("part", 4 * part_len as u64).unwrap();
             let kv = llm_ops::AttnBuffers {
                 step: &rec,
                 k_cache: &gk,
                 v_cache: &gv,
             };
-            let a = llm_ops::flash_attention_rows(gpu, sub, &s, &gq, &kv, &out, &part, n).unwrap();
+            let a =
+                llm_ops::flash_attention_rows(gpu, sub, &s, &gq, &kv, &out, &part, n, max_splits)
+                    .unwrap();
             let most = positions
                 .iter()
                 .map(|p| llm_ops::attention_splits(p + 1))

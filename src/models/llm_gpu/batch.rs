@@ -151,7 +151,12 @@ impl GpuBatch {
             att: f32s("batch att", slots * qw)?,
             part: f32s(
                 "batch part",
-                llm_ops::attention_part_len(cfg.heads, hd, slots),
+                llm_ops::attention_rows_part_len(
+                    cfg.heads,
+                    hd,
+                    slots,
+                    llm_ops::attention_splits(slot_len),
+                ),
             )?,
             conv_out: f32s("batch conv_out", slots * d)?,
             mix: f32s("batch mix", slots * d)?,
@@ -498,8 +503,9 @@ impl<'a> DecoderOps for BatchRecorder<'a> {
         let rope =
             llm_ops::qk_rope_rows(g, &shape, &io.qkv, norms, bias.as_ref(), cs, &kv, &io.q, n)?;
         self.ops.push(Op::Fixed(rope));
+        let max_splits = llm_ops::attention_splits(b.slot_len);
         self.ops.push(Op::Attention(llm_ops::flash_attention_rows(
-            g, sub, &shape, &io.q, &kv, &io.att, &io.part, n,
+            g, sub, &shape, &io.q, &kv, &io.att, &io.part, n, max_splits,
         )?));
         self.y = Some(&io.att);
         Ok(())
