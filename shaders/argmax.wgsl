@@ -12,6 +12,10 @@
 //           otherwise 1 part, 2 out: array<u32> [2] (read_write)
 // dispatch: PARTIAL: `groups` = ceil(n / CHUNK) workgroups; argmax: one;
 //           256 threads each
+// ROWS (argmax_part_rows, argmax_rows; batched decode): the same for each
+//   of several rows of x ([rows, n]): row r's slices are workgroups (g, r)
+//   writing part[3 (r groups + g) ..], and workgroup r of argmax writes
+//   out[2 r], out[2 r + 1].
 
 struct Params { n: u32, groups: u32, _p1: u32, _p2: u32 }
 
@@ -50,10 +54,27 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     var v = 0.0;
     var i = NONE;
     var flag = 0u;
+#if ROWS
+#if PARTIAL
+    let xo = wid.y * p.n;
+    let po = 3u * (wid.y * p.groups + wid.x);
+#else
+    let po = 3u * wid.x * p.groups;
+    let oo = 2u * wid.x;
+#endif
+#else
+#if PARTIAL
+    let xo = 0u;
+    let po = 3u * wid.x;
+#else
+    let po = 0u;
+    let oo = 0u;
+#endif
+#endif
 #if PARTIAL
     let end = min(p.n, (wid.x + 1u) * CHUNK);
     for (var j = wid.x * CHUNK + lid; j < end; j += 256u) {
-        let xj = x[j];
+        let xj = x[xo + j];
         // Bits, not comparisons: no compiler may assume the value finite.
         if ((bitcast<u32>(xj) & EXPONENT) == EXPONENT) {
             flag = 1u;
@@ -65,9 +86,9 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     }
 #else
     for (var g = lid; g < p.groups; g += 256u) {
-        let vg = bitcast<f32>(part[3u * g]);
-        let ig = part[3u * g + 1u];
-        flag = max(flag, part[3u * g + 2u]);
+        let vg = bitcast<f32>(part[po + 3u * g]);
+        let ig = part[po + 3u * g + 1u];
+        flag = max(flag, part[po + 3u * g + 2u]);
         if (better(vg, ig, v, i)) {
             v = vg;
             i = ig;
@@ -90,12 +111,12 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     }
     if (lid == 0u) {
 #if PARTIAL
-        part[3u * wid.x] = bitcast<u32>(bv[0]);
-        part[3u * wid.x + 1u] = bi[0];
-        part[3u * wid.x + 2u] = bf[0];
+        part[po] = bitcast<u32>(bv[0]);
+        part[po + 1u] = bi[0];
+        part[po + 2u] = bf[0];
 #else
-        out[0] = select(bi[0], 0u, bi[0] == NONE);
-        out[1] = bf[0];
+        out[oo] = select(bi[0], 0u, bi[0] == NONE);
+        out[oo + 1u] = bf[0];
 #endif
     }
 }

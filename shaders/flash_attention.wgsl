@@ -12,6 +12,13 @@
 //           (out, part read_write)
 // dispatch: (splits, heads, n_q) workgroups of 64 threads; hd <= 256
 // variants: SUBGROUPS reduces with subgroup ops, otherwise a shared-memory tree.
+// ROWS (flash_attention_rows, batched decode): query t (n_q of them) is one
+//   decode row of its own sequence, whose row record (step[8 t ..],
+//   gpu::llm_ops::ROW_RECORD) gives its kv_len, its splits and its slot's
+//   first cache row; the dispatch has the most splits of any row (workgroups
+//   past a row's own return at once) and part keeps p.part_splits (the most
+//   any row may have) per head: [n_q, heads, part_splits, hd + 2]. Each row computes what the single
+//   kernel computes for it alone.
 
 @group(0) @binding(1) var<storage, read> q: array<f32>;
 @group(0) @binding(2) var<storage, read> kc: array<f32>;
@@ -81,10 +88,21 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     let h = wid.y;
     let t = wid.z;
     let hd = p.hd;
+#if ROWS
+    let kv_len = step[8u * t + 2u];
+    let splits = step[8u * t + 3u];
+    if (s >= splits) {
+        return;
+    }
+    let row0 = step[8u * t + 4u];
+    let last = kv_len;
+#else
     let kv_len = step[2];
     let splits = step[3];
+    let row0 = 0u;
     // Query t sees positions lo..last (its sliding window, or all).
     let last = kv_len - p.n_q + t + 1u;
+#endif
     var lo = 0u;
     if (p.window > 0u && last > p.window) {
         lo = last - p.window;
@@ -107,7 +125,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         var sc = NEG;
         if (j < end) {
             // Four independent sums, so the key loads are in flight together.
-            let kb = j * p.kv_stride + kvo;
+            let kb = (row0 + j) * p.kv_stride + kvo;
             var sd = vec4<f32>();
             var d = 0u;
             for (; d + 4u <= hd; d += 4u) {
@@ -138,7 +156,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
             let d = lid + i * WG;
             if (d < hd) {
                 // Four keys per step with independent sums (loads in flight together).
-                let vb = j0 * p.kv_stride + kvo + d;
+                let vb = (row0 + j0) * p.kv_stride + kvo + d;
                 let st = p.kv_stride;
                 var a4 = vec4<f32>();
                 var jj = 0u;
@@ -164,7 +182,11 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
             }
         }
     } else {
+#if ROWS
+        let pb = ((t * p.heads + h) * p.part_splits + s) * (hd + 2u);
+#else
         let pb = ((t * p.heads + h) * splits + s) * (hd + 2u);
+#endif
         for (var i = 0u; i < 4u; i++) {
             let d = lid + i * WG;
             if (d < hd) {

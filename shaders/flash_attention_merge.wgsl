@@ -5,6 +5,10 @@
 //           2 step: array<u32> [token, pos0, kv_len, splits], 3 out: [n_q, heads * hd]
 // dispatch: (heads, n_q, 1) workgroups of 64 threads; splits <= 128
 //           (llm_ops::MAX_SPLITS)
+// ROWS (flash_attention_merge_rows, batched decode): row t's splits come
+//   from its row record (step[8 t + 3]), part keeps p.part_splits per head
+//   (flash_attention.wgsl), and a row of one split (written by
+//   flash_attention itself) is left alone.
 
 @group(0) @binding(1) var<storage, read> part: array<f32>;
 @group(0) @binding(2) var<storage, read> step: array<u32>;
@@ -20,8 +24,16 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     let h = wid.x;
     let t = wid.y;
     let hd = p.hd;
+#if ROWS
+    let splits = min(step[8u * t + 3u], MAX_SPLITS);
+    if (splits <= 1u) {
+        return;
+    }
+    let base = (t * p.heads + h) * p.part_splits * (hd + 2u);
+#else
     let splits = min(step[3], MAX_SPLITS);
     let base = (t * p.heads + h) * splits * (hd + 2u);
+#endif
     // The splits' maxima and sums are read once, by one thread each.
     var mx = -1.0e30;
     for (var s = lid; s < splits; s += 64u) {

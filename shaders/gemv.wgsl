@@ -25,6 +25,16 @@
 //           with subgroups, 128 without)
 //           threads, spread over x and y (gpu::ops::groups_1d)
 // variants: SUBGROUPS reduces with subgroupAdd, otherwise a shared-memory tree.
+// COLS (the gemv_cols_* kernels, batched decode): the same products for
+//   p.cols activation columns, x column j at x_off + j x_stride, y column j at
+//   j y_stride (+ out_off); each workgroup loads its weights once and applies
+//   them to NB columns (wid.x: the column group, so the workgroups reading
+//   the same weights run side by side and share them in cache), every column with exactly
+//   the single kernel's per-thread sums and reduction, so column j equals
+//   the single kernel on column j bit for bit. CONV reads column j's position
+//   and its state's first ring row from a row record, step[8 j + 1] and
+//   step[8 j + 5] (models::llm_gpu::batch).
+// dispatch (COLS): (ceil(cols / NB), then the row groups over y and z).
 // Accumulators are vec4s (one lane per row), not arrays: arrays indexed in
 // loops may be left in memory by a driver's compiler.
 
@@ -38,9 +48,9 @@ struct Params {
     conv_l: u32,    // CONV: taps
     hidden: u32,    // CONV: channels (the state's row length)
     ring: u32,      // CONV: rows of the state
-    _p0: u32,
-    _p1: u32,
-    _p2: u32,
+    cols: u32,      // COLS: activation columns
+    x_stride: u32,  // COLS: floats between columns of x
+    y_stride: u32,  // COLS: floats between columns of y
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
@@ -126,10 +136,14 @@ fn gate_act(v: f32) -> f32 {
 #endif
 }
 
+// Eight weights times eight activations.
+fn dotw(wv: W8, xv: W8) -> f32 {
+    return dot(wv.a, xv.a) + dot(wv.b, xv.b);
+}
+
 // Row r of the chunk's matrix times xv, elements e0..e0+7.
 fn dot8(r: u32, e0: u32, xv: W8) -> f32 {
-    let wv = w8(r, e0, p.k, p.d_off);
-    return dot(wv.a, xv.a) + dot(wv.b, xv.b);
+    return dotw(w8(r, e0, p.k, p.d_off), xv);
 }
 
 // Rows r0..r0+3 of part `base` (its first row) times xv. Rows past the end
@@ -140,6 +154,167 @@ fn dot8x4(base: u32, r0: u32, e0: u32, xv: W8) -> vec4<f32> {
                      dot8(base + min(r0 + 2u, last), e0, xv), dot8(base + min(r0 + 3u, last), e0, xv));
 }
 
+#if COLS
+// Activation columns per workgroup.
+const NB: u32 = 4u;
+
+// The four rows r0..r0+3 of part `base` at elements e0.., as dot8x4 reads them.
+struct W8x4 { r0: W8, r1: W8, r2: W8, r3: W8 }
+
+fn w8x4(base: u32, r0: u32, e0: u32) -> W8x4 {
+    let last = p.rows - 1u;
+    return W8x4(w8(base + min(r0, last), e0, p.k, p.d_off), w8(base + min(r0 + 1u, last), e0, p.k, p.d_off),
+                w8(base + min(r0 + 2u, last), e0, p.k, p.d_off), w8(base + min(r0 + 3u, last), e0, p.k, p.d_off));
+}
+
+fn dotw4(wv: W8x4, xv: W8) -> vec4<f32> {
+    return vec4<f32>(dotw(wv.r0, xv), dotw(wv.r1, xv), dotw(wv.r2, xv), dotw(wv.r3, xv));
+}
+
+@compute @workgroup_size(WG)
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+        @builtin(local_invocation_index) lid: u32
+#if SUBGROUPS
+        , @builtin(subgroup_invocation_id) sid: u32, @builtin(subgroup_size) ssize: u32
+#endif
+) {
+    let first = (wid.z * nwg.y + wid.y) * R;
+    let col0 = wid.x * NB;
+    // Columns past the last repeat it; their results are dropped.
+    let last_col = p.cols - 1u;
+    var a0 = array<vec4<f32>, NB>();
+    var a1 = array<vec4<f32>, NB>();
+    var a2 = array<vec4<f32>, NB>();
+    var ss = vec4<f32>();
+    let units = (p.k + 7u) / 8u;
+    for (var u = lid; u < units; u += WG) {
+        let e0 = u * 8u;
+        let w0 = w8x4(0u, first, e0);
+#if SWIGLU
+        let w1 = w8x4(p.rows, first, e0);
+#endif
+#if CONV
+        let w1 = w8x4(p.rows, first, e0);
+        let w2 = w8x4(2u * p.rows, first, e0);
+#endif
+        for (var c = 0u; c < NB; c++) {
+            var xv = load8(p.x_off + min(col0 + c, last_col) * p.x_stride, e0);
+#if NORM
+            ss[c] += dot(xv.a, xv.a) + dot(xv.b, xv.b);
+            let g = norm8(e0);
+            xv = W8(xv.a * g.a, xv.b * g.b);
+#endif
+            a0[c] += dotw4(w0, xv);
+#if SWIGLU
+            a1[c] += dotw4(w1, xv);
+#endif
+#if CONV
+            a1[c] += dotw4(w1, xv);
+            a2[c] += dotw4(w2, xv);
+#endif
+        }
+    }
+
+    // Each column reduced in turn as the single kernel reduces its one;
+    // threads lid < R keep their row's sums of every column.
+    var o0 = vec4<f32>();
+    var o1 = vec4<f32>();
+    var o2 = vec4<f32>();
+    var osq = vec4<f32>();
+    for (var c = 0u; c < NB; c++) {
+#if SUBGROUPS
+        let nsg = (WG + ssize - 1u) / ssize;
+        let sg = lid / ssize;
+        let s0 = subgroupAdd(a0[c]);
+        let s1 = subgroupAdd(a1[c]);
+        let s2 = subgroupAdd(a2[c]);
+        let s3 = subgroupAdd(ss[c]);
+        if (sid == 0u) {
+            red[sg] = s0;
+            red[S + sg] = s1;
+            red[2u * S + sg] = s2;
+            red[3u * S + sg] = vec4<f32>(s3);
+        }
+        workgroupBarrier();
+        if (lid < 4u) {
+            var t = vec4<f32>();
+            for (var s = 0u; s < nsg; s++) {
+                t += red[lid * S + s];
+            }
+            red[lid * S] = t;
+        }
+        workgroupBarrier();
+#else
+        red[lid] = a0[c];
+        red[S + lid] = a1[c];
+        red[2u * S + lid] = a2[c];
+        red[3u * S + lid] = vec4<f32>(ss[c]);
+        workgroupBarrier();
+        for (var stride = WG / 2u; stride > 0u; stride >>= 1u) {
+            if (lid < stride) {
+                for (var q = 0u; q < 4u; q++) {
+                    red[q * S + lid] += red[q * S + lid + stride];
+                }
+            }
+            workgroupBarrier();
+        }
+#endif
+        if (lid < R) {
+            o0[c] = red[0][lid];
+            o1[c] = red[S][lid];
+            o2[c] = red[2u * S][lid];
+            osq[c] = red[3u * S].x;
+        }
+        workgroupBarrier();
+    }
+
+    let row = first + lid;
+    if (lid >= R || row >= p.rows) {
+        return;
+    }
+    for (var c = 0u; c < NB; c++) {
+        let col = col0 + c;
+        if (col > last_col) {
+            break;
+        }
+        var v0 = o0[c];
+        var v1 = o1[c];
+        var v2 = o2[c];
+#if NORM
+        let scale = inverseSqrt(osq[c] / f32(p.k) + p.eps);
+        v0 *= scale;
+        v1 *= scale;
+        v2 *= scale;
+#endif
+        let o = col * p.y_stride + p.out_off + row;
+#if SWIGLU
+        y[o] = gate_act(v0) * v1;
+#else
+#if CONV
+        let ch = p.out_off + row;
+        let l = p.conv_l;
+        let pos = step[8u * col + 1u];
+        let base = step[8u * col + 5u];
+        let bx = v0 * v2;
+        var a = 0.0;
+        let ring = p.ring;
+        for (var j = 0u; j + 1u < l; j++) {
+            a += conv[ch * l + j] * state[(base + (pos + ring + 1u + j - l) % ring) * p.hidden + ch];
+        }
+        a += conv[ch * l + l - 1u] * bx;
+        state[(base + pos % ring) * p.hidden + ch] = bx;
+        y[o] = v1 * a;
+#else
+#if ADD
+        y[o] = y[o] + v0;
+#else
+        y[o] = v0;
+#endif
+#endif
+#endif
+    }
+}
+#else
 @compute @workgroup_size(WG)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
         @builtin(local_invocation_index) lid: u32
@@ -252,3 +427,4 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
 #endif
 #endif
 }
+#endif

@@ -12,6 +12,10 @@
 //           6 q_out: [n, heads * hd], 7 kc, 8 vc: [positions, kv_heads * hd]
 //           (q_out, kc, vc read_write), 9 bias: [qkv_stride]
 // dispatch: (heads + kv_heads, n, 1) workgroups of 64 threads; hd <= 512
+// ROWS (qk_rope_rows, batched decode): token t is one row of a batch, its
+//   own sequence's: step holds a row record per token ([8 t ..], see
+//   gpu::llm_ops::ROW_RECORD) and its key and value go to cache row
+//   step[8 t + 4] + step[8 t + 1] (the slot's first row plus the position).
 
 struct Params {
     heads: u32,
@@ -94,7 +98,11 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
             q_out[(t * p.heads + hi) * hd + d] = head[d];
         }
     } else {
+#if ROWS
+        let dst = (step[8u * t + 4u] + step[8u * t + 1u]) * kvw + kh * hd;
+#else
         let dst = (step[1] + t) * kvw + kh * hd;
+#endif
         for (var d = lid; d < hd; d += 64u) {
             kc[dst + d] = head[d];
 #if BIAS

@@ -54,7 +54,13 @@ fn every_kernel_variant_compiles() {
 #[test]
 fn kernels_match_cpu() {
     let Some(gpu) = parity::gpu() else { return };
-    for case in cases() {
+    // LFM_PARITY_ONLY=a,b runs only those kernels' cases (while working on them).
+    let only = std::env::var("LFM_PARITY_ONLY").ok();
+    let wanted = |name: &str| {
+        only.as_ref()
+            .is_none_or(|o| o.split(',').any(|n| n == name))
+    };
+    for case in cases().into_iter().filter(|c| wanted(c.kernel)) {
         let k = lfm::gpu::kernels::all()
             .find(|k| k.name == case.kernel)
             .expect("registered");

@@ -135,12 +135,23 @@ fn bad_arguments() {
 
 #[test]
 fn batch_mode_prints_a_row_per_batch_size() {
+    batch_rows("cpu");
+    let o = run(BIN, &[&tiny(), "-b", "cpu", "--batch", "0"]);
+    assert_usage_failure(&o, &["--batch"]);
+}
+
+#[test]
+fn batch_mode_runs_on_the_gpu() {
+    batch_rows("gpu");
+}
+
+fn batch_rows(backend: &str) {
     let o = run(
         BIN,
         &[
             &tiny(),
             "-b",
-            "cpu",
+            backend,
             "--batch",
             "1,3",
             "-p",
@@ -166,6 +177,4 @@ fn batch_mode_prints_a_row_per_batch_size() {
         assert_eq!(row["n_kv"].as_u64(), Some(b * 7));
         assert!(row["s_tg"].as_f64().unwrap() > 0.0, "{row}");
     }
-    let o = run(BIN, &[&tiny(), "-b", "cpu", "--batch", "0"]);
-    assert_usage_failure(&o, &["--batch"]);
 }

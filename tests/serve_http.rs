@@ -511,29 +511,58 @@ fn sigterm_lets_running_requests_finish_then_exits_0() {
     assert_eq!(r.json()["usage"]["completion_tokens"], 40, "{}", r.text());
 }
 
-#[test]
-fn the_gpu_backend_serves_what_generate_gives_on_the_gpu() {
+/// Requests of mixed prompt lengths arriving at different times, on the
+/// GPU: batched decode steps (several sequences in one submission) give
+/// what `generate --gpu` gives each alone.
+fn gpu_serves_what_generate_gives_alone(model: &str) {
     // Lavapipe in CI: --gpu insists on an adapter, software or not.
-    let model = tiny_llama();
-    let s = Server::start(&["--gpu", "-m", &model]);
-    let prompts = [
+    let s = Server::start(&["--gpu", "-m", model]);
+    let prompts: Vec<(String, usize)> = [
         "hello world, this is",
-        "the quick brown fox",
+        "the quick brown fox jumps over the lazy dog and runs far away into the woods",
+        "a",
         "hello world, this is a test",
-    ];
+        "one two three four five six seven eight nine ten",
+    ]
+    .iter()
+    .enumerate()
+    .map(|(i, p)| (p.to_string(), 24 + 5 * i))
+    .collect();
     let port = s.port;
     let handles: Vec<_> = prompts
         .iter()
-        .map(|p| {
+        .enumerate()
+        .map(|(i, (p, n))| {
+            std::thread::sleep(std::time::Duration::from_millis(10));
             post_completion(
                 port,
-                json!({"prompt": p, "max_tokens": 12, "temperature": 0}),
+                json!({"prompt": p, "max_tokens": n, "temperature": 0, "stream": i % 2 == 1}),
             )
         })
         .collect();
-    for (p, h) in prompts.iter().zip(handles) {
+    for ((p, n), h) in prompts.iter().zip(handles) {
         let got = answer(&h.join().unwrap());
-        assert_eq!(got, generate_alone("--gpu", &model, p, 12), "{p:?}");
+        assert_eq!(got, generate_alone("--gpu", model, p, *n), "{p:?}");
     }
     s.wait_metric("lfm_running_sequences", 0.0, 10);
+    // Some steps held several sequences.
+    let (steps, seqs) = (
+        s.metric("lfm_batch_steps_total"),
+        s.metric("lfm_batch_step_sequences_total"),
+    );
+    assert!(
+        seqs > steps,
+        "{seqs} sequences in {steps} steps: nothing batched"
+    );
+    assert_eq!(s.metric("lfm_kv_blocks_in_use"), 0.0);
+}
+
+#[test]
+fn the_gpu_backend_serves_what_generate_gives_on_the_gpu() {
+    gpu_serves_what_generate_gives_alone(&tiny_llama());
+}
+
+#[test]
+fn the_gpu_backend_batches_lfm2_as_generate_gives_it_alone() {
+    gpu_serves_what_generate_gives_alone(&tiny_lfm2());
 }

@@ -75,8 +75,9 @@ pub struct Args {
     #[arg(long, default_value_t = 32, value_parser = super::values::positive)]
     pub max_body_mib: usize,
 
-    /// KV cache for all running sequences together, in MiB (CPU backend;
-    /// default: room for four full contexts).
+    /// KV cache for all running sequences together, in MiB (default: on the
+    /// CPU room for four full contexts, on the GPU 16 sequences of up to
+    /// 4096 positions; the GPU divides it into sequences of up to 4096).
     #[arg(long, value_name = "MIB", value_parser = super::values::positive)]
     pub kv_memory: Option<usize>,
 

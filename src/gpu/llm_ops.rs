@@ -239,7 +239,10 @@ struct GemvParams {
     conv_l: u32,
     hidden: u32,
     ring: u32,
-    _pad: [u32; 3],
+    /// COLS: activation columns, and the floats between columns of x and y.
+    cols: u32,
+    x_stride: u32,
+    y_stride: u32,
 }
 const _: () = assert!(std::mem::size_of::<GemvParams>() == 48);
 
@@ -321,6 +324,93 @@ format_kernel!(
     subgroups
 );
 
+// The same products over several activation columns (batched decode).
+format_kernel!(
+    GEMV_COLS,
+    "gemv_cols",
+    "gemv.wgsl",
+    [Binding::read("w"), Binding::read("x"), Binding::write("y")],
+    GemvParams,
+    ["COLS"],
+    subgroups
+);
+format_kernel!(
+    GEMV_COLS_ADD,
+    "gemv_cols_add",
+    "gemv.wgsl",
+    [Binding::read("w"), Binding::read("x"), Binding::write("y")],
+    GemvParams,
+    ["COLS", "ADD"],
+    subgroups
+);
+format_kernel!(
+    GEMV_COLS_NORM,
+    "gemv_cols_norm",
+    "gemv.wgsl",
+    [
+        Binding::read("w"),
+        Binding::read("x"),
+        Binding::read("nw"),
+        Binding::write("y")
+    ],
+    GemvParams,
+    ["COLS", "NORM"],
+    subgroups
+);
+format_kernel!(
+    GEMV_COLS_SWIGLU,
+    "gemv_cols_swiglu",
+    "gemv.wgsl",
+    [
+        Binding::read("w"),
+        Binding::read("x"),
+        Binding::read("nw"),
+        Binding::write("y")
+    ],
+    GemvParams,
+    ["COLS", "NORM", "SWIGLU"],
+    subgroups
+);
+format_kernel!(
+    GEMV_COLS_GEGLU,
+    "gemv_cols_geglu",
+    "gemv.wgsl",
+    [
+        Binding::read("w"),
+        Binding::read("x"),
+        Binding::read("nw"),
+        Binding::write("y")
+    ],
+    GemvParams,
+    ["COLS", "NORM", "SWIGLU", "GELU"],
+    subgroups
+);
+format_kernel!(
+    GEMV_COLS_CONV,
+    "gemv_cols_conv",
+    "gemv.wgsl",
+    [
+        Binding::read("w"),
+        Binding::read("x"),
+        Binding::read("nw"),
+        Binding::read("conv"),
+        Binding::write("state"),
+        Binding::read("step"),
+        Binding::write("y")
+    ],
+    GemvParams,
+    ["COLS", "NORM", "CONV"],
+    subgroups
+);
+
+/// Activation columns one batched GEMV workgroup takes (`NB` in gemv.wgsl).
+pub const GEMV_COLS_PER_GROUP: usize = 4;
+
+/// u32s of one row record of a batched decode step (the `step` binding of
+/// the batched kernels): [slot, pos, kv_len, splits, first KV cache row of
+/// the slot, first conv-state ring row of the slot, 0, 0].
+pub const ROW_RECORD: usize = 8;
+
 /// Output rows of one GEMV workgroup (`R` in gemv.wgsl).
 const GEMV_ROWS: usize = 4;
 
@@ -366,18 +456,76 @@ pub fn gemv(
     y: &wgpu::Buffer,
     out_off: usize,
 ) -> Result<Vec<Dispatch>> {
-    let (kernel, parts, extra): (&'static Kernel, usize, &[&'static str]) = match epi {
-        GemvEpilogue::Store => (&GEMV, 1, &[]),
-        GemvEpilogue::Add => (&GEMV_ADD, 1, &["ADD"]),
-        GemvEpilogue::Norm { .. } => (&GEMV_NORM, 1, &["NORM"]),
-        GemvEpilogue::Swiglu {
-            act: FfnAct::Silu, ..
-        } => (&GEMV_SWIGLU, 2, &["NORM", "SWIGLU"]),
-        GemvEpilogue::Swiglu {
-            act: FfnAct::GeluTanh,
-            ..
-        } => (&GEMV_GEGLU, 2, &["NORM", "SWIGLU", "GELU"]),
-        GemvEpilogue::Conv { .. } => (&GEMV_CONV, 3, &["NORM", "CONV"]),
+    gemv_impl(gpu, subgroups, w, epi, x, x_off, y, out_off, None)
+}
+
+/// Activation columns of a batched GEMV: how many, and the floats between
+/// consecutive columns of x and of y.
+#[derive(Clone, Copy, Debug)]
+pub struct Cols {
+    pub n: usize,
+    pub x_stride: usize,
+    pub y_stride: usize,
+}
+
+/// [`gemv`] over `cols.n` columns: y[j y_stride + out_off..] (+)= W
+/// x[x_off + j x_stride..] for each column j, the weights read once per
+/// [`GEMV_COLS_PER_GROUP`] columns; column j comes out bit-equal to [`gemv`]
+/// on column j. A conv epilogue's `step` holds one row record
+/// ([`ROW_RECORD`]) per column: its position and its state's ring.
+#[allow(clippy::too_many_arguments)]
+pub fn gemv_cols(
+    gpu: &Gpu,
+    subgroups: bool,
+    w: &GpuMatrix,
+    epi: &GemvEpilogue,
+    x: &wgpu::Buffer,
+    x_off: usize,
+    y: &wgpu::Buffer,
+    out_off: usize,
+    cols: Cols,
+) -> Result<Vec<Dispatch>> {
+    assert!(cols.n > 0, "gemv_cols: no columns");
+    gemv_impl(gpu, subgroups, w, epi, x, x_off, y, out_off, Some(cols))
+}
+
+#[allow(clippy::too_many_arguments)]
+fn gemv_impl(
+    gpu: &Gpu,
+    subgroups: bool,
+    w: &GpuMatrix,
+    epi: &GemvEpilogue,
+    x: &wgpu::Buffer,
+    x_off: usize,
+    y: &wgpu::Buffer,
+    out_off: usize,
+    cols: Option<Cols>,
+) -> Result<Vec<Dispatch>> {
+    let (single, many, parts, defines): (&'static Kernel, &'static Kernel, usize, &[&'static str]) =
+        match epi {
+            GemvEpilogue::Store => (&GEMV, &GEMV_COLS, 1, &[]),
+            GemvEpilogue::Add => (&GEMV_ADD, &GEMV_COLS_ADD, 1, &["ADD"]),
+            GemvEpilogue::Norm { .. } => (&GEMV_NORM, &GEMV_COLS_NORM, 1, &["NORM"]),
+            GemvEpilogue::Swiglu {
+                act: FfnAct::Silu, ..
+            } => (&GEMV_SWIGLU, &GEMV_COLS_SWIGLU, 2, &["NORM", "SWIGLU"]),
+            GemvEpilogue::Swiglu {
+                act: FfnAct::GeluTanh,
+                ..
+            } => (
+                &GEMV_GEGLU,
+                &GEMV_COLS_GEGLU,
+                2,
+                &["NORM", "SWIGLU", "GELU"],
+            ),
+            GemvEpilogue::Conv { .. } => (&GEMV_CONV, &GEMV_COLS_CONV, 3, &["NORM", "CONV"]),
+        };
+    let mut extra: Vec<&'static str> = defines.to_vec();
+    let kernel = if cols.is_some() {
+        extra.push("COLS");
+        many
+    } else {
+        single
     };
     assert_eq!(
         w.parts, parts,
@@ -399,7 +547,7 @@ pub fn gemv(
     };
     let mut out = Vec::with_capacity(w.chunks.len());
     for c in &w.chunks {
-        let variant = format_variant(w.dtype, subgroups, extra)?;
+        let variant = format_variant(w.dtype, subgroups, &extra)?;
         let params = GemvParams {
             k: w.k as u32,
             rows: c.rows as u32,
@@ -410,7 +558,9 @@ pub fn gemv(
             conv_l: taps as u32,
             hidden: w.rows as u32,
             ring: ring as u32,
-            _pad: [0; 3],
+            cols: cols.map_or(1, |c| c.n) as u32,
+            x_stride: cols.map_or(0, |c| c.x_stride) as u32,
+            y_stride: cols.map_or(0, |c| c.y_stride) as u32,
         };
         let bufs: Vec<&wgpu::Buffer> = match epi {
             GemvEpilogue::Store | GemvEpilogue::Add => vec![&c.buf, x, y],
@@ -425,9 +575,19 @@ pub fn gemv(
                 ..
             } => vec![&c.buf, x, nw, conv, state, step, y],
         };
+        let mut groups = groups_1d(c.rows, GEMV_ROWS);
+        if let Some(cols) = cols {
+            // Column groups fastest: the workgroups of one weight block
+            // run together (gemv.wgsl).
+            groups = [
+                cols.n.div_ceil(GEMV_COLS_PER_GROUP) as u32,
+                groups[0],
+                groups[1],
+            ];
+        }
         out.push(Dispatch {
             bound: gpu.bind(kernel, &variant, &bufs, &params)?,
-            groups: groups_1d(c.rows, GEMV_ROWS),
+            groups,
         });
     }
     Ok(out)
@@ -797,6 +957,29 @@ kernel!(
     QkRopeParams,
     [&[], &["QK_NORM"], &["BIAS"], &["BIAS", "QK_NORM"]]
 );
+kernel!(
+    QK_ROPE_ROWS,
+    "qk_rope_rows",
+    "qk_rope.wgsl",
+    [
+        Binding::read("qkv"),
+        Binding::read("qn"),
+        Binding::read("kn"),
+        Binding::read("cs"),
+        Binding::read("step"),
+        Binding::write("q_out"),
+        Binding::write("kc"),
+        Binding::write("vc"),
+        Binding::read("bias")
+    ],
+    QkRopeParams,
+    [
+        &["ROWS"],
+        &["QK_NORM", "ROWS"],
+        &["BIAS", "ROWS"],
+        &["BIAS", "QK_NORM", "ROWS"]
+    ]
+);
 
 /// Largest head the attention kernels hold in workgroup memory.
 pub const MAX_HEAD_DIM: usize = 256;
@@ -826,6 +1009,41 @@ pub fn qk_rope(
     q_out: &wgpu::Buffer,
     n: usize,
 ) -> Result<Dispatch> {
+    qk_rope_impl(gpu, s, qkv, norms, bias, cs, kv, q_out, n, false)
+}
+
+/// [`qk_rope`] for `n` decode rows of a batch, each of its own sequence:
+/// `kv.step` holds a row record per row ([`ROW_RECORD`]), which says where
+/// in the (shared, per-slot) caches the row's key and value go; `cs` holds
+/// each row's angles.
+#[allow(clippy::too_many_arguments)]
+pub fn qk_rope_rows(
+    gpu: &Gpu,
+    s: &AttnShape,
+    qkv: &wgpu::Buffer,
+    norms: Option<(&wgpu::Buffer, &wgpu::Buffer)>,
+    bias: Option<&wgpu::Buffer>,
+    cs: &wgpu::Buffer,
+    kv: &AttnBuffers,
+    q_out: &wgpu::Buffer,
+    n: usize,
+) -> Result<Dispatch> {
+    qk_rope_impl(gpu, s, qkv, norms, bias, cs, kv, q_out, n, true)
+}
+
+#[allow(clippy::too_many_arguments)]
+fn qk_rope_impl(
+    gpu: &Gpu,
+    s: &AttnShape,
+    qkv: &wgpu::Buffer,
+    norms: Option<(&wgpu::Buffer, &wgpu::Buffer)>,
+    bias: Option<&wgpu::Buffer>,
+    cs: &wgpu::Buffer,
+    kv: &AttnBuffers,
+    q_out: &wgpu::Buffer,
+    n: usize,
+    rows: bool,
+) -> Result<Dispatch> {
     assert!(s.head_dim <= 512, "qk_rope: head_dim {} > 512", s.head_dim);
     let params = QkRopeParams {
         heads: s.heads as u32,
@@ -845,9 +1063,12 @@ pub fn qk_rope(
     if norms.is_some() {
         defines.push("QK_NORM");
     }
+    if rows {
+        defines.push("ROWS");
+    }
     let (qn, kn) = norms.unwrap_or((qkv, qkv));
     let bound = gpu.bind(
-        &QK_ROPE,
+        if rows { &QK_ROPE_ROWS } else { &QK_ROPE },
         &Variant::new(&defines),
         &[
             qkv,
@@ -880,7 +1101,8 @@ struct AttentionParams {
     scale: f32,
     kv_stride: u32,
     window: u32,
-    _pad: u32,
+    /// ROWS: splits per head the partial-result buffer holds.
+    part_splits: u32,
 }
 const _: () = assert!(std::mem::size_of::<AttentionParams>() == 32);
 
@@ -895,7 +1117,7 @@ impl AttentionParams {
             scale: s.scale,
             kv_stride: (s.kv_heads * s.head_dim) as u32,
             window: s.window as u32,
-            _pad: 0,
+            part_splits: 0,
         }
     }
 }
@@ -914,6 +1136,35 @@ kernel!(
     ],
     AttentionParams,
     [&[], &["SUBGROUPS"]]
+);
+
+kernel!(
+    FLASH_ATTENTION_ROWS,
+    "flash_attention_rows",
+    ["attention_params.wgsl", "flash_attention.wgsl"],
+    [
+        Binding::read("q"),
+        Binding::read("kc"),
+        Binding::read("vc"),
+        Binding::read("step"),
+        Binding::write("out"),
+        Binding::write("part")
+    ],
+    AttentionParams,
+    [&["ROWS"], &["ROWS", "SUBGROUPS"]]
+);
+
+kernel!(
+    FLASH_ATTENTION_MERGE_ROWS,
+    "flash_attention_merge_rows",
+    ["attention_params.wgsl", "flash_attention_merge.wgsl"],
+    [
+        Binding::read("part"),
+        Binding::read("step"),
+        Binding::write("out")
+    ],
+    AttentionParams,
+    [&["ROWS"]]
 );
 
 kernel!(
@@ -939,6 +1190,17 @@ const SPLIT_LEN: usize = 64;
 /// over (flash-decode): long contexts use more of the GPU.
 pub fn attention_splits(kv_len: usize) -> usize {
     kv_len.div_ceil(SPLIT_LEN).clamp(1, MAX_SPLITS)
+}
+
+/// Floats of [`flash_attention_rows`]' partial-result buffer for `n` rows
+/// of at most `max_splits` splits.
+pub fn attention_rows_part_len(
+    heads: usize,
+    head_dim: usize,
+    n: usize,
+    max_splits: usize,
+) -> usize {
+    n * heads * max_splits * (head_dim + 2)
 }
 
 /// Floats of the partial-result buffer for `n_q` queries of `heads` heads.
@@ -1019,6 +1281,62 @@ pub fn flash_attention(
         merge,
         heads: s.heads as u32,
         n_q: n_q as u32,
+    })
+}
+
+/// [`flash_attention`] for `n` decode rows of a batch, each of its own
+/// sequence: `kv.step` holds a row record per row ([`ROW_RECORD`]: its
+/// kv_len, splits and slot), `part` [`attention_rows_part_len`] of n and
+/// `max_splits` (the most any row may have). Record with the most splits of
+/// any row; each row comes out as [`flash_attention`] computes it alone.
+#[allow(clippy::too_many_arguments)]
+pub fn flash_attention_rows(
+    gpu: &Gpu,
+    subgroups: bool,
+    s: &AttnShape,
+    q: &wgpu::Buffer,
+    kv: &AttnBuffers,
+    out: &wgpu::Buffer,
+    part: &wgpu::Buffer,
+    n: usize,
+    max_splits: usize,
+) -> Result<Attention> {
+    if s.head_dim > MAX_HEAD_DIM {
+        return Err(Error::gpu(format!(
+            "attention heads of {} dimensions (the GPU kernels hold at most {MAX_HEAD_DIM})",
+            s.head_dim
+        )));
+    }
+    assert!(
+        (1..=MAX_SPLITS).contains(&max_splits),
+        "flash_attention_rows: {max_splits} splits"
+    );
+    let params = AttentionParams {
+        part_splits: max_splits as u32,
+        ..AttentionParams::new(s, n)
+    };
+    let variant = if subgroups {
+        Variant::new(&["ROWS", "SUBGROUPS"])
+    } else {
+        Variant::new(&["ROWS"])
+    };
+    let main = gpu.bind(
+        &FLASH_ATTENTION_ROWS,
+        &variant,
+        &[q, kv.k_cache, kv.v_cache, kv.step, out, part],
+        &params,
+    )?;
+    let merge = gpu.bind(
+        &FLASH_ATTENTION_MERGE_ROWS,
+        &Variant::new(&["ROWS"]),
+        &[part, kv.step, out],
+        &params,
+    )?;
+    Ok(Attention {
+        main,
+        merge,
+        heads: s.heads as u32,
+        n_q: n as u32,
     })
 }
 
@@ -1226,6 +1544,59 @@ kernel!(
     [&[]]
 );
 
+kernel!(
+    ARGMAX_PART_ROWS,
+    "argmax_part_rows",
+    "argmax.wgsl",
+    [Binding::read("x"), Binding::write("part")],
+    ArgmaxParams,
+    [&["PARTIAL", "ROWS"]]
+);
+kernel!(
+    ARGMAX_ROWS,
+    "argmax_rows",
+    "argmax.wgsl",
+    [Binding::read("part"), Binding::write("out")],
+    ArgmaxParams,
+    [&["ROWS"]]
+);
+
+/// [`argmax`] of each of `rows` rows of x ([rows, n]): `out` [rows, 2] u32,
+/// row r's (index, non-finite flag) at 2 r.
+pub fn argmax_rows(
+    gpu: &Gpu,
+    x: &wgpu::Buffer,
+    out: &wgpu::Buffer,
+    n: usize,
+    rows: usize,
+) -> Result<Vec<Dispatch>> {
+    let params = argmax_params(n);
+    let part = gpu.scratch(
+        "argmax triples",
+        12 * (params.groups as usize * rows) as u64,
+    )?;
+    Ok(vec![
+        Dispatch {
+            bound: gpu.bind(
+                &ARGMAX_PART_ROWS,
+                &Variant::new(&["PARTIAL", "ROWS"]),
+                &[x, &part],
+                &params,
+            )?,
+            groups: [params.groups, rows as u32, 1],
+        },
+        Dispatch {
+            bound: gpu.bind(
+                &ARGMAX_ROWS,
+                &Variant::new(&["ROWS"]),
+                &[&part, out],
+                &params,
+            )?,
+            groups: [rows as u32, 1, 1],
+        },
+    ])
+}
+
 /// Elements of x one `argmax_part` workgroup reduces (CHUNK in argmax.wgsl).
 pub const ARGMAX_CHUNK: usize = 1024;
 
@@ -1400,19 +1771,30 @@ pub static KERNELS: &[&Kernel] = &[
     &GEMV_SWIGLU,
     &GEMV_GEGLU,
     &GEMV_CONV,
+    &GEMV_COLS,
+    &GEMV_COLS_ADD,
+    &GEMV_COLS_NORM,
+    &GEMV_COLS_SWIGLU,
+    &GEMV_COLS_GEGLU,
+    &GEMV_COLS_CONV,
     &GEMM_ADD,
     &GEMM_NORM,
     &GEMM_NORM_SWIGLU,
     &GEMM_NORM_GEGLU,
     &EMBEDDING,
     &QK_ROPE,
+    &QK_ROPE_ROWS,
     &FLASH_ATTENTION,
     &FLASH_ATTENTION_MERGE,
+    &FLASH_ATTENTION_ROWS,
+    &FLASH_ATTENTION_MERGE_ROWS,
     &PREFILL_ATTENTION,
     &SHORT_CONV,
     &SWIGLU,
     &ARGMAX_PART,
     &ARGMAX,
+    &ARGMAX_PART_ROWS,
+    &ARGMAX_ROWS,
     &TOP_K,
     &TOP_K_PART,
 ];

@@ -4,8 +4,9 @@
 //! tokens to any of them (a prompt chunk, or the one token a decode step
 //! consumes) in one pass and returns each one's next-token logits. The CPU
 //! backend ([`super::llm_cpu::CpuBatch`]) batches for real over a paged KV
-//! cache with prefix reuse; any other [`CausalLm`] serves through
-//! [`SingleSlot`], one sequence at a time.
+//! cache with prefix reuse; the GPU ([`super::llm_gpu::GpuBatch`]) decodes
+//! every sequence's token in one submission over a slot per sequence; any
+//! other [`CausalLm`] serves through [`SingleSlot`], one sequence at a time.
 
 use super::kv_blocks::BlockUsage;
 use super::llm::{CausalLm, LlmConfig};
@@ -60,6 +61,13 @@ pub trait BatchedLm {
         _sampler: &mut Sampler,
         _history: &[u32],
     ) -> Option<Result<u32>> {
+        None
+    }
+    /// One decode step of every `(id, token)` together (each consumes its
+    /// token), each drawing its next token greedily on the backend, so only
+    /// the token ids come back rather than every row's logits; None when
+    /// the backend has no such path (the caller steps and samples).
+    fn step_greedy_many(&mut self, _rows: &[(SeqId, u32)]) -> Option<Result<Vec<u32>>> {
         None
     }
     /// Greedy decoding of `id` alone, as [`CausalLm::greedy_run`]: consumes

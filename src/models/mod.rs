@@ -176,9 +176,32 @@ pub enum KvSize {
     Sequences(usize, usize),
 }
 
+/// Positions a GPU batch gives each sequence unless told (a benchmark's
+/// batch says its length).
+const GPU_SLOT_POSITIONS: usize = 4096;
+/// Sequences a GPU batch holds by default.
+const GPU_DEFAULT_SLOTS: usize = 16;
+
+/// The GPU batch's sequences and positions per sequence for `kv`: a
+/// benchmark's batch as asked; otherwise slots of up to
+/// [`GPU_SLOT_POSITIONS`] positions, as many as the bytes allow (by
+/// default [`GPU_DEFAULT_SLOTS`]), no more than one binding of the
+/// adapter holds per layer.
+fn gpu_slots(cfg: &LlmConfig, kv: KvSize, max_binding: u64) -> (usize, usize) {
+    let slot_len = cfg.context.clamp(1, GPU_SLOT_POSITIONS);
+    let slots = match kv {
+        KvSize::Sequences(n, len) => return (n, len),
+        KvSize::Default => GPU_DEFAULT_SLOTS,
+        KvSize::Bytes(b) => b / (cfg.kv_bytes_per_position().max(1) * slot_len),
+    };
+    let per_slot = (slot_len * cfg.kv_heads * cfg.head_dim * 4).max(1) as u64;
+    let fit = (max_binding / per_slot) as usize;
+    (slots.min(fit).clamp(1, llm_gpu::MAX_SLOTS), slot_len)
+}
+
 /// Opens a checkpoint for batched serving: on the CPU, continuous batching
-/// over a paged cache of `kv`; any other backend serves one sequence at a
-/// time (in its own growing cache).
+/// over a paged cache of `kv`; on the GPU, continuous batching over a slot
+/// of KV cache per sequence ([`llm_gpu::GpuBatch`]).
 pub fn load_batched_llm(path: &Path, opts: &LoadOptions, kv: KvSize) -> Result<LoadedBatch> {
     let (cfg, weights, tokenizer, defaults) = open_converted(path, opts)?;
     let positions = match kv {
@@ -196,8 +219,15 @@ pub fn load_batched_llm(path: &Path, opts: &LoadOptions, kv: KvSize) -> Result<L
             )))
         },
         |gpu| -> Result<Box<dyn batch::BatchedLm>> {
-            let m = GpuLlm::new(gpu, &cfg, &weights, &GpuLlmOptions::default())?;
-            Ok(Box::new(batch::SingleSlot::new(Box::new(m), "gpu")))
+            let (slots, slot_len) = gpu_slots(&cfg, kv, gpu.caps.max_binding);
+            Ok(Box::new(llm_gpu::GpuBatch::new(
+                gpu,
+                &cfg,
+                &weights,
+                &GpuLlmOptions::default(),
+                slots,
+                slot_len,
+            )?))
         },
     )?;
     Ok(LoadedBatch {

@@ -39,6 +39,30 @@ pub const CASES: &[Case] = &[
         run: gemv_conv,
     },
     Case {
+        kernel: "gemv_cols",
+        run: gemv_cols,
+    },
+    Case {
+        kernel: "gemv_cols_add",
+        run: gemv_cols,
+    },
+    Case {
+        kernel: "gemv_cols_norm",
+        run: gemv_cols,
+    },
+    Case {
+        kernel: "gemv_cols_swiglu",
+        run: gemv_cols,
+    },
+    Case {
+        kernel: "gemv_cols_geglu",
+        run: gemv_cols,
+    },
+    Case {
+        kernel: "gemv_cols_conv",
+        run: gemv_cols,
+    },
+    Case {
         kernel: "gemm_add",
         run: gemm_add,
     },
@@ -71,6 +95,18 @@ pub const CASES: &[Case] = &[
         run: flash_attention_merge,
     },
     Case {
+        kernel: "qk_rope_rows",
+        run: qk_rope_rows,
+    },
+    Case {
+        kernel: "flash_attention_rows",
+        run: flash_attention_rows,
+    },
+    Case {
+        kernel: "flash_attention_merge_rows",
+        run: flash_attention_rows,
+    },
+    Case {
         kernel: "prefill_attention",
         run: prefill_attention,
     },
@@ -89,6 +125,14 @@ pub const CASES: &[Case] = &[
     Case {
         kernel: "argmax_part",
         run: argmax_part,
+    },
+    Case {
+        kernel: "argmax_rows",
+        run: argmax_rows,
+    },
+    Case {
+        kernel: "argmax_part_rows",
+        run: argmax_rows,
     },
     Case {
         kernel: "top_k",
@@ -991,5 +1035,425 @@ fn top_k_part(gpu: &Gpu, _v: &Variant) {
                 assert_eq!(mine, want, "top_k_part n={n} k={k} slice {g}");
             }
         }
+    }
+}
+
+#[track_caller]
+fn assert_bits(what: &str, got: &[f32], want: &[f32]) {
+    assert_eq!(got.len(), want.len(), "{what}: lengths");
+    for (i, (g, w)) in got.iter().zip(want).enumerate() {
+        assert!(
+            g.to_bits() == w.to_bits(),
+            "{what}: element {i} is {g:e}, the single kernel gave {w:e}"
+        );
+    }
+}
+
+/// Batched GEMVs: for 1 and 6 columns (one 4-column group, and two with the
+/// second partial), column j of the batched kernel equals
+/// the single kernel (checked against the CPU by its own case) on column j,
+/// bit for bit: the batched kernel keeps the single one's per-thread sums
+/// and reduction for every column, so batched decode yields the tokens of a
+/// sequence decoded alone.
+fn gemv_cols(gpu: &Gpu, v: &Variant) {
+    let (t, sub) = format_and_subgroups(v);
+    let has = |d: &str| v.defines.contains(&d);
+    let (swiglu, conv, add) = (has("SWIGLU"), has("CONV"), has("ADD"));
+    let mut rng = Rng::new(31);
+    // Short rows and rows of several passes of the workgroup (kept few:
+    // each column is checked against a dispatch of its own).
+    let ks = match t.block_size() {
+        1 => vec![33, 1025],
+        32 => vec![32, 288],
+        _ => vec![256],
+    };
+    for k in ks {
+        // The conv block's projections are square ([3 d, d]).
+        let rows_set: &[usize] = if conv { &[k] } else { &[5, 132] };
+        for &rows in rows_set {
+            for n in [1, 6] {
+                let parts = if conv {
+                    3
+                } else if swiglu {
+                    2
+                } else {
+                    1
+                };
+                let ws: Vec<Tensor> = (0..parts).map(|_| weights(t, rows, k, &mut rng)).collect();
+                let refs: Vec<&Tensor> = ws.iter().collect();
+                let m = upload(gpu, &refs, 50);
+                // A conv block's output offset is its first channel: 0.
+                let out_off = if conv { 0 } else { 3 };
+                let (x_off, x_stride, y_stride) = (2, k + 3, rows + 5);
+                let xs = rng.vec(x_off + n * x_stride, -2.0, 2.0);
+                let nw = rng.vec(k, 0.5, 1.5);
+                let y0 = if add {
+                    rng.vec(n * y_stride, -1.0, 1.0)
+                } else {
+                    vec![f32::NAN; n * y_stride]
+                };
+                let gx = gpu.upload_f32("x", &xs).unwrap();
+                let gn = gpu.upload_f32("nw", &nw).unwrap();
+                let taps = 3;
+                let ring = taps + 1;
+                let convw = rng.vec(rows * taps, -1.0, 1.0);
+                let gc = gpu.upload_f32("conv", &convw).unwrap();
+                let states: Vec<Vec<f32>> =
+                    (0..n).map(|_| rng.vec(ring * rows, -1.0, 1.0)).collect();
+                let positions: Vec<usize> = (0..n).map(|j| 3 + 5 * j).collect();
+                // The batch's row records: column j at position 3 + 5 j, its
+                // ring rows from j ring.
+                let mut records = vec![0u32; n * llm_ops::ROW_RECORD];
+                for j in 0..n {
+                    records[j * llm_ops::ROW_RECORD + 1] = positions[j] as u32;
+                    records[j * llm_ops::ROW_RECORD + 5] = (j * ring) as u32;
+                }
+                let gstep = gpu.upload_u32("rows", &records).unwrap();
+                let gstate = gpu.upload_f32("state", &states.concat()).unwrap();
+                let gy = gpu.upload_f32("y", &y0).unwrap();
+                let cols = llm_ops::Cols {
+                    n,
+                    x_stride,
+                    y_stride,
+                };
+                let e = epilogue(v, &gn, &gc, &gstate, &gstep, taps, ring);
+                run(
+                    gpu,
+                    &llm_ops::gemv_cols(gpu, sub, &m, &e, &gx, x_off, &gy, out_off, cols).unwrap(),
+                );
+                let got = gpu.read_f32(&gy).unwrap();
+                let got_state = gpu.read_f32(&gstate).unwrap();
+                for j in 0..n {
+                    let what = format!("{} k={k} rows={rows} n={n} column {j}", v.key());
+                    let sy = gpu
+                        .upload_f32("y", &y0[j * y_stride..(j + 1) * y_stride])
+                        .unwrap();
+                    let sstate = gpu.upload_f32("state", &states[j]).unwrap();
+                    let sstep = gpu
+                        .upload_u32("step", &[0, positions[j] as u32, 0, 0])
+                        .unwrap();
+                    let e = epilogue(v, &gn, &gc, &sstate, &sstep, taps, ring);
+                    let ds =
+                        llm_ops::gemv(gpu, sub, &m, &e, &gx, x_off + j * x_stride, &sy, out_off)
+                            .unwrap();
+                    run(gpu, &ds);
+                    let want = gpu.read_f32(&sy).unwrap();
+                    let out = out_off..out_off + rows;
+                    let base = j * y_stride;
+                    assert_bits(&what, &got[base + out.start..base + out.end], &want[out]);
+                    if conv {
+                        assert_bits(
+                            &format!("{what} state"),
+                            &got_state[j * ring * rows..(j + 1) * ring * rows],
+                            &gpu.read_f32(&sstate).unwrap(),
+                        );
+                    }
+                }
+                // The columns' gaps are left alone.
+                if !add && out_off > 0 {
+                    assert!(got[..out_off].iter().all(|x| x.is_nan()), "wrote outside");
+                }
+            }
+        }
+    }
+}
+
+/// The epilogue a gemv_cols variant computes, over these buffers.
+fn epilogue<'a>(
+    v: &Variant,
+    nw: &'a wgpu::Buffer,
+    conv: &'a wgpu::Buffer,
+    state: &'a wgpu::Buffer,
+    step: &'a wgpu::Buffer,
+    taps: usize,
+    ring: usize,
+) -> GemvEpilogue<'a> {
+    let has = |d: &str| v.defines.contains(&d);
+    if has("CONV") {
+        GemvEpilogue::Conv {
+            nw,
+            eps: 1e-5,
+            conv,
+            state,
+            step,
+            taps,
+            ring,
+        }
+    } else if has("SWIGLU") {
+        GemvEpilogue::Swiglu {
+            nw,
+            eps: 1e-5,
+            act: act_of(v),
+        }
+    } else if has("NORM") {
+        GemvEpilogue::Norm { nw, eps: 1e-5 }
+    } else if has("ADD") {
+        GemvEpilogue::Add
+    } else {
+        GemvEpilogue::Store
+    }
+}
+
+/// Shapes of the batched attention cases: (heads, kv_heads, head_dim).
+const ROWS_SHAPES: [(usize, usize, usize); 2] = [(4, 2, 64), (3, 1, 34)];
+
+fn rows_shape(heads: usize, kv_heads: usize, hd: usize, window: usize) -> AttnShape {
+    AttnShape {
+        heads,
+        kv_heads,
+        head_dim: hd,
+        rope_dim: hd - hd % 2,
+        rope_style: RopeStyle::Halves,
+        eps: 1e-5,
+        scale: cpu::attention_scale(hd),
+        window,
+    }
+}
+
+/// Row records of a batch whose row j is at position positions[j] in slot
+/// slots[j] of `cap` positions.
+fn row_records(positions: &[usize], slots: &[usize], cap: usize) -> Vec<u32> {
+    let mut r = vec![0u32; positions.len() * llm_ops::ROW_RECORD];
+    for (j, (&pos, &slot)) in positions.iter().zip(slots).enumerate() {
+        let kv_len = pos + 1;
+        let rec = &mut r[j * llm_ops::ROW_RECORD..(j + 1) * llm_ops::ROW_RECORD];
+        rec[0] = slot as u32;
+        rec[1] = pos as u32;
+        rec[2] = kv_len as u32;
+        rec[3] = llm_ops::attention_splits(kv_len) as u32;
+        rec[4] = (slot * cap) as u32;
+    }
+    r
+}
+
+/// qk_rope over a batch's rows, each at its own position in its own slot of
+/// the caches: row j equals the single kernel on row j alone.
+fn qk_rope_rows(gpu: &Gpu, v: &Variant) {
+    let norm = v.defines.contains(&"QK_NORM");
+    let with_bias = v.defines.contains(&"BIAS");
+    let mut rng = Rng::new(32);
+    for (heads, kv_heads, hd) in ROWS_SHAPES {
+        let s = rows_shape(heads, kv_heads, hd, 0);
+        let (qw, kvw) = (heads * hd, kv_heads * hd);
+        let qkv_w = qw + 2 * kvw;
+        let cap = 80;
+        let positions = [5, 0, 70];
+        let slots = [2, 0, 1];
+        let n = positions.len();
+        let qkv = rng.vec(n * qkv_w, -2.0, 2.0);
+        let bias = rng.vec(qkv_w, -1.0, 1.0);
+        let qn = rng.vec(hd, 0.5, 1.5);
+        let kn = rng.vec(hd, 0.5, 1.5);
+        let cs: Vec<f32> = positions
+            .iter()
+            .flat_map(|&p| cpu::rope_table(p, 1, s.rope_dim, 10_000.0))
+            .collect();
+        let gqn = gpu.upload_f32("qn", &qn).unwrap();
+        let gkn = gpu.upload_f32("kn", &kn).unwrap();
+        let gbias = gpu.upload_f32("bias", &bias).unwrap();
+        let gqkv = gpu.upload_f32("qkv", &qkv).unwrap();
+        let gcs = gpu.upload_f32("cs", &cs).unwrap();
+        let rec = gpu
+            .upload_u32("rows", &row_records(&positions, &slots, cap))
+            .unwrap();
+        let gq = gpu.poisoned_f32("q", n * qw).unwrap();
+        let gk = gpu.poisoned_f32("kc", 3 * cap * kvw).unwrap();
+        let gv = gpu.poisoned_f32("vc", 3 * cap * kvw).unwrap();
+        let kv = llm_ops::AttnBuffers {
+            step: &rec,
+            k_cache: &gk,
+            v_cache: &gv,
+        };
+        let norms = norm.then_some((&gqn, &gkn));
+        let d = llm_ops::qk_rope_rows(
+            gpu,
+            &s,
+            &gqkv,
+            norms,
+            with_bias.then_some(&gbias),
+            &gcs,
+            &kv,
+            &gq,
+            n,
+        )
+        .unwrap();
+        gpu.run_all(&[&d]).unwrap();
+        let (q, k, vv) = (
+            gpu.read_f32(&gq).unwrap(),
+            gpu.read_f32(&gk).unwrap(),
+            gpu.read_f32(&gv).unwrap(),
+        );
+        for j in 0..n {
+            let what = format!("{} hd={hd} row {j}", v.key());
+            let pos = positions[j];
+            let sqkv = gpu
+                .upload_f32("qkv", &qkv[j * qkv_w..(j + 1) * qkv_w])
+                .unwrap();
+            let scs = gpu
+                .upload_f32("cs", &cs[j * s.rope_dim..(j + 1) * s.rope_dim])
+                .unwrap();
+            let step = gpu
+                .upload_u32("step", &[0, pos as u32, pos as u32 + 1, 1])
+                .unwrap();
+            let sq = gpu.poisoned_f32("q", qw).unwrap();
+            let sk = gpu.poisoned_f32("kc", cap * kvw).unwrap();
+            let sv = gpu.poisoned_f32("vc", cap * kvw).unwrap();
+            let skv = llm_ops::AttnBuffers {
+                step: &step,
+                k_cache: &sk,
+                v_cache: &sv,
+            };
+            let d = llm_ops::qk_rope(
+                gpu,
+                &s,
+                &sqkv,
+                norms,
+                with_bias.then_some(&gbias),
+                &scs,
+                &skv,
+                &sq,
+                1,
+            )
+            .unwrap();
+            gpu.run_all(&[&d]).unwrap();
+            assert_bits(&what, &q[j * qw..(j + 1) * qw], &gpu.read_f32(&sq).unwrap());
+            let at = (slots[j] * cap + pos) * kvw;
+            let row = pos * kvw..(pos + 1) * kvw;
+            assert_bits(
+                &format!("{what} k"),
+                &k[at..at + kvw],
+                &gpu.read_f32(&sk).unwrap()[row.clone()],
+            );
+            assert_bits(
+                &format!("{what} v"),
+                &vv[at..at + kvw],
+                &gpu.read_f32(&sv).unwrap()[row],
+            );
+        }
+        // Only the rows' own cache rows are written.
+        let written = k.iter().filter(|x| !x.is_nan()).count();
+        assert_eq!(written, n * kvw, "{}: cache rows written", v.key());
+    }
+}
+
+/// Batched decode attention (and its merge): rows of different lengths (one
+/// split, several, a window), each over its own slot of the caches, equal
+/// the single kernels on each row alone.
+fn flash_attention_rows(gpu: &Gpu, v: &Variant) {
+    let sub = v.defines.contains(&"SUBGROUPS");
+    let mut rng = Rng::new(33);
+    for (heads, kv_heads, hd) in ROWS_SHAPES {
+        for window in [0, 100] {
+            let s = rows_shape(heads, kv_heads, hd, window);
+            let (qw, kvw) = (heads * hd, kv_heads * hd);
+            let cap = 300;
+            let positions = [4, 299, 64, 150];
+            let slots = [1, 3, 0, 2];
+            let n = positions.len();
+            let kc = rng.vec(4 * cap * kvw, -2.0, 2.0);
+            let vc = rng.vec(4 * cap * kvw, -2.0, 2.0);
+            let q = rng.vec(n * qw, -2.0, 2.0);
+            let records = row_records(&positions, &slots, cap);
+            let gk = gpu.upload_f32("kc", &kc).unwrap();
+            let gv = gpu.upload_f32("vc", &vc).unwrap();
+            let gq = gpu.upload_f32("q", &q).unwrap();
+            let rec = gpu.upload_u32("rows", &records).unwrap();
+            let out = gpu.poisoned_f32("out", n * qw).unwrap();
+            // The partial results hold the most splits a row of the slots
+            // can have.
+            let max_splits = llm_ops::attention_splits(cap);
+            let part_len = llm_ops::attention_rows_part_len(heads, hd, n, max_splits);
+            let part = gpu.scratch("part", 4 * part_len as u64).unwrap();
+            let kv = llm_ops::AttnBuffers {
+                step: &rec,
+                k_cache: &gk,
+                v_cache: &gv,
+            };
+            let a =
+                llm_ops::flash_attention_rows(gpu, sub, &s, &gq, &kv, &out, &part, n, max_splits)
+                    .unwrap();
+            let most = positions
+                .iter()
+                .map(|p| llm_ops::attention_splits(p + 1))
+                .max()
+                .unwrap();
+            let mut enc = gpu.device.create_command_encoder(&Default::default());
+            {
+                let mut pass = enc.begin_compute_pass(&Default::default());
+                a.record(&mut pass, most);
+            }
+            gpu.queue.submit([enc.finish()]);
+            let got = gpu.read_f32(&out).unwrap();
+            for j in 0..n {
+                let kv_len = positions[j] + 1;
+                let splits = llm_ops::attention_splits(kv_len);
+                let what = format!(
+                    "{} hd={hd} window={window} row {j} kv_len={kv_len}",
+                    v.key()
+                );
+                let slot = slots[j] * cap * kvw..(slots[j] + 1) * cap * kvw;
+                let sk = gpu.upload_f32("kc", &kc[slot.clone()]).unwrap();
+                let sv = gpu.upload_f32("vc", &vc[slot]).unwrap();
+                let sq = gpu.upload_f32("q", &q[j * qw..(j + 1) * qw]).unwrap();
+                let step = gpu
+                    .upload_u32(
+                        "step",
+                        &[0, kv_len as u32 - 1, kv_len as u32, splits as u32],
+                    )
+                    .unwrap();
+                let sout = gpu.poisoned_f32("out", qw).unwrap();
+                let spart = gpu
+                    .scratch("part", 4 * llm_ops::attention_part_len(heads, hd, 1) as u64)
+                    .unwrap();
+                let skv = llm_ops::AttnBuffers {
+                    step: &step,
+                    k_cache: &sk,
+                    v_cache: &sv,
+                };
+                let sa =
+                    llm_ops::flash_attention(gpu, sub, &s, &sq, &skv, &sout, &spart, 1).unwrap();
+                let mut enc = gpu.device.create_command_encoder(&Default::default());
+                {
+                    let mut pass = enc.begin_compute_pass(&Default::default());
+                    sa.record(&mut pass, splits);
+                }
+                gpu.queue.submit([enc.finish()]);
+                assert_bits(
+                    &what,
+                    &got[j * qw..(j + 1) * qw],
+                    &gpu.read_f32(&sout).unwrap(),
+                );
+            }
+        }
+    }
+}
+
+/// Argmax of each row of a batch equals the single argmax of that row
+/// (ties to the first, non-finite flags per row).
+fn argmax_rows(gpu: &Gpu, _v: &Variant) {
+    let mut rng = Rng::new(34);
+    for n in [1, 33, 1025, 5000] {
+        let rows = 3;
+        let mut x = rng.vec(rows * n, -5.0, 5.0);
+        // Row 1 ties at its maximum; row 2 holds an infinity.
+        x[n + n / 3] = 7.0;
+        x[2 * n - 1] = 7.0;
+        x[2 * n + n / 2] = f32::INFINITY;
+        let gx = gpu.upload_f32("x", &x).unwrap();
+        let out = gpu.upload_u32("out", &vec![u32::MAX; 2 * rows]).unwrap();
+        run(gpu, &llm_ops::argmax_rows(gpu, &gx, &out, n, rows).unwrap());
+        let got = gpu.read_u32(&out).unwrap();
+        for r in 0..rows {
+            let sx = gpu.upload_f32("x", &x[r * n..(r + 1) * n]).unwrap();
+            let sout = gpu.upload_u32("out", &[u32::MAX, u32::MAX]).unwrap();
+            run(gpu, &llm_ops::argmax(gpu, &sx, &sout, n).unwrap());
+            let want = gpu.read_u32(&sout).unwrap();
+            assert_eq!(
+                &got[2 * r..2 * r + 2],
+                &want[..],
+                "argmax_rows n={n} row {r}"
+            );
+        }
+        assert_eq!(got[5], 1, "argmax_rows n={n}: the infinity is flagged");
     }
 }

@@ -22,9 +22,12 @@
 //! adapters with cooperative matrices, a tiled attention kernel; a chunk's
 //! dispatches are kept while its shape repeats.
 
+mod batch;
 mod decode;
 mod prefill;
 mod upload;
+
+pub use batch::{GpuBatch, MAX_SLOTS};
 
 use super::llm::{
     check_truncate, conv_ring_rows, conv_rows_kept, CausalLm, LayerKind, LayerState, LlmConfig,

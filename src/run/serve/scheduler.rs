@@ -347,13 +347,34 @@ pub fn run(
             })
             .collect();
         let t0 = Instant::now();
+        // Decode steps only, all greedy: the backend may pick the tokens
+        // itself (reading back ids, not every row's logits).
+        let all_greedy = plan
+            .iter()
+            .all(|(i, range)| range.is_empty() && running[*i].sampler.is_greedy());
+        let greedy_rows: Vec<(SeqId, u32)> = if all_greedy {
+            work.iter().map(|w| (w.id, w.tokens[0])).collect()
+        } else {
+            Vec::new()
+        };
         // A panic fails this step's requests, not the server.
-        let result = unwinding(|| model.step(&work)).unwrap_or_else(|| Err(internal_error()));
+        let picked = if all_greedy {
+            unwinding(|| model.step_greedy_many(&greedy_rows))
+                .unwrap_or_else(|| Some(Err(internal_error())))
+        } else {
+            None
+        };
+        let result = match picked {
+            Some(tokens) => tokens.map(|t| t.into_iter().map(Next::Token).collect::<Vec<_>>()),
+            None => unwinding(|| model.step(&work))
+                .unwrap_or_else(|| Err(internal_error()))
+                .map(|l| l.into_iter().map(Next::Logits).collect()),
+        };
         metrics.observe_step(t0.elapsed(), work.len());
         let mut finished = vec![false; running.len()];
         match result {
-            Ok(logits) => {
-                for ((i, range), logits) in plan.iter().zip(logits) {
+            Ok(next) => {
+                for ((i, range), next) in plan.iter().zip(next) {
                     let r = &mut running[*i];
                     if !range.is_empty() {
                         r.fed = range.end;
@@ -368,8 +389,11 @@ pub fn run(
                             .prompt_tokens
                             .fetch_add(r.req.prompt.len() as u64, Ordering::Relaxed);
                     }
-                    let produced = unwinding(|| produce(r, &logits, &eos, tokenizer, &metrics))
-                        .unwrap_or_else(|| Err(internal_error()));
+                    let produced = unwinding(|| match &next {
+                        Next::Logits(logits) => produce(r, logits, &eos, tokenizer, &metrics),
+                        Next::Token(t) => accept(r, *t, &eos, tokenizer, &metrics),
+                    })
+                    .unwrap_or_else(|| Err(internal_error()));
                     if let Err(e) = produced {
                         let _ = r.req.events.send(GenEvent::Failed(e.to_string()));
                         finished[*i] = true;
@@ -398,6 +422,13 @@ pub fn run(
         });
         publish(model, running.len(), &metrics);
     }
+}
+
+/// What a step gave a sequence: its next-token logits, or the token the
+/// backend picked.
+enum Next {
+    Logits(Vec<f32>),
+    Token(u32),
 }
 
 /// Runs `f`, None when it panics: a panic in the model or the sampler fails

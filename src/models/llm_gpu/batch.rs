@@ -1,0 +1,815 @@
+//! Many sequences decoding together on the GPU: [`GpuBatch`], the GPU's
+//! [`BatchedLm`].
+//!
+//! Every sequence has a slot: a fixed region of `slot_len` positions in
+//! each attention layer's (shared) key and value caches and its own ring of
+//! conv states. A decode step takes one token of every running sequence and
+//! records the whole recipe once for all of them, in one submission: the
+//! products are the batched GEMVs (`gemv_cols_*`, the weights read once per
+//! four sequences; each sequence's result bit-equal to the single decode's),
+//! RoPE and the cache write go to each row's position in its slot, attention
+//! runs over each row's own slot, the conv block reads and writes each row's
+//! own ring, and a greedy step reads back one token id per row. Prompts (and
+//! a lone sequence's decode, which the single path runs a step ahead of the
+//! host) go through the single-sequence [`GpuLlm`] that owns the weights:
+//! the slot's state is copied into it on the GPU, and what it computed is
+//! copied back. So for temperature 0 every sequence's tokens are those of
+//! `generate --gpu` for its prompt alone.
+
+use super::{GpuFfn, GpuLlm, GpuMixer};
+use crate::cpu;
+use crate::error::{Error, Result};
+use crate::gpu::llm_ops::{self, AttnBuffers, Cols, GemvEpilogue};
+use crate::gpu::ops::{self, Dispatch};
+use crate::models::batch::{BatchedLm, SeqId, SeqWork};
+use crate::models::kv_blocks::BlockUsage;
+use crate::models::llm::{attn_shape, conv_ring_rows, CausalLm, LayerKind, LlmConfig, Weights};
+use crate::models::recipe::{self, DecoderOps, Residual};
+use crate::sampling::Sampler;
+use std::collections::HashMap;
+use std::sync::Arc;
+
+/// Most sequences one [`GpuBatch`] decodes at once.
+pub const MAX_SLOTS: usize = 256;
+
+/// Per-layer state of every slot.
+enum SlotState {
+    /// [slots * slot_len, kv_heads * head_dim] each.
+    Kv { k: wgpu::Buffer, v: wgpu::Buffer },
+    /// [slots * ring, hidden]: slot s's ring in rows s ring ..
+    Conv(wgpu::Buffer),
+}
+
+/// Buffers of a batched decode step, sized for every slot.
+struct BatchIo {
+    /// [slots] u32: the token each row consumes.
+    tokens: wgpu::Buffer,
+    /// [slots, ROW_RECORD] u32 (llm_ops::ROW_RECORD).
+    rows: wgpu::Buffer,
+    /// [slots, rope_dim]: each row's RoPE angles.
+    cs: wgpu::Buffer,
+    cs_local: wgpu::Buffer,
+    x: wgpu::Buffer,
+    qkv: wgpu::Buffer,
+    q: wgpu::Buffer,
+    att: wgpu::Buffer,
+    part: wgpu::Buffer,
+    conv_out: wgpu::Buffer,
+    mix: wgpu::Buffer,
+    g: wgpu::Buffer,
+    gu: wgpu::Buffer,
+    /// [slots, vocab]
+    logits: wgpu::Buffer,
+    /// [slots, 2] u32: each row's argmax and non-finite flag.
+    next: wgpu::Buffer,
+    next_staging: wgpu::Buffer,
+    logits_staging: wgpu::Buffer,
+}
+
+enum Op {
+    Fixed(Dispatch),
+    /// Recorded with the most splits of any row.
+    Attention(llm_ops::Attention),
+}
+
+/// The recorded step of `n` rows and its argmax.
+struct Plan {
+    ops: Vec<Op>,
+    argmax: Vec<Dispatch>,
+}
+
+#[derive(Clone, Copy)]
+struct Seq {
+    id: SeqId,
+    /// Tokens its slot holds.
+    pos: usize,
+}
+
+/// What a batched step reads back.
+#[derive(Clone, Copy, PartialEq)]
+enum Want {
+    Tokens,
+    Logits,
+}
+
+pub struct GpuBatch {
+    m: GpuLlm,
+    /// The model's config with its context cut to a slot: what the server
+    /// clamps requests to.
+    cfg: LlmConfig,
+    slot_len: usize,
+    ring: usize,
+    seqs: Vec<Option<Seq>>,
+    state: Vec<SlotState>,
+    io: BatchIo,
+    plans: HashMap<usize, Plan>,
+    /// RoPE cos/sin of every slot position (the single path's table).
+    rope: Vec<f32>,
+    rope_local: Vec<f32>,
+    next_id: SeqId,
+    /// The sequence whose state `m` holds (at its slot's position).
+    held: Option<SeqId>,
+}
+
+impl GpuBatch {
+    /// Uploads the model (as [`GpuLlm::new`]) with room for `slots`
+    /// sequences of up to `slot_len` positions each.
+    pub fn new(
+        gpu: Arc<crate::gpu::Gpu>,
+        cfg: &LlmConfig,
+        w: &Weights,
+        opts: &super::GpuLlmOptions,
+        slots: usize,
+        slot_len: usize,
+    ) -> Result<GpuBatch> {
+        let slots = slots.clamp(1, MAX_SLOTS);
+        let slot_len = slot_len.clamp(1, cfg.context.max(1));
+        let m = GpuLlm::new(gpu, cfg, w, opts)?;
+        let g = &*m.gpu;
+        let kvw = cfg.kv_heads * cfg.head_dim;
+        let kv_bytes = (slots * slot_len * kvw * 4) as u64;
+        if kv_bytes > g.caps.max_binding {
+            return Err(Error::gpu(format!(
+                "{slots} sequences of {slot_len} positions need {kv_bytes} bytes of KV cache per \
+                 layer, more than this adapter binds at once ({}); ask for fewer or shorter",
+                g.caps.max_binding
+            )));
+        }
+        let ring = conv_ring_rows(cfg.conv_kernel);
+        let (d, hd) = (cfg.hidden, cfg.head_dim);
+        let (qw, f) = (cfg.heads * hd, cfg.ffn);
+        let qkvw = qw + 2 * kvw;
+        let f32s = |label: &str, n: usize| g.scratch(label, (n.max(1) * 4) as u64);
+        let io = BatchIo {
+            tokens: f32s("batch tokens", slots)?,
+            rows: f32s("batch rows", slots * llm_ops::ROW_RECORD)?,
+            cs: f32s("batch rope", slots * cfg.rope_dim)?,
+            cs_local: f32s("batch rope local", slots * cfg.rope_dim)?,
+            x: f32s("batch x", slots * d)?,
+            qkv: f32s("batch qkv", slots * qkvw)?,
+            q: f32s("batch q", slots * qw)?,
+            att: f32s("batch att", slots * qw)?,
+            part: f32s(
+                "batch part",
+                llm_ops::attention_rows_part_len(
+                    cfg.heads,
+                    hd,
+                    slots,
+                    llm_ops::attention_splits(slot_len),
+                ),
+            )?,
+            conv_out: f32s("batch conv_out", slots * d)?,
+            mix: f32s("batch mix", slots * d)?,
+            g: f32s("batch g", slots * f)?,
+            gu: f32s("batch gu", slots * 2 * f)?,
+            logits: f32s("batch logits", slots * cfg.vocab)?,
+            next: f32s("batch next", slots * 2)?,
+            next_staging: g.staging("batch next", (slots * 8) as u64),
+            logits_staging: g.staging("batch logits", (slots * cfg.vocab * 4) as u64),
+        };
+        let state = cfg
+            .layers
+            .iter()
+            .map(|k| {
+                Ok(match k {
+                    LayerKind::Attention => SlotState::Kv {
+                        k: f32s("slot k cache", slots * slot_len * kvw)?,
+                        v: f32s("slot v cache", slots * slot_len * kvw)?,
+                    },
+                    LayerKind::Conv => SlotState::Conv(f32s("slot conv state", slots * ring * d)?),
+                })
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let table = |local: bool| cpu::rope_table_freqs(0, slot_len, &cfg.rope_freqs(local));
+        let rope = if cfg.rope_dim > 0 {
+            table(false)
+        } else {
+            Vec::new()
+        };
+        let rope_local = if cfg.rope_dim > 0 && cfg.rope_local_theta.is_some() {
+            table(true)
+        } else {
+            Vec::new()
+        };
+        let mut b = GpuBatch {
+            cfg: LlmConfig {
+                context: slot_len,
+                ..cfg.clone()
+            },
+            m,
+            slot_len,
+            ring,
+            seqs: vec![None; slots],
+            state,
+            io,
+            plans: HashMap::new(),
+            rope,
+            rope_local,
+            next_id: 1,
+            held: None,
+        };
+        // Compile the batched kernels now (a rejected one shows at load).
+        b.plan(1)?;
+        Ok(b)
+    }
+
+    /// Positions one sequence can hold.
+    pub fn slot_len(&self) -> usize {
+        self.slot_len
+    }
+
+    fn slot_of(&self, id: SeqId) -> Result<usize> {
+        self.seqs
+            .iter()
+            .position(|s| s.is_some_and(|s| s.id == id))
+            .ok_or_else(|| Error::invalid(format!("no open sequence {id}")))
+    }
+
+    fn pos(&self, slot: usize) -> usize {
+        self.seqs[slot].expect("open slot").pos
+    }
+
+    /// Fails when `n` more tokens would not fit the slot.
+    fn check_room(&self, slot: usize, n: usize) -> Result<()> {
+        let need = self.pos(slot) + n;
+        if need > self.slot_len {
+            return Err(Error::invalid(format!(
+                "a sequence of {need} tokens exceeds the {} positions each of the {} batched \
+                 sequences has",
+                self.slot_len,
+                self.seqs.len()
+            )));
+        }
+        Ok(())
+    }
+
+    /// Makes the single-sequence model hold `slot`'s sequence: its KV rows
+    /// and conv rings are copied in on the GPU.
+    fn hold(&mut self, slot: usize) -> Result<()> {
+        let Seq { id, pos } = self.seqs[slot].expect("open slot");
+        if self.held == Some(id) {
+            return Ok(());
+        }
+        self.held = None;
+        self.m.reset();
+        self.m.ensure_capacity(pos.max(1))?;
+        self.copy_state(slot, 0, pos, false);
+        self.m.pos = pos;
+        self.m.high = pos;
+        self.held = Some(id);
+        Ok(())
+    }
+
+    /// Copies positions from..to of the KV caches, and the conv rings,
+    /// between the single model and `slot` (`to_slot`: from the model).
+    fn copy_state(&self, slot: usize, from: usize, to: usize, to_slot: bool) {
+        let g = &*self.m.gpu;
+        let kvw = (self.m.cfg.kv_heads * self.m.cfg.head_dim) as u64;
+        let ring_bytes = (self.ring * self.m.cfg.hidden * 4) as u64;
+        let mut enc = g.device.create_command_encoder(&Default::default());
+        for (mine, theirs) in self.state.iter().zip(&self.m.state) {
+            match (mine, theirs) {
+                (SlotState::Kv { k, v }, super::GpuState::Kv { k: mk, v: mv }) => {
+                    if to > from {
+                        let len = (to - from) as u64 * kvw * 4;
+                        let at_slot = ((slot * self.slot_len + from) as u64) * kvw * 4;
+                        let at_model = from as u64 * kvw * 4;
+                        for (s, mm) in [(k, mk), (v, mv)] {
+                            if to_slot {
+                                enc.copy_buffer_to_buffer(mm, at_model, s, at_slot, len);
+                            } else {
+                                enc.copy_buffer_to_buffer(s, at_slot, mm, at_model, len);
+                            }
+                        }
+                    }
+                }
+                (SlotState::Conv(s), super::GpuState::Conv(mm)) => {
+                    let at = slot as u64 * ring_bytes;
+                    if to_slot {
+                        enc.copy_buffer_to_buffer(mm, 0, s, at, ring_bytes);
+                    } else {
+                        enc.copy_buffer_to_buffer(s, at, mm, 0, ring_bytes);
+                    }
+                }
+                _ => unreachable!("both follow the config's layers"),
+            }
+        }
+        g.queue.submit([enc.finish()]);
+    }
+
+    /// Runs `f` on the single model holding `slot`'s sequence and copies
+    /// what it appended back into the slot; on failure the model forgets.
+    fn on_single<T>(&mut self, slot: usize, f: impl FnOnce(&mut GpuLlm) -> Result<T>) -> Result<T> {
+        self.hold(slot)?;
+        let from = self.m.pos;
+        match f(&mut self.m) {
+            Ok(v) => {
+                let to = self.m.pos;
+                self.copy_state(slot, from, to, true);
+                self.seqs[slot].as_mut().expect("open slot").pos = to;
+                Ok(v)
+            }
+            Err(e) => {
+                self.held = None;
+                Err(e)
+            }
+        }
+    }
+
+    /// Records (once per batch size) the step of `n` rows.
+    fn plan(&mut self, n: usize) -> Result<()> {
+        if self.plans.contains_key(&n) {
+            return Ok(());
+        }
+        let mut rec = BatchRecorder {
+            b: self,
+            n,
+            ops: Vec::new(),
+            y: None,
+        };
+        recipe::decoder(&self.m.cfg, &mut rec)?;
+        let ops = rec.ops;
+        let g = &*self.m.gpu;
+        let argmax = llm_ops::argmax_rows(g, &self.io.logits, &self.io.next, self.m.cfg.vocab, n)?;
+        self.plans.insert(n, Plan { ops, argmax });
+        Ok(())
+    }
+
+    /// One decode step of every (slot, token) row in one submission; returns
+    /// what `want` asks for, row by row.
+    fn decode_rows(&mut self, rows: &[(usize, u32)], want: Want) -> Result<Vec<u8>> {
+        let n = rows.len();
+        self.plan(n)?;
+        let cfg = &self.m.cfg;
+        for &(slot, token) in rows {
+            self.check_room(slot, 1)?;
+            if token as usize >= cfg.vocab {
+                return Err(Error::invalid(format!(
+                    "token id {token} is outside the {}-token vocabulary",
+                    cfg.vocab
+                )));
+            }
+        }
+        let (rd, ring) = (cfg.rope_dim, self.ring);
+        let mut records = vec![0u32; n * llm_ops::ROW_RECORD];
+        let mut cs = Vec::with_capacity(n * rd);
+        let mut cs_local = Vec::with_capacity(n * rd);
+        let mut most_splits = 1;
+        for (j, &(slot, _)) in rows.iter().enumerate() {
+            let pos = self.pos(slot);
+            let splits = llm_ops::attention_splits(pos + 1);
+            most_splits = most_splits.max(splits);
+            let r = &mut records[j * llm_ops::ROW_RECORD..(j + 1) * llm_ops::ROW_RECORD];
+            r[0] = slot as u32;
+            r[1] = pos as u32;
+            r[2] = (pos + 1) as u32;
+            r[3] = splits as u32;
+            r[4] = (slot * self.slot_len) as u32;
+            r[5] = (slot * ring) as u32;
+            if rd > 0 {
+                cs.extend_from_slice(&self.rope[pos * rd..(pos + 1) * rd]);
+                if !self.rope_local.is_empty() {
+                    cs_local.extend_from_slice(&self.rope_local[pos * rd..(pos + 1) * rd]);
+                }
+            }
+        }
+        let tokens: Vec<u32> = rows.iter().map(|r| r.1).collect();
+        let g = &*self.m.gpu;
+        let io = &self.io;
+        g.queue
+            .write_buffer(&io.tokens, 0, bytemuck::cast_slice(&tokens));
+        g.queue
+            .write_buffer(&io.rows, 0, bytemuck::cast_slice(&records));
+        if !cs.is_empty() {
+            g.queue.write_buffer(&io.cs, 0, bytemuck::cast_slice(&cs));
+        }
+        if !cs_local.is_empty() {
+            g.queue
+                .write_buffer(&io.cs_local, 0, bytemuck::cast_slice(&cs_local));
+        }
+        let plan = &self.plans[&n];
+        let mut enc = g.device.create_command_encoder(&Default::default());
+        {
+            let mut pass = enc.begin_compute_pass(&Default::default());
+            for op in &plan.ops {
+                match op {
+                    Op::Fixed(d) => d.record(&mut pass),
+                    Op::Attention(a) => a.record(&mut pass, most_splits),
+                }
+            }
+            if want == Want::Tokens {
+                for d in &plan.argmax {
+                    d.record(&mut pass);
+                }
+            }
+        }
+        let (src, staging, len) = match want {
+            Want::Tokens => (&io.next, &io.next_staging, (n * 8) as u64),
+            Want::Logits => (&io.logits, &io.logits_staging, (n * cfg.vocab * 4) as u64),
+        };
+        enc.copy_buffer_to_buffer(src, 0, staging, 0, len);
+        let out = g.submit_and_read(enc, staging, len);
+        // The rows' states moved on (or, after a failure, are unknown
+        // anyway): the single model's copy is stale.
+        for &(slot, _) in rows {
+            let s = self.seqs[slot].as_mut().expect("open slot");
+            if self.held == Some(s.id) {
+                self.held = None;
+            }
+            s.pos += 1;
+        }
+        out
+    }
+}
+
+/// Records the recipe's operations for `n` rows over the batch buffers.
+struct BatchRecorder<'a> {
+    b: &'a GpuBatch,
+    n: usize,
+    ops: Vec<Op>,
+    /// The last block's output, the input of its projection.
+    y: Option<&'a wgpu::Buffer>,
+}
+
+impl BatchRecorder<'_> {
+    fn fixed(&mut self, ds: Vec<Dispatch>) {
+        self.ops.extend(ds.into_iter().map(Op::Fixed));
+    }
+
+    /// Columns of a product over `k`-wide rows into `width`-wide rows.
+    fn cols(&self, k: usize, width: usize) -> Cols {
+        Cols {
+            n: self.n,
+            x_stride: k,
+            y_stride: width,
+        }
+    }
+}
+
+impl<'a> DecoderOps for BatchRecorder<'a> {
+    fn embed(&mut self) -> Result<()> {
+        let m = &self.b.m;
+        let io = &self.b.io;
+        self.fixed(llm_ops::embedding(
+            &m.gpu,
+            &m.embed,
+            &io.tokens,
+            0,
+            m.cfg.embed_scale,
+            &io.x,
+            self.n,
+        )?);
+        Ok(())
+    }
+
+    fn attention(&mut self, li: usize) -> Result<()> {
+        let b: &'a GpuBatch = self.b;
+        let (m, io) = (&b.m, &b.io);
+        let (g, sub, cfg) = (&*m.gpu, m.subgroups, &m.cfg);
+        let layer = &m.layers[li];
+        let (
+            GpuMixer::Attention {
+                qkv, norms, bias, ..
+            },
+            SlotState::Kv { k, v },
+        ) = (&layer.mixer, &b.state[li])
+        else {
+            unreachable!("the recipe runs attention on attention layers")
+        };
+        let norm1 = GemvEpilogue::Norm {
+            nw: &layer.norm1,
+            eps: cfg.norm_eps,
+        };
+        let qkvw = (cfg.heads + 2 * cfg.kv_heads) * cfg.head_dim;
+        let cols = self.cols(cfg.hidden, qkvw);
+        for (mat, off) in qkv {
+            self.fixed(llm_ops::gemv_cols(
+                g, sub, mat, &norm1, &io.x, 0, &io.qkv, *off, cols,
+            )?);
+        }
+        let kv = AttnBuffers {
+            step: &io.rows,
+            k_cache: k,
+            v_cache: v,
+        };
+        let shape = attn_shape(cfg, li);
+        let cs = if cfg.uses_local_rope(li) {
+            &io.cs_local
+        } else {
+            &io.cs
+        };
+        let norms = norms.as_ref().map(|(a, b)| (a, b));
+        let n = self.n;
+        let rope =
+            llm_ops::qk_rope_rows(g, &shape, &io.qkv, norms, bias.as_ref(), cs, &kv, &io.q, n)?;
+        self.ops.push(Op::Fixed(rope));
+        let max_splits = llm_ops::attention_splits(b.slot_len);
+        self.ops.push(Op::Attention(llm_ops::flash_attention_rows(
+            g, sub, &shape, &io.q, &kv, &io.att, &io.part, n, max_splits,
+        )?));
+        self.y = Some(&io.att);
+        Ok(())
+    }
+
+    fn short_conv(&mut self, li: usize) -> Result<()> {
+        let b: &'a GpuBatch = self.b;
+        let (m, io) = (&b.m, &b.io);
+        let (g, sub, cfg) = (&*m.gpu, m.subgroups, &m.cfg);
+        let layer = &m.layers[li];
+        let (GpuMixer::Conv { in_proj, conv, .. }, SlotState::Conv(st)) =
+            (&layer.mixer, &b.state[li])
+        else {
+            unreachable!("the recipe runs the conv block on conv layers")
+        };
+        let epi = GemvEpilogue::Conv {
+            nw: &layer.norm1,
+            eps: cfg.norm_eps,
+            conv,
+            state: st,
+            step: &io.rows,
+            taps: cfg.conv_kernel,
+            ring: b.ring,
+        };
+        let cols = self.cols(cfg.hidden, cfg.hidden);
+        self.fixed(llm_ops::gemv_cols(
+            g,
+            sub,
+            in_proj,
+            &epi,
+            &io.x,
+            0,
+            &io.conv_out,
+            0,
+            cols,
+        )?);
+        self.y = Some(&io.conv_out);
+        Ok(())
+    }
+
+    fn ffn(&mut self, li: usize) -> Result<()> {
+        let b: &'a GpuBatch = self.b;
+        let (m, io) = (&b.m, &b.io);
+        let (g, sub, cfg) = (&*m.gpu, m.subgroups, &m.cfg);
+        let (layer, eps, act, f) = (&m.layers[li], cfg.norm_eps, cfg.ffn_act, cfg.ffn);
+        match &layer.ffn {
+            GpuFfn::Fused(mat) => {
+                let epi = GemvEpilogue::Swiglu {
+                    nw: &layer.norm2,
+                    eps,
+                    act,
+                };
+                let cols = self.cols(cfg.hidden, f);
+                self.fixed(llm_ops::gemv_cols(
+                    g, sub, mat, &epi, &io.x, 0, &io.g, 0, cols,
+                )?);
+            }
+            GpuFfn::Split(gate, up) => {
+                let norm2 = GemvEpilogue::Norm {
+                    nw: &layer.norm2,
+                    eps,
+                };
+                let cols = self.cols(cfg.hidden, 2 * f);
+                self.fixed(llm_ops::gemv_cols(
+                    g, sub, gate, &norm2, &io.x, 0, &io.gu, 0, cols,
+                )?);
+                self.fixed(llm_ops::gemv_cols(
+                    g, sub, up, &norm2, &io.x, 0, &io.gu, f, cols,
+                )?);
+                self.ops.push(Op::Fixed(llm_ops::swiglu(
+                    g, &io.gu, &io.g, f, self.n, act,
+                )?));
+            }
+        }
+        self.y = Some(&io.g);
+        Ok(())
+    }
+
+    fn residual(&mut self, li: usize, which: Residual) -> Result<()> {
+        let b: &'a GpuBatch = self.b;
+        let (m, io) = (&b.m, &b.io);
+        let (g, sub, cfg) = (&*m.gpu, m.subgroups, &m.cfg);
+        let layer = &m.layers[li];
+        let (w, post) = layer.residual(which);
+        let y = self.y.take().expect("a block ran before its projection");
+        let d = cfg.hidden;
+        let cols = self.cols(w.k, d);
+        match post {
+            None => self.fixed(llm_ops::gemv_cols(
+                g,
+                sub,
+                w,
+                &GemvEpilogue::Add,
+                y,
+                0,
+                &io.x,
+                0,
+                cols,
+            )?),
+            Some(pw) => {
+                self.fixed(llm_ops::gemv_cols(
+                    g,
+                    sub,
+                    w,
+                    &GemvEpilogue::Store,
+                    y,
+                    0,
+                    &io.mix,
+                    0,
+                    cols,
+                )?);
+                let variant = super::decode::norm_add_variant(sub);
+                let add = ops::rms_norm(g, &variant, &io.mix, pw, &io.x, d, self.n, cfg.norm_eps)?;
+                self.ops.push(Op::Fixed(add));
+            }
+        }
+        Ok(())
+    }
+
+    fn head(&mut self) -> Result<()> {
+        let (m, io) = (&self.b.m, &self.b.io);
+        let head = GemvEpilogue::Norm {
+            nw: &m.final_norm,
+            eps: m.cfg.norm_eps,
+        };
+        let cols = self.cols(m.cfg.hidden, m.cfg.vocab);
+        self.fixed(llm_ops::gemv_cols(
+            &m.gpu,
+            m.subgroups,
+            m.head(),
+            &head,
+            &io.x,
+            0,
+            &io.logits,
+            0,
+            cols,
+        )?);
+        Ok(())
+    }
+}
+
+/// The token of each row of a greedy step's readback ([index, flag] pairs).
+fn row_tokens(bytes: &[u8]) -> Result<Vec<u32>> {
+    bytes.chunks_exact(8).map(super::greedy_token).collect()
+}
+
+impl BatchedLm for GpuBatch {
+    /// The context is a slot's positions.
+    fn config(&self) -> &LlmConfig {
+        &self.cfg
+    }
+
+    fn max_sequences(&self) -> usize {
+        self.seqs.len()
+    }
+
+    fn open(&mut self, prompt: &[u32]) -> Result<Option<(SeqId, usize)>> {
+        if prompt.is_empty() {
+            return Err(Error::invalid("the prompt is empty"));
+        }
+        if prompt.len() + 1 > self.slot_len {
+            return Err(Error::invalid(format!(
+                "a prompt of {} tokens does not fit the {} positions each of the {} batched \
+                 sequences has",
+                prompt.len(),
+                self.slot_len,
+                self.seqs.len()
+            )));
+        }
+        let Some(slot) = self.seqs.iter().position(Option::is_none) else {
+            return Ok(None);
+        };
+        let id = self.next_id;
+        self.next_id += 1;
+        self.seqs[slot] = Some(Seq { id, pos: 0 });
+        // Positions before 0 read zeros from the conv rings.
+        let g = &*self.m.gpu;
+        let ring_bytes = self.ring * self.m.cfg.hidden * 4;
+        let zeros = vec![0u8; ring_bytes];
+        for s in &self.state {
+            if let SlotState::Conv(b) = s {
+                g.queue.write_buffer(b, (slot * ring_bytes) as u64, &zeros);
+            }
+        }
+        Ok(Some((id, 0)))
+    }
+
+    /// A slot is reserved whole at `open`; growing past it fails the step.
+    fn blocks_needed(&self, _id: SeqId, _n: usize) -> usize {
+        0
+    }
+
+    fn free_blocks(&self) -> usize {
+        self.seqs.iter().filter(|s| s.is_none()).count()
+    }
+
+    fn close(&mut self, id: SeqId) {
+        if let Ok(slot) = self.slot_of(id) {
+            self.seqs[slot] = None;
+        }
+        if self.held == Some(id) {
+            self.held = None;
+        }
+    }
+
+    fn step(&mut self, work: &[SeqWork]) -> Result<Vec<Vec<f32>>> {
+        let mut out: Vec<Vec<f32>> = vec![Vec::new(); work.len()];
+        let mut rows = Vec::new();
+        let mut at = Vec::new();
+        for (i, w) in work.iter().enumerate() {
+            let slot = self.slot_of(w.id)?;
+            match w.tokens {
+                [] => return Err(Error::invalid("forward: no tokens")),
+                [t] => {
+                    rows.push((slot, *t));
+                    at.push(i);
+                }
+                tokens => {
+                    self.check_room(slot, tokens.len())?;
+                    out[i] = self.on_single(slot, |m| {
+                        if w.as_decode {
+                            let mut last = Vec::new();
+                            for t in tokens {
+                                last = m.forward(&[*t], false)?;
+                            }
+                            Ok(last)
+                        } else {
+                            m.forward(tokens, false)
+                        }
+                    })?;
+                }
+            }
+        }
+        if !rows.is_empty() {
+            let vocab = self.m.cfg.vocab;
+            let bytes = self.decode_rows(&rows, Want::Logits)?;
+            let logits: &[f32] = bytemuck::cast_slice(&bytes);
+            for (j, &i) in at.iter().enumerate() {
+                out[i] = logits[j * vocab..(j + 1) * vocab].to_vec();
+            }
+        }
+        Ok(out)
+    }
+
+    fn usage(&self) -> BlockUsage {
+        BlockUsage {
+            in_use: self.seqs.iter().filter(|s| s.is_some()).count(),
+            cached: 0,
+            total: self.seqs.len(),
+        }
+    }
+
+    fn backend_name(&self) -> &'static str {
+        "gpu"
+    }
+
+    fn step_sampled(
+        &mut self,
+        id: SeqId,
+        token: u32,
+        sampler: &mut Sampler,
+        history: &[u32],
+    ) -> Option<Result<u32>> {
+        let mut run = || -> Result<u32> {
+            let slot = self.slot_of(id)?;
+            self.check_room(slot, 1)?;
+            self.on_single(slot, |m| {
+                if sampler.is_greedy() {
+                    m.step_greedy(token)
+                } else {
+                    m.step_sample(token, sampler, history)
+                }
+            })
+        };
+        Some(run())
+    }
+
+    fn greedy_run(
+        &mut self,
+        id: SeqId,
+        token: u32,
+        max: usize,
+        emit: &mut dyn FnMut(u32) -> bool,
+    ) -> Option<Result<usize>> {
+        let mut run = || -> Result<usize> {
+            let slot = self.slot_of(id)?;
+            self.check_room(slot, 1)?;
+            // The last produced token is not consumed: max fits when
+            // max - 1 more positions do.
+            let room = self.slot_len - self.pos(slot);
+            let max = max.min(room);
+            self.on_single(slot, |m| m.greedy_pipelined(token, max, emit))
+        };
+        Some(run())
+    }
+
+    fn step_greedy_many(&mut self, rows: &[(SeqId, u32)]) -> Option<Result<Vec<u32>>> {
+        let mut run = || -> Result<Vec<u32>> {
+            let rows = rows
+                .iter()
+                .map(|&(id, t)| Ok((self.slot_of(id)?, t)))
+                .collect::<Result<Vec<_>>>()?;
+            row_tokens(&self.decode_rows(&rows, Want::Tokens)?)
+        };
+        Some(run())
+    }
+}

@@ -1,0 +1,223 @@
+//! The GPU batch backend against the single-sequence GPU forward (what
+//! `generate --gpu` runs), bit for bit: sequences of mixed prompt lengths
+//! arriving at different steps, prompt chunks beside batched decode steps,
+//! greedy rows picked on the GPU, a lone sequence on the single path, and
+//! admission when every slot is taken.
+
+mod common;
+
+use lfm::gpu::{Gpu, GpuOptions};
+use lfm::models::batch::{BatchedLm, SeqWork};
+use lfm::models::llm::CausalLm;
+use lfm::models::llm_gpu::{GpuBatch, GpuLlm, GpuLlmOptions};
+use std::sync::{Arc, OnceLock};
+
+fn gpu() -> Option<Arc<Gpu>> {
+    static GPU: OnceLock<Option<Arc<Gpu>>> = OnceLock::new();
+    GPU.get_or_init(|| match Gpu::new(&GpuOptions::default()) {
+        Ok(g) => Some(Arc::new(g)),
+        Err(e) if std::env::var_os("LFM_SKIP_GPU_TESTS").is_some() => {
+            eprintln!("SKIPPING GPU tests (LFM_SKIP_GPU_TESTS set): {e}");
+            None
+        }
+        Err(e) => panic!("GPU tests need an adapter ({e}); set LFM_SKIP_GPU_TESTS=1 to skip them"),
+    })
+    .clone()
+}
+
+fn prompt(seed: u32, len: usize, vocab: usize) -> Vec<u32> {
+    (0..len as u32)
+        .map(|i| i.wrapping_mul(2654435761).wrapping_add(seed * 97) % vocab as u32)
+        .collect()
+}
+
+fn argmax(l: &[f32]) -> u32 {
+    lfm::sampling::argmax(l) as u32
+}
+
+/// Greedy tokens and the logits they came from, each prompt alone on the
+/// single-sequence GPU model: the prompt, then `steps` decode steps.
+fn alone(m: &mut GpuLlm, p: &[u32], steps: usize) -> Vec<(u32, Vec<f32>)> {
+    m.reset();
+    let mut l = m.forward(p, false).unwrap();
+    let mut out = vec![(argmax(&l), l.clone())];
+    for _ in 0..steps {
+        l = m.forward(&[argmax(&l)], false).unwrap();
+        out.push((argmax(&l), l.clone()));
+    }
+    out
+}
+
+fn check(dir: &str) {
+    let Some(g) = gpu() else { return };
+    let path = common::repo().join("samples/fixtures/llm").join(dir);
+    let (cfg, w) = lfm::models::open_llm(&path).unwrap();
+    let vocab = cfg.vocab;
+    let opts = GpuLlmOptions {
+        // Chunked prefill on the single path too.
+        prefill_chunk: Some(16),
+        ..Default::default()
+    };
+    // Prompts of 1, 5, 23, 40 and 9 tokens; the last arrives later.
+    let prompts = [
+        prompt(1, 1, vocab),
+        prompt(2, 5, vocab),
+        prompt(3, 23, vocab),
+        prompt(4, 40, vocab),
+        prompt(5, 9, vocab),
+    ];
+    let arrives = [0, 0, 1, 0, 6];
+    let steps = 12;
+    let mut single = GpuLlm::new(g.clone(), &cfg, &w, &opts).unwrap();
+    let want: Vec<_> = prompts
+        .iter()
+        .map(|p| alone(&mut single, p, steps))
+        .collect();
+    drop(single);
+
+    let mut b = GpuBatch::new(g, &cfg, &w, &opts, 5, 64).unwrap();
+    let mut ids = vec![None; prompts.len()];
+    let mut fed = vec![0usize; prompts.len()];
+    // Tokens each sequence produced.
+    let mut got: Vec<Vec<u32>> = vec![Vec::new(); prompts.len()];
+    let mut step = 0;
+    while got.iter().any(|t| t.len() < steps + 1) {
+        for (i, p) in prompts.iter().enumerate() {
+            if ids[i].is_none() && arrives[i] <= step {
+                ids[i] = Some(b.open(p).unwrap().expect("a free slot").0);
+            }
+        }
+        let live: Vec<usize> = (0..prompts.len())
+            .filter(|&i| ids[i].is_some() && got[i].len() <= steps)
+            .collect();
+        let singles: Vec<[u32; 1]> = got
+            .iter()
+            .map(|t| [t.last().copied().unwrap_or(0)])
+            .collect();
+        let decoding = |fed: &[usize], i: usize| fed[i] == prompts[i].len();
+        if live.iter().all(|&i| decoding(&fed, i)) && step % 2 == 0 {
+            // Every one decoding: the batched greedy step (token ids only).
+            let rows: Vec<_> = live
+                .iter()
+                .map(|&i| (ids[i].unwrap(), singles[i][0]))
+                .collect();
+            let next = b
+                .step_greedy_many(&rows)
+                .expect("a GPU greedy step")
+                .unwrap();
+            for (&i, t) in live.iter().zip(next) {
+                got[i].push(t);
+            }
+        } else {
+            // Prompt chunks of at most 7 tokens beside decode steps; the
+            // logits come back and must be the single model's, bit for bit.
+            let mut work = Vec::new();
+            for &i in &live {
+                let p = &prompts[i];
+                let tokens = if decoding(&fed, i) {
+                    &singles[i][..]
+                } else {
+                    &p[fed[i]..(fed[i] + 7).min(p.len())]
+                };
+                work.push(SeqWork {
+                    id: ids[i].unwrap(),
+                    tokens,
+                    as_decode: decoding(&fed, i) || p.len() == 1,
+                });
+            }
+            let lens: Vec<usize> = work.iter().map(|w| w.tokens.len()).collect();
+            let logits = b.step(&work).unwrap();
+            for ((&i, l), n) in live.iter().zip(logits).zip(lens) {
+                if !decoding(&fed, i) {
+                    fed[i] += n;
+                    if !decoding(&fed, i) {
+                        continue;
+                    }
+                }
+                let k = got[i].len();
+                assert!(
+                    l.iter()
+                        .zip(&want[i][k].1)
+                        .all(|(a, b)| a.to_bits() == b.to_bits()),
+                    "{dir}: sequence {i} step {k}: logits differ from its run alone"
+                );
+                got[i].push(argmax(&l));
+            }
+        }
+        step += 1;
+    }
+    for (i, (w, t)) in want.iter().zip(&got).enumerate() {
+        let w: Vec<u32> = w.iter().map(|x| x.0).collect();
+        assert_eq!(
+            &w, t,
+            "{dir}: sequence {i}'s tokens differ from its run alone"
+        );
+    }
+    // A sequence running alone takes the single path (a step ahead of the
+    // host) from its slot, and on from there in the batch again.
+    let i = 3;
+    let id = ids[i].unwrap();
+    let mut more = Vec::new();
+    let n = b
+        .greedy_run(id, got[i][steps], 4, &mut |t| {
+            more.push(t);
+            true
+        })
+        .expect("a GPU greedy run")
+        .unwrap();
+    assert_eq!(n, 4);
+    let next = b.step_greedy_many(&[(id, more[3]), (ids[1].unwrap(), got[1][steps])]);
+    more.push(next.unwrap().unwrap()[0]);
+    let mut single = GpuLlm::new(gpu().unwrap(), &cfg, &w, &opts).unwrap();
+    let longer: Vec<u32> = alone(&mut single, &prompts[i], steps + 5)
+        .iter()
+        .map(|x| x.0)
+        .collect();
+    assert_eq!(
+        &longer[steps + 1..],
+        &more[..],
+        "{dir}: greedy_run from a slot"
+    );
+
+    // Every slot taken: admission waits; a prompt past a slot is an error
+    // (the server clamps requests to the context a slot gives).
+    assert_eq!(b.config().context, 64);
+    assert_eq!(b.usage().in_use, 5);
+    assert!(
+        b.open(&prompts[0]).unwrap().is_none(),
+        "{dir}: a sixth sequence"
+    );
+    b.close(id);
+    assert!(
+        b.open(&prompt(6, 64, vocab)).is_err(),
+        "{dir}: a prompt past the slot"
+    );
+    let (again, _) = b.open(&prompts[4]).unwrap().expect("a freed slot");
+    let l = b
+        .step(&[SeqWork {
+            id: again,
+            tokens: &prompts[4],
+            as_decode: false,
+        }])
+        .unwrap();
+    assert_eq!(argmax(&l[0]), want[4][0].0, "{dir}: a reused slot");
+    for id in ids.iter().flatten().chain([&again]) {
+        b.close(*id);
+    }
+    assert_eq!(b.usage().in_use, 0);
+}
+
+#[test]
+fn gpu_batch_equals_each_sequence_alone_lfm2() {
+    check("tiny-lfm2");
+}
+
+#[test]
+fn gpu_batch_equals_each_sequence_alone_llama() {
+    check("tiny-llama");
+}
+
+#[test]
+fn gpu_batch_equals_each_sequence_alone_gemma3_post_norms_and_local_rope() {
+    check("tiny-gemma3");
+}
