@@ -356,7 +356,7 @@ fn best_odd(logits: &[f32]) -> u32 {
 
 impl GreedyGuide for OddOnly {
     fn allows(&mut self, token: u32) -> bool {
-        let ok = token % 2 == 1 && self.taken.len() % 3 != 0;
+        let ok = token % 2 == 1 && !self.taken.len().is_multiple_of(3);
         self.refused += usize::from(!ok);
         ok
     }
@@ -397,7 +397,7 @@ fn guided_run_matches_single_steps(model: &mut dyn CausalLm, prompt: &[u32]) {
     for i in 0..n {
         logits = model.forward(&[token], false).unwrap();
         let argmax = lfm::run::sampling::argmax(&logits) as u32;
-        token = if argmax % 2 == 1 && i % 3 != 0 {
+        token = if argmax % 2 == 1 && !i.is_multiple_of(3) {
             argmax
         } else {
             best_odd(&logits)
