@@ -125,14 +125,17 @@ impl Sampler {
     /// Whether the logits pass to the draw unchanged (no bias, penalty or
     /// constraint) and nothing needs all of them (log probabilities).
     fn plain(&self) -> bool {
+        self.unbiased() && self.constraint.is_none()
+    }
+
+    /// [`Sampler::plain`] but for a grammar: no bias or penalty moves a
+    /// logit, nothing needs all of them.
+    fn unbiased(&self) -> bool {
         let penalised = self.opts.repeat_last_n > 0
             && (self.opts.repeat_penalty != 1.0
                 || self.opts.presence_penalty != 0.0
                 || self.opts.frequency_penalty != 0.0);
-        !penalised
-            && self.opts.logit_bias.is_empty()
-            && self.constraint.is_none()
-            && self.opts.logprobs.is_none()
+        !penalised && self.opts.logit_bias.is_empty() && self.opts.logprobs.is_none()
     }
 
     pub fn options(&self) -> &SamplingOptions {
@@ -143,6 +146,54 @@ impl Sampler {
     /// path may compute it on the device and read back one id.
     pub fn is_greedy(&self) -> bool {
         self.opts.temperature <= 0.0 && self.plain()
+    }
+
+    /// True when the choice is the argmax among the tokens a grammar allows
+    /// and nothing else moves it: a backend may then decode greedily ahead
+    /// and have each argmax checked ([`Sampler::allows`]), choosing again
+    /// only when it is refused ([`Sampler::choose_greedy`]). Not with
+    /// [`Sampler::set_full_mask`], the reference that path is tested
+    /// against.
+    pub fn is_guided_greedy(&self) -> bool {
+        self.opts.temperature <= 0.0
+            && self.unbiased()
+            && self.constraint.is_some()
+            && !self.full_mask
+    }
+
+    /// Whether the grammar (if any) allows `token` next.
+    pub fn allows(&mut self, token: u32) -> bool {
+        self.constraint.as_mut().is_none_or(|c| c.allows(token))
+    }
+
+    /// The greedy choice [`Sampler::sample`] makes from `logits` when
+    /// [`Sampler::is_guided_greedy`] holds, not committed
+    /// ([`Sampler::accept`]): the most likely token the grammar allows.
+    /// The most likely tokens are checked one by one first; the grammar's
+    /// mask over the whole vocabulary only when none of them is allowed.
+    pub fn choose_greedy(&mut self, logits: &[f32]) -> u32 {
+        const CHECKED: usize = 64;
+        if let Some(c) = self.constraint.as_mut() {
+            let top = crate::cpu::top_k(logits, CHECKED.min(logits.len()));
+            if let Some(&(id, _)) = top
+                .iter()
+                .find(|&&(id, l)| l > f32::NEG_INFINITY && c.allows(id))
+            {
+                return id;
+            }
+        }
+        argmax(&self.adjust(logits, &[])) as u32
+    }
+
+    /// Takes `token` as chosen without logits at hand (the guided greedy
+    /// path, [`Sampler::is_guided_greedy`], records no log probabilities):
+    /// the grammar moves past it.
+    pub fn accept(&mut self, token: u32) {
+        debug_assert!(
+            self.opts.logprobs.is_none(),
+            "accept: logprobs need the logits"
+        );
+        self.commit(&[], token);
     }
 
     /// Picks the next token given the logits and the tokens so far.
@@ -166,8 +217,9 @@ impl Sampler {
     /// the grammar's mask over the whole vocabulary where the draw depends
     /// only on the most likely tokens: greedy, the argmax if the grammar
     /// allows it; with top-k, the first k allowed tokens among the 4k most
-    /// likely. Each is checked alone ([`Constraint::allows`]). None when
-    /// that does not settle it (then the full mask is computed).
+    /// likely, each checked alone ([`Constraint::allows`]), else the k most
+    /// likely of the tokens the mask allows. None when that does not settle
+    /// it (then the full mask is applied to the logits).
     fn sample_unmasked(&mut self, logits: &[f32], history: &[u32]) -> Option<u32> {
         self.constraint.as_ref()?;
         if self.full_mask {
@@ -200,10 +252,25 @@ impl Sampler {
                 allowed.push((id, l));
             }
         }
-        // Fewer than k allowed among them: a token further down may still
-        // be among the k, so the mask decides.
+        // Fewer than k allowed among them (a restrictive state: right after
+        // `{` or `,`, inside a key): the k come from the grammar's mask
+        // (kept per state), taken from the allowed tokens alone rather than
+        // from a masked copy of the whole vocabulary.
         if allowed.len() < k {
-            return None;
+            let mask = c.mask();
+            allowed = mask
+                .iter()
+                .enumerate()
+                .filter(|&(id, &ok)| ok && id < adjusted.len())
+                .map(|(id, _)| (id as u32, adjusted[id]))
+                .filter(|&(_, l)| l > f32::NEG_INFINITY)
+                .collect();
+            if allowed.is_empty() {
+                // The full path reports the dead end.
+                return None;
+            }
+            allowed.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+            allowed.truncate(k);
         }
         Some(self.sample_sorted(allowed))
     }

@@ -1,7 +1,10 @@
 //! Steered generation with the real default model (SmolLM2-135M): a JSON
 //! Schema from an OpenAI-style tool definition holds at temperature 1 for
-//! many seeds on the CPU and on the GPU; a logit bias reaches a token the
-//! GPU's candidate read-back would otherwise not see. GPU tests fail without
+//! many seeds on the CPU and on the GPU; greedy decoding under grammars
+//! (decoded ahead on the argmax, rewound where the grammar refuses it) and
+//! top-k sampling under a grammar (from the top candidates) give what the
+//! grammar's full mask at every step gives, token for token; a logit bias
+//! reaches a token the GPU's candidate read-back would otherwise not see. GPU tests fail without
 //! an adapter unless LFM_SKIP_GPU_TESTS is set (never in CI, which runs
 //! Mesa lavapipe).
 
@@ -10,40 +13,22 @@ use common::*;
 
 use lfm::cli::DeviceChoice;
 use lfm::gpu::{Gpu, GpuOptions};
+use lfm::models::llm::{CausalLm, GreedyGuide};
 use lfm::models::{self, LoadOptions, LoadedLlm};
 use lfm::run::chat::{ChatTemplate, Message};
 use lfm::run::generate::{generate, FinishReason, Request};
 use lfm::run::grammar::{json_schema, Constraint, Grammar, TokenTable};
 use lfm::run::sampling::{Sampler, SamplingOptions};
 use lfm::tensor::Activations;
-use serde_json::{json, Value};
+use serde_json::Value;
 use std::rc::Rc;
 
 /// The parameters of a `get_weather`-like function, as a tool definition
-/// gives them: nested object, enums, an array with bounds, optional fields.
+/// gives them: nested object, enums, an array with bounds, optional fields
+/// (samples/fixtures/grammar/get_weather.json).
 fn tool_schema() -> Value {
-    json!({
-        "type": "object",
-        "properties": {
-            "location": {
-                "type": "object",
-                "description": "Where to look",
-                "properties": {
-                    "city": {"type": "string", "maxLength": 24},
-                    "country": {"type": "string", "pattern": "^[A-Z]{2}$"}
-                },
-                "required": ["city", "country"],
-                "additionalProperties": false
-            },
-            "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]},
-            "days": {"type": "array", "items": {"type": "integer"}, "minItems": 1, "maxItems": 3},
-            "detailed": {"type": "boolean"},
-            "note": {"$ref": "#/$defs/note"}
-        },
-        "required": ["location", "unit"],
-        "additionalProperties": false,
-        "$defs": {"note": {"anyOf": [{"type": "string", "maxLength": 16}, {"type": "null"}]}}
-    })
+    let path = repo().join("samples/fixtures/grammar/get_weather.json");
+    serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
 }
 
 /// Checks `v` against the schema features `tool_schema` uses.
@@ -258,4 +243,183 @@ fn logit_bias_reaches_the_draw_on_the_cpu() {
 fn logit_bias_reaches_the_draw_on_the_gpu() {
     let Some(gpu) = gpu_choice() else { return };
     bias_reaches_the_draw(&mut load(gpu));
+}
+
+fn table_of(m: &mut LoadedLlm) -> Rc<TokenTable> {
+    let tok = m.tokenizer.as_ref().unwrap();
+    let mut bytes = tok.token_bytes();
+    bytes.resize(m.model.config().vocab, None);
+    Rc::new(TokenTable::new(bytes))
+}
+
+/// Generates under `gbnf` with `opts`, the grammar's full mask at every
+/// step when `full_mask` (the reference path), else the default one.
+fn constrained_run(
+    m: &mut LoadedLlm,
+    table: &Rc<TokenTable>,
+    gbnf: &str,
+    prompt: &[u32],
+    opts: &SamplingOptions,
+    full_mask: bool,
+) -> (Vec<u32>, String, FinishReason) {
+    let grammar = Grammar::parse(gbnf, "test").unwrap();
+    let tok = m.tokenizer.as_ref().unwrap();
+    m.model.reset();
+    let mut sampler = Sampler::new(opts.clone());
+    sampler.set_constraint(Constraint::new(grammar, table.clone(), tok.eos_ids.clone()));
+    sampler.set_full_mask(full_mask);
+    let req = Request {
+        prompt_ids: prompt.to_vec(),
+        max_tokens: 32,
+        eos_ids: &tok.eos_ids,
+        stop: &[],
+    };
+    let g = generate(m.model.as_mut(), Some(tok), &mut sampler, &req, |_| Ok(())).unwrap();
+    (g.generated_ids, g.text, g.finish_reason)
+}
+
+/// Grammars whose output leaves the model's unconstrained argmax in the
+/// middle of the run (an enum, digits only, a schema's key order), with
+/// the prompt each goes with.
+fn steering_cases() -> Vec<(String, &'static str)> {
+    let schema = json_schema::to_gbnf(&tool_schema(), "tool").unwrap();
+    vec![
+        (
+            schema,
+            "What is the weather in Paris for the next two days? Answer as JSON.",
+        ),
+        (
+            r#"root ::= ("yes" | "no") ", because " [a-z ,]{8,60} "."
+"#
+            .to_string(),
+            "Is the sea blue? Explain.",
+        ),
+        (
+            r#"root ::= "The year is " [0-9]{4} ". " [A-Z] [a-z ]+ "."
+"#
+            .to_string(),
+            "Tell me a story about a dragon.",
+        ),
+    ]
+}
+
+/// Greedy and top-k 40 sampling under the first `cases` grammars of
+/// `steering_cases` give what the full mask at every step gives.
+fn constrained_paths_match_the_full_mask(m: &mut LoadedLlm, cases: usize) {
+    let table = table_of(m);
+    let greedy = SamplingOptions::default();
+    let top_k = SamplingOptions {
+        temperature: 0.8,
+        top_k: 40,
+        seed: 5,
+        ..Default::default()
+    };
+    for (gbnf, text) in steering_cases().into_iter().take(cases) {
+        let prompt = chat_prompt(m, text);
+        for (what, opts) in [("greedy", &greedy), ("top-k 40", &top_k)] {
+            let reference = constrained_run(m, &table, &gbnf, &prompt, opts, true);
+            let fast = constrained_run(m, &table, &gbnf, &prompt, opts, false);
+            assert_eq!(fast, reference, "{what} under {gbnf}");
+        }
+    }
+}
+
+#[test]
+fn constrained_paths_match_the_full_mask_on_the_cpu() {
+    constrained_paths_match_the_full_mask(&mut load(DeviceChoice::Cpu), 3);
+}
+
+#[test]
+fn constrained_paths_match_the_full_mask_on_the_gpu() {
+    let Some(gpu) = gpu_choice() else { return };
+    // Two grammars: lavapipe's steps are slow.
+    constrained_paths_match_the_full_mask(&mut load(gpu), 2);
+}
+
+/// Refuses every argmax with an even id (a third of them at least, so the
+/// rewinding is exercised often) and takes the best odd one instead.
+struct OddOnly {
+    refused: usize,
+    taken: Vec<u32>,
+    max: usize,
+}
+
+fn best_odd(logits: &[f32]) -> u32 {
+    let mut best = 1;
+    for i in (1..logits.len()).step_by(2) {
+        if logits[i] > logits[best] {
+            best = i;
+        }
+    }
+    best as u32
+}
+
+impl GreedyGuide for OddOnly {
+    fn allows(&mut self, token: u32) -> bool {
+        let ok = token % 2 == 1 && !self.taken.len().is_multiple_of(3);
+        self.refused += usize::from(!ok);
+        ok
+    }
+
+    fn choose(&mut self, logits: &[f32]) -> lfm::Result<u32> {
+        Ok(best_odd(logits))
+    }
+
+    fn emit(&mut self, token: u32) -> bool {
+        self.taken.push(token);
+        self.taken.len() < self.max
+    }
+}
+
+/// The guided greedy run (on the GPU: decoded ahead, rewound at each
+/// refusal) against single steps with the whole logits: the same tokens,
+/// and the sequence it leaves continues as theirs does.
+fn guided_run_matches_single_steps(model: &mut dyn CausalLm, prompt: &[u32]) {
+    let n = 16;
+    model.reset();
+    let logits = model.forward(prompt, false).unwrap();
+    let first = best_odd(&logits);
+    let mut guide = OddOnly {
+        refused: 0,
+        taken: Vec::new(),
+        max: n,
+    };
+    let produced = model.greedy_run_guided(first, n + 5, &mut guide).unwrap();
+    assert_eq!(produced, n);
+    assert!(guide.refused >= n / 3, "refused {}", guide.refused);
+    assert_eq!(model.position(), prompt.len() + n);
+    let after = model.forward(&[guide.taken[n - 1]], false).unwrap();
+
+    model.reset();
+    let mut logits = model.forward(prompt, false).unwrap();
+    let mut token = best_odd(&logits);
+    let mut taken = Vec::new();
+    for i in 0..n {
+        logits = model.forward(&[token], false).unwrap();
+        let argmax = lfm::run::sampling::argmax(&logits) as u32;
+        token = if argmax % 2 == 1 && !i.is_multiple_of(3) {
+            argmax
+        } else {
+            best_odd(&logits)
+        };
+        taken.push(token);
+    }
+    assert_eq!(guide.taken, taken);
+    let expected = model.forward(&[token], false).unwrap();
+    assert_eq!(after, expected);
+}
+
+#[test]
+fn guided_greedy_run_rewinds_refused_steps_on_the_cpu() {
+    let mut m = load(DeviceChoice::Cpu);
+    let prompt = chat_prompt(&m, "Name three colours.");
+    guided_run_matches_single_steps(m.model.as_mut(), &prompt);
+}
+
+#[test]
+fn guided_greedy_run_rewinds_refused_steps_on_the_gpu() {
+    let Some(gpu) = gpu_choice() else { return };
+    let mut m = load(gpu);
+    let prompt = chat_prompt(&m, "Name three colours.");
+    guided_run_matches_single_steps(m.model.as_mut(), &prompt);
 }

@@ -878,6 +878,33 @@ pub trait CausalLm {
         }
         Ok(max)
     }
+    /// [`CausalLm::greedy_run`] where the caller may refuse the argmax (a
+    /// grammar): each step's argmax goes to [`GreedyGuide::allows`]; a
+    /// refused one is replaced by [`GreedyGuide::choose`] over that step's
+    /// logits. Every token taken goes to [`GreedyGuide::emit`]; returns how
+    /// many were. The sequence afterwards is as for `greedy_run`. Backends
+    /// override this to keep the device a step ahead on the argmax,
+    /// rewinding that step when the argmax is refused.
+    fn greedy_run_guided(
+        &mut self,
+        token: u32,
+        max: usize,
+        guide: &mut dyn GreedyGuide,
+    ) -> Result<usize> {
+        let mut token = token;
+        for produced in 1..=max {
+            let logits = self.forward(&[token], false)?;
+            check_logits(&logits)?;
+            token = crate::sampling::argmax(&logits) as u32;
+            if !guide.allows(token) {
+                token = guide.choose(&logits)?;
+            }
+            if !guide.emit(token) {
+                return Ok(produced);
+            }
+        }
+        Ok(max)
+    }
     /// Appends `tokens` and returns the logits of every one, `[n, vocab]`,
     /// for checking drafted tokens (speculative decoding). Row `i` is what
     /// `forward(&[tokens[i]], false)` would return after the tokens before
@@ -930,6 +957,17 @@ pub trait CausalLm {
             "prefill profiling needs the GPU backend",
         ))
     }
+}
+
+/// What [`CausalLm::greedy_run_guided`] asks of its caller at each step.
+pub trait GreedyGuide {
+    /// Whether `token`, the argmax of the step's logits, may be taken.
+    fn allows(&mut self, token: u32) -> bool;
+    /// The token to take instead of a refused argmax, from the step's
+    /// logits.
+    fn choose(&mut self, logits: &[f32]) -> Result<u32>;
+    /// Takes the token chosen (allowed or chosen); false ends the run.
+    fn emit(&mut self, token: u32) -> bool;
 }
 
 /// The error of a truncation to `pos` that the sequence cannot make.

@@ -4,7 +4,7 @@
 use super::sampling::Sampler;
 use super::speculative::{self, SpecStats, Speculation};
 use crate::error::{Error, Result};
-use crate::models::llm::CausalLm;
+use crate::models::llm::{CausalLm, GreedyGuide};
 use crate::tokenizer::{TextStream, Tokenizer};
 use serde::Serialize;
 use std::time::Instant;
@@ -309,6 +309,19 @@ pub fn generate_with(
             if let Some(e) = failed {
                 return Err(e);
             }
+        } else if sampler.is_guided_greedy() {
+            // Greedy under a grammar: the backend may decode ahead on the
+            // argmax, and choose again only where the grammar refuses it.
+            let mut guide = Guided {
+                sampler,
+                out: &mut out,
+                on_text: &mut on_text,
+                failed: None,
+            };
+            decode_steps = model.greedy_run_guided(first, req.max_tokens - 1, &mut guide)?;
+            if let Some(e) = guide.failed {
+                return Err(e);
+            }
         } else {
             let mut next = first;
             loop {
@@ -377,6 +390,40 @@ pub fn generate_with(
         text: out.text,
         finish_reason: out.finish,
     })
+}
+
+/// Greedy decoding under a grammar ([`Sampler::is_guided_greedy`]) as the
+/// backend's guided run sees it.
+struct Guided<'s, 'o, 'a, F> {
+    sampler: &'s mut Sampler,
+    out: &'o mut Output<'a>,
+    on_text: &'o mut F,
+    failed: Option<Error>,
+}
+
+impl<F: FnMut(&str) -> std::io::Result<()>> GreedyGuide for Guided<'_, '_, '_, F> {
+    fn allows(&mut self, token: u32) -> bool {
+        self.sampler.allows(token)
+    }
+
+    fn choose(&mut self, logits: &[f32]) -> Result<u32> {
+        Ok(self.sampler.choose_greedy(logits))
+    }
+
+    fn emit(&mut self, token: u32) -> bool {
+        self.sampler.accept(token);
+        if let Some(e) = self.sampler.take_error() {
+            self.failed = Some(e);
+            return false;
+        }
+        match self.out.push(token, self.on_text) {
+            Ok(more) => more && !grammar_done(self.sampler, self.out),
+            Err(e) => {
+                self.failed = Some(e);
+                false
+            }
+        }
+    }
 }
 
 /// The sampler's grammar has matched a whole output that nothing can

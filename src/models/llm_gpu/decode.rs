@@ -1,7 +1,7 @@
 //! Decode: the recipe recorded once as fused dispatches over the decode
 //! buffers (rebuilt when the KV cache grows), then one submission per token.
 
-use super::{GpuFfn, GpuLlm, GpuMixer, GpuState, Op, Readback};
+use super::{GpuFfn, GpuLlm, GpuMixer, GpuState, GreedyGuide, Op, Readback};
 use crate::error::{Error, Result};
 use crate::gpu::llm_ops::{self, AttnBuffers, GemvEpilogue};
 use crate::gpu::ops::{self, Dispatch};
@@ -266,29 +266,52 @@ impl GpuLlm {
     }
 
     /// Submits one greedy decode step consuming the token in io.token, its
-    /// argmax copied into `staging`; advances the position.
-    fn submit_greedy(&mut self, staging: &wgpu::Buffer) -> Result<wgpu::SubmissionIndex> {
+    /// argmax copied into `staging` (and its logits into `kept`, when
+    /// given); advances the position.
+    fn submit_greedy(
+        &mut self,
+        staging: &wgpu::Buffer,
+        kept: Option<&wgpu::Buffer>,
+    ) -> Result<wgpu::SubmissionIndex> {
         self.check_room(1)?;
         let splits = self.begin_step()?;
         let mut enc = self.encode_step(splits, Readback::Token);
+        if let Some(kept) = kept {
+            let len = (self.cfg.vocab * 4) as u64;
+            enc.copy_buffer_to_buffer(&self.io.logits, 0, kept, 0, len);
+        }
         enc.copy_buffer_to_buffer(&self.io.token, 0, staging, 0, super::TOKEN_BYTES);
         let done = self.gpu.queue.submit([enc.finish()]);
         self.pos += 1;
         Ok(done)
     }
 
+    /// The logits a guided step kept in `buf` on the device.
+    fn read_logits_of(&self, buf: &wgpu::Buffer) -> Result<Vec<f32>> {
+        let g = &*self.gpu;
+        let len = (self.cfg.vocab * 4) as u64;
+        let mut enc = g.device.create_command_encoder(&Default::default());
+        enc.copy_buffer_to_buffer(buf, 0, &self.io.logits_staging, 0, len);
+        let bytes = g.submit_and_read(enc, &self.io.logits_staging, len)?;
+        Ok(bytemuck::pod_collect_to_vec(&bytes))
+    }
+
     /// Greedy decoding with the GPU one step ahead of the host: step i + 1
     /// is submitted, consuming the token step i left on the GPU, before the
     /// host reads step i's token, so recording and submitting overlap the
-    /// device's work. When `emit` stops early the step that ran ahead is
-    /// undone (the position goes back; its KV row and conv-state ring row are
-    /// rewritten by the next token), so the sequence is what a loop of
-    /// [`CausalLm::step_greedy`] leaves.
+    /// device's work. When `guide` refuses step i's argmax, the step that
+    /// ran ahead on it is undone (the position goes back; its KV row and
+    /// conv-state ring row are rewritten by the next token), step i's
+    /// logits (kept on the device when `keep`) go to `guide.choose`, and
+    /// the pipeline starts again from the chosen token. When the guide
+    /// stops early the step that ran ahead is undone the same way, so the
+    /// sequence is what a loop of [`CausalLm::step_greedy`] leaves.
     pub(super) fn greedy_pipelined(
         &mut self,
         token: u32,
         max: usize,
-        emit: &mut dyn FnMut(u32) -> bool,
+        guide: &mut dyn GreedyGuide,
+        keep: bool,
     ) -> Result<usize> {
         if max == 0 {
             return Ok(0);
@@ -299,37 +322,62 @@ impl GpuLlm {
             self.io.token_staging.clone(),
             self.io.token_staging2.clone(),
         ];
-        // Submission of each step in flight, oldest first.
+        let kept = self.io.logits_kept.clone();
+        // Submission of each step in flight, oldest first; step s reads
+        // back through staging[s % 2] and keeps its logits in kept[s % 2].
         let mut flight = std::collections::VecDeque::new();
-        flight.push_back(self.submit_greedy(&staging[0])?);
-        let (mut submitted, mut produced) = (1, 0);
+        let (mut submitted, mut produced) = (0, 0);
         loop {
-            if submitted < max {
-                flight.push_back(self.submit_greedy(&staging[submitted % 2])?);
+            while flight.len() < 2 && submitted < max {
+                let slot = submitted % 2;
+                let keep_in = keep.then_some(&kept[slot]);
+                flight.push_back(self.submit_greedy(&staging[slot], keep_in)?);
                 submitted += 1;
             }
             let done = flight.pop_front().expect("a step in flight");
+            let slot = produced % 2;
             let bytes = self
                 .gpu
-                .read_staging(&staging[produced % 2], super::TOKEN_BYTES, done)?;
+                .read_staging(&staging[slot], super::TOKEN_BYTES, done)?;
             // Damaged logits end the run (the step that ran ahead, never
             // mapped, finishes on its own).
-            let next = super::greedy_token(&bytes)?;
+            let mut next = super::greedy_token(&bytes)?;
             produced += 1;
-            if !emit(next) || produced == max {
-                if submitted > produced {
-                    // The step that ran ahead consumed `next`: wait for it
-                    // (its staging buffer must be unmapped for reuse) and
-                    // take it back.
-                    let done = flight.pop_front().expect("the step ahead");
-                    self.gpu
-                        .read_staging(&staging[produced % 2], super::TOKEN_BYTES, done)?;
-                    self.high = self.high.max(self.pos);
-                    self.pos -= 1;
-                }
+            let allowed = guide.allows(next);
+            if !allowed {
+                self.undo_ahead(&mut flight, &staging[produced % 2])?;
+                submitted = produced;
+                let logits = if keep {
+                    self.read_logits_of(&kept[slot])?
+                } else {
+                    return Err(Error::gpu(
+                        "greedy decoding: a refused argmax without kept logits",
+                    ));
+                };
+                next = guide.choose(&logits)?;
+                self.write_token(next);
+            }
+            if !guide.emit(next) || produced == max {
+                // The step that ran ahead consumed `next`: take it back.
+                self.undo_ahead(&mut flight, &staging[produced % 2])?;
                 return Ok(produced);
             }
         }
+    }
+
+    /// Waits for the step in flight ahead of the host, if any (its staging
+    /// buffer must be unmapped for reuse), and takes it back.
+    fn undo_ahead(
+        &mut self,
+        flight: &mut std::collections::VecDeque<wgpu::SubmissionIndex>,
+        staging: &wgpu::Buffer,
+    ) -> Result<()> {
+        if let Some(done) = flight.pop_front() {
+            self.gpu.read_staging(staging, super::TOKEN_BYTES, done)?;
+            self.high = self.high.max(self.pos);
+            self.pos -= 1;
+        }
+        Ok(())
     }
 
     /// Records one decode step into `pass`, calling `after` after each

@@ -30,8 +30,8 @@ mod upload;
 pub use batch::{GpuBatch, MAX_SLOTS};
 
 use super::llm::{
-    check_truncate, conv_ring_rows, conv_rows_kept, CausalLm, LayerKind, LayerState, LlmConfig,
-    SeqState, Weights, REWIND_DEPTH,
+    check_truncate, conv_ring_rows, conv_rows_kept, CausalLm, GreedyGuide, LayerKind, LayerState,
+    LlmConfig, SeqState, Weights, REWIND_DEPTH,
 };
 use super::recipe::Residual;
 use crate::cpu;
@@ -172,6 +172,27 @@ struct DecodeIo {
     token_staging2: wgpu::Buffer,
     logits_staging: wgpu::Buffer,
     cand_staging: wgpu::Buffer,
+    /// [vocab] x 2: the logits of a guided greedy step, copied on the
+    /// device, alternately (the step ahead of the host overwrites `logits`
+    /// before the host can refuse the argmax of the step before).
+    logits_kept: [wgpu::Buffer; 2],
+}
+
+/// Plain greedy decoding as a [`GreedyGuide`] that takes every argmax.
+struct Unguided<'a>(&'a mut dyn FnMut(u32) -> bool);
+
+impl GreedyGuide for Unguided<'_> {
+    fn allows(&mut self, _token: u32) -> bool {
+        true
+    }
+
+    fn choose(&mut self, logits: &[f32]) -> Result<u32> {
+        Ok(cpu::argmax(logits) as u32)
+    }
+
+    fn emit(&mut self, token: u32) -> bool {
+        (self.0)(token)
+    }
 }
 
 /// What a decode step reads back.
@@ -304,6 +325,10 @@ impl GpuLlm {
             token_staging2: g.staging("token", TOKEN_BYTES),
             logits_staging: g.staging("logits", (cfg.vocab * 4) as u64),
             cand_staging: g.staging("candidates", (8 * llm_ops::MAX_TOP_K) as u64),
+            logits_kept: [
+                f32s("logits kept", cfg.vocab)?,
+                f32s("logits kept", cfg.vocab)?,
+            ],
         };
         let cap = opts
             .kv_positions
@@ -663,7 +688,16 @@ impl CausalLm for GpuLlm {
         max: usize,
         emit: &mut dyn FnMut(u32) -> bool,
     ) -> Result<usize> {
-        self.greedy_pipelined(token, max, emit)
+        self.greedy_pipelined(token, max, &mut Unguided(emit), false)
+    }
+
+    fn greedy_run_guided(
+        &mut self,
+        token: u32,
+        max: usize,
+        guide: &mut dyn GreedyGuide,
+    ) -> Result<usize> {
+        self.greedy_pipelined(token, max, guide, true)
     }
 
     fn step_greedy(&mut self, token: u32) -> Result<u32> {
