@@ -171,6 +171,15 @@ fn dotw4(wv: W8x4, xv: W8) -> vec4<f32> {
     return vec4<f32>(dotw(wv.r0, xv), dotw(wv.r1, xv), dotw(wv.r2, xv), dotw(wv.r3, xv));
 }
 
+// Column `col` (clamped to the last) of x at elements e0..e0+7.
+fn col_x(col: u32, last_col: u32, e0: u32) -> W8 {
+    return load8(p.x_off + min(col, last_col) * p.x_stride, e0);
+}
+
+fn sq8(v: W8) -> f32 {
+    return dot(v.a, v.a) + dot(v.b, v.b);
+}
+
 @compute @workgroup_size(WG)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
         @builtin(local_invocation_index) lid: u32
@@ -182,9 +191,21 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     let col0 = wid.x * NB;
     // Columns past the last repeat it; their results are dropped.
     let last_col = p.cols - 1u;
-    var a0 = array<vec4<f32>, NB>();
-    var a1 = array<vec4<f32>, NB>();
-    var a2 = array<vec4<f32>, NB>();
+    // One vec4 per (part, column), named rather than an array indexed in a
+    // loop, which NVIDIA's compiler kept in memory (the products then cost
+    // as much per column as the single kernel's whole pass).
+    var a0c0 = vec4<f32>();
+    var a0c1 = vec4<f32>();
+    var a0c2 = vec4<f32>();
+    var a0c3 = vec4<f32>();
+    var a1c0 = vec4<f32>();
+    var a1c1 = vec4<f32>();
+    var a1c2 = vec4<f32>();
+    var a1c3 = vec4<f32>();
+    var a2c0 = vec4<f32>();
+    var a2c1 = vec4<f32>();
+    var a2c2 = vec4<f32>();
+    var a2c3 = vec4<f32>();
     var ss = vec4<f32>();
     let units = (p.k + 7u) / 8u;
     for (var u = lid; u < units; u += WG) {
@@ -197,22 +218,43 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
         let w1 = w8x4(p.rows, first, e0);
         let w2 = w8x4(2u * p.rows, first, e0);
 #endif
-        for (var c = 0u; c < NB; c++) {
-            var xv = load8(p.x_off + min(col0 + c, last_col) * p.x_stride, e0);
+        let x0 = col_x(col0, last_col, e0);
+        let x1 = col_x(col0 + 1u, last_col, e0);
+        let x2 = col_x(col0 + 2u, last_col, e0);
+        let x3 = col_x(col0 + 3u, last_col, e0);
 #if NORM
-            ss[c] += dot(xv.a, xv.a) + dot(xv.b, xv.b);
-            let g = norm8(e0);
-            xv = W8(xv.a * g.a, xv.b * g.b);
+        ss += vec4<f32>(sq8(x0), sq8(x1), sq8(x2), sq8(x3));
+        let g = norm8(e0);
+        let n0 = W8(x0.a * g.a, x0.b * g.b);
+        let n1 = W8(x1.a * g.a, x1.b * g.b);
+        let n2 = W8(x2.a * g.a, x2.b * g.b);
+        let n3 = W8(x3.a * g.a, x3.b * g.b);
+#else
+        let n0 = x0;
+        let n1 = x1;
+        let n2 = x2;
+        let n3 = x3;
 #endif
-            a0[c] += dotw4(w0, xv);
+        a0c0 += dotw4(w0, n0);
+        a0c1 += dotw4(w0, n1);
+        a0c2 += dotw4(w0, n2);
+        a0c3 += dotw4(w0, n3);
 #if SWIGLU
-            a1[c] += dotw4(w1, xv);
+        a1c0 += dotw4(w1, n0);
+        a1c1 += dotw4(w1, n1);
+        a1c2 += dotw4(w1, n2);
+        a1c3 += dotw4(w1, n3);
 #endif
 #if CONV
-            a1[c] += dotw4(w1, xv);
-            a2[c] += dotw4(w2, xv);
+        a1c0 += dotw4(w1, n0);
+        a1c1 += dotw4(w1, n1);
+        a1c2 += dotw4(w1, n2);
+        a1c3 += dotw4(w1, n3);
+        a2c0 += dotw4(w2, n0);
+        a2c1 += dotw4(w2, n1);
+        a2c2 += dotw4(w2, n2);
+        a2c3 += dotw4(w2, n3);
 #endif
-        }
     }
 
     // Each column reduced in turn as the single kernel reduces its one;
@@ -222,13 +264,30 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     var o2 = vec4<f32>();
     var osq = vec4<f32>();
     for (var c = 0u; c < NB; c++) {
+        var c0 = a0c0;
+        var c1 = a1c0;
+        var c2 = a2c0;
+        if (c == 1u) {
+            c0 = a0c1;
+            c1 = a1c1;
+            c2 = a2c1;
+        } else if (c == 2u) {
+            c0 = a0c2;
+            c1 = a1c2;
+            c2 = a2c2;
+        } else if (c == 3u) {
+            c0 = a0c3;
+            c1 = a1c3;
+            c2 = a2c3;
+        }
+        let csq = ss[c];
 #if SUBGROUPS
         let nsg = (WG + ssize - 1u) / ssize;
         let sg = lid / ssize;
-        let s0 = subgroupAdd(a0[c]);
-        let s1 = subgroupAdd(a1[c]);
-        let s2 = subgroupAdd(a2[c]);
-        let s3 = subgroupAdd(ss[c]);
+        let s0 = subgroupAdd(c0);
+        let s1 = subgroupAdd(c1);
+        let s2 = subgroupAdd(c2);
+        let s3 = subgroupAdd(csq);
         if (sid == 0u) {
             red[sg] = s0;
             red[S + sg] = s1;
@@ -245,10 +304,10 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
         }
         workgroupBarrier();
 #else
-        red[lid] = a0[c];
-        red[S + lid] = a1[c];
-        red[2u * S + lid] = a2[c];
-        red[3u * S + lid] = vec4<f32>(ss[c]);
+        red[lid] = c0;
+        red[S + lid] = c1;
+        red[2u * S + lid] = c2;
+        red[3u * S + lid] = vec4<f32>(csq);
         workgroupBarrier();
         for (var stride = WG / 2u; stride > 0u; stride >>= 1u) {
             if (lid < stride) {

@@ -332,8 +332,9 @@ fn constrained_paths_match_the_full_mask_on_the_cpu() {
 #[test]
 fn constrained_paths_match_the_full_mask_on_the_gpu() {
     let Some(gpu) = gpu_choice() else { return };
-    // Two grammars: lavapipe's steps are slow.
-    constrained_paths_match_the_full_mask(&mut load(gpu), 2);
+    // The tool schema only: lavapipe's steps are slow (the CPU test runs
+    // all three through the same sampler code).
+    constrained_paths_match_the_full_mask(&mut load(gpu), 1);
 }
 
 /// Refuses every argmax with an even id (a third of them at least, so the

@@ -107,7 +107,8 @@ pub struct Args {
 
     /// Also profile this many decode steps of each gpu arm at each depth,
     /// and one run of each prompt test: device time per kernel (timestamp
-    /// queries) and host time per step.
+    /// queries) and host time per step. With --batch: this many batched
+    /// steps at each B, in a run apart from the timed one (GPU).
     #[arg(long, value_name = "STEPS", value_parser = super::values::positive)]
     pub profile: Option<usize>,
 
@@ -754,6 +755,15 @@ fn batched(
                         continue;
                     }
                     let r = bench::batched_decode(loaded.model.as_mut(), pp, tg, b, args.seed)?;
+                    // --profile: a run apart, so the timestamps cost the row nothing.
+                    if let Some(steps) = args.profile {
+                        if loaded.model.start_profile()? {
+                            bench::batched_decode(loaded.model.as_mut(), pp, steps, b, args.seed)?;
+                            if let Some(p) = loaded.model.take_profile() {
+                                eprintln!("\n{backend}, B = {b}: {}", p.table());
+                            }
+                        }
+                    }
                     match args.output {
                         Output::Json => writeln!(
                             out,

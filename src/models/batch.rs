@@ -49,6 +49,15 @@ pub trait BatchedLm {
     /// returns the next-token logits after each entry's last token.
     fn step(&mut self, work: &[SeqWork]) -> Result<Vec<Vec<f32>>>;
     fn usage(&self) -> BlockUsage;
+    /// Starts timing every batched step on the device (per kernel); false
+    /// when the backend has no such profile.
+    fn start_profile(&mut self) -> Result<bool> {
+        Ok(false)
+    }
+    /// The profile since [`BatchedLm::start_profile`], per step, ending it.
+    fn take_profile(&mut self) -> Option<crate::gpu::profile::StepProfile> {
+        None
+    }
     fn backend_name(&self) -> &'static str;
     /// One decode step of `id` alone that draws the next token with
     /// `sampler` on the backend's fast path (a GPU reads back a token id or

@@ -21,6 +21,7 @@ use crate::cpu;
 use crate::error::{Error, Result};
 use crate::gpu::llm_ops::{self, AttnBuffers, Cols, GemvEpilogue};
 use crate::gpu::ops::{self, Dispatch};
+use crate::gpu::profile::{PassTimer, StepProfile};
 use crate::models::batch::{BatchedLm, SeqId, SeqWork};
 use crate::models::kv_blocks::BlockUsage;
 use crate::models::llm::{attn_shape, conv_ring_rows, CausalLm, LayerKind, LlmConfig, Weights};
@@ -109,6 +110,9 @@ pub struct GpuBatch {
     next_id: SeqId,
     /// The sequence whose state `m` holds (at its slot's position).
     held: Option<SeqId>,
+    /// Device timestamps of every batched step, while asked for
+    /// ([`BatchedLm::start_profile`]).
+    profile: Option<StepProfile>,
 }
 
 impl GpuBatch {
@@ -207,6 +211,7 @@ impl GpuBatch {
             rope_local,
             next_id: 1,
             held: None,
+            profile: None,
         };
         // Compile the batched kernels now (a rejected one shows at load).
         b.plan(1)?;
@@ -388,27 +393,62 @@ impl GpuBatch {
                 .write_buffer(&io.cs_local, 0, bytemuck::cast_slice(&cs_local));
         }
         let plan = &self.plans[&n];
+        let t0 = web_time::Instant::now();
+        // A timestamp before the first dispatch and after each (attention
+        // may be two).
+        let timer = match self.profile {
+            Some(_) => Some(PassTimer::new(
+                g,
+                (2 * plan.ops.len() + plan.argmax.len() + 1) as u32,
+            )?),
+            None => None,
+        };
+        let mut names = Vec::new();
         let mut enc = g.device.create_command_encoder(&Default::default());
         {
             let mut pass = enc.begin_compute_pass(&Default::default());
+            let mut after = |p: &mut wgpu::ComputePass<'_>, name: &'static str| {
+                if let Some(t) = &timer {
+                    names.push(name);
+                    t.mark(p, names.len() as u32);
+                }
+            };
+            if let Some(t) = &timer {
+                t.mark(&mut pass, 0);
+            }
             for op in &plan.ops {
                 match op {
-                    Op::Fixed(d) => d.record(&mut pass),
-                    Op::Attention(a) => a.record(&mut pass, most_splits),
+                    Op::Fixed(d) => {
+                        d.record(&mut pass);
+                        after(&mut pass, d.bound.name);
+                    }
+                    Op::Attention(a) => a.record_with(&mut pass, most_splits, &mut after),
                 }
             }
             if want == Want::Tokens {
                 for d in &plan.argmax {
                     d.record(&mut pass);
+                    after(&mut pass, d.bound.name);
                 }
             }
+        }
+        let marks = names.len() as u32 + 1;
+        if let Some(t) = &timer {
+            t.resolve(&mut enc, marks);
         }
         let (src, staging, len) = match want {
             Want::Tokens => (&io.next, &io.next_staging, (n * 8) as u64),
             Want::Logits => (&io.logits, &io.logits_staging, (n * cfg.vocab * 4) as u64),
         };
         enc.copy_buffer_to_buffer(src, 0, staging, 0, len);
-        let out = g.submit_and_read(enc, staging, len);
+        let t1 = web_time::Instant::now();
+        let done = g.queue.submit([enc.finish()]);
+        let t2 = web_time::Instant::now();
+        let out = g.read_staging(staging, len, done.clone());
+        if let (Some(t), Some(prof)) = (&timer, self.profile.as_mut()) {
+            let ts = t.read(g, marks, done)?;
+            prof.add_step([t0, t0, t1, t2, web_time::Instant::now()], &names, &ts);
+        }
         // The rows' states moved on (or, after a failure, are unknown
         // anyway): the single model's copy is stale.
         for &(slot, _) in rows {
@@ -758,6 +798,20 @@ impl BatchedLm for GpuBatch {
         }
     }
 
+    fn start_profile(&mut self) -> Result<bool> {
+        // Fails here, not mid-run, on an adapter without timestamps.
+        PassTimer::new(&self.m.gpu, 2)?;
+        self.profile = Some(StepProfile {
+            what: "batched decode step".to_string(),
+            ..Default::default()
+        });
+        Ok(true)
+    }
+
+    fn take_profile(&mut self) -> Option<StepProfile> {
+        self.profile.take().map(StepProfile::finish)
+    }
+
     fn backend_name(&self) -> &'static str {
         "gpu"
     }
@@ -797,7 +851,7 @@ impl BatchedLm for GpuBatch {
             // max - 1 more positions do.
             let room = self.slot_len - self.pos(slot);
             let max = max.min(room);
-            self.on_single(slot, |m| m.greedy_pipelined(token, max, emit))
+            self.on_single(slot, |m| m.greedy_run(token, max, emit))
         };
         Some(run())
     }
