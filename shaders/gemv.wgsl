@@ -136,6 +136,51 @@ fn gate_act(v: f32) -> f32 {
 #endif
 }
 
+// Workgroup sums of the parts' row sums a0..a2 and of ss, left in
+// red[q * S] (q = 3: ss); every thread calls it (it has barriers).
+#if SUBGROUPS
+fn reduce_parts(a0: vec4<f32>, a1: vec4<f32>, a2: vec4<f32>, ss: f32, lid: u32, sid: u32,
+                ssize: u32) {
+    let nsg = (WG + ssize - 1u) / ssize;
+    let sg = lid / ssize;
+    let s0 = subgroupAdd(a0);
+    let s1 = subgroupAdd(a1);
+    let s2 = subgroupAdd(a2);
+    let s3 = subgroupAdd(ss);
+    if (sid == 0u) {
+        red[sg] = s0;
+        red[S + sg] = s1;
+        red[2u * S + sg] = s2;
+        red[3u * S + sg] = vec4<f32>(s3);
+    }
+    workgroupBarrier();
+    if (lid < 4u) {
+        var t = vec4<f32>();
+        for (var s = 0u; s < nsg; s++) {
+            t += red[lid * S + s];
+        }
+        red[lid * S] = t;
+    }
+    workgroupBarrier();
+}
+#else
+fn reduce_parts(a0: vec4<f32>, a1: vec4<f32>, a2: vec4<f32>, ss: f32, lid: u32) {
+    red[lid] = a0;
+    red[S + lid] = a1;
+    red[2u * S + lid] = a2;
+    red[3u * S + lid] = vec4<f32>(ss);
+    workgroupBarrier();
+    for (var stride = WG / 2u; stride > 0u; stride >>= 1u) {
+        if (lid < stride) {
+            for (var q = 0u; q < 4u; q++) {
+                red[q * S + lid] += red[q * S + lid + stride];
+            }
+        }
+        workgroupBarrier();
+    }
+}
+#endif
+
 // Eight weights times eight activations.
 fn dotw(wv: W8, xv: W8) -> f32 {
     return dot(wv.a, xv.a) + dot(wv.b, xv.b);
@@ -280,43 +325,10 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
             c1 = a1c3;
             c2 = a2c3;
         }
-        let csq = ss[c];
 #if SUBGROUPS
-        let nsg = (WG + ssize - 1u) / ssize;
-        let sg = lid / ssize;
-        let s0 = subgroupAdd(c0);
-        let s1 = subgroupAdd(c1);
-        let s2 = subgroupAdd(c2);
-        let s3 = subgroupAdd(csq);
-        if (sid == 0u) {
-            red[sg] = s0;
-            red[S + sg] = s1;
-            red[2u * S + sg] = s2;
-            red[3u * S + sg] = vec4<f32>(s3);
-        }
-        workgroupBarrier();
-        if (lid < 4u) {
-            var t = vec4<f32>();
-            for (var s = 0u; s < nsg; s++) {
-                t += red[lid * S + s];
-            }
-            red[lid * S] = t;
-        }
-        workgroupBarrier();
+        reduce_parts(c0, c1, c2, ss[c], lid, sid, ssize);
 #else
-        red[lid] = c0;
-        red[S + lid] = c1;
-        red[2u * S + lid] = c2;
-        red[3u * S + lid] = vec4<f32>(csq);
-        workgroupBarrier();
-        for (var stride = WG / 2u; stride > 0u; stride >>= 1u) {
-            if (lid < stride) {
-                for (var q = 0u; q < 4u; q++) {
-                    red[q * S + lid] += red[q * S + lid + stride];
-                }
-            }
-            workgroupBarrier();
-        }
+        reduce_parts(c0, c1, c2, ss[c], lid);
 #endif
         if (lid < R) {
             o0[c] = red[0][lid];
@@ -409,41 +421,9 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
 
     // Workgroup sums of a0..a2 and ss, left in red[q * S] (q = 3: ss).
 #if SUBGROUPS
-    let nsg = (WG + ssize - 1u) / ssize;
-    let sg = lid / ssize;
-    let s0 = subgroupAdd(a0);
-    let s1 = subgroupAdd(a1);
-    let s2 = subgroupAdd(a2);
-    let s3 = subgroupAdd(ss);
-    if (sid == 0u) {
-        red[sg] = s0;
-        red[S + sg] = s1;
-        red[2u * S + sg] = s2;
-        red[3u * S + sg] = vec4<f32>(s3);
-    }
-    workgroupBarrier();
-    if (lid < 4u) {
-        var t = vec4<f32>();
-        for (var s = 0u; s < nsg; s++) {
-            t += red[lid * S + s];
-        }
-        red[lid * S] = t;
-    }
-    workgroupBarrier();
+    reduce_parts(a0, a1, a2, ss, lid, sid, ssize);
 #else
-    red[lid] = a0;
-    red[S + lid] = a1;
-    red[2u * S + lid] = a2;
-    red[3u * S + lid] = vec4<f32>(ss);
-    workgroupBarrier();
-    for (var stride = WG / 2u; stride > 0u; stride >>= 1u) {
-        if (lid < stride) {
-            for (var q = 0u; q < 4u; q++) {
-                red[q * S + lid] += red[q * S + lid + stride];
-            }
-        }
-        workgroupBarrier();
-    }
+    reduce_parts(a0, a1, a2, ss, lid);
 #endif
 
     let row = first + lid;
