@@ -315,8 +315,9 @@ fn gpu_agrees_with_cpu() {
         "A man is eating food.",
         "Größenwahn in München — 東京タワー!",
     ];
-    // --gpu: use the adapter even when it is a software one (lavapipe in CI).
-    let gpu = embed(&[&["--gpu"][..], &texts].concat(), b"");
+    // --gpu: use the adapter even when it is a software one (lavapipe in CI);
+    // --profile: its report must not change the vectors.
+    let gpu = embed(&[&["--gpu", "--profile"][..], &texts].concat(), b"");
     if !gpu.status.success() && std::env::var_os("LFM_SKIP_GPU_TESTS").is_some() {
         eprintln!("SKIPPING the GPU CLI run (LFM_SKIP_GPU_TESTS set)");
         return;
@@ -327,6 +328,9 @@ fn gpu_agrees_with_cpu() {
         err.contains(" on gpu: ") || std::env::var_os("LFM_SKIP_GPU_TESTS").is_some(),
         "embed did not use a GPU: {err}"
     );
+    // One batch of both texts, its pass timed per kernel, pooled on the device.
+    assert!(err.contains("embed profile: 1 batches, 2 texts"), "{err}");
+    assert!(err.contains("| seq_pool | 1 |"), "{err}");
     let cpu = embed(&[&["--cpu"][..], &texts].concat(), b"");
     assert_ok(&cpu);
     for (g, c) in json_lines(&gpu).iter().zip(json_lines(&cpu)) {

@@ -135,33 +135,40 @@ fn bad_arguments() {
 
 #[test]
 fn batch_mode_prints_a_row_per_batch_size() {
-    batch_rows("cpu");
+    batch_rows("cpu", &[]);
     let o = run(BIN, &[&tiny(), "-b", "cpu", "--batch", "0"]);
     assert_usage_failure(&o, &["--batch"]);
 }
 
 #[test]
 fn batch_mode_runs_on_the_gpu() {
-    batch_rows("gpu");
+    let err = batch_rows("gpu", &["--profile", "2"]);
+    // A profile of each batch size's steps, per kernel.
+    for b in [1, 3] {
+        let head = format!("gpu, B = {b}: batched decode step, mean of 2 runs");
+        assert!(err.contains(&head), "{err}");
+    }
+    assert!(err.contains("| gemv_cols"), "{err}");
 }
 
-fn batch_rows(backend: &str) {
-    let o = run(
-        BIN,
-        &[
-            &tiny(),
-            "-b",
-            backend,
-            "--batch",
-            "1,3",
-            "-p",
-            "5",
-            "-n",
-            "2",
-            "-o",
-            "json",
-        ],
-    );
+/// Runs `--batch 1,3` on `backend` and checks its rows; returns stderr.
+fn batch_rows(backend: &str, extra: &[&str]) -> String {
+    let model = tiny();
+    let mut args = vec![
+        model.as_str(),
+        "-b",
+        backend,
+        "--batch",
+        "1,3",
+        "-p",
+        "5",
+        "-n",
+        "2",
+        "-o",
+        "json",
+    ];
+    args.extend_from_slice(extra);
+    let o = run(BIN, &args);
     assert!(o.status.success(), "{}", stderr(&o));
     let rows: Vec<serde_json::Value> = stdout(&o)
         .lines()
@@ -177,4 +184,5 @@ fn batch_rows(backend: &str) {
         assert_eq!(row["n_kv"].as_u64(), Some(b * 7));
         assert!(row["s_tg"].as_f64().unwrap() > 0.0, "{row}");
     }
+    stderr(&o)
 }

@@ -81,6 +81,69 @@ impl PassTimer {
     }
 }
 
+/// The timestamps of one profiled pass as it is recorded: one before the
+/// first dispatch, one after each, with the kernel names between them.
+pub struct PassMarks<'t> {
+    timer: &'t PassTimer,
+    names: Vec<&'static str>,
+}
+
+impl<'t> PassMarks<'t> {
+    /// Writes the pass's first timestamp.
+    pub fn start(timer: &'t PassTimer, pass: &mut wgpu::ComputePass<'_>) -> PassMarks<'t> {
+        timer.mark(pass, 0);
+        PassMarks {
+            timer,
+            names: Vec::new(),
+        }
+    }
+
+    /// The timestamp after the dispatch just recorded, `name`'s (counted
+    /// past the timer's capacity too, so that [`PassMarks::resolve`] can
+    /// refuse the pass).
+    pub fn after(&mut self, pass: &mut wgpu::ComputePass<'_>, name: &'static str) {
+        self.names.push(name);
+        let i = self.names.len() as u32;
+        if i < self.timer.capacity() {
+            self.timer.mark(pass, i);
+        }
+    }
+
+    /// Copies the timestamps towards the host; record after the pass ends.
+    pub fn resolve(&self, enc: &mut wgpu::CommandEncoder) -> Result<()> {
+        let marks = self.names.len() as u32 + 1;
+        if marks > self.timer.capacity() {
+            return Err(Error::gpu(format!(
+                "profile: {} dispatches are more than one pass's {} timestamps",
+                self.names.len(),
+                self.timer.capacity()
+            )));
+        }
+        self.timer.resolve(enc, marks);
+        Ok(())
+    }
+
+    /// Waits for submission `done` and adds the pass to `prof`; `host` are
+    /// the first four instants [`StepProfile::add_step`] takes (prepare,
+    /// record, finish/submit, wait), the end is when the timestamps are in.
+    pub fn add_to(
+        self,
+        prof: &mut StepProfile,
+        gpu: &Gpu,
+        done: wgpu::SubmissionIndex,
+        host: [Instant; 4],
+    ) -> Result<()> {
+        let ts = self.timer.read(gpu, self.names.len() as u32 + 1, done)?;
+        let [prepare, record, submit, wait] = host;
+        prof.add_step(
+            [prepare, record, submit, wait, Instant::now()],
+            &self.names,
+            &ts,
+        );
+        Ok(())
+    }
+}
+
 /// Where the time of a decode step or of a prefill submission goes,
 /// averaged over the profiled steps.
 #[derive(Clone, Debug, Default, Serialize)]
@@ -214,31 +277,20 @@ impl Gpu {
     ) -> Result<()> {
         let t0 = Instant::now();
         let timer = PassTimer::new(self, work.len() as u32 + 1)?;
-        if timer.capacity() < work.len() as u32 + 1 {
-            return Err(Error::gpu(format!(
-                "{} dispatches are more than one profile's {} timestamps",
-                work.len(),
-                timer.capacity()
-            )));
-        }
         let mut enc = self.device.create_command_encoder(&Default::default());
-        {
+        let marks = {
             let mut pass = enc.begin_compute_pass(&Default::default());
-            timer.mark(&mut pass, 0);
-            for (i, d) in work.iter().enumerate() {
+            let mut marks = PassMarks::start(&timer, &mut pass);
+            for d in work {
                 d.record(&mut pass);
-                timer.mark(&mut pass, i as u32 + 1);
+                marks.after(&mut pass, d.bound.name);
             }
-        }
-        let marks = work.len() as u32 + 1;
-        timer.resolve(&mut enc, marks);
+            marks
+        };
+        marks.resolve(&mut enc)?;
         let t1 = Instant::now();
         let done = self.queue.submit([enc.finish()]);
         let t2 = Instant::now();
-        let ts = timer.read(self, marks, done)?;
-        let t3 = Instant::now();
-        let names: Vec<&str> = work.iter().map(|d| d.bound.name).collect();
-        prof.add_step([start, t0, t1, t2, t3], &names, &ts);
-        Ok(())
+        marks.add_to(prof, self, done, [start, t0, t1, t2])
     }
 }

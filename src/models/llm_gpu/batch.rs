@@ -21,7 +21,7 @@ use crate::cpu;
 use crate::error::{Error, Result};
 use crate::gpu::llm_ops::{self, AttnBuffers, Cols, GemvEpilogue};
 use crate::gpu::ops::{self, Dispatch};
-use crate::gpu::profile::{PassTimer, StepProfile};
+use crate::gpu::profile::{PassMarks, PassTimer, StepProfile};
 use crate::models::batch::{BatchedLm, SeqId, SeqWork};
 use crate::models::kv_blocks::BlockUsage;
 use crate::models::llm::{attn_shape, conv_ring_rows, CausalLm, LayerKind, LlmConfig, Weights};
@@ -403,19 +403,15 @@ impl GpuBatch {
             )?),
             None => None,
         };
-        let mut names = Vec::new();
         let mut enc = g.device.create_command_encoder(&Default::default());
-        {
+        let marks = {
             let mut pass = enc.begin_compute_pass(&Default::default());
+            let mut marks = timer.as_ref().map(|t| PassMarks::start(t, &mut pass));
             let mut after = |p: &mut wgpu::ComputePass<'_>, name: &'static str| {
-                if let Some(t) = &timer {
-                    names.push(name);
-                    t.mark(p, names.len() as u32);
+                if let Some(m) = marks.as_mut() {
+                    m.after(p, name);
                 }
             };
-            if let Some(t) = &timer {
-                t.mark(&mut pass, 0);
-            }
             for op in &plan.ops {
                 match op {
                     Op::Fixed(d) => {
@@ -431,10 +427,10 @@ impl GpuBatch {
                     after(&mut pass, d.bound.name);
                 }
             }
-        }
-        let marks = names.len() as u32 + 1;
-        if let Some(t) = &timer {
-            t.resolve(&mut enc, marks);
+            marks
+        };
+        if let Some(m) = &marks {
+            m.resolve(&mut enc)?;
         }
         let (src, staging, len) = match want {
             Want::Tokens => (&io.next, &io.next_staging, (n * 8) as u64),
@@ -445,9 +441,8 @@ impl GpuBatch {
         let done = g.queue.submit([enc.finish()]);
         let t2 = web_time::Instant::now();
         let out = g.read_staging(staging, len, done.clone());
-        if let (Some(t), Some(prof)) = (&timer, self.profile.as_mut()) {
-            let ts = t.read(g, marks, done)?;
-            prof.add_step([t0, t0, t1, t2, web_time::Instant::now()], &names, &ts);
+        if let (Some(m), Some(prof)) = (marks, self.profile.as_mut()) {
+            m.add_to(prof, g, done, [t0, t0, t1, t2])?;
         }
         // The rows' states moved on (or, after a failure, are unknown
         // anyway): the single model's copy is stale.

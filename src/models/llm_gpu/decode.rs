@@ -5,7 +5,7 @@ use super::{GpuFfn, GpuLlm, GpuMixer, GpuState, GreedyGuide, Op, Readback};
 use crate::error::{Error, Result};
 use crate::gpu::llm_ops::{self, AttnBuffers, GemvEpilogue};
 use crate::gpu::ops::{self, Dispatch};
-use crate::gpu::profile::{PassTimer, StepProfile};
+use crate::gpu::profile::{PassMarks, PassTimer, StepProfile};
 use crate::gpu::Variant;
 use crate::models::llm::{attn_shape, conv_ring_rows};
 use crate::models::recipe::{self, DecoderOps, Residual};
@@ -426,28 +426,21 @@ impl GpuLlm {
             let g = &*self.gpu;
             let t0 = Instant::now();
             let mut enc = g.device.create_command_encoder(&Default::default());
-            let mut names = Vec::new();
-            {
+            let marks = {
                 let mut pass = enc.begin_compute_pass(&Default::default());
-                timer.mark(&mut pass, 0);
+                let mut marks = PassMarks::start(&timer, &mut pass);
                 self.record_step(&mut pass, splits, Readback::Token, &mut |p, name| {
-                    names.push(name);
-                    timer.mark(p, names.len() as u32);
+                    marks.after(p, name)
                 });
-            }
-            let marks = names.len() as u32 + 1;
-            if marks > timer.capacity() {
-                return Err(Error::gpu("profile: more dispatches than timestamps"));
-            }
-            timer.resolve(&mut enc, marks);
+                marks
+            };
+            marks.resolve(&mut enc)?;
             enc.copy_buffer_to_buffer(&self.io.token, 0, &self.io.token_staging, 0, 4);
             let t1 = Instant::now();
             let done = g.queue.submit([enc.finish()]);
             let t2 = Instant::now();
             let out = g.read_staging(&self.io.token_staging, 4, done.clone())?;
-            let t3 = Instant::now();
-            let ts = timer.read(g, marks, done)?;
-            prof.add_step([t0, t0, t1, t2, t3], &names, &ts);
+            marks.add_to(&mut prof, g, done, [t0, t0, t1, t2])?;
             self.pos += 1;
             token = u32::from_le_bytes(out[..4].try_into().expect("4 bytes"));
         }

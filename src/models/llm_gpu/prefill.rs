@@ -7,7 +7,7 @@ use super::{GpuFfn, GpuLlm, GpuMixer, GpuState};
 use crate::error::Result;
 use crate::gpu::llm_ops::{self, AttnBuffers, GemmKernel, GemmMode, GemvEpilogue};
 use crate::gpu::ops::{self, Dispatch};
-use crate::gpu::profile::{PassTimer, StepProfile};
+use crate::gpu::profile::{PassMarks, PassTimer, StepProfile};
 use crate::gpu::Gpu;
 use crate::models::llm::{attn_shape, conv_ring_rows, LlmConfig};
 use crate::models::recipe::{self, DecoderOps, Residual};
@@ -466,19 +466,15 @@ impl GpuLlm {
             )?),
             None => None,
         };
-        let mut names = Vec::new();
         let mut enc = g.device.create_command_encoder(&Default::default());
-        {
+        let marks = {
             let mut pass = enc.begin_compute_pass(&Default::default());
+            let mut marks = timer.as_ref().map(|t| PassMarks::start(t, &mut pass));
             let mut after = |p: &mut wgpu::ComputePass<'_>, name: &'static str| {
-                if let Some(t) = &timer {
-                    names.push(name);
-                    t.mark(p, names.len() as u32);
+                if let Some(m) = marks.as_mut() {
+                    m.after(p, name);
                 }
             };
-            if let Some(t) = &timer {
-                t.mark(&mut pass, 0);
-            }
             let mut pending = attention.iter().peekable();
             for (i, dsp) in work.iter().enumerate() {
                 while let Some((_, a)) = pending.next_if(|(at, _)| *at == i) {
@@ -490,12 +486,12 @@ impl GpuLlm {
             for (_, a) in pending {
                 a.record_with(&mut pass, 1, &mut after);
             }
+            marks
+        };
+        if let Some(m) = &marks {
+            m.resolve(&mut enc)?;
         }
         self.pos += n;
-        let marks = names.len() as u32 + 1;
-        if let Some(t) = &timer {
-            t.resolve(&mut enc, marks);
-        }
         if let Some((staging, len)) = &pw.staging {
             enc.copy_buffer_to_buffer(&sc.logits, 0, staging, 0, *len);
         }
@@ -508,10 +504,8 @@ impl GpuLlm {
             }
             None => Vec::new(),
         };
-        if let (Some(t), Some(prof)) = (&timer, prof) {
-            let ts = t.read(g, marks, done)?;
-            let t3 = Instant::now();
-            prof.add_step([start, t0, t1, t2, t3], &names, &ts);
+        if let (Some(m), Some(prof)) = (marks, prof) {
+            m.add_to(prof, g, done, [start, t0, t1, t2])?;
         }
         Ok(out)
     }
