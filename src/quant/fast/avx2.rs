@@ -267,9 +267,29 @@ pub(super) unsafe fn q6_k(row: &[u8], x: &[f32], sums: &[f32]) -> f32 {
 
 /// `super::dot_tile_body` with 256-bit fused multiply-adds written out: the
 /// compiler keeps the portable body's 8-lane sums in 128-bit registers even
-/// with AVX2 enabled, at about half this speed.
+/// with AVX2 enabled, at about half this speed. Two input rows by four
+/// weight rows a step (AVX2's 16 registers hold their 8 sums and the 6
+/// loads), so each load feeds more than one multiply-add.
 #[target_feature(enable = "avx2,fma")]
 pub(super) unsafe fn dot_tile(x: &[f32], w: &[f32], k: usize, out: &mut [f32]) {
+    dot_tile_blocked::<2>(x, w, k, out)
+}
+
+/// [`dot_tile`] four input rows by four weight rows a step, for CPUs with
+/// AVX-512VL: its 32 vector registers hold the 16 sums and 8 loads. Each
+/// sum is the same chain of 8-lane multiply-adds as in [`dot_tile`], so the
+/// results are bit-equal to it.
+#[target_feature(enable = "avx2,fma,avx512f,avx512vl")]
+pub(super) unsafe fn dot_tile_avx512vl(x: &[f32], w: &[f32], k: usize, out: &mut [f32]) {
+    dot_tile_blocked::<4>(x, w, k, out)
+}
+
+/// Every `x_i . w_t` in blocks of `R` input rows by 4 weight rows, each
+/// summed in 8 lanes over the first `k - k % 8` elements (fused
+/// multiply-adds in element order), then `hsum` plus the scalar tail. Rows
+/// left over at either edge go through blocks of one.
+#[inline(always)]
+unsafe fn dot_tile_blocked<const R: usize>(x: &[f32], w: &[f32], k: usize, out: &mut [f32]) {
     let m = x.len() / k;
     let nr = w.len() / k;
     let full = k - k % 8;
@@ -280,43 +300,59 @@ pub(super) unsafe fn dot_tile(x: &[f32], w: &[f32], k: usize, out: &mut [f32]) {
         }
         s
     };
-    for (i, xr) in x.chunks_exact(k).enumerate() {
-        let xp = xr.as_ptr();
+    let mut i = 0;
+    while i < m {
+        let ri = if i + R <= m { R } else { 1 };
         let mut t = 0;
-        while t + 4 <= nr {
-            let wr = |r: usize| &w[(t + r) * k..(t + r + 1) * k];
-            let rows = [wr(0), wr(1), wr(2), wr(3)];
-            let mut acc = [_mm256_setzero_ps(); 4];
-            let mut j = 0;
-            while j < full {
-                // SAFETY: j + 8 <= full <= k, the length of xr and of each row.
-                let xv = unsafe { _mm256_loadu_ps(xp.add(j)) };
-                for (a, row) in acc.iter_mut().zip(rows) {
-                    *a = _mm256_fmadd_ps(xv, unsafe { _mm256_loadu_ps(row.as_ptr().add(j)) }, *a);
-                }
-                j += 8;
+        while t < nr {
+            let rt = if t + 4 <= nr { 4 } else { 1 };
+            match (ri == R, rt == 4) {
+                (true, true) => block::<R, 4>(x, w, k, full, m, i, t, out, &tail),
+                (true, false) => block::<R, 1>(x, w, k, full, m, i, t, out, &tail),
+                (false, true) => block::<1, 4>(x, w, k, full, m, i, t, out, &tail),
+                (false, false) => block::<1, 1>(x, w, k, full, m, i, t, out, &tail),
             }
-            for (r, (a, row)) in acc.into_iter().zip(rows).enumerate() {
-                out[(t + r) * m + i] = hsum(a) + tail(xr, row);
-            }
-            t += 4;
+            t += rt;
         }
-        for t in t..nr {
-            let row = &w[t * k..(t + 1) * k];
-            let mut a = _mm256_setzero_ps();
-            let mut j = 0;
-            while j < full {
-                // SAFETY: as above.
-                a = unsafe {
-                    _mm256_fmadd_ps(
-                        _mm256_loadu_ps(xp.add(j)),
-                        _mm256_loadu_ps(row.as_ptr().add(j)),
-                        a,
-                    )
-                };
-                j += 8;
+        i += ri;
+    }
+}
+
+/// One `RI` x `RT` block of [`dot_tile_blocked`], from input row `i` and
+/// weight row `t`.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+unsafe fn block<const RI: usize, const RT: usize>(
+    x: &[f32],
+    w: &[f32],
+    k: usize,
+    full: usize,
+    m: usize,
+    i: usize,
+    t: usize,
+    out: &mut [f32],
+    tail: &impl Fn(&[f32], &[f32]) -> f32,
+) {
+    let xr: [&[f32]; RI] = std::array::from_fn(|r| &x[(i + r) * k..(i + r + 1) * k]);
+    let wr: [&[f32]; RT] = std::array::from_fn(|c| &w[(t + c) * k..(t + c + 1) * k]);
+    let mut acc = [[_mm256_setzero_ps(); RT]; RI];
+    let mut j = 0;
+    while j < full {
+        // SAFETY: j + 8 <= full <= k, the length of every row.
+        let xv: [__m256; RI] =
+            std::array::from_fn(|r| unsafe { _mm256_loadu_ps(xr[r].as_ptr().add(j)) });
+        let wv: [__m256; RT] =
+            std::array::from_fn(|c| unsafe { _mm256_loadu_ps(wr[c].as_ptr().add(j)) });
+        for r in 0..RI {
+            for c in 0..RT {
+                acc[r][c] = _mm256_fmadd_ps(xv[r], wv[c], acc[r][c]);
             }
-            out[t * m + i] = hsum(a) + tail(xr, row);
+        }
+        j += 8;
+    }
+    for r in 0..RI {
+        for c in 0..RT {
+            out[(t + c) * m + i + r] = hsum(acc[r][c]) + tail(xr[r], wr[c]);
         }
     }
 }
@@ -356,11 +392,12 @@ unsafe fn nibble_rows_int8<B>(
     blocks: &[B],
     x: &super::int8::Q8Input,
     parts: impl Fn(&B) -> (&[u8; 16], f32, f32),
+    dot: impl Fn(__m256i, __m256i) -> __m256,
 ) -> f32 {
     let (xq, xd, xs) = (x.qs.as_ptr(), &x.d[..blocks.len()], &x.s[..blocks.len()]);
     let block = |i: usize, acc: __m256, offset: f32| {
         let (qs, d, c) = parts(&blocks[i]);
-        let t = dot32_u8_i8(nibbles_u8(qs), _mm256_loadu_si256(xq.add(32 * i).cast()));
+        let t = dot(nibbles_u8(qs), _mm256_loadu_si256(xq.add(32 * i).cast()));
         (
             _mm256_fmadd_ps(t, _mm256_set1_ps(d * xd[i]), acc),
             offset + c * xs[i],
@@ -389,35 +426,106 @@ unsafe fn f16_pair(lo: [u8; 2], hi: [u8; 2]) -> (f32, f32) {
     (_mm_cvtss_f32(v), _mm_cvtss_f32(_mm_movehdup_ps(v)))
 }
 
-#[target_feature(enable = "avx2,fma,f16c")]
-pub(super) unsafe fn q4_0_int8(row: &[u8], x: &super::int8::Q8Input) -> f32 {
+/// The int8 Q4_0 loop with `dot` for a block's byte products.
+#[inline(always)]
+unsafe fn q4_0_int8_with(
+    row: &[u8],
+    x: &super::int8::Q8Input,
+    dot: impl Fn(__m256i, __m256i) -> __m256,
+) -> f32 {
     let blocks: &[BlockQ4_0] = bytemuck::cast_slice(row);
-    nibble_rows_int8(blocks, x, |b| {
-        let (d, _) = f16_pair(b.d, [0, 0]);
-        (&b.qs, d, -8.0 * d)
-    })
+    nibble_rows_int8(
+        blocks,
+        x,
+        |b| {
+            let (d, _) = f16_pair(b.d, [0, 0]);
+            (&b.qs, d, -8.0 * d)
+        },
+        dot,
+    )
 }
 
-#[target_feature(enable = "avx2,fma,f16c")]
-pub(super) unsafe fn q4_1_int8(row: &[u8], x: &super::int8::Q8Input) -> f32 {
+/// The int8 Q4_1 loop with `dot` for a block's byte products.
+#[inline(always)]
+unsafe fn q4_1_int8_with(
+    row: &[u8],
+    x: &super::int8::Q8Input,
+    dot: impl Fn(__m256i, __m256i) -> __m256,
+) -> f32 {
     let blocks: &[BlockQ4_1] = bytemuck::cast_slice(row);
-    nibble_rows_int8(blocks, x, |b| {
-        let (d, m) = f16_pair(b.d, b.m);
-        (&b.qs, d, m)
-    })
+    nibble_rows_int8(
+        blocks,
+        x,
+        |b| {
+            let (d, m) = f16_pair(b.d, b.m);
+            (&b.qs, d, m)
+        },
+        dot,
+    )
 }
 
 /// Signed by signed: the weight's sign moves onto the input so the byte
 /// product sees |w| (unsigned) times +-x.
-#[target_feature(enable = "avx2,fma,f16c")]
-pub(super) unsafe fn q8_0_int8(row: &[u8], x: &super::int8::Q8Input) -> f32 {
+#[inline(always)]
+unsafe fn q8_0_int8_with(
+    row: &[u8],
+    x: &super::int8::Q8Input,
+    dot: impl Fn(__m256i, __m256i) -> __m256,
+) -> f32 {
     let blocks: &[BlockQ8_0] = bytemuck::cast_slice(row);
     let mut acc = _mm256_setzero_ps();
     for (i, b) in blocks.iter().enumerate() {
         let w = _mm256_loadu_si256(b.qs.as_ptr().cast());
         let xq = _mm256_loadu_si256(x.qs.as_ptr().add(32 * i).cast());
-        let t = dot32_u8_i8(_mm256_sign_epi8(w, w), _mm256_sign_epi8(xq, w));
-        acc = _mm256_fmadd_ps(t, _mm256_set1_ps(f16_to_f32(b.d) * x.d[i]), acc);
+        let t = dot(_mm256_sign_epi8(w, w), _mm256_sign_epi8(xq, w));
+        let (d, _) = f16_pair(b.d, [0, 0]);
+        acc = _mm256_fmadd_ps(t, _mm256_set1_ps(d * x.d[i]), acc);
     }
     hsum(acc)
 }
+
+/// The int8 row kernels, once per way of computing a block's byte
+/// products: AVX2's `maddubs` + `madd`, and the single `dpbusd` of AVX-VNNI
+/// or of AVX-512 VNNI (on 256-bit registers). Every way gives the same i32
+/// lanes (sums of four consecutive byte products, exact), so the copies are
+/// bit-equal.
+macro_rules! int8_kernels {
+    ($features:literal, $dot:expr, $q4_0:ident, $q4_1:ident, $q8_0:ident) => {
+        #[target_feature(enable = $features)]
+        pub(super) unsafe fn $q4_0(row: &[u8], x: &super::int8::Q8Input) -> f32 {
+            q4_0_int8_with(row, x, $dot)
+        }
+
+        #[target_feature(enable = $features)]
+        pub(super) unsafe fn $q4_1(row: &[u8], x: &super::int8::Q8Input) -> f32 {
+            q4_1_int8_with(row, x, $dot)
+        }
+
+        #[target_feature(enable = $features)]
+        pub(super) unsafe fn $q8_0(row: &[u8], x: &super::int8::Q8Input) -> f32 {
+            q8_0_int8_with(row, x, $dot)
+        }
+    };
+}
+
+int8_kernels!(
+    "avx2,fma,f16c",
+    |w, x| dot32_u8_i8(w, x),
+    q4_0_int8,
+    q4_1_int8,
+    q8_0_int8
+);
+int8_kernels!(
+    "avx2,fma,f16c,avxvnni",
+    |w, x| _mm256_cvtepi32_ps(_mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), w, x)),
+    q4_0_int8_avxvnni,
+    q4_1_int8_avxvnni,
+    q8_0_int8_avxvnni
+);
+int8_kernels!(
+    "avx2,fma,f16c,avx512f,avx512vl,avx512vnni",
+    |w, x| _mm256_cvtepi32_ps(_mm256_dpbusd_epi32(_mm256_setzero_si256(), w, x)),
+    q4_0_int8_avx512vnni,
+    q4_1_int8_avx512vnni,
+    q8_0_int8_avx512vnni
+);

@@ -72,6 +72,38 @@ pub fn variants(t: GgmlType) -> Vec<Kernel> {
             GgmlType::Q8_0 => v.push(|r, q| unsafe { super::avx2::q8_0_int8(r, q) }),
             _ => {}
         }
+        // The same integer sums in one instruction a block (bit-equal).
+        let vnni = if std::arch::is_x86_feature_detected!("avxvnni") {
+            Some(0)
+        } else if std::arch::is_x86_feature_detected!("avx512vnni")
+            && std::arch::is_x86_feature_detected!("avx512vl")
+        {
+            Some(1)
+        } else {
+            None
+        };
+        // SAFETY (each): listed only when the CPU reports the instructions.
+        match (t, vnni) {
+            (GgmlType::Q4_0, Some(0)) => {
+                v.push(|r, q| unsafe { super::avx2::q4_0_int8_avxvnni(r, q) })
+            }
+            (GgmlType::Q4_1, Some(0)) => {
+                v.push(|r, q| unsafe { super::avx2::q4_1_int8_avxvnni(r, q) })
+            }
+            (GgmlType::Q8_0, Some(0)) => {
+                v.push(|r, q| unsafe { super::avx2::q8_0_int8_avxvnni(r, q) })
+            }
+            (GgmlType::Q4_0, Some(1)) => {
+                v.push(|r, q| unsafe { super::avx2::q4_0_int8_avx512vnni(r, q) })
+            }
+            (GgmlType::Q4_1, Some(1)) => {
+                v.push(|r, q| unsafe { super::avx2::q4_1_int8_avx512vnni(r, q) })
+            }
+            (GgmlType::Q8_0, Some(1)) => {
+                v.push(|r, q| unsafe { super::avx2::q8_0_int8_avx512vnni(r, q) })
+            }
+            _ => {}
+        }
     }
     v
 }
@@ -182,6 +214,11 @@ mod tests {
             let mag: f32 = got[0].abs().max(1.0);
             for g in &got {
                 assert!((g - got[0]).abs() <= 1e-5 * mag, "{t}: {got:?}");
+            }
+            // The SIMD copies (AVX2, then VNNI where the CPU has it) sum the
+            // same integers in the same order: bit-equal.
+            for g in got.iter().skip(1) {
+                assert_eq!(g.to_bits(), got[1].to_bits(), "{t}: {got:?}");
             }
         }
     }
