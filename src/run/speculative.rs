@@ -147,18 +147,31 @@ impl Speculation<'_> {
                 let mut dists = Vec::new();
                 let mut seq = history.to_vec();
                 let mut feed = history[consumed.len()..].to_vec();
+                if greedy {
+                    // The backend's greedy run (a GPU reads back token ids
+                    // only, a step ahead): it leaves the last draft
+                    // unconsumed, as below.
+                    let (&last, before) = feed.split_last().expect("a token to feed");
+                    if !before.is_empty() {
+                        model.forward(before, false)?;
+                        stats.draft_forwards += 1;
+                    }
+                    let n = model.greedy_run(last, k, &mut |t| {
+                        drafts.push(t);
+                        true
+                    })?;
+                    stats.draft_forwards += n;
+                    consumed.extend_from_slice(&feed);
+                    consumed.extend_from_slice(&drafts[..n.saturating_sub(1)]);
+                    return Ok((drafts, dists));
+                }
                 for _ in 0..k {
                     let logits = model.forward(&feed, false)?;
                     stats.draft_forwards += 1;
                     consumed.extend_from_slice(&feed);
-                    let d = if greedy {
-                        crate::sampling::argmax(&logits) as u32
-                    } else {
-                        let q = sampler.distribution(&logits, &seq);
-                        let d = sampler.draw(&q);
-                        dists.push(q);
-                        d
-                    };
+                    let q = sampler.distribution(&logits, &seq);
+                    let d = sampler.draw(&q);
+                    dists.push(q);
                     drafts.push(d);
                     seq.push(d);
                     feed = vec![d];

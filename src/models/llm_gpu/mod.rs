@@ -20,7 +20,9 @@
 //! chunks of up to [`PREFILL_CHUNK`] tokens, one submission per chunk, with
 //! the prenorms (and the gated activation) fused into the GEMMs and, on
 //! adapters with cooperative matrices, a tiled attention kernel; a chunk's
-//! dispatches are kept while its shape repeats.
+//! dispatches are kept while its shape repeats. Speculative decoding's
+//! drafted tokens are checked in one submission as the rows of a batched
+//! step (`verify.rs`), bit-equal to as many decode steps.
 
 mod batch;
 mod decode;

@@ -63,10 +63,7 @@ impl GpuLlm {
     /// submission; returns what `want` asks for of each row.
     pub(super) fn verify_rows(&mut self, tokens: &[u32], want: Want) -> Result<Vec<u8>> {
         let n = tokens.len();
-        assert!(
-            (1..=VERIFY_ROWS).contains(&n),
-            "verify_rows: {n} tokens"
-        );
+        assert!((1..=VERIFY_ROWS).contains(&n), "verify_rows: {n} tokens");
         self.ensure_capacity(self.pos + n)?;
         let mut v = match self.verify.take() {
             Some(v) => v,
@@ -96,7 +93,11 @@ impl GpuLlm {
             &angles(&self.rope),
             &angles(&self.rope_local),
         );
-        for (row, r) in v.chain.iter().zip(records.chunks_exact(llm_ops::ROW_RECORD)) {
+        for (row, r) in v
+            .chain
+            .iter()
+            .zip(records.chunks_exact(llm_ops::ROW_RECORD))
+        {
             g.queue
                 .write_buffer(&row.record, 0, bytemuck::cast_slice(r));
         }
