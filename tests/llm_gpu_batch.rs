@@ -2,7 +2,9 @@
 //! `generate --gpu` runs), bit for bit: sequences of mixed prompt lengths
 //! arriving at different steps, prompt chunks beside batched decode steps,
 //! greedy rows picked on the GPU, a lone sequence on the single path, and
-//! admission when every slot is taken.
+//! admission when every slot is taken. And speculative decoding's check on
+//! the single model (consecutive positions of one sequence as the rows of
+//! one batched forward) against as many decode steps, bit for bit.
 
 mod common;
 
@@ -220,4 +222,85 @@ fn gpu_batch_equals_each_sequence_alone_llama() {
 #[test]
 fn gpu_batch_equals_each_sequence_alone_gemma3_post_norms_and_local_rope() {
     check("tiny-gemma3");
+}
+
+fn bits_equal(a: &[f32], b: &[f32]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits())
+}
+
+/// `forward_verify` and `verify_greedy` of token runs of 1 to more than
+/// VERIFY_ROWS (two submissions), from a prompt, across KV-cache growth,
+/// after rejected rows are truncated away, and followed by decode steps:
+/// every row's logits are the decode step's, bit for bit.
+fn check_verify(dir: &str) {
+    let Some(g) = gpu() else { return };
+    let path = common::repo().join("samples/fixtures/llm").join(dir);
+    let (cfg, w) = lfm::models::open_llm(&path).unwrap();
+    let vocab = cfg.vocab;
+    let opts = GpuLlmOptions {
+        prefill_chunk: Some(16),
+        // The cache grows during the checks (their plans are rebuilt).
+        kv_positions: Some(24),
+        ..Default::default()
+    };
+    let mut m = GpuLlm::new(g, &cfg, &w, &opts).unwrap();
+    let p = prompt(7, 21, vocab);
+    let extra = prompt(8, 48, vocab);
+    m.forward(&p, false).unwrap();
+    // Row i: the logits after extra[..=i], one decode step at a time.
+    let want: Vec<Vec<f32>> = extra
+        .iter()
+        .map(|&t| m.forward(&[t], false).unwrap())
+        .collect();
+    let rows = |from: usize, to: usize| want[from..to].concat();
+
+    m.reset();
+    m.forward(&p, false).unwrap();
+    let mut at = 0;
+    for n in [1, 4, 17, 20, 6] {
+        let got = m.forward_verify(&extra[at..at + n]).unwrap();
+        assert!(
+            bits_equal(&got, &rows(at, at + n)),
+            "{dir}: {n} rows from {at}: logits differ from decode steps"
+        );
+        at += n;
+    }
+    assert_eq!(m.position(), p.len() + at);
+
+    // Twelve checked, the last eight rejected; then again from there, a
+    // greedy check, and a decode step after it.
+    let base = p.len();
+    m.reset();
+    m.forward(&p, false).unwrap();
+    m.forward_verify(&extra[..12]).unwrap();
+    m.truncate(base + 4).unwrap();
+    let got = m.forward_verify(&extra[4..13]).unwrap();
+    assert!(
+        bits_equal(&got, &rows(4, 13)),
+        "{dir}: rows after a truncation"
+    );
+    m.truncate(base + 6).unwrap();
+    let ids = m.verify_greedy(&extra[6..23]).unwrap();
+    let argmaxes: Vec<u32> = want[6..23].iter().map(|l| argmax(l)).collect();
+    assert_eq!(ids, argmaxes, "{dir}: greedy check");
+    let next = m.forward(&[extra[23]], false).unwrap();
+    assert!(
+        bits_equal(&next, &want[23]),
+        "{dir}: a decode step after a check"
+    );
+}
+
+#[test]
+fn gpu_verify_equals_decode_steps_lfm2() {
+    check_verify("tiny-lfm2");
+}
+
+#[test]
+fn gpu_verify_equals_decode_steps_llama() {
+    check_verify("tiny-llama");
+}
+
+#[test]
+fn gpu_verify_equals_decode_steps_gemma3() {
+    check_verify("tiny-gemma3");
 }

@@ -5,10 +5,14 @@ H200 (scripts/device/recipe_check.sh), where no weights can be fetched.
 
     python3 scripts/device/random_decoder.py gemma3-270m OUT_DIR
     python3 scripts/device/random_decoder.py lfm2-350m OUT_DIR
+    python3 scripts/device/random_decoder.py smollm2-1.7b OUT_DIR
 
 Shapes: gemma-3-270m's config (hidden 640, 18 layers, 4/1 heads of 256,
 feed-forward 2048, vocabulary 262144, sliding window 512 on 5 of every 6
-layers); LFM2-350M's (as scripts/fixtures/lfm2_350m_random.py). Init: every
+layers); LFM2-350M's (as scripts/fixtures/lfm2_350m_random.py);
+SmolLM2-1.7B's (Llama: hidden 2048, 24 layers, 32 heads of 64, feed-forward
+8192, SmolLM2's vocabulary of 49152, so SmolLM2-135M can draft for it:
+scripts/device/speculative.sh). Init: every
 matrix N(0, 1/fan_in), embeddings N(0, 0.1^2) (Gemma's scaled by its
 sqrt(hidden) on input), norms near their unit gain, bf16.
 """
@@ -16,7 +20,8 @@ sqrt(hidden) on input), norms near their unit gain, bf16.
 import sys
 
 import torch
-from transformers import Gemma3ForCausalLM, Gemma3TextConfig, Lfm2Config, Lfm2ForCausalLM
+from transformers import (Gemma3ForCausalLM, Gemma3TextConfig, Lfm2Config, Lfm2ForCausalLM, LlamaConfig,
+                          LlamaForCausalLM)
 
 
 def gemma3_270m():
@@ -38,9 +43,16 @@ def lfm2_350m():
     return Lfm2ForCausalLM(cfg), False
 
 
+def smollm2_1_7b():
+    cfg = LlamaConfig(vocab_size=49152, hidden_size=2048, intermediate_size=8192, num_hidden_layers=24,
+                      num_attention_heads=32, num_key_value_heads=32, max_position_embeddings=8192,
+                      rms_norm_eps=1e-5, rope_theta=130000.0, tie_word_embeddings=True, dtype="bfloat16")
+    return LlamaForCausalLM(cfg), False
+
+
 def main():
     name, out = sys.argv[1], sys.argv[2]
-    model, gemma = {"gemma3-270m": gemma3_270m, "lfm2-350m": lfm2_350m}[name]()
+    model, gemma = {"gemma3-270m": gemma3_270m, "lfm2-350m": lfm2_350m, "smollm2-1.7b": smollm2_1_7b}[name]()
     g = torch.Generator().manual_seed(1)
     with torch.no_grad():
         for pname, p in sorted(model.named_parameters(), key=lambda kv: kv[0]):

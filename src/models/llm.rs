@@ -908,16 +908,28 @@ pub trait CausalLm {
     /// Appends `tokens` and returns the logits of every one, `[n, vocab]`,
     /// for checking drafted tokens (speculative decoding). Row `i` is what
     /// `forward(&[tokens[i]], false)` would return after the tokens before
-    /// it, bit for bit (the CPU batches its decode products; the default,
-    /// which the GPU keeps, runs the single-token forwards: its prefill
-    /// GEMMs round differently, and on the H200 their argmaxes left plain
-    /// greedy's path).
+    /// it, bit for bit: the CPU and the GPU run the tokens as rows of their
+    /// batched decode products (not through prefill, whose GEMMs round
+    /// differently: on the H200 their argmaxes left plain greedy's path);
+    /// the default runs the single-token forwards.
     fn forward_verify(&mut self, tokens: &[u32]) -> Result<Vec<f32>> {
         let mut out = Vec::with_capacity(tokens.len() * self.config().vocab);
         for &t in tokens {
             out.extend(self.forward(&[t], false)?);
         }
         Ok(out)
+    }
+    /// The argmax of each row of [`CausalLm::forward_verify`] (the first on
+    /// ties), all a greedy check needs; an error for non-finite logits.
+    /// Backends override this to read back the token ids only.
+    fn verify_greedy(&mut self, tokens: &[u32]) -> Result<Vec<u32>> {
+        let vocab = self.config().vocab;
+        let logits = self.forward_verify(tokens)?;
+        check_logits(&logits)?;
+        Ok(logits
+            .chunks_exact(vocab)
+            .map(|row| crate::sampling::argmax(row) as u32)
+            .collect())
     }
     /// Forgets every position from `pos` on, as if only the first `pos`
     /// tokens had been consumed: rejected draft tokens, or the part of a

@@ -1,5 +1,6 @@
 //! Speculative decoding: a cheap drafter proposes the next few tokens, the
-//! model checks them all in one forward ([`CausalLm::forward_verify`]) and
+//! model checks them all in one forward ([`CausalLm::forward_verify`], or
+//! for a plain argmax [`CausalLm::verify_greedy`]) and
 //! keeps the longest prefix it agrees with, plus one token of its own.
 //!
 //! The drafters are prompt lookup (the tokens that followed the latest
@@ -146,18 +147,31 @@ impl Speculation<'_> {
                 let mut dists = Vec::new();
                 let mut seq = history.to_vec();
                 let mut feed = history[consumed.len()..].to_vec();
+                if greedy {
+                    // The backend's greedy run (a GPU reads back token ids
+                    // only, a step ahead): it leaves the last draft
+                    // unconsumed, as below.
+                    let (&last, before) = feed.split_last().expect("a token to feed");
+                    if !before.is_empty() {
+                        model.forward(before, false)?;
+                        stats.draft_forwards += 1;
+                    }
+                    let n = model.greedy_run(last, k, &mut |t| {
+                        drafts.push(t);
+                        true
+                    })?;
+                    stats.draft_forwards += n;
+                    consumed.extend_from_slice(&feed);
+                    consumed.extend_from_slice(&drafts[..n.saturating_sub(1)]);
+                    return Ok((drafts, dists));
+                }
                 for _ in 0..k {
                     let logits = model.forward(&feed, false)?;
                     stats.draft_forwards += 1;
                     consumed.extend_from_slice(&feed);
-                    let d = if greedy {
-                        crate::sampling::argmax(&logits) as u32
-                    } else {
-                        let q = sampler.distribution(&logits, &seq);
-                        let d = sampler.draw(&q);
-                        dists.push(q);
-                        d
-                    };
+                    let q = sampler.distribution(&logits, &seq);
+                    let d = sampler.draw(&q);
+                    dists.push(q);
                     drafts.push(d);
                     seq.push(d);
                     feed = vec![d];
@@ -269,20 +283,35 @@ pub(crate) fn round(
     let mut tokens = Vec::with_capacity(drafts.len() + 1);
     tokens.push(last);
     tokens.extend_from_slice(&drafts);
-    let logits = model.forward_verify(&tokens)?;
+    // A plain argmax needs each row's argmax only (a GPU reads back the
+    // ids); anything else the rows' logits.
+    let (argmaxes, logits) = if sampler.is_greedy() {
+        (model.verify_greedy(&tokens)?, Vec::new())
+    } else {
+        let logits = model.forward_verify(&tokens)?;
+        if logits.iter().any(|x| !x.is_finite()) {
+            return Err(Error::invalid(
+                "the model's logits are NaN or infinite (damaged weights?)",
+            ));
+        }
+        (Vec::new(), logits)
+    };
     stats.target_forwards += 1;
     stats.drafted += drafts.len();
     let vocab = model.config().vocab;
-    if logits.iter().any(|x| !x.is_finite()) {
-        return Err(Error::invalid(
-            "the model's logits are NaN or infinite (damaged weights?)",
-        ));
-    }
-    // Row i holds the logits after tokens[..=i]: they judge drafts[i].
-    for (i, row) in logits.chunks_exact(vocab).enumerate() {
-        let verdict = match drafts.get(i) {
-            Some(&d) => check(sampler, row, &seq, d, dists.get(i).map(|q| q.as_slice())),
-            None => Verdict::Replace(sampler.sample(row, &seq)),
+    // Row i holds the model's choice (or logits) after tokens[..=i]: it
+    // judges drafts[i].
+    for i in 0..tokens.len() {
+        let verdict = match (argmaxes.get(i), drafts.get(i)) {
+            (Some(&t), Some(&d)) if t == d => Verdict::Accept,
+            (Some(&t), _) => Verdict::Replace(t),
+            (None, draft) => {
+                let row = &logits[i * vocab..(i + 1) * vocab];
+                match draft {
+                    Some(&d) => check(sampler, row, &seq, d, dists.get(i).map(|q| q.as_slice())),
+                    None => Verdict::Replace(sampler.sample(row, &seq)),
+                }
+            }
         };
         if let Some(e) = sampler.take_error() {
             return Err(e);

@@ -41,8 +41,9 @@ enum SlotState {
     Conv(wgpu::Buffer),
 }
 
-/// Buffers of a batched decode step, sized for every slot.
-struct BatchIo {
+/// Buffers of a step of many rows (a batched decode step: one row per slot;
+/// a verification: consecutive positions of one sequence).
+pub(super) struct BatchIo {
     /// [slots] u32: the token each row consumes.
     tokens: wgpu::Buffer,
     /// [slots, ROW_RECORD] u32 (llm_ops::ROW_RECORD).
@@ -67,6 +68,82 @@ struct BatchIo {
     logits_staging: wgpu::Buffer,
 }
 
+impl BatchIo {
+    /// Buffers for steps of up to `rows` rows whose attention splits at most
+    /// `max_splits` ways.
+    pub(super) fn new(
+        g: &crate::gpu::Gpu,
+        cfg: &LlmConfig,
+        rows: usize,
+        max_splits: usize,
+    ) -> Result<BatchIo> {
+        let (d, hd, f) = (cfg.hidden, cfg.head_dim, cfg.ffn);
+        let qw = cfg.heads * hd;
+        let qkvw = qw + 2 * cfg.kv_heads * hd;
+        let f32s = |label: &str, n: usize| g.scratch(label, (n.max(1) * 4) as u64);
+        let part = llm_ops::attention_rows_part_len(cfg.heads, hd, rows, max_splits);
+        Ok(BatchIo {
+            tokens: f32s("batch tokens", rows)?,
+            rows: f32s("batch rows", rows * llm_ops::ROW_RECORD)?,
+            cs: f32s("batch rope", rows * cfg.rope_dim)?,
+            cs_local: f32s("batch rope local", rows * cfg.rope_dim)?,
+            x: f32s("batch x", rows * d)?,
+            qkv: f32s("batch qkv", rows * qkvw)?,
+            q: f32s("batch q", rows * qw)?,
+            att: f32s("batch att", rows * qw)?,
+            part: f32s("batch part", part)?,
+            conv_out: f32s("batch conv_out", rows * d)?,
+            mix: f32s("batch mix", rows * d)?,
+            g: f32s("batch g", rows * f)?,
+            gu: f32s("batch gu", rows * 2 * f)?,
+            logits: f32s("batch logits", rows * cfg.vocab)?,
+            next: f32s("batch next", rows * 2)?,
+            next_staging: g.staging("batch next", (rows * 8) as u64),
+            logits_staging: g.staging("batch logits", (rows * cfg.vocab * 4) as u64),
+        })
+    }
+
+    /// Writes the step's inputs: each row's token, row record and RoPE
+    /// angles (`cs_local`: none without a local RoPE).
+    pub(super) fn write(
+        &self,
+        g: &crate::gpu::Gpu,
+        tokens: &[u32],
+        records: &[u32],
+        cs: &[f32],
+        cs_local: &[f32],
+    ) {
+        g.queue
+            .write_buffer(&self.tokens, 0, bytemuck::cast_slice(tokens));
+        g.queue
+            .write_buffer(&self.rows, 0, bytemuck::cast_slice(records));
+        if !cs.is_empty() {
+            g.queue.write_buffer(&self.cs, 0, bytemuck::cast_slice(cs));
+        }
+        if !cs_local.is_empty() {
+            g.queue
+                .write_buffer(&self.cs_local, 0, bytemuck::cast_slice(cs_local));
+        }
+    }
+
+    /// Copies what `want` asks for of `n` rows into its staging buffer;
+    /// returns that buffer and the bytes copied.
+    pub(super) fn copy_out(
+        &self,
+        enc: &mut wgpu::CommandEncoder,
+        want: Want,
+        n: usize,
+        vocab: usize,
+    ) -> (&wgpu::Buffer, u64) {
+        let (src, staging, len) = match want {
+            Want::Tokens => (&self.next, &self.next_staging, (n * 8) as u64),
+            Want::Logits => (&self.logits, &self.logits_staging, (n * vocab * 4) as u64),
+        };
+        enc.copy_buffer_to_buffer(src, 0, staging, 0, len);
+        (staging, len)
+    }
+}
+
 enum Op {
     Fixed(Dispatch),
     /// Recorded with the most splits of any row.
@@ -74,9 +151,96 @@ enum Op {
 }
 
 /// The recorded step of `n` rows and its argmax.
-struct Plan {
+pub(super) struct Plan {
     ops: Vec<Op>,
     argmax: Vec<Dispatch>,
+}
+
+impl Plan {
+    /// Records `n` rows' step over `target` (and each row's argmax into
+    /// `io.next`).
+    pub(super) fn new(target: RowsTarget<'_>, n: usize) -> Result<Plan> {
+        let mut rec = BatchRecorder {
+            t: target,
+            n,
+            ops: Vec::new(),
+            y: None,
+        };
+        recipe::decoder(&rec.t.m.cfg, &mut rec)?;
+        let (m, io) = (rec.t.m, rec.t.io);
+        let argmax = llm_ops::argmax_rows(&m.gpu, &io.logits, &io.next, m.cfg.vocab, n)?;
+        Ok(Plan {
+            ops: rec.ops,
+            argmax,
+        })
+    }
+
+    /// Records the step into `pass` (attention with `most_splits`, the most
+    /// of any row), with the argmax when `want` is tokens, calling `after`
+    /// after each dispatch with its kernel name.
+    pub(super) fn record(
+        &self,
+        pass: &mut wgpu::ComputePass<'_>,
+        most_splits: usize,
+        want: Want,
+        after: &mut dyn FnMut(&mut wgpu::ComputePass<'_>, &'static str),
+    ) {
+        for op in &self.ops {
+            match op {
+                Op::Fixed(d) => {
+                    d.record(pass);
+                    after(pass, d.bound.name);
+                }
+                Op::Attention(a) => a.record_with(pass, most_splits, after),
+            }
+        }
+        if want == Want::Tokens {
+            for d in &self.argmax {
+                d.record(pass);
+                after(pass, d.bound.name);
+            }
+        }
+    }
+
+    /// Dispatches of the step with its argmax, attention merges included.
+    fn dispatches(&self) -> usize {
+        2 * self.ops.len() + self.argmax.len()
+    }
+}
+
+/// One layer's sequence state as a step of rows reads it.
+pub(super) enum LayerBufs<'a> {
+    /// The key and value caches.
+    Kv(&'a wgpu::Buffer, &'a wgpu::Buffer),
+    /// The conv-state rings.
+    Conv(&'a wgpu::Buffer),
+}
+
+/// What a step of rows is recorded over.
+pub(super) struct RowsTarget<'a> {
+    /// The weights (and the config).
+    pub m: &'a GpuLlm,
+    pub io: &'a BatchIo,
+    /// One per layer.
+    pub state: Vec<LayerBufs<'a>>,
+    /// Rows of one sequence's conv ring.
+    pub ring: usize,
+    /// The most ways any row's attention splits.
+    pub max_splits: usize,
+    /// Set when the rows are consecutive positions of one sequence: row j's
+    /// conv block reads the gated inputs rows before it write, so each row's
+    /// conv block (and its output projection) runs as its own one-column
+    /// product, with row j's record alone and its output in `chain[j]`.
+    pub chain: Option<&'a [ChainRow]>,
+}
+
+/// A row's own buffers where conv blocks run row by row
+/// ([`RowsTarget::chain`]).
+pub(super) struct ChainRow {
+    /// [ROW_RECORD] u32: the row's record.
+    pub record: wgpu::Buffer,
+    /// [hidden]: its conv block's output.
+    pub conv_out: wgpu::Buffer,
 }
 
 #[derive(Clone, Copy)]
@@ -88,7 +252,7 @@ struct Seq {
 
 /// What a batched step reads back.
 #[derive(Clone, Copy, PartialEq)]
-enum Want {
+pub(super) enum Want {
     Tokens,
     Logits,
 }
@@ -140,37 +304,10 @@ impl GpuBatch {
             )));
         }
         let ring = conv_ring_rows(cfg.conv_kernel);
-        let (d, hd) = (cfg.hidden, cfg.head_dim);
-        let (qw, f) = (cfg.heads * hd, cfg.ffn);
-        let qkvw = qw + 2 * kvw;
+        let d = cfg.hidden;
         let f32s = |label: &str, n: usize| g.scratch(label, (n.max(1) * 4) as u64);
-        let io = BatchIo {
-            tokens: f32s("batch tokens", slots)?,
-            rows: f32s("batch rows", slots * llm_ops::ROW_RECORD)?,
-            cs: f32s("batch rope", slots * cfg.rope_dim)?,
-            cs_local: f32s("batch rope local", slots * cfg.rope_dim)?,
-            x: f32s("batch x", slots * d)?,
-            qkv: f32s("batch qkv", slots * qkvw)?,
-            q: f32s("batch q", slots * qw)?,
-            att: f32s("batch att", slots * qw)?,
-            part: f32s(
-                "batch part",
-                llm_ops::attention_rows_part_len(
-                    cfg.heads,
-                    hd,
-                    slots,
-                    llm_ops::attention_splits(slot_len),
-                ),
-            )?,
-            conv_out: f32s("batch conv_out", slots * d)?,
-            mix: f32s("batch mix", slots * d)?,
-            g: f32s("batch g", slots * f)?,
-            gu: f32s("batch gu", slots * 2 * f)?,
-            logits: f32s("batch logits", slots * cfg.vocab)?,
-            next: f32s("batch next", slots * 2)?,
-            next_staging: g.staging("batch next", (slots * 8) as u64),
-            logits_staging: g.staging("batch logits", (slots * cfg.vocab * 4) as u64),
-        };
+        let max_splits = llm_ops::attention_splits(slot_len);
+        let io = BatchIo::new(g, cfg, slots, max_splits)?;
         let state = cfg
             .layers
             .iter()
@@ -326,17 +463,24 @@ impl GpuBatch {
         if self.plans.contains_key(&n) {
             return Ok(());
         }
-        let mut rec = BatchRecorder {
-            b: self,
-            n,
-            ops: Vec::new(),
-            y: None,
+        let state = self
+            .state
+            .iter()
+            .map(|s| match s {
+                SlotState::Kv { k, v } => LayerBufs::Kv(k, v),
+                SlotState::Conv(c) => LayerBufs::Conv(c),
+            })
+            .collect();
+        let target = RowsTarget {
+            m: &self.m,
+            io: &self.io,
+            state,
+            ring: self.ring,
+            max_splits: llm_ops::attention_splits(self.slot_len),
+            chain: None,
         };
-        recipe::decoder(&self.m.cfg, &mut rec)?;
-        let ops = rec.ops;
-        let g = &*self.m.gpu;
-        let argmax = llm_ops::argmax_rows(g, &self.io.logits, &self.io.next, self.m.cfg.vocab, n)?;
-        self.plans.insert(n, Plan { ops, argmax });
+        let plan = Plan::new(target, n)?;
+        self.plans.insert(n, plan);
         Ok(())
     }
 
@@ -381,62 +525,30 @@ impl GpuBatch {
         let tokens: Vec<u32> = rows.iter().map(|r| r.1).collect();
         let g = &*self.m.gpu;
         let io = &self.io;
-        g.queue
-            .write_buffer(&io.tokens, 0, bytemuck::cast_slice(&tokens));
-        g.queue
-            .write_buffer(&io.rows, 0, bytemuck::cast_slice(&records));
-        if !cs.is_empty() {
-            g.queue.write_buffer(&io.cs, 0, bytemuck::cast_slice(&cs));
-        }
-        if !cs_local.is_empty() {
-            g.queue
-                .write_buffer(&io.cs_local, 0, bytemuck::cast_slice(&cs_local));
-        }
+        io.write(g, &tokens, &records, &cs, &cs_local);
         let plan = &self.plans[&n];
         let t0 = web_time::Instant::now();
         // A timestamp before the first dispatch and after each (attention
         // may be two).
         let timer = match self.profile {
-            Some(_) => Some(PassTimer::new(
-                g,
-                (2 * plan.ops.len() + plan.argmax.len() + 1) as u32,
-            )?),
+            Some(_) => Some(PassTimer::new(g, plan.dispatches() as u32 + 1)?),
             None => None,
         };
         let mut enc = g.device.create_command_encoder(&Default::default());
         let marks = {
             let mut pass = enc.begin_compute_pass(&Default::default());
             let mut marks = timer.as_ref().map(|t| PassMarks::start(t, &mut pass));
-            let mut after = |p: &mut wgpu::ComputePass<'_>, name: &'static str| {
+            plan.record(&mut pass, most_splits, want, &mut |p, name| {
                 if let Some(m) = marks.as_mut() {
                     m.after(p, name);
                 }
-            };
-            for op in &plan.ops {
-                match op {
-                    Op::Fixed(d) => {
-                        d.record(&mut pass);
-                        after(&mut pass, d.bound.name);
-                    }
-                    Op::Attention(a) => a.record_with(&mut pass, most_splits, &mut after),
-                }
-            }
-            if want == Want::Tokens {
-                for d in &plan.argmax {
-                    d.record(&mut pass);
-                    after(&mut pass, d.bound.name);
-                }
-            }
+            });
             marks
         };
         if let Some(m) = &marks {
             m.resolve(&mut enc)?;
         }
-        let (src, staging, len) = match want {
-            Want::Tokens => (&io.next, &io.next_staging, (n * 8) as u64),
-            Want::Logits => (&io.logits, &io.logits_staging, (n * cfg.vocab * 4) as u64),
-        };
-        enc.copy_buffer_to_buffer(src, 0, staging, 0, len);
+        let (staging, len) = io.copy_out(&mut enc, want, n, cfg.vocab);
         let t1 = web_time::Instant::now();
         let done = g.queue.submit([enc.finish()]);
         let t2 = web_time::Instant::now();
@@ -457,16 +569,25 @@ impl GpuBatch {
     }
 }
 
-/// Records the recipe's operations for `n` rows over the batch buffers.
+/// Records the recipe's operations for `n` rows over a [`RowsTarget`].
 struct BatchRecorder<'a> {
-    b: &'a GpuBatch,
+    t: RowsTarget<'a>,
     n: usize,
     ops: Vec<Op>,
     /// The last block's output, the input of its projection.
-    y: Option<&'a wgpu::Buffer>,
+    y: Option<BlockOut<'a>>,
 }
 
-impl BatchRecorder<'_> {
+/// Where a block left its rows' output.
+#[derive(Clone, Copy)]
+enum BlockOut<'a> {
+    /// Row j at j times the block's width.
+    Rows(&'a wgpu::Buffer),
+    /// Row j in its own buffer ([`RowsTarget::chain`]).
+    Chain(&'a [ChainRow]),
+}
+
+impl<'a> BatchRecorder<'a> {
     fn fixed(&mut self, ds: Vec<Dispatch>) {
         self.ops.extend(ds.into_iter().map(Op::Fixed));
     }
@@ -479,12 +600,26 @@ impl BatchRecorder<'_> {
             y_stride: width,
         }
     }
+
+    /// Layer `li`'s caches.
+    fn kv(&self, li: usize) -> (&'a wgpu::Buffer, &'a wgpu::Buffer) {
+        match self.t.state[li] {
+            LayerBufs::Kv(k, v) => (k, v),
+            LayerBufs::Conv(_) => unreachable!("the recipe runs attention on attention layers"),
+        }
+    }
 }
+
+/// One column of a product, for row-by-row chains.
+const ONE: Cols = Cols {
+    n: 1,
+    x_stride: 0,
+    y_stride: 0,
+};
 
 impl<'a> DecoderOps for BatchRecorder<'a> {
     fn embed(&mut self) -> Result<()> {
-        let m = &self.b.m;
-        let io = &self.b.io;
+        let (m, io) = (self.t.m, self.t.io);
         self.fixed(llm_ops::embedding(
             &m.gpu,
             &m.embed,
@@ -498,19 +633,16 @@ impl<'a> DecoderOps for BatchRecorder<'a> {
     }
 
     fn attention(&mut self, li: usize) -> Result<()> {
-        let b: &'a GpuBatch = self.b;
-        let (m, io) = (&b.m, &b.io);
+        let (m, io) = (self.t.m, self.t.io);
         let (g, sub, cfg) = (&*m.gpu, m.subgroups, &m.cfg);
         let layer = &m.layers[li];
-        let (
-            GpuMixer::Attention {
-                qkv, norms, bias, ..
-            },
-            SlotState::Kv { k, v },
-        ) = (&layer.mixer, &b.state[li])
+        let GpuMixer::Attention {
+            qkv, norms, bias, ..
+        } = &layer.mixer
         else {
             unreachable!("the recipe runs attention on attention layers")
         };
+        let (k, v) = self.kv(li);
         let norm1 = GemvEpilogue::Norm {
             nw: &layer.norm1,
             eps: cfg.norm_eps,
@@ -538,52 +670,78 @@ impl<'a> DecoderOps for BatchRecorder<'a> {
         let rope =
             llm_ops::qk_rope_rows(g, &shape, &io.qkv, norms, bias.as_ref(), cs, &kv, &io.q, n)?;
         self.ops.push(Op::Fixed(rope));
-        let max_splits = llm_ops::attention_splits(b.slot_len);
         self.ops.push(Op::Attention(llm_ops::flash_attention_rows(
-            g, sub, &shape, &io.q, &kv, &io.att, &io.part, n, max_splits,
+            g,
+            sub,
+            &shape,
+            &io.q,
+            &kv,
+            &io.att,
+            &io.part,
+            n,
+            self.t.max_splits,
         )?));
-        self.y = Some(&io.att);
+        self.y = Some(BlockOut::Rows(&io.att));
         Ok(())
     }
 
     fn short_conv(&mut self, li: usize) -> Result<()> {
-        let b: &'a GpuBatch = self.b;
-        let (m, io) = (&b.m, &b.io);
+        let (m, io) = (self.t.m, self.t.io);
         let (g, sub, cfg) = (&*m.gpu, m.subgroups, &m.cfg);
         let layer = &m.layers[li];
-        let (GpuMixer::Conv { in_proj, conv, .. }, SlotState::Conv(st)) =
-            (&layer.mixer, &b.state[li])
+        let (GpuMixer::Conv { in_proj, conv, .. }, &LayerBufs::Conv(st)) =
+            (&layer.mixer, &self.t.state[li])
         else {
             unreachable!("the recipe runs the conv block on conv layers")
         };
-        let epi = GemvEpilogue::Conv {
+        let ring = self.t.ring;
+        let epi = |step| GemvEpilogue::Conv {
             nw: &layer.norm1,
             eps: cfg.norm_eps,
             conv,
             state: st,
-            step: &io.rows,
+            step,
             taps: cfg.conv_kernel,
-            ring: b.ring,
+            ring,
         };
-        let cols = self.cols(cfg.hidden, cfg.hidden);
+        let d = cfg.hidden;
+        if let Some(chain) = self.t.chain {
+            // Row j reads the gated inputs rows 0..j write: one dispatch
+            // each, in order.
+            for (j, row) in chain[..self.n].iter().enumerate() {
+                self.fixed(llm_ops::gemv_cols(
+                    g,
+                    sub,
+                    in_proj,
+                    &epi(&row.record),
+                    &io.x,
+                    j * d,
+                    &row.conv_out,
+                    0,
+                    ONE,
+                )?);
+            }
+            self.y = Some(BlockOut::Chain(&chain[..self.n]));
+            return Ok(());
+        }
+        let cols = self.cols(d, d);
         self.fixed(llm_ops::gemv_cols(
             g,
             sub,
             in_proj,
-            &epi,
+            &epi(&io.rows),
             &io.x,
             0,
             &io.conv_out,
             0,
             cols,
         )?);
-        self.y = Some(&io.conv_out);
+        self.y = Some(BlockOut::Rows(&io.conv_out));
         Ok(())
     }
 
     fn ffn(&mut self, li: usize) -> Result<()> {
-        let b: &'a GpuBatch = self.b;
-        let (m, io) = (&b.m, &b.io);
+        let (m, io) = (self.t.m, self.t.io);
         let (g, sub, cfg) = (&*m.gpu, m.subgroups, &m.cfg);
         let (layer, eps, act, f) = (&m.layers[li], cfg.norm_eps, cfg.ffn_act, cfg.ffn);
         match &layer.ffn {
@@ -615,53 +773,53 @@ impl<'a> DecoderOps for BatchRecorder<'a> {
                 )?));
             }
         }
-        self.y = Some(&io.g);
+        self.y = Some(BlockOut::Rows(&io.g));
         Ok(())
     }
 
     fn residual(&mut self, li: usize, which: Residual) -> Result<()> {
-        let b: &'a GpuBatch = self.b;
-        let (m, io) = (&b.m, &b.io);
+        let (m, io) = (self.t.m, self.t.io);
         let (g, sub, cfg) = (&*m.gpu, m.subgroups, &m.cfg);
         let layer = &m.layers[li];
         let (w, post) = layer.residual(which);
         let y = self.y.take().expect("a block ran before its projection");
         let d = cfg.hidden;
-        let cols = self.cols(w.k, d);
-        match post {
-            None => self.fixed(llm_ops::gemv_cols(
-                g,
-                sub,
-                w,
-                &GemvEpilogue::Add,
-                y,
-                0,
-                &io.x,
-                0,
-                cols,
-            )?),
-            Some(pw) => {
-                self.fixed(llm_ops::gemv_cols(
-                    g,
-                    sub,
-                    w,
-                    &GemvEpilogue::Store,
-                    y,
-                    0,
-                    &io.mix,
-                    0,
-                    cols,
-                )?);
-                let variant = super::decode::norm_add_variant(sub);
-                let add = ops::rms_norm(g, &variant, &io.mix, pw, &io.x, d, self.n, cfg.norm_eps)?;
-                self.ops.push(Op::Fixed(add));
+        // Into the residual stream, or, before a post-norm, into `mix`.
+        let (epi, out) = match post {
+            None => (GemvEpilogue::Add, &io.x),
+            Some(_) => (GemvEpilogue::Store, &io.mix),
+        };
+        match y {
+            BlockOut::Rows(y) => {
+                let cols = self.cols(w.k, d);
+                self.fixed(llm_ops::gemv_cols(g, sub, w, &epi, y, 0, out, 0, cols)?);
             }
+            BlockOut::Chain(rows) => {
+                for (j, row) in rows.iter().enumerate() {
+                    self.fixed(llm_ops::gemv_cols(
+                        g,
+                        sub,
+                        w,
+                        &epi,
+                        &row.conv_out,
+                        0,
+                        out,
+                        j * d,
+                        ONE,
+                    )?);
+                }
+            }
+        }
+        if let Some(pw) = post {
+            let variant = super::decode::norm_add_variant(sub);
+            let add = ops::rms_norm(g, &variant, &io.mix, pw, &io.x, d, self.n, cfg.norm_eps)?;
+            self.ops.push(Op::Fixed(add));
         }
         Ok(())
     }
 
     fn head(&mut self) -> Result<()> {
-        let (m, io) = (&self.b.m, &self.b.io);
+        let (m, io) = (self.t.m, self.t.io);
         let head = GemvEpilogue::Norm {
             nw: &m.final_norm,
             eps: m.cfg.norm_eps,
@@ -683,7 +841,7 @@ impl<'a> DecoderOps for BatchRecorder<'a> {
 }
 
 /// The token of each row of a greedy step's readback ([index, flag] pairs).
-fn row_tokens(bytes: &[u8]) -> Result<Vec<u32>> {
+pub(super) fn row_tokens(bytes: &[u8]) -> Result<Vec<u32>> {
     bytes.chunks_exact(8).map(super::greedy_token).collect()
 }
 

@@ -20,14 +20,18 @@
 //! chunks of up to [`PREFILL_CHUNK`] tokens, one submission per chunk, with
 //! the prenorms (and the gated activation) fused into the GEMMs and, on
 //! adapters with cooperative matrices, a tiled attention kernel; a chunk's
-//! dispatches are kept while its shape repeats.
+//! dispatches are kept while its shape repeats. Speculative decoding's
+//! drafted tokens are checked in one submission as the rows of a batched
+//! step (`verify.rs`), bit-equal to as many decode steps.
 
 mod batch;
 mod decode;
 mod prefill;
 mod upload;
+mod verify;
 
 pub use batch::{GpuBatch, MAX_SLOTS};
+pub use verify::VERIFY_ROWS;
 
 use super::llm::{
     check_truncate, conv_ring_rows, conv_rows_kept, CausalLm, GreedyGuide, LayerKind, LayerState,
@@ -246,6 +250,8 @@ pub struct GpuLlm {
     /// table took the host ~0.7 ms. `rope_local` for the local RoPE.
     rope: Vec<f32>,
     rope_local: Vec<f32>,
+    /// Speculative decoding's checks (`verify.rs`), made on first use.
+    verify: Option<verify::Verify>,
 }
 
 impl GpuLlm {
@@ -377,6 +383,7 @@ impl GpuLlm {
             prefill_work: None,
             rope: Vec::new(),
             rope_local: Vec::new(),
+            verify: None,
         };
         m.plan = m.build_plan()?;
         m.warm_prefill()?;
@@ -472,6 +479,9 @@ impl GpuLlm {
         self.cap = cap;
         self.plan = self.build_plan()?;
         self.prefill_work = None;
+        if let Some(v) = self.verify.as_mut() {
+            v.invalidate();
+        }
         Ok(())
     }
 
@@ -670,6 +680,29 @@ impl CausalLm for GpuLlm {
         for (i, part) in tokens.chunks(chunk).enumerate() {
             let last = i + 1 == count;
             out.extend(self.prefill(part, all_logits, last)?);
+        }
+        Ok(out)
+    }
+
+    /// One batched submission per [`VERIFY_ROWS`] tokens (`verify.rs`).
+    fn forward_verify(&mut self, tokens: &[u32]) -> Result<Vec<f32>> {
+        self.check_tokens(tokens)?;
+        let mut out = Vec::with_capacity(tokens.len() * self.cfg.vocab);
+        for part in tokens.chunks(VERIFY_ROWS) {
+            let bytes = self.verify_rows(part, batch::Want::Logits)?;
+            out.extend_from_slice(bytemuck::cast_slice::<u8, f32>(&bytes));
+        }
+        Ok(out)
+    }
+
+    /// As [`CausalLm::forward_verify`], reading back each row's argmax only.
+    fn verify_greedy(&mut self, tokens: &[u32]) -> Result<Vec<u32>> {
+        self.check_tokens(tokens)?;
+        let mut out = Vec::with_capacity(tokens.len());
+        for part in tokens.chunks(VERIFY_ROWS) {
+            out.extend(batch::row_tokens(
+                &self.verify_rows(part, batch::Want::Tokens)?,
+            )?);
         }
         Ok(out)
     }
