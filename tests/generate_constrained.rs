@@ -349,7 +349,7 @@ struct Alternating {
 
 fn allowed_at(step: usize, id: usize) -> bool {
     if step % 3 == 2 {
-        id % 3 == 0
+        id.is_multiple_of(3)
     } else {
         id % 2 == 1
     }
