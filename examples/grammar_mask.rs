@@ -1,6 +1,7 @@
 //! Per-token cost of the grammar's token mask: replays a JSON output valid
-//! against a schema token by token and times each mask (as generation uses
-//! it, with the per-state cache) and the first, uncached one. Then
+//! against a schema token by token and times each mask as the GPU path
+//! takes it (the bitmap, with the per-state cache) and the first, uncached
+//! one. Then
 //! generates N tokens under the schema on the CPU (greedy, and top-k 40 at
 //! temperature 0.8) with the mask over the whole vocabulary at every step,
 //! recording each step's logits and forward time, and replays the logits
@@ -44,9 +45,13 @@ fn main() -> anyhow::Result<()> {
     let mut times = Vec::new();
     for &id in &ids {
         let t = Instant::now();
-        let mask = c.mask();
+        // The bitmap the GPU applies (the mask, packed; both kept per state).
+        let mask = c.mask_bits();
         times.push(t.elapsed().as_secs_f64() * 1e3);
-        assert!(mask[id as usize], "token {id} masked out");
+        assert!(
+            lfm::cpu::mask_allows(&mask, id as usize),
+            "token {id} masked out"
+        );
         c.accept(id)?;
     }
     let first = times[0];

@@ -16,6 +16,10 @@
 //   of several rows of x ([rows, n]): row r's slices are workgroups (g, r)
 //   writing part[3 (r groups + g) ..], and workgroup r of argmax writes
 //   out[2 r], out[2 r + 1].
+// MASKED (argmax_part_masked; decoding under a grammar): PARTIAL over only
+//   the x[j] whose bit j % 32 of mask[j / 32] is set (3 mask: array<u32>
+//   [ceil(n / 32)]), so the logits never leave the device; the non-finite
+//   flag still covers every x[j], as the host's check of all logits does.
 
 struct Params { n: u32, groups: u32, _p1: u32, _p2: u32 }
 
@@ -23,6 +27,9 @@ struct Params { n: u32, groups: u32, _p1: u32, _p2: u32 }
 #if PARTIAL
 @group(0) @binding(1) var<storage, read> x: array<f32>;
 @group(0) @binding(2) var<storage, read_write> part: array<u32>;
+#if MASKED
+@group(0) @binding(3) var<storage, read> mask: array<u32>;
+#endif
 #else
 @group(0) @binding(1) var<storage, read> part: array<u32>;
 @group(0) @binding(2) var<storage, read_write> out: array<u32>;
@@ -79,7 +86,12 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         if ((bitcast<u32>(xj) & EXPONENT) == EXPONENT) {
             flag = 1u;
         }
-        if (xj == xj && better(xj, j, v, i)) {
+#if MASKED
+        let allowed = ((mask[j >> 5u] >> (j & 31u)) & 1u) == 1u;
+#else
+        let allowed = true;
+#endif
+        if (allowed && xj == xj && better(xj, j, v, i)) {
             v = xj;
             i = j;
         }

@@ -17,6 +17,11 @@
 //                   threshold lie in index order in that list (slices in
 //                   order; within one, in one group), so the result is the
 //                   one-workgroup kernel's.
+// MASKED (top_k_masked, top_k_part_masked; sampling under a grammar): the
+//   same over x with every value whose bit i % 32 of allowed[i / 32] is
+//   clear taken as -inf (3 allowed: array<u32> [ceil(n / 32)]), unless it
+//   is not finite: a NaN or an infinity still shows among the candidates,
+//   for the host's check of damaged logits.
 // bindings: 0 params {n, k}, 1 x: [n] (MERGE: array<u32> [2 n] pairs),
 //           2 out: array<u32> [2 k] (PARTIAL: [2 k groups]) (read_write):
 //           pairs (index, bitcast<u32>(value))
@@ -31,6 +36,9 @@ struct Params { n: u32, k: u32, _p0: u32, _p1: u32 }
 @group(0) @binding(1) var<storage, read> x: array<f32>;
 #endif
 @group(0) @binding(2) var<storage, read_write> out: array<u32>;
+#if MASKED
+@group(0) @binding(3) var<storage, read> allowed: array<u32>;
+#endif
 
 const SLICE: u32 = 4096u;
 
@@ -43,7 +51,14 @@ fn index(i: u32) -> u32 {
 }
 #else
 fn value(i: u32) -> f32 {
+#if MASKED
+    let v = x[i];
+    let on = ((allowed[i >> 5u] >> (i & 31u)) & 1u) == 1u;
+    let finite = (bitcast<u32>(v) & 0x7f800000u) != 0x7f800000u;
+    return select(v, bitcast<f32>(0xff800000u), !on && finite);
+#else
     return x[i];
+#endif
 }
 fn index(i: u32) -> u32 {
     return i;

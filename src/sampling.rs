@@ -4,10 +4,11 @@
 //! seeded generator. Temperature 0 is greedy (argmax after bias, penalties
 //! and mask).
 
-use crate::error::Error;
+use crate::error::{Error, Result};
 use crate::grammar::Constraint;
 use crate::util::rng::Rng;
 use serde::Serialize;
+use std::rc::Rc;
 
 #[derive(Clone, Debug)]
 pub struct SamplingOptions {
@@ -149,40 +150,58 @@ impl Sampler {
     }
 
     /// True when the choice is the argmax among the tokens a grammar allows
-    /// and nothing else moves it: a backend may then decode greedily ahead
-    /// and have each argmax checked ([`Sampler::allows`]), choosing again
-    /// only when it is refused ([`Sampler::choose_greedy`]). Not with
-    /// [`Sampler::set_full_mask`], the reference that path is tested
-    /// against.
+    /// and nothing else moves it: a backend may then apply the grammar's
+    /// mask ([`Sampler::token_mask`]) to the logits where they are (the
+    /// GPU) and take the argmax there. Not with [`Sampler::set_full_mask`],
+    /// the reference that path is tested against.
     pub fn is_guided_greedy(&self) -> bool {
-        self.opts.temperature <= 0.0
-            && self.unbiased()
-            && self.constraint.is_some()
-            && !self.full_mask
+        self.opts.temperature <= 0.0 && self.masks_alone()
     }
 
-    /// Whether the grammar (if any) allows `token` next.
-    pub fn allows(&mut self, token: u32) -> bool {
-        self.constraint.as_mut().is_none_or(|c| c.allows(token))
+    /// With a grammar, the draw depends on the masked logits' `k` most
+    /// likely tokens alone (top-k sampling, no bias or penalty): a backend
+    /// may select them under the grammar's mask ([`Sampler::token_mask`])
+    /// and draw with [`Sampler::sample_top_masked`]. Returns that k.
+    pub fn masked_candidates_needed(&self) -> Option<usize> {
+        (self.opts.temperature > 0.0 && self.opts.top_k > 0 && self.masks_alone())
+            .then_some(self.opts.top_k)
     }
 
-    /// The greedy choice [`Sampler::sample`] makes from `logits` when
-    /// [`Sampler::is_guided_greedy`] holds, not committed
-    /// ([`Sampler::accept`]): the most likely token the grammar allows.
-    /// The most likely tokens are checked one by one first; the grammar's
-    /// mask over the whole vocabulary only when none of them is allowed.
-    pub fn choose_greedy(&mut self, logits: &[f32]) -> u32 {
-        const CHECKED: usize = 64;
-        if let Some(c) = self.constraint.as_mut() {
-            let top = crate::cpu::top_k(logits, CHECKED.min(logits.len()));
-            if let Some(&(id, _)) = top
-                .iter()
-                .find(|&&(id, l)| l > f32::NEG_INFINITY && c.allows(id))
-            {
-                return id;
-            }
+    /// A grammar decides, nothing else moves a logit, and the full mask is
+    /// not asked for.
+    fn masks_alone(&self) -> bool {
+        self.unbiased() && self.constraint.is_some() && !self.full_mask
+    }
+
+    /// The tokens the grammar allows next as a bitmap (bit `id % 32` of word
+    /// `id / 32`, [`Constraint::mask_bits`]); None without a grammar, an
+    /// error when it allows no token.
+    pub fn token_mask(&mut self) -> Result<Option<Rc<Vec<u32>>>> {
+        let Some(c) = self.constraint.as_mut() else {
+            return Ok(None);
+        };
+        let bits = c.mask_bits();
+        if bits.iter().all(|&w| w == 0) {
+            return Err(no_token_allowed());
         }
-        argmax(&self.adjust(logits, &[])) as u32
+        Ok(Some(bits))
+    }
+
+    /// The draw [`Sampler::sample`] makes when
+    /// [`Sampler::masked_candidates_needed`] holds, given the most likely
+    /// tokens the grammar allows (at least that many, or all allowed), in
+    /// `cpu::top_k`'s order; committed.
+    pub fn sample_top_masked(&mut self, candidates: Vec<(u32, f32)>) -> Result<u32> {
+        assert!(
+            self.masked_candidates_needed().is_some(),
+            "sample_top_masked: this draw needs every logit"
+        );
+        if candidates.is_empty() {
+            return Err(no_token_allowed());
+        }
+        let token = self.sample_sorted(candidates);
+        self.commit(&[], token);
+        Ok(token)
     }
 
     /// Takes `token` as chosen without logits at hand (the guided greedy
@@ -295,9 +314,7 @@ impl Sampler {
                 logits[mask.len()..].fill(f32::NEG_INFINITY);
             }
             if !mask.iter().any(|&ok| ok) {
-                self.error = Some(Error::invalid(
-                    "the grammar allows no token of the vocabulary here",
-                ));
+                self.error = Some(no_token_allowed());
             }
         }
         logits
@@ -455,6 +472,10 @@ impl Sampler {
     }
 }
 
+fn no_token_allowed() -> Error {
+    Error::invalid("the grammar allows no token of the vocabulary here")
+}
+
 /// The tokens with a finite logit, sorted by logit (descending, ties to
 /// the lower id), the first `top_k` only (0: all); at least one.
 fn finite_sorted(logits: &[f32], top_k: usize) -> Vec<(u32, f32)> {
@@ -597,6 +618,63 @@ mod tests {
         assert_eq!(t.candidates_needed(), None);
         for _ in 0..50 {
             assert_ne!(t.sample(&[0.1, 30.0, -1.0, 2.9], &[]), 1);
+        }
+    }
+
+    /// What the GPU does under a grammar (the mask applied to the logits
+    /// where they are, the masked top-k read back, the draw among the
+    /// allowed candidates) draws what the full mask on the host draws,
+    /// with top-p and min-p acting after it, over many seeds and steps.
+    #[test]
+    fn masked_candidates_draw_what_the_full_mask_draws() {
+        use crate::grammar::{Grammar, TokenTable};
+        use std::rc::Rc;
+        // 300 tokens: digits, letters, pairs of them, commas; a grammar of
+        // digit groups split by commas.
+        let mut bytes: Vec<Option<Vec<u8>>> = Vec::new();
+        for c in b'0'..=b'9' {
+            bytes.push(Some(vec![c]));
+            for d in b'a'..=b'z' {
+                bytes.push(Some(vec![c, d]));
+            }
+        }
+        bytes.push(Some(b",".to_vec()));
+        bytes.resize(300, Some(b"x".to_vec()));
+        let table = Rc::new(TokenTable::new(bytes));
+        let grammar = Grammar::parse(r#"root ::= [0-9]+ ("," [0-9]+)*"#, "test").unwrap();
+        let constrained = |o: &SamplingOptions, full: bool| {
+            let mut s = Sampler::new(o.clone());
+            s.set_constraint(Constraint::new(grammar.clone(), table.clone(), vec![299]));
+            s.set_full_mask(full);
+            s
+        };
+        let mut rng = Rng::new(3);
+        for (top_k, top_p, min_p) in [(40, 1.0, 0.0), (5, 0.8, 0.0), (256, 0.95, 0.05)] {
+            for seed in 0..8 {
+                let o = SamplingOptions {
+                    temperature: 0.9,
+                    top_k,
+                    top_p,
+                    min_p,
+                    seed,
+                    ..Default::default()
+                };
+                let (mut full, mut masked) = (constrained(&o, true), constrained(&o, false));
+                assert_eq!(masked.masked_candidates_needed(), Some(top_k));
+                assert_eq!(full.masked_candidates_needed(), None);
+                for step in 0..20 {
+                    let logits = rng.vec(300, -4.0, 4.0);
+                    let want = full.sample(&logits, &[]);
+                    let mask = masked.token_mask().unwrap().unwrap();
+                    let x = crate::cpu::masked_logits(&logits, &mask);
+                    let cand = crate::cpu::top_k(&x, 256)
+                        .into_iter()
+                        .filter(|&(id, _)| crate::cpu::mask_allows(&mask, id as usize))
+                        .collect();
+                    let got = masked.sample_top_masked(cand).unwrap();
+                    assert_eq!(got, want, "top-k {top_k}, seed {seed}, step {step}");
+                }
+            }
         }
     }
 

@@ -1,12 +1,13 @@
 //! Steered generation with the real default model (SmolLM2-135M): a JSON
 //! Schema from an OpenAI-style tool definition holds at temperature 1 for
 //! many seeds on the CPU and on the GPU; greedy decoding under grammars
-//! (decoded ahead on the argmax, rewound where the grammar refuses it) and
-//! top-k sampling under a grammar (from the top candidates) give what the
-//! grammar's full mask at every step gives, token for token; a logit bias
-//! reaches a token the GPU's candidate read-back would otherwise not see. GPU tests fail without
-//! an adapter unless LFM_SKIP_GPU_TESTS is set (never in CI, which runs
-//! Mesa lavapipe).
+//! (on the GPU: the grammar's bitmap applied by a masked argmax on the
+//! device, the next forward queued ahead) and top-k sampling under a
+//! grammar (on the GPU: a masked top-k on the device) give what the
+//! grammar's full mask on the host at every step gives, token for token; a
+//! logit bias reaches a token the GPU's candidate read-back would otherwise
+//! not see. GPU tests fail without an adapter unless LFM_SKIP_GPU_TESTS is
+//! set (never in CI, which runs Mesa lavapipe).
 
 mod common;
 use common::*;
@@ -337,88 +338,102 @@ fn constrained_paths_match_the_full_mask_on_the_gpu() {
     constrained_paths_match_the_full_mask(&mut load(gpu), 1);
 }
 
-/// Refuses every argmax with an even id (a third of them at least, so the
-/// rewinding is exercised often) and takes the best odd one instead.
-struct OddOnly {
-    refused: usize,
+/// Allows odd ids at two steps of three and multiples of three at the
+/// third, so the model's argmax is often refused; ends the run after `stop`
+/// tokens.
+struct Alternating {
+    vocab: usize,
     taken: Vec<u32>,
-    max: usize,
+    stop: usize,
 }
 
-fn best_odd(logits: &[f32]) -> u32 {
-    let mut best = 1;
-    for i in (1..logits.len()).step_by(2) {
-        if logits[i] > logits[best] {
-            best = i;
+fn allowed_at(step: usize, id: usize) -> bool {
+    if step % 3 == 2 {
+        id.is_multiple_of(3)
+    } else {
+        id % 2 == 1
+    }
+}
+
+impl GreedyGuide for Alternating {
+    fn mask(&mut self) -> lfm::Result<Rc<Vec<u32>>> {
+        let step = self.taken.len();
+        let mut words = vec![0u32; self.vocab.div_ceil(32)];
+        for id in (0..self.vocab).filter(|&id| allowed_at(step, id)) {
+            words[id / 32] |= 1 << (id % 32);
         }
-    }
-    best as u32
-}
-
-impl GreedyGuide for OddOnly {
-    fn allows(&mut self, token: u32) -> bool {
-        let ok = token % 2 == 1 && !self.taken.len().is_multiple_of(3);
-        self.refused += usize::from(!ok);
-        ok
-    }
-
-    fn choose(&mut self, logits: &[f32]) -> lfm::Result<u32> {
-        Ok(best_odd(logits))
+        Ok(Rc::new(words))
     }
 
     fn emit(&mut self, token: u32) -> bool {
         self.taken.push(token);
-        self.taken.len() < self.max
+        self.taken.len() < self.stop
     }
 }
 
-/// The guided greedy run (on the GPU: decoded ahead, rewound at each
-/// refusal) against single steps with the whole logits: the same tokens,
-/// and the sequence it leaves continues as theirs does.
+/// The first of the largest logits `allowed_at(step, _)` lets through.
+fn best_allowed(logits: &[f32], step: usize) -> u32 {
+    let mut best = None;
+    for (id, &l) in logits.iter().enumerate() {
+        if allowed_at(step, id) && best.is_none_or(|b: usize| l > logits[b]) {
+            best = Some(id);
+        }
+    }
+    best.unwrap() as u32
+}
+
+/// The guided greedy run (on the GPU: masked on the device, the next
+/// forward queued ahead, undone when the guide stops) against single steps
+/// with the whole logits masked on the host: the same tokens, and the
+/// sequence it leaves continues as theirs does, whether the budget or the
+/// guide ends the run.
 fn guided_run_matches_single_steps(model: &mut dyn CausalLm, prompt: &[u32]) {
-    let n = 16;
-    model.reset();
-    let logits = model.forward(prompt, false).unwrap();
-    let first = best_odd(&logits);
-    let mut guide = OddOnly {
-        refused: 0,
-        taken: Vec::new(),
-        max: n,
-    };
-    let produced = model.greedy_run_guided(first, n + 5, &mut guide).unwrap();
-    assert_eq!(produced, n);
-    assert!(guide.refused >= n / 3, "refused {}", guide.refused);
-    assert_eq!(model.position(), prompt.len() + n);
-    let after = model.forward(&[guide.taken[n - 1]], false).unwrap();
+    let n = 8;
+    let vocab = model.config().vocab;
+    let mut runs = Vec::new();
+    for (max, stop) in [(n, usize::MAX), (n + 5, n)] {
+        model.reset();
+        let logits = model.forward(prompt, false).unwrap();
+        let first = lfm::run::sampling::argmax(&logits) as u32;
+        let mut guide = Alternating {
+            vocab,
+            taken: Vec::new(),
+            stop,
+        };
+        let produced = model.greedy_run_guided(first, max, &mut guide).unwrap();
+        assert_eq!(produced, n, "max {max}, stop {stop}");
+        assert_eq!(model.position(), prompt.len() + n, "max {max}, stop {stop}");
+        let after = model.forward(&[guide.taken[n - 1]], false).unwrap();
+        runs.push((guide.taken, after));
+    }
 
     model.reset();
     let mut logits = model.forward(prompt, false).unwrap();
-    let mut token = best_odd(&logits);
-    let mut taken = Vec::new();
+    let mut token = lfm::run::sampling::argmax(&logits) as u32;
+    let (mut taken, mut refused) = (Vec::new(), 0);
     for i in 0..n {
         logits = model.forward(&[token], false).unwrap();
-        let argmax = lfm::run::sampling::argmax(&logits) as u32;
-        token = if argmax % 2 == 1 && !i.is_multiple_of(3) {
-            argmax
-        } else {
-            best_odd(&logits)
-        };
+        token = best_allowed(&logits, i);
+        refused += usize::from(lfm::run::sampling::argmax(&logits) as u32 != token);
         taken.push(token);
     }
-    assert_eq!(guide.taken, taken);
+    assert!(refused >= n / 3, "the mask moved {refused} of {n} argmaxes");
     let expected = model.forward(&[token], false).unwrap();
-    assert_eq!(after, expected);
+    for (got, after) in runs {
+        assert_eq!(got, taken);
+        assert_eq!(after, expected);
+    }
 }
 
 #[test]
-fn guided_greedy_run_rewinds_refused_steps_on_the_cpu() {
+fn guided_greedy_run_follows_the_mask_on_the_cpu() {
     let mut m = load(DeviceChoice::Cpu);
     let prompt = chat_prompt(&m, "Name three colours.");
     guided_run_matches_single_steps(m.model.as_mut(), &prompt);
 }
 
 #[test]
-fn guided_greedy_run_rewinds_refused_steps_on_the_gpu() {
+fn guided_greedy_run_follows_the_mask_on_the_gpu() {
     let Some(gpu) = gpu_choice() else { return };
     let mut m = load(gpu);
     let prompt = chat_prompt(&m, "Name three colours.");

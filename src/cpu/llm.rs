@@ -363,6 +363,39 @@ pub fn argmax(x: &[f32]) -> usize {
     best
 }
 
+/// Whether `mask`, a bitmap over tokens (bit `i % 32` of word `i / 32`, as
+/// a grammar's allowed tokens reach the GPU), allows token `i`.
+pub fn mask_allows(mask: &[u32], i: usize) -> bool {
+    mask.get(i / 32).is_some_and(|w| (w >> (i % 32)) & 1 == 1)
+}
+
+/// Index of the largest of the x[i] that `mask` allows, the first on ties,
+/// never a NaN; None when it allows none.
+pub fn masked_argmax(x: &[f32], mask: &[u32]) -> Option<usize> {
+    let mut best: Option<usize> = None;
+    for (i, &v) in x.iter().enumerate() {
+        if mask_allows(mask, i) && !v.is_nan() && best.is_none_or(|b| v > x[b]) {
+            best = Some(i);
+        }
+    }
+    best
+}
+
+/// `x` with every value `mask` does not allow made -inf, unless it is not
+/// finite (what the masked top-k selects from).
+pub fn masked_logits(x: &[f32], mask: &[u32]) -> Vec<f32> {
+    x.iter()
+        .enumerate()
+        .map(|(i, &v)| {
+            if mask_allows(mask, i) || !v.is_finite() {
+                v
+            } else {
+                f32::NEG_INFINITY
+            }
+        })
+        .collect()
+}
+
 /// The `k` largest of `x` as (index, value), sorted by value descending
 /// (`f32::total_cmp`), ties by index: the order a stable sort of every
 /// (index, value) pair gives, which sampling draws from.

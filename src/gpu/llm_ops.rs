@@ -1675,6 +1675,18 @@ kernel!(
     [&["PARTIAL"]]
 );
 kernel!(
+    ARGMAX_PART_MASKED,
+    "argmax_part_masked",
+    "argmax.wgsl",
+    [
+        Binding::read("x"),
+        Binding::write("part"),
+        Binding::read("mask")
+    ],
+    ArgmaxParams,
+    [&["PARTIAL", "MASKED"]]
+);
+kernel!(
     ARGMAX,
     "argmax",
     "argmax.wgsl",
@@ -1742,11 +1754,20 @@ pub const ARGMAX_CHUNK: usize = 1024;
 /// `out[0]` = the index of the largest of x[0..n] (the first on ties),
 /// `out[1]` = 1 when x holds a NaN or an infinity, else 0 (`out`: 2 u32):
 /// many workgroups find the best of their slice, one more picks among those.
-pub fn argmax(gpu: &Gpu, x: &wgpu::Buffer, out: &wgpu::Buffer, n: usize) -> Result<Vec<Dispatch>> {
+/// With a `mask` (u32 words, bit i % 32 of word i / 32 for x[i]), the
+/// largest of the x[i] whose bit is set ([`crate::cpu::masked_argmax`]; 0 when
+/// none is).
+pub fn argmax(
+    gpu: &Gpu,
+    x: &wgpu::Buffer,
+    mask: Option<&wgpu::Buffer>,
+    out: &wgpu::Buffer,
+    n: usize,
+) -> Result<Vec<Dispatch>> {
     let params = argmax_params(n);
     let part = gpu.scratch("argmax triples", 12 * params.groups as u64)?;
     Ok(vec![
-        argmax_part(gpu, x, &part, n)?,
+        argmax_part(gpu, x, mask, &part, n)?,
         Dispatch {
             bound: gpu.bind(&ARGMAX, &Variant::default(), &[&part, out], &params)?,
             groups: [1, 1, 1],
@@ -1755,17 +1776,32 @@ pub fn argmax(gpu: &Gpu, x: &wgpu::Buffer, out: &wgpu::Buffer, n: usize) -> Resu
 }
 
 /// The first kernel of [`argmax`] alone: (value bits, index, non-finite
-/// flag) of the best of each ARGMAX_CHUNK slice of x into `part` (for its
-/// parity test).
-pub fn argmax_part(gpu: &Gpu, x: &wgpu::Buffer, part: &wgpu::Buffer, n: usize) -> Result<Dispatch> {
+/// flag) of the best of each ARGMAX_CHUNK slice of x (its allowed
+/// elements, with a `mask`) into `part` (for its parity test).
+pub fn argmax_part(
+    gpu: &Gpu,
+    x: &wgpu::Buffer,
+    mask: Option<&wgpu::Buffer>,
+    part: &wgpu::Buffer,
+    n: usize,
+) -> Result<Dispatch> {
     let params = argmax_params(n);
-    Ok(Dispatch {
-        bound: gpu.bind(
+    let bound = match mask {
+        None => gpu.bind(
             &ARGMAX_PART,
             &Variant::new(&["PARTIAL"]),
             &[x, part],
             &params,
         )?,
+        Some(mask) => gpu.bind(
+            &ARGMAX_PART_MASKED,
+            &Variant::new(&["PARTIAL", "MASKED"]),
+            &[x, part, mask],
+            &params,
+        )?,
+    };
+    Ok(Dispatch {
+        bound,
         groups: [params.groups, 1, 1],
     })
 }
@@ -1806,6 +1842,30 @@ kernel!(
     TopKParams,
     [&["PARTIAL"]]
 );
+kernel!(
+    TOP_K_MASKED,
+    "top_k_masked",
+    "top_k.wgsl",
+    [
+        Binding::read("x"),
+        Binding::write("out"),
+        Binding::read("allowed")
+    ],
+    TopKParams,
+    [&["MASKED"]]
+);
+kernel!(
+    TOP_K_PART_MASKED,
+    "top_k_part_masked",
+    "top_k.wgsl",
+    [
+        Binding::read("x"),
+        Binding::write("out"),
+        Binding::read("allowed")
+    ],
+    TopKParams,
+    [&["PARTIAL", "MASKED"]]
+);
 
 /// Most candidates [`top_k`] selects.
 pub const MAX_TOP_K: usize = 256;
@@ -1816,10 +1876,12 @@ pub const TOP_K_SLICE: usize = 4096;
 /// out: the `k` (<= [`MAX_TOP_K`], <= n) largest of x[0..n] as (index,
 /// value bits) u32 pairs, unordered; which ones matches `cpu::top_k`. Past
 /// two slices, each slice's k best are selected in parallel first and one
-/// workgroup picks among those.
+/// workgroup picks among those. With a `mask` (as [`argmax`]'s), x[i]
+/// whose bit is clear count as -inf, unless not finite.
 pub fn top_k(
     gpu: &Gpu,
     x: &wgpu::Buffer,
+    mask: Option<&wgpu::Buffer>,
     out: &wgpu::Buffer,
     n: usize,
     k: usize,
@@ -1831,15 +1893,24 @@ pub fn top_k(
         _pad: [0; 2],
     };
     if n < 2 * TOP_K_SLICE {
+        let bound = match mask {
+            None => gpu.bind(&TOP_K, &Variant::default(), &[x, out], &params(n))?,
+            Some(mask) => gpu.bind(
+                &TOP_K_MASKED,
+                &Variant::new(&["MASKED"]),
+                &[x, out, mask],
+                &params(n),
+            )?,
+        };
         return Ok(vec![Dispatch {
-            bound: gpu.bind(&TOP_K, &Variant::default(), &[x, out], &params(n))?,
+            bound,
             groups: [1, 1, 1],
         }]);
     }
     let groups = n / TOP_K_SLICE;
     let cand = gpu.scratch("top-k candidates", (8 * k * groups) as u64)?;
     Ok(vec![
-        top_k_part(gpu, x, &cand, n, k)?,
+        top_k_part(gpu, x, mask, &cand, n, k)?,
         Dispatch {
             bound: gpu.bind(
                 &TOP_K,
@@ -1857,6 +1928,7 @@ pub fn top_k(
 pub fn top_k_part(
     gpu: &Gpu,
     x: &wgpu::Buffer,
+    mask: Option<&wgpu::Buffer>,
     cand: &wgpu::Buffer,
     n: usize,
     k: usize,
@@ -1870,13 +1942,22 @@ pub fn top_k_part(
         k: k as u32,
         _pad: [0; 2],
     };
-    Ok(Dispatch {
-        bound: gpu.bind(
+    let bound = match mask {
+        None => gpu.bind(
             &TOP_K_PART,
             &Variant::new(&["PARTIAL"]),
             &[x, cand],
             &params,
         )?,
+        Some(mask) => gpu.bind(
+            &TOP_K_PART_MASKED,
+            &Variant::new(&["PARTIAL", "MASKED"]),
+            &[x, cand, mask],
+            &params,
+        )?,
+    };
+    Ok(Dispatch {
+        bound,
         groups: [(n / TOP_K_SLICE) as u32, 1, 1],
     })
 }
@@ -1931,11 +2012,14 @@ pub static KERNELS: &[&Kernel] = &[
     &SHORT_CONV,
     &SWIGLU,
     &ARGMAX_PART,
+    &ARGMAX_PART_MASKED,
     &ARGMAX,
     &ARGMAX_PART_ROWS,
     &ARGMAX_ROWS,
     &TOP_K,
     &TOP_K_PART,
+    &TOP_K_MASKED,
+    &TOP_K_PART_MASKED,
 ];
 
 #[cfg(test)]

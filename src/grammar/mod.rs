@@ -253,6 +253,8 @@ pub struct Constraint {
     eos_ids: Vec<u32>,
     state: State,
     cache: HashMap<State, Rc<Vec<bool>>>,
+    /// The same masks as bitmaps ([`Constraint::mask_bits`]).
+    bits: HashMap<State, Rc<Vec<u32>>>,
     /// Stack sets met while masking, by id, and the transitions between
     /// them: walking the trie is then mostly look-ups.
     sets: Vec<Vec<Stack>>,
@@ -306,6 +308,7 @@ impl Constraint {
             eos_ids,
             state,
             cache: HashMap::new(),
+            bits: HashMap::new(),
             sets: Vec::new(),
             set_ids: HashMap::new(),
             transitions: HashMap::default(),
@@ -386,6 +389,26 @@ impl Constraint {
         }
         self.cache.insert(self.state.clone(), mask.clone());
         mask
+    }
+
+    /// [`Constraint::mask`] as a bitmap: token `id` allowed when bit
+    /// `id % 32` of word `id / 32` is set (what the GPU applies to the
+    /// logits, [`crate::cpu::masked_argmax`]). Kept per state, as the masks.
+    pub fn mask_bits(&mut self) -> Rc<Vec<u32>> {
+        if let Some(b) = self.bits.get(&self.state) {
+            return b.clone();
+        }
+        let mask = self.mask();
+        let mut words = vec![0u32; mask.len().div_ceil(32)];
+        for (i, _) in mask.iter().enumerate().filter(|(_, &ok)| ok) {
+            words[i / 32] |= 1 << (i % 32);
+        }
+        let words = Rc::new(words);
+        if self.bits.len() >= CACHE_LIMIT {
+            self.bits.clear();
+        }
+        self.bits.insert(self.state.clone(), words.clone());
+        words
     }
 
     fn walk(&mut self, table: &TokenTable, node: usize, set: u32, mask: &mut [bool]) {
@@ -582,6 +605,7 @@ ws ::= [ \t]*
             *c.mask(),
             [false, false, false, true, false, true, false, true]
         );
+        assert_eq!(*c.mask_bits(), [0b1010_1000]);
     }
 
     #[test]

@@ -878,13 +878,12 @@ pub trait CausalLm {
         }
         Ok(max)
     }
-    /// [`CausalLm::greedy_run`] where the caller may refuse the argmax (a
-    /// grammar): each step's argmax goes to [`GreedyGuide::allows`]; a
-    /// refused one is replaced by [`GreedyGuide::choose`] over that step's
-    /// logits. Every token taken goes to [`GreedyGuide::emit`]; returns how
-    /// many were. The sequence afterwards is as for `greedy_run`. Backends
-    /// override this to keep the device a step ahead on the argmax,
-    /// rewinding that step when the argmax is refused.
+    /// [`CausalLm::greedy_run`] under a mask (a grammar): each step takes
+    /// the argmax of the logits [`GreedyGuide::mask`] allows
+    /// ([`cpu::masked_argmax`]) and passes it to [`GreedyGuide::emit`];
+    /// returns how many were taken. The sequence afterwards is as for
+    /// `greedy_run`. The GPU applies the mask on the device and keeps the
+    /// next step's forward queued while the host computes the next mask.
     fn greedy_run_guided(
         &mut self,
         token: u32,
@@ -895,10 +894,9 @@ pub trait CausalLm {
         for produced in 1..=max {
             let logits = self.forward(&[token], false)?;
             check_logits(&logits)?;
-            token = crate::sampling::argmax(&logits) as u32;
-            if !guide.allows(token) {
-                token = guide.choose(&logits)?;
-            }
+            let mask = guide.mask()?;
+            token = cpu::masked_argmax(&logits, &mask)
+                .ok_or_else(|| Error::invalid(NO_TOKEN_ALLOWED))? as u32;
             if !guide.emit(token) {
                 return Ok(produced);
             }
@@ -973,14 +971,16 @@ pub trait CausalLm {
 
 /// What [`CausalLm::greedy_run_guided`] asks of its caller at each step.
 pub trait GreedyGuide {
-    /// Whether `token`, the argmax of the step's logits, may be taken.
-    fn allows(&mut self, token: u32) -> bool;
-    /// The token to take instead of a refused argmax, from the step's
-    /// logits.
-    fn choose(&mut self, logits: &[f32]) -> Result<u32>;
-    /// Takes the token chosen (allowed or chosen); false ends the run.
+    /// The tokens the next may be, as a bitmap over the vocabulary: token
+    /// `id` when bit `id % 32` of word `id / 32` is set. An error ends the
+    /// run.
+    fn mask(&mut self) -> Result<std::rc::Rc<Vec<u32>>>;
+    /// Takes the token chosen; false ends the run.
     fn emit(&mut self, token: u32) -> bool;
 }
+
+/// The error of a step whose mask allows no token.
+pub const NO_TOKEN_ALLOWED: &str = "the mask allows no token of the vocabulary";
 
 /// The error of a truncation to `pos` that the sequence cannot make.
 pub fn check_truncate(pos: usize, now: usize, floor: usize) -> Result<()> {

@@ -310,8 +310,8 @@ pub fn generate_with(
                 return Err(e);
             }
         } else if sampler.is_guided_greedy() {
-            // Greedy under a grammar: the backend may decode ahead on the
-            // argmax, and choose again only where the grammar refuses it.
+            // Greedy under a grammar: the backend applies the grammar's mask
+            // where the logits are.
             let mut guide = Guided {
                 sampler,
                 out: &mut out,
@@ -402,12 +402,10 @@ struct Guided<'s, 'o, 'a, F> {
 }
 
 impl<F: FnMut(&str) -> std::io::Result<()>> GreedyGuide for Guided<'_, '_, '_, F> {
-    fn allows(&mut self, token: u32) -> bool {
-        self.sampler.allows(token)
-    }
-
-    fn choose(&mut self, logits: &[f32]) -> Result<u32> {
-        Ok(self.sampler.choose_greedy(logits))
+    fn mask(&mut self) -> Result<std::rc::Rc<Vec<u32>>> {
+        self.sampler
+            .token_mask()?
+            .ok_or_else(|| Error::invalid("guided greedy decoding without a grammar"))
     }
 
     fn emit(&mut self, token: u32) -> bool {

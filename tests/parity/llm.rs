@@ -142,6 +142,18 @@ pub const CASES: &[Case] = &[
         kernel: "top_k_part",
         run: top_k_part,
     },
+    Case {
+        kernel: "argmax_part_masked",
+        run: argmax_masked,
+    },
+    Case {
+        kernel: "top_k_masked",
+        run: top_k_masked,
+    },
+    Case {
+        kernel: "top_k_part_masked",
+        run: top_k_masked,
+    },
 ];
 
 /// Products over k terms summed in another order: outputs of order one carry
@@ -909,7 +921,7 @@ fn argmax(gpu: &Gpu, _v: &Variant) {
         x[n - 1] = 7.0;
         let gx = gpu.upload_f32("x", &x).unwrap();
         let out = gpu.upload_u32("out", &[u32::MAX, u32::MAX]).unwrap();
-        let ds = llm_ops::argmax(gpu, &gx, &out, n).unwrap();
+        let ds = llm_ops::argmax(gpu, &gx, None, &out, n).unwrap();
         run(gpu, &ds);
         let got = gpu.read_u32(&out).unwrap();
         assert_eq!(got[0] as usize, cpu::argmax(&x), "argmax n={n}");
@@ -927,7 +939,7 @@ fn argmax(gpu: &Gpu, _v: &Variant) {
         x[at] = bad;
         let gx = gpu.upload_f32("x", &x).unwrap();
         let out = gpu.upload_u32("out", &[u32::MAX, u32::MAX]).unwrap();
-        let ds = llm_ops::argmax(gpu, &gx, &out, n).unwrap();
+        let ds = llm_ops::argmax(gpu, &gx, None, &out, n).unwrap();
         run(gpu, &ds);
         let got = gpu.read_u32(&out).unwrap();
         assert_eq!(got[1], 1, "argmax n={n}: {bad} at {at} not flagged");
@@ -957,7 +969,7 @@ fn argmax_part(gpu: &Gpu, _v: &Variant) {
         let groups = n.div_ceil(chunk);
         let gx = gpu.upload_f32("x", &x).unwrap();
         let part = gpu.upload_u32("part", &vec![7; 3 * groups]).unwrap();
-        let d = llm_ops::argmax_part(gpu, &gx, &part, n).unwrap();
+        let d = llm_ops::argmax_part(gpu, &gx, None, &part, n).unwrap();
         gpu.run_all(&[&d]).unwrap();
         let got = gpu.read_u32(&part).unwrap();
         for g in 0..groups {
@@ -968,6 +980,102 @@ fn argmax_part(gpu: &Gpu, _v: &Variant) {
             assert_eq!(f32::from_bits(got[3 * g]), slice[i], "{what}: value");
             let flagged = slice.iter().any(|v| !v.is_finite()) as u32;
             assert_eq!(got[3 * g + 2], flagged, "{what}: non-finite flag");
+        }
+    }
+}
+
+/// A grammar's bitmap over n tokens: each allowed with probability
+/// `density`, bits past n clear.
+fn random_mask(rng: &mut Rng, n: usize, density: f32) -> Vec<u32> {
+    let mut words = vec![0u32; n.div_ceil(32)];
+    for i in 0..n {
+        if rng.next_f32() < density {
+            words[i / 32] |= 1 << (i % 32);
+        }
+    }
+    words
+}
+
+fn argmax_masked(gpu: &Gpu, _v: &Variant) {
+    let mut rng = Rng::new(26);
+    let chunk = llm_ops::ARGMAX_CHUNK;
+    for &n in SIZES.iter().chain(&[3 * chunk + 5, 65_536]) {
+        // Dense and sparse masks (a JSON key allows a few hundred of 49k
+        // tokens), and one allowing a single token.
+        for density in [0.5, 0.01, 0.0] {
+            let mut x = rng.vec(n, -5.0, 5.0);
+            let mut mask = random_mask(&mut rng, n, density);
+            let only = n * 2 / 3;
+            mask[only / 32] |= 1 << (only % 32);
+            // The largest value is refused; a tie between allowed tokens
+            // goes to the first; an allowed NaN never wins, a refused
+            // infinity is still flagged.
+            let refused = (0..n).find(|&i| !cpu::mask_allows(&mask, i));
+            if let Some(r) = refused {
+                x[r] = 50.0;
+            }
+            let allowed: Vec<usize> = (0..n).filter(|&i| cpu::mask_allows(&mask, i)).collect();
+            if let [a, .., b] = allowed[..] {
+                x[a] = 9.0;
+                x[b] = 9.0;
+            }
+            if allowed.len() > 2 {
+                x[allowed[1]] = f32::NAN;
+            }
+            let gx = gpu.upload_f32("x", &x).unwrap();
+            let gm = gpu.upload_u32("mask", &mask).unwrap();
+            let out = gpu.upload_u32("out", &[u32::MAX, u32::MAX]).unwrap();
+            let ds = llm_ops::argmax(gpu, &gx, Some(&gm), &out, n).unwrap();
+            run(gpu, &ds);
+            let got = gpu.read_u32(&out).unwrap();
+            let what = format!("masked argmax n={n} density {density}");
+            let want = cpu::masked_argmax(&x, &mask).unwrap();
+            assert_eq!(got[0] as usize, want, "{what}");
+            let nonfinite = x.iter().any(|v| !v.is_finite()) as u32;
+            assert_eq!(got[1], nonfinite, "{what}: non-finite flag");
+            if let Some(r) = refused {
+                x[r] = f32::INFINITY;
+                let gx = gpu.upload_f32("x", &x).unwrap();
+                run(gpu, &llm_ops::argmax(gpu, &gx, Some(&gm), &out, n).unwrap());
+                let got = gpu.read_u32(&out).unwrap();
+                assert_eq!(got, [want as u32, 1], "{what}: refused infinity");
+            }
+        }
+    }
+}
+
+fn top_k_masked(gpu: &Gpu, _v: &Variant) {
+    let mut rng = Rng::new(27);
+    let slice = llm_ops::TOP_K_SLICE;
+    // One workgroup, and the PARTIAL + MERGE pair past two slices.
+    for n in [1000, 2 * slice - 1, 3 * slice + 77] {
+        for density in [0.5, 0.002] {
+            // Coarse values, so ties fall at the k-th allowed value; a
+            // refused +inf stays a candidate (the host's damaged-logits
+            // check), a refused -inf is what the mask makes anyway.
+            let mut x: Vec<f32> = rng
+                .vec(n, -8.0, 8.0)
+                .iter()
+                .map(|v| (v * 2.0).round() / 2.0)
+                .collect();
+            let mask = random_mask(&mut rng, n, density);
+            let refused: Vec<usize> = (0..n).filter(|&i| !cpu::mask_allows(&mask, i)).collect();
+            x[refused[0]] = 100.0;
+            x[refused[1]] = f32::INFINITY;
+            x[refused[2]] = f32::NEG_INFINITY;
+            let want_x = cpu::masked_logits(&x, &mask);
+            let gx = gpu.upload_f32("x", &x).unwrap();
+            let gm = gpu.upload_u32("mask", &mask).unwrap();
+            for k in [1, 40, llm_ops::MAX_TOP_K] {
+                let out = gpu.upload_u32("out", &vec![u32::MAX; 2 * k]).unwrap();
+                let ds = llm_ops::top_k(gpu, &gx, Some(&gm), &out, n, k).unwrap();
+                run(gpu, &ds);
+                let got = llm_ops::sort_candidates(&gpu.read_u32(&out).unwrap());
+                let want = cpu::top_k(&want_x, k);
+                // Masked-out values are all -inf: which of them fill the
+                // tail is the selection's tie rule, the same on both.
+                assert_eq!(got, want, "masked top_k n={n} k={k} density {density}");
+            }
         }
     }
 }
@@ -995,7 +1103,7 @@ fn top_k(gpu: &Gpu, v: &Variant) {
             let k = k.min(n);
             let gx = gpu.upload_f32("x", &x).unwrap();
             let out = gpu.upload_u32("out", &vec![u32::MAX; 2 * k]).unwrap();
-            let ds = llm_ops::top_k(gpu, &gx, &out, n, k).unwrap();
+            let ds = llm_ops::top_k(gpu, &gx, None, &out, n, k).unwrap();
             assert_eq!(ds.len(), if n < 2 * slice { 1 } else { 2 });
             run(gpu, &ds);
             let got = llm_ops::sort_candidates(&gpu.read_u32(&out).unwrap());
@@ -1022,7 +1130,7 @@ fn top_k_part(gpu: &Gpu, _v: &Variant) {
             let cand = gpu
                 .upload_u32("cand", &vec![u32::MAX; 2 * k * groups])
                 .unwrap();
-            let d = llm_ops::top_k_part(gpu, &gx, &cand, n, k).unwrap();
+            let d = llm_ops::top_k_part(gpu, &gx, None, &cand, n, k).unwrap();
             gpu.run_all(&[&d]).unwrap();
             let got = gpu.read_u32(&cand).unwrap();
             for g in 0..groups {
@@ -1458,7 +1566,7 @@ fn argmax_rows(gpu: &Gpu, _v: &Variant) {
         for r in 0..rows {
             let sx = gpu.upload_f32("x", &x[r * n..(r + 1) * n]).unwrap();
             let sout = gpu.upload_u32("out", &[u32::MAX, u32::MAX]).unwrap();
-            run(gpu, &llm_ops::argmax(gpu, &sx, &sout, n).unwrap());
+            run(gpu, &llm_ops::argmax(gpu, &sx, None, &sout, n).unwrap());
             let want = gpu.read_u32(&sout).unwrap();
             assert_eq!(
                 &got[2 * r..2 * r + 2],

@@ -2,7 +2,7 @@
 //! buffers (rebuilt when the KV cache grows), then one submission per token.
 
 use super::{GpuFfn, GpuLlm, GpuMixer, GpuState, GreedyGuide, Op, Readback};
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::gpu::llm_ops::{self, AttnBuffers, GemvEpilogue};
 use crate::gpu::ops::{self, Dispatch};
 use crate::gpu::profile::{PassMarks, PassTimer, StepProfile};
@@ -228,7 +228,9 @@ impl GpuLlm {
         let io = &self.io;
         let (src, staging, len) = match what {
             Readback::Token => (&io.token, &io.token_staging, super::TOKEN_BYTES),
-            Readback::Candidates => (&io.cand, &io.cand_staging, 8 * self.top_k as u64),
+            Readback::Candidates | Readback::MaskedCandidates => {
+                (&io.cand, &io.cand_staging, 8 * self.top_k as u64)
+            }
             Readback::Logits => (&io.logits, &io.logits_staging, (self.cfg.vocab * 4) as u64),
         };
         enc.copy_buffer_to_buffer(src, 0, staging, 0, len);
@@ -265,53 +267,44 @@ impl GpuLlm {
             .write_buffer(&self.io.token, 0, bytemuck::bytes_of(&token));
     }
 
+    /// Sets the tokens the next masked argmax or top-k may choose (`mask`:
+    /// bit id % 32 of word id / 32; bits past its end are clear).
+    pub(super) fn write_mask(&self, mask: &[u32]) {
+        let words = self.cfg.vocab.div_ceil(32);
+        let q = &self.gpu.queue;
+        if mask.len() == words {
+            q.write_buffer(&self.io.mask, 0, bytemuck::cast_slice(mask));
+        } else {
+            let mut padded = mask[..mask.len().min(words)].to_vec();
+            padded.resize(words, 0);
+            q.write_buffer(&self.io.mask, 0, bytemuck::cast_slice(&padded));
+        }
+    }
+
     /// Submits one greedy decode step consuming the token in io.token, its
-    /// argmax copied into `staging` (and its logits into `kept`, when
-    /// given); advances the position.
-    fn submit_greedy(
-        &mut self,
-        staging: &wgpu::Buffer,
-        kept: Option<&wgpu::Buffer>,
-    ) -> Result<wgpu::SubmissionIndex> {
+    /// argmax copied into `staging`; advances the position.
+    fn submit_greedy(&mut self, staging: &wgpu::Buffer) -> Result<wgpu::SubmissionIndex> {
         self.check_room(1)?;
         let splits = self.begin_step()?;
         let mut enc = self.encode_step(splits, Readback::Token);
-        if let Some(kept) = kept {
-            let len = (self.cfg.vocab * 4) as u64;
-            enc.copy_buffer_to_buffer(&self.io.logits, 0, kept, 0, len);
-        }
         enc.copy_buffer_to_buffer(&self.io.token, 0, staging, 0, super::TOKEN_BYTES);
         let done = self.gpu.queue.submit([enc.finish()]);
         self.pos += 1;
         Ok(done)
     }
 
-    /// The logits a guided step kept in `buf` on the device.
-    fn read_logits_of(&self, buf: &wgpu::Buffer) -> Result<Vec<f32>> {
-        let g = &*self.gpu;
-        let len = (self.cfg.vocab * 4) as u64;
-        let mut enc = g.device.create_command_encoder(&Default::default());
-        enc.copy_buffer_to_buffer(buf, 0, &self.io.logits_staging, 0, len);
-        let bytes = g.submit_and_read(enc, &self.io.logits_staging, len)?;
-        Ok(bytemuck::pod_collect_to_vec(&bytes))
-    }
-
     /// Greedy decoding with the GPU one step ahead of the host: step i + 1
     /// is submitted, consuming the token step i left on the GPU, before the
     /// host reads step i's token, so recording and submitting overlap the
-    /// device's work. When `guide` refuses step i's argmax, the step that
-    /// ran ahead on it is undone (the position goes back; its KV row and
-    /// conv-state ring row are rewritten by the next token), step i's
-    /// logits (kept on the device when `keep`) go to `guide.choose`, and
-    /// the pipeline starts again from the chosen token. When the guide
-    /// stops early the step that ran ahead is undone the same way, so the
-    /// sequence is what a loop of [`CausalLm::step_greedy`] leaves.
+    /// device's work. When `emit` stops the run, the step that ran ahead is
+    /// undone (the position goes back; its KV row and conv-state ring row
+    /// are rewritten by the next token), so the sequence is what a loop of
+    /// [`CausalLm::step_greedy`] leaves.
     pub(super) fn greedy_pipelined(
         &mut self,
         token: u32,
         max: usize,
-        guide: &mut dyn GreedyGuide,
-        keep: bool,
+        emit: &mut dyn FnMut(u32) -> bool,
     ) -> Result<usize> {
         if max == 0 {
             return Ok(0);
@@ -322,46 +315,106 @@ impl GpuLlm {
             self.io.token_staging.clone(),
             self.io.token_staging2.clone(),
         ];
-        let kept = self.io.logits_kept.clone();
         // Submission of each step in flight, oldest first; step s reads
-        // back through staging[s % 2] and keeps its logits in kept[s % 2].
+        // back through staging[s % 2].
         let mut flight = std::collections::VecDeque::new();
         let (mut submitted, mut produced) = (0, 0);
         loop {
             while flight.len() < 2 && submitted < max {
-                let slot = submitted % 2;
-                let keep_in = keep.then_some(&kept[slot]);
-                flight.push_back(self.submit_greedy(&staging[slot], keep_in)?);
+                flight.push_back(self.submit_greedy(&staging[submitted % 2])?);
                 submitted += 1;
             }
             let done = flight.pop_front().expect("a step in flight");
-            let slot = produced % 2;
             let bytes = self
                 .gpu
-                .read_staging(&staging[slot], super::TOKEN_BYTES, done)?;
+                .read_staging(&staging[produced % 2], super::TOKEN_BYTES, done)?;
             // Damaged logits end the run (the step that ran ahead, never
             // mapped, finishes on its own).
-            let mut next = super::greedy_token(&bytes)?;
+            let next = super::greedy_token(&bytes)?;
             produced += 1;
-            let allowed = guide.allows(next);
-            if !allowed {
-                self.undo_ahead(&mut flight, &staging[produced % 2])?;
-                submitted = produced;
-                let logits = if keep {
-                    self.read_logits_of(&kept[slot])?
-                } else {
-                    return Err(Error::gpu(
-                        "greedy decoding: a refused argmax without kept logits",
-                    ));
-                };
-                next = guide.choose(&logits)?;
-                self.write_token(next);
-            }
-            if !guide.emit(next) || produced == max {
+            if !emit(next) || produced == max {
                 // The step that ran ahead consumed `next`: take it back.
                 self.undo_ahead(&mut flight, &staging[produced % 2])?;
                 return Ok(produced);
             }
+        }
+    }
+
+    /// Records the forward of one decode step at the current position (the
+    /// logits, no argmax), consuming the token in io.token, and writes its
+    /// step values: queue writes land after the submissions before them,
+    /// so this may run while the previous forward is in flight.
+    fn encode_forward(&mut self) -> Result<wgpu::CommandBuffer> {
+        self.check_room(1)?;
+        let splits = self.begin_step()?;
+        Ok(self.encode_step(splits, Readback::Logits).finish())
+    }
+
+    /// Greedy decoding under `guide`'s masks with the mask applied on the
+    /// device: the logits never come back, only the token. The queue holds
+    /// forward i, masked argmax i (its token copied to a staging buffer),
+    /// forward i + 1 (reading that token on the device); while forward
+    /// i + 1 runs the host reads token i, passes it to the guide, writes
+    /// the next mask and submits masked argmax i + 1 and forward i + 2
+    /// (recorded before the wait). When the guide stops the run, the
+    /// forward queued ahead is undone (the position goes back, as
+    /// [`GpuLlm::greedy_pipelined`] does), so the sequence is what a loop
+    /// of single masked steps leaves.
+    pub(super) fn greedy_masked(
+        &mut self,
+        token: u32,
+        max: usize,
+        guide: &mut dyn GreedyGuide,
+    ) -> Result<usize> {
+        if max == 0 {
+            return Ok(0);
+        }
+        self.check_tokens(&[token])?;
+        self.write_token(token);
+        let first = self.encode_forward()?;
+        self.gpu.queue.submit([first]);
+        self.pos += 1;
+        let staging = self.io.token_staging.clone();
+        let read = |m: &GpuLlm, done| -> Result<u32> {
+            super::greedy_token(&m.gpu.read_staging(&staging, super::TOKEN_BYTES, done)?)
+        };
+        // The masked argmax whose token the host has not read yet.
+        let mut pending = None;
+        let mut submitted = 0;
+        loop {
+            // The forward after argmax `submitted`, needed when another
+            // argmax follows, recorded while the device works.
+            let ahead = if submitted + 1 < max {
+                Some(self.encode_forward()?)
+            } else {
+                None
+            };
+            if let Some(done) = pending.take() {
+                if !guide.emit(read(self, done)?) {
+                    // The forward in flight consumed that token.
+                    self.high = self.high.max(self.pos);
+                    self.pos -= 1;
+                    return Ok(submitted);
+                }
+            }
+            self.write_mask(&guide.mask()?);
+            let mut enc = self.gpu.device.create_command_encoder(&Default::default());
+            {
+                let mut pass = enc.begin_compute_pass(&Default::default());
+                for d in &self.masked_argmax {
+                    d.record(&mut pass);
+                }
+            }
+            enc.copy_buffer_to_buffer(&self.io.token, 0, &staging, 0, super::TOKEN_BYTES);
+            let done = self.gpu.queue.submit([enc.finish()]);
+            submitted += 1;
+            let Some(ahead) = ahead else {
+                guide.emit(read(self, done)?);
+                return Ok(submitted);
+            };
+            self.gpu.queue.submit([ahead]);
+            self.pos += 1;
+            pending = Some(done);
         }
     }
 
@@ -392,6 +445,7 @@ impl GpuLlm {
         let last = match what {
             Readback::Token => &self.argmax[..],
             Readback::Candidates => &self.select[..],
+            Readback::MaskedCandidates => &self.masked_select[..],
             Readback::Logits => &[],
         };
         for op in &self.plan {

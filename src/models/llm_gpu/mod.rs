@@ -11,7 +11,10 @@
 //! per token, and only the token id comes back (or, for sampling, the top
 //! candidates; or the logits, when asked). The token a step consumes is read
 //! on the GPU from where the previous step's argmax left it, so greedy
-//! decoding runs a step ahead of the host ([`CausalLm::greedy_run`]). The
+//! decoding runs a step ahead of the host ([`CausalLm::greedy_run`]); under
+//! a grammar the host writes the allowed tokens' bitmap and a masked argmax
+//! (or top-k, for sampling) applies it on the device, the next forward
+//! queued behind it ([`CausalLm::greedy_run_guided`]). The
 //! recipe's operations become fused dispatches: norm+QKV, biases+q/k
 //! norm+RoPE+cache write, attention (+ merge on long contexts), output
 //! projection+residual (or, with a post-norm, projection then norm+add),
@@ -171,32 +174,14 @@ struct DecodeIo {
     token: wgpu::Buffer,
     /// [top_k, 2] u32: (id, logit bits) of the most likely tokens.
     cand: wgpu::Buffer,
+    /// [ceil(vocab / 32)] u32: the tokens a grammar allows, bit id % 32 of
+    /// word id / 32, for the masked argmax and top-k.
+    mask: wgpu::Buffer,
     token_staging: wgpu::Buffer,
     /// A second one, so a step can be in flight while the last is read.
     token_staging2: wgpu::Buffer,
     logits_staging: wgpu::Buffer,
     cand_staging: wgpu::Buffer,
-    /// [vocab] x 2: the logits of a guided greedy step, copied on the
-    /// device, alternately (the step ahead of the host overwrites `logits`
-    /// before the host can refuse the argmax of the step before).
-    logits_kept: [wgpu::Buffer; 2],
-}
-
-/// Plain greedy decoding as a [`GreedyGuide`] that takes every argmax.
-struct Unguided<'a>(&'a mut dyn FnMut(u32) -> bool);
-
-impl GreedyGuide for Unguided<'_> {
-    fn allows(&mut self, _token: u32) -> bool {
-        true
-    }
-
-    fn choose(&mut self, logits: &[f32]) -> Result<u32> {
-        Ok(cpu::argmax(logits) as u32)
-    }
-
-    fn emit(&mut self, token: u32) -> bool {
-        (self.0)(token)
-    }
 }
 
 /// What a decode step reads back.
@@ -206,6 +191,8 @@ enum Readback {
     Token,
     /// The top_k most likely tokens, for sampling.
     Candidates,
+    /// The top_k most likely of the tokens io.mask allows.
+    MaskedCandidates,
     Logits,
 }
 
@@ -235,8 +222,12 @@ pub struct GpuLlm {
     io: DecodeIo,
     plan: Vec<Op>,
     argmax: Vec<Dispatch>,
+    /// The argmax over the tokens io.mask allows.
+    masked_argmax: Vec<Dispatch>,
     /// Selects the candidates sampling needs (`top_k` of them).
     select: Vec<Dispatch>,
+    /// The same among the tokens io.mask allows.
+    masked_select: Vec<Dispatch>,
     top_k: usize,
     prefill_chunk: usize,
     /// The last prefill's work buffers, reused while they are large enough
@@ -327,14 +318,11 @@ impl GpuLlm {
             logits: f32s("logits", cfg.vocab)?,
             token: f32s("token", 2)?,
             cand: f32s("candidates", 2 * llm_ops::MAX_TOP_K)?,
+            mask: f32s("token mask", cfg.vocab.div_ceil(32))?,
             token_staging: g.staging("token", TOKEN_BYTES),
             token_staging2: g.staging("token", TOKEN_BYTES),
             logits_staging: g.staging("logits", (cfg.vocab * 4) as u64),
             cand_staging: g.staging("candidates", (8 * llm_ops::MAX_TOP_K) as u64),
-            logits_kept: [
-                f32s("logits kept", cfg.vocab)?,
-                f32s("logits kept", cfg.vocab)?,
-            ],
         };
         let cap = opts
             .kv_positions
@@ -355,9 +343,12 @@ impl GpuLlm {
                 })
             })
             .collect::<Result<Vec<_>>>()?;
-        let argmax = llm_ops::argmax(g, &io.logits, &io.token, cfg.vocab)?;
-        let top_k = llm_ops::MAX_TOP_K.min(cfg.vocab);
-        let select = llm_ops::top_k(g, &io.logits, &io.cand, cfg.vocab, top_k)?;
+        let (v, mask) = (cfg.vocab, Some(&io.mask));
+        let argmax = llm_ops::argmax(g, &io.logits, None, &io.token, v)?;
+        let masked_argmax = llm_ops::argmax(g, &io.logits, mask, &io.token, v)?;
+        let top_k = llm_ops::MAX_TOP_K.min(v);
+        let select = llm_ops::top_k(g, &io.logits, None, &io.cand, v, top_k)?;
+        let masked_select = llm_ops::top_k(g, &io.logits, mask, &io.cand, v, top_k)?;
         let mut m = GpuLlm {
             subgroups: gpu.caps.subgroups,
             gpu,
@@ -373,7 +364,9 @@ impl GpuLlm {
             io,
             plan: Vec::new(),
             argmax,
+            masked_argmax,
             select,
+            masked_select,
             top_k,
             prefill_chunk: opts
                 .prefill_chunk
@@ -721,7 +714,7 @@ impl CausalLm for GpuLlm {
         max: usize,
         emit: &mut dyn FnMut(u32) -> bool,
     ) -> Result<usize> {
-        self.greedy_pipelined(token, max, &mut Unguided(emit), false)
+        self.greedy_pipelined(token, max, emit)
     }
 
     fn greedy_run_guided(
@@ -730,7 +723,7 @@ impl CausalLm for GpuLlm {
         max: usize,
         guide: &mut dyn GreedyGuide,
     ) -> Result<usize> {
-        self.greedy_pipelined(token, max, guide, true)
+        self.greedy_masked(token, max, guide)
     }
 
     fn step_greedy(&mut self, token: u32) -> Result<u32> {
@@ -738,6 +731,25 @@ impl CausalLm for GpuLlm {
     }
 
     fn step_sample(&mut self, token: u32, sampler: &mut Sampler, history: &[u32]) -> Result<u32> {
+        if let Some(k) = sampler.masked_candidates_needed() {
+            if k <= self.top_k || self.top_k == self.cfg.vocab {
+                let mask = sampler.token_mask()?.expect("a grammar masks");
+                self.write_mask(&mask);
+                let raw = self.decode(token, Readback::MaskedCandidates)?;
+                let cand = llm_ops::sort_candidates(&bytemuck::pod_collect_to_vec(&raw));
+                // Masked-out NaNs and infinities stay candidates, for this
+                // check; a masked-out -inf may be the mask's own.
+                let (allowed, refused): (Vec<_>, Vec<_>) = cand
+                    .into_iter()
+                    .partition(|&(id, _)| cpu::mask_allows(&mask, id as usize));
+                if allowed.iter().any(|c| !c.1.is_finite())
+                    || refused.iter().any(|c| c.1.is_nan() || c.1 == f32::INFINITY)
+                {
+                    return Err(Error::invalid(super::llm::NONFINITE_LOGITS));
+                }
+                return sampler.sample_top_masked(allowed);
+            }
+        }
         match sampler.candidates_needed() {
             Some(k) if k <= self.top_k || self.top_k == self.cfg.vocab => {
                 let raw = self.decode(token, Readback::Candidates)?;
