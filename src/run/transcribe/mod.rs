@@ -486,7 +486,7 @@ pub fn transcribe(
         }
         if opts.word_timestamps {
             let cross = backend.cross_kv()?;
-            aligner.add_word_timestamps(&cross, &mut spans, time_offset, segment_size, last_speech);
+            aligner.add_word_timestamps(cross, &mut spans, time_offset, segment_size, last_speech);
             if !single_timestamp_ending {
                 if let Some(end) = words::get_end(&spans).filter(|&e| e > time_offset) {
                     seek = (end * 100.0).round_ties_even() as usize;
