@@ -46,7 +46,7 @@ fn normalised_error(got: &[f32], want: &[f32]) -> f64 {
 }
 
 #[test]
-fn gpu_encoder_matches_cpu_and_transcribes() {
+fn gpu_encoder_matches_cpu() {
     let Some(gpu) = gpu() else { return };
     let files = WhisperFiles::load(&common::model("whisper-tiny.en"), None).unwrap();
     let m = &files.model;
