@@ -1,8 +1,10 @@
-// attention_tiled: non-causal multi-head attention over one long sequence
-// (Whisper's encoder: 1500 positions, head size 64), flash-attention style.
-//   out[r, h] = softmax_j(scale * q[r, h] . k[j, h]) v[j, h], j over all rows
+// attention_tiled: non-causal multi-head attention of `rows` queries over
+// `kv_rows` keys (Whisper's encoder: 1500 positions against themselves; its
+// decoder's cross-attention: a few rows against the 1500 audio positions),
+// flash-attention style.
+//   out[r, h] = softmax_j(scale * q[r, h] . k[j, h]) v[j, h], j < kv_rows
 // bindings: 0 params {rows, heads, q_stride, k_stride, v_stride, q_col, k_col,
-//           v_col, scale}, 1 q, 2 k, 3 v: array<f32>, row-major, read from
+//           v_col, scale, kv_rows}, 1 q, 2 k, 3 v: array<f32>, row-major, read from
 //           column *_col with row stride *_stride (one fused QKV buffer may be
 //           bound three times), 4 out: array<f32> (rows * heads * HEAD_DIM)
 // dispatch: (ceil(rows / 16), heads, 1) workgroups of 64 threads. A workgroup
@@ -18,7 +20,7 @@
 struct Params {
     rows: u32, heads: u32, q_stride: u32, k_stride: u32,
     v_stride: u32, q_col: u32, k_col: u32, v_col: u32,
-    scale: f32, _p0: u32, _p1: u32, _p2: u32,
+    scale: f32, kv_rows: u32, _p1: u32, _p2: u32,
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
@@ -60,14 +62,14 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     }
     var m = LOWEST;
     var l = 0.0;
-    for (var j0 = 0u; j0 < p.rows; j0 += TK) {
+    for (var j0 = 0u; j0 < p.kv_rows; j0 += TK) {
         // The previous tile is used up (and the query block is stored).
         workgroupBarrier();
         for (var i = tid; i < TK * HEAD_DIM; i += 64u) {
             let j = j0 + i / HEAD_DIM;
             var kv = 0.0;
             var vv = 0.0;
-            if (j < p.rows) {
+            if (j < p.kv_rows) {
                 kv = k[j * p.k_stride + p.k_col + h * HEAD_DIM + i % HEAD_DIM];
                 vv = v[j * p.v_stride + p.v_col + h * HEAD_DIM + i % HEAD_DIM];
             }
@@ -84,7 +86,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
             ss[r * TK + jj] = s;
         }
         workgroupBarrier();
-        let n_keys = min(TK, p.rows - j0);
+        let n_keys = min(TK, p.kv_rows - j0);
         var tile_max = LOWEST;
         for (var jj = 0u; jj < n_keys; jj++) {
             tile_max = max(tile_max, ss[r * TK + jj]);

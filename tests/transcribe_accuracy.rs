@@ -11,7 +11,7 @@
 mod common;
 
 use lfm::models::whisper::WhisperFiles;
-use lfm::run::transcribe::{transcribe, CpuEncoder, Options, Task};
+use lfm::run::transcribe::{transcribe, CpuBackend, Options, Task};
 use std::path::PathBuf;
 
 const CLIPS: &str = "/usr/share/pocketsphinx/test/data/librivox";
@@ -116,7 +116,7 @@ fn wer_within_one_point_of_faster_whisper() {
             path.display()
         );
         let audio = lfm::run::audio::load(&path, 16_000).unwrap();
-        let mut encoder = CpuEncoder(&files.model);
+        let mut encoder = CpuBackend::new(&files.model);
         let t = transcribe(&files, &mut encoder, &audio.samples, &opts, &mut |_, _| {
             Ok(())
         })

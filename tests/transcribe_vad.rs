@@ -11,7 +11,7 @@ mod common;
 use lfm::models::silero_vad::SileroVad;
 use lfm::models::whisper::WhisperFiles;
 use lfm::run::transcribe::vad::{get_speech_timestamps, transcribe_speech, Speech, VadOptions};
-use lfm::run::transcribe::{CpuEncoder, Options};
+use lfm::run::transcribe::{CpuBackend, Options};
 use std::path::PathBuf;
 
 const CLIPS: &str = "/usr/share/pocketsphinx/test/data/librivox";
@@ -133,7 +133,7 @@ fn speech_chunks_and_transcript_match_faster_whisper() {
         word_timestamps: true,
         ..Options::default()
     };
-    let mut encoder = CpuEncoder(&files.model);
+    let mut encoder = CpuBackend::new(&files.model);
     let t = transcribe_speech(
         &files,
         &mut encoder,
@@ -191,7 +191,7 @@ fn ten_minutes_of_silence_and_noise_give_no_text() {
     audio.extend(noise(400 * 16_000, &mut state));
     let vad = vad_model();
     let files = WhisperFiles::load(&common::model("whisper-tiny.en"), None).unwrap();
-    let mut encoder = CpuEncoder(&files.model);
+    let mut encoder = CpuBackend::new(&files.model);
     let t = transcribe_speech(
         &files,
         &mut encoder,

@@ -11,7 +11,7 @@
 mod common;
 
 use lfm::models::whisper::WhisperFiles;
-use lfm::run::transcribe::{transcribe, CpuEncoder, Options, Transcript};
+use lfm::run::transcribe::{transcribe, CpuBackend, Options, Transcript};
 use std::path::PathBuf;
 
 const CLIPS: &str = "/usr/share/pocketsphinx/test/data/librivox";
@@ -119,7 +119,7 @@ fn word_timestamps_match_faster_whisper() {
         } else {
             continue;
         };
-        let mut encoder = CpuEncoder(&files.model);
+        let mut encoder = CpuBackend::new(&files.model);
         let t = transcribe(&files, &mut encoder, &audio, &opts, &mut |_, _| Ok(())).unwrap();
         let diffs = compare(name, &t, clip);
         let exact = diffs.iter().filter(|&&d| d < 1e-9).count();

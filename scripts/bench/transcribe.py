@@ -3,20 +3,23 @@
 
 Builds one benchmark recording from the five LibriVox clips of Debian's
 pocketsphinx-testdata (each clip followed by 1 s of silence, the whole
-sequence twice: about 57 s, two 30 s windows), then times, for each arm,
+sequence `--repeat` times: 2 gives about 57 s, two 30 s windows; 8 about
+3.8 minutes), then times, for each arm,
 `--reps` runs of the whole transcription (model load excluded where the
 tool reports it, audio decoding included):
 
   lfm-cpu       target/release/transcribe --cpu
-  lfm-gpu       target/release/transcribe            (unless --no-gpu)
+  lfm-gpu       target/release/transcribe            (unless --no-gpu):
+                encoder and decoder on the GPU
   faster-whisper  WhisperModel(..., device, compute_type) on the same
-                  CTranslate2 files, same decoding options (greedy, best_of 5,
-                  temperature fallback, no VAD)
+                  CTranslate2 files, same decoding options (--beam-size,
+                  best_of 5, temperature fallback, no VAD)
 
 Prints a markdown table (mean +- sd of wall time, real-time factor) and
 writes the raw numbers as JSON when --json is given.
 
-Usage: scripts/bench/transcribe.py [--model DIR] [--reps N] [--fw-device cpu|cuda]
+Usage: scripts/bench/transcribe.py [--model DIR] [--reps N] [--repeat N] [--beam-size N]
+       [--fw-device cpu|cuda]
        [--fw-compute-type float32|float16|int8] [--no-gpu] [--json OUT]
 """
 import argparse
@@ -34,9 +37,9 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 CLIPS = os.environ.get("CLIPS_DIR", "/usr/share/pocketsphinx/test/data/librivox")
 
 
-def build_recording(path):
+def build_recording(path, repeat):
     frames = b""
-    for _ in range(2):
+    for _ in range(repeat):
         for name in sorted(f for f in os.listdir(CLIPS) if f.endswith(".wav")):
             with wave.open(os.path.join(CLIPS, name)) as w:
                 assert (w.getnchannels(), w.getsampwidth(), w.getframerate()) == (1, 2, 16000)
@@ -75,7 +78,7 @@ def time_faster_whisper(model_dir, audio, reps, device, compute_type, threads, *
     times, text = [], ""
     for _ in range(reps):
         t0 = time.perf_counter()
-        options = dict(language="en", beam_size=1, best_of=5, vad_filter=False,
+        options = dict(language="en", best_of=5, vad_filter=False,
                        condition_on_previous_text=True, without_timestamps=False)
         options.update(extra)
         segments, _ = model.transcribe(samples, **options)
@@ -89,6 +92,8 @@ def main():
     ap.add_argument("--model", default=os.path.join(ROOT, "samples/models/whisper-tiny.en"))
     ap.add_argument("--binary", default=os.path.join(ROOT, "target/release/transcribe"))
     ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--repeat", type=int, default=2, help="times the five clips are concatenated")
+    ap.add_argument("--beam-size", type=int, default=1)
     ap.add_argument("--fw-device", default="cpu")
     ap.add_argument("--fw-compute-type", default="float32")
     ap.add_argument("--fw-threads", type=int, default=0,
@@ -102,24 +107,25 @@ def main():
     a = ap.parse_args()
 
     tmp = tempfile.mkdtemp()
-    audio = os.path.join(tmp, "librivox-x2.wav")
-    seconds = build_recording(audio)
+    audio = os.path.join(tmp, f"librivox-x{a.repeat}.wav")
+    seconds = build_recording(audio, a.repeat)
     arms = []
-    model_args = ["-m", a.model]
+    model_args = ["-m", a.model, "--beam-size", str(a.beam_size)]
     if not a.no_cpu:
         arms.append(("lfm --cpu", *time_lfm(a.binary, ["--cpu", *model_args], audio, a.reps)))
     if not a.no_gpu:
-        arms.append(("lfm (GPU encoder)", *time_lfm(a.binary, model_args, audio, a.reps)))
-    features = [("", [], {})]
+        arms.append(("lfm (GPU)", *time_lfm(a.binary, model_args, audio, a.reps)))
+    features = [("", [], dict(beam_size=a.beam_size))]
     if a.features:
-        features += [(" --word-timestamps", ["--word-timestamps"], dict(word_timestamps=True)),
-                     (" --vad", ["--vad"], dict(vad_filter=True))]
+        features += [(" --word-timestamps", ["--word-timestamps"],
+                      dict(beam_size=a.beam_size, word_timestamps=True)),
+                     (" --vad", ["--vad"], dict(beam_size=a.beam_size, vad_filter=True))]
         for label, flags, _ in features[1:]:
             if not a.no_cpu:
                 arms.append((f"lfm --cpu{label}", *time_lfm(a.binary, ["--cpu", *flags, *model_args],
                                                             audio, a.reps)))
             if not a.no_gpu:
-                arms.append((f"lfm (GPU encoder){label}", *time_lfm(a.binary, [*flags, *model_args],
+                arms.append((f"lfm (GPU){label}", *time_lfm(a.binary, [*flags, *model_args],
                                                                     audio, a.reps)))
     for label, _, extra in features:
         try:
@@ -131,7 +137,8 @@ def main():
         except Exception as e:  # reported, not fatal: the lfm numbers still stand
             print(f"faster-whisper{label} did not run: {e}", file=sys.stderr)
 
-    print(f"audio: {seconds:.1f} s ({os.path.basename(audio)}), model {a.model}, {a.reps} runs each\n")
+    print(f"audio: {seconds:.1f} s ({os.path.basename(audio)}), model {a.model}, "
+          f"beam size {a.beam_size}, {a.reps} runs each\n")
     print("| arm | device | time per run (s) | real-time factor |")
     print("|---|---|---|---|")
     rows = []

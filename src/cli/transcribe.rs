@@ -1,13 +1,13 @@
 //! `transcribe`: speech to text with Whisper.
 
 use crate::models::silero_vad::SileroVad;
-use crate::models::whisper::gpu::GpuEncoder;
+use crate::models::whisper::gpu::GpuBackend;
 use crate::models::whisper::mel::SAMPLE_RATE;
 use crate::models::whisper::WhisperFiles;
 use crate::run::audio;
 use crate::run::transcribe::output::{Format, SubtitleOptions, Writer};
 use crate::run::transcribe::vad::{self, VadOptions};
-use crate::run::transcribe::{self, AudioEncoder, CpuEncoder, Options, Task};
+use crate::run::transcribe::{self, Backend, CpuBackend, Options, Task};
 use crate::util::atomic_write::AtomicFile;
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -395,17 +395,18 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     };
     let t_loaded = Instant::now();
 
-    let mut cpu_encoder = CpuEncoder(&files.model);
-    let (mut gpu_encoder, _) = args.device.choice().build(
+    let mut cpu_backend = CpuBackend::new(&files.model);
+    let (mut gpu_backend, _) = args.device.choice().build(
         || Ok(None),
         |gpu| {
-            let name = format!("gpu encoder ({})", gpu.info.name);
-            Ok(Some((GpuEncoder::new(gpu, &files.model)?, name)))
+            let name = format!("gpu ({})", gpu.info.name);
+            let seqs = opts.max_sequences();
+            Ok(Some((GpuBackend::new(gpu, &files.model, seqs)?, name)))
         },
     )?;
-    let (encoder, device): (&mut dyn AudioEncoder, String) = match &mut gpu_encoder {
-        Some((e, name)) => (e, name.clone()),
-        None => (&mut cpu_encoder, "cpu".into()),
+    let (backend, device): (&mut dyn Backend, String) = match &mut gpu_backend {
+        Some((b, name)) => (b, name.clone()),
+        None => (&mut cpu_backend, "cpu".into()),
     };
 
     let mut failed = 0usize;
@@ -416,7 +417,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             files: &files,
             vad: vad.as_ref(),
         };
-        let result = transcribe_one(&args, &setup, encoder, input, output.as_deref());
+        let result = transcribe_one(&args, &setup, backend, input, output.as_deref());
         match result {
             Ok(t) => crate::util::log::notice(&format!(
                 "transcribe: {}: {:.1} s of audio in {:.2} s (real-time factor {:.3}; load {:.2} s), {} segments{}, language {}, {}",
@@ -487,7 +488,7 @@ struct Setup<'a> {
 fn transcribe_one(
     args: &Args,
     setup: &Setup,
-    encoder: &mut dyn AudioEncoder,
+    backend: &mut dyn Backend,
     input: &Path,
     output: Option<&Path>,
 ) -> anyhow::Result<Done> {
@@ -534,7 +535,7 @@ fn transcribe_one(
         Some((model, vad_opts)) => {
             let t = vad::transcribe_speech(
                 files,
-                encoder,
+                backend,
                 model,
                 &audio.samples,
                 opts,
@@ -546,7 +547,7 @@ fn transcribe_one(
             (t.transcript, Some((t.speech.len(), seconds)))
         }
         None => (
-            transcribe::transcribe(files, encoder, &audio.samples, opts, &mut on_segment)?,
+            transcribe::transcribe(files, backend, &audio.samples, opts, &mut on_segment)?,
             None,
         ),
     };

@@ -44,7 +44,8 @@ struct AttentionTiledParams {
     k_col: u32,
     v_col: u32,
     scale: f32,
-    _pad: [u32; 3],
+    kv_rows: u32,
+    _pad: [u32; 2],
 }
 const _: () = assert!(std::mem::size_of::<AttentionTiledParams>() == 48);
 
@@ -68,15 +69,18 @@ pub const ATTENTION_TILED_MAX_HEAD_DIM: usize = 64;
 /// The kernels declared in this module.
 pub static KERNELS: &[&Kernel] = &[&IM2COL_1D, &ATTENTION_TILED];
 
-/// Non-causal attention of `rows` positions against themselves (one
-/// sequence), for the long sequences of the encoder; same maths as
-/// `cpu::attention` with one `SeqSpan::same` span. out: [rows, heads * head_dim].
+/// Non-causal attention of `rows` queries over `kv_rows` keys (one
+/// sequence), for the long sequences of the encoder (`kv_rows == rows`) and
+/// the decoder's cross-attention to them; same maths as `cpu::attention`
+/// with one span of `rows` queries and `kv_rows` keys. out: [rows, heads * head_dim].
 ///
 /// `gpu::dense::attention` gives each query row its own thread with
 /// head-size registers; on Mesa lavapipe (22.3) that kernel writes only the
 /// first element of each row once sequences pass ~500 keys at head size 64,
 /// so the encoder uses this tiled kernel, which also reads each key row once
 /// per 16 queries instead of once per query.
+// The arguments are the kernel's bindings and sizes, as in every dispatch wrapper.
+#[allow(clippy::too_many_arguments)]
 pub fn attention_tiled(
     gpu: &Gpu,
     q: &wgpu::Buffer,
@@ -84,6 +88,7 @@ pub fn attention_tiled(
     v: &wgpu::Buffer,
     out: &wgpu::Buffer,
     rows: usize,
+    kv_rows: usize,
     shape: &AttentionShape,
 ) -> Result<Dispatch> {
     assert!(
@@ -95,9 +100,9 @@ pub fn attention_tiled(
         "attention_tiled: head_dim {} must be a multiple of 4 up to {ATTENTION_TILED_MAX_HEAD_DIM}",
         shape.head_dim
     );
-    if rows == 0 || rows.div_ceil(16) > 65535 || shape.heads > 65535 {
+    if rows == 0 || kv_rows == 0 || rows.div_ceil(16) > 65535 || shape.heads > 65535 {
         return Err(crate::Error::gpu(format!(
-            "attention over {rows} rows and {} heads cannot be dispatched",
+            "attention of {rows} rows over {kv_rows} keys and {} heads cannot be dispatched",
             shape.heads
         )));
     }
@@ -111,7 +116,8 @@ pub fn attention_tiled(
         k_col: shape.k_col as u32,
         v_col: shape.v_col as u32,
         scale: shape.scale,
-        _pad: [0; 3],
+        kv_rows: kv_rows as u32,
+        _pad: [0; 2],
     };
     let variant = Variant::default().with("HEAD_DIM", shape.head_dim as u32);
     let bound = gpu.bind(&ATTENTION_TILED, &variant, &[q, k, v, out], &params)?;

@@ -58,14 +58,17 @@ fn im2col_1d(gpu: &Gpu, _v: &Variant) {
 
 fn attention_tiled(gpu: &Gpu, _v: &Variant) {
     let mut rng = Rng::new(12);
-    // (rows, heads, head_dim, fused): Whisper's encoder length (1500 positions,
-    // heads of 64, fused QKV), partial tiles, and other head sizes.
-    for (rows, heads, hd, fused) in [
-        (1500, 2, 64, true),
-        (1, 2, 64, true),
-        (33, 3, 32, false),
-        (257, 1, 4, false),
-        (65, 8, 64, false),
+    // (rows, kv_rows, heads, head_dim, fused): Whisper's encoder length (1500
+    // positions, heads of 64, fused QKV), partial tiles, other head sizes,
+    // and the decoder's cross-attention (a few query rows over 1500 keys).
+    for (rows, kv_rows, heads, hd, fused) in [
+        (1500, 1500, 2, 64, true),
+        (1, 1, 2, 64, true),
+        (33, 33, 3, 32, false),
+        (257, 257, 1, 4, false),
+        (65, 65, 8, 64, false),
+        (5, 1500, 6, 64, false),
+        (17, 33, 2, 64, false),
     ] {
         let d = heads * hd;
         let (stride, cols) = if fused {
@@ -92,23 +95,32 @@ fn attention_tiled(gpu: &Gpu, _v: &Variant) {
             (q.clone(), q.clone())
         } else {
             (
-                rng.vec(rows * stride, -2.0, 2.0),
-                rng.vec(rows * stride, -2.0, 2.0),
+                rng.vec(kv_rows * stride, -2.0, 2.0),
+                rng.vec(kv_rows * stride, -2.0, 2.0),
             )
         };
+        let span = SeqSpan {
+            q_start: 0,
+            q_len: rows,
+            kv_start: 0,
+            kv_len: kv_rows,
+        };
         let mut want = vec![0.0; rows * d];
-        cpu::attention(&q, &k, &v, &[SeqSpan::same(0, rows)], &shape, &mut want);
+        cpu::attention(&q, &k, &v, &[span], &shape, &mut want);
         let gq = gpu.upload_f32("q", &q).unwrap();
         let gk = gpu.upload_f32("k", &k).unwrap();
         let gv = gpu.upload_f32("v", &v).unwrap();
         let out = gpu.poisoned_f32("out", rows * d).unwrap();
-        let disp = wgpu_ops::attention_tiled(gpu, &gq, &gk, &gv, &out, rows, &shape).unwrap();
+        let disp =
+            wgpu_ops::attention_tiled(gpu, &gq, &gk, &gv, &out, rows, kv_rows, &shape).unwrap();
         gpu.run_all(&[&disp]).unwrap();
         let got = gpu.read_f32(&out).unwrap();
         // f32 scores and sums in another order (online softmax by tiles of
         // 16): ~1e-6 relative, squared ~1e-12; a wrong key is off by O(1).
         assert_close(
-            &format!("attention_tiled rows={rows} heads={heads} head_dim={hd} fused={fused}"),
+            &format!(
+                "attention_tiled rows={rows} kv_rows={kv_rows} heads={heads} head_dim={hd} fused={fused}"
+            ),
             &got[..rows * d],
             &want,
             1e-10,

@@ -2,14 +2,16 @@
 //! both convolutions (GELU fused, positions added as the matmul's residual),
 //! then pre-norm layers of LayerNorm, fused-QKV matmul, attention, and
 //! matmuls with bias, GELU and residual fused; the final LayerNorm; and each
-//! decoder layer's cross-attention K/V projection of the output, which is all
-//! the CPU decoder reads back. One submission per 30 s window.
+//! decoder layer's cross-attention K/V projection of the output, which the
+//! GPU decoder (`gpu_decoder`) reads where it lies. One submission per 30 s
+//! window.
 //!
 //! Weights go up as f16 when they are exactly f16 (CTranslate2's f16 files),
 //! f32 otherwise. The kernels are the shared dense ones (`gpu::dense`) plus
 //! `gpu::whisper`'s `im2col_1d` and `attention_tiled`, whose CPU twins are
 //! `model::im2col_1d` and `cpu::attention`.
 
+use super::gpu_decoder::GpuDecoder;
 use super::model::{Config, CrossKv, LayerNorm, Linear, Whisper, LN_EPS};
 use crate::cpu::{Activation, AttentionShape};
 use crate::error::Result;
@@ -18,10 +20,11 @@ use crate::gpu::ops::Dispatch;
 use crate::gpu::whisper::{attention_tiled, im2col_1d};
 use crate::gpu::Gpu;
 use crate::models::whisper::mel::N_FRAMES;
+use crate::run::transcribe::Backend;
 use std::sync::Arc;
 
 /// A weight matrix and its bias on the GPU.
-struct GpuLinear {
+pub(super) struct GpuLinear {
     w: wgpu::Buffer,
     format: WeightFormat,
     bias: Option<wgpu::Buffer>,
@@ -30,7 +33,7 @@ struct GpuLinear {
 }
 
 impl GpuLinear {
-    fn upload(
+    pub(super) fn upload(
         gpu: &Gpu,
         name: &str,
         w: &[f32],
@@ -57,12 +60,12 @@ impl GpuLinear {
         })
     }
 
-    fn from(gpu: &Gpu, name: &str, l: &Linear) -> Result<GpuLinear> {
+    pub(super) fn from(gpu: &Gpu, name: &str, l: &Linear) -> Result<GpuLinear> {
         GpuLinear::upload(gpu, name, &l.w, l.b.as_deref(), l.n_out, l.n_in)
     }
 
     /// y[m, n] = act(x · w^T + bias) + residual
-    fn matmul(
+    pub(super) fn matmul(
         &self,
         gpu: &Gpu,
         x: &wgpu::Buffer,
@@ -89,20 +92,20 @@ impl GpuLinear {
     }
 }
 
-struct GpuNorm {
+pub(super) struct GpuNorm {
     gamma: wgpu::Buffer,
     beta: wgpu::Buffer,
 }
 
 impl GpuNorm {
-    fn from(gpu: &Gpu, name: &str, n: &LayerNorm) -> Result<GpuNorm> {
+    pub(super) fn from(gpu: &Gpu, name: &str, n: &LayerNorm) -> Result<GpuNorm> {
         Ok(GpuNorm {
             gamma: gpu.upload_f32(&format!("{name}.gamma"), &n.gamma)?,
             beta: gpu.upload_f32(&format!("{name}.beta"), &n.beta)?,
         })
     }
 
-    fn run(
+    pub(super) fn run(
         &self,
         gpu: &Gpu,
         x: &wgpu::Buffer,
@@ -232,7 +235,7 @@ impl GpuEncoder {
             );
             step(
                 format!("{p}.attention"),
-                attention_tiled(g, &qkv, &qkv, &qkv, &att, t, &shape)?,
+                attention_tiled(g, &qkv, &qkv, &qkv, &att, t, t, &shape)?,
                 &att,
             );
             step(
@@ -321,9 +324,51 @@ impl GpuEncoder {
     }
 }
 
-impl crate::run::transcribe::AudioEncoder for GpuEncoder {
-    fn encode(&mut self, mel: &[f32]) -> Result<CrossKv> {
-        self.run(mel)?;
-        self.cross_kv()
+/// Transcription on the GPU: the encoder, and the decoder over the
+/// cross-attention state the encoder leaves on the device.
+pub struct GpuBackend {
+    encoder: GpuEncoder,
+    decoder: GpuDecoder,
+    /// The window's cross-attention state, read back once when asked for.
+    host_cross: Option<CrossKv>,
+}
+
+impl GpuBackend {
+    /// For windows decoded with at most `max_seqs` sequences at once
+    /// ([`crate::run::transcribe::Options::max_sequences`]).
+    pub fn new(gpu: Arc<Gpu>, model: &Whisper, max_seqs: usize) -> Result<GpuBackend> {
+        let encoder = GpuEncoder::new(gpu.clone(), model)?;
+        let decoder = GpuDecoder::new(gpu, model, encoder.kv.clone(), max_seqs)?;
+        Ok(GpuBackend {
+            encoder,
+            decoder,
+            host_cross: None,
+        })
+    }
+}
+
+impl Backend for GpuBackend {
+    fn encode(&mut self, mel: &[f32]) -> Result<()> {
+        self.host_cross = None;
+        self.encoder.run(mel)
+    }
+
+    fn cross_kv(&mut self) -> Result<&CrossKv> {
+        if self.host_cross.is_none() {
+            self.host_cross = Some(self.encoder.cross_kv()?);
+        }
+        Ok(self.host_cross.as_ref().expect("read back just now"))
+    }
+
+    fn prompt(&mut self, prompt: &[u32], rows: &[usize]) -> Result<Vec<f32>> {
+        self.decoder.prompt(prompt, rows)
+    }
+
+    fn select(&mut self, sources: &[usize]) -> Result<()> {
+        self.decoder.select(sources)
+    }
+
+    fn step(&mut self, tokens: &[u32]) -> Result<Vec<f32>> {
+        self.decoder.step(tokens)
     }
 }

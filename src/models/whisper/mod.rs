@@ -5,6 +5,7 @@
 //! `crate::run::transcribe`.
 
 pub mod gpu;
+pub mod gpu_decoder;
 pub mod mel;
 pub mod model;
 pub mod tokens;

@@ -6,13 +6,13 @@ use super::http::{read_json, ApiError, AppState};
 use super::Worker;
 use crate::device::DeviceChoice;
 use crate::models::vits::{Scales, Synthesizer, Vits};
-use crate::models::whisper::gpu::GpuEncoder;
+use crate::models::whisper::gpu::GpuBackend;
 use crate::models::whisper::mel::SAMPLE_RATE;
 use crate::models::whisper::WhisperFiles;
 use crate::run::audio;
 use crate::run::phonemes::{self, PhonemeIdMap};
 use crate::run::transcribe::output::{Format, Writer};
-use crate::run::transcribe::{self, AudioEncoder, CpuEncoder, Options, Transcript};
+use crate::run::transcribe::{self, Backend, CpuBackend, Options, Transcript};
 use crate::run::wav::{self, PcmSink, WavFile};
 use crate::util::rng::Rng;
 use axum::body::Body;
@@ -23,27 +23,32 @@ use serde_json::json;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-/// Whisper's files and, when on the GPU, its encoder.
+/// Whisper's files and, when on the GPU, the network there.
 pub struct Asr {
     files: WhisperFiles,
-    gpu: Option<GpuEncoder>,
+    gpu: Option<GpuBackend>,
 }
 
 impl Asr {
     pub fn load(dir: &Path, device: &DeviceChoice) -> crate::Result<Asr> {
         let files = WhisperFiles::load(dir, None)?;
-        let (gpu, _) =
-            device.build(|| Ok(None), |g| Ok(Some(GpuEncoder::new(g, &files.model)?)))?;
+        // Requests decode with the default search (greedy, then best-of
+        // sampling on fallback).
+        let seqs = Options::default().max_sequences();
+        let (gpu, _) = device.build(
+            || Ok(None),
+            |g| Ok(Some(GpuBackend::new(g, &files.model, seqs)?)),
+        )?;
         Ok(Asr { files, gpu })
     }
 
     fn transcribe(&mut self, samples: &[f32], opts: &Options) -> crate::Result<Transcript> {
-        let mut cpu = CpuEncoder(&self.files.model);
-        let encoder: &mut dyn AudioEncoder = match &mut self.gpu {
+        let mut cpu = CpuBackend::new(&self.files.model);
+        let backend: &mut dyn Backend = match &mut self.gpu {
             Some(g) => g,
             None => &mut cpu,
         };
-        transcribe::transcribe(&self.files, encoder, samples, opts, &mut |_, _| Ok(()))
+        transcribe::transcribe(&self.files, backend, samples, opts, &mut |_, _| Ok(()))
     }
 }
 

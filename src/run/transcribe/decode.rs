@@ -5,8 +5,10 @@
 //! beam search; the candidates are ranked by length-normalised log
 //! probability.
 
+use super::Backend;
 use crate::cpu;
-use crate::models::whisper::model::{CrossKv, KvCache, Whisper};
+use crate::error::Result;
+use crate::models::whisper::model::Whisper;
 use crate::models::whisper::tokens::Tokenizer;
 use crate::util::rng::Rng;
 
@@ -168,31 +170,23 @@ impl WindowDecoder<'_> {
         }
     }
 
-    /// Decodes one window whose cross-attention state is `cross`, after the
-    /// `prompt` tokens (previous text, start of transcript, language, task);
-    /// `sot_index` is where `<|startoftranscript|>` sits in `prompt`.
+    /// Decodes the window `backend` encoded last, after the `prompt` tokens
+    /// (previous text, start of transcript, language, task); `sot_index` is
+    /// where `<|startoftranscript|>` sits in `prompt`.
     pub fn decode(
         &self,
-        cross: &CrossKv,
+        backend: &mut dyn Backend,
         prompt: &[u32],
         sot_index: usize,
         st: &Strategy,
         rng: &mut Rng,
-    ) -> Decoded {
+    ) -> Result<Decoded> {
         let c = &self.model.config;
-        let dec = &self.model.decoder;
         let s = &self.tokenizer.specials;
         let eot = s.eot;
         let vocab = c.n_vocab;
 
-        let mut cache = dec.new_cache();
-        let hidden = dec.forward(c, prompt, std::slice::from_mut(&mut cache), cross);
-        let d = c.d_model;
-        let rows: Vec<f32> = [sot_index, prompt.len() - 1]
-            .iter()
-            .flat_map(|&r| hidden[r * d..(r + 1) * d].to_vec())
-            .collect();
-        let first = dec.logits(c, &rows);
+        let first = backend.prompt(prompt, &[sot_index, prompt.len() - 1])?;
         let no_speech_prob = match s.no_speech {
             Some(ns) => {
                 let mut p = first[..vocab].to_vec();
@@ -209,7 +203,7 @@ impl WindowDecoder<'_> {
         } else {
             1
         };
-        let mut caches: Vec<KvCache> = vec![cache; n_group];
+        backend.select(&vec![0; n_group])?;
         let mut logits: Vec<f32> = first[vocab..].repeat(n_group);
         let mut live: Vec<Candidate> = vec![
             Candidate {
@@ -229,7 +223,12 @@ impl WindowDecoder<'_> {
                 lps.push(log_softmax(row));
             }
             let completed = if beam {
-                self.beam_step(&mut live, &mut caches, &lps, &mut finished, max_candidates)
+                let (done, sources) =
+                    self.beam_step(&mut live, &lps, &mut finished, max_candidates);
+                if !done {
+                    backend.select(&sources)?;
+                }
+                done
             } else {
                 for (k, cand) in live.iter_mut().enumerate() {
                     if cand.tokens.last() == Some(&eot) {
@@ -255,8 +254,7 @@ impl WindowDecoder<'_> {
                 .iter()
                 .map(|c| *c.tokens.last().expect("one token per step"))
                 .collect();
-            let hidden = dec.forward(c, &next, &mut caches, cross);
-            logits = dec.logits(c, &hidden);
+            logits = backend.step(&next)?;
         }
 
         // Every candidate, cut at its end of text.
@@ -315,7 +313,7 @@ impl WindowDecoder<'_> {
             .nth(best)
             .expect("at least one candidate");
         let text = self.tokenizer.decode(&chosen.tokens);
-        Decoded {
+        Ok(Decoded {
             avg_logprob: chosen.sum / (chosen.tokens.len() + 1) as f32,
             compression_ratio: compression_ratio(text.trim()),
             text,
@@ -324,21 +322,21 @@ impl WindowDecoder<'_> {
             token_logprobs: chosen.logprobs,
             no_speech_prob,
             temperature: st.temperature,
-        }
+        })
     }
 
     /// One step of openai-whisper's beam search for one audio: extends each
     /// beam by its `beam_size + 1` best tokens, keeps the best `beam_size`
-    /// unfinished sequences (reordering the caches to match), and collects
-    /// finished ones. Returns whether enough have finished.
+    /// unfinished sequences, and collects finished ones. Returns whether
+    /// enough have finished, and the beam each kept sequence extends (the
+    /// decoder state to carry over).
     fn beam_step(
         &self,
         live: &mut Vec<Candidate>,
-        caches: &mut Vec<KvCache>,
         lps: &[Vec<f32>],
         finished: &mut Vec<Candidate>,
         max_candidates: usize,
-    ) -> bool {
+    ) -> (bool, Vec<usize>) {
         let eot = self.tokenizer.specials.eot;
         let n_beams = live.len();
         // Candidates in insertion order, deduplicated as a Python dict would.
@@ -382,9 +380,8 @@ impl WindowDecoder<'_> {
             }
             finished.push(cand);
         }
-        *caches = sources.iter().map(|&s| caches[s].clone()).collect();
         *live = next;
-        finished.len() >= max_candidates
+        (finished.len() >= max_candidates, sources)
     }
 }
 

@@ -11,7 +11,7 @@ pub mod words;
 
 use crate::error::{Error, Result};
 use crate::models::whisper::mel::{LogMel, HOP, N_FRAMES, SAMPLE_RATE};
-use crate::models::whisper::model::{CrossKv, Whisper};
+use crate::models::whisper::model::{CrossKv, KvCache, Whisper};
 use crate::models::whisper::WhisperFiles;
 use crate::util::rng::Rng;
 use decode::{Decoded, Rules, Strategy, WindowDecoder, TIME_PRECISION};
@@ -58,6 +58,15 @@ pub struct Options {
     pub append_punctuations: String,
 }
 
+impl Options {
+    /// The most sequences one window decodes at once (beams, or samples
+    /// on temperature fallback): what a backend must hold.
+    pub fn max_sequences(&self) -> usize {
+        let sampled = self.temperatures.iter().any(|&t| t > 0.0);
+        self.beam_size.max(if sampled { self.best_of } else { 1 })
+    }
+}
+
 impl Default for Options {
     fn default() -> Options {
         Options {
@@ -84,20 +93,91 @@ impl Default for Options {
     }
 }
 
-/// Turns one window of features [n_mels, 3000] into the decoder's
-/// cross-attention state: the encoder on the CPU or on a GPU.
-pub trait AudioEncoder {
-    fn encode(&mut self, mel: &[f32]) -> Result<CrossKv>;
+/// The network transcription runs on, the CPU reference or a GPU: it
+/// encodes one 30 s window, then runs the decoder over it for a set of
+/// sequences (one, or the candidates of a beam search or of sampling) that
+/// grow one token per step. The search itself ([`decode`]) is the same for
+/// every backend.
+pub trait Backend {
+    /// Encodes one window of features [n_mels, 3000]; the decoder attends
+    /// to it until the next call.
+    fn encode(&mut self, mel: &[f32]) -> Result<()>;
+    /// The window's cross-attention state on the host (word alignment reads it).
+    fn cross_kv(&mut self) -> Result<&CrossKv>;
+    /// Runs `prompt` as the only sequence (dropping any others) and returns
+    /// the logits after its rows `rows` [rows.len(), n_vocab].
+    fn prompt(&mut self, prompt: &[u32], rows: &[usize]) -> Result<Vec<f32>>;
+    /// Sequence i becomes a copy of sequence `sources[i]`: forks the prompt
+    /// into candidates, reorders beams.
+    fn select(&mut self, sources: &[usize]) -> Result<()>;
+    /// Appends `tokens[i]` to sequence i; the logits after them [n, n_vocab].
+    fn step(&mut self, tokens: &[u32]) -> Result<Vec<f32>>;
 }
 
-/// The CPU reference encoder.
-pub struct CpuEncoder<'a>(pub &'a Whisper);
+/// The CPU reference.
+pub struct CpuBackend<'a> {
+    model: &'a Whisper,
+    cross: Option<CrossKv>,
+    caches: Vec<KvCache>,
+}
 
-impl AudioEncoder for CpuEncoder<'_> {
-    fn encode(&mut self, mel: &[f32]) -> Result<CrossKv> {
-        let m = self.0;
+impl<'a> CpuBackend<'a> {
+    pub fn new(model: &'a Whisper) -> CpuBackend<'a> {
+        CpuBackend {
+            model,
+            cross: None,
+            caches: Vec::new(),
+        }
+    }
+
+    fn window(&self) -> &CrossKv {
+        self.cross.as_ref().expect("decoder: no window encoded yet")
+    }
+}
+
+impl Backend for CpuBackend<'_> {
+    fn encode(&mut self, mel: &[f32]) -> Result<()> {
+        let m = self.model;
         let xa = m.encoder.forward(&m.config, mel);
-        Ok(m.decoder.cross_kv(&xa))
+        self.cross = Some(m.decoder.cross_kv(&xa));
+        self.caches.clear();
+        Ok(())
+    }
+
+    fn cross_kv(&mut self) -> Result<&CrossKv> {
+        Ok(self.window())
+    }
+
+    fn prompt(&mut self, prompt: &[u32], rows: &[usize]) -> Result<Vec<f32>> {
+        let m = self.model;
+        let d = m.config.d_model;
+        let mut cache = m.decoder.new_cache();
+        let hidden = m.decoder.forward(
+            &m.config,
+            prompt,
+            std::slice::from_mut(&mut cache),
+            self.window(),
+        );
+        self.caches = vec![cache];
+        let picked: Vec<f32> = rows
+            .iter()
+            .flat_map(|&r| hidden[r * d..(r + 1) * d].iter().copied())
+            .collect();
+        Ok(m.decoder.logits(&m.config, &picked))
+    }
+
+    fn select(&mut self, sources: &[usize]) -> Result<()> {
+        self.caches = sources.iter().map(|&s| self.caches[s].clone()).collect();
+        Ok(())
+    }
+
+    fn step(&mut self, tokens: &[u32]) -> Result<Vec<f32>> {
+        let m = self.model;
+        let cross = self.cross.as_ref().expect("decoder: no window encoded yet");
+        let hidden = m
+            .decoder
+            .forward(&m.config, tokens, &mut self.caches, cross);
+        Ok(m.decoder.logits(&m.config, &hidden))
     }
 }
 
@@ -172,22 +252,13 @@ fn resolve_language(files: &WhisperFiles, opts: &Options) -> Result<Option<u32>>
 /// language tokens. Returns the token and its probability.
 pub fn detect_language(
     files: &WhisperFiles,
-    encoder: &mut dyn AudioEncoder,
+    backend: &mut dyn Backend,
     mel: &LogMel,
 ) -> Result<(u32, f32)> {
-    let m = &files.model;
     let s = &files.tokenizer.specials;
     // The first 3000 frames of the padded signal (not zero-filled).
-    let window = mel.frames(0, N_FRAMES);
-    let cross = encoder.encode(&window)?;
-    let mut cache = m.decoder.new_cache();
-    let hidden = m.decoder.forward(
-        &m.config,
-        &[s.sot],
-        std::slice::from_mut(&mut cache),
-        &cross,
-    );
-    let logits = m.decoder.logits(&m.config, &hidden);
+    backend.encode(&mel.frames(0, N_FRAMES))?;
+    let logits = backend.prompt(&[s.sot], &[0])?;
     let langs: Vec<u32> = s.languages.iter().map(|&(_, t)| t).collect();
     let max = langs
         .iter()
@@ -209,7 +280,7 @@ pub fn detect_language(
 /// as its window is done (for streaming output and progress).
 pub fn transcribe(
     files: &WhisperFiles,
-    encoder: &mut dyn AudioEncoder,
+    backend: &mut dyn Backend,
     samples: &[f32],
     opts: &Options,
     on_segment: &mut dyn FnMut(&Segment, f64) -> Result<()>,
@@ -240,7 +311,7 @@ pub fn transcribe(
     let language_token = match resolve_language(files, opts)? {
         Some(t) => Some(t),
         None if multilingual => {
-            let (t, p) = detect_language(files, encoder, &mel)?;
+            let (t, p) = detect_language(files, backend, &mel)?;
             language_probability = Some(p);
             Some(t)
         }
@@ -340,7 +411,7 @@ pub fn transcribe(
         let time_offset = (seek * HOP) as f64 / SAMPLE_RATE as f64;
         let segment_size = N_FRAMES.min(content_frames - seek);
         let segment_duration = (segment_size * HOP) as f64 / SAMPLE_RATE as f64;
-        let cross = encoder.encode(&mel.window(seek, segment_size))?;
+        backend.encode(&mel.window(seek, segment_size))?;
 
         let previous = &all_tokens[prompt_reset_since..];
         let mut prompt = Vec::new();
@@ -354,8 +425,8 @@ pub fn transcribe(
         prompt.extend_from_slice(&sot_sequence);
 
         let result = decode_with_fallback(
-            &decoder, &cross, &prompt, sot_index, opts, sample_len, &mut rng,
-        );
+            &decoder, backend, &prompt, sot_index, opts, sample_len, &mut rng,
+        )?;
         if let Some(threshold) = opts.no_speech_threshold {
             let confident = opts
                 .logprob_threshold
@@ -414,7 +485,8 @@ pub fn transcribe(
             seek += segment_size;
         }
         if opts.word_timestamps {
-            aligner.add_word_timestamps(&cross, &mut spans, time_offset, segment_size, last_speech);
+            let cross = backend.cross_kv()?;
+            aligner.add_word_timestamps(cross, &mut spans, time_offset, segment_size, last_speech);
             if !single_timestamp_ending {
                 if let Some(end) = words::get_end(&spans).filter(|&e| e > time_offset) {
                     seek = (end * 100.0).round_ties_even() as usize;
@@ -478,13 +550,13 @@ pub fn transcribe(
 /// too repetitive nor too unlikely (or is judged silence).
 fn decode_with_fallback(
     decoder: &WindowDecoder,
-    cross: &CrossKv,
+    backend: &mut dyn Backend,
     prompt: &[u32],
     sot_index: usize,
     opts: &Options,
     sample_len: usize,
     rng: &mut Rng,
-) -> Decoded {
+) -> Result<Decoded> {
     let mut result = Decoded::default();
     for &temperature in &opts.temperatures {
         let strategy = Strategy {
@@ -495,7 +567,7 @@ fn decode_with_fallback(
             length_penalty: opts.length_penalty,
             sample_len,
         };
-        result = decoder.decode(cross, prompt, sot_index, &strategy, rng);
+        result = decoder.decode(backend, prompt, sot_index, &strategy, rng)?;
         let too_repetitive = opts
             .compression_ratio_threshold
             .is_some_and(|t| result.compression_ratio > t);
@@ -513,5 +585,5 @@ fn decode_with_fallback(
             break;
         }
     }
-    result
+    Ok(result)
 }

@@ -6,7 +6,7 @@
 //! transcribed as one signal, and every time is mapped back to the
 //! original audio (`SpeechTimestampsMap`, `restore_speech_timestamps`).
 
-use super::{transcribe, AudioEncoder, Options, Segment, Transcript};
+use super::{transcribe, Backend, Options, Segment, Transcript};
 use crate::error::{Error, Result};
 use crate::models::silero_vad::{SileroVad, SAMPLE_RATE, WINDOW};
 use crate::models::whisper::WhisperFiles;
@@ -246,7 +246,7 @@ pub struct SpeechTranscript {
 /// audio, also those `on_segment` sees.
 pub fn transcribe_speech(
     files: &WhisperFiles,
-    encoder: &mut dyn AudioEncoder,
+    backend: &mut dyn Backend,
     vad: &SileroVad,
     samples: &[f32],
     opts: &Options,
@@ -276,7 +276,7 @@ pub fn transcribe_speech(
             let chunk = map.chunk_index(done, true);
             on_segment(&seg, map.original_time(done, chunk))
         };
-        transcribe(files, encoder, &joined, opts, &mut restored)?
+        transcribe(files, backend, &joined, opts, &mut restored)?
     };
     for seg in &mut transcript.segments {
         map.restore(seg);
