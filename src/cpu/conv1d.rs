@@ -30,9 +30,10 @@ impl Conv1dShape {
 /// row at a time, in tiles of this many steps that stay in L1.
 const TILE: usize = 512;
 /// Dense convolutions: a block of OB output channels x TB time steps is
-/// accumulated in registers over every input channel and tap.
-const OB: usize = 4;
-const TB: usize = 16;
+/// accumulated in registers over every input channel and tap (16 zmm or
+/// 4 x 8 ymm accumulators).
+const OB: usize = 8;
+const TB: usize = 32;
 
 /// x: [c_in, t_in], w: [c_out, c_in / groups, k], bias: `[c_out]` or none
 /// -> y: [c_out, t_out] (stride 1). Work is split over output channels.
@@ -84,6 +85,7 @@ fn conv1d_dense(
         let n = t_in.min(len.saturating_sub(s.pad_left));
         xp[i * len + s.pad_left..][..n].copy_from_slice(&x[i * t_in..][..n]);
     }
+    let isa = Isa::detect();
     y.par_chunks_mut(OB * t_out)
         .enumerate()
         .for_each(|(ob, rows)| {
@@ -98,13 +100,8 @@ fn conv1d_dense(
                     }
                 }
             }
-            let avx2 = has_avx2();
             for t0 in (0..t_out).step_by(TB) {
-                let acc = if avx2 {
-                    dense_tile_avx2(&xp, len, &wp, c_in, kernel, d, t0)
-                } else {
-                    dense_tile(&xp, len, &wp, c_in, kernel, d, t0)
-                };
+                let acc = isa.tile(&xp, len, &wp, c_in, kernel, d, t0);
                 let n = TB.min(t_out - t0);
                 for (oo, a) in acc.iter().enumerate().take(n_o) {
                     let b = bias.map_or(0.0, |b| b[o0 + oo]);
@@ -116,20 +113,75 @@ fn conv1d_dense(
         });
 }
 
-fn has_avx2() -> bool {
-    #[cfg(target_arch = "x86_64")]
-    {
-        std::arch::is_x86_feature_detected!("avx2")
+/// Which build of the dense tile runs. Every build does the same
+/// operations per output (a product rounded, then added, over input
+/// channels then taps, no fused multiply-add), so all give the same bits.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Isa {
+    Portable,
+    Avx2,
+    Avx512,
+}
+
+impl Isa {
+    /// The widest the CPU has; `LFM_CONV1D=portable|avx2` asks for a
+    /// narrower one (to time them against each other).
+    fn detect() -> Isa {
+        static ISA: std::sync::OnceLock<Isa> = std::sync::OnceLock::new();
+        *ISA.get_or_init(|| {
+            let want = std::env::var("LFM_CONV1D").unwrap_or_default();
+            let best = Isa::available();
+            match want.as_str() {
+                "portable" => Isa::Portable,
+                "avx2" if best != Isa::Portable => Isa::Avx2,
+                _ => best,
+            }
+        })
     }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        false
+
+    fn available() -> Isa {
+        #[cfg(target_arch = "x86_64")]
+        {
+            if std::arch::is_x86_feature_detected!("avx512f") {
+                return Isa::Avx512;
+            }
+            if std::arch::is_x86_feature_detected!("avx2") {
+                return Isa::Avx2;
+            }
+        }
+        Isa::Portable
+    }
+
+    /// One OB x TB output block: xp is the padded input ([c_in, len]), wp
+    /// the block's weights ([c_in, k, OB]).
+    #[allow(clippy::too_many_arguments)]
+    fn tile(
+        self,
+        xp: &[f32],
+        len: usize,
+        wp: &[f32],
+        c_in: usize,
+        kernel: usize,
+        d: usize,
+        t0: usize,
+    ) -> [[f32; TB]; OB] {
+        // What the SIMD builds read without bounds checks.
+        assert!(xp.len() >= c_in * len && t0 + d * (kernel - 1) + TB <= len);
+        assert!(wp.len() >= c_in * kernel * OB);
+        match self {
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: Avx512 / Avx2 come from `available` (the CPU has the
+            // feature); the reads are in range by the asserts above.
+            Isa::Avx512 => unsafe { simd::tile_avx512(xp, len, wp, c_in, kernel, d, t0) },
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx2 => unsafe { simd::tile_avx2(xp, len, wp, c_in, kernel, d, t0) },
+            _ => dense_tile(xp, len, wp, c_in, kernel, d, t0),
+        }
     }
 }
 
-/// One OB x TB output block of a dense convolution: xp is the padded input
-/// ([c_in, len]), wp the block's weights ([c_in, k, OB]).
-#[inline(always)]
+/// The dense tile written plainly (the portable build, and the definition
+/// the SIMD builds match bit for bit).
 fn dense_tile(
     xp: &[f32],
     len: usize,
@@ -155,37 +207,88 @@ fn dense_tile(
     acc
 }
 
-/// [`dense_tile`] compiled for AVX2 when the CPU has it (8-wide registers
-/// hold the block), else the portable build.
-fn dense_tile_avx2(
-    xp: &[f32],
-    len: usize,
-    wp: &[f32],
-    c_in: usize,
-    kernel: usize,
-    d: usize,
-    t0: usize,
-) -> [[f32; TB]; OB] {
-    #[cfg(target_arch = "x86_64")]
-    {
-        #[target_feature(enable = "avx2")]
-        unsafe fn inner(
-            xp: &[f32],
-            len: usize,
-            wp: &[f32],
-            c_in: usize,
-            kernel: usize,
-            d: usize,
-            t0: usize,
-        ) -> [[f32; TB]; OB] {
-            dense_tile(xp, len, wp, c_in, kernel, d, t0)
+/// The dense tile in intrinsics: the autovectoriser left the plain loop
+/// scalar, with the accumulators in memory.
+#[cfg(target_arch = "x86_64")]
+mod simd {
+    use super::{OB, TB};
+    use std::arch::x86_64::*;
+
+    /// Callers: the CPU has AVX-512F; xp[i * len + t0 + k * d..][..TB] and
+    /// wp[..c_in * kernel * OB] are in range.
+    #[target_feature(enable = "avx512f")]
+    pub(super) unsafe fn tile_avx512(
+        xp: &[f32],
+        len: usize,
+        wp: &[f32],
+        c_in: usize,
+        kernel: usize,
+        d: usize,
+        t0: usize,
+    ) -> [[f32; TB]; OB] {
+        let mut acc = [[_mm512_setzero_ps(); TB / 16]; OB];
+        let (xb, wb) = (xp.as_ptr(), wp.as_ptr());
+        for i in 0..c_in {
+            for k in 0..kernel {
+                // SAFETY: in range by the caller's contract.
+                unsafe {
+                    let xs = xb.add(i * len + t0 + k * d);
+                    let x = [_mm512_loadu_ps(xs), _mm512_loadu_ps(xs.add(16))];
+                    let ws = wb.add((i * kernel + k) * OB);
+                    for (o, a) in acc.iter_mut().enumerate() {
+                        let w = _mm512_set1_ps(*ws.add(o));
+                        for (av, &xv) in a.iter_mut().zip(&x) {
+                            *av = _mm512_add_ps(*av, _mm512_mul_ps(w, xv));
+                        }
+                    }
+                }
+            }
         }
-        // SAFETY: called only after has_avx2() returned true.
-        unsafe { inner(xp, len, wp, c_in, kernel, d, t0) }
+        let mut out = [[0.0f32; TB]; OB];
+        for (row, a) in out.iter_mut().zip(&acc) {
+            for (j, &av) in a.iter().enumerate() {
+                // SAFETY: row holds TB = 2 x 16 floats.
+                unsafe { _mm512_storeu_ps(row.as_mut_ptr().add(16 * j), av) };
+            }
+        }
+        out
     }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        dense_tile(xp, len, wp, c_in, kernel, d, t0)
+
+    /// Callers: the CPU has AVX2; the same ranges as [`tile_avx512`]. The
+    /// block in four 8 x 8 passes (8 accumulators of 16 ymm registers).
+    #[target_feature(enable = "avx2")]
+    pub(super) unsafe fn tile_avx2(
+        xp: &[f32],
+        len: usize,
+        wp: &[f32],
+        c_in: usize,
+        kernel: usize,
+        d: usize,
+        t0: usize,
+    ) -> [[f32; TB]; OB] {
+        let mut out = [[0.0f32; TB]; OB];
+        let (xb, wb) = (xp.as_ptr(), wp.as_ptr());
+        for j in 0..TB / 8 {
+            let mut acc = [_mm256_setzero_ps(); OB];
+            for i in 0..c_in {
+                for k in 0..kernel {
+                    // SAFETY: in range by the caller's contract.
+                    unsafe {
+                        let x = _mm256_loadu_ps(xb.add(i * len + t0 + k * d + 8 * j));
+                        let ws = wb.add((i * kernel + k) * OB);
+                        for (o, av) in acc.iter_mut().enumerate() {
+                            let w = _mm256_set1_ps(*ws.add(o));
+                            *av = _mm256_add_ps(*av, _mm256_mul_ps(w, x));
+                        }
+                    }
+                }
+            }
+            for (row, &av) in out.iter_mut().zip(&acc) {
+                // SAFETY: row holds TB floats, 8 j + 8 <= TB.
+                unsafe { _mm256_storeu_ps(row.as_mut_ptr().add(8 * j), av) };
+            }
+        }
+        out
     }
 }
 
@@ -356,6 +459,29 @@ mod tests {
             let want = conv1d_naive(&x, t, &w, &b, &s);
             for (a, b) in y.iter().zip(&want) {
                 assert!((a - b).abs() < 1e-4, "{s:?}: {a} vs {b}");
+            }
+        }
+    }
+
+    #[test]
+    fn simd_tiles_are_bit_equal_to_the_plain_one() {
+        let mut rng = crate::util::rng::Rng::new(5);
+        let (c_in, kernel, d) = (37, 5, 3);
+        let len = 3 * TB + d * (kernel - 1);
+        let xp = rng.vec(c_in * len, -1.0, 1.0);
+        let wp = rng.vec(c_in * kernel * OB, -1.0, 1.0);
+        let best = Isa::available();
+        for isa in [Isa::Avx2, Isa::Avx512] {
+            if isa == Isa::Avx512 && best != Isa::Avx512 || best == Isa::Portable {
+                eprintln!("{isa:?}: not on this CPU");
+                continue;
+            }
+            for t0 in [0, TB, 2 * TB] {
+                let want = dense_tile(&xp, len, &wp, c_in, kernel, d, t0);
+                let got = isa.tile(&xp, len, &wp, c_in, kernel, d, t0);
+                for (a, b) in got.iter().flatten().zip(want.iter().flatten()) {
+                    assert_eq!(a.to_bits(), b.to_bits(), "{isa:?} t0={t0}");
+                }
             }
         }
     }
