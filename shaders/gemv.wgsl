@@ -51,10 +51,6 @@ struct Params {
     cols: u32,      // COLS: activation columns
     x_stride: u32,  // COLS: floats between columns of x
     y_stride: u32,  // COLS: floats between columns of y
-    nb: u32,        // TILE: columns per workgroup
-    act: u32,       // TILE: threads whose sums are kept (the rest hold zeros)
-    _p0: u32,
-    _p1: u32,
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
@@ -93,10 +89,7 @@ const S: u32 = 64u;
 #else
 const S: u32 = 128u;
 #endif
-#if TILE
-#else
 var<workgroup> red: array<vec4<f32>, 512>; // (3 parts + ss) * S
-#endif
 
 fn load8(off: u32, e0: u32) -> W8 {
     let b = off + e0;
@@ -144,36 +137,21 @@ fn gate_act(v: f32) -> f32 {
 }
 
 // Workgroup sums of the parts' row sums a0..a2 and of ss, left in
-// red[q * S] (q = 3: ss); every thread calls it (it has barriers). The
-// order of the additions is spelled out (not subgroupAdd's, which a driver
-// picks) so that TILE can repeat it: within each subgroup a butterfly, lane
-// l + d added to lane l for d = ssize / 2 .. 1 (the same tree as the
-// shared-memory one, restricted to the subgroup), then the subgroups' sums
-// in order from zero.
+// red[q * S] (q = 3: ss); every thread calls it (it has barriers).
 #if SUBGROUPS
-fn sg_sum(v: vec4<f32>, ssize: u32) -> vec4<f32> {
-    var s = v;
-    for (var d = ssize / 2u; d > 0u; d >>= 1u) {
-        s += subgroupShuffleXor(s, d);
-    }
-    return s;
-}
-
-#if TILE
-#else
 fn reduce_parts(a0: vec4<f32>, a1: vec4<f32>, a2: vec4<f32>, ss: f32, lid: u32, sid: u32,
                 ssize: u32) {
     let nsg = (WG + ssize - 1u) / ssize;
     let sg = lid / ssize;
-    let s0 = sg_sum(a0, ssize);
-    let s1 = sg_sum(a1, ssize);
-    let s2 = sg_sum(a2, ssize);
-    let s3 = sg_sum(vec4<f32>(ss), ssize);
+    let s0 = subgroupAdd(a0);
+    let s1 = subgroupAdd(a1);
+    let s2 = subgroupAdd(a2);
+    let s3 = subgroupAdd(ss);
     if (sid == 0u) {
         red[sg] = s0;
         red[S + sg] = s1;
         red[2u * S + sg] = s2;
-        red[3u * S + sg] = s3;
+        red[3u * S + sg] = vec4<f32>(s3);
     }
     workgroupBarrier();
     if (lid < 4u) {
@@ -185,9 +163,6 @@ fn reduce_parts(a0: vec4<f32>, a1: vec4<f32>, a2: vec4<f32>, ss: f32, lid: u32, 
     }
     workgroupBarrier();
 }
-#endif
-#else
-#if TILE
 #else
 fn reduce_parts(a0: vec4<f32>, a1: vec4<f32>, a2: vec4<f32>, ss: f32, lid: u32) {
     red[lid] = a0;
@@ -204,7 +179,6 @@ fn reduce_parts(a0: vec4<f32>, a1: vec4<f32>, a2: vec4<f32>, ss: f32, lid: u32) 
         workgroupBarrier();
     }
 }
-#endif
 #endif
 
 // Eight weights times eight activations.
@@ -250,193 +224,6 @@ fn col_x(col: u32, last_col: u32, e0: u32) -> W8 {
 fn sq8(v: W8) -> f32 {
     return dot(v.a, v.a) + dot(v.b, v.b);
 }
-
-#if TILE
-// TILE: a workgroup takes R rows and p.nb columns. Each thread keeps the
-// single kernel's per-thread sums (the same units u = lid, lid + WG, ..., in
-// the same order) for every (part, column) in workgroup memory, the weights
-// dequantised once per unit for all p.nb columns; then every sum goes through
-// the single kernel's reduction tree (reduce_parts), now done for all of them
-// at once by all the threads rather than a butterfly per column.
-// Workgroup memory: one vec4 (the R rows) per slot and thread below p.act:
-// slot c NP + part for column c, then the columns' sums of squares, four
-// columns a slot (NORM).
-#if SUBGROUPS
-const TV: u32 = 2048u; // 32 KiB
-#else
-const TV: u32 = 1024u; // 16 KiB
-#endif
-var<workgroup> pv: array<vec4<f32>, TV>;
-
-#if CONV
-const NP: u32 = 3u;
-#else
-#if SWIGLU
-const NP: u32 = 2u;
-#else
-const NP: u32 = 1u;
-#endif
-#endif
-
-@compute @workgroup_size(WG)
-fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-        @builtin(local_invocation_index) lid: u32
-#if SUBGROUPS
-        , @builtin(subgroup_size) ssize: u32
-#endif
-) {
-    let first = (wid.z * nwg.y + wid.y) * R;
-    let nb = p.nb;
-    let col0 = wid.x * nb;
-    let ncol = min(nb, p.cols - col0);
-    let act = p.act;
-#if NORM
-    let nslot = nb * NP + (nb + 3u) / 4u;
-#else
-    let nslot = nb * NP;
-#endif
-    if (lid < act) {
-        for (var q = 0u; q < nslot; q++) {
-            pv[q * act + lid] = vec4<f32>();
-        }
-    }
-    let units = (p.k + 7u) / 8u;
-    for (var u = lid; u < units; u += WG) {
-        let e0 = u * 8u;
-        let w0 = w8x4(0u, first, e0);
-#if SWIGLU
-        let w1 = w8x4(p.rows, first, e0);
-#endif
-#if CONV
-        let w1 = w8x4(p.rows, first, e0);
-        let w2 = w8x4(2u * p.rows, first, e0);
-#endif
-#if NORM
-        let g = norm8(e0);
-#endif
-        for (var c = 0u; c < ncol; c++) {
-            let xv = load8(p.x_off + (col0 + c) * p.x_stride, e0);
-#if NORM
-            let si = (nb * NP + c / 4u) * act + lid;
-            pv[si][c % 4u] = pv[si][c % 4u] + sq8(xv);
-            let n = W8(xv.a * g.a, xv.b * g.b);
-#else
-            let n = xv;
-#endif
-            let q = c * NP * act + lid;
-            pv[q] = pv[q] + dotw4(w0, n);
-#if SWIGLU
-            pv[q + act] = pv[q + act] + dotw4(w1, n);
-#endif
-#if CONV
-            pv[q + act] = pv[q + act] + dotw4(w1, n);
-            pv[q + 2u * act] = pv[q + 2u * act] + dotw4(w2, n);
-#endif
-        }
-    }
-    workgroupBarrier();
-
-    // reduce_parts' tree for every slot: within each segment of seg threads
-    // (a subgroup; without subgroups the whole workgroup), lane l + d added
-    // to lane l for d = seg / 2 .. 1; threads at or past act hold zeros.
-#if SUBGROUPS
-    let seg = ssize;
-#else
-    let seg = WG;
-#endif
-    let nseg = (act + seg - 1u) / seg;
-    for (var d = WG / 2u; d > 0u; d >>= 1u) {
-        if (d < seg) {
-            let n = nslot * nseg * d;
-            for (var i = lid; i < n; i += WG) {
-                let l = i % d;
-                let rest = i / d;
-                let s = rest % nseg;
-                let vs = min(seg, act - s * seg);
-                if (l < vs) {
-                    let a = (rest / nseg) * act + s * seg + l;
-                    var other = vec4<f32>();
-                    if (l + d < vs) {
-                        other = pv[a + d];
-                    }
-                    pv[a] = pv[a] + other;
-                }
-            }
-        }
-        workgroupBarrier();
-    }
-
-    // Thread lid: row lid % R of column lid / R.
-    let r = lid % R;
-    let c = lid / R;
-    let row = first + r;
-    if (c >= ncol || row >= p.rows) {
-        return;
-    }
-    var v0 = tile_sum(c * NP, act, seg, nseg)[r];
-    var v1 = 0.0;
-    var v2 = 0.0;
-#if SWIGLU
-    v1 = tile_sum(c * NP + 1u, act, seg, nseg)[r];
-#endif
-#if CONV
-    v1 = tile_sum(c * NP + 1u, act, seg, nseg)[r];
-    v2 = tile_sum(c * NP + 2u, act, seg, nseg)[r];
-#endif
-#if NORM
-    let sq = tile_sum(nb * NP + c / 4u, act, seg, nseg)[c % 4u];
-    let scale = inverseSqrt(sq / f32(p.k) + p.eps);
-    v0 *= scale;
-    v1 *= scale;
-    v2 *= scale;
-#endif
-    let col = col0 + c;
-    let o = col * p.y_stride + p.out_off + row;
-#if SWIGLU
-    y[o] = gate_act(v0) * v1;
-#else
-#if CONV
-    let ch = p.out_off + row;
-    let l = p.conv_l;
-    let pos = step[8u * col + 1u];
-    let base = step[8u * col + 5u];
-    let bx = v0 * v2;
-    var a = 0.0;
-    let ring = p.ring;
-    for (var j = 0u; j + 1u < l; j++) {
-        a += conv[ch * l + j] * state[(base + (pos + ring + 1u + j - l) % ring) * p.hidden + ch];
-    }
-    a += conv[ch * l + l - 1u] * bx;
-    state[(base + pos % ring) * p.hidden + ch] = bx;
-    y[o] = v1 * a;
-#else
-#if ADD
-    y[o] = y[o] + v0;
-#else
-    y[o] = v0;
-#endif
-#endif
-#endif
-}
-
-// Slot q's workgroup sum, as reduce_parts finishes it: with subgroups the
-// segments' sums added in order from zero (the subgroups past act, all
-// zeros, add one +0); without, the tree's root.
-fn tile_sum(q: u32, act: u32, seg: u32, nseg: u32) -> vec4<f32> {
-#if SUBGROUPS
-    var t = vec4<f32>();
-    for (var s = 0u; s < nseg; s++) {
-        t += pv[q * act + s * seg];
-    }
-    if (nseg * seg < WG) {
-        t += vec4<f32>();
-    }
-    return t;
-#else
-    return pv[q * act];
-#endif
-}
-#else
 
 @compute @workgroup_size(WG)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
@@ -598,7 +385,6 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
 #endif
     }
 }
-#endif
 #else
 @compute @workgroup_size(WG)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,

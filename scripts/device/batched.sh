@@ -18,8 +18,7 @@
 #      -npl 1,8,64,256 on the same file.
 #
 # Environment: OUT (required), WORK (default /tmp/lfm-llm), BIN (default
-# target/release), TILES (the LFM_BATCH_TILE values timed; default cols4
-# tile:4 tile:8 tile). Results: $OUT/batched-*.{md,txt,log}; a failed step is
+# target/release). Results: $OUT/batched-*.{md,txt,log}; a failed step is
 # reported and the rest still run; exit status: the number of failed steps.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -62,12 +61,6 @@ else
 fi
 
 step 540 batched-scoreboard.md "$BIN/scoreboard" "${model[@]}" -b gpu --batch 1,8,64,256 -p 128 -n 128
-# The batched GEMVs' column groupings (LFM_BATCH_TILE; the run above: the
-# default, tile): 64 and 256 sequences, a profile of 8 steps each.
-for t in ${TILES:-cols4 tile:4 tile:8 tile}; do
-    LFM_BATCH_TILE=$t step 300 "batched-tile-${t/:/}.md" "$BIN/scoreboard" "${model[@]}" -b gpu \
-        --batch 64,256 -p 128 -n 64 --profile 8
-done
 
 if [[ -f $GGUF && -f $SRC/build/build.ninja ]]; then
     [[ -x $LB/llama-batched-bench ]] ||

@@ -204,11 +204,6 @@ macro_rules! format_kernel {
         format_kernel!(@sets $ident, $name, $file, [$($b),*], $params, [$($d),*], [],
             [[] ["COOP", "F16", "SUBGROUPS"] ["COOP", "F16", "SUBGROUPS", "WIDE"]]);
     };
-    // The batched GEMVs: 4-column groups and TILE, each with and without subgroups.
-    ($ident:ident, $name:literal, $file:literal, [$($b:expr),*], $params:ty, [$($d:literal),*], cols) => {
-        format_kernel!(@sets $ident, $name, $file, [$($b),*], $params, [$($d),*], [],
-            [[] ["SUBGROUPS"] ["TILE"] ["SUBGROUPS", "TILE"]]);
-    };
     // Each feature set `$f` adds one variant per format to the list `$acc`.
     (@sets $ident:ident, $name:literal, $file:literal, [$($b:expr),*], $params:ty, [$($d:literal),*],
      [$($acc:tt)*], [[$($f:literal),*] $($rest:tt)*]) => {
@@ -248,12 +243,8 @@ struct GemvParams {
     cols: u32,
     x_stride: u32,
     y_stride: u32,
-    /// TILE: columns per workgroup, and threads whose sums are kept.
-    nb: u32,
-    act: u32,
-    _pad: [u32; 2],
 }
-const _: () = assert!(std::mem::size_of::<GemvParams>() == 64);
+const _: () = assert!(std::mem::size_of::<GemvParams>() == 48);
 
 format_kernel!(
     GEMV,
@@ -341,7 +332,7 @@ format_kernel!(
     [Binding::read("w"), Binding::read("x"), Binding::write("y")],
     GemvParams,
     ["COLS"],
-    cols
+    subgroups
 );
 format_kernel!(
     GEMV_COLS_ADD,
@@ -350,7 +341,7 @@ format_kernel!(
     [Binding::read("w"), Binding::read("x"), Binding::write("y")],
     GemvParams,
     ["COLS", "ADD"],
-    cols
+    subgroups
 );
 format_kernel!(
     GEMV_COLS_NORM,
@@ -364,7 +355,7 @@ format_kernel!(
     ],
     GemvParams,
     ["COLS", "NORM"],
-    cols
+    subgroups
 );
 format_kernel!(
     GEMV_COLS_SWIGLU,
@@ -378,7 +369,7 @@ format_kernel!(
     ],
     GemvParams,
     ["COLS", "NORM", "SWIGLU"],
-    cols
+    subgroups
 );
 format_kernel!(
     GEMV_COLS_GEGLU,
@@ -392,7 +383,7 @@ format_kernel!(
     ],
     GemvParams,
     ["COLS", "NORM", "SWIGLU", "GELU"],
-    cols
+    subgroups
 );
 format_kernel!(
     GEMV_COLS_CONV,
@@ -409,100 +400,11 @@ format_kernel!(
     ],
     GemvParams,
     ["COLS", "NORM", "CONV"],
-    cols
+    subgroups
 );
 
-/// Activation columns one 4-column batched GEMV workgroup takes (`NB` in
-/// gemv.wgsl).
+/// Activation columns one batched GEMV workgroup takes (`NB` in gemv.wgsl).
 pub const GEMV_COLS_PER_GROUP: usize = 4;
-
-/// How the batched GEMVs group their columns: `LFM_BATCH_TILE` = `cols4`,
-/// `tile` (the default) or `tile:N` (at most N columns a workgroup).
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub enum ColsTile {
-    /// 4 columns a workgroup, each column's sums reduced on their own.
-    Cols4,
-    /// TILE (gemv.wgsl): as many columns a workgroup as its memory holds,
-    /// at most `max`, every sum reduced together.
-    Tile { max: Option<usize> },
-}
-
-impl ColsTile {
-    /// The environment variable that picks the grouping.
-    pub const ENV: &'static str = "LFM_BATCH_TILE";
-
-    /// Parses `cols4`, `tile` or `tile:N` (N >= 1).
-    pub fn parse(s: &str) -> Result<ColsTile> {
-        let bad = || {
-            Error::gpu(format!(
-                "{}={s:?}: expected cols4, tile or tile:N with N >= 1",
-                Self::ENV
-            ))
-        };
-        match s {
-            "cols4" => Ok(ColsTile::Cols4),
-            "tile" => Ok(ColsTile::Tile { max: None }),
-            _ => {
-                let n: usize = s
-                    .strip_prefix("tile:")
-                    .and_then(|n| n.parse().ok())
-                    .ok_or_else(bad)?;
-                if n == 0 {
-                    return Err(bad());
-                }
-                Ok(ColsTile::Tile { max: Some(n) })
-            }
-        }
-    }
-
-    /// The grouping `LFM_BATCH_TILE` asks for (TILE when unset).
-    pub fn from_env() -> Result<ColsTile> {
-        match std::env::var(Self::ENV) {
-            Ok(s) => Self::parse(&s),
-            Err(_) => Ok(ColsTile::Tile { max: None }),
-        }
-    }
-}
-
-/// TILE's workgroup memory in vec4s (`TV` in gemv.wgsl) and threads, with
-/// and without subgroups.
-const TILE_VEC4S: [usize; 2] = [1024, 2048];
-const TILE_THREADS: [usize; 2] = [128, 256];
-
-/// TILE's geometry for rows of `k` over `n` columns: (columns a workgroup,
-/// threads whose sums are kept), or None where its memory is more than
-/// the adapter's. With subgroups the kept threads are whole subgroups of
-/// up to 64 (gemv.wgsl's trees run within them).
-fn tile_shape(
-    gpu: &Gpu,
-    subgroups: bool,
-    max: Option<usize>,
-    k: usize,
-    parts: usize,
-    norm: bool,
-    n: usize,
-) -> Option<(usize, usize)> {
-    let s = usize::from(subgroups);
-    if gpu.caps.max_workgroup_storage < (TILE_VEC4S[s] * 16) as u32 {
-        return None;
-    }
-    let units = k.div_ceil(8).max(1);
-    let act = if subgroups {
-        units.next_multiple_of(64).min(TILE_THREADS[s])
-    } else {
-        units.min(TILE_THREADS[s])
-    };
-    let slots = TILE_VEC4S[s] / act;
-    let need = |nb: usize| nb * parts + if norm { nb.div_ceil(4) } else { 0 };
-    // One thread a (row, column) in the epilogue: at most threads / R columns.
-    let mut nb = (TILE_THREADS[s] / GEMV_ROWS)
-        .min(n)
-        .min(max.unwrap_or(usize::MAX));
-    while nb > 1 && need(nb) > slots {
-        nb -= 1;
-    }
-    Some((nb, act))
-}
 
 /// u32s of one row record of a batched decode step (the `step` binding of
 /// the batched kernels): [slot, pos, kv_len, splits, first KV cache row of
@@ -568,10 +470,9 @@ pub struct Cols {
 
 /// [`gemv`] over `cols.n` columns: y[j y_stride + out_off..] (+)= W
 /// x[x_off + j x_stride..] for each column j, the weights read once per
-/// group of columns ([`ColsTile::from_env`] says how many); column j comes
-/// out bit-equal to [`gemv`] on column j. A conv epilogue's `step` holds
-/// one row record ([`ROW_RECORD`]) per column: its position and its state's
-/// ring.
+/// [`GEMV_COLS_PER_GROUP`] columns; column j comes out bit-equal to [`gemv`]
+/// on column j. A conv epilogue's `step` holds one row record
+/// ([`ROW_RECORD`]) per column: its position and its state's ring.
 #[allow(clippy::too_many_arguments)]
 pub fn gemv_cols(
     gpu: &Gpu,
@@ -584,36 +485,8 @@ pub fn gemv_cols(
     out_off: usize,
     cols: Cols,
 ) -> Result<Vec<Dispatch>> {
-    let tile = ColsTile::from_env()?;
-    gemv_cols_tiled(gpu, subgroups, tile, w, epi, x, x_off, y, out_off, cols)
-}
-
-/// [`gemv_cols`] with the column grouping given.
-#[allow(clippy::too_many_arguments)]
-pub fn gemv_cols_tiled(
-    gpu: &Gpu,
-    subgroups: bool,
-    tile: ColsTile,
-    w: &GpuMatrix,
-    epi: &GemvEpilogue,
-    x: &wgpu::Buffer,
-    x_off: usize,
-    y: &wgpu::Buffer,
-    out_off: usize,
-    cols: Cols,
-) -> Result<Vec<Dispatch>> {
     assert!(cols.n > 0, "gemv_cols: no columns");
-    gemv_impl(
-        gpu,
-        subgroups,
-        w,
-        epi,
-        x,
-        x_off,
-        y,
-        out_off,
-        Some((cols, tile)),
-    )
+    gemv_impl(gpu, subgroups, w, epi, x, x_off, y, out_off, Some(cols))
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -626,7 +499,7 @@ fn gemv_impl(
     x_off: usize,
     y: &wgpu::Buffer,
     out_off: usize,
-    cols: Option<(Cols, ColsTile)>,
+    cols: Option<Cols>,
 ) -> Result<Vec<Dispatch>> {
     let (single, many, parts, defines): (&'static Kernel, &'static Kernel, usize, &[&'static str]) =
         match epi {
@@ -654,18 +527,6 @@ fn gemv_impl(
     } else {
         single
     };
-    // TILE's (columns a workgroup, kept threads), where it runs.
-    let tiled = match cols {
-        Some((c, ColsTile::Tile { max })) => {
-            let norm = !matches!(epi, GemvEpilogue::Store | GemvEpilogue::Add);
-            tile_shape(gpu, subgroups, max, w.k, parts, norm, c.n)
-        }
-        _ => None,
-    };
-    if tiled.is_some() {
-        extra.push("TILE");
-    }
-    let cols = cols.map(|(c, _)| c);
     assert_eq!(
         w.parts, parts,
         "{}: matrix has {} parts",
@@ -700,9 +561,6 @@ fn gemv_impl(
             cols: cols.map_or(1, |c| c.n) as u32,
             x_stride: cols.map_or(0, |c| c.x_stride) as u32,
             y_stride: cols.map_or(0, |c| c.y_stride) as u32,
-            nb: tiled.map_or(0, |t| t.0) as u32,
-            act: tiled.map_or(0, |t| t.1) as u32,
-            _pad: [0; 2],
         };
         let bufs: Vec<&wgpu::Buffer> = match epi {
             GemvEpilogue::Store | GemvEpilogue::Add => vec![&c.buf, x, y],
@@ -721,8 +579,11 @@ fn gemv_impl(
         if let Some(cols) = cols {
             // Column groups fastest: the workgroups of one weight block
             // run together (gemv.wgsl).
-            let per_group = tiled.map_or(GEMV_COLS_PER_GROUP, |t| t.0);
-            groups = [cols.n.div_ceil(per_group) as u32, groups[0], groups[1]];
+            groups = [
+                cols.n.div_ceil(GEMV_COLS_PER_GROUP) as u32,
+                groups[0],
+                groups[1],
+            ];
         }
         out.push(Dispatch {
             bound: gpu.bind(kernel, &variant, &bufs, &params)?,

@@ -1157,9 +1157,8 @@ fn assert_bits(what: &str, got: &[f32], want: &[f32]) {
     }
 }
 
-/// Batched GEMVs: for 1, 6 and 13 columns (4-column groups: one, two with
-/// the second partial, four; TILE: one or more groups as its memory allows,
-/// and groups of at most 5), column j of the batched kernel equals
+/// Batched GEMVs: for 1 and 6 columns (one 4-column group, and two with the
+/// second partial), column j of the batched kernel equals
 /// the single kernel (checked against the CPU by its own case) on column j,
 /// bit for bit: the batched kernel keeps the single one's per-thread sums
 /// and reduction for every column, so batched decode yields the tokens of a
@@ -1168,14 +1167,6 @@ fn gemv_cols(gpu: &Gpu, v: &Variant) {
     let (t, sub) = format_and_subgroups(v);
     let has = |d: &str| v.defines.contains(&d);
     let (swiglu, conv, add) = (has("SWIGLU"), has("CONV"), has("ADD"));
-    let tiles: &[llm_ops::ColsTile] = if has("TILE") {
-        &[
-            llm_ops::ColsTile::Tile { max: None },
-            llm_ops::ColsTile::Tile { max: Some(5) },
-        ]
-    } else {
-        &[llm_ops::ColsTile::Cols4]
-    };
     let mut rng = Rng::new(31);
     // Short rows and rows of several passes of the workgroup (kept few:
     // each column is checked against a dispatch of its own).
@@ -1188,7 +1179,7 @@ fn gemv_cols(gpu: &Gpu, v: &Variant) {
         // The conv block's projections are square ([3 d, d]).
         let rows_set: &[usize] = if conv { &[k] } else { &[5, 132] };
         for &rows in rows_set {
-            for (n, &tile) in [1, 6, 13].into_iter().zip(tiles.iter().cycle()) {
+            for n in [1, 6] {
                 let parts = if conv {
                     3
                 } else if swiglu {
@@ -1236,15 +1227,12 @@ fn gemv_cols(gpu: &Gpu, v: &Variant) {
                 let e = epilogue(v, &gn, &gc, &gstate, &gstep, taps, ring);
                 run(
                     gpu,
-                    &llm_ops::gemv_cols_tiled(
-                        gpu, sub, tile, &m, &e, &gx, x_off, &gy, out_off, cols,
-                    )
-                    .unwrap(),
+                    &llm_ops::gemv_cols(gpu, sub, &m, &e, &gx, x_off, &gy, out_off, cols).unwrap(),
                 );
                 let got = gpu.read_f32(&gy).unwrap();
                 let got_state = gpu.read_f32(&gstate).unwrap();
                 for j in 0..n {
-                    let what = format!("{} k={k} rows={rows} n={n} {tile:?} column {j}", v.key());
+                    let what = format!("{} k={k} rows={rows} n={n} column {j}", v.key());
                     let sy = gpu
                         .upload_f32("y", &y0[j * y_stride..(j + 1) * y_stride])
                         .unwrap();
