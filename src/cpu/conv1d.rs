@@ -117,6 +117,8 @@ fn conv1d_dense(
 /// operations per output (a product rounded, then added, over input
 /// channels then taps, no fused multiply-add), so all give the same bits.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+// Only x86-64 builds construct the SIMD variants.
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 enum Isa {
     Portable,
     Avx2,
