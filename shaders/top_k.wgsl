@@ -55,7 +55,10 @@ fn value(i: u32) -> f32 {
     let v = x[i];
     let on = ((allowed[i >> 5u] >> (i & 31u)) & 1u) == 1u;
     let finite = (bitcast<u32>(v) & 0x7f800000u) != 0x7f800000u;
-    return select(v, bitcast<f32>(0xff800000u), !on && finite);
+    // -inf from v's bits at run time: Tint (Chrome) refuses -inf as a
+    // constant expression.
+    let neg_inf = bitcast<f32>((bitcast<u32>(v) & 0u) | 0xff800000u);
+    return select(v, neg_inf, !on && finite);
 #else
     return x[i];
 #endif
