@@ -55,6 +55,16 @@ fn main() -> anyhow::Result<()> {
         c.accept(id)?;
     }
     let first = times[0];
+    // The slowest masks, with where in the text they fall.
+    let mut slow: Vec<usize> = (0..ids.len()).collect();
+    slow.sort_by(|&a, &b| times[b].total_cmp(&times[a]));
+    for &i in slow.iter().take(3) {
+        println!(
+            "slow mask: {:.2} ms after {:?}",
+            times[i],
+            tok.decode(&ids[..i]).unwrap_or_default()
+        );
+    }
     times.sort_by(f64::total_cmp);
     println!(
         "vocab {}: table {:.0} ms once; {} tokens: mask median {:.3} ms, mean {:.3} ms, max {:.2} ms, first {:.2} ms",

@@ -5,6 +5,13 @@
 //! over the vocabulary walks a trie of the tokens' characters (built once),
 //! so tokens sharing a prefix share the work; masks are cached per state
 //! (inside a JSON string, every character leads back to the same state).
+//! Characters the grammar cannot tell apart (no character class splits
+//! them) form one class, so transitions are a dense table over classes. A
+//! subtree of the trie whose characters all take the walk's stack set to
+//! one same next set, level after level, as far down as the subtree goes,
+//! is allowed whole without visiting it: inside a JSON string (bounded by
+//! maxLength or not) only the branches towards a quote, a backslash or a
+//! control character are walked.
 
 pub mod json_schema;
 mod parse;
@@ -13,7 +20,7 @@ pub use parse::{Elem, Grammar};
 
 use crate::error::{Error, Result};
 use std::collections::HashMap;
-use std::hash::{BuildHasherDefault, Hasher};
+use std::ops::Range;
 use std::rc::Rc;
 
 type Stack = Vec<u32>;
@@ -195,6 +202,15 @@ fn piece(bytes: &[u8]) -> Option<Piece> {
 pub struct TokenTable {
     bytes: Vec<Option<Vec<u8>>>,
     nodes: Vec<TrieNode>,
+    /// Every token ending at a node, in depth-first order of the nodes, so
+    /// a subtree's tokens are one range ([`TrieNode::tokens_below`]).
+    ordered_tokens: Vec<u32>,
+    /// The same for the tokens with an unfinished last character: id,
+    /// the range of that character, the depth of its node.
+    ordered_tails: Vec<(u32, u32, u32, u32)>,
+    /// `by_depth[d]`: where in `ordered_tokens` the tokens of `d`
+    /// characters are, ascending (a subtree's are a range of it).
+    by_depth: Vec<Vec<u32>>,
 }
 
 #[derive(Default)]
@@ -204,6 +220,13 @@ struct TrieNode {
     tokens: Vec<u32>,
     /// Tokens that end here with an unfinished character, and its range.
     tails: Vec<(u32, u32, u32)>,
+    /// The tokens of this node's subtree (itself included) in
+    /// `ordered_tokens`, and its tails in `ordered_tails`.
+    tokens_below: Range<u32>,
+    tails_below: Range<u32>,
+    /// Characters from the root to here, and the most below it.
+    depth: u32,
+    height: u32,
 }
 
 impl TokenTable {
@@ -233,7 +256,47 @@ impl TokenTable {
                 None => nodes[node].tokens.push(id as u32),
             }
         }
-        TokenTable { bytes, nodes }
+        let mut table = TokenTable {
+            bytes,
+            nodes,
+            ordered_tokens: Vec::new(),
+            ordered_tails: Vec::new(),
+            by_depth: Vec::new(),
+        };
+        table.order(0, 0);
+        table
+            .by_depth
+            .resize(table.nodes[0].height as usize + 1, Vec::new());
+        for node in &table.nodes {
+            for p in node.tokens_below.start..node.tokens_below.start + node.tokens.len() as u32 {
+                table.by_depth[node.depth as usize].push(p);
+            }
+        }
+        for at in &mut table.by_depth {
+            at.sort_unstable();
+        }
+        table
+    }
+
+    /// Lays out the subtree of `node`, `depth` characters deep, depth first.
+    fn order(&mut self, node: usize, depth: u32) {
+        let (t0, l0) = (self.ordered_tokens.len(), self.ordered_tails.len());
+        self.ordered_tokens
+            .extend_from_slice(&self.nodes[node].tokens);
+        let tails = self.nodes[node].tails.iter();
+        self.ordered_tails
+            .extend(tails.map(|&(t, lo, hi)| (t, lo, hi, depth)));
+        let mut height = 0;
+        for i in 0..self.nodes[node].children.len() {
+            let child = self.nodes[node].children[i].1 as usize;
+            self.order(child, depth + 1);
+            height = height.max(self.nodes[child].height + 1);
+        }
+        let n = &mut self.nodes[node];
+        n.tokens_below = t0 as u32..self.ordered_tokens.len() as u32;
+        n.tails_below = l0 as u32..self.ordered_tails.len() as u32;
+        n.depth = depth;
+        n.height = height;
     }
 
     pub fn len(&self) -> usize {
@@ -242,6 +305,97 @@ impl TokenTable {
 
     pub fn is_empty(&self) -> bool {
         self.bytes.is_empty()
+    }
+}
+
+/// The grammar's character classes: code points no character element tells
+/// apart share a class (the class of `c` is how many range bounds are <= c).
+struct CharClasses {
+    bounds: Vec<u32>,
+    ascii: [u16; 128],
+}
+
+impl CharClasses {
+    fn new(grammar: &Grammar) -> CharClasses {
+        let mut bounds = Vec::new();
+        for e in &grammar.elems {
+            if let Elem::Chars { ranges, .. } = e {
+                for &(lo, hi) in ranges {
+                    bounds.push(lo);
+                    bounds.push(hi.saturating_add(1));
+                }
+            }
+        }
+        bounds.sort_unstable();
+        bounds.dedup();
+        let mut ascii = [0u16; 128];
+        for (c, a) in ascii.iter_mut().enumerate() {
+            *a = bounds.partition_point(|&b| b <= c as u32) as u16;
+        }
+        CharClasses { bounds, ascii }
+    }
+
+    fn len(&self) -> usize {
+        self.bounds.len() + 1
+    }
+
+    fn of(&self, c: u32) -> usize {
+        match self.ascii.get(c as usize) {
+            Some(&k) => k as usize,
+            None => self.bounds.partition_point(|&b| b <= c),
+        }
+    }
+
+    /// A code point of class `k`.
+    fn member(&self, k: usize) -> u32 {
+        if k == 0 {
+            0
+        } else {
+            self.bounds[k - 1]
+        }
+    }
+}
+
+/// From a stack set, the sets that most characters lead to, level after
+/// level: below a trie node whose characters all belong to the classes
+/// common to the first `l` levels, every token up to `l` characters deep
+/// continues the output.
+struct Chain {
+    /// `sets[d]`: the set `d` such characters below the start.
+    sets: Vec<u32>,
+    /// Per level, the classes that lead each set of the chain so far to
+    /// the next (u64 words a level).
+    common: Vec<u64>,
+    /// Per set of the chain, the classes it accepts at all.
+    alive: Vec<u64>,
+    /// The last set leads back to itself: the chain goes on without end.
+    looped: bool,
+}
+
+impl Chain {
+    /// The levels known (without end when looped).
+    fn levels(&self, words: usize) -> usize {
+        if self.looped {
+            usize::MAX
+        } else {
+            self.common.len() / words
+        }
+    }
+
+    /// The classes common to the first `levels` levels (at least one).
+    fn common(&self, levels: usize, words: usize) -> &[u64] {
+        let l = levels.min(self.common.len() / words) - 1;
+        &self.common[l * words..(l + 1) * words]
+    }
+
+    /// The set `d` characters below the start, and what it accepts.
+    fn set(&self, d: usize) -> u32 {
+        self.sets[d.min(self.sets.len() - 1)]
+    }
+
+    fn alive(&self, d: usize, words: usize) -> &[u64] {
+        let d = d.min(self.sets.len() - 1);
+        &self.alive[d * words..(d + 1) * words]
     }
 }
 
@@ -255,43 +409,38 @@ pub struct Constraint {
     cache: HashMap<State, Rc<Vec<bool>>>,
     /// The same masks as bitmaps ([`Constraint::mask_bits`]).
     bits: HashMap<State, Rc<Vec<u32>>>,
-    /// Stack sets met while masking, by id, and the transitions between
-    /// them: walking the trie is then mostly look-ups.
+    classes: CharClasses,
+    /// u64 words of a set of classes.
+    words: usize,
+    /// Per trie node, the classes of the characters below it.
+    below: Vec<u64>,
+    /// Stack sets met while masking, by id: walking the trie is then
+    /// mostly look-ups.
     sets: Vec<Vec<Stack>>,
     set_ids: HashMap<Vec<Stack>, u32>,
-    transitions: HashMap<(u32, u32), u32, BuildHasherDefault<PairHasher>>,
-}
-
-/// A multiplicative hash for the (set, character) keys of the transition
-/// table: the default SipHash made the trie walk several times slower.
-#[derive(Default)]
-struct PairHasher(u64);
-
-impl Hasher for PairHasher {
-    fn write(&mut self, bytes: &[u8]) {
-        for &b in bytes {
-            self.write_u64(b as u64);
-        }
-    }
-
-    fn write_u32(&mut self, v: u32) {
-        self.write_u64(v as u64);
-    }
-
-    fn write_u64(&mut self, v: u64) {
-        self.0 = (self.0.rotate_left(5) ^ v).wrapping_mul(0x51_7c_c1_b7_27_22_0a_95);
-    }
-
-    fn finish(&self) -> u64 {
-        self.0
-    }
+    /// `transitions[set * classes + k]`: the set after a character of
+    /// class k (DEAD when none accepts it, UNSEEN until asked).
+    transitions: Vec<u32>,
+    /// Per set, once asked for: where most characters lead it, level
+    /// after level ([`Chain`]).
+    chains: Vec<Option<Rc<Chain>>>,
+    /// Subtrees allowed without a walk, so tests see that path taken.
+    #[cfg(test)]
+    skipped: usize,
 }
 
 /// No stack accepts the character.
 const DEAD: u32 = u32::MAX;
 
+/// A transition not computed yet.
+const UNSEEN: u32 = u32::MAX - 1;
+
 /// Transitions remembered at most before they are forgotten.
-const TRANSITION_LIMIT: usize = 1 << 20;
+const TRANSITION_LIMIT: usize = 1 << 22;
+
+/// The fewest tokens below a trie node worth checking for a whole-subtree
+/// allow (smaller subtrees are walked).
+const WHOLE_SUBTREE_MIN: usize = 8;
 
 /// Masks cached at most (each is a vocabulary of bools).
 const CACHE_LIMIT: usize = 256;
@@ -302,6 +451,22 @@ impl Constraint {
             stacks: grammar.initial(),
             pending: Vec::new(),
         };
+        let classes = CharClasses::new(&grammar);
+        let words = classes.len().div_ceil(64);
+        // Children come after their parent in the node list, so one pass
+        // from the end sees every child before its parent.
+        let mut below = vec![0u64; table.nodes.len() * words];
+        for n in (0..table.nodes.len()).rev() {
+            for &(c, child) in &table.nodes[n].children {
+                let k = classes.of(c);
+                let (head, tail) = below.split_at_mut(child as usize * words);
+                let own = &mut head[n * words..(n + 1) * words];
+                own[k / 64] |= 1 << (k % 64);
+                for (o, b) in own.iter_mut().zip(&tail[..words]) {
+                    *o |= b;
+                }
+            }
+        }
         Constraint {
             grammar,
             table,
@@ -309,9 +474,15 @@ impl Constraint {
             state,
             cache: HashMap::new(),
             bits: HashMap::new(),
+            classes,
+            words,
+            below,
             sets: Vec::new(),
             set_ids: HashMap::new(),
-            transitions: HashMap::default(),
+            transitions: Vec::new(),
+            chains: Vec::new(),
+            #[cfg(test)]
+            skipped: 0,
         }
     }
 
@@ -322,21 +493,91 @@ impl Constraint {
         let id = self.sets.len() as u32;
         self.sets.push(stacks.clone());
         self.set_ids.insert(stacks, id);
+        let k = self.classes.len();
+        self.transitions.resize(self.transitions.len() + k, UNSEEN);
+        self.chains.push(None);
         id
     }
 
-    fn step(&mut self, set: u32, c: u32) -> u32 {
-        if let Some(&next) = self.transitions.get(&(set, c)) {
+    /// The set after a character of class `k` from `set`.
+    fn step(&mut self, set: u32, k: usize) -> u32 {
+        let at = set as usize * self.classes.len() + k;
+        let next = self.transitions[at];
+        if next != UNSEEN {
             return next;
         }
+        let c = self.classes.member(k);
         let stacks = self.grammar.accept(&self.sets[set as usize], c);
         let next = if stacks.is_empty() {
             DEAD
         } else {
             self.intern(stacks)
         };
-        self.transitions.insert((set, c), next);
+        self.transitions[at] = next;
         next
+    }
+
+    /// Where most character classes lead `set`, then that set, and so on
+    /// (at most as deep as the trie).
+    fn chain(&mut self, set: u32) -> Rc<Chain> {
+        if let Some(c) = &self.chains[set as usize] {
+            return c.clone();
+        }
+        let vocabulary = self.below[..self.words].to_vec();
+        let mut chain = Chain {
+            sets: vec![set],
+            common: Vec::new(),
+            alive: Vec::new(),
+            looped: false,
+        };
+        let mut common = vocabulary.clone();
+        let limit = self.table.nodes[0].height as usize;
+        loop {
+            let s = *chain.sets.last().expect("a set");
+            // Classes by the set they lead to; the largest group wins.
+            let mut groups: Vec<(u32, Vec<u64>)> = Vec::new();
+            let mut alive = vec![0u64; self.words];
+            for (w, &word) in vocabulary.iter().enumerate() {
+                let mut left = word;
+                while left != 0 {
+                    let k = w * 64 + left.trailing_zeros() as usize;
+                    left &= left - 1;
+                    let t = self.step(s, k);
+                    if t == DEAD {
+                        continue;
+                    }
+                    alive[k / 64] |= 1 << (k % 64);
+                    let g = match groups.iter().position(|(n, _)| *n == t) {
+                        Some(g) => g,
+                        None => {
+                            groups.push((t, vec![0; self.words]));
+                            groups.len() - 1
+                        }
+                    };
+                    groups[g].1[k / 64] |= 1 << (k % 64);
+                }
+            }
+            chain.alive.extend_from_slice(&alive);
+            if chain.common.len() >= limit * self.words {
+                break;
+            }
+            let count = |g: &[u64]| g.iter().map(|w| w.count_ones()).sum::<u32>();
+            let Some((next, group)) = groups.into_iter().max_by_key(|(_, g)| count(g)) else {
+                break;
+            };
+            for (c, g) in common.iter_mut().zip(&group) {
+                *c &= g;
+            }
+            chain.common.extend_from_slice(&common);
+            if next == s {
+                chain.looped = true;
+                break;
+            }
+            chain.sets.push(next);
+        }
+        let chain = Rc::new(chain);
+        self.chains[set as usize] = Some(chain.clone());
+        chain
     }
 
     /// The grammar has matched a whole output (end-of-sequence may come).
@@ -359,6 +600,7 @@ impl Constraint {
         if self.state.pending.is_empty() {
             if self.transitions.len() > TRANSITION_LIMIT {
                 self.transitions.clear();
+                self.chains.clear();
                 self.sets.clear();
                 self.set_ids.clear();
             }
@@ -411,8 +653,69 @@ impl Constraint {
         words
     }
 
+    /// How deep below trie node `node` every token continues the output
+    /// from `set` with nothing deeper allowed, when that can be told from
+    /// the set's chain without walking: the subtree's characters belong to
+    /// the chain's common classes for its whole height, or for `l` levels
+    /// after which the chain's set accepts none of them.
+    fn allowed_depth(&mut self, set: u32, node: usize) -> Option<(usize, Rc<Chain>)> {
+        let height = self.table.nodes[node].height as usize;
+        let chain = self.chain(set);
+        let words = self.words;
+        let below = &self.below[node * words..(node + 1) * words];
+        let within = |c: &[u64]| below.iter().zip(c).all(|(b, c)| b & !c == 0);
+        let levels = height.min(chain.levels(words));
+        let mut l = 0;
+        while l < levels && within(chain.common(l + 1, words)) {
+            l += 1;
+        }
+        let none_alive = || {
+            below
+                .iter()
+                .zip(chain.alive(l, words))
+                .all(|(b, a)| b & a == 0)
+        };
+        (l == height || none_alive()).then_some((l, chain))
+    }
+
     fn walk(&mut self, table: &TokenTable, node: usize, set: u32, mask: &mut [bool]) {
         let n = &table.nodes[node];
+        if node != 0 && n.tokens_below.len() >= WHOLE_SUBTREE_MIN {
+            if let Some((depth, chain)) = self.allowed_depth(set, node) {
+                let range = n.tokens_below.start as usize..n.tokens_below.end as usize;
+                let deepest = n.depth as usize + depth;
+                if deepest >= n.depth as usize + n.height as usize {
+                    for &t in &table.ordered_tokens[range] {
+                        mask[t as usize] = true;
+                    }
+                } else {
+                    for at in table.by_depth[n.depth as usize..=deepest].iter() {
+                        let lo = at.partition_point(|&p| (p as usize) < range.start);
+                        let hi = at.partition_point(|&p| (p as usize) < range.end);
+                        for &p in &at[lo..hi] {
+                            mask[table.ordered_tokens[p as usize] as usize] = true;
+                        }
+                    }
+                }
+                #[cfg(test)]
+                {
+                    self.skipped += 1;
+                }
+                let tails =
+                    &table.ordered_tails[n.tails_below.start as usize..n.tails_below.end as usize];
+                for &(t, lo, hi, d) in tails {
+                    let d = (d - n.depth) as usize;
+                    if d <= depth
+                        && self
+                            .grammar
+                            .accepts_some(&self.sets[chain.set(d) as usize], lo, hi)
+                    {
+                        mask[t as usize] = true;
+                    }
+                }
+                return;
+            }
+        }
         if node != 0 {
             for &t in &n.tokens {
                 mask[t as usize] = true;
@@ -424,7 +727,7 @@ impl Constraint {
             }
         }
         for &(c, child) in &n.children {
-            let next = self.step(set, c);
+            let next = self.step(set, self.classes.of(c));
             if next != DEAD {
                 self.walk(table, child as usize, next, mask);
             }
@@ -618,6 +921,116 @@ ws ::= [ \t]*
         assert_eq!(*c.mask(), [true, false]);
         assert_eq!(tail_range(&[0xE0, 0x81]), None);
         assert_eq!(tail_range(&[0xE0, 0xA0]), Some((0x800, 0x83F)));
+    }
+
+    /// What the mask must be: each token's bytes run through the grammar.
+    fn mask_by_token(c: &Constraint) -> Vec<bool> {
+        let mut mask: Vec<bool> = (0..c.table.len())
+            .map(|id| {
+                let Some(b) = c.table.bytes[id].as_deref().filter(|b| !b.is_empty()) else {
+                    return false;
+                };
+                let mut all = c.state.pending.clone();
+                all.extend_from_slice(b);
+                c.after(&c.state.stacks, &all).is_some()
+            })
+            .collect();
+        if c.is_complete() {
+            for &e in &c.eos_ids {
+                mask[e as usize] = true;
+            }
+        }
+        mask
+    }
+
+    #[test]
+    fn masks_skipping_looping_subtrees_equal_token_by_token_checks() {
+        // A vocabulary of random strings over characters the JSON grammar
+        // treats apart (quote, backslash, digits, braces, a control
+        // character, multi-byte letters and a split one), plus an end token.
+        let alphabet: Vec<&[u8]> = vec![
+            b"\"",
+            b"\\",
+            b"a",
+            b"b",
+            b"z",
+            b"0",
+            b"7",
+            b"-",
+            b".",
+            b"e",
+            b"{",
+            b"}",
+            b"[",
+            b"]",
+            b":",
+            b",",
+            b" ",
+            b"\n",
+            b"\x01",
+            b"t",
+            b"r",
+            b"u",
+            b"n",
+            b"l",
+            "\u{e9}".as_bytes(),
+            "\u{4e2d}".as_bytes(),
+            &[0xC3],
+            &[0xA9],
+        ];
+        let mut seed = 0x2545_f491_4f6c_dd1du64;
+        let mut next = move || {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            seed
+        };
+        // Half the tokens, as in real vocabularies, are words: letters,
+        // spaces and multi-byte letters only.
+        let words = [2usize, 3, 4, 16, 19, 20, 21, 22, 24, 25];
+        let mut bytes: Vec<Option<Vec<u8>>> = (0..3000)
+            .map(|i| {
+                let len = 1 + next() as usize % 5;
+                let pick = |r: u64| match i % 2 {
+                    0 => alphabet[r as usize % alphabet.len()],
+                    _ => alphabet[words[r as usize % words.len()]],
+                };
+                Some((0..len).flat_map(|_| pick(next()).to_vec()).collect())
+            })
+            .collect();
+        bytes.push(None);
+        let eos = bytes.len() as u32 - 1;
+        let table = Rc::new(TokenTable::new(bytes));
+        let object = r#"{"type": "object", "properties": {"name": {"type": "string"},
+            "n": {"type": "integer"}, "x": {"type": "number"},
+            "tags": {"type": "array", "items": {"type": "string"}},
+            "ok": {"type": "boolean"}, "none": {"type": "null"}},
+            "required": ["name", "n", "x", "tags", "ok", "none"]}"#;
+        // A bare string: the walk spends its steps inside one.
+        let string = r#"{"type": "string"}"#;
+        let bounded = r#"{"type": "string", "maxLength": 9}"#;
+        let mut skipped = 0;
+        for schema in [object, string, bounded] {
+            let schema: serde_json::Value = serde_json::from_str(schema).unwrap();
+            let grammar = g(&json_schema::to_gbnf(&schema, "schema").unwrap());
+            for run in 0..4 {
+                let mut c = Constraint::new(grammar.clone(), table.clone(), vec![eos]);
+                for step in 0..60 {
+                    let mask = c.mask();
+                    assert_eq!(*mask, mask_by_token(&c), "run {run}, step {step}");
+                    let allowed: Vec<u32> = (0..mask.len() as u32)
+                        .filter(|&i| mask[i as usize] && i != eos)
+                        .collect();
+                    if allowed.is_empty() {
+                        break;
+                    }
+                    c.accept(allowed[next() as usize % allowed.len()]).unwrap();
+                }
+                skipped += c.skipped;
+            }
+        }
+        // The walk did allow subtrees whole (the path under test).
+        assert!(skipped > 100, "{skipped} subtrees allowed without a walk");
     }
 
     #[test]
