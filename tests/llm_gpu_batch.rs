@@ -265,9 +265,10 @@ fn run_alone(
     (id, cached)
 }
 
-/// The prefix cache: the next turn of a conversation (the first prompt,
-/// what it produced, more) continues from the first prompt's slot after
-/// that sequence ended; on an attention-only model a prompt sharing only
+/// The prefix cache: the same prompt again, and the next turn of a
+/// conversation (the first prompt, what it produced, more), continue from
+/// the first prompt's slot after that sequence ended; on an attention-only
+/// model a prompt sharing only
 /// the start of a running sequence's prompt starts from a copy of it (a
 /// hybrid model reuses only whole prefixes, where its conv state was
 /// snapshotted). Every sequence's logits and tokens are those of its
@@ -299,9 +300,16 @@ fn check_prefix(dir: &str, hybrid: bool) {
     assert_eq!(cached, 0);
     b.close(id);
     assert_eq!((b.usage().in_use, b.usage().cached), (0, 1), "{dir}");
+    // The same prompt again: all but its last token.
+    let (id, cached) = run_alone(&mut b, &first, &want_first, steps, dir);
+    assert_eq!(cached, first.len() - 1, "{dir}: a repeat's cached tokens");
+    b.close(id);
 
+    // The next turn: a hybrid model's prefix ends a token short of the
+    // first prompt.
     let (id_next, cached) = run_alone(&mut b, &next, &want_next, steps, dir);
-    assert_eq!(cached, first.len(), "{dir}: the next turn's cached tokens");
+    let whole = first.len() - usize::from(hybrid);
+    assert_eq!(cached, whole, "{dir}: the next turn's cached tokens");
     let (id_other, cached) = run_alone(&mut b, &other, &want_other, steps, dir);
     assert_eq!(cached, if hybrid { 0 } else { 12 }, "{dir}: a shared start");
     // The running sequence goes on where it was.

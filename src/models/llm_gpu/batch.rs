@@ -21,9 +21,10 @@
 //! stay reusable after its sequence ends (until the slot is taken by
 //! another prompt); a new prompt that starts with them continues from them
 //! in place, or from a copy when they are in a running sequence's slot. A
-//! hybrid model's conv state is snapshotted at the end of each prompt chunk,
-//! so there a prefix is reused whole: the previous turn's prompt, when the
-//! next turn of a conversation arrives.
+//! hybrid model's conv state is snapshotted at the end of each prompt chunk
+//! (the last one cut a token short of the prompt's end), so there a prefix
+//! is reused whole: the same prompt again, or the previous turn's prompt
+//! when the next turn of a conversation arrives.
 
 use super::{GpuFfn, GpuLlm, GpuMixer};
 use crate::cpu;
@@ -267,6 +268,8 @@ struct Seq {
     /// computing them again as a prompt gives the same bits. The conv
     /// snapshot is at its end.
     prefix: Vec<u32>,
+    /// The prompt `open` was given.
+    prompt_len: usize,
 }
 
 /// A free slot's cached prompt prefix: its KV rows (and conv snapshot) stay
@@ -1025,6 +1028,18 @@ impl<'a> DecoderOps for BatchRecorder<'a> {
     }
 }
 
+/// Computes `tokens` as a prompt: a single token too is a prefill of one
+/// row (as `forward` runs the last piece of a prompt one past its chunks),
+/// not a decode step, whose rounding differs.
+fn prompt_forward(m: &mut GpuLlm, tokens: &[u32]) -> Result<Vec<f32>> {
+    if let [_] = tokens {
+        m.check_tokens(tokens)?;
+        m.prefill(tokens, false, true)
+    } else {
+        m.forward(tokens, false)
+    }
+}
+
 /// The token of each row of a greedy step's readback ([index, flag] pairs).
 pub(super) fn row_tokens(bytes: &[u8]) -> Result<Vec<u32>> {
     bytes.chunks_exact(8).map(super::greedy_token).collect()
@@ -1089,6 +1104,7 @@ impl BatchedLm for GpuBatch {
             id,
             pos: n,
             prefix: prompt[..n].to_vec(),
+            prompt_len: prompt.len(),
         });
         Ok(Some((id, n)))
     }
@@ -1134,30 +1150,40 @@ impl BatchedLm for GpuBatch {
                 tokens => {
                     self.check_room(slot, tokens.len())?;
                     let before = self.pos(slot);
-                    out[i] = self.on_single(slot, |m| {
-                        if w.as_decode {
+                    let seq = self.seqs[slot].as_ref().expect("open slot");
+                    let extends = !w.as_decode && seq.prefix.len() == before;
+                    if w.as_decode {
+                        out[i] = self.on_single(slot, |m| {
                             let mut last = Vec::new();
                             for t in tokens {
                                 last = m.forward(&[*t], false)?;
                             }
                             Ok(last)
-                        } else if let [_] = tokens {
-                            // The last token of a prompt whose start is
-                            // computed (cached, or an earlier chunk): a
-                            // prefill of one row, as `forward` runs the
-                            // last piece of a prompt one past its chunks,
-                            // not a decode step (other rounding).
-                            m.check_tokens(tokens)?;
-                            m.prefill(tokens, false, true)
-                        } else {
-                            m.forward(tokens, false)
-                        }
-                    })?;
-                    // A prompt chunk right after the prefix extends it.
-                    let seq = self.seqs[slot].as_mut().expect("open slot");
-                    if !w.as_decode && seq.prefix.len() == before {
-                        seq.prefix.extend_from_slice(tokens);
+                        })?;
+                        continue;
+                    }
+                    // A prompt chunk right after the prefix extends it. A
+                    // hybrid model's prefix (and snapshot) ends one token
+                    // short of the prompt, so that the same prompt again
+                    // can reuse it: the final chunk is split there.
+                    let keep = if self.has_conv && extends {
+                        tokens
+                            .len()
+                            .min((seq.prompt_len - 1).saturating_sub(before))
+                    } else if extends {
+                        tokens.len()
+                    } else {
+                        0
+                    };
+                    let (head, tail) = tokens.split_at(keep);
+                    if !head.is_empty() {
+                        out[i] = self.on_single(slot, |m| prompt_forward(m, head))?;
+                        let seq = self.seqs[slot].as_mut().expect("open slot");
+                        seq.prefix.extend_from_slice(head);
                         self.snapshot(slot);
+                    }
+                    if !tail.is_empty() {
+                        out[i] = self.on_single(slot, |m| prompt_forward(m, tail))?;
                     }
                 }
             }
