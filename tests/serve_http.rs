@@ -570,7 +570,8 @@ fn gpu_serves_what_generate_gives_alone(model: &str) {
         seqs > steps,
         "{seqs} sequences in {steps} steps: nothing batched"
     );
-    assert_eq!(s.metric("lfm_kv_blocks_in_use"), 0.0);
+    // The answer may come before the scheduler retires the sequence.
+    s.wait_metric("lfm_kv_blocks_in_use", 0.0, 10);
 }
 
 #[test]
