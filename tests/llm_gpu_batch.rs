@@ -1,8 +1,8 @@
 //! The GPU batch backend against the single-sequence GPU forward (what
 //! `generate --gpu` runs), bit for bit: sequences of mixed prompt lengths
 //! arriving at different steps, prompt chunks beside batched decode steps,
-//! greedy rows picked on the GPU, a lone sequence on the single path, and
-//! admission when every slot is taken. And speculative decoding's check on
+//! greedy rows picked on the GPU, a lone sequence on the single path,
+//! admission when every slot is taken, and the prefix cache. And speculative decoding's check on
 //! the single model (consecutive positions of one sequence as the rows of
 //! one batched forward) against as many decode steps, bit for bit.
 
@@ -194,15 +194,20 @@ fn check(dir: &str) {
         b.open(&prompt(6, 64, vocab)).is_err(),
         "{dir}: a prompt past the slot"
     );
-    let (again, _) = b.open(&prompts[4]).unwrap().expect("a freed slot");
+    // The same prompt again (an attention-only model copies all but its
+    // last token from the running sequence's slot).
+    let (again, cached) = b.open(&prompts[4]).unwrap().expect("a freed slot");
     let l = b
         .step(&[SeqWork {
             id: again,
-            tokens: &prompts[4],
+            tokens: &prompts[4][cached..],
             as_decode: false,
         }])
         .unwrap();
-    assert_eq!(argmax(&l[0]), want[4][0].0, "{dir}: a reused slot");
+    assert!(
+        bits_equal(&l[0], &want[4][0].1),
+        "{dir}: a reused slot ({cached} tokens cached)"
+    );
     for id in ids.iter().flatten().chain([&again]) {
         b.close(*id);
     }
@@ -222,6 +227,110 @@ fn gpu_batch_equals_each_sequence_alone_llama() {
 #[test]
 fn gpu_batch_equals_each_sequence_alone_gemma3_post_norms_and_local_rope() {
     check("tiny-gemma3");
+}
+
+/// Opens `p` in `b`, steps what the prefix cache did not supply as a prompt
+/// in chunks of 7, then `steps` greedy decode steps alone (the single
+/// path); the prompt's logits must be `want`'s bit for bit, the tokens its
+/// tokens. Returns the sequence and how many prompt tokens were cached.
+fn run_alone(
+    b: &mut GpuBatch,
+    p: &[u32],
+    want: &[(u32, Vec<f32>)],
+    steps: usize,
+    what: &str,
+) -> (lfm::models::batch::SeqId, usize) {
+    let (id, cached) = b.open(p).unwrap().expect("a free slot");
+    let mut logits = Vec::new();
+    for chunk in p[cached..].chunks(7) {
+        let work = [SeqWork {
+            id,
+            tokens: chunk,
+            as_decode: false,
+        }];
+        logits = b.step(&work).unwrap().pop().unwrap();
+    }
+    assert!(
+        bits_equal(&logits, &want[0].1),
+        "{what}: the prompt's logits differ from its run alone"
+    );
+    let mut t = argmax(&logits);
+    for (k, w) in want.iter().enumerate().skip(1).take(steps) {
+        t = b
+            .step_greedy_many(&[(id, t)])
+            .expect("a GPU greedy step")
+            .unwrap()[0];
+        assert_eq!(t, w.0, "{what}: token {k}");
+    }
+    (id, cached)
+}
+
+/// The prefix cache: the same prompt again, and the next turn of a
+/// conversation (the first prompt, what it produced, more), continue from
+/// the first prompt's slot after that sequence ended; on an attention-only
+/// model a prompt sharing only
+/// the start of a running sequence's prompt starts from a copy of it (a
+/// hybrid model reuses only whole prefixes, where its conv state was
+/// snapshotted). Every sequence's logits and tokens are those of its
+/// prompt alone, bit for bit, the running one's included.
+fn check_prefix(dir: &str, hybrid: bool) {
+    let Some(g) = gpu() else { return };
+    let path = common::repo().join("samples/fixtures/llm").join(dir);
+    let (cfg, w) = lfm::models::open_llm(&path).unwrap();
+    let vocab = cfg.vocab;
+    let opts = GpuLlmOptions {
+        prefill_chunk: Some(16),
+        ..Default::default()
+    };
+    let steps = 3;
+    let first = prompt(1, 20, vocab);
+    let mut single = GpuLlm::new(g.clone(), &cfg, &w, &opts).unwrap();
+    let want_first = alone(&mut single, &first, steps);
+    let mut next = first.clone();
+    next.extend(want_first[..steps].iter().map(|x| x.0));
+    next.extend(prompt(2, 6, vocab));
+    let mut other = first[..12].to_vec();
+    other.extend(prompt(3, 9, vocab));
+    let want_next = alone(&mut single, &next, steps + 1);
+    let want_other = alone(&mut single, &other, steps);
+    drop(single);
+
+    let mut b = GpuBatch::new(g, &cfg, &w, &opts, 2, 64).unwrap();
+    let (id, cached) = run_alone(&mut b, &first, &want_first, steps, dir);
+    assert_eq!(cached, 0);
+    b.close(id);
+    assert_eq!((b.usage().in_use, b.usage().cached), (0, 1), "{dir}");
+    // The same prompt again: all but its last token.
+    let (id, cached) = run_alone(&mut b, &first, &want_first, steps, dir);
+    assert_eq!(cached, first.len() - 1, "{dir}: a repeat's cached tokens");
+    b.close(id);
+
+    // The next turn: a hybrid model's prefix ends a token short of the
+    // first prompt.
+    let (id_next, cached) = run_alone(&mut b, &next, &want_next, steps, dir);
+    let whole = first.len() - usize::from(hybrid);
+    assert_eq!(cached, whole, "{dir}: the next turn's cached tokens");
+    let (id_other, cached) = run_alone(&mut b, &other, &want_other, steps, dir);
+    assert_eq!(cached, if hybrid { 0 } else { 12 }, "{dir}: a shared start");
+    // The running sequence goes on where it was.
+    let t = b
+        .step_greedy_many(&[(id_next, want_next[steps].0)])
+        .expect("a GPU greedy step")
+        .unwrap();
+    assert_eq!(t[0], want_next[steps + 1].0, "{dir}: after the copy");
+    b.close(id_next);
+    b.close(id_other);
+    assert_eq!((b.usage().in_use, b.usage().cached), (0, 2), "{dir}");
+}
+
+#[test]
+fn gpu_batch_prefix_cache_equals_each_prompt_alone_lfm2() {
+    check_prefix("tiny-lfm2", true);
+}
+
+#[test]
+fn gpu_batch_prefix_cache_equals_each_prompt_alone_llama() {
+    check_prefix("tiny-llama", false);
 }
 
 fn bits_equal(a: &[f32], b: &[f32]) -> bool {

@@ -10,14 +10,15 @@
 #                                            GGUF converter, convert_hf_to_gguf.py)
 #   scripts/peers/llama-cpp.sh --pack OUT.tar.gz
 #                                            pack the sources minus docs, models, the web
-#                                            UI/server and unused backends, to build on
-#                                            another machine, e.g. with CUDA:
+#                                            UI's sources and unused backends (the server
+#                                            stays), to build on another machine, e.g. with
+#                                            CUDA:
 #       tar xzf OUT.tar.gz && cd llama.cpp &&
 #       cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release -DGGML_CUDA=ON \
 #             -DCMAKE_CUDA_ARCHITECTURES=90 -DLLAMA_BUILD_TESTS=OFF \
-#             -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_APP=OFF \
-#             -DLLAMA_OPENSSL=OFF &&
-#       cmake --build build --target llama-bench llama-completion llama-perplexity
+#             -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=ON -DLLAMA_BUILD_UI=OFF \
+#             -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_BUILD_APP=OFF -DLLAMA_OPENSSL=OFF &&
+#       cmake --build build --target llama-bench llama-completion llama-perplexity llama-server
 #
 # Result: peers/llama.cpp/build/bin/ holds llama-bench, llama-quantize,
 # llama-perplexity, llama-completion (the classic CLI: -no-cnv --temp 0),
@@ -73,14 +74,20 @@ build() {
 pack() {
     local out=$1
     unpack
-    # Everything a CPU or CUDA build of the library and tools/ needs, and the
-    # GGUF converter (convert_hf_to_gguf.py, conversion/, gguf-py); the other
-    # GPU backends, docs, vocab test models, web UI and server are left out.
+    # Everything a CPU or CUDA build of the library and tools/ needs, llama-server
+    # included (tools/server, tools/cli and tools/ui's CMake files, which the
+    # server's build adds; configure it with -DLLAMA_BUILD_UI=OFF
+    # -DLLAMA_USE_PREBUILT_UI=OFF to build it offline without the web UI),
+    # and the GGUF converter (convert_hf_to_gguf.py, conversion/, gguf-py);
+    # the other GPU backends, docs, vocab test models, the web UI's sources
+    # and the server's tests are left out.
     local excludes=(
         --exclude=llama.cpp/build --exclude=llama.cpp/docs --exclude=llama.cpp/models
         --exclude=llama.cpp/media --exclude=llama.cpp/.github --exclude=llama.cpp/.devops
         --exclude=llama.cpp/tests --exclude=llama.cpp/examples --exclude=llama.cpp/pocs
-        --exclude=llama.cpp/tools/ui --exclude=llama.cpp/tools/server --exclude=llama.cpp/tools/cli
+        --exclude=llama.cpp/tools/ui/src --exclude=llama.cpp/tools/ui/static
+        --exclude=llama.cpp/tools/ui/tests --exclude=llama.cpp/tools/ui/package-lock.json
+        --exclude=llama.cpp/tools/server/tests --exclude=llama.cpp/tools/server/bench
         --exclude=llama.cpp/gguf-py/tests
         --exclude="$(basename "$STAMP")"
     )

@@ -108,7 +108,8 @@ pub struct Args {
     /// Also profile this many decode steps of each gpu arm at each depth,
     /// and one run of each prompt test: device time per kernel (timestamp
     /// queries) and host time per step. With --batch: this many batched
-    /// steps at each B, in a run apart from the timed one (GPU).
+    /// steps at each B above 1, in a run apart from the timed one (GPU; a
+    /// batch of one decodes on the single-sequence path).
     #[arg(long, value_name = "STEPS", value_parser = super::values::positive)]
     pub profile: Option<usize>,
 
@@ -759,8 +760,15 @@ fn batched(
                     if let Some(steps) = args.profile {
                         if loaded.model.start_profile()? {
                             bench::batched_decode(loaded.model.as_mut(), pp, steps, b, args.seed)?;
-                            if let Some(p) = loaded.model.take_profile() {
-                                eprintln!("\n{backend}, B = {b}: {}", p.table());
+                            match loaded.model.take_profile() {
+                                // A batch of one runs ahead on the single path.
+                                Some(p) if p.steps == 0 => eprintln!(
+                                    "\n{backend}, B = {b}: no batched steps to profile (a batch of \
+                                     one decodes on the single-sequence path; the decode profile \
+                                     without --batch shows it)"
+                                ),
+                                Some(p) => eprintln!("\n{backend}, B = {b}: {}", p.table()),
+                                None => {}
                             }
                         }
                     }

@@ -245,7 +245,25 @@ pub fn batched_decode(
     }
     let t_pp = t0.elapsed().as_secs_f64();
     let t1 = std::time::Instant::now();
-    for _ in 0..tg {
+    // A batch of one decodes as the server decodes a lone greedy sequence:
+    // on the backend's run-ahead path, where it has one.
+    let alone = match (b, tg) {
+        (1, 1..) => model.greedy_run(ids[0], last[0], tg, &mut |_| true),
+        _ => None,
+    };
+    let steps = match alone {
+        Some(n) => {
+            let n = n?;
+            if n != tg {
+                return Err(crate::Error::invalid(format!(
+                    "the batch of one stopped after {n} of {tg} tokens"
+                )));
+            }
+            0
+        }
+        None => tg,
+    };
+    for _ in 0..steps {
         // The backend's greedy step of the whole batch, where it has one.
         let rows: Vec<(crate::models::batch::SeqId, u32)> =
             ids.iter().copied().zip(last.iter().copied()).collect();

@@ -9,12 +9,22 @@
 //! four sequences; each sequence's result bit-equal to the single decode's),
 //! RoPE and the cache write go to each row's position in its slot, attention
 //! runs over each row's own slot, the conv block reads and writes each row's
-//! own ring, and a greedy step reads back one token id per row. Prompts (and
-//! a lone sequence's decode, which the single path runs a step ahead of the
-//! host) go through the single-sequence [`GpuLlm`] that owns the weights:
-//! the slot's state is copied into it on the GPU, and what it computed is
-//! copied back. So for temperature 0 every sequence's tokens are those of
-//! `generate --gpu` for its prompt alone.
+//! own ring, and a greedy step reads back one token id per row. Prompts and
+//! a batch of one (a lone sequence's decode: the kernels `generate` runs,
+//! a step ahead of the host where the caller asks for a greedy run) go
+//! through the single-sequence [`GpuLlm`] that owns the weights: the slot's
+//! state is copied into it on the GPU, and what it computed is copied back
+//! when the slot is next needed. So for temperature 0 every sequence's
+//! tokens are those of `generate --gpu` for its prompt alone.
+//!
+//! The prefix cache: the positions of a slot computed as a prompt from 0
+//! stay reusable after its sequence ends (until the slot is taken by
+//! another prompt); a new prompt that starts with them continues from them
+//! in place, or from a copy when they are in a running sequence's slot. A
+//! hybrid model's conv state is snapshotted at the end of each prompt chunk
+//! (the last one cut a token short of the prompt's end), so there a prefix
+//! is reused whole: the same prompt again, or the previous turn's prompt
+//! when the next turn of a conversation arrives.
 
 use super::{GpuFfn, GpuLlm, GpuMixer};
 use crate::cpu;
@@ -37,8 +47,13 @@ pub const MAX_SLOTS: usize = 256;
 enum SlotState {
     /// [slots * slot_len, kv_heads * head_dim] each.
     Kv { k: wgpu::Buffer, v: wgpu::Buffer },
-    /// [slots * ring, hidden]: slot s's ring in rows s ring ..
-    Conv(wgpu::Buffer),
+    /// `ring`: [slots * ring, hidden], slot s's ring in rows s ring ..;
+    /// `snap`: the same shape, each slot's ring at the end of its cached
+    /// prompt prefix (what a sequence reusing the prefix starts from).
+    Conv {
+        ring: wgpu::Buffer,
+        snap: wgpu::Buffer,
+    },
 }
 
 /// Buffers of a step of many rows (a batched decode step: one row per slot;
@@ -243,11 +258,38 @@ pub(super) struct ChainRow {
     pub conv_out: wgpu::Buffer,
 }
 
-#[derive(Clone, Copy)]
+#[derive(Clone)]
 struct Seq {
     id: SeqId,
     /// Tokens its slot holds.
     pos: usize,
+    /// The tokens of positions 0.. that were computed as a prompt (or taken
+    /// from the prefix cache): what a later prompt may reuse, since
+    /// computing them again as a prompt gives the same bits. The conv
+    /// snapshot is at its end.
+    prefix: Vec<u32>,
+    /// The prompt `open` was given.
+    prompt_len: usize,
+}
+
+/// A free slot's cached prompt prefix: its KV rows (and conv snapshot) stay
+/// until the slot is taken by a sequence that does not continue it.
+struct Cached {
+    prefix: Vec<u32>,
+    /// When it was left, for least-recently-used reuse of free slots.
+    at: u64,
+}
+
+/// The sequence the single model holds. Its slot is copied back lazily
+/// (before a batched step or another sequence needs it), so a lone
+/// sequence's steps on the single path cost no copy each.
+#[derive(Clone, Copy)]
+struct Held {
+    id: SeqId,
+    slot: usize,
+    /// Positions of the slot that hold what the model computed; the conv
+    /// rings in the slot are those of this position.
+    synced: usize,
 }
 
 /// What a batched step reads back.
@@ -265,6 +307,12 @@ pub struct GpuBatch {
     slot_len: usize,
     ring: usize,
     seqs: Vec<Option<Seq>>,
+    /// Per slot: the prompt prefix a closed sequence left there.
+    cached: Vec<Option<Cached>>,
+    clock: u64,
+    /// Whether the model has conv layers (a prefix is then reusable only
+    /// whole, where its conv snapshot was taken).
+    has_conv: bool,
     state: Vec<SlotState>,
     io: BatchIo,
     plans: HashMap<usize, Plan>,
@@ -273,7 +321,7 @@ pub struct GpuBatch {
     rope_local: Vec<f32>,
     next_id: SeqId,
     /// The sequence whose state `m` holds (at its slot's position).
-    held: Option<SeqId>,
+    held: Option<Held>,
     /// Device timestamps of every batched step, while asked for
     /// ([`BatchedLm::start_profile`]).
     profile: Option<StepProfile>,
@@ -317,7 +365,10 @@ impl GpuBatch {
                         k: f32s("slot k cache", slots * slot_len * kvw)?,
                         v: f32s("slot v cache", slots * slot_len * kvw)?,
                     },
-                    LayerKind::Conv => SlotState::Conv(f32s("slot conv state", slots * ring * d)?),
+                    LayerKind::Conv => SlotState::Conv {
+                        ring: f32s("slot conv state", slots * ring * d)?,
+                        snap: f32s("slot conv snapshot", slots * ring * d)?,
+                    },
                 })
             })
             .collect::<Result<Vec<_>>>()?;
@@ -341,6 +392,9 @@ impl GpuBatch {
             slot_len,
             ring,
             seqs: vec![None; slots],
+            cached: (0..slots).map(|_| None).collect(),
+            clock: 0,
+            has_conv: cfg.layers.contains(&LayerKind::Conv),
             state,
             io,
             plans: HashMap::new(),
@@ -363,12 +417,12 @@ impl GpuBatch {
     fn slot_of(&self, id: SeqId) -> Result<usize> {
         self.seqs
             .iter()
-            .position(|s| s.is_some_and(|s| s.id == id))
+            .position(|s| s.as_ref().is_some_and(|s| s.id == id))
             .ok_or_else(|| Error::invalid(format!("no open sequence {id}")))
     }
 
     fn pos(&self, slot: usize) -> usize {
-        self.seqs[slot].expect("open slot").pos
+        self.seqs[slot].as_ref().expect("open slot").pos
     }
 
     /// Fails when `n` more tokens would not fit the slot.
@@ -388,17 +442,147 @@ impl GpuBatch {
     /// Makes the single-sequence model hold `slot`'s sequence: its KV rows
     /// and conv rings are copied in on the GPU.
     fn hold(&mut self, slot: usize) -> Result<()> {
-        let Seq { id, pos } = self.seqs[slot].expect("open slot");
-        if self.held == Some(id) {
+        let Seq { id, pos, .. } = *self.seqs[slot].as_ref().expect("open slot");
+        if self.held.is_some_and(|h| h.id == id) {
             return Ok(());
         }
-        self.held = None;
+        self.release();
         self.m.reset();
         self.m.ensure_capacity(pos.max(1))?;
         self.copy_state(slot, 0, pos, false);
         self.m.pos = pos;
         self.m.high = pos;
-        self.held = Some(id);
+        self.held = Some(Held {
+            id,
+            slot,
+            synced: pos,
+        });
+        Ok(())
+    }
+
+    /// Copies what the single model computed since its slot was last in
+    /// sync back into the slot.
+    fn sync(&mut self) {
+        let Some(h) = self.held else { return };
+        let pos = self.pos(h.slot);
+        if pos > h.synced {
+            self.copy_state(h.slot, h.synced, pos, true);
+            self.held = Some(Held { synced: pos, ..h });
+        }
+    }
+
+    /// Brings the held sequence's slot up to date and lets the single model
+    /// go.
+    fn release(&mut self) {
+        self.sync();
+        self.held = None;
+    }
+
+    /// Takes the conv snapshot of `slot` at its position (the end of its
+    /// prefix): from the single model when it holds the slot, else from
+    /// the slot's rings.
+    fn snapshot(&self, slot: usize) {
+        if !self.has_conv {
+            return;
+        }
+        let g = &*self.m.gpu;
+        let bytes = (self.ring * self.m.cfg.hidden * 4) as u64;
+        let at = slot as u64 * bytes;
+        let held = self.held.is_some_and(|h| h.slot == slot);
+        let mut enc = g.device.create_command_encoder(&Default::default());
+        for (mine, theirs) in self.state.iter().zip(&self.m.state) {
+            if let (SlotState::Conv { ring, snap }, super::GpuState::Conv(mm)) = (mine, theirs) {
+                if held {
+                    enc.copy_buffer_to_buffer(mm, 0, snap, at, bytes);
+                } else {
+                    enc.copy_buffer_to_buffer(ring, at, snap, at, bytes);
+                }
+            }
+        }
+        g.queue.submit([enc.finish()]);
+    }
+
+    /// The slot whose prefix covers most of `prompt` and how much of it
+    /// (at most all but the last token, whose logits must be computed):
+    /// any common part for attention-only models, only a whole prefix (where
+    /// its conv snapshot is) for hybrid ones. A free slot wins a tie (it is
+    /// taken in place, nothing copied).
+    fn best_prefix(&self, prompt: &[u32]) -> Option<(usize, usize)> {
+        let limit = &prompt[..prompt.len() - 1];
+        let mut best: Option<(usize, usize)> = None;
+        for slot in 0..self.seqs.len() {
+            let prefix = match (&self.seqs[slot], &self.cached[slot]) {
+                (Some(s), _) => &s.prefix,
+                (None, Some(c)) => &c.prefix,
+                (None, None) => continue,
+            };
+            let common = prefix.iter().zip(limit).take_while(|(a, b)| a == b).count();
+            let usable = if self.has_conv && common < prefix.len() {
+                0
+            } else {
+                common
+            };
+            let better = match best {
+                None => usable > 0,
+                Some((b, n)) => {
+                    usable > n
+                        || (usable == n && self.seqs[slot].is_none() && self.seqs[b].is_some())
+                }
+            };
+            if better {
+                best = Some((slot, usable));
+            }
+        }
+        best
+    }
+
+    /// A free slot for a new sequence: one without a cached prefix, else the
+    /// one left longest ago.
+    fn free_slot(&self) -> Option<usize> {
+        (0..self.seqs.len())
+            .filter(|&s| self.seqs[s].is_none())
+            .min_by_key(|&s| self.cached[s].as_ref().map_or(0, |c| c.at))
+    }
+
+    /// Makes positions 0..n of `dst` those of `src`'s prefix: the KV rows
+    /// (through the single model's caches: a copy within one buffer is not
+    /// allowed) unless `dst` is `src`, and the conv rings from `src`'s
+    /// snapshot, which becomes `dst`'s too.
+    fn copy_prefix(&mut self, src: usize, dst: usize, n: usize) -> Result<()> {
+        if src != dst {
+            // The source may be held with rows not yet in its slot; the
+            // single model's caches are then overwritten.
+            self.release();
+            self.m.reset();
+            self.m.ensure_capacity(n)?;
+        }
+        let g = &*self.m.gpu;
+        let kvw = (self.m.cfg.kv_heads * self.m.cfg.head_dim) as u64;
+        let rb = (self.ring * self.m.cfg.hidden * 4) as u64;
+        let row = |slot: usize| (slot * self.slot_len) as u64 * kvw * 4;
+        let len = n as u64 * kvw * 4;
+        let mut enc = g.device.create_command_encoder(&Default::default());
+        for (mine, theirs) in self.state.iter().zip(&self.m.state) {
+            match (mine, theirs) {
+                (SlotState::Kv { k, v }, super::GpuState::Kv { k: mk, v: mv }) => {
+                    if src != dst {
+                        for (s, mm) in [(k, mk), (v, mv)] {
+                            enc.copy_buffer_to_buffer(s, row(src), mm, 0, len);
+                            enc.copy_buffer_to_buffer(mm, 0, s, row(dst), len);
+                        }
+                    }
+                }
+                (SlotState::Conv { ring, snap }, _) => {
+                    let (from, to) = (src as u64 * rb, dst as u64 * rb);
+                    enc.copy_buffer_to_buffer(snap, from, ring, to, rb);
+                    if src != dst {
+                        enc.copy_buffer_to_buffer(ring, to, snap, to, rb);
+                    }
+                }
+                _ => unreachable!("both follow the config's layers"),
+            }
+        }
+        g.queue.submit([enc.finish()]);
         Ok(())
     }
 
@@ -425,7 +609,7 @@ impl GpuBatch {
                         }
                     }
                 }
-                (SlotState::Conv(s), super::GpuState::Conv(mm)) => {
+                (SlotState::Conv { ring: s, .. }, super::GpuState::Conv(mm)) => {
                     let at = slot as u64 * ring_bytes;
                     if to_slot {
                         enc.copy_buffer_to_buffer(mm, 0, s, at, ring_bytes);
@@ -439,20 +623,21 @@ impl GpuBatch {
         g.queue.submit([enc.finish()]);
     }
 
-    /// Runs `f` on the single model holding `slot`'s sequence and copies
-    /// what it appended back into the slot; on failure the model forgets.
+    /// Runs `f` on the single model holding `slot`'s sequence (what it
+    /// appends reaches the slot at the next [`GpuBatch::sync`]). On
+    /// failure the sequence's state is unknown (its conv rings may be half
+    /// updated and not yet copied back): it is closed, and later steps of
+    /// it fail as steps of a sequence that is not open.
     fn on_single<T>(&mut self, slot: usize, f: impl FnOnce(&mut GpuLlm) -> Result<T>) -> Result<T> {
         self.hold(slot)?;
-        let from = self.m.pos;
         match f(&mut self.m) {
             Ok(v) => {
-                let to = self.m.pos;
-                self.copy_state(slot, from, to, true);
-                self.seqs[slot].as_mut().expect("open slot").pos = to;
+                self.seqs[slot].as_mut().expect("open slot").pos = self.m.pos;
                 Ok(v)
             }
             Err(e) => {
                 self.held = None;
+                self.seqs[slot] = None;
                 Err(e)
             }
         }
@@ -468,7 +653,7 @@ impl GpuBatch {
             .iter()
             .map(|s| match s {
                 SlotState::Kv { k, v } => LayerBufs::Kv(k, v),
-                SlotState::Conv(c) => LayerBufs::Conv(c),
+                SlotState::Conv { ring, .. } => LayerBufs::Conv(ring),
             })
             .collect();
         let target = RowsTarget {
@@ -489,6 +674,14 @@ impl GpuBatch {
     fn decode_rows(&mut self, rows: &[(usize, u32)], want: Want) -> Result<Vec<u8>> {
         let n = rows.len();
         self.plan(n)?;
+        // The rows move on in their slots: the single model's copy of one
+        // of them would go stale.
+        if self
+            .held
+            .is_some_and(|h| rows.iter().any(|r| r.0 == h.slot))
+        {
+            self.release();
+        }
         let cfg = &self.m.cfg;
         for &(slot, token) in rows {
             self.check_room(slot, 1)?;
@@ -556,14 +749,9 @@ impl GpuBatch {
         if let (Some(m), Some(prof)) = (marks, self.profile.as_mut()) {
             m.add_to(prof, g, done, [t0, t0, t1, t2])?;
         }
-        // The rows' states moved on (or, after a failure, are unknown
-        // anyway): the single model's copy is stale.
+        // The rows' states moved on (or, after a failure, are unknown).
         for &(slot, _) in rows {
-            let s = self.seqs[slot].as_mut().expect("open slot");
-            if self.held == Some(s.id) {
-                self.held = None;
-            }
-            s.pos += 1;
+            self.seqs[slot].as_mut().expect("open slot").pos += 1;
         }
         out
     }
@@ -840,6 +1028,18 @@ impl<'a> DecoderOps for BatchRecorder<'a> {
     }
 }
 
+/// Computes `tokens` as a prompt: a single token too is a prefill of one
+/// row (as `forward` runs the last piece of a prompt one past its chunks),
+/// not a decode step, whose rounding differs.
+fn prompt_forward(m: &mut GpuLlm, tokens: &[u32]) -> Result<Vec<f32>> {
+    if let [_] = tokens {
+        m.check_tokens(tokens)?;
+        m.prefill(tokens, false, true)
+    } else {
+        m.forward(tokens, false)
+    }
+}
+
 /// The token of each row of a greedy step's readback ([index, flag] pairs).
 pub(super) fn row_tokens(bytes: &[u8]) -> Result<Vec<u32>> {
     bytes.chunks_exact(8).map(super::greedy_token).collect()
@@ -868,22 +1068,45 @@ impl BatchedLm for GpuBatch {
                 self.seqs.len()
             )));
         }
-        let Some(slot) = self.seqs.iter().position(Option::is_none) else {
+        let Some(free) = self.free_slot() else {
             return Ok(None);
+        };
+        // The prefix cache: a free slot that holds the start of the prompt
+        // is taken as it is; a prefix in another slot is copied.
+        let reuse = self.best_prefix(prompt);
+        let slot = match reuse {
+            Some((src, _)) if self.seqs[src].is_none() => src,
+            _ => free,
+        };
+        let n = match reuse {
+            Some((src, n)) => {
+                self.copy_prefix(src, slot, n)?;
+                n
+            }
+            None => {
+                // Positions before 0 read zeros from the conv rings.
+                let g = &*self.m.gpu;
+                let ring_bytes = self.ring * self.m.cfg.hidden * 4;
+                let zeros = vec![0u8; ring_bytes];
+                for s in &self.state {
+                    if let SlotState::Conv { ring, .. } = s {
+                        g.queue
+                            .write_buffer(ring, (slot * ring_bytes) as u64, &zeros);
+                    }
+                }
+                0
+            }
         };
         let id = self.next_id;
         self.next_id += 1;
-        self.seqs[slot] = Some(Seq { id, pos: 0 });
-        // Positions before 0 read zeros from the conv rings.
-        let g = &*self.m.gpu;
-        let ring_bytes = self.ring * self.m.cfg.hidden * 4;
-        let zeros = vec![0u8; ring_bytes];
-        for s in &self.state {
-            if let SlotState::Conv(b) = s {
-                g.queue.write_buffer(b, (slot * ring_bytes) as u64, &zeros);
-            }
-        }
-        Ok(Some((id, 0)))
+        self.cached[slot] = None;
+        self.seqs[slot] = Some(Seq {
+            id,
+            pos: n,
+            prefix: prompt[..n].to_vec(),
+            prompt_len: prompt.len(),
+        });
+        Ok(Some((id, n)))
     }
 
     /// A slot is reserved whole at `open`; growing past it fails the step.
@@ -895,12 +1118,20 @@ impl BatchedLm for GpuBatch {
         self.seqs.iter().filter(|s| s.is_none()).count()
     }
 
+    /// The sequence's prompt prefix stays cached in its slot.
     fn close(&mut self, id: SeqId) {
-        if let Ok(slot) = self.slot_of(id) {
-            self.seqs[slot] = None;
+        let Ok(slot) = self.slot_of(id) else { return };
+        if self.held.is_some_and(|h| h.id == id) {
+            // Rows of its prefix may not be in the slot yet.
+            self.release();
         }
-        if self.held == Some(id) {
-            self.held = None;
+        let seq = self.seqs[slot].take().expect("open slot");
+        self.clock += 1;
+        if !seq.prefix.is_empty() {
+            self.cached[slot] = Some(Cached {
+                prefix: seq.prefix,
+                at: self.clock,
+            });
         }
     }
 
@@ -912,24 +1143,60 @@ impl BatchedLm for GpuBatch {
             let slot = self.slot_of(w.id)?;
             match w.tokens {
                 [] => return Err(Error::invalid("forward: no tokens")),
-                [t] => {
+                [t] if w.as_decode => {
                     rows.push((slot, *t));
                     at.push(i);
                 }
                 tokens => {
                     self.check_room(slot, tokens.len())?;
-                    out[i] = self.on_single(slot, |m| {
-                        if w.as_decode {
+                    let before = self.pos(slot);
+                    let seq = self.seqs[slot].as_ref().expect("open slot");
+                    let extends = !w.as_decode && seq.prefix.len() == before;
+                    if w.as_decode {
+                        out[i] = self.on_single(slot, |m| {
                             let mut last = Vec::new();
                             for t in tokens {
                                 last = m.forward(&[*t], false)?;
                             }
                             Ok(last)
-                        } else {
-                            m.forward(tokens, false)
-                        }
-                    })?;
+                        })?;
+                        continue;
+                    }
+                    // A prompt chunk right after the prefix extends it. A
+                    // hybrid model's prefix (and snapshot) ends one token
+                    // short of the prompt, so that the same prompt again
+                    // can reuse it: the final chunk is split there.
+                    let keep = if self.has_conv && extends {
+                        tokens
+                            .len()
+                            .min((seq.prompt_len - 1).saturating_sub(before))
+                    } else if extends {
+                        tokens.len()
+                    } else {
+                        0
+                    };
+                    let (head, tail) = tokens.split_at(keep);
+                    if !head.is_empty() {
+                        out[i] = self.on_single(slot, |m| prompt_forward(m, head))?;
+                        let seq = self.seqs[slot].as_mut().expect("open slot");
+                        seq.prefix.extend_from_slice(head);
+                        self.snapshot(slot);
+                    }
+                    if !tail.is_empty() {
+                        out[i] = self.on_single(slot, |m| prompt_forward(m, tail))?;
+                    }
                 }
+            }
+        }
+        if let ([(slot, token)], [i]) = (rows.as_slice(), at.as_slice()) {
+            // One decode row and no prompt in the step: the single path's
+            // kernels, as `generate` runs them (bit-equal to a batched row,
+            // and faster for one).
+            if rows.len() == work.len() {
+                let (slot, token) = (*slot, *token);
+                self.check_room(slot, 1)?;
+                out[*i] = self.on_single(slot, |m| m.forward(&[token], false))?;
+                return Ok(out);
             }
         }
         if !rows.is_empty() {
@@ -946,7 +1213,12 @@ impl BatchedLm for GpuBatch {
     fn usage(&self) -> BlockUsage {
         BlockUsage {
             in_use: self.seqs.iter().filter(|s| s.is_some()).count(),
-            cached: 0,
+            cached: self
+                .seqs
+                .iter()
+                .zip(&self.cached)
+                .filter(|(s, c)| s.is_none() && c.is_some())
+                .count(),
             total: self.seqs.len(),
         }
     }
@@ -1015,6 +1287,11 @@ impl BatchedLm for GpuBatch {
                 .iter()
                 .map(|&(id, t)| Ok((self.slot_of(id)?, t)))
                 .collect::<Result<Vec<_>>>()?;
+            if let [(slot, token)] = rows[..] {
+                // A batch of one on the single path's kernels.
+                self.check_room(slot, 1)?;
+                return Ok(vec![self.on_single(slot, |m| m.step_greedy(token))?]);
+            }
             row_tokens(&self.decode_rows(&rows, Want::Tokens)?)
         };
         Some(run())
