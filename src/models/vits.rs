@@ -26,8 +26,10 @@
 //! Activations are `[channels, time]` (PyTorch's layout without the batch).
 
 mod gpu;
+mod gpu_prior;
 
 pub use gpu::{GpuFlow, GpuGenerator, GpuVoice};
+pub use gpu_prior::GpuPrior;
 
 use crate::cpu::{self, Conv1dShape, ConvTranspose1dShape};
 use crate::device::DeviceChoice;
@@ -677,7 +679,8 @@ impl TextEncoder {
         self.emb.len() / self.hidden
     }
 
-    fn forward(&self, ids: &[usize]) -> Encoded {
+    /// ids -> their embeddings * sqrt(hidden): [hidden, t].
+    fn embed(&self, ids: &[usize]) -> Vec<f32> {
         let (h, t) = (self.hidden, ids.len());
         let scale = (h as f32).sqrt();
         let mut xt = vec![0.0; t * h];
@@ -686,7 +689,12 @@ impl TextEncoder {
                 *o = e * scale;
             }
         }
-        let mut x = transpose(&xt, t, h);
+        transpose(&xt, t, h)
+    }
+
+    fn forward(&self, ids: &[usize]) -> Encoded {
+        let t = ids.len();
+        let mut x = self.embed(ids);
         for layer in &self.layers {
             let y = layer.attn.forward(&x, t);
             add_in_place(&mut x, &y);
@@ -1367,8 +1375,8 @@ impl Vits {
     }
 }
 
-/// A voice on the device the user chose: the CPU reference, or the GPU
-/// flow and generator behind the CPU text encoder and duration predictor.
+/// A voice on the device the user chose: the CPU reference, or the whole
+/// graph on the GPU.
 pub enum Synthesizer {
     Cpu(Vits),
     Gpu(Vits, Box<GpuVoice>),
@@ -1418,21 +1426,17 @@ impl Synthesizer {
         scales: &Scales,
         rng: &mut Rng,
     ) -> Result<(Vec<f32>, StageSeconds)> {
+        let v = match self {
+            Synthesizer::Cpu(v) => v,
+            Synthesizer::Gpu(v, g) => return g.synthesize(v, ids, speaker, scales, rng),
+        };
         let t0 = std::time::Instant::now();
-        let (v, mut lat) = match self {
-            Synthesizer::Cpu(v) | Synthesizer::Gpu(v, _) => {
-                (v, v.prior(ids, speaker, scales, rng)?)
-            }
-        };
+        let mut lat = v.prior(ids, speaker, scales, rng)?;
         let prior = t0.elapsed().as_secs_f64();
-        let audio = match self {
-            Synthesizer::Cpu(_) => {
-                v.flow_reverse(&mut lat.z, lat.frames, speaker);
-                v.dec
-                    .forward(&lat.z, lat.frames, speaker.map(|s| s.dec.as_slice()))
-            }
-            Synthesizer::Gpu(_, g) => g.forward(&lat.z, lat.frames, speaker)?,
-        };
+        v.flow_reverse(&mut lat.z, lat.frames, speaker);
+        let audio = v
+            .dec
+            .forward(&lat.z, lat.frames, speaker.map(|s| s.dec.as_slice()));
         Ok((
             audio,
             StageSeconds {
@@ -1446,11 +1450,12 @@ impl Synthesizer {
 /// Where a sentence's synthesis time went.
 #[derive(Clone, Copy, Debug)]
 pub struct StageSeconds {
-    /// Text encoder, duration predictor, length regulation and noise (on
-    /// the CPU for both backends).
+    /// Text encoder, duration predictor and the noise; on the CPU, the
+    /// length regulation too. On the GPU: the first submission, with the
+    /// durations read back.
     pub prior: f64,
-    /// The flow and the generator (on the chosen device), with the upload
-    /// and the read-back.
+    /// The flow and the generator, with the upload and the read-back; on
+    /// the GPU the length regulation too (the same submission).
     pub flow_and_decoder: f64,
 }
 
