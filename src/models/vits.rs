@@ -1303,6 +1303,26 @@ impl Vits {
             .collect()
     }
 
+    /// The first half of [`Vits::prior`]: the text encoder's statistics
+    /// ([2 inter_channels, t]: the prior's mean, then its log-std) and the
+    /// duration predictor's log-durations [t] on duration noise `noise`
+    /// ([2, t], standard normal * noise_w).
+    pub fn encode(
+        &self,
+        ids: &[i64],
+        speaker: Option<&SpeakerOffsets>,
+        noise: Vec<f32>,
+    ) -> Result<(Vec<f32>, Vec<f32>)> {
+        let ids = self.check_ids(ids)?;
+        let t = ids.len();
+        assert_eq!(noise.len(), 2 * t, "Vits::encode: noise shape");
+        let enc = self.enc.forward(&ids);
+        let logw = self
+            .dp
+            .reverse(&enc.x, t, noise, speaker.map(|s| s.dp.as_slice()));
+        Ok(([enc.m, enc.logs].concat(), logw))
+    }
+
     /// Phoneme ids -> the prior sample z_p ([inter_channels, frames]) the
     /// flow starts from: text encoder, duration predictor, length
     /// regulation, noise. Noise is drawn from `rng` (duration noise first,
@@ -1314,19 +1334,13 @@ impl Vits {
         scales: &Scales,
         rng: &mut Rng,
     ) -> Result<Latent> {
-        let ids = self.check_ids(ids)?;
-        let t = ids.len();
-        let enc = self.enc.forward(&ids);
-        let noise = duration_noise(t, scales, rng);
-        let logw = self
-            .dp
-            .reverse(&enc.x, t, noise, speaker.map(|s| s.dp.as_slice()));
+        let t = self.check_ids(ids)?.len();
+        let (stats, logw) = self.encode(ids, speaker, duration_noise(t, scales, rng))?;
         let durations = durations(&logw, scales.length_scale);
         let (idx, noise) = prior_noise(&durations, self.inter_channels, rng);
         let z = if idx.is_empty() {
             no_frames_prior(&noise, scales.noise_scale)
         } else {
-            let stats = [enc.m, enc.logs].concat();
             cpu::expand_prior(&stats, t, &idx, &noise, scales.noise_scale)
         };
         let frames = idx.len().max(1);

@@ -17,7 +17,7 @@
 
 use super::{
     duration_noise, durations, no_frames_prior, prior_noise, Conv, ConvT, Coupling, Generator,
-    GpuPrior, Scales, SpeakerOffsets, StageSeconds, Vits, LRELU_SLOPE, LRELU_SLOPE_POST,
+    GpuPrior, Latent, Scales, SpeakerOffsets, StageSeconds, Vits, LRELU_SLOPE, LRELU_SLOPE_POST,
 };
 use crate::cpu::Conv1dShape;
 use crate::error::{Error, Result};
@@ -570,31 +570,27 @@ impl GpuVoice {
         })
     }
 
-    /// Phoneme ids -> audio, as [`Vits::synthesize`] computes it on the
-    /// CPU, with the same noise from `rng` (drawn on the host in the same
-    /// order), and where the time went. `v` is the voice this was made from.
-    pub fn synthesize(
+    /// The prior on the device (the first submission and the durations),
+    /// and the length regulation recorded into `work`: the latent z_p's
+    /// halves once `work` runs, its frames and the durations.
+    fn record_prior(
         &self,
         v: &Vits,
         ids: &[i64],
         speaker: Option<&SpeakerOffsets>,
         scales: &Scales,
         rng: &mut Rng,
-    ) -> Result<(Vec<f32>, StageSeconds)> {
-        let t0 = std::time::Instant::now();
+        work: &mut Vec<Dispatch>,
+    ) -> Result<(wgpu::Buffer, wgpu::Buffer, Latent)> {
         let gpu = self.gpu();
-        let ids = v.check_ids(ids)?;
         let t = ids.len();
-        let x = v.enc.embed(&ids);
         let noise = duration_noise(t, scales, rng);
-        let (stats, logw) = self.prior.encode(&x, t, &noise, speaker)?;
+        let (stats, logw) = self.prior.encode(v, ids, &noise, speaker)?;
         let durations = durations(&logw, scales.length_scale);
         let (idx, noise) = prior_noise(&durations, v.inter_channels, rng);
-        let prior = t0.elapsed().as_secs_f64();
         let c = v.inter_channels;
         let half = c / 2;
         let frames = idx.len().max(1);
-        let mut work = Vec::new();
         let (a, b) = if idx.is_empty() {
             self.flow
                 .upload(&no_frames_prior(&noise, scales.noise_scale))?
@@ -620,7 +616,53 @@ impl GpuVoice {
             };
             (half_buffer(0)?, half_buffer(half)?)
         };
-        let audio = self.flow_and_decoder(a, b, frames, speaker, work)?;
+        let lat = Latent {
+            z: Vec::new(),
+            frames,
+            durations,
+        };
+        Ok((a, b, lat))
+    }
+
+    /// [`Vits::prior`] on the device: the latent z_p read back (for
+    /// per-stage parity; [`GpuVoice::synthesize`] keeps it on the device).
+    pub fn prior(
+        &self,
+        v: &Vits,
+        ids: &[i64],
+        speaker: Option<&SpeakerOffsets>,
+        scales: &Scales,
+        rng: &mut Rng,
+    ) -> Result<Latent> {
+        let gpu = self.gpu();
+        let mut work = Vec::new();
+        let (a, b, mut lat) = self.record_prior(v, ids, speaker, scales, rng, &mut work)?;
+        let n = v.inter_channels / 2 * lat.frames;
+        if !work.is_empty() {
+            gpu.run_all(&work.iter().collect::<Vec<_>>())?;
+        }
+        lat.z = gpu.read_f32(&a)?;
+        lat.z.truncate(n);
+        lat.z.extend_from_slice(&gpu.read_f32(&b)?[..n]);
+        Ok(lat)
+    }
+
+    /// Phoneme ids -> audio, as [`Vits::synthesize`] computes it on the
+    /// CPU, with the same noise from `rng` (drawn on the host in the same
+    /// order), and where the time went. `v` is the voice this was made from.
+    pub fn synthesize(
+        &self,
+        v: &Vits,
+        ids: &[i64],
+        speaker: Option<&SpeakerOffsets>,
+        scales: &Scales,
+        rng: &mut Rng,
+    ) -> Result<(Vec<f32>, StageSeconds)> {
+        let t0 = std::time::Instant::now();
+        let mut work = Vec::new();
+        let (a, b, lat) = self.record_prior(v, ids, speaker, scales, rng, &mut work)?;
+        let prior = t0.elapsed().as_secs_f64();
+        let audio = self.flow_and_decoder(a, b, lat.frames, speaker, work)?;
         Ok((
             audio,
             StageSeconds {

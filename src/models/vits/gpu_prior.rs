@@ -312,23 +312,23 @@ impl GpuPrior {
         })
     }
 
-    /// The text encoder and the duration predictor on embedded ids x:
-    /// [hidden, t] ([`super::TextEncoder::embed`]) and the duration noise
-    /// [2, t], in one submission. Returns the prior's statistics on the
-    /// device ([2 inter_channels, t]: the mean, then the log-std) and the
-    /// log-durations [t], as [`Vits::prior`] computes them.
+    /// [`Vits::encode`] on the device, in one submission: the text encoder
+    /// and the duration predictor on phoneme ids and the duration noise [2,
+    /// t]. Returns the prior's statistics, left on the device ([2
+    /// inter_channels, t]: the mean, then the log-std), and the
+    /// log-durations [t]. `v` is the voice this was made from.
     pub fn encode(
         &self,
-        x: &[f32],
-        t: usize,
+        v: &Vits,
+        ids: &[i64],
         noise: &[f32],
         speaker: Option<&SpeakerOffsets>,
     ) -> Result<(wgpu::Buffer, Vec<f32>)> {
         let gpu = &*self.gpu;
-        assert!(
-            x.len() == self.hidden * t && noise.len() == 2 * t && t > 0,
-            "GpuPrior::encode: shapes"
-        );
+        let ids = v.check_ids(ids)?;
+        let t = ids.len();
+        assert_eq!(noise.len(), 2 * t, "GpuPrior::encode: noise shape");
+        let x = v.enc.embed(&ids);
         let scores_bytes = speech::rel_attention_scratch_bytes(self.heads, t);
         if scores_bytes > gpu.caps.max_binding.min(gpu.caps.max_buffer) || t > 65535 {
             return Err(Error::invalid(format!(
@@ -339,7 +339,7 @@ impl GpuPrior {
             )));
         }
         let mut work = Vec::new();
-        let mut h = gpu.upload_f32("enc_p.x", x)?;
+        let mut h = gpu.upload_f32("enc_p.x", &x)?;
         let scores = gpu.scratch("enc_p.scores", scores_bytes)?;
         let hidden = self.hidden;
         for l in &self.layers {
