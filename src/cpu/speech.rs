@@ -76,7 +76,7 @@ pub fn rel_position_attention(
         "rel_position_attention: shape mismatch"
     );
     assert!(
-        rel_k.len() == rel_v.len() && rel_k.len() % dk == 0 && (rel_k.len() / dk) % 2 == 1,
+        rel_k.len() == rel_v.len() && rel_k.len().is_multiple_of(dk) && (rel_k.len() / dk) % 2 == 1,
         "rel_position_attention: relative embeddings"
     );
     let w = (rel_k.len() / dk / 2) as isize;
@@ -202,7 +202,7 @@ fn softplus(v: f32) -> f32 {
 pub fn spline_inverse_rows(x: &[f32], h: &[f32], norm: f32, y: &mut [f32]) {
     let t = x.len();
     assert!(
-        y.len() == t && t > 0 && h.len() % t == 0 && (h.len() / t + 1) % 3 == 0,
+        y.len() == t && t > 0 && h.len().is_multiple_of(t) && (h.len() / t + 1).is_multiple_of(3),
         "spline_inverse_rows: shape mismatch"
     );
     let n_params = h.len() / t;

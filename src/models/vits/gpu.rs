@@ -676,17 +676,6 @@ impl GpuVoice {
         &self.flow.gpu
     }
 
-    /// z_p: [inter_channels, frames] -> audio [frames * hop].
-    pub fn forward(
-        &self,
-        z: &[f32],
-        frames: usize,
-        speaker: Option<&SpeakerOffsets>,
-    ) -> Result<Vec<f32>> {
-        let (a, b) = self.flow.upload(z)?;
-        self.flow_and_decoder(a, b, frames, speaker, Vec::new())
-    }
-
     /// Records the flow and the generator after `work` on the latent's
     /// halves (a, b), runs it all as one submission and reads the audio.
     fn flow_and_decoder(
