@@ -478,8 +478,8 @@ fn the_gpu_repeats_itself_and_says_what_the_cpu_says() {
     let gpu = run("--gpu");
     assert_eq!(run("--gpu"), gpu, "same seed, same samples");
     let cpu = run("--cpu");
-    // Same noise (drawn on the CPU), same durations; the flow and the
-    // generator in f32 on both, sums in another order: within 2 of 32767.
+    // Same noise (drawn on the host), same durations; the whole graph in
+    // f32 on both, sums in another order: within 2 of 32767.
     assert_eq!(cpu.len(), gpu.len());
     let max = cpu
         .iter()

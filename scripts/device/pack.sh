@@ -2,13 +2,13 @@
 # Packs what the H200 runs need into .dev/ (git-ignored via .git/info/exclude),
 # in pieces small enough for the device tool's 64 MiB per-call limit:
 #   .dev/bin.tar.xz        stripped release binaries: lfm (every tool), the
-#                          llm_gpu_check example, the gpu_parity and llm_gpu
-#                          test binaries; scripts/device/unpack.sh makes
+#                          llm_gpu_check example, the gpu_parity, llm_gpu and
+#                          speak_vits test binaries; scripts/device/unpack.sh makes
 #                          target/release/<tool> wrappers around lfm
 #   .dev/small.tar         the layout model, the mel filters, the LibriVox clips
 #   .dev/<model>.NN        40 MiB chunks of each large model's tar
 # Run from the repo root after `cargo build --release --bin lfm --example
-# llm_gpu_check` and `cargo test --release --no-run --test gpu_parity --test llm_gpu`.
+# llm_gpu_check` and `cargo test --release --no-run --test gpu_parity --test llm_gpu --test speak_vits`.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 T=${CARGO_TARGET_DIR:-target}/release
@@ -16,7 +16,7 @@ D=.dev
 rm -rf "$D/stage" && mkdir -p "$D/stage/bin"
 strip -o "$D/stage/bin/lfm" "$T/lfm"
 strip -o "$D/stage/bin/llm_gpu_check" "$T/examples/llm_gpu_check"
-for t in gpu_parity llm_gpu; do
+for t in gpu_parity llm_gpu speak_vits; do
     f=$(ls -t "$T"/deps/$t-* | grep -v '\.d$' | head -1)
     strip -o "$D/stage/bin/$t" "$f"
 done

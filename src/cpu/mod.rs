@@ -12,6 +12,7 @@ pub mod llm;
 pub mod matmul;
 pub mod norm;
 pub mod pool;
+pub mod speech;
 
 pub use activation::*;
 pub use attention::*;
@@ -23,3 +24,4 @@ pub use llm::*;
 pub use matmul::*;
 pub use norm::*;
 pub use pool::*;
+pub use speech::*;

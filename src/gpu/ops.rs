@@ -27,6 +27,27 @@ impl Gpu {
         self.run(&v)
     }
 
+    /// Records `work` in order, then a copy of `out`'s first `bytes` to the
+    /// host, as one submission; waits and returns those bytes.
+    pub fn run_and_read(
+        &self,
+        work: &[&Dispatch],
+        out: &wgpu::Buffer,
+        bytes: u64,
+    ) -> Result<Vec<u8>> {
+        let bytes = bytes.div_ceil(4).max(1) * 4;
+        let mut enc = self.device.create_command_encoder(&Default::default());
+        {
+            let mut pass = enc.begin_compute_pass(&Default::default());
+            for d in work {
+                d.record(&mut pass);
+            }
+        }
+        let staging = self.staging("readback", bytes);
+        enc.copy_buffer_to_buffer(out, 0, &staging, 0, bytes);
+        self.submit_and_read(enc, &staging, bytes)
+    }
+
     /// The variant to use on this adapter: subgroup reductions when present.
     pub fn reduce_variant(&self) -> Variant {
         if self.caps.subgroups {

@@ -19,7 +19,239 @@ pub const CASES: &[Case] = &[
         kernel: "wavenet_gate",
         run: wavenet_gate,
     },
+    Case {
+        kernel: "layer_norm_channels",
+        run: layer_norm_channels,
+    },
+    Case {
+        kernel: "conv1d_depthwise",
+        run: conv1d_depthwise,
+    },
+    Case {
+        kernel: "rel_attention",
+        run: rel_attention,
+    },
+    Case {
+        kernel: "spline_inverse",
+        run: spline_inverse,
+    },
+    Case {
+        kernel: "expand_prior",
+        run: expand_prior,
+    },
 ];
+
+fn layer_norm_channels(gpu: &Gpu, _v: &Variant) {
+    let mut rng = Rng::new(21);
+    for (ci, &c) in [1usize, 7, 192].iter().enumerate() {
+        for &t in &SIZES[..9] {
+            // An offset mean, so the two-pass variance matters.
+            let x: Vec<f32> = rng.vec(c * t, -2.0, 2.0).iter().map(|v| v + 3.0).collect();
+            let gamma = rng.vec(c, 0.5, 1.5);
+            let beta = rng.vec(c, -0.5, 0.5);
+            let res = rng.vec(c * t, -1.0, 1.0);
+            let (gelu, with_res) = [(false, false), (true, false), (true, true)][(ci + t) % 3];
+            let mut want = vec![0.0; c * t];
+            let r = with_res.then_some(res.as_slice());
+            cpu::layer_norm_channels(&x, &gamma, &beta, 1e-5, t, gelu, r, &mut want);
+            let gx = gpu.upload_f32("x", &x).unwrap();
+            let gg = gpu.upload_f32("gamma", &gamma).unwrap();
+            let gb = gpu.upload_f32("beta", &beta).unwrap();
+            let gr = gpu.upload_f32("res", &res).unwrap();
+            let gy = gpu.poisoned_f32("y", c * t).unwrap();
+            let d = speech::layer_norm_channels(
+                gpu,
+                &gx,
+                &gg,
+                &gb,
+                with_res.then_some(&gr),
+                &gy,
+                c,
+                t,
+                1e-5,
+                gelu,
+            )
+            .unwrap();
+            gpu.run_all(&[&d]).unwrap();
+            let got = gpu.read_f32(&gy).unwrap();
+            // Same sums in the same order; a GPU sqrt and the f32 erf of
+            // erf.wgsl (1.4e-7 absolute) against the CPU's f64 one, squared.
+            // c = 1 normalises to beta exactly (x - mean = 0).
+            assert_close(
+                &format!("layer_norm_channels c={c} t={t} gelu={gelu} res={with_res}"),
+                &got[..c * t],
+                &want,
+                1e-11,
+            );
+        }
+    }
+}
+
+fn conv1d_depthwise(gpu: &Gpu, _v: &Variant) {
+    let mut rng = Rng::new(22);
+    // (channels, kernel, dilation): DDSConv's layers (kernel 3, dilation
+    // 3^i, "same" padding), and a 1-tap and an even kernel.
+    for &(c, kernel, dilation) in &[(5, 3, 1), (33, 3, 9), (4, 1, 1), (3, 4, 2)] {
+        let pad = (kernel * dilation - dilation) / 2;
+        let s = Conv1dShape {
+            c_in: c,
+            c_out: c,
+            kernel,
+            dilation,
+            pad_left: pad,
+            pad_right: pad,
+            groups: c,
+        };
+        for &t in &SIZES[..9] {
+            let t_out = s.t_out(t);
+            if t_out == 0 {
+                continue;
+            }
+            let x = rng.vec(c * t, -2.0, 2.0);
+            let w = rng.vec(c * kernel, -0.5, 0.5);
+            let b = rng.vec(c, -0.5, 0.5);
+            let mut want = vec![0.0; c * t_out];
+            cpu::conv1d(&x, t, &w, Some(&b), &s, &mut want);
+            let gx = gpu.upload_f32("x", &x).unwrap();
+            let gw = gpu.upload_f32("w", &w).unwrap();
+            let gb = gpu.upload_f32("b", &b).unwrap();
+            let gy = gpu.poisoned_f32("y", c * t_out).unwrap();
+            let d = speech::conv1d_depthwise(gpu, &gx, &gw, &gb, &gy, &s, t).unwrap();
+            gpu.run_all(&[&d]).unwrap();
+            let got = gpu.read_f32(&gy).unwrap();
+            // At most 4 products and a bias, maybe in another order.
+            assert_close(
+                &format!("conv1d_depthwise {s:?} t={t}"),
+                &got[..c * t_out],
+                &want,
+                1e-12,
+            );
+        }
+    }
+}
+
+/// [rows, cols] -> [cols, rows]
+fn transpose(x: &[f32], rows: usize, cols: usize) -> Vec<f32> {
+    let mut y = vec![0.0; x.len()];
+    for r in 0..rows {
+        for c in 0..cols {
+            y[c * rows + r] = x[r * cols + c];
+        }
+    }
+    y
+}
+
+fn rel_attention(gpu: &Gpu, _v: &Variant) {
+    let mut rng = Rng::new(23);
+    // (heads, dk, window): Piper's (2 x 96, window 4) and smaller heads,
+    // a window wider than short sequences, a head wider than the workgroup.
+    for &(heads, dk, window) in &[(2, 96, 4), (3, 5, 1), (1, 7, 10), (1, 130, 2)] {
+        for &t in &[1usize, 5, 33, 64, 65, 132] {
+            let c = heads * dk;
+            let qkv = rng.vec(3 * c * t, -2.0, 2.0);
+            let rel_k = rng.vec((2 * window + 1) * dk, -1.0, 1.0);
+            let rel_v = rng.vec((2 * window + 1) * dk, -1.0, 1.0);
+            let rows = |i: usize| transpose(&qkv[i * c * t..(i + 1) * c * t], c, t);
+            let want = transpose(
+                &cpu::rel_position_attention(
+                    &rows(0),
+                    &rows(1),
+                    &rows(2),
+                    &rel_k,
+                    &rel_v,
+                    heads,
+                    t,
+                ),
+                t,
+                c,
+            );
+            let gq = gpu.upload_f32("qkv", &qkv).unwrap();
+            let gk = gpu.upload_f32("rel_k", &rel_k).unwrap();
+            let gv = gpu.upload_f32("rel_v", &rel_v).unwrap();
+            let scores = gpu
+                .scratch("scores", speech::rel_attention_scratch_bytes(heads, t))
+                .unwrap();
+            let gy = gpu.poisoned_f32("y", c * t).unwrap();
+            let d = speech::rel_attention(gpu, &gq, &gk, &gv, &scores, &gy, heads, dk, window, t)
+                .unwrap();
+            gpu.run_all(&[&d]).unwrap();
+            let got = gpu.read_f32(&gy).unwrap();
+            // Dot products of up to 130 terms in another order, an exp per
+            // score and sums over up to 132 keys: a few ulps, squared.
+            assert_close(
+                &format!("rel_attention heads={heads} dk={dk} window={window} t={t}"),
+                &got[..c * t],
+                &want,
+                1e-10,
+            );
+        }
+    }
+}
+
+fn spline_inverse(gpu: &Gpu, _v: &Variant) {
+    let mut rng = Rng::new(24);
+    // Piper's 10 bins, one bin, and the most the kernel takes.
+    for &bins in &[10usize, 1, speech::SPLINE_MAX_BINS] {
+        for &t in &SIZES[..9] {
+            // Inputs on both sides of the tails (|x| > 5 passes through).
+            let x = rng.vec(t, -6.0, 6.0);
+            let h = rng.vec((3 * bins - 1) * t, -3.0, 3.0);
+            let norm = 1.0 / (192.0f32).sqrt();
+            let mut want = vec![0.0; t];
+            cpu::spline_inverse_rows(&x, &h, norm, &mut want);
+            let gx = gpu.upload_f32("x", &x).unwrap();
+            let gh = gpu.upload_f32("h", &h).unwrap();
+            let gy = gpu.poisoned_f32("y", t).unwrap();
+            let d = speech::spline_inverse(gpu, &gx, &gh, &gy, bins, t, norm).unwrap();
+            gpu.run_all(&[&d]).unwrap();
+            let got = gpu.read_f32(&gy).unwrap();
+            // Softmaxes of exps, a softplus and a square root: a few ulps of
+            // each knot, carried through one quadratic's root, squared.
+            assert_close(
+                &format!("spline_inverse bins={bins} t={t}"),
+                &got[..t],
+                &want,
+                1e-10,
+            );
+        }
+    }
+}
+
+fn expand_prior(gpu: &Gpu, _v: &Variant) {
+    let mut rng = Rng::new(25);
+    let channels = 6;
+    for &t in &[1usize, 5, 33, 132] {
+        // 0 to 4 frames a phoneme, at least one frame.
+        let mut durations: Vec<usize> = (0..t)
+            .map(|_| (rng.uniform(0.0, 5.0) as usize).min(4))
+            .collect();
+        durations[t / 2] += 1;
+        let idx = cpu::frame_phonemes(&durations);
+        let frames = idx.len();
+        let stats = rng.vec(2 * channels * t, -2.0, 2.0);
+        let noise = rng.vec(channels * frames, -3.0, 3.0);
+        let want = cpu::expand_prior(&stats, t, &idx, &noise, 0.667);
+        let gs = gpu.upload_f32("stats", &stats).unwrap();
+        let gi = gpu.upload_u32("idx", &idx).unwrap();
+        let gn = gpu.upload_f32("noise", &noise).unwrap();
+        // The two halves of the channels, as the voice writes the flow's input.
+        for (ch0, c) in [(0, 3), (3, 3), (0, channels)] {
+            let gy = gpu.poisoned_f32("y", c * frames).unwrap();
+            let d =
+                speech::expand_prior(gpu, &gs, &gi, &gn, &gy, channels, ch0, c, t, frames, 0.667)
+                    .unwrap();
+            gpu.run_all(&[&d]).unwrap();
+            let got = gpu.read_f32(&gy).unwrap();
+            // One exp (a few ulps on Vulkan), one product and one sum.
+            assert_close(
+                &format!("expand_prior t={t} channels {ch0}..{}", ch0 + c),
+                &got[..c * frames],
+                &want[ch0 * frames..(ch0 + c) * frames],
+                1e-12,
+            );
+        }
+    }
+}
 
 fn wavenet_gate(gpu: &Gpu, _v: &Variant) {
     let mut rng = Rng::new(13);

@@ -1,9 +1,9 @@
 //! The GPU plan for VITS: the normalising flow (per frame) and the HiFi-GAN
-//! generator (per audio sample; together nearly all of the work) run on the
-//! GPU as one submission per sentence; the text encoder and the duration
-//! predictor, which work per phoneme, and the length regulation with its
-//! noise (drawn from the seeded CPU generator, so a seed gives the same
-//! noise on both backends) stay on the CPU reference.
+//! generator (per audio sample; together nearly all of the work), after the
+//! prior (`gpu_prior`) and the length regulation with its noise (drawn from
+//! the seeded CPU generator, so a seed gives the same noise on both
+//! backends): two submissions per sentence, the first reading back only the
+//! durations.
 //!
 //! The latent is kept as its two channel halves, the couplings' x0 and x1,
 //! in separate buffers. The flips between couplings are never done: a flip
@@ -16,23 +16,25 @@
 //! convolutions over its input channels.
 
 use super::{
-    Conv, ConvT, Coupling, Generator, SpeakerOffsets, Vits, LRELU_SLOPE, LRELU_SLOPE_POST,
+    duration_noise, durations, no_frames_prior, prior_noise, Conv, ConvT, Coupling, Generator,
+    GpuPrior, Latent, Scales, SpeakerOffsets, StageSeconds, Vits, LRELU_SLOPE, LRELU_SLOPE_POST,
 };
 use crate::cpu::Conv1dShape;
 use crate::error::{Error, Result};
 use crate::gpu::ops::{self, Dispatch};
 use crate::gpu::speech::{self, Conv1dExtras, InputAct};
 use crate::gpu::Gpu;
+use crate::util::rng::Rng;
 use std::sync::Arc;
 
 /// A convolution's weights on the device.
-struct GpuConv {
-    w: wgpu::Buffer,
-    b: wgpu::Buffer,
+pub(super) struct GpuConv {
+    pub(super) w: wgpu::Buffer,
+    pub(super) b: wgpu::Buffer,
 }
 
 impl GpuConv {
-    fn upload(
+    pub(super) fn upload(
         gpu: &Gpu,
         name: &str,
         w: &[f32],
@@ -53,7 +55,7 @@ impl GpuConv {
         })
     }
 
-    fn conv(gpu: &Gpu, name: &str, c: &Conv) -> Result<GpuConv> {
+    pub(super) fn conv(gpu: &Gpu, name: &str, c: &Conv) -> Result<GpuConv> {
         let w = speech::pack_conv1d_weights(&c.w, &c.shape);
         GpuConv::upload(gpu, name, &w, c.b.as_deref(), c.shape.c_out)
     }
@@ -549,9 +551,12 @@ impl GpuFlow {
     }
 }
 
-/// The flow and the generator on the device: a sentence's latent prior in,
-/// audio out, in one submission.
+/// The whole voice on the device: the prior ([`GpuPrior`]: text encoder
+/// and duration predictor, one submission that reads back the durations),
+/// then the length regulation with the prior's noise, the flow and the
+/// generator (a second submission that reads back the audio).
 pub struct GpuVoice {
+    pub prior: GpuPrior,
     pub flow: GpuFlow,
     pub dec: GpuGenerator,
 }
@@ -559,32 +564,136 @@ pub struct GpuVoice {
 impl GpuVoice {
     pub fn new(gpu: Arc<Gpu>, v: &Vits) -> Result<GpuVoice> {
         Ok(GpuVoice {
+            prior: GpuPrior::new(gpu.clone(), v)?,
             flow: GpuFlow::new(gpu.clone(), v)?,
             dec: GpuGenerator::new(gpu, &v.dec)?,
         })
+    }
+
+    /// The prior on the device (the first submission and the durations),
+    /// and the length regulation recorded into `work`: the latent z_p's
+    /// halves once `work` runs, its frames and the durations.
+    fn record_prior(
+        &self,
+        v: &Vits,
+        ids: &[i64],
+        speaker: Option<&SpeakerOffsets>,
+        scales: &Scales,
+        rng: &mut Rng,
+        work: &mut Vec<Dispatch>,
+    ) -> Result<(wgpu::Buffer, wgpu::Buffer, Latent)> {
+        let gpu = self.gpu();
+        let t = ids.len();
+        let noise = duration_noise(t, scales, rng);
+        let (stats, logw) = self.prior.encode(v, ids, &noise, speaker)?;
+        let durations = durations(&logw, scales.length_scale);
+        let (idx, noise) = prior_noise(&durations, v.inter_channels, rng);
+        let c = v.inter_channels;
+        let half = c / 2;
+        let frames = idx.len().max(1);
+        let (a, b) = if idx.is_empty() {
+            self.flow
+                .upload(&no_frames_prior(&noise, scales.noise_scale))?
+        } else {
+            let gi = gpu.upload_u32("prior.idx", &idx)?;
+            let gn = gpu.upload_f32("prior.noise", &noise)?;
+            let mut half_buffer = |ch0: usize| -> Result<wgpu::Buffer> {
+                let y = gpu.scratch("flow.z", (half * frames * 4) as u64)?;
+                work.push(speech::expand_prior(
+                    gpu,
+                    &stats,
+                    &gi,
+                    &gn,
+                    &y,
+                    c,
+                    ch0,
+                    half,
+                    t,
+                    frames,
+                    scales.noise_scale,
+                )?);
+                Ok(y)
+            };
+            (half_buffer(0)?, half_buffer(half)?)
+        };
+        let lat = Latent {
+            z: Vec::new(),
+            frames,
+            durations,
+        };
+        Ok((a, b, lat))
+    }
+
+    /// [`Vits::prior`] on the device: the latent z_p read back (for
+    /// per-stage parity; [`GpuVoice::synthesize`] keeps it on the device).
+    pub fn prior(
+        &self,
+        v: &Vits,
+        ids: &[i64],
+        speaker: Option<&SpeakerOffsets>,
+        scales: &Scales,
+        rng: &mut Rng,
+    ) -> Result<Latent> {
+        let gpu = self.gpu();
+        let mut work = Vec::new();
+        let (a, b, mut lat) = self.record_prior(v, ids, speaker, scales, rng, &mut work)?;
+        let n = v.inter_channels / 2 * lat.frames;
+        if !work.is_empty() {
+            gpu.run_all(&work.iter().collect::<Vec<_>>())?;
+        }
+        lat.z = gpu.read_f32(&a)?;
+        lat.z.truncate(n);
+        lat.z.extend_from_slice(&gpu.read_f32(&b)?[..n]);
+        Ok(lat)
+    }
+
+    /// Phoneme ids -> audio, as [`Vits::synthesize`] computes it on the
+    /// CPU, with the same noise from `rng` (drawn on the host in the same
+    /// order), and where the time went. `v` is the voice this was made from.
+    pub fn synthesize(
+        &self,
+        v: &Vits,
+        ids: &[i64],
+        speaker: Option<&SpeakerOffsets>,
+        scales: &Scales,
+        rng: &mut Rng,
+    ) -> Result<(Vec<f32>, StageSeconds)> {
+        let t0 = std::time::Instant::now();
+        let mut work = Vec::new();
+        let (a, b, lat) = self.record_prior(v, ids, speaker, scales, rng, &mut work)?;
+        let prior = t0.elapsed().as_secs_f64();
+        let audio = self.flow_and_decoder(a, b, lat.frames, speaker, work)?;
+        Ok((
+            audio,
+            StageSeconds {
+                prior,
+                flow_and_decoder: t0.elapsed().as_secs_f64() - prior,
+            },
+        ))
     }
 
     pub fn gpu(&self) -> &Gpu {
         &self.flow.gpu
     }
 
-    /// z_p: [inter_channels, frames] -> audio [frames * hop].
-    pub fn forward(
+    /// Records the flow and the generator after `work` on the latent's
+    /// halves (a, b), runs it all as one submission and reads the audio.
+    fn flow_and_decoder(
         &self,
-        z: &[f32],
+        a: wgpu::Buffer,
+        b: wgpu::Buffer,
         frames: usize,
         speaker: Option<&SpeakerOffsets>,
+        mut work: Vec<Dispatch>,
     ) -> Result<Vec<f32>> {
-        let gpu = self.gpu();
-        let (a, b) = self.flow.upload(z)?;
-        let mut work = Vec::new();
         let (a, b) = self.flow.record(a, b, frames, speaker, &mut work)?;
         let out = self
             .dec
             .record(&a, &b, frames, speaker.map(|s| s.dec.as_slice()), &mut work)?;
-        gpu.run_all(&work.iter().collect::<Vec<_>>())?;
-        let mut audio = gpu.read_f32(&out)?;
-        audio.truncate(frames * self.dec.cpu.hop());
-        Ok(audio)
+        let n = frames * self.dec.cpu.hop();
+        let bytes =
+            self.gpu()
+                .run_and_read(&work.iter().collect::<Vec<_>>(), &out, (n * 4) as u64)?;
+        Ok(bytemuck::pod_collect_to_vec(&bytes))
     }
 }
