@@ -23,13 +23,17 @@
 pub mod det;
 pub mod document;
 pub mod geometry;
+pub mod gpu;
 pub mod net;
 pub mod rec;
 
 use crate::error::{Error, Result};
+use crate::gpu::Gpu;
 use crate::run::image::{resize_linear, Rgb8};
 use geometry::Point;
+use gpu::GpuNet;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 /// Where `scripts/setup` puts the models, relative to the checkout.
 pub const MODEL_DIR: &str = "samples/models/ppocr-v4";
@@ -94,6 +98,23 @@ impl OcrModels {
             cls: rec::Classifier::open(&file(CLS_FILE)?)?,
             rec: rec::Recognizer::open(&file(REC_FILE)?)?,
         })
+    }
+
+    /// Runs the three networks on `gpu` from now on (all three, or none
+    /// when an upload fails).
+    pub fn use_gpu(&mut self, gpu: Arc<Gpu>) -> Result<()> {
+        let det = GpuNet::new(gpu.clone(), &self.det.net)?;
+        let cls = GpuNet::new(gpu.clone(), &self.cls.net)?;
+        let rec = GpuNet::new(gpu, &self.rec.net)?;
+        self.det.net.gpu = Some(det);
+        self.cls.net.gpu = Some(cls);
+        self.rec.net.gpu = Some(rec);
+        Ok(())
+    }
+
+    /// True when the networks run on a GPU.
+    pub fn on_gpu(&self) -> bool {
+        self.det.net.gpu().is_some()
     }
 
     /// Every text line of `img` (RGB), in RapidOCR's order, with RapidOCR's
