@@ -254,6 +254,11 @@ impl Net {
         Preparer::new(model).run()
     }
 
+    /// Nodes after preparation (fused chains count once).
+    pub fn node_count(&self) -> usize {
+        self.nodes.len()
+    }
+
     /// Runs the graph on `input` (the image tensor, [n, 3, h, w]); returns
     /// the graph outputs in file order.
     pub fn run(&self, input: Tensor) -> Result<Vec<Tensor>> {
@@ -844,7 +849,7 @@ impl<'a> Preparer<'a> {
             return Err(node.unsupported("dilation, output padding or output shape"));
         }
         let c_out = wd[1] * groups;
-        let bias = match node.inputs.get(2).filter(|s| !s.is_empty()) {
+        let mut bias = match node.inputs.get(2).filter(|s| !s.is_empty()) {
             Some(_) => self.constant(node, 2)?.to_f32()?,
             None => vec![0.0; c_out],
         };
@@ -852,8 +857,32 @@ impl<'a> Preparer<'a> {
             return Err(node.error(format_args!("bias of {} for {c_out} outputs", bias.len())));
         }
         let x = self.input_slot(node, &node.inputs[0])?;
+        let mut out = node.outputs[0].as_str();
+        // Paddle's export adds the bias as a [1, c, 1, 1] constant after
+        // the op: into the bias (acc + 0 + b is acc + b exactly).
+        let g = &self.model.graph;
+        if let Some(j) = self
+            .sole_consumer(out)
+            .filter(|&j| g.nodes[j].op_type == "Add")
+        {
+            let add = &g.nodes[j];
+            let other = add.inputs.iter().find(|s| s.as_str() != out);
+            if let Some(t) = other.and_then(|s| g.constant(s)) {
+                let shape = t.shape()?;
+                let per_channel = shape.len() >= 3
+                    && shape[shape.len() - 3] == c_out
+                    && shape.iter().product::<usize>() == c_out;
+                if per_channel && !t.data_type.is_integer() {
+                    for (b, v) in bias.iter_mut().zip(t.to_f32()?) {
+                        *b += v;
+                    }
+                    self.absorbed[j] = true;
+                    out = add.outputs[0].as_str();
+                }
+            }
+        }
         let mut tail = Chain::default();
-        let out = self.absorb_chain(&node.outputs[0], &mut tail)?;
+        let out = self.absorb_chain(out, &mut tail)?;
         let op = Op::ConvTranspose {
             weight: Arc::new(w.to_f32()?),
             bias: Arc::new(bias),
