@@ -2,7 +2,8 @@
 //! oracle, itself checked against onnxruntime in `ocr_parity`), on crops
 //! of the fixture page so that lavapipe gets through in CI: the detector's
 //! probability map and boxes on a 256 x 96 corner of the page, then the
-//! direction classifier and the recogniser on four of the page's lines.
+//! direction classifier and the recogniser on three of the page's lines
+//! (two headings and a long line).
 
 mod common;
 
@@ -65,7 +66,9 @@ fn text_networks_on_the_gpu_match_the_cpu() {
         .zip(pg)
         .map(|(a, b)| (a - b).abs())
         .fold(0.0f32, f32::max);
-    eprintln!("detector: {on_device} nodes on the device; largest probability difference {worst:.2e}");
+    eprintln!(
+        "detector: {on_device} nodes on the device; largest probability difference {worst:.2e}"
+    );
     // Every node of DBNet runs on the device.
     assert_eq!(on_device, dev.det.net.node_count());
     // Sums in another order over ~60 layers: probabilities (0..1) agree
@@ -84,16 +87,19 @@ fn text_networks_on_the_gpu_match_the_cpu() {
         }
     }
 
-    // Direction and recognition on four of the page's lines, cropped by
+    // Direction and recognition on three of the page's lines, cropped by
     // the CPU path.
-    let crops: Vec<_> = cpu.crops(&img).unwrap().into_iter().take(4).collect();
-    assert_eq!(crops.len(), 4);
+    let crops: Vec<_> = cpu.crops(&img).unwrap().into_iter().take(3).collect();
+    assert_eq!(crops.len(), 3);
     let (oc, og) = (
         cpu.cls.orient(crops.clone()).unwrap(),
         dev.cls.orient(crops).unwrap(),
     );
     assert_eq!(oc, og, "the classifier turned different lines");
-    let (tc, tg) = (cpu.rec.recognize(&oc).unwrap(), dev.rec.recognize(&og).unwrap());
+    let (tc, tg) = (
+        cpu.rec.recognize(&oc).unwrap(),
+        dev.rec.recognize(&og).unwrap(),
+    );
     for ((sc, cc), (sg, cg)) in tc.iter().zip(&tg) {
         eprintln!("{sc:?} cpu {cc:.6} gpu {cg:.6}");
         assert_eq!(sc, sg);
