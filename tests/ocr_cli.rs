@@ -1,7 +1,8 @@
 //! `ocr-layout` reading text, from the outside: a page image as JSON with
 //! its drawing, a real PDF page as Markdown, and bad documents (empty,
-//! damaged, a page range past the end, a text model that is not one) as
-//! clear errors while the rest of the batch is still read. CPU only.
+//! damaged, encrypted, a page range past the end, a text model that is not
+//! one, an image too large to decode) as clear errors while the rest of the
+//! batch is still read, and a page without text. CPU only.
 
 mod common;
 
@@ -87,13 +88,18 @@ fn bad_documents_fail_alone() {
     let damaged = dir.join("damaged.pdf");
     let bytes = std::fs::read(spec_pdf()).unwrap();
     std::fs::write(&damaged, &bytes[..4000]).unwrap();
+    let encrypted = common::repo().join("samples/fixtures/ocr/encrypted.pdf");
     // The good image is still read (layout only, to keep this cheap).
-    let o = ocr_layout(&[&empty, &damaged, &page(), &"--no-text"]);
+    let o = ocr_layout(&[&empty, &damaged, &encrypted, &page(), &"--no-text"]);
     common::assert_clean_failure(&o, &["empty.pdf"]);
     let err = common::stderr(&o);
-    assert!(err.contains("2 of 3 input(s) or page(s) failed"), "{err}");
+    assert!(err.contains("3 of 4 input(s) or page(s) failed"), "{err}");
     assert!(err.contains("empty.pdf: empty file"), "{err}");
     assert!(err.contains("damaged.pdf: not a readable PDF"), "{err}");
+    assert!(
+        err.contains("encrypted.pdf: the PDF is encrypted (password-protected)"),
+        "{err}"
+    );
     assert_eq!(common::stdout(&o).lines().count(), 1);
 
     let o = ocr_layout(&[&spec_pdf(), &"--pages", &"16-20", &"--no-text"]);
@@ -128,5 +134,66 @@ fn bad_documents_fail_alone() {
         .output()
         .unwrap();
     common::assert_clean_failure(&o, &["ch_PP-OCRv4_det_infer.onnx"]);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn a_page_without_text_reads_as_no_lines() {
+    // As RapidOCR, which returns no result for it: no lines, exit 0.
+    let dir = common::scratch("ocr-blank");
+    let blank = dir.join("blank.png");
+    image::RgbImage::from_pixel(300, 200, image::Rgb([255, 255, 255]))
+        .save(&blank)
+        .unwrap();
+    let o = ocr_layout(&[&blank]);
+    assert!(o.status.success(), "{}", common::stderr(&o));
+    let r: serde_json::Value = serde_json::from_str(common::stdout(&o).trim()).unwrap();
+    assert_eq!(r["lines"].as_array().unwrap().len(), 0, "{r}");
+    assert_eq!(r["text"], "", "{r}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A PNG of a `w` x `h` RGB image whose pixel data stops after one row
+/// (a decoder that trusts the header would allocate the whole image).
+fn png_header(w: u32, h: u32) -> Vec<u8> {
+    use std::io::Write;
+    let chunk = |png: &mut Vec<u8>, kind: &[u8], data: &[u8]| {
+        let mut body = kind.to_vec();
+        body.extend_from_slice(data);
+        let mut crc = flate2::Crc::new();
+        crc.update(&body);
+        png.extend_from_slice(&(data.len() as u32).to_be_bytes());
+        png.extend_from_slice(&body);
+        png.extend_from_slice(&crc.sum().to_be_bytes());
+    };
+    let mut ihdr = w.to_be_bytes().to_vec();
+    ihdr.extend_from_slice(&h.to_be_bytes());
+    ihdr.extend_from_slice(&[8, 2, 0, 0, 0]);
+    let mut z = flate2::write::ZlibEncoder::new(Vec::new(), flate2::Compression::fast());
+    z.write_all(&vec![0u8; 1 + 3 * w as usize]).unwrap();
+    let idat = z.finish().unwrap();
+    let mut png = b"\x89PNG\r\n\x1a\n".to_vec();
+    chunk(&mut png, b"IHDR", &ihdr);
+    chunk(&mut png, b"IDAT", &idat);
+    chunk(&mut png, b"IEND", &[]);
+    png
+}
+
+#[test]
+fn a_20000_pixel_square_image_is_refused_before_decoding() {
+    // 1.2 GB of pixels: refused from its header (bounded memory), named,
+    // and the other image of the batch is still read.
+    let dir = common::scratch("ocr-huge");
+    let huge = dir.join("huge.png");
+    std::fs::write(&huge, png_header(20000, 20000)).unwrap();
+    let o = ocr_layout(&[&huge, &page(), &"--no-text"]);
+    common::assert_clean_failure(&o, &["huge.png"]);
+    let err = common::stderr(&o);
+    assert!(
+        err.contains("the image is too large: 20000x20000 pixels"),
+        "{err}"
+    );
+    assert!(err.contains("1 of 2 image(s) failed"), "{err}");
+    assert_eq!(common::stdout(&o).lines().count(), 1);
     let _ = std::fs::remove_dir_all(&dir);
 }

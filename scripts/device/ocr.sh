@@ -2,9 +2,11 @@
 # ocr-layout's text reading on a lent machine (the H200), from the repo root:
 #   1. the adapter, CPU and onnxruntime providers;
 #   2. ocr-layout on the text fixture page (samples/fixtures/ocr/page.png)
-#      copied PAGES times: pages per second end to end (layout on the GPU,
-#      text networks on the CPU: the text path has no GPU plan yet) and with
-#      --cpu; the strings checked against RapidOCR's gold;
+#      copied PAGES times: pages per second end to end on the GPU (layout
+#      and the text networks' convolutional parts; the recogniser's
+#      attention/CTC head and the classifier's head on the CPU) and with
+#      --cpu, with the tool's own layout / text split; the strings of both
+#      arms checked against RapidOCR's gold;
 #   3. the peer: onnxruntime (CUDA when present, and CPU) running the same
 #      three PP-OCRv4 files on the inputs RapidOCR gives them for that page
 #      (detector 736 x 928, 18 recogniser lines at RapidOCR's group widths,
@@ -46,7 +48,8 @@ for arm in gpu cpu; do
     start=$(date +%s.%N)
     if "$BIN" $flag "$work"/p*.png >"$OUT/ours-$arm.jsonl" 2>"$OUT/ours-$arm.log"; then
         end=$(date +%s.%N)
-        python3 -c "import sys; s=$end-$start; print(f'| ocr-layout $arm (layout on {\"GPU\" if \"$arm\"==\"gpu\" else \"CPU\"}, text on the CPU) | $PAGES | {s:.2f} | {$PAGES/s:.2f} |')" >>"$report"
+        split=$(grep -o 'layout [0-9.]* s, text [0-9.]* s' "$OUT/ours-$arm.log" | tail -1)
+        python3 -c "import sys; s=$end-$start; print(f'| ocr-layout $arm ({\"GPU\" if \"$arm\"==\"gpu\" else \"CPU\"}; $split) | $PAGES | {s:.2f} | {$PAGES/s:.2f} |')" >>"$report"
     else
         echo "| ocr-layout $arm failed: $(tail -2 "$OUT/ours-$arm.log" | tr '\n' ' ') | | | |" >>"$report"
     fi
@@ -85,13 +88,20 @@ for prov in [p for p in ("CUDAExecutionProvider", "CPUExecutionProvider") if p i
     secs = time.perf_counter() - t
     print(f"| onnxruntime {prov} (networks only) | {pages} | {secs:.2f} | {pages / secs:.2f} |")
 PY
-python3 - "$FIX/gold.json" "$OUT/ours-cpu.jsonl" >>"$report" <<'PY'
+python3 - "$FIX/gold.json" "$OUT/ours-cpu.jsonl" "$OUT/ours-gpu.jsonl" >>"$report" <<'PY'
 import json, sys
 gold = json.load(open(sys.argv[1]))
 want = [t for _, t, _ in gold["final"]]
-got = [l["text"] for l in json.loads(open(sys.argv[2]).readline())["lines"]]
-same = sum(a == b for a, b in zip(got, want))
-print(f"\nstrings equal to RapidOCR's: {same} of {len(want)} (ours has {len(got)} lines)\n")
+print()
+for arm, path in zip(("cpu", "gpu"), sys.argv[2:]):
+    try:
+        got = [l["text"] for l in json.loads(open(path).readline())["lines"]]
+    except (OSError, ValueError, KeyError):
+        print(f"{arm}: no output")
+        continue
+    same = sum(a == b for a, b in zip(got, want))
+    print(f"{arm}: strings equal to RapidOCR's: {same} of {len(want)} (ours has {len(got)} lines)")
+print()
 PY
 
 cat "$report"

@@ -49,8 +49,8 @@ fn page_list(s: &str) -> Result<PageList, String> {
 /// "boxes": [{"class", "score", "x0", "y0", "x1", "y1", "text"}] in
 /// reading order, "lines": [{"box": four [x, y] corners, "text", "score",
 /// "region"}], "text"}, in image pixels; or Markdown (-f md) or plain text
-/// (-f text). The layout model runs on the GPU unless --cpu is given (or
-/// no GPU is found); text reading runs on the CPU. A bad image or PDF is
+/// (-f text). The layout model and the text networks run on the GPU
+/// unless --cpu is given (or no GPU is found). A bad image or PDF is
 /// reported on stderr and skipped; the exit status is then 1.
 #[derive(clap::Parser, Debug)]
 #[command(name = "ocr-layout", version)]
@@ -190,6 +190,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         };
         Some(OcrModels::open(&dir)?)
     };
+    let text_models = std::cell::RefCell::new(text_models);
     // The GPU takes the model; a fallback after a failed GPU start reads it
     // again.
     let slot = std::cell::RefCell::new(Some(model));
@@ -207,16 +208,21 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                 .borrow_mut()
                 .take()
                 .expect("the model is taken once before");
-            Detector::gpu(model, gpu)
+            let detector = Detector::gpu(model, gpu.clone())?;
+            if let Some(m) = text_models.borrow_mut().as_mut() {
+                m.use_gpu(gpu)?;
+            }
+            Ok(detector)
         },
     )?;
+    let text_models = text_models.into_inner();
     crate::notice!(
         "ocr-layout: layout on {}{}",
         detector.describe(),
-        if text_models.is_some() {
-            "; text on the CPU"
-        } else {
-            ""
+        match &text_models {
+            Some(m) if m.on_gpu() => "; text on the GPU (the networks' heads on the CPU)",
+            Some(_) => "; text on the CPU",
+            None => "",
         }
     );
     let post = PostProcess {

@@ -1,12 +1,13 @@
 //! Kernels for convolutional vision models (one image, NCHW): 2-D
 //! convolution with a fused activation, global average pooling,
-//! per-channel scaling, nearest resize and channel concatenation. The CPU
-//! twins are in [`crate::cpu::conv`].
+//! per-channel scaling, nearest resize, channel concatenation, transposed
+//! convolution and fused elementwise chains. The CPU twins are in
+//! [`crate::cpu::conv`], [`crate::cpu::pool`] and [`crate::cpu::elementwise`].
 
 use super::kernels::{Binding, Kernel, Variant};
 use super::ops::{groups_1d, Dispatch};
 use super::Gpu;
-use crate::cpu::{Conv2d, ConvActivation};
+use crate::cpu::{Conv2d, ConvActivation, ConvTranspose2d, Pointwise};
 use crate::error::{Error, Result};
 use crate::kernel;
 
@@ -312,6 +313,167 @@ pub fn concat_part(
     })
 }
 
+#[repr(C)]
+#[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
+struct ConvTransposeParams {
+    c_in: u32,
+    h_in: u32,
+    w_in: u32,
+    c_out: u32,
+    h_out: u32,
+    w_out: u32,
+    kh: u32,
+    kw: u32,
+    stride: [u32; 2],
+    pad: [u32; 2],
+    groups: u32,
+    _pad: [u32; 3],
+}
+const _: () = assert!(std::mem::size_of::<ConvTransposeParams>() == 64);
+
+kernel!(
+    CONV_TRANSPOSE2D,
+    "conv_transpose2d",
+    "conv_transpose2d.wgsl",
+    [
+        Binding::read("x"),
+        Binding::read("w"),
+        Binding::read("b"),
+        Binding::write("y")
+    ],
+    ConvTransposeParams,
+    [&[]]
+);
+
+/// `y = conv_transpose(x, w) + b` for geometry `g` (see
+/// [`crate::cpu::conv_transpose2d`]); x: [c_in, h_in, w_in],
+/// w: [c_in, c_out / groups, kh, kw], b: `[c_out]`, y: [c_out, h_out, w_out].
+pub fn conv_transpose2d(
+    gpu: &Gpu,
+    g: &ConvTranspose2d,
+    x: &wgpu::Buffer,
+    w: &wgpu::Buffer,
+    b: &wgpu::Buffer,
+    y: &wgpu::Buffer,
+) -> Result<Dispatch> {
+    g.check().map_err(Error::gpu)?;
+    let params = ConvTransposeParams {
+        c_in: to_u32("c_in", g.c_in)?,
+        h_in: to_u32("h_in", g.h_in)?,
+        w_in: to_u32("w_in", g.w_in)?,
+        c_out: to_u32("c_out", g.c_out)?,
+        h_out: to_u32("h_out", g.h_out())?,
+        w_out: to_u32("w_out", g.w_out())?,
+        kh: to_u32("kh", g.kh)?,
+        kw: to_u32("kw", g.kw)?,
+        stride: [
+            to_u32("stride", g.stride[0])?,
+            to_u32("stride", g.stride[1])?,
+        ],
+        pad: [to_u32("pad", g.pad[0])?, to_u32("pad", g.pad[1])?],
+        groups: to_u32("groups", g.groups)?,
+        _pad: [0; 3],
+    };
+    to_u32("output size", g.c_out * g.h_out() * g.w_out())?;
+    let bound = gpu.bind(
+        &CONV_TRANSPOSE2D,
+        &Variant::default(),
+        &[x, w, b, y],
+        &params,
+    )?;
+    let groups = [
+        to_u32("groups", g.w_out().div_ceil(64))?,
+        to_u32("h_out", g.h_out())?,
+        to_u32("c_out", g.c_out)?,
+    ];
+    let limit = gpu.device.limits().max_compute_workgroups_per_dimension;
+    if groups.iter().any(|&n| n > limit) {
+        return Err(Error::gpu(format!(
+            "conv_transpose2d {g:?}: {groups:?} workgroups exceed the adapter's {limit} per dimension"
+        )));
+    }
+    Ok(Dispatch { bound, groups })
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
+struct PointwiseParams {
+    n: u32,
+    plane: u32,
+    channels: u32,
+    count: u32,
+    steps: [[u32; 4]; Pointwise::MAX_STEPS],
+}
+const _: () = assert!(std::mem::size_of::<PointwiseParams>() == 16 + 16 * Pointwise::MAX_STEPS);
+
+kernel!(
+    POINTWISE,
+    "pointwise",
+    "pointwise.wgsl",
+    [Binding::write("x"), Binding::read("affine")],
+    PointwiseParams,
+    [&[]]
+);
+
+fn step_code(s: Pointwise) -> [u32; 4] {
+    let (code, a, b) = match s {
+        Pointwise::Mul(c) => (0, c, 0.0),
+        Pointwise::Add(c) => (1, c, 0.0),
+        Pointwise::Sub(c) => (2, c, 0.0),
+        Pointwise::Div(c) => (3, c, 0.0),
+        Pointwise::Clip { min, max } => (4, min, max),
+        Pointwise::Relu => (5, 0.0, 0.0),
+        Pointwise::Sigmoid => (6, 0.0, 0.0),
+        Pointwise::HardSigmoid { alpha, beta } => (7, alpha, beta),
+        Pointwise::HardSwish => (8, 0.0, 0.0),
+        Pointwise::ChannelAffine => (9, 0.0, 0.0),
+    };
+    [code, a.to_bits(), b.to_bits(), 0]
+}
+
+/// `steps` applied in place to the `n` values of x ([.., channels, plane];
+/// see [`crate::cpu::pointwise_chain`]). `affine` holds a `ChannelAffine`
+/// step's scale then shift (`2 * channels` values; any buffer when
+/// `channels` is 0).
+pub fn pointwise(
+    gpu: &Gpu,
+    steps: &[Pointwise],
+    x: &wgpu::Buffer,
+    affine: &wgpu::Buffer,
+    n: usize,
+    plane: usize,
+    channels: usize,
+) -> Result<Dispatch> {
+    if steps.len() > Pointwise::MAX_STEPS {
+        return Err(Error::gpu(format!(
+            "pointwise: {} steps, the kernel takes {}",
+            steps.len(),
+            Pointwise::MAX_STEPS
+        )));
+    }
+    if steps.contains(&Pointwise::ChannelAffine) && channels == 0 {
+        return Err(Error::gpu(
+            "pointwise: a channel affine step without channels",
+        ));
+    }
+    let mut codes = [[0u32; 4]; Pointwise::MAX_STEPS];
+    for (c, &s) in codes.iter_mut().zip(steps) {
+        *c = step_code(s);
+    }
+    let params = PointwiseParams {
+        n: to_u32("n", n)?,
+        plane: to_u32("plane", plane.max(1))?,
+        channels: to_u32("channels", channels.max(1))?,
+        count: steps.len() as u32,
+        steps: codes,
+    };
+    let bound = gpu.bind(&POINTWISE, &Variant::default(), &[x, affine], &params)?;
+    Ok(Dispatch {
+        bound,
+        groups: groups_1d(n, 256),
+    })
+}
+
 /// The kernels declared in this module.
 pub static KERNELS: &[&Kernel] = &[
     &CONV2D,
@@ -319,4 +481,6 @@ pub static KERNELS: &[&Kernel] = &[
     &SCALE_CHANNELS,
     &RESIZE_NEAREST,
     &CONCAT,
+    &CONV_TRANSPOSE2D,
+    &POINTWISE,
 ];

@@ -50,10 +50,15 @@ pub fn page_count(path: &Path) -> Result<usize> {
         .output()
         .map_err(|e| spawn_error("pdfinfo", e))?;
     if !out.status.success() {
-        return Err(Error::format(
-            path,
-            format!("not a readable PDF: {}", reason(&out.stderr)),
-        ));
+        let why = reason(&out.stderr);
+        // poppler's word for a document that needs a user password.
+        if why.contains("Incorrect password") {
+            return Err(Error::format(
+                path,
+                "the PDF is encrypted (password-protected): decrypt it first, e.g. qpdf --decrypt",
+            ));
+        }
+        return Err(Error::format(path, format!("not a readable PDF: {why}")));
     }
     let info = String::from_utf8_lossy(&out.stdout);
     let pages = info

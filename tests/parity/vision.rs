@@ -2,7 +2,7 @@
 //! detectors: PicoDet layout).
 
 use super::{assert_close, Case, SIZES};
-use lfm::cpu::{self, Conv2d, ConvActivation};
+use lfm::cpu::{self, Conv2d, ConvActivation, ConvTranspose2d, Pointwise};
 use lfm::gpu::{vision, Gpu, Variant};
 use lfm::util::rng::Rng;
 
@@ -26,6 +26,14 @@ pub const CASES: &[Case] = &[
     Case {
         kernel: "concat",
         run: concat,
+    },
+    Case {
+        kernel: "conv_transpose2d",
+        run: conv_transpose2d,
+    },
+    Case {
+        kernel: "pointwise",
+        run: pointwise,
     },
 ];
 
@@ -232,5 +240,135 @@ fn concat(gpu: &Gpu, _v: &Variant) {
         let got = gpu.read_f32(&gy).unwrap();
         // A copy: identical.
         assert_close(&format!("concat {a}+{b}"), &got[..a + b], &want, 0.0);
+    }
+}
+
+fn conv_transpose2d(gpu: &Gpu, _v: &Variant) {
+    let mut rng = Rng::new(16);
+    let base = ConvTranspose2d {
+        c_in: 3,
+        h_in: 1,
+        w_in: 1,
+        c_out: 2,
+        kh: 2,
+        kw: 2,
+        stride: [2, 2],
+        pad: [0; 4],
+        groups: 1,
+    };
+    let mut shapes = Vec::new();
+    for &n in SIZES {
+        // DB's upsampling head: 2x2, stride 2, over a strip n wide.
+        shapes.push(ConvTranspose2d {
+            h_in: 2,
+            w_in: n,
+            ..base
+        });
+    }
+    shapes.extend([
+        // 3x3 stride 2 with pads, two groups; 4x4 stride 3 (taps that skip).
+        ConvTranspose2d {
+            c_in: 4,
+            h_in: 5,
+            w_in: 7,
+            c_out: 6,
+            kh: 3,
+            kw: 3,
+            pad: [1, 1, 0, 1],
+            groups: 2,
+            ..base
+        },
+        ConvTranspose2d {
+            c_in: 5,
+            h_in: 4,
+            w_in: 3,
+            c_out: 3,
+            kh: 4,
+            kw: 4,
+            stride: [3, 3],
+            pad: [2; 4],
+            ..base
+        },
+    ]);
+    for g in &shapes {
+        let x = rng.vec(g.c_in * g.h_in * g.w_in, -2.0, 2.0);
+        let w = rng.vec(g.weight_len(), -0.5, 0.5);
+        let b = rng.vec(g.c_out, -0.5, 0.5);
+        let n_out = g.c_out * g.h_out() * g.w_out();
+        let mut want = vec![0.0; n_out];
+        cpu::conv_transpose2d(g, &x, &w, &b, &mut want);
+        let (gx, gw, gb) = (
+            gpu.upload_f32("x", &x).unwrap(),
+            gpu.upload_f32("w", &w).unwrap(),
+            gpu.upload_f32("b", &b).unwrap(),
+        );
+        let gy = gpu.poisoned_f32("y", n_out).unwrap();
+        let d = vision::conv_transpose2d(gpu, g, &gx, &gw, &gb, &gy).unwrap();
+        gpu.run_all(&[&d]).unwrap();
+        let got = gpu.read_f32(&gy).unwrap();
+        // The same products summed in the same order, maybe with fused
+        // multiply-adds: an ulp or two per output, squared.
+        assert_close(
+            &format!("conv_transpose2d {g:?}"),
+            &got[..n_out],
+            &want,
+            1e-12,
+        );
+    }
+}
+
+fn pointwise(gpu: &Gpu, _v: &Variant) {
+    let mut rng = Rng::new(17);
+    // PP-LCNet's learnable affine around a hard-swish, a batch norm then
+    // ReLU, a DB head's sigmoid, and every other step once.
+    let chains: [&[Pointwise]; 4] = [
+        &[
+            Pointwise::Mul(1.3),
+            Pointwise::Add(-0.2),
+            Pointwise::HardSwish,
+            Pointwise::Mul(0.9),
+            Pointwise::Add(0.1),
+        ],
+        &[Pointwise::ChannelAffine, Pointwise::Relu],
+        &[Pointwise::ChannelAffine, Pointwise::Sigmoid],
+        &[
+            Pointwise::Sub(0.3),
+            Pointwise::Div(1.7),
+            Pointwise::Clip {
+                min: -0.5,
+                max: 0.75,
+            },
+            Pointwise::HardSigmoid {
+                alpha: 0.2,
+                beta: 0.5,
+            },
+        ],
+    ];
+    for &n in SIZES {
+        for steps in chains {
+            let (c, plane) = (3, n);
+            let x = rng.vec(c * plane, -5.0, 5.0);
+            let affine = rng.vec(2 * c, -1.5, 1.5);
+            let channels = if steps.contains(&Pointwise::ChannelAffine) {
+                c
+            } else {
+                0
+            };
+            let mut want = x.clone();
+            cpu::pointwise_chain(steps, &affine[..2 * channels], plane, &mut want);
+            let gx = gpu.upload_f32("x", &x).unwrap();
+            let ga = gpu.upload_f32("affine", &affine).unwrap();
+            let d = vision::pointwise(gpu, steps, &gx, &ga, c * plane, plane, channels).unwrap();
+            gpu.run_all(&[&d]).unwrap();
+            let got = gpu.read_f32(&gx).unwrap();
+            // Each step rounds once, as on the CPU; the GPU's exp (sigmoid)
+            // is within a few ulps of Rust's: ~1e-6 relative, squared.
+            assert_close(
+                &format!("pointwise n={n} {steps:?}"),
+                &got[..c * plane],
+                &want,
+                1e-11,
+            );
+        }
     }
 }

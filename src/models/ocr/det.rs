@@ -2,6 +2,7 @@
 //! `DBPostProcess` and `filter_tag_det_res`.
 
 use super::geometry::{self, Point};
+use super::gpu::Network;
 use super::net::{Net, Tensor};
 use crate::error::{Error, Result};
 use crate::run::image::resize_linear;
@@ -21,7 +22,7 @@ const MIN_SIZE: f64 = 3.0;
 pub const MAX_INPUT_PIXELS: usize = 4096 * 4096;
 
 pub struct Detector {
-    pub net: Net,
+    pub net: Network,
 }
 
 impl Detector {
@@ -36,7 +37,9 @@ impl Detector {
                 ),
             ));
         }
-        Ok(Detector { net })
+        Ok(Detector {
+            net: Network::cpu(net),
+        })
     }
 
     /// The model input for a BGR page: its size and the [1, 3, h, w] planes.

@@ -23,13 +23,17 @@
 pub mod det;
 pub mod document;
 pub mod geometry;
+pub mod gpu;
 pub mod net;
 pub mod rec;
 
 use crate::error::{Error, Result};
+use crate::gpu::Gpu;
 use crate::run::image::{resize_linear, Rgb8};
 use geometry::Point;
+use gpu::GpuNet;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 /// Where `scripts/setup` puts the models, relative to the checkout.
 pub const MODEL_DIR: &str = "samples/models/ppocr-v4";
@@ -96,9 +100,29 @@ impl OcrModels {
         })
     }
 
-    /// Every text line of `img` (RGB), in RapidOCR's order, with RapidOCR's
-    /// filters.
-    pub fn read(&self, img: &Rgb8) -> Result<Vec<TextLine>> {
+    /// Runs the three networks on `gpu` from now on (all three, or none
+    /// when an upload fails).
+    pub fn use_gpu(&mut self, gpu: Arc<Gpu>) -> Result<()> {
+        let det = GpuNet::new(gpu.clone(), &self.det.net)?;
+        let cls = GpuNet::new(gpu.clone(), &self.cls.net)?;
+        let rec = GpuNet::new(gpu, &self.rec.net)?;
+        self.det.net.gpu = Some(det);
+        self.cls.net.gpu = Some(cls);
+        self.rec.net.gpu = Some(rec);
+        Ok(())
+    }
+
+    /// True when the networks run on a GPU.
+    pub fn on_gpu(&self) -> bool {
+        self.det.net.gpu().is_some()
+    }
+
+    /// The detected line boxes of `img` (RGB) in RapidOCR's order, in the
+    /// coordinates of the page the detector saw, their crops (before the
+    /// direction classifier), the ratios [h, w] back to `img` and the
+    /// letterbox band's height.
+    #[allow(clippy::type_complexity)]
+    fn detect(&self, img: &Rgb8) -> Result<(Vec<[Point; 4]>, Vec<Crop>, [f64; 2], usize)> {
         let bgr = to_bgr(img);
         let (page, ratio) = limit_sides(&bgr, img.width, img.height);
         let (pw, ph) = (page.1, page.2);
@@ -111,10 +135,20 @@ impl OcrModels {
             width: pw,
             height: page_h,
         };
-        let mut crops = Vec::with_capacity(boxes.len());
-        for b in &boxes {
-            crops.push(crop_line(&planes, b));
-        }
+        let crops = boxes.iter().map(|b| crop_line(&planes, b)).collect();
+        Ok((boxes, crops, ratio, top))
+    }
+
+    /// The line crops of `img` (RGB), as the direction classifier gets
+    /// them.
+    pub fn crops(&self, img: &Rgb8) -> Result<Vec<Crop>> {
+        Ok(self.detect(img)?.1)
+    }
+
+    /// Every text line of `img` (RGB), in RapidOCR's order, with RapidOCR's
+    /// filters.
+    pub fn read(&self, img: &Rgb8) -> Result<Vec<TextLine>> {
+        let (boxes, crops, ratio, top) = self.detect(img)?;
         let crops = self.cls.orient(crops)?;
         let texts = self.rec.recognize(&crops)?;
         let mut lines = Vec::new();
@@ -142,6 +176,7 @@ impl OcrModels {
 }
 
 /// A line crop: [h, w, 3] BGR.
+#[derive(Clone, Debug, PartialEq)]
 pub struct Crop {
     pub data: Vec<u8>,
     pub width: usize,

@@ -14,7 +14,7 @@
 //! it, with numpy broadcasting for the elementwise ones. Any op outside the
 //! list is an `Unsupported` error naming the node, at load time.
 
-use crate::cpu::{self, Conv2d, ConvActivation};
+use crate::cpu::{self, Conv2d, ConvActivation, Pointwise};
 use crate::error::{Error, Result};
 use crate::formats::onnx::{OnnxModel, OnnxNode, OnnxTensor};
 use crate::models::layout::graph::fold_batch_norm;
@@ -79,7 +79,7 @@ impl Tensor {
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Binary {
+pub(super) enum Binary {
     Add,
     Sub,
     Mul,
@@ -102,17 +102,13 @@ impl Binary {
 }
 
 #[derive(Debug, Clone, Copy)]
-enum Unary {
-    Relu,
-    Sigmoid,
+pub(super) enum Unary {
     Sqrt,
-    HardSigmoid { alpha: f32, beta: f32 },
-    Clip { min: f32, max: f32 },
     Identity,
 }
 
 #[derive(Debug, Clone)]
-enum Op {
+pub(super) enum Op {
     /// Batch norm folded in; `act` fused.
     Conv {
         /// [c_out, c_in / groups, kh, kw]
@@ -127,6 +123,8 @@ enum Op {
         /// For 1x1 convolutions: the weights packed for the fast matrix
         /// multiply, which runs them as [pixels, c_in] x [c_in, c_out].
         packed: Option<Arc<cpu::PackedMatrix>>,
+        /// The elementwise nodes after it, fused.
+        tail: Chain,
     },
     ConvTranspose {
         /// [c_in, c_out / groups, kh, kw]
@@ -136,15 +134,13 @@ enum Op {
         stride: [usize; 2],
         pad: [usize; 4],
         groups: usize,
+        tail: Chain,
     },
+    /// Elementwise steps on a float tensor (a unary op or a batch norm
+    /// and the nodes fused after it).
+    Chain(Chain),
     Binary(Binary),
     Unary(Unary),
-    /// Batch norm not after a convolution: y = x * scale + shift per
-    /// channel of [n, c, ...].
-    ChannelAffine {
-        scale: Arc<Vec<f32>>,
-        shift: Arc<Vec<f32>>,
-    },
     GlobalAveragePool,
     /// Average (count_include_pad false) or max pooling.
     Pool {
@@ -193,26 +189,57 @@ enum Op {
     },
 }
 
+/// Elementwise steps fused into the op before them (see
+/// [`cpu::pointwise_chain`]); `affine` holds a batch norm's per-channel
+/// scale then shift.
+#[derive(Debug, Clone, Default)]
+pub(super) struct Chain {
+    pub steps: Vec<Pointwise>,
+    pub affine: Arc<Vec<f32>>,
+}
+
+impl Chain {
+    /// Runs the chain over `y` ([.., channels, plane]).
+    fn apply(&self, plane: usize, y: &mut [f32]) {
+        if self.steps.is_empty() {
+            return;
+        }
+        let channels = self.affine.len() / 2;
+        if channels == 0 {
+            y.par_chunks_mut(1 << 14)
+                .for_each(|part| cpu::pointwise_chain(&self.steps, &[], plane, part));
+        } else {
+            y.par_chunks_mut(plane.max(1))
+                .enumerate()
+                .for_each(|(k, part)| {
+                    let ch = k % channels;
+                    let affine = [self.affine[ch], self.affine[channels + ch]];
+                    cpu::pointwise_chain(&self.steps, &affine, plane, part);
+                });
+        }
+    }
+}
+
 #[derive(Debug, Clone)]
-struct Node {
-    op: Op,
+pub(super) struct Node {
+    pub op: Op,
     /// Slots read, in the op's order.
-    inputs: Vec<usize>,
-    output: usize,
-    name: String,
+    pub inputs: Vec<usize>,
+    pub output: usize,
+    pub name: String,
 }
 
 /// A prepared network: image tensor in, output tensors out.
 #[derive(Debug, Clone)]
 pub struct Net {
     pub path: PathBuf,
-    nodes: Vec<Node>,
+    pub(super) nodes: Vec<Node>,
     /// The constants, by slot (None for computed values).
-    constants: Vec<Option<Arc<Tensor>>>,
-    input: usize,
-    outputs: Vec<usize>,
+    pub(super) constants: Vec<Option<Arc<Tensor>>>,
+    pub(super) input: usize,
+    pub(super) outputs: Vec<usize>,
     /// For each slot, the last node reading it.
-    last_use: Vec<usize>,
+    pub(super) last_use: Vec<usize>,
 }
 
 impl Net {
@@ -227,12 +254,27 @@ impl Net {
         Preparer::new(model).run()
     }
 
+    /// Nodes after preparation (fused chains count once).
+    pub fn node_count(&self) -> usize {
+        self.nodes.len()
+    }
+
     /// Runs the graph on `input` (the image tensor, [n, 3, h, w]); returns
     /// the graph outputs in file order.
     pub fn run(&self, input: Tensor) -> Result<Vec<Tensor>> {
         let mut values: Vec<Option<Arc<Tensor>>> = self.constants.clone();
         values[self.input] = Some(Arc::new(input));
-        for (i, node) in self.nodes.iter().enumerate() {
+        self.run_from(0, values)
+    }
+
+    /// Runs nodes `start..` on `values` (by slot: the constants and every
+    /// value the nodes before `start` computed that later ones read).
+    pub(super) fn run_from(
+        &self,
+        start: usize,
+        mut values: Vec<Option<Arc<Tensor>>>,
+    ) -> Result<Vec<Tensor>> {
+        for (i, node) in self.nodes.iter().enumerate().skip(start) {
             let inputs: Vec<&Tensor> = node
                 .inputs
                 .iter()
@@ -434,32 +476,19 @@ impl<'a> Preparer<'a> {
             "Mul" => Op::Binary(Binary::Mul),
             "Div" => Op::Binary(Binary::Div),
             "Pow" => Op::Binary(Binary::Pow),
-            "Relu" => Op::Unary(Unary::Relu),
-            "Sigmoid" => Op::Unary(Unary::Sigmoid),
             "Sqrt" => Op::Unary(Unary::Sqrt),
             "Identity" => Op::Unary(Unary::Identity),
-            "HardSigmoid" => Op::Unary(Unary::HardSigmoid {
-                alpha: node.float_or("alpha", 0.2)?,
-                beta: node.float_or("beta", 0.5)?,
-            }),
-            "Clip" => {
-                let bound = |k: usize, attr: &str, default: f32| -> Result<f32> {
-                    match node.inputs.get(k).filter(|s| !s.is_empty()) {
-                        Some(_) => {
-                            let v = self.constant(node, k)?.to_f32()?;
-                            v.first()
-                                .copied()
-                                .ok_or_else(|| node.error("empty clip bound"))
-                        }
-                        None => node.float_or(attr, default),
-                    }
+            "Relu" | "Sigmoid" | "HardSigmoid" | "Clip" => {
+                let step = self
+                    .unary_step(node)?
+                    .expect("the four are elementwise steps");
+                let mut chain = Chain {
+                    steps: vec![step],
+                    ..Chain::default()
                 };
-                let (min, max) = (
-                    bound(1, "min", f32::NEG_INFINITY)?,
-                    bound(2, "max", f32::INFINITY)?,
-                );
+                let out = self.absorb_chain(&node.outputs[0], &mut chain)?;
                 let x = self.input_slot(node, &node.inputs[0])?;
-                self.push(node, Op::Unary(Unary::Clip { min, max }), vec![x], &out);
+                self.push(node, Op::Chain(chain), vec![x], out);
                 return Ok(());
             }
             "GlobalAveragePool" => Op::GlobalAveragePool,
@@ -553,10 +582,15 @@ impl<'a> Preparer<'a> {
                 let c = self.constant(node, 1)?.to_f32()?.len();
                 let (mut scale, mut shift) = (vec![1.0f32; c], vec![0.0f32; c]);
                 fold_batch_norm(node, |k| self.constant(node, k), &mut scale, &mut shift)?;
-                Op::ChannelAffine {
-                    scale: Arc::new(scale),
-                    shift: Arc::new(shift),
-                }
+                scale.extend_from_slice(&shift);
+                let mut chain = Chain {
+                    steps: vec![Pointwise::ChannelAffine],
+                    affine: Arc::new(scale),
+                };
+                let out = self.absorb_chain(&node.outputs[0], &mut chain)?;
+                let x = self.input_slot(node, &node.inputs[0])?;
+                self.push(node, Op::Chain(chain), vec![x], out);
+                return Ok(());
             }
             other => {
                 return Err(node.unsupported(format_args!(
@@ -620,6 +654,8 @@ impl<'a> Preparer<'a> {
                 out = n.outputs[0].as_str();
             }
         }
+        let mut tail = Chain::default();
+        let out = self.absorb_chain(out, &mut tail)?;
         let x = self.input_slot(node, &node.inputs[0])?;
         let stride = pair(node, "strides", Some(1))?;
         let pad = pads(node)?;
@@ -636,12 +672,169 @@ impl<'a> Preparer<'a> {
             dilation: pair(node, "dilations", Some(1))?,
             groups,
             act,
+            tail,
         };
         self.push(node, op, vec![x], out);
         Ok(())
     }
 
-    fn prepare_conv_transpose(&mut self, node: &OnnxNode) -> Result<()> {
+    /// The one scalar of a constant input, if `name` is one.
+    fn scalar(&self, name: &str) -> Option<f32> {
+        let t = self.model.graph.constant(name)?;
+        if t.data_type.is_integer() {
+            return None;
+        }
+        match t.to_f32().ok()?.as_slice() {
+            &[v] => Some(v),
+            _ => None,
+        }
+    }
+
+    /// `node` as a chain step when it is an elementwise op on its first
+    /// input alone (constants aside).
+    fn unary_step(&self, node: &OnnxNode) -> Result<Option<Pointwise>> {
+        let x = node.inputs.first().map(String::as_str).unwrap_or("");
+        let other = |k: usize| node.inputs.get(k).map(String::as_str).unwrap_or("");
+        let step = match node.op_type.as_str() {
+            "Relu" => Pointwise::Relu,
+            "Sigmoid" => Pointwise::Sigmoid,
+            "HardSigmoid" => Pointwise::HardSigmoid {
+                alpha: node.float_or("alpha", 0.2)?,
+                beta: node.float_or("beta", 0.5)?,
+            },
+            "Clip" => {
+                let bound = |k: usize, attr: &str, default: f32| -> Result<f32> {
+                    match node.inputs.get(k).filter(|s| !s.is_empty()) {
+                        Some(_) => {
+                            let v = self.constant(node, k)?.to_f32()?;
+                            v.first()
+                                .copied()
+                                .ok_or_else(|| node.error("empty clip bound"))
+                        }
+                        None => node.float_or(attr, default),
+                    }
+                };
+                Pointwise::Clip {
+                    min: bound(1, "min", f32::NEG_INFINITY)?,
+                    max: bound(2, "max", f32::INFINITY)?,
+                }
+            }
+            // Multiplication and addition commute in IEEE arithmetic: the
+            // constant may be either operand.
+            "Mul" | "Add" if node.inputs.len() == 2 => {
+                let c = match (self.scalar(other(1)), self.scalar(x)) {
+                    (Some(c), _) | (None, Some(c)) => c,
+                    (None, None) => return Ok(None),
+                };
+                if node.op_type == "Mul" {
+                    Pointwise::Mul(c)
+                } else {
+                    Pointwise::Add(c)
+                }
+            }
+            "Sub" | "Div" if node.inputs.len() == 2 => match self.scalar(other(1)) {
+                Some(c) if node.op_type == "Sub" => Pointwise::Sub(c),
+                Some(c) => Pointwise::Div(c),
+                None => return Ok(None),
+            },
+            _ => return Ok(None),
+        };
+        Ok(Some(step))
+    }
+
+    /// Absorbs into `chain` the elementwise nodes after value `out`, each
+    /// the sole consumer of the value before (and the hard-swish diamond
+    /// `x * clip(x + 3, 0, 6) / 6`); returns the chain's last value.
+    fn absorb_chain(&mut self, mut out: &'a str, chain: &mut Chain) -> Result<&'a str> {
+        let g = &self.model.graph;
+        while chain.steps.len() < Pointwise::MAX_STEPS {
+            if let Some((last, nodes)) = self.hard_swish_after(out) {
+                for j in nodes {
+                    self.absorbed[j] = true;
+                }
+                chain.steps.push(Pointwise::HardSwish);
+                out = last;
+                continue;
+            }
+            let Some(j) = self.sole_consumer(out) else {
+                break;
+            };
+            let n = &g.nodes[j];
+            // The chain's value must be the op's operand (not a Clip bound).
+            let operand = n.inputs.first().map(String::as_str) == Some(out)
+                || (matches!(n.op_type.as_str(), "Mul" | "Add")
+                    && n.inputs.get(1).map(String::as_str) == Some(out));
+            let step = match n.op_type.as_str() {
+                "BatchNormalization" if chain.affine.is_empty() && operand => {
+                    let c = self.constant(n, 1)?.to_f32()?.len();
+                    let (mut scale, mut shift) = (vec![1.0f32; c], vec![0.0f32; c]);
+                    fold_batch_norm(n, |k| self.constant(n, k), &mut scale, &mut shift)?;
+                    scale.extend_from_slice(&shift);
+                    chain.affine = Arc::new(scale);
+                    Some(Pointwise::ChannelAffine)
+                }
+                _ if operand => self.unary_step(n)?,
+                _ => None,
+            };
+            let Some(step) = step else {
+                break;
+            };
+            chain.steps.push(step);
+            self.absorbed[j] = true;
+            out = n.outputs[0].as_str();
+        }
+        Ok(out)
+    }
+
+    /// The nodes of `x * clip(x + 3, 0, 6) / 6` on value `x` (Add, Clip,
+    /// Mul, Div) and the value it yields, when `x` feeds only them.
+    fn hard_swish_after(&self, x: &'a str) -> Option<(&'a str, [usize; 4])> {
+        let g = &self.model.graph;
+        if g.outputs.iter().any(|o| o.name == x) {
+            return None;
+        }
+        let users = self.consumers.get(x)?;
+        let [u, v] = users.as_slice() else {
+            return None;
+        };
+        let is = |j: usize, op: &str| g.nodes[j].op_type == op && !self.absorbed[j];
+        let (add, mul) = if is(*u, "Add") { (*u, *v) } else { (*v, *u) };
+        if !is(add, "Add") || !is(mul, "Mul") {
+            return None;
+        }
+        let an = &g.nodes[add];
+        let three = an.inputs.iter().find(|s| s.as_str() != x)?;
+        if self.scalar(three) != Some(3.0) || an.inputs.len() != 2 {
+            return None;
+        }
+        let clip = self
+            .sole_consumer(&an.outputs[0])
+            .filter(|&j| is(j, "Clip"))?;
+        let cn = &g.nodes[clip];
+        if cn.inputs.first() != an.outputs.first()
+            || self.unary_step(cn).ok()? != Some(Pointwise::Clip { min: 0.0, max: 6.0 })
+        {
+            return None;
+        }
+        let mn = &g.nodes[mul];
+        // x * clip, in that order (the product is the same either way).
+        let operands_ok = mn.inputs.len() == 2
+            && mn.inputs.iter().any(|s| s == x)
+            && mn.inputs.iter().any(|s| Some(s) == cn.outputs.first());
+        if !operands_ok || self.sole_consumer(&cn.outputs[0]) != Some(mul) {
+            return None;
+        }
+        let div = self
+            .sole_consumer(&mn.outputs[0])
+            .filter(|&j| is(j, "Div"))?;
+        let dn = &g.nodes[div];
+        if dn.inputs.first() != mn.outputs.first() || self.scalar(dn.inputs.get(1)?) != Some(6.0) {
+            return None;
+        }
+        Some((dn.outputs[0].as_str(), [add, clip, mul, div]))
+    }
+
+    fn prepare_conv_transpose(&mut self, node: &'a OnnxNode) -> Result<()> {
         let w = self.constant(node, 1)?;
         let wd = w.shape()?;
         let groups =
@@ -656,7 +849,7 @@ impl<'a> Preparer<'a> {
             return Err(node.unsupported("dilation, output padding or output shape"));
         }
         let c_out = wd[1] * groups;
-        let bias = match node.inputs.get(2).filter(|s| !s.is_empty()) {
+        let mut bias = match node.inputs.get(2).filter(|s| !s.is_empty()) {
             Some(_) => self.constant(node, 2)?.to_f32()?,
             None => vec![0.0; c_out],
         };
@@ -664,6 +857,32 @@ impl<'a> Preparer<'a> {
             return Err(node.error(format_args!("bias of {} for {c_out} outputs", bias.len())));
         }
         let x = self.input_slot(node, &node.inputs[0])?;
+        let mut out = node.outputs[0].as_str();
+        // Paddle's export adds the bias as a [1, c, 1, 1] constant after
+        // the op: into the bias (acc + 0 + b is acc + b exactly).
+        let g = &self.model.graph;
+        if let Some(j) = self
+            .sole_consumer(out)
+            .filter(|&j| g.nodes[j].op_type == "Add")
+        {
+            let add = &g.nodes[j];
+            let other = add.inputs.iter().find(|s| s.as_str() != out);
+            if let Some(t) = other.and_then(|s| g.constant(s)) {
+                let shape = t.shape()?;
+                let per_channel = shape.len() >= 3
+                    && shape[shape.len() - 3] == c_out
+                    && shape.iter().product::<usize>() == c_out;
+                if per_channel && !t.data_type.is_integer() {
+                    for (b, v) in bias.iter_mut().zip(t.to_f32()?) {
+                        *b += v;
+                    }
+                    self.absorbed[j] = true;
+                    out = add.outputs[0].as_str();
+                }
+            }
+        }
+        let mut tail = Chain::default();
+        let out = self.absorb_chain(out, &mut tail)?;
         let op = Op::ConvTranspose {
             weight: Arc::new(w.to_f32()?),
             bias: Arc::new(bias),
@@ -671,8 +890,9 @@ impl<'a> Preparer<'a> {
             stride: pair(node, "strides", Some(1))?,
             pad: pads(node)?,
             groups,
+            tail,
         };
-        self.push(node, op, vec![x], &node.outputs[0]);
+        self.push(node, op, vec![x], out);
         Ok(())
     }
 
@@ -771,6 +991,7 @@ fn eval(node: &Node, inputs: &[&Tensor]) -> EvalResult {
             groups,
             act,
             packed,
+            tail,
         } => {
             let [n, c, h, w] = nchw(x.shape())?;
             let geom = Conv2d {
@@ -791,6 +1012,7 @@ fn eval(node: &Node, inputs: &[&Tensor]) -> EvalResult {
             }
             let data = float_input(x, "Conv")?;
             let (ho, wo) = (geom.h_out(), geom.w_out());
+            chain_plane(tail, &[n, geom.c_out, ho, wo])?;
             let per_out = geom.c_out * ho * wo;
             let mut y = vec![0.0f32; n * per_out];
             for (img, out) in data
@@ -798,11 +1020,13 @@ fn eval(node: &Node, inputs: &[&Tensor]) -> EvalResult {
                 .zip(y.chunks_exact_mut(per_out))
             {
                 if let Some(pw) = packed.as_deref() {
-                    pointwise_gemm(pw, img, bias, *act, c, h * w, out);
+                    pointwise_gemm(pw, img, bias, *act, tail, c, h * w, out);
                 } else {
                     cpu::conv2d_rows(&geom, img, weight, bias, *act, out);
+                    tail.apply(ho * wo, out);
                 }
             }
+
             Ok(Tensor::F32(y, vec![n, geom.c_out, ho, wo]))
         }
         Op::ConvTranspose {
@@ -812,6 +1036,7 @@ fn eval(node: &Node, inputs: &[&Tensor]) -> EvalResult {
             stride,
             pad,
             groups,
+            tail,
         } => {
             let [n, c, h, w] = nchw(x.shape())?;
             let shape = cpu::ConvTranspose2d {
@@ -839,18 +1064,16 @@ fn eval(node: &Node, inputs: &[&Tensor]) -> EvalResult {
             {
                 cpu::conv_transpose2d(&shape, img, weight, bias, out);
             }
-            Ok(Tensor::F32(y, vec![n, shape.c_out, ho, wo]))
+            let shape = vec![n, shape.c_out, ho, wo];
+            tail.apply(chain_plane(tail, &shape)?, &mut y);
+            Ok(Tensor::F32(y, shape))
         }
         Op::Binary(op) => binary(*op, x, inputs[1]),
         Op::Unary(op) => {
             let data = float_input(x, "elementwise")?;
             let op = *op;
             let f = move |v: f32| match op {
-                Unary::Relu => v.max(0.0),
-                Unary::Sigmoid => ConvActivation::Sigmoid.apply(v),
                 Unary::Sqrt => v.sqrt(),
-                Unary::HardSigmoid { alpha, beta } => (alpha * v + beta).clamp(0.0, 1.0),
-                Unary::Clip { min, max } => v.max(min).min(max),
                 Unary::Identity => v,
             };
             let y: Vec<f32> = if data.len() >= 1 << 16 {
@@ -863,22 +1086,11 @@ fn eval(node: &Node, inputs: &[&Tensor]) -> EvalResult {
             };
             Ok(Tensor::F32(y, x.shape().to_vec()))
         }
-        Op::ChannelAffine { scale, shift } => {
+        Op::Chain(chain) => {
             let shape = x.shape();
-            if shape.len() < 2 || shape[1] != scale.len() {
-                return Err(format!(
-                    "batch norm of {} channels on {shape:?}",
-                    scale.len()
-                ));
-            }
-            let inner: usize = shape[2..].iter().product();
-            let mut y = float_input(x, "BatchNormalization")?.to_vec();
-            for (k, plane) in y.chunks_exact_mut(inner.max(1)).enumerate() {
-                let ch = k % scale.len();
-                for v in plane {
-                    *v = *v * scale[ch] + shift[ch];
-                }
-            }
+            let plane = chain_plane(chain, shape)?;
+            let mut y = float_input(x, "elementwise")?.to_vec();
+            chain.apply(plane, &mut y);
             Ok(Tensor::F32(y, shape.to_vec()))
         }
         Op::GlobalAveragePool => {
@@ -1116,11 +1328,13 @@ fn eval(node: &Node, inputs: &[&Tensor]) -> EvalResult {
 /// [n, c_in], times the packed [c_out, c_in] weights, transposed back with
 /// the bias and activation. The fast multiply sums in another order than
 /// the reference convolution (fused multiply-adds): equal to rounding.
+#[allow(clippy::too_many_arguments)]
 fn pointwise_gemm(
     w: &cpu::PackedMatrix,
     x: &[f32],
     bias: &[f32],
     act: ConvActivation,
+    tail: &Chain,
     c_in: usize,
     n: usize,
     y: &mut [f32],
@@ -1134,11 +1348,37 @@ fn pointwise_gemm(
     }
     let mut yt = vec![0.0f32; n * c_out];
     cpu::matmul_packed(&xt, w, Some(bias), n, &mut yt);
+    let channels = tail.affine.len() / 2;
     y.par_chunks_mut(n).enumerate().for_each(|(o, plane)| {
         for (p, v) in plane.iter_mut().enumerate() {
             *v = act.apply(yt[p * c_out + o]);
         }
+        if !tail.steps.is_empty() {
+            let affine = match channels {
+                0 => [1.0, 0.0],
+                _ => [
+                    tail.affine[o % channels],
+                    tail.affine[channels + o % channels],
+                ],
+            };
+            let affine = if channels == 0 {
+                &affine[..0]
+            } else {
+                &affine[..]
+            };
+            cpu::pointwise_chain(&tail.steps, affine, n, plane);
+        }
     });
+}
+
+/// The plane size a chain runs over for a tensor of `shape`, checking
+/// that a batch norm step fits its channels.
+fn chain_plane(chain: &Chain, shape: &[usize]) -> std::result::Result<usize, String> {
+    let channels = chain.affine.len() / 2;
+    if channels > 0 && (shape.len() < 2 || shape[1] != channels) {
+        return Err(format!("batch norm of {channels} channels on {shape:?}"));
+    }
+    Ok(shape.get(2..).map_or(1, |s| s.iter().product()))
 }
 
 /// numpy broadcasting of two shapes.

@@ -2,6 +2,7 @@
 //! PP-OCRv4's SVTR recogniser with CTC decoding, with RapidOCR's
 //! `TextClassifier` and `TextRecognizer` pre- and post-processing.
 
+use super::gpu::Network;
 use super::net::{Net, Tensor};
 use super::Crop;
 use crate::error::{Error, Result};
@@ -42,13 +43,13 @@ pub fn line_input(crop: &Crop, width: usize) -> Vec<f32> {
 }
 
 pub struct Classifier {
-    pub net: Net,
+    pub net: Network,
 }
 
 impl Classifier {
     pub fn open(path: &Path) -> Result<Classifier> {
         Ok(Classifier {
-            net: Net::open(path)?.0,
+            net: Network::cpu(Net::open(path)?.0),
         })
     }
 
@@ -82,7 +83,7 @@ impl Classifier {
 }
 
 pub struct Recognizer {
-    pub net: Net,
+    pub net: Network,
     /// Index 0 is the CTC blank; the model's characters follow, then a space.
     pub charset: Vec<String>,
 }
@@ -99,7 +100,10 @@ impl Recognizer {
         let mut charset = vec![String::new()];
         charset.extend(dict.lines().map(str::to_string));
         charset.push(" ".to_string());
-        Ok(Recognizer { net, charset })
+        Ok(Recognizer {
+            net: Network::cpu(net),
+            charset,
+        })
     }
 
     /// (text, mean confidence) for each crop, recognised in RapidOCR's
