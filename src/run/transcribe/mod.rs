@@ -130,6 +130,16 @@ impl<'a> CpuBackend<'a> {
         }
     }
 
+    /// The reference over a window whose cross-attention state is known
+    /// already (`Decoder::cross_kv` of an encoder output), as if encoded.
+    pub fn with_window(model: &'a Whisper, cross: CrossKv) -> CpuBackend<'a> {
+        CpuBackend {
+            model,
+            cross: Some(cross),
+            caches: Vec::new(),
+        }
+    }
+
     fn window(&self) -> &CrossKv {
         self.cross.as_ref().expect("decoder: no window encoded yet")
     }
