@@ -6,6 +6,7 @@ use crate::models::whisper::mel::SAMPLE_RATE;
 use crate::models::whisper::WhisperFiles;
 use crate::run::audio;
 use crate::run::transcribe::output::{Format, SubtitleOptions, Writer};
+use crate::run::transcribe::stream::StreamedMel;
 use crate::run::transcribe::vad::{self, VadOptions};
 use crate::run::transcribe::{self, Backend, CpuBackend, Options, Task};
 use crate::util::atomic_write::AtomicFile;
@@ -485,6 +486,12 @@ struct Setup<'a> {
     vad: Option<&'a (SileroVad, VadOptions)>,
 }
 
+/// One input's audio: whole in memory for the VAD, else a stream.
+enum Signal<'a> {
+    Whole(audio::Audio, &'a (SileroVad, VadOptions)),
+    Streamed(StreamedMel<'a>),
+}
+
 fn transcribe_one(
     args: &Args,
     setup: &Setup,
@@ -498,10 +505,22 @@ fn transcribe_one(
         files,
         vad,
     } = *setup;
-    let audio = audio::load(input, SAMPLE_RATE as u32)?;
-    for w in &audio.warnings {
+    let input = audio::Input::open(input)?;
+    // VAD reads the whole signal; without it the file is streamed (a first
+    // pass for its length and features' maximum), so hours of audio cost
+    // one window of samples.
+    let mut signal = match vad {
+        Some(v) => Signal::Whole(input.load(SAMPLE_RATE as u32)?, v),
+        None => Signal::Streamed(StreamedMel::open(&files.mel, &input)?),
+    };
+    let (warnings, len) = match &signal {
+        Signal::Whole(a, _) => (&a.warnings, a.samples.len()),
+        Signal::Streamed(m) => (&m.info().warnings, m.info().len),
+    };
+    for w in warnings {
         crate::util::log::notice(w);
     }
+    let seconds = len as f64 / SAMPLE_RATE as f64;
     let start = Instant::now();
     let (sink, label) = match output {
         Some(p) => (
@@ -514,7 +533,7 @@ fn transcribe_one(
         ),
     };
     let mut writer = Writer::with_subtitles(args.format, sink, subtitles);
-    let bar = crate::util::progress::bar((audio.seconds().ceil() as u64).max(1), "transcribing");
+    let bar = crate::util::progress::bar((seconds.ceil() as u64).max(1), "transcribing");
     let weights = files.dir.join("model.bin");
     let damaged = || {
         crate::Error::format(
@@ -531,8 +550,8 @@ fn transcribe_one(
         bar.suspend(|| writer.segment(seg))
             .map_err(|e| crate::Error::io(&label, e))
     };
-    let (transcript, speech) = match vad {
-        Some((model, vad_opts)) => {
+    let (transcript, speech) = match &mut signal {
+        Signal::Whole(audio, (model, vad_opts)) => {
             let t = vad::transcribe_speech(
                 files,
                 backend,
@@ -546,8 +565,8 @@ fn transcribe_one(
                 t.speech.iter().map(|s| s.end - s.start).sum::<usize>() as f64 / SAMPLE_RATE as f64;
             (t.transcript, Some((t.speech.len(), seconds)))
         }
-        None => (
-            transcribe::transcribe(files, backend, &audio.samples, opts, &mut on_segment)?,
+        Signal::Streamed(mel) => (
+            transcribe::transcribe_features(files, backend, mel, opts, &mut on_segment)?,
             None,
         ),
     };

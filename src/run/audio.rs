@@ -2,8 +2,10 @@
 //! and the WAV codecs hound lacks (symphonia), from a file or from stdin
 //! (`-`); mixed down to mono and resampled to the rate a model wants with
 //! rubato's FFT resampler. Decoding streams packet by packet into the
-//! resampler, so memory holds the output samples and little else (stdin is
-//! read whole first, as the decoders need to seek).
+//! resampler: [`load`] holds the output samples and little else, [`stream`]
+//! hands them on in pieces from a decoding thread, so a recording of hours
+//! costs a few seconds of samples (stdin is read whole first, as the
+//! decoders need to seek; its bytes, not samples).
 
 use crate::error::{Error, Result};
 use rubato::audioadapter_buffers::direct::InterleavedSlice;
@@ -11,6 +13,7 @@ use rubato::{Fft, FixedSync, Indexing, Resampler};
 use std::fs::File;
 use std::io::{BufReader, Cursor, Read};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 /// Source sample rates outside this range are refused: a header claiming
 /// 1 Hz would be upsampled 16000-fold (minutes and gigabytes for nothing),
@@ -47,6 +50,34 @@ impl Audio {
     }
 }
 
+/// What a decoded input was, without its samples.
+#[derive(Debug)]
+pub struct Info {
+    /// Samples at `rate`.
+    pub len: usize,
+    pub rate: u32,
+    pub source_rate: u32,
+    pub source_channels: u16,
+    /// As [`Audio::warnings`].
+    pub warnings: Vec<String>,
+}
+
+impl Info {
+    fn with_samples(self, samples: Vec<f32>) -> Audio {
+        debug_assert_eq!(samples.len(), self.len);
+        Audio {
+            samples,
+            rate: self.rate,
+            source_rate: self.source_rate,
+            source_channels: self.source_channels,
+            warnings: self.warnings,
+        }
+    }
+}
+
+/// Where decoded mono samples go, piece by piece.
+type Emit<'a> = &'a mut dyn FnMut(&[f32]) -> Result<()>;
+
 /// Frames per resampler call.
 const CHUNK: usize = 1024;
 
@@ -62,7 +93,10 @@ struct MonoSink {
     chunk_out: Vec<f32>,
     to_trim: usize,
     n_in: usize,
+    /// Output not handed on yet.
     out: Vec<f32>,
+    /// Output handed on.
+    emitted: usize,
 }
 
 impl MonoSink {
@@ -99,6 +133,7 @@ impl MonoSink {
             to_trim,
             n_in: 0,
             out: Vec::new(),
+            emitted: 0,
         })
     }
 
@@ -122,13 +157,23 @@ impl MonoSink {
         }
     }
 
-    fn push(&mut self, mono: impl IntoIterator<Item = f32>) -> Result<()> {
+    /// Hands the output so far to `emit`.
+    fn flush(&mut self, emit: Emit) -> Result<()> {
+        if !self.out.is_empty() {
+            emit(&self.out)?;
+            self.emitted += self.out.len();
+            self.out.clear();
+        }
+        Ok(())
+    }
+
+    fn push(&mut self, mono: impl IntoIterator<Item = f32>, emit: Emit) -> Result<()> {
         if self.resampler.is_none() {
             let before = self.out.len();
             self.out.extend(mono);
             self.check_finite(&self.out[before..])?;
             self.n_in += self.out.len() - before;
-            return Ok(());
+            return self.flush(emit);
         }
         let before = self.pending.len();
         self.pending.extend(mono);
@@ -150,7 +195,7 @@ impl MonoSink {
             used += need;
         }
         self.pending.drain(..used);
-        Ok(())
+        self.flush(emit)
     }
 
     fn run(
@@ -182,9 +227,11 @@ impl MonoSink {
         Ok(())
     }
 
-    fn finish(mut self) -> Result<Vec<f32>> {
+    /// Flushes the resampler; returns the samples emitted in all.
+    fn finish(mut self, emit: Emit) -> Result<usize> {
         let Some(r) = &mut self.resampler else {
-            return Ok(self.out);
+            self.flush(emit)?;
+            return Ok(self.emitted);
         };
         let expected =
             (self.n_in as f64 * self.rate_out as f64 / self.rate_in as f64).ceil() as usize;
@@ -200,7 +247,7 @@ impl MonoSink {
             )?;
         }
         // Flush the filter's delay with silence.
-        while self.out.len() < expected {
+        while self.emitted + self.out.len() < expected {
             Self::run(
                 r,
                 &mut self.chunk_out,
@@ -210,53 +257,130 @@ impl MonoSink {
                 Some(0),
             )?;
         }
-        self.out.truncate(expected);
-        Ok(self.out)
+        self.out.truncate(expected.saturating_sub(self.emitted));
+        self.flush(emit)?;
+        Ok(self.emitted)
     }
 }
 
 /// Decodes an audio file held in memory (an upload) as mono at `rate` Hz;
 /// `label` names it in errors.
 pub fn decode_bytes(label: &Path, bytes: Vec<u8>, rate: u32) -> Result<Audio> {
-    let audio = decode(label, std::io::Cursor::new(bytes), rate)?;
-    if audio.samples.is_empty() {
-        return Err(Error::format(label, "no audio samples (empty recording)"));
+    Input {
+        label: label.to_path_buf(),
+        bytes: Some(bytes.into()),
     }
-    Ok(audio)
+    .load(rate)
 }
 
 /// Reads `path` (`-` for stdin) as mono at `rate` Hz.
 pub fn load(path: &Path, rate: u32) -> Result<Audio> {
-    let audio = if path.as_os_str() == "-" {
-        let mut bytes = Vec::new();
-        std::io::stdin()
-            .read_to_end(&mut bytes)
-            .map_err(|e| Error::io("<stdin>", e))?;
-        decode(Path::new("<stdin>"), std::io::Cursor::new(bytes), rate)?
-    } else {
-        let file = File::open(path).map_err(|e| Error::io(path, e))?;
-        if file.metadata().is_ok_and(|m| m.is_dir()) {
+    Input::open(path)?.load(rate)
+}
+
+/// Starts decoding `path` (`-` for stdin) as mono at `rate` Hz, piece by piece.
+pub fn stream(path: &Path, rate: u32) -> Result<Stream> {
+    Input::open(path)?.stream(rate)
+}
+
+/// An input that can be decoded more than once: a file, or stdin's bytes.
+#[derive(Clone, Debug)]
+pub struct Input {
+    label: PathBuf,
+    bytes: Option<Arc<[u8]>>,
+}
+
+impl Input {
+    /// `path`, or stdin's bytes (read now) for `-`.
+    pub fn open(path: &Path) -> Result<Input> {
+        if path.as_os_str() == "-" {
+            let mut bytes = Vec::new();
+            std::io::stdin()
+                .read_to_end(&mut bytes)
+                .map_err(|e| Error::io("<stdin>", e))?;
+            return Ok(Input {
+                label: PathBuf::from("<stdin>"),
+                bytes: Some(bytes.into()),
+            });
+        }
+        let meta = std::fs::metadata(path).map_err(|e| Error::io(path, e))?;
+        if meta.is_dir() {
             return Err(Error::invalid(format!(
                 "{}: is a directory, not an audio file",
                 path.display()
             )));
         }
-        decode(path, file, rate)?
-    };
-    if audio.samples.is_empty() {
-        return Err(Error::format(
-            path_label(path),
-            "no audio samples (empty recording)",
-        ));
+        Ok(Input {
+            label: path.to_path_buf(),
+            bytes: None,
+        })
     }
-    Ok(audio)
-}
 
-fn path_label(path: &Path) -> &Path {
-    if path.as_os_str() == "-" {
-        Path::new("<stdin>")
-    } else {
-        path
+    /// What errors name: the path, or `<stdin>`.
+    pub fn label(&self) -> &Path {
+        &self.label
+    }
+
+    fn decode(&self, rate: u32, emit: Emit) -> Result<Info> {
+        let info = match &self.bytes {
+            Some(b) => decode(&self.label, Cursor::new(b.clone()), rate, emit)?,
+            None => {
+                let file = File::open(&self.label).map_err(|e| Error::io(&self.label, e))?;
+                decode(&self.label, file, rate, emit)?
+            }
+        };
+        if info.len == 0 {
+            return Err(Error::format(
+                &self.label,
+                "no audio samples (empty recording)",
+            ));
+        }
+        Ok(info)
+    }
+
+    /// Decodes the whole input into memory.
+    pub fn load(&self, rate: u32) -> Result<Audio> {
+        let mut samples = Vec::new();
+        let info = self.decode(rate, &mut |piece| {
+            samples.extend_from_slice(piece);
+            Ok(())
+        })?;
+        Ok(info.with_samples(samples))
+    }
+
+    /// Starts decoding on a thread of its own, piece by piece.
+    pub fn stream(&self, rate: u32) -> Result<Stream> {
+        let input = self.clone();
+        let (tx, rx) = std::sync::mpsc::sync_channel::<Vec<f32>>(STREAM_AHEAD);
+        let worker = std::thread::Builder::new()
+            .name("audio-decode".into())
+            .spawn(move || {
+                let mut piece = Vec::with_capacity(STREAM_PIECE);
+                let gone = || Error::invalid("audio stream: the reader stopped");
+                let info = input.decode(rate, &mut |mut new| {
+                    while !new.is_empty() {
+                        let take = new.len().min(STREAM_PIECE - piece.len());
+                        piece.extend_from_slice(&new[..take]);
+                        new = &new[take..];
+                        if piece.len() == STREAM_PIECE {
+                            let full =
+                                std::mem::replace(&mut piece, Vec::with_capacity(STREAM_PIECE));
+                            tx.send(full).map_err(|_| gone())?;
+                        }
+                    }
+                    Ok(())
+                })?;
+                if !piece.is_empty() {
+                    tx.send(piece).map_err(|_| gone())?;
+                }
+                Ok(info)
+            })
+            .map_err(|e| Error::invalid(format!("cannot start an audio decoding thread: {e}")))?;
+        Ok(Stream {
+            rx,
+            worker: Some(worker),
+            info: None,
+        })
     }
 }
 
@@ -264,7 +388,47 @@ fn path_label(path: &Path) -> &Path {
 trait Source: symphonia::core::io::MediaSource + 'static {}
 impl<T: symphonia::core::io::MediaSource + 'static> Source for T {}
 
-fn decode<S: Source>(label: &Path, mut src: S, rate: u32) -> Result<Audio> {
+/// Samples a [`Stream`] hands on at once (1 s at 16 kHz).
+pub const STREAM_PIECE: usize = 16_000;
+/// Pieces decoded ahead of the reader.
+const STREAM_AHEAD: usize = 2;
+
+/// Mono samples of one input at a fixed rate, decoded on a thread of their
+/// own and handed on in pieces of at most [`STREAM_PIECE`] samples, at most
+/// `STREAM_AHEAD` pieces ahead of the reader: memory stays bounded
+/// whatever the recording's length.
+pub struct Stream {
+    rx: std::sync::mpsc::Receiver<Vec<f32>>,
+    worker: Option<std::thread::JoinHandle<Result<Info>>>,
+    info: Option<Info>,
+}
+
+impl Stream {
+    /// The next piece; None at the end of the audio, or an error from
+    /// decoding (naming the file).
+    pub fn next_piece(&mut self) -> Result<Option<Vec<f32>>> {
+        if let Ok(piece) = self.rx.recv() {
+            return Ok(Some(piece));
+        }
+        // The decoder is done: its result says whether it went well.
+        if let Some(w) = self.worker.take() {
+            let info = w
+                .join()
+                .map_err(|_| Error::invalid("the audio decoding thread panicked"))??;
+            self.info = Some(info);
+        }
+        Ok(None)
+    }
+
+    /// What the input was, once [`Stream::next_piece`] has said it ended.
+    pub fn take_info(&mut self) -> Result<Info> {
+        self.info
+            .take()
+            .ok_or_else(|| Error::invalid("audio stream: asked what it was before its end"))
+    }
+}
+
+fn decode<S: Source>(label: &Path, mut src: S, rate: u32, emit: Emit) -> Result<Info> {
     let mut magic = [0u8; 12];
     let n = read_up_to(&mut src, &mut magic).map_err(|e| Error::io(label, e))?;
     if n == 0 {
@@ -286,14 +450,21 @@ fn decode<S: Source>(label: &Path, mut src: S, rate: u32) -> Result<Audio> {
             f.check(label)?;
         }
         let reader = BufReader::new(Cursor::new(head).chain(&mut src));
-        match decode_wav(label, reader, rate) {
+        let mut emitted = 0usize;
+        let wav = decode_wav(label, reader, rate, &mut |piece| {
+            emitted += piece.len();
+            emit(piece)
+        });
+        match wav {
             Ok(a) => return Ok(a),
             // hound reads PCM and float; other WAV codecs (ADPCM, A-law,
-            // mu-law) may still be read by symphonia.
-            Err(wav_err) => {
+            // mu-law) may still be read by symphonia. hound refuses those
+            // at the header: once samples went out, a retry would repeat them.
+            Err(wav_err) if emitted == 0 => {
                 src.rewind().map_err(|e| Error::io(label, e))?;
-                return decode_other(label, src, rate, None).map_err(|_| wav_err);
+                return decode_other(label, src, rate, None, emit).map_err(|_| wav_err);
             }
+            Err(wav_err) => return Err(wav_err),
         }
     }
     // Only what starts as one of the formats we read goes to symphonia:
@@ -314,14 +485,14 @@ fn decode<S: Source>(label: &Path, mut src: S, rate: u32) -> Result<Audio> {
         // file"): read it as a stream, as ffmpeg does, which decodes what
         // is there and reports the cut page.
         let stream = symphonia::core::io::ReadOnlySource::new(src);
-        return decode_other(label, stream, rate, None);
+        return decode_other(label, stream, rate, None, emit);
     }
     let layout = if mp3 {
         MpegLayout::read(&mut src).map_err(|e| Error::io(label, e))?
     } else {
         None
     };
-    decode_other(label, src, rate, layout)
+    decode_other(label, src, rate, layout, emit)
 }
 
 /// What an MPEG audio file's reader does not tell: a file cut inside a
@@ -505,7 +676,7 @@ fn read_up_to(src: &mut impl Read, buf: &mut [u8]) -> std::io::Result<usize> {
     Ok(n)
 }
 
-fn decode_wav(label: &Path, src: impl Read, rate: u32) -> Result<Audio> {
+fn decode_wav(label: &Path, src: impl Read, rate: u32, emit: Emit) -> Result<Info> {
     let bad = |e: hound::Error| Error::format(label, format!("not a readable WAV file: {e}"));
     let reader = hound::WavReader::new(src).map_err(bad)?;
     let spec = reader.spec();
@@ -525,7 +696,7 @@ fn decode_wav(label: &Path, src: impl Read, rate: u32) -> Result<Audio> {
             block.push(frame.iter().sum::<f32>() / channels as f32);
             frame.clear();
             if block.len() == 4096 {
-                sink.push(block.drain(..))?;
+                sink.push(block.drain(..), &mut *emit)?;
             }
         }
         Ok(())
@@ -543,9 +714,9 @@ fn decode_wav(label: &Path, src: impl Read, rate: u32) -> Result<Audio> {
             }
         }
     }
-    sink.push(block)?;
-    Ok(Audio {
-        samples: sink.finish()?,
+    sink.push(block, &mut *emit)?;
+    Ok(Info {
+        len: sink.finish(emit)?,
         rate,
         source_rate: spec.sample_rate,
         source_channels: spec.channels,
@@ -558,7 +729,8 @@ fn decode_other<S: Source>(
     src: S,
     rate: u32,
     mpeg: Option<MpegLayout>,
-) -> Result<Audio> {
+    emit: Emit,
+) -> Result<Info> {
     use symphonia::core::codecs::audio::AudioDecoderOptions;
     use symphonia::core::errors::Error as SymError;
     use symphonia::core::formats::probe::Hint;
@@ -655,6 +827,7 @@ fn decode_other<S: Source>(
             interleaved
                 .chunks_exact(ch)
                 .map(|f| f.iter().sum::<f32>() / ch as f32),
+            &mut *emit,
         )?;
     }
     cut_short |= mpeg.is_some_and(|m| m.ends_inside_a_frame(consumed));
@@ -680,12 +853,12 @@ fn decode_other<S: Source>(
             label.display()
         ));
     }
-    let samples = match sink {
-        Some(s) => s.finish()?,
-        None => Vec::new(),
+    let len = match sink {
+        Some(s) => s.finish(emit)?,
+        None => 0,
     };
-    Ok(Audio {
-        samples,
+    Ok(Info {
+        len,
         rate,
         source_rate,
         source_channels,
@@ -708,10 +881,15 @@ mod tests {
         let x = tone(48_000, 440.0, 1.0);
         let mut sink = MonoSink::new(Path::new("tone"), 48_000, 16_000).unwrap();
         // Uneven pieces, as packets come.
+        let mut y = Vec::new();
+        let mut emit = |p: &[f32]| {
+            y.extend_from_slice(p);
+            Ok(())
+        };
         for piece in x.chunks(777) {
-            sink.push(piece.iter().copied()).unwrap();
+            sink.push(piece.iter().copied(), &mut emit).unwrap();
         }
-        let y = sink.finish().unwrap();
+        assert_eq!(sink.finish(&mut emit).unwrap(), 16_000);
         assert_eq!(y.len(), 16_000);
         let want = tone(16_000, 440.0, 1.0);
         // Away from the edges the resampled tone is the tone sampled at 16 kHz.

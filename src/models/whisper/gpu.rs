@@ -310,6 +310,11 @@ impl GpuEncoder {
     /// The encoder output [n_audio_ctx, d] for one window.
     pub fn forward(&self, mel: &[f32]) -> Result<Vec<f32>> {
         self.run(mel)?;
+        self.output()
+    }
+
+    /// The encoder output [n_audio_ctx, d] of the window run last.
+    pub fn output(&self) -> Result<Vec<f32>> {
         self.gpu.read_f32(&self.xa)
     }
 
@@ -344,6 +349,11 @@ impl GpuBackend {
             decoder,
             host_cross: None,
         })
+    }
+
+    /// The encoder the decoder attends to (its output, for checks).
+    pub fn encoder(&self) -> &GpuEncoder {
+        &self.encoder
     }
 }
 

@@ -6,7 +6,9 @@
 //! zeros, and each 30 s window holds only content frames, zero-filled after.
 //!
 //! Frames are computed on demand from the samples, so a long file costs its
-//! samples and one window of features, not a spectrogram of its full length.
+//! samples and one window of features, not a spectrogram of its full length;
+//! a [`Span`] needs only the samples the frames asked of it read, so a
+//! stream (`run::transcribe::stream`) holds one window of samples.
 //! The FFT runs in f64 (the reference uses f32: ours is the more exact).
 
 use crate::error::{Error, Result};
@@ -88,30 +90,77 @@ impl MelFilters {
     /// The features of `samples` (16 kHz mono); nothing is computed yet
     /// except the global maximum the floor depends on.
     pub fn log_mel<'a>(&'a self, samples: &'a [f32]) -> LogMel<'a> {
-        let mut mel = LogMel {
+        let span = Span {
+            start: 0,
+            data: samples,
+            len: samples.len(),
+        };
+        let max = self.max_raw(span, 0..touching_frames(samples.len()));
+        LogMel {
             filters: self,
             samples,
-            padded_len: samples.len() + N_SAMPLES,
-            max: f32::NEG_INFINITY,
-        };
-        // Frames that start past the audio see only zero padding: their
-        // value is log10(1e-10) = -10, and there are always 3000 of them.
-        let touching = (samples.len() + N_FFT / 2)
-            .div_ceil(HOP)
-            .min(mel.total_frames());
-        let max = (0..touching)
+            max: max.max(-10.0),
+        }
+    }
+
+    /// The largest log10 value of frames `frames` (before the floor), whose
+    /// samples `span` holds; -inf for none.
+    pub fn max_raw(&self, span: Span, frames: std::ops::Range<usize>) -> f32 {
+        frames
             .into_par_iter()
             .with_min_len(64)
             .map_init(
                 || self.scratch(),
                 |s, t| {
-                    mel.raw_frame(t, s);
+                    self.raw_frame(span, t, s);
                     s.out.iter().copied().fold(f32::NEG_INFINITY, f32::max)
                 },
             )
-            .reduce(|| f32::NEG_INFINITY, f32::max);
-        mel.max = max.max(-10.0);
-        mel
+            .reduce(|| f32::NEG_INFINITY, f32::max)
+    }
+
+    /// log10(max(mel power, 1e-10)) of frame `t` into `s.out`.
+    fn raw_frame(&self, span: Span, t: usize, s: &mut Scratch) {
+        let start = (t * HOP) as isize - (N_FFT / 2) as isize;
+        for (j, c) in s.buf.iter_mut().enumerate() {
+            *c = Complex::new(span.sample(start + j as isize) as f64 * self.window[j], 0.0);
+        }
+        self.fft.process_with_scratch(&mut s.buf, &mut s.fft);
+        for (p, c) in s.power.iter_mut().zip(&s.buf) {
+            *p = c.norm_sqr();
+        }
+        for (m, out) in s.out.iter_mut().enumerate() {
+            let (lo, hi) = self.support[m];
+            let row = &self.weights[m * N_BINS..(m + 1) * N_BINS];
+            let e: f64 = (lo..hi).map(|k| row[k] * s.power[k]).sum();
+            *out = (e as f32).max(1e-10).log10();
+        }
+    }
+
+    /// Normalised features of frames `start..start + count` ([n_mels,
+    /// count]), whose samples `span` holds, for a signal whose largest raw
+    /// value is `max`.
+    pub fn frames(&self, span: Span, max: f32, start: usize, count: usize) -> Vec<f32> {
+        let n_mels = self.n_mels;
+        let floor = max - 8.0;
+        let columns: Vec<Vec<f32>> = (start..start + count)
+            .into_par_iter()
+            .with_min_len(64)
+            .map_init(
+                || self.scratch(),
+                |s, t| {
+                    self.raw_frame(span, t, s);
+                    s.out.iter().map(|&v| (v.max(floor) + 4.0) / 4.0).collect()
+                },
+            )
+            .collect();
+        let mut out = vec![0.0; n_mels * count];
+        for (t, col) in columns.iter().enumerate() {
+            for (m, v) in col.iter().enumerate() {
+                out[m * count + t] = *v;
+            }
+        }
+        out
     }
 
     fn scratch(&self) -> Scratch {
@@ -166,30 +215,50 @@ struct Scratch {
     out: Vec<f32>,
 }
 
-/// The log-mel features of one signal, computed frame by frame on request.
-pub struct LogMel<'a> {
-    filters: &'a MelFilters,
-    samples: &'a [f32],
-    /// Samples plus the 30 s of zeros `transcribe()` appends.
-    padded_len: usize,
-    /// Largest log10 value over every frame (before the floor).
-    max: f32,
+/// Frames whose samples touch a signal of `len` samples: their raw values
+/// set the floor. Those past it see only zero padding: their value is
+/// log10(1e-10) = -10, and there are always 3000 of them.
+pub fn touching_frames(len: usize) -> usize {
+    (len + N_FFT / 2).div_ceil(HOP).min(total_frames(len))
 }
 
-impl LogMel<'_> {
-    /// Frames of the padded signal (torch's STFT count, less the last one).
-    pub fn total_frames(&self) -> usize {
-        self.padded_len / HOP
-    }
+/// Frames of a signal of `len` samples with its 30 s of zero padding
+/// (torch's STFT count, less the last one).
+pub fn total_frames(len: usize) -> usize {
+    (len + N_SAMPLES) / HOP
+}
 
-    /// Frames that hold audio: windows are cut from these.
-    pub fn content_frames(&self) -> usize {
-        self.total_frames() - N_FRAMES
-    }
+/// Frames that hold audio: windows are cut from these.
+pub fn content_frames(len: usize) -> usize {
+    total_frames(len) - N_FRAMES
+}
 
+/// The samples frames `start..start + count` read, as a range of the
+/// unpadded signal of `len` samples (what a [`Span`] must hold for them).
+pub fn samples_for(start: usize, count: usize, len: usize) -> std::ops::Range<usize> {
+    if count == 0 {
+        return 0..0;
+    }
+    let lo = (start * HOP).saturating_sub(N_FFT / 2);
+    let hi = ((start + count - 1) * HOP + N_FFT / 2).min(len);
+    // Frames near the start reflect samples 1..=N_FFT/2.
+    let lo = if start * HOP < N_FFT / 2 { 0 } else { lo };
+    lo.min(hi)..hi
+}
+
+/// Samples `start..start + data.len()` of a signal `len` samples long: the
+/// part of it some frames read.
+#[derive(Clone, Copy, Debug)]
+pub struct Span<'a> {
+    pub start: usize,
+    pub data: &'a [f32],
+    pub len: usize,
+}
+
+impl Span<'_> {
     /// The padded signal at `i`, reflected at both ends as torch does.
     fn sample(&self, i: isize) -> f32 {
-        let n = self.padded_len as isize;
+        let n = (self.len + N_SAMPLES) as isize;
         let i = if i < 0 {
             -i
         } else if i >= n {
@@ -197,63 +266,64 @@ impl LogMel<'_> {
         } else {
             i
         } as usize;
-        self.samples.get(i).copied().unwrap_or(0.0)
+        if i >= self.len {
+            return 0.0;
+        }
+        self.data[i - self.start]
+    }
+}
+
+/// The encoder input for a window of `size` content frames ([n_mels,
+/// size]), zero-filled to 3000 ([n_mels, 3000]), as `pad_or_trim` does.
+pub fn pad_window(n_mels: usize, got: &[f32], size: usize) -> Vec<f32> {
+    assert!(size <= N_FRAMES, "window longer than 30 s");
+    let mut out = vec![0.0; n_mels * N_FRAMES];
+    for m in 0..n_mels {
+        out[m * N_FRAMES..m * N_FRAMES + size].copy_from_slice(&got[m * size..(m + 1) * size]);
+    }
+    out
+}
+
+/// The log-mel features of one signal in memory, computed frame by frame
+/// on request.
+pub struct LogMel<'a> {
+    filters: &'a MelFilters,
+    samples: &'a [f32],
+    /// Largest log10 value over every frame (before the floor).
+    max: f32,
+}
+
+impl LogMel<'_> {
+    /// Frames of the padded signal (torch's STFT count, less the last one).
+    pub fn total_frames(&self) -> usize {
+        total_frames(self.samples.len())
     }
 
-    /// log10(max(mel power, 1e-10)) of frame `t` into `s.out`.
-    fn raw_frame(&self, t: usize, s: &mut Scratch) {
-        let f = self.filters;
-        let start = (t * HOP) as isize - (N_FFT / 2) as isize;
-        for (j, c) in s.buf.iter_mut().enumerate() {
-            *c = Complex::new(self.sample(start + j as isize) as f64 * f.window[j], 0.0);
-        }
-        f.fft.process_with_scratch(&mut s.buf, &mut s.fft);
-        for (p, c) in s.power.iter_mut().zip(&s.buf) {
-            *p = c.norm_sqr();
-        }
-        for (m, out) in s.out.iter_mut().enumerate() {
-            let (lo, hi) = f.support[m];
-            let row = &f.weights[m * N_BINS..(m + 1) * N_BINS];
-            let e: f64 = (lo..hi).map(|k| row[k] * s.power[k]).sum();
-            *out = (e as f32).max(1e-10).log10();
-        }
+    /// Frames that hold audio: windows are cut from these.
+    pub fn content_frames(&self) -> usize {
+        content_frames(self.samples.len())
+    }
+
+    /// Samples of the signal.
+    pub fn signal_len(&self) -> usize {
+        self.samples.len()
     }
 
     /// Normalised features of frames `start..start + count`: [n_mels, count].
     pub fn frames(&self, start: usize, count: usize) -> Vec<f32> {
-        let n_mels = self.filters.n_mels;
-        let floor = self.max - 8.0;
-        let columns: Vec<Vec<f32>> = (start..start + count)
-            .into_par_iter()
-            .with_min_len(64)
-            .map_init(
-                || self.filters.scratch(),
-                |s, t| {
-                    self.raw_frame(t, s);
-                    s.out.iter().map(|&v| (v.max(floor) + 4.0) / 4.0).collect()
-                },
-            )
-            .collect();
-        let mut out = vec![0.0; n_mels * count];
-        for (t, col) in columns.iter().enumerate() {
-            for (m, v) in col.iter().enumerate() {
-                out[m * count + t] = *v;
-            }
-        }
-        out
+        let span = Span {
+            start: 0,
+            data: self.samples,
+            len: self.samples.len(),
+        };
+        self.filters.frames(span, self.max, start, count)
     }
 
     /// The encoder input for the window at frame `seek`: `size` content
     /// frames, zero-filled to 3000 ([n_mels, 3000]), as `pad_or_trim` does.
     pub fn window(&self, seek: usize, size: usize) -> Vec<f32> {
         assert!(size <= N_FRAMES, "window longer than 30 s");
-        let n_mels = self.filters.n_mels;
-        let got = self.frames(seek, size);
-        let mut out = vec![0.0; n_mels * N_FRAMES];
-        for m in 0..n_mels {
-            out[m * N_FRAMES..m * N_FRAMES + size].copy_from_slice(&got[m * size..(m + 1) * size]);
-        }
-        out
+        pad_window(self.filters.n_mels, &self.frames(seek, size), size)
     }
 }
 

@@ -478,6 +478,7 @@ impl EncoderLayer {
 
 /// The cross-attention keys and values of one audio window, per decoder
 /// layer [n_audio_ctx, 2d]: k in columns 0..d, v in d..2d.
+#[derive(Clone)]
 pub struct CrossKv {
     pub kv: Vec<Vec<f32>>,
 }

@@ -6,11 +6,12 @@
 
 pub mod decode;
 pub mod output;
+pub mod stream;
 pub mod vad;
 pub mod words;
 
 use crate::error::{Error, Result};
-use crate::models::whisper::mel::{LogMel, HOP, N_FRAMES, SAMPLE_RATE};
+use crate::models::whisper::mel::{self, HOP, N_FRAMES, SAMPLE_RATE};
 use crate::models::whisper::model::{CrossKv, KvCache, Whisper};
 use crate::models::whisper::WhisperFiles;
 use crate::util::rng::Rng;
@@ -114,6 +115,17 @@ pub trait Backend {
     fn step(&mut self, tokens: &[u32]) -> Result<Vec<f32>>;
 }
 
+/// The log-mel features transcription reads: a signal in memory
+/// ([`mel::LogMel`]) or a stream ([`stream::StreamedMel`]).
+pub trait Features {
+    /// Samples of the signal (16 kHz).
+    fn signal_len(&self) -> usize;
+    /// Normalised frames `start..start + count` ([n_mels, count]). A
+    /// stream reads forward only: asking for frames before those asked
+    /// last is an error.
+    fn frames(&mut self, start: usize, count: usize) -> Result<Vec<f32>>;
+}
+
 /// The CPU reference.
 pub struct CpuBackend<'a> {
     model: &'a Whisper,
@@ -126,6 +138,16 @@ impl<'a> CpuBackend<'a> {
         CpuBackend {
             model,
             cross: None,
+            caches: Vec::new(),
+        }
+    }
+
+    /// The reference over a window whose cross-attention state is known
+    /// already (`Decoder::cross_kv` of an encoder output), as if encoded.
+    pub fn with_window(model: &'a Whisper, cross: CrossKv) -> CpuBackend<'a> {
+        CpuBackend {
+            model,
+            cross: Some(cross),
             caches: Vec::new(),
         }
     }
@@ -253,11 +275,11 @@ fn resolve_language(files: &WhisperFiles, opts: &Options) -> Result<Option<u32>>
 pub fn detect_language(
     files: &WhisperFiles,
     backend: &mut dyn Backend,
-    mel: &LogMel,
+    mel: &mut dyn Features,
 ) -> Result<(u32, f32)> {
     let s = &files.tokenizer.specials;
     // The first 3000 frames of the padded signal (not zero-filled).
-    backend.encode(&mel.frames(0, N_FRAMES))?;
+    backend.encode(&mel.frames(0, N_FRAMES)?)?;
     let logits = backend.prompt(&[s.sot], &[0])?;
     let langs: Vec<u32> = s.languages.iter().map(|&(_, t)| t).collect();
     let max = langs
@@ -285,6 +307,24 @@ pub fn transcribe(
     opts: &Options,
     on_segment: &mut dyn FnMut(&Segment, f64) -> Result<()>,
 ) -> Result<Transcript> {
+    transcribe_features(
+        files,
+        backend,
+        &mut files.mel.log_mel(samples),
+        opts,
+        on_segment,
+    )
+}
+
+/// Transcribes the signal `mel` computes features of (a stream for a long
+/// file): as [`transcribe`].
+pub fn transcribe_features(
+    files: &WhisperFiles,
+    backend: &mut dyn Backend,
+    mel: &mut dyn Features,
+    opts: &Options,
+    on_segment: &mut dyn FnMut(&Segment, f64) -> Result<()>,
+) -> Result<Transcript> {
     let m = &files.model;
     let c = &m.config;
     let tok = &files.tokenizer;
@@ -303,15 +343,15 @@ pub fn transcribe(
             "--beam-size and --best-of must be at least 1",
         ));
     }
-    let mel = files.mel.log_mel(samples);
-    let content_frames = mel.content_frames();
-    let duration = samples.len() as f64 / SAMPLE_RATE as f64;
+    let content_frames = mel::content_frames(mel.signal_len());
+    let duration = mel.signal_len() as f64 / SAMPLE_RATE as f64;
+    let n_mels = files.mel.n_mels;
 
     let mut language_probability = None;
     let language_token = match resolve_language(files, opts)? {
         Some(t) => Some(t),
         None if multilingual => {
-            let (t, p) = detect_language(files, backend, &mel)?;
+            let (t, p) = detect_language(files, backend, mel)?;
             language_probability = Some(p);
             Some(t)
         }
@@ -411,7 +451,8 @@ pub fn transcribe(
         let time_offset = (seek * HOP) as f64 / SAMPLE_RATE as f64;
         let segment_size = N_FRAMES.min(content_frames - seek);
         let segment_duration = (segment_size * HOP) as f64 / SAMPLE_RATE as f64;
-        backend.encode(&mel.window(seek, segment_size))?;
+        let frames = mel.frames(seek, segment_size)?;
+        backend.encode(&mel::pad_window(n_mels, &frames, segment_size))?;
 
         let previous = &all_tokens[prompt_reset_since..];
         let mut prompt = Vec::new();
