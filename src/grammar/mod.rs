@@ -370,9 +370,22 @@ struct Chain {
     alive: Vec<u64>,
     /// The last set leads back to itself: the chain goes on without end.
     looped: bool,
+    /// No more levels: the last set accepts nothing, or the trie is no
+    /// deeper.
+    ended: bool,
 }
 
 impl Chain {
+    fn new(set: u32) -> Chain {
+        Chain {
+            sets: vec![set],
+            common: Vec::new(),
+            alive: Vec::new(),
+            looped: false,
+            ended: false,
+        }
+    }
+
     /// The levels known (without end when looped).
     fn levels(&self, words: usize) -> usize {
         if self.looped {
@@ -421,9 +434,9 @@ pub struct Constraint {
     /// `transitions[set * classes + k]`: the set after a character of
     /// class k (DEAD when none accepts it, UNSEEN until asked).
     transitions: Vec<u32>,
-    /// Per set, once asked for: where most characters lead it, level
-    /// after level ([`Chain`]).
-    chains: Vec<Option<Rc<Chain>>>,
+    /// Per set, as far as asked for: where most characters lead it,
+    /// level after level ([`Chain`]).
+    chains: Vec<Option<Chain>>,
     /// Subtrees allowed without a walk, so tests see that path taken.
     #[cfg(test)]
     skipped: usize,
@@ -517,67 +530,62 @@ impl Constraint {
         next
     }
 
-    /// Where most character classes lead `set`, then that set, and so on
-    /// (at most as deep as the trie).
-    fn chain(&mut self, set: u32) -> Rc<Chain> {
-        if let Some(c) = &self.chains[set as usize] {
-            return c.clone();
+    /// Adds a level to `chain`: where most character classes lead its
+    /// last set. False when it cannot grow.
+    fn grow(&mut self, chain: &mut Chain) -> bool {
+        let words = self.words;
+        let levels = chain.common.len() / words;
+        if chain.looped || chain.ended {
+            return false;
         }
-        let vocabulary = self.below[..self.words].to_vec();
-        let mut chain = Chain {
-            sets: vec![set],
-            common: Vec::new(),
-            alive: Vec::new(),
-            looped: false,
-        };
-        let mut common = vocabulary.clone();
-        let limit = self.table.nodes[0].height as usize;
-        loop {
-            let s = *chain.sets.last().expect("a set");
-            // Classes by the set they lead to; the largest group wins.
-            let mut groups: Vec<(u32, Vec<u64>)> = Vec::new();
-            let mut alive = vec![0u64; self.words];
-            for (w, &word) in vocabulary.iter().enumerate() {
-                let mut left = word;
-                while left != 0 {
-                    let k = w * 64 + left.trailing_zeros() as usize;
-                    left &= left - 1;
-                    let t = self.step(s, k);
-                    if t == DEAD {
-                        continue;
-                    }
-                    alive[k / 64] |= 1 << (k % 64);
-                    let g = match groups.iter().position(|(n, _)| *n == t) {
-                        Some(g) => g,
-                        None => {
-                            groups.push((t, vec![0; self.words]));
-                            groups.len() - 1
-                        }
-                    };
-                    groups[g].1[k / 64] |= 1 << (k % 64);
+        if levels >= self.table.nodes[0].height as usize {
+            chain.ended = true;
+            return false;
+        }
+        let s = *chain.sets.last().expect("a set");
+        // Classes by the set they lead to; the largest group wins.
+        let mut groups: Vec<(u32, Vec<u64>)> = Vec::new();
+        let mut alive = vec![0u64; words];
+        for w in 0..words {
+            let mut left = self.below[w];
+            while left != 0 {
+                let k = w * 64 + left.trailing_zeros() as usize;
+                left &= left - 1;
+                let t = self.step(s, k);
+                if t == DEAD {
+                    continue;
                 }
+                alive[k / 64] |= 1 << (k % 64);
+                let g = match groups.iter().position(|(n, _)| *n == t) {
+                    Some(g) => g,
+                    None => {
+                        groups.push((t, vec![0; words]));
+                        groups.len() - 1
+                    }
+                };
+                groups[g].1[k / 64] |= 1 << (k % 64);
             }
-            chain.alive.extend_from_slice(&alive);
-            if chain.common.len() >= limit * self.words {
-                break;
-            }
-            let count = |g: &[u64]| g.iter().map(|w| w.count_ones()).sum::<u32>();
-            let Some((next, group)) = groups.into_iter().max_by_key(|(_, g)| count(g)) else {
-                break;
-            };
-            for (c, g) in common.iter_mut().zip(&group) {
-                *c &= g;
-            }
-            chain.common.extend_from_slice(&common);
-            if next == s {
-                chain.looped = true;
-                break;
-            }
+        }
+        chain.alive.extend_from_slice(&alive);
+        let count = |g: &[u64]| g.iter().map(|w| w.count_ones()).sum::<u32>();
+        let Some((next, group)) = groups.into_iter().max_by_key(|(_, g)| count(g)) else {
+            chain.ended = true;
+            return false;
+        };
+        let mut common = match levels {
+            0 => self.below[..words].to_vec(),
+            l => chain.common[(l - 1) * words..l * words].to_vec(),
+        };
+        for (c, g) in common.iter_mut().zip(&group) {
+            *c &= g;
+        }
+        chain.common.extend_from_slice(&common);
+        if next == s {
+            chain.looped = true;
+        } else {
             chain.sets.push(next);
         }
-        let chain = Rc::new(chain);
-        self.chains[set as usize] = Some(chain.clone());
-        chain
+        true
     }
 
     /// The grammar has matched a whole output (end-of-sequence may come).
@@ -657,31 +665,45 @@ impl Constraint {
     /// from `set` with nothing deeper allowed, when that can be told from
     /// the set's chain without walking: the subtree's characters belong to
     /// the chain's common classes for its whole height, or for `l` levels
-    /// after which the chain's set accepts none of them.
-    fn allowed_depth(&mut self, set: u32, node: usize) -> Option<(usize, Rc<Chain>)> {
+    /// after which the chain's set accepts none of them. The chain grows
+    /// only as far as the answer needs.
+    fn allowed_depth(&mut self, set: u32, node: usize) -> Option<usize> {
         let height = self.table.nodes[node].height as usize;
-        let chain = self.chain(set);
         let words = self.words;
-        let below = &self.below[node * words..(node + 1) * words];
-        let within = |c: &[u64]| below.iter().zip(c).all(|(b, c)| b & !c == 0);
-        let levels = height.min(chain.levels(words));
+        let mut chain = self.chains[set as usize]
+            .take()
+            .unwrap_or_else(|| Chain::new(set));
+        let at = node * words..(node + 1) * words;
+        let within = |below: &[u64], c: &[u64]| below.iter().zip(c).all(|(b, c)| b & !c == 0);
         let mut l = 0;
-        while l < levels && within(chain.common(l + 1, words)) {
+        while l < height {
+            if l + 1 > chain.levels(words) && !self.grow(&mut chain) {
+                break;
+            }
+            if !within(&self.below[at.clone()], chain.common(l + 1, words)) {
+                break;
+            }
             l += 1;
         }
-        let none_alive = || {
-            below
+        let below = &self.below[at];
+        let allowed = l == height
+            || below
                 .iter()
                 .zip(chain.alive(l, words))
-                .all(|(b, a)| b & a == 0)
-        };
-        (l == height || none_alive()).then_some((l, chain))
+                .all(|(b, a)| b & a == 0);
+        self.chains[set as usize] = Some(chain);
+        allowed.then_some(l)
     }
 
     fn walk(&mut self, table: &TokenTable, node: usize, set: u32, mask: &mut [bool]) {
         let n = &table.nodes[node];
         if node != 0 && n.tokens_below.len() >= WHOLE_SUBTREE_MIN {
-            if let Some((depth, chain)) = self.allowed_depth(set, node) {
+            if let Some(depth) = self.allowed_depth(set, node) {
+                #[cfg(test)]
+                {
+                    self.skipped += 1;
+                }
+                let chain = self.chains[set as usize].as_ref().expect("grown");
                 let range = n.tokens_below.start as usize..n.tokens_below.end as usize;
                 let deepest = n.depth as usize + depth;
                 if deepest >= n.depth as usize + n.height as usize {
@@ -696,10 +718,6 @@ impl Constraint {
                             mask[table.ordered_tokens[p as usize] as usize] = true;
                         }
                     }
-                }
-                #[cfg(test)]
-                {
-                    self.skipped += 1;
                 }
                 let tails =
                     &table.ordered_tails[n.tails_below.start as usize..n.tails_below.end as usize];
