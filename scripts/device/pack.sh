@@ -2,13 +2,16 @@
 # Packs what the H200 runs need into .dev/ (git-ignored via .git/info/exclude),
 # in pieces small enough for the device tool's 64 MiB per-call limit:
 #   .dev/bin.tar.xz        stripped release binaries: lfm (every tool), the
-#                          llm_gpu_check example, the gpu_parity, llm_gpu and
-#                          speak_vits test binaries; scripts/device/unpack.sh makes
-#                          target/release/<tool> wrappers around lfm
+#                          llm_gpu_check example, the test binaries in TESTS
+#                          (default gpu_parity, llm_gpu, llm_gpu_batch, speak_vits);
+#                          scripts/device/unpack.sh makes target/release/<tool>
+#                          wrappers around lfm
 #   .dev/small.tar         the layout model, the mel filters, the LibriVox clips
-#   .dev/<model>.NN        40 MiB chunks of each large model's tar
+#   .dev/<model>.NN        CHUNK-sized (default 34 MiB: the tree itself, ~27 MB,
+#                          travels in the same call) chunks of each model in MODELS
 # Run from the repo root after `cargo build --release --bin lfm --example
-# llm_gpu_check` and `cargo test --release --no-run --test gpu_parity --test llm_gpu --test speak_vits`.
+# llm_gpu_check` and `cargo test --release --no-run --test gpu_parity --test llm_gpu
+# --test llm_gpu_batch --test speak_vits`.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 T=${CARGO_TARGET_DIR:-target}/release
@@ -16,7 +19,7 @@ D=.dev
 rm -rf "$D/stage" && mkdir -p "$D/stage/bin"
 strip -o "$D/stage/bin/lfm" "$T/lfm"
 strip -o "$D/stage/bin/llm_gpu_check" "$T/examples/llm_gpu_check"
-for t in gpu_parity llm_gpu speak_vits; do
+for t in ${TESTS:-gpu_parity llm_gpu llm_gpu_batch speak_vits}; do
     f=$(ls -t "$T"/deps/$t-* | grep -v '\.d$' | head -1)
     strip -o "$D/stage/bin/$t" "$f"
 done
@@ -24,9 +27,9 @@ tar cf - -C "$D/stage" bin | xz -T2 -6 >"$D/bin.tar.xz"
 tar cf "$D/small.tar" -C samples/models layout-cdla ppocr-v4 whisper-mel \
     -C /usr/share/pocketsphinx/test/data librivox
 : >"$D/chunks.txt"
-for m in smollm2 piper-joe all-minilm-l6-v2 whisper-tiny.en; do
+for m in ${MODELS:-smollm2 piper-joe all-minilm-l6-v2 whisper-tiny.en}; do
     rm -f "$D/$m".[0-9][0-9]
-    tar cf - -C samples/models "$m" | split -b 40M -d -a 2 - "$D/$m."
+    tar cf - -C samples/models "$m" | split -b "${CHUNK:-34M}" -d -a 2 - "$D/$m."
     echo "$m $(ls "$D/$m".[0-9][0-9] | wc -l)" >>"$D/chunks.txt"
 done
 rm -rf "$D/stage"

@@ -26,8 +26,10 @@ fi
 if [[ -d $S/bin ]]; then
     cp "$S/bin/lfm" target/release/lfm
     cp "$S/bin/llm_gpu_check" target/release/examples/llm_gpu_check
-    cp "$S/bin/gpu_parity" "$S/bin/llm_gpu" target/release/
-    [[ -f $S/bin/speak_vits ]] && cp "$S/bin/speak_vits" target/release/
+    # The test binaries pack.sh carried.
+    for t in "$S"/bin/*; do
+        case $(basename "$t") in lfm | llm_gpu_check) ;; *) cp "$t" target/release/ ;; esac
+    done
     # ... and the tools through the target folder (CARGO_BIN_EXE_lfm).
     built_target=${BUILT_TARGET:-/work/target}
     [[ -e $built_target ]] || { mkdir -p "$built_target" && ln -s "$PWD/target/release" "$built_target/release"; }
