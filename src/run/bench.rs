@@ -219,31 +219,39 @@ pub fn batched_decode(
 ) -> Result<BatchedRow> {
     use crate::models::batch::SeqWork;
     let vocab = model.config().vocab as u64;
-    let mut rng = crate::util::rng::Rng::new(seed);
+    // Prompts of their own for each batch size, so a backend's prefix
+    // cache (which keeps finished prompts) finds nothing of an earlier row.
+    let mut rng = crate::util::rng::Rng::new(seed ^ (b as u64).rotate_left(32));
     let prompts: Vec<Vec<u32>> = (0..b)
         .map(|_| (0..pp).map(|_| (rng.next_u64() % vocab) as u32).collect())
         .collect();
     let mut ids = Vec::with_capacity(b);
     for p in &prompts {
-        let (id, _) = model.open(p)?.ok_or_else(|| {
+        let (id, cached) = model.open(p)?.ok_or_else(|| {
             crate::Error::invalid(format!(
                 "the KV cache cannot hold {b} sequences of {pp} tokens"
             ))
         })?;
-        ids.push(id);
+        if cached >= p.len() {
+            return Err(crate::Error::invalid(
+                "a prompt came back whole from the prefix cache: nothing left to prefill",
+            ));
+        }
+        ids.push((id, cached));
     }
     let t0 = std::time::Instant::now();
     let mut last = Vec::with_capacity(b);
-    for (&id, p) in ids.iter().zip(&prompts) {
+    for (&(id, cached), p) in ids.iter().zip(&prompts) {
         let work = [SeqWork {
             id,
-            tokens: p,
+            tokens: &p[cached..],
             as_decode: pp == 1,
         }];
         let logits = model.step(&work)?;
         last.push(crate::sampling::argmax(&logits[0]) as u32);
     }
     let t_pp = t0.elapsed().as_secs_f64();
+    let ids: Vec<_> = ids.into_iter().map(|(id, _)| id).collect();
     let t1 = std::time::Instant::now();
     // A batch of one decodes as the server decodes a lone greedy sequence:
     // on the backend's run-ahead path, where it has one.
