@@ -845,9 +845,9 @@ pub fn gemm(
 }
 
 /// Compiles the prefill GEMMs for weights of `t` ahead of their first use
-/// (of the gated epilogues, the one of `act`).
-pub fn warm_gemm(gpu: &Gpu, t: GgmlType, act: FfnAct) -> Result<()> {
-    let coop = gpu.caps.coop_matrix;
+/// (of the gated epilogues, the one of `act`; on cooperative matrices when
+/// `coop`).
+pub fn warm_gemm(gpu: &Gpu, t: GgmlType, act: FfnAct, coop: bool) -> Result<()> {
     let skip = match act {
         FfnAct::Silu => GEMM_NORM_GEGLU.name,
         FfnAct::GeluTanh => GEMM_NORM_SWIGLU.name,

@@ -183,6 +183,13 @@ impl Default for LlmConfig {
 }
 
 impl LlmConfig {
+    /// Whether prefill's activations stay inside f16's range, so the GPU may
+    /// multiply them on f16 cooperative matrices. Gemma-3's do not: its
+    /// real checkpoints gave infinite logits that way on the H200.
+    pub fn activations_fit_f16(&self) -> bool {
+        self.arch != Arch::Gemma3
+    }
+
     /// Checks the numbers against each other so the forward never indexes
     /// out of range; `source` names the file in errors.
     pub fn validate(&self, source: &std::path::Path) -> Result<()> {

@@ -421,7 +421,12 @@ impl GpuLlm {
         for m in self.matrices() {
             if !seen.contains(&m.dtype) {
                 seen.push(m.dtype);
-                llm_ops::warm_gemm(g, m.dtype, self.cfg.ffn_act)?;
+                llm_ops::warm_gemm(
+                    g,
+                    m.dtype,
+                    self.cfg.ffn_act,
+                    g.caps.coop_matrix && self.cfg.activations_fit_f16(),
+                )?;
             }
         }
         llm_ops::warm_prefill_kernels(g, self.cfg.ffn_act)?;

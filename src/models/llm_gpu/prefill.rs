@@ -356,7 +356,7 @@ impl GpuLlm {
             m: self,
             sc,
             shape,
-            kernel: GemmKernel::for_adapter(g.caps.coop_matrix),
+            kernel: GemmKernel::for_adapter(g.caps.coop_matrix && self.cfg.activations_fit_f16()),
             work: Vec::new(),
             attention: Vec::new(),
             y: None,
