@@ -17,6 +17,8 @@ use rayon::prelude::*;
 const MR: usize = 6;
 /// Rows of w per panel (columns of y in one register block).
 const NR: usize = 16;
+/// The width of one packed panel of [`matmul_columns`]' b: [k][16].
+pub const PANEL_WIDTH: usize = NR;
 /// At most this many rows of y per parallel task.
 const MB: usize = 96;
 
@@ -116,6 +118,79 @@ fn block(simd: Simd, x: &[f32], w: &PackedMatrix, p: usize, mb: usize, y: &mut [
             y[(i0 + i) * ys..(i0 + i) * ys + nc].copy_from_slice(&row[..nc]);
         }
     }
+}
+
+/// Column panels per parallel task in [`matmul_columns`], at most: the
+/// task's packed operand (k x 16 floats a panel) stays in L2.
+const COLUMN_PANELS: usize = 8;
+
+/// y[m, n] = a[m, k] · b[k, n] with b never stored whole: `pack(col0,
+/// cols, panel)` writes columns col0..col0 + cols (cols <= 16) of b into
+/// `panel` as [k][16] (entries past `cols` must be zero or are ignored),
+/// and `epilogue(row, col0, piece)` runs once over each finished piece of
+/// row `row` of y (columns col0.., in place) while it is still in cache.
+///
+/// For convolutions in NCHW order: a is the [c_out, c_in * kh * kw]
+/// weight, b the image's channels (a 1x1 layer) or their im2col columns
+/// packed on the fly, y the output planes. Tasks own runs of columns (so
+/// b is packed once and a streams past it); each element of y is the same
+/// k-ordered sum of fused multiply-adds as in [`matmul_packed`].
+#[allow(clippy::too_many_arguments)]
+pub fn matmul_columns<P, E>(
+    a: &[f32],
+    m: usize,
+    k: usize,
+    n: usize,
+    y: &mut [f32],
+    pack: P,
+    epilogue: E,
+) where
+    P: Fn(usize, usize, &mut [f32]) + Sync,
+    E: Fn(usize, usize, &mut [f32]) + Sync,
+{
+    assert_eq!(a.len(), m * k, "matmul_columns: a is not [m, k]");
+    assert_eq!(y.len(), m * n, "matmul_columns: y is not [m, n]");
+    if m == 0 || n == 0 {
+        return;
+    }
+    let simd = Simd::detect();
+    let threads = rayon::current_num_threads();
+    let panels = n.div_ceil(NR);
+    // A few tasks per thread, so uneven ones even out.
+    let per_task = panels.div_ceil(4 * threads).clamp(1, COLUMN_PANELS);
+    let cols = per_task * NR;
+    // Each task owns one run of columns of every row of y.
+    let mut tasks: Vec<Vec<&mut [f32]>> = (0..n.div_ceil(cols))
+        .map(|_| Vec::with_capacity(m))
+        .collect();
+    for row in y.chunks_mut(n) {
+        for (task, piece) in tasks.iter_mut().zip(row.chunks_mut(cols)) {
+            task.push(piece);
+        }
+    }
+    tasks.into_par_iter().enumerate().for_each(|(t, mut rows)| {
+        let c0 = t * cols;
+        let width = rows[0].len();
+        let count = width.div_ceil(NR);
+        let mut packed = vec![0.0f32; count * k * NR];
+        for (p, panel) in packed.chunks_exact_mut(k * NR).enumerate() {
+            pack(c0 + p * NR, NR.min(width - p * NR), panel);
+        }
+        for i0 in (0..m).step_by(MR) {
+            let mr = MR.min(m - i0);
+            let ab = &a[i0 * k..(i0 + mr) * k];
+            for (p, panel) in packed.chunks_exact(k * NR).enumerate() {
+                let nc = NR.min(width - p * NR);
+                let acc = simd.kernel(ab, panel, k, mr);
+                for (i, row) in acc.iter().enumerate().take(mr) {
+                    rows[i0 + i][p * NR..p * NR + nc].copy_from_slice(&row[..nc]);
+                }
+            }
+            for (i, piece) in rows[i0..i0 + mr].iter_mut().enumerate() {
+                epilogue(i0 + i, c0, piece);
+            }
+        }
+    });
 }
 
 #[derive(Clone, Copy)]
