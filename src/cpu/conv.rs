@@ -427,10 +427,17 @@ pub fn conv2d_rows(
     g.assert_buffers("conv2d_rows", x, w, b, y);
     let xp = pad_planes(g, x);
     let avx2 = has_avx2();
+    let avx512 = has_avx512();
     y.par_chunks_mut(g.h_out() * g.w_out())
         .enumerate()
         .for_each(|(o, plane)| {
-            if avx2 {
+            if avx512 {
+                // SAFETY: the CPU has AVX-512F (checked above).
+                #[cfg(target_arch = "x86_64")]
+                unsafe {
+                    rows_plane_avx512(g, &xp, w, b[o], act, o, plane)
+                }
+            } else if avx2 {
                 // SAFETY: the CPU has AVX2 (checked above).
                 #[cfg(target_arch = "x86_64")]
                 unsafe {
@@ -440,6 +447,33 @@ pub fn conv2d_rows(
                 rows_plane(g, &xp, w, b[o], act, o, plane)
             }
         });
+}
+
+/// Whether the AVX-512 build of [`conv2d_rows`]' loop can run here: one
+/// 16-wide register per tile, same sums (no fused multiply-add).
+fn has_avx512() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        std::arch::is_x86_feature_detected!("avx512f")
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn rows_plane_avx512(
+    g: &Conv2d,
+    xp: &[f32],
+    w: &[f32],
+    bias: f32,
+    act: ConvActivation,
+    o: usize,
+    plane: &mut [f32],
+) {
+    rows_plane(g, xp, w, bias, act, o, plane)
 }
 
 #[cfg(target_arch = "x86_64")]

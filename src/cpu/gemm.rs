@@ -179,11 +179,16 @@ pub fn matmul_columns<P, E>(
         for i0 in (0..m).step_by(MR) {
             let mr = MR.min(m - i0);
             let ab = &a[i0 * k..(i0 + mr) * k];
-            for (p, panel) in packed.chunks_exact(k * NR).enumerate() {
-                let nc = NR.min(width - p * NR);
-                let acc = simd.kernel(ab, panel, k, mr);
-                for (i, row) in acc.iter().enumerate().take(mr) {
-                    rows[i0 + i][p * NR..p * NR + nc].copy_from_slice(&row[..nc]);
+            // Two panels a step: 12 accumulators with 16-wide vectors.
+            for (q, pair) in packed.chunks(2 * k * NR).enumerate() {
+                let (first, second) = pair.split_at(k * NR);
+                let accs = simd.kernel_pair(ab, first, second, k, mr);
+                for (h, acc) in accs.iter().enumerate().take(pair.len() / (k * NR)) {
+                    let at = (2 * q + h) * NR;
+                    let nc = NR.min(width - at);
+                    for (i, row) in acc.iter().enumerate().take(mr) {
+                        rows[i0 + i][at..at + nc].copy_from_slice(&row[..nc]);
+                    }
                 }
             }
             for (i, piece) in rows[i0..i0 + mr].iter_mut().enumerate() {
@@ -198,15 +203,54 @@ enum Simd {
     Portable,
     #[cfg(target_arch = "x86_64")]
     Avx2Fma,
+    /// AVX2 and FMA for single panels, AVX-512 for pairs.
+    #[cfg(target_arch = "x86_64")]
+    Avx512,
 }
 
 impl Simd {
     fn detect() -> Simd {
         #[cfg(target_arch = "x86_64")]
         if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") {
+            if is_x86_feature_detected!("avx512f") {
+                return Simd::Avx512;
+            }
             return Simd::Avx2Fma;
         }
         Simd::Portable
+    }
+
+    /// [`Simd::kernel`] for two panels (`second` may be empty: then only
+    /// the first result is meaningful). Same sums, element by element.
+    fn kernel_pair(
+        self,
+        x: &[f32],
+        first: &[f32],
+        second: &[f32],
+        k: usize,
+        mr: usize,
+    ) -> [[[f32; NR]; MR]; 2] {
+        match self {
+            #[cfg(target_arch = "x86_64")]
+            Simd::Avx512 if second.len() == k * NR => {
+                assert!(
+                    mr <= MR && x.len() == mr * k && first.len() == k * NR,
+                    "kernel_pair: operands out of shape"
+                );
+                // SAFETY: detect() found AVX-512F; the checks above keep
+                // every load inside x and the two panels.
+                unsafe { avx512::kernel_pair(x, first, second, k, mr) }
+            }
+            _ => {
+                let one = self.kernel(x, first, k, mr);
+                let two = if second.is_empty() {
+                    [[0.0; NR]; MR]
+                } else {
+                    self.kernel(x, second, k, mr)
+                };
+                [one, two]
+            }
+        }
     }
 
     /// The [mr, 16] block of x rows (mr <= 6, each k long) times one panel.
@@ -220,7 +264,7 @@ impl Simd {
             #[cfg(target_arch = "x86_64")]
             // SAFETY: detect() found AVX2 and FMA; the assert above keeps
             // every load inside x and the panel.
-            Simd::Avx2Fma => unsafe { avx2::kernel(x, panel, k, mr) },
+            Simd::Avx2Fma | Simd::Avx512 => unsafe { avx2::kernel(x, panel, k, mr) },
         }
     }
 }
@@ -277,6 +321,63 @@ mod avx2 {
         for i in 0..R {
             _mm256_storeu_ps(out[i].as_mut_ptr(), lo[i]);
             _mm256_storeu_ps(out[i].as_mut_ptr().add(8), hi[i]);
+        }
+        out
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+mod avx512 {
+    use super::{MR, NR};
+    use std::arch::x86_64::*;
+
+    /// See [`super::Simd::kernel_pair`]: one 16-wide vector per panel row
+    /// step, so each output element gets the same fused multiply-adds in
+    /// the same k order as the AVX2 kernel.
+    ///
+    /// # Safety
+    /// Needs AVX-512F; x holds mr rows of k, each panel k * 16 floats.
+    #[target_feature(enable = "avx512f")]
+    pub unsafe fn kernel_pair(
+        x: &[f32],
+        a: &[f32],
+        b: &[f32],
+        k: usize,
+        mr: usize,
+    ) -> [[[f32; NR]; MR]; 2] {
+        match mr {
+            6 => rows::<6>(x, a, b, k),
+            5 => rows::<5>(x, a, b, k),
+            4 => rows::<4>(x, a, b, k),
+            3 => rows::<3>(x, a, b, k),
+            2 => rows::<2>(x, a, b, k),
+            _ => rows::<1>(x, a, b, k),
+        }
+    }
+
+    #[target_feature(enable = "avx512f")]
+    unsafe fn rows<const R: usize>(
+        x: &[f32],
+        a: &[f32],
+        b: &[f32],
+        k: usize,
+    ) -> [[[f32; NR]; MR]; 2] {
+        let (xp, ap, bp) = (x.as_ptr(), a.as_ptr(), b.as_ptr());
+        let mut lo = [_mm512_setzero_ps(); R];
+        let mut hi = [_mm512_setzero_ps(); R];
+        for kk in 0..k {
+            let w0 = _mm512_loadu_ps(ap.add(kk * NR));
+            let w1 = _mm512_loadu_ps(bp.add(kk * NR));
+            for i in 0..R {
+                let xv = _mm512_set1_ps(*xp.add(i * k + kk));
+                lo[i] = _mm512_fmadd_ps(xv, w0, lo[i]);
+                hi[i] = _mm512_fmadd_ps(xv, w1, hi[i]);
+            }
+        }
+        let mut out = [[[0.0f32; NR]; MR]; 2];
+        for i in 0..R {
+            _mm512_storeu_ps(out[0][i].as_mut_ptr(), lo[i]);
+            _mm512_storeu_ps(out[1][i].as_mut_ptr(), hi[i]);
         }
         out
     }
