@@ -8,6 +8,7 @@
 //! [`conv2d_rows`] for the others, compute the same sums in the same order
 //! and are tested equal to it.
 
+use super::gemm::PANEL_WIDTH;
 use rayon::prelude::*;
 
 /// An activation applied to a convolution's output, as ONNX defines it.
@@ -318,6 +319,94 @@ fn pointwise_tile(xs: &[f32], wt: &[f32]) -> [[f32; PW_PIXELS]; PW_OUTS] {
     acc
 }
 
+/// An ungrouped convolution (1x1 or k x k) as a matrix product over
+/// NCHW planes: y[c_out, pixels] = w[c_out, c_in * kh * kw] · columns,
+/// with the columns (the input channels for a 1x1 layer, im2col's taps
+/// otherwise, from a zero-padded copy) packed a few output pixels at a time
+/// by [`super::matmul_columns`], never stored whole. Then y = act(sum + b)
+/// and `tail(channel, piece)` over each finished piece of an output plane.
+/// The sums are fused multiply-adds in the order input channel, kernel row,
+/// kernel column: equal to [`conv2d`] up to rounding.
+pub fn conv2d_gemm<T>(
+    g: &Conv2d,
+    x: &[f32],
+    w: &[f32],
+    b: &[f32],
+    act: ConvActivation,
+    y: &mut [f32],
+    tail: T,
+) where
+    T: Fn(usize, &mut [f32]) + Sync,
+{
+    assert_eq!(g.groups, 1, "conv2d_gemm: {g:?} is grouped");
+    g.assert_buffers("conv2d_gemm", x, w, b, y);
+    let (h_out, w_out) = (g.h_out(), g.w_out());
+    let n = h_out * w_out;
+    let k = g.c_in * g.kh * g.kw;
+    let epilogue = |o: usize, _c0: usize, piece: &mut [f32]| {
+        for v in piece.iter_mut() {
+            *v = act.apply(*v + b[o]);
+        }
+        tail(o, piece);
+    };
+    if g.is_pointwise() {
+        let pack = |c0: usize, cols: usize, panel: &mut [f32]| {
+            for (ci, dst) in panel.chunks_exact_mut(PANEL_WIDTH).enumerate() {
+                dst[..cols].copy_from_slice(&x[ci * n + c0..ci * n + c0 + cols]);
+            }
+        };
+        super::matmul_columns(w, g.c_out, k, n, y, pack, epilogue);
+        return;
+    }
+    let (hp, wp) = (g.h_in + g.pad[0] + g.pad[2], g.w_in + g.pad[1] + g.pad[3]);
+    let padded;
+    let xp: &[f32] = if g.pad == [0; 4] {
+        x
+    } else {
+        padded = pad_planes(g, x);
+        &padded
+    };
+    let [sy, sx] = g.stride;
+    let [dy, dx] = g.dilation;
+    let pack = |c0: usize, cols: usize, panel: &mut [f32]| {
+        // Where each pixel's window starts in a padded plane.
+        let mut base = [0usize; PANEL_WIDTH];
+        for (j, bj) in base.iter_mut().enumerate().take(cols) {
+            let (oy, ox) = ((c0 + j) / w_out, (c0 + j) % w_out);
+            *bj = oy * sy * wp + ox * sx;
+        }
+        let mut rows = panel.chunks_exact_mut(PANEL_WIDTH);
+        for ci in 0..g.c_in {
+            let plane = &xp[ci * hp * wp..(ci + 1) * hp * wp];
+            for ky in 0..g.kh {
+                for kx in 0..g.kw {
+                    let tap = &plane[ky * dy * wp + kx * dx..];
+                    let dst = rows.next().expect("k rows in a panel");
+                    for (d, &bj) in dst.iter_mut().zip(&base[..cols]) {
+                        *d = tap[bj];
+                    }
+                }
+            }
+        }
+    };
+    super::matmul_columns(w, g.c_out, k, n, y, pack, epilogue);
+}
+
+/// The input planes with the convolution's zero padding around each.
+fn pad_planes(g: &Conv2d, x: &[f32]) -> Vec<f32> {
+    let (hp, wp) = (g.h_in + g.pad[0] + g.pad[2], g.w_in + g.pad[1] + g.pad[3]);
+    let mut xp = vec![0.0f32; g.c_in * hp * wp];
+    xp.par_chunks_mut(hp * wp)
+        .zip(x.par_chunks(g.h_in * g.w_in))
+        .for_each(|(dst, src)| {
+            for (r, row) in src.chunks_exact(g.w_in).enumerate() {
+                let at = (r + g.pad[0]) * wp + g.pad[1];
+                dst[at..at + g.w_in].copy_from_slice(row);
+            }
+        });
+    xp
+}
+
 /// Output pixels per register tile in [`conv2d_rows`].
 const ROW_TILE: usize = 16;
 
@@ -336,21 +425,19 @@ pub fn conv2d_rows(
     y: &mut [f32],
 ) {
     g.assert_buffers("conv2d_rows", x, w, b, y);
-    let (hp, wp) = (g.h_in + g.pad[0] + g.pad[2], g.w_in + g.pad[1] + g.pad[3]);
-    let mut xp = vec![0.0f32; g.c_in * hp * wp];
-    xp.par_chunks_mut(hp * wp)
-        .zip(x.par_chunks(g.h_in * g.w_in))
-        .for_each(|(dst, src)| {
-            for (r, row) in src.chunks_exact(g.w_in).enumerate() {
-                let at = (r + g.pad[0]) * wp + g.pad[1];
-                dst[at..at + g.w_in].copy_from_slice(row);
-            }
-        });
+    let xp = pad_planes(g, x);
     let avx2 = has_avx2();
+    let avx512 = has_avx512();
     y.par_chunks_mut(g.h_out() * g.w_out())
         .enumerate()
         .for_each(|(o, plane)| {
-            if avx2 {
+            if avx512 {
+                // SAFETY: the CPU has AVX-512F (checked above).
+                #[cfg(target_arch = "x86_64")]
+                unsafe {
+                    rows_plane_avx512(g, &xp, w, b[o], act, o, plane)
+                }
+            } else if avx2 {
                 // SAFETY: the CPU has AVX2 (checked above).
                 #[cfg(target_arch = "x86_64")]
                 unsafe {
@@ -360,6 +447,33 @@ pub fn conv2d_rows(
                 rows_plane(g, &xp, w, b[o], act, o, plane)
             }
         });
+}
+
+/// Whether the AVX-512 build of [`conv2d_rows`]' loop can run here: one
+/// 16-wide register per tile, same sums (no fused multiply-add).
+fn has_avx512() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        std::arch::is_x86_feature_detected!("avx512f")
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn rows_plane_avx512(
+    g: &Conv2d,
+    xp: &[f32],
+    w: &[f32],
+    bias: f32,
+    act: ConvActivation,
+    o: usize,
+    plane: &mut [f32],
+) {
+    rows_plane(g, xp, w, bias, act, o, plane)
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -653,6 +767,60 @@ mod tests {
             conv2d_rows(&g, &x, &wt, &b, ConvActivation::Relu, &mut got);
             // Same taps in the same order, bias added last: exact.
             assert_eq!(got, want, "{g:?}");
+        }
+    }
+
+    #[test]
+    fn gemm_matches_the_reference() {
+        let mut rng = Rng::new(5);
+        // (c_in, c_out, h, w, kernel, stride, pad, dilation): 1x1 layers,
+        // a stem (3 channels, stride 2), odd sizes around the 16-pixel
+        // panels and the 6-row register blocks, uneven pads.
+        for (c_in, c_out, h, w, k, stride, pad, d) in [
+            (1, 1, 1, 1, 1, [1, 1], [0; 4], 1),
+            (17, 9, 13, 21, 1, [1, 1], [0; 4], 1),
+            (33, 20, 16, 17, 1, [1, 1], [0; 4], 1),
+            (3, 16, 19, 23, 3, [2, 2], [1; 4], 1),
+            (5, 7, 11, 13, 3, [1, 1], [1, 0, 2, 1], 1),
+            (4, 13, 9, 10, 5, [1, 2], [2; 4], 1),
+            (2, 6, 9, 9, 3, [1, 1], [2; 4], 2),
+            (6, 5, 7, 8, 3, [2, 1], [0; 4], 1),
+        ] {
+            let g = Conv2d {
+                c_in,
+                h_in: h,
+                w_in: w,
+                c_out,
+                kh: k,
+                kw: k,
+                stride,
+                pad,
+                dilation: [d, d],
+                groups: 1,
+            };
+            g.check().unwrap();
+            let x = rng.vec(c_in * h * w, -1.0, 1.0);
+            let wt = rng.vec(g.weight_len(), -1.0, 1.0);
+            let b = rng.vec(c_out, -1.0, 1.0);
+            let n = c_out * g.h_out() * g.w_out();
+            let (mut want, mut got) = (vec![0.0; n], vec![f32::NAN; n]);
+            conv2d(&g, &x, &wt, &b, ConvActivation::None, &mut want);
+            // The tail sees each output channel's pieces: mark them.
+            let tail = |o: usize, piece: &mut [f32]| {
+                for v in piece {
+                    *v += 10.0 * o as f32;
+                }
+            };
+            conv2d_gemm(&g, &x, &wt, &b, ConvActivation::None, &mut got, tail);
+            let plane = g.h_out() * g.w_out();
+            let taps = (c_in * k * k) as f32;
+            for (i, (gv, wv)) in got.iter().zip(&want).enumerate() {
+                let wv = wv + 10.0 * (i / plane) as f32;
+                // Fused multiply-adds against separate ones, |x|, |w| <= 1:
+                // a few ulps of sqrt(taps), plus the marker's magnitude.
+                let tol = 1e-5 * taps.sqrt() + 4e-6 * wv.abs();
+                assert!((gv - wv).abs() <= tol, "{g:?} element {i}: {gv} vs {wv}");
+            }
         }
     }
 

@@ -17,6 +17,8 @@ use rayon::prelude::*;
 const MR: usize = 6;
 /// Rows of w per panel (columns of y in one register block).
 const NR: usize = 16;
+/// The width of one packed panel of [`matmul_columns`]' b: [k][16].
+pub const PANEL_WIDTH: usize = NR;
 /// At most this many rows of y per parallel task.
 const MB: usize = 96;
 
@@ -118,20 +120,137 @@ fn block(simd: Simd, x: &[f32], w: &PackedMatrix, p: usize, mb: usize, y: &mut [
     }
 }
 
+/// Column panels per parallel task in [`matmul_columns`], at most: the
+/// task's packed operand (k x 16 floats a panel) stays in L2.
+const COLUMN_PANELS: usize = 8;
+
+/// y[m, n] = a[m, k] · b[k, n] with b never stored whole: `pack(col0,
+/// cols, panel)` writes columns col0..col0 + cols (cols <= 16) of b into
+/// `panel` as [k][16] (entries past `cols` must be zero or are ignored),
+/// and `epilogue(row, col0, piece)` runs once over each finished piece of
+/// row `row` of y (columns col0.., in place) while it is still in cache.
+///
+/// For convolutions in NCHW order: a is the [c_out, c_in * kh * kw]
+/// weight, b the image's channels (a 1x1 layer) or their im2col columns
+/// packed on the fly, y the output planes. Tasks own runs of columns (so
+/// b is packed once and a streams past it); each element of y is the same
+/// k-ordered sum of fused multiply-adds as in [`matmul_packed`].
+#[allow(clippy::too_many_arguments)]
+pub fn matmul_columns<P, E>(
+    a: &[f32],
+    m: usize,
+    k: usize,
+    n: usize,
+    y: &mut [f32],
+    pack: P,
+    epilogue: E,
+) where
+    P: Fn(usize, usize, &mut [f32]) + Sync,
+    E: Fn(usize, usize, &mut [f32]) + Sync,
+{
+    assert_eq!(a.len(), m * k, "matmul_columns: a is not [m, k]");
+    assert_eq!(y.len(), m * n, "matmul_columns: y is not [m, n]");
+    if m == 0 || n == 0 {
+        return;
+    }
+    let simd = Simd::detect();
+    let threads = rayon::current_num_threads();
+    let panels = n.div_ceil(NR);
+    // A few tasks per thread, so uneven ones even out.
+    let per_task = panels.div_ceil(4 * threads).clamp(1, COLUMN_PANELS);
+    let cols = per_task * NR;
+    // Each task owns one run of columns of every row of y.
+    let mut tasks: Vec<Vec<&mut [f32]>> = (0..n.div_ceil(cols))
+        .map(|_| Vec::with_capacity(m))
+        .collect();
+    for row in y.chunks_mut(n) {
+        for (task, piece) in tasks.iter_mut().zip(row.chunks_mut(cols)) {
+            task.push(piece);
+        }
+    }
+    tasks.into_par_iter().enumerate().for_each(|(t, mut rows)| {
+        let c0 = t * cols;
+        let width = rows[0].len();
+        let count = width.div_ceil(NR);
+        let mut packed = vec![0.0f32; count * k * NR];
+        for (p, panel) in packed.chunks_exact_mut(k * NR).enumerate() {
+            pack(c0 + p * NR, NR.min(width - p * NR), panel);
+        }
+        for i0 in (0..m).step_by(MR) {
+            let mr = MR.min(m - i0);
+            let ab = &a[i0 * k..(i0 + mr) * k];
+            // Two panels a step: 12 accumulators with 16-wide vectors.
+            for (q, pair) in packed.chunks(2 * k * NR).enumerate() {
+                let (first, second) = pair.split_at(k * NR);
+                let accs = simd.kernel_pair(ab, first, second, k, mr);
+                for (h, acc) in accs.iter().enumerate().take(pair.len() / (k * NR)) {
+                    let at = (2 * q + h) * NR;
+                    let nc = NR.min(width - at);
+                    for (i, row) in acc.iter().enumerate().take(mr) {
+                        rows[i0 + i][at..at + nc].copy_from_slice(&row[..nc]);
+                    }
+                }
+            }
+            for (i, piece) in rows[i0..i0 + mr].iter_mut().enumerate() {
+                epilogue(i0 + i, c0, piece);
+            }
+        }
+    });
+}
+
 #[derive(Clone, Copy)]
 enum Simd {
     Portable,
     #[cfg(target_arch = "x86_64")]
     Avx2Fma,
+    /// AVX2 and FMA for single panels, AVX-512 for pairs.
+    #[cfg(target_arch = "x86_64")]
+    Avx512,
 }
 
 impl Simd {
     fn detect() -> Simd {
         #[cfg(target_arch = "x86_64")]
         if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") {
+            if is_x86_feature_detected!("avx512f") {
+                return Simd::Avx512;
+            }
             return Simd::Avx2Fma;
         }
         Simd::Portable
+    }
+
+    /// [`Simd::kernel`] for two panels (`second` may be empty: then only
+    /// the first result is meaningful). Same sums, element by element.
+    fn kernel_pair(
+        self,
+        x: &[f32],
+        first: &[f32],
+        second: &[f32],
+        k: usize,
+        mr: usize,
+    ) -> [[[f32; NR]; MR]; 2] {
+        match self {
+            #[cfg(target_arch = "x86_64")]
+            Simd::Avx512 if second.len() == k * NR => {
+                assert!(
+                    mr <= MR && x.len() == mr * k && first.len() == k * NR,
+                    "kernel_pair: operands out of shape"
+                );
+                // SAFETY: detect() found AVX-512F; the checks above keep
+                // every load inside x and the two panels.
+                unsafe { avx512::kernel_pair(x, first, second, k, mr) }
+            }
+            _ => {
+                let one = self.kernel(x, first, k, mr);
+                let two = if second.is_empty() {
+                    [[0.0; NR]; MR]
+                } else {
+                    self.kernel(x, second, k, mr)
+                };
+                [one, two]
+            }
+        }
     }
 
     /// The [mr, 16] block of x rows (mr <= 6, each k long) times one panel.
@@ -145,7 +264,7 @@ impl Simd {
             #[cfg(target_arch = "x86_64")]
             // SAFETY: detect() found AVX2 and FMA; the assert above keeps
             // every load inside x and the panel.
-            Simd::Avx2Fma => unsafe { avx2::kernel(x, panel, k, mr) },
+            Simd::Avx2Fma | Simd::Avx512 => unsafe { avx2::kernel(x, panel, k, mr) },
         }
     }
 }
@@ -202,6 +321,63 @@ mod avx2 {
         for i in 0..R {
             _mm256_storeu_ps(out[i].as_mut_ptr(), lo[i]);
             _mm256_storeu_ps(out[i].as_mut_ptr().add(8), hi[i]);
+        }
+        out
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+mod avx512 {
+    use super::{MR, NR};
+    use std::arch::x86_64::*;
+
+    /// See [`super::Simd::kernel_pair`]: one 16-wide vector per panel row
+    /// step, so each output element gets the same fused multiply-adds in
+    /// the same k order as the AVX2 kernel.
+    ///
+    /// # Safety
+    /// Needs AVX-512F; x holds mr rows of k, each panel k * 16 floats.
+    #[target_feature(enable = "avx512f")]
+    pub unsafe fn kernel_pair(
+        x: &[f32],
+        a: &[f32],
+        b: &[f32],
+        k: usize,
+        mr: usize,
+    ) -> [[[f32; NR]; MR]; 2] {
+        match mr {
+            6 => rows::<6>(x, a, b, k),
+            5 => rows::<5>(x, a, b, k),
+            4 => rows::<4>(x, a, b, k),
+            3 => rows::<3>(x, a, b, k),
+            2 => rows::<2>(x, a, b, k),
+            _ => rows::<1>(x, a, b, k),
+        }
+    }
+
+    #[target_feature(enable = "avx512f")]
+    unsafe fn rows<const R: usize>(
+        x: &[f32],
+        a: &[f32],
+        b: &[f32],
+        k: usize,
+    ) -> [[[f32; NR]; MR]; 2] {
+        let (xp, ap, bp) = (x.as_ptr(), a.as_ptr(), b.as_ptr());
+        let mut lo = [_mm512_setzero_ps(); R];
+        let mut hi = [_mm512_setzero_ps(); R];
+        for kk in 0..k {
+            let w0 = _mm512_loadu_ps(ap.add(kk * NR));
+            let w1 = _mm512_loadu_ps(bp.add(kk * NR));
+            for i in 0..R {
+                let xv = _mm512_set1_ps(*xp.add(i * k + kk));
+                lo[i] = _mm512_fmadd_ps(xv, w0, lo[i]);
+                hi[i] = _mm512_fmadd_ps(xv, w1, hi[i]);
+            }
+        }
+        let mut out = [[[0.0f32; NR]; MR]; 2];
+        for i in 0..R {
+            _mm512_storeu_ps(out[0][i].as_mut_ptr(), lo[i]);
+            _mm512_storeu_ps(out[1][i].as_mut_ptr(), hi[i]);
         }
         out
     }

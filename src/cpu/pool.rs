@@ -194,9 +194,117 @@ pub fn conv_transpose2d(g: &ConvTranspose2d, x: &[f32], w: &[f32], b: &[f32], y:
         });
 }
 
+/// [`conv_transpose2d`] for an ungrouped layer as one matrix product and a
+/// scatter: t[(o, ky, kx), pixel] = sum over input channels of
+/// w[i, o, ky, kx] * x[i, pixel] (fused multiply-adds in channel order,
+/// through [`super::matmul_columns`]), then each output pixel sums its taps
+/// in the order kernel row, kernel column, bias last. Equal to the
+/// reference up to rounding (the reference sums channels innermost).
+pub fn conv_transpose2d_gemm(g: &ConvTranspose2d, x: &[f32], w: &[f32], b: &[f32], y: &mut [f32]) {
+    assert_eq!(g.groups, 1, "conv_transpose2d_gemm: {g:?} is grouped");
+    assert_eq!(
+        x.len(),
+        g.c_in * g.h_in * g.w_in,
+        "conv_transpose2d_gemm: x size"
+    );
+    assert_eq!(w.len(), g.weight_len(), "conv_transpose2d_gemm: w size");
+    assert_eq!(b.len(), g.c_out, "conv_transpose2d_gemm: b size");
+    let (ho, wo) = (g.h_out(), g.w_out());
+    assert_eq!(y.len(), g.c_out * ho * wo, "conv_transpose2d_gemm: y size");
+    let (n, taps) = (g.h_in * g.w_in, g.kh * g.kw);
+    let rows = g.c_out * taps;
+    // wt[(o, tap), i] = w[i, o, tap]
+    let mut wt = vec![0.0f32; rows * g.c_in];
+    for (i, wi) in w.chunks_exact(rows).enumerate() {
+        for (r, &v) in wi.iter().enumerate() {
+            wt[r * g.c_in + i] = v;
+        }
+    }
+    let mut t = vec![0.0f32; rows * n];
+    let pack = |c0: usize, cols: usize, panel: &mut [f32]| {
+        for (i, dst) in panel.chunks_exact_mut(super::PANEL_WIDTH).enumerate() {
+            dst[..cols].copy_from_slice(&x[i * n + c0..i * n + c0 + cols]);
+        }
+    };
+    super::matmul_columns(&wt, rows, g.c_in, n, &mut t, pack, |_, _, _| {});
+    let [s_y, s_x] = g.stride;
+    y.par_chunks_mut(ho * wo)
+        .zip(t.par_chunks(taps * n))
+        .zip(b.par_iter())
+        .for_each(|((plane, to), &bias)| {
+            plane.fill(0.0);
+            for ky in 0..g.kh {
+                for kx in 0..g.kw {
+                    let tap = &to[(ky * g.kw + kx) * n..][..n];
+                    for iy in 0..g.h_in {
+                        // Output row iy * stride + ky - pad_top, if inside.
+                        let Some(oy) = (iy * s_y + ky).checked_sub(g.pad[0]).filter(|&v| v < ho)
+                        else {
+                            continue;
+                        };
+                        let row = &mut plane[oy * wo..(oy + 1) * wo];
+                        for (ix, &v) in tap[iy * g.w_in..(iy + 1) * g.w_in].iter().enumerate() {
+                            if let Some(ox) =
+                                (ix * s_x + kx).checked_sub(g.pad[1]).filter(|&v| v < wo)
+                            {
+                                row[ox] += v;
+                            }
+                        }
+                    }
+                }
+            }
+            for v in plane.iter_mut() {
+                *v += bias;
+            }
+        });
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::util::rng::Rng;
+
+    #[test]
+    fn transposed_gemm_matches_the_reference() {
+        let mut rng = Rng::new(7);
+        // (c_in, c_out, h, w, k, stride, pad): the DB head's 2x2 stride 2,
+        // overlapping taps (3x3 stride 2), cropped borders.
+        for (c_in, c_out, h, w, k, stride, pad) in [
+            (1, 1, 1, 1, 2, [2, 2], [0; 4]),
+            (24, 24, 7, 9, 2, [2, 2], [0; 4]),
+            (5, 3, 6, 5, 3, [2, 2], [1, 1, 0, 1]),
+            (7, 9, 5, 8, 3, [1, 2], [1; 4]),
+            (17, 1, 11, 13, 4, [2, 3], [0, 2, 1, 0]),
+        ] {
+            let g = ConvTranspose2d {
+                c_in,
+                h_in: h,
+                w_in: w,
+                c_out,
+                kh: k,
+                kw: k,
+                stride,
+                pad,
+                groups: 1,
+            };
+            g.check().unwrap();
+            let x = rng.vec(c_in * h * w, -1.0, 1.0);
+            let wt = rng.vec(g.weight_len(), -1.0, 1.0);
+            let b = rng.vec(c_out, -1.0, 1.0);
+            let len = c_out * g.h_out() * g.w_out();
+            let (mut want, mut got) = (vec![0.0; len], vec![f32::NAN; len]);
+            conv_transpose2d(&g, &x, &wt, &b, &mut want);
+            conv_transpose2d_gemm(&g, &x, &wt, &b, &mut got);
+            let terms = (c_in * k * k) as f32;
+            for (i, (gv, wv)) in got.iter().zip(&want).enumerate() {
+                // Another summation order, |x|, |w| <= 1: ulps of sqrt(terms).
+                assert!(
+                    (gv - wv).abs() <= 1e-5 * terms.sqrt(),
+                    "{g:?} element {i}: {gv} vs {wv}"
+                );
+            }
+        }
+    }
 
     #[test]
     fn pooling_windows() {

@@ -120,9 +120,6 @@ pub(super) enum Op {
         dilation: [usize; 2],
         groups: usize,
         act: ConvActivation,
-        /// For 1x1 convolutions: the weights packed for the fast matrix
-        /// multiply, which runs them as [pixels, c_in] x [c_in, c_out].
-        packed: Option<Arc<cpu::PackedMatrix>>,
         /// The elementwise nodes after it, fused.
         tail: Chain,
     },
@@ -216,6 +213,23 @@ impl Chain {
                     let affine = [self.affine[ch], self.affine[channels + ch]];
                     cpu::pointwise_chain(&self.steps, &affine, plane, part);
                 });
+        }
+    }
+}
+
+impl Chain {
+    /// Runs the chain over a piece of channel `o`'s plane.
+    fn apply_channel(&self, o: usize, piece: &mut [f32]) {
+        if self.steps.is_empty() {
+            return;
+        }
+        let channels = self.affine.len() / 2;
+        if channels == 0 {
+            cpu::pointwise_chain(&self.steps, &[], piece.len(), piece);
+        } else {
+            let ch = o % channels;
+            let affine = [self.affine[ch], self.affine[channels + ch]];
+            cpu::pointwise_chain(&self.steps, &affine, piece.len(), piece);
         }
     }
 }
@@ -659,11 +673,7 @@ impl<'a> Preparer<'a> {
         let x = self.input_slot(node, &node.inputs[0])?;
         let stride = pair(node, "strides", Some(1))?;
         let pad = pads(node)?;
-        let pointwise =
-            wd[2] == 1 && wd[3] == 1 && stride == [1, 1] && pad == [0; 4] && groups == 1;
-        let packed = pointwise.then(|| Arc::new(cpu::PackedMatrix::pack(&weight, wd[0], wd[1])));
         let op = Op::Conv {
-            packed,
             weight: Arc::new(weight),
             bias: Arc::new(bias),
             kernel: [wd[2], wd[3]],
@@ -990,7 +1000,6 @@ fn eval(node: &Node, inputs: &[&Tensor]) -> EvalResult {
             dilation,
             groups,
             act,
-            packed,
             tail,
         } => {
             let [n, c, h, w] = nchw(x.shape())?;
@@ -1019,8 +1028,11 @@ fn eval(node: &Node, inputs: &[&Tensor]) -> EvalResult {
                 .chunks_exact(c * h * w)
                 .zip(y.chunks_exact_mut(per_out))
             {
-                if let Some(pw) = packed.as_deref() {
-                    pointwise_gemm(pw, img, bias, *act, tail, c, h * w, out);
+                if geom.groups == 1 {
+                    // 1x1 and full k x k layers: a matrix product.
+                    cpu::conv2d_gemm(&geom, img, weight, bias, *act, out, |o, piece| {
+                        tail.apply_channel(o, piece)
+                    });
                 } else {
                     cpu::conv2d_rows(&geom, img, weight, bias, *act, out);
                     tail.apply(ho * wo, out);
@@ -1062,7 +1074,11 @@ fn eval(node: &Node, inputs: &[&Tensor]) -> EvalResult {
                 .chunks_exact(c * h * w)
                 .zip(y.chunks_exact_mut(per_out))
             {
-                cpu::conv_transpose2d(&shape, img, weight, bias, out);
+                if shape.groups == 1 {
+                    cpu::conv_transpose2d_gemm(&shape, img, weight, bias, out);
+                } else {
+                    cpu::conv_transpose2d(&shape, img, weight, bias, out);
+                }
             }
             let shape = vec![n, shape.c_out, ho, wo];
             tail.apply(chain_plane(tail, &shape)?, &mut y);
@@ -1322,53 +1338,6 @@ fn eval(node: &Node, inputs: &[&Tensor]) -> EvalResult {
             Ok(Tensor::F32(y, shape.to_vec()))
         }
     }
-}
-
-/// A 1x1 convolution as a matrix product: x [c_in, n] transposed to
-/// [n, c_in], times the packed [c_out, c_in] weights, transposed back with
-/// the bias and activation. The fast multiply sums in another order than
-/// the reference convolution (fused multiply-adds): equal to rounding.
-#[allow(clippy::too_many_arguments)]
-fn pointwise_gemm(
-    w: &cpu::PackedMatrix,
-    x: &[f32],
-    bias: &[f32],
-    act: ConvActivation,
-    tail: &Chain,
-    c_in: usize,
-    n: usize,
-    y: &mut [f32],
-) {
-    let c_out = w.rows();
-    let mut xt = vec![0.0f32; n * c_in];
-    for (ci, plane) in x.chunks_exact(n).enumerate() {
-        for (p, &v) in plane.iter().enumerate() {
-            xt[p * c_in + ci] = v;
-        }
-    }
-    let mut yt = vec![0.0f32; n * c_out];
-    cpu::matmul_packed(&xt, w, Some(bias), n, &mut yt);
-    let channels = tail.affine.len() / 2;
-    y.par_chunks_mut(n).enumerate().for_each(|(o, plane)| {
-        for (p, v) in plane.iter_mut().enumerate() {
-            *v = act.apply(yt[p * c_out + o]);
-        }
-        if !tail.steps.is_empty() {
-            let affine = match channels {
-                0 => [1.0, 0.0],
-                _ => [
-                    tail.affine[o % channels],
-                    tail.affine[channels + o % channels],
-                ],
-            };
-            let affine = if channels == 0 {
-                &affine[..0]
-            } else {
-                &affine[..]
-            };
-            cpu::pointwise_chain(&tail.steps, affine, n, plane);
-        }
-    });
 }
 
 /// The plane size a chain runs over for a tensor of `shape`, checking
