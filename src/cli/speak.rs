@@ -228,6 +228,7 @@ fn voice_json(model: &std::path::Path) -> PathBuf {
 pub fn run(args: Args) -> anyhow::Result<()> {
     let run_start = Instant::now();
     args.quiet.apply();
+    crate::util::alloc::reuse_freed_memory();
     let model_path = match &args.model {
         Some(p) => p.clone(),
         None => default_voice()?,

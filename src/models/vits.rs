@@ -38,6 +38,7 @@ use crate::formats::onnx::{OnnxGraph, OnnxModel, OnnxNode};
 use crate::util::rng::Rng;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
 
 /// `modules.LayerNorm` epsilon.
 const LN_EPS: f32 = 1e-5;
@@ -231,14 +232,58 @@ pub struct Conv {
     pub w: Vec<f32>,
     pub b: Option<Vec<f32>>,
     pub shape: Conv1dShape,
+    /// w in the CPU tile's order, made on the first CPU call (groups 1).
+    packed: OnceLock<cpu::PackedConv1d>,
 }
 
 impl Conv {
+    fn new(w: Vec<f32>, b: Option<Vec<f32>>, shape: Conv1dShape) -> Conv {
+        Conv {
+            w,
+            b,
+            shape,
+            packed: OnceLock::new(),
+        }
+    }
+
+    fn packed(&self) -> &cpu::PackedConv1d {
+        self.packed
+            .get_or_init(|| cpu::PackedConv1d::new(&self.w, &self.shape))
+    }
+
     /// x: [c_in, t] -> [c_out, t_out]
     pub fn forward(&self, x: &[f32], t: usize) -> Vec<f32> {
-        let mut y = vec![0.0; self.shape.c_out * self.shape.t_out(t)];
-        cpu::conv1d(x, t, &self.w, self.b.as_deref(), &self.shape, &mut y);
+        if self.shape.groups != 1 {
+            let mut y = vec![0.0; self.shape.c_out * self.shape.t_out(t)];
+            cpu::conv1d(x, t, &self.w, self.b.as_deref(), &self.shape, &mut y);
+            return y;
+        }
+        self.forward_into(x, t, None)
+    }
+
+    /// conv(leaky_relu(x, slope)), the activation fused into the
+    /// convolution's input copy (groups 1).
+    pub fn forward_act(&self, x: &[f32], t: usize, slope: f32) -> Vec<f32> {
+        self.forward_into(x, t, Some(slope))
+    }
+
+    fn forward_into(&self, x: &[f32], t: usize, act: Option<f32>) -> Vec<f32> {
+        let t_out = self.shape.t_out(t);
+        let mut y = vec![0.0; self.shape.c_out * t_out];
+        let layout = cpu::OutLayout {
+            row: t_out,
+            step: 1,
+            offset: 0,
+            count: t_out,
+        };
+        let (w, b) = (self.packed(), self.b.as_deref());
+        cpu::conv1d_into(x, t, w, b, &self.shape, act, &mut y, layout);
         y
+    }
+
+    /// x += conv(leaky_relu(x, slope)) in place (HiFi-GAN's residual step).
+    pub fn residual(&self, x: &mut [f32], t: usize, slope: f32) {
+        cpu::conv1d_residual(x, t, self.packed(), self.b.as_deref(), &self.shape, slope);
     }
 }
 
@@ -258,8 +303,9 @@ pub struct ConvT {
 /// j * stride, from inputs m + q - j (`ConvT::phases`).
 #[derive(Clone, Debug)]
 struct Phase {
-    /// [c_out, c_in, taps], taps in reverse order of j.
-    w: Vec<f32>,
+    /// The weights [c_out, c_in, taps] (taps in reverse order of j),
+    /// packed for the CPU tile.
+    packed: cpu::PackedConv1d,
     taps: usize,
     /// How many inputs before m the first (reversed) tap reads.
     pad_left: usize,
@@ -299,8 +345,17 @@ impl ConvT {
                     }
                 }
             }
+            let shape = Conv1dShape {
+                c_in,
+                c_out,
+                kernel: taps,
+                dilation: 1,
+                pad_left: 0,
+                pad_right: 0,
+                groups: 1,
+            };
             phases.push(Phase {
-                w: pw,
+                packed: cpu::PackedConv1d::new(&pw, &shape),
                 taps,
                 pad_left: taps - 1 - q,
             });
@@ -309,15 +364,34 @@ impl ConvT {
     }
 
     pub fn forward(&self, x: &[f32], t: usize) -> Vec<f32> {
+        self.forward_impl(x, t, None)
+    }
+
+    /// The transposed convolution of leaky_relu(x, slope), the activation
+    /// fused into the input copies.
+    pub fn forward_act(&self, x: &[f32], t: usize, slope: f32) -> Vec<f32> {
+        self.forward_impl(x, t, Some(slope))
+    }
+
+    fn forward_impl(&self, x: &[f32], t: usize, act: Option<f32>) -> Vec<f32> {
         let s = &self.shape;
         let t_out = s.t_out(t);
         let mut y = vec![0.0; s.c_out * t_out];
         if self.phases.is_empty() || t == 0 {
+            let mut xa;
+            let x = match act {
+                Some(slope) => {
+                    xa = x.to_vec();
+                    cpu::leaky_relu(&mut xa, slope);
+                    &xa[..]
+                }
+                None => x,
+            };
             cpu::conv_transpose1d(x, t, &self.w, self.b.as_deref(), s, &mut y);
             return y;
         }
         for (r, ph) in self.phases.iter().enumerate() {
-            // Outputs r, r + stride, ... below t_out.
+            // Outputs r, r + stride, ... below t_out, written in place.
             let m = t_out.saturating_sub(r).div_ceil(s.stride);
             if m == 0 {
                 continue;
@@ -332,15 +406,22 @@ impl ConvT {
                 pad_right,
                 groups: 1,
             };
-            let n = shape.t_out(t);
-            let mut yr = vec![0.0; s.c_out * n];
-            cpu::conv1d(x, t, &ph.w, self.b.as_deref(), &shape, &mut yr);
-            for o in 0..s.c_out {
-                let row = &mut y[o * t_out..(o + 1) * t_out];
-                for (mi, v) in yr[o * n..o * n + m].iter().enumerate() {
-                    row[mi * s.stride + r] = *v;
-                }
-            }
+            let layout = cpu::OutLayout {
+                row: t_out,
+                step: s.stride,
+                offset: r,
+                count: m,
+            };
+            cpu::conv1d_into(
+                x,
+                t,
+                &ph.packed,
+                self.b.as_deref(),
+                &shape,
+                act,
+                &mut y,
+                layout,
+            );
         }
         y
     }
@@ -457,7 +538,7 @@ impl<'a> Loader<'a> {
         {
             return Err(n.error("bias or weight shape is inconsistent"));
         }
-        Ok(Conv { w, b, shape })
+        Ok(Conv::new(w, b, shape))
     }
 
     /// A Conv whose padding the module applies itself (an explicit `Pad`
@@ -1003,26 +1084,30 @@ impl Generator {
             add_per_channel(&mut x, s, t);
         }
         for (up, blocks) in self.ups.iter().zip(&self.resblocks) {
-            cpu::leaky_relu(&mut x, LRELU_SLOPE);
-            x = up.forward(&x, t);
+            x = up.forward_act(&x, t, LRELU_SLOPE);
             t = up.shape.t_out(t);
-            let mut sum = vec![0.0f32; x.len()];
-            for convs in blocks {
-                let mut xb = x.clone();
+            // The blocks' average; the last block takes x itself.
+            let mut sum: Vec<f32> = Vec::new();
+            for (j, convs) in blocks.iter().enumerate() {
+                let mut xb = if j + 1 == blocks.len() {
+                    std::mem::take(&mut x)
+                } else {
+                    x.clone()
+                };
                 for c in convs {
-                    let mut xt = xb.clone();
-                    cpu::leaky_relu(&mut xt, LRELU_SLOPE);
-                    let y = c.forward(&xt, t);
-                    add_in_place(&mut xb, &y);
+                    c.residual(&mut xb, t, LRELU_SLOPE);
                 }
-                add_in_place(&mut sum, &xb);
+                if j == 0 {
+                    sum = xb;
+                } else {
+                    add_in_place(&mut sum, &xb);
+                }
             }
             let k = blocks.len() as f32;
             sum.iter_mut().for_each(|v| *v /= k);
             x = sum;
         }
-        cpu::leaky_relu(&mut x, LRELU_SLOPE_POST);
-        let mut y = self.conv_post.forward(&x, t);
+        let mut y = self.conv_post.forward_act(&x, t, LRELU_SLOPE_POST);
         y.iter_mut().for_each(|v| *v = v.tanh());
         y
     }

@@ -1,5 +1,6 @@
 //! Small helpers shared by every part of the engine.
 
+pub mod alloc;
 pub mod atomic_write;
 pub mod date;
 pub mod fs;

@@ -289,24 +289,20 @@ fn in_channels(c: &Conv, range: std::ops::Range<usize>) -> Conv {
             w.extend_from_slice(&c.w[at..at + s.kernel]);
         }
     }
-    Conv {
-        w,
-        b: c.b.clone(),
-        shape: Conv1dShape { c_in: n, ..s },
-    }
+    Conv::new(w, c.b.clone(), Conv1dShape { c_in: n, ..s })
 }
 
 /// `c`'s output channels `range` only.
 fn out_channels(c: &Conv, range: std::ops::Range<usize>) -> Conv {
     let per = c.shape.c_in * c.shape.kernel;
-    Conv {
-        w: c.w[range.start * per..range.end * per].to_vec(),
-        b: c.b.as_ref().map(|b| b[range.clone()].to_vec()),
-        shape: Conv1dShape {
+    Conv::new(
+        c.w[range.start * per..range.end * per].to_vec(),
+        c.b.as_ref().map(|b| b[range.clone()].to_vec()),
+        Conv1dShape {
             c_out: range.len(),
             ..c.shape
         },
-    }
+    )
 }
 
 /// `c` reading its input channels in reverse order.
@@ -322,11 +318,7 @@ fn reversed_input(c: &Conv) -> Conv {
             w[dst..dst + s.kernel].copy_from_slice(&c.w[src..src + s.kernel]);
         }
     }
-    Conv {
-        w,
-        b: c.b.clone(),
-        shape: s,
-    }
+    Conv::new(w, c.b.clone(), s)
 }
 
 /// -c, with its output channels in reverse order when `reverse`.
@@ -341,7 +333,7 @@ fn negated_output(c: &Conv, reverse: bool) -> Conv {
     let b =
         c.b.as_ref()
             .map(|b| (0..s.c_out).map(|o| -b[src(o)]).collect());
-    Conv { w, b, shape: s }
+    Conv::new(w, b, s)
 }
 
 /// One affine coupling's layers on the device, flips folded in.

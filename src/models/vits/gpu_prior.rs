@@ -238,19 +238,19 @@ impl GpuPrior {
             if a.k_channels != dk || a.window != window {
                 return Err(Error::gpu("encoder layers with different attention shapes"));
             }
-            let qkv = Conv {
-                w: [a.q.w.as_slice(), &a.k.w, &a.v.w].concat(),
-                b: Some(
+            let qkv = Conv::new(
+                [a.q.w.as_slice(), &a.k.w, &a.v.w].concat(),
+                Some(
                     [&a.q, &a.k, &a.v]
                         .iter()
                         .flat_map(|c| c.b.clone().unwrap_or_else(|| vec![0.0; c.shape.c_out]))
                         .collect(),
                 ),
-                shape: Conv1dShape {
+                Conv1dShape {
                     c_out: 3 * a.q.shape.c_out,
                     ..a.q.shape
                 },
-            };
+            );
             if a.q.shape != a.k.shape || a.q.shape != a.v.shape || a.q.shape.kernel != 1 {
                 return Err(Error::gpu("attention projections that are not 1x1 alike"));
             }
