@@ -294,6 +294,12 @@ pub enum Activations {
     /// weights (llama.cpp's CPU convention; `quant::fast::int8`), f32 for
     /// the other types.
     Int8,
+    /// Rounded to 16-bit levels in blocks of 32 for Q8_0 weights (f32 for
+    /// the other types): 2^-16 of each block's largest value per element,
+    /// close enough to f32 for the vocabulary projection, where 8 bits
+    /// changed SmolLM2's greedy tokens, at integer speed. The matrix
+    /// product ([`matmul`]) has no such path and stays f32.
+    Int16,
 }
 
 impl Activations {
@@ -301,6 +307,7 @@ impl Activations {
         match self {
             Activations::F32 => quant::fast::RowDot::new(t, x),
             Activations::Int8 => quant::fast::RowDot::new_int8(t, x),
+            Activations::Int16 => quant::fast::RowDot::new_int16(t, x),
         }
     }
 }

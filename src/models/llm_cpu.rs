@@ -236,7 +236,8 @@ impl CpuLlm {
     }
 
     /// Decode products with their input treated as `act` says (prefill's
-    /// matrix products and the vocabulary projection stay f32).
+    /// matrix products stay f32; the vocabulary projection of an int8 run
+    /// takes 16-bit inputs).
     pub fn with_activations(mut self, act: Activations) -> CpuLlm {
         self.engine.act = act;
         self
@@ -889,9 +890,14 @@ impl DecoderOps for CpuPass<'_> {
         let d = self.cfg.hidden;
         let vocab = self.cfg.vocab;
         let eps = self.cfg.norm_eps;
-        // The vocabulary projection keeps f32 inputs: rounding the final
-        // hidden state (large outliers) to 8 bits moves logits by enough to
-        // change SmolLM2's first greedy token (tests/smollm2_reference.rs).
+        // The vocabulary projection never takes 8-bit inputs: rounding the
+        // final hidden state (large outliers) to 8 bits moves logits by
+        // enough to change SmolLM2's first greedy token
+        // (tests/smollm2_reference.rs); the int8 runs give it 16-bit ones.
+        let head_act = match self.act {
+            Activations::Int8 => Activations::Int16,
+            a => a,
+        };
         // The last rows of all segments go through one product, each row as
         // a matrix-vector product alone would compute it.
         let last: Vec<usize> = self
@@ -908,13 +914,7 @@ impl DecoderOps for CpuPass<'_> {
             &mut normed,
         );
         let mut lasts = vec![0.0f32; last.len() * vocab];
-        tensor::matvec_rows(
-            &self.w.head,
-            &normed,
-            last.len(),
-            &mut lasts,
-            Activations::F32,
-        );
+        tensor::matvec_rows(&self.w.head, &normed, last.len(), &mut lasts, head_act);
         let mut next_last = 0;
         for s in self.segs.iter() {
             if s.all_logits {
@@ -924,7 +924,7 @@ impl DecoderOps for CpuPass<'_> {
                 let mut logits = vec![0.0f32; s.n * vocab];
                 if s.as_decode {
                     // Each row as the single-token forward computes it.
-                    tensor::matvec_rows(&self.w.head, &normed, s.n, &mut logits, Activations::F32);
+                    tensor::matvec_rows(&self.w.head, &normed, s.n, &mut logits, head_act);
                 } else {
                     tensor::matmul(&self.w.head, &normed, s.n, &mut logits);
                 }

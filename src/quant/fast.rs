@@ -54,6 +54,9 @@ enum Path {
     /// `x` rounded to 8 bits and the integer kernel over it
     /// ([`RowDot::new_int8`]).
     Int8(int8::Q8Input, int8::Kernel),
+    /// `x` rounded to 16 bits and the integer kernel over it
+    /// ([`RowDot::new_int16`]).
+    Int16(int8::Q16Input, int8::Kernel16),
 }
 
 /// Elements per precomputed sum of `x` for each kernel (0: none needed).
@@ -106,6 +109,21 @@ impl<'a> RowDot<'a> {
         }
     }
 
+    /// As [`RowDot::new_int8`] with 16-bit levels, for Q8_0 rows (see
+    /// [`int8::Q16Input`]); other types, and inputs that are not whole
+    /// blocks, stay exact.
+    pub fn new_int16(dtype: GgmlType, x: &'a [f32]) -> Self {
+        match int8::variants16(dtype).pop() {
+            Some(k) if x.len().is_multiple_of(32) => RowDot {
+                dtype,
+                x,
+                row_bytes: dtype.row_bytes(x.len()),
+                path: Path::Int16(int8::Q16Input::new(x), k),
+            },
+            _ => RowDot::new(dtype, x),
+        }
+    }
+
     /// The dot product of `row` (`dtype`, `x.len()` elements) with `x`.
     pub fn dot(&self, row: &[u8]) -> f32 {
         match &self.path {
@@ -115,6 +133,10 @@ impl<'a> RowDot<'a> {
                 k(row, self.x, sums)
             }
             Path::Int8(q, k) => {
+                self.check_row(row);
+                k(row, q)
+            }
+            Path::Int16(q, k) => {
                 self.check_row(row);
                 k(row, q)
             }

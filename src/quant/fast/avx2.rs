@@ -426,44 +426,6 @@ unsafe fn f16_pair(lo: [u8; 2], hi: [u8; 2]) -> (f32, f32) {
     (_mm_cvtss_f32(v), _mm_cvtss_f32(_mm_movehdup_ps(v)))
 }
 
-/// The int8 Q4_0 loop with `dot` for a block's byte products.
-#[inline(always)]
-unsafe fn q4_0_int8_with(
-    row: &[u8],
-    x: &super::int8::Q8Input,
-    dot: impl Fn(__m256i, __m256i) -> __m256,
-) -> f32 {
-    let blocks: &[BlockQ4_0] = bytemuck::cast_slice(row);
-    nibble_rows_int8(
-        blocks,
-        x,
-        |b| {
-            let (d, _) = f16_pair(b.d, [0, 0]);
-            (&b.qs, d, -8.0 * d)
-        },
-        dot,
-    )
-}
-
-/// The int8 Q4_1 loop with `dot` for a block's byte products.
-#[inline(always)]
-unsafe fn q4_1_int8_with(
-    row: &[u8],
-    x: &super::int8::Q8Input,
-    dot: impl Fn(__m256i, __m256i) -> __m256,
-) -> f32 {
-    let blocks: &[BlockQ4_1] = bytemuck::cast_slice(row);
-    nibble_rows_int8(
-        blocks,
-        x,
-        |b| {
-            let (d, m) = f16_pair(b.d, b.m);
-            (&b.qs, d, m)
-        },
-        dot,
-    )
-}
-
 /// Signed by signed: the weight's sign moves onto the input so the byte
 /// product sees |w| (unsigned) times +-x.
 #[inline(always)]
@@ -491,14 +453,35 @@ unsafe fn q8_0_int8_with(
 /// bit-equal.
 macro_rules! int8_kernels {
     ($features:literal, $dot:expr, $q4_0:ident, $q4_1:ident, $q8_0:ident) => {
+        // The closures are written here, inside the functions with the
+        // features, so they inherit them and the F16C conversion inlines
+        // (a closure outside is a call per block: a fifth of decode).
         #[target_feature(enable = $features)]
         pub(super) unsafe fn $q4_0(row: &[u8], x: &super::int8::Q8Input) -> f32 {
-            q4_0_int8_with(row, x, $dot)
+            let blocks: &[BlockQ4_0] = bytemuck::cast_slice(row);
+            nibble_rows_int8(
+                blocks,
+                x,
+                |b| {
+                    let (d, _) = f16_pair(b.d, [0, 0]);
+                    (&b.qs, d, -8.0 * d)
+                },
+                $dot,
+            )
         }
 
         #[target_feature(enable = $features)]
         pub(super) unsafe fn $q4_1(row: &[u8], x: &super::int8::Q8Input) -> f32 {
-            q4_1_int8_with(row, x, $dot)
+            let blocks: &[BlockQ4_1] = bytemuck::cast_slice(row);
+            nibble_rows_int8(
+                blocks,
+                x,
+                |b| {
+                    let (d, m) = f16_pair(b.d, b.m);
+                    (&b.qs, d, m)
+                },
+                $dot,
+            )
         }
 
         #[target_feature(enable = $features)]
@@ -529,3 +512,57 @@ int8_kernels!(
     q4_1_int8_avx512vnni,
     q8_0_int8_avx512vnni
 );
+
+/// Q8_0 rows times a 16-bit input (the vocabulary projection): per block,
+/// the 32 weight bytes widened to i16 and multiplied in pairs with the
+/// input's levels into i32 lanes (`madd`, or VNNI's `dpwssd` on 512 bits),
+/// converted and scaled by `d_w d_x` into f32 lanes.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn q8_0_int16(row: &[u8], x: &super::int8::Q16Input) -> f32 {
+    let blocks: &[BlockQ8_0] = bytemuck::cast_slice(row);
+    let (xq, xd) = (x.qs.as_ptr(), &x.d[..blocks.len()]);
+    let mut acc = _mm256_setzero_ps();
+    for (i, b) in blocks.iter().enumerate() {
+        let w = b.qs.as_ptr();
+        let lo = _mm256_madd_epi16(
+            _mm256_cvtepi8_epi16(_mm_loadu_si128(w.cast())),
+            _mm256_loadu_si256(xq.add(32 * i).cast()),
+        );
+        let hi = _mm256_madd_epi16(
+            _mm256_cvtepi8_epi16(_mm_loadu_si128(w.add(16).cast())),
+            _mm256_loadu_si256(xq.add(32 * i + 16).cast()),
+        );
+        let (d, _) = f16_pair(b.d, [0, 0]);
+        let t = _mm256_cvtepi32_ps(_mm256_add_epi32(lo, hi));
+        acc = _mm256_fmadd_ps(t, _mm256_set1_ps(d * xd[i]), acc);
+    }
+    hsum(acc)
+}
+
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vnni")]
+pub(super) unsafe fn q8_0_int16_avx512vnni(row: &[u8], x: &super::int8::Q16Input) -> f32 {
+    let blocks: &[BlockQ8_0] = bytemuck::cast_slice(row);
+    let (xq, xd) = (x.qs.as_ptr(), &x.d[..blocks.len()]);
+    let (mut a0, mut a1) = (_mm512_setzero_ps(), _mm512_setzero_ps());
+    let block = |i: usize, acc: __m512| {
+        let b = &blocks[i];
+        let w16 = _mm512_cvtepi8_epi16(_mm256_loadu_si256(b.qs.as_ptr().cast()));
+        let p = _mm512_dpwssd_epi32(
+            _mm512_setzero_si512(),
+            w16,
+            _mm512_loadu_si512(xq.add(32 * i).cast()),
+        );
+        let (d, _) = f16_pair(b.d, [0, 0]);
+        _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), _mm512_set1_ps(d * xd[i]), acc)
+    };
+    let mut i = 0;
+    while i + 2 <= blocks.len() {
+        a0 = block(i, a0);
+        a1 = block(i + 1, a1);
+        i += 2;
+    }
+    if i < blocks.len() {
+        a0 = block(i, a0);
+    }
+    _mm512_reduce_add_ps(_mm512_add_ps(a0, a1))
+}

@@ -48,6 +48,77 @@ impl Q8Input {
     }
 }
 
+/// The input in blocks of 32 16-bit levels (`d = max|x| / 32767`): for
+/// the vocabulary projection, where 8-bit inputs move the logits too far
+/// (see `tensor::Activations::Int16`); 2^-16 of each block's largest value
+/// per element, still integer products.
+pub struct Q16Input {
+    /// Levels, 32 per block.
+    pub qs: Vec<i16>,
+    /// Each block's scale.
+    pub d: Vec<f32>,
+}
+
+impl Q16Input {
+    /// `x` in blocks; `x.len()` must be a multiple of 32.
+    pub fn new(x: &[f32]) -> Q16Input {
+        assert!(x.len().is_multiple_of(32), "Q16Input: not whole blocks");
+        let mut q = Q16Input {
+            qs: vec![0; x.len()],
+            d: Vec::with_capacity(x.len() / 32),
+        };
+        for (xb, qb) in x.chunks_exact(32).zip(q.qs.chunks_exact_mut(32)) {
+            let amax = xb.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+            let d = amax / 32767.0;
+            let id = if d > 0.0 { 1.0 / d } else { 0.0 };
+            for (l, &v) in qb.iter_mut().zip(xb) {
+                *l = (v * id).round() as i16;
+            }
+            q.d.push(d);
+        }
+        q
+    }
+}
+
+/// A Q8_0 row kernel over a 16-bit input.
+pub type Kernel16 = fn(&[u8], &Q16Input) -> f32;
+
+/// The copies of the 16-bit-input kernel for `t` this CPU runs, best last;
+/// empty for types without one (only Q8_0 has one).
+pub fn variants16(t: GgmlType) -> Vec<Kernel16> {
+    if t != GgmlType::Q8_0 {
+        return Vec::new();
+    }
+    #[cfg_attr(not(target_arch = "x86_64"), allow(unused_mut))]
+    let mut v: Vec<Kernel16> = vec![|r, q| q8_0_16(bytemuck::cast_slice(r), q)];
+    #[cfg(target_arch = "x86_64")]
+    {
+        use std::arch::is_x86_feature_detected as has;
+        // SAFETY (each): listed only when the CPU reports the instructions;
+        // RowDot checked the row size against the input's length.
+        if has!("avx2") && has!("fma") && has!("f16c") {
+            v.push(|r, q| unsafe { super::avx2::q8_0_int16(r, q) });
+            if has!("avx512f") && has!("avx512bw") && has!("avx512vnni") {
+                v.push(|r, q| unsafe { super::avx2::q8_0_int16_avx512vnni(r, q) });
+            }
+        }
+    }
+    v
+}
+
+fn q8_0_16(blocks: &[BlockQ8_0], x: &Q16Input) -> f32 {
+    let mut acc = 0.0f32;
+    for ((b, xq), &d) in blocks.iter().zip(x.qs.chunks_exact(32)).zip(&x.d) {
+        let dot: i32 =
+            b.qs.iter()
+                .zip(xq)
+                .map(|(&w, &v)| w as i8 as i32 * v as i32)
+                .sum();
+        acc += f16_to_f32(b.d) * d * dot as f32;
+    }
+    acc
+}
+
 /// A row kernel over a quantised input: (row bytes, input) -> dot product.
 pub type Kernel = fn(&[u8], &Q8Input) -> f32;
 
@@ -219,6 +290,45 @@ mod tests {
             // same integers in the same order: bit-equal.
             for g in got.iter().skip(1) {
                 assert_eq!(g.to_bits(), got[1].to_bits(), "{t}: {got:?}");
+            }
+        }
+    }
+
+    /// The 16-bit-input Q8_0 kernels against the f32 dot of the
+    /// dequantised row: half a level of 32767 per value.
+    #[test]
+    fn int16_kernels_are_within_the_input_rounding_of_the_f32_dot() {
+        let mut rng = Rng::new(45);
+        let t = GgmlType::Q8_0;
+        assert!(variants16(GgmlType::Q4_1).is_empty());
+        for k in [32, 576, 4096] {
+            let w: Vec<f32> = (0..k).map(|_| rng.normal()).collect();
+            let mut row = vec![0u8; t.row_bytes(k).unwrap()];
+            quantize_row(t, &w, &mut row);
+            let mut wd = vec![0.0f32; k];
+            dequantize_row(t, &row, &mut wd);
+            let mut x = rng.vec(k, -1.0, 1.0);
+            x[k / 2] = 25.0;
+            let want: f64 = wd.iter().zip(&x).map(|(a, b)| *a as f64 * *b as f64).sum();
+            let bound: f64 = wd
+                .chunks_exact(32)
+                .zip(x.chunks_exact(32))
+                .map(|(wb, xb)| {
+                    let amax = xb.iter().fold(0.0f32, |m, v| m.max(v.abs())) as f64;
+                    wb.iter().map(|v| v.abs() as f64).sum::<f64>() * amax / 65534.0
+                })
+                .sum::<f64>()
+                + 1e-6 * want.abs();
+            let q = Q16Input::new(&x);
+            let got: Vec<f32> = variants16(t)
+                .into_iter()
+                .map(|kern| kern(&row, &q))
+                .collect();
+            for (v, &g) in got.iter().enumerate() {
+                assert!(
+                    (g as f64 - want).abs() <= bound,
+                    "k {k} variant {v}: {g} vs {want} (bound {bound})"
+                );
             }
         }
     }
