@@ -214,6 +214,10 @@ pub struct TokenTable {
     /// `by_depth[d]`: where in `ordered_tokens` the tokens of `d`
     /// characters are, ascending (a subtree's are a range of it).
     by_depth: Vec<Vec<u32>>,
+    /// `depths[p]`: the characters of token `ordered_tokens[p]` (a small
+    /// subtree's tokens up to a depth are found by a scan, not by
+    /// searching `by_depth`).
+    depths: Vec<u32>,
     /// The tokens of `ordered_tokens` as a bitmap over ids (bit `id % 32`
     /// of word `id / 32`): a mask allowing most of them starts from it and
     /// clears the few rejected.
@@ -269,15 +273,18 @@ impl TokenTable {
             ordered_tokens: Vec::new(),
             ordered_tails: Vec::new(),
             by_depth: Vec::new(),
+            depths: Vec::new(),
             in_trie: Vec::new(),
         };
         table.order(0, 0);
         table
             .by_depth
             .resize(table.nodes[0].height as usize + 1, Vec::new());
+        table.depths = vec![0; table.ordered_tokens.len()];
         for node in &table.nodes {
             for p in node.tokens_below.start..node.tokens_below.start + node.tokens.len() as u32 {
                 table.by_depth[node.depth as usize].push(p);
+                table.depths[p as usize] = node.depth;
             }
         }
         for at in &mut table.by_depth {
@@ -469,6 +476,14 @@ const TRANSITION_LIMIT: usize = 1 << 22;
 /// The fewest tokens below a trie node worth checking for a whole-subtree
 /// allow (smaller subtrees are walked).
 const WHOLE_SUBTREE_MIN: usize = 8;
+
+/// The most tokens below a trie node allowed up to a depth by a scan of
+/// their depths (larger subtrees search `by_depth`, a search per level).
+#[cfg(not(test))]
+const DEPTH_SCAN_MAX: usize = 4096;
+/// Small enough that the tests' vocabulary takes both paths.
+#[cfg(test)]
+const DEPTH_SCAN_MAX: usize = 64;
 
 /// Masks cached at most (each is a vocabulary of bools).
 const CACHE_LIMIT: usize = 256;
@@ -796,6 +811,12 @@ impl Constraint {
                 let deepest = n.depth as usize + depth;
                 if deepest >= n.depth as usize + n.height as usize {
                     set_range(&mut out.ordered, range);
+                } else if range.len() <= DEPTH_SCAN_MAX {
+                    for p in range {
+                        if table.depths[p] as usize <= deepest {
+                            out.ordered[p / 64] |= 1 << (p % 64);
+                        }
+                    }
                 } else {
                     for at in table.by_depth[n.depth as usize..=deepest].iter() {
                         let lo = at.partition_point(|&p| (p as usize) < range.start);
