@@ -475,7 +475,7 @@ const TRANSITION_LIMIT: usize = 1 << 22;
 
 /// The fewest tokens below a trie node worth checking for a whole-subtree
 /// allow (smaller subtrees are walked).
-const WHOLE_SUBTREE_MIN: usize = 8;
+const WHOLE_SUBTREE_MIN: usize = 2;
 
 /// The most tokens below a trie node allowed up to a depth by a scan of
 /// their depths (larger subtrees search `by_depth`, a search per level).
