@@ -11,7 +11,10 @@
 //! one same next set, level after level, as far down as the subtree goes,
 //! is allowed whole without visiting it: inside a JSON string (bounded by
 //! maxLength or not) only the branches towards a quote, a backslash or a
-//! control character are walked.
+//! control character are walked. The walk writes a bitmap over the trie's
+//! depth-first order (a subtree is a range of bits); the mask over token
+//! ids is set from it, or, when most tokens are allowed, cleared from the
+//! whole vocabulary for the few rejected.
 
 pub mod json_schema;
 mod parse;
@@ -211,6 +214,14 @@ pub struct TokenTable {
     /// `by_depth[d]`: where in `ordered_tokens` the tokens of `d`
     /// characters are, ascending (a subtree's are a range of it).
     by_depth: Vec<Vec<u32>>,
+    /// `depths[p]`: the characters of token `ordered_tokens[p]` (a small
+    /// subtree's tokens up to a depth are found by a scan, not by
+    /// searching `by_depth`).
+    depths: Vec<u32>,
+    /// The tokens of `ordered_tokens` as a bitmap over ids (bit `id % 32`
+    /// of word `id / 32`): a mask allowing most of them starts from it and
+    /// clears the few rejected.
+    in_trie: Vec<u32>,
 }
 
 #[derive(Default)]
@@ -262,18 +273,26 @@ impl TokenTable {
             ordered_tokens: Vec::new(),
             ordered_tails: Vec::new(),
             by_depth: Vec::new(),
+            depths: Vec::new(),
+            in_trie: Vec::new(),
         };
         table.order(0, 0);
         table
             .by_depth
             .resize(table.nodes[0].height as usize + 1, Vec::new());
+        table.depths = vec![0; table.ordered_tokens.len()];
         for node in &table.nodes {
             for p in node.tokens_below.start..node.tokens_below.start + node.tokens.len() as u32 {
                 table.by_depth[node.depth as usize].push(p);
+                table.depths[p as usize] = node.depth;
             }
         }
         for at in &mut table.by_depth {
             at.sort_unstable();
+        }
+        table.in_trie = vec![0; table.bytes.len().div_ceil(32)];
+        for &t in &table.ordered_tokens {
+            table.in_trie[t as usize / 32] |= 1 << (t % 32);
         }
         table
     }
@@ -427,6 +446,9 @@ pub struct Constraint {
     words: usize,
     /// Per trie node, the classes of the characters below it.
     below: Vec<u64>,
+    /// Per trie node, the class of the character that leads to it (the
+    /// walk looks no character up).
+    edge_class: Vec<u32>,
     /// Stack sets met while masking, by id: walking the trie is then
     /// mostly look-ups.
     sets: Vec<Vec<Stack>>,
@@ -453,10 +475,79 @@ const TRANSITION_LIMIT: usize = 1 << 22;
 
 /// The fewest tokens below a trie node worth checking for a whole-subtree
 /// allow (smaller subtrees are walked).
-const WHOLE_SUBTREE_MIN: usize = 8;
+const WHOLE_SUBTREE_MIN: usize = 2;
+
+/// The most tokens below a trie node allowed up to a depth by a scan of
+/// their depths (larger subtrees search `by_depth`, a search per level).
+#[cfg(not(test))]
+const DEPTH_SCAN_MAX: usize = 4096;
+/// Small enough that the tests' vocabulary takes both paths.
+#[cfg(test)]
+const DEPTH_SCAN_MAX: usize = 64;
 
 /// Masks cached at most (each is a vocabulary of bools).
 const CACHE_LIMIT: usize = 256;
+
+/// What a walk of the trie allowed: tokens by their place in
+/// [`TokenTable::ordered_tokens`] (a subtree is a range of bits), and the
+/// tokens with an unfinished last character.
+struct Walked {
+    ordered: Vec<u64>,
+    tails: Vec<u32>,
+}
+
+impl Walked {
+    /// The bitmap over token ids: from nothing, setting the allowed, or
+    /// (most allowed, as inside a string) from every token of the trie,
+    /// clearing the rest.
+    fn by_id(&self, table: &TokenTable) -> Vec<u32> {
+        let n = table.ordered_tokens.len();
+        let ones: usize = self.ordered.iter().map(|w| w.count_ones() as usize).sum();
+        let most = 2 * ones > n;
+        let mut out = if most {
+            table.in_trie.clone()
+        } else {
+            vec![0u32; table.bytes.len().div_ceil(32)]
+        };
+        for (w, &word) in self.ordered.iter().enumerate() {
+            let mut left = if most { !word } else { word };
+            while left != 0 {
+                let p = w * 64 + left.trailing_zeros() as usize;
+                left &= left - 1;
+                if p >= n {
+                    break;
+                }
+                let t = table.ordered_tokens[p] as usize;
+                if most {
+                    out[t / 32] &= !(1 << (t % 32));
+                } else {
+                    out[t / 32] |= 1 << (t % 32);
+                }
+            }
+        }
+        for &t in &self.tails {
+            out[t as usize / 32] |= 1 << (t % 32);
+        }
+        out
+    }
+}
+
+/// Sets bits `range` of a bitmap, whole words at a time in the middle.
+fn set_range(bits: &mut [u64], range: Range<usize>) {
+    let (mut lo, hi) = (range.start, range.end);
+    while lo < hi && lo % 64 != 0 {
+        bits[lo / 64] |= 1 << (lo % 64);
+        lo += 1;
+    }
+    while lo + 64 <= hi {
+        bits[lo / 64] = u64::MAX;
+        lo += 64;
+    }
+    while lo < hi {
+        bits[lo / 64] |= 1 << (lo % 64);
+        lo += 1;
+    }
+}
 
 impl Constraint {
     pub fn new(grammar: Grammar, table: Rc<TokenTable>, eos_ids: Vec<u32>) -> Constraint {
@@ -469,9 +560,11 @@ impl Constraint {
         // Children come after their parent in the node list, so one pass
         // from the end sees every child before its parent.
         let mut below = vec![0u64; table.nodes.len() * words];
+        let mut edge_class = vec![0u32; table.nodes.len()];
         for n in (0..table.nodes.len()).rev() {
             for &(c, child) in &table.nodes[n].children {
                 let k = classes.of(c);
+                edge_class[child as usize] = k as u32;
                 let (head, tail) = below.split_at_mut(child as usize * words);
                 let own = &mut head[n * words..(n + 1) * words];
                 own[k / 64] |= 1 << (k % 64);
@@ -490,6 +583,7 @@ impl Constraint {
             classes,
             words,
             below,
+            edge_class,
             sets: Vec::new(),
             set_ids: HashMap::new(),
             transitions: Vec::new(),
@@ -599,13 +693,33 @@ impl Constraint {
     }
 
     /// Which tokens may come next (`mask[id]`); end-of-sequence tokens when
-    /// the grammar is complete.
+    /// the grammar is complete. [`Constraint::mask_bits`] unpacked.
     pub fn mask(&mut self) -> Rc<Vec<bool>> {
         if let Some(m) = self.cache.get(&self.state) {
             return m.clone();
         }
-        let mut mask = vec![false; self.table.len()];
-        if self.state.pending.is_empty() {
+        let bits = self.mask_bits();
+        let mask = Rc::new(
+            (0..self.table.len())
+                .map(|i| bits[i / 32] >> (i % 32) & 1 == 1)
+                .collect::<Vec<bool>>(),
+        );
+        if self.cache.len() >= CACHE_LIMIT {
+            self.cache.clear();
+        }
+        self.cache.insert(self.state.clone(), mask.clone());
+        mask
+    }
+
+    /// Which tokens may come next as a bitmap: token `id` allowed when bit
+    /// `id % 32` of word `id / 32` is set (what the GPU applies to the
+    /// logits, [`crate::cpu::masked_argmax`]); end-of-sequence tokens when
+    /// the grammar is complete. Kept per state.
+    pub fn mask_bits(&mut self) -> Rc<Vec<u32>> {
+        if let Some(b) = self.bits.get(&self.state) {
+            return b.clone();
+        }
+        let mut words = if self.state.pending.is_empty() {
             if self.transitions.len() > TRANSITION_LIMIT {
                 self.transitions.clear();
                 self.chains.clear();
@@ -614,44 +728,33 @@ impl Constraint {
             }
             let start = self.intern(self.state.stacks.clone());
             let table = self.table.clone();
-            self.walk(&table, 0, start, &mut mask);
+            let mut walked = Walked {
+                ordered: vec![0; table.ordered_tokens.len().div_ceil(64)],
+                tails: Vec::new(),
+            };
+            self.walk(&table, 0, start, &mut walked);
+            walked.by_id(&table)
         } else {
             // A character left unfinished: the next token's bytes go on it.
+            let mut words = vec![0u32; self.table.len().div_ceil(32)];
             for (id, b) in self.table.bytes.iter().enumerate() {
                 let Some(b) = b.as_deref().filter(|b| !b.is_empty()) else {
                     continue;
                 };
                 let mut all = self.state.pending.clone();
                 all.extend_from_slice(b);
-                mask[id] = self.after(&self.state.stacks, &all).is_some();
-            }
-        }
-        if self.is_complete() {
-            for &e in &self.eos_ids {
-                if let Some(m) = mask.get_mut(e as usize) {
-                    *m = true;
+                if self.after(&self.state.stacks, &all).is_some() {
+                    words[id / 32] |= 1 << (id % 32);
                 }
             }
-        }
-        let mask = Rc::new(mask);
-        if self.cache.len() >= CACHE_LIMIT {
-            self.cache.clear();
-        }
-        self.cache.insert(self.state.clone(), mask.clone());
-        mask
-    }
-
-    /// [`Constraint::mask`] as a bitmap: token `id` allowed when bit
-    /// `id % 32` of word `id / 32` is set (what the GPU applies to the
-    /// logits, [`crate::cpu::masked_argmax`]). Kept per state, as the masks.
-    pub fn mask_bits(&mut self) -> Rc<Vec<u32>> {
-        if let Some(b) = self.bits.get(&self.state) {
-            return b.clone();
-        }
-        let mask = self.mask();
-        let mut words = vec![0u32; mask.len().div_ceil(32)];
-        for (i, _) in mask.iter().enumerate().filter(|(_, &ok)| ok) {
-            words[i / 32] |= 1 << (i % 32);
+            words
+        };
+        if self.is_complete() {
+            for &e in &self.eos_ids {
+                if (e as usize) < self.table.len() {
+                    words[e as usize / 32] |= 1 << (e % 32);
+                }
+            }
         }
         let words = Rc::new(words);
         if self.bits.len() >= CACHE_LIMIT {
@@ -695,7 +798,7 @@ impl Constraint {
         allowed.then_some(l)
     }
 
-    fn walk(&mut self, table: &TokenTable, node: usize, set: u32, mask: &mut [bool]) {
+    fn walk(&mut self, table: &TokenTable, node: usize, set: u32, out: &mut Walked) {
         let n = &table.nodes[node];
         if node != 0 && n.tokens_below.len() >= WHOLE_SUBTREE_MIN {
             if let Some(depth) = self.allowed_depth(set, node) {
@@ -707,15 +810,19 @@ impl Constraint {
                 let range = n.tokens_below.start as usize..n.tokens_below.end as usize;
                 let deepest = n.depth as usize + depth;
                 if deepest >= n.depth as usize + n.height as usize {
-                    for &t in &table.ordered_tokens[range] {
-                        mask[t as usize] = true;
+                    set_range(&mut out.ordered, range);
+                } else if range.len() <= DEPTH_SCAN_MAX {
+                    for p in range {
+                        if table.depths[p] as usize <= deepest {
+                            out.ordered[p / 64] |= 1 << (p % 64);
+                        }
                     }
                 } else {
                     for at in table.by_depth[n.depth as usize..=deepest].iter() {
                         let lo = at.partition_point(|&p| (p as usize) < range.start);
                         let hi = at.partition_point(|&p| (p as usize) < range.end);
                         for &p in &at[lo..hi] {
-                            mask[table.ordered_tokens[p as usize] as usize] = true;
+                            out.ordered[p as usize / 64] |= 1 << (p % 64);
                         }
                     }
                 }
@@ -728,26 +835,26 @@ impl Constraint {
                             .grammar
                             .accepts_some(&self.sets[chain.set(d) as usize], lo, hi)
                     {
-                        mask[t as usize] = true;
+                        out.tails.push(t);
                     }
                 }
                 return;
             }
         }
         if node != 0 {
-            for &t in &n.tokens {
-                mask[t as usize] = true;
-            }
+            // A node's own tokens come first in its subtree's range.
+            let own = n.tokens_below.start as usize;
+            set_range(&mut out.ordered, own..own + n.tokens.len());
         }
         for &(t, lo, hi) in &n.tails {
             if self.grammar.accepts_some(&self.sets[set as usize], lo, hi) {
-                mask[t as usize] = true;
+                out.tails.push(t);
             }
         }
-        for &(c, child) in &n.children {
-            let next = self.step(set, self.classes.of(c));
+        for &(_, child) in &n.children {
+            let next = self.step(set, self.edge_class[child as usize] as usize);
             if next != DEAD {
-                self.walk(table, child as usize, next, mask);
+                self.walk(table, child as usize, next, out);
             }
         }
     }
@@ -778,8 +885,8 @@ impl Constraint {
     /// cached mask when there is one, else by running the token's bytes
     /// through the grammar (a few steps, not a walk of the vocabulary).
     pub fn allows(&mut self, id: u32) -> bool {
-        if let Some(m) = self.cache.get(&self.state) {
-            return m.get(id as usize).copied().unwrap_or(false);
+        if let Some(b) = self.bits.get(&self.state) {
+            return (id as usize) < self.table.len() && b[id as usize / 32] >> (id % 32) & 1 == 1;
         }
         if self.eos_ids.contains(&id) {
             return self.is_complete();
