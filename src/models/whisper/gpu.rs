@@ -168,8 +168,8 @@ impl GpuEncoder {
         let ff = f32s("ffn", t * d_ff)?;
         let xa = f32s("encoder.out", t * d)?;
         let positions = g.upload_f32("positions", &e.positions)?;
-        let conv1 = GpuLinear::upload(g, "conv1", &e.conv1_w, Some(&e.conv1_b), d, n_mels * 3)?;
-        let conv2 = GpuLinear::upload(g, "conv2", &e.conv2_w, Some(&e.conv2_b), d, d * 3)?;
+        let conv1 = GpuLinear::from(g, "conv1", &e.conv1)?;
+        let conv2 = GpuLinear::from(g, "conv2", &e.conv2)?;
         let head_dim = d / c.n_audio_heads;
         let shape = AttentionShape {
             heads: c.n_audio_heads,
@@ -325,7 +325,7 @@ impl GpuEncoder {
             .iter()
             .map(|b| self.gpu.read_f32(b))
             .collect::<Result<_>>()?;
-        Ok(CrossKv { kv })
+        Ok(CrossKv::new(kv))
     }
 }
 

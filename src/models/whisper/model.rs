@@ -15,7 +15,10 @@
 use crate::cpu::{self, AttentionShape, SeqSpan};
 use crate::error::{Error, Result};
 use crate::formats::ct2::Ct2File;
+use half::f16;
+use half::slice::HalfFloatSliceExt;
 use rayon::prelude::*;
+use std::sync::OnceLock;
 
 pub const LN_EPS: f32 = 1e-5;
 
@@ -134,6 +137,9 @@ pub struct Linear {
     pub b: Option<Vec<f32>>,
     pub n_out: usize,
     pub n_in: usize,
+    /// `w` repacked for the CPU GEMM, on the first CPU forward (a GPU run
+    /// never pays for it).
+    packed: OnceLock<cpu::PackedMatrix>,
 }
 
 impl Linear {
@@ -144,22 +150,32 @@ impl Linear {
             Some(_) => Some(f.f32(&bias, &[n_out])?),
             None => None,
         };
-        Ok(Linear { w, b, n_out, n_in })
+        Ok(Linear::new(w, b, n_out, n_in))
     }
 
-    /// x: [rows, n_in] -> [rows, n_out]
+    fn new(w: Vec<f32>, b: Option<Vec<f32>>, n_out: usize, n_in: usize) -> Linear {
+        assert_eq!(w.len(), n_out * n_in, "Linear: w is not [n_out, n_in]");
+        Linear {
+            w,
+            b,
+            n_out,
+            n_in,
+            packed: OnceLock::new(),
+        }
+    }
+
+    /// The packed weights, packed now if not yet.
+    fn packed(&self) -> &cpu::PackedMatrix {
+        self.packed
+            .get_or_init(|| cpu::PackedMatrix::pack(&self.w, self.n_out, self.n_in))
+    }
+
+    /// x: [rows, n_in] -> [rows, n_out], through the packed GEMM (equal to
+    /// `cpu::matmul` up to the order of the additions).
     pub fn forward(&self, x: &[f32]) -> Vec<f32> {
         let rows = x.len() / self.n_in;
         let mut y = vec![0.0; rows * self.n_out];
-        cpu::matmul(
-            x,
-            &self.w,
-            self.b.as_deref(),
-            rows,
-            self.n_in,
-            self.n_out,
-            &mut y,
-        );
+        cpu::matmul_packed(x, self.packed(), self.b.as_deref(), rows, &mut y);
         y
     }
 }
@@ -203,7 +219,7 @@ impl Mlp {
     /// x += mlp(x)
     fn forward(&self, x: &mut [f32]) {
         let mut h = self.fc1.forward(&self.norm.forward(x));
-        h.par_iter_mut().for_each(|v| *v = cpu::gelu(*v));
+        h.par_iter_mut().for_each(|v| *v = cpu::gelu_fast(*v));
         cpu::add_assign(x, &self.fc2.forward(&h));
     }
 }
@@ -217,12 +233,10 @@ pub struct EncoderLayer {
 }
 
 pub struct Encoder {
-    /// [d, n_mels, 3]
-    pub conv1_w: Vec<f32>,
-    pub conv1_b: Vec<f32>,
-    /// [d, d, 3]
-    pub conv2_w: Vec<f32>,
-    pub conv2_b: Vec<f32>,
+    /// [d, n_mels, 3] seen as [d, n_mels * 3]: a matmul after im2col.
+    pub conv1: Linear,
+    /// [d, d, 3] seen as [d, d * 3].
+    pub conv2: Linear,
     /// [n_audio_ctx, d]
     pub positions: Vec<f32>,
     pub layers: Vec<EncoderLayer>,
@@ -249,6 +263,64 @@ pub struct Decoder {
     pub positions: Vec<f32>,
     pub layers: Vec<DecoderLayer>,
     pub norm: LayerNorm,
+    /// `embedding` as the CPU's head, made on its first use.
+    head: OnceLock<Head>,
+}
+
+/// The output projection on the CPU. Every decoding step reads all of it
+/// (51,864 x d), so its bytes are the step's cost: when each value is an
+/// f16 (as in CTranslate2's f16 checkpoints, which hold them so) it is kept
+/// as f16, half the bytes, and widened exactly tile by tile.
+enum Head {
+    Half(Vec<f16>),
+    Packed(cpu::PackedMatrix),
+}
+
+/// Rows of the f16 head widened at a time (64 x d f32: fits in L2).
+const HEAD_TILE: usize = 64;
+
+impl Head {
+    fn new(w: &[f32], n: usize, k: usize) -> Head {
+        let half: Vec<f16> = w.par_iter().map(|&v| f16::from_f32(v)).collect();
+        let exact = half
+            .par_iter()
+            .zip(w.par_iter())
+            .all(|(h, &v)| h.to_f32().to_bits() == v.to_bits());
+        if exact {
+            Head::Half(half)
+        } else {
+            Head::Packed(cpu::PackedMatrix::pack(w, n, k))
+        }
+    }
+
+    /// y[m, n] = x[m, k] . w[n, k]^T
+    fn forward(&self, x: &[f32], n: usize, k: usize, y: &mut [f32]) {
+        let m = x.len() / k;
+        if m == 0 {
+            return;
+        }
+        match self {
+            Head::Packed(p) => cpu::matmul_packed(x, p, None, m, y),
+            Head::Half(w) => {
+                // [n, m], tile by tile, then transposed into y.
+                let mut yt = vec![0.0f32; n * m];
+                yt.par_chunks_mut(HEAD_TILE * m).enumerate().for_each_init(
+                    || vec![0.0f32; HEAD_TILE * k],
+                    |wf, (t, out)| {
+                        let (r0, nr) = (t * HEAD_TILE, out.len() / m);
+                        let wf = &mut wf[..nr * k];
+                        w[r0 * k..(r0 + nr) * k].convert_to_f32_slice(wf);
+                        crate::quant::fast::dot_tile(x, wf, k, out);
+                    },
+                );
+                for (j, col) in yt.chunks_exact(m).enumerate() {
+                    for (i, &v) in col.iter().enumerate() {
+                        y[i * n + j] = v;
+                    }
+                }
+            }
+        }
+    }
 }
 
 pub struct Whisper {
@@ -262,10 +334,18 @@ impl Whisper {
         let c = Config::from_ct2(f)?;
         let d = c.d_model;
         let encoder = Encoder {
-            conv1_w: f.f32("encoder/conv1/weight", &[d, c.n_mels, 3])?,
-            conv1_b: f.f32("encoder/conv1/bias", &[d])?,
-            conv2_w: f.f32("encoder/conv2/weight", &[d, d, 3])?,
-            conv2_b: f.f32("encoder/conv2/bias", &[d])?,
+            conv1: Linear::new(
+                f.f32("encoder/conv1/weight", &[d, c.n_mels, 3])?,
+                Some(f.f32("encoder/conv1/bias", &[d])?),
+                d,
+                c.n_mels * 3,
+            ),
+            conv2: Linear::new(
+                f.f32("encoder/conv2/weight", &[d, d, 3])?,
+                Some(f.f32("encoder/conv2/bias", &[d])?),
+                d,
+                d * 3,
+            ),
             positions: f.f32("encoder/position_encodings/encodings", &[c.n_audio_ctx, d])?,
             layers: (0..c.n_audio_layers)
                 .map(|i| {
@@ -312,6 +392,7 @@ impl Whisper {
                 })
                 .collect::<Result<_>>()?,
             norm: LayerNorm::load(f, "decoder/layer_norm", d)?,
+            head: OnceLock::new(),
         };
         // The output projection must be the embedding (CT2 writes it as an alias).
         if let Some(v) = f.variable("decoder/projection/weight") {
@@ -416,33 +497,15 @@ impl Encoder {
         );
         // conv1 (k3, pad 1) over the mel bins, channel-major [n_mels, t_in].
         let cols = im2col_1d(mel, t_in, n_mels, 1, t_in, 3, 1, 1, t_in);
-        let mut h1 = vec![0.0; t_in * d];
-        cpu::matmul(
-            &cols,
-            &self.conv1_w,
-            Some(&self.conv1_b),
-            t_in,
-            n_mels * 3,
-            d,
-            &mut h1,
-        );
-        h1.par_iter_mut().for_each(|v| *v = cpu::gelu(*v));
+        let mut h1 = self.conv1.forward(&cols);
+        h1.par_iter_mut().for_each(|v| *v = cpu::gelu_fast(*v));
         // conv2 (k3, stride 2, pad 1) over h1, time-major [t_in, d].
         let t_out = c.n_audio_ctx;
         let cols = im2col_1d(&h1, t_in, d, d, 1, 3, 2, 1, t_out);
-        let mut x = vec![0.0; t_out * d];
-        cpu::matmul(
-            &cols,
-            &self.conv2_w,
-            Some(&self.conv2_b),
-            t_out,
-            d * 3,
-            d,
-            &mut x,
-        );
+        let mut x = self.conv2.forward(&cols);
         x.par_iter_mut()
             .zip(self.positions.par_iter())
-            .for_each(|(v, p)| *v = cpu::gelu(*v) + p);
+            .for_each(|(v, p)| *v = cpu::gelu_fast(*v) + p);
         x
     }
 
@@ -456,21 +519,81 @@ impl Encoder {
     }
 }
 
+/// softmax(scale q k^T) v for one head: q [m, hd], k packed from [frames,
+/// hd], v^T packed from [hd, frames] -> [m, hd]. Two GEMMs: over 1500
+/// audio positions the row-by-row dot products of `cpu::attention` were two
+/// thirds of a CPU transcription.
+fn attend(q: &[f32], k: &cpu::PackedMatrix, vt: &cpu::PackedMatrix, scale: f32) -> Vec<f32> {
+    let (frames, hd) = (k.rows(), k.cols());
+    let m = q.len() / hd;
+    let mut scores = vec![0.0; m * frames];
+    cpu::matmul_packed(q, k, None, m, &mut scores);
+    scores.par_chunks_mut(frames).for_each(|row| {
+        row.iter_mut().for_each(|v| *v *= scale);
+        cpu::softmax_rows(row, frames);
+    });
+    let mut o = vec![0.0; m * hd];
+    cpu::matmul_packed(&scores, vt, None, m, &mut o);
+    o
+}
+
+/// Head `h`'s columns of rows of `width` starting at column `col` -> [rows, hd].
+fn head_columns(x: &[f32], width: usize, col: usize, hd: usize, h: usize) -> Vec<f32> {
+    x.chunks_exact(width)
+        .flat_map(|r| r[col + h * hd..col + (h + 1) * hd].iter().copied())
+        .collect()
+}
+
+/// One head's k [frames, hd] and v^T [hd, frames], packed for [`attend`],
+/// from rows [frames, width] holding k at column `k_col`, v at `v_col`.
+fn pack_head_kv(
+    x: &[f32],
+    width: usize,
+    (k_col, v_col): (usize, usize),
+    hd: usize,
+    h: usize,
+) -> (cpu::PackedMatrix, cpu::PackedMatrix) {
+    let frames = x.len() / width;
+    let k = head_columns(x, width, k_col, hd, h);
+    let mut vt = vec![0.0; hd * frames];
+    for (r, row) in x.chunks_exact(width).enumerate() {
+        for (j, &v) in row[v_col + h * hd..v_col + (h + 1) * hd].iter().enumerate() {
+            vt[j * frames + r] = v;
+        }
+    }
+    (
+        cpu::PackedMatrix::pack(&k, frames, hd),
+        cpu::PackedMatrix::pack(&vt, hd, frames),
+    )
+}
+
+/// Writes head `h`'s output [rows, hd] into its columns of `out` [rows, d].
+fn scatter_head(out: &mut [f32], o: &[f32], d: usize, hd: usize, h: usize) {
+    for (dst, src) in out.chunks_exact_mut(d).zip(o.chunks_exact(hd)) {
+        dst[h * hd..(h + 1) * hd].copy_from_slice(src);
+    }
+}
+
+/// Non-causal self-attention over fused rows `qkv` [t, 3d] -> [t, d]: what
+/// `cpu::attention` computes, through [`attend`].
+fn full_attention(qkv: &[f32], t: usize, d: usize, heads: usize) -> Vec<f32> {
+    let hd = d / heads;
+    let scale = 1.0 / (hd as f32).sqrt();
+    let mut out = vec![0.0; t * d];
+    for h in 0..heads {
+        let (k, vt) = pack_head_kv(qkv, 3 * d, (d, 2 * d), hd, h);
+        let o = attend(&head_columns(qkv, 3 * d, 0, hd, h), &k, &vt, scale);
+        scatter_head(&mut out, &o, d, hd, h);
+    }
+    out
+}
+
 impl EncoderLayer {
     fn forward(&self, c: &Config, x: &mut [f32]) {
         let d = c.d_model;
         let t = x.len() / d;
         let qkv = self.qkv.forward(&self.attn_norm.forward(x));
-        let shape = attention_shape(
-            d,
-            c.n_audio_heads,
-            false,
-            (3 * d, 0),
-            (3 * d, d),
-            (3 * d, 2 * d),
-        );
-        let mut a = vec![0.0; t * d];
-        cpu::attention(&qkv, &qkv, &qkv, &[SeqSpan::same(0, t)], &shape, &mut a);
+        let a = full_attention(&qkv, t, d, c.n_audio_heads);
         cpu::add_assign(x, &self.out.forward(&a));
         self.mlp.forward(x);
     }
@@ -481,6 +604,32 @@ impl EncoderLayer {
 #[derive(Clone)]
 pub struct CrossKv {
     pub kv: Vec<Vec<f32>>,
+    /// Per layer, per head: k and v^T packed for the CPU decoder's
+    /// cross-attention ([`attend`]), made on its first step.
+    packed: OnceLock<Vec<Vec<(cpu::PackedMatrix, cpu::PackedMatrix)>>>,
+}
+
+impl CrossKv {
+    pub fn new(kv: Vec<Vec<f32>>) -> CrossKv {
+        CrossKv {
+            kv,
+            packed: OnceLock::new(),
+        }
+    }
+
+    fn packed(&self, d: usize, heads: usize) -> &[Vec<(cpu::PackedMatrix, cpu::PackedMatrix)>] {
+        self.packed.get_or_init(|| {
+            let hd = d / heads;
+            self.kv
+                .iter()
+                .map(|kv| {
+                    (0..heads)
+                        .map(|h| pack_head_kv(kv, 2 * d, (0, d), hd, h))
+                        .collect()
+                })
+                .collect()
+        })
+    }
 }
 
 /// The cross-attention scores of one decoder head, filled by
@@ -540,9 +689,7 @@ impl Decoder {
 
     /// The cross-attention keys and values for encoder output `xa` [n_audio_ctx, d].
     pub fn cross_kv(&self, xa: &[f32]) -> CrossKv {
-        CrossKv {
-            kv: self.layers.iter().map(|l| l.cross_kv.forward(xa)).collect(),
-        }
+        CrossKv::new(self.layers.iter().map(|l| l.cross_kv.forward(xa)).collect())
     }
 
     /// Runs `n_new` new tokens for each of `caches.len()` sequences
@@ -633,21 +780,17 @@ impl Decoder {
             // Cross-attention to the audio.
             let q = layer.cross_q.forward(&layer.cross_norm.forward(&x));
             let kv = &cross.kv[li];
-            let cross_shape =
-                attention_shape(d, c.n_text_heads, false, (d, 0), (2 * d, 0), (2 * d, d));
-            let spans: Vec<SeqSpan> = (0..n_seq)
-                .map(|s| SeqSpan {
-                    q_start: s * n_new,
-                    q_len: n_new,
-                    kv_start: 0,
-                    kv_len: kv.len() / (2 * d),
-                })
-                .collect();
             for capture in heads.iter_mut().filter(|h| h.layer == li) {
                 capture.scores = cross_scores(&q, kv, d, c.n_text_heads, capture.head);
             }
+            // Every row attends to the same window: one GEMM pair a head.
+            let hd = d / c.n_text_heads;
+            let scale = 1.0 / (hd as f32).sqrt();
             let mut a = vec![0.0; x.len()];
-            cpu::attention(&q, kv, kv, &spans, &cross_shape, &mut a);
+            for (h, (k, vt)) in cross.packed(d, c.n_text_heads)[li].iter().enumerate() {
+                let o = attend(&head_columns(&q, d, 0, hd, h), k, vt, scale);
+                scatter_head(&mut a, &o, d, hd, h);
+            }
             cpu::add_assign(&mut x, &layer.cross_out.forward(&a));
             layer.mlp.forward(&mut x);
         }
@@ -660,16 +803,11 @@ impl Decoder {
     /// Logits [rows, n_vocab] of final-norm hidden states [rows, d].
     pub fn logits(&self, c: &Config, hidden: &[f32]) -> Vec<f32> {
         let rows = hidden.len() / c.d_model;
+        let head = self
+            .head
+            .get_or_init(|| Head::new(&self.embedding, c.n_vocab, c.d_model));
         let mut y = vec![0.0; rows * c.n_vocab];
-        cpu::matmul(
-            hidden,
-            &self.embedding,
-            None,
-            rows,
-            c.d_model,
-            c.n_vocab,
-            &mut y,
-        );
+        head.forward(hidden, c.n_vocab, c.d_model, &mut y);
         y
     }
 }
@@ -677,6 +815,48 @@ impl Decoder {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn full_attention_matches_cpu_attention() {
+        let mut rng = crate::util::rng::Rng::new(11);
+        let (t, d, heads) = (37, 24, 3);
+        let qkv = rng.vec(t * 3 * d, -2.0, 2.0);
+        let shape = attention_shape(d, heads, false, (3 * d, 0), (3 * d, d), (3 * d, 2 * d));
+        let mut want = vec![0.0; t * d];
+        cpu::attention(&qkv, &qkv, &qkv, &[SeqSpan::same(0, t)], &shape, &mut want);
+        let got = full_attention(&qkv, t, d, heads);
+        for (g, w) in got.iter().zip(&want) {
+            // The same sums in another order.
+            assert!((g - w).abs() <= 1e-5, "{g} against {w}");
+        }
+    }
+
+    #[test]
+    fn both_heads_match_the_plain_matmul() {
+        let mut rng = crate::util::rng::Rng::new(5);
+        // 130 rows: two whole tiles and a partial one.
+        let (m, k, n) = (3, 40, 130);
+        let x = rng.vec(m * k, -1.0, 1.0);
+        let exact: Vec<f32> = rng
+            .vec(n * k, -1.0, 1.0)
+            .iter()
+            .map(|&v| f16::from_f32(v).to_f32())
+            .collect();
+        let mut not_f16 = exact.clone();
+        not_f16[7] += 1e-6;
+        for (w, half) in [(&exact, true), (&not_f16, false)] {
+            let head = Head::new(w, n, k);
+            assert_eq!(matches!(head, Head::Half(_)), half);
+            let mut want = vec![0.0; m * n];
+            cpu::matmul(&x, w, None, m, k, n, &mut want);
+            let mut got = vec![f32::NAN; m * n];
+            head.forward(&x, n, k, &mut got);
+            for (g, w) in got.iter().zip(&want) {
+                // Same products, summed in another order.
+                assert!((g - w).abs() <= 1e-5, "{g} against {w}");
+            }
+        }
+    }
 
     #[test]
     fn im2col_matches_a_direct_convolution() {
