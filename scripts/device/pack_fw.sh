@@ -9,14 +9,17 @@
 # faster_whisper.audio imports, is replaced by a stub package that fails
 # when used: scripts/bench/transcribe.py hands faster-whisper decoded
 # samples, never a file, and PyAV's wheel (~35 MB) would not fit.
-# scripts/device/transcribe_fw.sh unpacks and uses it there.
+# scripts/device/transcribe_fw.sh unpacks and uses it there. Carry it in a
+# call without a model chunk (15 MB + a 34 MB chunk + the tree is over the
+# 64 MiB a call takes); on a warm machine it stays in /tmp/fw-site.
 #
 # Run here, from the repository root (needs pip and network):
 #   scripts/device/pack_fw.sh            # PYVER=3.12 (the device's python3)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 PY=${PY:-python3}
-W=.dev/wheels
+# Outside .dev: the wheels themselves (44 MB) must not travel.
+W=${WHEELS_DIR:-/tmp/lfm-fw-wheels}
 mkdir -p "$W"
 "$PY" -m pip download -q --no-deps --only-binary=:all: --python-version "${PYVER:-3.12}" \
     --implementation cp --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 \

@@ -826,8 +826,8 @@ mod tests {
         cpu::attention(&qkv, &qkv, &qkv, &[SeqSpan::same(0, t)], &shape, &mut want);
         let got = full_attention(&qkv, t, d, heads);
         for (g, w) in got.iter().zip(&want) {
-            // The same sums in another order.
-            assert!((g - w).abs() <= 1e-5, "{g} against {w}");
+            // The same sums in another order (f32, |values| of a few units).
+            assert!((g - w).abs() <= 1e-4, "{g} against {w}");
         }
     }
 
@@ -852,8 +852,8 @@ mod tests {
             let mut got = vec![f32::NAN; m * n];
             head.forward(&x, n, k, &mut got);
             for (g, w) in got.iter().zip(&want) {
-                // Same products, summed in another order.
-                assert!((g - w).abs() <= 1e-5, "{g} against {w}");
+                // Same products summed in another order (40 terms, f32).
+                assert!((g - w).abs() <= 1e-4, "{g} against {w}");
             }
         }
     }
