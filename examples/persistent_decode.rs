@@ -13,7 +13,7 @@
 //! barrier's cost from the work. Weights total more than the L2, so they come
 //! from DRAM every token.
 //!
-//!     cargo run --release --example persistent_decode -- [--model 350m|1.2b|tiny]
+//!     cargo run --release --example persistent_decode -- [--model 350m|tiny]
 //!         [--workgroups 132,264] [--tokens 32] [--reps 5] [--spin-limit 20000]
 //!         [--split 1|2|4|8 (teams per row group; default: enough to busy every team)]
 //!

@@ -138,6 +138,15 @@ impl ConvTranspose2d {
             Err(format!("invalid transposed convolution {self:?}"))
         }
     }
+
+    /// Panics (naming `who`) unless x, w, b and y have this layer's sizes.
+    fn assert_sizes(&self, who: &str, x: &[f32], w: &[f32], b: &[f32], y: &[f32]) {
+        assert_eq!(x.len(), self.c_in * self.h_in * self.w_in, "{who}: x size");
+        assert_eq!(w.len(), self.weight_len(), "{who}: w size");
+        assert_eq!(b.len(), self.c_out, "{who}: b size");
+        let out = self.c_out * self.h_out() * self.w_out();
+        assert_eq!(y.len(), out, "{who}: y size");
+    }
 }
 
 /// x: [c_in, h_in, w_in], w: [c_in, c_out / groups, kh, kw], b: `[c_out]`
@@ -147,15 +156,8 @@ impl ConvTranspose2d {
 /// iy * stride + ky - pad_top = oy (same across) of x[i, iy, ix] * w[i, o, ky, kx],
 /// summed in the order input channel, kernel row, kernel column.
 pub fn conv_transpose2d(g: &ConvTranspose2d, x: &[f32], w: &[f32], b: &[f32], y: &mut [f32]) {
-    assert_eq!(
-        x.len(),
-        g.c_in * g.h_in * g.w_in,
-        "conv_transpose2d: x size"
-    );
-    assert_eq!(w.len(), g.weight_len(), "conv_transpose2d: w size");
-    assert_eq!(b.len(), g.c_out, "conv_transpose2d: b size");
+    g.assert_sizes("conv_transpose2d", x, w, b, y);
     let (ho, wo) = (g.h_out(), g.w_out());
-    assert_eq!(y.len(), g.c_out * ho * wo, "conv_transpose2d: y size");
     let (cig, cog) = (g.c_in / g.groups, g.c_out / g.groups);
     let taps = |o: usize, k: usize, s: usize, pad: usize, n: usize| -> Option<usize> {
         // Input index i with i * s + k = o + pad.
@@ -202,15 +204,8 @@ pub fn conv_transpose2d(g: &ConvTranspose2d, x: &[f32], w: &[f32], b: &[f32], y:
 /// reference up to rounding (the reference sums channels innermost).
 pub fn conv_transpose2d_gemm(g: &ConvTranspose2d, x: &[f32], w: &[f32], b: &[f32], y: &mut [f32]) {
     assert_eq!(g.groups, 1, "conv_transpose2d_gemm: {g:?} is grouped");
-    assert_eq!(
-        x.len(),
-        g.c_in * g.h_in * g.w_in,
-        "conv_transpose2d_gemm: x size"
-    );
-    assert_eq!(w.len(), g.weight_len(), "conv_transpose2d_gemm: w size");
-    assert_eq!(b.len(), g.c_out, "conv_transpose2d_gemm: b size");
+    g.assert_sizes("conv_transpose2d_gemm", x, w, b, y);
     let (ho, wo) = (g.h_out(), g.w_out());
-    assert_eq!(y.len(), g.c_out * ho * wo, "conv_transpose2d_gemm: y size");
     let (n, taps) = (g.h_in * g.w_in, g.kh * g.kw);
     let rows = g.c_out * taps;
     // wt[(o, tap), i] = w[i, o, tap]

@@ -226,6 +226,20 @@ mod tests {
     use crate::quant::{dequantize_row, quantize_row};
     use crate::util::rng::Rng;
 
+    /// How far rounding the input to `2 * half_levels + 1` levels may move
+    /// the dot of `wd` and `x`: half a level of each 32-block's max |x| per
+    /// value, times the block's sum |w|, plus a relative 1e-6 of `want`.
+    fn input_rounding_bound(wd: &[f32], x: &[f32], half_levels: f64, want: f64) -> f64 {
+        wd.chunks_exact(32)
+            .zip(x.chunks_exact(32))
+            .map(|(wb, xb)| {
+                let amax = xb.iter().fold(0.0f32, |m, v| m.max(v.abs())) as f64;
+                wb.iter().map(|v| v.abs() as f64).sum::<f64>() * amax / (2.0 * half_levels)
+            })
+            .sum::<f64>()
+            + 1e-6 * want.abs()
+    }
+
     /// Every copy of each kernel against the f32 dot product of the
     /// dequantised row with the input: rounding the input to 8 bits moves
     /// each block's sum by at most 1/254 of its sum |w| max|x| (half a
@@ -246,15 +260,7 @@ mod tests {
                     let mut x = rng.vec(k, -1.0, 1.0);
                     x[k / 3] = 20.0;
                     let want: f64 = wd.iter().zip(&x).map(|(a, b)| *a as f64 * *b as f64).sum();
-                    let bound: f64 = wd
-                        .chunks_exact(32)
-                        .zip(x.chunks_exact(32))
-                        .map(|(wb, xb)| {
-                            let amax = xb.iter().fold(0.0f32, |m, v| m.max(v.abs())) as f64;
-                            wb.iter().map(|v| v.abs() as f64).sum::<f64>() * amax / 254.0
-                        })
-                        .sum::<f64>()
-                        + 1e-6 * want.abs();
+                    let bound = input_rounding_bound(&wd, &x, 127.0, want);
                     let q = Q8Input::new(&x);
                     let vs = variants(t);
                     assert!(!vs.is_empty());
@@ -310,15 +316,7 @@ mod tests {
             let mut x = rng.vec(k, -1.0, 1.0);
             x[k / 2] = 25.0;
             let want: f64 = wd.iter().zip(&x).map(|(a, b)| *a as f64 * *b as f64).sum();
-            let bound: f64 = wd
-                .chunks_exact(32)
-                .zip(x.chunks_exact(32))
-                .map(|(wb, xb)| {
-                    let amax = xb.iter().fold(0.0f32, |m, v| m.max(v.abs())) as f64;
-                    wb.iter().map(|v| v.abs() as f64).sum::<f64>() * amax / 65534.0
-                })
-                .sum::<f64>()
-                + 1e-6 * want.abs();
+            let bound = input_rounding_bound(&wd, &x, 32767.0, want);
             let q = Q16Input::new(&x);
             let got: Vec<f32> = variants16(t)
                 .into_iter()
