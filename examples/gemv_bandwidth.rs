@@ -146,7 +146,6 @@ fn main() -> anyhow::Result<()> {
          dependent us | GB/s | share | max err |"
     );
     println!("|---|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|");
-    let sub = gpu.caps.subgroups;
     for model in &models {
         let cases = match model.as_str() {
             "350m" => lfm2_cases(1024, 4608, 512),
@@ -160,7 +159,6 @@ fn main() -> anyhow::Result<()> {
             for &t in &formats {
                 run_case(
                     &gpu,
-                    sub,
                     copy,
                     tolerance,
                     rotate,
@@ -177,7 +175,6 @@ fn main() -> anyhow::Result<()> {
 #[allow(clippy::too_many_arguments)]
 fn run_case(
     gpu: &Gpu,
-    sub: bool,
     copy: f64,
     tolerance: f32,
     rotate: usize,
@@ -236,7 +233,7 @@ fn run_case(
     let mut dependent: Vec<Dispatch> = Vec::new();
     for (m, y) in mats.iter().zip(&ys) {
         for (chain, out) in [(&mut independent, y), (&mut dependent, &ys[0])] {
-            let ds = llm_ops::gemv(gpu, sub, m, &e, &x, 0, out, 0)?;
+            let ds = llm_ops::gemv(gpu, m, &e, &x, 0, out, 0)?;
             for (mut d, c) in ds.into_iter().zip(&m.chunks) {
                 if let Some(r) = rows_per_group {
                     d.groups = groups_1d(c.rows, r);

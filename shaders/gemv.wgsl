@@ -1,7 +1,6 @@
 // gemv: one weight chunk (any format of quant_formats.wgsl, dequantised here)
-// times one activation vector, for decode. Several output rows per workgroup
-// share each activation load; the epilogue is chosen by defines, one kernel
-// per combination (gpu::llm_ops):
+// times activation vectors, for decode. The epilogue is chosen by defines,
+// one kernel per combination (gpu::llm_ops):
 //   gemv         y[out_off + o] = W[o] . x
 //   gemv_add     ADD:           y[out_off + o] += W[o] . x   (residual add)
 //   gemv_norm    NORM:          y[out_off + o] = W[o] . n,  n = rms_norm(x) * nw
@@ -17,26 +16,37 @@
 //                back (models::llm::REWIND_DEPTH).
 // The norm is folded in: sum_i W[o, i] x[i] nw[i] is accumulated alongside
 // sum_i x[i]^2, and the result scaled by 1 / sqrt(mean + eps) at the end.
+//
+// One order of summation, whatever the number of columns (batch
+// invariance): every dot product is summed exactly as follows, so the
+// single kernel and the many-column kernel (COLS), though laid out
+// differently, give the same bits, and a sequence decoded in a batch gets
+// the tokens it gets alone.
+//   - k is cut into LANES contiguous lanes of `span` elements (a multiple of
+//     8; the last lane may be shorter, the last unit of 8 is zero-padded);
+//   - a lane's sum is one fma chain from 0 over its elements in order;
+//   - lane sums are added in order, from 0, in groups of 8 lanes; the group
+//     sums are added in order, from 0.
+//   - NORM's sum of squares: each unit of 8 is an fma chain from 0, units
+//     are added in order within their lane, lanes and groups as above.
+// Every product that meets a sum is an explicit fma(), so no compiler can
+// contract one kernel differently from the other.
+//
 // bindings: 0 params, 1 w: array<u32> (chunk), 2 x: array<f32> (k from x_off),
 //           NORM: 3 nw (k); CONV: 4 conv [hidden, L], 5 state [ring, hidden],
 //           6 step: array<u32> [token, pos, ...];
 //           last: y (read_write)
-// dispatch: ceil(rows / R) workgroups of WG threads (a power of two: 256
-//           with subgroups, 128 without)
-//           threads, spread over x and y (gpu::ops::groups_1d)
-// variants: SUBGROUPS reduces with subgroupAdd, otherwise a shared-memory tree.
+// dispatch (single): ceil(rows / R) workgroups (gpu::ops::groups_1d over x
+//           and y); each of the R rows takes LANES threads, one a lane.
 // COLS (the gemv_cols_* kernels, batched decode): the same products for
 //   p.cols activation columns, x column j at x_off + j x_stride, y column j at
-//   j y_stride (+ out_off); each workgroup loads its weights once and applies
-//   them to NB columns (wid.x: the column group, so the workgroups reading
-//   the same weights run side by side and share them in cache), every column with exactly
-//   the single kernel's per-thread sums and reduction, so column j equals
-//   the single kernel on column j bit for bit. CONV reads column j's position
-//   and its state's first ring row from a row record, step[8 j + 1] and
-//   step[8 j + 5] (models::llm_gpu::batch).
-// dispatch (COLS): (ceil(cols / NB), then the row groups over y and z).
-// Accumulators are vec4s (one lane per row), not arrays: arrays indexed in
-// loops may be left in memory by a driver's compiler.
+//   j y_stride (+ out_off). A tile of BR rows (of every part) x BC columns a
+//   workgroup; each k-step dequantises a BK-wide slice of the weight tile
+//   into workgroup memory once for all the columns, and each thread keeps
+//   its 4 rows x 2 columns' lane, group and total sums in registers. CONV
+//   reads column j's position and its state's first ring row from a row
+//   record, step[8 j + 1] and step[8 j + 5] (models::llm_gpu::batch).
+// dispatch (COLS): (ceil(cols / BC), then the row tiles over y and z).
 
 struct Params {
     k: u32,
@@ -70,26 +80,25 @@ struct Params {
 @group(0) @binding(3) var<storage, read_write> y: array<f32>;
 #endif
 
-// Output rows per workgroup: one lane of a vec4 accumulator each.
-const R: u32 = 4u;
+// Lanes a row's k is cut into, and lanes a group.
+const LANES: u32 = 64u;
+const GROUP: u32 = 8u;
 
-// 256 threads with subgroups measured fastest on an H200 (decode of
-// LFM2-350M: 1.10 ms/token at 256, 1.16 at 64, 1.23 at 128, 1.95 at 32; f16
-// weights by a wider margin); the shared-memory tree holds 128.
-#if SUBGROUPS
-override WG: u32 = 256u;
+#if CONV
+const PARTS: u32 = 3u;
 #else
-override WG: u32 = 128u;
+#if SWIGLU
+const PARTS: u32 = 2u;
+#else
+const PARTS: u32 = 1u;
+#endif
 #endif
 
-// Partial sums of the workgroup: per part a vec4 (R rows), then ss, one slot
-// per subgroup (256 threads, at least 4 per subgroup) or per thread (no subgroups).
-#if SUBGROUPS
-const S: u32 = 64u;
-#else
-const S: u32 = 128u;
-#endif
-var<workgroup> red: array<vec4<f32>, 512>; // (3 parts + ss) * S
+// Elements of one lane: a multiple of 8, LANES of them cover k.
+fn lane_span() -> u32 {
+    let units = (p.k + 7u) / 8u;
+    return 8u * ((units + LANES - 1u) / LANES);
+}
 
 fn load8(off: u32, e0: u32) -> W8 {
     let b = off + e0;
@@ -120,14 +129,49 @@ fn norm8(e0: u32) -> W8 {
     }
     return W8(vec4<f32>(v[0], v[1], v[2], v[3]), vec4<f32>(v[4], v[5], v[6], v[7]));
 }
+
+// The unit's sum of squares: an fma chain from 0.
+fn sq8(v: W8) -> f32 {
+    var s = fma(v.a.x, v.a.x, 0.0);
+    s = fma(v.a.y, v.a.y, s);
+    s = fma(v.a.z, v.a.z, s);
+    s = fma(v.a.w, v.a.w, s);
+    s = fma(v.b.x, v.b.x, s);
+    s = fma(v.b.y, v.b.y, s);
+    s = fma(v.b.z, v.b.z, s);
+    return fma(v.b.w, v.b.w, s);
+}
+
+// The activations times the norm weights (the same products in both layouts).
+fn scaled8(v: W8, e0: u32) -> W8 {
+    let g = norm8(e0);
+    return W8(v.a * g.a, v.b * g.b);
+}
+
+fn norm_scale(ss: f32) -> f32 {
+    return inverseSqrt(ss / f32(p.k) + p.eps);
+}
 #endif
 
+// acc + the unit's eight products, in order.
+fn fma8(wv: W8, xv: W8, acc: f32) -> f32 {
+    var a = fma(wv.a.x, xv.a.x, acc);
+    a = fma(wv.a.y, xv.a.y, a);
+    a = fma(wv.a.z, xv.a.z, a);
+    a = fma(wv.a.w, xv.a.w, a);
+    a = fma(wv.b.x, xv.b.x, a);
+    a = fma(wv.b.y, xv.b.y, a);
+    a = fma(wv.b.z, xv.b.z, a);
+    return fma(wv.b.w, xv.b.w, a);
+}
+
+#if SWIGLU
 // The gate's activation: silu (SwiGLU) or, with GELU, tanh-approximated
 // GELU (GeGLU, Gemma).
 fn gate_act(v: f32) -> f32 {
 #if GELU
     // tanh through exp of a non-positive argument: no overflow at large |v|.
-    let u = 0.7978845608028654 * (v + 0.044715 * v * v * v);
+    let u = 0.7978845608028654 * fma(0.044715 * v * v, v, v);
     let e = exp(-2.0 * abs(u));
     let th = (1.0 - e) / (1.0 + e);
     return 0.5 * v * (1.0 + select(th, -th, u < 0.0));
@@ -135,327 +179,37 @@ fn gate_act(v: f32) -> f32 {
     return v / (1.0 + exp(-v));
 #endif
 }
-
-// Workgroup sums of the parts' row sums a0..a2 and of ss, left in
-// red[q * S] (q = 3: ss); every thread calls it (it has barriers).
-#if SUBGROUPS
-fn reduce_parts(a0: vec4<f32>, a1: vec4<f32>, a2: vec4<f32>, ss: f32, lid: u32, sid: u32,
-                ssize: u32) {
-    let nsg = (WG + ssize - 1u) / ssize;
-    let sg = lid / ssize;
-    let s0 = subgroupAdd(a0);
-    let s1 = subgroupAdd(a1);
-    let s2 = subgroupAdd(a2);
-    let s3 = subgroupAdd(ss);
-    if (sid == 0u) {
-        red[sg] = s0;
-        red[S + sg] = s1;
-        red[2u * S + sg] = s2;
-        red[3u * S + sg] = vec4<f32>(s3);
-    }
-    workgroupBarrier();
-    if (lid < 4u) {
-        var t = vec4<f32>();
-        for (var s = 0u; s < nsg; s++) {
-            t += red[lid * S + s];
-        }
-        red[lid * S] = t;
-    }
-    workgroupBarrier();
-}
-#else
-fn reduce_parts(a0: vec4<f32>, a1: vec4<f32>, a2: vec4<f32>, ss: f32, lid: u32) {
-    red[lid] = a0;
-    red[S + lid] = a1;
-    red[2u * S + lid] = a2;
-    red[3u * S + lid] = vec4<f32>(ss);
-    workgroupBarrier();
-    for (var stride = WG / 2u; stride > 0u; stride >>= 1u) {
-        if (lid < stride) {
-            for (var q = 0u; q < 4u; q++) {
-                red[q * S + lid] += red[q * S + lid + stride];
-            }
-        }
-        workgroupBarrier();
-    }
-}
 #endif
 
-// Eight weights times eight activations.
-fn dotw(wv: W8, xv: W8) -> f32 {
-    return dot(wv.a, xv.a) + dot(wv.b, xv.b);
-}
-
-// Row r of the chunk's matrix times xv, elements e0..e0+7.
-fn dot8(r: u32, e0: u32, xv: W8) -> f32 {
-    return dotw(w8(r, e0, p.k, p.d_off), xv);
-}
-
-// Rows r0..r0+3 of part `base` (its first row) times xv. Rows past the end
-// repeat the last one; their sums are dropped.
-fn dot8x4(base: u32, r0: u32, e0: u32, xv: W8) -> vec4<f32> {
-    let last = p.rows - 1u;
-    return vec4<f32>(dot8(base + min(r0, last), e0, xv), dot8(base + min(r0 + 1u, last), e0, xv),
-                     dot8(base + min(r0 + 2u, last), e0, xv), dot8(base + min(r0 + 3u, last), e0, xv));
-}
-
-#if COLS
-// Activation columns per workgroup.
-const NB: u32 = 4u;
-
-// The four rows r0..r0+3 of part `base` at elements e0.., as dot8x4 reads them.
-struct W8x4 { r0: W8, r1: W8, r2: W8, r3: W8 }
-
-fn w8x4(base: u32, r0: u32, e0: u32) -> W8x4 {
-    let last = p.rows - 1u;
-    return W8x4(w8(base + min(r0, last), e0, p.k, p.d_off), w8(base + min(r0 + 1u, last), e0, p.k, p.d_off),
-                w8(base + min(r0 + 2u, last), e0, p.k, p.d_off), w8(base + min(r0 + 3u, last), e0, p.k, p.d_off));
-}
-
-fn dotw4(wv: W8x4, xv: W8) -> vec4<f32> {
-    return vec4<f32>(dotw(wv.r0, xv), dotw(wv.r1, xv), dotw(wv.r2, xv), dotw(wv.r3, xv));
-}
-
-// Column `col` (clamped to the last) of x at elements e0..e0+7.
-fn col_x(col: u32, last_col: u32, e0: u32) -> W8 {
-    return load8(p.x_off + min(col, last_col) * p.x_stride, e0);
-}
-
-fn sq8(v: W8) -> f32 {
-    return dot(v.a, v.a) + dot(v.b, v.b);
-}
-
-@compute @workgroup_size(WG)
-fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-        @builtin(local_invocation_index) lid: u32
-#if SUBGROUPS
-        , @builtin(subgroup_invocation_id) sid: u32, @builtin(subgroup_size) ssize: u32
-#endif
-) {
-    let first = (wid.z * nwg.y + wid.y) * R;
-    let col0 = wid.x * NB;
-    // Columns past the last repeat it; their results are dropped.
-    let last_col = p.cols - 1u;
-    // One vec4 per (part, column), named rather than an array indexed in a
-    // loop, which NVIDIA's compiler kept in memory (the products then cost
-    // as much per column as the single kernel's whole pass).
-    var a0c0 = vec4<f32>();
-    var a0c1 = vec4<f32>();
-    var a0c2 = vec4<f32>();
-    var a0c3 = vec4<f32>();
-    var a1c0 = vec4<f32>();
-    var a1c1 = vec4<f32>();
-    var a1c2 = vec4<f32>();
-    var a1c3 = vec4<f32>();
-    var a2c0 = vec4<f32>();
-    var a2c1 = vec4<f32>();
-    var a2c2 = vec4<f32>();
-    var a2c3 = vec4<f32>();
-    var ss = vec4<f32>();
-    let units = (p.k + 7u) / 8u;
-    for (var u = lid; u < units; u += WG) {
-        let e0 = u * 8u;
-        let w0 = w8x4(0u, first, e0);
-#if SWIGLU
-        let w1 = w8x4(p.rows, first, e0);
-#endif
-#if CONV
-        let w1 = w8x4(p.rows, first, e0);
-        let w2 = w8x4(2u * p.rows, first, e0);
-#endif
-        let x0 = col_x(col0, last_col, e0);
-        let x1 = col_x(col0 + 1u, last_col, e0);
-        let x2 = col_x(col0 + 2u, last_col, e0);
-        let x3 = col_x(col0 + 3u, last_col, e0);
+// Output element of row `row` (of the chunk) in column `col` from its
+// parts' sums v0..v2 and the column's sum of squares; CONV reads the
+// column's position and first ring row.
+fn finish(row: u32, col: u32, v0_in: f32, v1_in: f32, v2_in: f32, ss: f32, pos: u32, base: u32) {
+    var v0 = v0_in;
+    var v1 = v1_in;
+    var v2 = v2_in;
 #if NORM
-        ss += vec4<f32>(sq8(x0), sq8(x1), sq8(x2), sq8(x3));
-        let g = norm8(e0);
-        let n0 = W8(x0.a * g.a, x0.b * g.b);
-        let n1 = W8(x1.a * g.a, x1.b * g.b);
-        let n2 = W8(x2.a * g.a, x2.b * g.b);
-        let n3 = W8(x3.a * g.a, x3.b * g.b);
-#else
-        let n0 = x0;
-        let n1 = x1;
-        let n2 = x2;
-        let n3 = x3;
-#endif
-        a0c0 += dotw4(w0, n0);
-        a0c1 += dotw4(w0, n1);
-        a0c2 += dotw4(w0, n2);
-        a0c3 += dotw4(w0, n3);
-#if SWIGLU
-        a1c0 += dotw4(w1, n0);
-        a1c1 += dotw4(w1, n1);
-        a1c2 += dotw4(w1, n2);
-        a1c3 += dotw4(w1, n3);
-#endif
-#if CONV
-        a1c0 += dotw4(w1, n0);
-        a1c1 += dotw4(w1, n1);
-        a1c2 += dotw4(w1, n2);
-        a1c3 += dotw4(w1, n3);
-        a2c0 += dotw4(w2, n0);
-        a2c1 += dotw4(w2, n1);
-        a2c2 += dotw4(w2, n2);
-        a2c3 += dotw4(w2, n3);
-#endif
-    }
-
-    // Each column reduced in turn as the single kernel reduces its one;
-    // threads lid < R keep their row's sums of every column.
-    var o0 = vec4<f32>();
-    var o1 = vec4<f32>();
-    var o2 = vec4<f32>();
-    var osq = vec4<f32>();
-    for (var c = 0u; c < NB; c++) {
-        var c0 = a0c0;
-        var c1 = a1c0;
-        var c2 = a2c0;
-        if (c == 1u) {
-            c0 = a0c1;
-            c1 = a1c1;
-            c2 = a2c1;
-        } else if (c == 2u) {
-            c0 = a0c2;
-            c1 = a1c2;
-            c2 = a2c2;
-        } else if (c == 3u) {
-            c0 = a0c3;
-            c1 = a1c3;
-            c2 = a2c3;
-        }
-#if SUBGROUPS
-        reduce_parts(c0, c1, c2, ss[c], lid, sid, ssize);
-#else
-        reduce_parts(c0, c1, c2, ss[c], lid);
-#endif
-        if (lid < R) {
-            o0[c] = red[0][lid];
-            o1[c] = red[S][lid];
-            o2[c] = red[2u * S][lid];
-            osq[c] = red[3u * S].x;
-        }
-        workgroupBarrier();
-    }
-
-    let row = first + lid;
-    if (lid >= R || row >= p.rows) {
-        return;
-    }
-    for (var c = 0u; c < NB; c++) {
-        let col = col0 + c;
-        if (col > last_col) {
-            break;
-        }
-        var v0 = o0[c];
-        var v1 = o1[c];
-        var v2 = o2[c];
-#if NORM
-        let scale = inverseSqrt(osq[c] / f32(p.k) + p.eps);
-        v0 *= scale;
-        v1 *= scale;
-        v2 *= scale;
-#endif
-        let o = col * p.y_stride + p.out_off + row;
-#if SWIGLU
-        y[o] = gate_act(v0) * v1;
-#else
-#if CONV
-        let ch = p.out_off + row;
-        let l = p.conv_l;
-        let pos = step[8u * col + 1u];
-        let base = step[8u * col + 5u];
-        let bx = v0 * v2;
-        var a = 0.0;
-        let ring = p.ring;
-        for (var j = 0u; j + 1u < l; j++) {
-            a += conv[ch * l + j] * state[(base + (pos + ring + 1u + j - l) % ring) * p.hidden + ch];
-        }
-        a += conv[ch * l + l - 1u] * bx;
-        state[(base + pos % ring) * p.hidden + ch] = bx;
-        y[o] = v1 * a;
-#else
-#if ADD
-        y[o] = y[o] + v0;
-#else
-        y[o] = v0;
-#endif
-#endif
-#endif
-    }
-}
-#else
-@compute @workgroup_size(WG)
-fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-        @builtin(local_invocation_index) lid: u32
-#if SUBGROUPS
-        , @builtin(subgroup_invocation_id) sid: u32, @builtin(subgroup_size) ssize: u32
-#endif
-) {
-    let first = (wid.y * nwg.x + wid.x) * R;
-    // One vec4 per part: lane r is row first + r. No arrays, so everything
-    // stays in registers.
-    var a0 = vec4<f32>();
-    var a1 = vec4<f32>();
-    var a2 = vec4<f32>();
-    var ss = 0.0;
-    let units = (p.k + 7u) / 8u;
-    for (var u = lid; u < units; u += WG) {
-        let e0 = u * 8u;
-        var xv = load8(p.x_off, e0);
-#if NORM
-        ss += dot(xv.a, xv.a) + dot(xv.b, xv.b);
-        let g = norm8(e0);
-        xv = W8(xv.a * g.a, xv.b * g.b);
-#endif
-        a0 += dot8x4(0u, first, e0, xv);
-#if SWIGLU
-        a1 += dot8x4(p.rows, first, e0, xv);
-#endif
-#if CONV
-        a1 += dot8x4(p.rows, first, e0, xv);
-        a2 += dot8x4(2u * p.rows, first, e0, xv);
-#endif
-    }
-
-    // Workgroup sums of a0..a2 and ss, left in red[q * S] (q = 3: ss).
-#if SUBGROUPS
-    reduce_parts(a0, a1, a2, ss, lid, sid, ssize);
-#else
-    reduce_parts(a0, a1, a2, ss, lid);
-#endif
-
-    let row = first + lid;
-    if (lid >= R || row >= p.rows) {
-        return;
-    }
-    var v0 = red[0][lid];
-    var v1 = red[S][lid];
-    var v2 = red[2u * S][lid];
-#if NORM
-    let scale = inverseSqrt(red[3u * S].x / f32(p.k) + p.eps);
+    let scale = norm_scale(ss);
     v0 *= scale;
     v1 *= scale;
     v2 *= scale;
 #endif
-    let o = p.out_off + row;
+    let o = col * p.y_stride + p.out_off + row;
 #if SWIGLU
     y[o] = gate_act(v0) * v1;
 #else
 #if CONV
-    let c = o;
+    let ch = p.out_off + row;
     let l = p.conv_l;
-    let pos = step[1];
     let bx = v0 * v2;
     var a = 0.0;
     let ring = p.ring;
     for (var j = 0u; j + 1u < l; j++) {
         // Position pos - (l - 1) + j, congruent to pos + ring - (l - 1) + j.
-        a += conv[c * l + j] * state[((pos + ring + 1u + j - l) % ring) * p.hidden + c];
+        a = fma(conv[ch * l + j], state[(base + (pos + ring + 1u + j - l) % ring) * p.hidden + ch], a);
     }
-    a += conv[c * l + l - 1u] * bx;
-    state[(pos % ring) * p.hidden + c] = bx;
+    a = fma(conv[ch * l + l - 1u], bx, a);
+    state[(base + pos % ring) * p.hidden + ch] = bx;
     y[o] = v1 * a;
 #else
 #if ADD
@@ -465,5 +219,290 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
 #endif
 #endif
 #endif
+}
+
+#if COLS
+// Weight rows (of each part) and columns a workgroup, and k per step.
+const BR: u32 = 64u;
+const BC: u32 = 32u;
+const BK: u32 = 16u;
+
+// [part][kk][BR / 4] row quads of the dequantised weight slice.
+var<workgroup> ws: array<vec4<f32>, 768>; // PARTS (<= 3) * BK * BR / 4
+// [kk][BC / 2] column pairs of the (NORM: scaled) activation slice.
+var<workgroup> xs: array<vec2<f32>, 256>; // BK * BC / 2
+#if NORM
+// [col][unit]: each column's unit sums of squares of the slice.
+var<workgroup> uss: array<f32, 64>; // BC * BK / 8
+// Each column's 1 / rms at the end.
+var<workgroup> cscale: array<f32, 32>; // BC
+#endif
+
+// Whether the unit at e0 ends its lane, and its lane's group.
+fn lane_ends(e0: u32, span: u32) -> bool {
+    return (e0 + 8u) % span == 0u || e0 + 8u >= p.k;
+}
+fn group_ends(e0: u32, span: u32) -> bool {
+    return ((e0 / span) % GROUP) == GROUP - 1u || e0 + 8u >= p.k;
+}
+
+@compute @workgroup_size(256)
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+        @builtin(local_invocation_index) lid: u32) {
+    let row0 = (wid.z * nwg.y + wid.y) * BR;
+    let col0 = wid.x * BC;
+    let last_col = p.cols - 1u;
+    let last_row = p.rows - 1u;
+    let span = lane_span();
+    // This thread's outputs: rows row0 + 4 tr .. + 3, columns col0 + 2 tc, + 1.
+    let tr = lid & 15u;
+    let tc = lid >> 4u;
+    // Sums per part and column: lane, group, total (vec4: the 4 rows).
+    var l00 = vec4<f32>(); var g00 = vec4<f32>(); var t00 = vec4<f32>();
+    var l01 = vec4<f32>(); var g01 = vec4<f32>(); var t01 = vec4<f32>();
+    var l10 = vec4<f32>(); var g10 = vec4<f32>(); var t10 = vec4<f32>();
+    var l11 = vec4<f32>(); var g11 = vec4<f32>(); var t11 = vec4<f32>();
+    var l20 = vec4<f32>(); var g20 = vec4<f32>(); var t20 = vec4<f32>();
+    var l21 = vec4<f32>(); var g21 = vec4<f32>(); var t21 = vec4<f32>();
+#if NORM
+    // Threads lid < BC: column lid's sums of squares.
+    var sl = 0.0;
+    var sg = 0.0;
+    var st = 0.0;
+#endif
+    for (var k0 = 0u; k0 < p.k; k0 += BK) {
+        // The weight slice: unit q of (part, row, unit of the step), two
+        // threads a row side by side.
+        for (var q = lid; q < PARTS * BR * 2u; q += 256u) {
+            let part = q / (BR * 2u);
+            let r = (q >> 1u) % BR;
+            let u = q & 1u;
+            let e0 = k0 + u * 8u;
+            var wv = W8(vec4<f32>(), vec4<f32>());
+            if (e0 < p.k) {
+                wv = w8(part * p.rows + min(row0 + r, last_row), e0, p.k, p.d_off);
+            }
+            let at = (part * BK + u * 8u) * (BR / 4u) + r / 4u;
+            let lane = r & 3u;
+            ws[at][lane] = wv.a.x;
+            ws[at + (BR / 4u)][lane] = wv.a.y;
+            ws[at + 2u * (BR / 4u)][lane] = wv.a.z;
+            ws[at + 3u * (BR / 4u)][lane] = wv.a.w;
+            ws[at + 4u * (BR / 4u)][lane] = wv.b.x;
+            ws[at + 5u * (BR / 4u)][lane] = wv.b.y;
+            ws[at + 6u * (BR / 4u)][lane] = wv.b.z;
+            ws[at + 7u * (BR / 4u)][lane] = wv.b.w;
+        }
+        // The activation slice: one unit of one column each.
+        if (lid < BC * 2u) {
+            let c = lid >> 1u;
+            let u = lid & 1u;
+            let e0 = k0 + u * 8u;
+            var xv = W8(vec4<f32>(), vec4<f32>());
+            if (e0 < p.k) {
+                xv = load8(p.x_off + min(col0 + c, last_col) * p.x_stride, e0);
+#if NORM
+                uss[c * 2u + u] = sq8(xv);
+                xv = scaled8(xv, e0);
+#endif
+            }
+            let at = u * 8u * (BC / 2u) + c / 2u;
+            let h = c & 1u;
+            xs[at][h] = xv.a.x;
+            xs[at + (BC / 2u)][h] = xv.a.y;
+            xs[at + 2u * (BC / 2u)][h] = xv.a.z;
+            xs[at + 3u * (BC / 2u)][h] = xv.a.w;
+            xs[at + 4u * (BC / 2u)][h] = xv.b.x;
+            xs[at + 5u * (BC / 2u)][h] = xv.b.y;
+            xs[at + 6u * (BC / 2u)][h] = xv.b.z;
+            xs[at + 7u * (BC / 2u)][h] = xv.b.w;
+        }
+        workgroupBarrier();
+#if NORM
+        if (lid < BC) {
+            for (var u = 0u; u < 2u; u++) {
+                let e0 = k0 + u * 8u;
+                if (e0 < p.k) {
+                    sl += uss[lid * 2u + u];
+                    if (lane_ends(e0, span)) {
+                        sg += sl;
+                        sl = 0.0;
+                        if (group_ends(e0, span)) {
+                            st += sg;
+                            sg = 0.0;
+                        }
+                    }
+                }
+            }
+        }
+#endif
+        for (var u = 0u; u < 2u; u++) {
+            let e0 = k0 + u * 8u;
+            if (e0 >= p.k) {
+                break;
+            }
+            for (var i = 0u; i < 8u; i++) {
+                let kk = u * 8u + i;
+                let xv = xs[kk * (BC / 2u) + tc];
+                let x0 = vec4<f32>(xv.x);
+                let x1 = vec4<f32>(xv.y);
+                let w0 = ws[kk * (BR / 4u) + tr];
+                l00 = fma(w0, x0, l00);
+                l01 = fma(w0, x1, l01);
+                if (PARTS > 1u) {
+                    let w1 = ws[(BK + kk) * (BR / 4u) + tr];
+                    l10 = fma(w1, x0, l10);
+                    l11 = fma(w1, x1, l11);
+                }
+                if (PARTS > 2u) {
+                    let w2 = ws[(2u * BK + kk) * (BR / 4u) + tr];
+                    l20 = fma(w2, x0, l20);
+                    l21 = fma(w2, x1, l21);
+                }
+            }
+            if (lane_ends(e0, span)) {
+                g00 += l00; l00 = vec4<f32>();
+                g01 += l01; l01 = vec4<f32>();
+                g10 += l10; l10 = vec4<f32>();
+                g11 += l11; l11 = vec4<f32>();
+                g20 += l20; l20 = vec4<f32>();
+                g21 += l21; l21 = vec4<f32>();
+                if (group_ends(e0, span)) {
+                    t00 += g00; g00 = vec4<f32>();
+                    t01 += g01; g01 = vec4<f32>();
+                    t10 += g10; g10 = vec4<f32>();
+                    t11 += g11; g11 = vec4<f32>();
+                    t20 += g20; g20 = vec4<f32>();
+                    t21 += g21; g21 = vec4<f32>();
+                }
+            }
+        }
+        workgroupBarrier();
+    }
+#if NORM
+    if (lid < BC) {
+        cscale[lid] = st;
+    }
+    workgroupBarrier();
+#endif
+    for (var j = 0u; j < 2u; j++) {
+        let col = col0 + 2u * tc + j;
+        if (col > last_col) {
+            break;
+        }
+        var ss = 0.0;
+#if NORM
+        ss = cscale[2u * tc + j];
+#endif
+        var pos = 0u;
+        var base = 0u;
+#if CONV
+        pos = step[8u * col + 1u];
+        base = step[8u * col + 5u];
+#endif
+        let a0 = select(t00, t01, j == 1u);
+        let a1 = select(t10, t11, j == 1u);
+        let a2 = select(t20, t21, j == 1u);
+        for (var i = 0u; i < 4u; i++) {
+            let row = row0 + 4u * tr + i;
+            if (row < p.rows) {
+                finish(row, col, a0[i], a1[i], a2[i], ss, pos, base);
+            }
+        }
+    }
+}
+#else
+// Output rows per workgroup.
+const R: u32 = 4u;
+
+// Lane sums [part][row][lane] (NORM: sums of squares after them), then
+// group sums [part][row][group] (and of squares).
+var<workgroup> lsum: array<f32, 832>; // (PARTS <= 3) * R * LANES + LANES
+var<workgroup> gsum: array<f32, 104>; // (PARTS <= 3) * R * (LANES / GROUP) + LANES / GROUP
+
+@compute @workgroup_size(256)
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+        @builtin(local_invocation_index) lid: u32) {
+    let first = (wid.y * nwg.x + wid.x) * R;
+    let r = lid / LANES;
+    let lane = lid % LANES;
+    // Rows past the end repeat the last one; their sums are dropped.
+    let row = min(first + r, p.rows - 1u);
+    let span = lane_span();
+    let units = (p.k + 7u) / 8u;
+    let lanes = (units * 8u + span - 1u) / span;
+    let groups = (lanes + GROUP - 1u) / GROUP;
+    var a0 = 0.0;
+    var a1 = 0.0;
+    var a2 = 0.0;
+    var ss = 0.0;
+    let end = min((lane + 1u) * span, units * 8u);
+    for (var e0 = lane * span; e0 < end; e0 += 8u) {
+        var xv = load8(p.x_off, e0);
+#if NORM
+        ss += sq8(xv);
+        xv = scaled8(xv, e0);
+#endif
+        a0 = fma8(w8(row, e0, p.k, p.d_off), xv, a0);
+        if (PARTS > 1u) {
+            a1 = fma8(w8(p.rows + row, e0, p.k, p.d_off), xv, a1);
+        }
+        if (PARTS > 2u) {
+            a2 = fma8(w8(2u * p.rows + row, e0, p.k, p.d_off), xv, a2);
+        }
+    }
+    lsum[r * LANES + lane] = a0;
+    if (PARTS > 1u) {
+        lsum[(R + r) * LANES + lane] = a1;
+    }
+    if (PARTS > 2u) {
+        lsum[(2u * R + r) * LANES + lane] = a2;
+    }
+#if NORM
+    if (r == 0u) {
+        lsum[PARTS * R * LANES + lane] = ss;
+    }
+#endif
+    workgroupBarrier();
+    // Group sums: thread (set, g) for set = part * R + row (NORM: the last
+    // set is the squares).
+    var sets = PARTS * R;
+#if NORM
+    sets += 1u;
+#endif
+    if (lid < sets * GROUP) {
+        let row_set = lid / GROUP;
+        let g = lid % GROUP;
+        if (g < groups) {
+            var t = 0.0;
+            for (var l = g * GROUP; l < min(g * GROUP + GROUP, lanes); l++) {
+                t += lsum[row_set * LANES + l];
+            }
+            gsum[row_set * GROUP + g] = t;
+        }
+    }
+    workgroupBarrier();
+    if (lane != 0u || first + r >= p.rows) {
+        return;
+    }
+    var v = vec3<f32>();
+    for (var part = 0u; part < PARTS; part++) {
+        var t = 0.0;
+        for (var g = 0u; g < groups; g++) {
+            t += gsum[(part * R + r) * GROUP + g];
+        }
+        v[part] = t;
+    }
+    var sq = 0.0;
+#if NORM
+    for (var g = 0u; g < groups; g++) {
+        sq += gsum[PARTS * R * GROUP + g];
+    }
+#endif
+    var pos = 0u;
+#if CONV
+    pos = step[1];
+#endif
+    finish(first + r, 0u, v.x, v.y, v.z, sq, pos, 0u);
 }
 #endif

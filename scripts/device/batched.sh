@@ -3,8 +3,9 @@
 # 25,000 tok/s aggregate), from the repo root there, after
 # scripts/device/unpack.sh put the release binaries under target/release:
 #
-#   1. the batched kernels against the single ones on this adapter (they must
-#      agree bit for bit, the subgroup variants included): target/release/
+#   1. the single and batched GEMVs against the CPU, and the batched ones
+#      against the single ones on this adapter (they must agree bit for bit:
+#      gemv.wgsl's one order of summation), and the batched row kernels: target/release/
 #      gpu_parity's kernels_match_cpu narrowed to them, when the carried
 #      binary is there;
 #   2. a random LFM2-350M: $WORK/lfm2-350m-q4_0.gguf when an earlier
@@ -46,7 +47,7 @@ step() {
 nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv >"$OUT/batched-env.txt" 2>&1
 
 if [[ -x $BIN/gpu_parity ]]; then
-    LFM_PARITY_ONLY=gemv_cols,gemv_cols_add,gemv_cols_norm,gemv_cols_swiglu,gemv_cols_geglu,gemv_cols_conv,qk_rope_rows,flash_attention_rows,flash_attention_merge_rows,argmax_rows,argmax_part_rows \
+    LFM_PARITY_ONLY=gemv,gemv_add,gemv_norm,gemv_swiglu,gemv_geglu,gemv_conv,gemv_cols,gemv_cols_add,gemv_cols_norm,gemv_cols_swiglu,gemv_cols_geglu,gemv_cols_conv,qk_rope_rows,flash_attention_rows,flash_attention_merge_rows,argmax_rows,argmax_part_rows \
         step 300 batched-parity.txt "$BIN/gpu_parity" kernels_match_cpu --nocapture
 fi
 

@@ -252,8 +252,7 @@ format_kernel!(
     "gemv.wgsl",
     [Binding::read("w"), Binding::read("x"), Binding::write("y")],
     GemvParams,
-    [],
-    subgroups
+    []
 );
 format_kernel!(
     GEMV_ADD,
@@ -261,8 +260,7 @@ format_kernel!(
     "gemv.wgsl",
     [Binding::read("w"), Binding::read("x"), Binding::write("y")],
     GemvParams,
-    ["ADD"],
-    subgroups
+    ["ADD"]
 );
 format_kernel!(
     GEMV_NORM,
@@ -275,8 +273,7 @@ format_kernel!(
         Binding::write("y")
     ],
     GemvParams,
-    ["NORM"],
-    subgroups
+    ["NORM"]
 );
 format_kernel!(
     GEMV_SWIGLU,
@@ -289,8 +286,7 @@ format_kernel!(
         Binding::write("y")
     ],
     GemvParams,
-    ["NORM", "SWIGLU"],
-    subgroups
+    ["NORM", "SWIGLU"]
 );
 format_kernel!(
     GEMV_GEGLU,
@@ -303,8 +299,7 @@ format_kernel!(
         Binding::write("y")
     ],
     GemvParams,
-    ["NORM", "SWIGLU", "GELU"],
-    subgroups
+    ["NORM", "SWIGLU", "GELU"]
 );
 format_kernel!(
     GEMV_CONV,
@@ -320,8 +315,7 @@ format_kernel!(
         Binding::write("y")
     ],
     GemvParams,
-    ["NORM", "CONV"],
-    subgroups
+    ["NORM", "CONV"]
 );
 
 // The same products over several activation columns (batched decode).
@@ -331,8 +325,7 @@ format_kernel!(
     "gemv.wgsl",
     [Binding::read("w"), Binding::read("x"), Binding::write("y")],
     GemvParams,
-    ["COLS"],
-    subgroups
+    ["COLS"]
 );
 format_kernel!(
     GEMV_COLS_ADD,
@@ -340,8 +333,7 @@ format_kernel!(
     "gemv.wgsl",
     [Binding::read("w"), Binding::read("x"), Binding::write("y")],
     GemvParams,
-    ["COLS", "ADD"],
-    subgroups
+    ["COLS", "ADD"]
 );
 format_kernel!(
     GEMV_COLS_NORM,
@@ -354,8 +346,7 @@ format_kernel!(
         Binding::write("y")
     ],
     GemvParams,
-    ["COLS", "NORM"],
-    subgroups
+    ["COLS", "NORM"]
 );
 format_kernel!(
     GEMV_COLS_SWIGLU,
@@ -368,8 +359,7 @@ format_kernel!(
         Binding::write("y")
     ],
     GemvParams,
-    ["COLS", "NORM", "SWIGLU"],
-    subgroups
+    ["COLS", "NORM", "SWIGLU"]
 );
 format_kernel!(
     GEMV_COLS_GEGLU,
@@ -382,8 +372,7 @@ format_kernel!(
         Binding::write("y")
     ],
     GemvParams,
-    ["COLS", "NORM", "SWIGLU", "GELU"],
-    subgroups
+    ["COLS", "NORM", "SWIGLU", "GELU"]
 );
 format_kernel!(
     GEMV_COLS_CONV,
@@ -399,12 +388,12 @@ format_kernel!(
         Binding::write("y")
     ],
     GemvParams,
-    ["COLS", "NORM", "CONV"],
-    subgroups
+    ["COLS", "NORM", "CONV"]
 );
 
-/// Activation columns one batched GEMV workgroup takes (`NB` in gemv.wgsl).
-pub const GEMV_COLS_PER_GROUP: usize = 4;
+/// Activation columns and weight rows (of each part) of one batched GEMV
+/// workgroup (`BC`, `BR` in gemv.wgsl).
+const GEMV_COLS_TILE: (usize, usize) = (32, 64);
 
 /// u32s of one row record of a batched decode step (the `step` binding of
 /// the batched kernels): [slot, pos, kv_len, splits, first KV cache row of
@@ -448,7 +437,6 @@ pub enum GemvEpilogue<'a> {
 #[allow(clippy::too_many_arguments)]
 pub fn gemv(
     gpu: &Gpu,
-    subgroups: bool,
     w: &GpuMatrix,
     epi: &GemvEpilogue,
     x: &wgpu::Buffer,
@@ -456,7 +444,7 @@ pub fn gemv(
     y: &wgpu::Buffer,
     out_off: usize,
 ) -> Result<Vec<Dispatch>> {
-    gemv_impl(gpu, subgroups, w, epi, x, x_off, y, out_off, None)
+    gemv_impl(gpu, w, epi, x, x_off, y, out_off, None)
 }
 
 /// Activation columns of a batched GEMV: how many, and the floats between
@@ -469,14 +457,13 @@ pub struct Cols {
 }
 
 /// [`gemv`] over `cols.n` columns: y[j y_stride + out_off..] (+)= W
-/// x[x_off + j x_stride..] for each column j, the weights read once per
-/// [`GEMV_COLS_PER_GROUP`] columns; column j comes out bit-equal to [`gemv`]
-/// on column j. A conv epilogue's `step` holds one row record
+/// x[x_off + j x_stride..] for each column j, as a tiled product (each
+/// weight tile dequantised once for 32 columns); column j comes out
+/// bit-equal to [`gemv`] on column j (gemv.wgsl's one order of summation). A conv epilogue's `step` holds one row record
 /// ([`ROW_RECORD`]) per column: its position and its state's ring.
 #[allow(clippy::too_many_arguments)]
 pub fn gemv_cols(
     gpu: &Gpu,
-    subgroups: bool,
     w: &GpuMatrix,
     epi: &GemvEpilogue,
     x: &wgpu::Buffer,
@@ -486,13 +473,12 @@ pub fn gemv_cols(
     cols: Cols,
 ) -> Result<Vec<Dispatch>> {
     assert!(cols.n > 0, "gemv_cols: no columns");
-    gemv_impl(gpu, subgroups, w, epi, x, x_off, y, out_off, Some(cols))
+    gemv_impl(gpu, w, epi, x, x_off, y, out_off, Some(cols))
 }
 
 #[allow(clippy::too_many_arguments)]
 fn gemv_impl(
     gpu: &Gpu,
-    subgroups: bool,
     w: &GpuMatrix,
     epi: &GemvEpilogue,
     x: &wgpu::Buffer,
@@ -547,7 +533,7 @@ fn gemv_impl(
     };
     let mut out = Vec::with_capacity(w.chunks.len());
     for c in &w.chunks {
-        let variant = format_variant(w.dtype, subgroups, &extra)?;
+        let variant = format_variant(w.dtype, false, &extra)?;
         let params = GemvParams {
             k: w.k as u32,
             rows: c.rows as u32,
@@ -575,16 +561,16 @@ fn gemv_impl(
                 ..
             } => vec![&c.buf, x, nw, conv, state, step, y],
         };
-        let mut groups = groups_1d(c.rows, GEMV_ROWS);
-        if let Some(cols) = cols {
-            // Column groups fastest: the workgroups of one weight block
-            // run together (gemv.wgsl).
-            groups = [
-                cols.n.div_ceil(GEMV_COLS_PER_GROUP) as u32,
-                groups[0],
-                groups[1],
-            ];
-        }
+        let groups = match cols {
+            None => groups_1d(c.rows, GEMV_ROWS),
+            Some(cols) => {
+                // Column tiles fastest: the workgroups of one weight tile
+                // run together and share it in cache (gemv.wgsl).
+                let (per_cols, per_rows) = GEMV_COLS_TILE;
+                let rows = groups_1d(c.rows, per_rows);
+                [cols.n.div_ceil(per_cols) as u32, rows[0], rows[1]]
+            }
+        };
         out.push(Dispatch {
             bound: gpu.bind(kernel, &variant, &bufs, &params)?,
             groups,

@@ -249,7 +249,7 @@ fn run(gpu: &Gpu, ds: &[Dispatch]) {
 }
 
 fn gemv_case(gpu: &Gpu, v: &Variant, add: bool) {
-    let (t, sub) = format_and_subgroups(v);
+    let (t, _) = format_and_subgroups(v);
     let mut rng = Rng::new(11);
     for k in row_lengths(t) {
         for rows in ROWS {
@@ -277,7 +277,7 @@ fn gemv_case(gpu: &Gpu, v: &Variant, add: bool) {
             };
             run(
                 gpu,
-                &llm_ops::gemv(gpu, sub, &m, &epi, &gx, x_off, &gy, out_off).unwrap(),
+                &llm_ops::gemv(gpu, &m, &epi, &gx, x_off, &gy, out_off).unwrap(),
             );
             let got = gpu.read_f32(&gy).unwrap();
             assert_products(
@@ -299,7 +299,7 @@ fn gemv_add(gpu: &Gpu, v: &Variant) {
 }
 
 fn gemv_norm(gpu: &Gpu, v: &Variant) {
-    let (t, sub) = format_and_subgroups(v);
+    let (t, _) = format_and_subgroups(v);
     let mut rng = Rng::new(12);
     for k in row_lengths(t) {
         for rows in ROWS {
@@ -313,10 +313,7 @@ fn gemv_norm(gpu: &Gpu, v: &Variant) {
             let gn = gpu.upload_f32("nw", &nw).unwrap();
             let gy = gpu.poisoned_f32("y", rows).unwrap();
             let epi = GemvEpilogue::Norm { nw: &gn, eps: 1e-5 };
-            run(
-                gpu,
-                &llm_ops::gemv(gpu, sub, &m, &epi, &gx, 0, &gy, 0).unwrap(),
-            );
+            run(gpu, &llm_ops::gemv(gpu, &m, &epi, &gx, 0, &gy, 0).unwrap());
             let got = gpu.read_f32(&gy).unwrap();
             // The norm's scale is applied after the sum instead of before:
             // one more rounding per output on top of the product's.
@@ -340,7 +337,7 @@ fn act_of(v: &Variant) -> FfnAct {
 }
 
 fn gemv_swiglu(gpu: &Gpu, v: &Variant) {
-    let (t, sub) = format_and_subgroups(v);
+    let (t, _) = format_and_subgroups(v);
     let act = act_of(v);
     let mut rng = Rng::new(13);
     for k in row_lengths(t) {
@@ -360,10 +357,7 @@ fn gemv_swiglu(gpu: &Gpu, v: &Variant) {
                 eps: 1e-5,
                 act,
             };
-            run(
-                gpu,
-                &llm_ops::gemv(gpu, sub, &m, &epi, &gx, 0, &gy, 0).unwrap(),
-            );
+            run(gpu, &llm_ops::gemv(gpu, &m, &epi, &gx, 0, &gy, 0).unwrap());
             let got = gpu.read_f32(&gy).unwrap();
             // Two products (as gemv_norm) multiplied: their errors add.
             assert_products(
@@ -377,7 +371,7 @@ fn gemv_swiglu(gpu: &Gpu, v: &Variant) {
 }
 
 fn gemv_conv(gpu: &Gpu, v: &Variant) {
-    let (t, sub) = format_and_subgroups(v);
+    let (t, _) = format_and_subgroups(v);
     let mut rng = Rng::new(14);
     let hiddens = match t.block_size() {
         1 => vec![1, 33, 130],
@@ -423,10 +417,7 @@ fn gemv_conv(gpu: &Gpu, v: &Variant) {
                     taps,
                     ring,
                 };
-                run(
-                    gpu,
-                    &llm_ops::gemv(gpu, sub, &m, &epi, &gx, 0, &gy, 0).unwrap(),
-                );
+                run(gpu, &llm_ops::gemv(gpu, &m, &epi, &gx, 0, &gy, 0).unwrap());
                 let what = format!("{} d={d} taps={taps} step={step}", v.key());
                 // Products of three projections and a short sum: a few
                 // gemv_norm errors.
@@ -1164,7 +1155,7 @@ fn assert_bits(what: &str, got: &[f32], want: &[f32]) {
 /// and reduction for every column, so batched decode yields the tokens of a
 /// sequence decoded alone.
 fn gemv_cols(gpu: &Gpu, v: &Variant) {
-    let (t, sub) = format_and_subgroups(v);
+    let (t, _) = format_and_subgroups(v);
     let has = |d: &str| v.defines.contains(&d);
     let (swiglu, conv, add) = (has("SWIGLU"), has("CONV"), has("ADD"));
     let mut rng = Rng::new(31);
@@ -1175,11 +1166,13 @@ fn gemv_cols(gpu: &Gpu, v: &Variant) {
         32 => vec![32, 288],
         _ => vec![256],
     };
-    for k in ks {
+    for (ki, &k) in ks.iter().enumerate() {
         // The conv block's projections are square ([3 d, d]).
         let rows_set: &[usize] = if conv { &[k] } else { &[5, 132] };
         for &rows in rows_set {
-            for n in [1, 6] {
+            // Past one tile of 32 columns once.
+            let ns: &[usize] = if ki == 0 { &[1, 6, 34] } else { &[1, 6] };
+            for &n in ns {
                 let parts = if conv {
                     3
                 } else if swiglu {
@@ -1227,7 +1220,7 @@ fn gemv_cols(gpu: &Gpu, v: &Variant) {
                 let e = epilogue(v, &gn, &gc, &gstate, &gstep, taps, ring);
                 run(
                     gpu,
-                    &llm_ops::gemv_cols(gpu, sub, &m, &e, &gx, x_off, &gy, out_off, cols).unwrap(),
+                    &llm_ops::gemv_cols(gpu, &m, &e, &gx, x_off, &gy, out_off, cols).unwrap(),
                 );
                 let got = gpu.read_f32(&gy).unwrap();
                 let got_state = gpu.read_f32(&gstate).unwrap();
@@ -1241,9 +1234,8 @@ fn gemv_cols(gpu: &Gpu, v: &Variant) {
                         .upload_u32("step", &[0, positions[j] as u32, 0, 0])
                         .unwrap();
                     let e = epilogue(v, &gn, &gc, &sstate, &sstep, taps, ring);
-                    let ds =
-                        llm_ops::gemv(gpu, sub, &m, &e, &gx, x_off + j * x_stride, &sy, out_off)
-                            .unwrap();
+                    let ds = llm_ops::gemv(gpu, &m, &e, &gx, x_off + j * x_stride, &sy, out_off)
+                        .unwrap();
                     run(gpu, &ds);
                     let want = gpu.read_f32(&sy).unwrap();
                     let out = out_off..out_off + rows;

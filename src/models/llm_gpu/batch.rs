@@ -839,7 +839,7 @@ impl<'a> DecoderOps for BatchRecorder<'a> {
         let cols = self.cols(cfg.hidden, qkvw);
         for (mat, off) in qkv {
             self.fixed(llm_ops::gemv_cols(
-                g, sub, mat, &norm1, &io.x, 0, &io.qkv, *off, cols,
+                g, mat, &norm1, &io.x, 0, &io.qkv, *off, cols,
             )?);
         }
         let kv = AttnBuffers {
@@ -875,7 +875,7 @@ impl<'a> DecoderOps for BatchRecorder<'a> {
 
     fn short_conv(&mut self, li: usize) -> Result<()> {
         let (m, io) = (self.t.m, self.t.io);
-        let (g, sub, cfg) = (&*m.gpu, m.subgroups, &m.cfg);
+        let (g, cfg) = (&*m.gpu, &m.cfg);
         let layer = &m.layers[li];
         let (GpuMixer::Conv { in_proj, conv, .. }, &LayerBufs::Conv(st)) =
             (&layer.mixer, &self.t.state[li])
@@ -899,7 +899,6 @@ impl<'a> DecoderOps for BatchRecorder<'a> {
             for (j, row) in chain[..self.n].iter().enumerate() {
                 self.fixed(llm_ops::gemv_cols(
                     g,
-                    sub,
                     in_proj,
                     &epi(&row.record),
                     &io.x,
@@ -915,7 +914,6 @@ impl<'a> DecoderOps for BatchRecorder<'a> {
         let cols = self.cols(d, d);
         self.fixed(llm_ops::gemv_cols(
             g,
-            sub,
             in_proj,
             &epi(&io.rows),
             &io.x,
@@ -930,7 +928,7 @@ impl<'a> DecoderOps for BatchRecorder<'a> {
 
     fn ffn(&mut self, li: usize) -> Result<()> {
         let (m, io) = (self.t.m, self.t.io);
-        let (g, sub, cfg) = (&*m.gpu, m.subgroups, &m.cfg);
+        let (g, cfg) = (&*m.gpu, &m.cfg);
         let (layer, eps, act, f) = (&m.layers[li], cfg.norm_eps, cfg.ffn_act, cfg.ffn);
         match &layer.ffn {
             GpuFfn::Fused(mat) => {
@@ -940,9 +938,7 @@ impl<'a> DecoderOps for BatchRecorder<'a> {
                     act,
                 };
                 let cols = self.cols(cfg.hidden, f);
-                self.fixed(llm_ops::gemv_cols(
-                    g, sub, mat, &epi, &io.x, 0, &io.g, 0, cols,
-                )?);
+                self.fixed(llm_ops::gemv_cols(g, mat, &epi, &io.x, 0, &io.g, 0, cols)?);
             }
             GpuFfn::Split(gate, up) => {
                 let norm2 = GemvEpilogue::Norm {
@@ -951,10 +947,10 @@ impl<'a> DecoderOps for BatchRecorder<'a> {
                 };
                 let cols = self.cols(cfg.hidden, 2 * f);
                 self.fixed(llm_ops::gemv_cols(
-                    g, sub, gate, &norm2, &io.x, 0, &io.gu, 0, cols,
+                    g, gate, &norm2, &io.x, 0, &io.gu, 0, cols,
                 )?);
                 self.fixed(llm_ops::gemv_cols(
-                    g, sub, up, &norm2, &io.x, 0, &io.gu, f, cols,
+                    g, up, &norm2, &io.x, 0, &io.gu, f, cols,
                 )?);
                 self.ops.push(Op::Fixed(llm_ops::swiglu(
                     g, &io.gu, &io.g, f, self.n, act,
@@ -980,13 +976,12 @@ impl<'a> DecoderOps for BatchRecorder<'a> {
         match y {
             BlockOut::Rows(y) => {
                 let cols = self.cols(w.k, d);
-                self.fixed(llm_ops::gemv_cols(g, sub, w, &epi, y, 0, out, 0, cols)?);
+                self.fixed(llm_ops::gemv_cols(g, w, &epi, y, 0, out, 0, cols)?);
             }
             BlockOut::Chain(rows) => {
                 for (j, row) in rows.iter().enumerate() {
                     self.fixed(llm_ops::gemv_cols(
                         g,
-                        sub,
                         w,
                         &epi,
                         &row.conv_out,
@@ -1015,7 +1010,6 @@ impl<'a> DecoderOps for BatchRecorder<'a> {
         let cols = self.cols(m.cfg.hidden, m.cfg.vocab);
         self.fixed(llm_ops::gemv_cols(
             &m.gpu,
-            m.subgroups,
             m.head(),
             &head,
             &io.x,

@@ -54,7 +54,7 @@ impl<'a> DecoderOps for DecodeRecorder<'a> {
             eps: m.cfg.norm_eps,
         };
         for (mat, off) in qkv {
-            self.fixed(llm_ops::gemv(g, sub, mat, &norm1, &io.x, 0, &io.qkv, *off)?);
+            self.fixed(llm_ops::gemv(g, mat, &norm1, &io.x, 0, &io.qkv, *off)?);
         }
         let kv = AttnBuffers {
             step: &io.step,
@@ -79,7 +79,7 @@ impl<'a> DecoderOps for DecodeRecorder<'a> {
 
     fn short_conv(&mut self, li: usize) -> Result<()> {
         let m: &'a GpuLlm = self.m;
-        let (g, io, sub) = (&*m.gpu, &m.io, m.subgroups);
+        let (g, io) = (&*m.gpu, &m.io);
         let layer = &m.layers[li];
         let (GpuMixer::Conv { in_proj, conv, .. }, GpuState::Conv(st)) =
             (&layer.mixer, &m.state[li])
@@ -95,23 +95,14 @@ impl<'a> DecoderOps for DecodeRecorder<'a> {
             taps: m.cfg.conv_kernel,
             ring: conv_ring_rows(m.cfg.conv_kernel),
         };
-        self.fixed(llm_ops::gemv(
-            g,
-            sub,
-            in_proj,
-            &epi,
-            &io.x,
-            0,
-            &io.conv_out,
-            0,
-        )?);
+        self.fixed(llm_ops::gemv(g, in_proj, &epi, &io.x, 0, &io.conv_out, 0)?);
         self.y = Some(&io.conv_out);
         Ok(())
     }
 
     fn ffn(&mut self, li: usize) -> Result<()> {
         let m: &'a GpuLlm = self.m;
-        let (g, io, sub) = (&*m.gpu, &m.io, m.subgroups);
+        let (g, io) = (&*m.gpu, &m.io);
         let (layer, eps, act) = (&m.layers[li], m.cfg.norm_eps, m.cfg.ffn_act);
         match &layer.ffn {
             GpuFfn::Fused(mat) => {
@@ -120,7 +111,7 @@ impl<'a> DecoderOps for DecodeRecorder<'a> {
                     eps,
                     act,
                 };
-                self.fixed(llm_ops::gemv(g, sub, mat, &epi, &io.x, 0, &io.g, 0)?);
+                self.fixed(llm_ops::gemv(g, mat, &epi, &io.x, 0, &io.g, 0)?);
             }
             GpuFfn::Split(gate, up) => {
                 let norm2 = GemvEpilogue::Norm {
@@ -128,8 +119,8 @@ impl<'a> DecoderOps for DecodeRecorder<'a> {
                     eps,
                 };
                 let f = m.cfg.ffn;
-                self.fixed(llm_ops::gemv(g, sub, gate, &norm2, &io.x, 0, &io.gu, 0)?);
-                self.fixed(llm_ops::gemv(g, sub, up, &norm2, &io.x, 0, &io.gu, f)?);
+                self.fixed(llm_ops::gemv(g, gate, &norm2, &io.x, 0, &io.gu, 0)?);
+                self.fixed(llm_ops::gemv(g, up, &norm2, &io.x, 0, &io.gu, f)?);
                 self.plan
                     .push(Op::Fixed(llm_ops::swiglu(g, &io.gu, &io.g, f, 1, act)?));
             }
@@ -145,27 +136,9 @@ impl<'a> DecoderOps for DecodeRecorder<'a> {
         let (w, post) = layer.residual(which);
         let y = self.y.take().expect("a block ran before its projection");
         match post {
-            None => self.fixed(llm_ops::gemv(
-                g,
-                sub,
-                w,
-                &GemvEpilogue::Add,
-                y,
-                0,
-                &io.x,
-                0,
-            )?),
+            None => self.fixed(llm_ops::gemv(g, w, &GemvEpilogue::Add, y, 0, &io.x, 0)?),
             Some(pw) => {
-                self.fixed(llm_ops::gemv(
-                    g,
-                    sub,
-                    w,
-                    &GemvEpilogue::Store,
-                    y,
-                    0,
-                    &io.mix,
-                    0,
-                )?);
+                self.fixed(llm_ops::gemv(g, w, &GemvEpilogue::Store, y, 0, &io.mix, 0)?);
                 let variant = norm_add_variant(sub);
                 let d = m.cfg.hidden;
                 let add = ops::rms_norm(g, &variant, &io.mix, pw, &io.x, d, 1, m.cfg.norm_eps)?;
@@ -184,7 +157,6 @@ impl<'a> DecoderOps for DecodeRecorder<'a> {
         let io = &m.io;
         self.fixed(llm_ops::gemv(
             &m.gpu,
-            m.subgroups,
             m.head(),
             &head,
             &io.x,

@@ -333,7 +333,6 @@ impl<'a> DecoderOps for PrefillRecorder<'a> {
             };
             self.work.extend(llm_ops::gemv(
                 &m.gpu,
-                m.subgroups,
                 m.head(),
                 &head,
                 &sc.x,
