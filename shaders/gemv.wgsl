@@ -17,27 +17,15 @@
 // The norm is folded in: sum_i W[o, i] x[i] nw[i] is accumulated alongside
 // sum_i x[i]^2, and the result scaled by 1 / sqrt(mean + eps) at the end.
 //
-// One order of summation, whatever the number of columns (batch
-// invariance): every dot product is summed exactly as follows, so the
-// single kernel and the many-column kernel (COLS), though laid out
-// differently, give the same bits, and a sequence decoded in a batch gets
-// the tokens it gets alone.
-//   - k is cut into LANES contiguous lanes of `span` elements (a multiple of
-//     8; the last lane may be shorter, the last unit of 8 is zero-padded);
-//   - a lane's sum is one fma chain from 0 over its elements in order;
-//   - lane sums are added in order, from 0, in groups of 8 lanes; the group
-//     sums are added in order, from 0.
-//   - NORM's sum of squares: each unit of 8 is an fma chain from 0, units
-//     are added in order within their lane, lanes and groups as above.
-// Every product that meets a sum is an explicit fma(), so no compiler can
-// contract one kernel differently from the other.
+// The order of summation every kernel here follows, the params and the
+// epilogue are in gemv_common.wgsl.
 //
 // bindings: 0 params, 1 w: array<u32> (chunk), 2 x: array<f32> (k from x_off),
 //           NORM: 3 nw (k); CONV: 4 conv [hidden, L], 5 state [ring, hidden],
 //           6 step: array<u32> [token, pos, ...];
-//           last: y (read_write)
+//           then y (read_write); COLS: last, part (read_write, p.split's sums)
 // dispatch (single): ceil(rows / R) workgroups (gpu::ops::groups_1d over x
-//           and y); each of the R rows takes LANES threads, one a lane.
+//           and y); each thread is one lane of k for the workgroup's R rows.
 // COLS (the gemv_cols_* kernels, batched decode): the same products for
 //   p.cols activation columns, x column j at x_off + j x_stride, y column j at
 //   j y_stride (+ out_off). A tile of BR rows (of every part) x BC columns a
@@ -46,24 +34,12 @@
 //   its 4 rows x 2 columns' lane, group and total sums in registers. CONV
 //   reads column j's position and its state's first ring row from a row
 //   record, step[8 j + 1] and step[8 j + 5] (models::llm_gpu::batch).
-// dispatch (COLS): (ceil(cols / BC), then the row tiles over y and z).
+//   With p.split a workgroup takes one lane group of k and writes its sums
+//   to `part` (gemv_common's part_at), for gemv_sum.wgsl to add up and
+//   finish: more workgroups when rows x columns make few tiles.
+// dispatch (COLS): (ceil(cols / BC) x (p.split: the lane groups, else 1),
+//   then the row tiles over y and z).
 
-struct Params {
-    k: u32,
-    rows: u32,      // output rows in this chunk (per part)
-    out_off: u32,   // first output element
-    x_off: u32,     // first element of x
-    d_off: u32,     // word offset of the scale tail (quant_formats.wgsl)
-    eps: f32,
-    conv_l: u32,    // CONV: taps
-    hidden: u32,    // CONV: channels (the state's row length)
-    ring: u32,      // CONV: rows of the state
-    cols: u32,      // COLS: activation columns
-    x_stride: u32,  // COLS: floats between columns of x
-    y_stride: u32,  // COLS: floats between columns of y
-}
-
-@group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read> w: array<u32>;
 @group(0) @binding(2) var<storage, read> x: array<f32>;
 #if NORM
@@ -73,32 +49,21 @@ struct Params {
 @group(0) @binding(5) var<storage, read_write> state: array<f32>;
 @group(0) @binding(6) var<storage, read> step: array<u32>;
 @group(0) @binding(7) var<storage, read_write> y: array<f32>;
+#if COLS
+@group(0) @binding(8) var<storage, read_write> part: array<f32>;
+#endif
 #else
 @group(0) @binding(4) var<storage, read_write> y: array<f32>;
+#if COLS
+@group(0) @binding(5) var<storage, read_write> part: array<f32>;
+#endif
 #endif
 #else
 @group(0) @binding(3) var<storage, read_write> y: array<f32>;
-#endif
-
-// Lanes a row's k is cut into, and lanes a group.
-const LANES: u32 = 64u;
-const GROUP: u32 = 8u;
-
-#if CONV
-const PARTS: u32 = 3u;
-#else
-#if SWIGLU
-const PARTS: u32 = 2u;
-#else
-const PARTS: u32 = 1u;
+#if COLS
+@group(0) @binding(4) var<storage, read_write> part: array<f32>;
 #endif
 #endif
-
-// Elements of one lane: a multiple of 8, LANES of them cover k.
-fn lane_span() -> u32 {
-    let units = (p.k + 7u) / 8u;
-    return 8u * ((units + LANES - 1u) / LANES);
-}
 
 fn load8(off: u32, e0: u32) -> W8 {
     let b = off + e0;
@@ -148,9 +113,6 @@ fn scaled8(v: W8, e0: u32) -> W8 {
     return W8(v.a * g.a, v.b * g.b);
 }
 
-fn norm_scale(ss: f32) -> f32 {
-    return inverseSqrt(ss / f32(p.k) + p.eps);
-}
 #endif
 
 // acc + the unit's eight products, in order.
@@ -165,67 +127,14 @@ fn fma8(wv: W8, xv: W8, acc: f32) -> f32 {
     return fma(wv.b.w, xv.b.w, a);
 }
 
-#if SWIGLU
-// The gate's activation: silu (SwiGLU) or, with GELU, tanh-approximated
-// GELU (GeGLU, Gemma).
-fn gate_act(v: f32) -> f32 {
-#if GELU
-    // tanh through exp of a non-positive argument: no overflow at large |v|.
-    let u = 0.7978845608028654 * fma(0.044715 * v * v, v, v);
-    let e = exp(-2.0 * abs(u));
-    let th = (1.0 - e) / (1.0 + e);
-    return 0.5 * v * (1.0 + select(th, -th, u < 0.0));
-#else
-    return v / (1.0 + exp(-v));
-#endif
-}
-#endif
-
-// Output element of row `row` (of the chunk) in column `col` from its
-// parts' sums v0..v2 and the column's sum of squares; CONV reads the
-// column's position and first ring row.
-fn finish(row: u32, col: u32, v0_in: f32, v1_in: f32, v2_in: f32, ss: f32, pos: u32, base: u32) {
-    var v0 = v0_in;
-    var v1 = v1_in;
-    var v2 = v2_in;
-#if NORM
-    let scale = norm_scale(ss);
-    v0 *= scale;
-    v1 *= scale;
-    v2 *= scale;
-#endif
-    let o = col * p.y_stride + p.out_off + row;
-#if SWIGLU
-    y[o] = gate_act(v0) * v1;
-#else
-#if CONV
-    let ch = p.out_off + row;
-    let l = p.conv_l;
-    let bx = v0 * v2;
-    var a = 0.0;
-    let ring = p.ring;
-    for (var j = 0u; j + 1u < l; j++) {
-        // Position pos - (l - 1) + j, congruent to pos + ring - (l - 1) + j.
-        a = fma(conv[ch * l + j], state[(base + (pos + ring + 1u + j - l) % ring) * p.hidden + ch], a);
-    }
-    a = fma(conv[ch * l + l - 1u], bx, a);
-    state[(base + pos % ring) * p.hidden + ch] = bx;
-    y[o] = v1 * a;
-#else
-#if ADD
-    y[o] = y[o] + v0;
-#else
-    y[o] = v0;
-#endif
-#endif
-#endif
-}
-
 #if COLS
 // Weight rows (of each part) and columns a workgroup, and k per step.
 const BR: u32 = 64u;
 const BC: u32 = 32u;
 const BK: u32 = 16u;
+// Units of 8 a step, and weight units each thread loads a step.
+const UNITS: u32 = BK / 8u;
+const LOADS: u32 = (PARTS * BR * UNITS + 255u) / 256u;
 
 // [part][kk][BR / 4] row quads of the dequantised weight slice.
 var<workgroup> ws: array<vec4<f32>, 768>; // PARTS (<= 3) * BK * BR / 4
@@ -233,10 +142,53 @@ var<workgroup> ws: array<vec4<f32>, 768>; // PARTS (<= 3) * BK * BR / 4
 var<workgroup> xs: array<vec2<f32>, 256>; // BK * BC / 2
 #if NORM
 // [col][unit]: each column's unit sums of squares of the slice.
-var<workgroup> uss: array<f32, 64>; // BC * BK / 8
+var<workgroup> uss: array<f32, 64>; // BC * UNITS
 // Each column's 1 / rms at the end.
 var<workgroup> cscale: array<f32, 32>; // BC
 #endif
+
+// Raw words of weight unit q of the slice at k0: (part, row, unit of the
+// step), a row's UNITS side by side; zero past k and past the slice.
+fn slice_raw(q: u32, k0: u32, row0: u32, last_row: u32) -> W8Raw {
+    let part = q / (BR * UNITS);
+    let r = (q / UNITS) % BR;
+    let e0 = k0 + (q % UNITS) * 8u;
+    if (q >= PARTS * BR * UNITS || e0 >= p.k) {
+        return W8Raw();
+    }
+    return w8_raw(part * p.rows + min(row0 + r, last_row), e0, p.k, p.d_off);
+}
+
+// Unit q's values into the weight slice (no-op past the slice).
+fn slice_store(q: u32, raw: W8Raw) {
+    if (q >= PARTS * BR * UNITS) {
+        return;
+    }
+    let wv = w8_unpack(raw);
+    let part = q / (BR * UNITS);
+    let r = (q / UNITS) % BR;
+    let u = q % UNITS;
+    let at = (part * BK + u * 8u) * (BR / 4u) + r / 4u;
+    let lane = r & 3u;
+    ws[at][lane] = wv.a.x;
+    ws[at + (BR / 4u)][lane] = wv.a.y;
+    ws[at + 2u * (BR / 4u)][lane] = wv.a.z;
+    ws[at + 3u * (BR / 4u)][lane] = wv.a.w;
+    ws[at + 4u * (BR / 4u)][lane] = wv.b.x;
+    ws[at + 5u * (BR / 4u)][lane] = wv.b.y;
+    ws[at + 6u * (BR / 4u)][lane] = wv.b.z;
+    ws[at + 7u * (BR / 4u)][lane] = wv.b.w;
+}
+
+// Activation unit `lid` of the slice at k0 (column lid / UNITS, unit lid %
+// UNITS); zero past k and for threads past UNITS BC.
+fn slice_x(lid: u32, k0: u32, col0: u32, last_col: u32) -> W8 {
+    let e0 = k0 + (lid % UNITS) * 8u;
+    if (lid >= BC * UNITS || e0 >= p.k) {
+        return W8(vec4<f32>(), vec4<f32>());
+    }
+    return load8(p.x_off + min(col0 + lid / UNITS, last_col) * p.x_stride, e0);
+}
 
 // Whether the unit at e0 ends its lane, and its lane's group.
 fn lane_ends(e0: u32, span: u32) -> bool {
@@ -250,13 +202,24 @@ fn group_ends(e0: u32, span: u32) -> bool {
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
         @builtin(local_invocation_index) lid: u32) {
     let row0 = (wid.z * nwg.y + wid.y) * BR;
-    let col0 = wid.x * BC;
+    let col_tiles = (p.cols + BC - 1u) / BC;
+    let col0 = (wid.x % col_tiles) * BC;
     let last_col = p.cols - 1u;
     let last_row = p.rows - 1u;
     let span = lane_span();
+    // The k this workgroup sums: all of it, or (p.split) lane group gz.
+    let gz = wid.x / col_tiles;
+    var k_begin = 0u;
+    var k_end = p.k;
+    if (p.split != 0u) {
+        k_begin = gz * GROUP * span;
+        k_end = min(k_begin + GROUP * span, p.k);
+    }
     // This thread's outputs: rows row0 + 4 tr .. + 3, columns col0 + 2 tc, + 1.
-    let tr = lid & 15u;
-    let tc = lid >> 4u;
+    // Columns fastest: a warp's threads share 2 row quads (broadcast reads of
+    // the weight slice) and read 16 column pairs of the activations.
+    let tc = lid & 15u;
+    let tr = lid >> 4u;
     // Sums per part and column: lane, group, total (vec4: the 4 rows).
     var l00 = vec4<f32>(); var g00 = vec4<f32>(); var t00 = vec4<f32>();
     var l01 = vec4<f32>(); var g01 = vec4<f32>(); var t01 = vec4<f32>();
@@ -270,42 +233,38 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     var sg = 0.0;
     var st = 0.0;
 #endif
-    for (var k0 = 0u; k0 < p.k; k0 += BK) {
-        // The weight slice: unit q of (part, row, unit of the step), two
-        // threads a row side by side.
-        for (var q = lid; q < PARTS * BR * 2u; q += 256u) {
-            let part = q / (BR * 2u);
-            let r = (q >> 1u) % BR;
-            let u = q & 1u;
-            let e0 = k0 + u * 8u;
-            var wv = W8(vec4<f32>(), vec4<f32>());
-            if (e0 < p.k) {
-                wv = w8(part * p.rows + min(row0 + r, last_row), e0, p.k, p.d_off);
-            }
-            let at = (part * BK + u * 8u) * (BR / 4u) + r / 4u;
-            let lane = r & 3u;
-            ws[at][lane] = wv.a.x;
-            ws[at + (BR / 4u)][lane] = wv.a.y;
-            ws[at + 2u * (BR / 4u)][lane] = wv.a.z;
-            ws[at + 3u * (BR / 4u)][lane] = wv.a.w;
-            ws[at + 4u * (BR / 4u)][lane] = wv.b.x;
-            ws[at + 5u * (BR / 4u)][lane] = wv.b.y;
-            ws[at + 6u * (BR / 4u)][lane] = wv.b.z;
-            ws[at + 7u * (BR / 4u)][lane] = wv.b.w;
+    // Each step's slices are loaded into registers during the step before
+    // (raw weight words, activations), so their latency hides behind its
+    // products: thread lid loads weight units lid + 256 i (i < LOADS) and,
+    // below UNITS BC, one activation unit.
+    var wr0 = slice_raw(lid, k_begin, row0, last_row);
+    var wr1 = W8Raw();
+    var wr2 = W8Raw();
+    if (LOADS > 1u) {
+        wr1 = slice_raw(lid + 256u, k_begin, row0, last_row);
+    }
+    if (LOADS > 2u) {
+        wr2 = slice_raw(lid + 512u, k_begin, row0, last_row);
+    }
+    var xr = slice_x(lid, k_begin, col0, last_col);
+    for (var k0 = k_begin; k0 < k_end; k0 += BK) {
+        slice_store(lid, wr0);
+        if (LOADS > 1u) {
+            slice_store(lid + 256u, wr1);
         }
-        // The activation slice: one unit of one column each.
-        if (lid < BC * 2u) {
-            let c = lid >> 1u;
-            let u = lid & 1u;
-            let e0 = k0 + u * 8u;
-            var xv = W8(vec4<f32>(), vec4<f32>());
-            if (e0 < p.k) {
-                xv = load8(p.x_off + min(col0 + c, last_col) * p.x_stride, e0);
+        if (LOADS > 2u) {
+            slice_store(lid + 512u, wr2);
+        }
+        if (lid < BC * UNITS) {
+            let c = lid / UNITS;
+            let u = lid % UNITS;
+            var xv = xr;
 #if NORM
-                uss[c * 2u + u] = sq8(xv);
-                xv = scaled8(xv, e0);
-#endif
+            uss[c * UNITS + u] = sq8(xv);
+            if (k0 + u * 8u < p.k) {
+                xv = scaled8(xv, k0 + u * 8u);
             }
+#endif
             let at = u * 8u * (BC / 2u) + c / 2u;
             let h = c & 1u;
             xs[at][h] = xv.a.x;
@@ -318,12 +277,22 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
             xs[at + 7u * (BC / 2u)][h] = xv.b.w;
         }
         workgroupBarrier();
+        if (k0 + BK < k_end) {
+            wr0 = slice_raw(lid, k0 + BK, row0, last_row);
+            if (LOADS > 1u) {
+                wr1 = slice_raw(lid + 256u, k0 + BK, row0, last_row);
+            }
+            if (LOADS > 2u) {
+                wr2 = slice_raw(lid + 512u, k0 + BK, row0, last_row);
+            }
+            xr = slice_x(lid, k0 + BK, col0, last_col);
+        }
 #if NORM
         if (lid < BC) {
-            for (var u = 0u; u < 2u; u++) {
+            for (var u = 0u; u < UNITS; u++) {
                 let e0 = k0 + u * 8u;
                 if (e0 < p.k) {
-                    sl += uss[lid * 2u + u];
+                    sl += uss[lid * UNITS + u];
                     if (lane_ends(e0, span)) {
                         sg += sl;
                         sl = 0.0;
@@ -336,7 +305,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
             }
         }
 #endif
-        for (var u = 0u; u < 2u; u++) {
+        for (var u = 0u; u < UNITS; u++) {
             let e0 = k0 + u * 8u;
             if (e0 >= p.k) {
                 break;
@@ -379,6 +348,35 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
         }
         workgroupBarrier();
     }
+    if (p.split != 0u) {
+#if NORM
+        if (row0 == 0u && lid < BC && col0 + lid <= last_col) {
+            part[part_ss_at(gz, col0 + lid)] = st;
+        }
+#endif
+        for (var j = 0u; j < 2u; j++) {
+            let col = col0 + 2u * tc + j;
+            if (col > last_col) {
+                break;
+            }
+            let a0 = select(t00, t01, j == 1u);
+            let a1 = select(t10, t11, j == 1u);
+            let a2 = select(t20, t21, j == 1u);
+            for (var i = 0u; i < 4u; i++) {
+                let row = row0 + 4u * tr + i;
+                if (row < p.rows) {
+                    part[part_at(gz, 0u, col, row)] = a0[i];
+                    if (PARTS > 1u) {
+                        part[part_at(gz, 1u, col, row)] = a1[i];
+                    }
+                    if (PARTS > 2u) {
+                        part[part_at(gz, 2u, col, row)] = a2[i];
+                    }
+                }
+            }
+        }
+        return;
+    }
 #if NORM
     if (lid < BC) {
         cscale[lid] = st;
@@ -412,29 +410,37 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     }
 }
 #else
-// Output rows per workgroup.
+// Output rows per workgroup, all of them in each of its LANES threads: a
+// thread loads its lane of x once for the R rows.
 const R: u32 = 4u;
 
 // Lane sums [part][row][lane] (NORM: sums of squares after them), then
 // group sums [part][row][group] (and of squares).
-var<workgroup> lsum: array<f32, 832>; // (PARTS <= 3) * R * LANES + LANES
-var<workgroup> gsum: array<f32, 104>; // (PARTS <= 3) * R * (LANES / GROUP) + LANES / GROUP
+var<workgroup> lsum: array<f32, 1664>; // ((PARTS <= 3) * R + 1) * LANES
+var<workgroup> gsum: array<f32, 208>; // ((PARTS <= 3) * R + 1) * GROUPS
 
-@compute @workgroup_size(256)
+// Rows r .. r + 3 of the matrix (clamped to `last`) times xv, each added to
+// its own lane sum in acc.
+fn fma8x4(r: u32, last: u32, e0: u32, xv: W8, acc: vec4<f32>) -> vec4<f32> {
+    return vec4<f32>(fma8(w8(min(r, last), e0, p.k, p.d_off), xv, acc.x),
+                     fma8(w8(min(r + 1u, last), e0, p.k, p.d_off), xv, acc.y),
+                     fma8(w8(min(r + 2u, last), e0, p.k, p.d_off), xv, acc.z),
+                     fma8(w8(min(r + 3u, last), e0, p.k, p.d_off), xv, acc.w));
+}
+
+@compute @workgroup_size(LANES)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-        @builtin(local_invocation_index) lid: u32) {
+        @builtin(local_invocation_index) lane: u32) {
     let first = (wid.y * nwg.x + wid.x) * R;
-    let r = lid / LANES;
-    let lane = lid % LANES;
     // Rows past the end repeat the last one; their sums are dropped.
-    let row = min(first + r, p.rows - 1u);
+    let last = p.rows - 1u;
     let span = lane_span();
     let units = (p.k + 7u) / 8u;
-    let lanes = (units * 8u + span - 1u) / span;
-    let groups = (lanes + GROUP - 1u) / GROUP;
-    var a0 = 0.0;
-    var a1 = 0.0;
-    var a2 = 0.0;
+    let lanes = lane_count();
+    let groups = group_count();
+    var a0 = vec4<f32>();
+    var a1 = vec4<f32>();
+    var a2 = vec4<f32>();
     var ss = 0.0;
     let end = min((lane + 1u) * span, units * 8u);
     for (var e0 = lane * span; e0 < end; e0 += 8u) {
@@ -443,60 +449,61 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
         ss += sq8(xv);
         xv = scaled8(xv, e0);
 #endif
-        a0 = fma8(w8(row, e0, p.k, p.d_off), xv, a0);
+        a0 = fma8x4(first, last, e0, xv, a0);
         if (PARTS > 1u) {
-            a1 = fma8(w8(p.rows + row, e0, p.k, p.d_off), xv, a1);
+            a1 = fma8x4(p.rows + first, p.rows + last, e0, xv, a1);
         }
         if (PARTS > 2u) {
-            a2 = fma8(w8(2u * p.rows + row, e0, p.k, p.d_off), xv, a2);
+            a2 = fma8x4(2u * p.rows + first, 2u * p.rows + last, e0, xv, a2);
         }
     }
-    lsum[r * LANES + lane] = a0;
-    if (PARTS > 1u) {
-        lsum[(R + r) * LANES + lane] = a1;
-    }
-    if (PARTS > 2u) {
-        lsum[(2u * R + r) * LANES + lane] = a2;
+    for (var r = 0u; r < R; r++) {
+        lsum[r * LANES + lane] = a0[r];
+        if (PARTS > 1u) {
+            lsum[(R + r) * LANES + lane] = a1[r];
+        }
+        if (PARTS > 2u) {
+            lsum[(2u * R + r) * LANES + lane] = a2[r];
+        }
     }
 #if NORM
-    if (r == 0u) {
-        lsum[PARTS * R * LANES + lane] = ss;
-    }
+    lsum[PARTS * R * LANES + lane] = ss;
 #endif
     workgroupBarrier();
-    // Group sums: thread (set, g) for set = part * R + row (NORM: the last
+    // Group sums: task (set, g) for set = part * R + row (NORM: the last
     // set is the squares).
     var sets = PARTS * R;
 #if NORM
     sets += 1u;
 #endif
-    if (lid < sets * GROUP) {
-        let row_set = lid / GROUP;
-        let g = lid % GROUP;
+    for (var task = lane; task < sets * GROUPS; task += LANES) {
+        let row_set = task / GROUPS;
+        let g = task % GROUPS;
         if (g < groups) {
             var t = 0.0;
             for (var l = g * GROUP; l < min(g * GROUP + GROUP, lanes); l++) {
                 t += lsum[row_set * LANES + l];
             }
-            gsum[row_set * GROUP + g] = t;
+            gsum[row_set * GROUPS + g] = t;
         }
     }
     workgroupBarrier();
-    if (lane != 0u || first + r >= p.rows) {
+    if (lane >= R || first + lane >= p.rows) {
         return;
     }
+    let r = lane;
     var v = vec3<f32>();
-    for (var part = 0u; part < PARTS; part++) {
+    for (var q = 0u; q < PARTS; q++) {
         var t = 0.0;
         for (var g = 0u; g < groups; g++) {
-            t += gsum[(part * R + r) * GROUP + g];
+            t += gsum[(q * R + r) * GROUPS + g];
         }
-        v[part] = t;
+        v[q] = t;
     }
     var sq = 0.0;
 #if NORM
     for (var g = 0u; g < groups; g++) {
-        sq += gsum[PARTS * R * GROUP + g];
+        sq += gsum[PARTS * R * GROUPS + g];
     }
 #endif
     var pos = 0u;

@@ -65,6 +65,20 @@ impl Gpu {
         Ok(buf)
     }
 
+    /// A storage buffer of at least `bytes` for partial sums that one
+    /// dispatch writes and the next one reads (a split GEMV's): one buffer
+    /// shared by every such pair, replaced by a larger one when a pair needs
+    /// more (what was bound to the old one keeps it).
+    pub fn partials(&self, bytes: u64) -> Result<wgpu::Buffer> {
+        let mut held = self.partials.lock().expect("partials poisoned");
+        if let Some(buf) = held.as_ref().filter(|b| b.size() >= bytes) {
+            return Ok(buf.clone());
+        }
+        let buf = self.scratch("partial sums", bytes)?;
+        *held = Some(buf.clone());
+        Ok(buf)
+    }
+
     /// `n` f32s all set to NaN: tests poison outputs so that an element the
     /// kernel forgot to write fails the comparison.
     pub fn poisoned_f32(&self, label: &str, n: usize) -> Result<wgpu::Buffer> {

@@ -156,6 +156,8 @@ pub struct Gpu {
     pub caps: Capabilities,
     layouts: Mutex<HashMap<&'static str, Arc<(wgpu::BindGroupLayout, wgpu::PipelineLayout)>>>,
     pipelines: Mutex<HashMap<PipelineKey, Arc<wgpu::ComputePipeline>>>,
+    /// [`Gpu::partials`]' buffer.
+    pub(super) partials: Mutex<Option<wgpu::Buffer>>,
 }
 
 /// Keeps the adapter probe quiet on headless machines: without
@@ -328,6 +330,7 @@ impl Gpu {
             caps,
             layouts: Mutex::new(HashMap::new()),
             pipelines: Mutex::new(HashMap::new()),
+            partials: Mutex::new(None),
         })
     }
 

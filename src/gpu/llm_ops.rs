@@ -189,25 +189,29 @@ impl GpuMatrix {
 }
 
 /// Declares a kernel over every weight format, reading `quant_formats.wgsl`
-/// before its own file: the portable variants, then each format again with
-/// SUBGROUPS (`subgroups`) or with the cooperative-matrix GEMM's COOP, F16
-/// and SUBGROUPS (`coop`). `$d` are defines every variant has.
+/// before its own file (or files, a list: libraries first): the portable
+/// variants, then each format again with SUBGROUPS (`subgroups`) or with the
+/// cooperative-matrix GEMM's COOP, F16 and SUBGROUPS (`coop`). `$d` are
+/// defines every variant has.
 macro_rules! format_kernel {
-    ($ident:ident, $name:literal, $file:literal, [$($b:expr),*], $params:ty, [$($d:literal),*]) => {
-        format_kernel!(@sets $ident, $name, $file, [$($b),*], $params, [$($d),*], [], [[]]);
+    ($ident:ident, $name:literal, $file:literal, $($rest:tt)*) => {
+        format_kernel!($ident, $name, [$file], $($rest)*);
     };
-    ($ident:ident, $name:literal, $file:literal, [$($b:expr),*], $params:ty, [$($d:literal),*], subgroups) => {
-        format_kernel!(@sets $ident, $name, $file, [$($b),*], $params, [$($d),*], [],
+    ($ident:ident, $name:literal, [$($file:literal),+], [$($b:expr),*], $params:ty, [$($d:literal),*]) => {
+        format_kernel!(@sets $ident, $name, [$($file),+], [$($b),*], $params, [$($d),*], [], [[]]);
+    };
+    ($ident:ident, $name:literal, [$($file:literal),+], [$($b:expr),*], $params:ty, [$($d:literal),*], subgroups) => {
+        format_kernel!(@sets $ident, $name, [$($file),+], [$($b),*], $params, [$($d),*], [],
             [[] ["SUBGROUPS"]]);
     };
-    ($ident:ident, $name:literal, $file:literal, [$($b:expr),*], $params:ty, [$($d:literal),*], coop) => {
-        format_kernel!(@sets $ident, $name, $file, [$($b),*], $params, [$($d),*], [],
+    ($ident:ident, $name:literal, [$($file:literal),+], [$($b:expr),*], $params:ty, [$($d:literal),*], coop) => {
+        format_kernel!(@sets $ident, $name, [$($file),+], [$($b),*], $params, [$($d),*], [],
             [[] ["COOP", "F16", "SUBGROUPS"] ["COOP", "F16", "SUBGROUPS", "WIDE"]]);
     };
     // Each feature set `$f` adds one variant per format to the list `$acc`.
-    (@sets $ident:ident, $name:literal, $file:literal, [$($b:expr),*], $params:ty, [$($d:literal),*],
+    (@sets $ident:ident, $name:literal, [$($file:literal),+], [$($b:expr),*], $params:ty, [$($d:literal),*],
      [$($acc:tt)*], [[$($f:literal),*] $($rest:tt)*]) => {
-        format_kernel!(@sets $ident, $name, $file, [$($b),*], $params, [$($d),*], [$($acc)*
+        format_kernel!(@sets $ident, $name, [$($file),+], [$($b),*], $params, [$($d),*], [$($acc)*
             &["W_F32", "W_FLOAT" $(, $f)* $(, $d)*],
             &["W_F16", "W_FLOAT" $(, $f)* $(, $d)*],
             &["W_BF16", "W_FLOAT" $(, $f)* $(, $d)*],
@@ -219,9 +223,9 @@ macro_rules! format_kernel {
             &["W_Q6_K" $(, $f)* $(, $d)*],
         ], [$($rest)*]);
     };
-    (@sets $ident:ident, $name:literal, $file:literal, [$($b:expr),*], $params:ty, [$($d:literal),*],
+    (@sets $ident:ident, $name:literal, [$($file:literal),+], [$($b:expr),*], $params:ty, [$($d:literal),*],
      [$($acc:tt)*], []) => {
-        kernel!($ident, $name, ["quant_formats.wgsl", $file], [$($b),*], $params, [$($acc)*]);
+        kernel!($ident, $name, ["quant_formats.wgsl", $($file),+], [$($b),*], $params, [$($acc)*]);
     };
 }
 
@@ -243,13 +247,17 @@ struct GemvParams {
     cols: u32,
     x_stride: u32,
     y_stride: u32,
+    /// COLS: 1 when each workgroup sums one lane group of k (gemv_sum
+    /// adds them up).
+    split: u32,
+    _pad: [u32; 3],
 }
-const _: () = assert!(std::mem::size_of::<GemvParams>() == 48);
+const _: () = assert!(std::mem::size_of::<GemvParams>() == 64);
 
 format_kernel!(
     GEMV,
     "gemv",
-    "gemv.wgsl",
+    ["gemv_common.wgsl", "gemv.wgsl"],
     [Binding::read("w"), Binding::read("x"), Binding::write("y")],
     GemvParams,
     []
@@ -257,7 +265,7 @@ format_kernel!(
 format_kernel!(
     GEMV_ADD,
     "gemv_add",
-    "gemv.wgsl",
+    ["gemv_common.wgsl", "gemv.wgsl"],
     [Binding::read("w"), Binding::read("x"), Binding::write("y")],
     GemvParams,
     ["ADD"]
@@ -265,7 +273,7 @@ format_kernel!(
 format_kernel!(
     GEMV_NORM,
     "gemv_norm",
-    "gemv.wgsl",
+    ["gemv_common.wgsl", "gemv.wgsl"],
     [
         Binding::read("w"),
         Binding::read("x"),
@@ -278,7 +286,7 @@ format_kernel!(
 format_kernel!(
     GEMV_SWIGLU,
     "gemv_swiglu",
-    "gemv.wgsl",
+    ["gemv_common.wgsl", "gemv.wgsl"],
     [
         Binding::read("w"),
         Binding::read("x"),
@@ -291,7 +299,7 @@ format_kernel!(
 format_kernel!(
     GEMV_GEGLU,
     "gemv_geglu",
-    "gemv.wgsl",
+    ["gemv_common.wgsl", "gemv.wgsl"],
     [
         Binding::read("w"),
         Binding::read("x"),
@@ -304,7 +312,7 @@ format_kernel!(
 format_kernel!(
     GEMV_CONV,
     "gemv_conv",
-    "gemv.wgsl",
+    ["gemv_common.wgsl", "gemv.wgsl"],
     [
         Binding::read("w"),
         Binding::read("x"),
@@ -322,28 +330,39 @@ format_kernel!(
 format_kernel!(
     GEMV_COLS,
     "gemv_cols",
-    "gemv.wgsl",
-    [Binding::read("w"), Binding::read("x"), Binding::write("y")],
+    ["gemv_common.wgsl", "gemv.wgsl"],
+    [
+        Binding::read("w"),
+        Binding::read("x"),
+        Binding::write("y"),
+        Binding::write("part")
+    ],
     GemvParams,
     ["COLS"]
 );
 format_kernel!(
     GEMV_COLS_ADD,
     "gemv_cols_add",
-    "gemv.wgsl",
-    [Binding::read("w"), Binding::read("x"), Binding::write("y")],
+    ["gemv_common.wgsl", "gemv.wgsl"],
+    [
+        Binding::read("w"),
+        Binding::read("x"),
+        Binding::write("y"),
+        Binding::write("part")
+    ],
     GemvParams,
     ["COLS", "ADD"]
 );
 format_kernel!(
     GEMV_COLS_NORM,
     "gemv_cols_norm",
-    "gemv.wgsl",
+    ["gemv_common.wgsl", "gemv.wgsl"],
     [
         Binding::read("w"),
         Binding::read("x"),
         Binding::read("nw"),
-        Binding::write("y")
+        Binding::write("y"),
+        Binding::write("part")
     ],
     GemvParams,
     ["COLS", "NORM"]
@@ -351,12 +370,13 @@ format_kernel!(
 format_kernel!(
     GEMV_COLS_SWIGLU,
     "gemv_cols_swiglu",
-    "gemv.wgsl",
+    ["gemv_common.wgsl", "gemv.wgsl"],
     [
         Binding::read("w"),
         Binding::read("x"),
         Binding::read("nw"),
-        Binding::write("y")
+        Binding::write("y"),
+        Binding::write("part")
     ],
     GemvParams,
     ["COLS", "NORM", "SWIGLU"]
@@ -364,12 +384,13 @@ format_kernel!(
 format_kernel!(
     GEMV_COLS_GEGLU,
     "gemv_cols_geglu",
-    "gemv.wgsl",
+    ["gemv_common.wgsl", "gemv.wgsl"],
     [
         Binding::read("w"),
         Binding::read("x"),
         Binding::read("nw"),
-        Binding::write("y")
+        Binding::write("y"),
+        Binding::write("part")
     ],
     GemvParams,
     ["COLS", "NORM", "SWIGLU", "GELU"]
@@ -377,7 +398,7 @@ format_kernel!(
 format_kernel!(
     GEMV_COLS_CONV,
     "gemv_cols_conv",
-    "gemv.wgsl",
+    ["gemv_common.wgsl", "gemv.wgsl"],
     [
         Binding::read("w"),
         Binding::read("x"),
@@ -385,15 +406,90 @@ format_kernel!(
         Binding::read("conv"),
         Binding::write("state"),
         Binding::read("step"),
-        Binding::write("y")
+        Binding::write("y"),
+        Binding::write("part")
     ],
     GemvParams,
     ["COLS", "NORM", "CONV"]
 );
 
+// The end of a batched GEMV split over k: the group sums added up and the
+// epilogue (gemv_sum.wgsl), one kernel per epilogue, whatever the format.
+kernel!(
+    GEMV_SUM,
+    "gemv_sum",
+    ["gemv_common.wgsl", "gemv_sum.wgsl"],
+    [Binding::read("part"), Binding::write("y")],
+    GemvParams,
+    [&[]]
+);
+kernel!(
+    GEMV_SUM_ADD,
+    "gemv_sum_add",
+    ["gemv_common.wgsl", "gemv_sum.wgsl"],
+    [Binding::read("part"), Binding::write("y")],
+    GemvParams,
+    [&["ADD"]]
+);
+kernel!(
+    GEMV_SUM_NORM,
+    "gemv_sum_norm",
+    ["gemv_common.wgsl", "gemv_sum.wgsl"],
+    [Binding::read("part"), Binding::write("y")],
+    GemvParams,
+    [&["NORM"]]
+);
+kernel!(
+    GEMV_SUM_SWIGLU,
+    "gemv_sum_swiglu",
+    ["gemv_common.wgsl", "gemv_sum.wgsl"],
+    [Binding::read("part"), Binding::write("y")],
+    GemvParams,
+    [&["NORM", "SWIGLU"]]
+);
+kernel!(
+    GEMV_SUM_GEGLU,
+    "gemv_sum_geglu",
+    ["gemv_common.wgsl", "gemv_sum.wgsl"],
+    [Binding::read("part"), Binding::write("y")],
+    GemvParams,
+    [&["GELU", "NORM", "SWIGLU"]]
+);
+kernel!(
+    GEMV_SUM_CONV,
+    "gemv_sum_conv",
+    ["gemv_common.wgsl", "gemv_sum.wgsl"],
+    [
+        Binding::read("part"),
+        Binding::read("conv"),
+        Binding::write("state"),
+        Binding::read("step"),
+        Binding::write("y")
+    ],
+    GemvParams,
+    [&["CONV", "NORM"]]
+);
+
 /// Activation columns and weight rows (of each part) of one batched GEMV
 /// workgroup (`BC`, `BR` in gemv.wgsl).
 const GEMV_COLS_TILE: (usize, usize) = (32, 64);
+
+/// Lanes of k and lanes a group in gemv_common.wgsl's order of summation.
+const GEMV_LANES: usize = 128;
+const GEMV_GROUP: usize = 8;
+
+/// Lane groups of a row of `k` (gemv_common.wgsl's `group_count`).
+fn gemv_groups(k: usize) -> usize {
+    let units = k.div_ceil(8);
+    let span = 8 * units.div_ceil(GEMV_LANES);
+    (units * 8).div_ceil(span).div_ceil(GEMV_GROUP)
+}
+
+/// Batched GEMVs of fewer tiles than this are split over k, one workgroup
+/// a lane group (see [`KSplit`]).
+const GEMV_SPLIT_BELOW: usize = 512;
+/// Largest partial-sum buffer a split may use.
+const GEMV_SPLIT_MAX_BYTES: usize = 64 << 20;
 
 /// u32s of one row record of a batched decode step (the `step` binding of
 /// the batched kernels): [slot, pos, kv_len, splits, first KV cache row of
@@ -454,6 +550,32 @@ pub struct Cols {
     pub n: usize,
     pub x_stride: usize,
     pub y_stride: usize,
+    pub split: KSplit,
+}
+
+impl Cols {
+    /// `n` columns, split over k as the shape asks ([`KSplit::Auto`]).
+    pub const fn new(n: usize, x_stride: usize, y_stride: usize) -> Cols {
+        Cols {
+            n,
+            x_stride,
+            y_stride,
+            split: KSplit::Auto,
+        }
+    }
+}
+
+/// Whether a batched GEMV's k is summed by one workgroup per tile or by one
+/// per lane group of k, whose sums a second dispatch adds up in order (the
+/// same bits either way: gemv_common.wgsl's one order of summation). A
+/// split gives the GPU more workgroups where the tiles are few (a thin
+/// matrix at a small batch), at the cost of writing the partial sums.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum KSplit {
+    /// Split when the tiles are few and the partial sums fit.
+    Auto,
+    Whole,
+    Groups,
 }
 
 /// [`gemv`] over `cols.n` columns: y[j y_stride + out_off..] (+)= W
@@ -487,25 +609,32 @@ fn gemv_impl(
     out_off: usize,
     cols: Option<Cols>,
 ) -> Result<Vec<Dispatch>> {
-    let (single, many, parts, defines): (&'static Kernel, &'static Kernel, usize, &[&'static str]) =
-        match epi {
-            GemvEpilogue::Store => (&GEMV, &GEMV_COLS, 1, &[]),
-            GemvEpilogue::Add => (&GEMV_ADD, &GEMV_COLS_ADD, 1, &["ADD"]),
-            GemvEpilogue::Norm { .. } => (&GEMV_NORM, &GEMV_COLS_NORM, 1, &["NORM"]),
-            GemvEpilogue::Swiglu {
-                act: FfnAct::Silu, ..
-            } => (&GEMV_SWIGLU, &GEMV_COLS_SWIGLU, 2, &["NORM", "SWIGLU"]),
-            GemvEpilogue::Swiglu {
-                act: FfnAct::GeluTanh,
-                ..
-            } => (
-                &GEMV_GEGLU,
-                &GEMV_COLS_GEGLU,
-                2,
-                &["NORM", "SWIGLU", "GELU"],
-            ),
-            GemvEpilogue::Conv { .. } => (&GEMV_CONV, &GEMV_COLS_CONV, 3, &["NORM", "CONV"]),
-        };
+    type Kernels = (&'static Kernel, &'static Kernel, &'static Kernel);
+    let ((single, many, sum), parts, defines): (Kernels, usize, &[&'static str]) = match epi {
+        GemvEpilogue::Store => ((&GEMV, &GEMV_COLS, &GEMV_SUM), 1, &[]),
+        GemvEpilogue::Add => ((&GEMV_ADD, &GEMV_COLS_ADD, &GEMV_SUM_ADD), 1, &["ADD"]),
+        GemvEpilogue::Norm { .. } => ((&GEMV_NORM, &GEMV_COLS_NORM, &GEMV_SUM_NORM), 1, &["NORM"]),
+        GemvEpilogue::Swiglu {
+            act: FfnAct::Silu, ..
+        } => (
+            (&GEMV_SWIGLU, &GEMV_COLS_SWIGLU, &GEMV_SUM_SWIGLU),
+            2,
+            &["NORM", "SWIGLU"],
+        ),
+        GemvEpilogue::Swiglu {
+            act: FfnAct::GeluTanh,
+            ..
+        } => (
+            (&GEMV_GEGLU, &GEMV_COLS_GEGLU, &GEMV_SUM_GEGLU),
+            2,
+            &["NORM", "SWIGLU", "GELU"],
+        ),
+        GemvEpilogue::Conv { .. } => (
+            (&GEMV_CONV, &GEMV_COLS_CONV, &GEMV_SUM_CONV),
+            3,
+            &["NORM", "CONV"],
+        ),
+    };
     let mut extra: Vec<&'static str> = defines.to_vec();
     let kernel = if cols.is_some() {
         extra.push("COLS");
@@ -531,9 +660,27 @@ fn gemv_impl(
         }
         _ => (0.0, 0, 0),
     };
+    let groups_k = gemv_groups(w.k);
     let mut out = Vec::with_capacity(w.chunks.len());
     for c in &w.chunks {
         let variant = format_variant(w.dtype, false, &extra)?;
+        let (per_cols, per_rows) = GEMV_COLS_TILE;
+        // Whether this chunk's k is split, and the partial sums' floats.
+        let split = cols.and_then(|cols| {
+            let most = GEMV_LANES / GEMV_GROUP;
+            let part_floats = (most * parts * c.rows + most) * cols.n;
+            let tiles = cols.n.div_ceil(per_cols) * c.rows.div_ceil(per_rows);
+            let wanted = match cols.split {
+                KSplit::Whole => false,
+                KSplit::Groups => true,
+                KSplit::Auto => {
+                    groups_k > 1
+                        && tiles < GEMV_SPLIT_BELOW
+                        && part_floats * 4 <= GEMV_SPLIT_MAX_BYTES
+                }
+            };
+            wanted.then_some(part_floats)
+        });
         let params = GemvParams {
             k: w.k as u32,
             rows: c.rows as u32,
@@ -547,8 +694,17 @@ fn gemv_impl(
             cols: cols.map_or(1, |c| c.n) as u32,
             x_stride: cols.map_or(0, |c| c.x_stride) as u32,
             y_stride: cols.map_or(0, |c| c.y_stride) as u32,
+            split: split.is_some() as u32,
+            _pad: [0; 3],
         };
-        let bufs: Vec<&wgpu::Buffer> = match epi {
+        // The partial sums: one buffer every split GEMV shares, each
+        // consumed by the dispatch after the one that writes it.
+        let part = if cols.is_some() {
+            Some(gpu.partials((split.unwrap_or(1) * 4) as u64)?)
+        } else {
+            None
+        };
+        let mut bufs: Vec<&wgpu::Buffer> = match epi {
             GemvEpilogue::Store | GemvEpilogue::Add => vec![&c.buf, x, y],
             GemvEpilogue::Norm { nw, .. } | GemvEpilogue::Swiglu { nw, .. } => {
                 vec![&c.buf, x, nw, y]
@@ -561,20 +717,35 @@ fn gemv_impl(
                 ..
             } => vec![&c.buf, x, nw, conv, state, step, y],
         };
+        bufs.extend(part.as_ref());
         let groups = match cols {
             None => groups_1d(c.rows, GEMV_ROWS),
             Some(cols) => {
                 // Column tiles fastest: the workgroups of one weight tile
-                // run together and share it in cache (gemv.wgsl).
-                let (per_cols, per_rows) = GEMV_COLS_TILE;
+                // run together and share it in cache (gemv.wgsl); then the
+                // lane groups of a split.
                 let rows = groups_1d(c.rows, per_rows);
-                [cols.n.div_ceil(per_cols) as u32, rows[0], rows[1]]
+                let ks = if split.is_some() { groups_k } else { 1 };
+                [(cols.n.div_ceil(per_cols) * ks) as u32, rows[0], rows[1]]
             }
         };
         out.push(Dispatch {
             bound: gpu.bind(kernel, &variant, &bufs, &params)?,
             groups,
         });
+        if let (Some(cols), Some(part)) = (cols, part.as_ref().filter(|_| split.is_some())) {
+            let sum_bufs: Vec<&wgpu::Buffer> = match epi {
+                GemvEpilogue::Conv {
+                    conv, state, step, ..
+                } => vec![part, conv, state, step, y],
+                _ => vec![part, y],
+            };
+            let sum_variant = Variant::new(sum.variants[0]);
+            out.push(Dispatch {
+                bound: gpu.bind(sum, &sum_variant, &sum_bufs, &params)?,
+                groups: [c.rows.div_ceil(64) as u32, cols.n as u32, 1],
+            });
+        }
     }
     Ok(out)
 }
@@ -1844,6 +2015,12 @@ pub static KERNELS: &[&Kernel] = &[
     &GEMV_COLS_SWIGLU,
     &GEMV_COLS_GEGLU,
     &GEMV_COLS_CONV,
+    &GEMV_SUM,
+    &GEMV_SUM_ADD,
+    &GEMV_SUM_NORM,
+    &GEMV_SUM_SWIGLU,
+    &GEMV_SUM_GEGLU,
+    &GEMV_SUM_CONV,
     &GEMM_ADD,
     &GEMM_NORM,
     &GEMM_NORM_SWIGLU,

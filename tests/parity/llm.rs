@@ -63,6 +63,30 @@ pub const CASES: &[Case] = &[
         run: gemv_cols,
     },
     Case {
+        kernel: "gemv_sum",
+        run: gemv_sum,
+    },
+    Case {
+        kernel: "gemv_sum_add",
+        run: gemv_sum,
+    },
+    Case {
+        kernel: "gemv_sum_norm",
+        run: gemv_sum,
+    },
+    Case {
+        kernel: "gemv_sum_swiglu",
+        run: gemv_sum,
+    },
+    Case {
+        kernel: "gemv_sum_geglu",
+        run: gemv_sum,
+    },
+    Case {
+        kernel: "gemv_sum_conv",
+        run: gemv_sum,
+    },
+    Case {
         kernel: "gemm_add",
         run: gemm_add,
     },
@@ -1148,13 +1172,26 @@ fn assert_bits(what: &str, got: &[f32], want: &[f32]) {
     }
 }
 
-/// Batched GEMVs: for 1 and 6 columns (one 4-column group, and two with the
-/// second partial), column j of the batched kernel equals
-/// the single kernel (checked against the CPU by its own case) on column j,
-/// bit for bit: the batched kernel keeps the single one's per-thread sums
-/// and reduction for every column, so batched decode yields the tokens of a
+/// Batched GEMVs: for 1, 6 and (once) 34 columns (past one tile of 32),
+/// k summed whole and split over lane groups, column j of the batched
+/// kernel equals the single kernel (checked against the CPU by its own
+/// case) on column j, bit for bit: every kernel follows gemv_common.wgsl's
+/// one order of summation, so batched decode yields the tokens of a
 /// sequence decoded alone.
 fn gemv_cols(gpu: &Gpu, v: &Variant) {
+    gemv_cols_check(gpu, v, &[llm_ops::KSplit::Whole, llm_ops::KSplit::Groups]);
+}
+
+/// The sum of a split batched GEMV (gemv_sum_*), as the batched decode
+/// reaches it: the COLS kernel of the same epilogue (Q8_0 weights) left to
+/// choose its split, which thin shapes take, against the single kernel.
+fn gemv_sum(gpu: &Gpu, v: &Variant) {
+    let mut defines = v.defines.clone();
+    defines.extend(["COLS", "W_Q8_0"]);
+    gemv_cols_check(gpu, &Variant::new(&defines), &[llm_ops::KSplit::Auto]);
+}
+
+fn gemv_cols_check(gpu: &Gpu, v: &Variant, splits: &[llm_ops::KSplit]) {
     let (t, _) = format_and_subgroups(v);
     let has = |d: &str| v.defines.contains(&d);
     let (swiglu, conv, add) = (has("SWIGLU"), has("CONV"), has("ADD"));
@@ -1210,22 +1247,9 @@ fn gemv_cols(gpu: &Gpu, v: &Variant) {
                     records[j * llm_ops::ROW_RECORD + 5] = (j * ring) as u32;
                 }
                 let gstep = gpu.upload_u32("rows", &records).unwrap();
-                let gstate = gpu.upload_f32("state", &states.concat()).unwrap();
-                let gy = gpu.upload_f32("y", &y0).unwrap();
-                let cols = llm_ops::Cols {
-                    n,
-                    x_stride,
-                    y_stride,
-                };
-                let e = epilogue(v, &gn, &gc, &gstate, &gstep, taps, ring);
-                run(
-                    gpu,
-                    &llm_ops::gemv_cols(gpu, &m, &e, &gx, x_off, &gy, out_off, cols).unwrap(),
-                );
-                let got = gpu.read_f32(&gy).unwrap();
-                let got_state = gpu.read_f32(&gstate).unwrap();
+                // Each column alone, through the single kernel.
+                let mut want = Vec::with_capacity(n);
                 for j in 0..n {
-                    let what = format!("{} k={k} rows={rows} n={n} column {j}", v.key());
                     let sy = gpu
                         .upload_f32("y", &y0[j * y_stride..(j + 1) * y_stride])
                         .unwrap();
@@ -1237,21 +1261,39 @@ fn gemv_cols(gpu: &Gpu, v: &Variant) {
                     let ds = llm_ops::gemv(gpu, &m, &e, &gx, x_off + j * x_stride, &sy, out_off)
                         .unwrap();
                     run(gpu, &ds);
-                    let want = gpu.read_f32(&sy).unwrap();
-                    let out = out_off..out_off + rows;
-                    let base = j * y_stride;
-                    assert_bits(&what, &got[base + out.start..base + out.end], &want[out]);
-                    if conv {
-                        assert_bits(
-                            &format!("{what} state"),
-                            &got_state[j * ring * rows..(j + 1) * ring * rows],
-                            &gpu.read_f32(&sstate).unwrap(),
-                        );
-                    }
+                    want.push((gpu.read_f32(&sy).unwrap(), gpu.read_f32(&sstate).unwrap()));
                 }
-                // The columns' gaps are left alone.
-                if !add && out_off > 0 {
-                    assert!(got[..out_off].iter().all(|x| x.is_nan()), "wrote outside");
+                for &split in splits {
+                    let gstate = gpu.upload_f32("state", &states.concat()).unwrap();
+                    let gy = gpu.upload_f32("y", &y0).unwrap();
+                    let cols = llm_ops::Cols {
+                        split,
+                        ..llm_ops::Cols::new(n, x_stride, y_stride)
+                    };
+                    let e = epilogue(v, &gn, &gc, &gstate, &gstep, taps, ring);
+                    let ds =
+                        llm_ops::gemv_cols(gpu, &m, &e, &gx, x_off, &gy, out_off, cols).unwrap();
+                    run(gpu, &ds);
+                    let got = gpu.read_f32(&gy).unwrap();
+                    let got_state = gpu.read_f32(&gstate).unwrap();
+                    for (j, (want_y, want_state)) in want.iter().enumerate() {
+                        let what =
+                            format!("{} k={k} rows={rows} n={n} {split:?} column {j}", v.key());
+                        let out = out_off..out_off + rows;
+                        let base = j * y_stride;
+                        assert_bits(&what, &got[base + out.start..base + out.end], &want_y[out]);
+                        if conv {
+                            assert_bits(
+                                &format!("{what} state"),
+                                &got_state[j * ring * rows..(j + 1) * ring * rows],
+                                want_state,
+                            );
+                        }
+                    }
+                    // The columns' gaps are left alone.
+                    if !add && out_off > 0 {
+                        assert!(got[..out_off].iter().all(|x| x.is_nan()), "wrote outside");
+                    }
                 }
             }
         }

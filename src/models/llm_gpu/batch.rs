@@ -782,11 +782,7 @@ impl<'a> BatchRecorder<'a> {
 
     /// Columns of a product over `k`-wide rows into `width`-wide rows.
     fn cols(&self, k: usize, width: usize) -> Cols {
-        Cols {
-            n: self.n,
-            x_stride: k,
-            y_stride: width,
-        }
+        Cols::new(self.n, k, width)
     }
 
     /// Layer `li`'s caches.
@@ -799,11 +795,7 @@ impl<'a> BatchRecorder<'a> {
 }
 
 /// One column of a product, for row-by-row chains.
-const ONE: Cols = Cols {
-    n: 1,
-    x_stride: 0,
-    y_stride: 0,
-};
+const ONE: Cols = Cols::new(1, 0, 0);
 
 impl<'a> DecoderOps for BatchRecorder<'a> {
     fn embed(&mut self) -> Result<()> {
