@@ -34,11 +34,11 @@
 //   its 4 rows x 2 columns' lane, group and total sums in registers. CONV
 //   reads column j's position and its state's first ring row from a row
 //   record, step[8 j + 1] and step[8 j + 5] (models::llm_gpu::batch).
-//   With p.split a workgroup takes one lane group of k and writes its sums
-//   to `part` (gemv_common's part_at), for gemv_sum.wgsl to add up and
-//   finish: more workgroups when rows x columns make few tiles.
-// dispatch (COLS): (ceil(cols / BC) x (p.split: the lane groups, else 1),
-//   then the row tiles over y and z).
+//   With p.split a workgroup takes p.split lane groups of k and writes each
+//   group's sums to `part` (gemv_common's part_at), for gemv_sum.wgsl to add
+//   up and finish: more workgroups when rows x columns make few tiles.
+// dispatch (COLS): (ceil(cols / BC) x (p.split: ceil(groups / p.split),
+//   else 1), then the row tiles over y and z).
 
 @group(0) @binding(1) var<storage, read> w: array<u32>;
 @group(0) @binding(2) var<storage, read> x: array<f32>;
@@ -190,12 +190,23 @@ fn slice_x(lid: u32, k0: u32, col0: u32, last_col: u32) -> W8 {
     return load8(p.x_off + min(col0 + lid / UNITS, last_col) * p.x_stride, e0);
 }
 
-// Whether the unit at e0 ends its lane, and its lane's group.
-fn lane_ends(e0: u32, span: u32) -> bool {
-    return (e0 + 8u) % span == 0u || e0 + 8u >= p.k;
-}
-fn group_ends(e0: u32, span: u32) -> bool {
-    return ((e0 / span) % GROUP) == GROUP - 1u || e0 + 8u >= p.k;
+// A split's sums of group `g` for column `col` (if there), rows r .. r + 3
+// (those there), of each part.
+fn store_group(g: u32, col: u32, r: u32, v0: vec4<f32>, v1: vec4<f32>, v2: vec4<f32>) {
+    if (col >= p.cols) {
+        return;
+    }
+    for (var i = 0u; i < 4u; i++) {
+        if (r + i < p.rows) {
+            part[part_at(g, 0u, col, r + i)] = v0[i];
+            if (PARTS > 1u) {
+                part[part_at(g, 1u, col, r + i)] = v1[i];
+            }
+            if (PARTS > 2u) {
+                part[part_at(g, 2u, col, r + i)] = v2[i];
+            }
+        }
+    }
 }
 
 @compute @workgroup_size(256)
@@ -207,14 +218,21 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     let last_col = p.cols - 1u;
     let last_row = p.rows - 1u;
     let span = lane_span();
-    // The k this workgroup sums: all of it, or (p.split) lane group gz.
+    // The k this workgroup sums: all of it, or (p.split) the p.split lane
+    // groups from gz p.split.
     let gz = wid.x / col_tiles;
     var k_begin = 0u;
     var k_end = p.k;
     if (p.split != 0u) {
-        k_begin = gz * GROUP * span;
-        k_end = min(k_begin + GROUP * span, p.k);
+        k_begin = gz * p.split * GROUP * span;
+        k_end = min(k_begin + p.split * GROUP * span, p.k);
     }
+    // Where the units stand in their lane and group (k_begin starts both),
+    // and the group they are in.
+    let lane_units = span / 8u;
+    var lane_pos = 0u;
+    var group_lane = 0u;
+    var group = gz * p.split;
     // This thread's outputs: rows row0 + 4 tr .. + 3, columns col0 + 2 tc, + 1.
     // Columns fastest: a warp's threads share 2 row quads (broadcast reads of
     // the weight slice) and read 16 column pairs of the activations.
@@ -287,17 +305,41 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
             }
             xr = slice_x(lid, k0 + BK, col0, last_col);
         }
+        // Per unit of the step: 1 if it ends its lane, 2 if its group too;
+        // and its group.
+        var ends = array<u32, UNITS>();
+        var groups = array<u32, UNITS>();
+        for (var u = 0u; u < UNITS; u++) {
+            let e0 = k0 + u * 8u;
+            groups[u] = group;
+            if (e0 < p.k) {
+                lane_pos += 1u;
+                if (lane_pos == lane_units || e0 + 8u >= p.k) {
+                    lane_pos = 0u;
+                    group_lane += 1u;
+                    ends[u] = 1u;
+                    if (group_lane == GROUP || e0 + 8u >= p.k) {
+                        group_lane = 0u;
+                        ends[u] = 2u;
+                        group += 1u;
+                    }
+                }
+            }
+        }
 #if NORM
         if (lid < BC) {
             for (var u = 0u; u < UNITS; u++) {
-                let e0 = k0 + u * 8u;
-                if (e0 < p.k) {
+                if (k0 + u * 8u < p.k) {
                     sl += uss[lid * UNITS + u];
-                    if (lane_ends(e0, span)) {
+                    if (ends[u] != 0u) {
                         sg += sl;
                         sl = 0.0;
-                        if (group_ends(e0, span)) {
-                            st += sg;
+                        if (ends[u] == 2u) {
+                            if (p.split == 0u) {
+                                st += sg;
+                            } else if (row0 == 0u && col0 + lid <= last_col) {
+                                part[part_ss_at(groups[u], col0 + lid)] = sg;
+                            }
                             sg = 0.0;
                         }
                     }
@@ -329,14 +371,20 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
                     l21 = fma(w2, x1, l21);
                 }
             }
-            if (lane_ends(e0, span)) {
+            if (ends[u] != 0u) {
                 g00 += l00; l00 = vec4<f32>();
                 g01 += l01; l01 = vec4<f32>();
                 g10 += l10; l10 = vec4<f32>();
                 g11 += l11; l11 = vec4<f32>();
                 g20 += l20; l20 = vec4<f32>();
                 g21 += l21; l21 = vec4<f32>();
-                if (group_ends(e0, span)) {
+                if (ends[u] == 2u && p.split != 0u) {
+                    let c = col0 + 2u * tc;
+                    let r = row0 + 4u * tr;
+                    store_group(groups[u], c, r, g00, g10, g20);
+                    store_group(groups[u], c + 1u, r, g01, g11, g21);
+                }
+                if (ends[u] == 2u) {
                     t00 += g00; g00 = vec4<f32>();
                     t01 += g01; g01 = vec4<f32>();
                     t10 += g10; g10 = vec4<f32>();
@@ -349,32 +397,6 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
         workgroupBarrier();
     }
     if (p.split != 0u) {
-#if NORM
-        if (row0 == 0u && lid < BC && col0 + lid <= last_col) {
-            part[part_ss_at(gz, col0 + lid)] = st;
-        }
-#endif
-        for (var j = 0u; j < 2u; j++) {
-            let col = col0 + 2u * tc + j;
-            if (col > last_col) {
-                break;
-            }
-            let a0 = select(t00, t01, j == 1u);
-            let a1 = select(t10, t11, j == 1u);
-            let a2 = select(t20, t21, j == 1u);
-            for (var i = 0u; i < 4u; i++) {
-                let row = row0 + 4u * tr + i;
-                if (row < p.rows) {
-                    part[part_at(gz, 0u, col, row)] = a0[i];
-                    if (PARTS > 1u) {
-                        part[part_at(gz, 1u, col, row)] = a1[i];
-                    }
-                    if (PARTS > 2u) {
-                        part[part_at(gz, 2u, col, row)] = a2[i];
-                    }
-                }
-            }
-        }
         return;
     }
 #if NORM

@@ -32,7 +32,7 @@ struct Params {
     cols: u32,      // COLS: activation columns
     x_stride: u32,  // COLS: floats between columns of x
     y_stride: u32,  // COLS: floats between columns of y
-    split: u32,     // COLS: 1 = one workgroup per lane group, sums to `part`
+    split: u32,     // COLS: 0, or lane groups a workgroup (sums to `part`)
     _pad0: u32,
     _pad1: u32,
     _pad2: u32,

@@ -247,8 +247,8 @@ struct GemvParams {
     cols: u32,
     x_stride: u32,
     y_stride: u32,
-    /// COLS: 1 when each workgroup sums one lane group of k (gemv_sum
-    /// adds them up).
+    /// COLS: 0, or the lane groups of k each workgroup sums (gemv_sum adds
+    /// them up).
     split: u32,
     _pad: [u32; 3],
 }
@@ -488,6 +488,8 @@ fn gemv_groups(k: usize) -> usize {
 /// Batched GEMVs of fewer tiles than this are split over k, one workgroup
 /// a lane group (see [`KSplit`]).
 const GEMV_SPLIT_BELOW: usize = 512;
+/// Workgroups a tile of a split GEMV has, at most.
+const GEMV_SPLIT_WAYS: usize = 8;
 /// Largest partial-sum buffer a split may use.
 const GEMV_SPLIT_MAX_BYTES: usize = 64 << 20;
 
@@ -661,6 +663,8 @@ fn gemv_impl(
         _ => (0.0, 0, 0),
     };
     let groups_k = gemv_groups(w.k);
+    // A split's lane groups per workgroup: GEMV_SPLIT_WAYS workgroups a tile.
+    let group_run = groups_k.div_ceil(GEMV_SPLIT_WAYS);
     let mut out = Vec::with_capacity(w.chunks.len());
     for c in &w.chunks {
         let variant = format_variant(w.dtype, false, &extra)?;
@@ -694,7 +698,7 @@ fn gemv_impl(
             cols: cols.map_or(1, |c| c.n) as u32,
             x_stride: cols.map_or(0, |c| c.x_stride) as u32,
             y_stride: cols.map_or(0, |c| c.y_stride) as u32,
-            split: split.is_some() as u32,
+            split: if split.is_some() { group_run as u32 } else { 0 },
             _pad: [0; 3],
         };
         // The partial sums: one buffer every split GEMV shares, each
@@ -725,7 +729,11 @@ fn gemv_impl(
                 // run together and share it in cache (gemv.wgsl); then the
                 // lane groups of a split.
                 let rows = groups_1d(c.rows, per_rows);
-                let ks = if split.is_some() { groups_k } else { 1 };
+                let ks = if split.is_some() {
+                    groups_k.div_ceil(group_run)
+                } else {
+                    1
+                };
                 [(cols.n.div_ceil(per_cols) * ks) as u32, rows[0], rows[1]]
             }
         };
