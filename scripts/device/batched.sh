@@ -47,7 +47,7 @@ step() {
 nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv >"$OUT/batched-env.txt" 2>&1
 
 if [[ -x $BIN/gpu_parity ]]; then
-    LFM_PARITY_ONLY=gemv,gemv_add,gemv_norm,gemv_swiglu,gemv_geglu,gemv_conv,gemv_cols,gemv_cols_add,gemv_cols_norm,gemv_cols_swiglu,gemv_cols_geglu,gemv_cols_conv,qk_rope_rows,flash_attention_rows,flash_attention_merge_rows,argmax_rows,argmax_part_rows \
+    LFM_PARITY_ONLY=gemv,gemv_add,gemv_norm,gemv_swiglu,gemv_geglu,gemv_conv,gemv_cols,gemv_cols_add,gemv_cols_norm,gemv_cols_swiglu,gemv_cols_geglu,gemv_cols_conv,gemv_sum,gemv_sum_add,gemv_sum_norm,gemv_sum_swiglu,gemv_sum_geglu,gemv_sum_conv,qk_rope_rows,flash_attention_rows,flash_attention_merge_rows,argmax_rows,argmax_part_rows \
         step 300 batched-parity.txt "$BIN/gpu_parity" kernels_match_cpu --nocapture
 fi
 

@@ -5,8 +5,10 @@
 //! each attention layer's (shared) key and value caches and its own ring of
 //! conv states. A decode step takes one token of every running sequence and
 //! records the whole recipe once for all of them, in one submission: the
-//! products are the batched GEMVs (`gemv_cols_*`, the weights read once per
-//! four sequences; each sequence's result bit-equal to the single decode's),
+//! products are the batched GEMVs (`gemv_cols_*`: tiles of 64 weight rows x
+//! 32 sequences, each weight slice dequantised once for the 32, split over k
+//! where the tiles are few; each sequence's result bit-equal to the single
+//! decode's, gemv_common.wgsl's one order of summation),
 //! RoPE and the cache write go to each row's position in its slot, attention
 //! runs over each row's own slot, the conv block reads and writes each row's
 //! own ring, and a greedy step reads back one token id per row. Prompts and
