@@ -414,11 +414,9 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
 #if NORM
         ss = cscale[2u * tc + j];
 #endif
-        var pos = 0u;
-        var base = 0u;
+        var place = vec2<u32>();
 #if CONV
-        pos = step[8u * col + 1u];
-        base = step[8u * col + 5u];
+        place = conv_place(col);
 #endif
         let a0 = select(t00, t01, j == 1u);
         let a1 = select(t10, t11, j == 1u);
@@ -426,7 +424,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
         for (var i = 0u; i < 4u; i++) {
             let row = row0 + 4u * tr + i;
             if (row < p.rows) {
-                finish(row, col, a0[i], a1[i], a2[i], ss, pos, base);
+                finish(row, col, a0[i], a1[i], a2[i], ss, place.x, place.y);
             }
         }
     }

@@ -80,6 +80,14 @@ fn part_ss_at(g: u32, col: u32) -> u32 {
     return GROUPS * PARTS * p.cols * p.rows + g * p.cols + col;
 }
 
+#if CONV
+// A batched conv column's position and first ring row, from its row record
+// (models::llm_gpu::batch).
+fn conv_place(col: u32) -> vec2<u32> {
+    return vec2<u32>(step[8u * col + 1u], step[8u * col + 5u]);
+}
+#endif
+
 #if NORM
 fn norm_scale(ss: f32) -> f32 {
     return inverseSqrt(ss / f32(p.k) + p.eps);

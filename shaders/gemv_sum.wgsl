@@ -40,11 +40,9 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
         ss += part[part_ss_at(g, col)];
     }
 #endif
-    var pos = 0u;
-    var base = 0u;
+    var place = vec2<u32>();
 #if CONV
-    pos = step[8u * col + 1u];
-    base = step[8u * col + 5u];
+    place = conv_place(col);
 #endif
-    finish(row, col, v.x, v.y, v.z, ss, pos, base);
+    finish(row, col, v.x, v.y, v.z, ss, place.x, place.y);
 }

@@ -474,9 +474,14 @@ kernel!(
 /// workgroup (`BC`, `BR` in gemv.wgsl).
 const GEMV_COLS_TILE: (usize, usize) = (32, 64);
 
-/// Lanes of k and lanes a group in gemv_common.wgsl's order of summation.
+/// Lanes of k, lanes a group and most groups a row in gemv_common.wgsl's
+/// order of summation (`LANES`, `GROUP`, `GROUPS`).
 const GEMV_LANES: usize = 128;
 const GEMV_GROUP: usize = 8;
+const GEMV_GROUPS: usize = GEMV_LANES / GEMV_GROUP;
+
+/// Output rows of one gemv_sum workgroup.
+const GEMV_SUM_ROWS: usize = 64;
 
 /// Lane groups of a row of `k` (gemv_common.wgsl's `group_count`).
 fn gemv_groups(k: usize) -> usize {
@@ -671,8 +676,7 @@ fn gemv_impl(
         let (per_cols, per_rows) = GEMV_COLS_TILE;
         // Whether this chunk's k is split, and the partial sums' floats.
         let split = cols.and_then(|cols| {
-            let most = GEMV_LANES / GEMV_GROUP;
-            let part_floats = (most * parts * c.rows + most) * cols.n;
+            let part_floats = (GEMV_GROUPS * parts * c.rows + GEMV_GROUPS) * cols.n;
             let tiles = cols.n.div_ceil(per_cols) * c.rows.div_ceil(per_rows);
             let wanted = match cols.split {
                 KSplit::Whole => false,
@@ -741,7 +745,7 @@ fn gemv_impl(
             bound: gpu.bind(kernel, &variant, &bufs, &params)?,
             groups,
         });
-        if let (Some(cols), Some(part)) = (cols, part.as_ref().filter(|_| split.is_some())) {
+        if let (Some(cols), Some(part), Some(_)) = (cols, &part, split) {
             let sum_bufs: Vec<&wgpu::Buffer> = match epi {
                 GemvEpilogue::Conv {
                     conv, state, step, ..
@@ -751,7 +755,7 @@ fn gemv_impl(
             let sum_variant = Variant::new(sum.variants[0]);
             out.push(Dispatch {
                 bound: gpu.bind(sum, &sum_variant, &sum_bufs, &params)?,
-                groups: [c.rows.div_ceil(64) as u32, cols.n as u32, 1],
+                groups: [c.rows.div_ceil(GEMV_SUM_ROWS) as u32, cols.n as u32, 1],
             });
         }
     }
