@@ -29,9 +29,11 @@
 // COLS (the gemv_cols_* kernels, batched decode): the same products for
 //   p.cols activation columns, x column j at x_off + j x_stride, y column j at
 //   j y_stride (+ out_off). A tile of BR rows (of every part) x BC columns a
-//   workgroup; each k-step dequantises a BK-wide slice of the weight tile
-//   into workgroup memory once for all the columns, and each thread keeps
-//   its 4 rows x 2 columns' lane, group and total sums in registers. CONV
+//   workgroup; each step takes unit j of BK / 8 neighbouring lanes
+//   (gemv_common.wgsl: neighbouring units of k), dequantises that slice of
+//   the weight tile into workgroup memory once for all the columns, and
+//   each thread keeps its 4 rows x 2 columns' sums of each of those lanes,
+//   of the group and the total in registers. CONV
 //   reads column j's position and its state's first ring row from a row
 //   record, step[8 j + 1] and step[8 j + 5] (models::llm_gpu::batch).
 //   With p.split a workgroup takes p.split lane groups of k and writes each
@@ -147,12 +149,12 @@ var<workgroup> uss: array<f32, 64>; // BC * UNITS
 var<workgroup> cscale: array<f32, 32>; // BC
 #endif
 
-// Raw words of weight unit q of the slice at k0: (part, row, unit of the
-// step), a row's UNITS side by side; zero past k and past the slice.
-fn slice_raw(q: u32, k0: u32, row0: u32, last_row: u32) -> W8Raw {
+// Raw words of weight unit q of the slice: (part, row, unit of the step),
+// a row's UNITS side by side, the unit's elements from e0; zero past k and
+// past the slice.
+fn slice_raw(q: u32, e0: u32, row0: u32, last_row: u32) -> W8Raw {
     let part = q / (BR * UNITS);
     let r = (q / UNITS) % BR;
-    let e0 = k0 + (q % UNITS) * 8u;
     if (q >= PARTS * BR * UNITS || e0 >= p.k) {
         return W8Raw();
     }
@@ -180,14 +182,25 @@ fn slice_store(q: u32, raw: W8Raw) {
     ws[at + 7u * (BR / 4u)][lane] = wv.b.w;
 }
 
-// Activation unit `lid` of the slice at k0 (column lid / UNITS, unit lid %
-// UNITS); zero past k and for threads past UNITS BC.
-fn slice_x(lid: u32, k0: u32, col0: u32, last_col: u32) -> W8 {
-    let e0 = k0 + (lid % UNITS) * 8u;
+// Activation unit `lid` of the slice (column lid / UNITS, unit lid % UNITS
+// of the step, its elements from e0); zero past k and for threads past
+// UNITS BC.
+fn slice_x(lid: u32, e0: u32, col0: u32, last_col: u32) -> W8 {
     if (lid >= BC * UNITS || e0 >= p.k) {
         return W8(vec4<f32>(), vec4<f32>());
     }
     return load8(p.x_off + min(col0 + lid / UNITS, last_col) * p.x_stride, e0);
+}
+
+// The first element of unit j of lane UNITS blk + u, when the lane is one
+// of this workgroup's (below lane_end) and holds a unit j; else past k, so
+// its loads give zeros.
+fn block_e0(blk: u32, j: u32, u: u32, lane_end: u32) -> u32 {
+    let l = UNITS * blk + u;
+    if (l < lane_end && j < lane_len(l)) {
+        return 8u * (l + LANES * j);
+    }
+    return 8u * unit_count();
 }
 
 // A split's sums of group `g` for column `col` (if there), rows r .. r + 3
@@ -217,55 +230,56 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     let col0 = (wid.x % col_tiles) * BC;
     let last_col = p.cols - 1u;
     let last_row = p.rows - 1u;
-    let span = lane_span();
-    // The k this workgroup sums: all of it, or (p.split) the p.split lane
-    // groups from gz p.split.
+    // The lanes this workgroup sums: all, or (p.split) the p.split lane
+    // groups from gz p.split, as blocks of UNITS lanes.
     let gz = wid.x / col_tiles;
-    var k_begin = 0u;
-    var k_end = p.k;
+    let lanes = lane_count();
+    var lane_end = lanes;
+    var blk = 0u;
     if (p.split != 0u) {
-        k_begin = gz * p.split * GROUP * span;
-        k_end = min(k_begin + p.split * GROUP * span, p.k);
+        blk = gz * p.split * (GROUP / UNITS);
+        lane_end = min(UNITS * blk + p.split * GROUP, lanes);
     }
-    // Where the units stand in their lane and group (k_begin starts both),
-    // and the group they are in.
-    let lane_units = span / 8u;
-    var lane_pos = 0u;
-    var group_lane = 0u;
-    var group = gz * p.split;
+    let blk_end = (lane_end + UNITS - 1u) / UNITS;
     // This thread's outputs: rows row0 + 4 tr .. + 3, columns col0 + 2 tc, + 1.
     // Columns fastest: a warp's threads share 2 row quads (broadcast reads of
     // the weight slice) and read 16 column pairs of the activations.
     let tc = lid & 15u;
     let tr = lid >> 4u;
-    // Sums per part and column: lane, group, total (vec4: the 4 rows).
-    var l00 = vec4<f32>(); var g00 = vec4<f32>(); var t00 = vec4<f32>();
-    var l01 = vec4<f32>(); var g01 = vec4<f32>(); var t01 = vec4<f32>();
-    var l10 = vec4<f32>(); var g10 = vec4<f32>(); var t10 = vec4<f32>();
-    var l11 = vec4<f32>(); var g11 = vec4<f32>(); var t11 = vec4<f32>();
-    var l20 = vec4<f32>(); var g20 = vec4<f32>(); var t20 = vec4<f32>();
-    var l21 = vec4<f32>(); var g21 = vec4<f32>(); var t21 = vec4<f32>();
+    // Sums per part and column (vec4: the 4 rows): per lane of the block
+    // (la[u][2 part + column]), group, total.
+    var la = array<array<vec4<f32>, 6>, UNITS>();
+    var g00 = vec4<f32>(); var t00 = vec4<f32>();
+    var g01 = vec4<f32>(); var t01 = vec4<f32>();
+    var g10 = vec4<f32>(); var t10 = vec4<f32>();
+    var g11 = vec4<f32>(); var t11 = vec4<f32>();
+    var g20 = vec4<f32>(); var t20 = vec4<f32>();
+    var g21 = vec4<f32>(); var t21 = vec4<f32>();
 #if NORM
     // Threads lid < BC: column lid's sums of squares.
-    var sl = 0.0;
+    var sl = array<f32, UNITS>();
     var sg = 0.0;
     var st = 0.0;
 #endif
-    // Each step's slices are loaded into registers during the step before
-    // (raw weight words, activations), so their latency hides behind its
-    // products: thread lid loads weight units lid + 256 i (i < LOADS) and,
-    // below UNITS BC, one activation unit.
-    var wr0 = slice_raw(lid, k_begin, row0, last_row);
+    // A step takes unit j of each lane of block blk. Each step's slices
+    // are loaded into registers during the step before (raw weight words,
+    // activations), so their latency hides behind its products: thread lid
+    // loads weight units lid + 256 i (i < LOADS) and, below UNITS BC, one
+    // activation unit, all of unit lid % UNITS of the step.
+    let mine = lid % UNITS;
+    var j = 0u;
+    var e0 = block_e0(blk, j, mine, lane_end);
+    var wr0 = slice_raw(lid, e0, row0, last_row);
     var wr1 = W8Raw();
     var wr2 = W8Raw();
     if (LOADS > 1u) {
-        wr1 = slice_raw(lid + 256u, k_begin, row0, last_row);
+        wr1 = slice_raw(lid + 256u, e0, row0, last_row);
     }
     if (LOADS > 2u) {
-        wr2 = slice_raw(lid + 512u, k_begin, row0, last_row);
+        wr2 = slice_raw(lid + 512u, e0, row0, last_row);
     }
-    var xr = slice_x(lid, k_begin, col0, last_col);
-    for (var k0 = k_begin; k0 < k_end; k0 += BK) {
+    var xr = slice_x(lid, e0, col0, last_col);
+    while (blk < blk_end) {
         slice_store(lid, wr0);
         if (LOADS > 1u) {
             slice_store(lid + 256u, wr1);
@@ -275,12 +289,12 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
         }
         if (lid < BC * UNITS) {
             let c = lid / UNITS;
-            let u = lid % UNITS;
+            let u = mine;
             var xv = xr;
 #if NORM
             uss[c * UNITS + u] = sq8(xv);
-            if (k0 + u * 8u < p.k) {
-                xv = scaled8(xv, k0 + u * 8u);
+            if (e0 < p.k) {
+                xv = scaled8(xv, e0);
             }
 #endif
             let at = u * 8u * (BC / 2u) + c / 2u;
@@ -295,50 +309,40 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
             xs[at + 7u * (BC / 2u)][h] = xv.b.w;
         }
         workgroupBarrier();
-        if (k0 + BK < k_end) {
-            wr0 = slice_raw(lid, k0 + BK, row0, last_row);
+        // The block's first lane is its longest.
+        let block_ends = j + 1u >= lane_len(UNITS * blk);
+        let next_blk = select(blk, blk + 1u, block_ends);
+        let next_j = select(j + 1u, 0u, block_ends);
+        if (next_blk < blk_end) {
+            e0 = block_e0(next_blk, next_j, mine, lane_end);
+            wr0 = slice_raw(lid, e0, row0, last_row);
             if (LOADS > 1u) {
-                wr1 = slice_raw(lid + 256u, k0 + BK, row0, last_row);
+                wr1 = slice_raw(lid + 256u, e0, row0, last_row);
             }
             if (LOADS > 2u) {
-                wr2 = slice_raw(lid + 512u, k0 + BK, row0, last_row);
+                wr2 = slice_raw(lid + 512u, e0, row0, last_row);
             }
-            xr = slice_x(lid, k0 + BK, col0, last_col);
-        }
-        // Per unit of the step: 1 if it ends its lane, 2 if its group too;
-        // and its group.
-        var ends = array<u32, UNITS>();
-        var groups = array<u32, UNITS>();
-        for (var u = 0u; u < UNITS; u++) {
-            let e0 = k0 + u * 8u;
-            groups[u] = group;
-            if (e0 < p.k) {
-                lane_pos += 1u;
-                if (lane_pos == lane_units || e0 + 8u >= p.k) {
-                    lane_pos = 0u;
-                    group_lane += 1u;
-                    ends[u] = 1u;
-                    if (group_lane == GROUP || e0 + 8u >= p.k) {
-                        group_lane = 0u;
-                        ends[u] = 2u;
-                        group += 1u;
-                    }
-                }
-            }
+            xr = slice_x(lid, e0, col0, last_col);
         }
 #if NORM
         if (lid < BC) {
             for (var u = 0u; u < UNITS; u++) {
-                if (k0 + u * 8u < p.k) {
-                    sl += uss[lid * UNITS + u];
-                    if (ends[u] != 0u) {
-                        sg += sl;
-                        sl = 0.0;
-                        if (ends[u] == 2u) {
+                let l = UNITS * blk + u;
+                if (l < lane_end && j < lane_len(l)) {
+                    sl[u] += uss[lid * UNITS + u];
+                }
+            }
+            if (block_ends) {
+                for (var u = 0u; u < UNITS; u++) {
+                    let l = UNITS * blk + u;
+                    if (l < lane_end) {
+                        sg += sl[u];
+                        sl[u] = 0.0;
+                        if ((l + 1u) % GROUP == 0u || l + 1u == lanes) {
                             if (p.split == 0u) {
                                 st += sg;
                             } else if (row0 == 0u && col0 + lid <= last_col) {
-                                part[part_ss_at(groups[u], col0 + lid)] = sg;
+                                part[part_ss_at(l / GROUP, col0 + lid)] = sg;
                             }
                             sg = 0.0;
                         }
@@ -347,44 +351,49 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
             }
         }
 #endif
+        // A unit a lane does not hold adds zero products: its sum is not
+        // changed (a sum from +0 is never -0).
         for (var u = 0u; u < UNITS; u++) {
-            let e0 = k0 + u * 8u;
-            if (e0 >= p.k) {
-                break;
-            }
             for (var i = 0u; i < 8u; i++) {
                 let kk = u * 8u + i;
                 let xv = xs[kk * (BC / 2u) + tc];
                 let x0 = vec4<f32>(xv.x);
                 let x1 = vec4<f32>(xv.y);
                 let w0 = ws[kk * (BR / 4u) + tr];
-                l00 = fma(w0, x0, l00);
-                l01 = fma(w0, x1, l01);
+                la[u][0] = fma(w0, x0, la[u][0]);
+                la[u][1] = fma(w0, x1, la[u][1]);
                 if (PARTS > 1u) {
                     let w1 = ws[(BK + kk) * (BR / 4u) + tr];
-                    l10 = fma(w1, x0, l10);
-                    l11 = fma(w1, x1, l11);
+                    la[u][2] = fma(w1, x0, la[u][2]);
+                    la[u][3] = fma(w1, x1, la[u][3]);
                 }
                 if (PARTS > 2u) {
                     let w2 = ws[(2u * BK + kk) * (BR / 4u) + tr];
-                    l20 = fma(w2, x0, l20);
-                    l21 = fma(w2, x1, l21);
+                    la[u][4] = fma(w2, x0, la[u][4]);
+                    la[u][5] = fma(w2, x1, la[u][5]);
                 }
             }
-            if (ends[u] != 0u) {
-                g00 += l00; l00 = vec4<f32>();
-                g01 += l01; l01 = vec4<f32>();
-                g10 += l10; l10 = vec4<f32>();
-                g11 += l11; l11 = vec4<f32>();
-                g20 += l20; l20 = vec4<f32>();
-                g21 += l21; l21 = vec4<f32>();
-                if (ends[u] == 2u && p.split != 0u) {
-                    let c = col0 + 2u * tc;
-                    let r = row0 + 4u * tr;
-                    store_group(groups[u], c, r, g00, g10, g20);
-                    store_group(groups[u], c + 1u, r, g01, g11, g21);
+        }
+        if (block_ends) {
+            for (var u = 0u; u < UNITS; u++) {
+                let l = UNITS * blk + u;
+                if (l >= lane_end) {
+                    break;
                 }
-                if (ends[u] == 2u) {
+                g00 += la[u][0];
+                g01 += la[u][1];
+                g10 += la[u][2];
+                g11 += la[u][3];
+                g20 += la[u][4];
+                g21 += la[u][5];
+                la[u] = array<vec4<f32>, 6>();
+                if ((l + 1u) % GROUP == 0u || l + 1u == lanes) {
+                    if (p.split != 0u) {
+                        let c = col0 + 2u * tc;
+                        let r = row0 + 4u * tr;
+                        store_group(l / GROUP, c, r, g00, g10, g20);
+                        store_group(l / GROUP, c + 1u, r, g01, g11, g21);
+                    }
                     t00 += g00; g00 = vec4<f32>();
                     t01 += g01; g01 = vec4<f32>();
                     t10 += g10; g10 = vec4<f32>();
@@ -395,6 +404,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
             }
         }
         workgroupBarrier();
+        blk = next_blk;
+        j = next_j;
     }
     if (p.split != 0u) {
         return;
@@ -454,16 +465,15 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     let first = (wid.y * nwg.x + wid.x) * R;
     // Rows past the end repeat the last one; their sums are dropped.
     let last = p.rows - 1u;
-    let span = lane_span();
-    let units = (p.k + 7u) / 8u;
+    let units = unit_count();
     let lanes = lane_count();
     let groups = group_count();
     var a0 = vec4<f32>();
     var a1 = vec4<f32>();
     var a2 = vec4<f32>();
     var ss = 0.0;
-    let end = min((lane + 1u) * span, units * 8u);
-    for (var e0 = lane * span; e0 < end; e0 += 8u) {
+    for (var u = lane; u < units; u += LANES) {
+        let e0 = 8u * u;
         var xv = load8(p.x_off, e0);
 #if NORM
         ss += sq8(xv);

@@ -9,13 +9,17 @@
 // split over k (COLS with p.split, then gemv_sum), though laid out
 // differently, give the same bits, and a sequence decoded in a batch gets
 // the tokens it gets alone.
-//   - k is cut into LANES contiguous lanes of `span` elements (a multiple of
-//     8; the last lane may be shorter, the last unit of 8 is zero-padded);
-//   - a lane's sum is one fma chain from 0 over its elements in order;
+//   - k is cut into units of 8 elements (the last one zero-padded); unit u
+//     belongs to lane u % LANES, so a lane's units are LANES units apart
+//     (the single kernel's threads read adjacent units: coalesced);
+//   - a lane's sum is one fma chain from 0 over its units' elements, units
+//     in order;
 //   - lane sums are added in order, from 0, in groups of GROUP lanes; the
 //     group sums are added in order, from 0.
 //   - NORM's sum of squares: each unit of 8 is an fma chain from 0, units
 //     are added in order within their lane, lanes and groups as above.
+// The COLS kernel sums a few neighbouring lanes side by side, each in its
+// own registers, and adds them to their group in order when they end.
 // Every product that meets a sum is an explicit fma(), so no compiler can
 // contract one kernel differently from another.
 
@@ -56,19 +60,21 @@ const PARTS: u32 = 1u;
 #endif
 #endif
 
-// Elements of one lane: a multiple of 8, LANES of them cover k.
-fn lane_span() -> u32 {
-    let units = (p.k + 7u) / 8u;
-    return 8u * ((units + LANES - 1u) / LANES);
+// Units of 8 in k; lanes that hold units, and their groups.
+fn unit_count() -> u32 {
+    return (p.k + 7u) / 8u;
 }
-
-// Lanes that hold elements, and their groups.
 fn lane_count() -> u32 {
-    let span = lane_span();
-    return (((p.k + 7u) / 8u) * 8u + span - 1u) / span;
+    return min(unit_count(), LANES);
 }
 fn group_count() -> u32 {
     return (lane_count() + GROUP - 1u) / GROUP;
+}
+
+// Units of lane l: the first units % LANES lanes hold one more.
+fn lane_len(l: u32) -> u32 {
+    let units = unit_count();
+    return units / LANES + select(0u, 1u, l < units % LANES);
 }
 
 // The k-split partials (`part`): per group, part and column the chunk's row

@@ -485,9 +485,7 @@ const GEMV_SUM_ROWS: usize = 64;
 
 /// Lane groups of a row of `k` (gemv_common.wgsl's `group_count`).
 fn gemv_groups(k: usize) -> usize {
-    let units = k.div_ceil(8);
-    let span = 8 * units.div_ceil(GEMV_LANES);
-    (units * 8).div_ceil(span).div_ceil(GEMV_GROUP)
+    k.div_ceil(8).min(GEMV_LANES).div_ceil(GEMV_GROUP)
 }
 
 /// Batched GEMVs of fewer tiles than this are split over k, one workgroup

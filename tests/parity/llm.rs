@@ -1196,16 +1196,25 @@ fn gemv_cols_check(gpu: &Gpu, v: &Variant, splits: &[llm_ops::KSplit]) {
     let has = |d: &str| v.defines.contains(&d);
     let (swiglu, conv, add) = (has("SWIGLU"), has("CONV"), has("ADD"));
     let mut rng = Rng::new(31);
-    // Short rows and rows of several passes of the workgroup (kept few:
-    // each column is checked against a dispatch of its own).
+    // Short rows (an odd count of lanes, under LANES), then rows whose
+    // lanes hold one or two units and (last) two or three, so neighbouring
+    // lanes summed in one step of the batched kernel differ in length
+    // (kept few: each column is checked against a dispatch of its own).
     let ks = match t.block_size() {
-        1 => vec![33, 1025],
-        32 => vec![32, 288],
-        _ => vec![256],
+        1 => vec![33, 1025, 2100],
+        32 => vec![32, 288, 2336],
+        _ => vec![256, 2304],
     };
     for (ki, &k) in ks.iter().enumerate() {
-        // The conv block's projections are square ([3 d, d]).
-        let rows_set: &[usize] = if conv { &[k] } else { &[5, 132] };
+        // The conv block's projections are square ([3 d, d]); long rows
+        // are checked on a few.
+        let rows_set: &[usize] = if k > 2000 {
+            &[5]
+        } else if conv {
+            &[k]
+        } else {
+            &[5, 132]
+        };
         for &rows in rows_set {
             // Past one tile of 32 columns once.
             let ns: &[usize] = if ki == 0 { &[1, 6, 34] } else { &[1, 6] };
