@@ -334,6 +334,23 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         forward.as_secs_f64(),
         reading.as_secs_f64()
     );
+    if let Some(m) = &text_models {
+        let t = m.stage_times();
+        let mut split = format!(
+            "ocr-layout: text: detection {:.2} s, direction {:.2} s, recognition {:.2} s",
+            t.detect.as_secs_f64(),
+            t.direction.as_secs_f64(),
+            t.recognise.as_secs_f64()
+        );
+        if m.on_gpu() {
+            split += &format!(
+                "; networks' device part {:.2} s, their CPU part {:.2} s",
+                t.device.as_secs_f64(),
+                t.cpu_tail.as_secs_f64()
+            );
+        }
+        crate::notice!("{split}");
+    }
     if failed > 0 {
         let what = if inputs.iter().any(|i| pdf::is_pdf_name(i)) {
             "input(s) or page(s)"

@@ -18,6 +18,7 @@ use crate::error::{Error, Result};
 use crate::gpu::ops::{self, Dispatch};
 use crate::gpu::{vision, Gpu};
 use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 /// Plans kept per network: a page's recognition groups come in a few
 /// widths; more than this and the oldest plan is dropped.
@@ -32,6 +33,8 @@ pub struct GpuNet {
     dummy: wgpu::Buffer,
     /// Most recently used last.
     plans: Mutex<Vec<(Vec<usize>, SharedPlan)>>,
+    /// Summed over runs: the device part, the CPU part.
+    times: Mutex<(Duration, Duration)>,
 }
 
 type SharedPlan = Arc<Mutex<Plan>>;
@@ -88,6 +91,7 @@ impl GpuNet {
             weights,
             dummy,
             plans: Mutex::new(Vec::new()),
+            times: Mutex::default(),
         })
     }
 
@@ -103,10 +107,23 @@ impl GpuNet {
         };
         let plan = self.plan(net, shape)?;
         let mut plan = plan.lock().expect("a plan is not poisoned");
+        let t0 = Instant::now();
         let mut values = plan.run(&self.gpu, net, data)?;
         values[net.input] = Some(Arc::new(input));
-        net.run_from(plan.split, values)
-            .map_err(|e| Error::gpu(format!("{}: {e}", net.path.display())))
+        let t1 = Instant::now();
+        let out = net
+            .run_from(plan.split, values)
+            .map_err(|e| Error::gpu(format!("{}: {e}", net.path.display())));
+        let mut times = self.times.lock().expect("the times are not poisoned");
+        times.0 += t1 - t0;
+        times.1 += t1.elapsed();
+        out
+    }
+
+    /// Time spent so far in the device part of runs and in the CPU part
+    /// after it.
+    pub fn times(&self) -> (Duration, Duration) {
+        *self.times.lock().expect("the times are not poisoned")
     }
 
     /// How many nodes of `net` run on the device for an input of `shape`.

@@ -33,7 +33,8 @@ use crate::run::image::{resize_linear, Rgb8};
 use geometry::Point;
 use gpu::GpuNet;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 /// Where `scripts/setup` puts the models, relative to the checkout.
 pub const MODEL_DIR: &str = "samples/models/ppocr-v4";
@@ -77,6 +78,20 @@ pub struct OcrModels {
     pub det: det::Detector,
     pub cls: rec::Classifier,
     pub rec: rec::Recognizer,
+    /// Summed over every [`OcrModels::read`].
+    times: Mutex<StageTimes>,
+}
+
+/// Where reading time went, summed over pages: the three stages, and (on
+/// the GPU) how much of the networks' time was the device part (upload,
+/// dispatches, read-back) and how much the CPU part after it.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct StageTimes {
+    pub detect: Duration,
+    pub direction: Duration,
+    pub recognise: Duration,
+    pub device: Duration,
+    pub cpu_tail: Duration,
 }
 
 impl OcrModels {
@@ -97,6 +112,7 @@ impl OcrModels {
             det: det::Detector::open(&file(DET_FILE)?)?,
             cls: rec::Classifier::open(&file(CLS_FILE)?)?,
             rec: rec::Recognizer::open(&file(REC_FILE)?)?,
+            times: Mutex::default(),
         })
     }
 
@@ -110,6 +126,19 @@ impl OcrModels {
         self.cls.net.gpu = Some(cls);
         self.rec.net.gpu = Some(rec);
         Ok(())
+    }
+
+    /// The stage times so far.
+    pub fn stage_times(&self) -> StageTimes {
+        let mut times = *self.times.lock().expect("the times are not poisoned");
+        for net in [&self.det.net, &self.cls.net, &self.rec.net] {
+            if let Some(g) = net.gpu() {
+                let (device, cpu_tail) = g.times();
+                times.device += device;
+                times.cpu_tail += cpu_tail;
+            }
+        }
+        times
     }
 
     /// True when the networks run on a GPU.
@@ -148,9 +177,18 @@ impl OcrModels {
     /// Every text line of `img` (RGB), in RapidOCR's order, with RapidOCR's
     /// filters.
     pub fn read(&self, img: &Rgb8) -> Result<Vec<TextLine>> {
+        let t0 = Instant::now();
         let (boxes, crops, ratio, top) = self.detect(img)?;
+        let t1 = Instant::now();
         let crops = self.cls.orient(crops)?;
+        let t2 = Instant::now();
         let texts = self.rec.recognize(&crops)?;
+        {
+            let mut times = self.times.lock().expect("the times are not poisoned");
+            times.detect += t1 - t0;
+            times.direction += t2 - t1;
+            times.recognise += t2.elapsed();
+        }
         let mut lines = Vec::new();
         for (b, (text, score)) in boxes.iter().zip(texts) {
             if score < TEXT_SCORE {
