@@ -483,7 +483,7 @@ impl<'a> Preparer<'a> {
             .clone();
         let op = match node.op_type.as_str() {
             "Conv" => return self.prepare_conv(i),
-            "ConvTranspose" => return self.prepare_conv_transpose(node),
+            "ConvTranspose" => return self.prepare_conv_transpose(i),
             "MatMul" => return self.prepare_matmul(node),
             "Add" => Op::Binary(Binary::Add),
             "Sub" => Op::Binary(Binary::Sub),
@@ -650,6 +650,18 @@ impl<'a> Preparer<'a> {
             fold_batch_norm(bn, |k| self.constant(bn, k), &mut weight, &mut bias)?;
             self.absorbed[j] = true;
             out = bn.outputs[0].as_str();
+        }
+        // A bias added after a convolution without one: acc + 0 + b is
+        // acc + b exactly.
+        if node.inputs.get(2).is_none_or(|s| s.is_empty()) && out == node.outputs[0] {
+            if let Some((j, reshape, b)) = self.bias_add_after(i, out, wd[0])? {
+                bias = b;
+                self.absorbed[j] = true;
+                if let Some(r) = reshape {
+                    self.absorbed[r] = true;
+                }
+                out = g.nodes[j].outputs[0].as_str();
+            }
         }
         let mut act = ConvActivation::None;
         if let Some(j) = self.sole_consumer(out) {
@@ -844,7 +856,65 @@ impl<'a> Preparer<'a> {
         Some((dn.outputs[0].as_str(), [add, clip, mul, div]))
     }
 
-    fn prepare_conv_transpose(&mut self, node: &'a OnnxNode) -> Result<()> {
+    /// Paddle's export adds a convolution's bias as a constant after it:
+    /// a [1, c, 1, 1] tensor, or a [c] one reshaped to that by a Reshape
+    /// of its own. When node `i`'s output `out` (of `c` channels) goes
+    /// only to such an Add: the Add's index, the Reshape's (when there is
+    /// one, after `i`, feeding only the Add) and the bias.
+    fn bias_add_after(
+        &self,
+        i: usize,
+        out: &str,
+        c: usize,
+    ) -> Result<Option<(usize, Option<usize>, Vec<f32>)>> {
+        let g = &self.model.graph;
+        let Some(j) = self
+            .sole_consumer(out)
+            .filter(|&j| g.nodes[j].op_type == "Add" && g.nodes[j].inputs.len() == 2)
+        else {
+            return Ok(None);
+        };
+        let add = &g.nodes[j];
+        let Some(other) = add.inputs.iter().find(|s| s.as_str() != out) else {
+            return Ok(None);
+        };
+        let per_channel = |shape: &[usize]| {
+            shape.len() >= 3 && shape[shape.len() - 3] == c && shape.iter().product::<usize>() == c
+        };
+        if let Some(t) = g.constant(other) {
+            let ok = per_channel(&t.shape()?) && !t.data_type.is_integer();
+            return Ok(ok.then(|| t.to_f32()).transpose()?.map(|b| (j, None, b)));
+        }
+        let reshape = (i + 1..j).find(|&r| {
+            let n = &g.nodes[r];
+            n.op_type == "Reshape" && n.outputs.first() == Some(other) && !self.absorbed[r]
+        });
+        let Some(r) = reshape.filter(|_| self.sole_consumer(other) == Some(j)) else {
+            return Ok(None);
+        };
+        let rn = &g.nodes[r];
+        let (Some(data), Some(shape)) = (
+            rn.inputs.first().and_then(|d| g.constant(d)),
+            rn.inputs.get(1).and_then(|d| g.constant(d)),
+        ) else {
+            return Ok(None);
+        };
+        let target: Option<Vec<usize>> = shape
+            .to_i64()?
+            .iter()
+            .map(|&d| usize::try_from(d).ok().filter(|&d| d > 0))
+            .collect();
+        let ok = target.is_some_and(|t| per_channel(&t))
+            && data.shape()?.iter().product::<usize>() == c
+            && !data.data_type.is_integer();
+        Ok(ok
+            .then(|| data.to_f32())
+            .transpose()?
+            .map(|b| (j, Some(r), b)))
+    }
+
+    fn prepare_conv_transpose(&mut self, i: usize) -> Result<()> {
+        let node = &self.model.graph.nodes[i];
         let w = self.constant(node, 1)?;
         let wd = w.shape()?;
         let groups =
@@ -870,26 +940,15 @@ impl<'a> Preparer<'a> {
         let mut out = node.outputs[0].as_str();
         // Paddle's export adds the bias as a [1, c, 1, 1] constant after
         // the op: into the bias (acc + 0 + b is acc + b exactly).
-        let g = &self.model.graph;
-        if let Some(j) = self
-            .sole_consumer(out)
-            .filter(|&j| g.nodes[j].op_type == "Add")
-        {
-            let add = &g.nodes[j];
-            let other = add.inputs.iter().find(|s| s.as_str() != out);
-            if let Some(t) = other.and_then(|s| g.constant(s)) {
-                let shape = t.shape()?;
-                let per_channel = shape.len() >= 3
-                    && shape[shape.len() - 3] == c_out
-                    && shape.iter().product::<usize>() == c_out;
-                if per_channel && !t.data_type.is_integer() {
-                    for (b, v) in bias.iter_mut().zip(t.to_f32()?) {
-                        *b += v;
-                    }
-                    self.absorbed[j] = true;
-                    out = add.outputs[0].as_str();
-                }
+        if let Some((j, reshape, b)) = self.bias_add_after(i, out, c_out)? {
+            for (acc, v) in bias.iter_mut().zip(b) {
+                *acc += v;
             }
+            self.absorbed[j] = true;
+            if let Some(r) = reshape {
+                self.absorbed[r] = true;
+            }
+            out = self.model.graph.nodes[j].outputs[0].as_str();
         }
         let mut tail = Chain::default();
         let out = self.absorb_chain(out, &mut tail)?;
