@@ -314,6 +314,15 @@ impl Net {
     }
 }
 
+/// A per-channel bias added after a convolution (see
+/// `Preparer::bias_add_after`): the Add node, the Reshape feeding it the
+/// bias (if any) and the bias.
+struct BiasAdd {
+    add: usize,
+    reshape: Option<usize>,
+    bias: Vec<f32>,
+}
+
 struct Preparer<'a> {
     model: &'a OnnxModel,
     consumers: HashMap<&'a str, Vec<usize>>,
@@ -654,13 +663,13 @@ impl<'a> Preparer<'a> {
         // A bias added after a convolution without one: acc + 0 + b is
         // acc + b exactly.
         if node.inputs.get(2).is_none_or(|s| s.is_empty()) && out == node.outputs[0] {
-            if let Some((j, reshape, b)) = self.bias_add_after(i, out, wd[0])? {
-                bias = b;
-                self.absorbed[j] = true;
-                if let Some(r) = reshape {
+            if let Some(found) = self.bias_add_after(i, out, wd[0])? {
+                bias = found.bias;
+                self.absorbed[found.add] = true;
+                if let Some(r) = found.reshape {
                     self.absorbed[r] = true;
                 }
-                out = g.nodes[j].outputs[0].as_str();
+                out = g.nodes[found.add].outputs[0].as_str();
             }
         }
         let mut act = ConvActivation::None;
@@ -861,12 +870,7 @@ impl<'a> Preparer<'a> {
     /// of its own. When node `i`'s output `out` (of `c` channels) goes
     /// only to such an Add: the Add's index, the Reshape's (when there is
     /// one, after `i`, feeding only the Add) and the bias.
-    fn bias_add_after(
-        &self,
-        i: usize,
-        out: &str,
-        c: usize,
-    ) -> Result<Option<(usize, Option<usize>, Vec<f32>)>> {
+    fn bias_add_after(&self, i: usize, out: &str, c: usize) -> Result<Option<BiasAdd>> {
         let g = &self.model.graph;
         let Some(j) = self
             .sole_consumer(out)
@@ -883,7 +887,12 @@ impl<'a> Preparer<'a> {
         };
         if let Some(t) = g.constant(other) {
             let ok = per_channel(&t.shape()?) && !t.data_type.is_integer();
-            return Ok(ok.then(|| t.to_f32()).transpose()?.map(|b| (j, None, b)));
+            let bias = ok.then(|| t.to_f32()).transpose()?;
+            return Ok(bias.map(|bias| BiasAdd {
+                add: j,
+                reshape: None,
+                bias,
+            }));
         }
         let reshape = (i + 1..j).find(|&r| {
             let n = &g.nodes[r];
@@ -907,10 +916,12 @@ impl<'a> Preparer<'a> {
         let ok = target.is_some_and(|t| per_channel(&t))
             && data.shape()?.iter().product::<usize>() == c
             && !data.data_type.is_integer();
-        Ok(ok
-            .then(|| data.to_f32())
-            .transpose()?
-            .map(|b| (j, Some(r), b)))
+        let bias = ok.then(|| data.to_f32()).transpose()?;
+        Ok(bias.map(|bias| BiasAdd {
+            add: j,
+            reshape: Some(r),
+            bias,
+        }))
     }
 
     fn prepare_conv_transpose(&mut self, i: usize) -> Result<()> {
@@ -940,15 +951,15 @@ impl<'a> Preparer<'a> {
         let mut out = node.outputs[0].as_str();
         // Paddle's export adds the bias as a [1, c, 1, 1] constant after
         // the op: into the bias (acc + 0 + b is acc + b exactly).
-        if let Some((j, reshape, b)) = self.bias_add_after(i, out, c_out)? {
-            for (acc, v) in bias.iter_mut().zip(b) {
+        if let Some(found) = self.bias_add_after(i, out, c_out)? {
+            for (acc, v) in bias.iter_mut().zip(found.bias) {
                 *acc += v;
             }
-            self.absorbed[j] = true;
-            if let Some(r) = reshape {
+            self.absorbed[found.add] = true;
+            if let Some(r) = found.reshape {
                 self.absorbed[r] = true;
             }
-            out = self.model.graph.nodes[j].outputs[0].as_str();
+            out = self.model.graph.nodes[found.add].outputs[0].as_str();
         }
         let mut tail = Chain::default();
         let out = self.absorb_chain(out, &mut tail)?;
