@@ -192,15 +192,25 @@ fn slice_x(lid: u32, e0: u32, col0: u32, last_col: u32) -> W8 {
     return load8(p.x_off + min(col0 + lid / UNITS, last_col) * p.x_stride, e0);
 }
 
-// The first element of unit j of lane UNITS blk + u, when the lane is one
-// of this workgroup's (below lane_end) and holds a unit j; else past k, so
-// its loads give zeros.
-fn block_e0(blk: u32, j: u32, u: u32, lane_end: u32) -> u32 {
+// Whether lane UNITS blk + u is one of this workgroup's (below lane_end)
+// and holds a unit j.
+fn block_holds(blk: u32, j: u32, u: u32, lane_end: u32) -> bool {
     let l = UNITS * blk + u;
-    if (l < lane_end && j < lane_len(l)) {
-        return 8u * (l + LANES * j);
+    return l < lane_end && j < lane_len(l);
+}
+
+// The first element of unit j of lane UNITS blk + u when it holds one;
+// else past k, so its loads give zeros.
+fn block_e0(blk: u32, j: u32, u: u32, lane_end: u32) -> u32 {
+    if (block_holds(blk, j, u, lane_end)) {
+        return 8u * (UNITS * blk + u + LANES * j);
     }
     return 8u * unit_count();
+}
+
+// Whether lane l is the last of its group (of `lanes` lanes in all).
+fn ends_group(l: u32, lanes: u32) -> bool {
+    return (l + 1u) % GROUP == 0u || l + 1u == lanes;
 }
 
 // A split's sums of group `g` for column `col` (if there), rows r .. r + 3
@@ -327,8 +337,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
 #if NORM
         if (lid < BC) {
             for (var u = 0u; u < UNITS; u++) {
-                let l = UNITS * blk + u;
-                if (l < lane_end && j < lane_len(l)) {
+                if (block_holds(blk, j, u, lane_end)) {
                     sl[u] += uss[lid * UNITS + u];
                 }
             }
@@ -338,7 +347,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
                     if (l < lane_end) {
                         sg += sl[u];
                         sl[u] = 0.0;
-                        if ((l + 1u) % GROUP == 0u || l + 1u == lanes) {
+                        if (ends_group(l, lanes)) {
                             if (p.split == 0u) {
                                 st += sg;
                             } else if (row0 == 0u && col0 + lid <= last_col) {
@@ -387,7 +396,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
                 g20 += la[u][4];
                 g21 += la[u][5];
                 la[u] = array<vec4<f32>, 6>();
-                if ((l + 1u) % GROUP == 0u || l + 1u == lanes) {
+                if (ends_group(l, lanes)) {
                     if (p.split != 0u) {
                         let c = col0 + 2u * tc;
                         let r = row0 + 4u * tr;

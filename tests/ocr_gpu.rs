@@ -10,7 +10,7 @@ mod common;
 use lfm::gpu::{Gpu, GpuOptions};
 use lfm::models::ocr::det::{self, boxes_from_map, filter_boxes};
 use lfm::models::ocr::net::Tensor;
-use lfm::models::ocr::OcrModels;
+use lfm::models::ocr::{rec, OcrModels};
 use lfm::run::image;
 use std::sync::Arc;
 
@@ -91,6 +91,24 @@ fn text_networks_on_the_gpu_match_the_cpu() {
     // the CPU path.
     let crops: Vec<_> = cpu.crops(&img).unwrap().into_iter().take(3).collect();
     assert_eq!(crops.len(), 3);
+    // The classifier's backbone runs on the device, its SE blocks' biases
+    // (added through a Reshape of a constant) folded into their
+    // convolutions; its head (max pooling, flatten, MatMul, softmax) on
+    // the CPU.
+    let cls_net = &dev.cls.net;
+    let cls_gpu = cls_net.gpu().expect("the classifier is on the GPU");
+    let cls_on_device = cls_gpu
+        .device_nodes(cls_net, &[1, 3, rec::LINE_HEIGHT, rec::CLS_WIDTH])
+        .unwrap();
+    eprintln!(
+        "classifier: {cls_on_device} of {} nodes on the device",
+        cls_net.node_count()
+    );
+    assert!(
+        cls_net.node_count() - cls_on_device <= 12,
+        "only {cls_on_device} of the classifier's {} nodes run on the device",
+        cls_net.node_count()
+    );
     let (oc, og) = (
         cpu.cls.orient(crops.clone()).unwrap(),
         dev.cls.orient(crops).unwrap(),

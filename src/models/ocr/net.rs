@@ -663,14 +663,7 @@ impl<'a> Preparer<'a> {
         // A bias added after a convolution without one: acc + 0 + b is
         // acc + b exactly.
         if node.inputs.get(2).is_none_or(|s| s.is_empty()) && out == node.outputs[0] {
-            if let Some(found) = self.bias_add_after(i, out, wd[0])? {
-                bias = found.bias;
-                self.absorbed[found.add] = true;
-                if let Some(r) = found.reshape {
-                    self.absorbed[r] = true;
-                }
-                out = g.nodes[found.add].outputs[0].as_str();
-            }
+            out = self.absorb_bias_add(i, out, &mut bias)?;
         }
         let mut act = ConvActivation::None;
         if let Some(j) = self.sole_consumer(out) {
@@ -924,6 +917,23 @@ impl<'a> Preparer<'a> {
         }))
     }
 
+    /// Adds the bias of [`Self::bias_add_after`] (if node `i`'s output
+    /// `out` goes to one) into `bias`, absorbing its Add and Reshape; the
+    /// value that then stands for the node's output.
+    fn absorb_bias_add(&mut self, i: usize, out: &'a str, bias: &mut [f32]) -> Result<&'a str> {
+        let Some(found) = self.bias_add_after(i, out, bias.len())? else {
+            return Ok(out);
+        };
+        for (acc, v) in bias.iter_mut().zip(found.bias) {
+            *acc += v;
+        }
+        self.absorbed[found.add] = true;
+        if let Some(r) = found.reshape {
+            self.absorbed[r] = true;
+        }
+        Ok(self.model.graph.nodes[found.add].outputs[0].as_str())
+    }
+
     fn prepare_conv_transpose(&mut self, i: usize) -> Result<()> {
         let node = &self.model.graph.nodes[i];
         let w = self.constant(node, 1)?;
@@ -951,16 +961,7 @@ impl<'a> Preparer<'a> {
         let mut out = node.outputs[0].as_str();
         // Paddle's export adds the bias as a [1, c, 1, 1] constant after
         // the op: into the bias (acc + 0 + b is acc + b exactly).
-        if let Some(found) = self.bias_add_after(i, out, c_out)? {
-            for (acc, v) in bias.iter_mut().zip(found.bias) {
-                *acc += v;
-            }
-            self.absorbed[found.add] = true;
-            if let Some(r) = found.reshape {
-                self.absorbed[r] = true;
-            }
-            out = self.model.graph.nodes[found.add].outputs[0].as_str();
-        }
+        out = self.absorb_bias_add(i, out, &mut bias)?;
         let mut tail = Chain::default();
         let out = self.absorb_chain(out, &mut tail)?;
         let op = Op::ConvTranspose {
