@@ -9,6 +9,7 @@ use crate::gpu::profile::{PassMarks, PassTimer, StepProfile};
 use crate::gpu::Variant;
 use crate::models::llm::{attn_shape, conv_ring_rows};
 use crate::models::recipe::{self, DecoderOps, Residual};
+use std::rc::Rc;
 use web_time::Instant;
 
 /// Records the recipe's operations for one token.
@@ -200,9 +201,7 @@ impl GpuLlm {
         let io = &self.io;
         let (src, staging, len) = match what {
             Readback::Token => (&io.token, &io.token_staging, super::TOKEN_BYTES),
-            Readback::Candidates | Readback::MaskedCandidates => {
-                (&io.cand, &io.cand_staging, 8 * self.top_k as u64)
-            }
+            Readback::Candidates => (&io.cand, &io.cand_staging, 8 * self.top_k as u64),
             Readback::Logits => (&io.logits, &io.logits_staging, (self.cfg.vocab * 4) as u64),
         };
         enc.copy_buffer_to_buffer(src, 0, staging, 0, len);
@@ -322,6 +321,45 @@ impl GpuLlm {
         Ok(self.encode_step(splits, Readback::Logits).finish())
     }
 
+    /// One top-k step under a grammar, the host's mask work overlapping the
+    /// device's forward: the forward of `token` is submitted first, `mask`
+    /// computes the grammar's mask while it runs, then the masked selection
+    /// is submitted and its candidates read back. Returns the mask and the
+    /// candidates' bytes. When `mask` fails, the position goes back (as
+    /// [`GpuLlm::greedy_pipelined`] takes a step back).
+    pub(super) fn decode_masked_candidates(
+        &mut self,
+        token: u32,
+        mask: &mut dyn FnMut() -> Result<Rc<Vec<u32>>>,
+    ) -> Result<(Rc<Vec<u32>>, Vec<u8>)> {
+        self.check_tokens(&[token])?;
+        self.write_token(token);
+        let forward = self.encode_forward()?;
+        self.gpu.queue.submit([forward]);
+        self.pos += 1;
+        let bits = match mask() {
+            Ok(bits) => bits,
+            Err(e) => {
+                self.high = self.high.max(self.pos);
+                self.pos -= 1;
+                return Err(e);
+            }
+        };
+        self.write_mask(&bits);
+        let mut enc = self.gpu.device.create_command_encoder(&Default::default());
+        {
+            let mut pass = enc.begin_compute_pass(&Default::default());
+            for d in &self.masked_select {
+                d.record(&mut pass);
+            }
+        }
+        let io = &self.io;
+        let len = 8 * self.top_k as u64;
+        enc.copy_buffer_to_buffer(&io.cand, 0, &io.cand_staging, 0, len);
+        let raw = self.gpu.submit_and_read(enc, &io.cand_staging, len)?;
+        Ok((bits, raw))
+    }
+
     /// Greedy decoding under `guide`'s masks with the mask applied on the
     /// device: the logits never come back, only the token. The queue holds
     /// forward i, masked argmax i (its token copied to a staging buffer),
@@ -417,7 +455,6 @@ impl GpuLlm {
         let last = match what {
             Readback::Token => &self.argmax[..],
             Readback::Candidates => &self.select[..],
-            Readback::MaskedCandidates => &self.masked_select[..],
             Readback::Logits => &[],
         };
         for op in &self.plan {

@@ -191,8 +191,6 @@ enum Readback {
     Token,
     /// The top_k most likely tokens, for sampling.
     Candidates,
-    /// The top_k most likely of the tokens io.mask allows.
-    MaskedCandidates,
     Logits,
 }
 
@@ -738,9 +736,9 @@ impl CausalLm for GpuLlm {
     fn step_sample(&mut self, token: u32, sampler: &mut Sampler, history: &[u32]) -> Result<u32> {
         if let Some(k) = sampler.masked_candidates_needed() {
             if k <= self.top_k || self.top_k == self.cfg.vocab {
-                let mask = sampler.token_mask()?.expect("a grammar masks");
-                self.write_mask(&mask);
-                let raw = self.decode(token, Readback::MaskedCandidates)?;
+                let (mask, raw) = self.decode_masked_candidates(token, &mut || {
+                    Ok(sampler.token_mask()?.expect("a grammar masks"))
+                })?;
                 let cand = llm_ops::sort_candidates(&bytemuck::pod_collect_to_vec(&raw));
                 // Masked-out NaNs and infinities stay candidates, for this
                 // check; a masked-out -inf may be the mask's own.
