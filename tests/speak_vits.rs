@@ -373,3 +373,52 @@ fn gpu_prior_matches_the_cpu_prior() {
         assert!(max <= 1e-4, "speaker {speaker:?}: z_p max abs err {max}");
     }
 }
+
+/// A text's sentences pipelined on the GPU (the priors of the next ones
+/// queued behind this one's audio) give, bit for bit, what each sentence
+/// gives alone with its own generator, in order.
+#[test]
+fn gpu_pipelined_sentences_match_each_sentence_alone() {
+    let Some(gpu) = gpu_or_skip() else { return };
+    let scales = Scales {
+        noise_scale: 0.667,
+        length_scale: 1.0,
+        noise_w: 0.8,
+    };
+    let v = voice();
+    let ids = gold().ids;
+    // More sentences than the pipeline keeps ahead, of different lengths.
+    let sentences: Vec<Vec<i64>> = [24, 9, ids.len(), 17, 31]
+        .iter()
+        .map(|&n| ids[..n.min(ids.len())].to_vec())
+        .collect();
+    let gv = lfm::models::vits::GpuVoice::new(gpu, &v).unwrap();
+    let mut got = Vec::new();
+    gv.speak(
+        &v,
+        &mut sentences.iter().cloned().map(Ok),
+        None,
+        &scales,
+        &mut Rng::new(3),
+        &mut |s, audio, _| {
+            got.push((s, audio));
+            Ok(())
+        },
+    )
+    .unwrap();
+    let mut rng = Rng::new(3);
+    assert_eq!(got.len(), sentences.len());
+    for (i, (s, (ids, audio))) in sentences.iter().zip(got).enumerate() {
+        assert_eq!(&ids, s, "sentence {i} out of order");
+        let mut own = lfm::models::vits::sentence_rng(&mut rng);
+        let (want, _) = gv.synthesize(&v, s, None, &scales, &mut own).unwrap();
+        assert!(
+            audio.len() == want.len()
+                && audio
+                    .iter()
+                    .zip(&want)
+                    .all(|(a, b)| a.to_bits() == b.to_bits()),
+            "sentence {i}: the pipelined audio differs from the sentence alone"
+        );
+    }
+}

@@ -341,33 +341,41 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let mut count = 0usize;
     // How many sentences a text has is known only once it is read.
     let bar = crate::util::progress::counter("speaking", "sentences");
-    for (i, sentence) in sentences.enumerate() {
-        let sentence = sentence?;
-        let t0 = Instant::now();
-        let (audio, stages) =
-            synth.synthesize_timed(&sentence.ids, offsets.as_ref(), &scales, &mut rng)?;
-        let pcm = wav::to_pcm16(&audio, !args.no_normalize);
-        if i > 0 && !sentence.continues {
-            sink.write(&gap)?;
-            samples += gap.len();
-        }
-        bar.inc(1);
-        sink.write(&pcm)?;
-        samples += pcm.len();
-        count += 1;
-        first_audio.get_or_insert_with(|| start.elapsed().as_secs_f64());
-        first_audio_since_start.get_or_insert_with(|| run_start.elapsed().as_secs_f64());
-        if args.json {
-            timings.push(serde_json::json!({
-                "phonemes": sentence.phonemes,
-                "ids": sentence.ids,
-                "synthesis_seconds": t0.elapsed().as_secs_f64(),
-                "prior_seconds": stages.prior,
-                "flow_and_decoder_seconds": stages.flow_and_decoder,
-                "audio_seconds": audio.len() as f64 / rate as f64,
-            }));
-        }
-    }
+    // A sentence's time is the time since the audio before it: on the GPU
+    // the next sentences are already on their way while one is emitted.
+    let mut last_emit = Instant::now();
+    synth.speak(
+        sentences,
+        offsets.as_ref(),
+        &scales,
+        &mut rng,
+        &mut |sentence, audio, stages| {
+            let pcm = wav::to_pcm16(&audio, !args.no_normalize);
+            let io = |e| crate::Error::io(&output, e);
+            if count > 0 && !sentence.continues {
+                sink.write(&gap).map_err(io)?;
+                samples += gap.len();
+            }
+            bar.inc(1);
+            sink.write(&pcm).map_err(io)?;
+            samples += pcm.len();
+            count += 1;
+            first_audio.get_or_insert_with(|| start.elapsed().as_secs_f64());
+            first_audio_since_start.get_or_insert_with(|| run_start.elapsed().as_secs_f64());
+            if args.json {
+                timings.push(serde_json::json!({
+                    "phonemes": sentence.phonemes,
+                    "ids": sentence.ids,
+                    "synthesis_seconds": last_emit.elapsed().as_secs_f64(),
+                    "prior_seconds": stages.prior,
+                    "flow_and_decoder_seconds": stages.flow_and_decoder,
+                    "audio_seconds": audio.len() as f64 / rate as f64,
+                }));
+            }
+            last_emit = Instant::now();
+            Ok(())
+        },
+    )?;
     bar.finish_and_clear();
     sink.finish()
         .with_context(|| format!("writing {}", output.display()))?;

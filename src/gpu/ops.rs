@@ -35,6 +35,15 @@ impl Gpu {
         out: &wgpu::Buffer,
         bytes: u64,
     ) -> Result<Vec<u8>> {
+        let queued = self.queue_and_copy(work, out, bytes);
+        self.read_queued(queued)
+    }
+
+    /// Records `work` in order, then a copy of `out`'s first `bytes` into a
+    /// new staging buffer, and submits it without waiting: the host may
+    /// record more while the device works, and reads the copy with
+    /// [`Gpu::read_queued`].
+    pub fn queue_and_copy(&self, work: &[&Dispatch], out: &wgpu::Buffer, bytes: u64) -> Queued {
         let bytes = bytes.div_ceil(4).max(1) * 4;
         let mut enc = self.device.create_command_encoder(&Default::default());
         {
@@ -45,7 +54,17 @@ impl Gpu {
         }
         let staging = self.staging("readback", bytes);
         enc.copy_buffer_to_buffer(out, 0, &staging, 0, bytes);
-        self.submit_and_read(enc, &staging, bytes)
+        let done = self.queue.submit([enc.finish()]);
+        Queued {
+            staging,
+            bytes,
+            done,
+        }
+    }
+
+    /// The bytes a [`Gpu::queue_and_copy`] submission copied, once it is done.
+    pub fn read_queued(&self, q: Queued) -> Result<Vec<u8>> {
+        self.read_staging(&q.staging, q.bytes, q.done)
     }
 
     /// The variant to use on this adapter: subgroup reductions when present.
@@ -56,6 +75,13 @@ impl Gpu {
             Variant::default()
         }
     }
+}
+
+/// A submission in flight whose result the host reads back later.
+pub struct Queued {
+    staging: wgpu::Buffer,
+    bytes: u64,
+    done: wgpu::SubmissionIndex,
 }
 
 /// Workgroup counts for `n` items at `per_group` items a workgroup, spread

@@ -1505,56 +1505,66 @@ impl Synthesizer {
         }
     }
 
-    /// Phoneme ids -> audio samples in [-1, 1] at the voice's rate, in
-    /// the voice of `speaker` (see [`Vits::speaker_offsets`]).
-    pub fn synthesize(
+    /// Speaks `sentences` (phoneme ids) in order in the voice of `speaker`
+    /// (see [`Vits::speaker_offsets`]), handing each one's audio (samples in
+    /// [-1, 1] at the voice's rate) to `emit` as soon as it is ready. Each
+    /// sentence draws its noise from a generator of its own
+    /// ([`sentence_rng`]), so the audio is the same on either backend and
+    /// however far ahead the GPU path works.
+    pub fn speak<T: AsRef<[i64]>>(
         &self,
-        ids: &[i64],
+        sentences: impl IntoIterator<Item = Result<T>>,
         speaker: Option<&SpeakerOffsets>,
         scales: &Scales,
         rng: &mut Rng,
-    ) -> Result<Vec<f32>> {
-        Ok(self.synthesize_timed(ids, speaker, scales, rng)?.0)
-    }
-
-    /// [`Synthesizer::synthesize`], with where the time went.
-    pub fn synthesize_timed(
-        &self,
-        ids: &[i64],
-        speaker: Option<&SpeakerOffsets>,
-        scales: &Scales,
-        rng: &mut Rng,
-    ) -> Result<(Vec<f32>, StageSeconds)> {
+        emit: &mut dyn FnMut(T, Vec<f32>, StageSeconds) -> Result<()>,
+    ) -> Result<()> {
+        let mut sentences = sentences.into_iter();
         let v = match self {
             Synthesizer::Cpu(v) => v,
-            Synthesizer::Gpu(v, g) => return g.synthesize(v, ids, speaker, scales, rng),
+            Synthesizer::Gpu(v, g) => {
+                return g.speak(v, &mut sentences, speaker, scales, rng, emit)
+            }
         };
-        let t0 = std::time::Instant::now();
-        let mut lat = v.prior(ids, speaker, scales, rng)?;
-        let prior = t0.elapsed().as_secs_f64();
-        v.flow_reverse(&mut lat.z, lat.frames, speaker);
-        let audio = v
-            .dec
-            .forward(&lat.z, lat.frames, speaker.map(|s| s.dec.as_slice()));
-        Ok((
-            audio,
-            StageSeconds {
+        for item in sentences {
+            let item = item?;
+            let mut own = sentence_rng(rng);
+            let t0 = std::time::Instant::now();
+            let mut lat = v.prior(item.as_ref(), speaker, scales, &mut own)?;
+            let prior = t0.elapsed().as_secs_f64();
+            v.flow_reverse(&mut lat.z, lat.frames, speaker);
+            let audio = v
+                .dec
+                .forward(&lat.z, lat.frames, speaker.map(|s| s.dec.as_slice()));
+            let stages = StageSeconds {
                 prior,
                 flow_and_decoder: t0.elapsed().as_secs_f64() - prior,
-            },
-        ))
+            };
+            emit(item, audio, stages)?;
+        }
+        Ok(())
     }
+}
+
+/// The noise generator of the next sentence of a text, seeded from the
+/// text's generator: a sentence's noise does not depend on when it is
+/// drawn (the GPU path draws a sentence's duration noise before the prior
+/// noise of the sentences before it).
+pub fn sentence_rng(rng: &mut Rng) -> Rng {
+    Rng::new(rng.next_u64())
 }
 
 /// Where a sentence's synthesis time went.
 #[derive(Clone, Copy, Debug)]
 pub struct StageSeconds {
     /// Text encoder, duration predictor and the noise; on the CPU, the
-    /// length regulation too. On the GPU: the first submission, with the
-    /// durations read back.
+    /// length regulation too. On the GPU: from queueing the first
+    /// submission to its durations read back (the device may be working on
+    /// the sentences before it meanwhile).
     pub prior: f64,
     /// The flow and the generator, with the upload and the read-back; on
-    /// the GPU the length regulation too (the same submission).
+    /// the GPU the length regulation too (the same submission), from the
+    /// durations to the audio read back.
     pub flow_and_decoder: f64,
 }
 

@@ -409,6 +409,12 @@ pub struct SentenceIds {
     pub continues: bool,
 }
 
+impl AsRef<[i64]> for SentenceIds {
+    fn as_ref(&self) -> &[i64] {
+        &self.ids
+    }
+}
+
 /// Phonemes synthesised in one pass at most (about 70 words, 25 s of
 /// speech). The model's memory and time grow faster than linearly with a
 /// pass's length (a 400-word run-on sentence took 29 s and 1.24 GB in one

@@ -3,7 +3,7 @@
 //! prior (`gpu_prior`) and the length regulation with its noise (drawn from
 //! the seeded CPU generator, so a seed gives the same noise on both
 //! backends): two submissions per sentence, the first reading back only the
-//! durations.
+//! durations, with the sentences of a text pipelined ([`GpuVoice::speak`]).
 //!
 //! The latent is kept as its two channel halves, the couplings' x0 and x1,
 //! in separate buffers. The flips between couplings are never done: a flip
@@ -15,6 +15,7 @@
 //! add, and the decoder's first convolution reads the two halves as two
 //! convolutions over its input channels.
 
+use super::gpu_prior::QueuedPrior;
 use super::{
     duration_noise, durations, no_frames_prior, prior_noise, Conv, ConvT, Coupling, Generator,
     GpuPrior, Latent, Scales, SpeakerOffsets, StageSeconds, Vits, LRELU_SLOPE, LRELU_SLOPE_POST,
@@ -26,6 +27,7 @@ use crate::gpu::speech::{self, Conv1dExtras, InputAct};
 use crate::gpu::Gpu;
 use crate::util::rng::Rng;
 use std::sync::Arc;
+use web_time::Instant;
 
 /// A convolution's weights on the device.
 pub(super) struct GpuConv {
@@ -553,6 +555,21 @@ pub struct GpuVoice {
     pub dec: GpuGenerator,
 }
 
+/// How many sentences' priors [`GpuVoice::speak`] keeps queued ahead of
+/// the sentence whose audio it is recording: enough that a prior's
+/// durations are back before its audio is recorded, while the device still
+/// works on the audio before it.
+const PRIORS_AHEAD: usize = 2;
+
+/// A sentence's audio on the device queue.
+struct QueuedAudio {
+    out: ops::Queued,
+    samples: usize,
+    /// When the prior was queued and when its durations were back.
+    prior_queued: Instant,
+    prior_ready: Instant,
+}
+
 impl GpuVoice {
     pub fn new(gpu: Arc<Gpu>, v: &Vits) -> Result<GpuVoice> {
         Ok(GpuVoice {
@@ -562,22 +579,35 @@ impl GpuVoice {
         })
     }
 
-    /// The prior on the device (the first submission and the durations),
-    /// and the length regulation recorded into `work`: the latent z_p's
-    /// halves once `work` runs, its frames and the durations.
-    fn record_prior(
+    /// Queues the prior of `ids` on the device, its duration noise drawn
+    /// from `rng`.
+    fn queue_prior(
         &self,
         v: &Vits,
         ids: &[i64],
         speaker: Option<&SpeakerOffsets>,
         scales: &Scales,
         rng: &mut Rng,
+    ) -> Result<(QueuedPrior, Instant)> {
+        let queued = Instant::now();
+        let noise = duration_noise(ids.len(), scales, rng);
+        Ok((self.prior.queue(v, ids, &noise, speaker)?, queued))
+    }
+
+    /// Waits for a queued prior's durations and records the length
+    /// regulation into `work`, the prior's noise drawn from `rng`: the
+    /// latent z_p's halves once `work` runs, its frames and the durations.
+    fn regulate(
+        &self,
+        v: &Vits,
+        p: QueuedPrior,
+        scales: &Scales,
+        rng: &mut Rng,
         work: &mut Vec<Dispatch>,
     ) -> Result<(wgpu::Buffer, wgpu::Buffer, Latent)> {
         let gpu = self.gpu();
-        let t = ids.len();
-        let noise = duration_noise(t, scales, rng);
-        let (stats, logw) = self.prior.encode(v, ids, &noise, speaker)?;
+        let t = p.t;
+        let logw = self.prior.log_durations(&gpu.read_queued(p.z)?, t);
         let durations = durations(&logw, scales.length_scale);
         let (idx, noise) = prior_noise(&durations, v.inter_channels, rng);
         let c = v.inter_channels;
@@ -593,7 +623,7 @@ impl GpuVoice {
                 let y = gpu.scratch("flow.z", (half * frames * 4) as u64)?;
                 work.push(speech::expand_prior(
                     gpu,
-                    &stats,
+                    &p.stats,
                     &gi,
                     &gn,
                     &y,
@@ -616,6 +646,54 @@ impl GpuVoice {
         Ok((a, b, lat))
     }
 
+    /// Waits for a queued prior's durations, then queues the length
+    /// regulation (its noise drawn from `rng`), the flow and the generator
+    /// as one submission whose audio comes back with
+    /// [`GpuVoice::read_audio`].
+    fn queue_audio(
+        &self,
+        v: &Vits,
+        (p, prior_queued): (QueuedPrior, Instant),
+        speaker: Option<&SpeakerOffsets>,
+        scales: &Scales,
+        rng: &mut Rng,
+    ) -> Result<QueuedAudio> {
+        let mut work = Vec::new();
+        let (a, b, lat) = self.regulate(v, p, scales, rng, &mut work)?;
+        let prior_ready = Instant::now();
+        let (a, b) = self.flow.record(a, b, lat.frames, speaker, &mut work)?;
+        let out = self.dec.record(
+            &a,
+            &b,
+            lat.frames,
+            speaker.map(|s| s.dec.as_slice()),
+            &mut work,
+        )?;
+        let samples = lat.frames * self.dec.cpu.hop();
+        let out =
+            self.gpu()
+                .queue_and_copy(&work.iter().collect::<Vec<_>>(), &out, (samples * 4) as u64);
+        Ok(QueuedAudio {
+            out,
+            samples,
+            prior_queued,
+            prior_ready,
+        })
+    }
+
+    /// A queued sentence's audio once the device is done, and where its
+    /// time went.
+    fn read_audio(&self, a: QueuedAudio) -> Result<(Vec<f32>, StageSeconds)> {
+        let bytes = self.gpu().read_queued(a.out)?;
+        let mut audio: Vec<f32> = bytemuck::pod_collect_to_vec(&bytes);
+        audio.truncate(a.samples);
+        let stages = StageSeconds {
+            prior: (a.prior_ready - a.prior_queued).as_secs_f64(),
+            flow_and_decoder: a.prior_ready.elapsed().as_secs_f64(),
+        };
+        Ok((audio, stages))
+    }
+
     /// [`Vits::prior`] on the device: the latent z_p read back (for
     /// per-stage parity; [`GpuVoice::synthesize`] keeps it on the device).
     pub fn prior(
@@ -627,8 +705,9 @@ impl GpuVoice {
         rng: &mut Rng,
     ) -> Result<Latent> {
         let gpu = self.gpu();
+        let (p, _) = self.queue_prior(v, ids, speaker, scales, rng)?;
         let mut work = Vec::new();
-        let (a, b, mut lat) = self.record_prior(v, ids, speaker, scales, rng, &mut work)?;
+        let (a, b, mut lat) = self.regulate(v, p, scales, rng, &mut work)?;
         let n = v.inter_channels / 2 * lat.frames;
         if !work.is_empty() {
             gpu.run_all(&work.iter().collect::<Vec<_>>())?;
@@ -650,42 +729,55 @@ impl GpuVoice {
         scales: &Scales,
         rng: &mut Rng,
     ) -> Result<(Vec<f32>, StageSeconds)> {
-        let t0 = std::time::Instant::now();
-        let mut work = Vec::new();
-        let (a, b, lat) = self.record_prior(v, ids, speaker, scales, rng, &mut work)?;
-        let prior = t0.elapsed().as_secs_f64();
-        let audio = self.flow_and_decoder(a, b, lat.frames, speaker, work)?;
-        Ok((
-            audio,
-            StageSeconds {
-                prior,
-                flow_and_decoder: t0.elapsed().as_secs_f64() - prior,
-            },
-        ))
+        let p = self.queue_prior(v, ids, speaker, scales, rng)?;
+        let a = self.queue_audio(v, p, speaker, scales, rng)?;
+        self.read_audio(a)
+    }
+
+    /// Speaks `sentences` in order, handing each one's audio to `emit` as
+    /// soon as it is back, as [`GpuVoice::synthesize`] computes it with a
+    /// generator of its own ([`super::sentence_rng`], drawn from `rng` in
+    /// sentence order). The device is kept ahead of the host: the priors of
+    /// the next sentences are queued behind the audio of this one, and a
+    /// sentence's audio is recorded while the device still works on the
+    /// one before, so the host's recording and waiting overlap the device's
+    /// work instead of adding to it.
+    pub fn speak<T: AsRef<[i64]>>(
+        &self,
+        v: &Vits,
+        sentences: &mut dyn Iterator<Item = Result<T>>,
+        speaker: Option<&SpeakerOffsets>,
+        scales: &Scales,
+        rng: &mut Rng,
+        emit: &mut dyn FnMut(T, Vec<f32>, StageSeconds) -> Result<()>,
+    ) -> Result<()> {
+        let mut ahead = std::collections::VecDeque::new();
+        let mut sounding: Option<(T, QueuedAudio)> = None;
+        loop {
+            while ahead.len() < PRIORS_AHEAD {
+                let Some(item) = sentences.next() else { break };
+                let item = item?;
+                let mut own = super::sentence_rng(rng);
+                let p = self.queue_prior(v, item.as_ref(), speaker, scales, &mut own)?;
+                ahead.push_back((item, p, own));
+            }
+            let Some((item, p, mut own)) = ahead.pop_front() else {
+                break;
+            };
+            let queued = self.queue_audio(v, p, speaker, scales, &mut own)?;
+            if let Some((done, a)) = sounding.replace((item, queued)) {
+                let (audio, stages) = self.read_audio(a)?;
+                emit(done, audio, stages)?;
+            }
+        }
+        if let Some((done, a)) = sounding {
+            let (audio, stages) = self.read_audio(a)?;
+            emit(done, audio, stages)?;
+        }
+        Ok(())
     }
 
     pub fn gpu(&self) -> &Gpu {
         &self.flow.gpu
-    }
-
-    /// Records the flow and the generator after `work` on the latent's
-    /// halves (a, b), runs it all as one submission and reads the audio.
-    fn flow_and_decoder(
-        &self,
-        a: wgpu::Buffer,
-        b: wgpu::Buffer,
-        frames: usize,
-        speaker: Option<&SpeakerOffsets>,
-        mut work: Vec<Dispatch>,
-    ) -> Result<Vec<f32>> {
-        let (a, b) = self.flow.record(a, b, frames, speaker, &mut work)?;
-        let out = self
-            .dec
-            .record(&a, &b, frames, speaker.map(|s| s.dec.as_slice()), &mut work)?;
-        let n = frames * self.dec.cpu.hop();
-        let bytes =
-            self.gpu()
-                .run_and_read(&work.iter().collect::<Vec<_>>(), &out, (n * 4) as u64)?;
-        Ok(bytemuck::pod_collect_to_vec(&bytes))
     }
 }

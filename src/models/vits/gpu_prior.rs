@@ -15,7 +15,7 @@ use super::gpu::GpuConv;
 use super::{Conv, DdsConv, LayerNorm, SpeakerOffsets, Vits, LN_EPS};
 use crate::cpu::Conv1dShape;
 use crate::error::{Error, Result};
-use crate::gpu::ops::Dispatch;
+use crate::gpu::ops::{Dispatch, Queued};
 use crate::gpu::speech::{self, Conv1dExtras, InputAct};
 use crate::gpu::Gpu;
 use std::sync::Arc;
@@ -324,10 +324,25 @@ impl GpuPrior {
         noise: &[f32],
         speaker: Option<&SpeakerOffsets>,
     ) -> Result<(wgpu::Buffer, Vec<f32>)> {
+        let queued = self.queue(v, ids, noise, speaker)?;
+        let logw = self.log_durations(&self.gpu.read_queued(queued.z)?, queued.t);
+        Ok((queued.stats, logw))
+    }
+
+    /// [`GpuPrior::encode`] submitted without waiting: the statistics stay
+    /// on the device, the log-duration channel's copy comes back with
+    /// [`GpuPrior::log_durations`] once the device is done.
+    pub(super) fn queue(
+        &self,
+        v: &Vits,
+        ids: &[i64],
+        noise: &[f32],
+        speaker: Option<&SpeakerOffsets>,
+    ) -> Result<QueuedPrior> {
         let gpu = &*self.gpu;
         let ids = v.check_ids(ids)?;
         let t = ids.len();
-        assert_eq!(noise.len(), 2 * t, "GpuPrior::encode: noise shape");
+        assert_eq!(noise.len(), 2 * t, "GpuPrior::queue: noise shape");
         let x = v.enc.embed(&ids);
         let scores_bytes = speech::rel_attention_scratch_bytes(self.heads, t);
         if scores_bytes > gpu.caps.max_binding.min(gpu.caps.max_buffer) || t > 65535 {
@@ -473,10 +488,25 @@ impl GpuPrior {
             b = next;
         }
         // The last flip: the log-duration channel is b.
-        let bytes = gpu.run_and_read(&work.iter().collect::<Vec<_>>(), &b, (t * 4) as u64)?;
-        let z: Vec<f32> = bytemuck::pod_collect_to_vec(&bytes);
-        let (m, inv) = self.affine;
-        let logw = z[..t].iter().map(|v| (v - m) * inv).collect();
-        Ok((stats, logw))
+        let z = gpu.queue_and_copy(&work.iter().collect::<Vec<_>>(), &b, (t * 4) as u64);
+        Ok(QueuedPrior { stats, z, t })
     }
+
+    /// The log-durations [t] from the duration channel a [`QueuedPrior`]
+    /// copied back (the affine flow undone on the host).
+    pub(super) fn log_durations(&self, z: &[u8], t: usize) -> Vec<f32> {
+        let z: Vec<f32> = bytemuck::pod_collect_to_vec(z);
+        let (m, inv) = self.affine;
+        z[..t].iter().map(|v| (v - m) * inv).collect()
+    }
+}
+
+/// A sentence's prior on the device queue.
+pub(super) struct QueuedPrior {
+    /// The prior's mean and log-std, [2 inter_channels, t].
+    pub stats: wgpu::Buffer,
+    /// The duration channel's copy on its way back.
+    pub z: Queued,
+    /// Phoneme ids.
+    pub t: usize,
 }

@@ -290,15 +290,21 @@ pub async fn speech(State(s): State<Arc<AppState>>, body: Body) -> Result<Respon
                     Box::new(WavFile::new(&mut out, rate).map_err(io)?);
                 let gap = vec![0i16; (SENTENCE_PAUSE * rate as f32).round() as usize];
                 let speaker = v.synth.vits().speaker_offsets(cfg.default_speaker)?;
-                for (i, s) in sentences.iter().enumerate() {
-                    let audio = v
-                        .synth
-                        .synthesize(&s.ids, speaker.as_ref(), &scales, &mut rng)?;
-                    if i > 0 && !s.continues {
-                        sink.write(&gap).map_err(io)?;
-                    }
-                    sink.write(&wav::to_pcm16(&audio, true)).map_err(io)?;
-                }
+                let mut first = true;
+                v.synth.speak(
+                    sentences.into_iter().map(Ok),
+                    speaker.as_ref(),
+                    &scales,
+                    &mut rng,
+                    &mut |s, audio, _| {
+                        if !first && !s.continues {
+                            sink.write(&gap).map_err(io)?;
+                        }
+                        first = false;
+                        sink.write(&wav::to_pcm16(&audio, true)).map_err(io)?;
+                        Ok(())
+                    },
+                )?;
                 sink.finish().map_err(io)?;
             }
             Ok(out.into_inner())
