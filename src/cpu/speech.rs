@@ -1,9 +1,9 @@
 //! The pieces of VITS's prior (text encoder, stochastic duration predictor,
 //! length regulation) that are not plain convolutions, over `[channels,
 //! time]` activations: layer norm across channels, relative-position
-//! attention, the rational-quadratic spline's inverse, and the expansion of
-//! the prior to frames with its noise. Twins of the kernels in
-//! `gpu::speech`; the VITS CPU reference calls them.
+//! attention, the rational-quadratic spline's inverse, the expansion of
+//! the prior to frames with its noise, and the embedding lookup. Twins of
+//! the kernels in `gpu::speech`; the VITS CPU reference calls them.
 
 use super::{dot, gelu_fast, softmax_rows};
 
@@ -226,6 +226,21 @@ pub fn frame_phonemes(durations: &[usize]) -> Vec<u32> {
         idx.extend(std::iter::repeat_n(j as u32, d));
     }
     idx
+}
+
+/// The text encoder's embedding lookup, channel-major: table: [vocab,
+/// hidden], ids: [t] (each below vocab) -> [hidden, t], each value times
+/// `scale`.
+pub fn embed_channels(table: &[f32], hidden: usize, ids: &[u32], scale: f32) -> Vec<f32> {
+    let t = ids.len();
+    let mut y = vec![0.0f32; hidden * t];
+    for (i, &id) in ids.iter().enumerate() {
+        let row = &table[id as usize * hidden..(id as usize + 1) * hidden];
+        for (c, &e) in row.iter().enumerate() {
+            y[c * t + i] = e * scale;
+        }
+    }
+    y
 }
 
 /// Length regulation and sampling of the prior: stats: [2 c, t] (the mean

@@ -5,7 +5,7 @@
 //! The flow's WaveNet gate (tanh * sigmoid with a conditioning offset).
 //! The prior's pieces: layer norm across channels, the duration predictor's
 //! depthwise convolution and spline, relative-position attention, length
-//! regulation with the prior's noise.
+//! regulation with the prior's noise, the text encoder's embedding lookup.
 //! CPU twins: `cpu::conv1d`, `cpu::conv_transpose1d`, `cpu::leaky_relu`,
 //! `cpu::wavenet_gate`, and those of `cpu::speech`.
 
@@ -637,6 +637,59 @@ pub fn expand_prior(
     })
 }
 
+#[repr(C)]
+#[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
+struct EmbedChannelsParams {
+    hidden: u32,
+    t: u32,
+    scale: f32,
+    _p0: u32,
+}
+const _: () = assert!(std::mem::size_of::<EmbedChannelsParams>() == 16);
+
+kernel!(
+    EMBED_CHANNELS,
+    "embed_channels",
+    "embed_channels.wgsl",
+    [
+        Binding::read("table"),
+        Binding::read("ids"),
+        Binding::write("y"),
+    ],
+    EmbedChannelsParams,
+    [&[]]
+);
+
+/// The text encoder's embedding lookup, the twin of
+/// [`crate::cpu::embed_channels`]: table: [vocab, hidden], ids: [t] (each
+/// below vocab) -> y: [hidden, t], scaled by `scale`.
+pub fn embed_channels(
+    gpu: &Gpu,
+    table: &wgpu::Buffer,
+    ids: &wgpu::Buffer,
+    y: &wgpu::Buffer,
+    hidden: usize,
+    t: usize,
+    scale: f32,
+) -> Result<Dispatch> {
+    let params = EmbedChannelsParams {
+        hidden: hidden as u32,
+        t: t as u32,
+        scale,
+        _p0: 0,
+    };
+    let bound = gpu.bind(
+        &EMBED_CHANNELS,
+        &Variant::default(),
+        &[table, ids, y],
+        &params,
+    )?;
+    Ok(Dispatch {
+        bound,
+        groups: groups_1d(hidden * t, 256),
+    })
+}
+
 /// The kernels declared in this module.
 pub static KERNELS: &[&Kernel] = &[
     &CONV1D,
@@ -647,4 +700,5 @@ pub static KERNELS: &[&Kernel] = &[
     &REL_ATTENTION,
     &SPLINE_INVERSE,
     &EXPAND_PRIOR,
+    &EMBED_CHANNELS,
 ];

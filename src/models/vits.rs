@@ -760,17 +760,15 @@ impl TextEncoder {
         self.emb.len() / self.hidden
     }
 
+    /// The embeddings' scale, sqrt(hidden).
+    fn embed_scale(&self) -> f32 {
+        (self.hidden as f32).sqrt()
+    }
+
     /// ids -> their embeddings * sqrt(hidden): [hidden, t].
     fn embed(&self, ids: &[usize]) -> Vec<f32> {
-        let (h, t) = (self.hidden, ids.len());
-        let scale = (h as f32).sqrt();
-        let mut xt = vec![0.0; t * h];
-        for (row, &id) in xt.chunks_mut(h).zip(ids) {
-            for (o, e) in row.iter_mut().zip(&self.emb[id * h..(id + 1) * h]) {
-                *o = e * scale;
-            }
-        }
-        transpose(&xt, t, h)
+        let ids: Vec<u32> = ids.iter().map(|&i| i as u32).collect();
+        cpu::embed_channels(&self.emb, self.hidden, &ids, self.embed_scale())
     }
 
     fn forward(&self, ids: &[usize]) -> Encoded {

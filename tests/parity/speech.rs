@@ -36,6 +36,10 @@ pub const CASES: &[Case] = &[
         run: spline_inverse,
     },
     Case {
+        kernel: "embed_channels",
+        run: embed_channels,
+    },
+    Case {
         kernel: "expand_prior",
         run: expand_prior,
     },
@@ -212,6 +216,40 @@ fn spline_inverse(gpu: &Gpu, _v: &Variant) {
                 &got[..t],
                 &want,
                 1e-10,
+            );
+        }
+    }
+}
+
+fn embed_channels(gpu: &Gpu, _v: &Variant) {
+    let mut rng = Rng::new(27);
+    for &(vocab, hidden) in &[(1usize, 1usize), (7, 5), (256, 192)] {
+        let table = rng.vec(vocab * hidden, -3.0, 3.0);
+        let gt = gpu.upload_f32("table", &table).unwrap();
+        for &t in SIZES {
+            // Repeated ids and the last row of the table included.
+            let ids: Vec<u32> = (0..t)
+                .map(|i| {
+                    if i % 5 == 0 {
+                        vocab as u32 - 1
+                    } else {
+                        (rng.uniform(0.0, vocab as f32) as u32).min(vocab as u32 - 1)
+                    }
+                })
+                .collect();
+            let scale = (hidden as f32).sqrt();
+            let want = cpu::embed_channels(&table, hidden, &ids, scale);
+            let gi = gpu.upload_u32("ids", &ids).unwrap();
+            let gy = gpu.poisoned_f32("y", hidden * t).unwrap();
+            let d = speech::embed_channels(gpu, &gt, &gi, &gy, hidden, t, scale).unwrap();
+            gpu.run_all(&[&d]).unwrap();
+            let got = gpu.read_f32(&gy).unwrap();
+            // One product: the same bits.
+            assert_close(
+                &format!("embed_channels vocab={vocab} hidden={hidden} t={t}"),
+                &got[..hidden * t],
+                &want,
+                0.0,
             );
         }
     }

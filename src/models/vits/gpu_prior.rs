@@ -6,10 +6,8 @@
 //! log-std stay on the device for the length regulation that follows
 //! ([`super::GpuVoice::synthesize`]).
 //!
-//! The embedding lookup (a copy of hidden values per phoneme) is done on the
-//! host and uploaded; the noise is drawn on the host from the seeded
-//! generator in the CPU reference's order, so a seed gives the same noise on
-//! both backends.
+//! The noise is drawn on the host from the seeded generator in the CPU
+//! reference's order, so a seed gives the same noise on both backends.
 
 use super::gpu::GpuConv;
 use super::{Conv, DdsConv, LayerNorm, SpeakerOffsets, Vits, LN_EPS};
@@ -203,6 +201,9 @@ struct GpuConvFlow {
 /// The text encoder and the duration predictor on the device.
 pub struct GpuPrior {
     gpu: Arc<Gpu>,
+    /// The phoneme embeddings, [vocab, hidden].
+    emb: wgpu::Buffer,
+    embed_scale: f32,
     hidden: usize,
     heads: usize,
     dk: usize,
@@ -292,6 +293,8 @@ impl GpuPrior {
             });
         }
         Ok(GpuPrior {
+            emb: g.upload_f32("enc_p.emb", &enc.emb)?,
+            embed_scale: enc.embed_scale(),
             hidden: enc.hidden,
             heads: enc.hidden / dk,
             dk,
@@ -343,7 +346,6 @@ impl GpuPrior {
         let ids = v.check_ids(ids)?;
         let t = ids.len();
         assert_eq!(noise.len(), 2 * t, "GpuPrior::queue: noise shape");
-        let x = v.enc.embed(&ids);
         let scores_bytes = speech::rel_attention_scratch_bytes(self.heads, t);
         if scores_bytes > gpu.caps.max_binding.min(gpu.caps.max_buffer) || t > 65535 {
             return Err(Error::invalid(format!(
@@ -354,7 +356,18 @@ impl GpuPrior {
             )));
         }
         let mut work = Vec::new();
-        let mut h = gpu.upload_f32("enc_p.x", &x)?;
+        let ids: Vec<u32> = ids.iter().map(|&i| i as u32).collect();
+        let ids = gpu.upload_u32("enc_p.ids", &ids)?;
+        let mut h = gpu.scratch("enc_p.x", (self.hidden * t * 4) as u64)?;
+        work.push(speech::embed_channels(
+            gpu,
+            &self.emb,
+            &ids,
+            &h,
+            self.hidden,
+            t,
+            self.embed_scale,
+        )?);
         let scores = gpu.scratch("enc_p.scores", scores_bytes)?;
         let hidden = self.hidden;
         for l in &self.layers {
