@@ -153,16 +153,13 @@ fn corners(v: &Value) -> Vec<[f64; 2]> {
         .collect()
 }
 
-/// Asserts `got` boxes equal `want` corner by corner within `tol` pixels.
+/// Asserts `got` boxes equal `want` corner by corner.
 #[track_caller]
-fn assert_boxes(got: &[[[f64; 2]; 4]], want: &[Value], tol: f64) {
+fn assert_boxes(got: &[[[f64; 2]; 4]], want: &[Value]) {
     assert_eq!(got.len(), want.len(), "box count");
     for (k, (g, w)) in got.iter().zip(want).enumerate() {
         for (a, b) in g.iter().zip(corners(w)) {
-            assert!(
-                (a[0] - b[0]).abs() <= tol && (a[1] - b[1]).abs() <= tol,
-                "box {k}: ours {g:?}, RapidOCR {w}"
-            );
+            assert!(*a == b, "box {k}: ours {g:?}, RapidOCR {w}");
         }
     }
 }
@@ -174,37 +171,18 @@ fn cpu_reads_the_page_as_rapidocr_does() {
     let lines = models().read(&img).unwrap();
     let want = g["final"].as_array().unwrap();
     let got: Vec<[[f64; 2]; 4]> = lines.iter().map(|l| l.corners).collect();
-    // Boxes: integers in both; a pixel of slack for the minimum-area
-    // rectangle's float ties (OpenCV's rotating calipers vs ours).
+    // Boxes: integers in both, identical (the minimum-area rectangles are
+    // OpenCV's float32 ones, so pyclipper's truncation lands alike).
     let want_boxes: Vec<Value> = want.iter().map(|l| l[0].clone()).collect();
-    assert_boxes(&got, &want_boxes, 1.0);
-    // Strings: identical wherever the box is identical. A box can differ
-    // by a pixel where OpenCV's float32 rotating calipers put a corner at
-    // 376.99997 and pyclipper truncates it to 376 (ours: 377); the crop
-    // then differs by a row, which can move a space. That happens to one
-    // line of this page, which must be the only one.
-    let mut exact = 0;
+    assert_boxes(&got, &want_boxes);
     for (l, w) in lines.iter().zip(want) {
-        let same_box = l.corners.iter().zip(corners(&w[0])).all(|(a, b)| *a == b);
-        if same_box {
-            exact += 1;
-            assert_eq!(l.text, w[1].as_str().unwrap());
-        }
-    }
-    assert!(
-        exact + 1 >= want.len(),
-        "{exact} of {} boxes identical",
-        want.len()
-    );
-    for (l, w) in lines.iter().zip(want) {
-        if l.text == w[1].as_str().unwrap() {
-            // Mean softmax confidences. Axis-aligned boxes crop to exact
-            // pixel copies and agree to 1e-4; a slanted one goes through
-            // the bicubic warp, whose inverse homography (ours vs OpenCV's
-            // solver) can land a sample in the next 1/32 sub-pixel cell:
-            // 2.3e-3 on this page's one slanted line.
-            let d = (l.score - w[2].as_f64().unwrap()).abs();
-            assert!(d < 5e-3, "{}: confidence differs by {d}", l.text);
-        }
+        assert_eq!(l.text, w[1].as_str().unwrap());
+        // Mean softmax confidences. Axis-aligned boxes crop to exact pixel
+        // copies and agree to 1e-4; a slanted one goes through the bicubic
+        // warp, whose inverse homography (ours vs OpenCV's solver) can land
+        // a sample in the next 1/32 sub-pixel cell: 2.3e-3 on this page's
+        // one slanted line.
+        let d = (l.score - w[2].as_f64().unwrap()).abs();
+        assert!(d < 5e-3, "{}: confidence differs by {d}", l.text);
     }
 }

@@ -128,7 +128,8 @@ pub fn boxes_from_map(
         .iter()
         .take(MAX_CANDIDATES)
     {
-        let Some((corners, short)) = geometry::mini_box(border) else {
+        let Some((corners, short)) = geometry::mini_box(border, geometry::PointOrder::Contour)
+        else {
             continue;
         };
         if short < MIN_SIZE {
@@ -142,7 +143,8 @@ pub fn boxes_from_map(
             continue;
         }
         let grown = geometry::offset_round(&corners, area * UNCLIP_RATIO / perimeter);
-        let Some((corners, short)) = geometry::mini_box(&grown) else {
+        let Some((corners, short)) = geometry::mini_box(&grown, geometry::PointOrder::Polygon)
+        else {
             continue;
         };
         if short < MIN_SIZE + 2.0 {

@@ -136,84 +136,240 @@ pub fn convex_hull(pts: &[Point]) -> Vec<Point> {
     hull
 }
 
-/// A rotated rectangle: its four corners (in order around it) and its
-/// side lengths.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub struct RotatedRect {
-    pub corners: [Point; 4],
-    pub width: f64,
-    pub height: f64,
+/// The order of the points handed to [`mini_box`], which decides where
+/// OpenCV's convex hull of them starts (and so, in a few ties, which of
+/// equal rectangles the rotating calipers keep).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PointOrder {
+    /// A region border as `findContours` traces it, from its top-left
+    /// pixel: the hull ends at that vertex.
+    Contour,
+    /// A polygon's vertices in their order (pyclipper's output): OpenCV
+    /// turns the hull to start at the vertex that comes first in the
+    /// input's order when the hull follows it (last when it runs against
+    /// it), else at the largest point.
+    Polygon,
 }
 
-/// The minimum-area enclosing rectangle of `pts` (`cv2.minAreaRect`), by
-/// trying each hull edge's direction; `None` for no points.
-pub fn min_area_rect(pts: &[Point]) -> Option<RotatedRect> {
-    let hull = convex_hull(pts);
-    match hull.len() {
-        0 => return None,
-        1 => {
-            let p = hull[0];
-            return Some(RotatedRect {
-                corners: [p; 4],
-                width: 0.0,
-                height: 0.0,
-            });
-        }
-        _ => {}
+/// OpenCV's `convexHull(points, clockwise=false)` as float32 vertices, in
+/// its order: positive turns, starting where [`PointOrder`] says.
+fn cv_hull(pts: &[Point], order: PointOrder) -> Vec<[f32; 2]> {
+    let mut h = convex_hull(pts);
+    if h.len() == 2 {
+        h.reverse(); // the largest point first, as Sklansky's scan gives it
     }
-    let mut best: Option<(f64, RotatedRect)> = None;
-    for i in 0..hull.len() {
-        let (a, b) = (hull[i], hull[(i + 1) % hull.len()]);
-        let (dx, dy) = (b[0] - a[0], b[1] - a[1]);
-        let len = (dx * dx + dy * dy).sqrt();
-        if len == 0.0 {
-            continue;
-        }
-        let (ux, uy) = (dx / len, dy / len);
-        let (mut lo_u, mut hi_u, mut lo_v, mut hi_v) = (f64::MAX, f64::MIN, f64::MAX, f64::MIN);
-        for p in &hull {
-            let u = (p[0] - a[0]) * ux + (p[1] - a[1]) * uy;
-            let v = -(p[0] - a[0]) * uy + (p[1] - a[1]) * ux;
-            lo_u = lo_u.min(u);
-            hi_u = hi_u.max(u);
-            lo_v = lo_v.min(v);
-            hi_v = hi_v.max(v);
-        }
-        let area = (hi_u - lo_u) * (hi_v - lo_v);
-        if best.as_ref().is_some_and(|(b, _)| area >= *b - 1e-9) {
-            continue;
-        }
-        let at = |u: f64, v: f64| [a[0] + u * ux - v * uy, a[1] + u * uy + v * ux];
-        let rect = RotatedRect {
-            corners: [
-                at(lo_u, lo_v),
-                at(hi_u, lo_v),
-                at(hi_u, hi_v),
-                at(lo_u, hi_v),
-            ],
-            width: hi_u - lo_u,
-            height: hi_v - lo_v,
+    let n = h.len();
+    if n >= 3 {
+        let start = match order {
+            PointOrder::Contour => {
+                let top_left = (0..n)
+                    .min_by(|&i, &j| {
+                        (h[i][1], h[i][0])
+                            .partial_cmp(&(h[j][1], h[j][0]))
+                            .unwrap_or(std::cmp::Ordering::Equal)
+                    })
+                    .expect("a hull of three or more");
+                (top_left + 1) % n
+            }
+            PointOrder::Polygon => {
+                let idx: Vec<usize> = h
+                    .iter()
+                    .map(|v| {
+                        pts.iter()
+                            .position(|p| p == v)
+                            .expect("a hull vertex is a point")
+                    })
+                    .collect();
+                let lo = (0..n).min_by_key(|&i| idx[i]).expect("vertices");
+                let hi = (0..n).max_by_key(|&i| idx[i]).expect("vertices");
+                let rising = (0..n).all(|j| j == hi || idx[(j + 1) % n] > idx[j]);
+                let falling = (0..n).all(|j| j == lo || idx[(j + 1) % n] < idx[j]);
+                if rising {
+                    lo
+                } else if falling {
+                    hi
+                } else {
+                    // Where Sklansky's scan starts: the largest point (x, then y).
+                    (0..n)
+                        .max_by(|&i, &j| {
+                            h[i].partial_cmp(&h[j]).unwrap_or(std::cmp::Ordering::Equal)
+                        })
+                        .expect("vertices")
+                }
+            }
         };
-        best = Some((area, rect));
+        h.rotate_left(start);
     }
-    best.map(|(_, r)| r)
+    h.iter().map(|p| [p[0] as f32, p[1] as f32]).collect()
+}
+
+/// A rotated rectangle as OpenCV's `minAreaRect` returns it: centre,
+/// size (width, height) and angle in degrees, in [-90, 0), all float32.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct RotatedRect {
+    pub center: [f32; 2],
+    pub size: [f32; 2],
+    pub angle: f32,
+}
+
+/// OpenCV 5's rotating calipers over a hull in [`cv_hull`]'s order, step
+/// for step in float32 (the last of equal areas wins): a corner and the
+/// rectangle's two side vectors.
+fn rotating_calipers(p: &[[f32; 2]]) -> [[f32; 2]; 3] {
+    let n = p.len();
+    let mut vect = vec![[0f32; 2]; n];
+    let mut inv_len = vec![0f32; n];
+    let (mut left, mut bottom, mut right, mut top) = (0, 0, 0, 0);
+    let mut pt0 = p[0];
+    let (mut left_x, mut right_x, mut top_y, mut bottom_y) = (pt0[0], pt0[0], pt0[1], pt0[1]);
+    for i in 0..n {
+        if pt0[0] < left_x {
+            (left_x, left) = (pt0[0], i);
+        }
+        if pt0[0] > right_x {
+            (right_x, right) = (pt0[0], i);
+        }
+        if pt0[1] > top_y {
+            (top_y, top) = (pt0[1], i);
+        }
+        if pt0[1] < bottom_y {
+            (bottom_y, bottom) = (pt0[1], i);
+        }
+        let pt = p[(i + 1) % n];
+        let (dx, dy) = (pt[0] as f64 - pt0[0] as f64, pt[1] as f64 - pt0[1] as f64);
+        vect[i] = [dx as f32, dy as f32];
+        inv_len[i] = (1.0 / (dx * dx + dy * dy).sqrt()) as f32;
+        pt0 = pt;
+    }
+    let mut seq = [bottom, right, top, left];
+    let mut min_area = f32::MAX;
+    let mut best = (0usize, 0f32, 0f32, 0f32, 0f32, 0usize);
+    for _ in 0..n {
+        let v = |i: usize| vect[seq[i]];
+        let rot = [
+            v(0),
+            [v(1)[1], -v(1)[0]],
+            [-v(2)[0], -v(2)[1]],
+            [-v(3)[1], v(3)[0]],
+        ];
+        let mut main = 0;
+        for i in 1..4 {
+            // rot[i] turned clockwise, against rot[main]: rot[i] is to the right.
+            let t = [rot[i][1], -rot[i][0]];
+            if t[0] * rot[main][0] + t[1] * rot[main][1] < 0.0 {
+                main = i;
+            }
+        }
+        let pi = seq[main];
+        let (lx, ly) = (vect[pi][0] * inv_len[pi], vect[pi][1] * inv_len[pi]);
+        let (base_a, base_b) = match main {
+            0 => (lx, ly),
+            1 => (ly, -lx),
+            2 => (-lx, -ly),
+            _ => (-ly, lx),
+        };
+        seq[main] = (seq[main] + 1) % n;
+        let (dx, dy) = (p[seq[1]][0] - p[seq[3]][0], p[seq[1]][1] - p[seq[3]][1]);
+        let width = dx * base_a + dy * base_b;
+        let (dx, dy) = (p[seq[2]][0] - p[seq[0]][0], p[seq[2]][1] - p[seq[0]][1]);
+        let height = -dx * base_b + dy * base_a;
+        let area = width * height;
+        if area <= min_area {
+            min_area = area;
+            best = (seq[3], base_a, width, base_b, height, seq[0]);
+        }
+    }
+    let (s3, a1, width, b1, height, s0) = best;
+    let (a2, b2) = (-b1, a1);
+    let c1 = a1 * p[s3][0] + p[s3][1] * b1;
+    let c2 = a2 * p[s0][0] + p[s0][1] * b2;
+    let idet = 1.0f32 / (a1 * b2 - a2 * b1);
+    let px = (c1 * b2 - c2 * b1) * idet;
+    let py = (a1 * c2 - a2 * c1) * idet;
+    [
+        [px, py],
+        [a1 * width, b1 * width],
+        [a2 * height, b2 * height],
+    ]
+}
+
+/// OpenCV 5's `minAreaRect` of `pts` (its hull started as `order` says),
+/// to the bit; `None` for no points.
+pub fn min_area_rect(pts: &[Point], order: PointOrder) -> Option<RotatedRect> {
+    let h = cv_hull(pts, order);
+    let mut angle = -std::f64::consts::FRAC_PI_2;
+    let (center, size) = match h.len() {
+        0 => return None,
+        1 => (h[0], [0.0, 0.0]),
+        2 => {
+            let center = [(h[0][0] + h[1][0]) * 0.5, (h[0][1] + h[1][1]) * 0.5];
+            let (dx, dy) = (
+                h[0][0] as f64 - h[1][0] as f64,
+                h[0][1] as f64 - h[1][1] as f64,
+            );
+            let mut size = [0.0, (dx * dx + dy * dy).sqrt() as f32];
+            if dx == 0.0 {
+                size.swap(0, 1);
+            } else if dy < 0.0 {
+                angle = dy.atan2(dx);
+                size.swap(0, 1);
+            } else if dy > 0.0 {
+                angle = -dx.atan2(dy);
+            }
+            (center, size)
+        }
+        _ => {
+            let [o0, o1, o2] = rotating_calipers(&h);
+            let center = [o0[0] + (o1[0] + o2[0]) * 0.5, o0[1] + (o1[1] + o2[1]) * 0.5];
+            let len = |v: [f32; 2]| ((v[0] as f64).powi(2) + (v[1] as f64).powi(2)).sqrt() as f32;
+            let mut size = [len(o2), len(o1)];
+            if o1[0] == 0.0 && o1[1] > 0.0 {
+                size.swap(0, 1);
+            } else {
+                angle = -(o1[0] as f64).atan2(o1[1] as f64);
+            }
+            (center, size)
+        }
+    };
+    Some(RotatedRect {
+        center,
+        size,
+        angle: (angle * 180.0 / std::f64::consts::PI) as f32,
+    })
+}
+
+/// OpenCV's `boxPoints` (`RotatedRect::points`), in float32.
+pub fn box_points(r: &RotatedRect) -> [[f32; 2]; 4] {
+    let angle = r.angle as f64 * std::f64::consts::PI / 180.0;
+    let b = angle.cos() as f32 * 0.5;
+    let a = angle.sin() as f32 * 0.5;
+    let ([cx, cy], [w, h]) = (r.center, r.size);
+    let (ah, aw, bh, bw) = (a * h, a * w, b * h, b * w);
+    [
+        [cx - ah - bw, cy + bh - aw],
+        [cx + ah - bw, cy - bh - aw],
+        [cx + ah + bw, cy - bh + aw],
+        [cx - ah + bw, cy + bh + aw],
+    ]
 }
 
 /// RapidOCR's `get_mini_boxes`: the minimum-area rectangle's corners (as
-/// float32, as `boxPoints` gives them) ordered top-left, top-right,
+/// `boxPoints` gives them, float32) ordered top-left, top-right,
 /// bottom-right, bottom-left by its sort on x then the two y tests, and
 /// the rectangle's shorter side.
-pub fn mini_box(pts: &[Point]) -> Option<([Point; 4], f64)> {
-    let r = min_area_rect(pts)?;
-    let mut p: Vec<Point> = r
-        .corners
+pub fn mini_box(pts: &[Point], order: PointOrder) -> Option<([Point; 4], f64)> {
+    let r = min_area_rect(pts, order)?;
+    let mut p: Vec<Point> = box_points(&r)
         .iter()
-        .map(|c| [c[0] as f32 as f64, c[1] as f32 as f64])
+        .map(|c| [c[0] as f64, c[1] as f64])
         .collect();
     p.sort_by(|a, b| a[0].partial_cmp(&b[0]).unwrap_or(std::cmp::Ordering::Equal));
     let (i1, i4) = if p[1][1] > p[0][1] { (0, 1) } else { (1, 0) };
     let (i2, i3) = if p[3][1] > p[2][1] { (2, 3) } else { (3, 2) };
-    Some(([p[i1], p[i2], p[i3], p[i4]], r.width.min(r.height)))
+    Some((
+        [p[i1], p[i2], p[i3], p[i4]],
+        r.size[0].min(r.size[1]) as f64,
+    ))
 }
 
 /// Shoelace area (absolute) and perimeter of a closed polygon.
@@ -550,12 +706,12 @@ mod tests {
         let borders = region_borders(&mask, w, h);
         assert_eq!(borders.len(), 3, "{borders:?}");
         // Raster order: the lone pixel first, then the block, then its hole.
-        let r = min_area_rect(&borders[1]).unwrap();
-        assert_eq!((r.width * r.height).round(), 3.0 * 2.0);
-        let hole = min_area_rect(&borders[2]).unwrap();
+        let r = min_area_rect(&borders[1], PointOrder::Contour).unwrap();
+        assert_eq!((r.size[0] * r.size[1]).round(), 3.0 * 2.0);
+        let hole = min_area_rect(&borders[2], PointOrder::Contour).unwrap();
         // The four pixels beside a one-pixel hole: a diamond.
-        assert!((hole.width * hole.height - 2.0).abs() < 1e-9);
-        let (corners, short) = mini_box(&borders[0]).unwrap();
+        assert!((hole.size[0] * hole.size[1] - 2.0).abs() < 1e-5);
+        let (corners, short) = mini_box(&borders[0], PointOrder::Contour).unwrap();
         assert_eq!(short, 0.0);
         assert_eq!(corners[0], [7.0, 0.0]);
     }
@@ -564,10 +720,129 @@ mod tests {
     fn round_offset_of_a_rectangle_grows_each_side() {
         let rect = [[10.0, 10.0], [50.0, 10.0], [50.0, 20.0], [10.0, 20.0]];
         let out = offset_round(&rect, 3.0);
-        let (corners, short) = mini_box(&out).unwrap();
+        let (corners, short) = mini_box(&out, PointOrder::Polygon).unwrap();
         assert_eq!(short, 16.0);
         assert_eq!(corners[0], [7.0, 7.0]);
         assert_eq!(corners[2], [53.0, 23.0]);
+    }
+
+    /// cv2 5.0's `minAreaRect` and `boxPoints` (opencv-python-headless
+    /// 5.0.0.93) on a border from the parity page and on small shapes:
+    /// the same float32 bits, the 376.99997 that pyclipper truncates to 376
+    /// included.
+    #[test]
+    fn minimum_area_rectangles_are_opencvs_to_the_bit() {
+        let contour: Vec<Point> = [
+            [111, 377],
+            [109, 379],
+            [109, 383],
+            [110, 384],
+            [525, 384],
+            [526, 385],
+            [532, 385],
+            [533, 384],
+            [534, 385],
+            [541, 385],
+            [542, 384],
+            [547, 384],
+            [548, 385],
+            [577, 385],
+            [578, 384],
+            [579, 384],
+            [580, 385],
+            [581, 385],
+            [582, 384],
+            [584, 384],
+            [585, 383],
+            [586, 383],
+            [586, 379],
+            [585, 379],
+            [584, 378],
+            [581, 378],
+            [580, 377],
+            [556, 377],
+            [555, 378],
+            [554, 378],
+            [553, 377],
+            [552, 377],
+            [551, 378],
+            [550, 378],
+            [549, 377],
+            [548, 377],
+            [547, 378],
+            [542, 378],
+            [541, 377],
+        ]
+        .iter()
+        .map(|&[x, y]| [x as f64, y as f64])
+        .collect();
+        let r = min_area_rect(&contour, PointOrder::Contour).unwrap();
+        assert_eq!(r.center, [347.49997, 380.99997]);
+        assert_eq!(r.size, [7.999999, 476.99994]);
+        assert_eq!(r.angle, -90.0);
+        let (corners, _) = mini_box(&contour, PointOrder::Contour).unwrap();
+        assert_eq!(corners[0], [109.0, 376.99997f32 as f64]);
+        assert_eq!(corners[2], [585.99994f32 as f64, 384.99997f32 as f64]);
+        // pyclipper's offset of that box, in its order.
+        let grown: Vec<Point> = [
+            [588, 371],
+            [591, 373],
+            [591, 384],
+            [590, 387],
+            [588, 390],
+            [109, 390],
+            [106, 389],
+            [103, 387],
+            [103, 376],
+            [104, 373],
+            [106, 370],
+            [585, 370],
+        ]
+        .iter()
+        .map(|&[x, y]| [x as f64, y as f64])
+        .collect();
+        let r = min_area_rect(&grown, PointOrder::Polygon).unwrap();
+        assert_eq!(
+            (r.center, r.size, r.angle),
+            ([347.0, 380.0], [20.0, 488.0], -90.0)
+        );
+        // Two points, and a slanted quadrilateral's border.
+        let r = min_area_rect(&[[1.0, 2.0], [5.0, 3.0]], PointOrder::Polygon).unwrap();
+        assert_eq!(
+            (r.center, r.size, r.angle),
+            ([3.0, 2.5], [0.0, 4.1231055], -75.96375)
+        );
+        let quad: Vec<Point> = [
+            [6, 1],
+            [2, 5],
+            [3, 6],
+            [3, 7],
+            [4, 8],
+            [4, 9],
+            [5, 10],
+            [7, 8],
+            [8, 8],
+            [10, 6],
+            [8, 4],
+            [8, 3],
+        ]
+        .iter()
+        .map(|&[x, y]| [x as f64, y as f64])
+        .collect();
+        let r = min_area_rect(&quad, PointOrder::Contour).unwrap();
+        assert_eq!(
+            (r.center, r.size, r.angle),
+            ([5.750001, 5.75], [7.071068, 6.3639603], -45.0)
+        );
+        assert_eq!(
+            box_points(&r),
+            [
+                [5.500001, 10.5],
+                [1.0000012, 6.0],
+                [6.000001, 1.0000002],
+                [10.500001, 5.5]
+            ]
+        );
     }
 
     #[test]
