@@ -726,13 +726,17 @@ mod tests {
         assert_eq!(corners[2], [53.0, 23.0]);
     }
 
+    fn pixels(p: &[[i32; 2]]) -> Vec<Point> {
+        p.iter().map(|&[x, y]| [x as f64, y as f64]).collect()
+    }
+
     /// cv2 5.0's `minAreaRect` and `boxPoints` (opencv-python-headless
     /// 5.0.0.93) on a border from the parity page and on small shapes:
     /// the same float32 bits, the 376.99997 that pyclipper truncates to 376
     /// included.
     #[test]
     fn minimum_area_rectangles_are_opencvs_to_the_bit() {
-        let contour: Vec<Point> = [
+        let contour = pixels(&[
             [111, 377],
             [109, 379],
             [109, 383],
@@ -772,10 +776,7 @@ mod tests {
             [547, 378],
             [542, 378],
             [541, 377],
-        ]
-        .iter()
-        .map(|&[x, y]| [x as f64, y as f64])
-        .collect();
+        ]);
         let r = min_area_rect(&contour, PointOrder::Contour).unwrap();
         assert_eq!(r.center, [347.49997, 380.99997]);
         assert_eq!(r.size, [7.999999, 476.99994]);
@@ -784,7 +785,7 @@ mod tests {
         assert_eq!(corners[0], [109.0, 376.99997f32 as f64]);
         assert_eq!(corners[2], [585.99994f32 as f64, 384.99997f32 as f64]);
         // pyclipper's offset of that box, in its order.
-        let grown: Vec<Point> = [
+        let grown = pixels(&[
             [588, 371],
             [591, 373],
             [591, 384],
@@ -797,10 +798,7 @@ mod tests {
             [104, 373],
             [106, 370],
             [585, 370],
-        ]
-        .iter()
-        .map(|&[x, y]| [x as f64, y as f64])
-        .collect();
+        ]);
         let r = min_area_rect(&grown, PointOrder::Polygon).unwrap();
         assert_eq!(
             (r.center, r.size, r.angle),
@@ -812,7 +810,7 @@ mod tests {
             (r.center, r.size, r.angle),
             ([3.0, 2.5], [0.0, 4.1231055], -75.96375)
         );
-        let quad: Vec<Point> = [
+        let quad = pixels(&[
             [6, 1],
             [2, 5],
             [3, 6],
@@ -825,10 +823,7 @@ mod tests {
             [10, 6],
             [8, 4],
             [8, 3],
-        ]
-        .iter()
-        .map(|&[x, y]| [x as f64, y as f64])
-        .collect();
+        ]);
         let r = min_area_rect(&quad, PointOrder::Contour).unwrap();
         assert_eq!(
             (r.center, r.size, r.angle),
