@@ -186,3 +186,36 @@ fn cpu_reads_the_page_as_rapidocr_does() {
         assert!(d < 5e-3, "{}: confidence differs by {d}", l.text);
     }
 }
+
+/// Runs `file` on three inputs 48 x `width` as one batch and alone: a
+/// line's outputs must not depend on the others in its batch (bit for bit).
+fn assert_batch_invariant(file: &str, width: usize) {
+    let net = net(file);
+    let line = |seed: usize| -> Vec<f32> {
+        (0..3 * 48 * width)
+            .map(|i| (((i * 7919 + seed * 104729) % 2003) as f32 / 1001.5) - 1.0)
+            .collect()
+    };
+    let lines: Vec<Vec<f32>> = (0..3).map(line).collect();
+    let batch = net
+        .run(Tensor::F32(lines.concat(), vec![3, 3, 48, width]))
+        .unwrap();
+    let (out, shape) = (floats(&batch[0]), batch[0].shape().to_vec());
+    assert_eq!(shape[0], 3, "{file}");
+    let per_line = out.len() / 3;
+    for (j, input) in lines.into_iter().enumerate() {
+        let alone = net.run(Tensor::F32(input, vec![1, 3, 48, width])).unwrap();
+        assert_eq!(alone[0].shape()[1..], shape[1..], "{file}");
+        assert!(
+            floats(&alone[0]) == &out[j * per_line..(j + 1) * per_line],
+            "{file}: line {j} differs in the batch"
+        );
+    }
+}
+
+#[test]
+fn recogniser_and_classifier_batches_give_each_line_its_own_result() {
+    // RapidOCR recognises and classifies lines six at a time.
+    assert_batch_invariant("ch_PP-OCRv4_rec_infer.onnx", 200);
+    assert_batch_invariant("ch_ppocr_mobile_v2.0_cls_infer.onnx", 192);
+}

@@ -27,6 +27,21 @@ pub enum ConvActivation {
 }
 
 impl ConvActivation {
+    /// xs[i] = apply(xs[i] + bias), the activation chosen once for the
+    /// whole slice so the loop vectorises.
+    #[inline(always)]
+    pub fn apply_biased(self, bias: f32, xs: &mut [f32]) {
+        match self {
+            ConvActivation::None => xs.iter_mut().for_each(|x| *x += bias),
+            ConvActivation::Relu => xs.iter_mut().for_each(|x| *x = (*x + bias).max(0.0)),
+            ConvActivation::HardSwish => xs.iter_mut().for_each(|x| {
+                let v = *x + bias;
+                *x = v * (v + 3.0).clamp(0.0, 6.0) / 6.0
+            }),
+            _ => xs.iter_mut().for_each(|x| *x = self.apply(*x + bias)),
+        }
+    }
+
     #[inline]
     pub fn apply(self, x: f32) -> f32 {
         match self {
@@ -320,15 +335,20 @@ fn pointwise_tile(xs: &[f32], wt: &[f32]) -> [[f32; PW_PIXELS]; PW_OUTS] {
 }
 
 /// An ungrouped convolution (1x1 or k x k) as a matrix product over
-/// NCHW planes: y[c_out, pixels] = w[c_out, c_in * kh * kw] · columns,
-/// with the columns (the input channels for a 1x1 layer, im2col's taps
-/// otherwise, from a zero-padded copy) packed a few output pixels at a time
-/// by [`super::matmul_columns`], never stored whole. Then y = act(sum + b)
-/// and `tail(channel, piece)` over each finished piece of an output plane.
-/// The sums are fused multiply-adds in the order input channel, kernel row,
-/// kernel column: equal to [`conv2d`] up to rounding.
+/// NCHW planes, for `images` images at once (x: [images, c_in, h_in,
+/// w_in] -> y: [images, c_out, h_out, w_out]): y[c_out, pixels] =
+/// w[c_out, c_in * kh * kw] · columns, with the columns (the input channels
+/// for a 1x1 layer, im2col's taps otherwise, from a zero-padded copy)
+/// packed a few output pixels at a time by
+/// [`super::matmul_columns_batched`], never stored whole. Then y =
+/// act(sum + b) and `tail(channel, piece)` over each finished piece of an
+/// output plane. The sums are fused multiply-adds in the order input
+/// channel, kernel row, kernel column: equal to [`conv2d`] up to rounding,
+/// and the same for an image whatever the batch.
+#[allow(clippy::too_many_arguments)]
 pub fn conv2d_gemm<T>(
     g: &Conv2d,
+    images: usize,
     x: &[f32],
     w: &[f32],
     b: &[f32],
@@ -339,23 +359,35 @@ pub fn conv2d_gemm<T>(
     T: Fn(usize, &mut [f32]) + Sync,
 {
     assert_eq!(g.groups, 1, "conv2d_gemm: {g:?} is grouped");
-    g.assert_buffers("conv2d_gemm", x, w, b, y);
     let (h_out, w_out) = (g.h_out(), g.w_out());
-    let n = h_out * w_out;
+    let (n, plane_in) = (h_out * w_out, g.h_in * g.w_in);
+    assert_eq!(x.len(), images * g.c_in * plane_in, "conv2d_gemm: x");
+    assert_eq!(y.len(), images * g.c_out * n, "conv2d_gemm: y");
+    assert_eq!(w.len(), g.weight_len(), "conv2d_gemm: w");
+    assert_eq!(b.len(), g.c_out, "conv2d_gemm: b");
     let k = g.c_in * g.kh * g.kw;
-    let epilogue = |o: usize, _c0: usize, piece: &mut [f32]| {
-        for v in piece.iter_mut() {
-            *v = act.apply(*v + b[o]);
-        }
+    let epilogue = |_image: usize, o: usize, _c0: usize, piece: &mut [f32]| {
+        act.apply_biased(b[o], piece);
         tail(o, piece);
     };
     if g.is_pointwise() {
-        let pack = |c0: usize, cols: usize, panel: &mut [f32]| {
+        let pack = |image: usize, c0: usize, cols: usize, panel: &mut [f32]| {
+            let x = &x[image * k * n..][..k * n];
+            if cols == PANEL_WIDTH {
+                for (ci, dst) in panel.chunks_exact_mut(PANEL_WIDTH).enumerate() {
+                    let src: &[f32; PANEL_WIDTH] = x[ci * n + c0..][..PANEL_WIDTH]
+                        .try_into()
+                        .expect("a whole panel row");
+                    let dst: &mut [f32; PANEL_WIDTH] = dst.try_into().expect("a panel row");
+                    *dst = *src;
+                }
+                return;
+            }
             for (ci, dst) in panel.chunks_exact_mut(PANEL_WIDTH).enumerate() {
                 dst[..cols].copy_from_slice(&x[ci * n + c0..ci * n + c0 + cols]);
             }
         };
-        super::matmul_columns(w, g.c_out, k, n, y, pack, epilogue);
+        super::matmul_columns_batched(w, [g.c_out, k, n], images, y, pack, epilogue);
         return;
     }
     let (hp, wp) = (g.h_in + g.pad[0] + g.pad[2], g.w_in + g.pad[1] + g.pad[3]);
@@ -368,7 +400,8 @@ pub fn conv2d_gemm<T>(
     };
     let [sy, sx] = g.stride;
     let [dy, dx] = g.dilation;
-    let pack = |c0: usize, cols: usize, panel: &mut [f32]| {
+    let pack = |image: usize, c0: usize, cols: usize, panel: &mut [f32]| {
+        let xp = &xp[image * g.c_in * hp * wp..][..g.c_in * hp * wp];
         // Where each pixel's window starts in a padded plane.
         let mut base = [0usize; PANEL_WIDTH];
         for (j, bj) in base.iter_mut().enumerate().take(cols) {
@@ -389,13 +422,15 @@ pub fn conv2d_gemm<T>(
             }
         }
     };
-    super::matmul_columns(w, g.c_out, k, n, y, pack, epilogue);
+    super::matmul_columns_batched(w, [g.c_out, k, n], images, y, pack, epilogue);
 }
 
-/// The input planes with the convolution's zero padding around each.
+/// The input planes (of one image or several) with the convolution's zero
+/// padding around each.
 fn pad_planes(g: &Conv2d, x: &[f32]) -> Vec<f32> {
     let (hp, wp) = (g.h_in + g.pad[0] + g.pad[2], g.w_in + g.pad[1] + g.pad[3]);
-    let mut xp = vec![0.0f32; g.c_in * hp * wp];
+    let planes = x.len() / (g.h_in * g.w_in);
+    let mut xp = vec![0.0f32; planes * hp * wp];
     xp.par_chunks_mut(hp * wp)
         .zip(x.par_chunks(g.h_in * g.w_in))
         .for_each(|(dst, src)| {
@@ -425,6 +460,10 @@ pub fn conv2d_rows(
     y: &mut [f32],
 ) {
     g.assert_buffers("conv2d_rows", x, w, b, y);
+    if g.is_depthwise() {
+        conv2d_depthwise(g, 1, x, w, b, act, y);
+        return;
+    }
     let xp = pad_planes(g, x);
     let avx2 = has_avx2();
     let avx512 = has_avx512();
@@ -535,6 +574,260 @@ fn rows_plane(
             for (yv, &a) in plane[oy * w_out + ox0..][..len].iter_mut().zip(&acc) {
                 *yv = act.apply(a + bias);
             }
+        }
+    }
+}
+
+/// Output pixels a depthwise tile keeps in registers over every tap.
+const DW_TILE: usize = 32;
+
+/// A depthwise convolution ([`Conv2d::is_depthwise`]) over `images`
+/// images at once: x: [images, c, h_in, w_in] -> y: [images, c, h_out,
+/// w_out], one task per output plane. Each task copies its input plane,
+/// zero-padded, into a buffer of its own, split by column phase (column p
+/// goes to phase p % stride at p / stride), so that every tap of a tile of
+/// outputs reads contiguous values, whatever the stride. Same sums as
+/// [`conv2d`] in the same order (kernel row, kernel column; padded taps
+/// add zero), bias added last.
+pub fn conv2d_depthwise(
+    g: &Conv2d,
+    images: usize,
+    x: &[f32],
+    w: &[f32],
+    b: &[f32],
+    act: ConvActivation,
+    y: &mut [f32],
+) {
+    assert!(g.is_depthwise(), "conv2d_depthwise: {g:?} is not depthwise");
+    let (plane_in, plane_out) = (g.h_in * g.w_in, g.h_out() * g.w_out());
+    assert_eq!(x.len(), images * g.c_in * plane_in, "conv2d_depthwise: x");
+    assert_eq!(y.len(), images * g.c_out * plane_out, "conv2d_depthwise: y");
+    assert_eq!(w.len(), g.weight_len(), "conv2d_depthwise: w");
+    assert_eq!(b.len(), g.c_out, "conv2d_depthwise: b");
+    let tile: DepthwiseTile = if has_avx512() {
+        depthwise_tile_avx512
+    } else if has_avx2() {
+        depthwise_tile_avx2
+    } else {
+        depthwise_tile
+    };
+    depthwise_with(tile, g, x, w, b, act, y)
+}
+
+/// [`conv2d_depthwise`] with the given build of its tile.
+fn depthwise_with(
+    tile: DepthwiseTile,
+    g: &Conv2d,
+    x: &[f32],
+    w: &[f32],
+    b: &[f32],
+    act: ConvActivation,
+    y: &mut [f32],
+) {
+    let (plane_in, plane_out) = (g.h_in * g.w_in, g.h_out() * g.w_out());
+    y.par_chunks_mut(plane_out)
+        .zip(x.par_chunks(plane_in))
+        .enumerate()
+        .for_each_init(
+            || (Vec::new(), Vec::new()),
+            |(phases, offsets), (i, (out, src))| {
+                let c = i % g.c_out;
+                let taps = &w[c * g.kh * g.kw..(c + 1) * g.kh * g.kw];
+                depthwise_plane(g, src, taps, b[c], act, tile, phases, offsets, out)
+            },
+        );
+}
+
+/// Where one tile of [`conv2d_depthwise`] reads and writes: `rows` output
+/// rows (at most [`DW_ROWS`]) of `len` pixels (at most [`DW_TILE`]); tap t
+/// of row r reads xs[offsets[t] + r * row_step..][..DW_TILE]; row r goes to
+/// out[r * out_stride..][..len].
+struct DepthwiseTileAt<'a> {
+    xs: &'a [f32],
+    offsets: &'a [usize],
+    row_step: usize,
+    rows: usize,
+    len: usize,
+    out_stride: usize,
+}
+
+/// Output rows a depthwise tile computes at once (independent sums, so
+/// the additions of one tap do not wait on each other).
+const DW_ROWS: usize = 4;
+
+/// One tile: out = act(bias + the sum over the taps, in order, of
+/// taps[t] * x). Unsafe only for the target features of its builds.
+type DepthwiseTile = unsafe fn(&DepthwiseTileAt, &[f32], f32, ConvActivation, &mut [f32]);
+
+/// One output plane of [`conv2d_depthwise`] from its input plane `src`;
+/// `phases` and `offsets` are the task's scratch buffers.
+#[allow(clippy::too_many_arguments)]
+fn depthwise_plane(
+    g: &Conv2d,
+    src: &[f32],
+    taps: &[f32],
+    bias: f32,
+    act: ConvActivation,
+    tile: DepthwiseTile,
+    phases: &mut Vec<f32>,
+    offsets: &mut Vec<usize>,
+    out: &mut [f32],
+) {
+    let (h_out, w_out) = (g.h_out(), g.w_out());
+    let hp = g.h_in + g.pad[0] + g.pad[2];
+    let wp = g.w_in + g.pad[1] + g.pad[3];
+    let [sy, sx] = g.stride;
+    let [dy, dx] = g.dilation;
+    // A phase row holds every column of its phase, then room for a whole
+    // last tile (read, never written out).
+    let stride_row = wp.div_ceil(sx) + DW_TILE;
+    let phase_len = hp * stride_row;
+    phases.clear();
+    phases.resize(sx * phase_len, 0.0);
+    for (r, row) in src.chunks_exact(g.w_in).enumerate() {
+        let at = (r + g.pad[0]) * stride_row;
+        if sx == 1 {
+            phases[at + g.pad[1]..][..g.w_in].copy_from_slice(row);
+            continue;
+        }
+        // Padded column p = q * sx + phase holds input column p - pad.
+        for phase in 0..sx {
+            let dst = &mut phases[phase * phase_len + at..][..stride_row];
+            let first = g.pad[1].saturating_sub(phase).div_ceil(sx);
+            let cols = (first * sx + phase - g.pad[1]..g.w_in).step_by(sx);
+            for (d, col) in dst[first..].iter_mut().zip(cols) {
+                *d = row[col];
+            }
+        }
+    }
+    offsets.clear();
+    for ky in 0..g.kh {
+        for kx in 0..g.kw {
+            let col = kx * dx;
+            offsets.push((col % sx) * phase_len + ky * dy * stride_row + col / sx);
+        }
+    }
+    for oy in (0..h_out).step_by(DW_ROWS) {
+        let rows = DW_ROWS.min(h_out - oy);
+        for ox in (0..w_out).step_by(DW_TILE) {
+            let at = DepthwiseTileAt {
+                xs: &phases[oy * sy * stride_row + ox..],
+                offsets,
+                row_step: sy * stride_row,
+                rows,
+                len: DW_TILE.min(w_out - ox),
+                out_stride: w_out,
+            };
+            // SAFETY: `tile` is the build the CPU supports (chosen by
+            // conv2d_depthwise).
+            unsafe { tile(&at, taps, bias, act, &mut out[oy * w_out + ox..]) }
+        }
+    }
+}
+
+/// The portable [`DepthwiseTile`].
+unsafe fn depthwise_tile(
+    at: &DepthwiseTileAt,
+    taps: &[f32],
+    bias: f32,
+    act: ConvActivation,
+    out: &mut [f32],
+) {
+    for r in 0..at.rows {
+        let mut acc = [0.0f32; DW_TILE];
+        for (&o, &wv) in at.offsets.iter().zip(taps) {
+            let xs = &at.xs[o + r * at.row_step..][..DW_TILE];
+            for (a, &v) in acc.iter_mut().zip(xs) {
+                *a += wv * v;
+            }
+        }
+        act.apply_biased(bias, &mut acc);
+        out[r * at.out_stride..][..at.len].copy_from_slice(&acc[..at.len]);
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn depthwise_tile_avx512(
+    at: &DepthwiseTileAt,
+    taps: &[f32],
+    bias: f32,
+    act: ConvActivation,
+    out: &mut [f32],
+) {
+    match at.rows {
+        4 => depthwise_rows_avx512::<4>(at, taps, bias, act, out),
+        3 => depthwise_rows_avx512::<3>(at, taps, bias, act, out),
+        2 => depthwise_rows_avx512::<2>(at, taps, bias, act, out),
+        _ => depthwise_rows_avx512::<1>(at, taps, bias, act, out),
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn depthwise_rows_avx512<const R: usize>(
+    at: &DepthwiseTileAt,
+    taps: &[f32],
+    bias: f32,
+    act: ConvActivation,
+    out: &mut [f32],
+) {
+    use std::arch::x86_64::*;
+    let last = at.offsets.iter().max().copied().unwrap_or(0) + (R - 1) * at.row_step;
+    let xs = &at.xs[..last + DW_TILE];
+    let mut acc = [[_mm512_setzero_ps(); 2]; R];
+    for (&o, &wv) in at.offsets.iter().zip(taps) {
+        let w = _mm512_set1_ps(wv);
+        for (r, a) in acc.iter_mut().enumerate() {
+            // In bounds: o + r * row_step + DW_TILE <= xs.len().
+            let v = xs.as_ptr().add(o + r * at.row_step);
+            // Multiply, then add: the reference's rounding, no fused step.
+            a[0] = _mm512_add_ps(a[0], _mm512_mul_ps(w, _mm512_loadu_ps(v)));
+            a[1] = _mm512_add_ps(a[1], _mm512_mul_ps(w, _mm512_loadu_ps(v.add(16))));
+        }
+    }
+    for (r, a) in acc.iter().enumerate() {
+        let mut row = [0.0f32; DW_TILE];
+        _mm512_storeu_ps(row.as_mut_ptr(), a[0]);
+        _mm512_storeu_ps(row.as_mut_ptr().add(16), a[1]);
+        act.apply_biased(bias, &mut row);
+        out[r * at.out_stride..][..at.len].copy_from_slice(&row[..at.len]);
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn depthwise_tile_avx2(
+    at: &DepthwiseTileAt,
+    taps: &[f32],
+    bias: f32,
+    act: ConvActivation,
+    out: &mut [f32],
+) {
+    use std::arch::x86_64::*;
+    // Two rows at a time: 8 sums of 8 lanes in 8 of the 16 registers.
+    for r0 in (0..at.rows).step_by(2) {
+        let rows = 2.min(at.rows - r0);
+        let last = at.offsets.iter().max().copied().unwrap_or(0) + (r0 + rows - 1) * at.row_step;
+        let xs = &at.xs[..last + DW_TILE];
+        let mut acc = [[_mm256_setzero_ps(); DW_TILE / 8]; 2];
+        for (&o, &wv) in at.offsets.iter().zip(taps) {
+            let w = _mm256_set1_ps(wv);
+            for (r, a) in acc.iter_mut().enumerate().take(rows) {
+                // In bounds: o + (r0 + r) * row_step + DW_TILE <= xs.len().
+                let v = xs.as_ptr().add(o + (r0 + r) * at.row_step);
+                for (j, aj) in a.iter_mut().enumerate() {
+                    *aj = _mm256_add_ps(*aj, _mm256_mul_ps(w, _mm256_loadu_ps(v.add(8 * j))));
+                }
+            }
+        }
+        for (r, a) in acc.iter().enumerate().take(rows) {
+            let mut row = [0.0f32; DW_TILE];
+            for (j, aj) in a.iter().enumerate() {
+                _mm256_storeu_ps(row.as_mut_ptr().add(8 * j), *aj);
+            }
+            act.apply_biased(bias, &mut row);
+            out[(r0 + r) * at.out_stride..][..at.len].copy_from_slice(&row[..at.len]);
         }
     }
 }
@@ -771,6 +1064,59 @@ mod tests {
     }
 
     #[test]
+    fn depthwise_batches_and_builds_match_the_reference() {
+        let mut rng = Rng::new(7);
+        let mut builds: Vec<DepthwiseTile> = vec![depthwise_tile];
+        if has_avx2() {
+            builds.push(depthwise_tile_avx2);
+        }
+        if has_avx512() {
+            builds.push(depthwise_tile_avx512);
+        }
+        // (channels, h, w, kernel, stride, pad, dilation): rows past a
+        // tile of 32 and of 4 rows, strides 1 to 3.
+        for (c, h, w, k, s, pad, d) in [
+            (3, 12, 80, 5, 1, 2, 1),
+            (2, 13, 70, 3, 2, 1, 1),
+            (2, 9, 41, 5, 3, 2, 1),
+            (3, 7, 35, 3, 1, 2, 2),
+            (2, 1, 1, 3, 1, 1, 1),
+        ] {
+            let g = Conv2d {
+                c_in: c,
+                h_in: h,
+                w_in: w,
+                c_out: c,
+                kh: k,
+                kw: k,
+                stride: [s, s],
+                pad: [pad; 4],
+                dilation: [d, d],
+                groups: c,
+            };
+            g.check().unwrap();
+            let images = 3;
+            let x = rng.vec(images * c * h * w, -1.0, 1.0);
+            let wt = rng.vec(g.weight_len(), -1.0, 1.0);
+            let b = rng.vec(c, -1.0, 1.0);
+            let per_out = c * g.h_out() * g.w_out();
+            let mut want = vec![0.0; images * per_out];
+            for (img, out) in x
+                .chunks_exact(c * h * w)
+                .zip(want.chunks_exact_mut(per_out))
+            {
+                conv2d(&g, img, &wt, &b, ConvActivation::HardSwish, out);
+            }
+            for (i, &tile) in builds.iter().enumerate() {
+                let mut got = vec![f32::NAN; images * per_out];
+                depthwise_with(tile, &g, &x, &wt, &b, ConvActivation::HardSwish, &mut got);
+                // Same taps in the same order, bias added last: exact.
+                assert_eq!(got, want, "build {i}, {g:?}");
+            }
+        }
+    }
+
+    #[test]
     fn gemm_matches_the_reference() {
         let mut rng = Rng::new(5);
         // (c_in, c_out, h, w, kernel, stride, pad, dilation): 1x1 layers,
@@ -811,7 +1157,7 @@ mod tests {
                     *v += 10.0 * o as f32;
                 }
             };
-            conv2d_gemm(&g, &x, &wt, &b, ConvActivation::None, &mut got, tail);
+            conv2d_gemm(&g, 1, &x, &wt, &b, ConvActivation::None, &mut got, tail);
             let plane = g.h_out() * g.w_out();
             let taps = (c_in * k * k) as f32;
             for (i, (gv, wv)) in got.iter().zip(&want).enumerate() {
@@ -821,6 +1167,35 @@ mod tests {
                 let tol = 1e-5 * taps.sqrt() + 4e-6 * wv.abs();
                 assert!((gv - wv).abs() <= tol, "{g:?} element {i}: {gv} vs {wv}");
             }
+            // In a batch of three, each image's output is the same as
+            // alone, bit for bit.
+            let others = rng.vec(2 * c_in * h * w, -1.0, 1.0);
+            let batch_x = [x.as_slice(), &others].concat();
+            let mut batch = vec![f32::NAN; 3 * n];
+            conv2d_gemm(
+                &g,
+                3,
+                &batch_x,
+                &wt,
+                &b,
+                ConvActivation::None,
+                &mut batch,
+                tail,
+            );
+            assert_eq!(&batch[..n], &got[..], "{g:?} first of a batch");
+            let mut last = vec![f32::NAN; n];
+            let last_x = &others[c_in * h * w..];
+            conv2d_gemm(
+                &g,
+                1,
+                last_x,
+                &wt,
+                &b,
+                ConvActivation::None,
+                &mut last,
+                tail,
+            );
+            assert_eq!(&batch[2 * n..], &last[..], "{g:?} last of a batch");
         }
     }
 

@@ -135,7 +135,6 @@ const COLUMN_PANELS: usize = 8;
 /// packed on the fly, y the output planes. Tasks own runs of columns (so
 /// b is packed once and a streams past it); each element of y is the same
 /// k-ordered sum of fused multiply-adds as in [`matmul_packed`].
-#[allow(clippy::too_many_arguments)]
 pub fn matmul_columns<P, E>(
     a: &[f32],
     m: usize,
@@ -148,33 +147,69 @@ pub fn matmul_columns<P, E>(
     P: Fn(usize, usize, &mut [f32]) + Sync,
     E: Fn(usize, usize, &mut [f32]) + Sync,
 {
+    matmul_columns_batched(
+        a,
+        [m, k, n],
+        1,
+        y,
+        |_, c0, cols, panel| pack(c0, cols, panel),
+        |_, row, c0, piece| epilogue(row, c0, piece),
+    )
+}
+
+/// [`matmul_columns`] for `images` products with the same a at once:
+/// y[image] = a · b[image], y is [images][m][n], and `pack` and `epilogue`
+/// take the image first. One pool of tasks for all of them (a task owns a
+/// run of columns of one image), so a batch costs one parallel pass; each
+/// element is the same sum as for its image alone.
+pub fn matmul_columns_batched<P, E>(
+    a: &[f32],
+    [m, k, n]: [usize; 3],
+    images: usize,
+    y: &mut [f32],
+    pack: P,
+    epilogue: E,
+) where
+    P: Fn(usize, usize, usize, &mut [f32]) + Sync,
+    E: Fn(usize, usize, usize, &mut [f32]) + Sync,
+{
     assert_eq!(a.len(), m * k, "matmul_columns: a is not [m, k]");
-    assert_eq!(y.len(), m * n, "matmul_columns: y is not [m, n]");
-    if m == 0 || n == 0 {
+    assert_eq!(
+        y.len(),
+        images * m * n,
+        "matmul_columns: y is not [images, m, n]"
+    );
+    if m == 0 || n == 0 || images == 0 {
         return;
     }
     let simd = Simd::detect();
     let threads = rayon::current_num_threads();
     let panels = n.div_ceil(NR);
     // A few tasks per thread, so uneven ones even out.
-    let per_task = panels.div_ceil(4 * threads).clamp(1, COLUMN_PANELS);
+    let per_task = (images * panels)
+        .div_ceil(4 * threads)
+        .clamp(1, COLUMN_PANELS);
     let cols = per_task * NR;
-    // Each task owns one run of columns of every row of y.
-    let mut tasks: Vec<Vec<&mut [f32]>> = (0..n.div_ceil(cols))
+    let per_image = n.div_ceil(cols);
+    // Each task owns one run of columns of every row of one image's y.
+    let mut tasks: Vec<Vec<&mut [f32]>> = (0..images * per_image)
         .map(|_| Vec::with_capacity(m))
         .collect();
-    for row in y.chunks_mut(n) {
-        for (task, piece) in tasks.iter_mut().zip(row.chunks_mut(cols)) {
-            task.push(piece);
+    for (image, planes) in y.chunks_mut(m * n).enumerate() {
+        for row in planes.chunks_mut(n) {
+            let image_tasks = &mut tasks[image * per_image..(image + 1) * per_image];
+            for (task, piece) in image_tasks.iter_mut().zip(row.chunks_mut(cols)) {
+                task.push(piece);
+            }
         }
     }
     tasks.into_par_iter().enumerate().for_each(|(t, mut rows)| {
-        let c0 = t * cols;
+        let (image, c0) = (t / per_image, (t % per_image) * cols);
         let width = rows[0].len();
         let count = width.div_ceil(NR);
         let mut packed = vec![0.0f32; count * k * NR];
         for (p, panel) in packed.chunks_exact_mut(k * NR).enumerate() {
-            pack(c0 + p * NR, NR.min(width - p * NR), panel);
+            pack(image, c0 + p * NR, NR.min(width - p * NR), panel);
         }
         for i0 in (0..m).step_by(MR) {
             let mr = MR.min(m - i0);
@@ -187,15 +222,25 @@ pub fn matmul_columns<P, E>(
                     let at = (2 * q + h) * NR;
                     let nc = NR.min(width - at);
                     for (i, row) in acc.iter().enumerate().take(mr) {
-                        rows[i0 + i][at..at + nc].copy_from_slice(&row[..nc]);
+                        copy_panel_row(&mut rows[i0 + i][at..at + nc], row);
                     }
                 }
             }
             for (i, piece) in rows[i0..i0 + mr].iter_mut().enumerate() {
-                epilogue(i0 + i, c0, piece);
+                epilogue(image, i0 + i, c0, piece);
             }
         }
     });
+}
+
+/// dst = src[..dst.len()] for a row of one panel (at most 16 floats):
+/// a whole row as one fixed-size move rather than a call to memcpy.
+#[inline(always)]
+fn copy_panel_row(dst: &mut [f32], src: &[f32; NR]) {
+    match <&mut [f32; NR]>::try_from(&mut *dst) {
+        Ok(whole) => *whole = *src,
+        Err(_) => dst.copy_from_slice(&src[..dst.len()]),
+    }
 }
 
 #[derive(Clone, Copy)]

@@ -1095,21 +1095,24 @@ fn eval(node: &Node, inputs: &[&Tensor]) -> EvalResult {
             chain_plane(tail, &[n, geom.c_out, ho, wo])?;
             let per_out = geom.c_out * ho * wo;
             let mut y = vec![0.0f32; n * per_out];
-            for (img, out) in data
-                .chunks_exact(c * h * w)
-                .zip(y.chunks_exact_mut(per_out))
-            {
-                if geom.groups == 1 {
-                    // 1x1 and full k x k layers: a matrix product.
-                    cpu::conv2d_gemm(&geom, img, weight, bias, *act, out, |o, piece| {
-                        tail.apply_channel(o, piece)
-                    });
-                } else {
+            // Every image of the batch in one parallel pass.
+            if geom.groups == 1 {
+                // 1x1 and full k x k layers: a matrix product.
+                cpu::conv2d_gemm(&geom, n, data, weight, bias, *act, &mut y, |o, piece| {
+                    tail.apply_channel(o, piece)
+                });
+            } else if geom.is_depthwise() {
+                cpu::conv2d_depthwise(&geom, n, data, weight, bias, *act, &mut y);
+                tail.apply(ho * wo, &mut y);
+            } else {
+                for (img, out) in data
+                    .chunks_exact(c * h * w)
+                    .zip(y.chunks_exact_mut(per_out))
+                {
                     cpu::conv2d_rows(&geom, img, weight, bias, *act, out);
                     tail.apply(ho * wo, out);
                 }
             }
-
             Ok(Tensor::F32(y, vec![n, geom.c_out, ho, wo]))
         }
         Op::ConvTranspose {

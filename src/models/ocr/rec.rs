@@ -42,6 +42,19 @@ pub fn line_input(crop: &Crop, width: usize) -> Vec<f32> {
     out
 }
 
+/// The `n` lines of a [n, steps, classes] batch of probabilities, each
+/// [1, steps, classes] (anything else is passed on whole, for
+/// [`Recognizer::decode`] to refuse).
+fn split_batch(probs: &Tensor, n: usize) -> Vec<Tensor> {
+    match probs {
+        Tensor::F32(d, s) if s.len() == 3 && s[0] == n && s[1] * s[2] > 0 => d
+            .chunks_exact(s[1] * s[2])
+            .map(|line| Tensor::F32(line.to_vec(), vec![1, s[1], s[2]]))
+            .collect(),
+        t => vec![t.clone()],
+    }
+}
+
 pub struct Classifier {
     pub net: Network,
 }
@@ -54,16 +67,29 @@ impl Classifier {
     }
 
     /// Each crop, turned 180 degrees where the classifier says it is
-    /// upside down.
+    /// upside down. On the CPU, crops go through the network in batches of
+    /// [`REC_GROUP`] (RapidOCR's `cls_batch_num`); a crop's scores are the
+    /// same in any batch.
     pub fn orient(&self, crops: Vec<Crop>) -> Result<Vec<Crop>> {
-        let mut out = Vec::with_capacity(crops.len());
-        for crop in crops {
-            let input = line_input(&crop, CLS_WIDTH);
-            let y = self
-                .net
-                .run(Tensor::F32(input, vec![1, 3, LINE_HEIGHT, CLS_WIDTH]))?;
-            let scores = match &y[0] {
-                Tensor::F32(d, s) if s == &[1, 2] => d.clone(),
+        let batch = if self.net.gpu().is_some() {
+            1
+        } else {
+            REC_GROUP
+        };
+        let mut scores = Vec::with_capacity(crops.len());
+        for group in crops.chunks(batch) {
+            let input: Vec<f32> = group
+                .iter()
+                .flat_map(|c| line_input(c, CLS_WIDTH))
+                .collect();
+            let y = self.net.run(Tensor::F32(
+                input,
+                vec![group.len(), 3, LINE_HEIGHT, CLS_WIDTH],
+            ))?;
+            match &y[0] {
+                Tensor::F32(d, s) if s == &[group.len(), 2] => {
+                    scores.extend(d.chunks_exact(2).map(|p| [p[0], p[1]]))
+                }
                 t => {
                     return Err(Error::format(
                         &self.net.path,
@@ -73,12 +99,20 @@ impl Classifier {
                         ),
                     ))
                 }
-            };
-            // argmax picks the first of equal scores, as numpy does.
-            let upside_down = scores[1] > scores[0] && scores[1] > CLS_THRESH;
-            out.push(if upside_down { crop.rot180() } else { crop });
+            }
         }
-        Ok(out)
+        Ok(crops
+            .into_iter()
+            .zip(scores)
+            .map(|(crop, [up, down])| {
+                // argmax picks the first of equal scores, as numpy does.
+                if down > up && down > CLS_THRESH {
+                    crop.rot180()
+                } else {
+                    crop
+                }
+            })
+            .collect())
     }
 }
 
@@ -120,12 +154,28 @@ impl Recognizer {
                 .map(|&i| ratio(&crops[i]))
                 .fold(REC_WIDTH as f64 / LINE_HEIGHT as f64, f64::max);
             let width = ((LINE_HEIGHT as f64 * max_ratio) as usize).min(MAX_REC_WIDTH);
-            for &i in group {
-                let input = line_input(&crops[i], width);
-                let y = self
-                    .net
-                    .run(Tensor::F32(input, vec![1, 3, LINE_HEIGHT, width]))?;
-                out[i] = self.decode(&y[0])?;
+            if self.net.gpu().is_some() {
+                // The device plans take one line at a time.
+                for &i in group {
+                    let input = line_input(&crops[i], width);
+                    let y = self
+                        .net
+                        .run(Tensor::F32(input, vec![1, 3, LINE_HEIGHT, width]))?;
+                    out[i] = self.decode(&y[0])?;
+                }
+                continue;
+            }
+            // On the CPU the group is one batch, as RapidOCR runs it: each
+            // line's sums are the same as alone, each op one parallel pass.
+            let input: Vec<f32> = group
+                .iter()
+                .flat_map(|&i| line_input(&crops[i], width))
+                .collect();
+            let y = self
+                .net
+                .run(Tensor::F32(input, vec![group.len(), 3, LINE_HEIGHT, width]))?;
+            for (j, probs) in split_batch(&y[0], group.len()).into_iter().enumerate() {
+                out[group[j]] = self.decode(&probs)?;
             }
         }
         Ok(out)
