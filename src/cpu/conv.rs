@@ -604,6 +604,7 @@ pub fn conv2d_depthwise(
     assert_eq!(y.len(), images * g.c_out * plane_out, "conv2d_depthwise: y");
     assert_eq!(w.len(), g.weight_len(), "conv2d_depthwise: w");
     assert_eq!(b.len(), g.c_out, "conv2d_depthwise: b");
+    #[cfg(target_arch = "x86_64")]
     let tile: DepthwiseTile = if has_avx512() {
         depthwise_tile_avx512
     } else if has_avx2() {
@@ -611,6 +612,8 @@ pub fn conv2d_depthwise(
     } else {
         depthwise_tile
     };
+    #[cfg(not(target_arch = "x86_64"))]
+    let tile: DepthwiseTile = depthwise_tile;
     depthwise_with(tile, g, x, w, b, act, y)
 }
 
@@ -1066,12 +1069,16 @@ mod tests {
     #[test]
     fn depthwise_batches_and_builds_match_the_reference() {
         let mut rng = Rng::new(7);
+        #[allow(unused_mut)]
         let mut builds: Vec<DepthwiseTile> = vec![depthwise_tile];
-        if has_avx2() {
-            builds.push(depthwise_tile_avx2);
-        }
-        if has_avx512() {
-            builds.push(depthwise_tile_avx512);
+        #[cfg(target_arch = "x86_64")]
+        {
+            if has_avx2() {
+                builds.push(depthwise_tile_avx2);
+            }
+            if has_avx512() {
+                builds.push(depthwise_tile_avx512);
+            }
         }
         // (channels, h, w, kernel, stride, pad, dilation): rows past a
         // tile of 32 and of 4 rows, strides 1 to 3.
