@@ -649,6 +649,8 @@ struct DepthwiseTileAt<'a> {
     xs: &'a [f32],
     offsets: &'a [usize],
     row_step: usize,
+    /// The largest of `offsets`.
+    reach: usize,
     rows: usize,
     len: usize,
     out_stride: usize,
@@ -710,6 +712,7 @@ fn depthwise_plane(
             offsets.push((col % sx) * phase_len + ky * dy * stride_row + col / sx);
         }
     }
+    let reach = offsets.iter().max().copied().unwrap_or(0);
     for oy in (0..h_out).step_by(DW_ROWS) {
         let rows = DW_ROWS.min(h_out - oy);
         for ox in (0..w_out).step_by(DW_TILE) {
@@ -717,6 +720,7 @@ fn depthwise_plane(
                 xs: &phases[oy * sy * stride_row + ox..],
                 offsets,
                 row_step: sy * stride_row,
+                reach,
                 rows,
                 len: DW_TILE.min(w_out - ox),
                 out_stride: w_out,
@@ -776,7 +780,7 @@ unsafe fn depthwise_rows_avx512<const R: usize>(
     out: &mut [f32],
 ) {
     use std::arch::x86_64::*;
-    let last = at.offsets.iter().max().copied().unwrap_or(0) + (R - 1) * at.row_step;
+    let last = at.reach + (R - 1) * at.row_step;
     let xs = &at.xs[..last + DW_TILE];
     let mut acc = [[_mm512_setzero_ps(); 2]; R];
     for (&o, &wv) in at.offsets.iter().zip(taps) {
@@ -811,7 +815,7 @@ unsafe fn depthwise_tile_avx2(
     // Two rows at a time: 8 sums of 8 lanes in 8 of the 16 registers.
     for r0 in (0..at.rows).step_by(2) {
         let rows = 2.min(at.rows - r0);
-        let last = at.offsets.iter().max().copied().unwrap_or(0) + (r0 + rows - 1) * at.row_step;
+        let last = at.reach + (r0 + rows - 1) * at.row_step;
         let xs = &at.xs[..last + DW_TILE];
         let mut acc = [[_mm256_setzero_ps(); DW_TILE / 8]; 2];
         for (&o, &wv) in at.offsets.iter().zip(taps) {
