@@ -9,6 +9,11 @@
 //!
 //! Same rows for every team in both, so their outputs must be equal bit for
 //! bit; both are checked against an f64 reference of the chain on the host.
+//!
+//! The `ahead` rows run a second kernel (`persistent_ahead.wgsl`), chained
+//! and persistent: each team owns fixed rows of every step and loads its
+//! weights of the next step into registers before it waits at the barrier
+//! (`ahead, loaded after the barrier`: the same kernel without that).
 //! A `barriers` row runs the same number of empty steps, to separate the
 //! barrier's cost from the work. Weights total more than the L2, so they come
 //! from DRAM every token.
@@ -16,6 +21,8 @@
 //!     cargo run --release --example persistent_decode -- [--model 350m|tiny]
 //!         [--workgroups 132,264] [--tokens 32] [--reps 5] [--spin-limit 20000]
 //!         [--split 1|2|4|8 (teams per row group; default: enough to busy every team)]
+//!         [--rows-cap N (every step computes at most N rows: a step's fixed cost)]
+//!         [--ladder 1 (the ahead kernel with parts of a step left out)]
 //!
 //! Prints a markdown table: microseconds per token, GB/s of weights, and the
 //! barrier timeouts counted (non-zero: the adapter did not hold all the
@@ -38,7 +45,11 @@ struct Params {
     nwg: u32,
     spin_limit: u32,
     base: u32,
-    pad: [u32; 3],
+    /// persistent_ahead.wgsl only: how much of a step runs (0: all), and
+    /// which memory barriers it leaves out (see its Params).
+    stage: u32,
+    flags: u32,
+    pad: u32,
 }
 
 #[repr(C)]
@@ -56,6 +67,14 @@ struct Step {
     r_off: u32,
     split: u32,
     pad: u32,
+    /// persistent_ahead.wgsl's cut of the step (see its Step).
+    blocks: u32,
+    pnb: u32,
+    chunk: u32,
+    chunks: u32,
+    rpc: u32,
+    pad2: [u32; 3],
+    slots: [u32; 8],
 }
 
 const STORE: u32 = 0;
@@ -64,6 +83,11 @@ const SWIGLU: u32 = 2;
 const GATED3: u32 = 3;
 const COPY: u32 = 4;
 const NOP: u32 = 5;
+/// persistent_ahead.wgsl only: every workgroup adds a vector of `rows`
+/// floats into y with compare-and-swap (a split-k accumulation's cost), or
+/// in fixed point with integer atomicAdd.
+const ACCUM_CAS: u32 = 6;
+const ACCUM_INT: u32 = 7;
 
 /// Shapes: hidden d, FFN width f, key/value width, vocabulary, which layers
 /// are attention (the rest are LFM2 short-conv layers).
@@ -109,7 +133,9 @@ struct Program {
     weight_bytes: usize,
 }
 
-fn build(s: &Shape, rng: &mut Rng) -> Program {
+/// `rows_cap`: every step computes at most that many rows (its output region
+/// keeps the full size), to price a step's fixed cost apart from its bytes.
+fn build(s: &Shape, rng: &mut Rng, rows_cap: usize) -> Program {
     let d = s.d;
     // Every step's output gets a region of its own (the kernel's header says
     // why), 1 KiB-aligned.
@@ -125,6 +151,8 @@ fn build(s: &Shape, rng: &mut Rng) -> Program {
     let mut weight_bytes = 0;
     let mut matrix = |words: &mut Vec<u32>, parts: usize, rows: usize, k: usize| {
         let blocks = parts * rows * k / 32;
+        // 16-byte aligned: the ahead kernel reads a block's nibbles as one vec4.
+        words.resize(words.len().next_multiple_of(4), 0);
         let w_off = words.len();
         words.extend((0..blocks * 4).map(|_| rng.next_u64() as u32));
         let d_off = words.len();
@@ -151,9 +179,10 @@ fn build(s: &Shape, rng: &mut Rng) -> Program {
         let (w_off, d_off) = if kind == COPY {
             (0, 0)
         } else {
-            matrix(words, parts, rows, k)
+            matrix(words, parts, rows.min(rows_cap), k)
         };
         let y = region(rows);
+        let rows = rows.min(rows_cap);
         steps.push(Step {
             kind,
             parts: parts as u32,
@@ -204,9 +233,41 @@ fn with_splits(steps: &[Step], nwg: u32, fixed: Option<u32>) -> Vec<Step> {
             let chunks = s.rows.div_ceil(4).max(1);
             let auto = ((nwg * 8) / chunks).clamp(1, 8);
             let split = fixed.unwrap_or(1 << (31 - auto.leading_zeros()));
-            Step { split, ..*s }
+            ahead_cut(&Step { split, ..*s }, nwg)
         })
         .collect()
+}
+
+/// Units a thread of persistent_ahead.wgsl holds.
+const AHEAD_UNITS: u32 = 8;
+
+/// persistent_ahead.wgsl's cut of a step for `nwg` workgroups of 8 teams:
+/// units (local row, block column, part; part fastest) in chunks of whole
+/// rows, and where each of a chunk's unit slots is.
+fn ahead_cut(s: &Step, nwg: u32) -> Step {
+    let teams = nwg * 8;
+    let blocks = s.k / 32;
+    let parts = s.parts.max(1);
+    let pnb = parts * blocks.div_ceil(32).max(1);
+    let chunk = (AHEAD_UNITS / pnb) * pnb;
+    let most = s.rows.div_ceil(teams);
+    let mut slots = [0u32; 8];
+    for (i, slot) in slots.iter_mut().enumerate() {
+        let i = i as u32;
+        let rem = i % pnb;
+        let (lr, j, part) = (i / pnb, rem / parts, rem % parts);
+        let used = (i < chunk) as u32;
+        *slot = lr | j << 8 | part << 16 | used << 24;
+    }
+    Step {
+        blocks,
+        pnb,
+        chunk,
+        chunks: (most * pnb).div_ceil(chunk.max(1)),
+        rpc: chunk / pnb,
+        slots,
+        ..*s
+    }
 }
 
 /// The chain on the host, in f64, from `act` (one token).
@@ -268,10 +329,33 @@ fn reference(prog: &Program, act: &mut [f32]) {
     }
 }
 
+/// The kernels compared: persistent_decode.wgsl without and with PREFETCH,
+/// and persistent_ahead.wgsl loading the next step's weights before or after
+/// the barrier.
+#[derive(Clone, Copy, PartialEq)]
+enum Kernel {
+    Plain,
+    Prefetch,
+    Ahead,
+    AheadAfter,
+}
+
+impl Kernel {
+    const ALL: [Kernel; 4] = [
+        Kernel::Plain,
+        Kernel::Prefetch,
+        Kernel::Ahead,
+        Kernel::AheadAfter,
+    ];
+}
+
+/// Stage and flags of a run that leaves nothing out.
+const FULL: (u32, u32) = (0, 0);
+
 struct Probe {
     gpu: Gpu,
-    /// Without and with PREFETCH.
-    pipelines: [wgpu::ComputePipeline; 2],
+    /// One per `Kernel`.
+    pipelines: Vec<wgpu::ComputePipeline>,
     layout: wgpu::BindGroupLayout,
     weights: wgpu::Buffer,
     act: wgpu::Buffer,
@@ -312,6 +396,7 @@ impl Probe {
                     storage(3, false),
                     storage(4, false),
                     storage(5, false),
+                    storage(6, true),
                 ],
             });
         let pl = gpu
@@ -321,16 +406,36 @@ impl Probe {
                 bind_group_layouts: &[Some(&layout)],
                 immediate_size: 0,
             });
-        let compile = |prefetch: bool| -> anyhow::Result<wgpu::ComputePipeline> {
+        let compile = |kernel: Kernel| -> anyhow::Result<wgpu::ComputePipeline> {
             let mut defines = Vec::new();
             if subgroups {
                 defines.push("SUBGROUPS");
             }
-            if prefetch {
-                defines.push("PREFETCH");
-            }
-            let text = preprocess(include_str!("persistent_decode.wgsl"), &defines)
-                .map_err(|e| anyhow::anyhow!("persistent_decode.wgsl: {e}"))?;
+            let (name, source) = match kernel {
+                Kernel::Plain => (
+                    "persistent_decode.wgsl",
+                    include_str!("persistent_decode.wgsl"),
+                ),
+                Kernel::Prefetch => {
+                    defines.push("PREFETCH");
+                    (
+                        "persistent_decode.wgsl",
+                        include_str!("persistent_decode.wgsl"),
+                    )
+                }
+                Kernel::Ahead => (
+                    "persistent_ahead.wgsl",
+                    include_str!("persistent_ahead.wgsl"),
+                ),
+                Kernel::AheadAfter => {
+                    defines.push("AFTER");
+                    (
+                        "persistent_ahead.wgsl",
+                        include_str!("persistent_ahead.wgsl"),
+                    )
+                }
+            };
+            let text = preprocess(source, &defines).map_err(|e| anyhow::anyhow!("{name}: {e}"))?;
             let module = gpu
                 .device
                 .create_shader_module(wgpu::ShaderModuleDescriptor {
@@ -348,7 +453,10 @@ impl Probe {
                     cache: None,
                 }))
         };
-        let pipelines = [compile(false)?, compile(true)?];
+        let pipelines = Kernel::ALL
+            .iter()
+            .map(|&k| compile(k))
+            .collect::<anyhow::Result<Vec<_>>>()?;
         let weights = gpu.upload_u32("weights", &prog.words)?;
         let act = gpu.scratch("act", (prog.act_len * 4) as u64)?;
         let sync = gpu.scratch("sync", 16)?;
@@ -411,6 +519,10 @@ impl Probe {
                         binding: 5,
                         resource: self.act.as_entire_binding(),
                     },
+                    wgpu::BindGroupEntry {
+                        binding: 6,
+                        resource: self.weights.as_entire_binding(),
+                    },
                 ],
             })
     }
@@ -422,8 +534,7 @@ impl Probe {
         &self,
         steps: &wgpu::Buffer,
         nwg: u32,
-        persistent: bool,
-        prefetch: bool,
+        (persistent, kernel, (stage, flags)): (bool, Kernel, (u32, u32)),
         tokens: u32,
         spin_limit: u32,
     ) -> anyhow::Result<(f64, u32)> {
@@ -433,7 +544,9 @@ impl Probe {
             nwg,
             spin_limit,
             base,
-            pad: [0; 3],
+            stage,
+            flags,
+            pad: 0,
         };
         let groups: Vec<wgpu::BindGroup> = if persistent {
             (0..tokens)
@@ -448,7 +561,7 @@ impl Probe {
         enc.clear_buffer(&self.sync, 0, None);
         {
             let mut pass = enc.begin_compute_pass(&Default::default());
-            pass.set_pipeline(&self.pipelines[prefetch as usize]);
+            pass.set_pipeline(&self.pipelines[kernel as usize]);
             for t in 0..tokens as usize {
                 if persistent {
                     pass.set_bind_group(0, &groups[t], &[]);
@@ -482,6 +595,8 @@ fn main() -> anyhow::Result<()> {
     let mut reps = 5;
     let mut spin_limit = 20_000u32;
     let mut force_split = None;
+    let mut rows_cap = usize::MAX;
+    let mut ladder = false;
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
         let v = args.next().context("flag needs a value")?;
@@ -492,12 +607,14 @@ fn main() -> anyhow::Result<()> {
             "--reps" => reps = v.parse()?,
             "--spin-limit" => spin_limit = v.parse()?,
             "--split" => force_split = Some(v.parse()?),
+            "--rows-cap" => rows_cap = v.parse()?,
+            "--ladder" => ladder = v == "1",
             _ => bail!("unknown flag {a}"),
         }
     }
     let shape = shape(&model)?;
     let mut rng = Rng::new(18);
-    let prog = build(&shape, &mut rng);
+    let prog = build(&shape, &mut rng, rows_cap);
     let gpu = Gpu::new(&GpuOptions {
         required: true,
         ..Default::default()
@@ -521,6 +638,18 @@ fn main() -> anyhow::Result<()> {
         })
         .collect();
     let nops = probe.gpu.upload("nops", bytemuck::cast_slice(&nop_steps))?;
+    let accumulating = |kind| {
+        let steps: Vec<Step> = (0..probe.n_steps)
+            .map(|_| Step {
+                kind,
+                rows: shape.d as u32,
+                y_off: prog.resid as u32,
+                ..Default::default()
+            })
+            .collect();
+        probe.gpu.upload("accumulate", bytemuck::cast_slice(&steps))
+    };
+    let (accum_cas, accum_int) = (accumulating(ACCUM_CAS)?, accumulating(ACCUM_INT)?);
 
     println!(
         "model {model}: {} steps a token ({} barriers), {:.1} MB of Q4_0 weights, {tokens} tokens a submission, best of {reps}\n",
@@ -535,21 +664,85 @@ fn main() -> anyhow::Result<()> {
         let upload = |steps: Vec<Step>| probe.gpu.upload("steps", bytemuck::cast_slice(&steps));
         let split = upload(with_splits(&prog.steps, nwg, force_split))?;
         let unsplit = upload(with_splits(&prog.steps, nwg, Some(1)))?;
-        for (mode, persistent, prefetch, steps) in [
-            ("chain", false, false, &split),
-            ("persistent, k unsplit", true, false, &unsplit),
-            ("persistent", true, false, &split),
-            ("persistent, prefetch", true, true, &split),
-            ("barriers only", true, false, &nops),
-        ] {
+        let mut modes = vec![
+            ("chain", false, Kernel::Plain, &split, FULL),
+            ("persistent, k unsplit", true, Kernel::Plain, &unsplit, FULL),
+            ("persistent", true, Kernel::Plain, &split, FULL),
+            ("persistent, prefetch", true, Kernel::Prefetch, &split, FULL),
+            ("ahead, chain", false, Kernel::Ahead, &split, FULL),
+            ("ahead", true, Kernel::Ahead, &split, FULL),
+            (
+                "ahead, loaded after the barrier",
+                true,
+                Kernel::AheadAfter,
+                &split,
+                FULL,
+            ),
+        ];
+        if ladder {
+            modes.extend([
+                (
+                    "ahead, steps read x only",
+                    true,
+                    Kernel::Ahead,
+                    &split,
+                    (1, 0),
+                ),
+                (
+                    "ahead, steps without stores",
+                    true,
+                    Kernel::Ahead,
+                    &split,
+                    (2, 0),
+                ),
+                (
+                    "ahead, no barrier after the wait",
+                    true,
+                    Kernel::Ahead,
+                    &split,
+                    (0, 1),
+                ),
+                (
+                    "ahead, no barrier before the arrival",
+                    true,
+                    Kernel::Ahead,
+                    &split,
+                    (0, 2),
+                ),
+            ]);
+        }
+        if ladder {
+            modes.extend([
+                (
+                    "ahead, steps only accumulate (CAS)",
+                    true,
+                    Kernel::Ahead,
+                    &accum_cas,
+                    FULL,
+                ),
+                (
+                    "ahead, steps only accumulate (integer)",
+                    true,
+                    Kernel::Ahead,
+                    &accum_int,
+                    FULL,
+                ),
+            ]);
+        }
+        modes.push(("barriers only", true, Kernel::Plain, &nops, FULL));
+        for (mode, persistent, kernel, steps, variant) in modes {
             // One token from the known input, for the checks.
             probe
                 .gpu
                 .queue
                 .write_buffer(&probe.act, 0, bytemuck::cast_slice(&input));
-            let (_, timeouts) = probe.run(steps, nwg, persistent, prefetch, 1, spin_limit)?;
+            let (_, timeouts) =
+                probe.run(steps, nwg, (persistent, kernel, variant), 1, spin_limit)?;
             let out = probe.gpu.read_f32(&probe.act)?;
-            let (error, equal) = if std::ptr::eq(steps, &nops) {
+            let timing_only = [&nops, &accum_cas, &accum_int]
+                .iter()
+                .any(|b| std::ptr::eq(steps, *b));
+            let (error, equal) = if timing_only {
                 ("-".to_string(), "-".to_string())
             } else {
                 let range = prog.logits..prog.logits + shape.vocab;
@@ -568,7 +761,7 @@ fn main() -> anyhow::Result<()> {
                     bail!("{mode} at {nwg} workgroups: non-finite residual stream");
                 }
                 let equal = match &chain_out {
-                    Some(c) if std::ptr::eq(steps, &split) => {
+                    Some(c) if persistent && std::ptr::eq(steps, &split) => {
                         if c.iter().zip(&out).all(|(a, b)| a.to_bits() == b.to_bits()) {
                             "yes"
                         } else {
@@ -585,12 +778,18 @@ fn main() -> anyhow::Result<()> {
             let mut best = f64::MAX;
             let mut timeouts_total = timeouts;
             for _ in 0..reps {
-                let (secs, t) = probe.run(steps, nwg, persistent, prefetch, tokens, spin_limit)?;
+                let (secs, t) = probe.run(
+                    steps,
+                    nwg,
+                    (persistent, kernel, variant),
+                    tokens,
+                    spin_limit,
+                )?;
                 best = best.min(secs);
                 timeouts_total += t;
             }
             let us = best * 1e6 / tokens as f64;
-            let gbs = if std::ptr::eq(steps, &nops) {
+            let gbs = if timing_only {
                 "-".to_string()
             } else {
                 format!("{:.0}", prog.weight_bytes as f64 / (us * 1e3))

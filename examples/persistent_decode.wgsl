@@ -37,7 +37,7 @@ struct Params {
     nwg: u32,        // workgroups launched
     spin_limit: u32, // spins before a barrier gives up
     base: u32,       // barriers before this dispatch's first (sync[0] is cleared per submission)
-    _p0: u32,
+    _p0: u32,        // (persistent_ahead.wgsl's stage and flags)
     _p1: u32,
     _p2: u32,
 }
@@ -62,6 +62,7 @@ struct Step {
     r_off: u32,
     split: u32, // teams sharing a group of rows, each a slice of k (1, 2, 4 or 8)
     _p2: u32,
+    ahead: array<u32, 16>, // persistent_ahead.wgsl's precomputed cut
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
