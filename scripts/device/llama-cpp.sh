@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
 # Builds llama.cpp with CUDA (sm_90) on the lent H200: llama-bench,
+# llama-batched-bench,
 # llama-quantize and llama-server, the peers of scoreboard, quantize and serve
 # there (scripts/device/llm_peer.sh and serve_peer.sh run them). llama-server
 # is built without its web UI (no assets are fetched; the API is whole).
@@ -49,7 +50,7 @@ fi
 
 start=$SECONDS
 set +e
-timeout "${BUILD_SECONDS:-420}" cmake --build "$SRC/build" --target llama-bench llama-quantize \
+timeout "${BUILD_SECONDS:-420}" cmake --build "$SRC/build" --target llama-bench llama-quantize llama-batched-bench \
     llama-server -j "$(nproc)" >"$LOG/build.log" 2>&1
 rc=$?
 set -e
@@ -61,4 +62,4 @@ elif [[ $rc -ne 0 ]]; then
     tail -40 "$LOG/build.log" >&2
     exit 1
 fi
-echo "llama-cpp: built $SRC/build/bin/llama-bench, llama-quantize and llama-server" >&2
+echo "llama-cpp: built $SRC/build/bin/llama-bench, llama-quantize, llama-batched-bench and llama-server" >&2
