@@ -305,6 +305,51 @@ fn bad_requests_get_openai_errors_and_the_server_keeps_serving() {
 }
 
 #[test]
+fn ignore_eos_runs_past_the_end_of_sequence_token_to_max_tokens() {
+    let s = Server::start(&["--cpu", "-m", &tiny_lfm2()]);
+    // The end-of-sequence token (id 2) pushed to the top: greedy picks it
+    // first, which ends the answer at once unless ignore_eos.
+    let body = |ignore: bool| {
+        json!({"prompt": "Hello", "max_tokens": 5, "temperature": 0,
+               "logit_bias": {"2": 100}, "ignore_eos": ignore})
+        .to_string()
+    };
+    let ended = s.post_json("/v1/completions", &body(false));
+    assert_eq!(ended.status, 200, "{}", ended.text());
+    let v = ended.json();
+    assert_eq!(v["choices"][0]["finish_reason"], "stop", "{v}");
+    assert_eq!(v["usage"]["completion_tokens"], 0, "{v}");
+    let ran = s.post_json("/v1/completions", &body(true));
+    assert_eq!(ran.status, 200, "{}", ran.text());
+    let v = ran.json();
+    assert_eq!(v["choices"][0]["finish_reason"], "length", "{v}");
+    assert_eq!(v["usage"]["completion_tokens"], 5, "{v}");
+    // Not with a grammar, whose output ends with that token.
+    let r = s.post_json(
+        "/v1/completions",
+        &json!({"prompt": "Hello", "ignore_eos": true,
+                "response_format": {"type": "json_object"}})
+        .to_string(),
+    );
+    assert_eq!(r.status, 400, "{}", r.text());
+    assert!(r.text().contains("ignore_eos"), "{}", r.text());
+    // (json_object alone is served: its grammar once lacked the `value` rule.)
+    let r = s.post_json(
+        "/v1/completions",
+        &json!({"prompt": "Hello", "max_tokens": 4,
+                "response_format": {"type": "json_object"}})
+        .to_string(),
+    );
+    assert_eq!(r.status, 200, "{}", r.text());
+    let r = s.post_json(
+        "/v1/completions",
+        &json!({"prompt": "Hello", "ignore_eos": "yes"}).to_string(),
+    );
+    assert_eq!(r.status, 400, "{}", r.text());
+    assert!(r.text().contains("ignore_eos"), "{}", r.text());
+}
+
+#[test]
 fn an_api_key_is_required_when_set() {
     let s = Server::start(&["--cpu", "-m", &tiny_llama(), "--api-key", "sekrit"]);
     let body = json!({"prompt": "hi", "max_tokens": 2}).to_string();

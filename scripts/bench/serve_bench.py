@@ -2,7 +2,9 @@
 """Load generator for OpenAI-compatible servers (`serve`, llama-server):
 N concurrent streaming clients, each sending requests of a random token-id
 prompt (so no tokenizer is needed, and both servers see the same tokens)
-for exactly --max-tokens tokens (end-of-sequence banned through logit_bias).
+for exactly --max-tokens tokens (`ignore_eos`, which both llama-server and
+`serve` take: a logit_bias against the end-of-sequence token would send
+`serve` down its full-logits path, which measures that path instead).
 
     scripts/bench/serve_bench.py --url http://127.0.0.1:8080 --streams 1,8,64 \
         --prompt-tokens 128 --max-tokens 128 --requests 2 --vocab 65536
@@ -32,7 +34,7 @@ def percentile(xs, p):
     return xs[k]
 
 
-def one_request(url, prompt, max_tokens, ban):
+def one_request(url, prompt, max_tokens):
     u = urlparse(url)
     conn = http.client.HTTPConnection(u.hostname, u.port, timeout=600)
     body = {
@@ -41,7 +43,7 @@ def one_request(url, prompt, max_tokens, ban):
         "temperature": 0,
         "stream": True,
         "stream_options": {"include_usage": True},
-        "logit_bias": {str(t): -100 for t in ban},
+        "ignore_eos": True,
     }
     t0 = time.perf_counter()
     conn.request("POST", "/v1/completions", json.dumps(body), {"Content-Type": "application/json"})
@@ -72,7 +74,7 @@ def one_request(url, prompt, max_tokens, ban):
     return t0, times, max(usage, len(times))
 
 
-def clients(url, prompts, requests, max_tokens, ban):
+def clients(url, prompts, requests, max_tokens):
     """One worker process: a thread per stream (prompts[i * requests + k]
     is stream i's k-th request); returns the first-token delays, the
     inter-token gaps, the tokens and the errors."""
@@ -82,7 +84,7 @@ def clients(url, prompts, requests, max_tokens, ban):
     def client(i):
         for k in range(requests):
             try:
-                t0, times, count = one_request(url, prompts[i * requests + k], max_tokens, ban)
+                t0, times, count = one_request(url, prompts[i * requests + k], max_tokens)
             except Exception as e:  # noqa: BLE001 - reported by the caller
                 errors.append(str(e))
                 return
@@ -100,7 +102,7 @@ def clients(url, prompts, requests, max_tokens, ban):
     return ttft, itl, tokens[0], errors
 
 
-def run(url, streams, requests, prompt_tokens, max_tokens, vocab, ban, seed, processes):
+def run(url, streams, requests, prompt_tokens, max_tokens, vocab, seed, processes):
     rng = random.Random(seed)
     prompts = [[rng.randrange(vocab) for _ in range(prompt_tokens)] for _ in range(streams * requests)]
     # Streams are spread over worker processes: one Python process parsing
@@ -112,7 +114,7 @@ def run(url, streams, requests, prompt_tokens, max_tokens, vocab, ban, seed, pro
         shares[i % workers].extend(prompts[i * requests : (i + 1) * requests])
     start = time.perf_counter()
     with multiprocessing.get_context("fork").Pool(workers) as pool:
-        results = pool.starmap(clients, [(url, sh, requests, max_tokens, ban) for sh in shares])
+        results = pool.starmap(clients, [(url, sh, requests, max_tokens) for sh in shares])
     wall = time.perf_counter() - start
     ttft = [x for r in results for x in r[0]]
     itl = [x for r in results for x in r[1]]
@@ -141,7 +143,6 @@ def main():
     ap.add_argument("--prompt-tokens", type=int, default=128)
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--vocab", type=int, required=True, help="token ids are drawn below this")
-    ap.add_argument("--ban", default="", help="comma-separated token ids to ban (end-of-sequence)")
     ap.add_argument("--seed", type=int, default=1234)
     ap.add_argument("--label", default="")
     ap.add_argument(
@@ -151,12 +152,11 @@ def main():
         help="worker processes the streams are spread over (default: half the CPUs)",
     )
     a = ap.parse_args()
-    ban = [int(t) for t in a.ban.split(",") if t]
     print(f"\n{a.label} ({a.url}, prompt {a.prompt_tokens}, {a.max_tokens} tokens each)\n")
     print("| streams | requests | output tok/s | TTFT p50 ms | TTFT p99 ms | ITL p50 ms | ITL p99 ms |")
     print("|---:|---:|---:|---:|---:|---:|---:|")
     for n in [int(s) for s in a.streams.split(",")]:
-        r = run(a.url, n, a.requests, a.prompt_tokens, a.max_tokens, a.vocab, ban, a.seed, a.processes)
+        r = run(a.url, n, a.requests, a.prompt_tokens, a.max_tokens, a.vocab, a.seed, a.processes)
         print(
             f"| {r['streams']} | {r['requests']} | {r['tok_per_s']:.1f} | {r['ttft_p50_ms']:.1f} | "
             f"{r['ttft_p99_ms']:.1f} | {r['itl_p50_ms']:.2f} | {r['itl_p99_ms']:.2f} |",

@@ -2,8 +2,8 @@
 # serve beside llama-server on the lent H200 (issue 19's benchmark): both
 # servers on the same GGUF file, one load generator for both
 # (scripts/bench/serve_bench.py: standard-library python3, streaming
-# /v1/completions of random token-id prompts, temperature 0, end-of-sequence
-# banned through logit_bias, so every request produces exactly N tokens), at
+# /v1/completions of random token-id prompts, temperature 0, `ignore_eos`,
+# so every request produces exactly N tokens), at
 # each stream count in $STREAMS. For each model and stream count S, each
 # server is started fresh (llama-server -ngl 99 -np S, continuous batching;
 # serve --gpu --parallel S with KV room for S sequences), warmed with one short
@@ -21,8 +21,7 @@
 # under 10 minutes), STREAMS (default 1,8,64,256), P and N (prompt and
 # generated tokens per request, default 128 and 128), REQ (requests per
 # stream, default 2), VOCAB (prompt ids are drawn below it, default 49152:
-# the tokenizer's own ids), BAN (default 0,1,2: SmolLM2's end-of-text,
-# im_start and im_end), KV_MIB_PER_SEQ (default 96: serve's GPU cache gives
+# the tokenizer's own ids), KV_MIB_PER_SEQ (default 96: serve's GPU cache gives
 # every sequence 4096 positions of 6 attention layers x 8 KV heads x 64 x
 # f32 x 2, 96 MiB, for both LFM2 sizes), LLAMA_ARGS (extra llama-server
 # flags). Results: $OUT/serve-peer-<model>.md (the side-by-side table), and
@@ -40,7 +39,6 @@ P=${P:-128}
 N=${N:-128}
 REQ=${REQ:-2}
 VOCAB=${VOCAB:-49152}
-BAN=${BAN:-0,1,2}
 KV_MIB_PER_SEQ=${KV_MIB_PER_SEQ:-96}
 LLAMA_ARGS=${LLAMA_ARGS:-}
 LS=peers/llama.cpp-cuda/build/bin/llama-server
@@ -116,7 +114,7 @@ run() {
         stop
         return 1
     fi
-    local common=(--url "http://127.0.0.1:$port" --prompt-tokens "$P" --vocab "$VOCAB" --ban "$BAN")
+    local common=(--url "http://127.0.0.1:$port" --prompt-tokens "$P" --vocab "$VOCAB")
     # Warm-up (pipelines, CUDA graphs, first allocations), not measured.
     timeout -s KILL 120 python3 "$BENCH" "${common[@]}" --streams 1 --requests 1 --max-tokens 8 \
         --seed 7 >"$OUT/$tag.warmup.txt" 2>&1

@@ -68,7 +68,9 @@ fn primitive_deps(name: &str) -> &'static [&'static str] {
     match name {
         "number" | "integer" => &["integral-part", "decimal-part"],
         "string" => &["char"],
+        // Each of the three refers to the other two.
         "value" | "object" | "array" => &[
+            "value",
             "object",
             "array",
             "string",
@@ -670,6 +672,21 @@ mod tests {
     fn grammar(schema: Value) -> Grammar {
         let text = to_gbnf(&schema, "schema.json").unwrap();
         Grammar::parse(&text, "schema.json").unwrap_or_else(|e| panic!("{e}\n{text}"))
+    }
+
+    #[test]
+    fn any_object_or_array_takes_any_json_inside() {
+        // {"type": "object"} is what response_format json_object asks for.
+        let g = grammar(json!({"type": "object"}));
+        for ok in [r#"{}"#, r#"{"a": [1, {"b": null}], "c": "d"}"#] {
+            assert!(g.matches(ok), "{ok}");
+        }
+        for bad in [r#"[]"#, r#"{"a"}"#, "1"] {
+            assert!(!g.matches(bad), "{bad}");
+        }
+        let g = grammar(json!({"type": "array"}));
+        assert!(g.matches(r#"[1, "x", {"y": [true]}]"#));
+        assert!(!g.matches(r#"{}"#));
     }
 
     #[test]

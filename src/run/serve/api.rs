@@ -108,6 +108,11 @@ pub struct Sampling {
     pub n: Option<u64>,
     #[serde(default)]
     pub response_format: Option<ResponseFormat>,
+    /// llama-server's and vLLM's extension: the end-of-sequence token ends
+    /// nothing (it is taken as any other token), so a request runs to
+    /// `max_tokens` or a stop string (what serving benchmarks ask for).
+    #[serde(default)]
+    pub ignore_eos: Option<bool>,
 }
 
 #[derive(Deserialize, Debug)]
@@ -153,6 +158,10 @@ const MAX_TOP_LOGPROBS: u64 = 20;
 impl Sampling {
     pub fn stream(&self) -> bool {
         self.stream.unwrap_or(false)
+    }
+
+    pub fn ignore_eos(&self) -> bool {
+        self.ignore_eos.unwrap_or(false)
     }
 
     pub fn include_usage(&self) -> bool {

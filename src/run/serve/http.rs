@@ -336,6 +336,14 @@ fn prepare(
         )
         .into());
     }
+    if grammar.is_some() && sampling.ignore_eos() {
+        // A grammar's output ends with the end-of-sequence token.
+        return Err(bad(
+            "ignore_eos",
+            "ignore_eos cannot be combined with a constrained response_format",
+        )
+        .into());
+    }
     let (events, rx) = unbounded_channel();
     Ok(Prepared {
         req: GenRequest {
@@ -344,6 +352,7 @@ fn prepare(
             sampling: options,
             grammar,
             stop: sampling.stop_strings()?,
+            ignore_eos: sampling.ignore_eos(),
             events,
             arrived: Instant::now(),
         },

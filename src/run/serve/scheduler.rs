@@ -30,6 +30,8 @@ pub struct GenRequest {
     pub sampling: SamplingOptions,
     pub grammar: Option<Grammar>,
     pub stop: Vec<String>,
+    /// The end-of-sequence token is taken as any other (`ignore_eos`).
+    pub ignore_eos: bool,
     /// Where its events go; a closed receiver cancels it.
     pub events: UnboundedSender<GenEvent>,
     pub arrived: Instant,
@@ -528,7 +530,7 @@ fn accept(
         })
     });
     let mut finish = None;
-    if eos.contains(&token) {
+    if !r.req.ignore_eos && eos.contains(&token) {
         finish = Some(FinishReason::Eos);
     } else {
         r.generated += 1;
