@@ -134,11 +134,49 @@ impl<'a> RowDot<'a> {
             }
             Path::Int8(q, k) => {
                 self.check_row(row);
-                k(row, q)
+                let mut out = 0.0;
+                k(row, q, std::slice::from_mut(&mut out));
+                out
             }
             Path::Int16(q, k) => {
                 self.check_row(row);
                 k(row, q)
+            }
+        }
+    }
+
+    /// [`RowDot::dot`] of consecutive rows (`rows`, `out.len()` of them
+    /// back to back) into `out`: each the same bits as `dot` of that row.
+    pub fn dot_rows(&self, rows: &[u8], out: &mut [f32]) {
+        let rb = self.row_bytes.unwrap_or(0);
+        assert_eq!(
+            rows.len(),
+            rb * out.len(),
+            "RowDot: {} bytes are not {} {} rows of {} elements",
+            rows.len(),
+            out.len(),
+            self.dtype,
+            self.x.len()
+        );
+        if rb == 0 {
+            return out.iter_mut().for_each(|o| *o = 0.0);
+        }
+        match &self.path {
+            Path::Reference => {
+                for (o, r) in out.iter_mut().zip(rows.chunks_exact(rb)) {
+                    *o = super::dot_row(self.dtype, r, self.x);
+                }
+            }
+            Path::F32(k, sums) => {
+                for (o, r) in out.iter_mut().zip(rows.chunks_exact(rb)) {
+                    *o = k(r, self.x, sums);
+                }
+            }
+            Path::Int8(q, k) => k(rows, q, out),
+            Path::Int16(q, k) => {
+                for (o, r) in out.iter_mut().zip(rows.chunks_exact(rb)) {
+                    *o = k(r, q);
+                }
             }
         }
     }
