@@ -320,9 +320,10 @@ pub fn matvec(w: &Tensor, x: &[f32], y: &mut [f32]) {
 
 /// Rows a member of the team takes at a time: about 16 KiB of weights, so
 /// a decode product splits into enough pieces that two threads finish
-/// together, while claiming one costs little beside reading it.
+/// together, while claiming one costs little beside reading it; a multiple
+/// of 4, the int8 kernels' group of rows.
 fn rows_per_chunk(row_bytes: usize) -> usize {
-    ((16 << 10) / row_bytes.max(1)).max(4)
+    ((16 << 10) / row_bytes.max(1) / 4 * 4).max(4)
 }
 
 /// [`matvec`] with the input treated as `act` says.
@@ -355,11 +356,22 @@ pub fn matvec_same_input(ws: &[&Tensor], x: &[f32], ys: &mut [&mut [f32]], act: 
             w.rows()
         );
     }
-    let dots: Vec<quant::fast::RowDot> = ws.iter().map(|w| act.row_dot(w.dtype, x)).collect();
+    // One prepared input (int8: one quantisation) per weight type.
+    let mut dots: Vec<quant::fast::RowDot> = Vec::new();
+    let mut dot_of = Vec::with_capacity(ws.len());
+    for (i, w) in ws.iter().enumerate() {
+        match ws[..i].iter().position(|v| v.dtype == w.dtype) {
+            Some(j) => dot_of.push(dot_of[j]),
+            None => {
+                dot_of.push(dots.len());
+                dots.push(act.row_dot(w.dtype, x));
+            }
+        }
+    }
     let chunk = ws.iter().map(|w| rows_per_chunk(w.row_bytes())).min();
     team::for_each_chunk_mut(ys, chunk.unwrap_or(1), |m, r0, out| {
         let rb = ws[m].row_bytes();
-        dots[m].dot_rows(&ws[m].bytes()[r0 * rb..(r0 + out.len()) * rb], out);
+        dots[dot_of[m]].dot_rows(&ws[m].bytes()[r0 * rb..(r0 + out.len()) * rb], out);
     });
 }
 
@@ -413,12 +425,16 @@ pub fn matvec_rows(w: &Tensor, x: &[f32], m: usize, y: &mut [f32], act: Activati
     }
 }
 
-/// Weight rows dequantised together in [`matmul`], so each input row is read
-/// once per tile rather than once per weight row.
-const MATMUL_TILE: usize = 16;
+thread_local! {
+    /// [`matmul`]'s buffers for one panel: dequantised rows, the packed
+    /// panel and its product, kept between calls.
+    static PANEL_SCRATCH: std::cell::RefCell<[Vec<f32>; 3]> = Default::default();
+}
 
-/// w: [n, k] (any type), x: [m, k] -> y: [m, n]; y = x W^T. Each weight row
-/// is dequantised once and dotted with every input row.
+/// w: [n, k] (any type), x: [m, k] -> y: [m, n]; y = x W^T. Panels of
+/// [`quant::fast::PANEL`] weight rows are dequantised once, packed, and
+/// multiplied with every input row ([`quant::fast::panel_product`]), a
+/// panel per piece of work.
 pub fn matmul(w: &Tensor, x: &[f32], m: usize, y: &mut [f32]) {
     let (n, k) = (w.rows(), w.row_len());
     assert_eq!(x.len(), m * k, "matmul '{}': x is not [{m}, {k}]", w.name);
@@ -429,33 +445,32 @@ pub fn matmul(w: &Tensor, x: &[f32], m: usize, y: &mut [f32]) {
     if m == 0 || n == 0 {
         return;
     }
+    if k == 0 {
+        return y.fill(0.0);
+    }
+    use quant::fast::PANEL;
     let rb = w.row_bytes();
     let bytes = w.bytes();
-    // Computed transposed ([n, m], one tile of weight rows per task), then
-    // transposed into y.
-    let mut yt = vec![0.0f32; n * m];
-    yt.par_chunks_mut(MATMUL_TILE * m)
-        .enumerate()
-        .for_each_init(
-            || vec![0.0f32; MATMUL_TILE * k],
-            |wbuf, (tile, out)| {
-                let r0 = tile * MATMUL_TILE;
-                let nr = out.len() / m;
-                for t in 0..nr {
-                    let r = r0 + t;
-                    let dst = &mut wbuf[t * k..(t + 1) * k];
-                    quant::dequantize_row(w.dtype, &bytes[r * rb..(r + 1) * rb], dst);
-                }
-                if k > 0 {
-                    quant::fast::dot_tile(x, &wbuf[..nr * k], k, out);
-                }
-            },
-        );
-    for (j, col) in yt.chunks_exact(m).enumerate() {
-        for (i, &v) in col.iter().enumerate() {
-            y[i * n + j] = v;
-        }
-    }
+    let y_parts = team::DisjointMut::new(y);
+    team::for_each_index(n.div_ceil(PANEL), |p| {
+        PANEL_SCRATCH.with(|s| {
+            let [rows, panel, out] = &mut *s.borrow_mut();
+            rows.resize(PANEL * k, 0.0);
+            panel.resize(PANEL * k, 0.0);
+            out.resize(PANEL * m, 0.0);
+            let (t0, nr) = (p * PANEL, PANEL.min(n - p * PANEL));
+            for (c, row) in rows.chunks_exact_mut(k).take(nr).enumerate() {
+                quant::dequantize_row(w.dtype, &bytes[(t0 + c) * rb..][..rb], row);
+            }
+            quant::fast::pack_panel(&rows[..nr * k], k, panel);
+            quant::fast::panel_product(x, k, panel, &mut out[..m * PANEL]);
+            for (i, o) in out.chunks_exact(PANEL).take(m).enumerate() {
+                // SAFETY: panel p alone writes columns t0..t0 + nr.
+                let dst = unsafe { y_parts.part(i * n + t0, nr) };
+                dst.copy_from_slice(&o[..nr]);
+            }
+        })
+    });
 }
 
 #[cfg(test)]

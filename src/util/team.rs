@@ -16,6 +16,11 @@
 //! a machine busy with other work a descheduled helper costs nothing but
 //! its share of the pieces, which the caller takes.
 //!
+//! When the calling thread keeps losing its core (more runnable threads
+//! than cores: other builds, other programs), steps go to rayon for a
+//! while instead: there the caller sleeps through the step, and threads
+//! that sleep often are scheduled sooner than ones that never do.
+//!
 //! Results never depend on how work was split: each output element belongs
 //! to one piece, so a step run by one thread or by all gives the same bits.
 //! A step runs on the calling thread alone when the team is busy with
@@ -32,6 +37,10 @@ use std::time::{Duration, Instant};
 /// the serial gaps inside a forward (attention, norms: tens of us), short
 /// enough that an idle team soon stops using a core.
 const SPIN: Duration = Duration::from_micros(200);
+
+/// How long the caller spins for helpers to finish their last pieces
+/// before it sleeps (a piece is a few microseconds of work).
+const FINISH_SPIN: Duration = Duration::from_micros(30);
 
 /// Spins between yields of the core while waiting (a few microseconds):
 /// on a machine with more runnable threads than cores, a waiting member
@@ -56,6 +65,10 @@ struct Shared {
     sleeping: AtomicUsize,
     sleep: Mutex<()>,
     wake: Condvar,
+    /// Whether the caller sleeps on `done` until the helpers in its step
+    /// leave (changed under `sleep`).
+    caller_waits: AtomicBool,
+    done: Condvar,
 }
 
 // SAFETY: `job` is written only by the thread holding `Team::busy`, while
@@ -89,6 +102,8 @@ fn team() -> &'static Team {
             sleeping: AtomicUsize::new(0),
             sleep: Mutex::new(()),
             wake: Condvar::new(),
+            caller_waits: AtomicBool::new(false),
+            done: Condvar::new(),
         }));
         let wanted = rayon::current_num_threads().saturating_sub(1);
         let mut helpers = 0;
@@ -127,7 +142,11 @@ fn helper(s: &'static Shared) {
         if !ok {
             s.panicked.store(true, Ordering::Relaxed);
         }
-        s.state.fetch_sub(1, Ordering::Release);
+        let left = s.state.fetch_sub(1, Ordering::SeqCst) - 1;
+        if left & IN_STEP_MASK == 0 && s.caller_waits.load(Ordering::SeqCst) {
+            let _g = s.sleep.lock().unwrap_or_else(|e| e.into_inner());
+            s.done.notify_all();
+        }
     }
 }
 
@@ -180,23 +199,88 @@ struct StepEnd<'a>(&'a Shared);
 
 impl Drop for StepEnd<'_> {
     fn drop(&mut self) {
-        let mut st = self.0.state.fetch_or(CLOSED, Ordering::AcqRel) | CLOSED;
+        let s = self.0;
+        let in_step = || s.state.load(Ordering::SeqCst) & IN_STEP_MASK != 0;
+        s.state.fetch_or(CLOSED, Ordering::SeqCst);
+        // A helper still in the step is finishing its last piece (a few
+        // microseconds) unless it lost its core; then sleep until it is
+        // done rather than take the core from it.
+        let start = Instant::now();
         let mut spins = 0u32;
-        while st & IN_STEP_MASK != 0 {
+        while in_step() {
             spins = spins.wrapping_add(1);
-            if spins.is_multiple_of(SPINS_PER_YIELD) {
-                // A helper that lost its core mid-piece: let it run.
-                std::thread::yield_now();
-            } else {
+            if !spins.is_multiple_of(256) || start.elapsed() < FINISH_SPIN {
                 std::hint::spin_loop();
+                continue;
             }
-            st = self.0.state.load(Ordering::Acquire);
+            let mut guard = s.sleep.lock().unwrap_or_else(|e| e.into_inner());
+            s.caller_waits.store(true, Ordering::SeqCst);
+            while in_step() {
+                guard = s.done.wait(guard).unwrap_or_else(|e| e.into_inner());
+            }
+            s.caller_waits.store(false, Ordering::SeqCst);
         }
         // SAFETY: the step is closed and every helper has left it; we hold
         // `busy`.
-        unsafe { *self.0.job.get() = None };
+        unsafe { *s.job.get() = None };
         IN_STEP.with(|f| f.set(false));
     }
+}
+
+/// Steps between two looks at whether the caller lost its core.
+const PROBE_STEPS: u32 = 64;
+
+/// Steps handed to rayon after a look found that it did.
+const RAYON_STEPS: u32 = 512;
+
+thread_local! {
+    /// Steps until the next look, rayon steps left, and the caller's
+    /// involuntary context switches at the last look.
+    static PROBE: Cell<(u32, u32, i64)> = const { Cell::new((0, 0, -1)) };
+}
+
+/// Whether the calling thread was preempted in the last `PROBE_STEPS`
+/// steps (then, for the next `RAYON_STEPS` steps, true), from the
+/// kernel's count of its involuntary context switches; false where there
+/// is no such count.
+fn preempted_lately() -> bool {
+    PROBE.with(|p| {
+        let (until, rayon_left, last) = p.get();
+        if rayon_left > 0 {
+            let left = rayon_left - 1;
+            let last = if left == 0 {
+                involuntary_switches()
+            } else {
+                last
+            };
+            p.set((PROBE_STEPS, left, last));
+            return true;
+        }
+        if until > 0 {
+            p.set((until - 1, 0, last));
+            return false;
+        }
+        let now = involuntary_switches();
+        let preempted = last >= 0 && now > last;
+        p.set((PROBE_STEPS, if preempted { RAYON_STEPS } else { 0 }, now));
+        preempted
+    })
+}
+
+#[cfg(target_os = "linux")]
+fn involuntary_switches() -> i64 {
+    // SAFETY: getrusage writes the struct it is given.
+    let mut u: libc::rusage = unsafe { std::mem::zeroed() };
+    if unsafe { libc::getrusage(libc::RUSAGE_THREAD, &mut u) } == 0 {
+        i64::from(u.ru_nivcsw)
+    } else {
+        -1
+    }
+}
+
+#[cfg(not(target_os = "linux"))]
+fn involuntary_switches() -> i64 {
+    -1
 }
 
 /// Runs `f` on the caller and on the helpers that arrive while the step is
@@ -220,6 +304,16 @@ fn step(f: impl Fn() + Sync) {
     let Some(_busy) = guard else {
         return f();
     };
+    if preempted_lately() {
+        // The machine has more runnable threads than cores: a caller that
+        // never sleeps then gets only its fair share of a core, and a
+        // helper that loses its core mid-piece stalls the step, so hand the
+        // step to rayon, whose caller sleeps and whose workers are woken
+        // (a first run here: 0.4-0.8x rayon's decode at load ~10 on two
+        // cores without this).
+        rayon::broadcast(|_| f());
+        return;
+    }
     let job_ref: &(dyn Fn() + Sync + '_) = &f;
     let s = t.shared;
     // SAFETY: the lifetime is erased for the helpers; `StepEnd` waits for
@@ -294,8 +388,35 @@ pub fn for_each_chunk_mut<T: Send>(
     });
 }
 
+/// A mutable slice that team members write in parts they own (for outputs
+/// whose parts are not contiguous, such as a block of columns).
+pub struct DisjointMut<'a, T> {
+    ptr: SendPtr<T>,
+    _borrow: std::marker::PhantomData<&'a mut [T]>,
+}
+
+impl<'a, T: Send> DisjointMut<'a, T> {
+    pub fn new(s: &'a mut [T]) -> Self {
+        DisjointMut {
+            ptr: SendPtr(s.as_mut_ptr(), s.len()),
+            _borrow: std::marker::PhantomData,
+        }
+    }
+
+    /// Elements `start..start + len`.
+    ///
+    /// # Safety
+    /// No two parts in use at the same time may overlap.
+    #[allow(clippy::mut_from_ref)]
+    pub unsafe fn part(&self, start: usize, len: usize) -> &mut [T] {
+        let SendPtr(ptr, n) = self.ptr;
+        assert!(start <= n && len <= n - start, "DisjointMut: out of bounds");
+        std::slice::from_raw_parts_mut(ptr.add(start), len)
+    }
+}
+
 /// A slice's pointer and length, shared with the team for
-/// [`for_each_chunk_mut`].
+/// [`for_each_chunk_mut`] and [`DisjointMut`].
 struct SendPtr<T>(*mut T, usize);
 
 impl<T> Clone for SendPtr<T> {

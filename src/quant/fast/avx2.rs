@@ -357,6 +357,101 @@ unsafe fn block<const RI: usize, const RT: usize>(
     }
 }
 
+/// `super::panel_product` with 256-bit fused multiply-adds: 6 input rows by
+/// 16 panel columns a pass (12 accumulators, 2 loads of weights and 6
+/// broadcast inputs a step), two passes a panel.
+#[target_feature(enable = "avx2,fma")]
+pub(super) unsafe fn panel_product(x: &[f32], k: usize, panel: &[f32], out: &mut [f32]) {
+    let m = x.len() / k;
+    for half in [0, 16] {
+        let mut i = 0;
+        while i + 6 <= m {
+            panel_rows_256::<6>(x, k, panel, out, i, half);
+            i += 6;
+        }
+        while i < m {
+            panel_rows_256::<1>(x, k, panel, out, i, half);
+            i += 1;
+        }
+    }
+}
+
+/// Rows `i..i + R` of [`panel_product`] by panel columns `c0..c0 + 16`.
+#[inline(always)]
+unsafe fn panel_rows_256<const R: usize>(
+    x: &[f32],
+    k: usize,
+    panel: &[f32],
+    out: &mut [f32],
+    i: usize,
+    c0: usize,
+) {
+    use super::PANEL;
+    let xp = x[i * k..(i + R) * k].as_ptr();
+    let pp = panel.as_ptr().add(c0);
+    let mut acc = [[_mm256_setzero_ps(); 2]; R];
+    for j in 0..k {
+        let p0 = _mm256_loadu_ps(pp.add(j * PANEL));
+        let p1 = _mm256_loadu_ps(pp.add(j * PANEL + 8));
+        for (r, a) in acc.iter_mut().enumerate() {
+            let xb = _mm256_broadcast_ss(&*xp.add(r * k + j));
+            a[0] = _mm256_fmadd_ps(xb, p0, a[0]);
+            a[1] = _mm256_fmadd_ps(xb, p1, a[1]);
+        }
+    }
+    let o = out[i * PANEL..(i + R) * PANEL].as_mut_ptr().add(c0);
+    for (r, a) in acc.iter().enumerate() {
+        _mm256_storeu_ps(o.add(r * PANEL), a[0]);
+        _mm256_storeu_ps(o.add(r * PANEL + 8), a[1]);
+    }
+}
+
+/// `super::panel_product` with 512-bit fused multiply-adds: 6 input rows by
+/// the panel's 32 columns a step (12 accumulators of AVX-512's 32
+/// registers); the same chains as [`panel_product`], so the same bits.
+#[target_feature(enable = "avx2,fma,avx512f")]
+pub(super) unsafe fn panel_product_avx512(x: &[f32], k: usize, panel: &[f32], out: &mut [f32]) {
+    let m = x.len() / k;
+    let mut i = 0;
+    while i + 6 <= m {
+        panel_rows_512::<6>(x, k, panel, out, i);
+        i += 6;
+    }
+    while i < m {
+        panel_rows_512::<1>(x, k, panel, out, i);
+        i += 1;
+    }
+}
+
+/// Rows `i..i + R` of [`panel_product_avx512`].
+#[inline(always)]
+unsafe fn panel_rows_512<const R: usize>(
+    x: &[f32],
+    k: usize,
+    panel: &[f32],
+    out: &mut [f32],
+    i: usize,
+) {
+    use super::PANEL;
+    let xp = x[i * k..(i + R) * k].as_ptr();
+    let pp = panel.as_ptr();
+    let mut acc = [[_mm512_setzero_ps(); 2]; R];
+    for j in 0..k {
+        let p0 = _mm512_loadu_ps(pp.add(j * PANEL));
+        let p1 = _mm512_loadu_ps(pp.add(j * PANEL + 16));
+        for (r, a) in acc.iter_mut().enumerate() {
+            let xb = _mm512_set1_ps(*xp.add(r * k + j));
+            a[0] = _mm512_fmadd_ps(xb, p0, a[0]);
+            a[1] = _mm512_fmadd_ps(xb, p1, a[1]);
+        }
+    }
+    let o = out[i * PANEL..(i + R) * PANEL].as_mut_ptr();
+    for (r, a) in acc.iter().enumerate() {
+        _mm512_storeu_ps(o.add(r * PANEL), a[0]);
+        _mm512_storeu_ps(o.add(r * PANEL + 16), a[1]);
+    }
+}
+
 /// Sum of 32 byte products (unsigned `w` times signed `x`) in 8 i32 lanes,
 /// each the exact sum of four consecutive products, as one VNNI `dpbusd`
 /// gives them: `maddubs` sums pairs to i16 (at most 2 * 255 * 127, no

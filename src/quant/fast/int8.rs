@@ -33,19 +33,30 @@ impl Q8Input {
             s: Vec::with_capacity(blocks),
         };
         for (xb, qb) in x.chunks_exact(32).zip(q.qs.chunks_exact_mut(32)) {
-            let amax = xb.iter().fold(0.0f32, |m, v| m.max(v.abs()));
-            let d = amax / 127.0;
+            let d = block_max_abs(xb) / 127.0;
             let id = if d > 0.0 { 1.0 / d } else { 0.0 };
-            let mut sum = 0i32;
+            // Ties to even, which vectorises (ties away from zero does not).
             for (l, &v) in qb.iter_mut().zip(xb) {
-                *l = (v * id).round() as i8;
-                sum += *l as i32;
+                *l = (v * id).round_ties_even() as i8;
             }
+            let sum: i32 = qb.iter().map(|&l| l as i32).sum();
             q.d.push(d);
             q.s.push(d * sum as f32);
         }
         q
     }
+}
+
+/// The largest |x| of a block of 32, in 8 lanes (a fold over one value at a
+/// time does not vectorise).
+fn block_max_abs(xb: &[f32]) -> f32 {
+    let mut m = [0.0f32; 8];
+    for c in xb.chunks_exact(8) {
+        for (m, &v) in m.iter_mut().zip(c) {
+            *m = m.max(v.abs());
+        }
+    }
+    m.iter().fold(0.0f32, |a, &b| a.max(b))
 }
 
 /// The input in blocks of 32 16-bit levels (`d = max|x| / 32767`): for
@@ -68,11 +79,10 @@ impl Q16Input {
             d: Vec::with_capacity(x.len() / 32),
         };
         for (xb, qb) in x.chunks_exact(32).zip(q.qs.chunks_exact_mut(32)) {
-            let amax = xb.iter().fold(0.0f32, |m, v| m.max(v.abs()));
-            let d = amax / 32767.0;
+            let d = block_max_abs(xb) / 32767.0;
             let id = if d > 0.0 { 1.0 / d } else { 0.0 };
             for (l, &v) in qb.iter_mut().zip(xb) {
-                *l = (v * id).round() as i16;
+                *l = (v * id).round_ties_even() as i16;
             }
             q.d.push(d);
         }
