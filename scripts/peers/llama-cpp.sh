@@ -5,7 +5,8 @@
 # git-ignored peers/.
 #
 # Usage:
-#   scripts/peers/llama-cpp.sh               download (cached), unpack, build (idempotent)
+#   scripts/peers/llama-cpp.sh               download (cached), unpack, build (idempotent;
+#                                            AMX=1 keeps AMX, see build())
 #   scripts/peers/llama-cpp.sh --unpack      download and unpack only (enough for the
 #                                            GGUF converter, convert_hf_to_gguf.py)
 #   scripts/peers/llama-cpp.sh --pack OUT.tar.gz
@@ -57,6 +58,16 @@ unpack() {
     touch "$STAMP"
 }
 
+# Native, but without AMX: on the lent Xeon VMs the CPU reports AMX, so
+# -march=native compiles llama.cpp's AMX kernels for repacked Q4/Q8 weights,
+# and every llama-bench run then died with SIGILL (`tilezero` on a worker
+# thread: the hypervisor does not grant the tile state). GCC keeps explicit
+# -mno-* flags over -march=native's, so the build still gets every other ISA
+# extension the CPU has (AVX-512, VNNI, ...); on CPUs without AMX the flags
+# change nothing. AMX=1 keeps it for machines that allow it.
+NO_AMX=(-mno-amx-tile -mno-amx-int8 -mno-amx-bf16)
+[[ ${AMX:-0} == 1 ]] && NO_AMX=()
+
 build() {
     unpack
     local gen=()
@@ -64,7 +75,8 @@ build() {
     if [[ ! -f $SRC/build/CMakeCache.txt ]]; then
         cmake -S "$SRC" -B "$SRC/build" "${gen[@]}" -DCMAKE_BUILD_TYPE=Release \
             -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF \
-            -DLLAMA_BUILD_APP=OFF -DLLAMA_OPENSSL=OFF -DGGML_NATIVE=ON
+            -DLLAMA_BUILD_APP=OFF -DLLAMA_OPENSSL=OFF -DGGML_NATIVE=ON \
+            -DCMAKE_C_FLAGS="${NO_AMX[*]}" -DCMAKE_CXX_FLAGS="${NO_AMX[*]}"
     fi
     local start=$SECONDS
     cmake --build "$SRC/build" --target "${TARGETS[@]}" -j "${JOBS:-$(nproc)}"
