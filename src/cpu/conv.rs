@@ -265,6 +265,9 @@ pub fn conv2d_gemm<T>(
             let (oy, ox) = ((c0 + j) / w_out, (c0 + j) % w_out);
             *bj = oy * sy * wp + ox * sx;
         }
+        // Without a horizontal stride, the pixels of one output row read
+        // contiguous taps: a whole panel in one row is one 16-float copy.
+        let one_row = sx == 1 && cols == PANEL_WIDTH && c0 % w_out + PANEL_WIDTH <= w_out;
         let mut rows = panel.chunks_exact_mut(PANEL_WIDTH);
         for ci in 0..g.c_in {
             let plane = &xp[ci * hp * wp..(ci + 1) * hp * wp];
@@ -272,6 +275,14 @@ pub fn conv2d_gemm<T>(
                 for kx in 0..g.kw {
                     let tap = &plane[ky * dy * wp + kx * dx..];
                     let dst = rows.next().expect("k rows in a panel");
+                    if one_row {
+                        let src: &[f32; PANEL_WIDTH] = tap[base[0]..][..PANEL_WIDTH]
+                            .try_into()
+                            .expect("a whole panel row");
+                        let dst: &mut [f32; PANEL_WIDTH] = dst.try_into().expect("a panel row");
+                        *dst = *src;
+                        continue;
+                    }
                     for (d, &bj) in dst.iter_mut().zip(&base[..cols]) {
                         *d = tap[bj];
                     }
@@ -1276,8 +1287,11 @@ mod tests {
         let mut rng = Rng::new(5);
         // (c_in, c_out, h, w, kernel, stride, pad, dilation): 1x1 layers,
         // a stem (3 channels, stride 2), odd sizes around the 16-pixel
-        // panels and the 6-row register blocks, uneven pads.
+        // panels and the 6-row register blocks, uneven pads, rows wider
+        // than a panel (panels in one row and across two).
         for (c_in, c_out, h, w, k, stride, pad, d) in [
+            (6, 7, 9, 40, 3, [1, 1], [1; 4], 1),
+            (3, 5, 6, 37, 3, [2, 1], [1, 2, 0, 1], 1),
             (1, 1, 1, 1, 1, [1, 1], [0; 4], 1),
             (17, 9, 13, 21, 1, [1, 1], [0; 4], 1),
             (33, 20, 16, 17, 1, [1, 1], [0; 4], 1),

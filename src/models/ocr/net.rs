@@ -1279,19 +1279,21 @@ fn eval(node: &Node, first: First<'_>, rest: &[&Tensor]) -> EvalResult {
             let (ho, wo) = (shape.h_out(), shape.w_out());
             let per_out = shape.c_out * ho * wo;
             let mut y = vec![0.0f32; n * per_out];
+            let plane = chain_plane(tail, &[n, shape.c_out, ho, wo])?;
             for (img, out) in data
                 .chunks_exact(c * h * w)
                 .zip(y.chunks_exact_mut(per_out))
             {
                 if shape.groups == 1 {
-                    cpu::conv_transpose2d_gemm(&shape, img, weight, bias, out);
+                    cpu::conv_transpose2d_gemm(&shape, img, weight, bias, out, |o, piece| {
+                        tail.apply_channel(o, piece)
+                    });
                 } else {
                     cpu::conv_transpose2d(&shape, img, weight, bias, out);
+                    tail.apply(plane, out);
                 }
             }
-            let shape = vec![n, shape.c_out, ho, wo];
-            tail.apply(chain_plane(tail, &shape)?, &mut y);
-            Ok(Tensor::F32(y, shape))
+            Ok(Tensor::F32(y, vec![n, shape.c_out, ho, wo]))
         }
         Op::Binary(op) => binary(*op, first, rest[0]),
         Op::Unary(op) => {
@@ -1361,7 +1363,11 @@ fn eval(node: &Node, first: First<'_>, rest: &[&Tensor]) -> EvalResult {
             }
             let data = float_input(x, "Resize")?;
             let mut y = vec![0.0f32; n * c * ho * wo];
-            cpu::resize_nearest(data, n * c, [h, w], [ho, wo], *scale, &mut y);
+            y.par_chunks_mut(ho * wo)
+                .zip(data.par_chunks(h * w))
+                .for_each(|(out, plane)| {
+                    cpu::resize_nearest(plane, 1, [h, w], [ho, wo], *scale, out)
+                });
             Ok(Tensor::F32(y, vec![n, c, ho, wo]))
         }
         Op::Concat { axis } => concat(&all(), *axis),
