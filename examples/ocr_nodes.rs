@@ -34,6 +34,8 @@ fn main() -> anyhow::Result<()> {
             _ => anyhow::bail!("unknown flag {a}"),
         }
     }
+    // As ocr-layout runs its networks.
+    lfm::util::alloc::reuse_freed_memory();
     let (net, _) = Net::open(&model)?;
     let input = Rng::new(1).vec(shape.iter().product(), -1.0, 1.0);
     let mut best: Vec<Duration> = Vec::new();

@@ -21,7 +21,7 @@ use crate::models::layout::graph::fold_batch_norm;
 use rayon::prelude::*;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 /// A tensor flowing through the graph: f32 data, or i64 for the shape
@@ -336,6 +336,64 @@ pub struct Net {
     pub(super) outputs: Vec<usize>,
     /// For each slot, the last node reading it.
     pub(super) last_use: Vec<usize>,
+    /// Float buffers of values that died, for the next outputs.
+    pub(super) buffers: Arc<Mutex<Buffers>>,
+}
+
+/// Buffers of dead values, reused for new outputs so that a large output
+/// is neither zeroed nor faulted in afresh: a buffer taken from here holds
+/// stale values, so only outputs that every kernel overwrites whole take
+/// one.
+#[derive(Debug, Default)]
+pub(super) struct Buffers(Vec<Vec<f32>>);
+
+impl Buffers {
+    /// Buffers below this many floats are left to the allocator.
+    const SMALL: usize = 1 << 12;
+    /// Buffers kept at most.
+    const KEPT: usize = 16;
+
+    /// `n` floats of stale values: the smallest kept buffer that holds
+    /// them, or a new one.
+    fn take(&mut self, n: usize) -> Vec<f32> {
+        let best = (n >= Self::SMALL)
+            .then(|| {
+                (0..self.0.len())
+                    .filter(|&i| self.0[i].capacity() >= n)
+                    .min_by_key(|&i| self.0[i].capacity())
+            })
+            .flatten();
+        match best {
+            Some(i) => {
+                let mut v = self.0.swap_remove(i);
+                v.resize(n, 0.0);
+                v
+            }
+            None => vec![0.0; n],
+        }
+    }
+
+    /// Keeps the buffers of `other` (a run's, back in the net's pool).
+    fn merge(&mut self, other: Buffers) {
+        for v in other.0 {
+            self.give(Tensor::F32(v, Vec::new()));
+        }
+    }
+
+    /// Keeps `t`'s buffer if it is a large float one.
+    fn give(&mut self, t: Tensor) {
+        if let Tensor::F32(v, _) = t {
+            if v.capacity() >= Self::SMALL {
+                if self.0.len() == Self::KEPT {
+                    let smallest = (0..self.0.len())
+                        .min_by_key(|&i| self.0[i].capacity())
+                        .expect("KEPT > 0");
+                    self.0.swap_remove(smallest);
+                }
+                self.0.push(v);
+            }
+        }
+    }
 }
 
 impl Net {
@@ -398,6 +456,9 @@ impl Net {
         mut values: Vec<Option<Arc<Tensor>>>,
         mut observe: impl FnMut(&Node, &Tensor, Duration),
     ) -> Result<Vec<Tensor>> {
+        // This run's pool (a concurrent run of the same net starts with an
+        // empty one; both go back at the end).
+        let mut buffers = std::mem::take(&mut *self.buffers.lock().expect("not poisoned"));
         for (i, node) in self.nodes.iter().enumerate().skip(start) {
             let (&first, rest) = node
                 .inputs
@@ -425,16 +486,19 @@ impl Net {
             };
             let rest: Vec<&Tensor> = rest.iter().map(|&s| get(s)).collect();
             let t = Instant::now();
-            let y = eval(node, x, &rest)
+            let y = eval(node, x, &rest, &mut buffers)
                 .map_err(|e| Error::format(&self.path, format!("node '{}': {e}", node.name)))?;
             observe(node, &y, t.elapsed());
             values[node.output] = Some(Arc::new(y));
             for &s in &node.inputs {
                 if self.last_use[s] == i && self.constants[s].is_none() {
-                    values[s] = None;
+                    if let Some(t) = values[s].take().and_then(|t| Arc::try_unwrap(t).ok()) {
+                        buffers.give(t);
+                    }
                 }
             }
         }
+        self.buffers.lock().expect("not poisoned").merge(buffers);
         Ok(self
             .outputs
             .iter()
@@ -590,6 +654,7 @@ impl<'a> Preparer<'a> {
             input,
             outputs,
             last_use,
+            buffers: Arc::default(),
         })
     }
 
@@ -1191,8 +1256,9 @@ fn nchw(shape: &[usize]) -> std::result::Result<[usize; 4], String> {
     }
 }
 
-/// Runs `node` on its first input `first` and the `rest`.
-fn eval(node: &Node, first: First<'_>, rest: &[&Tensor]) -> EvalResult {
+/// Runs `node` on its first input `first` and the `rest`; outputs that
+/// are written whole come from `buffers`.
+fn eval(node: &Node, first: First<'_>, rest: &[&Tensor], buffers: &mut Buffers) -> EvalResult {
     let x = first.get();
     let all = || -> Vec<&Tensor> { std::iter::once(x).chain(rest.iter().copied()).collect() };
     match &node.op {
@@ -1228,7 +1294,7 @@ fn eval(node: &Node, first: First<'_>, rest: &[&Tensor]) -> EvalResult {
             let (ho, wo) = (geom.h_out(), geom.w_out());
             chain_plane(tail, &[n, geom.c_out, ho, wo])?;
             let per_out = geom.c_out * ho * wo;
-            let mut y = vec![0.0f32; n * per_out];
+            let mut y = buffers.take(n * per_out);
             // Every image of the batch in one parallel pass.
             if geom.groups == 1 {
                 // 1x1 and full k x k layers: a matrix product.
@@ -1278,7 +1344,7 @@ fn eval(node: &Node, first: First<'_>, rest: &[&Tensor]) -> EvalResult {
             let data = float_input(x, "ConvTranspose")?;
             let (ho, wo) = (shape.h_out(), shape.w_out());
             let per_out = shape.c_out * ho * wo;
-            let mut y = vec![0.0f32; n * per_out];
+            let mut y = buffers.take(n * per_out);
             let plane = chain_plane(tail, &[n, shape.c_out, ho, wo])?;
             for (img, out) in data
                 .chunks_exact(c * h * w)
@@ -1295,7 +1361,7 @@ fn eval(node: &Node, first: First<'_>, rest: &[&Tensor]) -> EvalResult {
             }
             Ok(Tensor::F32(y, vec![n, shape.c_out, ho, wo]))
         }
-        Op::Binary(op) => binary(*op, first, rest[0]),
+        Op::Binary(op) => binary(*op, first, rest[0], buffers),
         Op::Unary(op) => {
             let (mut y, shape) = first.into_floats("elementwise")?;
             if let Unary::Sqrt = op {
@@ -1314,7 +1380,7 @@ fn eval(node: &Node, first: First<'_>, rest: &[&Tensor]) -> EvalResult {
         Op::GlobalAveragePool => {
             let [n, c, h, w] = nchw(x.shape())?;
             let data = float_input(x, "GlobalAveragePool")?;
-            let mut y = vec![0.0f32; n * c];
+            let mut y = buffers.take(n * c);
             // Every plane of the batch alike: groups of planes in parallel.
             const GROUP: usize = 16;
             y.par_chunks_mut(GROUP)
@@ -1340,7 +1406,7 @@ fn eval(node: &Node, first: First<'_>, rest: &[&Tensor]) -> EvalResult {
             p.check()?;
             let data = float_input(x, "Pool")?;
             let (ho, wo) = (p.h_out(), p.w_out());
-            let mut y = vec![0.0f32; n * c * ho * wo];
+            let mut y = buffers.take(n * c * ho * wo);
             y.par_chunks_mut(ho * wo)
                 .zip(data.par_chunks(h * w))
                 .for_each(|(out, plane)| {
@@ -1362,7 +1428,7 @@ fn eval(node: &Node, first: First<'_>, rest: &[&Tensor]) -> EvalResult {
                 return Err(format!("empty output for scales {scale:?}"));
             }
             let data = float_input(x, "Resize")?;
-            let mut y = vec![0.0f32; n * c * ho * wo];
+            let mut y = buffers.take(n * c * ho * wo);
             y.par_chunks_mut(ho * wo)
                 .zip(data.par_chunks(h * w))
                 .for_each(|(out, plane)| {
@@ -1485,7 +1551,7 @@ fn eval(node: &Node, first: First<'_>, rest: &[&Tensor]) -> EvalResult {
             }
             let data = float_input(x, "MatMul")?;
             let m = data.len() / k;
-            let mut y = vec![0.0f32; m * n];
+            let mut y = buffers.take(m * n);
             cpu::matmul_packed(data, weight, bias.as_deref().map(Vec::as_slice), m, &mut y);
             let mut out = shape.to_vec();
             *out.last_mut().expect("rank >= 1") = *n;
@@ -1502,7 +1568,7 @@ fn eval(node: &Node, first: First<'_>, rest: &[&Tensor]) -> EvalResult {
             let (m, k, n) = (sa[ra - 2], sa[ra - 1], sb[ra - 1]);
             let batches: usize = sa[..ra - 2].iter().product();
             let (da, db) = (float_input(a, "MatMul")?, float_input(b, "MatMul")?);
-            let mut y = vec![0.0f32; batches * m * n];
+            let mut y = buffers.take(batches * m * n);
             y.par_chunks_mut(m * n).enumerate().for_each(|(i, out)| {
                 let bt: Vec<f32> = {
                     let bm = &db[i * k * n..(i + 1) * k * n];
@@ -1597,7 +1663,7 @@ fn broadcast_strides(shape: &[usize], out: &[usize]) -> Vec<usize> {
 
 /// a op b with numpy broadcasting; written over a's buffer when a is the
 /// node's own and already has the output's shape.
-fn binary(op: Binary, a: First<'_>, b: &Tensor) -> EvalResult {
+fn binary(op: Binary, a: First<'_>, b: &Tensor, buffers: &mut Buffers) -> EvalResult {
     if let (Tensor::I64(da, sa), Tensor::I64(db, sb)) = (a.get(), b) {
         // Shape arithmetic: only equal shapes or scalars.
         let out = broadcast(sa, sb)?;
@@ -1632,7 +1698,7 @@ fn binary(op: Binary, a: First<'_>, b: &Tensor) -> EvalResult {
     }
     let da = float_input(a.get(), "elementwise")?;
     let n: usize = out.iter().product();
-    let mut y = vec![0.0f32; n];
+    let mut y = buffers.take(n);
     if sa == sb {
         y.par_iter_mut()
             .with_min_len(1 << 14)
@@ -1904,33 +1970,57 @@ mod tests {
     fn broadcasting_matches_numpy() {
         let a = Tensor::F32((0..6).map(|v| v as f32).collect(), vec![2, 3]);
         let b = Tensor::F32(vec![10.0, 20.0, 30.0], vec![3]);
-        let Tensor::F32(y, s) = binary(Binary::Add, First::Shared(&a), &b).unwrap() else {
+        let Tensor::F32(y, s) =
+            binary(Binary::Add, First::Shared(&a), &b, &mut Buffers::default()).unwrap()
+        else {
             panic!()
         };
         assert_eq!(s, [2, 3]);
         assert_eq!(y, [10.0, 21.0, 32.0, 13.0, 24.0, 35.0]);
         let c = Tensor::F32(vec![1.0, 2.0], vec![2, 1]);
-        let Tensor::F32(y, _) = binary(Binary::Mul, First::Shared(&a), &c).unwrap() else {
+        let Tensor::F32(y, _) =
+            binary(Binary::Mul, First::Shared(&a), &c, &mut Buffers::default()).unwrap()
+        else {
             panic!()
         };
         assert_eq!(y, [0.0, 1.0, 2.0, 6.0, 8.0, 10.0]);
         let wrong = Tensor::F32(vec![1.0; 2], vec![2]);
-        assert!(binary(Binary::Add, First::Shared(&a), &wrong).is_err());
-        assert!(binary(Binary::Add, First::Owned(a.clone()), &wrong).is_err());
+        assert!(binary(
+            Binary::Add,
+            First::Shared(&a),
+            &wrong,
+            &mut Buffers::default()
+        )
+        .is_err());
+        assert!(binary(
+            Binary::Add,
+            First::Owned(a.clone()),
+            &wrong,
+            &mut Buffers::default()
+        )
+        .is_err());
     }
 
     #[test]
     fn binary_ops_in_place_equal_the_copying_ones() {
         let mut rng = crate::util::rng::Rng::new(2);
-        let x = Tensor::F32(rng.vec(2 * 3 * 4 * 5, -2.0, 2.0), vec![2, 3, 4, 5]);
+        let x = Tensor::F32(rng.vec(2 * 3 * 40 * 50, -2.0, 2.0), vec![2, 3, 40, 50]);
+        // Outputs written over stale buffers: poisoned ones.
+        let mut stale = Buffers::default();
+        for _ in 0..4 {
+            stale.give(Tensor::F32(
+                vec![f32::NAN; 4 * Buffers::SMALL],
+                vec![4 * Buffers::SMALL],
+            ));
+        }
         // Same shape, a scalar, per channel, along the last axis, and a
         // first operand smaller than the output (never in place).
         for shape in [
-            vec![2, 3, 4, 5],
+            vec![2, 3, 40, 50],
             vec![1],
             vec![1, 3, 1, 1],
-            vec![5],
-            vec![2, 3, 1, 5],
+            vec![50],
+            vec![2, 3, 1, 50],
         ] {
             let n = shape.iter().product();
             let b = Tensor::F32(rng.vec(n, 0.5, 2.0), shape);
@@ -1941,10 +2031,13 @@ mod tests {
                 Binary::Div,
                 Binary::Pow,
             ] {
-                let Tensor::F32(want, ws) = binary(op, First::Shared(&x), &b).unwrap() else {
+                let Tensor::F32(want, ws) = binary(op, First::Shared(&x), &b, &mut stale).unwrap()
+                else {
                     panic!()
                 };
-                let Tensor::F32(got, gs) = binary(op, First::Owned(x.clone()), &b).unwrap() else {
+                let Tensor::F32(got, gs) =
+                    binary(op, First::Owned(x.clone()), &b, &mut stale).unwrap()
+                else {
                     panic!()
                 };
                 // Bit for bit (Pow of a negative base is NaN in both).
@@ -1959,7 +2052,13 @@ mod tests {
         }
         let small = Tensor::F32(vec![1.0, 2.0, 3.0], vec![3, 1]);
         let wide = Tensor::F32(vec![1.0, 10.0], vec![2]);
-        let Tensor::F32(y, s) = binary(Binary::Mul, First::Owned(small), &wide).unwrap() else {
+        let Tensor::F32(y, s) = binary(
+            Binary::Mul,
+            First::Owned(small),
+            &wide,
+            &mut Buffers::default(),
+        )
+        .unwrap() else {
             panic!()
         };
         assert_eq!((y, s), (vec![1.0, 10.0, 2.0, 20.0, 3.0, 30.0], vec![3, 2]));
