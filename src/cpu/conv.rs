@@ -276,6 +276,13 @@ pub fn conv2d_gemm<T>(
         let mut rows = panel.chunks_exact_mut(PANEL_WIDTH);
         for ci in 0..g.c_in {
             let plane = &xp[ci * hp * wp..(ci + 1) * hp * wp];
+            if one_row {
+                // The rows this channel gives the panel after next: a
+                // plane's rows are far apart, beyond the prefetchers.
+                for ky in 0..g.kh {
+                    prefetch(plane, ky * dy * wp + base[0] + 2 * PANEL_WIDTH);
+                }
+            }
             for ky in 0..g.kh {
                 for kx in 0..g.kw {
                     let tap = &plane[ky * dy * wp + kx * dx..];
