@@ -160,6 +160,8 @@ const COLORS: [[u8; 3]; 10] = [
 
 pub fn run(args: Args) -> anyhow::Result<()> {
     args.quiet.apply();
+    // Every page's networks allocate and free the same large tensors.
+    crate::util::alloc::reuse_freed_memory();
     let inputs = collect_images(&args.images)?;
     let draw_dir = match &args.draw {
         Some(p) if inputs.len() > 1 || p.is_dir() || inputs.iter().any(|i| pdf::is_pdf_name(i)) => {

@@ -176,6 +176,110 @@ pub fn softmax_rows(x: &mut [f32], n: usize) {
     }
 }
 
+/// Lanes of [`softmax_rows_fast`]' vectors: one AVX-512 register.
+const SOFTMAX_LANES: usize = 16;
+
+/// [`softmax_rows`] for wide rows (a CTC head's 6,625 classes): rows in
+/// parallel, each with 16-lane maxima, sums and a polynomial `exp`
+/// ([`exp_poly`], within 2 ulp of `f32::exp` above e^-87, zero below)
+/// instead of libm's scalar one. Each row's result depends on that row
+/// alone (the same in any batch); it differs from [`softmax_rows`], the
+/// oracle, by a few ulps of each value.
+pub fn softmax_rows_fast(x: &mut [f32], n: usize) {
+    use rayon::prelude::*;
+    assert!(
+        n > 0 && x.len().is_multiple_of(n),
+        "softmax_rows_fast: shape mismatch"
+    );
+    #[cfg(target_arch = "x86_64")]
+    let fma =
+        std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma");
+    x.par_chunks_mut(n)
+        .with_min_len((1 << 14) / n + 1)
+        .for_each(|row| {
+            #[cfg(target_arch = "x86_64")]
+            if fma {
+                // SAFETY: the CPU has AVX2 and FMA (checked above).
+                return unsafe { softmax_row_fma(row) };
+            }
+            softmax_row::<false>(row)
+        });
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn softmax_row_fma(row: &mut [f32]) {
+    softmax_row::<true>(row)
+}
+
+/// One row of [`softmax_rows_fast`]; FMA: whether `mul_add` is one
+/// instruction here (else a multiply and an add).
+#[inline(always)]
+fn softmax_row<const FMA: bool>(row: &mut [f32]) {
+    let mut chunks = row.chunks_exact_mut(SOFTMAX_LANES);
+    let mut lanes = [f32::NEG_INFINITY; SOFTMAX_LANES];
+    for c in chunks.by_ref() {
+        for (m, &v) in lanes.iter_mut().zip(c.iter()) {
+            *m = m.max(v);
+        }
+    }
+    let rest = chunks.into_remainder();
+    let max = rest.iter().copied().fold(
+        lanes.iter().copied().fold(f32::NEG_INFINITY, f32::max),
+        f32::max,
+    );
+    let mut sums = [0.0f32; SOFTMAX_LANES];
+    let mut chunks = row.chunks_exact_mut(SOFTMAX_LANES);
+    for c in chunks.by_ref() {
+        for (s, v) in sums.iter_mut().zip(c.iter_mut()) {
+            *v = exp_poly::<FMA>(*v - max);
+            *s += *v;
+        }
+    }
+    for (s, v) in sums.iter_mut().zip(chunks.into_remainder()) {
+        *v = exp_poly::<FMA>(*v - max);
+        *s += *v;
+    }
+    // A fixed tree over the lanes.
+    let mut width = SOFTMAX_LANES / 2;
+    while width > 0 {
+        for i in 0..width {
+            sums[i] += sums[i + width];
+        }
+        width /= 2;
+    }
+    let inv = 1.0 / sums[0];
+    for v in row.iter_mut() {
+        *v *= inv;
+    }
+}
+
+/// e^x in f32 without a table or a call, for vector loops: x = n ln 2 + r
+/// with |r| <= ln 2 / 2 (n rounded to nearest by the 1.5 * 2^23 trick),
+/// Cephes' degree-6 polynomial for e^r, then 2^n put into the exponent
+/// bits. Clamped to [-87.3, 88.7] (e^-87.3 is near the smallest normal
+/// float; below it this gives that rather than a subnormal or zero).
+#[inline(always)]
+pub fn exp_poly<const FMA: bool>(x: f32) -> f32 {
+    let fma = |a: f32, b: f32, c: f32| if FMA { a.mul_add(b, c) } else { a * b + c };
+    const SHIFT: f32 = 12_582_912.0; // 1.5 * 2^23
+    let x = x.clamp(-87.336_55, 88.376_26);
+    let t = fma(x, std::f32::consts::LOG2_E, SHIFT);
+    let n = t - SHIFT;
+    let r = fma(n, -0.693_359_4, x);
+    let r = fma(n, 2.121_944_4e-4, r);
+    let mut p = 1.987_569_1e-4;
+    p = fma(p, r, 1.398_199_9e-3);
+    p = fma(p, r, 8.333_452e-3);
+    p = fma(p, r, 4.166_579_6e-2);
+    p = fma(p, r, 0.166_666_65);
+    p = fma(p, r, 0.5);
+    let e = fma(p * r, r, r) + 1.0;
+    // The low bits of t hold n (two's complement): 2^n's exponent field.
+    let scale = f32::from_bits(t.to_bits().wrapping_add(127) << 23);
+    e * scale
+}
+
 /// WaveNet's gated activation (`fused_add_tanh_sigmoid_multiply` in VITS):
 /// y[c, t] = tanh(x[c, t] + g[c]) * sigmoid(x[h + c, t] + g[h + c]), with
 /// x: [2h, t], g: [2h] a per-channel conditioning offset (none: zeros),
@@ -225,6 +329,61 @@ mod tests {
             assert!(g <= 2e-7 * (1.0 + x.abs()), "gelu_fast({x}) off by {g}");
         }
         assert!(worst < 2.5e-7, "erf_fast max error {worst}");
+    }
+
+    #[test]
+    fn polynomial_exp_is_within_two_ulp() {
+        for i in -87_000..=88_000 {
+            let x = i as f32 * 1e-3 + 3.1e-4;
+            let (want, fast, fused) = (x.exp(), exp_poly::<false>(x), exp_poly::<true>(x));
+            for got in [fast, fused] {
+                let ulps = (got.to_bits() as i64 - want.to_bits() as i64).abs();
+                assert!(ulps <= 2, "exp({x}): {got} vs {want}, {ulps} ulp");
+            }
+        }
+        assert_eq!(exp_poly::<true>(0.0), 1.0);
+        assert!(exp_poly::<true>(-1e4) < 1.2e-38);
+        assert!(exp_poly::<true>(f32::NEG_INFINITY) < 1.2e-38);
+    }
+
+    #[test]
+    fn fast_softmax_matches_the_oracle() {
+        let mut rng = crate::util::rng::Rng::new(9);
+        // Widths around the 16-lane vectors and a CTC head's 6,625
+        // classes; logits spread like a recogniser's (a few far above).
+        for n in [1, 7, 16, 33, 6625] {
+            let mut logits = rng.vec(5 * n, -20.0, 8.0);
+            logits[n / 2] = 30.0;
+            let (mut want, mut got) = (logits.clone(), logits.clone());
+            softmax_rows(&mut want, n);
+            softmax_rows_fast(&mut got, n);
+            for (r, row) in logits.chunks_exact(n).enumerate() {
+                // Exact from each logit minus the maximum as both compute
+                // it (in f32).
+                let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+                let e = |v: f32| ((v - max) as f64).exp();
+                let sum: f64 = row.iter().map(|&v| e(v)).sum();
+                for (j, &v) in row.iter().enumerate() {
+                    let (i, exact) = (r * n + j, e(v) / sum);
+                    // Against the exact value: 2 ulp from exp, a few from
+                    // 16-lane sums of ~n/16 terms and from 1/sum.
+                    let (g, w) = (got[i] as f64, want[i] as f64);
+                    let tol = (8.0 + n as f64 / 256.0) * f32::EPSILON as f64 * exact;
+                    assert!(
+                        (g - exact).abs() <= tol,
+                        "n {n} element {i}: {g} vs {exact}"
+                    );
+                    // Against the oracle, whose one running sum can be off
+                    // by up to n ulp of the sum.
+                    let bound = (8.0 + n as f64) * f32::EPSILON as f64 * exact;
+                    assert!((g - w).abs() <= bound, "n {n} element {i}: {g} vs {w}");
+                }
+            }
+            // A row alone gives the same bits as in the batch.
+            let mut alone = logits[2 * n..3 * n].to_vec();
+            softmax_rows_fast(&mut alone, n);
+            assert_eq!(alone, got[2 * n..3 * n], "n {n}");
+        }
     }
 
     #[test]

@@ -4,9 +4,10 @@
 //! concatenation.
 //!
 //! [`conv2d`] is the plain reference for every convolution. The faster
-//! versions the models run, [`conv2d_pointwise`] for 1x1 layers and
-//! [`conv2d_rows`] for the others, compute the same sums in the same order
-//! and are tested equal to it.
+//! versions the models run are tested against it: [`conv2d_gemm`] for
+//! ungrouped layers (fused multiply-adds: equal up to rounding),
+//! [`conv2d_depthwise`] and [`conv2d_rows`] for grouped ones (the same
+//! sums in the same order: equal).
 
 use super::gemm::PANEL_WIDTH;
 use rayon::prelude::*;
@@ -190,150 +191,6 @@ pub fn conv2d(g: &Conv2d, x: &[f32], w: &[f32], b: &[f32], act: ConvActivation, 
         });
 }
 
-/// Register tile of [`conv2d_pointwise`]: output channels x pixels whose
-/// sums stay in registers while the input channels stream past.
-const PW_OUTS: usize = 4;
-const PW_PIXELS: usize = 16;
-/// Pixels per task: the task copies its slice of every input channel into
-/// a contiguous panel (at most 128 KiB), read once per output tile.
-const PW_PANEL: usize = 64;
-
-/// A 1x1 convolution ([`Conv2d::is_pointwise`]): x: [c_in, n],
-/// w: [c_out, c_in], b: `[c_out]` -> y: [c_out, n] over the n = h * w pixels;
-/// y = act(b + w x). Same sums as [`conv2d`] (input channels in order),
-/// computed in 4 x 16 register tiles over packed panels of pixels.
-pub fn conv2d_pointwise(
-    g: &Conv2d,
-    x: &[f32],
-    w: &[f32],
-    b: &[f32],
-    act: ConvActivation,
-    y: &mut [f32],
-) {
-    assert!(g.is_pointwise(), "conv2d_pointwise: {g:?} is not 1x1");
-    g.assert_buffers("conv2d_pointwise", x, w, b, y);
-    let n = g.h_in * g.w_in;
-    if n == 0 {
-        return;
-    }
-    // Each task owns one pixel panel of every output row.
-    let mut panels: Vec<Vec<&mut [f32]>> = (0..n.div_ceil(PW_PANEL))
-        .map(|_| Vec::with_capacity(g.c_out))
-        .collect();
-    for row in y.chunks_mut(n) {
-        for (panel, piece) in panels.iter_mut().zip(row.chunks_mut(PW_PANEL)) {
-            panel.push(piece);
-        }
-    }
-    let avx2 = has_avx2();
-    panels
-        .into_par_iter()
-        .enumerate()
-        .for_each(|(i, mut outs)| {
-            let p0 = i * PW_PANEL;
-            if avx2 {
-                // SAFETY: the CPU has AVX2 (checked above).
-                #[cfg(target_arch = "x86_64")]
-                unsafe {
-                    pointwise_panel_avx2(g, x, w, b, act, p0, &mut outs)
-                }
-            } else {
-                pointwise_panel(g, x, w, b, act, p0, &mut outs)
-            }
-        });
-}
-
-/// Whether the AVX2 build of the hot loops can run here. The sums are the
-/// same either way: wider vectors only, no fused multiply-add.
-fn has_avx2() -> bool {
-    #[cfg(target_arch = "x86_64")]
-    {
-        std::arch::is_x86_feature_detected!("avx2")
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        false
-    }
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2")]
-unsafe fn pointwise_panel_avx2(
-    g: &Conv2d,
-    x: &[f32],
-    w: &[f32],
-    b: &[f32],
-    act: ConvActivation,
-    p0: usize,
-    outs: &mut [&mut [f32]],
-) {
-    pointwise_panel(g, x, w, b, act, p0, outs)
-}
-
-/// The outputs of pixels p0.. (outs: one slice per output channel).
-#[inline(always)]
-fn pointwise_panel(
-    g: &Conv2d,
-    x: &[f32],
-    w: &[f32],
-    b: &[f32],
-    act: ConvActivation,
-    p0: usize,
-    outs: &mut [&mut [f32]],
-) {
-    let (c_in, n) = (g.c_in, g.h_in * g.w_in);
-    let len = outs[0].len();
-    let tiles = len.div_ceil(PW_PIXELS);
-    // packed[tile][ci][pixel], zero past the last pixel.
-    let mut packed = vec![0.0f32; tiles * c_in * PW_PIXELS];
-    for ci in 0..c_in {
-        let src = &x[ci * n + p0..ci * n + p0 + len];
-        for (t, chunk) in src.chunks(PW_PIXELS).enumerate() {
-            let at = (t * c_in + ci) * PW_PIXELS;
-            packed[at..at + chunk.len()].copy_from_slice(chunk);
-        }
-    }
-    let mut wt = vec![0.0f32; c_in * PW_OUTS];
-    for o0 in (0..g.c_out).step_by(PW_OUTS) {
-        let count = PW_OUTS.min(g.c_out - o0);
-        // wt[ci][j]: this block's weights, zero for missing outputs.
-        wt.fill(0.0);
-        for j in 0..count {
-            for ci in 0..c_in {
-                wt[ci * PW_OUTS + j] = w[(o0 + j) * c_in + ci];
-            }
-        }
-        for t in 0..tiles {
-            let acc = pointwise_tile(
-                &packed[t * c_in * PW_PIXELS..(t + 1) * c_in * PW_PIXELS],
-                &wt,
-            );
-            let (q0, q1) = (t * PW_PIXELS, (t * PW_PIXELS + PW_PIXELS).min(len));
-            for (j, row) in acc.iter().enumerate().take(count) {
-                let bias = b[o0 + j];
-                for (yv, &a) in outs[o0 + j][q0..q1].iter_mut().zip(row) {
-                    *yv = act.apply(a + bias);
-                }
-            }
-        }
-    }
-}
-
-/// Sums over the input channels for one register tile: xs is [c_in][16]
-/// packed pixels, wt is [c_in][4] weights.
-#[inline(always)]
-fn pointwise_tile(xs: &[f32], wt: &[f32]) -> [[f32; PW_PIXELS]; PW_OUTS] {
-    let mut acc = [[0.0f32; PW_PIXELS]; PW_OUTS];
-    for (xv, wv) in xs.chunks_exact(PW_PIXELS).zip(wt.chunks_exact(PW_OUTS)) {
-        for j in 0..PW_OUTS {
-            for k in 0..PW_PIXELS {
-                acc[j][k] += wv[j] * xv[k];
-            }
-        }
-    }
-    acc
-}
-
 /// An ungrouped convolution (1x1 or k x k) as a matrix product over
 /// NCHW planes, for `images` images at once (x: [images, c_in, h_in,
 /// w_in] -> y: [images, c_out, h_out, w_out]): y[c_out, pixels] =
@@ -375,6 +232,11 @@ pub fn conv2d_gemm<T>(
             let x = &x[image * k * n..][..k * n];
             if cols == PANEL_WIDTH {
                 for (ci, dst) in panel.chunks_exact_mut(PANEL_WIDTH).enumerate() {
+                    // Each channel's row is a page or more from the last, out
+                    // of the hardware prefetchers' reach: ask for this panel
+                    // 8 channels ahead and for this channel 2 panels ahead.
+                    prefetch(x, (ci + 8) * n + c0);
+                    prefetch(x, ci * n + c0 + 2 * PANEL_WIDTH);
                     let src: &[f32; PANEL_WIDTH] = x[ci * n + c0..][..PANEL_WIDTH]
                         .try_into()
                         .expect("a whole panel row");
@@ -408,13 +270,31 @@ pub fn conv2d_gemm<T>(
             let (oy, ox) = ((c0 + j) / w_out, (c0 + j) % w_out);
             *bj = oy * sy * wp + ox * sx;
         }
+        // Without a horizontal stride, the pixels of one output row read
+        // contiguous taps: a whole panel in one row is one 16-float copy.
+        let one_row = sx == 1 && cols == PANEL_WIDTH && c0 % w_out + PANEL_WIDTH <= w_out;
         let mut rows = panel.chunks_exact_mut(PANEL_WIDTH);
         for ci in 0..g.c_in {
             let plane = &xp[ci * hp * wp..(ci + 1) * hp * wp];
+            if one_row {
+                // The rows this channel gives the panel after next: a
+                // plane's rows are far apart, beyond the prefetchers.
+                for ky in 0..g.kh {
+                    prefetch(plane, ky * dy * wp + base[0] + 2 * PANEL_WIDTH);
+                }
+            }
             for ky in 0..g.kh {
                 for kx in 0..g.kw {
                     let tap = &plane[ky * dy * wp + kx * dx..];
                     let dst = rows.next().expect("k rows in a panel");
+                    if one_row {
+                        let src: &[f32; PANEL_WIDTH] = tap[base[0]..][..PANEL_WIDTH]
+                            .try_into()
+                            .expect("a whole panel row");
+                        let dst: &mut [f32; PANEL_WIDTH] = dst.try_into().expect("a panel row");
+                        *dst = *src;
+                        continue;
+                    }
                     for (d, &bj) in dst.iter_mut().zip(&base[..cols]) {
                         *d = tap[bj];
                     }
@@ -423,6 +303,23 @@ pub fn conv2d_gemm<T>(
         }
     };
     super::matmul_columns_batched(w, [g.c_out, k, n], images, y, pack, epilogue);
+}
+
+/// Asks for the cache line holding xs[i], if there is one: a hint, no
+/// effect on any value.
+#[inline(always)]
+fn prefetch(xs: &[f32], i: usize) {
+    #[cfg(target_arch = "x86_64")]
+    if let Some(v) = xs.get(i) {
+        // SAFETY: a prefetch of a valid address (SSE is part of x86_64).
+        unsafe {
+            std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(
+                (v as *const f32).cast(),
+            )
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = (xs, i);
 }
 
 /// The input planes (of one image or several) with the convolution's zero
@@ -450,7 +347,7 @@ const ROW_TILE: usize = 16;
 /// reading a zero-padded copy of the input so no tap needs a bounds test.
 /// Same sums as [`conv2d`] in the same order (input channel, kernel row,
 /// kernel column; padded taps add zero), bias added last. Used for
-/// depthwise and full convolutions; 1x1 ones go to [`conv2d_pointwise`].
+/// grouped convolutions (depthwise ones go to [`conv2d_depthwise`]).
 pub fn conv2d_rows(
     g: &Conv2d,
     x: &[f32],
@@ -461,7 +358,7 @@ pub fn conv2d_rows(
 ) {
     g.assert_buffers("conv2d_rows", x, w, b, y);
     if g.is_depthwise() {
-        conv2d_depthwise(g, 1, x, w, b, act, y);
+        conv2d_depthwise(g, 1, x, w, b, act, y, |_, _| {});
         return;
     }
     let xp = pad_planes(g, x);
@@ -486,6 +383,19 @@ pub fn conv2d_rows(
                 rows_plane(g, &xp, w, b[o], act, o, plane)
             }
         });
+}
+
+/// Whether the AVX2 builds of the hot loops can run here. The sums are the
+/// same either way: wider vectors only, no fused multiply-add.
+fn has_avx2() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        std::arch::is_x86_feature_detected!("avx2")
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
 }
 
 /// Whether the AVX-512 build of [`conv2d_rows`]' loop can run here: one
@@ -588,8 +498,10 @@ const DW_TILE: usize = 32;
 /// goes to phase p % stride at p / stride), so that every tap of a tile of
 /// outputs reads contiguous values, whatever the stride. Same sums as
 /// [`conv2d`] in the same order (kernel row, kernel column; padded taps
-/// add zero), bias added last.
-pub fn conv2d_depthwise(
+/// add zero), bias added last. Then `tail(channel, plane)` runs over each
+/// finished output plane while it is still in cache.
+#[allow(clippy::too_many_arguments)]
+pub fn conv2d_depthwise<T>(
     g: &Conv2d,
     images: usize,
     x: &[f32],
@@ -597,7 +509,10 @@ pub fn conv2d_depthwise(
     b: &[f32],
     act: ConvActivation,
     y: &mut [f32],
-) {
+    tail: T,
+) where
+    T: Fn(usize, &mut [f32]) + Sync,
+{
     assert!(g.is_depthwise(), "conv2d_depthwise: {g:?} is not depthwise");
     let (plane_in, plane_out) = (g.h_in * g.w_in, g.h_out() * g.w_out());
     assert_eq!(x.len(), images * g.c_in * plane_in, "conv2d_depthwise: x");
@@ -605,28 +520,54 @@ pub fn conv2d_depthwise(
     assert_eq!(w.len(), g.weight_len(), "conv2d_depthwise: w");
     assert_eq!(b.len(), g.c_out, "conv2d_depthwise: b");
     #[cfg(target_arch = "x86_64")]
-    let tile: DepthwiseTile = if has_avx512() {
-        depthwise_tile_avx512
+    let build = if has_avx512() && DepthwiseBuild::blocks_fit(g) {
+        DepthwiseBuild::BlocksAvx512
+    } else if has_avx512() {
+        DepthwiseBuild::Tiles(depthwise_tile_avx512)
     } else if has_avx2() {
-        depthwise_tile_avx2
+        DepthwiseBuild::Tiles(depthwise_tile_avx2)
     } else {
-        depthwise_tile
+        DepthwiseBuild::Tiles(depthwise_tile)
     };
     #[cfg(not(target_arch = "x86_64"))]
-    let tile: DepthwiseTile = depthwise_tile;
-    depthwise_with(tile, g, x, w, b, act, y)
+    let build = DepthwiseBuild::Tiles(depthwise_tile);
+    depthwise_with(build, g, x, w, b, act, y, tail)
 }
 
-/// [`conv2d_depthwise`] with the given build of its tile.
-fn depthwise_with(
-    tile: DepthwiseTile,
+/// How [`conv2d_depthwise`] computes a plane: tiles of [`depthwise_plane`]
+/// with one of their builds, or the blocks of [`depthwise_blocks_avx512`].
+#[derive(Clone, Copy)]
+enum DepthwiseBuild {
+    Tiles(DepthwiseTile),
+    #[cfg(target_arch = "x86_64")]
+    BlocksAvx512,
+}
+
+impl DepthwiseBuild {
+    /// The geometries the blocks take: square 3x3 or 5x5 kernels, strides
+    /// of 1 or 2, no dilation.
+    fn blocks_fit(g: &Conv2d) -> bool {
+        g.kh == g.kw
+            && matches!(g.kh, 3 | 5)
+            && g.stride.iter().all(|s| matches!(s, 1 | 2))
+            && g.dilation == [1, 1]
+    }
+}
+
+/// [`conv2d_depthwise`] with the given build.
+#[allow(clippy::too_many_arguments)]
+fn depthwise_with<T>(
+    build: DepthwiseBuild,
     g: &Conv2d,
     x: &[f32],
     w: &[f32],
     b: &[f32],
     act: ConvActivation,
     y: &mut [f32],
-) {
+    tail: T,
+) where
+    T: Fn(usize, &mut [f32]) + Sync,
+{
     let (plane_in, plane_out) = (g.h_in * g.w_in, g.h_out() * g.w_out());
     y.par_chunks_mut(plane_out)
         .zip(x.par_chunks(plane_in))
@@ -636,7 +577,18 @@ fn depthwise_with(
             |(phases, offsets), (i, (out, src))| {
                 let c = i % g.c_out;
                 let taps = &w[c * g.kh * g.kw..(c + 1) * g.kh * g.kw];
-                depthwise_plane(g, src, taps, b[c], act, tile, phases, offsets, out)
+                match build {
+                    DepthwiseBuild::Tiles(tile) => {
+                        depthwise_plane(g, src, taps, b[c], act, tile, phases, offsets, out)
+                    }
+                    #[cfg(target_arch = "x86_64")]
+                    // SAFETY: chosen only where the CPU has AVX-512F and
+                    // the geometry fits (conv2d_depthwise, the tests).
+                    DepthwiseBuild::BlocksAvx512 => unsafe {
+                        depthwise_blocks_avx512(g, src, taps, b[c], act, phases, out)
+                    },
+                }
+                tail(c, out);
             },
         );
 }
@@ -839,6 +791,214 @@ unsafe fn depthwise_tile_avx2(
     }
 }
 
+/// Output rows a block of [`depthwise_blocks_avx512`] computes at once.
+const DB_ROWS: usize = 4;
+/// 16-pixel vectors a block spans at most: with [`DB_ROWS`], 16 sums in
+/// registers.
+const DB_VECTORS: usize = 4;
+
+/// One output plane of a depthwise convolution whose geometry
+/// [`DepthwiseBuild::blocks_fit`], from its input plane `src`, in blocks
+/// of [`DB_ROWS`] rows x up to [`DB_VECTORS`] vectors of 16 pixels (the
+/// plane's width split evenly, a masked store for its last pixels). The
+/// zero-padded input is split by column phase into `phases` as in
+/// [`depthwise_plane`]. Each output gets the taps in the reference's order
+/// (kernel row, kernel column), each a multiply then an add, bias added
+/// last: the same bits as [`conv2d`].
+///
+/// # Safety
+/// Needs AVX-512F; `g` must fit the blocks.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+#[allow(clippy::too_many_arguments)]
+unsafe fn depthwise_blocks_avx512(
+    g: &Conv2d,
+    src: &[f32],
+    taps: &[f32],
+    bias: f32,
+    act: ConvActivation,
+    phases: &mut Vec<f32>,
+    out: &mut [f32],
+) {
+    match g.kh {
+        3 => depthwise_blocks_k::<3>(g, src, taps, bias, act, phases, out),
+        _ => depthwise_blocks_k::<5>(g, src, taps, bias, act, phases, out),
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+#[allow(clippy::too_many_arguments)]
+unsafe fn depthwise_blocks_k<const K: usize>(
+    g: &Conv2d,
+    src: &[f32],
+    taps: &[f32],
+    bias: f32,
+    act: ConvActivation,
+    phases: &mut Vec<f32>,
+    out: &mut [f32],
+) {
+    let (h_out, w_out) = (g.h_out(), g.w_out());
+    let [sy, sx] = g.stride;
+    let wp = g.w_in + g.pad[1] + g.pad[3];
+    // Every block reads DB_ROWS rows' worth of input, past the last output
+    // row too (zeros); a phase row holds its columns, then a vector's worth
+    // of slack for a block's last, masked, vector.
+    let rows = ((h_out.next_multiple_of(DB_ROWS) - 1) * sy + K).max(g.h_in + g.pad[0]);
+    let stride_row = wp.div_ceil(sx) + 16;
+    let phase_len = rows * stride_row;
+    if phases.len() != sx * phase_len {
+        // The same geometry for every plane of a call: the padding written
+        // now stays zero, and each plane writes the same input cells.
+        phases.clear();
+        phases.resize(sx * phase_len, 0.0);
+    }
+    for (r, row) in src.chunks_exact(g.w_in).enumerate() {
+        let at = (r + g.pad[0]) * stride_row;
+        if sx == 1 {
+            phases[at + g.pad[1]..][..g.w_in].copy_from_slice(row);
+            continue;
+        }
+        // Padded column q * 2 + phase holds input column q * 2 + phase - pad.
+        for phase in 0..2 {
+            let first = g.pad[1].saturating_sub(phase).div_ceil(2);
+            let col = first * 2 + phase - g.pad[1];
+            let count = (g.w_in - col.min(g.w_in)).div_ceil(2);
+            let dst = &mut phases[phase * phase_len + at + first..][..count];
+            every_other_avx512(&row[col..], dst);
+        }
+    }
+    let cols: [usize; K] = std::array::from_fn(|kx| (kx % sx) * phase_len + kx / sx);
+    let taps: [[f32; K]; K] = std::array::from_fn(|ky| std::array::from_fn(|kx| taps[ky * K + kx]));
+    let vectors = w_out.div_ceil(16);
+    let blocks = vectors.div_ceil(DB_VECTORS);
+    for oy in (0..h_out).step_by(DB_ROWS) {
+        let mut ox = 0;
+        for k in 0..blocks {
+            // The plane's vectors split evenly over its blocks.
+            let v = (vectors * (k + 1)) / blocks - (vectors * k) / blocks;
+            let len = (16 * v).min(w_out - ox);
+            let at = DepthwiseBlock {
+                base: oy * sy * stride_row + ox,
+                stride_row,
+                rows: DB_ROWS.min(h_out - oy),
+                len,
+                out_stride: w_out,
+            };
+            let dst = &mut out[oy * w_out + ox..];
+            macro_rules! block {
+                ($sy:literal) => {
+                    match v {
+                        1 => {
+                            depthwise_block::<K, $sy, 1>(phases, &cols, &taps, &at, bias, act, dst)
+                        }
+                        2 => {
+                            depthwise_block::<K, $sy, 2>(phases, &cols, &taps, &at, bias, act, dst)
+                        }
+                        3 => {
+                            depthwise_block::<K, $sy, 3>(phases, &cols, &taps, &at, bias, act, dst)
+                        }
+                        _ => {
+                            depthwise_block::<K, $sy, 4>(phases, &cols, &taps, &at, bias, act, dst)
+                        }
+                    }
+                };
+            }
+            if sy == 1 {
+                block!(1)
+            } else {
+                block!(2)
+            }
+            ox += len;
+        }
+    }
+}
+
+/// dst[j] = src[2 j] (src holds at least 2 dst.len() - 1 values).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn every_other_avx512(src: &[f32], dst: &mut [f32]) {
+    use std::arch::x86_64::*;
+    let even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+    let mut j = 0;
+    while j + 16 <= dst.len() && 2 * j + 32 <= src.len() {
+        let a = _mm512_loadu_ps(src.as_ptr().add(2 * j));
+        let b = _mm512_loadu_ps(src.as_ptr().add(2 * j + 16));
+        _mm512_storeu_ps(dst.as_mut_ptr().add(j), _mm512_permutex2var_ps(a, even, b));
+        j += 16;
+    }
+    for (j, d) in dst.iter_mut().enumerate().skip(j) {
+        *d = src[2 * j];
+    }
+}
+
+/// Where a block of [`depthwise_blocks_avx512`] reads (its input row i at
+/// phases[base + i * stride_row..], tap column kx `cols[kx]` further) and
+/// writes (`rows` rows of `len` pixels, `out_stride` apart).
+#[cfg(target_arch = "x86_64")]
+struct DepthwiseBlock {
+    base: usize,
+    stride_row: usize,
+    rows: usize,
+    len: usize,
+    out_stride: usize,
+}
+
+/// One block: [`DB_ROWS`] rows of V vectors, stride SY between rows.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn depthwise_block<const K: usize, const SY: usize, const V: usize>(
+    phases: &[f32],
+    cols: &[usize; K],
+    taps: &[[f32; K]; K],
+    at: &DepthwiseBlock,
+    bias: f32,
+    act: ConvActivation,
+    out: &mut [f32],
+) {
+    use std::arch::x86_64::*;
+    let reach = at.base
+        + ((DB_ROWS - 1) * SY + K - 1) * at.stride_row
+        + cols.iter().max().copied().unwrap_or(0)
+        + 16 * V;
+    assert!(reach <= phases.len(), "depthwise block outside its buffer");
+    let p = phases.as_ptr().add(at.base);
+    let mut acc = [[_mm512_setzero_ps(); V]; DB_ROWS];
+    for (ky, row_taps) in taps.iter().enumerate() {
+        for (&wv, &col) in row_taps.iter().zip(cols) {
+            let w = _mm512_set1_ps(wv);
+            for (r, a) in acc.iter_mut().enumerate() {
+                // In bounds: below `reach`.
+                let x = p.add((r * SY + ky) * at.stride_row + col);
+                for (j, aj) in a.iter_mut().enumerate() {
+                    // Multiply, then add: the reference's rounding.
+                    *aj = _mm512_add_ps(*aj, _mm512_mul_ps(w, _mm512_loadu_ps(x.add(16 * j))));
+                }
+            }
+        }
+    }
+    let b = _mm512_set1_ps(bias);
+    for (r, a) in acc.iter().enumerate().take(at.rows) {
+        let dst = &mut out[r * at.out_stride..][..at.len];
+        for (j, &aj) in a.iter().enumerate() {
+            let n = (at.len - 16 * j).min(16);
+            let mask: __mmask16 = if n == 16 { u16::MAX } else { (1u16 << n) - 1 };
+            let v = match act {
+                ConvActivation::None => _mm512_add_ps(aj, b),
+                ConvActivation::Relu => _mm512_max_ps(_mm512_add_ps(aj, b), _mm512_setzero_ps()),
+                _ => {
+                    let mut lanes = [0.0f32; 16];
+                    _mm512_storeu_ps(lanes.as_mut_ptr(), aj);
+                    act.apply_biased(bias, &mut lanes);
+                    _mm512_loadu_ps(lanes.as_ptr())
+                }
+            };
+            // In bounds: n <= dst.len() - 16 j lanes written.
+            _mm512_mask_storeu_ps(dst.as_mut_ptr().add(16 * j), mask, v);
+        }
+    }
+}
+
 /// acc[k] += wv * row[base + k * S] for a full tile, S known at compile time.
 #[inline(always)]
 fn tap<const S: usize>(acc: &mut [f32; ROW_TILE], row: &[f32], base: usize, wv: f32) {
@@ -848,12 +1008,30 @@ fn tap<const S: usize>(acc: &mut [f32; ROW_TILE], row: &[f32], base: usize, wv: 
     }
 }
 
-/// x: [c, n] -> y: `[c]`; the mean of each channel's `n` values.
+/// x: [c, n] -> y: `[c]`; the mean of each channel's `n` values, each
+/// summed in order (as `iter().sum()` does). Eight channels are summed
+/// side by side, so the additions of one do not wait on each other.
 pub fn global_avg_pool(x: &[f32], c: usize, n: usize, y: &mut [f32]) {
     assert_eq!(x.len(), c * n, "global_avg_pool: x is not [c, n]");
     assert_eq!(y.len(), c, "global_avg_pool: y is not [c]");
-    for (yc, xc) in y.iter_mut().zip(x.chunks_exact(n.max(1))) {
-        *yc = xc.iter().sum::<f32>() / n as f32;
+    const SIDE: usize = 8;
+    for (ys, xs) in y.chunks_mut(SIDE).zip(x.chunks(SIDE * n.max(1))) {
+        if ys.len() < SIDE {
+            for (yc, xc) in ys.iter_mut().zip(xs.chunks_exact(n.max(1))) {
+                *yc = xc.iter().sum::<f32>() / n as f32;
+            }
+            continue;
+        }
+        let planes: [&[f32]; SIDE] = std::array::from_fn(|j| &xs[j * n..(j + 1) * n]);
+        let mut acc = [0.0f32; SIDE];
+        for i in 0..n {
+            for (a, p) in acc.iter_mut().zip(&planes) {
+                *a += p[i];
+            }
+        }
+        for (yc, a) in ys.iter_mut().zip(acc) {
+            *yc = a / n as f32;
+        }
     }
 }
 
@@ -978,38 +1156,6 @@ mod tests {
     }
 
     #[test]
-    fn pointwise_matches_the_reference() {
-        let mut rng = Rng::new(3);
-        for (c_in, c_out, h, w) in [
-            (1, 1, 1, 1),
-            (3, 5, 7, 9),
-            (17, 9, 13, 21),
-            (33, 20, 16, 17),
-        ] {
-            let g = Conv2d {
-                c_in,
-                h_in: h,
-                w_in: w,
-                c_out,
-                kh: 1,
-                kw: 1,
-                stride: [1, 1],
-                pad: [0; 4],
-                dilation: [1, 1],
-                groups: 1,
-            };
-            let x = rng.vec(c_in * h * w, -1.0, 1.0);
-            let wt = rng.vec(c_out * c_in, -1.0, 1.0);
-            let b = rng.vec(c_out, -1.0, 1.0);
-            let mut want = vec![0.0; c_out * h * w];
-            let mut got = vec![f32::NAN; c_out * h * w];
-            conv2d(&g, &x, &wt, &b, ConvActivation::HardSwish, &mut want);
-            conv2d_pointwise(&g, &x, &wt, &b, ConvActivation::HardSwish, &mut got);
-            assert_eq!(got, want, "same sums in the same order");
-        }
-    }
-
-    #[test]
     fn rows_match_the_reference() {
         let mut rng = Rng::new(4);
         let mut shapes = Vec::new();
@@ -1074,24 +1220,32 @@ mod tests {
     fn depthwise_batches_and_builds_match_the_reference() {
         let mut rng = Rng::new(7);
         #[allow(unused_mut)]
-        let mut builds: Vec<DepthwiseTile> = vec![depthwise_tile];
+        let mut builds = vec![DepthwiseBuild::Tiles(depthwise_tile)];
         #[cfg(target_arch = "x86_64")]
         {
             if has_avx2() {
-                builds.push(depthwise_tile_avx2);
+                builds.push(DepthwiseBuild::Tiles(depthwise_tile_avx2));
             }
             if has_avx512() {
-                builds.push(depthwise_tile_avx512);
+                builds.push(DepthwiseBuild::Tiles(depthwise_tile_avx512));
+                builds.push(DepthwiseBuild::BlocksAvx512);
             }
         }
         // (channels, h, w, kernel, stride, pad, dilation): rows past a
-        // tile of 32 and of 4 rows, strides 1 to 3.
+        // tile of 32 and of 4 rows, strides 1 to 3, and for the blocks
+        // widths of 1 to 4 vectors a block (2 and 8 blocks for 70 and 500
+        // pixels), vertical and horizontal strides alone, odd paddings.
         for (c, h, w, k, s, pad, d) in [
-            (3, 12, 80, 5, 1, 2, 1),
-            (2, 13, 70, 3, 2, 1, 1),
-            (2, 9, 41, 5, 3, 2, 1),
-            (3, 7, 35, 3, 1, 2, 2),
-            (2, 1, 1, 3, 1, 1, 1),
+            (3, 12, 80, 5, [1, 1], 2, 1),
+            (2, 13, 70, 3, [2, 2], 1, 1),
+            (2, 9, 41, 5, [3, 3], 2, 1),
+            (3, 7, 35, 3, [1, 1], 2, 2),
+            (2, 1, 1, 3, [1, 1], 1, 1),
+            (2, 6, 500, 5, [2, 1], 2, 1),
+            (3, 11, 63, 3, [1, 2], 1, 1),
+            (2, 5, 16, 5, [1, 2], 2, 1),
+            (2, 10, 33, 3, [2, 2], 0, 1),
+            (2, 3, 130, 5, [1, 1], 1, 1),
         ] {
             let g = Conv2d {
                 c_in: c,
@@ -1100,7 +1254,7 @@ mod tests {
                 c_out: c,
                 kh: k,
                 kw: k,
-                stride: [s, s],
+                stride: s,
                 pad: [pad; 4],
                 dilation: [d, d],
                 groups: c,
@@ -1111,18 +1265,48 @@ mod tests {
             let wt = rng.vec(g.weight_len(), -1.0, 1.0);
             let b = rng.vec(c, -1.0, 1.0);
             let per_out = c * g.h_out() * g.w_out();
+            // The acts the blocks apply in registers, and one they do not.
+            for act in [
+                ConvActivation::HardSwish,
+                ConvActivation::None,
+                ConvActivation::Relu,
+            ] {
+                let mut want = vec![0.0; images * per_out];
+                for (img, out) in x
+                    .chunks_exact(c * h * w)
+                    .zip(want.chunks_exact_mut(per_out))
+                {
+                    conv2d(&g, img, &wt, &b, act, out);
+                }
+                for (i, &build) in builds.iter().enumerate() {
+                    #[cfg(target_arch = "x86_64")]
+                    if matches!(build, DepthwiseBuild::BlocksAvx512)
+                        && !DepthwiseBuild::blocks_fit(&g)
+                    {
+                        continue;
+                    }
+                    let mut got = vec![f32::NAN; images * per_out];
+                    depthwise_with(build, &g, &x, &wt, &b, act, &mut got, |_, _| {});
+                    // Same taps in the same order, bias added last: exact.
+                    assert_eq!(got, want, "build {i}, {act:?}, {g:?}");
+                }
+            }
+            // The tail sees each finished plane with its channel.
+            let mut marked = vec![f32::NAN; images * per_out];
+            let act = ConvActivation::None;
+            conv2d_depthwise(&g, images, &x, &wt, &b, act, &mut marked, |o, plane| {
+                plane.iter_mut().for_each(|v| *v = *v * 0.5 + o as f32)
+            });
             let mut want = vec![0.0; images * per_out];
             for (img, out) in x
                 .chunks_exact(c * h * w)
                 .zip(want.chunks_exact_mut(per_out))
             {
-                conv2d(&g, img, &wt, &b, ConvActivation::HardSwish, out);
+                conv2d(&g, img, &wt, &b, act, out);
             }
-            for (i, &tile) in builds.iter().enumerate() {
-                let mut got = vec![f32::NAN; images * per_out];
-                depthwise_with(tile, &g, &x, &wt, &b, ConvActivation::HardSwish, &mut got);
-                // Same taps in the same order, bias added last: exact.
-                assert_eq!(got, want, "build {i}, {g:?}");
+            let plane = g.h_out() * g.w_out();
+            for (k, (m, v)) in marked.iter().zip(&want).enumerate() {
+                assert_eq!(*m, v * 0.5 + ((k / plane) % c) as f32, "{g:?} element {k}");
             }
         }
     }
@@ -1132,8 +1316,11 @@ mod tests {
         let mut rng = Rng::new(5);
         // (c_in, c_out, h, w, kernel, stride, pad, dilation): 1x1 layers,
         // a stem (3 channels, stride 2), odd sizes around the 16-pixel
-        // panels and the 6-row register blocks, uneven pads.
+        // panels and the 6-row register blocks, uneven pads, rows wider
+        // than a panel (panels in one row and across two).
         for (c_in, c_out, h, w, k, stride, pad, d) in [
+            (6, 7, 9, 40, 3, [1, 1], [1; 4], 1),
+            (3, 5, 6, 37, 3, [2, 1], [1, 2, 0, 1], 1),
             (1, 1, 1, 1, 1, [1, 1], [0; 4], 1),
             (17, 9, 13, 21, 1, [1, 1], [0; 4], 1),
             (33, 20, 16, 17, 1, [1, 1], [0; 4], 1),
@@ -1207,6 +1394,21 @@ mod tests {
                 tail,
             );
             assert_eq!(&batch[2 * n..], &last[..], "{g:?} last of a batch");
+        }
+    }
+
+    #[test]
+    fn pooling_sums_each_channel_in_order() {
+        let mut rng = Rng::new(6);
+        for (c, n) in [(1, 5), (8, 33), (21, 100), (16, 1)] {
+            let x = rng.vec(c * n, -1.0, 1.0);
+            let mut got = vec![f32::NAN; c];
+            global_avg_pool(&x, c, n, &mut got);
+            let want: Vec<f32> = x
+                .chunks_exact(n)
+                .map(|p| p.iter().sum::<f32>() / n as f32)
+                .collect();
+            assert_eq!(got, want, "{c} x {n}");
         }
     }
 

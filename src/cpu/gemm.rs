@@ -21,6 +21,9 @@ const NR: usize = 16;
 pub const PANEL_WIDTH: usize = NR;
 /// At most this many rows of y per parallel task.
 const MB: usize = 96;
+/// The most elements of x (256 KiB) for which [`matmul_packed`] streams
+/// w once past all of x rather than once per block of rows.
+const WIDE_X: usize = 1 << 16;
 
 /// A weight matrix [n, k] repacked for [`matmul_packed`].
 #[derive(Clone, Debug)]
@@ -70,8 +73,25 @@ pub fn matmul_packed(x: &[f32], w: &PackedMatrix, bias: Option<&[f32]>, m: usize
     }
     let simd = Simd::detect();
     let threads = rayon::current_num_threads();
-    // Enough blocks for every thread, each a whole number of register blocks.
-    let rows = m.div_ceil(threads).next_multiple_of(MR).min(MB);
+    // Blocks of at most MB rows, as many as a multiple of the threads (so
+    // none waits on a last odd one), each a whole number of register blocks.
+    let blocks = m.div_ceil(MB).next_multiple_of(threads);
+    let rows = m.div_ceil(blocks).next_multiple_of(MR);
+    if rows < m && n >= 4 * m && m * k <= WIDE_X {
+        // Tens of rows against many columns (a CTC head's 6,625 classes):
+        // x stays in cache while w streams past once, a run of panels per
+        // task. The same sums, element by element.
+        let pack = |_: usize, c0: usize, _: usize, panel: &mut [f32]| {
+            panel.copy_from_slice(&w.panels[c0 / NR * k * NR..][..k * NR]);
+        };
+        let epilogue = |_: usize, _: usize, c0: usize, piece: &mut [f32]| {
+            if let Some(b) = bias {
+                super::add_assign(piece, &b[c0..c0 + piece.len()]);
+            }
+        };
+        matmul_columns_batched(x, [m, k, n], 1, y, pack, epilogue);
+        return;
+    }
     if rows >= m && threads > 1 && w.panels.len() / (k * NR).max(1) > 1 {
         // One block of rows (a short batch): share the panels out instead.
         let cols: Vec<(usize, Vec<f32>)> = (0..n.div_ceil(NR))
@@ -88,19 +108,54 @@ pub fn matmul_packed(x: &[f32], w: &PackedMatrix, bias: Option<&[f32]>, m: usize
                 y[i * n + p * NR..i * n + p * NR + nc].copy_from_slice(&out[i * NR..i * NR + nc]);
             }
         }
+        if let Some(b) = bias {
+            for row in y.chunks_exact_mut(n) {
+                super::add_assign(row, b);
+            }
+        }
     } else {
         y.par_chunks_mut(rows * n)
             .zip(x.par_chunks(rows * k))
             .for_each(|(yb, xb)| {
-                for p in 0..n.div_ceil(NR) {
-                    let mb = yb.len() / n;
-                    block(simd, xb, w, p, mb, &mut yb[p * NR..], n);
+                let mb = yb.len() / n;
+                for p in (0..n.div_ceil(NR)).step_by(2) {
+                    block_pair(simd, xb, w, p, mb, &mut yb[p * NR..], n);
+                }
+                if let Some(b) = bias {
+                    for row in yb.chunks_exact_mut(n) {
+                        super::add_assign(row, b);
+                    }
                 }
             });
     }
-    if let Some(b) = bias {
-        for row in y.chunks_exact_mut(n) {
-            super::add_assign(row, b);
+}
+
+/// [`block`] for panels p and p + 1 (p alone when it is the last).
+fn block_pair(
+    simd: Simd,
+    x: &[f32],
+    w: &PackedMatrix,
+    p: usize,
+    mb: usize,
+    y: &mut [f32],
+    ys: usize,
+) {
+    let k = w.k;
+    let first = &w.panels[p * k * NR..(p + 1) * k * NR];
+    let second = w
+        .panels
+        .get((p + 1) * k * NR..(p + 2) * k * NR)
+        .unwrap_or(&[]);
+    let pair = if second.is_empty() { 1 } else { 2 };
+    for i0 in (0..mb).step_by(MR) {
+        let mr = MR.min(mb - i0);
+        let accs = simd.kernel_pair(&x[i0 * k..(i0 + mr) * k], first, second, k, mr);
+        for (h, acc) in accs.iter().enumerate().take(pair) {
+            let nc = NR.min(w.n - (p + h) * NR);
+            for (i, row) in acc.iter().enumerate().take(mr) {
+                let at = (i0 + i) * ys + h * NR;
+                y[at..at + nc].copy_from_slice(&row[..nc]);
+            }
         }
     }
 }
@@ -437,7 +492,8 @@ mod tests {
     fn matches_the_plain_matmul() {
         let mut rng = Rng::new(11);
         // Odd sizes around the register block and panel edges, one row,
-        // and shapes that take either way of sharing out the work.
+        // and shapes that take each way of sharing out the work (blocks of
+        // rows, single panels, runs of columns: the last one).
         for (m, k, n) in [
             (1, 33, 7),
             (5, 8, 65),
@@ -446,6 +502,7 @@ mod tests {
             (97, 1031, 66),
             (130, 17, 5),
             (300, 64, 40),
+            (240, 120, 1000),
         ] {
             let x = rng.vec(m * k, -1.0, 1.0);
             let w = rng.vec(n * k, -1.0, 1.0);

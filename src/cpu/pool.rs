@@ -201,8 +201,25 @@ pub fn conv_transpose2d(g: &ConvTranspose2d, x: &[f32], w: &[f32], b: &[f32], y:
 /// w[i, o, ky, kx] * x[i, pixel] (fused multiply-adds in channel order,
 /// through [`super::matmul_columns`]), then each output pixel sums its taps
 /// in the order kernel row, kernel column, bias last. Equal to the
-/// reference up to rounding (the reference sums channels innermost).
-pub fn conv_transpose2d_gemm(g: &ConvTranspose2d, x: &[f32], w: &[f32], b: &[f32], y: &mut [f32]) {
+/// reference up to rounding (the reference sums channels innermost). Then
+/// `tail(channel, piece)` runs over the output, a piece of a plane at a
+/// time.
+///
+/// A kernel that tiles the output (kernel = stride, no padding: the DB
+/// head's 2x2 upsampling) gives each output pixel exactly one tap: then
+/// the product runs a band of input rows at a time, each band scattered
+/// (with the bias and the tail) while it is in cache, and the whole t is
+/// never stored.
+pub fn conv_transpose2d_gemm<T>(
+    g: &ConvTranspose2d,
+    x: &[f32],
+    w: &[f32],
+    b: &[f32],
+    y: &mut [f32],
+    tail: T,
+) where
+    T: Fn(usize, &mut [f32]) + Sync,
+{
     assert_eq!(g.groups, 1, "conv_transpose2d_gemm: {g:?} is grouped");
     g.assert_sizes("conv_transpose2d_gemm", x, w, b, y);
     let (ho, wo) = (g.h_out(), g.w_out());
@@ -215,6 +232,10 @@ pub fn conv_transpose2d_gemm(g: &ConvTranspose2d, x: &[f32], w: &[f32], b: &[f32
             wt[r * g.c_in + i] = v;
         }
     }
+    if [g.kh, g.kw] == g.stride && g.pad == [0; 4] {
+        tiling_transpose(g, x, &wt, b, y, tail);
+        return;
+    }
     let mut t = vec![0.0f32; rows * n];
     let pack = |c0: usize, cols: usize, panel: &mut [f32]| {
         for (i, dst) in panel.chunks_exact_mut(super::PANEL_WIDTH).enumerate() {
@@ -226,7 +247,8 @@ pub fn conv_transpose2d_gemm(g: &ConvTranspose2d, x: &[f32], w: &[f32], b: &[f32
     y.par_chunks_mut(ho * wo)
         .zip(t.par_chunks(taps * n))
         .zip(b.par_iter())
-        .for_each(|((plane, to), &bias)| {
+        .enumerate()
+        .for_each(|(o, ((plane, to), &bias))| {
             plane.fill(0.0);
             for ky in 0..g.kh {
                 for kx in 0..g.kw {
@@ -251,7 +273,61 @@ pub fn conv_transpose2d_gemm(g: &ConvTranspose2d, x: &[f32], w: &[f32], b: &[f32
             for v in plane.iter_mut() {
                 *v += bias;
             }
+            tail(o, plane);
         });
+}
+
+/// Floats of t a band of [`tiling_transpose`] holds at most (1 MiB).
+const BAND_FLOATS: usize = 1 << 18;
+
+/// [`conv_transpose2d_gemm`] for a kernel equal to its stride and no
+/// padding, a band of input rows at a time; wt is [(o, tap), c_in].
+fn tiling_transpose<T>(
+    g: &ConvTranspose2d,
+    x: &[f32],
+    wt: &[f32],
+    b: &[f32],
+    y: &mut [f32],
+    tail: T,
+) where
+    T: Fn(usize, &mut [f32]) + Sync,
+{
+    let (ho, wo) = (g.h_out(), g.w_out());
+    let (n, taps) = (g.h_in * g.w_in, g.kh * g.kw);
+    let rows = g.c_out * taps;
+    let band = (BAND_FLOATS / (rows * g.w_in)).clamp(1, g.h_in);
+    let mut t = vec![0.0f32; rows * band * g.w_in];
+    for iy0 in (0..g.h_in).step_by(band) {
+        let iys = band.min(g.h_in - iy0);
+        let (p0, cols) = (iy0 * g.w_in, iys * g.w_in);
+        let t = &mut t[..rows * cols];
+        let pack = |c0: usize, width: usize, panel: &mut [f32]| {
+            for (i, dst) in panel.chunks_exact_mut(super::PANEL_WIDTH).enumerate() {
+                dst[..width].copy_from_slice(&x[i * n + p0 + c0..][..width]);
+            }
+        };
+        super::matmul_columns(wt, rows, g.c_in, cols, t, pack, |_, _, _| {});
+        // The band's output rows, each with its channel and row.
+        let mut out: Vec<(usize, usize, &mut [f32])> = Vec::with_capacity(g.c_out * iys * g.kh);
+        for (o, plane) in y.chunks_exact_mut(ho * wo).enumerate() {
+            let band_rows = &mut plane[iy0 * g.kh * wo..(iy0 + iys) * g.kh * wo];
+            for (r, row) in band_rows.chunks_exact_mut(wo).enumerate() {
+                out.push((o, r, row));
+            }
+        }
+        let t = &*t;
+        out.into_par_iter().for_each(|(o, r, row)| {
+            let (iy, ky) = (r / g.kh, r % g.kh);
+            for kx in 0..g.kw {
+                let tap = &t[(o * taps + ky * g.kw + kx) * cols + iy * g.w_in..][..g.w_in];
+                for (ix, &v) in tap.iter().enumerate() {
+                    // The reference's zero, its one tap, then the bias.
+                    row[ix * g.kw + kx] = (0.0 + v) + b[o];
+                }
+            }
+            tail(o, row);
+        });
+    }
 }
 
 #[cfg(test)]
@@ -262,11 +338,13 @@ mod tests {
     #[test]
     fn transposed_gemm_matches_the_reference() {
         let mut rng = Rng::new(7);
-        // (c_in, c_out, h, w, k, stride, pad): the DB head's 2x2 stride 2,
+        // (c_in, c_out, h, w, k, stride, pad): the DB head's 2x2 stride 2
+        // (in bands of input rows: 3 bands for the 250-row one),
         // overlapping taps (3x3 stride 2), cropped borders.
         for (c_in, c_out, h, w, k, stride, pad) in [
             (1, 1, 1, 1, 2, [2, 2], [0; 4]),
             (24, 24, 7, 9, 2, [2, 2], [0; 4]),
+            (3, 5, 250, 60, 2, [2, 2], [0; 4]),
             (5, 3, 6, 5, 3, [2, 2], [1, 1, 0, 1]),
             (7, 9, 5, 8, 3, [1, 2], [1; 4]),
             (17, 1, 11, 13, 4, [2, 3], [0, 2, 1, 0]),
@@ -289,12 +367,20 @@ mod tests {
             let len = c_out * g.h_out() * g.w_out();
             let (mut want, mut got) = (vec![0.0; len], vec![f32::NAN; len]);
             conv_transpose2d(&g, &x, &wt, &b, &mut want);
-            conv_transpose2d_gemm(&g, &x, &wt, &b, &mut got);
-            let terms = (c_in * k * k) as f32;
+            // The tail sees every piece of each plane once: mark them.
+            let tail = |o: usize, piece: &mut [f32]| {
+                for v in piece {
+                    *v += 10.0 * o as f32;
+                }
+            };
+            conv_transpose2d_gemm(&g, &x, &wt, &b, &mut got, tail);
+            let (terms, plane) = ((c_in * k * k) as f32, g.h_out() * g.w_out());
             for (i, (gv, wv)) in got.iter().zip(&want).enumerate() {
-                // Another summation order, |x|, |w| <= 1: ulps of sqrt(terms).
+                let wv = wv + 10.0 * (i / plane) as f32;
+                // Another summation order, |x|, |w| <= 1: ulps of sqrt(terms),
+                // plus the marker's magnitude.
                 assert!(
-                    (gv - wv).abs() <= 1e-5 * terms.sqrt(),
+                    (gv - wv).abs() <= 1e-5 * terms.sqrt() + 4e-6 * wv.abs(),
                     "{g:?} element {i}: {gv} vs {wv}"
                 );
             }

@@ -53,8 +53,9 @@ pub fn run_step(graph: &Graph, step: &Step, inputs: &[&[f32]]) -> Vec<Vec<f32>> 
             act,
         } => {
             let mut y = out(0);
-            if geom.is_pointwise() {
-                cpu::conv2d_pointwise(geom, x, weight, bias, *act, &mut y);
+            if geom.groups == 1 {
+                // 1x1 and full k x k layers: a matrix product.
+                cpu::conv2d_gemm(geom, 1, x, weight, bias, *act, &mut y, |_, _| {});
             } else {
                 cpu::conv2d_rows(geom, x, weight, bias, *act, &mut y);
             }

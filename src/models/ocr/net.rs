@@ -21,7 +21,8 @@ use crate::models::layout::graph::fold_batch_norm;
 use rayon::prelude::*;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 /// A tensor flowing through the graph: f32 data, or i64 for the shape
 /// arithmetic. Row-major.
@@ -66,14 +67,6 @@ impl Tensor {
         match self {
             Tensor::F32(d, _) => Tensor::F32(d, shape),
             Tensor::I64(d, _) => Tensor::I64(d, shape),
-        }
-    }
-
-    /// Elements picked by `index` (positions into the data).
-    fn gather(&self, index: &[usize], shape: Vec<usize>) -> Tensor {
-        match self {
-            Tensor::F32(d, _) => Tensor::F32(index.iter().map(|&i| d[i]).collect(), shape),
-            Tensor::I64(d, _) => Tensor::I64(index.iter().map(|&i| d[i]).collect(), shape),
         }
     }
 }
@@ -234,6 +227,95 @@ impl Chain {
     }
 }
 
+impl Op {
+    /// A short name of the operator, for timings.
+    fn kind(&self) -> &'static str {
+        match self {
+            Op::Conv {
+                groups: 1,
+                kernel: [1, 1],
+                ..
+            } => "Conv 1x1",
+            Op::Conv { groups: 1, .. } => "Conv",
+            Op::Conv { .. } => "Conv grouped",
+            Op::ConvTranspose { .. } => "ConvTranspose",
+            Op::Chain(_) => "elementwise chain",
+            Op::Binary(_) => "elementwise binary",
+            Op::Unary(_) => "elementwise unary",
+            Op::GlobalAveragePool => "GlobalAveragePool",
+            Op::Pool { .. } => "Pool",
+            Op::ResizeNearest { .. } => "Resize",
+            Op::Concat { .. } => "Concat",
+            Op::Reshape => "Reshape",
+            Op::Transpose { .. } => "Transpose",
+            Op::Squeeze { .. } => "Squeeze",
+            Op::Slice => "Slice",
+            Op::Shape => "Shape",
+            Op::Cast { .. } => "Cast",
+            Op::ReduceMean { .. } => "ReduceMean",
+            Op::MatMulConst { .. } => "MatMul (constant)",
+            Op::MatMul => "MatMul",
+            Op::Softmax { .. } => "Softmax",
+        }
+    }
+}
+
+impl Op {
+    /// Whether the op can write its output over its first input.
+    fn reuses_input(&self) -> bool {
+        matches!(
+            self,
+            Op::Chain(_)
+                | Op::Binary(_)
+                | Op::Unary(_)
+                | Op::Reshape
+                | Op::Squeeze { .. }
+                | Op::Softmax { .. }
+        )
+    }
+}
+
+/// A node's first input: its own (the node is the value's last reader,
+/// so the output may reuse the buffer) or shared.
+enum First<'a> {
+    Owned(Tensor),
+    Shared(&'a Tensor),
+}
+
+impl First<'_> {
+    fn get(&self) -> &Tensor {
+        match self {
+            First::Owned(t) => t,
+            First::Shared(t) => t,
+        }
+    }
+
+    fn into_tensor(self) -> Tensor {
+        match self {
+            First::Owned(t) => t,
+            First::Shared(t) => t.clone(),
+        }
+    }
+
+    /// The float data (moved or copied) and shape.
+    fn into_floats(self, what: &str) -> std::result::Result<(Vec<f32>, Vec<usize>), String> {
+        match self.into_tensor() {
+            Tensor::F32(d, s) => Ok((d, s)),
+            Tensor::I64(..) => Err(format!("{what}: integer tensor where floats are expected")),
+        }
+    }
+}
+
+/// One node's share of a [`Net::run_timed`].
+#[derive(Debug, Clone)]
+pub struct NodeTime {
+    pub name: String,
+    pub op: &'static str,
+    /// The output's shape.
+    pub shape: Vec<usize>,
+    pub time: Duration,
+}
+
 #[derive(Debug, Clone)]
 pub(super) struct Node {
     pub op: Op,
@@ -254,6 +336,64 @@ pub struct Net {
     pub(super) outputs: Vec<usize>,
     /// For each slot, the last node reading it.
     pub(super) last_use: Vec<usize>,
+    /// Float buffers of values that died, for the next outputs.
+    pub(super) buffers: Arc<Mutex<Buffers>>,
+}
+
+/// Buffers of dead values, reused for new outputs so that a large output
+/// is neither zeroed nor faulted in afresh: a buffer taken from here holds
+/// stale values, so only outputs that every kernel overwrites whole take
+/// one.
+#[derive(Debug, Default)]
+pub(super) struct Buffers(Vec<Vec<f32>>);
+
+impl Buffers {
+    /// Buffers below this many floats are left to the allocator.
+    const SMALL: usize = 1 << 12;
+    /// Buffers kept at most.
+    const KEPT: usize = 16;
+
+    /// `n` floats of stale values: the smallest kept buffer that holds
+    /// them, or a new one.
+    fn take(&mut self, n: usize) -> Vec<f32> {
+        let best = (n >= Self::SMALL)
+            .then(|| {
+                (0..self.0.len())
+                    .filter(|&i| self.0[i].capacity() >= n)
+                    .min_by_key(|&i| self.0[i].capacity())
+            })
+            .flatten();
+        match best {
+            Some(i) => {
+                let mut v = self.0.swap_remove(i);
+                v.resize(n, 0.0);
+                v
+            }
+            None => vec![0.0; n],
+        }
+    }
+
+    /// Keeps the buffers of `other` (a run's, back in the net's pool).
+    fn merge(&mut self, other: Buffers) {
+        for v in other.0 {
+            self.give(Tensor::F32(v, Vec::new()));
+        }
+    }
+
+    /// Keeps `t`'s buffer if it is a large float one.
+    fn give(&mut self, t: Tensor) {
+        if let Tensor::F32(v, _) = t {
+            if v.capacity() >= Self::SMALL {
+                if self.0.len() == Self::KEPT {
+                    let smallest = (0..self.0.len())
+                        .min_by_key(|&i| self.0[i].capacity())
+                        .expect("KEPT > 0");
+                    self.0.swap_remove(smallest);
+                }
+                self.0.push(v);
+            }
+        }
+    }
 }
 
 impl Net {
@@ -286,23 +426,79 @@ impl Net {
     pub(super) fn run_from(
         &self,
         start: usize,
-        mut values: Vec<Option<Arc<Tensor>>>,
+        values: Vec<Option<Arc<Tensor>>>,
     ) -> Result<Vec<Tensor>> {
+        self.run_observed(start, values, |_, _, _| {})
+    }
+
+    /// [`Net::run`], timing each node: the outputs and, for each node in
+    /// order, its name, operator, output shape and time.
+    pub fn run_timed(&self, input: Tensor) -> Result<(Vec<Tensor>, Vec<NodeTime>)> {
+        let mut values: Vec<Option<Arc<Tensor>>> = self.constants.clone();
+        values[self.input] = Some(Arc::new(input));
+        let mut times = Vec::with_capacity(self.nodes.len());
+        let out = self.run_observed(0, values, |node, y, time| {
+            times.push(NodeTime {
+                name: node.name.clone(),
+                op: node.op.kind(),
+                shape: y.shape().to_vec(),
+                time,
+            })
+        })?;
+        Ok((out, times))
+    }
+
+    /// Runs nodes `start..`, telling `observe` each node, its output and
+    /// how long it took.
+    fn run_observed(
+        &self,
+        start: usize,
+        mut values: Vec<Option<Arc<Tensor>>>,
+        mut observe: impl FnMut(&Node, &Tensor, Duration),
+    ) -> Result<Vec<Tensor>> {
+        // This run's pool (a concurrent run of the same net starts with an
+        // empty one; both go back at the end).
+        let mut buffers = std::mem::take(&mut *self.buffers.lock().expect("not poisoned"));
         for (i, node) in self.nodes.iter().enumerate().skip(start) {
-            let inputs: Vec<&Tensor> = node
+            let (&first, rest) = node
                 .inputs
-                .iter()
-                .map(|&s| values[s].as_deref().expect("nodes run in dependency order"))
-                .collect();
-            let y = eval(node, &inputs)
+                .split_first()
+                .expect("every node reads an input");
+            // The node's output may take over its first input's buffer when
+            // nothing reads that value after it.
+            let mut owned = None;
+            if node.op.reuses_input()
+                && self.last_use[first] == i
+                && self.constants[first].is_none()
+                && !rest.contains(&first)
+            {
+                if let Some(t) = values[first].take() {
+                    match Arc::try_unwrap(t) {
+                        Ok(t) => owned = Some(t),
+                        Err(t) => values[first] = Some(t),
+                    }
+                }
+            }
+            let get = |s: usize| values[s].as_deref().expect("nodes run in dependency order");
+            let x = match owned {
+                Some(t) => First::Owned(t),
+                None => First::Shared(get(first)),
+            };
+            let rest: Vec<&Tensor> = rest.iter().map(|&s| get(s)).collect();
+            let t = Instant::now();
+            let y = eval(node, x, &rest, &mut buffers)
                 .map_err(|e| Error::format(&self.path, format!("node '{}': {e}", node.name)))?;
+            observe(node, &y, t.elapsed());
             values[node.output] = Some(Arc::new(y));
             for &s in &node.inputs {
                 if self.last_use[s] == i && self.constants[s].is_none() {
-                    values[s] = None;
+                    if let Some(t) = values[s].take().and_then(|t| Arc::try_unwrap(t).ok()) {
+                        buffers.give(t);
+                    }
                 }
             }
         }
+        self.buffers.lock().expect("not poisoned").merge(buffers);
         Ok(self
             .outputs
             .iter()
@@ -458,6 +654,7 @@ impl<'a> Preparer<'a> {
             input,
             outputs,
             last_use,
+            buffers: Arc::default(),
         })
     }
 
@@ -1059,8 +1256,11 @@ fn nchw(shape: &[usize]) -> std::result::Result<[usize; 4], String> {
     }
 }
 
-fn eval(node: &Node, inputs: &[&Tensor]) -> EvalResult {
-    let x = inputs[0];
+/// Runs `node` on its first input `first` and the `rest`; outputs that
+/// are written whole come from `buffers`.
+fn eval(node: &Node, first: First<'_>, rest: &[&Tensor], buffers: &mut Buffers) -> EvalResult {
+    let x = first.get();
+    let all = || -> Vec<&Tensor> { std::iter::once(x).chain(rest.iter().copied()).collect() };
     match &node.op {
         Op::Conv {
             weight,
@@ -1094,7 +1294,7 @@ fn eval(node: &Node, inputs: &[&Tensor]) -> EvalResult {
             let (ho, wo) = (geom.h_out(), geom.w_out());
             chain_plane(tail, &[n, geom.c_out, ho, wo])?;
             let per_out = geom.c_out * ho * wo;
-            let mut y = vec![0.0f32; n * per_out];
+            let mut y = buffers.take(n * per_out);
             // Every image of the batch in one parallel pass.
             if geom.groups == 1 {
                 // 1x1 and full k x k layers: a matrix product.
@@ -1102,8 +1302,9 @@ fn eval(node: &Node, inputs: &[&Tensor]) -> EvalResult {
                     tail.apply_channel(o, piece)
                 });
             } else if geom.is_depthwise() {
-                cpu::conv2d_depthwise(&geom, n, data, weight, bias, *act, &mut y);
-                tail.apply(ho * wo, &mut y);
+                cpu::conv2d_depthwise(&geom, n, data, weight, bias, *act, &mut y, |o, plane| {
+                    tail.apply_channel(o, plane)
+                });
             } else {
                 for (img, out) in data
                     .chunks_exact(c * h * w)
@@ -1143,53 +1344,48 @@ fn eval(node: &Node, inputs: &[&Tensor]) -> EvalResult {
             let data = float_input(x, "ConvTranspose")?;
             let (ho, wo) = (shape.h_out(), shape.w_out());
             let per_out = shape.c_out * ho * wo;
-            let mut y = vec![0.0f32; n * per_out];
+            let mut y = buffers.take(n * per_out);
+            let plane = chain_plane(tail, &[n, shape.c_out, ho, wo])?;
             for (img, out) in data
                 .chunks_exact(c * h * w)
                 .zip(y.chunks_exact_mut(per_out))
             {
                 if shape.groups == 1 {
-                    cpu::conv_transpose2d_gemm(&shape, img, weight, bias, out);
+                    cpu::conv_transpose2d_gemm(&shape, img, weight, bias, out, |o, piece| {
+                        tail.apply_channel(o, piece)
+                    });
                 } else {
                     cpu::conv_transpose2d(&shape, img, weight, bias, out);
+                    tail.apply(plane, out);
                 }
             }
-            let shape = vec![n, shape.c_out, ho, wo];
-            tail.apply(chain_plane(tail, &shape)?, &mut y);
+            Ok(Tensor::F32(y, vec![n, shape.c_out, ho, wo]))
+        }
+        Op::Binary(op) => binary(*op, first, rest[0], buffers),
+        Op::Unary(op) => {
+            let (mut y, shape) = first.into_floats("elementwise")?;
+            if let Unary::Sqrt = op {
+                y.par_iter_mut()
+                    .with_min_len(1 << 14)
+                    .for_each(|v| *v = v.sqrt());
+            }
             Ok(Tensor::F32(y, shape))
         }
-        Op::Binary(op) => binary(*op, x, inputs[1]),
-        Op::Unary(op) => {
-            let data = float_input(x, "elementwise")?;
-            let op = *op;
-            let f = move |v: f32| match op {
-                Unary::Sqrt => v.sqrt(),
-                Unary::Identity => v,
-            };
-            let y: Vec<f32> = if data.len() >= 1 << 16 {
-                data.par_iter()
-                    .with_min_len(1 << 14)
-                    .map(|&v| f(v))
-                    .collect()
-            } else {
-                data.iter().map(|&v| f(v)).collect()
-            };
-            Ok(Tensor::F32(y, x.shape().to_vec()))
-        }
         Op::Chain(chain) => {
-            let shape = x.shape();
-            let plane = chain_plane(chain, shape)?;
-            let mut y = float_input(x, "elementwise")?.to_vec();
+            let plane = chain_plane(chain, x.shape())?;
+            let (mut y, shape) = first.into_floats("elementwise")?;
             chain.apply(plane, &mut y);
-            Ok(Tensor::F32(y, shape.to_vec()))
+            Ok(Tensor::F32(y, shape))
         }
         Op::GlobalAveragePool => {
             let [n, c, h, w] = nchw(x.shape())?;
             let data = float_input(x, "GlobalAveragePool")?;
-            let mut y = vec![0.0f32; n * c];
-            for (img, out) in data.chunks_exact(c * h * w).zip(y.chunks_exact_mut(c)) {
-                cpu::global_avg_pool(img, c, h * w, out);
-            }
+            let mut y = buffers.take(n * c);
+            // Every plane of the batch alike: groups of planes in parallel.
+            const GROUP: usize = 16;
+            y.par_chunks_mut(GROUP)
+                .zip(data.par_chunks(GROUP * h * w))
+                .for_each(|(out, planes)| cpu::global_avg_pool(planes, out.len(), h * w, out));
             Ok(Tensor::F32(y, vec![n, c, 1, 1]))
         }
         Op::Pool {
@@ -1210,7 +1406,7 @@ fn eval(node: &Node, inputs: &[&Tensor]) -> EvalResult {
             p.check()?;
             let data = float_input(x, "Pool")?;
             let (ho, wo) = (p.h_out(), p.w_out());
-            let mut y = vec![0.0f32; n * c * ho * wo];
+            let mut y = buffers.take(n * c * ho * wo);
             y.par_chunks_mut(ho * wo)
                 .zip(data.par_chunks(h * w))
                 .for_each(|(out, plane)| {
@@ -1232,13 +1428,17 @@ fn eval(node: &Node, inputs: &[&Tensor]) -> EvalResult {
                 return Err(format!("empty output for scales {scale:?}"));
             }
             let data = float_input(x, "Resize")?;
-            let mut y = vec![0.0f32; n * c * ho * wo];
-            cpu::resize_nearest(data, n * c, [h, w], [ho, wo], *scale, &mut y);
+            let mut y = buffers.take(n * c * ho * wo);
+            y.par_chunks_mut(ho * wo)
+                .zip(data.par_chunks(h * w))
+                .for_each(|(out, plane)| {
+                    cpu::resize_nearest(plane, 1, [h, w], [ho, wo], *scale, out)
+                });
             Ok(Tensor::F32(y, vec![n, c, ho, wo]))
         }
-        Op::Concat { axis } => concat(inputs, *axis),
+        Op::Concat { axis } => concat(&all(), *axis),
         Op::Reshape => {
-            let target = inputs[1].ints();
+            let target = rest[0].ints();
             let xs = x.shape();
             let total: usize = xs.iter().product();
             let mut shape = Vec::with_capacity(target.len());
@@ -1264,7 +1464,7 @@ fn eval(node: &Node, inputs: &[&Tensor]) -> EvalResult {
             if shape.iter().product::<usize>() != total {
                 return Err(format!("reshape {xs:?} to {target:?}"));
             }
-            Ok(x.clone().reshaped(shape))
+            Ok(first.into_tensor().reshaped(shape))
         }
         Op::Transpose { perm } => {
             let shape = x.shape();
@@ -1276,8 +1476,7 @@ fn eval(node: &Node, inputs: &[&Tensor]) -> EvalResult {
             {
                 return Err(format!("perm {perm:?} for shape {shape:?}"));
             }
-            let (index, out) = transpose_index(shape, perm);
-            Ok(x.gather(&index, out))
+            Ok(transpose(x, perm))
         }
         Op::Squeeze { axes } => {
             let shape = x.shape();
@@ -1303,9 +1502,9 @@ fn eval(node: &Node, inputs: &[&Tensor]) -> EvalResult {
             if axes.iter().any(|&a| shape[a] != 1) {
                 return Err(format!("squeeze axes {axes:?} of {shape:?}"));
             }
-            Ok(x.clone().reshaped(out))
+            Ok(first.into_tensor().reshaped(out))
         }
-        Op::Slice => slice(inputs),
+        Op::Slice => slice(&all()),
         Op::Shape => {
             let s = x.shape();
             Ok(Tensor::I64(
@@ -1352,14 +1551,14 @@ fn eval(node: &Node, inputs: &[&Tensor]) -> EvalResult {
             }
             let data = float_input(x, "MatMul")?;
             let m = data.len() / k;
-            let mut y = vec![0.0f32; m * n];
+            let mut y = buffers.take(m * n);
             cpu::matmul_packed(data, weight, bias.as_deref().map(Vec::as_slice), m, &mut y);
             let mut out = shape.to_vec();
             *out.last_mut().expect("rank >= 1") = *n;
             Ok(Tensor::F32(y, out))
         }
         Op::MatMul => {
-            let (a, b) = (x, inputs[1]);
+            let (a, b) = (x, rest[0]);
             let (sa, sb) = (a.shape(), b.shape());
             let ra = sa.len();
             if ra < 2 || sb.len() != ra || sa[..ra - 2] != sb[..ra - 2] || sa[ra - 1] != sb[ra - 2]
@@ -1369,7 +1568,7 @@ fn eval(node: &Node, inputs: &[&Tensor]) -> EvalResult {
             let (m, k, n) = (sa[ra - 2], sa[ra - 1], sb[ra - 1]);
             let batches: usize = sa[..ra - 2].iter().product();
             let (da, db) = (float_input(a, "MatMul")?, float_input(b, "MatMul")?);
-            let mut y = vec![0.0f32; batches * m * n];
+            let mut y = buffers.take(batches * m * n);
             y.par_chunks_mut(m * n).enumerate().for_each(|(i, out)| {
                 let bt: Vec<f32> = {
                     let bm = &db[i * k * n..(i + 1) * k * n];
@@ -1405,11 +1604,11 @@ fn eval(node: &Node, inputs: &[&Tensor]) -> EvalResult {
                 ));
             }
             let n = *shape.last().ok_or("Softmax of a scalar")?;
-            let mut y = float_input(x, "Softmax")?.to_vec();
+            let (mut y, shape) = first.into_floats("Softmax")?;
             if n > 0 {
-                cpu::softmax_rows(&mut y, n);
+                cpu::softmax_rows_fast(&mut y, n);
             }
-            Ok(Tensor::F32(y, shape.to_vec()))
+            Ok(Tensor::F32(y, shape))
         }
     }
 }
@@ -1462,8 +1661,10 @@ fn broadcast_strides(shape: &[usize], out: &[usize]) -> Vec<usize> {
     strides
 }
 
-fn binary(op: Binary, a: &Tensor, b: &Tensor) -> EvalResult {
-    if let (Tensor::I64(da, sa), Tensor::I64(db, sb)) = (a, b) {
+/// a op b with numpy broadcasting; written over a's buffer when a is the
+/// node's own and already has the output's shape.
+fn binary(op: Binary, a: First<'_>, b: &Tensor, buffers: &mut Buffers) -> EvalResult {
+    if let (Tensor::I64(da, sa), Tensor::I64(db, sb)) = (a.get(), b) {
         // Shape arithmetic: only equal shapes or scalars.
         let out = broadcast(sa, sb)?;
         let f = |x: i64, y: i64| match op {
@@ -1484,14 +1685,20 @@ fn binary(op: Binary, a: &Tensor, b: &Tensor) -> EvalResult {
             .collect();
         return Ok(Tensor::I64(y, out));
     }
-    let (da, db) = (
-        float_input(a, "elementwise")?,
-        float_input(b, "elementwise")?,
-    );
-    let (sa, sb) = (a.shape(), b.shape());
-    let out = broadcast(sa, sb)?;
+    let db = float_input(b, "elementwise")?;
+    let sb = b.shape();
+    let sa = a.get().shape().to_vec();
+    float_input(a.get(), "elementwise")?;
+    let out = broadcast(&sa, sb)?;
+    if out == sa {
+        if let First::Owned(Tensor::F32(mut y, _)) = a {
+            binary_in_place(op, &mut y, &out, db, sb);
+            return Ok(Tensor::F32(y, out));
+        }
+    }
+    let da = float_input(a.get(), "elementwise")?;
     let n: usize = out.iter().product();
-    let mut y = vec![0.0f32; n];
+    let mut y = buffers.take(n);
     if sa == sb {
         y.par_iter_mut()
             .with_min_len(1 << 14)
@@ -1511,7 +1718,7 @@ fn binary(op: Binary, a: &Tensor, b: &Tensor) -> EvalResult {
             .for_each(|(o, &z)| *o = op.apply(x, z));
     } else {
         // General case, row by row over the last axis.
-        let (st_a, st_b) = (broadcast_strides(sa, &out), broadcast_strides(sb, &out));
+        let (st_a, st_b) = (broadcast_strides(&sa, &out), broadcast_strides(sb, &out));
         let last = *out.last().unwrap_or(&1);
         let rank = out.len();
         y.par_chunks_mut(last.max(1))
@@ -1532,6 +1739,51 @@ fn binary(op: Binary, a: &Tensor, b: &Tensor) -> EvalResult {
             });
     }
     Ok(Tensor::F32(y, out))
+}
+
+/// y = y op b in place, y of shape `out`, b broadcast to it.
+fn binary_in_place(op: Binary, y: &mut [f32], out: &[usize], db: &[f32], sb: &[usize]) {
+    if db.len() == y.len() {
+        y.par_iter_mut()
+            .with_min_len(1 << 14)
+            .zip(db.par_iter())
+            .for_each(|(o, &z)| *o = op.apply(*o, z));
+        return;
+    }
+    if db.len() == 1 {
+        let z = db[0];
+        y.par_iter_mut()
+            .with_min_len(1 << 14)
+            .for_each(|o| *o = op.apply(*o, z));
+        return;
+    }
+    let st_b = broadcast_strides(sb, out);
+    let last = *out.last().unwrap_or(&1);
+    let rank = out.len();
+    y.par_chunks_mut(last.max(1))
+        .with_min_len((1 << 12) / last.max(1) + 1)
+        .enumerate()
+        .for_each(|(row, ys)| {
+            let mut ib = 0usize;
+            let mut rem = row;
+            for k in (0..rank.saturating_sub(1)).rev() {
+                ib += (rem % out[k]) * st_b[k];
+                rem /= out[k];
+            }
+            match st_b[rank - 1] {
+                // One value along the row (a per-channel scale).
+                0 => {
+                    let z = db[ib];
+                    ys.iter_mut().for_each(|o| *o = op.apply(*o, z));
+                }
+                _ => {
+                    let len = ys.len();
+                    for (o, &z) in ys.iter_mut().zip(&db[ib..ib + len]) {
+                        *o = op.apply(*o, z);
+                    }
+                }
+            }
+        });
 }
 
 fn concat(inputs: &[&Tensor], axis: i64) -> EvalResult {
@@ -1618,20 +1870,38 @@ fn slice(inputs: &[&Tensor]) -> EvalResult {
         begin[a] = s as usize;
         count[a] = (e - s).max(0) as usize;
     }
+    Ok(match x {
+        Tensor::F32(d, _) => Tensor::F32(slice_rows(d, shape, &begin, &count), count),
+        Tensor::I64(d, _) => Tensor::I64(slice_rows(d, shape, &begin, &count), count),
+    })
+}
+
+/// The box `begin..begin + count` of `d` (of `shape`, row-major), copied
+/// a run along the last axis at a time.
+fn slice_rows<T: Copy>(d: &[T], shape: &[usize], begin: &[usize], count: &[usize]) -> Vec<T> {
+    let rank = shape.len();
+    let n: usize = count.iter().product();
+    let mut y = Vec::with_capacity(n);
+    if n == 0 {
+        return y;
+    }
+    if rank == 0 {
+        y.push(d[0]);
+        return y;
+    }
     let mut strides = vec![1usize; rank];
-    for k in (0..rank.saturating_sub(1)).rev() {
+    for k in (0..rank - 1).rev() {
         strides[k] = strides[k + 1] * shape[k + 1];
     }
-    let n: usize = count.iter().product();
-    let mut index = Vec::with_capacity(n);
-    let mut idx = vec![0usize; rank];
-    for _ in 0..n {
-        index.push(
-            (0..rank)
-                .map(|k| (begin[k] + idx[k]) * strides[k])
-                .sum::<usize>(),
-        );
-        for k in (0..rank).rev() {
+    let run = count[rank - 1];
+    let mut idx = vec![0usize; rank - 1];
+    for _ in 0..n / run {
+        let at = (0..rank - 1)
+            .map(|k| (begin[k] + idx[k]) * strides[k])
+            .sum::<usize>()
+            + begin[rank - 1];
+        y.extend_from_slice(&d[at..at + run]);
+        for k in (0..rank - 1).rev() {
             idx[k] += 1;
             if idx[k] < count[k] {
                 break;
@@ -1639,24 +1909,49 @@ fn slice(inputs: &[&Tensor]) -> EvalResult {
             idx[k] = 0;
         }
     }
-    Ok(x.gather(&index, count))
+    y
 }
 
-/// Source positions of a transpose of `shape` by `perm`, and its shape.
-fn transpose_index(shape: &[usize], perm: &[usize]) -> (Vec<usize>, Vec<usize>) {
+/// `x` with its axes permuted by `perm` (a valid permutation).
+fn transpose(x: &Tensor, perm: &[usize]) -> Tensor {
+    match x {
+        Tensor::F32(d, s) => {
+            let (y, out) = transpose_data(d, s, perm);
+            Tensor::F32(y, out)
+        }
+        Tensor::I64(d, s) => {
+            let (y, out) = transpose_data(d, s, perm);
+            Tensor::I64(y, out)
+        }
+    }
+}
+
+/// The data of a transpose of `d` (of `shape`) and its shape: the output
+/// in order, a run along its last axis at a time (a strided read).
+fn transpose_data<T: Copy>(d: &[T], shape: &[usize], perm: &[usize]) -> (Vec<T>, Vec<usize>) {
     let rank = shape.len();
+    let out: Vec<usize> = perm.iter().map(|&p| shape[p]).collect();
+    let n: usize = shape.iter().product();
+    let mut y = Vec::with_capacity(n);
+    if n == 0 || rank == 0 {
+        y.extend_from_slice(&d[..n]);
+        return (y, out);
+    }
     let mut strides = vec![1usize; rank];
-    for k in (0..rank.saturating_sub(1)).rev() {
+    for k in (0..rank - 1).rev() {
         strides[k] = strides[k + 1] * shape[k + 1];
     }
-    let out: Vec<usize> = perm.iter().map(|&p| shape[p]).collect();
-    let out_strides: Vec<usize> = perm.iter().map(|&p| strides[p]).collect();
-    let n: usize = shape.iter().product();
-    let mut index = Vec::with_capacity(n);
-    let mut idx = vec![0usize; rank];
-    for _ in 0..n {
-        index.push(idx.iter().zip(&out_strides).map(|(i, s)| i * s).sum());
-        for k in (0..rank).rev() {
+    let from: Vec<usize> = perm.iter().map(|&p| strides[p]).collect();
+    let (run, step) = (out[rank - 1], from[rank - 1]);
+    let mut idx = vec![0usize; rank - 1];
+    for _ in 0..n / run {
+        let at: usize = idx.iter().zip(&from).map(|(i, s)| i * s).sum();
+        if step == 1 {
+            y.extend_from_slice(&d[at..at + run]);
+        } else {
+            y.extend((0..run).map(|j| d[at + j * step]));
+        }
+        for k in (0..rank - 1).rev() {
             idx[k] += 1;
             if idx[k] < out[k] {
                 break;
@@ -1664,7 +1959,7 @@ fn transpose_index(shape: &[usize], perm: &[usize]) -> (Vec<usize>, Vec<usize>) 
             idx[k] = 0;
         }
     }
-    (index, out)
+    (y, out)
 }
 
 #[cfg(test)]
@@ -1675,17 +1970,98 @@ mod tests {
     fn broadcasting_matches_numpy() {
         let a = Tensor::F32((0..6).map(|v| v as f32).collect(), vec![2, 3]);
         let b = Tensor::F32(vec![10.0, 20.0, 30.0], vec![3]);
-        let Tensor::F32(y, s) = binary(Binary::Add, &a, &b).unwrap() else {
+        let Tensor::F32(y, s) =
+            binary(Binary::Add, First::Shared(&a), &b, &mut Buffers::default()).unwrap()
+        else {
             panic!()
         };
         assert_eq!(s, [2, 3]);
         assert_eq!(y, [10.0, 21.0, 32.0, 13.0, 24.0, 35.0]);
         let c = Tensor::F32(vec![1.0, 2.0], vec![2, 1]);
-        let Tensor::F32(y, _) = binary(Binary::Mul, &a, &c).unwrap() else {
+        let Tensor::F32(y, _) =
+            binary(Binary::Mul, First::Shared(&a), &c, &mut Buffers::default()).unwrap()
+        else {
             panic!()
         };
         assert_eq!(y, [0.0, 1.0, 2.0, 6.0, 8.0, 10.0]);
-        assert!(binary(Binary::Add, &a, &Tensor::F32(vec![1.0; 2], vec![2])).is_err());
+        let wrong = Tensor::F32(vec![1.0; 2], vec![2]);
+        assert!(binary(
+            Binary::Add,
+            First::Shared(&a),
+            &wrong,
+            &mut Buffers::default()
+        )
+        .is_err());
+        assert!(binary(
+            Binary::Add,
+            First::Owned(a.clone()),
+            &wrong,
+            &mut Buffers::default()
+        )
+        .is_err());
+    }
+
+    #[test]
+    fn binary_ops_in_place_equal_the_copying_ones() {
+        let mut rng = crate::util::rng::Rng::new(2);
+        let x = Tensor::F32(rng.vec(2 * 3 * 40 * 50, -2.0, 2.0), vec![2, 3, 40, 50]);
+        // Outputs written over stale buffers: poisoned ones.
+        let mut stale = Buffers::default();
+        for _ in 0..4 {
+            stale.give(Tensor::F32(
+                vec![f32::NAN; 4 * Buffers::SMALL],
+                vec![4 * Buffers::SMALL],
+            ));
+        }
+        // Same shape, a scalar, per channel, along the last axis, and a
+        // first operand smaller than the output (never in place).
+        for shape in [
+            vec![2, 3, 40, 50],
+            vec![1],
+            vec![1, 3, 1, 1],
+            vec![50],
+            vec![2, 3, 1, 50],
+        ] {
+            let n = shape.iter().product();
+            let b = Tensor::F32(rng.vec(n, 0.5, 2.0), shape);
+            for op in [
+                Binary::Add,
+                Binary::Sub,
+                Binary::Mul,
+                Binary::Div,
+                Binary::Pow,
+            ] {
+                let Tensor::F32(want, ws) = binary(op, First::Shared(&x), &b, &mut stale).unwrap()
+                else {
+                    panic!()
+                };
+                let Tensor::F32(got, gs) =
+                    binary(op, First::Owned(x.clone()), &b, &mut stale).unwrap()
+                else {
+                    panic!()
+                };
+                // Bit for bit (Pow of a negative base is NaN in both).
+                let bits = |v: Vec<f32>| v.into_iter().map(f32::to_bits).collect::<Vec<_>>();
+                assert_eq!(
+                    (bits(got), gs),
+                    (bits(want), ws),
+                    "{op:?} with {:?}",
+                    b.shape()
+                );
+            }
+        }
+        let small = Tensor::F32(vec![1.0, 2.0, 3.0], vec![3, 1]);
+        let wide = Tensor::F32(vec![1.0, 10.0], vec![2]);
+        let Tensor::F32(y, s) = binary(
+            Binary::Mul,
+            First::Owned(small),
+            &wide,
+            &mut Buffers::default(),
+        )
+        .unwrap() else {
+            panic!()
+        };
+        assert_eq!((y, s), (vec![1.0, 10.0, 2.0, 20.0, 3.0, 30.0], vec![3, 2]));
     }
 
     #[test]
@@ -1701,8 +2077,53 @@ mod tests {
         let c = concat(&[&s, &Tensor::I64(vec![-1], vec![1])], 0).unwrap();
         assert_eq!(c.ints(), [3, 48, -1]);
         let t = Tensor::F32((0..6).map(|v| v as f32).collect(), vec![1, 2, 3]);
-        let (index, shape) = transpose_index(t.shape(), &[0, 2, 1]);
+        let Tensor::F32(y, shape) = transpose(&t, &[0, 2, 1]) else {
+            panic!()
+        };
         assert_eq!(shape, [1, 3, 2]);
-        assert_eq!(index, [0, 3, 1, 4, 2, 5]);
+        assert_eq!(y, [0.0, 3.0, 1.0, 4.0, 2.0, 5.0]);
+        // Against the definition, on a 4-axis tensor: y[i, j, k, l] =
+        // x[perm^-1 ...]; and a slice of the middle axes.
+        let dims = [2, 3, 4, 5];
+        let x: Vec<i64> = (0..120).collect();
+        let at = |i: [usize; 4]| ((i[0] * 3 + i[1]) * 4 + i[2]) * 5 + i[3];
+        for perm in [[2, 0, 3, 1], [0, 1, 3, 2], [3, 2, 1, 0]] {
+            let Tensor::I64(y, shape) = transpose(&Tensor::I64(x.clone(), dims.to_vec()), &perm)
+            else {
+                panic!()
+            };
+            assert_eq!(shape, perm.map(|p| dims[p]));
+            let mut o = 0;
+            for a in 0..shape[0] {
+                for b in 0..shape[1] {
+                    for c in 0..shape[2] {
+                        for d in 0..shape[3] {
+                            let mut i = [0; 4];
+                            for (k, v) in [a, b, c, d].into_iter().enumerate() {
+                                i[perm[k]] = v;
+                            }
+                            assert_eq!(y[o], x[at(i)], "{perm:?}");
+                            o += 1;
+                        }
+                    }
+                }
+            }
+        }
+        let s = slice(&[
+            &Tensor::I64(x.clone(), dims.to_vec()),
+            &Tensor::I64(vec![1, 1], vec![2]),
+            &Tensor::I64(vec![3, 3], vec![2]),
+            &Tensor::I64(vec![1, 2], vec![2]),
+        ])
+        .unwrap();
+        assert_eq!(s.shape(), [2, 2, 2, 5]);
+        let want: Vec<i64> = (0..2)
+            .flat_map(|a| {
+                (1..3)
+                    .flat_map(move |b| (1..3).flat_map(move |c| (0..5).map(move |d| (a, b, c, d))))
+            })
+            .map(|(a, b, c, d)| x[at([a, b, c, d])])
+            .collect();
+        assert_eq!(s.ints(), want);
     }
 }

@@ -7,6 +7,7 @@ use super::net::{Net, Tensor};
 use super::Crop;
 use crate::error::{Error, Result};
 use crate::run::image::resize_linear;
+use rayon::prelude::*;
 use std::path::Path;
 
 /// The networks' input height.
@@ -40,19 +41,6 @@ pub fn line_input(crop: &Crop, width: usize) -> Vec<f32> {
         }
     }
     out
-}
-
-/// The `n` lines of a [n, steps, classes] batch of probabilities, each
-/// [1, steps, classes] (anything else is passed on whole, for
-/// [`Recognizer::decode`] to refuse).
-fn split_batch(probs: &Tensor, n: usize) -> Vec<Tensor> {
-    match probs {
-        Tensor::F32(d, s) if s.len() == 3 && s[0] == n && s[1] * s[2] > 0 => d
-            .chunks_exact(s[1] * s[2])
-            .map(|line| Tensor::F32(line.to_vec(), vec![1, s[1], s[2]]))
-            .collect(),
-        t => vec![t.clone()],
-    }
 }
 
 pub struct Classifier {
@@ -142,7 +130,7 @@ impl Recognizer {
 
     /// (text, mean confidence) for each crop, recognised in RapidOCR's
     /// groups: sorted by aspect ratio, 6 at a time, each padded to the
-    /// widest of its group.
+    /// widest of its group (a line's result depends on its group's width).
     pub fn recognize(&self, crops: &[Crop]) -> Result<Vec<(String, f64)>> {
         let ratio = |c: &Crop| c.width as f64 / c.height as f64;
         let mut order: Vec<usize> = (0..crops.len()).collect();
@@ -165,17 +153,21 @@ impl Recognizer {
                 }
                 continue;
             }
-            // On the CPU the group is one batch, as RapidOCR runs it: each
-            // line's sums are the same as alone, each op one parallel pass.
-            let input: Vec<f32> = group
-                .iter()
-                .flat_map(|&i| line_input(&crops[i], width))
+            // On the CPU the lines of a group run side by side, each alone:
+            // a line's outputs are the same in any batch (bit for bit), and
+            // one line's tensors stay in cache where a wide group's (tens of
+            // megabytes) would not.
+            let probs: Vec<Result<Vec<Tensor>>> = group
+                .par_iter()
+                .map(|&i| {
+                    let input = line_input(&crops[i], width);
+                    self.net
+                        .net
+                        .run(Tensor::F32(input, vec![1, 3, LINE_HEIGHT, width]))
+                })
                 .collect();
-            let y = self
-                .net
-                .run(Tensor::F32(input, vec![group.len(), 3, LINE_HEIGHT, width]))?;
-            for (j, probs) in split_batch(&y[0], group.len()).into_iter().enumerate() {
-                out[group[j]] = self.decode(&probs)?;
+            for (&i, y) in group.iter().zip(probs) {
+                out[i] = self.decode(&y?[0])?;
             }
         }
         Ok(out)
