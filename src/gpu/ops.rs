@@ -44,7 +44,12 @@ impl Gpu {
     /// record more while the device works, and reads the copy with
     /// [`Gpu::read_queued`].
     pub fn queue_and_copy(&self, work: &[&Dispatch], out: &wgpu::Buffer, bytes: u64) -> Queued {
-        let bytes = bytes.div_ceil(4).max(1) * 4;
+        self.queue_and_copy_all(work, &[(out, bytes)])
+    }
+
+    /// As [`Gpu::queue_and_copy`], copying the first bytes of several
+    /// buffers, one after the other (each rounded up to 4 bytes).
+    pub fn queue_and_copy_all(&self, work: &[&Dispatch], outs: &[(&wgpu::Buffer, u64)]) -> Queued {
         let mut enc = self.device.create_command_encoder(&Default::default());
         {
             let mut pass = enc.begin_compute_pass(&Default::default());
@@ -52,8 +57,14 @@ impl Gpu {
                 d.record(&mut pass);
             }
         }
+        let sizes: Vec<u64> = outs.iter().map(|(_, b)| b.div_ceil(4).max(1) * 4).collect();
+        let bytes = sizes.iter().sum();
         let staging = self.staging("readback", bytes);
-        enc.copy_buffer_to_buffer(out, 0, &staging, 0, bytes);
+        let mut at = 0;
+        for ((out, _), size) in outs.iter().zip(sizes) {
+            enc.copy_buffer_to_buffer(out, 0, &staging, at, size);
+            at += size;
+        }
         let done = self.queue.submit([enc.finish()]);
         Queued {
             staging,
