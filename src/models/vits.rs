@@ -1547,6 +1547,7 @@ impl Synthesizer {
             let stages = StageSeconds {
                 prior,
                 flow_and_decoder: t0.elapsed().as_secs_f64() - prior,
+                device: None,
             };
             emit(item, audio, stages)?;
         }
@@ -1573,6 +1574,20 @@ pub struct StageSeconds {
     /// sentence's submission to its audio read back (the device may be
     /// working on the sentences before it meanwhile).
     pub flow_and_decoder: f64,
+    /// On a GPU with timestamps: the device's time in each stage.
+    pub device: Option<DeviceSeconds>,
+}
+
+/// The device's time in each stage of a sentence (between timestamps
+/// written at the stages' ends, so the gaps between dispatches count).
+#[derive(Clone, Copy, Debug)]
+pub struct DeviceSeconds {
+    /// Text encoder and duration predictor.
+    pub prior: f64,
+    /// The durations, the frame count and the length regulation.
+    pub regulation: f64,
+    pub flow: f64,
+    pub decoder: f64,
 }
 
 #[cfg(test)]

@@ -22,12 +22,14 @@
 //! convolutions over its input channels.
 
 use super::{
-    duration_noise, too_many_frames, Conv, ConvT, Coupling, Generator, GpuPrior, Latent, Scales,
-    SpeakerOffsets, StageSeconds, Vits, LRELU_SLOPE, LRELU_SLOPE_POST, MAX_SENTENCE_FRAMES,
+    duration_noise, too_many_frames, Conv, ConvT, Coupling, DeviceSeconds, Generator, GpuPrior,
+    Latent, Scales, SpeakerOffsets, StageSeconds, Vits, LRELU_SLOPE, LRELU_SLOPE_POST,
+    MAX_SENTENCE_FRAMES,
 };
 use crate::cpu::Conv1dShape;
 use crate::error::{Error, Result};
 use crate::gpu::ops::{self, Dispatch};
+use crate::gpu::profile::PassTimer;
 use crate::gpu::speech::{self, Conv1dExtras, FrameCount, InputAct, Steps};
 use crate::gpu::Gpu;
 use crate::util::rng::Rng;
@@ -602,6 +604,8 @@ struct QueuedSentence {
     cap: usize,
     /// Its generator before any of its draws, to run it again.
     rng: Rng,
+    /// Timestamps at the ends of its stages (adapters that have them).
+    timer: Option<PassTimer>,
     /// When its recording started and when it was submitted.
     started: Instant,
     submitted: Instant,
@@ -680,7 +684,8 @@ impl GpuVoice {
     /// noise, the durations and the frame count, and the length regulation
     /// with the prior's noise, all drawn from `rng` as the CPU draws them
     /// (the prior's for the cap, of which the kernels read the start).
-    /// Returns the halves and the durations' running sums.
+    /// Returns the halves, the durations' running sums and where in `work`
+    /// the prior (encoder and duration predictor) ends.
     #[allow(clippy::too_many_arguments)]
     fn record_prior(
         &self,
@@ -691,11 +696,12 @@ impl GpuVoice {
         rng: &mut Rng,
         count: &FrameCount,
         work: &mut Vec<Dispatch>,
-    ) -> Result<(wgpu::Buffer, wgpu::Buffer, wgpu::Buffer)> {
+    ) -> Result<(wgpu::Buffer, wgpu::Buffer, wgpu::Buffer, usize)> {
         let gpu = self.gpu();
         let t = v.check_ids(ids)?.len();
         let noise = duration_noise(t, scales, rng);
         let p = self.prior.record(v, ids, &noise, speaker, work)?;
+        let prior_end = work.len();
         let ends = gpu.scratch("prior.ends", (t * 4) as u64)?;
         let (m, inv) = self.prior.affine();
         work.push(speech::durations(
@@ -731,7 +737,7 @@ impl GpuVoice {
         };
         let a = half_buffer(0)?;
         let b = half_buffer(half)?;
-        Ok((a, b, ends))
+        Ok((a, b, ends, prior_end))
     }
 
     /// Queues a sentence with buffers for `cap` frames, its noise drawn
@@ -751,23 +757,34 @@ impl GpuVoice {
         let count = FrameCount::new(gpu, cap)?;
         let mut work = Vec::new();
         let mut draws = rng.clone();
-        let (a, b, _) =
+        let (a, b, _, prior_end) =
             self.record_prior(v, ids, speaker, scales, &mut draws, &count, &mut work)?;
+        let regulation_end = work.len();
         let frames = count.steps(1, 0);
         let (a, b) = self.flow.record(a, b, frames, speaker, &mut work)?;
+        let flow_end = work.len();
         let out = self
             .dec
             .record(&a, &b, frames, speaker.map(|s| s.dec.as_slice()), &mut work)?;
         count.finish(gpu);
         let samples = cap * self.dec.cpu.hop();
+        // Timestamps at the stages' ends, where the adapter has them.
+        let marks = [0, prior_end, regulation_end, flow_end, work.len()];
+        let timer = if gpu.caps.timestamps {
+            Some(PassTimer::new(gpu, marks.len() as u32)?)
+        } else {
+            None
+        };
         let out = gpu.queue_and_copy_all(
             &work.iter().collect::<Vec<_>>(),
             &[(&count.lens, 8), (&out, (samples * 4) as u64)],
+            timer.as_ref().map(|t| (t, &marks[..])),
         );
         Ok(QueuedSentence {
             out,
             cap,
             rng: rng.clone(),
+            timer,
             started,
             submitted: Instant::now(),
         })
@@ -786,6 +803,7 @@ impl GpuVoice {
         scales: &Scales,
         q: QueuedSentence,
     ) -> Result<(Vec<f32>, StageSeconds)> {
+        let submission = q.out.submission();
         let bytes = self.gpu().read_queued(q.out)?;
         let words: Vec<u32> = bytemuck::pod_collect_to_vec(&bytes[..8]);
         let (frames, total) = (words[0] as usize, words[1] as usize);
@@ -804,9 +822,23 @@ impl GpuVoice {
         }
         let samples = frames * self.dec.cpu.hop();
         let audio = bytemuck::pod_collect_to_vec(&bytes[8..8 + samples * 4]);
+        let device = match &q.timer {
+            Some(timer) => {
+                let ns = timer.read(self.gpu(), 5, submission)?;
+                let s = |i: usize| (ns[i + 1] - ns[i]).max(0.0) * 1e-9;
+                Some(DeviceSeconds {
+                    prior: s(0),
+                    regulation: s(1),
+                    flow: s(2),
+                    decoder: s(3),
+                })
+            }
+            None => None,
+        };
         let stages = StageSeconds {
             prior: (q.submitted - q.started).as_secs_f64(),
             flow_and_decoder: q.submitted.elapsed().as_secs_f64(),
+            device,
         };
         Ok((audio, stages))
     }
@@ -829,7 +861,7 @@ impl GpuVoice {
         loop {
             let count = FrameCount::new(gpu, cap)?;
             let mut work = Vec::new();
-            let (a, b, ends) =
+            let (a, b, ends, _) =
                 self.record_prior(v, ids, speaker, scales, &mut rng.clone(), &count, &mut work)?;
             count.finish(gpu);
             gpu.run_all(&work.iter().collect::<Vec<_>>())?;
