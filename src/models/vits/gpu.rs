@@ -233,15 +233,21 @@ impl GpuGenerator {
             )?);
             t = t_up;
             // x_b = x_b + conv(leaky(x_b)) for each conv of a block, starting
-            // from u; the last conv of a block also adds the blocks before it
-            // (into fresh buffers: a dispatch cannot read and write one).
+            // from u; the last conv of a block also adds the blocks before it.
+            // A block's steps take two buffers in turn, and the running sums
+            // two others (a dispatch cannot read and write one buffer).
+            let (mut steps, mut sums) = ([None, None], [None, None]);
             let mut sum: Option<wgpu::Buffer> = None;
             for (bi, convs) in blocks.iter().enumerate() {
                 let mut cur = u.clone();
                 for (ci, c) in convs.iter().enumerate() {
-                    let out = gpu.scratch("dec.block", bytes)?;
                     let w = &self.resblocks[si][bi][ci];
                     let last = ci + 1 == convs.len();
+                    let out = if last {
+                        reuse(gpu, &mut sums[bi % 2], "dec.sum", bytes)?
+                    } else {
+                        reuse(gpu, &mut steps[ci % 2], "dec.block", bytes)?
+                    };
                     work.push(speech::conv1d(
                         gpu,
                         &cur,
@@ -303,6 +309,21 @@ impl GpuGenerator {
         }
         fits && ok(g.conv_post.shape.c_out.max(1), g.conv_post.shape.t_out(t))
     }
+}
+
+/// The buffer in `slot`, made on first use.
+fn reuse(
+    gpu: &Gpu,
+    slot: &mut Option<wgpu::Buffer>,
+    label: &str,
+    bytes: u64,
+) -> Result<wgpu::Buffer> {
+    if let Some(b) = slot {
+        return Ok(b.clone());
+    }
+    let b = gpu.scratch(label, bytes)?;
+    *slot = Some(b.clone());
+    Ok(b)
 }
 
 /// `c`'s weights for input channels `range` only.
@@ -582,10 +603,9 @@ pub struct GpuVoice {
 }
 
 /// How many sentences [`GpuVoice::speak`] keeps on the device queue while
-/// it waits for the first of them: the host records the next ones while
-/// the device works. Until the first audio is out, one less, so that
-/// recording does not delay it.
-const SENTENCES_AHEAD: usize = 3;
+/// it waits for the first of them: the host records the next one while the
+/// device works (each holds its buffers until it is read).
+const SENTENCES_AHEAD: usize = 2;
 
 /// Frames a sentence's buffers are first made for: this many per phoneme id
 /// and unit of length scale, plus one per id (each duration is rounded
@@ -928,9 +948,8 @@ impl GpuVoice {
         emit: &mut dyn FnMut(T, Vec<f32>, StageSeconds) -> Result<()>,
     ) -> Result<()> {
         let mut ahead = VecDeque::new();
-        let mut depth = SENTENCES_AHEAD - 1;
         loop {
-            while ahead.len() < depth {
+            while ahead.len() < SENTENCES_AHEAD {
                 let Some(item) = sentences.next() else { break };
                 let item = item?;
                 let own = super::sentence_rng(rng);
@@ -944,7 +963,6 @@ impl GpuVoice {
             };
             let (audio, stages) = self.read(v, item.as_ref(), speaker, scales, q)?;
             emit(item, audio, stages)?;
-            depth = SENTENCES_AHEAD;
         }
         Ok(())
     }
