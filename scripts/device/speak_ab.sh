@@ -100,7 +100,7 @@ for (arm, lay), rs in runs.items():
     )
 dev_lines = []
 for (arm, lay), rs in runs.items():
-    if rs[0]["device"] is None:
+    if rs[0]["device"] is None or rs[0]["steady_count"] == 0:
         continue
     n = rs[0]["steady_count"]
     stage = {k: statistics.median(r["device"][k] for r in rs) for k in rs[0]["device"]}
@@ -126,6 +126,8 @@ lines += ["", "A / B on the paragraph, pair by pair: " + ", ".join(
 if PIECE > 0:
     lines += ["", "Fixed cost a sentence (sentences 2..n, medians of the runs): time = n * fixed + audio * per_second"]
     for arm in arms:
+        if runs[(arm, "paragraph")][0]["steady_count"] == 0:
+            continue
         (n1, t1, a1), (n2, t2, a2) = [
             (rs[0]["steady_count"], med(rs, "steady_seconds"), med(rs, "steady_audio"))
             for rs in (runs[(arm, lay)] for lay in layouts)
