@@ -1,13 +1,16 @@
 // conv_transpose1d: y[o, q] = b[o] + sum over (i, k, t) with t*stride + k - pad = q of
 // w[i, o, k] * act_in(x[i, t]), act_in(v) = leaky_relu(v * in_scale, in_slope).
 // Groups 1, dilation 1 (HiFi-GAN's upsampling layers); written as a gather so every
-// output is computed by one invocation.
+// output is computed by one invocation. The input length is t_in = frames * t_mul + t_add
+// with frames = lens[0] (as conv1d's), t_out = (t_in - 1) * stride - 2 pad + kernel.
 // bindings: 0 params, 1 x: [c_in, t_in], 2 w: packed [c_in, kernel, c_out_pad / 4] vec4
-//           (gpu::speech::pack_conv_transpose1d_weights), 3 b: [c_out], 4 y: [c_out, t_out]
-// dispatch: (ceil(t_out / WG), ceil(c_out / 8), 1); one output step, 8 channels each.
+//           (gpu::speech::pack_conv_transpose1d_weights), 3 b: [c_out], 4 lens: u32,
+//           5 y: [c_out, t_out]
+// dispatch: (ceil(t_out / WG), ceil(c_out / 8), 1), direct or indirect; one output step,
+// 8 channels each.
 
 struct Params {
-    c_in: u32, c_out: u32, t_in: u32, t_out: u32,
+    c_in: u32, c_out: u32, t_mul: u32, t_add: i32,
     kernel: u32, stride: u32, pad: u32, c_out_pad: u32,
     in_scale: f32, in_slope: f32, _p1: u32, _p2: u32,
 }
@@ -16,15 +19,18 @@ struct Params {
 @group(0) @binding(1) var<storage, read> x: array<f32>;
 @group(0) @binding(2) var<storage, read> w: array<vec4<f32>>;
 @group(0) @binding(3) var<storage, read> b: array<f32>;
-@group(0) @binding(4) var<storage, read_write> y: array<f32>;
+@group(0) @binding(4) var<storage, read> lens: array<u32>;
+@group(0) @binding(5) var<storage, read_write> y: array<f32>;
 
 override WG: u32 = 64u;
 
 @compute @workgroup_size(WG)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+    let t_in = u32(i32(lens[0] * p.t_mul) + p.t_add);
+    let t_out = i32((t_in - 1u) * p.stride + p.kernel) - i32(2u * p.pad);
     let q = wid.x * WG + lid;
     let o0 = wid.y * 8u;
-    if (q >= p.t_out) {
+    if (i32(q) >= t_out) {
         return;
     }
     var acc0 = vec4<f32>(0.0);
@@ -36,7 +42,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
             break;
         }
         let t = (q + p.pad - k) / p.stride;
-        if (t >= p.t_in) {
+        if (t >= t_in) {
             continue;
         }
         var xi = t;
@@ -49,7 +55,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
             }
             acc0 += v * w[wi];
             acc1 += v * w[wi + 1u];
-            xi += p.t_in;
+            xi += t_in;
             wi += wstep;
         }
     }
@@ -64,6 +70,6 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         } else {
             v += acc1[j - 4u];
         }
-        y[o * p.t_out + q] = v;
+        y[o * u32(t_out) + q] = v;
     }
 }

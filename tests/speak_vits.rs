@@ -288,7 +288,7 @@ fn gpu_voice_matches_onnxruntime() {
     let v = voice();
     let gv = lfm::models::vits::GpuVoice::new(gpu.clone(), &v).unwrap();
     let (audio, _) = gv
-        .synthesize(&v, &g.ids, None, &ZERO_NOISE, &mut Rng::new(0))
+        .synthesize(&v, &g.ids, None, &ZERO_NOISE, &Rng::new(0))
         .unwrap();
     let (max, snr) = compare(&audio, &g.audio);
     eprintln!("gpu voice: max abs err {max:.2e}, SNR {snr:.1} dB");
@@ -302,7 +302,7 @@ fn gpu_voice_matches_onnxruntime() {
     for (name, sid) in &m.speakers {
         let off = v.speaker_offsets(*sid).unwrap();
         let (audio, _) = gv
-            .synthesize(&v, &m.ids, off.as_ref(), &ZERO_NOISE, &mut Rng::new(0))
+            .synthesize(&v, &m.ids, off.as_ref(), &ZERO_NOISE, &Rng::new(0))
             .unwrap();
         let (max, snr) = compare(&audio, &m.f32s(&format!("audio.{sid}")));
         eprintln!("gpu voice, speaker {name}: max abs err {max:.2e}, SNR {snr:.1} dB");
@@ -362,7 +362,7 @@ fn gpu_prior_matches_the_cpu_prior() {
             .prior(&ids, off.as_ref(), &scales, &mut Rng::new(7))
             .unwrap();
         let got = gv
-            .prior(v, &ids, off.as_ref(), &scales, &mut Rng::new(7))
+            .prior(v, &ids, off.as_ref(), &scales, &Rng::new(7))
             .unwrap();
         assert_eq!(
             got.durations, want.durations,
@@ -410,8 +410,8 @@ fn gpu_pipelined_sentences_match_each_sentence_alone() {
     assert_eq!(got.len(), sentences.len());
     for (i, (s, (ids, audio))) in sentences.iter().zip(got).enumerate() {
         assert_eq!(&ids, s, "sentence {i} out of order");
-        let mut own = lfm::models::vits::sentence_rng(&mut rng);
-        let (want, _) = gv.synthesize(&v, s, None, &scales, &mut own).unwrap();
+        let own = lfm::models::vits::sentence_rng(&mut rng);
+        let (want, _) = gv.synthesize(&v, s, None, &scales, &own).unwrap();
         assert!(
             audio.len() == want.len()
                 && audio
@@ -421,4 +421,92 @@ fn gpu_pipelined_sentences_match_each_sentence_alone() {
             "sentence {i}: the pipelined audio differs from the sentence alone"
         );
     }
+}
+
+/// A sentence whose frames outgrow the buffers it was first given is run
+/// again with buffers of its size: the same noise, so the same audio, bit
+/// for bit, alone and in the pipeline; and one past what the adapter (or
+/// the CPU reference) takes is refused with an error, not a panic.
+#[test]
+fn gpu_sentences_past_their_first_buffers_are_run_again_with_the_same_audio() {
+    let Some(gpu) = gpu_or_skip() else { return };
+    let scales = Scales {
+        noise_scale: 0.667,
+        length_scale: 1.0,
+        noise_w: 0.8,
+    };
+    let v = voice();
+    let ids = gold().ids;
+    let roomy = lfm::models::vits::GpuVoice::new(gpu.clone(), &v).unwrap();
+    // One frame a phoneme id: every sentence needs more.
+    let tight = lfm::models::vits::GpuVoice::new(gpu, &v)
+        .unwrap()
+        .with_first_frames(0.0, 1);
+    let rng = Rng::new(5);
+    let (want, _) = roomy.synthesize(&v, &ids, None, &scales, &rng).unwrap();
+    assert_eq!(
+        roomy.reruns(),
+        0,
+        "the default buffers hold the fixture sentence"
+    );
+    let (got, _) = tight.synthesize(&v, &ids, None, &scales, &rng).unwrap();
+    assert_eq!(tight.reruns(), 1);
+    assert!(
+        got.len() == want.len()
+            && got
+                .iter()
+                .zip(&want)
+                .all(|(a, b)| a.to_bits() == b.to_bits()),
+        "the rerun sentence's audio differs"
+    );
+    let sentences: Vec<Vec<i64>> = [ids.len(), 9, 24]
+        .iter()
+        .map(|&n| ids[..n].to_vec())
+        .collect();
+    let speak = |gv: &lfm::models::vits::GpuVoice| {
+        let mut out = Vec::new();
+        gv.speak(
+            &v,
+            &mut sentences.iter().cloned().map(Ok),
+            None,
+            &scales,
+            &mut Rng::new(8),
+            &mut |_, audio, _| {
+                out.push(audio);
+                Ok(())
+            },
+        )
+        .unwrap();
+        out
+    };
+    let (a, b) = (speak(&roomy), speak(&tight));
+    assert_eq!(tight.reruns(), 1 + sentences.len());
+    for (i, (a, b)) in a.iter().zip(&b).enumerate() {
+        assert!(
+            a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits()),
+            "sentence {i}: the rerun audio differs"
+        );
+    }
+
+    // Frames far past what either path takes: errors that say so.
+    let slow = Scales {
+        length_scale: 1e4,
+        ..scales
+    };
+    let e = roomy
+        .synthesize(&v, &ids, None, &slow, &Rng::new(5))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("frames") && e.contains("GPU") && e.contains("shorter sentences"),
+        "{e}"
+    );
+    let e = v
+        .synthesize(&ids, None, &slow, &mut Rng::new(5))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("frames") && e.contains("shorter sentences"),
+        "{e}"
+    );
 }

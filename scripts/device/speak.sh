@@ -102,11 +102,11 @@ for label, extra in engines:
             print(r.stderr.strip(), file=sys.stderr)
         runs.append([(s["synthesis_seconds"], s["audio_seconds"]) for s in j["sentences"]])
         ttfa.append(j["time_to_first_audio_seconds"])
-        # Where the time goes: the prior (--cpu: text encoder, duration
-        # predictor, length regulation; GPU: the first submission, encoder and
-        # duration predictor, up to the durations read back and the noise
-        # drawn) against the rest (flow + generator, on the GPU with the
-        # length regulation in the same submission).
+        # Where the time goes: --cpu, the prior (text encoder, duration
+        # predictor, length regulation) against the flow and the generator;
+        # GPU (one submission a sentence), the host's part (noise drawn,
+        # the sentence recorded and submitted) against the wait from
+        # submission to the audio back.
         prior = sum(s["prior_seconds"] for s in j["sentences"][1:])
         rest = sum(s["flow_and_decoder_seconds"] for s in j["sentences"][1:])
         info.setdefault(f"{label} prior share (sentences 2..n)", []).append(round(prior / (prior + rest), 3))

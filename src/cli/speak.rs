@@ -369,6 +369,12 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                     "synthesis_seconds": last_emit.elapsed().as_secs_f64(),
                     "prior_seconds": stages.prior,
                     "flow_and_decoder_seconds": stages.flow_and_decoder,
+                    "device_seconds": stages.device.map(|d| serde_json::json!({
+                        "prior": d.prior,
+                        "regulation": d.regulation,
+                        "flow": d.flow,
+                        "decoder": d.decoder,
+                    })),
                     "audio_seconds": audio.len() as f64 / rate as f64,
                 }));
             }

@@ -219,11 +219,45 @@ pub fn spline_inverse_rows(x: &[f32], h: &[f32], norm: f32, y: &mut [f32]) {
     }
 }
 
+/// The most frames one phoneme may last: a longer duration (a broken
+/// voice's) counts as this many, so that sums of them stay far from
+/// overflowing (the GPU kernel's are u32).
+pub const MAX_PHONEME_FRAMES: u32 = 1 << 20;
+
+/// Frames per phoneme from the log-durations: ceil(exp(logw) *
+/// length_scale) (VITS's `w_ceil`), 0 where that is not a positive finite
+/// number, at most [`MAX_PHONEME_FRAMES`].
+pub fn durations(logw: &[f32], length_scale: f32) -> Vec<u32> {
+    logw.iter()
+        .map(|&l| {
+            let w = (l.exp() * length_scale).ceil();
+            if w.is_finite() && w > 0.0 {
+                w.min(MAX_PHONEME_FRAMES as f32) as u32
+            } else {
+                0
+            }
+        })
+        .collect()
+}
+
+/// The durations' running sums: ends[j] = durations[0] + ... +
+/// durations[j] (saturating at u32::MAX), the last one the sentence's frames.
+pub fn frame_ends(durations: &[u32]) -> Vec<u32> {
+    let mut total = 0u32;
+    durations
+        .iter()
+        .map(|&d| {
+            total = total.saturating_add(d);
+            total
+        })
+        .collect()
+}
+
 /// Which phoneme each frame repeats, for frames per phoneme `durations`.
-pub fn frame_phonemes(durations: &[usize]) -> Vec<u32> {
-    let mut idx = Vec::with_capacity(durations.iter().sum());
+pub fn frame_phonemes(durations: &[u32]) -> Vec<u32> {
+    let mut idx = Vec::with_capacity(durations.iter().map(|&d| d as usize).sum());
     for (j, &d) in durations.iter().enumerate() {
-        idx.extend(std::iter::repeat_n(j as u32, d));
+        idx.extend(std::iter::repeat_n(j as u32, d as usize));
     }
     idx
 }

@@ -214,6 +214,12 @@ impl Gpu {
         for backends in tries {
             let mut desc = wgpu::InstanceDescriptor::new_without_display_handle();
             desc.backends = backends;
+            // wgpu would put a dispatch of its own in front of every indirect
+            // one, to check its counts (a dependent dispatch each: speak's
+            // flow and decoder have a hundred). The only counts the device
+            // writes are `gpu::speech::durations`', which bounds them.
+            desc.flags
+                .remove(wgpu::InstanceFlags::VALIDATION_INDIRECT_CALL);
             let instance = wgpu::Instance::new(desc);
             adapters = super::wait::block_on(adapters_of(&instance, backends));
             if let Some(want) = &opts.adapter {
@@ -586,6 +592,7 @@ impl Gpu {
             name: k.name,
             pipeline,
             bind_group,
+            indirect: None,
         })
     }
 
@@ -618,17 +625,31 @@ pub struct Bound {
     pub name: &'static str,
     pipeline: Arc<wgpu::ComputePipeline>,
     bind_group: wgpu::BindGroup,
+    /// Where the workgroup counts are when the device writes them (a
+    /// buffer of `INDIRECT` usage and the offset of the three u32s).
+    indirect: Option<(wgpu::Buffer, u64)>,
 }
 
 impl Bound {
+    /// This kernel launched with the workgroup counts at `offset` in `args`,
+    /// which an earlier dispatch writes: `record`'s counts are then ignored.
+    pub fn indirect(mut self, args: &wgpu::Buffer, offset: u64) -> Bound {
+        self.indirect = Some((args.clone(), offset));
+        self
+    }
+
     pub fn record(&self, pass: &mut wgpu::ComputePass<'_>, groups: [u32; 3]) {
+        pass.set_pipeline(&self.pipeline);
+        pass.set_bind_group(0, &self.bind_group, &[]);
+        if let Some((args, offset)) = &self.indirect {
+            pass.dispatch_workgroups_indirect(args, *offset);
+            return;
+        }
         debug_assert!(
             groups.iter().all(|&g| g > 0),
             "kernel {}: empty dispatch",
             self.name
         );
-        pass.set_pipeline(&self.pipeline);
-        pass.set_bind_group(0, &self.bind_group, &[]);
         pass.dispatch_workgroups(groups[0], groups[1], groups[2]);
     }
 }

@@ -44,16 +44,47 @@ impl Gpu {
     /// record more while the device works, and reads the copy with
     /// [`Gpu::read_queued`].
     pub fn queue_and_copy(&self, work: &[&Dispatch], out: &wgpu::Buffer, bytes: u64) -> Queued {
-        let bytes = bytes.div_ceil(4).max(1) * 4;
+        self.queue_and_copy_all(work, &[(out, bytes)], None)
+    }
+
+    /// As [`Gpu::queue_and_copy`], copying the first bytes of several
+    /// buffers, one after the other (each rounded up to 4 bytes). With
+    /// `stamps` = (timer, marks), timestamp i is written before dispatch
+    /// `marks[i]` (`work.len()`: after the last) and resolved for
+    /// [`super::profile::PassTimer::read`].
+    pub fn queue_and_copy_all(
+        &self,
+        work: &[&Dispatch],
+        outs: &[(&wgpu::Buffer, u64)],
+        stamps: Option<(&super::profile::PassTimer, &[usize])>,
+    ) -> Queued {
         let mut enc = self.device.create_command_encoder(&Default::default());
         {
             let mut pass = enc.begin_compute_pass(&Default::default());
-            for d in work {
-                d.record(&mut pass);
+            let mut next = 0;
+            for i in 0..=work.len() {
+                if let Some((timer, marks)) = stamps {
+                    while marks.get(next) == Some(&i) {
+                        timer.mark(&mut pass, next as u32);
+                        next += 1;
+                    }
+                }
+                if let Some(d) = work.get(i) {
+                    d.record(&mut pass);
+                }
             }
         }
+        if let Some((timer, marks)) = stamps {
+            timer.resolve(&mut enc, marks.len() as u32);
+        }
+        let sizes: Vec<u64> = outs.iter().map(|(_, b)| b.div_ceil(4).max(1) * 4).collect();
+        let bytes = sizes.iter().sum();
         let staging = self.staging("readback", bytes);
-        enc.copy_buffer_to_buffer(out, 0, &staging, 0, bytes);
+        let mut at = 0;
+        for ((out, _), size) in outs.iter().zip(sizes) {
+            enc.copy_buffer_to_buffer(out, 0, &staging, at, size);
+            at += size;
+        }
         let done = self.queue.submit([enc.finish()]);
         Queued {
             staging,
@@ -82,6 +113,13 @@ pub struct Queued {
     staging: wgpu::Buffer,
     bytes: u64,
     done: wgpu::SubmissionIndex,
+}
+
+impl Queued {
+    /// The submission, for reading what else it resolved (timestamps).
+    pub fn submission(&self) -> wgpu::SubmissionIndex {
+        self.done.clone()
+    }
 }
 
 /// Workgroup counts for `n` items at `per_group` items a workgroup, spread

@@ -6,6 +6,10 @@
 //! The prior's pieces: layer norm across channels, the duration predictor's
 //! depthwise convolution and spline, relative-position attention, length
 //! regulation with the prior's noise, the text encoder's embedding lookup.
+//! A sentence's frame count is computed on the device ([`durations`]), so
+//! the kernels that run over frames take their length as [`Steps`]: fixed
+//! when recorded, or read from the device's count, with the workgroup counts
+//! written there too (indirect dispatches).
 //! CPU twins: `cpu::conv1d`, `cpu::conv_transpose1d`, `cpu::leaky_relu`,
 //! `cpu::wavenet_gate`, and those of `cpu::speech`.
 
@@ -16,6 +20,280 @@ use super::Gpu;
 use crate::cpu::{self, Conv1dShape, ConvTranspose1dShape};
 use crate::error::{Error, Result};
 use crate::kernel;
+use std::cell::RefCell;
+
+/// The most workgroups a dispatch may have along one dimension (WebGPU's
+/// `maxComputeWorkgroupsPerDimension`, what every adapter offers).
+pub const MAX_GROUPS: usize = 65535;
+
+/// Workgroup counts for `n` items at `per_group` a workgroup: up to
+/// [`MAX_GROUPS`] along x, then more rows of that many (the kernels that
+/// take it index `wid.y * 65535 + wid.x`, without `num_workgroups`, which
+/// D3D12 leaves at 0 in indirect dispatches).
+pub fn groups_wide(n: usize, per_group: usize) -> [u32; 3] {
+    let groups = n.div_ceil(per_group).max(1);
+    [
+        groups.min(MAX_GROUPS) as u32,
+        groups.div_ceil(MAX_GROUPS) as u32,
+        1,
+    ]
+}
+
+/// How a dispatch over a sentence's frames is sized: `frames * mul + add`
+/// items at `per` a workgroup, in `rows` rows (a convolution's blocks of 8
+/// output channels), or, with `rows` 0, spread as [`groups_wide`] does.
+/// [`durations`] writes the counts on the device; [`Geometry::groups`] is
+/// its twin.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Geometry {
+    pub mul: u32,
+    pub add: i32,
+    pub per: u32,
+    pub rows: u32,
+}
+
+impl Geometry {
+    /// The workgroup counts at `frames` frames, as [`durations`] writes them.
+    pub fn groups(&self, frames: usize) -> [u32; 3] {
+        let most = i32::MAX as i64;
+        let n = if self.mul != 0 && frames as i64 > most / self.mul as i64 {
+            most
+        } else {
+            (frames as i64 * self.mul as i64 + self.add as i64).max(0)
+        } as u64;
+        let groups = n.div_ceil(self.per as u64);
+        let max = MAX_GROUPS as u64;
+        let dims = if self.rows > 0 {
+            [groups, self.rows as u64, 1]
+        } else {
+            [groups.min(max), groups.div_ceil(max), 1]
+        };
+        dims.map(|d| d.min(max) as u32)
+    }
+
+    fn words(&self) -> [u32; 4] {
+        [self.mul, self.add as u32, self.per, self.rows]
+    }
+}
+
+/// How many distinct [`Geometry`]s one sentence's dispatches may have.
+pub const MAX_GEOMETRIES: usize = 64;
+
+/// A sentence's frame count on the device: `lens` = [frames, total] (see
+/// [`durations`]), with the indirect workgroup counts of the dispatches that
+/// run over the frames and the table of their geometries. `cap` is how many
+/// frames the buffers behind it are made for.
+pub struct FrameCount {
+    pub lens: wgpu::Buffer,
+    /// The workgroup counts, three u32s a geometry ([`FrameCount::slot`]).
+    pub args: wgpu::Buffer,
+    table: wgpu::Buffer,
+    geometries: RefCell<Vec<Geometry>>,
+    /// Frames the host already knows (the counts are then written from here).
+    known: Option<usize>,
+    pub cap: usize,
+}
+
+impl FrameCount {
+    /// A count [`durations`] will write, for buffers of at most `cap` frames.
+    pub fn new(gpu: &Gpu, cap: usize) -> Result<FrameCount> {
+        Self::make(gpu, cap, None)
+    }
+
+    /// A count the host knows (`frames` <= `cap`): written now, the
+    /// workgroup counts by [`FrameCount::finish`], so the same kernels run as
+    /// after [`durations`] (per-stage runs, tests).
+    pub fn known(gpu: &Gpu, frames: usize, cap: usize) -> Result<FrameCount> {
+        assert!(
+            (1..=cap).contains(&frames),
+            "FrameCount::known: {frames} frames, cap {cap}"
+        );
+        let count = Self::make(gpu, cap, Some(frames))?;
+        gpu.queue.write_buffer(
+            &count.lens,
+            0,
+            bytemuck::cast_slice(&[frames as u32, frames as u32]),
+        );
+        Ok(count)
+    }
+
+    fn make(gpu: &Gpu, cap: usize, known: Option<usize>) -> Result<FrameCount> {
+        if cap == 0 || cap > u32::MAX as usize / 2 {
+            return Err(Error::gpu(format!("a frame count for {cap} frames")));
+        }
+        let args = gpu.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("frames.args"),
+            size: (MAX_GEOMETRIES * 12) as u64,
+            usage: wgpu::BufferUsages::INDIRECT
+                | wgpu::BufferUsages::STORAGE
+                | wgpu::BufferUsages::COPY_SRC
+                | wgpu::BufferUsages::COPY_DST,
+            mapped_at_creation: false,
+        });
+        Ok(FrameCount {
+            lens: gpu.scratch("frames.lens", 8)?,
+            table: gpu.scratch("frames.geometry", (MAX_GEOMETRIES * 16) as u64)?,
+            args,
+            geometries: RefCell::new(Vec::new()),
+            known,
+            cap,
+        })
+    }
+
+    /// `frames * mul + add` steps.
+    pub fn steps(&self, mul: u32, add: i32) -> Steps<'_> {
+        Steps {
+            count: Some(self),
+            mul,
+            add,
+        }
+    }
+
+    /// The offset in [`FrameCount::args`] of the workgroup counts of a
+    /// dispatch sized by `g` (the dispatch wrappers call it).
+    pub fn slot(&self, g: Geometry) -> Result<u64> {
+        let mut list = self.geometries.borrow_mut();
+        let i = match list.iter().position(|&h| h == g) {
+            Some(i) => i,
+            None if list.len() < MAX_GEOMETRIES => {
+                list.push(g);
+                list.len() - 1
+            }
+            None => {
+                return Err(Error::gpu(format!(
+                    "more than {MAX_GEOMETRIES} dispatch geometries over a sentence's frames"
+                )))
+            }
+        };
+        Ok(i as u64 * 12)
+    }
+
+    /// Writes the geometries (and, for a [`FrameCount::known`] count, the
+    /// workgroup counts) for the next submission: call it after recording
+    /// every dispatch over these frames, before submitting them.
+    pub fn finish(&self, gpu: &Gpu) {
+        let list = self.geometries.borrow();
+        // Unused entries size nothing: 0 items.
+        let mut words = vec![[0u32, 0, 1, 1]; MAX_GEOMETRIES];
+        for (w, g) in words.iter_mut().zip(list.iter()) {
+            *w = g.words();
+        }
+        gpu.queue
+            .write_buffer(&self.table, 0, bytemuck::cast_slice(&words));
+        if let Some(frames) = self.known {
+            let args: Vec<[u32; 3]> = list.iter().map(|g| g.groups(frames)).collect();
+            if !args.is_empty() {
+                gpu.queue
+                    .write_buffer(&self.args, 0, bytemuck::cast_slice(&args));
+            }
+        }
+    }
+}
+
+/// How many time steps a dispatch covers: fixed when it is recorded, or
+/// `frames * mul + add` with `frames` a [`FrameCount`] on the device, which
+/// the kernel reads from the count's `lens` and whose dispatch is sized
+/// there (indirect).
+#[derive(Clone, Copy)]
+pub struct Steps<'a> {
+    count: Option<&'a FrameCount>,
+    mul: u32,
+    add: i32,
+}
+
+impl<'a> Steps<'a> {
+    pub fn fixed(t: usize) -> Steps<'static> {
+        Steps {
+            count: None,
+            mul: 0,
+            add: t as i32,
+        }
+    }
+
+    /// The steps at `frames` frames.
+    pub fn at(&self, frames: usize) -> usize {
+        (frames as i64 * self.mul as i64 + self.add as i64).max(0) as usize
+    }
+
+    /// The most steps there may be: at the count's cap.
+    pub fn max(&self) -> usize {
+        self.at(self.count.map_or(0, |c| c.cap))
+    }
+
+    /// After a convolution of shape `s` (stride 1).
+    pub fn conv(self, s: &Conv1dShape) -> Steps<'a> {
+        let grow = (s.pad_left + s.pad_right) as i64 - (s.dilation * (s.kernel - 1)) as i64;
+        Steps {
+            add: (self.add as i64 + grow) as i32,
+            ..self
+        }
+    }
+
+    /// After a transposed convolution of shape `s`: (t - 1) stride + kernel - 2 pad.
+    pub fn conv_transpose(self, s: &ConvTranspose1dShape) -> Steps<'a> {
+        let st = s.stride as i64;
+        Steps {
+            mul: self.mul * s.stride as u32,
+            add: ((self.add as i64 - 1) * st + s.kernel as i64 - 2 * s.pad as i64) as i32,
+            ..self
+        }
+    }
+
+    /// The kernel's `lens` binding: the count's, or (fixed) any buffer the
+    /// dispatch reads, multiplied by 0.
+    fn lens<'b>(&self, any: &'b wgpu::Buffer) -> &'b wgpu::Buffer
+    where
+        'a: 'b,
+    {
+        self.count.map_or(any, |c| &c.lens)
+    }
+
+    /// A dispatch of `bound` over these steps, `c` items a step: `rows`
+    /// rows of ceil(steps / per) workgroups, or (rows 0) the steps' c items
+    /// spread as [`groups_wide`] does.
+    fn dispatch(
+        &self,
+        name: &str,
+        bound: Bound,
+        c: usize,
+        per: usize,
+        rows: u32,
+    ) -> Result<Dispatch> {
+        let g = Geometry {
+            mul: self.mul * c as u32,
+            add: self.add * c as i32,
+            per: per as u32,
+            rows,
+        };
+        // The largest the counts get (at the cap): within one dispatch.
+        let n = g.mul as u64 * self.count.map_or(0, |c| c.cap) as u64 + g.add.max(0) as u64;
+        let groups = n.div_ceil(per as u64);
+        if (rows > 0 && groups > MAX_GROUPS as u64) || groups > (MAX_GROUPS * MAX_GROUPS) as u64 {
+            return Err(Error::gpu(format!(
+                "{name}: {} steps exceed one dispatch; synthesise shorter sentences",
+                self.max()
+            )));
+        }
+        let frames = self.count.map_or(0, |c| c.cap);
+        match self.count {
+            None => Ok(Dispatch {
+                bound,
+                groups: if rows > 0 {
+                    [groups.max(1) as u32, rows, 1]
+                } else {
+                    groups_wide(n as usize, per)
+                },
+            }),
+            Some(count) => {
+                let at = count.slot(g)?;
+                Ok(Dispatch {
+                    bound: bound.indirect(&count.args, at),
+                    groups: g.groups(frames),
+                })
+            }
+        }
+    }
+}
 
 /// Time steps per workgroup and output channels per invocation (the
 /// shaders' WG and their two vec4 accumulators).
@@ -92,15 +370,15 @@ impl InputAct {
 struct Conv1dParams {
     c_in: u32,
     c_out: u32,
-    t_in: u32,
-    t_out: u32,
+    t_mul: u32,
+    t_add: i32,
     kernel: u32,
     dilation: u32,
     pad_left: u32,
-    has_res: u32,
+    pad_right: u32,
     in_scale: f32,
     in_slope: f32,
-    out_tanh: u32,
+    flags: u32,
     c_out_pad: u32,
 }
 const _: () = assert!(std::mem::size_of::<Conv1dParams>() == 48);
@@ -114,6 +392,8 @@ kernel!(
         Binding::read("w"),
         Binding::read("b"),
         Binding::read("res"),
+        Binding::read("sum"),
+        Binding::read("lens"),
         Binding::write("y"),
     ],
     Conv1dParams,
@@ -125,8 +405,8 @@ kernel!(
 struct ConvTranspose1dParams {
     c_in: u32,
     c_out: u32,
-    t_in: u32,
-    t_out: u32,
+    t_mul: u32,
+    t_add: i32,
     kernel: u32,
     stride: u32,
     pad: u32,
@@ -146,34 +426,28 @@ kernel!(
         Binding::read("x"),
         Binding::read("w"),
         Binding::read("b"),
+        Binding::read("lens"),
         Binding::write("y"),
     ],
     ConvTranspose1dParams,
     [&[]]
 );
 
-fn dims(name: &str, t_out: usize, c_out: usize) -> Result<[u32; 3]> {
-    let g = groups_1d(t_out, WG);
-    if g[1] != 1 {
-        return Err(Error::gpu(format!(
-            "{name}: {t_out} time steps exceed one dispatch; synthesise shorter sentences"
-        )));
-    }
-    Ok([g[0], c_out.div_ceil(OB) as u32, 1])
-}
-
 /// Optional fused pieces of a [`conv1d`] dispatch.
 #[derive(Clone, Copy, Default)]
 pub struct Conv1dExtras<'a> {
     /// Added to the output (same shape as y).
     pub residual: Option<&'a wgpu::Buffer>,
+    /// Added after the residual (a running sum of outputs: the decoder's
+    /// residual blocks).
+    pub sum: Option<&'a wgpu::Buffer>,
     /// tanh on the output.
     pub tanh: bool,
 }
 
-/// y = act_out(conv1d(act_in(x), w) + b + residual); x: [c_in, t_in] ->
-/// y: [c_out, t_out]. `w` holds [`pack_conv1d_weights`]; `b` holds c_out
-/// values (zeros for no bias).
+/// y = act_out(conv1d(act_in(x), w) + b + residual + sum); x: [c_in, t_in]
+/// -> y: [c_out, t_out]. `w` holds [`pack_conv1d_weights`]; `b` holds
+/// c_out values (zeros for no bias).
 #[allow(clippy::too_many_arguments)]
 pub fn conv1d(
     gpu: &Gpu,
@@ -182,33 +456,40 @@ pub fn conv1d(
     b: &wgpu::Buffer,
     y: &wgpu::Buffer,
     s: &Conv1dShape,
-    t_in: usize,
+    t_in: Steps<'_>,
     act: InputAct,
     extras: Conv1dExtras<'_>,
 ) -> Result<Dispatch> {
     assert_eq!(s.groups, 1, "gpu conv1d: groups must be 1");
-    let t_out = s.t_out(t_in);
     let params = Conv1dParams {
         c_in: s.c_in as u32,
         c_out: s.c_out as u32,
-        t_in: t_in as u32,
-        t_out: t_out as u32,
+        t_mul: t_in.mul,
+        t_add: t_in.add,
         kernel: s.kernel as u32,
         dilation: s.dilation as u32,
         pad_left: s.pad_left as u32,
-        has_res: extras.residual.is_some() as u32,
+        pad_right: s.pad_right as u32,
         in_scale: act.scale,
         in_slope: act.slope,
-        out_tanh: extras.tanh as u32,
+        flags: extras.residual.is_some() as u32
+            | (extras.sum.is_some() as u32) << 1
+            | (extras.tanh as u32) << 2,
         c_out_pad: c_out_pad(s.c_out) as u32,
     };
-    // Without a residual, any buffer fills the binding; the shader never reads it.
+    // Without a residual or a sum, any buffer fills the binding; the shader
+    // never reads it.
     let res = extras.residual.unwrap_or(b);
-    let bound: Bound = gpu.bind(&CONV1D, &Variant::default(), &[x, w, b, res, y], &params)?;
-    Ok(Dispatch {
-        bound,
-        groups: dims("conv1d", t_out, s.c_out)?,
-    })
+    let sum = extras.sum.unwrap_or(b);
+    let lens = t_in.lens(x);
+    let bound = gpu.bind(
+        &CONV1D,
+        &Variant::default(),
+        &[x, w, b, res, sum, lens, y],
+        &params,
+    )?;
+    t_in.conv(s)
+        .dispatch("conv1d", bound, 1, WG, s.c_out.div_ceil(OB) as u32)
 }
 
 /// y = conv_transpose1d(act_in(x), w) + b; x: [c_in, t_in] -> y: [c_out, t_out];
@@ -221,15 +502,14 @@ pub fn conv_transpose1d(
     b: &wgpu::Buffer,
     y: &wgpu::Buffer,
     s: &ConvTranspose1dShape,
-    t_in: usize,
+    t_in: Steps<'_>,
     act: InputAct,
 ) -> Result<Dispatch> {
-    let t_out = s.t_out(t_in);
     let params = ConvTranspose1dParams {
         c_in: s.c_in as u32,
         c_out: s.c_out as u32,
-        t_in: t_in as u32,
-        t_out: t_out as u32,
+        t_mul: t_in.mul,
+        t_add: t_in.add,
         kernel: s.kernel as u32,
         stride: s.stride as u32,
         pad: s.pad as u32,
@@ -239,25 +519,29 @@ pub fn conv_transpose1d(
         _p1: 0,
         _p2: 0,
     };
+    let lens = t_in.lens(x);
     let bound = gpu.bind(
         &CONV_TRANSPOSE1D,
         &Variant::default(),
-        &[x, w, b, y],
+        &[x, w, b, lens, y],
         &params,
     )?;
-    Ok(Dispatch {
+    t_in.conv_transpose(s).dispatch(
+        "conv_transpose1d",
         bound,
-        groups: dims("conv_transpose1d", t_out, s.c_out)?,
-    })
+        1,
+        WG,
+        s.c_out.div_ceil(OB) as u32,
+    )
 }
 
 #[repr(C)]
 #[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
 struct WavenetGateParams {
     h: u32,
-    t: u32,
+    t_mul: u32,
+    t_add: i32,
     g_off: u32,
-    _p0: u32,
 }
 const _: () = assert!(std::mem::size_of::<WavenetGateParams>() == 16);
 
@@ -265,7 +549,12 @@ kernel!(
     WAVENET_GATE,
     "wavenet_gate",
     "wavenet_gate.wgsl",
-    [Binding::read("x"), Binding::read("g"), Binding::write("y")],
+    [
+        Binding::read("x"),
+        Binding::read("g"),
+        Binding::read("lens"),
+        Binding::write("y")
+    ],
     WavenetGateParams,
     [&[]]
 );
@@ -278,20 +567,23 @@ pub fn wavenet_gate(
     g: &wgpu::Buffer,
     y: &wgpu::Buffer,
     h: usize,
-    t: usize,
+    t: Steps<'_>,
     g_off: usize,
 ) -> Result<Dispatch> {
     let params = WavenetGateParams {
         h: h as u32,
-        t: t as u32,
+        t_mul: t.mul,
+        t_add: t.add,
         g_off: g_off as u32,
-        _p0: 0,
     };
-    let bound = gpu.bind(&WAVENET_GATE, &Variant::default(), &[x, g, y], &params)?;
-    Ok(Dispatch {
-        bound,
-        groups: groups_1d(h * t, 256),
-    })
+    let lens = t.lens(x);
+    let bound = gpu.bind(
+        &WAVENET_GATE,
+        &Variant::default(),
+        &[x, g, lens, y],
+        &params,
+    )?;
+    t.dispatch("wavenet_gate", bound, h, 256, 0)
 }
 
 #[repr(C)]
@@ -572,13 +864,13 @@ pub fn spline_inverse(
 #[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
 struct ExpandPriorParams {
     c: u32,
-    frames: u32,
+    f_mul: u32,
+    f_add: i32,
     t: u32,
     ch0: u32,
     channels: u32,
     noise_scale: f32,
     _p0: u32,
-    _p1: u32,
 }
 const _: () = assert!(std::mem::size_of::<ExpandPriorParams>() == 32);
 
@@ -588,8 +880,9 @@ kernel!(
     "expand_prior.wgsl",
     [
         Binding::read("stats"),
-        Binding::read("idx"),
+        Binding::read("ends"),
         Binding::read("noise"),
+        Binding::read("lens"),
         Binding::write("y"),
     ],
     ExpandPriorParams,
@@ -597,43 +890,117 @@ kernel!(
 );
 
 /// Length regulation and the prior's sample for channels `ch0 .. ch0 + c`
-/// of the `channels` the prior has, the twin of [`crate::cpu::expand_prior`]:
-/// stats: [2 channels, t], idx: [frames], noise: [channels, frames] -> y:
-/// [c, frames].
+/// of the `channels` the prior has, the twin of [`crate::cpu::expand_prior`]
+/// on [`crate::cpu::frame_phonemes`]: stats: [2 channels, t], ends: [t] the
+/// durations' running sums ([`crate::cpu::frame_ends`]), noise: [channels,
+/// frames] (the start of a longer buffer) -> y: [c, frames]. Phonemes that
+/// all last 0 frames give the one frame of a zero prior.
 #[allow(clippy::too_many_arguments)]
 pub fn expand_prior(
     gpu: &Gpu,
     stats: &wgpu::Buffer,
-    idx: &wgpu::Buffer,
+    ends: &wgpu::Buffer,
     noise: &wgpu::Buffer,
     y: &wgpu::Buffer,
     channels: usize,
     ch0: usize,
     c: usize,
     t: usize,
-    frames: usize,
+    frames: Steps<'_>,
     noise_scale: f32,
 ) -> Result<Dispatch> {
-    assert!(ch0 + c <= channels, "expand_prior: channels");
+    assert!(ch0 + c <= channels && t > 0, "expand_prior: channels");
     let params = ExpandPriorParams {
         c: c as u32,
-        frames: frames as u32,
+        f_mul: frames.mul,
+        f_add: frames.add,
         t: t as u32,
         ch0: ch0 as u32,
         channels: channels as u32,
         noise_scale,
         _p0: 0,
-        _p1: 0,
     };
+    let lens = frames.lens(stats);
     let bound = gpu.bind(
         &EXPAND_PRIOR,
         &Variant::default(),
-        &[stats, idx, noise, y],
+        &[stats, ends, noise, lens, y],
+        &params,
+    )?;
+    frames.dispatch("expand_prior", bound, c, 256, 0)
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
+struct DurationsParams {
+    t: u32,
+    cap: u32,
+    geometries: u32,
+    _p0: u32,
+    m: f32,
+    inv: f32,
+    length_scale: f32,
+    _p1: u32,
+}
+const _: () = assert!(std::mem::size_of::<DurationsParams>() == 32);
+
+kernel!(
+    DURATIONS,
+    "durations",
+    "durations.wgsl",
+    [
+        Binding::read("z"),
+        Binding::read("geometry"),
+        Binding::write("ends"),
+        Binding::write("lens"),
+        Binding::write("args"),
+    ],
+    DurationsParams,
+    [&[]]
+);
+
+/// A sentence's frames on the device, the twin of [`crate::cpu::durations`]
+/// and [`crate::cpu::frame_ends`] on logw = (z - m) * inv: the running sums
+/// of the durations into `ends` ([t] u32), and into `count` its frame count
+/// (lens = [frames, total]: frames = max(total, 1), or 0 when the total is
+/// past the count's cap, so that nothing over the frames runs) and the
+/// workgroup counts of every dispatch recorded over it (write the
+/// geometries with [`FrameCount::finish`] before submitting).
+#[allow(clippy::too_many_arguments)]
+pub fn durations(
+    gpu: &Gpu,
+    z: &wgpu::Buffer,
+    ends: &wgpu::Buffer,
+    count: &FrameCount,
+    t: usize,
+    m: f32,
+    inv: f32,
+    length_scale: f32,
+) -> Result<Dispatch> {
+    if t == 0 || count.known.is_some() {
+        return Err(Error::gpu(
+            "durations: no phonemes, or a frame count the host wrote",
+        ));
+    }
+    let params = DurationsParams {
+        t: t as u32,
+        cap: count.cap as u32,
+        geometries: MAX_GEOMETRIES as u32,
+        _p0: 0,
+        m,
+        inv,
+        length_scale,
+        _p1: 0,
+    };
+    let bound = gpu.bind(
+        &DURATIONS,
+        &Variant::default(),
+        &[z, &count.table, ends, &count.lens, &count.args],
         &params,
     )?;
     Ok(Dispatch {
         bound,
-        groups: groups_1d(c * frames, 256),
+        groups: [1, 1, 1],
     })
 }
 
@@ -701,4 +1068,5 @@ pub static KERNELS: &[&Kernel] = &[
     &SPLINE_INVERSE,
     &EXPAND_PRIOR,
     &EMBED_CHANNELS,
+    &DURATIONS,
 ];

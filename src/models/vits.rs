@@ -1240,30 +1240,39 @@ impl SpeakerCond {
 /// The duration predictor's noise, [2, t] standard normal * noise_w: the
 /// first draws of a sentence.
 fn duration_noise(t: usize, scales: &Scales, rng: &mut Rng) -> Vec<f32> {
-    (0..2 * t).map(|_| rng.normal() * scales.noise_w).collect()
+    rng.normals(2 * t)
+        .into_iter()
+        .map(|v| v * scales.noise_w)
+        .collect()
 }
 
-/// Frames per phoneme from the log-durations: ceil(exp(logw) *
-/// length_scale), 0 where that is not a positive finite number.
-fn durations(logw: &[f32], length_scale: f32) -> Vec<usize> {
-    logw.iter()
-        .map(|&l| {
-            let w = (l.exp() * length_scale).ceil();
-            if w.is_finite() && w > 0.0 {
-                w as usize
-            } else {
-                0
-            }
-        })
-        .collect()
+/// The most frames a sentence may last (12 minutes of a 22050 Hz voice
+/// with 256 samples a frame); a longer one is refused, not allocated.
+pub const MAX_SENTENCE_FRAMES: usize = 1 << 16;
+
+/// A sentence's frames from its durations, or the error for one past
+/// `max` frames (`max_what` says whose limit).
+fn sentence_frames(durations: &[u32], max: usize, max_what: &str) -> Result<usize> {
+    let total: u64 = durations.iter().map(|&d| d as u64).sum();
+    if total > max as u64 {
+        return Err(too_many_frames(durations.len(), total, max, max_what));
+    }
+    Ok(total as usize)
+}
+
+fn too_many_frames(ids: usize, frames: u64, max: usize, max_what: &str) -> Error {
+    Error::invalid(format!(
+        "a sentence of {ids} phoneme ids would last {frames} frames, more than the {max} \
+         {max_what} takes; split the text into shorter sentences"
+    ))
 }
 
 /// Each frame's phoneme and the prior's standard normal noise, [c,
 /// frames], drawn after the duration noise in z's order. A sentence whose
 /// phonemes all last 0 frames still gets one frame (of a zero prior).
-fn prior_noise(durations: &[usize], c: usize, rng: &mut Rng) -> (Vec<u32>, Vec<f32>) {
+fn prior_noise(durations: &[u32], c: usize, rng: &mut Rng) -> (Vec<u32>, Vec<f32>) {
     let idx = cpu::frame_phonemes(durations);
-    let noise = (0..c * idx.len().max(1)).map(|_| rng.normal()).collect();
+    let noise = rng.normals(c * idx.len().max(1));
     (idx, noise)
 }
 
@@ -1419,7 +1428,8 @@ impl Vits {
     ) -> Result<Latent> {
         let t = self.check_ids(ids)?.len();
         let (stats, logw) = self.encode(ids, speaker, duration_noise(t, scales, rng))?;
-        let durations = durations(&logw, scales.length_scale);
+        let durations = cpu::durations(&logw, scales.length_scale);
+        sentence_frames(&durations, MAX_SENTENCE_FRAMES, "the voice")?;
         let (idx, noise) = prior_noise(&durations, self.inter_channels, rng);
         let z = if idx.is_empty() {
             no_frames_prior(&noise, scales.noise_scale)
@@ -1430,7 +1440,7 @@ impl Vits {
         Ok(Latent {
             z,
             frames,
-            durations,
+            durations: durations.iter().map(|&d| d as usize).collect(),
         })
     }
 
@@ -1537,6 +1547,7 @@ impl Synthesizer {
             let stages = StageSeconds {
                 prior,
                 flow_and_decoder: t0.elapsed().as_secs_f64() - prior,
+                device: None,
             };
             emit(item, audio, stages)?;
         }
@@ -1555,15 +1566,28 @@ pub fn sentence_rng(rng: &mut Rng) -> Rng {
 /// Where a sentence's synthesis time went.
 #[derive(Clone, Copy, Debug)]
 pub struct StageSeconds {
-    /// Text encoder, duration predictor and the noise; on the CPU, the
-    /// length regulation too. On the GPU: from queueing the first
-    /// submission to its durations read back (the device may be working on
-    /// the sentences before it meanwhile).
+    /// On the CPU: text encoder, duration predictor, length regulation and
+    /// the noise. On the GPU, where a sentence is one submission: the host's
+    /// part, drawing the noise and recording the whole sentence.
     pub prior: f64,
-    /// The flow and the generator, with the upload and the read-back; on
-    /// the GPU the length regulation too (the same submission), from the
-    /// durations to the audio read back.
+    /// On the CPU: the flow and the generator. On the GPU: from the
+    /// sentence's submission to its audio read back (the device may be
+    /// working on the sentences before it meanwhile).
     pub flow_and_decoder: f64,
+    /// On a GPU with timestamps: the device's time in each stage.
+    pub device: Option<DeviceSeconds>,
+}
+
+/// The device's time in each stage of a sentence (between timestamps
+/// written at the stages' ends, so the gaps between dispatches count).
+#[derive(Clone, Copy, Debug)]
+pub struct DeviceSeconds {
+    /// Text encoder and duration predictor.
+    pub prior: f64,
+    /// The durations, the frame count and the length regulation.
+    pub regulation: f64,
+    pub flow: f64,
+    pub decoder: f64,
 }
 
 #[cfg(test)]

@@ -2,7 +2,7 @@
 
 use super::{assert_close, Case, SIZES};
 use lfm::cpu::{self, Conv1dShape, ConvTranspose1dShape};
-use lfm::gpu::speech::{self, Conv1dExtras, InputAct};
+use lfm::gpu::speech::{self, Conv1dExtras, FrameCount, Geometry, InputAct, Steps};
 use lfm::gpu::{Gpu, Variant};
 use lfm::util::rng::Rng;
 
@@ -43,7 +43,64 @@ pub const CASES: &[Case] = &[
         kernel: "expand_prior",
         run: expand_prior,
     },
+    Case {
+        kernel: "durations",
+        run: durations,
+    },
 ];
+
+/// The two ways a kernel over a sentence's frames learns its length: fixed
+/// when recorded (`None`), or from a frame count on the device (here
+/// written by the host), with buffers made for more frames and the
+/// dispatch sized on the device. For a length of `t` steps, the count and
+/// the steps as frames * mul + add: odd lengths as 2 frames - 1, to cover
+/// an affine length.
+fn frame_count(gpu: &Gpu, t: usize, on_device: bool) -> Option<(FrameCount, u32, i32)> {
+    if !on_device {
+        return None;
+    }
+    let (frames, mul, add) = if t % 2 == 1 {
+        (t.div_ceil(2), 2, -1)
+    } else {
+        (t, 1, 0)
+    };
+    Some((
+        FrameCount::known(gpu, frames, frames + 5).unwrap(),
+        mul,
+        add,
+    ))
+}
+
+/// The steps `count` gives (see [`frame_count`]), or `t` fixed.
+fn steps(count: &Option<(FrameCount, u32, i32)>, t: usize) -> Steps<'_> {
+    match count {
+        Some((c, mul, add)) => c.steps(*mul, *add),
+        None => Steps::fixed(t),
+    }
+}
+
+/// Runs `d` after writing the count's geometries, and reads `y`: the first
+/// `n` values, checked to be all there is when the buffer holds more (the
+/// kernel wrote nothing past the sentence's frames).
+fn run_and_read(
+    gpu: &Gpu,
+    d: &lfm::gpu::ops::Dispatch,
+    count: &Option<(FrameCount, u32, i32)>,
+    y: &wgpu::Buffer,
+    n: usize,
+    what: &str,
+) -> Vec<f32> {
+    if let Some((c, _, _)) = count {
+        c.finish(gpu);
+    }
+    gpu.run_all(&[d]).unwrap();
+    let mut got = gpu.read_f32(y).unwrap();
+    if let Some(i) = got[n..].iter().position(|v| !v.is_nan()) {
+        panic!("{what}: wrote element {} past the {n} of its frames", n + i);
+    }
+    got.truncate(n);
+    got
+}
 
 fn layer_norm_channels(gpu: &Gpu, _v: &Variant) {
     let mut rng = Rng::new(21);
@@ -259,36 +316,166 @@ fn expand_prior(gpu: &Gpu, _v: &Variant) {
     let mut rng = Rng::new(25);
     let channels = 6;
     for &t in &[1usize, 5, 33, 132] {
-        // 0 to 4 frames a phoneme, at least one frame.
-        let mut durations: Vec<usize> = (0..t)
-            .map(|_| (rng.uniform(0.0, 5.0) as usize).min(4))
-            .collect();
-        durations[t / 2] += 1;
-        let idx = cpu::frame_phonemes(&durations);
-        let frames = idx.len();
-        let stats = rng.vec(2 * channels * t, -2.0, 2.0);
-        let noise = rng.vec(channels * frames, -3.0, 3.0);
-        let want = cpu::expand_prior(&stats, t, &idx, &noise, 0.667);
-        let gs = gpu.upload_f32("stats", &stats).unwrap();
-        let gi = gpu.upload_u32("idx", &idx).unwrap();
-        let gn = gpu.upload_f32("noise", &noise).unwrap();
-        // The two halves of the channels, as the voice writes the flow's input.
-        for (ch0, c) in [(0, 3), (3, 3), (0, channels)] {
-            let gy = gpu.poisoned_f32("y", c * frames).unwrap();
-            let d =
-                speech::expand_prior(gpu, &gs, &gi, &gn, &gy, channels, ch0, c, t, frames, 0.667)
-                    .unwrap();
-            gpu.run_all(&[&d]).unwrap();
-            let got = gpu.read_f32(&gy).unwrap();
-            // One exp (a few ulps on Vulkan), one product and one sum.
-            assert_close(
-                &format!("expand_prior t={t} channels {ch0}..{}", ch0 + c),
-                &got[..c * frames],
-                &want[ch0 * frames..(ch0 + c) * frames],
-                1e-12,
-            );
+        for on_device in [false, true] {
+            // 0 to 4 frames a phoneme, at least one frame.
+            let mut durations: Vec<u32> = (0..t)
+                .map(|_| (rng.uniform(0.0, 5.0) as u32).min(4))
+                .collect();
+            durations[t / 2] += 1;
+            let idx = cpu::frame_phonemes(&durations);
+            let frames = idx.len();
+            let stats = rng.vec(2 * channels * t, -2.0, 2.0);
+            // More noise than the frames need: the kernel reads the start.
+            let noise = rng.vec(channels * (frames + 9), -3.0, 3.0);
+            let want = cpu::expand_prior(&stats, t, &idx, &noise[..channels * frames], 0.667);
+            let gs = gpu.upload_f32("stats", &stats).unwrap();
+            let ge = gpu
+                .upload_u32("ends", &cpu::frame_ends(&durations))
+                .unwrap();
+            let gn = gpu.upload_f32("noise", &noise).unwrap();
+            // The two halves of the channels, as the voice writes the flow's input.
+            for (ch0, c) in [(0, 3), (3, 3), (0, channels)] {
+                let count = frame_count(gpu, frames, on_device);
+                let f = steps(&count, frames);
+                let gy = gpu.poisoned_f32("y", c * f.max().max(frames)).unwrap();
+                let d =
+                    speech::expand_prior(gpu, &gs, &ge, &gn, &gy, channels, ch0, c, t, f, 0.667)
+                        .unwrap();
+                let what = format!(
+                    "expand_prior t={t} channels {ch0}..{} on_device={on_device}",
+                    ch0 + c
+                );
+                let got = run_and_read(gpu, &d, &count, &gy, c * frames, &what);
+                // One exp (a few ulps on Vulkan), one product and one sum.
+                assert_close(&what, &got, &want[ch0 * frames..(ch0 + c) * frames], 1e-12);
+            }
         }
     }
+    // Phonemes that all last 0 frames: the one frame of a zero prior
+    // (mean 0, log-std 0), as the CPU reference makes it.
+    let t = 4;
+    let stats = rng.vec(2 * channels * t, -2.0, 2.0);
+    let noise = rng.vec(channels, -3.0, 3.0);
+    let want: Vec<f32> = noise.iter().map(|n| 0.0 + n * 0.667).collect();
+    let gs = gpu.upload_f32("stats", &stats).unwrap();
+    let ge = gpu.upload_u32("ends", &[0; 4]).unwrap();
+    let gn = gpu.upload_f32("noise", &noise).unwrap();
+    for on_device in [false, true] {
+        let count = frame_count(gpu, 1, on_device);
+        let f = steps(&count, 1);
+        let gy = gpu.poisoned_f32("y", channels * f.max().max(1)).unwrap();
+        let d = speech::expand_prior(gpu, &gs, &ge, &gn, &gy, channels, 0, channels, t, f, 0.667)
+            .unwrap();
+        let what = format!("expand_prior without frames, on_device={on_device}");
+        let got = run_and_read(gpu, &d, &count, &gy, channels, &what);
+        // exp(0) = 1 and one product: the same bits.
+        assert_close(&what, &got, &want, 0.0);
+    }
+}
+
+fn durations(gpu: &Gpu, _v: &Variant) {
+    let mut rng = Rng::new(28);
+    let (m, inv) = (-0.3f32, 1.7f32);
+    for &t in &[1usize, 5, 33, 64, 65, 132, 257, 1025] {
+        for (case, length_scale) in [(0, 1.0f32), (1, 0.7), (2, 2.5)] {
+            // Durations a fraction past or before whole frames (the GPU's
+            // exp is a few ulps from Rust's; at a whole number the ceil
+            // could go either way), some 0, and past the ends of the range:
+            // -inf, NaN, overflowing exp and a duration past
+            // MAX_PHONEME_FRAMES.
+            let z: Vec<f32> = (0..t)
+                .map(|j| {
+                    let whole = rng.uniform(0.0, 12.0).floor();
+                    let d = (whole + rng.uniform(0.1, 0.9)) / length_scale;
+                    let logw = match (j * 7 + case) % 41 {
+                        3 => -200.0,
+                        11 => f32::NAN,
+                        17 => 120.0,
+                        29 => 30.0,
+                        _ => d.ln(),
+                    };
+                    logw / inv + m
+                })
+                .collect();
+            let logw: Vec<f32> = z.iter().map(|v| (v - m) * inv).collect();
+            let want_d = cpu::durations(&logw, length_scale);
+            let want_ends = cpu::frame_ends(&want_d);
+            let total = *want_ends.last().unwrap();
+            // Buffers for all the frames, or (case 1) fewer than they sum to.
+            let cap = if case == 1 {
+                (total / 2).max(1)
+            } else {
+                total.max(1)
+            } as usize;
+            let count = FrameCount::new(gpu, cap).unwrap();
+            // Geometries as the voice's dispatches register them: a
+            // convolution's, a WaveNet gate's, an upsampled and padded
+            // length's, and one of more than 65535 workgroups.
+            let geometries = [
+                Geometry {
+                    mul: 1,
+                    add: 0,
+                    per: 64,
+                    rows: 24,
+                },
+                Geometry {
+                    mul: 96,
+                    add: 0,
+                    per: 256,
+                    rows: 0,
+                },
+                Geometry {
+                    mul: 8,
+                    add: -3,
+                    per: 64,
+                    rows: 4,
+                },
+                Geometry {
+                    mul: 300_000,
+                    add: 5,
+                    per: 256,
+                    rows: 0,
+                },
+            ];
+            let slots: Vec<u64> = geometries.iter().map(|&g| count.slot(g).unwrap()).collect();
+            let gz = gpu.upload_f32("z", &z).unwrap();
+            let ends = gpu.upload_u32("ends", &vec![u32::MAX; t]).unwrap();
+            let d = speech::durations(gpu, &gz, &ends, &count, t, m, inv, length_scale).unwrap();
+            count.finish(gpu);
+            gpu.run_all(&[&d]).unwrap();
+            let what = format!("durations t={t} length_scale={length_scale} cap={cap}");
+            assert_eq!(
+                gpu.read_u32(&ends).unwrap()[..t],
+                want_ends[..],
+                "{what}: ends"
+            );
+            // Past the cap, no frames: nothing over them runs.
+            let frames = if total as usize > cap {
+                0
+            } else {
+                total.max(1) as usize
+            };
+            assert_eq!(
+                gpu.read_u32(&count.lens).unwrap()[..2],
+                [frames as u32, total],
+                "{what}: [frames, total]"
+            );
+            let args = gpu.read_u32(&count.args).unwrap();
+            for (g, at) in geometries.iter().zip(slots) {
+                let at = at as usize / 4;
+                assert_eq!(args[at..at + 3], g.groups(frames), "{what}: {g:?}");
+            }
+        }
+    }
+    // Every phoneme 0 frames: one frame, total 0.
+    let count = FrameCount::new(gpu, 3).unwrap();
+    let gz = gpu.upload_f32("z", &[-500.0; 7]).unwrap();
+    let ends = gpu.upload_u32("ends", &[9; 7]).unwrap();
+    let d = speech::durations(gpu, &gz, &ends, &count, 7, 0.0, 1.0, 1.0).unwrap();
+    count.finish(gpu);
+    gpu.run_all(&[&d]).unwrap();
+    assert_eq!(gpu.read_u32(&ends).unwrap(), [0; 7]);
+    assert_eq!(gpu.read_u32(&count.lens).unwrap(), [1, 0]);
 }
 
 fn wavenet_gate(gpu: &Gpu, _v: &Variant) {
@@ -304,18 +491,18 @@ fn wavenet_gate(gpu: &Gpu, _v: &Variant) {
             cpu::wavenet_gate(&x, Some(&g[layer * 2 * h..]), h, t, &mut want);
             let gx = gpu.upload_f32("x", &x).unwrap();
             let gg = gpu.upload_f32("g", &g).unwrap();
-            let gy = gpu.poisoned_f32("y", h * t).unwrap();
-            let d = speech::wavenet_gate(gpu, &gx, &gg, &gy, h, t, layer * 2 * h).unwrap();
-            gpu.run_all(&[&d]).unwrap();
-            let got = gpu.read_f32(&gy).unwrap();
-            // One tanh, one exp and a division: the GPU's transcendentals are
-            // a few ulps from Rust's (Vulkan allows more for exp), squared.
-            assert_close(
-                &format!("wavenet_gate h={h} t={t} layer={layer}"),
-                &got[..h * t],
-                &want,
-                1e-11,
-            );
+            for on_device in [false, true] {
+                let count = frame_count(gpu, t, on_device);
+                let st = steps(&count, t);
+                let gy = gpu.poisoned_f32("y", h * st.max().max(t)).unwrap();
+                let d = speech::wavenet_gate(gpu, &gx, &gg, &gy, h, st, layer * 2 * h).unwrap();
+                let what = format!("wavenet_gate h={h} t={t} layer={layer} on_device={on_device}");
+                let got = run_and_read(gpu, &d, &count, &gy, h * t, &what);
+                // One tanh, one exp and a division: the GPU's transcendentals
+                // are a few ulps from Rust's (Vulkan allows more for exp),
+                // squared.
+                assert_close(&what, &got, &want, 1e-11);
+            }
         }
     }
 }
@@ -372,10 +559,16 @@ fn conv1d(gpu: &Gpu, _v: &Variant) {
                 ),
             ];
             let (act, with_res, tanh) = variants[(si + t) % variants.len()];
+            // A running sum after the residual (the decoder's blocks).
+            let with_sum = with_res && t % 2 == 1;
+            let sum = rng.vec(c_out * t_out, -1.0, 1.0);
             let mut want = vec![0.0; c_out * t_out];
             cpu::conv1d(&act_in(&x, act), t, &w, Some(&b), &s, &mut want);
             if with_res {
                 cpu::add_assign(&mut want, &res);
+            }
+            if with_sum {
+                cpu::add_assign(&mut want, &sum);
             }
             if tanh {
                 want.iter_mut().for_each(|v| *v = v.tanh());
@@ -386,23 +579,29 @@ fn conv1d(gpu: &Gpu, _v: &Variant) {
                 .unwrap();
             let gb = gpu.upload_f32("b", &b).unwrap();
             let gres = gpu.upload_f32("res", &res).unwrap();
-            let gy = gpu.poisoned_f32("y", c_out * t_out).unwrap();
-            let extras = Conv1dExtras {
-                residual: with_res.then_some(&gres),
-                tanh,
-            };
-            let d = speech::conv1d(gpu, &gx, &gw, &gb, &gy, &s, t, act, extras).unwrap();
-            gpu.run_all(&[&d]).unwrap();
-            let got = gpu.read_f32(&gy).unwrap();
-            // Sums of up to 42 products in a different order (taps outer on
-            // the GPU, channels outer on the CPU): a few f32 ulps relative,
-            // squared.
-            assert_close(
-                &format!("conv1d {s:?} t={t} act={act:?} res={with_res} tanh={tanh}"),
-                &got[..c_out * t_out],
-                &want,
-                1e-11,
-            );
+            let gsum = gpu.upload_f32("sum", &sum).unwrap();
+            for on_device in [false, true] {
+                let count = frame_count(gpu, t, on_device);
+                let st = steps(&count, t);
+                let gy = gpu
+                    .poisoned_f32("y", c_out * st.conv(&s).max().max(t_out))
+                    .unwrap();
+                let extras = Conv1dExtras {
+                    residual: with_res.then_some(&gres),
+                    sum: with_sum.then_some(&gsum),
+                    tanh,
+                };
+                let d = speech::conv1d(gpu, &gx, &gw, &gb, &gy, &s, st, act, extras).unwrap();
+                let what = format!(
+                    "conv1d {s:?} t={t} act={act:?} res={with_res} sum={with_sum} tanh={tanh} \
+                     on_device={on_device}"
+                );
+                let got = run_and_read(gpu, &d, &count, &gy, c_out * t_out, &what);
+                // Sums of up to 42 products in a different order (taps outer
+                // on the GPU, channels outer on the CPU): a few f32 ulps
+                // relative, squared.
+                assert_close(&what, &got, &want, 1e-11);
+            }
         }
     }
 }
@@ -440,17 +639,20 @@ fn conv_transpose1d(gpu: &Gpu, _v: &Variant) {
                 .upload_f32("w", &speech::pack_conv_transpose1d_weights(&w, &s))
                 .unwrap();
             let gb = gpu.upload_f32("b", &b).unwrap();
-            let gy = gpu.poisoned_f32("y", c_out * t_out).unwrap();
-            let d = speech::conv_transpose1d(gpu, &gx, &gw, &gb, &gy, &s, t, act).unwrap();
-            gpu.run_all(&[&d]).unwrap();
-            let got = gpu.read_f32(&gy).unwrap();
-            // At most 2 taps x 6 channels per output, summed in another order.
-            assert_close(
-                &format!("conv_transpose1d {s:?} t={t} act={act:?}"),
-                &got[..c_out * t_out],
-                &want,
-                1e-11,
-            );
+            for on_device in [false, true] {
+                let count = frame_count(gpu, t, on_device);
+                let st = steps(&count, t);
+                let gy = gpu
+                    .poisoned_f32("y", c_out * st.conv_transpose(&s).max().max(t_out))
+                    .unwrap();
+                let d = speech::conv_transpose1d(gpu, &gx, &gw, &gb, &gy, &s, st, act).unwrap();
+                let what =
+                    format!("conv_transpose1d {s:?} t={t} act={act:?} on_device={on_device}");
+                let got = run_and_read(gpu, &d, &count, &gy, c_out * t_out, &what);
+                // At most 2 taps x 6 channels per output, summed in another
+                // order.
+                assert_close(&what, &got, &want, 1e-11);
+            }
         }
     }
 }

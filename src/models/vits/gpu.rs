@@ -1,9 +1,15 @@
 //! The GPU plan for VITS: the normalising flow (per frame) and the HiFi-GAN
 //! generator (per audio sample; together nearly all of the work), after the
-//! prior (`gpu_prior`) and the length regulation with its noise (drawn from
-//! the seeded CPU generator, so a seed gives the same noise on both
-//! backends): two submissions per sentence, the first reading back only the
-//! durations, with the sentences of a text pipelined ([`GpuVoice::speak`]).
+//! prior (`gpu_prior`) and the length regulation. A sentence is one
+//! submission that reads back only its frame count and its audio: the
+//! durations, their sum and the sizes of every later dispatch are computed
+//! on the device (`speech::durations`; the flow's and the decoder's
+//! dispatches are indirect, their buffers made for a bounded number of
+//! frames, the kernels reading the count from the device). The prior's
+//! noise is drawn on the host from the seeded CPU generator for that bound,
+//! of which the kernels use the start, the values the CPU path draws for
+//! the sentence's frames: a seed gives the same noise on both backends. The
+//! sentences of a text are pipelined ([`GpuVoice::speak`]).
 //!
 //! The latent is kept as its two channel halves, the couplings' x0 and x1,
 //! in separate buffers. The flips between couplings are never done: a flip
@@ -15,17 +21,20 @@
 //! add, and the decoder's first convolution reads the two halves as two
 //! convolutions over its input channels.
 
-use super::gpu_prior::QueuedPrior;
 use super::{
-    duration_noise, durations, no_frames_prior, prior_noise, Conv, ConvT, Coupling, Generator,
-    GpuPrior, Latent, Scales, SpeakerOffsets, StageSeconds, Vits, LRELU_SLOPE, LRELU_SLOPE_POST,
+    duration_noise, too_many_frames, Conv, ConvT, Coupling, DeviceSeconds, Generator, GpuPrior,
+    Latent, Scales, SpeakerOffsets, StageSeconds, Vits, LRELU_SLOPE, LRELU_SLOPE_POST,
+    MAX_SENTENCE_FRAMES,
 };
 use crate::cpu::Conv1dShape;
 use crate::error::{Error, Result};
 use crate::gpu::ops::{self, Dispatch};
-use crate::gpu::speech::{self, Conv1dExtras, InputAct};
+use crate::gpu::profile::PassTimer;
+use crate::gpu::speech::{self, Conv1dExtras, FrameCount, InputAct, Steps};
 use crate::gpu::Gpu;
 use crate::util::rng::Rng;
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use web_time::Instant;
 
@@ -83,6 +92,10 @@ pub struct GpuGenerator {
 
 impl GpuGenerator {
     pub fn new(gpu: Arc<Gpu>, g: &Generator) -> Result<GpuGenerator> {
+        // A block's last convolution adds the blocks before it.
+        if g.resblocks.iter().flatten().any(|b| b.is_empty()) {
+            return Err(Error::gpu("a decoder residual block without convolutions"));
+        }
         let ups = g
             .ups
             .iter()
@@ -141,7 +154,7 @@ impl GpuGenerator {
         let a = gpu.upload_f32("dec.z.0", &z[..half])?;
         let b = gpu.upload_f32("dec.z.1", &z[half..])?;
         let mut work = Vec::new();
-        let out = self.record(&a, &b, frames, speaker, &mut work)?;
+        let out = self.record(&a, &b, Steps::fixed(frames), speaker, &mut work)?;
         gpu.run_all(&work.iter().collect::<Vec<_>>())?;
         let mut audio = gpu.read_f32(&out)?;
         audio.truncate(frames * self.cpu.hop());
@@ -154,7 +167,7 @@ impl GpuGenerator {
         &self,
         a: &wgpu::Buffer,
         b: &wgpu::Buffer,
-        frames: usize,
+        frames: Steps<'_>,
         speaker: Option<&[f32]>,
         work: &mut Vec<Dispatch>,
     ) -> Result<wgpu::Buffer> {
@@ -168,7 +181,7 @@ impl GpuGenerator {
             }
         }
         let bias = gpu.upload_f32("dec.conv_pre.bias", &bias)?;
-        let bytes = (g.conv_pre.shape.c_out * t * 4) as u64;
+        let bytes = (g.conv_pre.shape.c_out * t.max() * 4) as u64;
         let x0 = gpu.scratch("dec.x0", bytes)?;
         let [(w0, s0), (w1, s1)] = &self.conv_pre;
         work.push(speech::conv1d(
@@ -194,16 +207,16 @@ impl GpuGenerator {
             InputAct::NONE,
             Conv1dExtras {
                 residual: Some(&x0),
-                tanh: false,
+                ..Default::default()
             },
         )?);
         // The average over a stage's residual blocks is folded into the next
         // layer's input scale: leaky_relu(s * v) = s * leaky_relu(v) for s > 0.
         let mut in_scale = 1.0f32;
         for (si, (up, blocks)) in g.ups.iter().zip(&g.resblocks).enumerate() {
-            let t_up = up.shape.t_out(t);
+            let t_up = t.conv_transpose(&up.shape);
             let c = up.shape.c_out;
-            let bytes = (c * t_up * 4) as u64;
+            let bytes = (c * t_up.max() * 4) as u64;
             let u = gpu.scratch("dec.up", bytes)?;
             work.push(speech::conv_transpose1d(
                 gpu,
@@ -219,19 +232,25 @@ impl GpuGenerator {
                 },
             )?);
             t = t_up;
-            // The blocks' outputs are summed into fresh buffers (a dispatch
-            // cannot read and write the same buffer).
+            // x_b = x_b + conv(leaky(x_b)) for each conv of a block, starting
+            // from u; the last conv of a block also adds the blocks before it.
+            // A block's steps take two buffers in turn, and the running sums
+            // two others (a dispatch cannot read and write one buffer).
+            let (mut steps, mut sums) = ([None, None], [None, None]);
             let mut sum: Option<wgpu::Buffer> = None;
             for (bi, convs) in blocks.iter().enumerate() {
-                // x_b = x_b + conv(leaky(x_b)) for each conv, starting from u.
-                let mut cur: Option<wgpu::Buffer> = None;
+                let mut cur = u.clone();
                 for (ci, c) in convs.iter().enumerate() {
-                    let input = cur.as_ref().unwrap_or(&u);
-                    let out = gpu.scratch("dec.block", bytes)?;
                     let w = &self.resblocks[si][bi][ci];
+                    let last = ci + 1 == convs.len();
+                    let out = if last {
+                        reuse(gpu, &mut sums[bi % 2], "dec.sum", bytes)?
+                    } else {
+                        reuse(gpu, &mut steps[ci % 2], "dec.block", bytes)?
+                    };
                     work.push(speech::conv1d(
                         gpu,
-                        input,
+                        &cur,
                         &w.w,
                         &w.b,
                         &out,
@@ -239,26 +258,19 @@ impl GpuGenerator {
                         t,
                         InputAct::leaky(LRELU_SLOPE),
                         Conv1dExtras {
-                            residual: Some(input),
+                            residual: Some(&cur),
+                            sum: sum.as_ref().filter(|_| last),
                             tanh: false,
                         },
                     )?);
-                    cur = Some(out);
+                    cur = out;
                 }
-                let block_out = cur.unwrap_or_else(|| u.clone());
-                sum = Some(match sum {
-                    None => block_out,
-                    Some(prev) => {
-                        let next = gpu.scratch("dec.sum", bytes)?;
-                        work.push(ops::add(gpu, &prev, &block_out, &next, c * t)?);
-                        next
-                    }
-                });
+                sum = Some(cur);
             }
             in_scale = 1.0 / blocks.len() as f32;
             x = sum.unwrap_or(u);
         }
-        let out = gpu.scratch("dec.audio", (t * 4) as u64)?;
+        let out = gpu.scratch("dec.audio", (t.max() * 4) as u64)?;
         work.push(speech::conv1d(
             gpu,
             &x,
@@ -272,12 +284,46 @@ impl GpuGenerator {
                 slope: LRELU_SLOPE_POST,
             },
             Conv1dExtras {
-                residual: None,
                 tanh: true,
+                ..Default::default()
             },
         )?);
         Ok(out)
     }
+
+    /// Whether the generator's buffers and dispatches take `frames` frames
+    /// on this adapter (its activations grow with the frames times the
+    /// upsampling so far).
+    fn fits(&self, frames: usize) -> bool {
+        let gpu = &*self.gpu;
+        let limit = gpu.caps.max_binding.min(gpu.caps.max_buffer);
+        let g = &self.cpu;
+        let ok = |c: usize, t: usize| {
+            (c * t * 4) as u64 <= limit && t.div_ceil(64) <= speech::MAX_GROUPS
+        };
+        let mut t = frames;
+        let mut fits = ok(g.conv_pre.shape.c_out, t);
+        for up in &g.ups {
+            t = up.shape.t_out(t);
+            fits &= ok(up.shape.c_out, t);
+        }
+        fits && ok(g.conv_post.shape.c_out.max(1), g.conv_post.shape.t_out(t))
+    }
+}
+
+/// The buffer in `slot`, made on first use.
+fn reuse(
+    gpu: &Gpu,
+    slot: &mut Option<wgpu::Buffer>,
+    label: &str,
+    bytes: u64,
+) -> Result<wgpu::Buffer> {
+    if let Some(b) = slot {
+        return Ok(b.clone());
+    }
+    let b = gpu.scratch(label, bytes)?;
+    *slot = Some(b.clone());
+    Ok(b)
 }
 
 /// `c`'s weights for input channels `range` only.
@@ -445,9 +491,11 @@ impl GpuFlow {
         speaker: Option<&SpeakerOffsets>,
     ) -> Result<Vec<f32>> {
         let gpu = &*self.gpu;
-        let (a, b) = self.upload(z)?;
+        let n = z.len() / 2;
+        let a = gpu.upload_f32("flow.z.0", &z[..n])?;
+        let b = gpu.upload_f32("flow.z.1", &z[n..])?;
         let mut work = Vec::new();
-        let (a, b) = self.record(a, b, frames, speaker, &mut work)?;
+        let (a, b) = self.record(a, b, Steps::fixed(frames), speaker, &mut work)?;
         gpu.run_all(&work.iter().collect::<Vec<_>>())?;
         let n = self.half * frames;
         let mut out = gpu.read_f32(&a)?;
@@ -456,21 +504,12 @@ impl GpuFlow {
         Ok(out)
     }
 
-    /// z: [inter_channels, t] as its two halves on the device.
-    fn upload(&self, z: &[f32]) -> Result<(wgpu::Buffer, wgpu::Buffer)> {
-        let n = z.len() / 2;
-        Ok((
-            self.gpu.upload_f32("flow.z.0", &z[..n])?,
-            self.gpu.upload_f32("flow.z.1", &z[n..])?,
-        ))
-    }
-
     /// Records the reverse flow on halves (a, b); returns the new halves.
     fn record(
         &self,
         mut a: wgpu::Buffer,
         mut b: wgpu::Buffer,
-        t: usize,
+        t: Steps<'_>,
         speaker: Option<&SpeakerOffsets>,
         work: &mut Vec<Dispatch>,
     ) -> Result<(wgpu::Buffer, wgpu::Buffer)> {
@@ -486,7 +525,7 @@ impl GpuFlow {
         for (ci, c) in self.couplings.iter().enumerate().rev() {
             let hidden = c.hidden;
             let (x0, x1) = if c.odd { (&b, &a) } else { (&a, &b) };
-            let bytes = (hidden * t * 4) as u64;
+            let bytes = (hidden * t.max() * 4) as u64;
             let mut h = gpu.scratch("flow.h", bytes)?;
             let conv = |x: &wgpu::Buffer,
                         (w, s): &(GpuConv, Conv1dShape),
@@ -503,7 +542,7 @@ impl GpuFlow {
                     InputAct::NONE,
                     Conv1dExtras {
                         residual,
-                        tanh: false,
+                        ..Default::default()
                     },
                 )
             };
@@ -533,7 +572,7 @@ impl GpuFlow {
                 out = Some(out_next);
             }
             let out = out.ok_or_else(|| Error::gpu("a coupling without WaveNet layers"))?;
-            let x1_next = gpu.scratch("flow.z", (self.half * t * 4) as u64)?;
+            let x1_next = gpu.scratch("flow.z", (self.half * t.max() * 4) as u64)?;
             work.push(conv(&out, &c.post, &x1_next, Some(x1))?);
             if c.odd {
                 a = x1_next;
@@ -546,202 +585,359 @@ impl GpuFlow {
 }
 
 /// The whole voice on the device: the prior ([`GpuPrior`]: text encoder
-/// and duration predictor, one submission that reads back the durations),
-/// then the length regulation with the prior's noise, the flow and the
-/// generator (a second submission that reads back the audio).
+/// and duration predictor), the durations and the length regulation with
+/// the prior's noise, the flow and the generator, one submission a
+/// sentence that reads back the frame count and the audio.
 pub struct GpuVoice {
     pub prior: GpuPrior,
     pub flow: GpuFlow,
     pub dec: GpuGenerator,
+    /// The most frames a sentence's buffers and dispatches take here.
+    max_frames: usize,
+    /// Frames per phoneme id (and unit of length scale) a sentence's
+    /// buffers are first made for, and at least how many.
+    frames_per_id: f32,
+    min_frames: usize,
+    /// Sentences run again because they needed more frames.
+    reruns: AtomicUsize,
 }
 
-/// How many sentences' priors [`GpuVoice::speak`] keeps queued ahead of
-/// the sentence whose audio it is recording: enough that a prior's
-/// durations are back before its audio is recorded, while the device still
-/// works on the audio before it.
-const PRIORS_AHEAD: usize = 2;
+/// How many sentences [`GpuVoice::speak`] keeps on the device queue while
+/// it waits for the first of them: the host records the next one while the
+/// device works (each holds its buffers until it is read).
+const SENTENCES_AHEAD: usize = 2;
 
-/// A sentence's audio on the device queue.
-struct QueuedAudio {
+/// Frames a sentence's buffers are first made for: this many per phoneme id
+/// and unit of length scale, plus one per id (each duration is rounded
+/// up), and at least [`MIN_FRAMES`]. A sentence that needs more is run again
+/// with buffers of its size (its audio is the same), so these trade the
+/// noise drawn and the memory held against the rare rerun (BENCHMARKS.md,
+/// "frames per phoneme id").
+const FRAMES_PER_ID: f32 = 2.5;
+const MIN_FRAMES: usize = 64;
+
+/// A sentence on the device queue: one submission whose frame count and
+/// audio come back with [`GpuVoice::read`].
+struct QueuedSentence {
     out: ops::Queued,
-    samples: usize,
-    /// When the prior was queued and when its durations were back.
-    prior_queued: Instant,
-    prior_ready: Instant,
+    /// Frames its buffers hold.
+    cap: usize,
+    /// Its generator before any of its draws, to run it again.
+    rng: Rng,
+    /// Timestamps at the ends of its stages (adapters that have them).
+    timer: Option<PassTimer>,
+    /// When its recording started and when it was submitted.
+    started: Instant,
+    submitted: Instant,
 }
 
 impl GpuVoice {
     pub fn new(gpu: Arc<Gpu>, v: &Vits) -> Result<GpuVoice> {
+        let prior = GpuPrior::new(gpu.clone(), v)?;
+        let flow = GpuFlow::new(gpu.clone(), v)?;
+        let dec = GpuGenerator::new(gpu.clone(), &v.dec)?;
+        // The flow's largest activation (a WaveNet layer's 2 hidden
+        // channels) and the prior's noise, besides the generator's.
+        let limit = gpu.caps.max_binding.min(gpu.caps.max_buffer);
+        let per_frame = flow
+            .couplings
+            .iter()
+            .map(|c| 2 * c.hidden)
+            .chain([v.inter_channels])
+            .max()
+            .unwrap_or(1) as u64
+            * 4;
+        let fits = |f: usize| f as u64 * per_frame <= limit && dec.fits(f);
+        if !fits(1) {
+            return Err(Error::gpu("the adapter's buffers cannot hold one frame"));
+        }
+        // The largest count that fits: they fit up to it and not after.
+        let (mut lo, mut hi) = (1usize, MAX_SENTENCE_FRAMES);
+        while lo < hi {
+            let mid = (lo + hi).div_ceil(2);
+            if fits(mid) {
+                lo = mid;
+            } else {
+                hi = mid - 1;
+            }
+        }
         Ok(GpuVoice {
-            prior: GpuPrior::new(gpu.clone(), v)?,
-            flow: GpuFlow::new(gpu.clone(), v)?,
-            dec: GpuGenerator::new(gpu, &v.dec)?,
+            prior,
+            flow,
+            dec,
+            max_frames: lo,
+            frames_per_id: FRAMES_PER_ID,
+            min_frames: MIN_FRAMES,
+            reruns: AtomicUsize::new(0),
         })
     }
 
-    /// Queues the prior of `ids` on the device, its duration noise drawn
-    /// from `rng`.
-    fn queue_prior(
+    /// Makes a sentence's buffers first for `frames_per_id` frames a phoneme
+    /// id and unit of length scale, plus one an id, and at least
+    /// `min_frames` frames: less makes for less memory and noise drawn, and
+    /// more sentences run again.
+    pub fn with_first_frames(mut self, frames_per_id: f32, min_frames: usize) -> GpuVoice {
+        self.frames_per_id = frames_per_id;
+        self.min_frames = min_frames.max(1);
+        self
+    }
+
+    /// How many sentences needed more frames than their buffers were first
+    /// made for, and were run again.
+    pub fn reruns(&self) -> usize {
+        self.reruns.load(Ordering::Relaxed)
+    }
+
+    /// The most frames a sentence may last on this adapter.
+    pub fn max_frames(&self) -> usize {
+        self.max_frames
+    }
+
+    /// The frames a sentence of `t` ids is given buffers for at first.
+    fn first_cap(&self, t: usize, scales: &Scales) -> usize {
+        let guess = (t as f32 * (self.frames_per_id * scales.length_scale + 1.0)).ceil() as usize;
+        guess.max(self.min_frames).min(self.max_frames)
+    }
+
+    /// Records a sentence up to the latent z_p (its halves once `work`
+    /// runs) for buffers of `count.cap` frames: the prior with its duration
+    /// noise, the durations and the frame count, and the length regulation
+    /// with the prior's noise, all drawn from `rng` as the CPU draws them
+    /// (the prior's for the cap, of which the kernels read the start).
+    /// Returns the halves, the durations' running sums and where in `work`
+    /// the prior (encoder and duration predictor) ends.
+    #[allow(clippy::too_many_arguments)]
+    fn record_prior(
         &self,
         v: &Vits,
         ids: &[i64],
         speaker: Option<&SpeakerOffsets>,
         scales: &Scales,
         rng: &mut Rng,
-    ) -> Result<(QueuedPrior, Instant)> {
-        let queued = Instant::now();
-        let noise = duration_noise(ids.len(), scales, rng);
-        Ok((self.prior.queue(v, ids, &noise, speaker)?, queued))
-    }
-
-    /// Waits for a queued prior's durations and records the length
-    /// regulation into `work`, the prior's noise drawn from `rng`: the
-    /// latent z_p's halves once `work` runs, its frames and the durations.
-    fn regulate(
-        &self,
-        v: &Vits,
-        p: QueuedPrior,
-        scales: &Scales,
-        rng: &mut Rng,
+        count: &FrameCount,
         work: &mut Vec<Dispatch>,
-    ) -> Result<(wgpu::Buffer, wgpu::Buffer, Latent)> {
+    ) -> Result<(wgpu::Buffer, wgpu::Buffer, wgpu::Buffer, usize)> {
         let gpu = self.gpu();
-        let t = p.t;
-        let logw = self.prior.log_durations(&gpu.read_queued(p.z)?, t);
-        let durations = durations(&logw, scales.length_scale);
-        let (idx, noise) = prior_noise(&durations, v.inter_channels, rng);
+        let t = v.check_ids(ids)?.len();
+        let noise = duration_noise(t, scales, rng);
+        let p = self.prior.record(v, ids, &noise, speaker, work)?;
+        let prior_end = work.len();
+        let ends = gpu.scratch("prior.ends", (t * 4) as u64)?;
+        let (m, inv) = self.prior.affine();
+        work.push(speech::durations(
+            gpu,
+            &p.z,
+            &ends,
+            count,
+            t,
+            m,
+            inv,
+            scales.length_scale,
+        )?);
         let c = v.inter_channels;
         let half = c / 2;
-        let frames = idx.len().max(1);
-        let (a, b) = if idx.is_empty() {
-            self.flow
-                .upload(&no_frames_prior(&noise, scales.noise_scale))?
-        } else {
-            let gi = gpu.upload_u32("prior.idx", &idx)?;
-            let gn = gpu.upload_f32("prior.noise", &noise)?;
-            let mut half_buffer = |ch0: usize| -> Result<wgpu::Buffer> {
-                let y = gpu.scratch("flow.z", (half * frames * 4) as u64)?;
-                work.push(speech::expand_prior(
-                    gpu,
-                    &p.stats,
-                    &gi,
-                    &gn,
-                    &y,
-                    c,
-                    ch0,
-                    half,
-                    t,
-                    frames,
-                    scales.noise_scale,
-                )?);
-                Ok(y)
-            };
-            (half_buffer(0)?, half_buffer(half)?)
+        let noise = gpu.upload_f32("prior.noise", &rng.normals(c * count.cap))?;
+        let frames = count.steps(1, 0);
+        let mut half_buffer = |ch0: usize| -> Result<wgpu::Buffer> {
+            let y = gpu.scratch("flow.z", (half * count.cap * 4) as u64)?;
+            work.push(speech::expand_prior(
+                gpu,
+                &p.stats,
+                &ends,
+                &noise,
+                &y,
+                c,
+                ch0,
+                half,
+                t,
+                frames,
+                scales.noise_scale,
+            )?);
+            Ok(y)
         };
-        let lat = Latent {
-            z: Vec::new(),
-            frames,
-            durations,
-        };
-        Ok((a, b, lat))
+        let a = half_buffer(0)?;
+        let b = half_buffer(half)?;
+        Ok((a, b, ends, prior_end))
     }
 
-    /// Waits for a queued prior's durations, then queues the length
-    /// regulation (its noise drawn from `rng`), the flow and the generator
-    /// as one submission whose audio comes back with
-    /// [`GpuVoice::read_audio`].
-    fn queue_audio(
+    /// Queues a sentence with buffers for `cap` frames, its noise drawn
+    /// from a copy of `rng`: one submission that copies back [frames, total]
+    /// and the audio.
+    fn queue(
         &self,
         v: &Vits,
-        (p, prior_queued): (QueuedPrior, Instant),
+        ids: &[i64],
         speaker: Option<&SpeakerOffsets>,
         scales: &Scales,
-        rng: &mut Rng,
-    ) -> Result<QueuedAudio> {
+        rng: &Rng,
+        cap: usize,
+    ) -> Result<QueuedSentence> {
+        let started = Instant::now();
+        let gpu = self.gpu();
+        let count = FrameCount::new(gpu, cap)?;
         let mut work = Vec::new();
-        let (a, b, lat) = self.regulate(v, p, scales, rng, &mut work)?;
-        let prior_ready = Instant::now();
-        let (a, b) = self.flow.record(a, b, lat.frames, speaker, &mut work)?;
-        let out = self.dec.record(
-            &a,
-            &b,
-            lat.frames,
-            speaker.map(|s| s.dec.as_slice()),
-            &mut work,
-        )?;
-        let samples = lat.frames * self.dec.cpu.hop();
-        let out =
-            self.gpu()
-                .queue_and_copy(&work.iter().collect::<Vec<_>>(), &out, (samples * 4) as u64);
-        Ok(QueuedAudio {
+        let mut draws = rng.clone();
+        let (a, b, _, prior_end) =
+            self.record_prior(v, ids, speaker, scales, &mut draws, &count, &mut work)?;
+        let regulation_end = work.len();
+        let frames = count.steps(1, 0);
+        let (a, b) = self.flow.record(a, b, frames, speaker, &mut work)?;
+        let flow_end = work.len();
+        let out = self
+            .dec
+            .record(&a, &b, frames, speaker.map(|s| s.dec.as_slice()), &mut work)?;
+        count.finish(gpu);
+        let samples = cap * self.dec.cpu.hop();
+        // Timestamps at the stages' ends, where the adapter has them.
+        let marks = [0, prior_end, regulation_end, flow_end, work.len()];
+        let timer = if gpu.caps.timestamps {
+            Some(PassTimer::new(gpu, marks.len() as u32)?)
+        } else {
+            None
+        };
+        let out = gpu.queue_and_copy_all(
+            &work.iter().collect::<Vec<_>>(),
+            &[(&count.lens, 8), (&out, (samples * 4) as u64)],
+            timer.as_ref().map(|t| (t, &marks[..])),
+        );
+        Ok(QueuedSentence {
             out,
-            samples,
-            prior_queued,
-            prior_ready,
+            cap,
+            rng: rng.clone(),
+            timer,
+            started,
+            submitted: Instant::now(),
         })
     }
 
     /// A queued sentence's audio once the device is done, and where its
-    /// time went.
-    fn read_audio(&self, a: QueuedAudio) -> Result<(Vec<f32>, StageSeconds)> {
-        let bytes = self.gpu().read_queued(a.out)?;
-        let mut audio: Vec<f32> = bytemuck::pod_collect_to_vec(&bytes);
-        audio.truncate(a.samples);
+    /// time went. A sentence that needed more frames than its buffers
+    /// hold (the device then ran only its prior) is run again with buffers
+    /// of its size (the same noise, so the same audio), or refused past what
+    /// the adapter takes.
+    fn read(
+        &self,
+        v: &Vits,
+        ids: &[i64],
+        speaker: Option<&SpeakerOffsets>,
+        scales: &Scales,
+        q: QueuedSentence,
+    ) -> Result<(Vec<f32>, StageSeconds)> {
+        let submission = q.out.submission();
+        let bytes = self.gpu().read_queued(q.out)?;
+        let words: Vec<u32> = bytemuck::pod_collect_to_vec(&bytes[..8]);
+        let (frames, total) = (words[0] as usize, words[1] as usize);
+        if total > q.cap {
+            if total > self.max_frames {
+                return Err(too_many_frames(
+                    ids.len(),
+                    total as u64,
+                    self.max_frames,
+                    "GPU path (its buffers and dispatches on this adapter)",
+                ));
+            }
+            self.reruns.fetch_add(1, Ordering::Relaxed);
+            let again = self.queue(v, ids, speaker, scales, &q.rng, total)?;
+            return self.read(v, ids, speaker, scales, again);
+        }
+        let samples = frames * self.dec.cpu.hop();
+        let audio = bytemuck::pod_collect_to_vec(&bytes[8..8 + samples * 4]);
+        let device = match &q.timer {
+            Some(timer) => {
+                let ns = timer.read(self.gpu(), 5, submission)?;
+                let s = |i: usize| (ns[i + 1] - ns[i]).max(0.0) * 1e-9;
+                Some(DeviceSeconds {
+                    prior: s(0),
+                    regulation: s(1),
+                    flow: s(2),
+                    decoder: s(3),
+                })
+            }
+            None => None,
+        };
         let stages = StageSeconds {
-            prior: (a.prior_ready - a.prior_queued).as_secs_f64(),
-            flow_and_decoder: a.prior_ready.elapsed().as_secs_f64(),
+            prior: (q.submitted - q.started).as_secs_f64(),
+            flow_and_decoder: q.submitted.elapsed().as_secs_f64(),
+            device,
         };
         Ok((audio, stages))
     }
 
-    /// [`Vits::prior`] on the device: the latent z_p read back (for
-    /// per-stage parity; [`GpuVoice::synthesize`] keeps it on the device).
+    /// [`Vits::prior`] on the device: the latent z_p read back, with the
+    /// durations the device computed (for per-stage parity;
+    /// [`GpuVoice::synthesize`] keeps them on the device). The noise is
+    /// drawn from `rng` as the CPU draws it.
     pub fn prior(
         &self,
         v: &Vits,
         ids: &[i64],
         speaker: Option<&SpeakerOffsets>,
         scales: &Scales,
-        rng: &mut Rng,
+        rng: &Rng,
     ) -> Result<Latent> {
         let gpu = self.gpu();
-        let (p, _) = self.queue_prior(v, ids, speaker, scales, rng)?;
-        let mut work = Vec::new();
-        let (a, b, mut lat) = self.regulate(v, p, scales, rng, &mut work)?;
-        let n = v.inter_channels / 2 * lat.frames;
-        if !work.is_empty() {
+        let t = v.check_ids(ids)?.len();
+        let mut cap = self.first_cap(t, scales);
+        loop {
+            let count = FrameCount::new(gpu, cap)?;
+            let mut work = Vec::new();
+            let (a, b, ends, _) =
+                self.record_prior(v, ids, speaker, scales, &mut rng.clone(), &count, &mut work)?;
+            count.finish(gpu);
             gpu.run_all(&work.iter().collect::<Vec<_>>())?;
+            let lens = gpu.read_u32(&count.lens)?;
+            let (frames, total) = (lens[0] as usize, lens[1] as usize);
+            if total > cap {
+                if total > self.max_frames {
+                    return Err(too_many_frames(
+                        t,
+                        total as u64,
+                        self.max_frames,
+                        "GPU path",
+                    ));
+                }
+                cap = total;
+                continue;
+            }
+            let ends = gpu.read_u32(&ends)?;
+            let durations = (0..t)
+                .map(|j| (ends[j] - if j > 0 { ends[j - 1] } else { 0 }) as usize)
+                .collect();
+            let n = v.inter_channels / 2 * frames;
+            let mut z = gpu.read_f32(&a)?;
+            z.truncate(n);
+            z.extend_from_slice(&gpu.read_f32(&b)?[..n]);
+            return Ok(Latent {
+                z,
+                frames,
+                durations,
+            });
         }
-        lat.z = gpu.read_f32(&a)?;
-        lat.z.truncate(n);
-        lat.z.extend_from_slice(&gpu.read_f32(&b)?[..n]);
-        Ok(lat)
     }
 
-    /// Phoneme ids -> audio, as [`Vits::synthesize`] computes it on the
-    /// CPU, with the same noise from `rng` (drawn on the host in the same
-    /// order), and where the time went. `v` is the voice this was made from.
+    /// Phoneme ids -> audio in one submission, as [`Vits::synthesize`]
+    /// computes it on the CPU with the same noise (drawn on the host from
+    /// `rng` in the same order), and where the time went. `v` is the voice
+    /// this was made from.
     pub fn synthesize(
         &self,
         v: &Vits,
         ids: &[i64],
         speaker: Option<&SpeakerOffsets>,
         scales: &Scales,
-        rng: &mut Rng,
+        rng: &Rng,
     ) -> Result<(Vec<f32>, StageSeconds)> {
-        let p = self.queue_prior(v, ids, speaker, scales, rng)?;
-        let a = self.queue_audio(v, p, speaker, scales, rng)?;
-        self.read_audio(a)
+        let t = v.check_ids(ids)?.len();
+        let q = self.queue(v, ids, speaker, scales, rng, self.first_cap(t, scales))?;
+        self.read(v, ids, speaker, scales, q)
     }
 
     /// Speaks `sentences` in order, handing each one's audio to `emit` as
     /// soon as it is back, as [`GpuVoice::synthesize`] computes it with a
     /// generator of its own ([`super::sentence_rng`], drawn from `rng` in
-    /// sentence order). The device is kept ahead of the host: the priors of
-    /// the next sentences are queued behind the audio of this one, and a
-    /// sentence's audio is recorded while the device still works on the
-    /// one before, so the host's recording and waiting overlap the device's
-    /// work instead of adding to it.
+    /// sentence order). The device is kept ahead of the host: the next
+    /// sentences are queued behind the one whose audio is awaited, so the
+    /// host's recording, emitting and waiting overlap the device's work.
     pub fn speak<T: AsRef<[i64]>>(
         &self,
         v: &Vits,
@@ -751,28 +947,22 @@ impl GpuVoice {
         rng: &mut Rng,
         emit: &mut dyn FnMut(T, Vec<f32>, StageSeconds) -> Result<()>,
     ) -> Result<()> {
-        let mut ahead = std::collections::VecDeque::new();
-        let mut sounding: Option<(T, QueuedAudio)> = None;
+        let mut ahead = VecDeque::new();
         loop {
-            while ahead.len() < PRIORS_AHEAD {
+            while ahead.len() < SENTENCES_AHEAD {
                 let Some(item) = sentences.next() else { break };
                 let item = item?;
-                let mut own = super::sentence_rng(rng);
-                let p = self.queue_prior(v, item.as_ref(), speaker, scales, &mut own)?;
-                ahead.push_back((item, p, own));
+                let own = super::sentence_rng(rng);
+                let ids = item.as_ref();
+                let cap = self.first_cap(ids.len(), scales);
+                let q = self.queue(v, ids, speaker, scales, &own, cap)?;
+                ahead.push_back((item, q));
             }
-            let Some((item, p, mut own)) = ahead.pop_front() else {
+            let Some((item, q)) = ahead.pop_front() else {
                 break;
             };
-            let queued = self.queue_audio(v, p, speaker, scales, &mut own)?;
-            if let Some((done, a)) = sounding.replace((item, queued)) {
-                let (audio, stages) = self.read_audio(a)?;
-                emit(done, audio, stages)?;
-            }
-        }
-        if let Some((done, a)) = sounding {
-            let (audio, stages) = self.read_audio(a)?;
-            emit(done, audio, stages)?;
+            let (audio, stages) = self.read(v, item.as_ref(), speaker, scales, q)?;
+            emit(item, audio, stages)?;
         }
         Ok(())
     }

@@ -1,10 +1,10 @@
 //! The GPU plan for VITS's prior: the text encoder (relative-position
 //! attention transformer, conv FFNs, layer norms, the projection to the
 //! prior's mean and log-std) and the stochastic duration predictor run in
-//! reverse (depthwise-separable conv stacks, three spline flows), as one
-//! submission that reads back only the log-durations. The prior's mean and
-//! log-std stay on the device for the length regulation that follows
-//! ([`super::GpuVoice::synthesize`]).
+//! reverse (depthwise-separable conv stacks, three spline flows). Recorded
+//! at the head of a sentence's one submission
+//! ([`super::GpuVoice::synthesize`]): the prior's mean and log-std and the
+//! duration channel stay on the device for the length regulation.
 //!
 //! The noise is drawn on the host from the seeded generator in the CPU
 //! reference's order, so a seed gives the same noise on both backends.
@@ -13,8 +13,8 @@ use super::gpu::GpuConv;
 use super::{Conv, DdsConv, LayerNorm, SpeakerOffsets, Vits, LN_EPS};
 use crate::cpu::Conv1dShape;
 use crate::error::{Error, Result};
-use crate::gpu::ops::{Dispatch, Queued};
-use crate::gpu::speech::{self, Conv1dExtras, InputAct};
+use crate::gpu::ops::Dispatch;
+use crate::gpu::speech::{self, Conv1dExtras, InputAct, Steps};
 use crate::gpu::Gpu;
 use std::sync::Arc;
 
@@ -56,11 +56,11 @@ impl DenseConv {
             bias.unwrap_or(&self.gpu.b),
             &y,
             &self.shape,
-            t,
+            Steps::fixed(t),
             act,
             Conv1dExtras {
                 residual,
-                tanh: false,
+                ..Default::default()
             },
         )?);
         Ok(y)
@@ -319,7 +319,8 @@ impl GpuPrior {
     /// and the duration predictor on phoneme ids and the duration noise [2,
     /// t]. Returns the prior's statistics, left on the device ([2
     /// inter_channels, t]: the mean, then the log-std), and the
-    /// log-durations [t]. `v` is the voice this was made from.
+    /// log-durations [t] (for per-stage parity; a sentence keeps them on
+    /// the device). `v` is the voice this was made from.
     pub fn encode(
         &self,
         v: &Vits,
@@ -327,25 +328,31 @@ impl GpuPrior {
         noise: &[f32],
         speaker: Option<&SpeakerOffsets>,
     ) -> Result<(wgpu::Buffer, Vec<f32>)> {
-        let queued = self.queue(v, ids, noise, speaker)?;
-        let logw = self.log_durations(&self.gpu.read_queued(queued.z)?, queued.t);
-        Ok((queued.stats, logw))
+        let mut work = Vec::new();
+        let p = self.record(v, ids, noise, speaker, &mut work)?;
+        let z = self
+            .gpu
+            .run_and_read(&work.iter().collect::<Vec<_>>(), &p.z, (p.t * 4) as u64)?;
+        let z: Vec<f32> = bytemuck::pod_collect_to_vec(&z);
+        let (m, inv) = self.affine;
+        let logw = z[..p.t].iter().map(|v| (v - m) * inv).collect();
+        Ok((p.stats, logw))
     }
 
-    /// [`GpuPrior::encode`] submitted without waiting: the statistics stay
-    /// on the device, the log-duration channel's copy comes back with
-    /// [`GpuPrior::log_durations`] once the device is done.
-    pub(super) fn queue(
+    /// Records [`GpuPrior::encode`] into `work`: the statistics and the
+    /// duration channel once it runs.
+    pub(super) fn record(
         &self,
         v: &Vits,
         ids: &[i64],
         noise: &[f32],
         speaker: Option<&SpeakerOffsets>,
-    ) -> Result<QueuedPrior> {
+        work: &mut Vec<Dispatch>,
+    ) -> Result<RecordedPrior> {
         let gpu = &*self.gpu;
         let ids = v.check_ids(ids)?;
         let t = ids.len();
-        assert_eq!(noise.len(), 2 * t, "GpuPrior::queue: noise shape");
+        assert_eq!(noise.len(), 2 * t, "GpuPrior::record: noise shape");
         let scores_bytes = speech::rel_attention_scratch_bytes(self.heads, t);
         if scores_bytes > gpu.caps.max_binding.min(gpu.caps.max_buffer) || t > 65535 {
             return Err(Error::invalid(format!(
@@ -355,7 +362,6 @@ impl GpuPrior {
                 gpu.caps.max_binding >> 20
             )));
         }
-        let mut work = Vec::new();
         let ids: Vec<u32> = ids.iter().map(|&i| i as u32).collect();
         let ids = gpu.upload_u32("enc_p.ids", &ids)?;
         let mut h = gpu.scratch("enc_p.x", (self.hidden * t * 4) as u64)?;
@@ -371,16 +377,9 @@ impl GpuPrior {
         let scores = gpu.scratch("enc_p.scores", scores_bytes)?;
         let hidden = self.hidden;
         for l in &self.layers {
-            let qkv = l.qkv.record(
-                gpu,
-                &h,
-                None,
-                t,
-                InputAct::NONE,
-                None,
-                &mut work,
-                "enc_p.qkv",
-            )?;
+            let qkv = l
+                .qkv
+                .record(gpu, &h, None, t, InputAct::NONE, None, work, "enc_p.qkv")?;
             let att = gpu.scratch("enc_p.att", (hidden * t * 4) as u64)?;
             work.push(speech::rel_attention(
                 gpu,
@@ -401,20 +400,13 @@ impl GpuPrior {
                 t,
                 InputAct::NONE,
                 Some(&h),
-                &mut work,
+                work,
                 "enc_p.o",
             )?;
-            h = l.norm1.record(gpu, &y, hidden, t, false, None, &mut work)?;
-            let f = l.ffn1.record(
-                gpu,
-                &h,
-                None,
-                t,
-                InputAct::NONE,
-                None,
-                &mut work,
-                "enc_p.ffn",
-            )?;
+            h = l.norm1.record(gpu, &y, hidden, t, false, None, work)?;
+            let f = l
+                .ffn1
+                .record(gpu, &h, None, t, InputAct::NONE, None, work, "enc_p.ffn")?;
             // ReLU between the FFN's convolutions, fused into the second's read.
             let y = l.ffn2.record(
                 gpu,
@@ -423,21 +415,14 @@ impl GpuPrior {
                 t,
                 InputAct::leaky(0.0),
                 Some(&h),
-                &mut work,
+                work,
                 "enc_p.y",
             )?;
-            h = l.norm2.record(gpu, &y, hidden, t, false, None, &mut work)?;
+            h = l.norm2.record(gpu, &y, hidden, t, false, None, work)?;
         }
-        let stats = self.proj.record(
-            gpu,
-            &h,
-            None,
-            t,
-            InputAct::NONE,
-            None,
-            &mut work,
-            "enc_p.stats",
-        )?;
+        let stats =
+            self.proj
+                .record(gpu, &h, None, t, InputAct::NONE, None, work, "enc_p.stats")?;
 
         // The duration predictor, conditioned on the encoder's output.
         let uploaded;
@@ -454,46 +439,25 @@ impl GpuPrior {
                 Some(&uploaded)
             }
         };
-        let g = self.dp_pre.record(
-            gpu,
-            &h,
-            pre_bias,
-            t,
-            InputAct::NONE,
-            None,
-            &mut work,
-            "dp.g",
-        )?;
-        let g = self.dp_dds.record(gpu, g, t, &mut work)?;
+        let g = self
+            .dp_pre
+            .record(gpu, &h, pre_bias, t, InputAct::NONE, None, work, "dp.g")?;
+        let g = self.dp_dds.record(gpu, g, t, work)?;
         let g = self
             .dp_proj
-            .record(gpu, &g, None, t, InputAct::NONE, None, &mut work, "dp.g")?;
+            .record(gpu, &g, None, t, InputAct::NONE, None, work, "dp.g")?;
         // z's two channels as separate buffers: the flips swap them.
         let mut a = gpu.upload_f32("dp.z.0", &noise[..t])?;
         let mut b = gpu.upload_f32("dp.z.1", &noise[t..])?;
         for f in &self.flows {
             std::mem::swap(&mut a, &mut b);
-            let hf = f.pre.record(
-                gpu,
-                &a,
-                None,
-                t,
-                InputAct::NONE,
-                Some(&g),
-                &mut work,
-                "dp.h",
-            )?;
-            let hf = f.dds.record(gpu, hf, t, &mut work)?;
-            let params = f.proj.record(
-                gpu,
-                &hf,
-                None,
-                t,
-                InputAct::NONE,
-                None,
-                &mut work,
-                "dp.params",
-            )?;
+            let hf = f
+                .pre
+                .record(gpu, &a, None, t, InputAct::NONE, Some(&g), work, "dp.h")?;
+            let hf = f.dds.record(gpu, hf, t, work)?;
+            let params =
+                f.proj
+                    .record(gpu, &hf, None, t, InputAct::NONE, None, work, "dp.params")?;
             let next = gpu.scratch("dp.z", (t * 4) as u64)?;
             work.push(speech::spline_inverse(
                 gpu, &b, &params, &next, f.bins, t, f.norm,
@@ -501,25 +465,22 @@ impl GpuPrior {
             b = next;
         }
         // The last flip: the log-duration channel is b.
-        let z = gpu.queue_and_copy(&work.iter().collect::<Vec<_>>(), &b, (t * 4) as u64);
-        Ok(QueuedPrior { stats, z, t })
+        Ok(RecordedPrior { stats, z: b, t })
     }
 
-    /// The log-durations [t] from the duration channel a [`QueuedPrior`]
-    /// copied back (the affine flow undone on the host).
-    pub(super) fn log_durations(&self, z: &[u8], t: usize) -> Vec<f32> {
-        let z: Vec<f32> = bytemuck::pod_collect_to_vec(z);
-        let (m, inv) = self.affine;
-        z[..t].iter().map(|v| (v - m) * inv).collect()
+    /// The duration predictor's last flow, affine on the log-duration
+    /// channel: (its mean, exp(-its log-scale)).
+    pub(super) fn affine(&self) -> (f32, f32) {
+        self.affine
     }
 }
 
-/// A sentence's prior on the device queue.
-pub(super) struct QueuedPrior {
+/// A sentence's prior as recorded.
+pub(super) struct RecordedPrior {
     /// The prior's mean and log-std, [2 inter_channels, t].
     pub stats: wgpu::Buffer,
-    /// The duration channel's copy on its way back.
-    pub z: Queued,
+    /// The duration channel before the affine flow, [t].
+    pub z: wgpu::Buffer,
     /// Phoneme ids.
     pub t: usize,
 }
