@@ -1,13 +1,19 @@
-// attention_tiled: non-causal multi-head attention of `rows` queries over
-// `kv_rows` keys (Whisper's encoder: 1500 positions against themselves; its
-// decoder's cross-attention: a few rows against the 1500 audio positions),
-// flash-attention style.
-//   out[r, h] = softmax_j(scale * q[r, h] . k[j, h]) v[j, h], j < kv_rows
-// bindings: 0 params {rows, heads, q_stride, k_stride, v_stride, q_col, k_col,
-//           v_col, scale, kv_rows}, 1 q, 2 k, 3 v: array<f32>, row-major, read from
+// attention_tiled: non-causal multi-head attention over spans, each of
+// q_len query rows from q_start against kv_len keys from kv_start
+// (Whisper's encoder: one span, 1500 positions against themselves; its
+// decoder's cross-attention: each sequence's few rows against its window's
+// 1500 audio positions), flash-attention style.
+//   out[r, h] = softmax_j(scale * q[r, h] . k[j, h]) v[j, h],
+//   kv_start <= j < kv_start + kv_len of r's span
+// bindings: 0 params {heads, q_stride, k_stride, v_stride, q_col, k_col,
+//           v_col, scale}, 1 q, 2 k, 3 v: array<f32>, row-major, read from
 //           column *_col with row stride *_stride (one fused QKV buffer may be
-//           bound three times), 4 out: array<f32> (rows * heads * HEAD_DIM)
-// dispatch: (ceil(rows / 16), heads, 1) workgroups of 64 threads. A workgroup
+//           bound three times), 4 seqs: array<u32> [spans, 4] {q_start, q_len,
+//           kv_start, kv_len}, 5 out: array<f32> (rows * heads * HEAD_DIM)
+// dispatch: (ceil(longest q_len / 16), heads, spans) workgroups of 64
+// threads; workgroup (x, h, s) takes rows 16 x .. of span s (none past its
+// q_len). The span is read through workgroupUniformLoad, so the loops that
+// hold barriers run a count the whole workgroup agrees on. A workgroup
 // holds 16 query rows of one head in workgroup memory and walks the keys in
 // tiles of 16 rows of K and V staged there too: thread (r, c) = (tid / 4,
 // tid % 4) scores its row against keys 4c .. 4c + 3 of the tile, then, with
@@ -18,16 +24,16 @@
 // HEAD_DIM is an override constant: a multiple of 4, at most 64.
 
 struct Params {
-    rows: u32, heads: u32, q_stride: u32, k_stride: u32,
-    v_stride: u32, q_col: u32, k_col: u32, v_col: u32,
-    scale: f32, kv_rows: u32, _p1: u32, _p2: u32,
+    heads: u32, q_stride: u32, k_stride: u32, v_stride: u32,
+    q_col: u32, k_col: u32, v_col: u32, scale: f32,
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read> q: array<f32>;
 @group(0) @binding(2) var<storage, read> k: array<f32>;
 @group(0) @binding(3) var<storage, read> v: array<f32>;
-@group(0) @binding(4) var<storage, read_write> out: array<f32>;
+@group(0) @binding(4) var<storage, read> seqs: array<u32>;
+@group(0) @binding(5) var<storage, read_write> out: array<f32>;
 
 override HEAD_DIM: u32 = 64u;
 const BQ: u32 = 16u;
@@ -40,19 +46,31 @@ var<workgroup> qs: array<f32, 1024>; // BQ * MAX_HEAD_DIM
 var<workgroup> ks: array<f32, 1024>; // TK * MAX_HEAD_DIM
 var<workgroup> vs: array<f32, 1024>;
 var<workgroup> ss: array<f32, 256>;  // BQ * TK
+var<workgroup> span: vec4<u32>;
 
 @compute @workgroup_size(64)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) tid: u32) {
     let h = wid.y;
+    if (tid == 0u) {
+        let at = 4u * wid.z;
+        span = vec4<u32>(seqs[at], seqs[at + 1u], seqs[at + 2u], seqs[at + 3u]);
+    }
+    let sp = workgroupUniformLoad(&span);
+    let q_len = sp.y;
+    let kv_start = sp.z;
+    let kv_len = sp.w;
     let row0 = wid.x * BQ;
+    if (row0 >= q_len) {
+        return;
+    }
     let r = tid / 4u;
     let c = tid % 4u;
     let dq = HEAD_DIM / 4u;
     for (var i = tid; i < BQ * HEAD_DIM; i += 64u) {
         let qr = row0 + i / HEAD_DIM;
         var val = 0.0;
-        if (qr < p.rows) {
-            val = q[qr * p.q_stride + p.q_col + h * HEAD_DIM + i % HEAD_DIM] * p.scale;
+        if (qr < q_len) {
+            val = q[(sp.x + qr) * p.q_stride + p.q_col + h * HEAD_DIM + i % HEAD_DIM] * p.scale;
         }
         qs[i] = val;
     }
@@ -62,16 +80,16 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     }
     var m = LOWEST;
     var l = 0.0;
-    for (var j0 = 0u; j0 < p.kv_rows; j0 += TK) {
+    for (var j0 = 0u; j0 < kv_len; j0 += TK) {
         // The previous tile is used up (and the query block is stored).
         workgroupBarrier();
         for (var i = tid; i < TK * HEAD_DIM; i += 64u) {
             let j = j0 + i / HEAD_DIM;
             var kv = 0.0;
             var vv = 0.0;
-            if (j < p.kv_rows) {
-                kv = k[j * p.k_stride + p.k_col + h * HEAD_DIM + i % HEAD_DIM];
-                vv = v[j * p.v_stride + p.v_col + h * HEAD_DIM + i % HEAD_DIM];
+            if (j < kv_len) {
+                kv = k[(kv_start + j) * p.k_stride + p.k_col + h * HEAD_DIM + i % HEAD_DIM];
+                vv = v[(kv_start + j) * p.v_stride + p.v_col + h * HEAD_DIM + i % HEAD_DIM];
             }
             ks[i] = kv;
             vs[i] = vv;
@@ -86,7 +104,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
             ss[r * TK + jj] = s;
         }
         workgroupBarrier();
-        let n_keys = min(TK, p.kv_rows - j0);
+        let n_keys = min(TK, kv_len - j0);
         var tile_max = LOWEST;
         for (var jj = 0u; jj < n_keys; jj++) {
             tile_max = max(tile_max, ss[r * TK + jj]);
@@ -107,9 +125,9 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         m = m_new;
     }
     let row = row0 + r;
-    if (row < p.rows) {
+    if (row < q_len) {
         let inv = 1.0 / l;
-        let base = (row * p.heads + h) * HEAD_DIM + c * dq;
+        let base = ((sp.x + row) * p.heads + h) * HEAD_DIM + c * dq;
         for (var e = 0u; e < dq; e++) {
             out[base + e] = acc[e] * inv;
         }

@@ -337,3 +337,60 @@ fn one_bad_file_among_many_is_reported_and_the_rest_transcribed() {
     assert!(!out.join("notes.txt").exists());
     std::fs::remove_dir_all(dir).unwrap();
 }
+
+#[test]
+fn batches_of_many_inputs_report_a_bad_one_and_transcribe_the_rest() {
+    let dir = scratch("transcribe-batch-bad");
+    let bad = dir.join("notes.wav");
+    std::fs::write(&bad, "this is not audio\n".repeat(50)).unwrap();
+    let empty = dir.join("empty.wav");
+    write_wav(&empty, &[]);
+    let out = dir.join("out");
+    let (a, b) = (clip("0930"), clip("0880"));
+    // Three windows a batch: the two clips share one, the bad inputs are
+    // reported by name between them.
+    let o = transcribe(&[
+        "--batch-size",
+        "3",
+        a.to_str().unwrap(),
+        bad.to_str().unwrap(),
+        empty.to_str().unwrap(),
+        b.to_str().unwrap(),
+        "-o",
+        out.to_str().unwrap(),
+        "-f",
+        "json",
+    ]);
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    let err = stderr(&o);
+    for name in [
+        "notes.wav",
+        "empty.wav",
+        "2 of 4 inputs failed",
+        "batches of 3",
+    ] {
+        assert!(err.contains(name), "{name}: {err}");
+    }
+    assert!(!err.contains("panicked"), "{err}");
+    for (name, text) in [
+        ("0930", " He might even have been made amiable himself."),
+        ("0880", " He was not an old-sposed young man."),
+    ] {
+        let json: serde_json::Value = serde_json::from_slice(
+            &std::fs::read(out.join(format!("sense_and_sensibility_01_austen_64kb-{name}.json")))
+                .unwrap(),
+        )
+        .unwrap();
+        assert_eq!(json["text"], text, "{name}");
+        assert_eq!(json["segments"][0]["seek"], 0, "{name}");
+    }
+    assert!(!out.join("notes.json").exists());
+    assert!(!out.join("empty.json").exists());
+    assert_eq!(
+        transcribe(&["--batch-size", "0", a.to_str().unwrap()])
+            .status
+            .code(),
+        Some(2)
+    );
+    std::fs::remove_dir_all(dir).unwrap();
+}

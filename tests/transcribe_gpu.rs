@@ -1,10 +1,13 @@
 //! Whisper on the GPU against the CPU reference on real 30 s windows: the
-//! encoder (conv stem included), the decoder's logits step by step (prompt,
-//! forked and reordered sequences), and whole transcripts, greedy and beam
-//! search, token for token against faster-whisper's (gold.json). On Mesa
-//! lavapipe in CI, where one encoder pass costs tens of seconds: the tests
-//! share one GPU backend (one shader compilation and weight upload), one CPU
-//! encoder pass, and skip re-encoding a window the backend holds already.
+//! encoder (conv stem included) of a batch of two windows, the decoder over
+//! both at once step by step (prompt, forked, reordered and dropped
+//! sequences; the logits and the device's token choice), and whole
+//! transcripts token for token against faster-whisper's: sequential greedy
+//! and beam search (gold.json), and two inputs batched together
+//! (batched.json). On Mesa lavapipe in CI, where one encoder pass costs
+//! tens of seconds: the tests share one GPU backend (one shader compilation
+//! and weight upload) that encodes the two windows once, one CPU encoder
+//! pass of each, and skip re-encoding windows the backend holds already.
 
 mod common;
 
@@ -12,49 +15,64 @@ use lfm::gpu::{Gpu, GpuOptions};
 use lfm::models::whisper::gpu::GpuBackend;
 use lfm::models::whisper::model::CrossKv;
 use lfm::models::whisper::WhisperFiles;
-use lfm::run::transcribe::{transcribe, Backend, CpuBackend, Options, Task};
+use lfm::run::transcribe::batch::{chunk_features, transcribe_batched};
+use lfm::run::transcribe::{transcribe, Backend, CpuBackend, Options, Pick, Picks, Task, Traffic};
 use lfm::Result;
 use std::path::PathBuf;
 use std::sync::{Mutex, MutexGuard, OnceLock};
 
 const CLIPS: &str = "/usr/share/pocketsphinx/test/data/librivox";
-const CLIP: &str =
-    "/usr/share/pocketsphinx/test/data/librivox/sense_and_sensibility_01_austen_64kb-0880.wav";
-/// Sequences the backend holds: beam 5.
+/// Window A: the sequential tests' clip; window B: the other batched one.
+const CLIP_A: &str = "sense_and_sensibility_01_austen_64kb-0880";
+const CLIP_B: &str = "sense_and_sensibility_01_austen_64kb-0870";
+/// Sequences the backend holds: beam 5 of one window.
 const MAX_SEQS: usize = 5;
+const MAX_WINDOWS: usize = 2;
 
-/// The GPU backend, remembering which window it encoded last.
+/// The GPU backend, remembering which windows its slots hold.
 struct Shared {
     gpu: GpuBackend,
-    encoded: Option<Vec<f32>>,
+    held: Vec<Vec<f32>>,
 }
 
 impl Backend for Shared {
-    fn encode(&mut self, mel: &[f32]) -> Result<()> {
-        // The same window again (a test after another, or a second pass of
-        // the same clip): its encoder state is still on the device.
-        if self.encoded.as_deref() != Some(mel) {
-            self.encoded = None;
+    fn encode(&mut self, mels: &[&[f32]]) -> Result<()> {
+        // Windows already in their slots (a test after another, a second
+        // pass over the same clip): their encoder state is on the device.
+        let held = mels.len() <= self.held.len()
+            && mels.iter().zip(&self.held).all(|(m, h)| *m == h.as_slice());
+        if !held {
+            self.held.clear();
             let t0 = std::time::Instant::now();
-            self.gpu.encode(mel)?;
-            // The submission is waited for by the next read.
-            self.gpu.cross_kv()?;
-            eprintln!("gpu encode: {:.1} s", t0.elapsed().as_secs_f64());
-            self.encoded = Some(mel.to_vec());
+            self.gpu.encode(mels)?;
+            eprintln!(
+                "gpu encode of {} windows: {:.1} s",
+                mels.len(),
+                t0.elapsed().as_secs_f64()
+            );
+            self.held = mels.iter().map(|m| m.to_vec()).collect();
         }
         Ok(())
     }
-    fn cross_kv(&mut self) -> Result<&CrossKv> {
-        self.gpu.cross_kv()
+    fn cross_kv(&mut self, window: usize) -> Result<&CrossKv> {
+        self.gpu.cross_kv(window)
     }
-    fn prompt(&mut self, prompt: &[u32], rows: &[usize]) -> Result<Vec<f32>> {
-        self.gpu.prompt(prompt, rows)
+    fn prompt(
+        &mut self,
+        prompts: &[&[u32]],
+        probe: Option<(usize, u32)>,
+        pick: &Pick,
+    ) -> Result<(Vec<f32>, Picks)> {
+        self.gpu.prompt(prompts, probe, pick)
     }
     fn select(&mut self, sources: &[usize]) -> Result<()> {
         self.gpu.select(sources)
     }
-    fn step(&mut self, tokens: &[u32]) -> Result<Vec<f32>> {
-        self.gpu.step(tokens)
+    fn step(&mut self, tokens: &[u32], pick: &Pick) -> Result<Picks> {
+        self.gpu.step(tokens, pick)
+    }
+    fn traffic(&self) -> Traffic {
+        self.gpu.traffic()
     }
 }
 
@@ -63,7 +81,13 @@ fn files() -> &'static WhisperFiles {
     FILES.get_or_init(|| WhisperFiles::load(&common::model("whisper-tiny.en"), None).unwrap())
 }
 
-/// The one GPU backend of this binary (None: no adapter, and told to skip).
+fn clip(name: &str) -> Vec<f32> {
+    let path = PathBuf::from(CLIPS).join(format!("{name}.wav"));
+    lfm::run::audio::load(&path, 16_000).unwrap().samples
+}
+
+/// The one GPU backend of this binary, windows A and B encoded in one
+/// batch (None: no adapter, and told to skip).
 fn backend() -> Option<MutexGuard<'static, Shared>> {
     static BACKEND: OnceLock<Option<Mutex<Shared>>> = OnceLock::new();
     let b = BACKEND.get_or_init(|| {
@@ -81,9 +105,15 @@ fn backend() -> Option<MutexGuard<'static, Shared>> {
             }
         };
         let t0 = std::time::Instant::now();
-        let gpu = GpuBackend::new(gpu, &files().model, MAX_SEQS).unwrap();
+        let gpu = GpuBackend::new(gpu, &files().model, MAX_SEQS, MAX_WINDOWS).unwrap();
         eprintln!("gpu backend: {:.1} s", t0.elapsed().as_secs_f64());
-        Some(Mutex::new(Shared { gpu, encoded: None }))
+        let mut shared = Shared {
+            gpu,
+            held: Vec::new(),
+        };
+        let r = reference();
+        shared.encode(&[&r.windows[0], &r.windows[1]]).unwrap();
+        Some(Mutex::new(shared))
     });
     // A test that failed holding the lock leaves a usable backend: the
     // next encode or prompt resets what it depends on.
@@ -91,11 +121,11 @@ fn backend() -> Option<MutexGuard<'static, Shared>> {
         .map(|m| m.lock().unwrap_or_else(|e| e.into_inner()))
 }
 
-/// CLIP's window, and the CPU encoder's output and cross K/V for it.
+/// Windows A and B, and the CPU encoder's output and cross K/V for each.
 struct Reference {
-    window: Vec<f32>,
-    xa: Vec<f32>,
-    cross: CrossKv,
+    windows: [Vec<f32>; 2],
+    xa: [Vec<f32>; 2],
+    cross: [CrossKv; 2],
 }
 
 fn reference() -> &'static Reference {
@@ -103,16 +133,29 @@ fn reference() -> &'static Reference {
     REF.get_or_init(|| {
         let files = files();
         let m = &files.model;
-        let samples = lfm::run::audio::load(std::path::Path::new(CLIP), 16_000)
-            .unwrap()
-            .samples;
-        let mel = files.mel.log_mel(&samples);
-        let window = mel.window(0, mel.content_frames());
+        let a = clip(CLIP_A);
+        let mel = files.mel.log_mel(&a);
+        let window_a = mel.window(0, mel.content_frames());
+        // A clip under 30 s alone: the batched pipeline's features are the
+        // sequential window's (same frames, same floor).
+        assert!(
+            chunk_features(&files.mel, &a) == window_a,
+            "batched features of {CLIP_A} differ from its sequential window"
+        );
+        let window_b = chunk_features(&files.mel, &clip(CLIP_B));
         let t0 = std::time::Instant::now();
-        let xa = m.encoder.forward(&m.config, &window);
-        let cross = m.decoder.cross_kv(&xa);
-        eprintln!("cpu encoder: {:.1} s", t0.elapsed().as_secs_f64());
-        Reference { window, xa, cross }
+        let xa_a = m.encoder.forward(&m.config, &window_a);
+        let xa_b = m.encoder.forward(&m.config, &window_b);
+        let cross = [m.decoder.cross_kv(&xa_a), m.decoder.cross_kv(&xa_b)];
+        eprintln!(
+            "cpu encoder, two windows: {:.1} s",
+            t0.elapsed().as_secs_f64()
+        );
+        Reference {
+            windows: [window_a, window_b],
+            xa: [xa_a, xa_b],
+            cross,
+        }
     })
 }
 
@@ -134,34 +177,36 @@ fn normalised_error(got: &[f32], want: &[f32]) -> f64 {
 fn gpu_encoder_matches_cpu() {
     let Some(mut backend) = backend() else { return };
     let r = reference();
-    backend.encode(&r.window).unwrap();
+    backend.encode(&[&r.windows[0], &r.windows[1]]).unwrap();
+    // The encoder's own output is the batch's last window's.
     let got = backend.gpu.encoder().output().unwrap();
-    let err = normalised_error(&got, &r.xa);
+    let err = normalised_error(&got, &r.xa[1]);
     eprintln!("encoder output: normalised error {err:.3e}");
     // f32 everywhere; the GPU sums in another order and its erf is a
     // rational approximation (~1e-7 relative): four layers of that.
     assert!(err < 1e-8, "encoder output: normalised error {err:.3e}");
-
-    let kv = backend.cross_kv().unwrap();
-    for (l, (g, w)) in kv.kv.iter().zip(&r.cross.kv).enumerate() {
-        let err = normalised_error(g, w);
-        assert!(
-            err < 1e-8,
-            "cross K/V of decoder layer {l}: normalised error {err:.3e}"
-        );
+    for w in 0..2 {
+        let kv = backend.cross_kv(w).unwrap().clone();
+        for (l, (g, want)) in kv.kv.iter().zip(&r.cross[w].kv).enumerate() {
+            let err = normalised_error(g, want);
+            assert!(
+                err < 1e-8,
+                "window {w}: cross K/V of decoder layer {l}: normalised error {err:.3e}"
+            );
+        }
     }
 }
 
 #[test]
-fn gpu_decoder_logits_match_cpu() {
+fn gpu_decoder_matches_cpu_over_a_batch_of_windows() {
     let Some(mut gpu) = backend() else { return };
     let files = files();
     let s = &files.tokenizer.specials;
     let r = reference();
-    let mut cpu = CpuBackend::with_window(&files.model, r.cross.clone());
-    gpu.encode(&r.window).unwrap();
-    // A previous-text prompt, so the prompt pass has many rows; logits of
-    // two of them, as decoding reads.
+    let mut cpu = CpuBackend::with_windows(&files.model, r.cross.to_vec());
+    gpu.encode(&[&r.windows[0], &r.windows[1]]).unwrap();
+    // A previous-text prompt, so the prompt pass has many rows, one per
+    // window; the no-speech probability after its start-of-transcript row.
     let mut prompt = vec![s.sot_prev];
     prompt.extend(
         files
@@ -171,38 +216,42 @@ fn gpu_decoder_logits_match_cpu() {
     );
     let sot = prompt.len();
     prompt.push(s.sot);
-    let rows = [sot, prompt.len() - 1];
-    let check = |what: &str, got: Vec<f32>, want: Vec<f32>| {
+    let prompts: [&[u32]; 2] = [&prompt, &prompt];
+    let probe = s.no_speech.map(|t| (sot, t)).or(Some((sot, s.eot)));
+    let check = |what: &str, got: Picks, want: Picks| {
+        let (got, want) = (got.logits(), want.logits());
         let err = normalised_error(&got, &want);
         eprintln!("{what}: normalised error {err:.3e}");
         // f32 on both sides, f16 weights widened alike; sums in another
         // order through four layers and the 51864-wide head: ~1e-12 seen,
-        // a wrong row or position is O(1).
+        // a wrong row, window or position is O(1).
         assert!(err < 1e-9, "{what}: normalised error {err:.3e}");
     };
-    check(
-        "prompt",
-        gpu.prompt(&prompt, &rows).unwrap(),
-        cpu.prompt(&prompt, &rows).unwrap(),
-    );
-    // Fork into three sequences, step, reorder (one dropped, one doubled),
-    // step, then keep one and step again.
+    let (gp, g) = gpu.prompt(&prompts, probe, &Pick::Logits).unwrap();
+    let (cp, c) = cpu.prompt(&prompts, probe, &Pick::Logits).unwrap();
+    check("prompt", g, c);
+    for (a, b) in gp.iter().zip(&cp) {
+        assert!((a - b).abs() < 1e-5, "probe probability {a} against {b}");
+    }
+    // Fork into three sequences of window 0 and two of window 1, step,
+    // reorder across windows (one dropped, one doubled), step, then keep
+    // window 1 alone and step again.
     let steps: [(&[usize], &[u32]); 3] = [
-        (&[0, 0, 0], &[s.timestamp_begin, 440, 1544]),
-        (&[2, 0, 2], &[373, 407, 13]),
-        (&[1], &[50]),
+        (&[0, 0, 0, 1, 1], &[s.timestamp_begin, 440, 1544, 373, 50]),
+        (&[2, 0, 2, 4], &[373, 407, 13, 11]),
+        (&[3], &[50]),
     ];
     for (i, (sources, tokens)) in steps.iter().enumerate() {
         cpu.select(sources).unwrap();
         gpu.select(sources).unwrap();
         check(
             &format!("step {i}"),
-            gpu.step(tokens).unwrap(),
-            cpu.step(tokens).unwrap(),
+            gpu.step(tokens, &Pick::Logits).unwrap(),
+            cpu.step(tokens, &Pick::Logits).unwrap(),
         );
     }
     assert!(
-        gpu.select(&[0; MAX_SEQS + 1]).is_err(),
+        gpu.select(&[0; 2 * MAX_SEQS + 1]).is_err(),
         "more sequences than the decoder holds"
     );
 }
@@ -248,17 +297,12 @@ fn gpu_transcripts_match_faster_whisper() {
     )
     .unwrap();
     let files = files();
-    // Two clips greedy, the shorter (CLIP, whose window the other tests
-    // encode) with beam search too, clip by clip: each new 30 s window
-    // costs lavapipe tens of seconds of encoder and each beam step five
-    // rows of the 51864-wide head (CI time); a window encoded already
-    // costs nothing.
-    for (name, beams) in [
-        ("sense_and_sensibility_01_austen_64kb-0880", &[1, 5][..]),
-        ("sense_and_sensibility_01_austen_64kb-0870", &[1]),
-    ] {
-        let path = PathBuf::from(CLIPS).join(format!("{name}.wav"));
-        let samples = lfm::run::audio::load(&path, 16_000).unwrap().samples;
+    // Clip A greedy and with beam search, sequentially (its window is the
+    // one the backend holds first; each new 30 s window would cost lavapipe
+    // tens of seconds of encoder, and each beam step five rows of the
+    // 51864-wide head).
+    for (name, beams) in [(CLIP_A, &[1, 5][..])] {
+        let samples = clip(name);
         for &beam in beams {
             let opts = gold_options(&gold, beam);
             let clip = gold["faster_whisper"][format!("beam_size_{beam}")]["clips"]
@@ -292,4 +336,63 @@ fn gpu_transcripts_match_faster_whisper() {
             assert_eq!(token_ids(&t), want, "beam {beam} {name}: tokens");
         }
     }
+}
+
+#[test]
+fn gpu_batched_transcripts_match_faster_whisper() {
+    let Some(mut backend) = backend() else { return };
+    let gold: serde_json::Value = serde_json::from_slice(
+        &std::fs::read(common::repo().join("samples/fixtures/whisper/batched.json")).unwrap(),
+    )
+    .unwrap();
+    let files = files();
+    // Two inputs, one window each, decoded as one batch (the windows the
+    // backend holds), against faster-whisper's batched pipeline on each.
+    let (a, b) = (clip(CLIP_A), clip(CLIP_B));
+    let opts = Options {
+        language: Some("en".into()),
+        temperatures: vec![0.0],
+        ..Options::default()
+    };
+    let traffic = backend.traffic();
+    let t0 = std::time::Instant::now();
+    let got = transcribe_batched(files, &mut *backend, &[&a, &b], &opts, None, 2).unwrap();
+    let secs = t0.elapsed().as_secs_f64();
+    let read = backend.traffic().bytes_read - traffic.bytes_read;
+    for (t, name) in got.iter().zip([CLIP_A, CLIP_B]) {
+        let want = &gold["cases"][format!("clip {name}")];
+        eprintln!("batched {name} ({secs:.1} s): {}", t.text.trim());
+        let want_text: String = want
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|s| s["text"].as_str().unwrap())
+            .collect();
+        assert_eq!(t.text, want_text, "batched {name}");
+        let want_tokens: Vec<Vec<u64>> = want
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|s| {
+                s["tokens"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .map(|t| t.as_u64().unwrap())
+                    .collect()
+            })
+            .collect();
+        assert_eq!(token_ids(t), want_tokens, "batched {name}: tokens");
+    }
+    // The device chose every token: each pass read back a few words a
+    // row (the picks), never a row of 51864 logits.
+    let tokens: usize = got
+        .iter()
+        .flat_map(|t| &t.segments)
+        .map(|s| s.tokens.len())
+        .sum();
+    assert!(
+        read < 64 * (tokens as u64 + 4),
+        "{read} bytes read back for {tokens} tokens"
+    );
 }

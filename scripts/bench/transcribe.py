@@ -14,6 +14,12 @@ tool reports it, audio decoding included):
   faster-whisper  WhisperModel(..., device, compute_type) on the same
                   CTranslate2 files, same decoding options (--beam-size,
                   best_of 5, temperature fallback, no VAD)
+and with --batch-sizes N,M: the batched pipelines, ours (`--batch-size N`,
+on the GPU unless --no-gpu, else the CPU) and faster-whisper's
+BatchedInferencePipeline(batch_size=N) on the same 30 s clips
+(clip_timestamps), temperature 0, timestamps on.
+Each lfm arm's last run prints where its time went (the tool's profile
+line: encoder, decoder passes, host search, submissions, bytes read back).
 
 Prints a markdown table (mean +- sd of wall time, real-time factor) and
 writes the raw numbers as JSON when --json is given.
@@ -24,6 +30,7 @@ Usage: scripts/bench/transcribe.py [--model DIR] [--reps N] [--repeat N] [--beam
 """
 import argparse
 import json
+import math
 import os
 import re
 import statistics
@@ -61,8 +68,45 @@ def time_lfm(binary, args, audio, reps):
         m = re.search(r"of audio in ([0-9.]+) s", o.stderr)
         times.append(float(m.group(1)))
         text = o.stdout.strip()
-        device = o.stderr.strip().splitlines()[-1].split(", ")[-1]
+        timing = next(l for l in o.stderr.splitlines() if "of audio in" in l)
+        device = timing.split(", ")[-1]
+    profile = [l for l in o.stderr.splitlines() if "windows," in l]
+    print(f"{' '.join(args)}: {profile[-1] if profile else o.stderr.strip()}", file=sys.stderr)
     return times, text, device
+
+
+def clips_of(seconds):
+    """30 s clip_timestamps covering a recording of `seconds` exactly."""
+    n = round(seconds * 16000)
+    clips = []
+    for start in range(0, n, 30 * 16000):
+        end = min(start + 30 * 16000, n)
+        e = end / 16000
+        while int(e * 16000) < end:
+            e = math.nextafter(e, math.inf)
+        clips.append(dict(start=start / 16000, end=e))
+    return clips
+
+
+def time_faster_whisper_batched(model_dir, audio, reps, device, compute_type, threads, batch_size,
+                                beam_size):
+    from faster_whisper import BatchedInferencePipeline, WhisperModel
+    import numpy as np
+
+    model = WhisperModel(model_dir, device=device, compute_type=compute_type, cpu_threads=threads)
+    pipe = BatchedInferencePipeline(model)
+    with wave.open(audio) as w:
+        samples = np.frombuffer(w.readframes(w.getnframes()), dtype=np.int16).astype(np.float32) / 32768.0
+    clips = clips_of(len(samples) / 16000)
+    times, text = [], ""
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        segments, _ = pipe.transcribe(samples, language="en", beam_size=beam_size, best_of=5,
+                                      temperature=0.0, without_timestamps=False,
+                                      clip_timestamps=clips, batch_size=batch_size)
+        text = " ".join(s.text.strip() for s in segments)
+        times.append(time.perf_counter() - t0)
+    return times, text
 
 
 def time_faster_whisper(model_dir, audio, reps, device, compute_type, threads, **extra):
@@ -100,6 +144,10 @@ def main():
                     help="faster-whisper's cpu_threads (0: its default of 4)")
     ap.add_argument("--no-gpu", action="store_true")
     ap.add_argument("--no-cpu", action="store_true")
+    ap.add_argument("--batched-only", action="store_true",
+                    help="only the batched arms (--batch-sizes), not the sequential ones")
+    ap.add_argument("--batch-sizes", default="",
+                    help="comma-separated batch sizes for the batched pipelines (ours and faster-whisper's)")
     ap.add_argument("--features", action="store_true",
                     help="also time word timestamps and VAD (lfm --word-timestamps / --vad, "
                          "faster-whisper word_timestamps=True / vad_filter=True)")
@@ -111,12 +159,12 @@ def main():
     seconds = build_recording(audio, a.repeat)
     arms = []
     model_args = ["-m", a.model, "--beam-size", str(a.beam_size)]
-    if not a.no_cpu:
+    if not a.no_cpu and not a.batched_only:
         arms.append(("lfm --cpu", *time_lfm(a.binary, ["--cpu", *model_args], audio, a.reps)))
-    if not a.no_gpu:
+    if not a.no_gpu and not a.batched_only:
         arms.append(("lfm (GPU)", *time_lfm(a.binary, model_args, audio, a.reps)))
-    features = [("", [], dict(beam_size=a.beam_size))]
-    if a.features:
+    features = [] if a.batched_only else [("", [], dict(beam_size=a.beam_size))]
+    if a.features and not a.batched_only:
         features += [(" --word-timestamps", ["--word-timestamps"],
                       dict(beam_size=a.beam_size, word_timestamps=True)),
                      (" --vad", ["--vad"], dict(beam_size=a.beam_size, vad_filter=True))]
@@ -127,6 +175,18 @@ def main():
             if not a.no_gpu:
                 arms.append((f"lfm (GPU){label}", *time_lfm(a.binary, [*flags, *model_args],
                                                                     audio, a.reps)))
+    batch_sizes = [int(b) for b in a.batch_sizes.split(",") if b]
+    for b in batch_sizes:
+        flags = ["--batch-size", str(b)] + (["--cpu"] if a.no_gpu else [])
+        arms.append((f"lfm{' --cpu' if a.no_gpu else ' (GPU)'} --batch-size {b}",
+                     *time_lfm(a.binary, [*flags, *model_args], audio, a.reps)))
+        try:
+            t, text = time_faster_whisper_batched(a.model, audio, a.reps, a.fw_device,
+                                                  a.fw_compute_type, a.fw_threads, b, a.beam_size)
+            arms.append((f"faster-whisper batched {b} {a.fw_device} {a.fw_compute_type}", t, text,
+                         a.fw_device))
+        except Exception as e:  # reported, not fatal
+            print(f"faster-whisper batched {b} did not run: {e}", file=sys.stderr)
     for label, _, extra in features:
         try:
             t, text = time_faster_whisper(a.model, audio, a.reps, a.fw_device, a.fw_compute_type,

@@ -9,6 +9,12 @@
 # ~119 s), same CTranslate2 files, same options (scripts/bench/transcribe.py),
 # beam sizes BEAMS (default "1 5"), REPS runs each (default 3), for each
 # model in MODELS that was carried (default whisper-tiny.en whisper-base).
+# Then the batched pipelines (unless BATCHES is empty; default "8 32"): ours
+# (--batch-size N) against faster-whisper's BatchedInferencePipeline on
+# CUDA, the same 30 s clips of the clips concatenated BATCH_REPEAT times
+# (default 16: ~476 s, 16 windows). Every lfm arm prints its profile line
+# (encoder, decoder passes and their cost, host search, submissions, bytes
+# read back): where its time goes.
 #
 # ctranslate2's wheel opens libcublas.so.12 at run time; the image has
 # CUDA 13's cuBLAS (torch's nvidia-cublas), and cuDNN 9 (libcudnn.so.9,
@@ -83,6 +89,13 @@ for model in ${MODELS:-whisper-tiny.en whisper-base}; do
             --repeat "${REPEAT:-4}" --beam-size "$beam" --no-cpu --no-gpu --fw-device cpu \
             --fw-compute-type int8 --fw-threads "$(nproc)" \
             --json "$R/$model-b$beam-cpu.json" | tee "$R/$model-b$beam-cpu.md"
+        if [[ -n ${BATCHES-8 32} ]]; then
+            echo "== $model, beam $beam, batched ${BATCHES-8 32}: lfm GPU, faster-whisper cuda float16"
+            python3 scripts/bench/transcribe.py --model "samples/models/$model" --reps "${REPS:-3}" \
+                --repeat "${BATCH_REPEAT:-16}" --beam-size "$beam" --no-cpu --batched-only \
+                --batch-sizes "$(echo ${BATCHES-8 32} | tr ' ' ,)" --fw-device cuda --fw-compute-type float16 \
+                --json "$R/$model-b$beam-batched.json" | tee "$R/$model-b$beam-batched.md"
+        fi
     done
 done
 echo "== done; results in $R"

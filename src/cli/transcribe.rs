@@ -5,10 +5,12 @@ use crate::models::whisper::gpu::GpuBackend;
 use crate::models::whisper::mel::SAMPLE_RATE;
 use crate::models::whisper::WhisperFiles;
 use crate::run::audio;
+use crate::run::transcribe::batch::{self, Batched, Chunk};
 use crate::run::transcribe::output::{Format, SubtitleOptions, Writer};
+use crate::run::transcribe::profile::{Profile, Profiled, ProfiledFeatures};
 use crate::run::transcribe::stream::StreamedMel;
 use crate::run::transcribe::vad::{self, VadOptions};
-use crate::run::transcribe::{self, Backend, CpuBackend, Options, Task};
+use crate::run::transcribe::{self, Backend, CpuBackend, Options, Task, Transcript};
 use crate::util::atomic_write::AtomicFile;
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -113,6 +115,16 @@ pub struct Args {
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
 
+    /// Decode up to N windows at once, of one input or several, as
+    /// faster-whisper's batched pipeline: the audio is cut into 30 s clips
+    /// (with --vad: its speech, joined into pieces of at most 30 s) before
+    /// decoding, and every window is decoded from the same prompt (no
+    /// previous text), at the first temperature only (no fallback), never
+    /// skipped as silence. Without it, windows follow each other
+    /// (openai-whisper's sequential transcription).
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u16).range(1..=256))]
+    pub batch_size: Option<u16>,
+
     /// Place every word in time (json: start, end and probability per word;
     /// srt/vtt: cues built from the words), as faster-whisper does.
     #[arg(long)]
@@ -167,9 +179,10 @@ pub struct Args {
     #[arg(long, value_name = "S", requires = "vad", value_parser = super::values::positive_f32)]
     pub vad_max_speech_duration_s: Option<f32>,
 
-    /// A speech chunk ends after this much silence.
-    #[arg(long, value_name = "MS", default_value_t = 2000, requires = "vad")]
-    pub vad_min_silence_duration_ms: u32,
+    /// A speech chunk ends after this much silence (default 2000; 160
+    /// with --batch-size, as faster-whisper's batched pipeline).
+    #[arg(long, value_name = "MS", requires = "vad")]
+    pub vad_min_silence_duration_ms: Option<u32>,
 
     /// Audio kept on each side of a speech chunk.
     #[arg(long, value_name = "MS", default_value_t = 400, requires = "vad")]
@@ -229,7 +242,9 @@ impl Args {
             neg_threshold: self.vad_neg_threshold.map(wide),
             min_speech_duration_ms: self.vad_min_speech_duration_ms,
             max_speech_duration_s: self.vad_max_speech_duration_s.map_or(f64::INFINITY, wide),
-            min_silence_duration_ms: self.vad_min_silence_duration_ms,
+            min_silence_duration_ms: self
+                .vad_min_silence_duration_ms
+                .unwrap_or(if self.batch_size.is_some() { 160 } else { 2000 }),
             speech_pad_ms: self.vad_speech_pad_ms,
         })
     }
@@ -401,14 +416,29 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         || Ok(None),
         |gpu| {
             let name = format!("gpu ({})", gpu.info.name);
-            let seqs = opts.max_sequences();
-            Ok(Some((GpuBackend::new(gpu, &files.model, seqs)?, name)))
+            let (seqs, windows) = match args.batch_size {
+                Some(n) => (n as usize * batch::sequences(&opts), n as usize),
+                None => (opts.max_sequences(), 1),
+            };
+            Ok(Some((
+                GpuBackend::new(gpu, &files.model, seqs, windows)?,
+                name,
+            )))
         },
     )?;
     let (backend, device): (&mut dyn Backend, String) = match &mut gpu_backend {
         Some((b, name)) => (b, name.clone()),
         None => (&mut cpu_backend, "cpu".into()),
     };
+    if let Some(n) = args.batch_size {
+        let setup = Setup {
+            opts: &opts,
+            subtitles,
+            files: &files,
+            vad: vad.as_ref(),
+        };
+        return run_batched(&args, &setup, backend, &outputs, n as usize, &device);
+    }
 
     let mut failed = 0usize;
     for (input, output) in args.audio.iter().zip(&outputs) {
@@ -420,20 +450,27 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         };
         let result = transcribe_one(&args, &setup, backend, input, output.as_deref());
         match result {
-            Ok(t) => crate::util::log::notice(&format!(
-                "transcribe: {}: {:.1} s of audio in {:.2} s (real-time factor {:.3}; load {:.2} s), {} segments{}, language {}, {}",
-                input.display(),
-                t.duration,
-                t.seconds,
-                t.seconds / t.duration.max(1e-9),
-                (t_loaded - t0).as_secs_f64(),
-                t.segments,
-                t.speech.map_or(String::new(), |(n, s)| format!(
-                    " from {n} speech chunks ({s:.1} s)"
-                )),
-                t.language,
-                device
-            )),
+            Ok(t) => {
+                crate::util::log::notice(&format!(
+                    "transcribe: {}: {:.1} s of audio in {:.2} s (real-time factor {:.3}; load {:.2} s), {} segments{}, language {}, {}",
+                    input.display(),
+                    t.duration,
+                    t.seconds,
+                    t.seconds / t.duration.max(1e-9),
+                    (t_loaded - t0).as_secs_f64(),
+                    t.segments,
+                    t.speech.map_or(String::new(), |(n, s)| format!(
+                        " from {n} speech chunks ({s:.1} s)"
+                    )),
+                    t.language,
+                    device
+                ));
+                crate::util::log::notice(&format!(
+                    "transcribe: {}: {}",
+                    input.display(),
+                    t.profile.summary(t.elapsed)
+                ));
+            }
             Err(e) if args.audio.len() == 1 => return Err(e),
             Err(e) => {
                 failed += 1;
@@ -476,6 +513,9 @@ struct Done {
     language: String,
     /// With --vad: the speech chunks found and their seconds.
     speech: Option<(usize, f64)>,
+    /// Where the time went.
+    profile: Profile,
+    elapsed: std::time::Duration,
 }
 
 /// What every input is transcribed with.
@@ -550,11 +590,13 @@ fn transcribe_one(
         bar.suspend(|| writer.segment(seg))
             .map_err(|e| crate::Error::io(&label, e))
     };
+    let mut profiled = Profiled::new(backend);
+    let mut features_time = std::time::Duration::ZERO;
     let (transcript, speech) = match &mut signal {
         Signal::Whole(audio, (model, vad_opts)) => {
             let t = vad::transcribe_speech(
                 files,
-                backend,
+                &mut profiled,
                 model,
                 &audio.samples,
                 opts,
@@ -565,11 +607,24 @@ fn transcribe_one(
                 t.speech.iter().map(|s| s.end - s.start).sum::<usize>() as f64 / SAMPLE_RATE as f64;
             (t.transcript, Some((t.speech.len(), seconds)))
         }
-        Signal::Streamed(mel) => (
-            transcribe::transcribe_features(files, backend, mel, opts, &mut on_segment)?,
-            None,
-        ),
+        Signal::Streamed(mel) => {
+            let mut mel = ProfiledFeatures {
+                inner: mel,
+                time: std::time::Duration::ZERO,
+            };
+            let t = transcribe::transcribe_features(
+                files,
+                &mut profiled,
+                &mut mel,
+                opts,
+                &mut on_segment,
+            )?;
+            features_time = mel.time;
+            (t, None)
+        }
     };
+    let mut profile = profiled.finish();
+    profile.features = features_time;
     bar.finish_and_clear();
     if transcript
         .language_probability
@@ -589,5 +644,288 @@ fn transcribe_one(
         segments: transcript.segments.len(),
         language: transcript.language.clone(),
         speech,
+        profile,
+        elapsed: start.elapsed(),
     })
+}
+
+/// One input of a batched run: where its chunks come from and where its
+/// transcript goes.
+struct Job {
+    input: PathBuf,
+    label: PathBuf,
+    writer: Writer<Out>,
+    /// Its 30 s clips as they are read, or its speech pieces (VAD).
+    source: ChunkSource,
+    transcript: Transcript,
+    /// The language token, once found on the first chunk.
+    language: Option<Option<u32>>,
+    /// With --vad: the map back to the recording's time, and the speech.
+    map: Option<transcribe::vad::SpeechMap>,
+    speech: Option<(usize, f64)>,
+    /// Chunks read but not decoded yet; whether the source is done.
+    pending: usize,
+    exhausted: bool,
+}
+
+enum ChunkSource {
+    Stream {
+        stream: audio::Stream,
+        buf: Vec<f32>,
+        /// Samples handed out so far.
+        read: usize,
+        ended: bool,
+    },
+    Pieces(std::collections::VecDeque<(f64, Vec<f32>)>),
+}
+
+impl ChunkSource {
+    /// The next chunk and where it starts (seconds), if any.
+    fn next(&mut self) -> crate::Result<Option<(f64, Vec<f32>)>> {
+        match self {
+            ChunkSource::Pieces(p) => Ok(p.pop_front()),
+            ChunkSource::Stream {
+                stream,
+                buf,
+                read,
+                ended,
+            } => {
+                while buf.len() < batch::CHUNK_SAMPLES && !*ended {
+                    match stream.next_piece()? {
+                        Some(p) => buf.extend_from_slice(&p),
+                        None => *ended = true,
+                    }
+                }
+                if buf.is_empty() {
+                    return Ok(None);
+                }
+                let take = buf.len().min(batch::CHUNK_SAMPLES);
+                let offset = *read as f64 / SAMPLE_RATE as f64;
+                *read += take;
+                Ok(Some((offset, buf.drain(..take).collect())))
+            }
+        }
+    }
+}
+
+/// Opens one input of a batched run: its output, and its chunks (a stream
+/// of 30 s clips, or with VAD its speech pieces, read whole).
+fn open_job(
+    args: &Args,
+    setup: &Setup,
+    input: &Path,
+    output: Option<&Path>,
+) -> anyhow::Result<Job> {
+    let audio_in = audio::Input::open(input)?;
+    let (source, map, speech, duration) = match setup.vad {
+        Some((model, o)) => {
+            let a = audio_in.load(SAMPLE_RATE as u32)?;
+            for w in &a.warnings {
+                crate::util::log::notice(w);
+            }
+            let (pieces, map) = batch::chunks_of(&a.samples, Some((model, o)));
+            let seconds =
+                pieces.iter().map(|(_, p)| p.len()).sum::<usize>() as f64 / SAMPLE_RATE as f64;
+            let n = pieces.len();
+            (
+                ChunkSource::Pieces(pieces.into()),
+                map,
+                Some((n, seconds)),
+                a.seconds(),
+            )
+        }
+        None => (
+            ChunkSource::Stream {
+                stream: audio_in.stream(SAMPLE_RATE as u32)?,
+                buf: Vec::new(),
+                read: 0,
+                ended: false,
+            },
+            None,
+            None,
+            0.0,
+        ),
+    };
+    let (sink, label) = match output {
+        Some(p) => (
+            Out::File(AtomicFile::create(p, args.force)?),
+            p.to_path_buf(),
+        ),
+        None => (
+            Out::Stdout(std::io::stdout().lock()),
+            PathBuf::from("<stdout>"),
+        ),
+    };
+    Ok(Job {
+        input: input.to_path_buf(),
+        label,
+        writer: Writer::with_subtitles(args.format, sink, setup.subtitles),
+        source,
+        transcript: Transcript {
+            text: String::new(),
+            language: String::new(),
+            language_probability: None,
+            duration,
+            segments: Vec::new(),
+        },
+        language: None,
+        map,
+        speech,
+        pending: 0,
+        exhausted: false,
+    })
+}
+
+/// `--batch-size N`: the inputs' chunks decoded N windows at a time, in
+/// input order; each transcript is written when its last chunk is done.
+/// An input that cannot be read is reported and the others go on.
+fn run_batched(
+    args: &Args,
+    setup: &Setup,
+    backend: &mut dyn Backend,
+    outputs: &[Option<PathBuf>],
+    batch_size: usize,
+    device: &str,
+) -> anyhow::Result<()> {
+    let files = setup.files;
+    let start = Instant::now();
+    let mut profiled = Profiled::new(backend);
+    let mut batched = Batched::new(files, setup.opts)?;
+    let weights = files.dir.join("model.bin");
+    let mut jobs: Vec<Option<Job>> = Vec::new();
+    let mut next_input = 0;
+    let mut failed = 0usize;
+    let mut audio_seconds = 0.0;
+    let mut last_speech = std::collections::HashMap::new();
+    let fail = |input: &Path, e: &dyn std::fmt::Display, failed: &mut usize| {
+        *failed += 1;
+        eprintln!("error: {}: {e}", input.display());
+    };
+    loop {
+        // Fill a batch: the chunks of the earliest inputs first.
+        let mut chunks: Vec<Chunk> = Vec::new();
+        while chunks.len() < batch_size {
+            let reading = jobs
+                .iter()
+                .position(|j| j.as_ref().is_some_and(|j| !j.exhausted));
+            let Some(j) = reading else {
+                if next_input == args.audio.len() {
+                    break;
+                }
+                let (input, output) = (&args.audio[next_input], &outputs[next_input]);
+                next_input += 1;
+                match open_job(args, setup, input, output.as_deref()) {
+                    Ok(job) => jobs.push(Some(job)),
+                    Err(e) => {
+                        fail(input, &super::one_line(&e), &mut failed);
+                        jobs.push(None);
+                    }
+                }
+                continue;
+            };
+            let job = jobs[j].as_mut().expect("an open job");
+            match job.source.next() {
+                Ok(Some((offset, samples))) => {
+                    let language = match job.language {
+                        Some(l) => l,
+                        None => {
+                            let (token, p) = batched.language(&mut profiled, &samples)?;
+                            job.transcript.language_probability = p;
+                            *job.language.insert(token)
+                        }
+                    };
+                    job.pending += 1;
+                    chunks.push(Chunk {
+                        input: j,
+                        offset,
+                        samples,
+                        language,
+                    });
+                }
+                Ok(None) => job.exhausted = true,
+                Err(e) => {
+                    fail(&job.input, &e, &mut failed);
+                    chunks.retain(|c| c.input != j);
+                    jobs[j] = None;
+                }
+            }
+        }
+        if chunks.is_empty() && jobs.iter().all(Option::is_none) {
+            break;
+        }
+        if !chunks.is_empty() {
+            let results = batched.decode(&mut profiled, &chunks, &mut last_speech)?;
+            for (chunk, segs) in chunks.iter().zip(results) {
+                let Some(job) = jobs[chunk.input].as_mut() else {
+                    continue;
+                };
+                job.pending -= 1;
+                if job.map.is_none() {
+                    job.transcript.duration += chunk.samples.len() as f64 / SAMPLE_RATE as f64;
+                }
+                for mut seg in segs {
+                    if !seg.avg_logprob.is_finite()
+                        || seg.tokens.iter().any(|t| !t.logprob.is_finite())
+                    {
+                        anyhow::bail!(crate::Error::format(
+                            &weights,
+                            "the model produced NaN or infinite log probabilities (damaged weights?)",
+                        ));
+                    }
+                    if let Some(map) = &job.map {
+                        map.restore(&mut seg);
+                    }
+                    seg.id = job.transcript.segments.len();
+                    job.writer
+                        .segment(&seg)
+                        .map_err(|e| crate::Error::io(&job.label, e))?;
+                    job.transcript.text.push_str(&seg.text);
+                    job.transcript.segments.push(seg);
+                }
+            }
+        }
+        // Inputs read to their end and decoded: their transcripts are done.
+        for slot in jobs.iter_mut() {
+            if slot.as_ref().is_some_and(|j| j.exhausted && j.pending == 0) {
+                let mut job = slot.take().expect("checked");
+                job.transcript.language = batched.language_code(job.language.flatten());
+                audio_seconds += job.transcript.duration;
+                let (input, label) = (job.input.clone(), job.label.clone());
+                let finished = job
+                    .writer
+                    .finish(&job.transcript)
+                    .map_err(|e| crate::Error::io(&label, e))
+                    .and_then(|sink| match sink {
+                        Out::File(f) => f.commit(),
+                        Out::Stdout(_) => Ok(()),
+                    });
+                match finished {
+                    Ok(()) => crate::util::log::notice(&format!(
+                        "transcribe: {}: {:.1} s of audio, {} segments{}, language {}",
+                        input.display(),
+                        job.transcript.duration,
+                        job.transcript.segments.len(),
+                        job.speech.map_or(String::new(), |(n, s)| format!(
+                            " from {n} speech chunks ({s:.1} s)"
+                        )),
+                        job.transcript.language,
+                    )),
+                    Err(e) => fail(&input, &e, &mut failed),
+                }
+            }
+        }
+    }
+    let elapsed = start.elapsed();
+    let profile = profiled.finish();
+    crate::util::log::notice(&format!(
+        "transcribe: {} inputs, {audio_seconds:.1} s of audio in {:.2} s (real-time factor {:.3}), batches of {batch_size}, {device}",
+        args.audio.len() - failed,
+        elapsed.as_secs_f64(),
+        elapsed.as_secs_f64() / audio_seconds.max(1e-9),
+    ));
+    crate::util::log::notice(&format!("transcribe: {}", profile.summary(elapsed)));
+    if failed > 0 {
+        anyhow::bail!("{failed} of {} inputs failed", args.audio.len());
+    }
+    Ok(())
 }

@@ -13,6 +13,7 @@ pub mod matmul;
 pub mod norm;
 pub mod pool;
 pub mod speech;
+pub mod whisper;
 
 pub use activation::*;
 pub use attention::*;

@@ -1,11 +1,13 @@
-//! Kernels of the Whisper encoder beyond the shared dense ones: the 1-D
-//! im2col of its conv stem and the tiled attention of its long sequences.
-//! CPU twins: `models::whisper::model::im2col_1d`, `cpu::attention`.
+//! Kernels of Whisper beyond the shared dense ones: the 1-D im2col of its
+//! conv stem, the tiled attention of its long sequences (the encoder's, and
+//! the decoder's cross-attention to them), and the choice of the next token
+//! under Whisper's rules. CPU twins: `models::whisper::model::im2col_1d`,
+//! `cpu::attention`, `cpu::whisper::whisper_select`.
 
 use super::kernels::{Binding, Kernel, Variant};
 use super::ops::{groups_1d, Dispatch};
 use super::Gpu;
-use crate::cpu::AttentionShape;
+use crate::cpu::{self, AttentionShape};
 use crate::error::Result;
 use crate::kernel;
 
@@ -35,7 +37,6 @@ kernel!(
 #[repr(C)]
 #[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
 struct AttentionTiledParams {
-    rows: u32,
     heads: u32,
     q_stride: u32,
     k_stride: u32,
@@ -44,10 +45,8 @@ struct AttentionTiledParams {
     k_col: u32,
     v_col: u32,
     scale: f32,
-    kv_rows: u32,
-    _pad: [u32; 2],
 }
-const _: () = assert!(std::mem::size_of::<AttentionTiledParams>() == 48);
+const _: () = assert!(std::mem::size_of::<AttentionTiledParams>() == 32);
 
 kernel!(
     ATTENTION_TILED,
@@ -57,9 +56,37 @@ kernel!(
         Binding::read("q"),
         Binding::read("k"),
         Binding::read("v"),
+        Binding::read("seqs"),
         Binding::write("out"),
     ],
     AttentionTiledParams,
+    [&[]]
+);
+
+#[repr(C)]
+#[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
+struct SelectParams {
+    vocab: u32,
+    timestamp_begin: u32,
+    k: u32,
+    timestamps: u32,
+    words: u32,
+    neg_inf_bits: u32,
+    _pad: [u32; 2],
+}
+const _: () = assert!(std::mem::size_of::<SelectParams>() == 32);
+
+kernel!(
+    WHISPER_SELECT,
+    "whisper_select",
+    "whisper_select.wgsl",
+    [
+        Binding::read("logits"),
+        Binding::read("rules"),
+        Binding::read("masks"),
+        Binding::write("out"),
+    ],
+    SelectParams,
     [&[]]
 );
 
@@ -67,12 +94,15 @@ kernel!(
 pub const ATTENTION_TILED_MAX_HEAD_DIM: usize = 64;
 
 /// The kernels declared in this module.
-pub static KERNELS: &[&Kernel] = &[&IM2COL_1D, &ATTENTION_TILED];
+pub static KERNELS: &[&Kernel] = &[&IM2COL_1D, &ATTENTION_TILED, &WHISPER_SELECT];
 
-/// Non-causal attention of `rows` queries over `kv_rows` keys (one
-/// sequence), for the long sequences of the encoder (`kv_rows == rows`) and
-/// the decoder's cross-attention to them; same maths as `cpu::attention`
-/// with one span of `rows` queries and `kv_rows` keys. out: [rows, heads * head_dim].
+/// Non-causal attention over the spans `seqs` (uploaded as `seqs_buf` =
+/// `gpu::dense::pack_seqs`): span i's `q_len` query rows from `q_start`
+/// attend to its `kv_len` keys from `kv_start`; at most `max_q_len` query
+/// rows a span. For the long sequences of the encoder (one span of 1500
+/// rows over themselves) and the decoder's cross-attention (each
+/// sequence's few rows over its window's 1500 audio positions); same maths
+/// as `cpu::attention` over those spans. out: [rows, heads * head_dim].
 ///
 /// `gpu::dense::attention` gives each query row its own thread with
 /// head-size registers; on Mesa lavapipe (22.3) that kernel writes only the
@@ -86,9 +116,10 @@ pub fn attention_tiled(
     q: &wgpu::Buffer,
     k: &wgpu::Buffer,
     v: &wgpu::Buffer,
+    seqs_buf: &wgpu::Buffer,
+    n_seqs: usize,
+    max_q_len: usize,
     out: &wgpu::Buffer,
-    rows: usize,
-    kv_rows: usize,
     shape: &AttentionShape,
 ) -> Result<Dispatch> {
     assert!(
@@ -100,14 +131,18 @@ pub fn attention_tiled(
         "attention_tiled: head_dim {} must be a multiple of 4 up to {ATTENTION_TILED_MAX_HEAD_DIM}",
         shape.head_dim
     );
-    if rows == 0 || kv_rows == 0 || rows.div_ceil(16) > 65535 || shape.heads > 65535 {
+    if n_seqs == 0
+        || max_q_len == 0
+        || max_q_len.div_ceil(16) > 65535
+        || shape.heads > 65535
+        || n_seqs > 65535
+    {
         return Err(crate::Error::gpu(format!(
-            "attention of {rows} rows over {kv_rows} keys and {} heads cannot be dispatched",
+            "attention of {n_seqs} spans of up to {max_q_len} rows and {} heads cannot be dispatched",
             shape.heads
         )));
     }
     let params = AttentionTiledParams {
-        rows: rows as u32,
         heads: shape.heads as u32,
         q_stride: shape.q_stride as u32,
         k_stride: shape.k_stride as u32,
@@ -116,14 +151,64 @@ pub fn attention_tiled(
         k_col: shape.k_col as u32,
         v_col: shape.v_col as u32,
         scale: shape.scale,
-        kv_rows: kv_rows as u32,
-        _pad: [0; 2],
     };
     let variant = Variant::default().with("HEAD_DIM", shape.head_dim as u32);
-    let bound = gpu.bind(&ATTENTION_TILED, &variant, &[q, k, v, out], &params)?;
+    let bound = gpu.bind(
+        &ATTENTION_TILED,
+        &variant,
+        &[q, k, v, seqs_buf, out],
+        &params,
+    )?;
     Ok(Dispatch {
         bound,
-        groups: [rows.div_ceil(16) as u32, shape.heads as u32, 1],
+        groups: [
+            max_q_len.div_ceil(16) as u32,
+            shape.heads as u32,
+            n_seqs as u32,
+        ],
+    })
+}
+
+/// Whisper's choice of the next token for each of `rows` rows of `logits`
+/// ([rows, rules.vocab]) under its rule in `rules_buf` (`rows` x
+/// [`cpu::whisper::RowRule`]) and the run's token sets in `masks_buf`
+/// ([`cpu::whisper::SelectRules::masks`]): the k likeliest tokens, their
+/// log probabilities and the probe's, into `out` ([rows,
+/// `cpu::whisper::select_words(k)`] u32). CPU twin:
+/// [`cpu::whisper::whisper_select`].
+#[allow(clippy::too_many_arguments)]
+pub fn whisper_select(
+    gpu: &Gpu,
+    logits: &wgpu::Buffer,
+    rules_buf: &wgpu::Buffer,
+    masks_buf: &wgpu::Buffer,
+    out: &wgpu::Buffer,
+    rows: usize,
+    rules: &cpu::whisper::SelectRules,
+    k: usize,
+) -> Result<Dispatch> {
+    assert!(
+        rows > 0 && rows <= 65535 && k <= rules.vocab,
+        "whisper_select: {rows} rows, k {k}"
+    );
+    let params = SelectParams {
+        vocab: rules.vocab as u32,
+        timestamp_begin: rules.timestamp_begin,
+        k: k as u32,
+        timestamps: rules.timestamps as u32,
+        words: cpu::whisper::mask_words(rules.vocab) as u32,
+        neg_inf_bits: f32::NEG_INFINITY.to_bits(),
+        _pad: [0; 2],
+    };
+    let bound = gpu.bind(
+        &WHISPER_SELECT,
+        &Variant::default(),
+        &[logits, rules_buf, masks_buf, out],
+        &params,
+    )?;
+    Ok(Dispatch {
+        bound,
+        groups: [rows as u32, 1, 1],
     })
 }
 

@@ -1,6 +1,7 @@
 //! Parity cases for the Whisper-specific kernels in `gpu::whisper`.
 
 use super::{assert_close, Case};
+use lfm::cpu::whisper::{self as select, RowRule, SelectRules, NO_TOKEN, ROW_FIRST};
 use lfm::cpu::{self, AttentionShape, SeqSpan};
 use lfm::gpu::whisper as wgpu_ops;
 use lfm::gpu::{Gpu, Variant};
@@ -15,6 +16,10 @@ pub const CASES: &[Case] = &[
     Case {
         kernel: "attention_tiled",
         run: attention_tiled,
+    },
+    Case {
+        kernel: "whisper_select",
+        run: whisper_select,
     },
 ];
 
@@ -58,18 +63,22 @@ fn im2col_1d(gpu: &Gpu, _v: &Variant) {
 
 fn attention_tiled(gpu: &Gpu, _v: &Variant) {
     let mut rng = Rng::new(12);
-    // (rows, kv_rows, heads, head_dim, fused): Whisper's encoder length (1500
-    // positions, heads of 64, fused QKV), partial tiles, other head sizes,
-    // and the decoder's cross-attention (a few query rows over 1500 keys).
-    for (rows, kv_rows, heads, hd, fused) in [
-        (1500, 1500, 2, 64, true),
-        (1, 1, 2, 64, true),
-        (33, 33, 3, 32, false),
-        (257, 257, 1, 4, false),
-        (65, 65, 8, 64, false),
-        (5, 1500, 6, 64, false),
-        (17, 33, 2, 64, false),
-    ] {
+    // (spans as (q_len, kv_len), heads, head_dim, fused): Whisper's encoder
+    // length (1500 positions, heads of 64, fused QKV), partial tiles, other
+    // head sizes, and the decoder's cross-attention (a few query rows of
+    // each sequence over its own window's 1500 keys, windows shared and
+    // out of order).
+    type Spans = &'static [(usize, usize)];
+    let cases: [(Spans, usize, usize, bool); 7] = [
+        (&[(1500, 1500)], 2, 64, true),
+        (&[(1, 1)], 2, 64, true),
+        (&[(33, 33)], 3, 32, false),
+        (&[(257, 257)], 1, 4, false),
+        (&[(65, 65)], 8, 64, false),
+        (&[(5, 1500), (5, 1500), (5, 1500)], 6, 64, false),
+        (&[(17, 33), (1, 20), (40, 7)], 2, 64, false),
+    ];
+    for (lens, heads, hd, fused) in cases {
         let d = heads * hd;
         let (stride, cols) = if fused {
             (3 * d, (0, d, 2 * d))
@@ -90,40 +99,173 @@ fn attention_tiled(gpu: &Gpu, _v: &Variant) {
             k_col: cols.1,
             v_col: cols.2,
         };
+        let rows: usize = lens.iter().map(|l| l.0).sum();
+        let kv_total: usize = lens.iter().map(|l| l.1).sum();
+        // Key blocks in reverse order of the spans, the first shared by two.
+        let mut spans = Vec::new();
+        let (mut q_at, mut kv_at) = (0, kv_total);
+        for (i, &(q_len, kv_len)) in lens.iter().enumerate() {
+            if i != 1 || lens.len() < 3 {
+                kv_at -= kv_len;
+            }
+            spans.push(SeqSpan {
+                q_start: q_at,
+                q_len,
+                kv_start: kv_at,
+                kv_len,
+            });
+            q_at += q_len;
+        }
         let q = rng.vec(rows * stride, -2.0, 2.0);
         let (k, v) = if fused {
             (q.clone(), q.clone())
         } else {
             (
-                rng.vec(kv_rows * stride, -2.0, 2.0),
-                rng.vec(kv_rows * stride, -2.0, 2.0),
+                rng.vec(kv_total * stride, -2.0, 2.0),
+                rng.vec(kv_total * stride, -2.0, 2.0),
             )
         };
-        let span = SeqSpan {
-            q_start: 0,
-            q_len: rows,
-            kv_start: 0,
-            kv_len: kv_rows,
-        };
         let mut want = vec![0.0; rows * d];
-        cpu::attention(&q, &k, &v, &[span], &shape, &mut want);
+        cpu::attention(&q, &k, &v, &spans, &shape, &mut want);
         let gq = gpu.upload_f32("q", &q).unwrap();
         let gk = gpu.upload_f32("k", &k).unwrap();
         let gv = gpu.upload_f32("v", &v).unwrap();
+        let seqs = gpu
+            .upload_u32("seqs", &lfm::gpu::dense::pack_seqs(&spans))
+            .unwrap();
         let out = gpu.poisoned_f32("out", rows * d).unwrap();
-        let disp =
-            wgpu_ops::attention_tiled(gpu, &gq, &gk, &gv, &out, rows, kv_rows, &shape).unwrap();
+        let longest = lens.iter().map(|l| l.0).max().unwrap();
+        let disp = wgpu_ops::attention_tiled(
+            gpu,
+            &gq,
+            &gk,
+            &gv,
+            &seqs,
+            spans.len(),
+            longest,
+            &out,
+            &shape,
+        )
+        .unwrap();
         gpu.run_all(&[&disp]).unwrap();
         let got = gpu.read_f32(&out).unwrap();
         // f32 scores and sums in another order (online softmax by tiles of
         // 16): ~1e-6 relative, squared ~1e-12; a wrong key is off by O(1).
         assert_close(
-            &format!(
-                "attention_tiled rows={rows} kv_rows={kv_rows} heads={heads} head_dim={hd} fused={fused}"
-            ),
+            &format!("attention_tiled spans={lens:?} heads={heads} head_dim={hd} fused={fused}"),
             &got[..rows * d],
             &want,
             1e-10,
         );
+    }
+}
+
+fn whisper_select(gpu: &Gpu, _v: &Variant) {
+    let mut rng = Rng::new(13);
+    // Whisper's vocabulary (51864: text below 50257, timestamps from 50364)
+    // and an odd small one.
+    for (vocab, tb, eot) in [(51864usize, 50364u32, 50256u32), (1025, 1000, 900)] {
+        let rules = SelectRules {
+            vocab,
+            timestamp_begin: tb,
+            timestamps: true,
+            masks: select::token_masks(
+                vocab,
+                &(0..vocab as u32).filter(|t| t % 7 == 3).collect::<Vec<_>>(),
+                &[220, eot],
+            ),
+        };
+        let open = RowRule {
+            text_end: 0,
+            ts_from: 0,
+            ts_end: vocab as u32,
+            flags: 0,
+            probe: NO_TOKEN,
+            _pad: [0; 3],
+        };
+        // Every kind of row the search sends: the first token (blank
+        // suppression, text banned, initial timestamps only), after a
+        // closed pair (no timestamps), after an opened segment (no text, no
+        // earlier timestamp), in text, the raw distribution with a probe,
+        // timestamps likelier than text, and damaged logits.
+        let rows = [
+            RowRule {
+                text_end: tb,
+                ts_end: tb + 51,
+                flags: ROW_FIRST,
+                ..open
+            },
+            RowRule {
+                ts_from: tb + 20,
+                ts_end: tb,
+                ..open
+            },
+            RowRule {
+                text_end: eot,
+                ts_from: tb + 20,
+                ..open
+            },
+            RowRule {
+                ts_from: tb + 3,
+                probe: eot,
+                ..open
+            },
+            RowRule::raw(vocab, 7),
+            open,
+            open,
+        ];
+        let mut logits = rng.vec(rows.len() * vocab, -8.0, 8.0);
+        for t in tb as usize..vocab {
+            logits[5 * vocab + t] += 12.0;
+        }
+        logits[6 * vocab + 17] = f32::NAN;
+        for k in [1, 6, 33] {
+            let want = select::whisper_select(&logits, &rules, &rows, k);
+            let g_logits = gpu.upload_f32("logits", &logits).unwrap();
+            let g_rules = gpu.upload("rules", bytemuck::cast_slice(&rows)).unwrap();
+            let g_masks = gpu.upload_u32("masks", &rules.masks).unwrap();
+            let out = gpu
+                .poisoned_f32("picks", rows.len() * select::select_words(k))
+                .unwrap();
+            let d = wgpu_ops::whisper_select(
+                gpu,
+                &g_logits,
+                &g_rules,
+                &g_masks,
+                &out,
+                rows.len(),
+                &rules,
+                k,
+            )
+            .unwrap();
+            gpu.run_all(&[&d]).unwrap();
+            let got = gpu.read_u32(&out).unwrap();
+            let (got, want) = (select::read_picks(&got, k), select::read_picks(&want, k));
+            for (r, (g, w)) in got.iter().zip(&want).enumerate() {
+                let what = format!("whisper_select vocab={vocab} k={k} row {r}");
+                // The choice is exact: same tokens in the same order.
+                assert_eq!(g.tokens, w.tokens, "{what}: tokens");
+                if r == 6 {
+                    assert!(
+                        g.logprobs.iter().all(|v| v.is_nan()),
+                        "{what}: damage not flagged"
+                    );
+                    continue;
+                }
+                // Log probabilities: the row's log-sum-exp summed in another
+                // order (a tree over 256 threads against one pass): ~1e-6
+                // relative. Banned picks are -inf on both sides.
+                let close = |a: f32, b: f32| a == b || (a - b).abs() <= 1e-5 * (1.0 + b.abs());
+                for (a, b) in g.logprobs.iter().zip(&w.logprobs) {
+                    assert!(close(*a, *b), "{what}: log probability {a} against {b}");
+                }
+                assert!(
+                    close(g.probe, w.probe),
+                    "{what}: probe {} against {}",
+                    g.probe,
+                    w.probe
+                );
+            }
+        }
     }
 }

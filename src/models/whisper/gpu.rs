@@ -3,24 +3,25 @@
 //! then pre-norm layers of LayerNorm, fused-QKV matmul, attention, and
 //! matmuls with bias, GELU and residual fused; the final LayerNorm; and each
 //! decoder layer's cross-attention K/V projection of the output, which the
-//! GPU decoder (`gpu_decoder`) reads where it lies. One submission per 30 s
-//! window.
+//! GPU decoder (`gpu_decoder`) copies into the window's slot. One
+//! submission per batch of 30 s windows.
 //!
 //! Weights go up as f16 when they are exactly f16 (CTranslate2's f16 files),
 //! f32 otherwise. The kernels are the shared dense ones (`gpu::dense`) plus
 //! `gpu::whisper`'s `im2col_1d` and `attention_tiled`, whose CPU twins are
 //! `model::im2col_1d` and `cpu::attention`.
 
-use super::gpu_decoder::GpuDecoder;
+use super::gpu_decoder::{GpuDecoder, Readback};
 use super::model::{Config, CrossKv, LayerNorm, Linear, Whisper, LN_EPS};
-use crate::cpu::{Activation, AttentionShape};
-use crate::error::Result;
+use crate::cpu::whisper::{self as select, RowRule};
+use crate::cpu::{Activation, AttentionShape, SeqSpan};
+use crate::error::{Error, Result};
 use crate::gpu::dense::{self, pack_f16, WeightFormat};
 use crate::gpu::ops::Dispatch;
 use crate::gpu::whisper::{attention_tiled, im2col_1d};
 use crate::gpu::Gpu;
 use crate::models::whisper::mel::N_FRAMES;
-use crate::run::transcribe::Backend;
+use crate::run::transcribe::{Backend, Pick, Picks, Traffic};
 use std::sync::Arc;
 
 /// A weight matrix and its bias on the GPU.
@@ -168,6 +169,7 @@ impl GpuEncoder {
         let ff = f32s("ffn", t * d_ff)?;
         let xa = f32s("encoder.out", t * d)?;
         let positions = g.upload_f32("positions", &e.positions)?;
+        let span = g.upload_u32("encoder.span", &dense::pack_seqs(&[SeqSpan::same(0, t)]))?;
         let conv1 = GpuLinear::from(g, "conv1", &e.conv1)?;
         let conv2 = GpuLinear::from(g, "conv2", &e.conv2)?;
         let head_dim = d / c.n_audio_heads;
@@ -235,7 +237,7 @@ impl GpuEncoder {
             );
             step(
                 format!("{p}.attention"),
-                attention_tiled(g, &qkv, &qkv, &qkv, &att, t, t, &shape)?,
+                attention_tiled(g, &qkv, &qkv, &qkv, &span, 1, t, &att, &shape)?,
                 &att,
             );
             step(
@@ -292,6 +294,16 @@ impl GpuEncoder {
         self.gpu.run_all(&work)
     }
 
+    /// Records one window: its features copied from `mels` at byte
+    /// `offset` into the input, then every dispatch.
+    fn record(&self, enc: &mut wgpu::CommandEncoder, mels: &wgpu::Buffer, offset: u64) {
+        enc.copy_buffer_to_buffer(mels, offset, &self.mel, 0, self.mel.size());
+        let mut pass = enc.begin_compute_pass(&Default::default());
+        for s in &self.plan {
+            s.dispatch.record(&mut pass);
+        }
+    }
+
     /// Debug hook: runs the window one dispatch at a time and returns every
     /// step's name and output, to find the first one that diverges from the
     /// CPU reference. Slow; never used on the normal path.
@@ -334,20 +346,37 @@ impl GpuEncoder {
 pub struct GpuBackend {
     encoder: GpuEncoder,
     decoder: GpuDecoder,
-    /// The window's cross-attention state, read back once when asked for.
-    host_cross: Option<CrossKv>,
+    /// [max_windows, n_mels, 3000]: the features of a batch of windows.
+    mels: wgpu::Buffer,
+    /// Windows encoded last, and each one's cross-attention state, read
+    /// back once when asked for.
+    windows: usize,
+    host_cross: Vec<Option<CrossKv>>,
+    /// The encoder's submissions and the cross state's readbacks.
+    traffic: Traffic,
 }
 
 impl GpuBackend {
-    /// For windows decoded with at most `max_seqs` sequences at once
-    /// ([`crate::run::transcribe::Options::max_sequences`]).
-    pub fn new(gpu: Arc<Gpu>, model: &Whisper, max_seqs: usize) -> Result<GpuBackend> {
-        let encoder = GpuEncoder::new(gpu.clone(), model)?;
-        let decoder = GpuDecoder::new(gpu, model, encoder.kv.clone(), max_seqs)?;
+    /// For batches of at most `max_windows` windows decoded with at most
+    /// `max_seqs` sequences at once in all
+    /// ([`crate::run::transcribe::Options::max_sequences`] a window).
+    pub fn new(
+        gpu: Arc<Gpu>,
+        model: &Whisper,
+        max_seqs: usize,
+        max_windows: usize,
+    ) -> Result<GpuBackend> {
+        let decoder = GpuDecoder::new(gpu.clone(), model, max_seqs, max_windows)?;
+        let (max_windows, _) = decoder.capacity();
+        let bytes = (max_windows * model.config.n_mels * N_FRAMES * 4) as u64;
+        let mels = gpu.scratch("encoder.mels", bytes)?;
         Ok(GpuBackend {
-            encoder,
+            encoder: GpuEncoder::new(gpu, model)?,
             decoder,
-            host_cross: None,
+            mels,
+            windows: 0,
+            host_cross: Vec::new(),
+            traffic: Traffic::default(),
         })
     }
 
@@ -357,28 +386,154 @@ impl GpuBackend {
     }
 }
 
+/// The words a pass read back, as what `read` asked for.
+fn picks(read: &Readback, words: Vec<u32>, k: usize) -> Picks {
+    match read {
+        Readback::Logits => Picks::Logits(bytemuck::cast_vec(words)),
+        Readback::Picks { .. } => Picks::Top(select::read_picks(&words, k)),
+    }
+}
+
+/// The decoder's readback for a [`Pick`].
+fn readback<'a>(pick: &Pick<'a>) -> (Readback<'a>, usize) {
+    match *pick {
+        Pick::Logits => (Readback::Logits, 0),
+        Pick::Top { k, rules, rows } => (Readback::Picks { k, rules, rows }, k),
+    }
+}
+
 impl Backend for GpuBackend {
-    fn encode(&mut self, mel: &[f32]) -> Result<()> {
-        self.host_cross = None;
-        self.encoder.run(mel)
-    }
-
-    fn cross_kv(&mut self) -> Result<&CrossKv> {
-        if self.host_cross.is_none() {
-            self.host_cross = Some(self.encoder.cross_kv()?);
+    fn encode(&mut self, mels: &[&[f32]]) -> Result<()> {
+        let (max_windows, _) = self.decoder.capacity();
+        if mels.is_empty() || mels.len() > max_windows {
+            return Err(Error::invalid(format!(
+                "{} windows at once; this GPU backend was made for 1 to {max_windows}",
+                mels.len()
+            )));
         }
-        Ok(self.host_cross.as_ref().expect("read back just now"))
+        let c = &self.encoder.config;
+        let window = c.n_mels * N_FRAMES;
+        let gpu = &self.encoder.gpu;
+        for (w, mel) in mels.iter().enumerate() {
+            assert_eq!(mel.len(), window, "gpu encoder: mel is not [n_mels, 3000]");
+            gpu.queue.write_buffer(
+                &self.mels,
+                (w * window * 4) as u64,
+                bytemuck::cast_slice(mel),
+            );
+        }
+        let slot = self.encoder.kv[0].size();
+        let mut enc = gpu.device.create_command_encoder(&Default::default());
+        for w in 0..mels.len() {
+            self.encoder
+                .record(&mut enc, &self.mels, (w * window * 4) as u64);
+            for (kv, cross) in self.encoder.kv.iter().zip(&self.decoder.cross) {
+                enc.copy_buffer_to_buffer(kv, 0, cross, w as u64 * slot, slot);
+            }
+        }
+        gpu.submit_and_wait(enc)?;
+        self.traffic.submissions += 1;
+        self.windows = mels.len();
+        self.host_cross = vec![None; mels.len()];
+        Ok(())
     }
 
-    fn prompt(&mut self, prompt: &[u32], rows: &[usize]) -> Result<Vec<f32>> {
-        self.decoder.prompt(prompt, rows)
+    fn cross_kv(&mut self, window: usize) -> Result<&CrossKv> {
+        assert!(
+            window < self.windows,
+            "decoder: no window encoded in slot {window}"
+        );
+        if self.host_cross[window].is_none() {
+            let gpu = &self.encoder.gpu;
+            let slot = self.encoder.kv[0].size();
+            let mut kv = Vec::with_capacity(self.decoder.cross.len());
+            for cross in &self.decoder.cross {
+                let staging = gpu.staging("cross_kv.read", slot);
+                let mut enc = gpu.device.create_command_encoder(&Default::default());
+                enc.copy_buffer_to_buffer(cross, window as u64 * slot, &staging, 0, slot);
+                kv.push(bytemuck::pod_collect_to_vec(
+                    &gpu.submit_and_read(enc, &staging, slot)?,
+                ));
+                self.traffic.submissions += 1;
+                self.traffic.bytes_read += slot;
+            }
+            self.host_cross[window] = Some(CrossKv::new(kv));
+        }
+        Ok(self.host_cross[window]
+            .as_ref()
+            .expect("read back just now"))
+    }
+
+    fn prompt(
+        &mut self,
+        prompts: &[&[u32]],
+        probe: Option<(usize, u32)>,
+        pick: &Pick,
+    ) -> Result<(Vec<f32>, Picks)> {
+        let n = prompts[0].len();
+        let vocab = self.encoder.config.n_vocab;
+        let (read, k) = readback(pick);
+        // Each window's head rows: the probe's, then the last.
+        let rows: Vec<usize> = match probe {
+            Some((r, _)) => vec![r, n - 1],
+            None => vec![n - 1],
+        };
+        let per = rows.len();
+        let out = match (&read, probe) {
+            (
+                Readback::Picks {
+                    k,
+                    rules,
+                    rows: last,
+                },
+                Some((_, token)),
+            ) => {
+                let rules_rows: Vec<RowRule> = last
+                    .iter()
+                    .flat_map(|&r| [RowRule::raw(vocab, token), r])
+                    .collect();
+                let both = Readback::Picks {
+                    k: *k,
+                    rules,
+                    rows: &rules_rows,
+                };
+                self.decoder.prompt(prompts, &rows, &both)?
+            }
+            _ => self.decoder.prompt(prompts, &rows, &read)?,
+        };
+        let words_per_row = out.len() / (prompts.len() * per);
+        let mut probs = Vec::with_capacity(prompts.len());
+        let mut last = Vec::with_capacity(prompts.len() * words_per_row);
+        for w in out.chunks_exact(per * words_per_row) {
+            let (first, tail) = w.split_at((per - 1) * words_per_row);
+            probs.push(match (probe, &read) {
+                (None, _) => 0.0,
+                (Some(_), Readback::Picks { .. }) => select::read_picks(first, k)[0].probe.exp(),
+                (Some((_, token)), Readback::Logits) => {
+                    let logits: Vec<f32> = bytemuck::cast_slice(first).to_vec();
+                    select::raw_logprob(&logits, token).exp()
+                }
+            });
+            last.extend_from_slice(tail);
+        }
+        Ok((probs, picks(&read, last, k)))
     }
 
     fn select(&mut self, sources: &[usize]) -> Result<()> {
         self.decoder.select(sources)
     }
 
-    fn step(&mut self, tokens: &[u32]) -> Result<Vec<f32>> {
-        self.decoder.step(tokens)
+    fn step(&mut self, tokens: &[u32], pick: &Pick) -> Result<Picks> {
+        let (read, k) = readback(pick);
+        let words = self.decoder.step(tokens, &read)?;
+        Ok(picks(&read, words, k))
+    }
+
+    fn traffic(&self) -> Traffic {
+        let d = self.decoder.traffic;
+        Traffic {
+            submissions: self.traffic.submissions + d.submissions,
+            bytes_read: self.traffic.bytes_read + d.bytes_read,
+        }
     }
 }

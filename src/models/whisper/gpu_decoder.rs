@@ -5,24 +5,35 @@
 //! residual; LayerNorm, cross-attention over the window's K/V that the GPU
 //! encoder left on the device (`attention_tiled`), its output matmul; the
 //! MLP; then the final LayerNorm and the head (the token embedding) on the
-//! rows whose logits are wanted. One submission per step, which reads back
-//! only those logits; the search stays on the host (`run::transcribe::decode`).
+//! rows whose results are wanted, and Whisper's token choice
+//! (`whisper_select`: the logit rules, each row's likeliest tokens and their
+//! log probabilities). One submission per step, which reads back a few
+//! words a row (or, for sampling, the logits); the search stays on the host
+//! (`run::transcribe::decode`).
 //!
-//! The sequences of one step (beams, samples) are the rows of one pass;
-//! each has its own slot of `n_text_ctx` positions in the cache. Forking and
-//! reordering them ([`GpuDecoder::select`]) records cache copies that run at
-//! the start of the next step's submission. The kernels are the shared dense
-//! ones and `gpu::whisper`'s `attention_tiled`, whose CPU twins are
-//! `cpu::{layer_norm, matmul, attention, add}`.
+//! The sequences of one step (beams, samples, windows of a batch) are the
+//! rows of one pass; each has its own slot of `n_text_ctx` positions in the
+//! cache and attends to its window's cross K/V (slots of `n_audio_ctx` rows
+//! the encoder fills). Forking and reordering them ([`GpuDecoder::select`])
+//! records cache copies that run at the start of the next step's
+//! submission. The kernels are the shared dense ones and `gpu::whisper`'s
+//! `attention_tiled` and `whisper_select`, whose CPU twins are
+//! `cpu::{layer_norm, matmul, attention, add}` and `cpu::whisper`.
 
 use super::gpu::{GpuLinear, GpuNorm};
 use super::model::{Config, Whisper};
+use crate::cpu::whisper::{self as select, RowRule, SelectRules};
 use crate::cpu::{Activation, AttentionShape, SeqSpan};
 use crate::error::{Error, Result};
 use crate::gpu::dense;
 use crate::gpu::ops::{self, Dispatch};
-use crate::gpu::whisper::attention_tiled;
+use crate::gpu::whisper::{attention_tiled, whisper_select};
 use crate::gpu::Gpu;
+use crate::run::transcribe::Traffic;
+
+/// The most tokens a row's choice reports: beam search takes its beams + 1
+/// (`--beam-size` is at most 32).
+pub const MAX_PICKS: usize = 33;
 use std::collections::HashMap;
 use std::sync::Arc;
 
@@ -57,10 +68,23 @@ struct Head {
     head: Dispatch,
 }
 
+/// What a pass reads back from its head rows.
+pub enum Readback<'a> {
+    /// The logits [rows, n_vocab].
+    Logits,
+    /// `whisper_select`'s words under these rules, one [`RowRule`] a row.
+    Picks {
+        k: usize,
+        rules: &'a SelectRules,
+        rows: &'a [RowRule],
+    },
+}
+
 pub struct GpuDecoder {
     gpu: Arc<Gpu>,
     config: Config,
     max_seqs: usize,
+    max_windows: usize,
     layers: Vec<LayerWeights>,
     norm: GpuNorm,
     /// The token embedding [n_vocab, d] as the output projection.
@@ -69,16 +93,19 @@ pub struct GpuDecoder {
     embedding: wgpu::Buffer,
     /// [n_text_ctx, d]
     positions: wgpu::Buffer,
-    /// Per layer, the window's cross-attention K/V [n_audio_ctx, 2d]
-    /// (the encoder's buffers).
-    cross: Vec<wgpu::Buffer>,
+    /// Per layer, the windows' cross-attention K/V [max_windows *
+    /// n_audio_ctx, 2d]: window w in rows w * n_audio_ctx .. (the encoder
+    /// fills them).
+    pub(super) cross: Vec<wgpu::Buffer>,
     /// Per layer, [max_seqs * n_text_ctx, 2d]: k then v of each position,
     /// sequence s in rows s * n_text_ctx ..
     caches: Vec<wgpu::Buffer>,
     /// Same shape: where reordered sequences are staged.
     spare: Vec<wgpu::Buffer>,
-    /// [max_seqs] spans for the self-attention, written each step.
+    /// [max_seqs] spans for the self-attention and the cross-attention,
+    /// written each step.
     seqs: wgpu::Buffer,
+    cross_seqs: wgpu::Buffer,
     /// [rows, d]: gathered embeddings and positions.
     emb_rows: wgpu::Buffer,
     pos_rows: wgpu::Buffer,
@@ -100,31 +127,59 @@ pub struct GpuDecoder {
     /// [max_out, n_vocab]
     logits: wgpu::Buffer,
     staging: wgpu::Buffer,
+    /// `whisper_select`: [max_out] row rules, the run's token masks, the
+    /// picks [max_out, select_words(MAX_PICKS)] and where they are read.
+    rules: wgpu::Buffer,
+    masks: wgpu::Buffer,
+    picks: wgpu::Buffer,
+    picks_staging: wgpu::Buffer,
+    /// The masks `masks` holds.
+    masks_held: Vec<u32>,
     plans: HashMap<(usize, usize), Plan>,
     heads: HashMap<usize, Head>,
-    /// Sequences now, and positions each holds.
+    /// `whisper_select` over (rows, k, timestamps).
+    selects: HashMap<(usize, usize, bool), Dispatch>,
+    /// Sequences now, the window each attends to, and positions each holds.
     n_seqs: usize,
+    seq_windows: Vec<usize>,
     len: usize,
     /// Cache slot each sequence must be copied from before the next step.
     pending: Option<Vec<usize>>,
+    /// Submissions and bytes read back so far.
+    pub traffic: Traffic,
 }
 
 impl GpuDecoder {
-    /// The decoder of `model` attending to `cross` (per layer [n_audio_ctx,
-    /// 2d], the GPU encoder's output), for at most `max_seqs` sequences at once.
+    /// The decoder of `model` over up to `max_windows` windows (their cross
+    /// K/V slots, which the encoder fills), for at most `max_seqs` sequences
+    /// at once.
     pub fn new(
         gpu: Arc<Gpu>,
         model: &Whisper,
-        cross: Vec<wgpu::Buffer>,
         max_seqs: usize,
+        max_windows: usize,
     ) -> Result<GpuDecoder> {
         let c = model.config.clone();
         let dec = &model.decoder;
         let g = &*gpu;
         let (d, ctx, vocab) = (c.d_model, c.n_text_ctx, c.n_vocab);
-        let max_seqs = max_seqs.max(1);
-        let rows = ctx.max(max_seqs);
-        let max_out = max_seqs.max(2);
+        let max_windows = max_windows.max(1);
+        let max_seqs = max_seqs.max(max_windows);
+        // A prompt pass holds every window's prompt (each shorter than the
+        // context); a step, every sequence.
+        let rows = (ctx * max_windows).max(max_seqs);
+        // Head rows: each window's prompt reads two, a step each sequence.
+        let max_out = max_seqs.max(2 * max_windows);
+        let slot = c.n_audio_ctx * 2 * d * 4;
+        if (slot * max_windows) as u64 > g.caps.max_binding {
+            return Err(Error::invalid(format!(
+                "{max_windows} windows at once need {} MB of cross-attention state a layer; \
+                 this adapter binds at most {} MB (at most {} windows)",
+                slot * max_windows / 1_000_000,
+                g.caps.max_binding / 1_000_000,
+                g.caps.max_binding / slot as u64
+            )));
+        }
         let f32s = |name: &str, n: usize| g.scratch(name, (n * 4) as u64);
         let layers = dec
             .layers
@@ -150,15 +205,24 @@ impl GpuDecoder {
                 .map(|i| f32s(&format!("decoder.{i}.{name}"), max_seqs * ctx * 2 * d))
                 .collect()
         };
+        let picks_bytes = (max_out * select::select_words(MAX_PICKS) * 4) as u64;
         Ok(GpuDecoder {
             norm: GpuNorm::from(g, "decoder.norm", &dec.norm)?,
             head: GpuLinear::upload(g, "decoder.head", &dec.embedding, None, vocab, d)?,
             embedding: g.upload_f32("decoder.embedding", &dec.embedding)?,
             positions: g.upload_f32("decoder.positions", &dec.positions)?,
-            cross,
+            cross: (0..c.n_text_layers)
+                .map(|i| {
+                    g.scratch(
+                        &format!("decoder.{i}.cross_kv"),
+                        (slot * max_windows) as u64,
+                    )
+                })
+                .collect::<Result<_>>()?,
             caches: cache("kv_cache")?,
             spare: cache("kv_spare")?,
             seqs: g.scratch("decoder.seqs", (max_seqs * 16) as u64)?,
+            cross_seqs: g.scratch("decoder.cross_seqs", (max_seqs * 16) as u64)?,
             emb_rows: f32s("decoder.emb_rows", rows * d)?,
             pos_rows: f32s("decoder.pos_rows", rows * d)?,
             res: [f32s("decoder.x", rows * d)?, f32s("decoder.x2", rows * d)?],
@@ -171,15 +235,30 @@ impl GpuDecoder {
             head_norm: f32s("decoder.head_norm", max_out * d)?,
             logits: f32s("decoder.logits", max_out * vocab)?,
             staging: g.staging("decoder.logits.read", (max_out * vocab * 4) as u64),
+            rules: g.scratch(
+                "decoder.select.rules",
+                (max_out * std::mem::size_of::<RowRule>()) as u64,
+            )?,
+            masks: g.scratch(
+                "decoder.select.masks",
+                (2 * select::mask_words(vocab) * 4) as u64,
+            )?,
+            picks: g.scratch("decoder.select.picks", picks_bytes)?,
+            picks_staging: g.staging("decoder.select.read", picks_bytes),
+            masks_held: Vec::new(),
             layers,
             gpu,
             config: c,
             max_seqs,
+            max_windows,
             plans: HashMap::new(),
             heads: HashMap::new(),
+            selects: HashMap::new(),
             n_seqs: 0,
+            seq_windows: Vec::new(),
             len: 0,
             pending: None,
+            traffic: Traffic::default(),
         })
     }
 
@@ -212,6 +291,26 @@ impl GpuDecoder {
                 kv_len,
             })
             .collect()
+    }
+
+    /// Each sequence's rows against its window's audio positions.
+    fn cross_spans(&self, n_new: usize) -> Vec<SeqSpan> {
+        let audio = self.config.n_audio_ctx;
+        self.seq_windows
+            .iter()
+            .enumerate()
+            .map(|(s, &w)| SeqSpan {
+                q_start: s * n_new,
+                q_len: n_new,
+                kv_start: w * audio,
+                kv_len: audio,
+            })
+            .collect()
+    }
+
+    /// The most windows and sequences this decoder holds.
+    pub fn capacity(&self) -> (usize, usize) {
+        (self.max_windows, self.max_seqs)
     }
 
     /// Binds every dispatch of a pass over `n_seqs` x `n_new` rows.
@@ -257,9 +356,10 @@ impl GpuDecoder {
                     &self.q,
                     cross,
                     cross,
+                    &self.cross_seqs,
+                    n_seqs,
+                    n_new,
                     &self.att,
-                    m,
-                    c.n_audio_ctx,
                     &cross_shape,
                 )?,
                 w.cross_out.matmul(g, &self.att, a, m, None, Some(b))?,
@@ -283,12 +383,35 @@ impl GpuDecoder {
         })
     }
 
-    /// Runs `prompt` as the only sequence; the logits after its rows `rows`.
-    pub fn prompt(&mut self, prompt: &[u32], rows: &[usize]) -> Result<Vec<f32>> {
-        self.n_seqs = 1;
+    /// Runs `prompts[w]` (all of one length) as the only sequence of window
+    /// `w`; what `read` asks for after each prompt's rows `rows` (window
+    /// after window).
+    pub fn prompt(
+        &mut self,
+        prompts: &[&[u32]],
+        rows: &[usize],
+        read: &Readback,
+    ) -> Result<Vec<u32>> {
+        let n = prompts[0].len();
+        assert!(
+            n > 0 && prompts.iter().all(|p| p.len() == n),
+            "decoder: prompts of one length"
+        );
+        if prompts.len() > self.max_windows {
+            return Err(Error::invalid(format!(
+                "{} windows at once; this GPU decoder was made for at most {}",
+                prompts.len(),
+                self.max_windows
+            )));
+        }
+        self.n_seqs = prompts.len();
+        self.seq_windows = (0..prompts.len()).collect();
         self.len = 0;
         self.pending = None;
-        self.run(prompt, rows)
+        let head: Vec<usize> = (0..prompts.len())
+            .flat_map(|w| rows.iter().map(move |&r| w * n + r))
+            .collect();
+        self.run(&prompts.concat(), &head, read)
     }
 
     /// Sequence i becomes a copy of sequence `sources[i]`.
@@ -312,15 +435,16 @@ impl GpuDecoder {
         };
         let identity = slots.iter().enumerate().all(|(i, &s)| i == s);
         self.pending = (!identity).then_some(slots);
+        self.seq_windows = sources.iter().map(|&s| self.seq_windows[s]).collect();
         self.n_seqs = sources.len();
         Ok(())
     }
 
-    /// Appends `tokens[i]` to sequence i; the logits after them [n, n_vocab].
-    pub fn step(&mut self, tokens: &[u32]) -> Result<Vec<f32>> {
+    /// Appends `tokens[i]` to sequence i; what `read` asks for after them.
+    pub fn step(&mut self, tokens: &[u32], read: &Readback) -> Result<Vec<u32>> {
         assert_eq!(tokens.len(), self.n_seqs, "decoder: one token per sequence");
         let rows: Vec<usize> = (0..tokens.len()).collect();
-        self.run(tokens, &rows)
+        self.run(tokens, &rows, read)
     }
 
     /// The cache copies of a pending selection: each sequence's positions to
@@ -349,8 +473,9 @@ impl GpuDecoder {
     }
 
     /// One pass: `tokens` holds `n_new` new tokens of each sequence, sequence
-    /// after sequence; returns the logits after the rows `rows` of it.
-    fn run(&mut self, tokens: &[u32], rows: &[usize]) -> Result<Vec<f32>> {
+    /// after sequence; returns what `read` asks for after its rows `rows`:
+    /// the logits (as f32 bits) or `whisper_select`'s words.
+    fn run(&mut self, tokens: &[u32], rows: &[usize], read: &Readback) -> Result<Vec<u32>> {
         let c = &self.config;
         let (d, ctx, vocab) = (c.d_model, c.n_text_ctx, c.n_vocab);
         let n_seqs = self.n_seqs;
@@ -384,6 +509,42 @@ impl GpuDecoder {
             let head = self.head_plan(rows.len())?;
             self.heads.insert(rows.len(), head);
         }
+        if let Readback::Picks {
+            k,
+            rules,
+            rows: rules_rows,
+        } = read
+        {
+            assert!(
+                *k <= MAX_PICKS && rules_rows.len() == rows.len() && rules.vocab == vocab,
+                "decoder: {k} picks for {} rules of {} rows",
+                rules_rows.len(),
+                rows.len()
+            );
+            let key = (rows.len(), *k, rules.timestamps);
+            if !self.selects.contains_key(&key) {
+                let d = whisper_select(
+                    &self.gpu,
+                    &self.logits,
+                    &self.rules,
+                    &self.masks,
+                    &self.picks,
+                    rows.len(),
+                    rules,
+                    *k,
+                )?;
+                self.selects.insert(key, d);
+            }
+            if self.masks_held != rules.masks {
+                self.gpu
+                    .queue
+                    .write_buffer(&self.masks, 0, bytemuck::cast_slice(&rules.masks));
+                self.masks_held = rules.masks.clone();
+            }
+            self.gpu
+                .queue
+                .write_buffer(&self.rules, 0, bytemuck::cast_slice(rules_rows));
+        }
         let plan = &self.plans[&(n_seqs, n_new)];
         let head = &self.heads[&rows.len()];
         let gpu = &self.gpu;
@@ -392,6 +553,11 @@ impl GpuDecoder {
             &self.seqs,
             0,
             bytemuck::cast_slice(&dense::pack_seqs(&spans)),
+        );
+        gpu.queue.write_buffer(
+            &self.cross_seqs,
+            0,
+            bytemuck::cast_slice(&dense::pack_seqs(&self.cross_spans(n_new))),
         );
 
         let mut enc = gpu.device.create_command_encoder(&Default::default());
@@ -437,14 +603,32 @@ impl GpuDecoder {
         for (i, &r) in rows.iter().enumerate() {
             enc.copy_buffer_to_buffer(last, r as u64 * row, &self.head_in, i as u64 * row, row);
         }
+        let select = match read {
+            Readback::Logits => None,
+            Readback::Picks { k, rules, .. } => {
+                Some((&self.selects[&(rows.len(), *k, rules.timestamps)], *k))
+            }
+        };
         {
             let mut pass = enc.begin_compute_pass(&Default::default());
             head.norm.record(&mut pass);
             head.head.record(&mut pass);
+            if let Some((d, _)) = select {
+                d.record(&mut pass);
+            }
         }
-        let bytes = (rows.len() * vocab * 4) as u64;
-        enc.copy_buffer_to_buffer(&self.logits, 0, &self.staging, 0, bytes);
-        let out = gpu.submit_and_read(enc, &self.staging, bytes)?;
+        let (from, staging, bytes) = match select {
+            None => (&self.logits, &self.staging, rows.len() * vocab * 4),
+            Some((_, k)) => (
+                &self.picks,
+                &self.picks_staging,
+                rows.len() * select::select_words(k) * 4,
+            ),
+        };
+        enc.copy_buffer_to_buffer(from, 0, staging, 0, bytes as u64);
+        let out = gpu.submit_and_read(enc, staging, bytes as u64)?;
+        self.traffic.submissions += 1;
+        self.traffic.bytes_read += bytes as u64;
         self.pending = None;
         self.len = past + n_new;
         Ok(bytemuck::pod_collect_to_vec(&out))

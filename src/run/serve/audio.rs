@@ -37,7 +37,7 @@ impl Asr {
         let seqs = Options::default().max_sequences();
         let (gpu, _) = device.build(
             || Ok(None),
-            |g| Ok(Some(GpuBackend::new(g, &files.model, seqs)?)),
+            |g| Ok(Some(GpuBackend::new(g, &files.model, seqs, 1)?)),
         )?;
         Ok(Asr { files, gpu })
     }

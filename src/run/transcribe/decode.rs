@@ -5,8 +5,8 @@
 //! beam search; the candidates are ranked by length-normalised log
 //! probability.
 
-use super::Backend;
-use crate::cpu;
+use super::{Backend, Pick, Picks};
+use crate::cpu::whisper::{self as select, Picked, RowRule, SelectRules, NO_TOKEN, ROW_FIRST};
 use crate::error::Result;
 use crate::models::whisper::model::Whisper;
 use crate::models::whisper::tokens::Tokenizer;
@@ -62,11 +62,19 @@ pub struct Decoded {
 }
 
 /// One candidate sequence during decoding.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, Default)]
 struct Candidate {
     tokens: Vec<u32>,
     logprobs: Vec<f32>,
     sum: f32,
+}
+
+/// A window's candidates during decoding.
+#[derive(Clone, Debug)]
+struct Window {
+    live: Vec<Candidate>,
+    /// Beam search: the sequences that ended.
+    finished: Vec<Candidate>,
 }
 
 /// len(text) / len(zlib(text)): high for repetitive text.
@@ -77,14 +85,6 @@ pub fn compression_ratio(text: &str) -> f32 {
     z.write_all(bytes).expect("writing to a Vec cannot fail");
     let packed = z.finish().expect("writing to a Vec cannot fail");
     bytes.len() as f32 / packed.len() as f32
-}
-
-/// log_softmax of one row, in f32 as torch does (with -inf kept).
-fn log_softmax(x: &[f32]) -> Vec<f32> {
-    let max = x.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-    let sum: f32 = x.iter().map(|v| (v - max).exp()).sum();
-    let lse = max + sum.ln();
-    x.iter().map(|v| v - lse).collect()
 }
 
 fn argmax(x: &[f32]) -> usize {
@@ -101,163 +101,214 @@ pub struct WindowDecoder<'a> {
     pub model: &'a Whisper,
     pub tokenizer: &'a Tokenizer,
     pub rules: &'a Rules,
+    /// The rules as the token choice ([`select::whisper_select`]) takes them.
+    select: SelectRules,
 }
 
-impl WindowDecoder<'_> {
-    /// openai-whisper's logit filters, in its order, for a sequence whose
-    /// sampled tokens so far are `sampled`.
-    fn apply_rules(&self, logits: &mut [f32], sampled: &[u32]) {
+impl<'a> WindowDecoder<'a> {
+    pub fn new(
+        model: &'a Whisper,
+        tokenizer: &'a Tokenizer,
+        rules: &'a Rules,
+    ) -> WindowDecoder<'a> {
+        let s = &tokenizer.specials;
+        let vocab = model.config.n_vocab;
+        let mut always = rules.suppress.clone();
+        if rules.timestamps {
+            always.push(s.no_timestamps);
+        }
+        WindowDecoder {
+            model,
+            tokenizer,
+            rules,
+            select: SelectRules {
+                vocab,
+                timestamp_begin: s.timestamp_begin,
+                timestamps: rules.timestamps,
+                masks: select::token_masks(vocab, &always, &rules.suppress_begin),
+            },
+        }
+    }
+
+    /// openai-whisper's logit filters for a sequence whose sampled tokens
+    /// so far are `sampled`, as ranges (the token sets are in `select`).
+    fn row_rule(&self, sampled: &[u32]) -> RowRule {
         let s = &self.tokenizer.specials;
-        let ninf = f32::NEG_INFINITY;
-        if sampled.is_empty() {
-            for &t in &self.rules.suppress_begin {
-                logits[t as usize] = ninf;
-            }
-        }
-        for &t in &self.rules.suppress {
-            if let Some(l) = logits.get_mut(t as usize) {
-                *l = ninf;
-            }
-        }
+        let vocab = self.model.config.n_vocab as u32;
+        let tb = s.timestamp_begin;
+        let mut r = RowRule {
+            text_end: 0,
+            ts_from: 0,
+            ts_end: vocab,
+            flags: if sampled.is_empty() { ROW_FIRST } else { 0 },
+            probe: NO_TOKEN,
+            _pad: [0; 3],
+        };
         if !self.rules.timestamps {
-            return;
+            return r;
         }
-        let tb = s.timestamp_begin as usize;
-        logits[s.no_timestamps as usize] = ninf;
-        let is_ts = |t: u32| t >= s.timestamp_begin;
+        let is_ts = |t: u32| t >= tb;
         let last_was_ts = sampled.last().is_some_and(|&t| is_ts(t));
         let penultimate_was_ts = sampled.len() < 2 || is_ts(sampled[sampled.len() - 2]);
         if last_was_ts {
             if penultimate_was_ts {
                 // A pair just closed: the next token is text.
-                logits[tb..].fill(ninf);
+                r.ts_end = tb;
             } else {
                 // An opened segment ends here or at end of text: no text.
-                logits[..s.eot as usize].fill(ninf);
+                r.text_end = s.eot;
             }
         }
         if let Some(&last_ts) = sampled.iter().rev().find(|&&t| is_ts(t)) {
             // Timestamps never decrease, and a segment is never empty.
-            let from = if last_was_ts && !penultimate_was_ts {
+            r.ts_from = if last_was_ts && !penultimate_was_ts {
                 last_ts
             } else {
                 last_ts + 1
             };
-            logits[tb..from as usize].fill(ninf);
         }
         if sampled.is_empty() {
-            logits[..tb].fill(ninf);
+            r.text_end = tb;
             if let Some(max) = self.rules.max_initial_timestamp {
-                logits[tb + max as usize + 1..].fill(ninf);
+                r.ts_end = r.ts_end.min(tb.saturating_add(max + 1));
             }
         }
-        // If the timestamps together are likelier than any text token, take one.
-        let lp = log_softmax(logits);
-        let ts_max = lp[tb..].iter().copied().fold(f32::NEG_INFINITY, f32::max);
-        let ts_lse = if ts_max == f32::NEG_INFINITY {
-            ts_max
-        } else {
-            ts_max
-                + lp[tb..]
-                    .iter()
-                    .map(|v| (v - ts_max).exp())
-                    .sum::<f32>()
-                    .ln()
-        };
-        let text_max = lp[..tb].iter().copied().fold(f32::NEG_INFINITY, f32::max);
-        if ts_lse > text_max {
-            logits[..tb].fill(ninf);
-        }
+        r
     }
 
-    /// Decodes the window `backend` encoded last, after the `prompt` tokens
-    /// (previous text, start of transcript, language, task); `sot_index` is
-    /// where `<|startoftranscript|>` sits in `prompt`.
+    /// Decodes the windows `backend` encoded last, window w after
+    /// `prompts[w]` (previous text, start of transcript, language, task;
+    /// all of one length), together: their sequences are the rows of each
+    /// pass, and a window leaves the pass when it is done. `sot_index` is
+    /// where `<|startoftranscript|>` sits in the prompts.
     pub fn decode(
         &self,
         backend: &mut dyn Backend,
-        prompt: &[u32],
+        prompts: &[&[u32]],
         sot_index: usize,
         st: &Strategy,
         rng: &mut Rng,
-    ) -> Result<Decoded> {
+    ) -> Result<Vec<Decoded>> {
         let c = &self.model.config;
         let s = &self.tokenizer.specials;
         let eot = s.eot;
         let vocab = c.n_vocab;
+        let n_windows = prompts.len();
 
-        let first = backend.prompt(prompt, &[sot_index, prompt.len() - 1])?;
-        let no_speech_prob = match s.no_speech {
-            Some(ns) => {
-                let mut p = first[..vocab].to_vec();
-                cpu::softmax_rows(&mut p, vocab);
-                p[ns as usize]
-            }
-            None => 0.0,
-        };
         let beam = st.temperature == 0.0 && st.beam_size > 1;
+        let sampling = st.temperature > 0.0;
         let n_group = if beam {
             st.beam_size
-        } else if st.temperature > 0.0 {
+        } else if sampling {
             st.best_of.max(1)
         } else {
             1
         };
-        backend.select(&vec![0; n_group])?;
-        let mut logits: Vec<f32> = first[vocab..].repeat(n_group);
-        let mut live: Vec<Candidate> = vec![
-            Candidate {
-                tokens: Vec::new(),
-                logprobs: Vec::new(),
-                sum: 0.0,
+        // A beam extends by its beam_size + 1 best tokens.
+        let k = if beam { n_group + 1 } else { 1 };
+        let first = vec![self.row_rule(&[]); n_windows];
+        let probe = s.no_speech.map(|ns| (sot_index, ns));
+        let (no_speech, picks) =
+            backend.prompt(prompts, probe, &pick(sampling, k, &self.select, &first))?;
+        let forks: Vec<usize> = (0..n_windows)
+            .flat_map(|w| std::iter::repeat_n(w, n_group))
+            .collect();
+        backend.select(&forks)?;
+        // What each row's pass gave: the prompt's, once per candidate.
+        let mut picks = match picks {
+            Picks::Top(p) => Picks::Top(forks.iter().map(|&w| p[w].clone()).collect()),
+            Picks::Logits(l) => Picks::Logits(
+                forks
+                    .iter()
+                    .flat_map(|&w| l[w * vocab..(w + 1) * vocab].iter().copied())
+                    .collect(),
+            ),
+        };
+        let mut windows = vec![
+            Window {
+                live: vec![Candidate::default(); n_group],
+                finished: Vec::new(),
             };
-            n_group
+            n_windows
         ];
         let max_candidates = ((st.beam_size as f32 * st.patience).round() as usize).max(1);
-        let mut finished: Vec<Candidate> = Vec::new();
+        // The windows whose rows the passes hold, in row order.
+        let mut active: Vec<usize> = (0..n_windows).collect();
         for _ in 0..st.sample_len {
-            let mut lps = Vec::with_capacity(n_group);
-            for (k, cand) in live.iter().enumerate() {
-                let row = &mut logits[k * vocab..(k + 1) * vocab];
-                self.apply_rules(row, &cand.tokens);
-                lps.push(log_softmax(row));
-            }
-            let completed = if beam {
-                let (done, sources) =
-                    self.beam_step(&mut live, &lps, &mut finished, max_candidates);
-                if !done {
-                    backend.select(&sources)?;
-                }
-                done
-            } else {
-                for (k, cand) in live.iter_mut().enumerate() {
-                    if cand.tokens.last() == Some(&eot) {
-                        continue;
-                    }
-                    let row = &logits[k * vocab..(k + 1) * vocab];
-                    let next = if st.temperature == 0.0 {
-                        argmax(row)
-                    } else {
-                        sample(row, st.temperature, rng)
+            let mut sources = Vec::with_capacity(active.len() * n_group);
+            let mut still = Vec::with_capacity(active.len());
+            for (i, &w) in active.iter().enumerate() {
+                let base = i * n_group;
+                let win = &mut windows[w];
+                let (completed, kept) = if beam {
+                    let top = match &picks {
+                        Picks::Top(p) => &p[base..base + n_group],
+                        Picks::Logits(_) => unreachable!("beam search reads picks"),
                     };
-                    cand.sum += lps[k][next];
-                    cand.tokens.push(next as u32);
-                    cand.logprobs.push(lps[k][next]);
+                    self.beam_step(win, top, max_candidates)
+                } else {
+                    for (j, cand) in win.live.iter_mut().enumerate() {
+                        if cand.tokens.last() == Some(&eot) {
+                            continue;
+                        }
+                        let (next, logprob) = match &picks {
+                            Picks::Top(p) => (p[base + j].tokens[0], p[base + j].logprobs[0]),
+                            Picks::Logits(l) => {
+                                let r = base + j;
+                                let mut row = l[r * vocab..(r + 1) * vocab].to_vec();
+                                let damaged = row.iter().any(|v| !v.is_finite());
+                                let rule = self.row_rule(&cand.tokens);
+                                let lse = select::filter_row(&mut row, &self.select, &rule);
+                                let next = sample(&row, st.temperature, rng);
+                                let lp = if damaged { f32::NAN } else { row[next] - lse };
+                                (next as u32, lp)
+                            }
+                        };
+                        cand.sum += logprob;
+                        cand.tokens.push(next);
+                        cand.logprobs.push(logprob);
+                    }
+                    let done = win.live.iter().all(|c| c.tokens.last() == Some(&eot));
+                    (done, (0..n_group).collect())
+                };
+                // As openai-whisper: stop once the sequence outgrows the context.
+                let full = prompts[w].len() + win.live[0].tokens.len() > c.n_text_ctx;
+                if !(completed || full) {
+                    sources.extend(kept.iter().map(|&j| base + j));
+                    still.push(w);
                 }
-                live.iter().all(|c| c.tokens.last() == Some(&eot))
-            };
-            // As openai-whisper: stop once the sequence outgrows the context.
-            if completed || prompt.len() + live[0].tokens.len() > c.n_text_ctx {
+            }
+            if still.is_empty() {
                 break;
             }
+            let rows = active.len() * n_group;
+            if sources.len() != rows || sources.iter().enumerate().any(|(i, &s)| i != s) {
+                backend.select(&sources)?;
+            }
+            active = still;
+            let live = active.iter().flat_map(|&w| &windows[w].live);
             let next: Vec<u32> = live
-                .iter()
+                .clone()
                 .map(|c| *c.tokens.last().expect("one token per step"))
                 .collect();
-            logits = backend.step(&next)?;
+            let rules: Vec<RowRule> = if sampling {
+                Vec::new()
+            } else {
+                live.map(|c| self.row_rule(&c.tokens)).collect()
+            };
+            picks = backend.step(&next, &pick(sampling, k, &self.select, &rules))?;
         }
+        Ok(windows
+            .into_iter()
+            .zip(no_speech)
+            .map(|(win, no_speech_prob)| self.finish(win, beam, st, no_speech_prob))
+            .collect())
+    }
 
-        // Every candidate, cut at its end of text.
+    /// The best of a window's candidates, cut at its end of text.
+    fn finish(&self, win: Window, beam: bool, st: &Strategy, no_speech_prob: f32) -> Decoded {
+        let eot = self.tokenizer.specials.eot;
+        let Window { live, mut finished } = win;
         let candidates: Vec<Candidate> = if beam {
             if finished.len() < st.beam_size {
                 let mut order: Vec<usize> = (0..live.len()).collect();
@@ -313,7 +364,7 @@ impl WindowDecoder<'_> {
             .nth(best)
             .expect("at least one candidate");
         let text = self.tokenizer.decode(&chosen.tokens);
-        Ok(Decoded {
+        Decoded {
             avg_logprob: chosen.sum / (chosen.tokens.len() + 1) as f32,
             compression_ratio: compression_ratio(text.trim()),
             text,
@@ -322,37 +373,30 @@ impl WindowDecoder<'_> {
             token_logprobs: chosen.logprobs,
             no_speech_prob,
             temperature: st.temperature,
-        })
+        }
     }
 
-    /// One step of openai-whisper's beam search for one audio: extends each
-    /// beam by its `beam_size + 1` best tokens, keeps the best `beam_size`
-    /// unfinished sequences, and collects finished ones. Returns whether
-    /// enough have finished, and the beam each kept sequence extends (the
-    /// decoder state to carry over).
+    /// One step of openai-whisper's beam search for one window: extends
+    /// each beam by its `beam_size + 1` best tokens (`top`, one per beam),
+    /// keeps the best `beam_size` unfinished sequences, and collects
+    /// finished ones. Returns whether enough have finished, and the beam
+    /// each kept sequence extends (the decoder state to carry over).
     fn beam_step(
         &self,
-        live: &mut Vec<Candidate>,
-        lps: &[Vec<f32>],
-        finished: &mut Vec<Candidate>,
+        win: &mut Window,
+        top: &[Picked],
         max_candidates: usize,
     ) -> (bool, Vec<usize>) {
         let eot = self.tokenizer.specials.eot;
-        let n_beams = live.len();
+        let n_beams = win.live.len();
         // Candidates in insertion order, deduplicated as a Python dict would.
         let mut scored: Vec<(Candidate, usize)> = Vec::new();
-        for (j, beam) in live.iter().enumerate() {
-            let lp = &lps[j];
-            let mut top: Vec<usize> = (0..lp.len()).collect();
-            let k = (n_beams + 1).min(top.len());
-            top.select_nth_unstable_by(k - 1, |&a, &b| lp[b].total_cmp(&lp[a]));
-            top.truncate(k);
-            top.sort_by(|&a, &b| lp[b].total_cmp(&lp[a]));
-            for t in top {
+        for (j, (beam, picked)) in win.live.iter().zip(top).enumerate() {
+            for (&t, &lp) in picked.tokens.iter().zip(&picked.logprobs).take(n_beams + 1) {
                 let mut cand = beam.clone();
-                cand.sum += lp[t];
-                cand.tokens.push(t as u32);
-                cand.logprobs.push(lp[t]);
+                cand.sum += lp;
+                cand.tokens.push(t);
+                cand.logprobs.push(lp);
                 match scored.iter_mut().find(|(c, _)| c.tokens == cand.tokens) {
                     Some(slot) => *slot = (cand, j),
                     None => scored.push((cand, j)),
@@ -375,13 +419,23 @@ impl WindowDecoder<'_> {
             }
         }
         for cand in newly_finished {
-            if finished.len() >= max_candidates {
+            if win.finished.len() >= max_candidates {
                 break;
             }
-            finished.push(cand);
+            win.finished.push(cand);
         }
-        *live = next;
-        (finished.len() >= max_candidates, sources)
+        win.live = next;
+        (win.finished.len() >= max_candidates, sources)
+    }
+}
+
+/// What a pass reads back: logits to sample from, or the k best tokens of
+/// each row under its rule.
+fn pick<'a>(sampling: bool, k: usize, rules: &'a SelectRules, rows: &'a [RowRule]) -> Pick<'a> {
+    if sampling {
+        Pick::Logits
+    } else {
+        Pick::Top { k, rules, rows }
     }
 }
 

@@ -4,12 +4,15 @@
 //! timestamp tokens, and the next window starts at the last complete
 //! timestamp. The text so far prompts the next window.
 
+pub mod batch;
 pub mod decode;
 pub mod output;
+pub mod profile;
 pub mod stream;
 pub mod vad;
 pub mod words;
 
+use crate::cpu::whisper::{self as select, Picked, RowRule, SelectRules};
 use crate::error::{Error, Result};
 use crate::models::whisper::mel::{self, HOP, N_FRAMES, SAMPLE_RATE};
 use crate::models::whisper::model::{CrossKv, KvCache, Whisper};
@@ -95,24 +98,87 @@ impl Default for Options {
 }
 
 /// The network transcription runs on, the CPU reference or a GPU: it
-/// encodes one 30 s window, then runs the decoder over it for a set of
-/// sequences (one, or the candidates of a beam search or of sampling) that
-/// grow one token per step. The search itself ([`decode`]) is the same for
-/// every backend.
+/// encodes 30 s windows, then runs the decoder over them for a set of
+/// sequences (one a window, or the candidates of a beam search or of
+/// sampling) that grow one token per step, and reads back what the search
+/// asks for: each row's likeliest tokens under Whisper's rules
+/// ([`select::whisper_select`], on the device for a GPU), or its logits. The
+/// search itself ([`decode`]) is the same for every backend.
 pub trait Backend {
-    /// Encodes one window of features [n_mels, 3000]; the decoder attends
-    /// to it until the next call.
-    fn encode(&mut self, mel: &[f32]) -> Result<()>;
-    /// The window's cross-attention state on the host (word alignment reads it).
-    fn cross_kv(&mut self) -> Result<&CrossKv>;
-    /// Runs `prompt` as the only sequence (dropping any others) and returns
-    /// the logits after its rows `rows` [rows.len(), n_vocab].
-    fn prompt(&mut self, prompt: &[u32], rows: &[usize]) -> Result<Vec<f32>>;
-    /// Sequence i becomes a copy of sequence `sources[i]`: forks the prompt
-    /// into candidates, reorders beams.
+    /// Encodes windows of features ([n_mels, 3000] each) into slots
+    /// `0..mels.len()`; a sequence attends to its window's slot until the
+    /// next call.
+    fn encode(&mut self, mels: &[&[f32]]) -> Result<()>;
+    /// Window `w`'s cross-attention state on the host (word alignment reads it).
+    fn cross_kv(&mut self, window: usize) -> Result<&CrossKv>;
+    /// Runs `prompts[w]` (all of one length) as the only sequence of window
+    /// `w`, dropping any others: sequence w of what follows. Returns, per
+    /// window, the model's probability of `probe.1` after row `probe.0` of
+    /// its prompt (no rules; 0 without a probe), and what `pick` asks for
+    /// after its last row.
+    fn prompt(
+        &mut self,
+        prompts: &[&[u32]],
+        probe: Option<(usize, u32)>,
+        pick: &Pick,
+    ) -> Result<(Vec<f32>, Picks)>;
+    /// Sequence i becomes a copy of sequence `sources[i]` (and attends to
+    /// its window): forks the prompt into candidates, reorders beams, drops
+    /// finished windows.
     fn select(&mut self, sources: &[usize]) -> Result<()>;
-    /// Appends `tokens[i]` to sequence i; the logits after them [n, n_vocab].
-    fn step(&mut self, tokens: &[u32]) -> Result<Vec<f32>>;
+    /// Appends `tokens[i]` to sequence i; what `pick` asks for after them.
+    fn step(&mut self, tokens: &[u32], pick: &Pick) -> Result<Picks>;
+    /// Device submissions and bytes read back so far (none on the CPU).
+    fn traffic(&self) -> Traffic {
+        Traffic::default()
+    }
+}
+
+/// What a decoder pass reads back for each of its rows.
+#[derive(Clone, Copy, Debug)]
+pub enum Pick<'a> {
+    /// The `k` likeliest tokens under the row's rule and the run's rules,
+    /// with their log probabilities ([`select::whisper_select`]).
+    Top {
+        k: usize,
+        rules: &'a SelectRules,
+        rows: &'a [RowRule],
+    },
+    /// The logits [rows, n_vocab] (sampling at a temperature, language
+    /// detection).
+    Logits,
+}
+
+/// The answer to a [`Pick`].
+#[derive(Clone, Debug)]
+pub enum Picks {
+    Top(Vec<Picked>),
+    Logits(Vec<f32>),
+}
+
+impl Picks {
+    /// The picks of a [`Pick::Top`].
+    pub fn top(self) -> Vec<Picked> {
+        match self {
+            Picks::Top(p) => p,
+            Picks::Logits(_) => panic!("decoder: logits where picks were asked for"),
+        }
+    }
+
+    /// The logits of a [`Pick::Logits`].
+    pub fn logits(self) -> Vec<f32> {
+        match self {
+            Picks::Logits(l) => l,
+            Picks::Top(_) => panic!("decoder: picks where logits were asked for"),
+        }
+    }
+}
+
+/// What a backend has sent to and read from its device.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Traffic {
+    pub submissions: u64,
+    pub bytes_read: u64,
 }
 
 /// The log-mel features transcription reads: a signal in memory
@@ -129,77 +195,141 @@ pub trait Features {
 /// The CPU reference.
 pub struct CpuBackend<'a> {
     model: &'a Whisper,
-    cross: Option<CrossKv>,
+    windows: Vec<CrossKv>,
     caches: Vec<KvCache>,
+    /// The window each sequence attends to.
+    seq_windows: Vec<usize>,
 }
 
 impl<'a> CpuBackend<'a> {
     pub fn new(model: &'a Whisper) -> CpuBackend<'a> {
         CpuBackend {
             model,
-            cross: None,
+            windows: Vec::new(),
             caches: Vec::new(),
+            seq_windows: Vec::new(),
         }
     }
 
-    /// The reference over a window whose cross-attention state is known
-    /// already (`Decoder::cross_kv` of an encoder output), as if encoded.
-    pub fn with_window(model: &'a Whisper, cross: CrossKv) -> CpuBackend<'a> {
+    /// The reference over windows whose cross-attention states are known
+    /// already (`Decoder::cross_kv` of encoder outputs), as if encoded.
+    pub fn with_windows(model: &'a Whisper, windows: Vec<CrossKv>) -> CpuBackend<'a> {
         CpuBackend {
             model,
-            cross: Some(cross),
+            windows,
             caches: Vec::new(),
+            seq_windows: Vec::new(),
         }
     }
 
-    fn window(&self) -> &CrossKv {
-        self.cross.as_ref().expect("decoder: no window encoded yet")
+    /// The decoder over the sequences' new `tokens` (`n_new` each), window
+    /// by window; the hidden states [tokens.len(), d].
+    fn forward(&mut self, tokens: &[u32]) -> Vec<f32> {
+        let m = self.model;
+        let n_new = tokens.len() / self.caches.len();
+        let mut hidden = Vec::with_capacity(tokens.len() * m.config.d_model);
+        let mut s = 0;
+        while s < self.caches.len() {
+            let w = self.seq_windows[s];
+            let end = s + self.seq_windows[s..]
+                .iter()
+                .take_while(|&&x| x == w)
+                .count();
+            let cross = self
+                .windows
+                .get(w)
+                .expect("decoder: no window encoded in that slot");
+            hidden.extend(m.decoder.forward(
+                &m.config,
+                &tokens[s * n_new..end * n_new],
+                &mut self.caches[s..end],
+                cross,
+            ));
+            s = end;
+        }
+        hidden
+    }
+
+    /// The logits of `hidden`'s rows, or the picks `pick` asks for.
+    fn pick(&self, hidden: &[f32], pick: &Pick) -> Picks {
+        let m = self.model;
+        let logits = m.decoder.logits(&m.config, hidden);
+        match pick {
+            Pick::Logits => Picks::Logits(logits),
+            Pick::Top { k, rules, rows } => Picks::Top(select::read_picks(
+                &select::whisper_select(&logits, rules, rows, *k),
+                *k,
+            )),
+        }
     }
 }
 
 impl Backend for CpuBackend<'_> {
-    fn encode(&mut self, mel: &[f32]) -> Result<()> {
+    fn encode(&mut self, mels: &[&[f32]]) -> Result<()> {
         let m = self.model;
-        let xa = m.encoder.forward(&m.config, mel);
-        self.cross = Some(m.decoder.cross_kv(&xa));
+        self.windows = mels
+            .iter()
+            .map(|mel| m.decoder.cross_kv(&m.encoder.forward(&m.config, mel)))
+            .collect();
         self.caches.clear();
+        self.seq_windows.clear();
         Ok(())
     }
 
-    fn cross_kv(&mut self) -> Result<&CrossKv> {
-        Ok(self.window())
+    fn cross_kv(&mut self, window: usize) -> Result<&CrossKv> {
+        Ok(self
+            .windows
+            .get(window)
+            .expect("decoder: no window encoded in that slot"))
     }
 
-    fn prompt(&mut self, prompt: &[u32], rows: &[usize]) -> Result<Vec<f32>> {
+    fn prompt(
+        &mut self,
+        prompts: &[&[u32]],
+        probe: Option<(usize, u32)>,
+        pick: &Pick,
+    ) -> Result<(Vec<f32>, Picks)> {
         let m = self.model;
         let d = m.config.d_model;
-        let mut cache = m.decoder.new_cache();
-        let hidden = m.decoder.forward(
-            &m.config,
-            prompt,
-            std::slice::from_mut(&mut cache),
-            self.window(),
+        let n = prompts[0].len();
+        assert!(
+            n > 0 && prompts.iter().all(|p| p.len() == n),
+            "decoder: prompts of one length"
         );
-        self.caches = vec![cache];
-        let picked: Vec<f32> = rows
-            .iter()
-            .flat_map(|&r| hidden[r * d..(r + 1) * d].iter().copied())
+        self.caches = prompts.iter().map(|_| m.decoder.new_cache()).collect();
+        self.seq_windows = (0..prompts.len()).collect();
+        let tokens: Vec<u32> = prompts.concat();
+        let hidden = self.forward(&tokens);
+        let row = |w: usize, r: usize| &hidden[(w * n + r) * d..(w * n + r + 1) * d];
+        let probs = match probe {
+            Some((r, token)) => (0..prompts.len())
+                .map(|w| {
+                    let logits = m.decoder.logits(&m.config, row(w, r));
+                    select::raw_logprob(&logits, token).exp()
+                })
+                .collect(),
+            None => vec![0.0; prompts.len()],
+        };
+        let last: Vec<f32> = (0..prompts.len())
+            .flat_map(|w| row(w, n - 1).iter().copied())
             .collect();
-        Ok(m.decoder.logits(&m.config, &picked))
+        Ok((probs, self.pick(&last, pick)))
     }
 
     fn select(&mut self, sources: &[usize]) -> Result<()> {
         self.caches = sources.iter().map(|&s| self.caches[s].clone()).collect();
+        self.seq_windows = sources.iter().map(|&s| self.seq_windows[s]).collect();
         Ok(())
     }
 
-    fn step(&mut self, tokens: &[u32]) -> Result<Vec<f32>> {
-        let m = self.model;
-        let cross = self.cross.as_ref().expect("decoder: no window encoded yet");
-        let hidden = m
-            .decoder
-            .forward(&m.config, tokens, &mut self.caches, cross);
-        Ok(m.decoder.logits(&m.config, &hidden))
+    fn step(&mut self, tokens: &[u32], pick: &Pick) -> Result<Picks> {
+        assert_eq!(
+            tokens.len(),
+            self.caches.len(),
+            "decoder: one token a sequence"
+        );
+        let hidden = self.forward(tokens);
+        Ok(self.pick(&hidden, pick))
     }
 }
 
@@ -277,10 +407,21 @@ pub fn detect_language(
     backend: &mut dyn Backend,
     mel: &mut dyn Features,
 ) -> Result<(u32, f32)> {
-    let s = &files.tokenizer.specials;
     // The first 3000 frames of the padded signal (not zero-filled).
-    backend.encode(&mel.frames(0, N_FRAMES)?)?;
-    let logits = backend.prompt(&[s.sot], &[0])?;
+    detect_language_window(files, backend, &mel.frames(0, N_FRAMES)?)
+}
+
+/// The language of one window of features [n_mels, 3000], and its
+/// probability (see [`detect_language`]).
+pub fn detect_language_window(
+    files: &WhisperFiles,
+    backend: &mut dyn Backend,
+    window: &[f32],
+) -> Result<(u32, f32)> {
+    let s = &files.tokenizer.specials;
+    backend.encode(&[window])?;
+    let (_, picks) = backend.prompt(&[&[s.sot]], None, &Pick::Logits)?;
+    let logits = picks.logits();
     let langs: Vec<u32> = s.languages.iter().map(|&(_, t)| t).collect();
     let max = langs
         .iter()
@@ -330,19 +471,7 @@ pub fn transcribe_features(
     let tok = &files.tokenizer;
     let s = &tok.specials;
     let multilingual = c.is_multilingual();
-    if opts.task == Task::Translate && !multilingual {
-        return Err(Error::invalid(
-            "--task translate needs a multilingual model; this one is English-only",
-        ));
-    }
-    if opts.temperatures.is_empty() || opts.temperatures.iter().any(|t| !(0.0..=10.0).contains(t)) {
-        return Err(Error::invalid("temperatures must be between 0 and 10"));
-    }
-    if opts.beam_size == 0 || opts.best_of == 0 {
-        return Err(Error::invalid(
-            "--beam-size and --best-of must be at least 1",
-        ));
-    }
+    check_options(files, opts)?;
     let content_frames = mel::content_frames(mel.signal_len());
     let duration = mel.signal_len() as f64 / SAMPLE_RATE as f64;
     let n_mels = files.mel.n_mels;
@@ -362,79 +491,10 @@ pub fn transcribe_features(
         .unwrap_or("en")
         .to_string();
 
-    let mut sot_sequence = vec![s.sot];
-    if multilingual {
-        sot_sequence.push(language_token.expect("multilingual models always have a language"));
-        sot_sequence.push(match opts.task {
-            Task::Transcribe => s.transcribe,
-            Task::Translate => s.translate,
-        });
-    }
-    if opts.without_timestamps {
-        sot_sequence.push(s.no_timestamps);
-    }
-    let suppress_begin = if files.generation.suppress_ids_begin.is_empty() {
-        let mut v = tok.encode(" ")?;
-        v.push(s.eot);
-        v
-    } else {
-        files.generation.suppress_ids_begin.clone()
-    };
-    let mut suppress = files.generation.suppress_ids.clone();
-    // Whatever the config says, the task and start tokens are never sampled.
-    suppress.extend([s.transcribe, s.translate, s.sot, s.sot_prev, s.sot_lm]);
-    suppress.extend(s.no_speech);
-    suppress.sort_unstable();
-    suppress.dedup();
-    let rules = Rules {
-        suppress,
-        suppress_begin: if opts.suppress_blank {
-            suppress_begin
-        } else {
-            Vec::new()
-        },
-        timestamps: !opts.without_timestamps,
-        max_initial_timestamp: opts
-            .max_initial_timestamp
-            .map(|t| (t as f64 / TIME_PRECISION).round() as u32),
-    };
-    let decoder = WindowDecoder {
-        model: m,
-        tokenizer: tok,
-        rules: &rules,
-    };
-    let aligner = Aligner {
-        model: m,
-        tokenizer: tok,
-        sot_sequence: sot_sequence
-            .iter()
-            .copied()
-            .filter(|&t| t != s.no_timestamps)
-            .collect(),
-        heads: if files.generation.alignment_heads.is_empty() {
-            (c.n_text_layers / 2..c.n_text_layers)
-                .flat_map(|l| (0..c.n_text_heads).map(move |h| (l, h)))
-                .collect()
-        } else {
-            files.generation.alignment_heads.clone()
-        },
-        split_on_unicode: ["zh", "ja", "th", "lo", "my", "yue"].contains(&language.as_str()),
-        prepend_punctuations: opts.prepend_punctuations.clone(),
-        append_punctuations: opts.append_punctuations.clone(),
-    };
-    if let Some(&(l, h)) = aligner
-        .heads
-        .iter()
-        .find(|&&(l, h)| l >= c.n_text_layers || h >= c.n_text_heads)
-    {
-        return Err(Error::format(
-            files.dir.join("config.json"),
-            format!(
-                "alignment head ({l}, {h}) outside the decoder's {} layers of {} heads",
-                c.n_text_layers, c.n_text_heads
-            ),
-        ));
-    }
+    let sot_sequence = sot_sequence(files, opts, language_token);
+    let rules = rules(files, opts)?;
+    let decoder = WindowDecoder::new(m, tok, &rules);
+    let aligner = aligner(files, opts, &sot_sequence, &language)?;
     let mut last_speech = 0.0;
     let sample_len = c.n_text_ctx / 2;
     let input_stride = N_FRAMES / c.n_audio_ctx;
@@ -452,7 +512,7 @@ pub fn transcribe_features(
         let segment_size = N_FRAMES.min(content_frames - seek);
         let segment_duration = (segment_size * HOP) as f64 / SAMPLE_RATE as f64;
         let frames = mel.frames(seek, segment_size)?;
-        backend.encode(&mel::pad_window(n_mels, &frames, segment_size))?;
+        backend.encode(&[&mel::pad_window(n_mels, &frames, segment_size)])?;
 
         let previous = &all_tokens[prompt_reset_since..];
         let mut prompt = Vec::new();
@@ -480,53 +540,15 @@ pub fn transcribe_features(
 
         let previous_seek = seek;
         let tokens = &result.tokens;
-        let is_ts: Vec<bool> = tokens.iter().map(|&t| t >= s.timestamp_begin).collect();
-        let ts_pos = |t: u32| (t - s.timestamp_begin) as f64;
-        let single_timestamp_ending =
-            is_ts.len() >= 2 && !is_ts[is_ts.len() - 2] && is_ts[is_ts.len() - 1];
-        // Slices end after each pair of consecutive timestamps.
-        let mut slices: Vec<usize> = (1..tokens.len())
-            .filter(|&i| is_ts[i - 1] && is_ts[i])
-            .collect();
-        let mut pieces: Vec<std::ops::Range<usize>> = Vec::new();
-        let mut spans: Vec<WindowSegment> = Vec::new();
-        let mut piece = |start: f64, end: f64, range: std::ops::Range<usize>| {
-            spans.push(WindowSegment {
-                start,
-                end,
-                tokens: tokens[range.clone()].to_vec(),
-                words: Vec::new(),
-            });
-            pieces.push(range);
+        let split = split_segments(tokens, s.timestamp_begin, time_offset, segment_duration);
+        let (pieces, mut spans, single_timestamp_ending) =
+            (split.pieces, split.spans, split.single_timestamp_ending);
+        seek += match split.last_timestamp {
+            Some(ts) if !single_timestamp_ending => ts as usize * input_stride,
+            _ => segment_size,
         };
-        if !slices.is_empty() {
-            if single_timestamp_ending {
-                slices.push(tokens.len());
-            }
-            let mut last = 0;
-            for &cur in &slices {
-                let start = time_offset + ts_pos(tokens[last]) * TIME_PRECISION;
-                let end = time_offset + ts_pos(tokens[cur - 1]) * TIME_PRECISION;
-                piece(start, end, last..cur);
-                last = cur;
-            }
-            if single_timestamp_ending {
-                seek += segment_size;
-            } else {
-                seek += ts_pos(tokens[last - 1]) as usize * input_stride;
-            }
-        } else {
-            let mut end = segment_duration;
-            if let Some(&last_ts) = tokens.iter().rev().find(|&&t| t >= s.timestamp_begin) {
-                if last_ts != s.timestamp_begin {
-                    end = ts_pos(last_ts) * TIME_PRECISION;
-                }
-            }
-            piece(time_offset, time_offset + end, 0..tokens.len());
-            seek += segment_size;
-        }
         if opts.word_timestamps {
-            let cross = backend.cross_kv()?;
+            let cross = backend.cross_kv(0)?;
             aligner.add_word_timestamps(cross, &mut spans, time_offset, segment_size, last_speech);
             if !single_timestamp_ending {
                 if let Some(end) = words::get_end(&spans).filter(|&e| e > time_offset) {
@@ -587,6 +609,180 @@ pub fn transcribe_features(
     })
 }
 
+/// The options checked against the model, before any work.
+fn check_options(files: &WhisperFiles, opts: &Options) -> Result<()> {
+    if opts.task == Task::Translate && !files.model.config.is_multilingual() {
+        return Err(Error::invalid(
+            "--task translate needs a multilingual model; this one is English-only",
+        ));
+    }
+    if opts.temperatures.is_empty() || opts.temperatures.iter().any(|t| !(0.0..=10.0).contains(t)) {
+        return Err(Error::invalid("temperatures must be between 0 and 10"));
+    }
+    if opts.beam_size == 0 || opts.best_of == 0 {
+        return Err(Error::invalid(
+            "--beam-size and --best-of must be at least 1",
+        ));
+    }
+    Ok(())
+}
+
+/// `<|startoftranscript|>`, the language and task of a multilingual model,
+/// and `<|notimestamps|>` when asked for.
+fn sot_sequence(files: &WhisperFiles, opts: &Options, language_token: Option<u32>) -> Vec<u32> {
+    let s = &files.tokenizer.specials;
+    let mut sot_sequence = vec![s.sot];
+    if files.model.config.is_multilingual() {
+        sot_sequence.push(language_token.expect("multilingual models always have a language"));
+        sot_sequence.push(match opts.task {
+            Task::Transcribe => s.transcribe,
+            Task::Translate => s.translate,
+        });
+    }
+    if opts.without_timestamps {
+        sot_sequence.push(s.no_timestamps);
+    }
+    sot_sequence
+}
+
+/// The logit rules of `opts` for this model.
+fn rules(files: &WhisperFiles, opts: &Options) -> Result<Rules> {
+    let tok = &files.tokenizer;
+    let s = &tok.specials;
+    let suppress_begin = if files.generation.suppress_ids_begin.is_empty() {
+        let mut v = tok.encode(" ")?;
+        v.push(s.eot);
+        v
+    } else {
+        files.generation.suppress_ids_begin.clone()
+    };
+    let mut suppress = files.generation.suppress_ids.clone();
+    // Whatever the config says, the task and start tokens are never sampled.
+    suppress.extend([s.transcribe, s.translate, s.sot, s.sot_prev, s.sot_lm]);
+    suppress.extend(s.no_speech);
+    suppress.sort_unstable();
+    suppress.dedup();
+    Ok(Rules {
+        suppress,
+        suppress_begin: if opts.suppress_blank {
+            suppress_begin
+        } else {
+            Vec::new()
+        },
+        timestamps: !opts.without_timestamps,
+        max_initial_timestamp: opts
+            .max_initial_timestamp
+            .map(|t| (t as f64 / TIME_PRECISION).round() as u32),
+    })
+}
+
+/// The word aligner for a transcript in `language`, its heads checked
+/// against the model.
+fn aligner<'a>(
+    files: &'a WhisperFiles,
+    opts: &Options,
+    sot_sequence: &[u32],
+    language: &str,
+) -> Result<Aligner<'a>> {
+    let c = &files.model.config;
+    let s = &files.tokenizer.specials;
+    let aligner = Aligner {
+        model: &files.model,
+        tokenizer: &files.tokenizer,
+        sot_sequence: sot_sequence
+            .iter()
+            .copied()
+            .filter(|&t| t != s.no_timestamps)
+            .collect(),
+        heads: if files.generation.alignment_heads.is_empty() {
+            (c.n_text_layers / 2..c.n_text_layers)
+                .flat_map(|l| (0..c.n_text_heads).map(move |h| (l, h)))
+                .collect()
+        } else {
+            files.generation.alignment_heads.clone()
+        },
+        split_on_unicode: ["zh", "ja", "th", "lo", "my", "yue"].contains(&language),
+        prepend_punctuations: opts.prepend_punctuations.clone(),
+        append_punctuations: opts.append_punctuations.clone(),
+    };
+    if let Some(&(l, h)) = aligner
+        .heads
+        .iter()
+        .find(|&&(l, h)| l >= c.n_text_layers || h >= c.n_text_heads)
+    {
+        return Err(Error::format(
+            files.dir.join("config.json"),
+            format!(
+                "alignment head ({l}, {h}) outside the decoder's {} layers of {} heads",
+                c.n_text_layers, c.n_text_heads
+            ),
+        ));
+    }
+    Ok(aligner)
+}
+
+/// A window's tokens cut into segments at its timestamps, as
+/// openai-whisper's and faster-whisper's `_split_segments_by_timestamps`.
+struct Split {
+    /// Each segment's tokens, as a range of the window's.
+    pieces: Vec<std::ops::Range<usize>>,
+    /// The segments with their times.
+    spans: Vec<WindowSegment>,
+    /// The window ends in a single timestamp: no speech after it.
+    single_timestamp_ending: bool,
+    /// With segments closed by pairs of timestamps: the last complete
+    /// timestamp's position (20 ms steps), where the next window starts.
+    last_timestamp: Option<u32>,
+}
+
+fn split_segments(tokens: &[u32], timestamp_begin: u32, time_offset: f64, duration: f64) -> Split {
+    let is_ts: Vec<bool> = tokens.iter().map(|&t| t >= timestamp_begin).collect();
+    let ts_pos = |t: u32| (t - timestamp_begin) as f64;
+    let single_timestamp_ending =
+        is_ts.len() >= 2 && !is_ts[is_ts.len() - 2] && is_ts[is_ts.len() - 1];
+    // Slices end after each pair of consecutive timestamps.
+    let mut slices: Vec<usize> = (1..tokens.len())
+        .filter(|&i| is_ts[i - 1] && is_ts[i])
+        .collect();
+    let mut split = Split {
+        pieces: Vec::new(),
+        spans: Vec::new(),
+        single_timestamp_ending,
+        last_timestamp: None,
+    };
+    let mut piece = |start: f64, end: f64, range: std::ops::Range<usize>| {
+        split.spans.push(WindowSegment {
+            start,
+            end,
+            tokens: tokens[range.clone()].to_vec(),
+            words: Vec::new(),
+        });
+        split.pieces.push(range);
+    };
+    if !slices.is_empty() {
+        if single_timestamp_ending {
+            slices.push(tokens.len());
+        }
+        let mut last = 0;
+        for &cur in &slices {
+            let start = time_offset + ts_pos(tokens[last]) * TIME_PRECISION;
+            let end = time_offset + ts_pos(tokens[cur - 1]) * TIME_PRECISION;
+            piece(start, end, last..cur);
+            last = cur;
+        }
+        split.last_timestamp = Some(tokens[last - 1] - timestamp_begin);
+    } else {
+        let mut end = duration;
+        if let Some(&last_ts) = tokens.iter().rev().find(|&&t| t >= timestamp_begin) {
+            if last_ts != timestamp_begin {
+                end = ts_pos(last_ts) * TIME_PRECISION;
+            }
+        }
+        piece(time_offset, time_offset + end, 0..tokens.len());
+    }
+    split
+}
+
 /// Decodes a window at each temperature in turn until the result is neither
 /// too repetitive nor too unlikely (or is judged silence).
 fn decode_with_fallback(
@@ -608,7 +804,9 @@ fn decode_with_fallback(
             length_penalty: opts.length_penalty,
             sample_len,
         };
-        result = decoder.decode(backend, prompt, sot_index, &strategy, rng)?;
+        result = decoder
+            .decode(backend, &[prompt], sot_index, &strategy, rng)?
+            .remove(0);
         let too_repetitive = opts
             .compression_ratio_threshold
             .is_some_and(|t| result.compression_ratio > t);

@@ -377,7 +377,9 @@ impl Aligner<'_> {
     /// faster-whisper's `add_word_timestamps` for the segments of one window
     /// that starts `time_offset` seconds into the audio and holds
     /// `num_frames` mel frames of it; fills `words` and moves the segments'
-    /// times to their words. `last_speech` is where speech last ended.
+    /// times to their words. `last_speech` is where speech last ended;
+    /// returns where it ends after these segments (the end of the last one
+    /// with words), as faster-whisper's does.
     pub fn add_word_timestamps(
         &self,
         cross: &CrossKv,
@@ -385,9 +387,9 @@ impl Aligner<'_> {
         time_offset: f64,
         num_frames: usize,
         mut last_speech: f64,
-    ) {
+    ) -> f64 {
         if segments.is_empty() {
-            return;
+            return last_speech;
         }
         let eot = self.tokenizer.specials.eot;
         let per_segment: Vec<Vec<u32>> = segments
@@ -475,6 +477,7 @@ impl Aligner<'_> {
             }
             seg.words = words;
         }
+        last_speech
     }
 }
 

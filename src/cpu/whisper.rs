@@ -1,0 +1,291 @@
+//! Whisper's choice of the next token, the CPU twin of the `whisper_select`
+//! kernel (`shaders/whisper_select.wgsl`): openai-whisper's logit filters
+//! (suppressed tokens, blank suppression at the start, the timestamp rules)
+//! applied to each row of logits, then the row's log-sum-exp, its k
+//! likeliest tokens and their log probabilities. The search
+//! (`run::transcribe::decode`) reads only these, so a GPU step reads back
+//! a few words a row instead of the 51,864 logits.
+
+/// No token (an unused [`RowRule::probe`]).
+pub const NO_TOKEN: u32 = u32::MAX;
+/// [`RowRule::flags`]: the row's first sampled token (blank suppression).
+pub const ROW_FIRST: u32 = 1;
+/// [`RowRule::flags`]: no rules at all (the raw distribution, for the
+/// no-speech probability and language detection).
+pub const ROW_RAW: u32 = 2;
+
+/// The rules of one row, from the tokens its sequence sampled so far (the
+/// search derives them). Bans are ranges of token ids; the token sets of
+/// [`SelectRules`] come on top.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, bytemuck::Pod, bytemuck::Zeroable)]
+pub struct RowRule {
+    /// Tokens `0..text_end` are banned.
+    pub text_end: u32,
+    /// Timestamps `timestamp_begin..ts_from` are banned (they never go back).
+    pub ts_from: u32,
+    /// Tokens `ts_end..` are banned.
+    pub ts_end: u32,
+    /// [`ROW_FIRST`], [`ROW_RAW`].
+    pub flags: u32,
+    /// A token whose log probability is reported ([`NO_TOKEN`]: none).
+    pub probe: u32,
+    pub _pad: [u32; 3],
+}
+const _: () = assert!(std::mem::size_of::<RowRule>() == 32);
+
+impl RowRule {
+    /// No rules: the model's own distribution.
+    pub fn raw(vocab: usize, probe: u32) -> RowRule {
+        RowRule {
+            text_end: 0,
+            ts_from: 0,
+            ts_end: vocab as u32,
+            flags: ROW_RAW,
+            probe,
+            _pad: [0; 3],
+        }
+    }
+}
+
+/// What the rows of a run share.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SelectRules {
+    pub vocab: usize,
+    pub timestamp_begin: u32,
+    /// Take a timestamp when the timestamps together are likelier than
+    /// any text token (openai-whisper's rule, with timestamps on).
+    pub timestamps: bool,
+    /// Two bitmaps of `mask_words(vocab)` words each: tokens never
+    /// sampled, then tokens not sampled first (bit t % 32 of word t / 32).
+    pub masks: Vec<u32>,
+}
+
+/// Words of one token bitmap.
+pub fn mask_words(vocab: usize) -> usize {
+    vocab.div_ceil(32)
+}
+
+/// The two bitmaps of [`SelectRules::masks`] from token lists (ids past
+/// the vocabulary are ignored, as openai-whisper's indexing would fail on
+/// them only for a broken config).
+pub fn token_masks(vocab: usize, always: &[u32], first: &[u32]) -> Vec<u32> {
+    let words = mask_words(vocab);
+    let mut m = vec![0u32; 2 * words];
+    for (set, list) in [always, first].iter().enumerate() {
+        for &t in list.iter().filter(|&&t| (t as usize) < vocab) {
+            m[set * words + t as usize / 32] |= 1 << (t % 32);
+        }
+    }
+    m
+}
+
+/// u32 words [`whisper_select`] writes per row: the probe's log
+/// probability (f32 bits), a flag set when the row's logits hold a NaN or
+/// an infinity, then k pairs (token, log probability bits).
+pub fn select_words(k: usize) -> usize {
+    2 + 2 * k
+}
+
+fn banned(rules: &SelectRules, rule: &RowRule, t: usize) -> bool {
+    if rule.flags & ROW_RAW != 0 {
+        return false;
+    }
+    let words = mask_words(rules.vocab);
+    let bit = |set: usize| rules.masks[set * words + t / 32] >> (t % 32) & 1 == 1;
+    let t32 = t as u32;
+    bit(0)
+        || (rule.flags & ROW_FIRST != 0 && bit(1))
+        || t32 < rule.text_end
+        || (t32 >= rules.timestamp_begin && t32 < rule.ts_from)
+        || t32 >= rule.ts_end
+}
+
+/// One row's logits after the rules (banned tokens at -inf), and the
+/// log-sum-exp of what is left. The timestamp rule compares the
+/// timestamps' log-sum-exp with the best text logit, both before the
+/// normalisation openai-whisper subtracts from each (the same comparison).
+pub fn filter_row(row: &mut [f32], rules: &SelectRules, rule: &RowRule) -> f32 {
+    let tb = (rules.timestamp_begin as usize).min(row.len());
+    let ninf = f32::NEG_INFINITY;
+    for (t, v) in row.iter_mut().enumerate() {
+        if banned(rules, rule, t) || v.is_nan() {
+            *v = ninf;
+        }
+    }
+    let lse = |x: &[f32]| {
+        let max = x.iter().copied().fold(ninf, f32::max);
+        if max == ninf {
+            return ninf;
+        }
+        max + x.iter().map(|v| (v - max).exp()).sum::<f32>().ln()
+    };
+    if rules.timestamps && rule.flags & ROW_RAW == 0 {
+        let ts_lse = lse(&row[tb..]);
+        let text_max = row[..tb].iter().copied().fold(ninf, f32::max);
+        if ts_lse > text_max {
+            row[..tb].fill(ninf);
+            return ts_lse;
+        }
+    }
+    lse(row)
+}
+
+/// The log probability of `token` under the row's own distribution (no
+/// rules): what [`whisper_select`] reports for a [`RowRule::raw`] probe.
+pub fn raw_logprob(row: &[f32], token: u32) -> f32 {
+    let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let lse = max + row.iter().map(|v| (v - max).exp()).sum::<f32>().ln();
+    row[token as usize] - lse
+}
+
+/// For each row of `logits` ([rows.len(), vocab]) under its rule: the
+/// probe's log probability, whether the row held a NaN or an infinity, and
+/// the k likeliest tokens (by filtered logit, the lower id first on ties;
+/// banned tokens at -inf come last, in id order) with their log
+/// probabilities, as [`select_words`] words a row.
+pub fn whisper_select(logits: &[f32], rules: &SelectRules, rows: &[RowRule], k: usize) -> Vec<u32> {
+    let vocab = rules.vocab;
+    assert!(
+        logits.len() == rows.len() * vocab && k <= vocab,
+        "whisper_select: logits [{}] for {} rows of {vocab}, k {k}",
+        logits.len(),
+        rows.len()
+    );
+    assert_eq!(
+        rules.masks.len(),
+        2 * mask_words(vocab),
+        "whisper_select: masks"
+    );
+    let mut out = Vec::with_capacity(rows.len() * select_words(k));
+    for (r, rule) in rows.iter().enumerate() {
+        let raw = &logits[r * vocab..(r + 1) * vocab];
+        let nonfinite = raw.iter().any(|v| !v.is_finite());
+        let mut row = raw.to_vec();
+        let lse = filter_row(&mut row, rules, rule);
+        let probe = match rule.probe {
+            NO_TOKEN => f32::NEG_INFINITY,
+            t => row[t as usize] - lse,
+        };
+        out.push(probe.to_bits());
+        out.push(nonfinite as u32);
+        let mut top: Vec<usize> = (0..vocab).collect();
+        let order = |&a: &usize, &b: &usize| row[b].total_cmp(&row[a]).then(a.cmp(&b));
+        if k < vocab {
+            top.select_nth_unstable_by(k, order);
+        }
+        top.truncate(k);
+        top.sort_by(order);
+        for t in top {
+            out.push(t as u32);
+            out.push((row[t] - lse).to_bits());
+        }
+    }
+    out
+}
+
+/// One row's result, read from [`whisper_select`]'s words (or the kernel's).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Picked {
+    /// The probe's log probability (-inf without a probe).
+    pub probe: f32,
+    /// The k likeliest tokens, best first, and their log probabilities
+    /// (NaN when the row's logits were not all finite: damaged weights
+    /// then show in every score).
+    pub tokens: Vec<u32>,
+    pub logprobs: Vec<f32>,
+}
+
+/// Splits the words of `rows` rows into their results.
+pub fn read_picks(words: &[u32], k: usize) -> Vec<Picked> {
+    words
+        .chunks_exact(select_words(k))
+        .map(|w| {
+            let damaged = w[1] != 0;
+            let lp = |bits: u32| {
+                if damaged {
+                    f32::NAN
+                } else {
+                    f32::from_bits(bits)
+                }
+            };
+            Picked {
+                probe: lp(w[0]),
+                tokens: w[2..].iter().step_by(2).copied().collect(),
+                logprobs: w[3..].iter().step_by(2).map(|&b| lp(b)).collect(),
+            }
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rules(vocab: usize, tb: u32, always: &[u32], first: &[u32]) -> SelectRules {
+        SelectRules {
+            vocab,
+            timestamp_begin: tb,
+            timestamps: true,
+            masks: token_masks(vocab, always, first),
+        }
+    }
+
+    fn open(vocab: usize) -> RowRule {
+        RowRule {
+            text_end: 0,
+            ts_from: 0,
+            ts_end: vocab as u32,
+            flags: 0,
+            probe: NO_TOKEN,
+            _pad: [0; 3],
+        }
+    }
+
+    #[test]
+    fn bans_and_order() {
+        // Text 0..6, timestamps 6..10.
+        let r = rules(10, 6, &[2], &[0]);
+        let logits = [5.0, 1.0, 9.0, 3.0, 3.0, 0.0, -1.0, -2.0, -3.0, -4.0];
+        let first = RowRule {
+            flags: ROW_FIRST,
+            ..open(10)
+        };
+        let got = read_picks(&whisper_select(&logits, &r, &[first], 3), 3);
+        // 2 is always banned, 0 at the first token; 3 and 4 tie: 3 first.
+        assert_eq!(got[0].tokens, vec![3, 4, 1]);
+        let lse = filter_row(&mut logits.to_vec(), &r, &first);
+        assert_eq!(got[0].logprobs[0], 3.0 - lse);
+        // Timestamps likelier than any text token: text is banned and the
+        // log probabilities are over the timestamps alone.
+        let ts = [0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.5, 0.5, 0.0, 0.0];
+        let got = read_picks(&whisper_select(&ts, &r, &[open(10)], 2), 2);
+        assert_eq!(got[0].tokens, vec![6, 7]);
+        let sum: f32 = [0.5f32, 0.5, 0.0, 0.0].iter().map(|v| v.exp()).sum();
+        assert!((got[0].logprobs[0] - (0.5 - sum.ln())).abs() < 1e-6);
+        // Ranges: text below 5 and timestamps below 8 banned.
+        let ranged = RowRule {
+            text_end: 5,
+            ts_from: 8,
+            ..open(10)
+        };
+        let got = read_picks(&whisper_select(&logits, &r, &[ranged], 3), 3);
+        assert_eq!(got[0].tokens, vec![5, 8, 9]);
+        // Raw: no rules, and the probe's probability.
+        let got = read_picks(&whisper_select(&logits, &r, &[RowRule::raw(10, 2)], 1), 1);
+        assert_eq!(got[0].tokens, vec![2]);
+        let z: f32 = logits.iter().map(|v| (v - 9.0).exp()).sum();
+        assert!((got[0].probe - (-z.ln())).abs() < 1e-6);
+    }
+
+    #[test]
+    fn damaged_logits_poison_the_scores() {
+        let r = rules(4, 4, &[], &[]);
+        let got = read_picks(
+            &whisper_select(&[1.0, f32::NAN, 0.0, 2.0], &r, &[open(4)], 1),
+            1,
+        );
+        assert_eq!(got[0].tokens, vec![3]);
+        assert!(got[0].logprobs[0].is_nan());
+    }
+}
