@@ -543,6 +543,7 @@ enum DepthwiseBuild {
     BlocksAvx512,
 }
 
+#[cfg(target_arch = "x86_64")]
 impl DepthwiseBuild {
     /// The geometries the blocks take: square 3x3 or 5x5 kernels, strides
     /// of 1 or 2, no dilation.
@@ -793,9 +794,11 @@ unsafe fn depthwise_tile_avx2(
 }
 
 /// Output rows a block of [`depthwise_blocks_avx512`] computes at once.
+#[cfg(target_arch = "x86_64")]
 const DB_ROWS: usize = 4;
 /// 16-pixel vectors a block spans at most: with [`DB_ROWS`], 16 sums in
 /// registers.
+#[cfg(target_arch = "x86_64")]
 const DB_VECTORS: usize = 4;
 
 /// One output plane of a depthwise convolution whose geometry
