@@ -7,4 +7,3 @@ pub mod fs;
 pub mod log;
 pub mod progress;
 pub mod rng;
-pub mod team;
