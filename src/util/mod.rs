@@ -7,3 +7,4 @@ pub mod fs;
 pub mod log;
 pub mod progress;
 pub mod rng;
+pub mod team;

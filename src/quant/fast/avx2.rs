@@ -357,64 +357,254 @@ unsafe fn block<const RI: usize, const RT: usize>(
     }
 }
 
-/// Sum of 32 unsigned levels (`w`, bytes 0..255) times 32 signed input
-/// levels, in 8 i32 lanes: byte products summed in pairs to i16 (at most
-/// 2 * 255 * 127, no saturation for 4-bit and sign-folded 7-bit levels),
-/// then pairs of those to i32.
-#[inline]
+/// `super::panel_product` with 256-bit fused multiply-adds: 6 input rows by
+/// 16 panel columns a pass (12 accumulators, 2 loads of weights and 6
+/// broadcast inputs a step), two passes a panel.
 #[target_feature(enable = "avx2,fma")]
-unsafe fn dot32_u8_i8(w: __m256i, x: __m256i) -> __m256 {
-    let pairs = _mm256_maddubs_epi16(w, x);
-    _mm256_cvtepi32_ps(_mm256_madd_epi16(pairs, _mm256_set1_epi16(1)))
+pub(super) unsafe fn panel_product(x: &[f32], k: usize, panel: &[f32], out: &mut [f32]) {
+    let m = x.len() / k;
+    for half in [0, 16] {
+        let mut i = 0;
+        while i + 6 <= m {
+            panel_rows_256::<6>(x, k, panel, out, i, half);
+            i += 6;
+        }
+        while i < m {
+            panel_rows_256::<1>(x, k, panel, out, i, half);
+            i += 1;
+        }
+    }
 }
 
-/// A Q4_0/Q4_1 block's 32 levels as bytes: low nibbles are elements 0..16,
-/// high nibbles 16..32.
-#[inline]
-#[target_feature(enable = "avx2,fma")]
-unsafe fn nibbles_u8(qs: &[u8; 16]) -> __m256i {
-    let mask = _mm_set1_epi8(0x0F);
-    let q = _mm_loadu_si128(qs.as_ptr().cast());
-    let lo = _mm_and_si128(q, mask);
-    let hi = _mm_and_si128(_mm_srli_epi16(q, 4), mask);
-    _mm256_set_m128i(hi, lo)
+/// Rows `i..i + R` of [`panel_product`] by panel columns `c0..c0 + 16`.
+#[inline(always)]
+unsafe fn panel_rows_256<const R: usize>(
+    x: &[f32],
+    k: usize,
+    panel: &[f32],
+    out: &mut [f32],
+    i: usize,
+    c0: usize,
+) {
+    use super::PANEL;
+    let xp = x[i * k..(i + R) * k].as_ptr();
+    let pp = panel.as_ptr().add(c0);
+    let mut acc = [[_mm256_setzero_ps(); 2]; R];
+    for j in 0..k {
+        let p0 = _mm256_loadu_ps(pp.add(j * PANEL));
+        let p1 = _mm256_loadu_ps(pp.add(j * PANEL + 8));
+        for (r, a) in acc.iter_mut().enumerate() {
+            let xb = _mm256_broadcast_ss(&*xp.add(r * k + j));
+            a[0] = _mm256_fmadd_ps(xb, p0, a[0]);
+            a[1] = _mm256_fmadd_ps(xb, p1, a[1]);
+        }
+    }
+    let o = out[i * PANEL..(i + R) * PANEL].as_mut_ptr().add(c0);
+    for (r, a) in acc.iter().enumerate() {
+        _mm256_storeu_ps(o.add(r * PANEL), a[0]);
+        _mm256_storeu_ps(o.add(r * PANEL + 8), a[1]);
+    }
 }
 
-/// The int8 Q4_0/Q4_1 loop: per block, the byte products of its levels
-/// with the input's, scaled by `d_w d_x`, plus `c_w s_x`, where `c` is the
-/// weight's constant part (Q4_0's `-8 d_w`, Q4_1's min `m`). `scales` gives
-/// a block's levels and its (d, c), converted from f16 with F16C. Two
-/// blocks a step into two accumulators, so consecutive blocks do not wait
-/// on one chain of multiply-adds.
+/// `super::panel_product` with 512-bit fused multiply-adds: 6 input rows by
+/// the panel's 32 columns a step (12 accumulators of AVX-512's 32
+/// registers); the same chains as [`panel_product`], so the same bits.
+#[target_feature(enable = "avx2,fma,avx512f")]
+pub(super) unsafe fn panel_product_avx512(x: &[f32], k: usize, panel: &[f32], out: &mut [f32]) {
+    let m = x.len() / k;
+    let mut i = 0;
+    while i + 6 <= m {
+        panel_rows_512::<6>(x, k, panel, out, i);
+        i += 6;
+    }
+    while i < m {
+        panel_rows_512::<1>(x, k, panel, out, i);
+        i += 1;
+    }
+}
+
+/// Rows `i..i + R` of [`panel_product_avx512`].
+#[inline(always)]
+unsafe fn panel_rows_512<const R: usize>(
+    x: &[f32],
+    k: usize,
+    panel: &[f32],
+    out: &mut [f32],
+    i: usize,
+) {
+    use super::PANEL;
+    let xp = x[i * k..(i + R) * k].as_ptr();
+    let pp = panel.as_ptr();
+    let mut acc = [[_mm512_setzero_ps(); 2]; R];
+    for j in 0..k {
+        let p0 = _mm512_loadu_ps(pp.add(j * PANEL));
+        let p1 = _mm512_loadu_ps(pp.add(j * PANEL + 16));
+        for (r, a) in acc.iter_mut().enumerate() {
+            let xb = _mm512_set1_ps(*xp.add(r * k + j));
+            a[0] = _mm512_fmadd_ps(xb, p0, a[0]);
+            a[1] = _mm512_fmadd_ps(xb, p1, a[1]);
+        }
+    }
+    let o = out[i * PANEL..(i + R) * PANEL].as_mut_ptr();
+    for (r, a) in acc.iter().enumerate() {
+        _mm512_storeu_ps(o.add(r * PANEL), a[0]);
+        _mm512_storeu_ps(o.add(r * PANEL + 16), a[1]);
+    }
+}
+
+/// Sum of 32 byte products (unsigned `w` times signed `x`) in 8 i32 lanes,
+/// each the exact sum of four consecutive products, as one VNNI `dpbusd`
+/// gives them: `maddubs` sums pairs to i16 (at most 2 * 255 * 127, no
+/// saturation for 4-bit and sign-folded 7-bit levels), `madd` pairs of those.
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn dot32_u8_i8(w: __m256i, x: __m256i) -> __m256i {
+    _mm256_madd_epi16(_mm256_maddubs_epi16(w, x), _mm256_set1_epi16(1))
+}
+
+/// The weight types of the int8 kernels (`F` below).
+const Q4_0: u8 = 0;
+const Q4_1: u8 = 1;
+const Q8_0: u8 = 2;
+
+/// Bytes of a block of type `F`; each starts with its f16 scale d (and
+/// Q4_1 with its f16 min after it).
+const fn block_bytes(f: u8) -> usize {
+    match f {
+        Q4_0 => std::mem::size_of::<BlockQ4_0>(),
+        Q4_1 => std::mem::size_of::<BlockQ4_1>(),
+        _ => std::mem::size_of::<BlockQ8_0>(),
+    }
+}
+
+/// A block's 32 levels as unsigned bytes, and the input's 32 levels signed
+/// to match, so that their byte products are the products of the levels:
+/// Q4_0/Q4_1 nibbles (low nibbles are elements 0..16, high ones 16..32), and
+/// Q8_0's |w| with w's sign moved onto the input.
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn operands<const F: u8>(b: *const u8, x: __m256i) -> (__m256i, __m256i) {
+    if F == Q8_0 {
+        let w = _mm256_loadu_si256(b.add(2).cast());
+        (_mm256_sign_epi8(w, w), _mm256_sign_epi8(x, w))
+    } else {
+        let q = _mm_loadu_si128(b.add(if F == Q4_1 { 4 } else { 2 }).cast());
+        let mask = _mm_set1_epi8(0x0F);
+        let lo = _mm_and_si128(q, mask);
+        let hi = _mm_and_si128(_mm_srli_epi16(q, 4), mask);
+        (_mm256_set_m128i(hi, lo), x)
+    }
+}
+
+/// The int8 kernels' sum for one row, in the order every copy uses (see
+/// `int8::rows_with`): per block the exact integer sum S of the level
+/// products, acc = fma(S, d_w d_x, acc) and off = fma(c_w, s_x, off) with
+/// c the weight's constant part (Q4_0's -8 d_w, Q4_1's min, none for
+/// Q8_0), block after block; then acc + off. [`int8_rows4`] computes four
+/// rows at once in the same order, lane by lane, so a row's bits do not
+/// depend on whether it ran in a group of four.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn nibble_rows_int8<B>(
-    blocks: &[B],
+unsafe fn int8_row<const F: u8>(
+    p: *const u8,
     x: &super::int8::Q8Input,
-    parts: impl Fn(&B) -> (&[u8; 16], f32, f32),
-    dot: impl Fn(__m256i, __m256i) -> __m256,
+    dot: impl Fn(__m256i, __m256i) -> __m256i,
 ) -> f32 {
-    let (xq, xd, xs) = (x.qs.as_ptr(), &x.d[..blocks.len()], &x.s[..blocks.len()]);
-    let block = |i: usize, acc: __m256, offset: f32| {
-        let (qs, d, c) = parts(&blocks[i]);
-        let t = dot(nibbles_u8(qs), _mm256_loadu_si256(xq.add(32 * i).cast()));
-        (
-            _mm256_fmadd_ps(t, _mm256_set1_ps(d * xd[i]), acc),
-            offset + c * xs[i],
-        )
-    };
-    let (mut a0, mut a1) = (_mm256_setzero_ps(), _mm256_setzero_ps());
-    let (mut o0, mut o1) = (0.0f32, 0.0f32);
-    let mut i = 0;
-    while i + 2 <= blocks.len() {
-        (a0, o0) = block(i, a0, o0);
-        (a1, o1) = block(i + 1, a1, o1);
-        i += 2;
+    let (xq, xd, xs) = (x.qs.as_ptr(), &x.d, &x.s);
+    let (mut acc, mut off) = (0.0f32, 0.0f32);
+    for i in 0..xd.len() {
+        let b = p.add(i * block_bytes(F));
+        let (w, v) = operands::<F>(b, _mm256_loadu_si256(xq.add(32 * i).cast()));
+        let t = dot(w, v);
+        let t = _mm_add_epi32(_mm256_castsi256_si128(t), _mm256_extracti128_si256(t, 1));
+        let t = _mm_hadd_epi32(t, t);
+        let sum = _mm_cvtsi128_si32(_mm_hadd_epi32(t, t));
+        let (d, e) = f16_pair([*b, *b.add(1)], [*b.add(2), *b.add(3)]);
+        acc = (sum as f32).mul_add(d * xd[i], acc);
+        match F {
+            Q4_0 => off = (-8.0 * d).mul_add(xs[i], off),
+            Q4_1 => off = e.mul_add(xs[i], off),
+            _ => {}
+        }
     }
-    if i < blocks.len() {
-        (a0, o0) = block(i, a0, o0);
+    acc + off
+}
+
+/// [`int8_row`] of the four rows at `p`, `p + rb`, `p + 2 rb`, `p + 3 rb`:
+/// the input block is loaded once for the four, their integer sums are
+/// reduced together into four lanes, and their scales converted together.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn int8_rows4<const F: u8>(
+    p: *const u8,
+    rb: usize,
+    x: &super::int8::Q8Input,
+    dot: impl Fn(__m256i, __m256i) -> __m256i,
+) -> __m128 {
+    let (xq, xd, xs) = (x.qs.as_ptr(), &x.d, &x.s);
+    let (mut acc, mut off) = (_mm_setzero_ps(), _mm_setzero_ps());
+    // [d0 e0 d1 e1 d2 e2 d3 e3] (each block's first two f16 values) to
+    // [d0 d1 d2 d3 | e0 e1 e2 e3].
+    let split = _mm256_setr_epi32(0, 2, 4, 6, 1, 3, 5, 7);
+    for i in 0..xd.len() {
+        let v = _mm256_loadu_si256(xq.add(32 * i).cast());
+        let b0 = p.add(i * block_bytes(F));
+        let (b1, b2, b3) = (b0.add(rb), b0.add(2 * rb), b0.add(3 * rb));
+        let t = |b: *const u8| {
+            let (w, v) = operands::<F>(b, v);
+            dot(w, v)
+        };
+        // Lanes: [t0 t1 t2 t3] of the low halves, then of the high ones.
+        let h = _mm256_hadd_epi32(
+            _mm256_hadd_epi32(t(b0), t(b1)),
+            _mm256_hadd_epi32(t(b2), t(b3)),
+        );
+        let sums = _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
+        let heads = _mm_setr_epi32(
+            b0.cast::<i32>().read_unaligned(),
+            b1.cast::<i32>().read_unaligned(),
+            b2.cast::<i32>().read_unaligned(),
+            b3.cast::<i32>().read_unaligned(),
+        );
+        let de = _mm256_permutevar8x32_ps(_mm256_cvtph_ps(heads), split);
+        let d = _mm256_castps256_ps128(de);
+        acc = _mm_fmadd_ps(
+            _mm_cvtepi32_ps(sums),
+            _mm_mul_ps(d, _mm_set1_ps(xd[i])),
+            acc,
+        );
+        let c = match F {
+            Q4_0 => _mm_mul_ps(_mm_set1_ps(-8.0), d),
+            Q4_1 => _mm256_extractf128_ps(de, 1),
+            _ => continue,
+        };
+        off = _mm_fmadd_ps(c, _mm_set1_ps(xs[i]), off);
     }
-    hsum(_mm256_add_ps(a0, a1)) + o0 + o1
+    _mm_add_ps(acc, off)
+}
+
+/// Rows of type `F` (`out.len()` of them, back to back in `rows`) dotted
+/// with the int8 input: four at a time, the rest one by one.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn int8_rows<const F: u8>(
+    rows: &[u8],
+    x: &super::int8::Q8Input,
+    out: &mut [f32],
+    dot: impl Fn(__m256i, __m256i) -> __m256i + Copy,
+) {
+    let rb = x.d.len() * block_bytes(F);
+    assert_eq!(rows.len(), rb * out.len(), "int8 rows: wrong size");
+    let p = rows.as_ptr();
+    let mut r = 0;
+    while r + 4 <= out.len() {
+        let four = int8_rows4::<F>(p.add(r * rb), rb, x, dot);
+        _mm_storeu_ps(out.as_mut_ptr().add(r), four);
+        r += 4;
+    }
+    for (i, o) in out.iter_mut().enumerate().skip(r) {
+        *o = int8_row::<F>(p.add(i * rb), x, dot);
+    }
 }
 
 /// Two f16 values (little-endian, `lo` then `hi`) as f32, with F16C.
@@ -426,26 +616,6 @@ unsafe fn f16_pair(lo: [u8; 2], hi: [u8; 2]) -> (f32, f32) {
     (_mm_cvtss_f32(v), _mm_cvtss_f32(_mm_movehdup_ps(v)))
 }
 
-/// Signed by signed: the weight's sign moves onto the input so the byte
-/// product sees |w| (unsigned) times +-x.
-#[inline(always)]
-unsafe fn q8_0_int8_with(
-    row: &[u8],
-    x: &super::int8::Q8Input,
-    dot: impl Fn(__m256i, __m256i) -> __m256,
-) -> f32 {
-    let blocks: &[BlockQ8_0] = bytemuck::cast_slice(row);
-    let mut acc = _mm256_setzero_ps();
-    for (i, b) in blocks.iter().enumerate() {
-        let w = _mm256_loadu_si256(b.qs.as_ptr().cast());
-        let xq = _mm256_loadu_si256(x.qs.as_ptr().add(32 * i).cast());
-        let t = dot(_mm256_sign_epi8(w, w), _mm256_sign_epi8(xq, w));
-        let (d, _) = f16_pair(b.d, [0, 0]);
-        acc = _mm256_fmadd_ps(t, _mm256_set1_ps(d * x.d[i]), acc);
-    }
-    hsum(acc)
-}
-
 /// The int8 row kernels, once per way of computing a block's byte
 /// products: AVX2's `maddubs` + `madd`, and the single `dpbusd` of AVX-VNNI
 /// or of AVX-512 VNNI (on 256-bit registers). Every way gives the same i32
@@ -454,39 +624,21 @@ unsafe fn q8_0_int8_with(
 macro_rules! int8_kernels {
     ($features:literal, $dot:expr, $q4_0:ident, $q4_1:ident, $q8_0:ident) => {
         // The closures are written here, inside the functions with the
-        // features, so they inherit them and the F16C conversion inlines
-        // (a closure outside is a call per block: a fifth of decode).
+        // features, so they inherit them and inline (a closure outside is a
+        // call per block: a fifth of decode).
         #[target_feature(enable = $features)]
-        pub(super) unsafe fn $q4_0(row: &[u8], x: &super::int8::Q8Input) -> f32 {
-            let blocks: &[BlockQ4_0] = bytemuck::cast_slice(row);
-            nibble_rows_int8(
-                blocks,
-                x,
-                |b| {
-                    let (d, _) = f16_pair(b.d, [0, 0]);
-                    (&b.qs, d, -8.0 * d)
-                },
-                $dot,
-            )
+        pub(super) unsafe fn $q4_0(rows: &[u8], x: &super::int8::Q8Input, out: &mut [f32]) {
+            int8_rows::<Q4_0>(rows, x, out, $dot)
         }
 
         #[target_feature(enable = $features)]
-        pub(super) unsafe fn $q4_1(row: &[u8], x: &super::int8::Q8Input) -> f32 {
-            let blocks: &[BlockQ4_1] = bytemuck::cast_slice(row);
-            nibble_rows_int8(
-                blocks,
-                x,
-                |b| {
-                    let (d, m) = f16_pair(b.d, b.m);
-                    (&b.qs, d, m)
-                },
-                $dot,
-            )
+        pub(super) unsafe fn $q4_1(rows: &[u8], x: &super::int8::Q8Input, out: &mut [f32]) {
+            int8_rows::<Q4_1>(rows, x, out, $dot)
         }
 
         #[target_feature(enable = $features)]
-        pub(super) unsafe fn $q8_0(row: &[u8], x: &super::int8::Q8Input) -> f32 {
-            q8_0_int8_with(row, x, $dot)
+        pub(super) unsafe fn $q8_0(rows: &[u8], x: &super::int8::Q8Input, out: &mut [f32]) {
+            int8_rows::<Q8_0>(rows, x, out, $dot)
         }
     };
 }
@@ -500,14 +652,14 @@ int8_kernels!(
 );
 int8_kernels!(
     "avx2,fma,f16c,avxvnni",
-    |w, x| _mm256_cvtepi32_ps(_mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), w, x)),
+    |w, x| _mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), w, x),
     q4_0_int8_avxvnni,
     q4_1_int8_avxvnni,
     q8_0_int8_avxvnni
 );
 int8_kernels!(
     "avx2,fma,f16c,avx512f,avx512vl,avx512vnni",
-    |w, x| _mm256_cvtepi32_ps(_mm256_dpbusd_epi32(_mm256_setzero_si256(), w, x)),
+    |w, x| _mm256_dpbusd_epi32(_mm256_setzero_si256(), w, x),
     q4_0_int8_avx512vnni,
     q4_1_int8_avx512vnni,
     q8_0_int8_avx512vnni
