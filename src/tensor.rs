@@ -17,7 +17,7 @@
 
 use crate::error::{Error, Result};
 use crate::quant::{self, GgmlType};
-use crate::util::team;
+use crate::util::par;
 use rayon::prelude::*;
 use std::sync::Arc;
 
@@ -318,12 +318,11 @@ pub fn matvec(w: &Tensor, x: &[f32], y: &mut [f32]) {
     matvec_with(w, x, y, Activations::F32)
 }
 
-/// Rows a member of the team takes at a time: about 16 KiB of weights, so
+/// Rows a worker takes at a time: about 16 KiB of weights, so
 /// a decode product splits into enough pieces that two threads finish
-/// together, while claiming one costs little beside reading it; a multiple
-/// of 4, the int8 kernels' group of rows.
+/// together, while claiming one costs little beside reading it.
 fn rows_per_chunk(row_bytes: usize) -> usize {
-    ((16 << 10) / row_bytes.max(1) / 4 * 4).max(4)
+    ((16 << 10) / row_bytes.max(1)).max(4)
 }
 
 /// [`matvec`] with the input treated as `act` says.
@@ -369,7 +368,7 @@ pub fn matvec_same_input(ws: &[&Tensor], x: &[f32], ys: &mut [&mut [f32]], act: 
         }
     }
     let chunk = ws.iter().map(|w| rows_per_chunk(w.row_bytes())).min();
-    team::for_each_chunk_mut(ys, chunk.unwrap_or(1), |m, r0, out| {
+    par::for_each_chunk_mut(ys, chunk.unwrap_or(1), |m, r0, out| {
         let rb = ws[m].row_bytes();
         dots[dot_of[m]].dot_rows(&ws[m].bytes()[r0 * rb..(r0 + out.len()) * rb], out);
     });
@@ -409,7 +408,7 @@ pub fn matvec_rows(w: &Tensor, x: &[f32], m: usize, y: &mut [f32], act: Activati
     // transposed into y.
     let mut yt = vec![0.0f32; n * m];
     let chunk = rows_per_chunk(rb * m) * m;
-    team::for_each_chunk_mut(&mut [&mut yt], chunk, |_, start, out| {
+    par::for_each_chunk_mut(&mut [&mut yt], chunk, |_, start, out| {
         let r0 = start / m;
         for (i, o) in out.chunks_exact_mut(m).enumerate() {
             let row = &bytes[(r0 + i) * rb..(r0 + i + 1) * rb];
@@ -451,8 +450,8 @@ pub fn matmul(w: &Tensor, x: &[f32], m: usize, y: &mut [f32]) {
     use quant::fast::PANEL;
     let rb = w.row_bytes();
     let bytes = w.bytes();
-    let y_parts = team::DisjointMut::new(y);
-    team::for_each_index(n.div_ceil(PANEL), |p| {
+    let y_parts = par::DisjointMut::new(y);
+    par::for_each_index(n.div_ceil(PANEL), |p| {
         PANEL_SCRATCH.with(|s| {
             let [rows, panel, out] = &mut *s.borrow_mut();
             rows.resize(PANEL * k, 0.0);

@@ -118,8 +118,7 @@ fn greedy_continuation_and_logits_match_transformers() {
 /// model, against the same transformers run (the prompt is prefilled in
 /// f32, so this measures the decode steps): every
 /// greedy token matches, and the top-20 logits of the first 8 steps stay
-/// within 5e-2 of the largest (measured: 1.4e-2, also with the 16-bit head; 2.3e-2 with the
-/// four-row kernels' order of summation, one chain a row; a kernel that mixes up
+/// within 5e-2 of the largest (measured: 1.4e-2, also with the 16-bit head; a kernel that mixes up
 /// levels or scales is off by more than the logits themselves).
 #[test]
 fn int8_decode_follows_transformers() {

@@ -7,7 +7,7 @@
 use super::{add_assign, dot, gelu_tanh, rms_norm, silu, softmax_rows};
 use crate::quant;
 use crate::tensor::{self, Tensor};
-use crate::util::team;
+use crate::util::par;
 
 /// Which dimensions RoPE rotates together.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -243,7 +243,7 @@ pub fn flash_attention(
 
 /// [`flash_attention`] over a cache whose position p is row `row(p)` of k
 /// and v (a paged cache: the row in the block its table names). Every
-/// (query, head) pair is one piece of work for the thread team; each is
+/// (query, head) pair is one piece of parallel work; each is
 /// computed the same way whichever thread takes it.
 #[allow(clippy::too_many_arguments)]
 pub fn flash_attention_at(
@@ -267,7 +267,7 @@ pub fn flash_attention_at(
     if hd == 0 {
         return;
     }
-    team::for_each_chunk_mut(&mut [out], hd, |_, start, o| {
+    par::for_each_chunk_mut(&mut [out], hd, |_, start, o| {
         let (t, h) = (start / hd / heads, start / hd % heads);
         // Query t sits at absolute position kv_len - n + t and sees up to it.
         let end = kv_len - n + t + 1;
