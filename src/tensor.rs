@@ -17,6 +17,7 @@
 
 use crate::error::{Error, Result};
 use crate::quant::{self, GgmlType};
+use crate::util::par;
 use rayon::prelude::*;
 use std::sync::Arc;
 
@@ -317,31 +318,27 @@ pub fn matvec(w: &Tensor, x: &[f32], y: &mut [f32]) {
     matvec_with(w, x, y, Activations::F32)
 }
 
+/// Rows a worker takes at a time: about 16 KiB of weights, so
+/// a decode product splits into enough pieces that two threads finish
+/// together, while claiming one costs little beside reading it.
+fn rows_per_chunk(row_bytes: usize) -> usize {
+    ((16 << 10) / row_bytes.max(1)).max(4)
+}
+
 /// [`matvec`] with the input treated as `act` says.
 pub fn matvec_with(w: &Tensor, x: &[f32], y: &mut [f32], act: Activations) {
-    let (n, k) = (w.rows(), w.row_len());
-    assert_eq!(x.len(), k, "matvec '{}': x is not [{k}]", w.name);
-    assert_eq!(y.len(), n, "matvec '{}': y is not [{n}]", w.name);
-    let rb = w.row_bytes();
-    let bytes = w.bytes();
-    let dot = act.row_dot(w.dtype, x);
-    y.par_iter_mut()
-        .enumerate()
-        .with_min_len(16)
-        .for_each(|(r, out)| *out = dot.dot(&bytes[r * rb..(r + 1) * rb]));
+    matvec_same_input(&[w], x, &mut [y], act)
 }
 
 /// `ys[i] = ws[i] x` for several matrices with the same input, in one
-/// parallel pass over all their rows: one fork and join instead of one per
-/// matrix (decode's q/k/v and gate/up, where each pass is short).
+/// parallel step over all their rows (decode's q/k/v and gate/up, where
+/// each product alone is short).
 pub fn matvec_same_input(ws: &[&Tensor], x: &[f32], ys: &mut [&mut [f32]], act: Activations) {
     assert_eq!(
         ws.len(),
         ys.len(),
         "matvec_same_input: one output per matrix"
     );
-    let mut starts = Vec::with_capacity(ws.len() + 1);
-    let mut total = 0;
     for (w, y) in ws.iter().zip(ys.iter()) {
         assert_eq!(
             x.len(),
@@ -357,24 +354,24 @@ pub fn matvec_same_input(ws: &[&Tensor], x: &[f32], ys: &mut [&mut [f32]], act: 
             w.name,
             w.rows()
         );
-        starts.push(total);
-        total += w.rows();
     }
-    starts.push(total);
-    let dots: Vec<quant::fast::RowDot> = ws.iter().map(|w| act.row_dot(w.dtype, x)).collect();
-    let mut out = vec![0.0f32; total];
-    out.par_iter_mut()
-        .enumerate()
-        .with_min_len(16)
-        .for_each(|(i, o)| {
-            let m = starts.partition_point(|&s| s <= i) - 1;
-            let (w, r) = (ws[m], i - starts[m]);
-            let rb = w.row_bytes();
-            *o = dots[m].dot(&w.bytes()[r * rb..(r + 1) * rb]);
-        });
-    for (m, y) in ys.iter_mut().enumerate() {
-        y.copy_from_slice(&out[starts[m]..starts[m + 1]]);
+    // One prepared input (int8: one quantisation) per weight type.
+    let mut dots: Vec<quant::fast::RowDot> = Vec::new();
+    let mut dot_of = Vec::with_capacity(ws.len());
+    for (i, w) in ws.iter().enumerate() {
+        match ws[..i].iter().position(|v| v.dtype == w.dtype) {
+            Some(j) => dot_of.push(dot_of[j]),
+            None => {
+                dot_of.push(dots.len());
+                dots.push(act.row_dot(w.dtype, x));
+            }
+        }
     }
+    let chunk = ws.iter().map(|w| rows_per_chunk(w.row_bytes())).min();
+    par::for_each_chunk_mut(ys, chunk.unwrap_or(1), |m, r0, out| {
+        let rb = ws[m].row_bytes();
+        dots[dot_of[m]].dot_rows(&ws[m].bytes()[r0 * rb..(r0 + out.len()) * rb], out);
+    });
 }
 
 /// [`matvec_with`] of `m` inputs at once: x: [m, k] -> y: [m, n], each row
@@ -407,18 +404,19 @@ pub fn matvec_rows(w: &Tensor, x: &[f32], m: usize, y: &mut [f32], act: Activati
         .chunks_exact(k)
         .map(|xi| act.row_dot(w.dtype, xi))
         .collect();
-    // Computed transposed ([n, m], one weight row per item), then
+    // Computed transposed ([n, m], one weight row per m outputs), then
     // transposed into y.
     let mut yt = vec![0.0f32; n * m];
-    yt.par_chunks_mut(m)
-        .enumerate()
-        .with_min_len(16)
-        .for_each(|(r, out)| {
-            let row = &bytes[r * rb..(r + 1) * rb];
-            for (o, d) in out.iter_mut().zip(&dots) {
-                *o = d.dot(row);
+    let chunk = rows_per_chunk(rb * m) * m;
+    par::for_each_chunk_mut(&mut [&mut yt], chunk, |_, start, out| {
+        let r0 = start / m;
+        for (i, o) in out.chunks_exact_mut(m).enumerate() {
+            let row = &bytes[(r0 + i) * rb..(r0 + i + 1) * rb];
+            for (o, d) in o.iter_mut().zip(&dots) {
+                d.dot_rows(row, std::slice::from_mut(o));
             }
-        });
+        }
+    });
     for (j, col) in yt.chunks_exact(m).enumerate() {
         for (i, &v) in col.iter().enumerate() {
             y[i * n + j] = v;
@@ -426,12 +424,16 @@ pub fn matvec_rows(w: &Tensor, x: &[f32], m: usize, y: &mut [f32], act: Activati
     }
 }
 
-/// Weight rows dequantised together in [`matmul`], so each input row is read
-/// once per tile rather than once per weight row.
-const MATMUL_TILE: usize = 16;
+thread_local! {
+    /// [`matmul`]'s buffers for one panel: dequantised rows, the packed
+    /// panel and its product, kept between calls.
+    static PANEL_SCRATCH: std::cell::RefCell<[Vec<f32>; 3]> = Default::default();
+}
 
-/// w: [n, k] (any type), x: [m, k] -> y: [m, n]; y = x W^T. Each weight row
-/// is dequantised once and dotted with every input row.
+/// w: [n, k] (any type), x: [m, k] -> y: [m, n]; y = x W^T. Panels of
+/// [`quant::fast::PANEL`] weight rows are dequantised once, packed, and
+/// multiplied with every input row ([`quant::fast::panel_product`]), a
+/// panel per piece of work.
 pub fn matmul(w: &Tensor, x: &[f32], m: usize, y: &mut [f32]) {
     let (n, k) = (w.rows(), w.row_len());
     assert_eq!(x.len(), m * k, "matmul '{}': x is not [{m}, {k}]", w.name);
@@ -442,33 +444,32 @@ pub fn matmul(w: &Tensor, x: &[f32], m: usize, y: &mut [f32]) {
     if m == 0 || n == 0 {
         return;
     }
+    if k == 0 {
+        return y.fill(0.0);
+    }
+    use quant::fast::PANEL;
     let rb = w.row_bytes();
     let bytes = w.bytes();
-    // Computed transposed ([n, m], one tile of weight rows per task), then
-    // transposed into y.
-    let mut yt = vec![0.0f32; n * m];
-    yt.par_chunks_mut(MATMUL_TILE * m)
-        .enumerate()
-        .for_each_init(
-            || vec![0.0f32; MATMUL_TILE * k],
-            |wbuf, (tile, out)| {
-                let r0 = tile * MATMUL_TILE;
-                let nr = out.len() / m;
-                for t in 0..nr {
-                    let r = r0 + t;
-                    let dst = &mut wbuf[t * k..(t + 1) * k];
-                    quant::dequantize_row(w.dtype, &bytes[r * rb..(r + 1) * rb], dst);
-                }
-                if k > 0 {
-                    quant::fast::dot_tile(x, &wbuf[..nr * k], k, out);
-                }
-            },
-        );
-    for (j, col) in yt.chunks_exact(m).enumerate() {
-        for (i, &v) in col.iter().enumerate() {
-            y[i * n + j] = v;
-        }
-    }
+    let y_parts = par::DisjointMut::new(y);
+    par::for_each_index(n.div_ceil(PANEL), |p| {
+        PANEL_SCRATCH.with(|s| {
+            let [rows, panel, out] = &mut *s.borrow_mut();
+            rows.resize(PANEL * k, 0.0);
+            panel.resize(PANEL * k, 0.0);
+            out.resize(PANEL * m, 0.0);
+            let (t0, nr) = (p * PANEL, PANEL.min(n - p * PANEL));
+            for (c, row) in rows.chunks_exact_mut(k).take(nr).enumerate() {
+                quant::dequantize_row(w.dtype, &bytes[(t0 + c) * rb..][..rb], row);
+            }
+            quant::fast::pack_panel(&rows[..nr * k], k, panel);
+            quant::fast::panel_product(x, k, panel, &mut out[..m * PANEL]);
+            for (i, o) in out.chunks_exact(PANEL).take(m).enumerate() {
+                // SAFETY: panel p alone writes columns t0..t0 + nr.
+                let dst = unsafe { y_parts.part(i * n + t0, nr) };
+                dst.copy_from_slice(&o[..nr]);
+            }
+        })
+    });
 }
 
 #[cfg(test)]

@@ -7,6 +7,7 @@
 use super::{add_assign, dot, gelu_tanh, rms_norm, silu, softmax_rows};
 use crate::quant;
 use crate::tensor::{self, Tensor};
+use crate::util::par;
 
 /// Which dimensions RoPE rotates together.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -241,7 +242,9 @@ pub fn flash_attention(
 }
 
 /// [`flash_attention`] over a cache whose position p is row `row(p)` of k
-/// and v (a paged cache: the row in the block its table names).
+/// and v (a paged cache: the row in the block its table names). Every
+/// (query, head) pair is one piece of parallel work; each is
+/// computed the same way whichever thread takes it.
 #[allow(clippy::too_many_arguments)]
 pub fn flash_attention_at(
     q: &[f32],
@@ -251,37 +254,42 @@ pub fn flash_attention_at(
     kv_len: usize,
     s: &AttnShape,
     out: &mut [f32],
-    row: impl Fn(usize) -> usize,
+    row: impl Fn(usize) -> usize + Sync,
 ) {
     let (heads, hd) = (s.heads, s.head_dim);
     let group = heads / s.kv_heads;
     let kvw = s.kv_heads * hd;
-    let mut scores = vec![0.0f32; kv_len];
-    for t in 0..n {
+    assert_eq!(
+        out.len(),
+        n * heads * hd,
+        "flash_attention: out is not [n, heads, hd]"
+    );
+    if hd == 0 {
+        return;
+    }
+    par::for_each_chunk_mut(&mut [out], hd, |_, start, o| {
+        let (t, h) = (start / hd / heads, start / hd % heads);
         // Query t sits at absolute position kv_len - n + t and sees up to it.
         let end = kv_len - n + t + 1;
-        let start = if s.window > 0 {
+        let first = if s.window > 0 {
             end.saturating_sub(s.window)
         } else {
             0
         };
-        let visible = end - start;
-        for h in 0..heads {
-            let kh = h / group;
-            let qv = &q[(t * heads + h) * hd..][..hd];
-            for (j, sc) in scores[..visible].iter_mut().enumerate() {
-                *sc = dot(qv, &k[row(start + j) * kvw + kh * hd..][..hd]) * s.scale;
-            }
-            softmax_rows(&mut scores[..visible], visible);
-            let o = &mut out[(t * heads + h) * hd..][..hd];
-            o.fill(0.0);
-            for (j, &sc) in scores[..visible].iter().enumerate() {
-                for (o, &vv) in o.iter_mut().zip(&v[row(start + j) * kvw + kh * hd..][..hd]) {
-                    *o += sc * vv;
-                }
+        let visible = end - first;
+        let kh = h / group;
+        let qv = &q[(t * heads + h) * hd..][..hd];
+        let mut scores: Vec<f32> = (first..end)
+            .map(|p| dot(qv, &k[row(p) * kvw + kh * hd..][..hd]) * s.scale)
+            .collect();
+        softmax_rows(&mut scores, visible);
+        o.fill(0.0);
+        for (j, &sc) in scores.iter().enumerate() {
+            for (o, &vv) in o.iter_mut().zip(&v[row(first + j) * kvw + kh * hd..][..hd]) {
+                *o += sc * vv;
             }
         }
-    }
+    });
 }
 
 /// The softmax scale 1 / sqrt(head_dim), as one f32 both backends use.

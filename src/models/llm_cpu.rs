@@ -21,6 +21,7 @@ use super::recipe::{self, DecoderOps, Residual};
 use crate::cpu;
 use crate::error::{Error, Result};
 use crate::tensor::{self, Activations, Tensor};
+use crate::util::par;
 use std::collections::{BTreeMap, HashMap};
 
 /// Observer of named intermediate activations (`"layer.3.conv_out"`), for
@@ -855,9 +856,12 @@ impl DecoderOps for CpuPass<'_> {
         cpu::rms_norm(&self.x, &layer.norm2, cfg.norm_eps, &mut self.h);
         let (mut g, mut u) = (vec![0.0f32; n * f], vec![0.0f32; n * f]);
         self.products(&[&layer.gate, &layer.up], &self.h, &mut [&mut g, &mut u]);
-        for (g, u) in g.iter_mut().zip(&u) {
-            *g = cpu::ffn_act(cfg.ffn_act, *g) * u;
-        }
+        // A prompt's activations in parallel pieces.
+        par::for_each_chunk_mut(&mut [&mut g], 1 << 14, |_, start, part| {
+            for (g, u) in part.iter_mut().zip(&u[start..]) {
+                *g = cpu::ffn_act(cfg.ffn_act, *g) * u;
+            }
+        });
         self.y = g;
         Ok(())
     }

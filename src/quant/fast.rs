@@ -134,11 +134,49 @@ impl<'a> RowDot<'a> {
             }
             Path::Int8(q, k) => {
                 self.check_row(row);
-                k(row, q)
+                let mut out = 0.0;
+                k(row, q, std::slice::from_mut(&mut out));
+                out
             }
             Path::Int16(q, k) => {
                 self.check_row(row);
                 k(row, q)
+            }
+        }
+    }
+
+    /// [`RowDot::dot`] of consecutive rows (`rows`, `out.len()` of them
+    /// back to back) into `out`: each the same bits as `dot` of that row.
+    pub fn dot_rows(&self, rows: &[u8], out: &mut [f32]) {
+        let rb = self.row_bytes.unwrap_or(0);
+        assert_eq!(
+            rows.len(),
+            rb * out.len(),
+            "RowDot: {} bytes are not {} {} rows of {} elements",
+            rows.len(),
+            out.len(),
+            self.dtype,
+            self.x.len()
+        );
+        if rb == 0 {
+            return out.iter_mut().for_each(|o| *o = 0.0);
+        }
+        match &self.path {
+            Path::Reference => {
+                for (o, r) in out.iter_mut().zip(rows.chunks_exact(rb)) {
+                    *o = super::dot_row(self.dtype, r, self.x);
+                }
+            }
+            Path::F32(k, sums) => {
+                for (o, r) in out.iter_mut().zip(rows.chunks_exact(rb)) {
+                    *o = k(r, self.x, sums);
+                }
+            }
+            Path::Int8(q, k) => k(rows, q, out),
+            Path::Int16(q, k) => {
+                for (o, r) in out.iter_mut().zip(rows.chunks_exact(rb)) {
+                    *o = k(r, q);
+                }
             }
         }
     }
@@ -326,6 +364,105 @@ fn dot_tile_body(x: &[f32], w: &[f32], k: usize, out: &mut [f32]) {
             }
             out[t * m + i] = sum_lanes(&acc) + tail;
         }
+    }
+}
+
+/// Weight rows (columns of the product) in a packed panel ([`pack_panel`],
+/// [`panel_product`]).
+pub const PANEL: usize = 32;
+
+/// Packs `rows` ([nr, k], nr <= [`PANEL`]) into `panel` ([k, PANEL]):
+/// element j of row c goes to `panel[j * PANEL + c]`, and the columns past
+/// nr are zeros.
+pub fn pack_panel(rows: &[f32], k: usize, panel: &mut [f32]) {
+    assert!(
+        k > 0 && rows.len().is_multiple_of(k) && rows.len() / k <= PANEL,
+        "pack_panel: not [<= {PANEL}, {k}]"
+    );
+    assert_eq!(
+        panel.len(),
+        k * PANEL,
+        "pack_panel: panel is not [{k}, {PANEL}]"
+    );
+    let nr = rows.len() / k;
+    if nr < PANEL {
+        panel.fill(0.0);
+    }
+    // Eight rows at a time, so each pass writes whole 32-byte runs.
+    let mut c = 0;
+    while c + 8 <= nr {
+        let r: [&[f32]; 8] = std::array::from_fn(|q| &rows[(c + q) * k..(c + q + 1) * k]);
+        for (j, dst) in panel.chunks_exact_mut(PANEL).enumerate() {
+            for q in 0..8 {
+                dst[c + q] = r[q][j];
+            }
+        }
+        c += 8;
+    }
+    for c in c..nr {
+        for (j, &v) in rows[c * k..(c + 1) * k].iter().enumerate() {
+            panel[j * PANEL + c] = v;
+        }
+    }
+}
+
+type PanelKernel = fn(&[f32], usize, &[f32], &mut [f32]);
+
+fn panel_variants() -> Vec<PanelKernel> {
+    #[allow(unused_mut)]
+    let mut v: Vec<PanelKernel> = vec![panel_product_body];
+    #[cfg(target_arch = "x86_64")]
+    {
+        use std::arch::is_x86_feature_detected as has;
+        if has!("avx2") && has!("fma") {
+            // SAFETY: listed only when the CPU reports AVX2 and FMA.
+            v.push(|x, k, p, o| unsafe { avx2::panel_product(x, k, p, o) });
+            if has!("avx512f") {
+                // SAFETY: and AVX-512F.
+                v.push(|x, k, p, o| unsafe { avx2::panel_product_avx512(x, k, p, o) });
+            }
+        }
+    }
+    v
+}
+
+/// The product of the rows of `x` ([m, k]) with a packed panel
+/// ([`pack_panel`], [k, PANEL]) -> out: [m, PANEL]; `out[i * PANEL + c]` is
+/// x_i . w_c summed as one chain of fused multiply-adds in order of j, so
+/// every copy (portable, AVX2, AVX-512) gives the same bits, and an output
+/// does not depend on the other rows or columns computed with it. The SIMD
+/// copies hold a block of rows by the whole panel in registers and
+/// broadcast one input value a step, so each loaded weight feeds several
+/// rows: the matrix product's prefill kernel.
+pub fn panel_product(x: &[f32], k: usize, panel: &[f32], out: &mut [f32]) {
+    static KERNEL: std::sync::OnceLock<PanelKernel> = std::sync::OnceLock::new();
+    assert!(
+        k > 0 && x.len().is_multiple_of(k),
+        "panel_product: rows of {k}"
+    );
+    assert_eq!(
+        panel.len(),
+        k * PANEL,
+        "panel_product: panel is not [{k}, {PANEL}]"
+    );
+    assert_eq!(
+        out.len(),
+        x.len() / k * PANEL,
+        "panel_product: out is not [m, {PANEL}]"
+    );
+    let kernel = KERNEL.get_or_init(|| panel_variants().pop().expect("portable kernel"));
+    kernel(x, k, panel, out)
+}
+
+fn panel_product_body(x: &[f32], k: usize, panel: &[f32], out: &mut [f32]) {
+    for (xr, o) in x.chunks_exact(k).zip(out.chunks_exact_mut(PANEL)) {
+        let mut acc = [0.0f32; PANEL];
+        for (&xv, p) in xr.iter().zip(panel.chunks_exact(PANEL)) {
+            for (a, &pv) in acc.iter_mut().zip(p) {
+                *a = xv.mul_add(pv, *a);
+            }
+        }
+        o.copy_from_slice(&acc);
     }
 }
 
@@ -766,6 +903,64 @@ mod tests {
     /// share a step; each sum is the same chain of operations, so their
     /// results are bit-equal (row counts that leave remainders at both
     /// edges included).
+    /// Every copy of the panel product (portable, AVX2, AVX-512) gives the
+    /// same bits, row by row as for all rows at once; each output is within
+    /// f32 rounding of the f64 dot product, and packed columns past the
+    /// rows given are zeros.
+    #[test]
+    fn panel_product_copies_agree_bit_for_bit() {
+        let mut rng = Rng::new(10);
+        for (m, nr, k) in [
+            (1, 1, 1),
+            (7, 32, 33),
+            (13, 5, 260),
+            (6, 32, 576),
+            (2, 31, 1025),
+        ] {
+            let x = rng.vec(m * k, -1.0, 1.0);
+            let rows = rng.vec(nr * k, -1.0, 1.0);
+            let mut panel = vec![f32::NAN; k * PANEL];
+            pack_panel(&rows, k, &mut panel);
+            let run = |kern: PanelKernel, x: &[f32]| {
+                let mut out = vec![f32::NAN; x.len() / k * PANEL];
+                kern(x, k, &panel, &mut out);
+                out
+            };
+            let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+            let want = run(panel_product_body, &x);
+            for (i, o) in want.chunks_exact(PANEL).enumerate() {
+                for (c, &got) in o.iter().enumerate() {
+                    if c >= nr {
+                        assert_eq!(got.to_bits(), 0, "{m}x{nr}x{k}: padding column {c}");
+                        continue;
+                    }
+                    let (xr, wr) = (&x[i * k..(i + 1) * k], &rows[c * k..(c + 1) * k]);
+                    let dot: f64 = xr.iter().zip(wr).map(|(a, b)| *a as f64 * *b as f64).sum();
+                    let mag: f64 = xr.iter().zip(wr).map(|(a, b)| (*a * *b).abs() as f64).sum();
+                    assert!(
+                        (got as f64 - dot).abs() <= 1e-6 * mag * (k as f64).sqrt() + 1e-30,
+                        "{m}x{nr}x{k} [{i}, {c}]: {got} vs {dot}"
+                    );
+                }
+            }
+            for (v, kern) in panel_variants().into_iter().enumerate() {
+                assert_eq!(
+                    bits(&run(kern, &x)),
+                    bits(&want),
+                    "{m}x{nr}x{k} variant {v}"
+                );
+                for (i, xr) in x.chunks_exact(k).enumerate() {
+                    let alone = run(kern, xr);
+                    assert_eq!(
+                        bits(&alone),
+                        bits(&want[i * PANEL..(i + 1) * PANEL]),
+                        "{m}x{nr}x{k} variant {v} row {i} alone"
+                    );
+                }
+            }
+        }
+    }
+
     #[test]
     fn dot_tile_simd_copies_are_bit_equal() {
         let mut rng = Rng::new(9);

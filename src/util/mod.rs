@@ -5,5 +5,6 @@ pub mod atomic_write;
 pub mod date;
 pub mod fs;
 pub mod log;
+pub mod par;
 pub mod progress;
 pub mod rng;

@@ -357,64 +357,205 @@ unsafe fn block<const RI: usize, const RT: usize>(
     }
 }
 
-/// Sum of 32 unsigned levels (`w`, bytes 0..255) times 32 signed input
-/// levels, in 8 i32 lanes: byte products summed in pairs to i16 (at most
-/// 2 * 255 * 127, no saturation for 4-bit and sign-folded 7-bit levels),
-/// then pairs of those to i32.
-#[inline]
+/// `super::panel_product` with 256-bit fused multiply-adds: 6 input rows by
+/// 16 panel columns a pass (12 accumulators, 2 loads of weights and 6
+/// broadcast inputs a step), two passes a panel.
 #[target_feature(enable = "avx2,fma")]
-unsafe fn dot32_u8_i8(w: __m256i, x: __m256i) -> __m256 {
-    let pairs = _mm256_maddubs_epi16(w, x);
-    _mm256_cvtepi32_ps(_mm256_madd_epi16(pairs, _mm256_set1_epi16(1)))
+pub(super) unsafe fn panel_product(x: &[f32], k: usize, panel: &[f32], out: &mut [f32]) {
+    let m = x.len() / k;
+    for half in [0, 16] {
+        let mut i = 0;
+        while i + 6 <= m {
+            panel_rows_256::<6>(x, k, panel, out, i, half);
+            i += 6;
+        }
+        while i < m {
+            panel_rows_256::<1>(x, k, panel, out, i, half);
+            i += 1;
+        }
+    }
 }
 
-/// A Q4_0/Q4_1 block's 32 levels as bytes: low nibbles are elements 0..16,
-/// high nibbles 16..32.
-#[inline]
-#[target_feature(enable = "avx2,fma")]
-unsafe fn nibbles_u8(qs: &[u8; 16]) -> __m256i {
-    let mask = _mm_set1_epi8(0x0F);
-    let q = _mm_loadu_si128(qs.as_ptr().cast());
-    let lo = _mm_and_si128(q, mask);
-    let hi = _mm_and_si128(_mm_srli_epi16(q, 4), mask);
-    _mm256_set_m128i(hi, lo)
+/// Rows `i..i + R` of [`panel_product`] by panel columns `c0..c0 + 16`.
+#[inline(always)]
+unsafe fn panel_rows_256<const R: usize>(
+    x: &[f32],
+    k: usize,
+    panel: &[f32],
+    out: &mut [f32],
+    i: usize,
+    c0: usize,
+) {
+    use super::PANEL;
+    let xp = x[i * k..(i + R) * k].as_ptr();
+    let pp = panel.as_ptr().add(c0);
+    let mut acc = [[_mm256_setzero_ps(); 2]; R];
+    for j in 0..k {
+        let p0 = _mm256_loadu_ps(pp.add(j * PANEL));
+        let p1 = _mm256_loadu_ps(pp.add(j * PANEL + 8));
+        for (r, a) in acc.iter_mut().enumerate() {
+            let xb = _mm256_broadcast_ss(&*xp.add(r * k + j));
+            a[0] = _mm256_fmadd_ps(xb, p0, a[0]);
+            a[1] = _mm256_fmadd_ps(xb, p1, a[1]);
+        }
+    }
+    let o = out[i * PANEL..(i + R) * PANEL].as_mut_ptr().add(c0);
+    for (r, a) in acc.iter().enumerate() {
+        _mm256_storeu_ps(o.add(r * PANEL), a[0]);
+        _mm256_storeu_ps(o.add(r * PANEL + 8), a[1]);
+    }
 }
 
-/// The int8 Q4_0/Q4_1 loop: per block, the byte products of its levels
-/// with the input's, scaled by `d_w d_x`, plus `c_w s_x`, where `c` is the
-/// weight's constant part (Q4_0's `-8 d_w`, Q4_1's min `m`). `scales` gives
-/// a block's levels and its (d, c), converted from f16 with F16C. Two
-/// blocks a step into two accumulators, so consecutive blocks do not wait
-/// on one chain of multiply-adds.
+/// `super::panel_product` with 512-bit fused multiply-adds: 6 input rows by
+/// the panel's 32 columns a step (12 accumulators of AVX-512's 32
+/// registers); the same chains as [`panel_product`], so the same bits.
+#[target_feature(enable = "avx2,fma,avx512f")]
+pub(super) unsafe fn panel_product_avx512(x: &[f32], k: usize, panel: &[f32], out: &mut [f32]) {
+    let m = x.len() / k;
+    let mut i = 0;
+    while i + 6 <= m {
+        panel_rows_512::<6>(x, k, panel, out, i);
+        i += 6;
+    }
+    while i < m {
+        panel_rows_512::<1>(x, k, panel, out, i);
+        i += 1;
+    }
+}
+
+/// Rows `i..i + R` of [`panel_product_avx512`].
+#[inline(always)]
+unsafe fn panel_rows_512<const R: usize>(
+    x: &[f32],
+    k: usize,
+    panel: &[f32],
+    out: &mut [f32],
+    i: usize,
+) {
+    use super::PANEL;
+    let xp = x[i * k..(i + R) * k].as_ptr();
+    let pp = panel.as_ptr();
+    let mut acc = [[_mm512_setzero_ps(); 2]; R];
+    for j in 0..k {
+        let p0 = _mm512_loadu_ps(pp.add(j * PANEL));
+        let p1 = _mm512_loadu_ps(pp.add(j * PANEL + 16));
+        for (r, a) in acc.iter_mut().enumerate() {
+            let xb = _mm512_set1_ps(*xp.add(r * k + j));
+            a[0] = _mm512_fmadd_ps(xb, p0, a[0]);
+            a[1] = _mm512_fmadd_ps(xb, p1, a[1]);
+        }
+    }
+    let o = out[i * PANEL..(i + R) * PANEL].as_mut_ptr();
+    for (r, a) in acc.iter().enumerate() {
+        _mm512_storeu_ps(o.add(r * PANEL), a[0]);
+        _mm512_storeu_ps(o.add(r * PANEL + 16), a[1]);
+    }
+}
+
+/// Sum of 32 byte products (unsigned `w` times signed `x`) in 8 i32 lanes,
+/// each the exact sum of four consecutive products, as one VNNI `dpbusd`
+/// gives them: `maddubs` sums pairs to i16 (at most 2 * 255 * 127, no
+/// saturation for 4-bit and sign-folded 7-bit levels), `madd` pairs of those.
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn dot32_u8_i8(w: __m256i, x: __m256i) -> __m256i {
+    _mm256_madd_epi16(_mm256_maddubs_epi16(w, x), _mm256_set1_epi16(1))
+}
+
+/// The weight types of the int8 kernels (`F` below).
+const Q4_0: u8 = 0;
+const Q4_1: u8 = 1;
+const Q8_0: u8 = 2;
+
+/// Bytes of a block of type `F`; each starts with its f16 scale d (and
+/// Q4_1 with its f16 min after it).
+const fn block_bytes(f: u8) -> usize {
+    match f {
+        Q4_0 => std::mem::size_of::<BlockQ4_0>(),
+        Q4_1 => std::mem::size_of::<BlockQ4_1>(),
+        _ => std::mem::size_of::<BlockQ8_0>(),
+    }
+}
+
+/// A block's 32 levels as unsigned bytes, and the input's 32 levels signed
+/// to match, so that their byte products are the products of the levels:
+/// Q4_0/Q4_1 nibbles (low nibbles are elements 0..16, high ones 16..32), and
+/// Q8_0's |w| with w's sign moved onto the input.
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn operands<const F: u8>(b: *const u8, x: __m256i) -> (__m256i, __m256i) {
+    if F == Q8_0 {
+        let w = _mm256_loadu_si256(b.add(2).cast());
+        (_mm256_sign_epi8(w, w), _mm256_sign_epi8(x, w))
+    } else {
+        let q = _mm_loadu_si128(b.add(if F == Q4_1 { 4 } else { 2 }).cast());
+        let mask = _mm_set1_epi8(0x0F);
+        let lo = _mm_and_si128(q, mask);
+        let hi = _mm_and_si128(_mm_srli_epi16(q, 4), mask);
+        (_mm256_set_m128i(hi, lo), x)
+    }
+}
+
+/// The int8 kernels' sum for one row: per block the exact integer sums of
+/// the level products in 8 lanes (four products a lane), converted and
+/// scaled by d_w d_x into f32 lanes, blocks alternating between two
+/// accumulators so consecutive blocks do not wait on one chain; the
+/// weight's constant part c_w (Q4_0's -8 d_w, Q4_1's min, none for Q8_0)
+/// times s_x in two scalar sums alike; the lanes summed once at the end.
+/// Every copy (AVX2, AVX-VNNI, AVX-512 VNNI) gets the same i32 lanes, so
+/// all give the same bits, and a row's bits do not depend on the rows
+/// computed with it. (Reducing each block's sums horizontally instead, to
+/// match a scalar order, made decode 0.6-0.7x as fast on AMD Zen 4.)
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn nibble_rows_int8<B>(
-    blocks: &[B],
+unsafe fn int8_row<const F: u8>(
+    p: *const u8,
     x: &super::int8::Q8Input,
-    parts: impl Fn(&B) -> (&[u8; 16], f32, f32),
-    dot: impl Fn(__m256i, __m256i) -> __m256,
+    dot: impl Fn(__m256i, __m256i) -> __m256i,
 ) -> f32 {
-    let (xq, xd, xs) = (x.qs.as_ptr(), &x.d[..blocks.len()], &x.s[..blocks.len()]);
-    let block = |i: usize, acc: __m256, offset: f32| {
-        let (qs, d, c) = parts(&blocks[i]);
-        let t = dot(nibbles_u8(qs), _mm256_loadu_si256(xq.add(32 * i).cast()));
-        (
-            _mm256_fmadd_ps(t, _mm256_set1_ps(d * xd[i]), acc),
-            offset + c * xs[i],
-        )
+    let (xq, xd, xs) = (x.qs.as_ptr(), &x.d, &x.s);
+    let block = |i: usize, acc: __m256, off: f32| {
+        let b = p.add(i * block_bytes(F));
+        let (w, v) = operands::<F>(b, _mm256_loadu_si256(xq.add(32 * i).cast()));
+        let t = _mm256_cvtepi32_ps(dot(w, v));
+        let (d, e) = f16_pair([*b, *b.add(1)], [*b.add(2), *b.add(3)]);
+        let acc = _mm256_fmadd_ps(t, _mm256_set1_ps(d * xd[i]), acc);
+        let off = match F {
+            Q4_0 => (-8.0 * d).mul_add(xs[i], off),
+            Q4_1 => e.mul_add(xs[i], off),
+            _ => off,
+        };
+        (acc, off)
     };
     let (mut a0, mut a1) = (_mm256_setzero_ps(), _mm256_setzero_ps());
     let (mut o0, mut o1) = (0.0f32, 0.0f32);
     let mut i = 0;
-    while i + 2 <= blocks.len() {
+    while i + 2 <= xd.len() {
         (a0, o0) = block(i, a0, o0);
         (a1, o1) = block(i + 1, a1, o1);
         i += 2;
     }
-    if i < blocks.len() {
+    if i < xd.len() {
         (a0, o0) = block(i, a0, o0);
     }
-    hsum(_mm256_add_ps(a0, a1)) + o0 + o1
+    hsum(_mm256_add_ps(a0, a1)) + (o0 + o1)
+}
+
+/// Rows of type `F` (`out.len()` of them, back to back in `rows`) dotted
+/// with the int8 input, one at a time.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn int8_rows<const F: u8>(
+    rows: &[u8],
+    x: &super::int8::Q8Input,
+    out: &mut [f32],
+    dot: impl Fn(__m256i, __m256i) -> __m256i + Copy,
+) {
+    let rb = x.d.len() * block_bytes(F);
+    assert_eq!(rows.len(), rb * out.len(), "int8 rows: wrong size");
+    for (i, o) in out.iter_mut().enumerate() {
+        *o = int8_row::<F>(rows.as_ptr().add(i * rb), x, dot);
+    }
 }
 
 /// Two f16 values (little-endian, `lo` then `hi`) as f32, with F16C.
@@ -426,26 +567,6 @@ unsafe fn f16_pair(lo: [u8; 2], hi: [u8; 2]) -> (f32, f32) {
     (_mm_cvtss_f32(v), _mm_cvtss_f32(_mm_movehdup_ps(v)))
 }
 
-/// Signed by signed: the weight's sign moves onto the input so the byte
-/// product sees |w| (unsigned) times +-x.
-#[inline(always)]
-unsafe fn q8_0_int8_with(
-    row: &[u8],
-    x: &super::int8::Q8Input,
-    dot: impl Fn(__m256i, __m256i) -> __m256,
-) -> f32 {
-    let blocks: &[BlockQ8_0] = bytemuck::cast_slice(row);
-    let mut acc = _mm256_setzero_ps();
-    for (i, b) in blocks.iter().enumerate() {
-        let w = _mm256_loadu_si256(b.qs.as_ptr().cast());
-        let xq = _mm256_loadu_si256(x.qs.as_ptr().add(32 * i).cast());
-        let t = dot(_mm256_sign_epi8(w, w), _mm256_sign_epi8(xq, w));
-        let (d, _) = f16_pair(b.d, [0, 0]);
-        acc = _mm256_fmadd_ps(t, _mm256_set1_ps(d * x.d[i]), acc);
-    }
-    hsum(acc)
-}
-
 /// The int8 row kernels, once per way of computing a block's byte
 /// products: AVX2's `maddubs` + `madd`, and the single `dpbusd` of AVX-VNNI
 /// or of AVX-512 VNNI (on 256-bit registers). Every way gives the same i32
@@ -454,39 +575,21 @@ unsafe fn q8_0_int8_with(
 macro_rules! int8_kernels {
     ($features:literal, $dot:expr, $q4_0:ident, $q4_1:ident, $q8_0:ident) => {
         // The closures are written here, inside the functions with the
-        // features, so they inherit them and the F16C conversion inlines
-        // (a closure outside is a call per block: a fifth of decode).
+        // features, so they inherit them and inline (a closure outside is a
+        // call per block: a fifth of decode).
         #[target_feature(enable = $features)]
-        pub(super) unsafe fn $q4_0(row: &[u8], x: &super::int8::Q8Input) -> f32 {
-            let blocks: &[BlockQ4_0] = bytemuck::cast_slice(row);
-            nibble_rows_int8(
-                blocks,
-                x,
-                |b| {
-                    let (d, _) = f16_pair(b.d, [0, 0]);
-                    (&b.qs, d, -8.0 * d)
-                },
-                $dot,
-            )
+        pub(super) unsafe fn $q4_0(rows: &[u8], x: &super::int8::Q8Input, out: &mut [f32]) {
+            int8_rows::<Q4_0>(rows, x, out, $dot)
         }
 
         #[target_feature(enable = $features)]
-        pub(super) unsafe fn $q4_1(row: &[u8], x: &super::int8::Q8Input) -> f32 {
-            let blocks: &[BlockQ4_1] = bytemuck::cast_slice(row);
-            nibble_rows_int8(
-                blocks,
-                x,
-                |b| {
-                    let (d, m) = f16_pair(b.d, b.m);
-                    (&b.qs, d, m)
-                },
-                $dot,
-            )
+        pub(super) unsafe fn $q4_1(rows: &[u8], x: &super::int8::Q8Input, out: &mut [f32]) {
+            int8_rows::<Q4_1>(rows, x, out, $dot)
         }
 
         #[target_feature(enable = $features)]
-        pub(super) unsafe fn $q8_0(row: &[u8], x: &super::int8::Q8Input) -> f32 {
-            q8_0_int8_with(row, x, $dot)
+        pub(super) unsafe fn $q8_0(rows: &[u8], x: &super::int8::Q8Input, out: &mut [f32]) {
+            int8_rows::<Q8_0>(rows, x, out, $dot)
         }
     };
 }
@@ -500,14 +603,14 @@ int8_kernels!(
 );
 int8_kernels!(
     "avx2,fma,f16c,avxvnni",
-    |w, x| _mm256_cvtepi32_ps(_mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), w, x)),
+    |w, x| _mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), w, x),
     q4_0_int8_avxvnni,
     q4_1_int8_avxvnni,
     q8_0_int8_avxvnni
 );
 int8_kernels!(
     "avx2,fma,f16c,avx512f,avx512vl,avx512vnni",
-    |w, x| _mm256_cvtepi32_ps(_mm256_dpbusd_epi32(_mm256_setzero_si256(), w, x)),
+    |w, x| _mm256_dpbusd_epi32(_mm256_setzero_si256(), w, x),
     q4_0_int8_avx512vnni,
     q4_1_int8_avx512vnni,
     q8_0_int8_avx512vnni

@@ -33,19 +33,30 @@ impl Q8Input {
             s: Vec::with_capacity(blocks),
         };
         for (xb, qb) in x.chunks_exact(32).zip(q.qs.chunks_exact_mut(32)) {
-            let amax = xb.iter().fold(0.0f32, |m, v| m.max(v.abs()));
-            let d = amax / 127.0;
+            let d = block_max_abs(xb) / 127.0;
             let id = if d > 0.0 { 1.0 / d } else { 0.0 };
-            let mut sum = 0i32;
+            // Ties to even, which vectorises (ties away from zero does not).
             for (l, &v) in qb.iter_mut().zip(xb) {
-                *l = (v * id).round() as i8;
-                sum += *l as i32;
+                *l = (v * id).round_ties_even() as i8;
             }
+            let sum: i32 = qb.iter().map(|&l| l as i32).sum();
             q.d.push(d);
             q.s.push(d * sum as f32);
         }
         q
     }
+}
+
+/// The largest |x| of a block of 32, in 8 lanes (a fold over one value at a
+/// time does not vectorise).
+fn block_max_abs(xb: &[f32]) -> f32 {
+    let mut m = [0.0f32; 8];
+    for c in xb.chunks_exact(8) {
+        for (m, &v) in m.iter_mut().zip(c) {
+            *m = m.max(v.abs());
+        }
+    }
+    m.iter().fold(0.0f32, |a, &b| a.max(b))
 }
 
 /// The input in blocks of 32 16-bit levels (`d = max|x| / 32767`): for
@@ -68,11 +79,10 @@ impl Q16Input {
             d: Vec::with_capacity(x.len() / 32),
         };
         for (xb, qb) in x.chunks_exact(32).zip(q.qs.chunks_exact_mut(32)) {
-            let amax = xb.iter().fold(0.0f32, |m, v| m.max(v.abs()));
-            let d = amax / 32767.0;
+            let d = block_max_abs(xb) / 32767.0;
             let id = if d > 0.0 { 1.0 / d } else { 0.0 };
             for (l, &v) in qb.iter_mut().zip(xb) {
-                *l = (v * id).round() as i16;
+                *l = (v * id).round_ties_even() as i16;
             }
             q.d.push(d);
         }
@@ -119,8 +129,9 @@ fn q8_0_16(blocks: &[BlockQ8_0], x: &Q16Input) -> f32 {
     acc
 }
 
-/// A row kernel over a quantised input: (row bytes, input) -> dot product.
-pub type Kernel = fn(&[u8], &Q8Input) -> f32;
+/// A kernel over a quantised input: (rows, input, out): the dot products
+/// of `out.len()` rows, back to back in `rows`, with the input.
+pub type Kernel = fn(&[u8], &Q8Input, &mut [f32]);
 
 /// The copies of the int8 kernel for `t` this CPU runs, best last; empty
 /// for types without one.
@@ -128,55 +139,90 @@ pub fn variants(t: GgmlType) -> Vec<Kernel> {
     // Only x86-64 adds variants below.
     #[cfg_attr(not(target_arch = "x86_64"), allow(unused_mut))]
     let mut v: Vec<Kernel> = match t {
-        GgmlType::Q4_0 => vec![|r, q| q4_0(bytemuck::cast_slice(r), q)],
-        GgmlType::Q4_1 => vec![|r, q| q4_1(bytemuck::cast_slice(r), q)],
-        GgmlType::Q8_0 => vec![|r, q| q8_0(bytemuck::cast_slice(r), q)],
+        GgmlType::Q4_0 => vec![q4_0],
+        GgmlType::Q4_1 => vec![q4_1],
+        GgmlType::Q8_0 => vec![q8_0],
         _ => return Vec::new(),
     };
     #[cfg(target_arch = "x86_64")]
-    if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
-        // SAFETY (each): listed only when the CPU reports AVX2 and FMA;
-        // RowDot checked the row size against the input's length.
-        match t {
-            GgmlType::Q4_0 => v.push(|r, q| unsafe { super::avx2::q4_0_int8(r, q) }),
-            GgmlType::Q4_1 => v.push(|r, q| unsafe { super::avx2::q4_1_int8(r, q) }),
-            GgmlType::Q8_0 => v.push(|r, q| unsafe { super::avx2::q8_0_int8(r, q) }),
-            _ => {}
-        }
-        // The same integer sums in one instruction a block (bit-equal).
-        let vnni = if std::arch::is_x86_feature_detected!("avxvnni") {
-            Some(0)
-        } else if std::arch::is_x86_feature_detected!("avx512vnni")
-            && std::arch::is_x86_feature_detected!("avx512vl")
-        {
-            Some(1)
-        } else {
-            None
-        };
-        // SAFETY (each): listed only when the CPU reports the instructions.
-        match (t, vnni) {
-            (GgmlType::Q4_0, Some(0)) => {
-                v.push(|r, q| unsafe { super::avx2::q4_0_int8_avxvnni(r, q) })
+    {
+        use std::arch::is_x86_feature_detected as has;
+        if has!("avx2") && has!("fma") && has!("f16c") {
+            // SAFETY (each): listed only when the CPU reports the
+            // instructions; the kernels check the rows' size.
+            match t {
+                GgmlType::Q4_0 => v.push(|r, q, o| unsafe { super::avx2::q4_0_int8(r, q, o) }),
+                GgmlType::Q4_1 => v.push(|r, q, o| unsafe { super::avx2::q4_1_int8(r, q, o) }),
+                GgmlType::Q8_0 => v.push(|r, q, o| unsafe { super::avx2::q8_0_int8(r, q, o) }),
+                _ => {}
             }
-            (GgmlType::Q4_1, Some(0)) => {
-                v.push(|r, q| unsafe { super::avx2::q4_1_int8_avxvnni(r, q) })
+            // The same integer sums in one instruction a block (bit-equal).
+            let vnni = if has!("avxvnni") {
+                Some(0)
+            } else if has!("avx512vnni") && has!("avx512vl") {
+                Some(1)
+            } else {
+                None
+            };
+            match (t, vnni) {
+                (GgmlType::Q4_0, Some(0)) => {
+                    v.push(|r, q, o| unsafe { super::avx2::q4_0_int8_avxvnni(r, q, o) })
+                }
+                (GgmlType::Q4_1, Some(0)) => {
+                    v.push(|r, q, o| unsafe { super::avx2::q4_1_int8_avxvnni(r, q, o) })
+                }
+                (GgmlType::Q8_0, Some(0)) => {
+                    v.push(|r, q, o| unsafe { super::avx2::q8_0_int8_avxvnni(r, q, o) })
+                }
+                (GgmlType::Q4_0, Some(1)) => {
+                    v.push(|r, q, o| unsafe { super::avx2::q4_0_int8_avx512vnni(r, q, o) })
+                }
+                (GgmlType::Q4_1, Some(1)) => {
+                    v.push(|r, q, o| unsafe { super::avx2::q4_1_int8_avx512vnni(r, q, o) })
+                }
+                (GgmlType::Q8_0, Some(1)) => {
+                    v.push(|r, q, o| unsafe { super::avx2::q8_0_int8_avx512vnni(r, q, o) })
+                }
+                _ => {}
             }
-            (GgmlType::Q8_0, Some(0)) => {
-                v.push(|r, q| unsafe { super::avx2::q8_0_int8_avxvnni(r, q) })
-            }
-            (GgmlType::Q4_0, Some(1)) => {
-                v.push(|r, q| unsafe { super::avx2::q4_0_int8_avx512vnni(r, q) })
-            }
-            (GgmlType::Q4_1, Some(1)) => {
-                v.push(|r, q| unsafe { super::avx2::q4_1_int8_avx512vnni(r, q) })
-            }
-            (GgmlType::Q8_0, Some(1)) => {
-                v.push(|r, q| unsafe { super::avx2::q8_0_int8_avx512vnni(r, q) })
-            }
-            _ => {}
         }
     }
     v
+}
+
+/// The portable copy, per row: for each block, the exact integer sum S of
+/// its level products and the block's scale d_w and constant part c_w
+/// (weight = d_w level + c_w), then acc = fma(S, d_w d_x, acc) and
+/// off = fma(c_w, s_x, off); the row's dot product is acc + off. The SIMD
+/// copies sum the same integers in 8 lanes and scale the lanes (see
+/// `avx2::int8_row`): within rounding of this, and bit-equal to each other.
+fn rows_with<B: bytemuck::Pod>(
+    rows: &[u8],
+    x: &Q8Input,
+    out: &mut [f32],
+    block: impl Fn(&B, &[i8]) -> (i32, f32, f32),
+) {
+    let nb = x.d.len();
+    let blocks: &[B] = bytemuck::cast_slice(rows);
+    assert_eq!(blocks.len(), nb * out.len(), "int8 rows: wrong size");
+    if nb == 0 {
+        return out.fill(0.0);
+    }
+    for (row, o) in blocks.chunks_exact(nb).zip(out.iter_mut()) {
+        let (mut acc, mut off) = (0.0f32, 0.0f32);
+        for ((b, xq), (&d, &s)) in row
+            .iter()
+            .zip(x.qs.chunks_exact(32))
+            .zip(x.d.iter().zip(&x.s))
+        {
+            let (sum, dw, c) = block(b, xq);
+            acc = (sum as f32).mul_add(dw * d, acc);
+            if c != 0.0 {
+                off = c.mul_add(s, off);
+            }
+        }
+        *o = acc + off;
+    }
 }
 
 /// Sum of 16 low-nibble and 16 high-nibble levels times their inputs.
@@ -189,35 +235,30 @@ fn nibble_dot(qs: &[u8; 16], x: &[i8]) -> i32 {
     s
 }
 
-/// sum d_w d_x (q - 8) x = sum d_w (d_x q.x - 8 s_x).
-fn q4_0(blocks: &[BlockQ4_0], x: &Q8Input) -> f32 {
-    let mut acc = 0.0f32;
-    for (((b, xq), &d), &s) in blocks.iter().zip(x.qs.chunks_exact(32)).zip(&x.d).zip(&x.s) {
-        acc += f16_to_f32(b.d) * (d * nibble_dot(&b.qs, xq) as f32 - 8.0 * s);
-    }
-    acc
+/// Levels q - 8: d_w q - 8 d_w.
+fn q4_0(rows: &[u8], x: &Q8Input, out: &mut [f32]) {
+    rows_with(rows, x, out, |b: &BlockQ4_0, xq| {
+        let d = f16_to_f32(b.d);
+        (nibble_dot(&b.qs, xq), d, -8.0 * d)
+    })
 }
 
-/// sum (d_w q + m) d_x x = sum d_w d_x q.x + m s_x.
-fn q4_1(blocks: &[BlockQ4_1], x: &Q8Input) -> f32 {
-    let mut acc = 0.0f32;
-    for (((b, xq), &d), &s) in blocks.iter().zip(x.qs.chunks_exact(32)).zip(&x.d).zip(&x.s) {
-        acc += f16_to_f32(b.d) * d * nibble_dot(&b.qs, xq) as f32 + f16_to_f32(b.m) * s;
-    }
-    acc
+/// d_w q + m.
+fn q4_1(rows: &[u8], x: &Q8Input, out: &mut [f32]) {
+    rows_with(rows, x, out, |b: &BlockQ4_1, xq| {
+        (nibble_dot(&b.qs, xq), f16_to_f32(b.d), f16_to_f32(b.m))
+    })
 }
 
-fn q8_0(blocks: &[BlockQ8_0], x: &Q8Input) -> f32 {
-    let mut acc = 0.0f32;
-    for ((b, xq), &d) in blocks.iter().zip(x.qs.chunks_exact(32)).zip(&x.d) {
+fn q8_0(rows: &[u8], x: &Q8Input, out: &mut [f32]) {
+    rows_with(rows, x, out, |b: &BlockQ8_0, xq| {
         let dot: i32 =
             b.qs.iter()
                 .zip(xq)
                 .map(|(&w, &v)| w as i8 as i32 * v as i32)
                 .sum();
-        acc += f16_to_f32(b.d) * d * dot as f32;
-    }
-    acc
+        (dot, f16_to_f32(b.d), 0.0)
+    })
 }
 
 #[cfg(test)]
@@ -265,7 +306,9 @@ mod tests {
                     let vs = variants(t);
                     assert!(!vs.is_empty());
                     for (v, kern) in vs.into_iter().enumerate() {
-                        let got = kern(&row, &q) as f64;
+                        let mut got = 0.0f32;
+                        kern(&row, &q, std::slice::from_mut(&mut got));
+                        let got = got as f64;
                         assert!(
                             (got - want).abs() <= bound,
                             "{t} k {k} scale {scale} variant {v}: {got} vs {want} (bound {bound})"
@@ -276,26 +319,40 @@ mod tests {
         }
     }
 
-    /// The copies (portable, AVX2) compute the same integer sums and differ
-    /// only in the order of the f32 scaling.
+    /// The SIMD copies (AVX2, then VNNI where the CPU has it) sum the same
+    /// integers in the same order, so they give the same bits, and a row's
+    /// bits do not depend on the rows computed with it: 11 rows at once
+    /// equal each row alone. The portable copy scales block by block, so
+    /// it agrees within rounding.
     #[test]
-    fn int8_copies_agree() {
+    fn int8_simd_copies_agree_bit_for_bit_in_any_grouping() {
         let mut rng = Rng::new(42);
         for t in [GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q8_0] {
-            let k = 1024;
-            let w: Vec<f32> = (0..k).map(|_| rng.normal()).collect();
-            let mut row = vec![0u8; t.row_bytes(k).unwrap()];
-            quantize_row(t, &w, &mut row);
-            let q = Q8Input::new(&rng.vec(k, -3.0, 3.0));
-            let got: Vec<f32> = variants(t).into_iter().map(|kern| kern(&row, &q)).collect();
-            let mag: f32 = got[0].abs().max(1.0);
-            for g in &got {
-                assert!((g - got[0]).abs() <= 1e-5 * mag, "{t}: {got:?}");
+            let (k, n) = (1024, 11);
+            let rb = t.row_bytes(k).unwrap();
+            let mut rows = vec![0u8; n * rb];
+            for row in rows.chunks_exact_mut(rb) {
+                let w: Vec<f32> = (0..k).map(|_| rng.normal()).collect();
+                quantize_row(t, &w, row);
             }
-            // The SIMD copies (AVX2, then VNNI where the CPU has it) sum the
-            // same integers in the same order: bit-equal.
-            for g in got.iter().skip(1) {
-                assert_eq!(g.to_bits(), got[1].to_bits(), "{t}: {got:?}");
+            let q = Q8Input::new(&rng.vec(k, -3.0, 3.0));
+            let mut portable = vec![0.0f32; n];
+            variants(t)[0](&rows, &q, &mut portable);
+            let mut want = vec![0.0f32; n];
+            variants(t).last().expect("a copy")(&rows, &q, &mut want);
+            for (p, w) in portable.iter().zip(&want) {
+                assert!((p - w).abs() <= 1e-5 * p.abs().max(1.0), "{t}: {p} vs {w}");
+            }
+            for (v, kern) in variants(t).into_iter().enumerate().skip(1) {
+                let mut together = vec![0.0f32; n];
+                kern(&rows, &q, &mut together);
+                let mut alone = vec![0.0f32; n];
+                for (row, o) in rows.chunks_exact(rb).zip(alone.iter_mut()) {
+                    kern(row, &q, std::slice::from_mut(o));
+                }
+                let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                assert_eq!(bits(&together), bits(&want), "{t} variant {v}");
+                assert_eq!(bits(&alone), bits(&want), "{t} variant {v} row by row");
             }
         }
     }
