@@ -618,6 +618,38 @@ const DW_ROWS: usize = 4;
 /// taps[t] * x). Unsafe only for the target features of its builds.
 type DepthwiseTile = unsafe fn(&DepthwiseTileAt, &[f32], f32, ConvActivation, &mut [f32]);
 
+/// Writes the input plane `src` into `phases` split by column phase: the
+/// padded plane's column p = q * sx + phase goes to column q of row
+/// (r + top padding) of phase plane `phase` (`phase_len` apart, rows
+/// `stride_row` apart); cells without an input stay as they were (zero).
+/// `strided(from, dst)` sets dst[j] = from[j * sx].
+fn split_phases(
+    g: &Conv2d,
+    src: &[f32],
+    stride_row: usize,
+    phase_len: usize,
+    phases: &mut [f32],
+    strided: impl Fn(&[f32], &mut [f32]),
+) {
+    let sx = g.stride[1];
+    for (r, row) in src.chunks_exact(g.w_in).enumerate() {
+        let at = (r + g.pad[0]) * stride_row;
+        if sx == 1 {
+            phases[at + g.pad[1]..][..g.w_in].copy_from_slice(row);
+            continue;
+        }
+        for phase in 0..sx {
+            let first = g.pad[1].saturating_sub(phase).div_ceil(sx);
+            let col = first * sx + phase - g.pad[1];
+            let count = (g.w_in - col.min(g.w_in)).div_ceil(sx);
+            strided(
+                &row[col.min(g.w_in)..],
+                &mut phases[phase * phase_len + at + first..][..count],
+            );
+        }
+    }
+}
+
 /// One output plane of [`conv2d_depthwise`] from its input plane `src`;
 /// `phases` and `offsets` are the task's scratch buffers.
 #[allow(clippy::too_many_arguments)]
@@ -643,22 +675,11 @@ fn depthwise_plane(
     let phase_len = hp * stride_row;
     phases.clear();
     phases.resize(sx * phase_len, 0.0);
-    for (r, row) in src.chunks_exact(g.w_in).enumerate() {
-        let at = (r + g.pad[0]) * stride_row;
-        if sx == 1 {
-            phases[at + g.pad[1]..][..g.w_in].copy_from_slice(row);
-            continue;
+    split_phases(g, src, stride_row, phase_len, phases, |from, dst| {
+        for (d, v) in dst.iter_mut().zip(from.iter().step_by(sx)) {
+            *d = *v;
         }
-        // Padded column p = q * sx + phase holds input column p - pad.
-        for phase in 0..sx {
-            let dst = &mut phases[phase * phase_len + at..][..stride_row];
-            let first = g.pad[1].saturating_sub(phase).div_ceil(sx);
-            let cols = (first * sx + phase - g.pad[1]..g.w_in).step_by(sx);
-            for (d, col) in dst[first..].iter_mut().zip(cols) {
-                *d = row[col];
-            }
-        }
-    }
+    });
     offsets.clear();
     for ky in 0..g.kh {
         for kx in 0..g.kw {
@@ -857,21 +878,11 @@ unsafe fn depthwise_blocks_k<const K: usize>(
         phases.clear();
         phases.resize(sx * phase_len, 0.0);
     }
-    for (r, row) in src.chunks_exact(g.w_in).enumerate() {
-        let at = (r + g.pad[0]) * stride_row;
-        if sx == 1 {
-            phases[at + g.pad[1]..][..g.w_in].copy_from_slice(row);
-            continue;
-        }
-        // Padded column q * 2 + phase holds input column q * 2 + phase - pad.
-        for phase in 0..2 {
-            let first = g.pad[1].saturating_sub(phase).div_ceil(2);
-            let col = first * 2 + phase - g.pad[1];
-            let count = (g.w_in - col.min(g.w_in)).div_ceil(2);
-            let dst = &mut phases[phase * phase_len + at + first..][..count];
-            every_other_avx512(&row[col..], dst);
-        }
-    }
+    // Strides are 1 or 2 here (`blocks_fit`).
+    split_phases(g, src, stride_row, phase_len, phases, |from, dst| {
+        // SAFETY: this build runs only where the CPU has AVX-512.
+        unsafe { every_other_avx512(from, dst) }
+    });
     let cols: [usize; K] = std::array::from_fn(|kx| (kx % sx) * phase_len + kx / sx);
     let taps: [[f32; K]; K] = std::array::from_fn(|ky| std::array::from_fn(|kx| taps[ky * K + kx]));
     let vectors = w_out.div_ceil(16);
