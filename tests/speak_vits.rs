@@ -374,6 +374,11 @@ fn gpu_prior_matches_the_cpu_prior() {
     }
 }
 
+/// Whether two sounds are the same samples, bit for bit.
+fn same_bits(a: &[f32], b: &[f32]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits())
+}
+
 /// A text's sentences pipelined on the GPU (the priors of the next ones
 /// queued behind this one's audio) give, bit for bit, what each sentence
 /// gives alone with its own generator, in order.
@@ -413,11 +418,7 @@ fn gpu_pipelined_sentences_match_each_sentence_alone() {
         let own = lfm::models::vits::sentence_rng(&mut rng);
         let (want, _) = gv.synthesize(&v, s, None, &scales, &own).unwrap();
         assert!(
-            audio.len() == want.len()
-                && audio
-                    .iter()
-                    .zip(&want)
-                    .all(|(a, b)| a.to_bits() == b.to_bits()),
+            same_bits(&audio, &want),
             "sentence {i}: the pipelined audio differs from the sentence alone"
         );
     }
@@ -451,14 +452,7 @@ fn gpu_sentences_past_their_first_buffers_are_run_again_with_the_same_audio() {
     );
     let (got, _) = tight.synthesize(&v, &ids, None, &scales, &rng).unwrap();
     assert_eq!(tight.reruns(), 1);
-    assert!(
-        got.len() == want.len()
-            && got
-                .iter()
-                .zip(&want)
-                .all(|(a, b)| a.to_bits() == b.to_bits()),
-        "the rerun sentence's audio differs"
-    );
+    assert!(same_bits(&got, &want), "the rerun sentence's audio differs");
     let sentences: Vec<Vec<i64>> = [ids.len(), 9, 24]
         .iter()
         .map(|&n| ids[..n].to_vec())
@@ -482,10 +476,7 @@ fn gpu_sentences_past_their_first_buffers_are_run_again_with_the_same_audio() {
     let (a, b) = (speak(&roomy), speak(&tight));
     assert_eq!(tight.reruns(), 1 + sentences.len());
     for (i, (a, b)) in a.iter().zip(&b).enumerate() {
-        assert!(
-            a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits()),
-            "sentence {i}: the rerun audio differs"
-        );
+        assert!(same_bits(a, b), "sentence {i}: the rerun audio differs");
     }
 
     // Frames far past what either path takes: errors that say so.
