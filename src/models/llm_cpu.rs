@@ -27,7 +27,7 @@ use std::collections::{BTreeMap, HashMap};
 /// Observer of named intermediate activations (`"layer.3.conv_out"`), for
 /// finding the first op where two backends diverge. Nothing is formatted or
 /// copied when no tap is set.
-pub type Tap = Box<dyn FnMut(&str, &[f32])>;
+pub type Tap = Box<dyn FnMut(&str, &[f32]) + Send>;
 
 /// Keys and values of the attention layers, [blocks * BLOCK, kv_heads *
 /// head_dim] each, for the blocks a [`BlockPool`] hands out.
@@ -205,7 +205,8 @@ impl Engine {
             y: Vec::new(),
             logits: Vec::new(),
         };
-        recipe::decoder(&self.cfg, &mut pass)?;
+        let cfg = &self.cfg;
+        par::in_pool(|| recipe::decoder(cfg, &mut pass))?;
         let logits = std::mem::take(&mut pass.logits);
         for s in segs.iter_mut() {
             s.state.pos += s.n;

@@ -35,6 +35,7 @@ use crate::cpu::{self, Conv1dShape, ConvTranspose1dShape};
 use crate::device::DeviceChoice;
 use crate::error::{Error, Result};
 use crate::formats::onnx::{OnnxGraph, OnnxModel, OnnxNode};
+use crate::util::par;
 use crate::util::rng::Rng;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -1538,12 +1539,18 @@ impl Synthesizer {
             let item = item?;
             let mut own = sentence_rng(rng);
             let t0 = std::time::Instant::now();
-            let mut lat = v.prior(item.as_ref(), speaker, scales, &mut own)?;
-            let prior = t0.elapsed().as_secs_f64();
-            v.flow_reverse(&mut lat.z, lat.frames, speaker);
-            let audio = v
-                .dec
-                .forward(&lat.z, lat.frames, speaker.map(|s| s.dec.as_slice()));
+            let ids = item.as_ref();
+            // On a worker of the pool, so that the many short parallel loops
+            // of a sentence start without waking this thread (`par::in_pool`).
+            let (audio, prior) = par::in_pool(|| -> Result<_> {
+                let mut lat = v.prior(ids, speaker, scales, &mut own)?;
+                let prior = t0.elapsed().as_secs_f64();
+                v.flow_reverse(&mut lat.z, lat.frames, speaker);
+                let audio = v
+                    .dec
+                    .forward(&lat.z, lat.frames, speaker.map(|s| s.dec.as_slice()));
+                Ok((audio, prior))
+            })?;
             let stages = StageSeconds {
                 prior,
                 flow_and_decoder: t0.elapsed().as_secs_f64() - prior,

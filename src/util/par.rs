@@ -5,6 +5,17 @@
 
 use rayon::prelude::*;
 
+/// Runs `f` on one of the pool's workers, for a whole pass that starts many
+/// short parallel loops (a decode step). A loop started from outside the
+/// pool hands its work over and puts the caller to sleep until the pool is
+/// done, one wake-up per loop; started from a worker, the worker takes part
+/// and the others are still awake from the loop before.
+pub fn in_pool<R: Send>(f: impl FnOnce() -> R + Send) -> R {
+    // A scope's body runs on a worker of the global pool (`--threads` sizes
+    // it), in place when the caller is one already.
+    rayon::scope(|_| f())
+}
+
 /// Calls `f(i)` for every `i` in `0..n`, each exactly once, in parallel.
 pub fn for_each_index(n: usize, f: impl Fn(usize) + Sync + Send) {
     (0..n).into_par_iter().for_each(f);

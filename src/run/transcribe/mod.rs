@@ -17,6 +17,7 @@ use crate::error::{Error, Result};
 use crate::models::whisper::mel::{self, HOP, N_FRAMES, SAMPLE_RATE};
 use crate::models::whisper::model::{CrossKv, KvCache, Whisper};
 use crate::models::whisper::WhisperFiles;
+use crate::util::par;
 use crate::util::rng::Rng;
 use decode::{Decoded, Rules, Strategy, WindowDecoder, TIME_PRECISION};
 use words::{Aligner, WindowSegment, Word};
@@ -267,10 +268,13 @@ impl<'a> CpuBackend<'a> {
 impl Backend for CpuBackend<'_> {
     fn encode(&mut self, mels: &[&[f32]]) -> Result<()> {
         let m = self.model;
-        self.windows = mels
-            .iter()
-            .map(|mel| m.decoder.cross_kv(&m.encoder.forward(&m.config, mel)))
-            .collect();
+        // Each pass on a worker of the pool: its many short parallel loops
+        // then start without waking the caller (`par::in_pool`).
+        self.windows = par::in_pool(|| {
+            mels.iter()
+                .map(|mel| m.decoder.cross_kv(&m.encoder.forward(&m.config, mel)))
+                .collect()
+        });
         self.caches.clear();
         self.seq_windows.clear();
         Ok(())
@@ -299,7 +303,7 @@ impl Backend for CpuBackend<'_> {
         self.caches = prompts.iter().map(|_| m.decoder.new_cache()).collect();
         self.seq_windows = (0..prompts.len()).collect();
         let tokens: Vec<u32> = prompts.concat();
-        let hidden = self.forward(&tokens);
+        let hidden = par::in_pool(|| self.forward(&tokens));
         let row = |w: usize, r: usize| &hidden[(w * n + r) * d..(w * n + r + 1) * d];
         let probs = match probe {
             Some((r, token)) => (0..prompts.len())
@@ -328,8 +332,10 @@ impl Backend for CpuBackend<'_> {
             self.caches.len(),
             "decoder: one token a sequence"
         );
-        let hidden = self.forward(tokens);
-        Ok(self.pick(&hidden, pick))
+        Ok(par::in_pool(|| {
+            let hidden = self.forward(tokens);
+            self.pick(&hidden, pick)
+        }))
     }
 }
 
