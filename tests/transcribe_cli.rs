@@ -4,7 +4,7 @@
 
 mod common;
 
-use common::{assert_clean_failure, run, scratch, stderr, stdout};
+use common::{assert_clean_failure, assert_usage_failure, run, scratch, stderr, stdout};
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -176,6 +176,17 @@ fn bad_input_fails_cleanly() {
 
     let o = run(BIN, &["--cpu", "--beam-size", "0", c]);
     assert_eq!(o.status.code(), Some(2), "bad command line: {}", stderr(&o));
+
+    // An unknown compute type names the accepted ones; int8 is the CPU's.
+    let o = run(BIN, &["--cpu", "--compute-type", "bogus", c]);
+    assert_usage_failure(&o, &["bogus", "--compute-type"]);
+    assert!(
+        stderr(&o).contains("[possible values: float32, int8]"),
+        "{}",
+        stderr(&o)
+    );
+    let o = run(BIN, &["--compute-type", "int8", c]);
+    assert_usage_failure(&o, &["int8", "--cpu"]);
     std::fs::remove_dir_all(dir).unwrap();
 }
 

@@ -8,7 +8,8 @@ sequence `--repeat` times: 2 gives about 57 s, two 30 s windows; 8 about
 `--reps` runs of the whole transcription (model load excluded where the
 tool reports it, audio decoding included):
 
-  lfm-cpu       target/release/transcribe --cpu
+  lfm-cpu       target/release/transcribe --cpu [--compute-type T, from
+                --lfm-compute-type T]
   lfm-gpu       target/release/transcribe            (unless --no-gpu):
                 encoder and decoder on the GPU
   faster-whisper  WhisperModel(..., device, compute_type) on the same
@@ -26,7 +27,8 @@ writes the raw numbers as JSON when --json is given.
 
 Usage: scripts/bench/transcribe.py [--model DIR] [--reps N] [--repeat N] [--beam-size N]
        [--fw-device cpu|cuda]
-       [--fw-compute-type float32|float16|int8] [--no-gpu] [--json OUT]
+       [--fw-compute-type float32|float16|int8] [--lfm-compute-type float32|int8]
+       [--no-gpu] [--json OUT]
 """
 import argparse
 import json
@@ -140,6 +142,8 @@ def main():
     ap.add_argument("--beam-size", type=int, default=1)
     ap.add_argument("--fw-device", default="cpu")
     ap.add_argument("--fw-compute-type", default="float32")
+    ap.add_argument("--lfm-compute-type", default="float32",
+                    help="our CPU arm's --compute-type (float32: the flag is not passed)")
     ap.add_argument("--fw-threads", type=int, default=0,
                     help="faster-whisper's cpu_threads (0: its default of 4)")
     ap.add_argument("--no-gpu", action="store_true")
@@ -160,7 +164,10 @@ def main():
     arms = []
     model_args = ["-m", a.model, "--beam-size", str(a.beam_size)]
     if not a.no_cpu and not a.batched_only:
-        arms.append(("lfm --cpu", *time_lfm(a.binary, ["--cpu", *model_args], audio, a.reps)))
+        cpu = ["--cpu"]
+        if a.lfm_compute_type != "float32":
+            cpu += ["--compute-type", a.lfm_compute_type]
+        arms.append((" ".join(["lfm", *cpu]), *time_lfm(a.binary, [*cpu, *model_args], audio, a.reps)))
     if not a.no_gpu and not a.batched_only:
         arms.append(("lfm (GPU)", *time_lfm(a.binary, model_args, audio, a.reps)))
     features = [] if a.batched_only else [("", [], dict(beam_size=a.beam_size))]

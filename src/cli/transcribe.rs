@@ -3,7 +3,7 @@
 use crate::models::silero_vad::SileroVad;
 use crate::models::whisper::gpu::GpuBackend;
 use crate::models::whisper::mel::SAMPLE_RATE;
-use crate::models::whisper::WhisperFiles;
+use crate::models::whisper::{ComputeType, WhisperFiles};
 use crate::run::audio;
 use crate::run::transcribe::batch::{self, Batched, Chunk};
 use crate::run::transcribe::output::{Format, SubtitleOptions, Writer};
@@ -187,6 +187,13 @@ pub struct Args {
     /// Audio kept on each side of a speech chunk.
     #[arg(long, value_name = "MS", default_value_t = 400, requires = "vad")]
     pub vad_speech_pad_ms: u32,
+
+    /// What the decoder computes in, with faster-whisper's names: float32
+    /// (the reference) or int8 (Q8_0 weights and inputs rounded to 8 bits
+    /// in the decoder's linears and vocabulary head; the encoder stays
+    /// f32). int8 runs on the CPU only: give --cpu.
+    #[arg(long, value_enum, default_value_t = ComputeType::Float32)]
+    pub compute_type: ComputeType,
 
     #[command(flatten)]
     pub device: super::DeviceArgs,
@@ -398,13 +405,19 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     if let Some(v) = &vad_opts {
         v.check()?;
     }
+    if args.compute_type != ComputeType::Float32 && !args.device.cpu {
+        return Err(super::usage(
+            "--compute-type int8 runs on the CPU only: add --cpu",
+        ));
+    }
     let outputs = outputs(&args)?;
     for out in outputs.iter().flatten() {
         crate::util::atomic_write::check(out, args.force)?;
     }
     let t0 = Instant::now();
     let model = model_dir(args.model.as_deref())?;
-    let files = WhisperFiles::load(&model, args.mel_filters.as_deref())?;
+    let mut files = WhisperFiles::load(&model, args.mel_filters.as_deref())?;
+    files.model.set_compute_type(args.compute_type)?;
     let vad = match &vad_opts {
         Some(o) => Some((vad_model(args.vad_model.as_deref())?, o.clone())),
         None => None,

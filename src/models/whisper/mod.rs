@@ -14,7 +14,7 @@ use crate::error::{Error, Result};
 use crate::formats::ct2::Ct2File;
 use std::path::{Path, PathBuf};
 
-pub use model::{Config, Whisper};
+pub use model::{ComputeType, Config, Whisper};
 
 /// What `config.json` beside a CTranslate2 Whisper model says about decoding.
 #[derive(Clone, Debug, Default, serde::Deserialize)]

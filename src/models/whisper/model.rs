@@ -15,6 +15,8 @@
 use crate::cpu::{self, AttentionShape, SeqSpan};
 use crate::error::{Error, Result};
 use crate::formats::ct2::Ct2File;
+use crate::quant::GgmlType;
+use crate::tensor::{self, Activations, Tensor};
 use half::f16;
 use half::slice::HalfFloatSliceExt;
 use rayon::prelude::*;
@@ -131,6 +133,21 @@ impl Config {
     }
 }
 
+/// What the CPU decoder computes its products in, with faster-whisper's
+/// `compute_type` names.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum ComputeType {
+    /// f32 weights and inputs: the reference.
+    #[default]
+    Float32,
+    /// The decoder's linears and vocabulary head with Q8_0 weights (blocks
+    /// of 32 with one scale) and inputs rounded to 8-bit levels in blocks
+    /// of 32 (`tensor::Activations::Int8`), as CTranslate2's int8 quantises
+    /// both sides; the encoder and the cross-attention keys and values
+    /// stay f32.
+    Int8,
+}
+
 /// y = x W^T + b, W in the PyTorch `[out, in]` layout.
 pub struct Linear {
     pub w: Vec<f32>,
@@ -140,6 +157,9 @@ pub struct Linear {
     /// `w` repacked for the CPU GEMM, on the first CPU forward (a GPU run
     /// never pays for it).
     packed: OnceLock<cpu::PackedMatrix>,
+    /// `w` in Q8_0 blocks when the layer computes in int8
+    /// ([`Whisper::set_compute_type`]): `forward` then uses it.
+    q8: Option<Tensor>,
 }
 
 impl Linear {
@@ -161,7 +181,23 @@ impl Linear {
             n_out,
             n_in,
             packed: OnceLock::new(),
+            q8: None,
         }
+    }
+
+    /// Computes in `ct` from now on: int8 quantises `w` to Q8_0 blocks
+    /// (fails when a row is not whole blocks of 32), float32 drops them.
+    fn set_compute_type(&mut self, ct: ComputeType) -> Result<()> {
+        self.q8 = match ct {
+            ComputeType::Float32 => None,
+            ComputeType::Int8 => Some(Tensor::quantize_f32(
+                "whisper linear",
+                vec![self.n_out, self.n_in],
+                &self.w,
+                GgmlType::Q8_0,
+            )?),
+        };
+        Ok(())
     }
 
     /// The packed weights, packed now if not yet.
@@ -171,11 +207,21 @@ impl Linear {
     }
 
     /// x: [rows, n_in] -> [rows, n_out], through the packed GEMM (equal to
-    /// `cpu::matmul` up to the order of the additions).
+    /// `cpu::matmul` up to the order of the additions), or in int8 over
+    /// the Q8_0 weights (each weight row read once for all rows).
     pub fn forward(&self, x: &[f32]) -> Vec<f32> {
         let rows = x.len() / self.n_in;
         let mut y = vec![0.0; rows * self.n_out];
-        cpu::matmul_packed(x, self.packed(), self.b.as_deref(), rows, &mut y);
+        match &self.q8 {
+            None => cpu::matmul_packed(x, self.packed(), self.b.as_deref(), rows, &mut y),
+            Some(q) => {
+                tensor::matvec_rows(q, x, rows, &mut y, Activations::Int8);
+                if let Some(b) = &self.b {
+                    y.chunks_exact_mut(self.n_out)
+                        .for_each(|r| cpu::add_assign(r, b));
+                }
+            }
+        }
         y
     }
 }
@@ -208,6 +254,11 @@ pub struct Mlp {
 }
 
 impl Mlp {
+    fn set_compute_type(&mut self, ct: ComputeType) -> Result<()> {
+        self.fc1.set_compute_type(ct)?;
+        self.fc2.set_compute_type(ct)
+    }
+
     fn load(f: &Ct2File, prefix: &str, c: &Config) -> Result<Mlp> {
         Ok(Mlp {
             norm: LayerNorm::load(f, &format!("{prefix}/layer_norm"), c.d_model)?,
@@ -270,10 +321,13 @@ pub struct Decoder {
 /// The output projection on the CPU. Every decoding step reads all of it
 /// (51,864 x d), so its bytes are the step's cost: when each value is an
 /// f16 (as in CTranslate2's f16 checkpoints, which hold them so) it is kept
-/// as f16, half the bytes, and widened exactly tile by tile.
+/// as f16, half the bytes, and widened exactly tile by tile. In int8 it is
+/// Q8_0 blocks, dotted with inputs rounded to 8 bits (17/64 of the f16's
+/// bytes).
 enum Head {
     Half(Vec<f16>),
     Packed(cpu::PackedMatrix),
+    Int8(Tensor),
 }
 
 /// Rows of the f16 head widened at a time (64 x d f32: fits in L2).
@@ -301,6 +355,7 @@ impl Head {
         }
         match self {
             Head::Packed(p) => cpu::matmul_packed(x, p, None, m, y),
+            Head::Int8(q) => tensor::matvec_rows(q, x, m, y, Activations::Int8),
             Head::Half(w) => {
                 // [n, m], tile by tile, then transposed into y.
                 let mut yt = vec![0.0f32; n * m];
@@ -414,6 +469,15 @@ impl Whisper {
             encoder,
             decoder,
         })
+    }
+}
+
+impl Whisper {
+    /// Makes the CPU decoder compute in `ct` (quantising its weights for
+    /// int8, at once, so a transcription's time does not include it).
+    /// The GPU backends read the f32 weights and ignore it.
+    pub fn set_compute_type(&mut self, ct: ComputeType) -> Result<()> {
+        self.decoder.set_compute_type(&self.config, ct)
     }
 }
 
@@ -800,6 +864,33 @@ impl Decoder {
         self.norm.forward(&x)
     }
 
+    /// Computes the per-step products (the layers' linears but the
+    /// cross-attention keys and values, which see the encoder's 1500 rows
+    /// once a window, and the head) in `ct` from now on.
+    fn set_compute_type(&mut self, c: &Config, ct: ComputeType) -> Result<()> {
+        for l in &mut self.layers {
+            for lin in [
+                &mut l.self_qkv,
+                &mut l.self_out,
+                &mut l.cross_q,
+                &mut l.cross_out,
+            ] {
+                lin.set_compute_type(ct)?;
+            }
+            l.mlp.set_compute_type(ct)?;
+        }
+        self.head = match ct {
+            ComputeType::Float32 => OnceLock::new(),
+            ComputeType::Int8 => OnceLock::from(Head::Int8(Tensor::quantize_f32(
+                "decoder/embeddings/weight",
+                vec![c.n_vocab, c.d_model],
+                &self.embedding,
+                GgmlType::Q8_0,
+            )?)),
+        };
+        Ok(())
+    }
+
     /// Logits [rows, n_vocab] of final-norm hidden states [rows, d].
     pub fn logits(&self, c: &Config, hidden: &[f32]) -> Vec<f32> {
         let rows = hidden.len() / c.d_model;
@@ -856,6 +947,49 @@ mod tests {
                 assert!((g - w).abs() <= 1e-4, "{g} against {w}");
             }
         }
+    }
+
+    /// The int8 Linear against the f32 one, within what quantising both
+    /// sides can move each output, bounded from the data: |w - w'| |x|
+    /// summed (w' the Q8_0 weights as stored, f16 scale included), plus
+    /// half an input level (max |x| / 127 of its block of 32) times |w'|.
+    #[test]
+    fn int8_linear_within_the_quantisation_bound() {
+        let mut rng = crate::util::rng::Rng::new(17);
+        let (m, k, n) = (3, 96, 37);
+        let x = rng.vec(m * k, -2.0, 2.0);
+        let mut lin = Linear::new(rng.vec(n * k, -0.5, 0.5), Some(rng.vec(n, -1.0, 1.0)), n, k);
+        let want = lin.forward(&x);
+        lin.set_compute_type(ComputeType::Int8).unwrap();
+        let got = lin.forward(&x);
+        let wq = lin.q8.as_ref().unwrap().to_f32();
+        let mut moved = 0;
+        for i in 0..m {
+            let xi = &x[i * k..(i + 1) * k];
+            for j in 0..n {
+                let (w, w8) = (&lin.w[j * k..(j + 1) * k], &wq[j * k..(j + 1) * k]);
+                let mut bound = 0.0f32;
+                for b in 0..k / 32 {
+                    let r = b * 32..(b + 1) * 32;
+                    let half_level =
+                        xi[r.clone()].iter().fold(0.0f32, |a, v| a.max(v.abs())) / 254.0;
+                    for t in r {
+                        bound += (w[t] - w8[t]).abs() * xi[t].abs() + w8[t].abs() * half_level;
+                    }
+                }
+                let (g, e) = (got[i * n + j], want[i * n + j]);
+                // 1% and 1e-5 for the f32 sums' own rounding.
+                assert!(
+                    (g - e).abs() <= bound * 1.01 + 1e-5,
+                    "[{i},{j}] {g} vs {e}, bound {bound}"
+                );
+                moved += usize::from(g != e);
+            }
+        }
+        assert!(moved > 0, "int8 gave the f32 results: not quantised");
+        // float32 again: the reference's bits.
+        lin.set_compute_type(ComputeType::Float32).unwrap();
+        assert_eq!(lin.forward(&x), want);
     }
 
     #[test]
