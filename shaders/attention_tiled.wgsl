@@ -6,14 +6,21 @@
 //   out[r, h] = softmax_j(scale * q[r, h] . k[j, h]) v[j, h],
 //   kv_start <= j < kv_start + kv_len of r's span
 // bindings: 0 params {heads, q_stride, k_stride, v_stride, q_col, k_col,
-//           v_col, scale}, 1 q, 2 k, 3 v: array<f32>, row-major, read from
+//           v_col, scale, splits}, 1 q, 2 k, 3 v: array<f32>, row-major, read from
 //           column *_col with row stride *_stride (one fused QKV buffer may be
 //           bound three times), 4 seqs: array<u32> [spans, 4] {q_start, q_len,
 //           kv_start, kv_len}, 5 out: array<f32> (rows * heads * HEAD_DIM)
-// dispatch: (ceil(longest q_len / 16), heads, spans) workgroups of 64
-// threads; workgroup (x, h, s) takes rows 16 x .. of span s (none past its
-// q_len). The span is read through workgroupUniformLoad, so the loops that
-// hold barriers run a count the whole workgroup agrees on. A workgroup
+// dispatch: (ceil(longest q_len / 16), heads, spans * splits) workgroups of
+// 64 threads; workgroup (x, h, s * splits + i) takes rows 16 x .. of span s
+// (none past its q_len) against split i of its keys (all of them when
+// splits is 1). The span is read through workgroupUniformLoad, so the loops
+// that hold barriers run a count the whole workgroup agrees on.
+// SPLIT (flash-decoding, for a few query rows over many keys: the keys in
+// `splits` pieces of whole tiles, one workgroup each, instead of one
+// workgroup walking all 94 tiles of 1500 keys): out is the partials
+// [rows, heads, splits, HEAD_DIM + 2] (the unnormalised sums, then the
+// running max and sum; an empty piece has max -3e38 and sum 0), which
+// attention_tiled_merge.wgsl combines. A workgroup
 // holds 16 query rows of one head in workgroup memory and walks the keys in
 // tiles of 16 rows of K and V staged there too: thread (r, c) = (tid / 4,
 // tid % 4) scores its row against keys 4c .. 4c + 3 of the tile, then, with
@@ -26,6 +33,7 @@
 struct Params {
     heads: u32, q_stride: u32, k_stride: u32, v_stride: u32,
     q_col: u32, k_col: u32, v_col: u32, scale: f32,
+    splits: u32, _p0: u32, _p1: u32, _p2: u32,
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
@@ -51,8 +59,9 @@ var<workgroup> span: vec4<u32>;
 @compute @workgroup_size(64)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) tid: u32) {
     let h = wid.y;
+    let split = wid.z % p.splits;
     if (tid == 0u) {
-        let at = 4u * wid.z;
+        let at = 4u * (wid.z / p.splits);
         span = vec4<u32>(seqs[at], seqs[at + 1u], seqs[at + 2u], seqs[at + 3u]);
     }
     let sp = workgroupUniformLoad(&span);
@@ -63,6 +72,10 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     if (row0 >= q_len) {
         return;
     }
+    // This workgroup's keys: split `split` of whole tiles.
+    let chunk = ((kv_len + p.splits - 1u) / p.splits + TK - 1u) / TK * TK;
+    let j_begin = min(kv_len, split * chunk);
+    let j_end = min(kv_len, j_begin + chunk);
     let r = tid / 4u;
     let c = tid % 4u;
     let dq = HEAD_DIM / 4u;
@@ -80,14 +93,14 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     }
     var m = LOWEST;
     var l = 0.0;
-    for (var j0 = 0u; j0 < kv_len; j0 += TK) {
+    for (var j0 = j_begin; j0 < j_end; j0 += TK) {
         // The previous tile is used up (and the query block is stored).
         workgroupBarrier();
         for (var i = tid; i < TK * HEAD_DIM; i += 64u) {
             let j = j0 + i / HEAD_DIM;
             var kv = 0.0;
             var vv = 0.0;
-            if (j < kv_len) {
+            if (j < j_end) {
                 kv = k[(kv_start + j) * p.k_stride + p.k_col + h * HEAD_DIM + i % HEAD_DIM];
                 vv = v[(kv_start + j) * p.v_stride + p.v_col + h * HEAD_DIM + i % HEAD_DIM];
             }
@@ -104,7 +117,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
             ss[r * TK + jj] = s;
         }
         workgroupBarrier();
-        let n_keys = min(TK, kv_len - j0);
+        let n_keys = min(TK, j_end - j0);
         var tile_max = LOWEST;
         for (var jj = 0u; jj < n_keys; jj++) {
             tile_max = max(tile_max, ss[r * TK + jj]);
@@ -126,10 +139,21 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     }
     let row = row0 + r;
     if (row < q_len) {
+#if SPLIT
+        let base = (((sp.x + row) * p.heads + h) * p.splits + split) * (HEAD_DIM + 2u);
+        for (var e = 0u; e < dq; e++) {
+            out[base + c * dq + e] = acc[e];
+        }
+        if (c == 0u) {
+            out[base + HEAD_DIM] = m;
+            out[base + HEAD_DIM + 1u] = l;
+        }
+#else
         let inv = 1.0 / l;
         let base = ((sp.x + row) * p.heads + h) * HEAD_DIM + c * dq;
         for (var e = 0u; e < dq; e++) {
             out[base + e] = acc[e] * inv;
         }
+#endif
     }
 }

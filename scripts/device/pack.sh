@@ -2,7 +2,9 @@
 # Packs what the H200 runs need into .dev/ (git-ignored via .git/info/exclude),
 # in pieces small enough for the device tool's 64 MiB per-call limit:
 #   .dev/bin.tar.xz        stripped release binaries: lfm (every tool), the
-#                          llm_gpu_check example, the test binaries in TESTS
+#                          llm_gpu_check example and those in EXAMPLES (none by
+#                          default; unpack.sh puts them in target/release), the
+#                          test binaries in TESTS
 #                          (default gpu_parity, llm_gpu, llm_gpu_batch, speak_vits);
 #                          scripts/device/unpack.sh makes target/release/<tool>
 #                          wrappers around lfm
@@ -19,6 +21,9 @@ D=.dev
 rm -rf "$D/stage" && mkdir -p "$D/stage/bin"
 strip -o "$D/stage/bin/lfm" "$T/lfm"
 strip -o "$D/stage/bin/llm_gpu_check" "$T/examples/llm_gpu_check"
+for e in ${EXAMPLES:-}; do
+    strip -o "$D/stage/bin/$e" "$T/examples/$e"
+done
 for t in ${TESTS:-gpu_parity llm_gpu llm_gpu_batch speak_vits}; do
     f=$(ls -t "$T"/deps/$t-* | grep -v '\.d$' | head -1)
     strip -o "$D/stage/bin/$t" "$f"

@@ -15,6 +15,11 @@
 # (default 16: ~476 s, 16 windows). Every lfm arm prints its profile line
 # (encoder, decoder passes and their cost, host search, submissions, bytes
 # read back): where its time goes.
+# First, when carried (pack.sh TESTS / EXAMPLES): the Whisper kernels'
+# parity (gpu_parity, whisper_select and attention_tiled), the GPU
+# transcription tests (transcribe_gpu), and the decoder step's kernels
+# timed with device timestamps (whisper_profile: 1, 8, 32 windows greedy,
+# 1 window with 5 beams).
 #
 # ctranslate2's wheel opens libcublas.so.12 at run time; the image has
 # CUDA 13's cuBLAS (torch's nvidia-cublas), and cuDNN 9 (libcudnn.so.9,
@@ -76,6 +81,18 @@ if ! cuda_ok; then
     export LD_LIBRARY_PATH="$shim:$LD_LIBRARY_PATH"
     echo "== faster-whisper on CUDA through the cuBLAS 13 shim"
     cuda_ok || echo "faster-whisper's CUDA arm cannot run here: see the errors above"
+fi
+if [[ -x target/release/gpu_parity ]]; then
+    echo "== gpu_parity: whisper_select, attention_tiled"
+    LFM_PARITY_ONLY=whisper_select,attention_tiled target/release/gpu_parity kernels_match_cpu --nocapture 2>&1 | tail -5
+fi
+if [[ -x target/release/transcribe_gpu ]]; then
+    echo "== transcribe_gpu"
+    target/release/transcribe_gpu --test-threads 1 2>&1 | tail -5
+fi
+if [[ -x target/release/whisper_profile ]]; then
+    echo "== whisper_profile: a decoder step's kernels"
+    target/release/whisper_profile --windows 1,8,32 --steps 32 | tee "$R/whisper-profile.md"
 fi
 for model in ${MODELS:-whisper-tiny.en whisper-base}; do
     [[ -d samples/models/$model ]] || { echo "skip $model (not carried)"; continue; }

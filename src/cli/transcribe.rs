@@ -117,11 +117,12 @@ pub struct Args {
 
     /// Decode up to N windows at once, of one input or several, as
     /// faster-whisper's batched pipeline: the audio is cut into 30 s clips
-    /// (with --vad: its speech, joined into pieces of at most 30 s) before
-    /// decoding, and every window is decoded from the same prompt (no
-    /// previous text), at the first temperature only (no fallback), never
-    /// skipped as silence. Without it, windows follow each other
-    /// (openai-whisper's sequential transcription).
+    /// before decoding (a cut may split a word; with --vad, as
+    /// faster-whisper's default, the speech is cut at silences and joined
+    /// into pieces of at most 30 s), and every window is decoded from the
+    /// same prompt (no previous text), at the first temperature only (no
+    /// fallback), never skipped as silence. Without it, windows follow each
+    /// other (openai-whisper's sequential transcription).
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u16).range(1..=256))]
     pub batch_size: Option<u16>,
 
@@ -929,7 +930,8 @@ fn run_batched(
         }
     }
     let elapsed = start.elapsed();
-    let profile = profiled.finish();
+    let mut profile = profiled.finish();
+    profile.features = batched.features;
     crate::util::log::notice(&format!(
         "transcribe: {} inputs, {audio_seconds:.1} s of audio in {:.2} s (real-time factor {:.3}), batches of {batch_size}, {device}",
         args.audio.len() - failed,

@@ -68,8 +68,30 @@ kernel!(
     [&[], &["W_F16"]]
 );
 
+kernel!(
+    MATMUL_THIN,
+    "matmul_thin",
+    ["erf.wgsl", "matmul_thin.wgsl"],
+    [
+        Binding::read("x"),
+        Binding::read("w"),
+        Binding::read("bias"),
+        Binding::read("residual"),
+        Binding::write("y"),
+    ],
+    MatmulParams,
+    [&[], &["W_F16"]]
+);
+
 /// Rows and columns of y one matmul workgroup computes.
 const MATMUL_TILE: usize = 64;
+
+/// Most rows [`matmul`] computes as matrix-vector products (`matmul_thin`);
+/// more go through the tiles.
+pub const MATMUL_THIN_ROWS: usize = 8;
+
+/// Columns of y one `matmul_thin` workgroup computes.
+const MATMUL_THIN_COLS: usize = 8;
 
 /// One linear layer: y[m, n] = act(x[m, k] · w[n, k]^T + `bias[n]`) + residual[m, n].
 pub struct Linear<'a> {
@@ -87,7 +109,8 @@ pub struct Linear<'a> {
     pub act: Option<Activation>,
 }
 
-/// The matmul kernel bound to one [`Linear`]. `y` must not alias an input.
+/// The matmul kernel bound to one [`Linear`] (`matmul_thin` for up to
+/// [`MATMUL_THIN_ROWS`] rows). `y` must not alias an input.
 pub fn matmul(gpu: &Gpu, l: &Linear) -> Result<Dispatch> {
     assert!(l.k > 0, "matmul: k is 0");
     let too_big = |v: usize| v > u32::MAX as usize;
@@ -120,7 +143,16 @@ pub fn matmul(gpu: &Gpu, l: &Linear) -> Result<Dispatch> {
     // Unused optional inputs are bound to x: read-only and never read.
     let bias = l.bias.unwrap_or(l.x);
     let residual = l.residual.unwrap_or(l.x);
-    let bound = gpu.bind(&MATMUL, &variant, &[l.x, l.w, bias, residual, l.y], &params)?;
+    let buffers = [l.x, l.w, bias, residual, l.y];
+    let thin_groups = l.n.div_ceil(MATMUL_THIN_COLS);
+    if l.m <= MATMUL_THIN_ROWS && thin_groups <= 65535 {
+        let bound = gpu.bind(&MATMUL_THIN, &variant, &buffers, &params)?;
+        return Ok(Dispatch {
+            bound,
+            groups: [thin_groups as u32, 1, 1],
+        });
+    }
+    let bound = gpu.bind(&MATMUL, &variant, &buffers, &params)?;
     Ok(Dispatch {
         bound,
         groups: [
@@ -511,6 +543,7 @@ pub fn bias_rows(
 /// The kernels declared in this module.
 pub static KERNELS: &[&Kernel] = &[
     &MATMUL,
+    &MATMUL_THIN,
     &LAYER_NORM,
     &GELU,
     &ATTENTION,

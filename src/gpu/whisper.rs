@@ -45,8 +45,10 @@ struct AttentionTiledParams {
     k_col: u32,
     v_col: u32,
     scale: f32,
+    splits: u32,
+    _pad: [u32; 3],
 }
-const _: () = assert!(std::mem::size_of::<AttentionTiledParams>() == 32);
+const _: () = assert!(std::mem::size_of::<AttentionTiledParams>() == 48);
 
 kernel!(
     ATTENTION_TILED,
@@ -60,6 +62,25 @@ kernel!(
         Binding::write("out"),
     ],
     AttentionTiledParams,
+    [&[], &["SPLIT"]]
+);
+
+#[repr(C)]
+#[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
+struct MergeParams {
+    rows: u32,
+    heads: u32,
+    splits: u32,
+    head_dim: u32,
+}
+const _: () = assert!(std::mem::size_of::<MergeParams>() == 16);
+
+kernel!(
+    ATTENTION_TILED_MERGE,
+    "attention_tiled_merge",
+    "attention_tiled_merge.wgsl",
+    [Binding::read("part"), Binding::write("out")],
+    MergeParams,
     [&[]]
 );
 
@@ -94,7 +115,12 @@ kernel!(
 pub const ATTENTION_TILED_MAX_HEAD_DIM: usize = 64;
 
 /// The kernels declared in this module.
-pub static KERNELS: &[&Kernel] = &[&IM2COL_1D, &ATTENTION_TILED, &WHISPER_SELECT];
+pub static KERNELS: &[&Kernel] = &[
+    &IM2COL_1D,
+    &ATTENTION_TILED,
+    &ATTENTION_TILED_MERGE,
+    &WHISPER_SELECT,
+];
 
 /// Non-causal attention over the spans `seqs` (uploaded as `seqs_buf` =
 /// `gpu::dense::pack_seqs`): span i's `q_len` query rows from `q_start`
@@ -122,6 +148,78 @@ pub fn attention_tiled(
     out: &wgpu::Buffer,
     shape: &AttentionShape,
 ) -> Result<Dispatch> {
+    bind_tiled(gpu, q, k, v, seqs_buf, n_seqs, max_q_len, out, shape, None)
+}
+
+/// [`attention_tiled`] as flash-decoding, for a few query rows over many
+/// keys: each span's keys in `splits` pieces of whole tiles, a workgroup
+/// each, their partial sums in `part` ([rows, heads, splits, head_dim + 2]
+/// f32), then `attention_tiled_merge` combining them into `out` for the
+/// `rows` query rows the spans cover. Same maths as `cpu::attention`.
+#[allow(clippy::too_many_arguments)]
+pub fn attention_tiled_split(
+    gpu: &Gpu,
+    q: &wgpu::Buffer,
+    k: &wgpu::Buffer,
+    v: &wgpu::Buffer,
+    seqs_buf: &wgpu::Buffer,
+    n_seqs: usize,
+    max_q_len: usize,
+    rows: usize,
+    part: &wgpu::Buffer,
+    out: &wgpu::Buffer,
+    shape: &AttentionShape,
+    splits: usize,
+) -> Result<[Dispatch; 2]> {
+    assert!(
+        splits >= 1 && rows >= 1 && rows <= 65535,
+        "attention_tiled_split: {splits} splits, {rows} rows"
+    );
+    let main = bind_tiled(
+        gpu,
+        q,
+        k,
+        v,
+        seqs_buf,
+        n_seqs,
+        max_q_len,
+        part,
+        shape,
+        Some(splits),
+    )?;
+    let params = MergeParams {
+        rows: rows as u32,
+        heads: shape.heads as u32,
+        splits: splits as u32,
+        head_dim: shape.head_dim as u32,
+    };
+    let bound = gpu.bind(
+        &ATTENTION_TILED_MERGE,
+        &Variant::default(),
+        &[part, out],
+        &params,
+    )?;
+    let merge = Dispatch {
+        bound,
+        groups: [rows as u32, shape.heads as u32, 1],
+    };
+    Ok([main, merge])
+}
+
+#[allow(clippy::too_many_arguments)]
+fn bind_tiled(
+    gpu: &Gpu,
+    q: &wgpu::Buffer,
+    k: &wgpu::Buffer,
+    v: &wgpu::Buffer,
+    seqs_buf: &wgpu::Buffer,
+    n_seqs: usize,
+    max_q_len: usize,
+    out: &wgpu::Buffer,
+    shape: &AttentionShape,
+    split: Option<usize>,
+) -> Result<Dispatch> {
+    let splits = split.unwrap_or(1);
     assert!(
         !shape.causal && shape.kv_heads == shape.heads,
         "attention_tiled: bidirectional, one kv head per head"
@@ -135,10 +233,11 @@ pub fn attention_tiled(
         || max_q_len == 0
         || max_q_len.div_ceil(16) > 65535
         || shape.heads > 65535
-        || n_seqs > 65535
+        || n_seqs * splits > 65535
     {
         return Err(crate::Error::gpu(format!(
-            "attention of {n_seqs} spans of up to {max_q_len} rows and {} heads cannot be dispatched",
+            "attention of {n_seqs} spans of up to {max_q_len} rows, {} heads and {splits} splits \
+             cannot be dispatched",
             shape.heads
         )));
     }
@@ -151,8 +250,14 @@ pub fn attention_tiled(
         k_col: shape.k_col as u32,
         v_col: shape.v_col as u32,
         scale: shape.scale,
+        splits: splits as u32,
+        _pad: [0; 3],
     };
-    let variant = Variant::default().with("HEAD_DIM", shape.head_dim as u32);
+    let variant = match split {
+        Some(_) => Variant::new(&["SPLIT"]),
+        None => Variant::default(),
+    }
+    .with("HEAD_DIM", shape.head_dim as u32);
     let bound = gpu.bind(
         &ATTENTION_TILED,
         &variant,
@@ -164,7 +269,7 @@ pub fn attention_tiled(
         groups: [
             max_q_len.div_ceil(16) as u32,
             shape.heads as u32,
-            n_seqs as u32,
+            (n_seqs * splits) as u32,
         ],
     })
 }

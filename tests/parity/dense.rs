@@ -12,6 +12,10 @@ pub const CASES: &[Case] = &[
         run: matmul,
     },
     Case {
+        kernel: "matmul_thin",
+        run: matmul_thin,
+    },
+    Case {
         kernel: "layer_norm",
         run: layer_norm,
     },
@@ -146,20 +150,47 @@ fn gated(gpu: &Gpu, _v: &Variant) {
     }
 }
 
-/// Shapes (m, k, n): every size in SIZES in every dimension, the others odd
-/// and around the 64-wide tile, plus one large product.
+/// Shapes (m, k, n) for the tiles (more than `MATMUL_THIN_ROWS` rows): every
+/// size in SIZES in every dimension, the others odd and around the 64-wide
+/// tile, plus one large product.
 fn matmul_shapes() -> Vec<(usize, usize, usize)> {
     let mut shapes = Vec::new();
     for &s in SIZES {
-        shapes.push((s, 65, 33));
-        shapes.push((7, s, 63));
+        shapes.push((s.max(dense::MATMUL_THIN_ROWS + 1), 65, 33));
+        shapes.push((9, s, 63));
         shapes.push((33, 31, s));
     }
     shapes.push((260, 1025, 132));
     shapes
 }
 
+/// Shapes (m, k, n) for `matmul_thin`: every row count it takes, odd and
+/// even k (the f16 rows' padding half), columns past its 8-wide groups, and
+/// Whisper's decoder layers and vocabulary head.
+fn matmul_thin_shapes() -> Vec<(usize, usize, usize)> {
+    let mut shapes = Vec::new();
+    for m in 1..=dense::MATMUL_THIN_ROWS {
+        shapes.push((m, 65 + 2 * m, 33 + m));
+    }
+    for &s in SIZES {
+        shapes.push((3, s, 13));
+        shapes.push((8, 31, s));
+    }
+    shapes.extend([(1, 384, 1536), (5, 1536, 384), (2, 384, 51865)]);
+    shapes
+}
+
 fn matmul(gpu: &Gpu, v: &Variant) {
+    matmul_cases(gpu, v, matmul_shapes());
+}
+
+fn matmul_thin(gpu: &Gpu, v: &Variant) {
+    matmul_cases(gpu, v, matmul_thin_shapes());
+}
+
+/// `dense::matmul` over `shapes` (every epilogue in turn) against
+/// `cpu::matmul`.
+fn matmul_cases(gpu: &Gpu, v: &Variant, shapes: Vec<(usize, usize, usize)>) {
     let format = if v.defines.contains(&"W_F16") {
         WeightFormat::F16
     } else {
@@ -176,7 +207,7 @@ fn matmul(gpu: &Gpu, v: &Variant) {
         (true, Some(Activation::Relu), false),
         (true, Some(Activation::Silu), true),
     ];
-    for (i, (m, k, n)) in matmul_shapes().into_iter().enumerate() {
+    for (i, (m, k, n)) in shapes.into_iter().enumerate() {
         let (has_bias, act, has_residual) = epilogues[i % epilogues.len()];
         let x = rng.vec(m * k, -1.0, 1.0);
         let mut w = rng.vec(n * k, -1.0, 1.0);

@@ -18,6 +18,10 @@ pub const CASES: &[Case] = &[
         run: attention_tiled,
     },
     Case {
+        kernel: "attention_tiled_merge",
+        run: attention_tiled_merge,
+    },
+    Case {
         kernel: "whisper_select",
         run: whisper_select,
     },
@@ -61,7 +65,26 @@ fn im2col_1d(gpu: &Gpu, _v: &Variant) {
     }
 }
 
-fn attention_tiled(gpu: &Gpu, _v: &Variant) {
+fn attention_tiled(gpu: &Gpu, v: &Variant) {
+    // SPLIT writes partials: checked through the merge that combines them.
+    let split = Variant::new(&["SPLIT"]);
+    let splits: &[usize] = if v.defines == split.defines {
+        &[1, 3, 8]
+    } else {
+        &[]
+    };
+    tiled(gpu, splits);
+}
+
+fn attention_tiled_merge(gpu: &Gpu, _v: &Variant) {
+    // Flash-decoding's pieces: one, a few, more than some spans have tiles
+    // (empty pieces), and more than there are keys.
+    tiled(gpu, &[1, 5, 8, 200]);
+}
+
+/// `attention_tiled` whole (no `splits`), or split into each of `splits`
+/// pieces and merged, against `cpu::attention` over the same spans.
+fn tiled(gpu: &Gpu, splits: &[usize]) {
     let mut rng = Rng::new(12);
     // (spans as (q_len, kv_len), heads, head_dim, fused): Whisper's encoder
     // length (1500 positions, heads of 64, fused QKV), partial tiles, other
@@ -133,30 +156,66 @@ fn attention_tiled(gpu: &Gpu, _v: &Variant) {
         let seqs = gpu
             .upload_u32("seqs", &lfm::gpu::dense::pack_seqs(&spans))
             .unwrap();
-        let out = gpu.poisoned_f32("out", rows * d).unwrap();
         let longest = lens.iter().map(|l| l.0).max().unwrap();
-        let disp = wgpu_ops::attention_tiled(
-            gpu,
-            &gq,
-            &gk,
-            &gv,
-            &seqs,
-            spans.len(),
-            longest,
-            &out,
-            &shape,
-        )
-        .unwrap();
-        gpu.run_all(&[&disp]).unwrap();
-        let got = gpu.read_f32(&out).unwrap();
-        // f32 scores and sums in another order (online softmax by tiles of
-        // 16): ~1e-6 relative, squared ~1e-12; a wrong key is off by O(1).
-        assert_close(
-            &format!("attention_tiled spans={lens:?} heads={heads} head_dim={hd} fused={fused}"),
-            &got[..rows * d],
-            &want,
-            1e-10,
-        );
+        let pieces: Vec<Option<usize>> = if splits.is_empty() {
+            vec![None]
+        } else {
+            splits.iter().map(|&s| Some(s)).collect()
+        };
+        for piece in pieces {
+            let out = gpu.poisoned_f32("out", rows * d).unwrap();
+            let work = match piece {
+                None => vec![wgpu_ops::attention_tiled(
+                    gpu,
+                    &gq,
+                    &gk,
+                    &gv,
+                    &seqs,
+                    spans.len(),
+                    longest,
+                    &out,
+                    &shape,
+                )
+                .unwrap()],
+                Some(n) => {
+                    // The encoder's 1500 rows in at most 8 pieces (memory).
+                    let n = if rows > 64 { n.min(8) } else { n };
+                    let part = gpu
+                        .poisoned_f32("part", rows * heads * n * (hd + 2))
+                        .unwrap();
+                    wgpu_ops::attention_tiled_split(
+                        gpu,
+                        &gq,
+                        &gk,
+                        &gv,
+                        &seqs,
+                        spans.len(),
+                        longest,
+                        rows,
+                        &part,
+                        &out,
+                        &shape,
+                        n,
+                    )
+                    .unwrap()
+                    .into()
+                }
+            };
+            gpu.run_all(&work.iter().collect::<Vec<_>>()).unwrap();
+            let got = gpu.read_f32(&out).unwrap();
+            // f32 scores and sums in another order (online softmax by
+            // tiles of 16, pieces merged): ~1e-6 relative, squared ~1e-12;
+            // a wrong key or piece is off by O(1).
+            assert_close(
+                &format!(
+                    "attention_tiled spans={lens:?} heads={heads} head_dim={hd} fused={fused} \
+                     splits={piece:?}"
+                ),
+                &got[..rows * d],
+                &want,
+                1e-10,
+            );
+        }
     }
 }
 

@@ -384,6 +384,17 @@ impl GpuBackend {
     pub fn encoder(&self) -> &GpuEncoder {
         &self.encoder
     }
+
+    /// Times every dispatch of the decoder steps that follow (see
+    /// `examples/whisper_profile.rs`).
+    pub fn start_profile(&mut self, what: &str) -> Result<()> {
+        self.decoder.start_profile(what)
+    }
+
+    /// The decoder steps timed since [`GpuBackend::start_profile`].
+    pub fn take_profile(&mut self) -> Option<crate::gpu::profile::StepProfile> {
+        self.decoder.take_profile()
+    }
 }
 
 /// The words a pass read back, as what `read` asked for.
@@ -530,10 +541,6 @@ impl Backend for GpuBackend {
     }
 
     fn traffic(&self) -> Traffic {
-        let d = self.decoder.traffic;
-        Traffic {
-            submissions: self.traffic.submissions + d.submissions,
-            bytes_read: self.traffic.bytes_read + d.bytes_read,
-        }
+        self.traffic + self.decoder.traffic
     }
 }

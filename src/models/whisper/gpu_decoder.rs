@@ -27,13 +27,24 @@ use crate::cpu::{Activation, AttentionShape, SeqSpan};
 use crate::error::{Error, Result};
 use crate::gpu::dense;
 use crate::gpu::ops::{self, Dispatch};
-use crate::gpu::whisper::{attention_tiled, whisper_select};
+use crate::gpu::profile::{PassTimer, StepProfile};
+use crate::gpu::whisper::{attention_tiled, attention_tiled_split, whisper_select};
 use crate::gpu::Gpu;
 use crate::run::transcribe::Traffic;
 
 /// The most tokens a row's choice reports: beam search takes its beams + 1
 /// (`--beam-size` is at most 32).
 pub const MAX_PICKS: usize = 33;
+
+/// Audio positions of one piece of a decode step's cross-attention
+/// (flash-decoding): two tiles of 16 keys a workgroup instead of all 94 of
+/// 1500 positions, so a step's few query rows fill the device.
+const CROSS_KEYS_PER_SPLIT: usize = 32;
+
+/// Pieces the cross-attention of a decode step splits the audio into.
+fn cross_splits(c: &Config) -> usize {
+    c.n_audio_ctx.div_ceil(CROSS_KEYS_PER_SPLIT)
+}
 use std::collections::HashMap;
 use std::sync::Arc;
 
@@ -117,6 +128,9 @@ pub struct GpuDecoder {
     qkv: wgpu::Buffer,
     /// [rows, d]
     att: wgpu::Buffer,
+    /// [max_seqs, heads, cross_splits, head_dim + 2]: a decode step's
+    /// cross-attention partials.
+    cross_part: wgpu::Buffer,
     /// [rows, d]
     q: wgpu::Buffer,
     /// [rows, d_ff]
@@ -145,8 +159,45 @@ pub struct GpuDecoder {
     len: usize,
     /// Cache slot each sequence must be copied from before the next step.
     pending: Option<Vec<usize>>,
-    /// Submissions and bytes read back so far.
+    /// Submissions, bytes read back, and the passes' recording and waiting
+    /// times so far.
     pub traffic: Traffic,
+    /// While profiling ([`GpuDecoder::start_profile`]): timestamps around
+    /// every dispatch of each step, and their sums.
+    profile: Option<(PassTimer, StepProfile)>,
+}
+
+/// The timestamps of one profiled step as it is recorded, across its
+/// passes: one at the start, one after each dispatch, and one at the start
+/// of each later pass (the copies before it and the pass boundary).
+struct Marks<'t> {
+    timer: Option<&'t PassTimer>,
+    names: Vec<&'static str>,
+}
+
+impl Marks<'_> {
+    fn pass_start(&mut self, pass: &mut wgpu::ComputePass<'_>) {
+        if let Some(t) = self.timer {
+            if self.names.is_empty() {
+                t.mark(pass, 0);
+                self.names.push("");
+            } else {
+                self.after(pass, "copies and pass starts");
+            }
+        }
+    }
+
+    fn record(&mut self, pass: &mut wgpu::ComputePass<'_>, d: &Dispatch) {
+        d.record(pass);
+        self.after(pass, d.bound.name);
+    }
+
+    fn after(&mut self, pass: &mut wgpu::ComputePass<'_>, name: &'static str) {
+        if let Some(t) = self.timer {
+            self.names.push(name);
+            t.mark(pass, self.names.len() as u32 - 1);
+        }
+    }
 }
 
 impl GpuDecoder {
@@ -229,6 +280,10 @@ impl GpuDecoder {
             h: f32s("decoder.h", rows * d)?,
             qkv: f32s("decoder.qkv", rows * 3 * d)?,
             att: f32s("decoder.attention", rows * d)?,
+            cross_part: f32s(
+                "decoder.cross_part",
+                max_seqs * c.n_text_heads * cross_splits(&c) * (d / c.n_text_heads + 2),
+            )?,
             q: f32s("decoder.cross_q", rows * d)?,
             ff: f32s("decoder.ffn", rows * c.d_ff)?,
             head_in: f32s("decoder.head_in", max_out * d)?,
@@ -259,7 +314,25 @@ impl GpuDecoder {
             len: 0,
             pending: None,
             traffic: Traffic::default(),
+            profile: None,
         })
+    }
+
+    /// Starts timing every dispatch of the decoder steps that follow (not
+    /// the prompts); an error when the adapter has no timestamps in passes.
+    pub fn start_profile(&mut self, what: &str) -> Result<()> {
+        let timer = PassTimer::new(&self.gpu, 256)?;
+        let prof = StepProfile {
+            what: what.into(),
+            ..StepProfile::default()
+        };
+        self.profile = Some((timer, prof));
+        Ok(())
+    }
+
+    /// The steps timed since [`GpuDecoder::start_profile`], averaged.
+    pub fn take_profile(&mut self) -> Option<StepProfile> {
+        self.profile.take().map(|(_, p)| p.finish())
     }
 
     fn self_shape(&self) -> AttentionShape {
@@ -293,19 +366,34 @@ impl GpuDecoder {
             .collect()
     }
 
-    /// Each sequence's rows against its window's audio positions.
+    /// Each sequence's rows against its window's audio positions, the
+    /// sequences of one window (beams, samples: neighbours) as one span so
+    /// that its keys are read once for all of them; padded with empty spans
+    /// to the `n_seqs` the pass's dispatch was bound for.
     fn cross_spans(&self, n_new: usize) -> Vec<SeqSpan> {
         let audio = self.config.n_audio_ctx;
-        self.seq_windows
-            .iter()
-            .enumerate()
-            .map(|(s, &w)| SeqSpan {
-                q_start: s * n_new,
-                q_len: n_new,
-                kv_start: w * audio,
+        let mut spans: Vec<SeqSpan> = Vec::with_capacity(self.seq_windows.len());
+        for (s, &w) in self.seq_windows.iter().enumerate() {
+            match spans.last_mut() {
+                Some(last) if last.kv_start == w * audio => last.q_len += n_new,
+                _ => spans.push(SeqSpan {
+                    q_start: s * n_new,
+                    q_len: n_new,
+                    kv_start: w * audio,
+                    kv_len: audio,
+                }),
+            }
+        }
+        spans.resize(
+            self.seq_windows.len(),
+            SeqSpan {
+                q_start: 0,
+                q_len: 0,
+                kv_start: 0,
                 kv_len: audio,
-            })
-            .collect()
+            },
+        );
+        spans
     }
 
     /// The most windows and sequences this decoder holds.
@@ -337,7 +425,7 @@ impl GpuDecoder {
             ];
             let cache = &self.caches[li];
             let cross = &self.cross[li];
-            let after = vec![
+            let mut after = vec![
                 dense::attention(
                     g,
                     &self.qkv,
@@ -351,22 +439,44 @@ impl GpuDecoder {
                 w.self_out.matmul(g, &self.att, b, m, None, Some(a))?,
                 w.cross_norm.run(g, b, &self.h, d, m)?,
                 w.cross_q.matmul(g, &self.h, &self.q, m, None, None)?,
-                attention_tiled(
+            ];
+            // Spans of up to every sequence's rows (one window's). A decode
+            // step's few rows split the keys (flash-decoding); a prompt's
+            // many rows fill the device as they are.
+            if n_new == 1 {
+                after.extend(attention_tiled_split(
                     g,
                     &self.q,
                     cross,
                     cross,
                     &self.cross_seqs,
                     n_seqs,
-                    n_new,
+                    m,
+                    m,
+                    &self.cross_part,
                     &self.att,
                     &cross_shape,
-                )?,
+                    cross_splits(c),
+                )?);
+            } else {
+                after.push(attention_tiled(
+                    g,
+                    &self.q,
+                    cross,
+                    cross,
+                    &self.cross_seqs,
+                    n_seqs,
+                    m,
+                    &self.att,
+                    &cross_shape,
+                )?);
+            }
+            after.extend([
                 w.cross_out.matmul(g, &self.att, a, m, None, Some(b))?,
                 w.mlp_norm.run(g, a, &self.h, d, m)?,
                 w.fc1.matmul(g, &self.h, &self.ff, m, gelu, None)?,
                 w.fc2.matmul(g, &self.ff, b, m, None, Some(a))?,
-            ];
+            ]);
             layers.push(LayerPlan { before, after });
         }
         Ok(Plan { embed, layers })
@@ -476,6 +586,7 @@ impl GpuDecoder {
     /// after sequence; returns what `read` asks for after its rows `rows`:
     /// the logits (as f32 bits) or `whisper_select`'s words.
     fn run(&mut self, tokens: &[u32], rows: &[usize], read: &Readback) -> Result<Vec<u32>> {
+        let prepare = web_time::Instant::now();
         let c = &self.config;
         let (d, ctx, vocab) = (c.d_model, c.n_text_ctx, c.n_vocab);
         let n_seqs = self.n_seqs;
@@ -545,6 +656,9 @@ impl GpuDecoder {
                 .queue
                 .write_buffer(&self.rules, 0, bytemuck::cast_slice(rules_rows));
         }
+        // Recording starts once the shapes' dispatches are bound (the
+        // first pass of a shape also builds them, and compiles pipelines).
+        let t0 = web_time::Instant::now();
         let plan = &self.plans[&(n_seqs, n_new)];
         let head = &self.heads[&rows.len()];
         let gpu = &self.gpu;
@@ -560,6 +674,10 @@ impl GpuDecoder {
             bytemuck::cast_slice(&dense::pack_seqs(&self.cross_spans(n_new))),
         );
 
+        let mut marks = Marks {
+            timer: self.profile.as_ref().filter(|_| n_new == 1).map(|(t, _)| t),
+            names: Vec::new(),
+        };
         let mut enc = gpu.device.create_command_encoder(&Default::default());
         if let Some(slots) = &self.pending {
             self.record_selection(&mut enc, slots);
@@ -573,14 +691,16 @@ impl GpuDecoder {
         }
         {
             let mut pass = enc.begin_compute_pass(&Default::default());
-            plan.embed.record(&mut pass);
+            marks.pass_start(&mut pass);
+            marks.record(&mut pass, &plan.embed);
         }
         let kv_row = (2 * d * 4) as u64;
         for (layer, cache) in plan.layers.iter().zip(&self.caches) {
             {
                 let mut pass = enc.begin_compute_pass(&Default::default());
+                marks.pass_start(&mut pass);
                 for work in &layer.before {
-                    work.record(&mut pass);
+                    marks.record(&mut pass, work);
                 }
             }
             // k and v of each new row: columns d..3d of its fused QKV row.
@@ -595,8 +715,9 @@ impl GpuDecoder {
                 );
             }
             let mut pass = enc.begin_compute_pass(&Default::default());
+            marks.pass_start(&mut pass);
             for work in &layer.after {
-                work.record(&mut pass);
+                marks.record(&mut pass, work);
             }
         }
         let last = &self.res[self.layers.len() % 2];
@@ -611,11 +732,15 @@ impl GpuDecoder {
         };
         {
             let mut pass = enc.begin_compute_pass(&Default::default());
-            head.norm.record(&mut pass);
-            head.head.record(&mut pass);
+            marks.pass_start(&mut pass);
+            marks.record(&mut pass, &head.norm);
+            marks.record(&mut pass, &head.head);
             if let Some((d, _)) = select {
-                d.record(&mut pass);
+                marks.record(&mut pass, d);
             }
+        }
+        if let Some(t) = marks.timer {
+            t.resolve(&mut enc, marks.names.len() as u32);
         }
         let (from, staging, bytes) = match select {
             None => (&self.logits, &self.staging, rows.len() * vocab * 4),
@@ -626,9 +751,19 @@ impl GpuDecoder {
             ),
         };
         enc.copy_buffer_to_buffer(from, 0, staging, 0, bytes as u64);
-        let out = gpu.submit_and_read(enc, staging, bytes as u64)?;
+        let t1 = web_time::Instant::now();
+        let done = gpu.queue.submit([enc.finish()]);
+        let out = gpu.read_staging(staging, bytes as u64, done.clone())?;
         self.traffic.submissions += 1;
         self.traffic.bytes_read += bytes as u64;
+        self.traffic.record += t1 - t0;
+        self.traffic.wait += t1.elapsed();
+        if marks.timer.is_some() {
+            let names = &marks.names[1..];
+            let (timer, prof) = self.profile.as_mut().expect("profiling");
+            let ts = timer.read(gpu, names.len() as u32 + 1, done)?;
+            prof.add_step([prepare, t0, t1, t1, web_time::Instant::now()], names, &ts);
+        }
         self.pending = None;
         self.len = past + n_new;
         Ok(bytemuck::pod_collect_to_vec(&out))

@@ -120,6 +120,8 @@ pub struct Batched<'a> {
     opts: &'a Options,
     rules: Rules,
     rng: Rng,
+    /// Time spent computing the chunks' features.
+    pub features: std::time::Duration,
 }
 
 impl<'a> Batched<'a> {
@@ -130,6 +132,7 @@ impl<'a> Batched<'a> {
             opts,
             rules: rules(files, opts)?,
             rng: Rng::new(opts.seed),
+            features: std::time::Duration::ZERO,
         })
     }
 
@@ -174,10 +177,12 @@ impl<'a> Batched<'a> {
         let (opts, tok) = (self.opts, &files.tokenizer);
         let s = &tok.specials;
         let c = &files.model.config;
+        let t0 = web_time::Instant::now();
         let mels: Vec<Vec<f32>> = chunks
             .par_iter()
             .map(|ch| chunk_features(&files.mel, &ch.samples))
             .collect();
+        self.features += t0.elapsed();
         let windows: Vec<&[f32]> = mels.iter().map(Vec::as_slice).collect();
         backend.encode(&windows)?;
 

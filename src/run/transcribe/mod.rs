@@ -175,11 +175,39 @@ impl Picks {
     }
 }
 
-/// What a backend has sent to and read from its device.
+/// What a backend has sent to and read from its device, and how its
+/// decoder passes' time splits between recording them on the host and
+/// waiting for the device and the readback.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Traffic {
     pub submissions: u64,
     pub bytes_read: u64,
+    pub record: std::time::Duration,
+    pub wait: std::time::Duration,
+}
+
+impl std::ops::Add for Traffic {
+    type Output = Traffic;
+    fn add(self, o: Traffic) -> Traffic {
+        Traffic {
+            submissions: self.submissions + o.submissions,
+            bytes_read: self.bytes_read + o.bytes_read,
+            record: self.record + o.record,
+            wait: self.wait + o.wait,
+        }
+    }
+}
+
+impl std::ops::Sub for Traffic {
+    type Output = Traffic;
+    fn sub(self, o: Traffic) -> Traffic {
+        Traffic {
+            submissions: self.submissions - o.submissions,
+            bytes_read: self.bytes_read - o.bytes_read,
+            record: self.record - o.record,
+            wait: self.wait - o.wait,
+        }
+    }
 }
 
 /// The log-mel features transcription reads: a signal in memory

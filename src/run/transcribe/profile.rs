@@ -7,7 +7,8 @@
 use super::{Backend, Features, Pick, Picks, Traffic};
 use crate::error::Result;
 use crate::models::whisper::model::CrossKv;
-use std::time::{Duration, Instant};
+use std::time::Duration;
+use web_time::Instant;
 
 /// Counts and times of one transcription.
 #[derive(Clone, Debug, Default)]
@@ -26,7 +27,8 @@ pub struct Profile {
     /// Time in the decoder's calls: recording, submitting, waiting, reading
     /// the results back (on the CPU backend: the whole forward pass).
     pub decode: Duration,
-    /// Time computing features ([`ProfiledFeatures`]).
+    /// Time computing features ([`ProfiledFeatures`], or the batched
+    /// pipeline's chunks).
     pub features: Duration,
     pub traffic: Traffic,
 }
@@ -40,8 +42,18 @@ impl Profile {
             let n = (self.prompts + self.steps).max(1);
             d.as_secs_f64() * 1e6 / n as f64
         };
+        let t = &self.traffic;
+        let device = if t.submissions == 0 {
+            String::new()
+        } else {
+            format!(
+                ": recording {:.0} us, waiting for the device {:.0} us",
+                per_step(t.record),
+                per_step(t.wait)
+            )
+        };
         format!(
-            "{} windows, {} attempts, {} steps ({} rows); encoder {:.2} s, decoder {:.2} s ({:.0} us a pass), \
+            "{} windows, {} attempts, {} steps ({} rows); encoder {:.2} s, decoder {:.2} s ({:.0} us a pass{device}), \
              features {:.2} s, search and output {:.2} s ({:.0} us a pass); {} submissions, {:.1} MB read back",
             self.windows,
             self.prompts,
@@ -53,8 +65,8 @@ impl Profile {
             self.features.as_secs_f64(),
             rest.as_secs_f64(),
             per_step(rest),
-            self.traffic.submissions,
-            self.traffic.bytes_read as f64 / 1e6,
+            t.submissions,
+            t.bytes_read as f64 / 1e6,
         )
     }
 }
@@ -79,11 +91,7 @@ impl<'a> Profiled<'a> {
 
     /// The profile, with the backend's traffic since [`Profiled::new`].
     pub fn finish(mut self) -> Profile {
-        let now = self.inner.traffic();
-        self.profile.traffic = Traffic {
-            submissions: now.submissions - self.start.submissions,
-            bytes_read: now.bytes_read - self.start.bytes_read,
-        };
+        self.profile.traffic = self.inner.traffic() - self.start;
         self.profile
     }
 }
