@@ -21,6 +21,16 @@
 //           4 step: array<u32> [token, pos0, kv_len, splits],
 //           5 out: [n_q, heads * hd] (read_write)
 // dispatch: (ceil(n_q / 64), heads, 1) workgroups of 128 threads
+// ROWS (prefill_attention_rows, batched prefill): the n_q queries are the
+//   prompt chunks of several sequences one after another, each over its own
+//   slot of the caches. Query t's record (step[8 t ..],
+//   gpu::llm_ops::ROW_RECORD) gives its position (step[8 t + 1]), its
+//   slot's first cache row (step[8 t + 4]) and its sequence's past-last
+//   query (step[8 t + 7]). Workgroup x takes the 64 queries (fewer at a
+//   sequence's end) that start at query step[8 n_q + x] (0xffffffff: none),
+//   a block never crossing sequences, so each query sees the blocks of keys
+//   it sees when its sequence's chunk runs alone (keys a query does not see
+//   are masked to exact zeros either way).
 
 @group(0) @binding(1) var<storage, read> q: array<f32>;
 @group(0) @binding(2) var<storage, read> kc: array<f32>;
@@ -53,14 +63,14 @@ fn visible(j: u32, vis: u32) -> bool {
 
 // Stages `rows` rows (keys or values from position j0) of kv head `kvo` into
 // kvs from row `at`, as f16; positions past kv_len are zeros.
-fn stage(cache: u32, j0: u32, kv_len: u32, kvo: u32, at: u32, lid: u32) {
+fn stage(cache: u32, j0: u32, kv_len: u32, row0: u32, kvo: u32, at: u32, lid: u32) {
     // 128 threads, 16 per row of 64 (four values each), 8 rows a round.
     let c = (lid & 15u) * 4u;
     for (var r = lid >> 4u; r < KB; r += 8u) {
         let j = j0 + r;
         var v = vec4<f32>();
         if (j < kv_len) {
-            let b = j * p.kv_stride + kvo + c;
+            let b = (row0 + j) * p.kv_stride + kvo + c;
             if (cache == 0u) {
                 v = vec4<f32>(kc[b], kc[b + 1u], kc[b + 2u], kc[b + 3u]);
             } else {
@@ -105,15 +115,28 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>,
         @builtin(subgroup_invocation_id) lane: u32) {
     let h = wid.y;
     let kvo = (h / (p.heads / p.kv_heads)) * HD;
+#if ROWS
+    let q0 = step[8u * p.n_q + wid.x];
+    if (q0 == 0xffffffffu) {
+        return;
+    }
+    let q_end = min(q0 + QB, step[8u * q0 + 7u]);
+    let row0 = step[8u * q0 + 4u];
+    // The position of the workgroup's first query.
+    let base = step[8u * q0 + 1u];
+    let kv_len = base + q_end - q0;
+#else
     let kv_len = step[2];
-    let base = kv_len - p.n_q; // positions cached before these queries
     let q0 = wid.x * QB;
-    let last_q = min(q0 + QB, p.n_q) - 1u;
+    let q_end = min(q0 + QB, p.n_q);
+    let row0 = 0u;
+    let base = kv_len - p.n_q + q0;
+#endif
     // Blocks any query of the workgroup sees. Cooperative operations need
     // workgroup-uniform control flow, so every subgroup runs every block
-    // (keys past a row's last position are masked) and subgroups past n_q
-    // compute rows that are never written.
-    let blocks = (base + last_q + 1u + KB - 1u) / KB;
+    // (keys past a row's last position are masked) and subgroups past the
+    // workgroup's queries compute rows that are never written.
+    let blocks = (base + q_end - q0 + KB - 1u) / KB;
     let t0 = q0 + sg * 16u;
 
     // Q, scaled, rounded to f16; rows past n_q are zeros.
@@ -121,7 +144,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>,
     for (var r = lid >> 4u; r < QB; r += 8u) {
         let t = q0 + r;
         var v = vec4<f32>();
-        if (t < p.n_q) {
+        if (t < q_end) {
             let b = (t * p.heads + h) * HD + qc;
             v = vec4<f32>(q[b], q[b + 1u], q[b + 2u], q[b + 3u]) * p.scale;
         }
@@ -149,7 +172,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>,
     // 32 keys it reads.
     let r = lane >> 1u;
     let half = (lane & 1u) * 16u;
-    let vis = base + t0 + r; // last position row r sees
+    let vis = base + t0 - q0 + r; // last position row r sees
     let is0 = sg * 16u * LDS;
     let ip0 = sg * 16u * LDP;
 
@@ -158,7 +181,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>,
     var l = 0.0;
     for (var b = 0u; b < blocks; b++) {
         let j0 = b * KB;
-        stage(0u, j0, kv_len, kvo, 0u, lid);
+        stage(0u, j0, kv_len, row0, kvo, 0u, lid);
         workgroupBarrier();
         scores(qa0, qa1, qa2, qa3, is0);
         workgroupBarrier();
@@ -198,8 +221,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>,
     for (var b = 0u; b < blocks; b++) {
         let j0 = b * KB;
         workgroupBarrier(); // the last block's values are read
-        stage(0u, j0, kv_len, kvo, 0u, lid);
-        stage(1u, j0, kv_len, kvo, KB, lid);
+        stage(0u, j0, kv_len, row0, kvo, 0u, lid);
+        stage(1u, j0, kv_len, row0, kvo, KB, lid);
         workgroupBarrier();
         scores(qa0, qa1, qa2, qa3, is0);
         workgroupBarrier();
@@ -235,7 +258,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>,
             default: { coopStoreT(o3, &ss[is0], lds); }
         }
         workgroupBarrier();
-        if (t < p.n_q) {
+        if (t < q_end) {
             for (var i = 0u; i < 8u; i++) {
                 out[ob + c * 16u + i] = ss[sb + i];
             }

@@ -14,6 +14,14 @@
 // back before pos0), so only its threads write it, each its own channel
 // after its own reads: the other blocks never touch it, and no two
 // workgroups race on it.
+// ROWS (short_conv_rows, batched prefill): the n rows are the prompt chunks
+//   of several sequences one after another, each at its own positions with
+//   its own ring. Row t's record (step[8 t ..], gpu::llm_ops::ROW_RECORD)
+//   gives its ring's first row (step[8 t + 5]) and its sequence's first and
+//   past-last rows (step[8 t + 6], step[8 t + 7]); the sequence's first row
+//   holds its pos0. Workgroup y takes the token block that starts at row
+//   step[9 n + y] (0xffffffff: none), a block never crossing sequences, so
+//   each sequence's rows run exactly as the single kernel runs them alone.
 
 struct Params { hidden: u32, n: u32, l: u32, ring: u32 }
 
@@ -28,13 +36,15 @@ fn bx(t: u32, c: u32) -> f32 {
     return bcx[t * 3u * p.hidden + c] * bcx[t * 3u * p.hidden + 2u * p.hidden + c];
 }
 
-fn seq(i: u32, c: u32, pos0: u32) -> f32 {
+// Element i of seq for the sequence whose first row is `first` and whose
+// ring starts at row `rb` of the state.
+fn seq(i: u32, c: u32, pos0: u32, first: u32, rb: u32) -> f32 {
     let hist = p.l - 1u;
     if (i < hist) {
         // Position pos0 - hist + i, congruent to pos0 + ring - hist + i.
-        return state[((pos0 + p.ring - hist + i) % p.ring) * p.hidden + c];
+        return state[(rb + (pos0 + p.ring - hist + i) % p.ring) * p.hidden + c];
     }
-    return bx(i - hist, c);
+    return bx(first + i - hist, c);
 }
 
 const TOK: u32 = 16u;
@@ -45,21 +55,36 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(workgroup_id) wi
     if (c >= p.hidden) {
         return;
     }
-    let pos0 = step[1];
+#if ROWS
+    let t0 = step[9u * p.n + wid.y];
+    if (t0 == 0xffffffffu) {
+        return;
+    }
+    let first = step[8u * t0 + 6u];
+    let end = step[8u * t0 + 7u];
+    let rb = step[8u * t0 + 5u];
+    let pos0 = step[8u * first + 1u];
+#else
     let t0 = wid.y * TOK;
-    for (var t = t0; t < min(t0 + TOK, p.n); t++) {
+    let first = 0u;
+    let end = p.n;
+    let rb = 0u;
+    let pos0 = step[1];
+#endif
+    for (var t = t0; t < min(t0 + TOK, end); t++) {
         var a = 0.0;
         for (var j = 0u; j < p.l; j++) {
-            a += conv[c * p.l + j] * seq(t + j, c, pos0);
+            a += conv[c * p.l + j] * seq(t - first + j, c, pos0, first, rb);
         }
         y[t * p.hidden + c] = bcx[t * 3u * p.hidden + p.hidden + c] * a;
     }
-    if (wid.y != 0u) {
+    if (t0 != first) {
         return;
     }
     // The chunk's last (up to ring) positions into their rows, after all
     // reads.
-    for (var t = select(0u, p.n - p.ring, p.n > p.ring); t < p.n; t++) {
-        state[((pos0 + t) % p.ring) * p.hidden + c] = bx(t, c);
+    let n = end - first;
+    for (var t = select(0u, n - p.ring, n > p.ring); t < n; t++) {
+        state[(rb + (pos0 + t) % p.ring) * p.hidden + c] = bx(first + t, c);
     }
 }

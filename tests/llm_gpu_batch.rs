@@ -229,6 +229,118 @@ fn gpu_batch_equals_each_sequence_alone_gemma3_post_norms_and_local_rope() {
     check("tiny-gemma3");
 }
 
+/// Prompts of mixed lengths admitted in the same step, their whole prompts
+/// in one `step` (one batched prefill, over several passes where they
+/// exceed a prefill chunk), then greedy steps together: every sequence's
+/// logits and tokens are those of its prompt alone, bit for bit. Then two
+/// prompts admitted together again, one a repeat of a finished one (its
+/// prefix cached, the rest of it beside a new prompt in one pass).
+fn check_together(dir: &str) {
+    let Some(g) = gpu() else { return };
+    let path = common::repo().join("samples/fixtures/llm").join(dir);
+    let (cfg, w) = lfm::models::open_llm(&path).unwrap();
+    let vocab = cfg.vocab;
+    let opts = GpuLlmOptions {
+        prefill_chunk: Some(16),
+        ..Default::default()
+    };
+    let lens = [2, 17, 33, 40, 9, 16];
+    let prompts: Vec<Vec<u32>> = lens
+        .iter()
+        .enumerate()
+        .map(|(i, &n)| prompt(10 + i as u32, n, vocab))
+        .collect();
+    let fresh = prompt(20, 11, vocab);
+    let steps = 4;
+    let mut single = GpuLlm::new(g.clone(), &cfg, &w, &opts).unwrap();
+    let want: Vec<_> = prompts
+        .iter()
+        .map(|p| alone(&mut single, p, steps))
+        .collect();
+    let want_fresh = alone(&mut single, &fresh, steps);
+    drop(single);
+
+    let mut b = GpuBatch::new(g, &cfg, &w, &opts, lens.len(), 64).unwrap();
+    let ids: Vec<_> = prompts
+        .iter()
+        .map(|p| b.open(p).unwrap().expect("a free slot").0)
+        .collect();
+    let work: Vec<SeqWork> = ids
+        .iter()
+        .zip(&prompts)
+        .map(|(&id, p)| SeqWork {
+            id,
+            tokens: p,
+            as_decode: false,
+        })
+        .collect();
+    let logits = b.step(&work).unwrap();
+    let mut last: Vec<u32> = Vec::new();
+    for (i, l) in logits.iter().enumerate() {
+        assert!(
+            bits_equal(l, &want[i][0].1),
+            "{dir}: prompt {i} ({} tokens): logits differ from its run alone",
+            lens[i]
+        );
+        last.push(argmax(l));
+    }
+    for k in 1..=steps {
+        let rows: Vec<_> = ids.iter().copied().zip(last.iter().copied()).collect();
+        last = b
+            .step_greedy_many(&rows)
+            .expect("a GPU greedy step")
+            .unwrap();
+        let alone: Vec<u32> = want.iter().map(|w| w[k].0).collect();
+        assert_eq!(last, alone, "{dir}: token {k} of each sequence");
+    }
+    for &id in &ids {
+        b.close(id);
+    }
+    // A repeat of the 33-token prompt (all but its last token cached, a
+    // hybrid model's prefix a token short of it) beside a new prompt.
+    let (again, cached) = b.open(&prompts[2]).unwrap().expect("a free slot");
+    assert_eq!(
+        cached,
+        prompts[2].len() - 1,
+        "{dir}: a repeat's cached tokens"
+    );
+    let (new, _) = b.open(&fresh).unwrap().expect("a free slot");
+    let work = [
+        SeqWork {
+            id: again,
+            tokens: &prompts[2][cached..],
+            as_decode: false,
+        },
+        SeqWork {
+            id: new,
+            tokens: &fresh,
+            as_decode: false,
+        },
+    ];
+    let logits = b.step(&work).unwrap();
+    assert!(bits_equal(&logits[0], &want[2][0].1), "{dir}: the repeat");
+    assert!(
+        bits_equal(&logits[1], &want_fresh[0].1),
+        "{dir}: the new prompt"
+    );
+    let rows = [(again, argmax(&logits[0])), (new, argmax(&logits[1]))];
+    let next = b
+        .step_greedy_many(&rows)
+        .expect("a GPU greedy step")
+        .unwrap();
+    assert_eq!(next, [want[2][1].0, want_fresh[1].0], "{dir}: after them");
+}
+
+#[test]
+fn gpu_batch_prompts_admitted_together_lfm2() {
+    check_together("tiny-lfm2");
+}
+
+#[test]
+fn gpu_batch_prompts_admitted_together_llama() {
+    check_together("tiny-llama");
+}
+
 /// Opens `p` in `b`, steps what the prefix cache did not supply as a prompt
 /// in chunks of 7, then `steps` greedy decode steps alone (the single
 /// path); the prompt's logits must be `want`'s bit for bit, the tokens its

@@ -5,9 +5,14 @@
 #
 #   1. the single and batched GEMVs against the CPU, and the batched ones
 #      against the single ones on this adapter (they must agree bit for bit:
-#      gemv.wgsl's one order of summation), and the batched row kernels: target/release/
+#      gemv.wgsl's one order of summation), and the batched row kernels
+#      (batched prefill's included: short_conv_rows, prefill_attention_rows
+#      against the single kernels bit for bit): target/release/
 #      gpu_parity's kernels_match_cpu narrowed to them, when the carried
-#      binary is there;
+#      binary is there; and target/release/llm_gpu_batch (every sequence of
+#      a batch, batched prefill included, bit-equal to its prompt alone on
+#      this adapter's kernels: cooperative-matrix GEMMs and attention) when
+#      it is there;
 #   2. a random LFM2-350M: $WORK/lfm2-350m-q4_0.gguf when an earlier
 #      scripts/device/llm_peer.sh left it (the file llama.cpp runs too),
 #      otherwise the HF directory of scripts/device/random_decoder.py with
@@ -47,8 +52,11 @@ step() {
 nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv >"$OUT/batched-env.txt" 2>&1
 
 if [[ -x $BIN/gpu_parity ]]; then
-    LFM_PARITY_ONLY=gemv,gemv_add,gemv_norm,gemv_swiglu,gemv_geglu,gemv_conv,gemv_cols,gemv_cols_add,gemv_cols_norm,gemv_cols_swiglu,gemv_cols_geglu,gemv_cols_conv,gemv_sum,gemv_sum_add,gemv_sum_norm,gemv_sum_swiglu,gemv_sum_geglu,gemv_sum_conv,qk_rope_rows,flash_attention_rows,flash_attention_merge_rows,argmax_rows,argmax_part_rows \
+    LFM_PARITY_ONLY=gemv,gemv_add,gemv_norm,gemv_swiglu,gemv_geglu,gemv_conv,gemv_cols,gemv_cols_add,gemv_cols_norm,gemv_cols_swiglu,gemv_cols_geglu,gemv_cols_conv,gemv_sum,gemv_sum_add,gemv_sum_norm,gemv_sum_swiglu,gemv_sum_geglu,gemv_sum_conv,qk_rope_rows,flash_attention_rows,flash_attention_merge_rows,argmax_rows,argmax_part_rows,short_conv,short_conv_rows,prefill_attention,prefill_attention_rows \
         step 300 batched-parity.txt "$BIN/gpu_parity" kernels_match_cpu --nocapture
+fi
+if [[ -x $BIN/llm_gpu_batch ]]; then
+    step 300 batched-batch-tests.txt "$BIN/llm_gpu_batch"
 fi
 
 GGUF=$WORK/lfm2-350m-q4_0.gguf
@@ -74,5 +82,5 @@ fi
 for f in "$OUT"/batched-scoreboard.md "$OUT"/batched-llama.txt; do
     [[ -f $f ]] && { echo "== $f"; cat "$f"; }
 done
-grep -h "test result" "$OUT/batched-parity.txt" 2>/dev/null
+grep -h "test result" "$OUT/batched-parity.txt" "$OUT/batched-batch-tests.txt" 2>/dev/null
 exit "$failed"

@@ -1522,9 +1522,24 @@ kernel!(
     [&COOP]
 );
 
+kernel!(
+    PREFILL_ATTENTION_ROWS,
+    "prefill_attention_rows",
+    ["attention_params.wgsl", "prefill_attention.wgsl"],
+    [
+        Binding::read("q"),
+        Binding::read("kc"),
+        Binding::read("vc"),
+        Binding::read("step"),
+        Binding::write("out")
+    ],
+    AttentionParams,
+    [&["COOP", "F16", "SUBGROUPS", "ROWS"]]
+);
+
 /// Head size and queries per workgroup of prefill_attention.wgsl.
 const PREFILL_ATTENTION_HEAD_DIM: usize = 64;
-const PREFILL_ATTENTION_QUERIES: usize = 64;
+pub const PREFILL_ATTENTION_QUERIES: usize = 64;
 
 /// Causal attention of `n_q` prefill queries on cooperative matrices
 /// (kv_len from the step buffer), or None where that kernel does not apply
@@ -1538,23 +1553,58 @@ pub fn prefill_attention(
     out: &wgpu::Buffer,
     n_q: usize,
 ) -> Result<Option<Dispatch>> {
+    prefill_attention_impl(gpu, s, q, kv, out, n_q, None)
+}
+
+/// [`prefill_attention`] over the prompt chunks of several sequences, `n_q`
+/// queries in all, each sequence over its own slot of the caches: `kv.step`
+/// holds a [`PrefillRows`] table. Recorded with `tiles` workgroups a head
+/// (at least the table's blocks); each query comes out as the single kernel
+/// computes it for its sequence's chunk alone. None where the single kernel
+/// would not run.
+pub fn prefill_attention_rows(
+    gpu: &Gpu,
+    s: &AttnShape,
+    q: &wgpu::Buffer,
+    kv: &AttnBuffers,
+    out: &wgpu::Buffer,
+    n_q: usize,
+    tiles: usize,
+) -> Result<Option<Dispatch>> {
+    prefill_attention_impl(gpu, s, q, kv, out, n_q, Some(tiles))
+}
+
+fn prefill_attention_impl(
+    gpu: &Gpu,
+    s: &AttnShape,
+    q: &wgpu::Buffer,
+    kv: &AttnBuffers,
+    out: &wgpu::Buffer,
+    n_q: usize,
+    tiles: Option<usize>,
+) -> Result<Option<Dispatch>> {
     if !gpu.caps.coop_matrix || s.head_dim != PREFILL_ATTENTION_HEAD_DIM {
         return Ok(None);
     }
     let params = AttentionParams::new(s, n_q);
+    let mut defines = COOP.to_vec();
+    let kernel = match tiles {
+        Some(_) => {
+            defines.push("ROWS");
+            &PREFILL_ATTENTION_ROWS
+        }
+        None => &PREFILL_ATTENTION,
+    };
     let bound = gpu.bind(
-        &PREFILL_ATTENTION,
-        &Variant::new(&COOP),
+        kernel,
+        &Variant::new(&defines),
         &[q, kv.k_cache, kv.v_cache, kv.step, out],
         &params,
     )?;
+    let across = tiles.unwrap_or(n_q.div_ceil(PREFILL_ATTENTION_QUERIES));
     Ok(Some(Dispatch {
         bound,
-        groups: [
-            n_q.div_ceil(PREFILL_ATTENTION_QUERIES) as u32,
-            s.heads as u32,
-            1,
-        ],
+        groups: [across as u32, s.heads as u32, 1],
     }))
 }
 
@@ -1585,8 +1635,23 @@ kernel!(
     [&[]]
 );
 
+kernel!(
+    SHORT_CONV_ROWS,
+    "short_conv_rows",
+    "short_conv.wgsl",
+    [
+        Binding::read("bcx"),
+        Binding::read("conv"),
+        Binding::write("state"),
+        Binding::read("step"),
+        Binding::write("y")
+    ],
+    ShortConvParams,
+    [&["ROWS"]]
+);
+
 /// Tokens per short_conv workgroup (`TOK` in short_conv.wgsl).
-const SHORT_CONV_TOKENS: usize = 16;
+pub const SHORT_CONV_TOKENS: usize = 16;
 
 /// LFM2's gated short convolution over `n` tokens at positions `step[1]`..:
 /// bcx [n, 3 hidden] -> y [n, hidden], continuing from and updating the ring
@@ -1604,6 +1669,57 @@ pub fn short_conv(
     ring: usize,
     n: usize,
 ) -> Result<Dispatch> {
+    let bound = short_conv_bind(gpu, bcx, conv, state, step, y, hidden, taps, ring, n, false)?;
+    Ok(Dispatch {
+        bound,
+        groups: [
+            hidden.div_ceil(64) as u32,
+            n.div_ceil(SHORT_CONV_TOKENS) as u32,
+            1,
+        ],
+    })
+}
+
+/// [`short_conv`] over the prompt chunks of several sequences, `n` rows in
+/// all, each sequence at its own positions with its own ring in `state`
+/// ([slots * ring, hidden]): `step` holds a [`PrefillRows`] table. Recorded
+/// with `tiles` token blocks (at least the table's); each sequence's rows
+/// and ring come out as [`short_conv`] computes them for it alone.
+#[allow(clippy::too_many_arguments)]
+pub fn short_conv_rows(
+    gpu: &Gpu,
+    bcx: &wgpu::Buffer,
+    conv: &wgpu::Buffer,
+    state: &wgpu::Buffer,
+    step: &wgpu::Buffer,
+    y: &wgpu::Buffer,
+    hidden: usize,
+    taps: usize,
+    ring: usize,
+    n: usize,
+    tiles: usize,
+) -> Result<Dispatch> {
+    let bound = short_conv_bind(gpu, bcx, conv, state, step, y, hidden, taps, ring, n, true)?;
+    Ok(Dispatch {
+        bound,
+        groups: [hidden.div_ceil(64) as u32, tiles as u32, 1],
+    })
+}
+
+#[allow(clippy::too_many_arguments)]
+fn short_conv_bind(
+    gpu: &Gpu,
+    bcx: &wgpu::Buffer,
+    conv: &wgpu::Buffer,
+    state: &wgpu::Buffer,
+    step: &wgpu::Buffer,
+    y: &wgpu::Buffer,
+    hidden: usize,
+    taps: usize,
+    ring: usize,
+    n: usize,
+    rows: bool,
+) -> Result<Bound> {
     assert!(
         ring >= taps,
         "short_conv: a ring of {ring} rows for {taps} taps"
@@ -1620,19 +1736,83 @@ pub fn short_conv(
         taps: taps as u32,
         ring: ring as u32,
     };
-    Ok(Dispatch {
-        bound: gpu.bind(
-            &SHORT_CONV,
-            &Variant::default(),
-            &[bcx, conv, state, step, y],
-            &params,
-        )?,
-        groups: [
-            hidden.div_ceil(64) as u32,
-            n.div_ceil(SHORT_CONV_TOKENS) as u32,
-            1,
-        ],
-    })
+    let (kernel, variant) = if rows {
+        (&SHORT_CONV_ROWS, Variant::new(&["ROWS"]))
+    } else {
+        (&SHORT_CONV, Variant::default())
+    };
+    gpu.bind(kernel, &variant, &[bcx, conv, state, step, y], &params)
+}
+
+/// The row table of a batched prefill (the `step` binding of
+/// [`short_conv_rows`] and [`prefill_attention_rows`], the row records of
+/// [`qk_rope_rows`] and [`flash_attention_rows`]): the prompt chunks of
+/// several sequences, one after another, `n` rows in all. u32s: a
+/// [`ROW_RECORD`] per row ([slot, pos, kv_len = pos + 1, splits = 1, first
+/// KV cache row of the slot, first ring row of the slot, the sequence's
+/// first row, its past-last row]), then the first rows of the attention
+/// blocks ([`PREFILL_ATTENTION_QUERIES`] rows, or fewer at a sequence's end)
+/// and then of the conv blocks ([`SHORT_CONV_TOKENS`]), n words each,
+/// u32::MAX past the last block.
+pub struct PrefillRows {
+    pub words: Vec<u32>,
+}
+
+/// One sequence's chunk in a [`PrefillRows`] table.
+#[derive(Clone, Copy, Debug)]
+pub struct RowsSegment {
+    pub slot: usize,
+    /// Position of its first row.
+    pub pos: usize,
+    pub len: usize,
+    /// First KV cache row and ring row of its slot.
+    pub kv_row: usize,
+    pub ring_row: usize,
+}
+
+impl PrefillRows {
+    /// The table of `segs`, one after another.
+    pub fn new(segs: &[RowsSegment]) -> PrefillRows {
+        let n: usize = segs.iter().map(|s| s.len).sum();
+        let mut words = vec![0u32; n * ROW_RECORD];
+        let mut attn = Vec::new();
+        let mut conv = Vec::new();
+        let mut first = 0;
+        for s in segs {
+            let end = first + s.len;
+            for i in 0..s.len {
+                let r = &mut words[(first + i) * ROW_RECORD..(first + i + 1) * ROW_RECORD];
+                r.copy_from_slice(&[
+                    s.slot as u32,
+                    (s.pos + i) as u32,
+                    (s.pos + i + 1) as u32,
+                    1,
+                    s.kv_row as u32,
+                    s.ring_row as u32,
+                    first as u32,
+                    end as u32,
+                ]);
+            }
+            attn.extend(
+                (first..end)
+                    .step_by(PREFILL_ATTENTION_QUERIES)
+                    .map(|t| t as u32),
+            );
+            conv.extend((first..end).step_by(SHORT_CONV_TOKENS).map(|t| t as u32));
+            first = end;
+        }
+        for mut blocks in [attn, conv] {
+            blocks.resize(n, u32::MAX);
+            words.extend(blocks);
+        }
+        PrefillRows { words }
+    }
+
+    /// Most attention and conv blocks `n` rows of `segs` sequences make.
+    pub fn most_blocks(n: usize, segs: usize) -> (usize, usize) {
+        let most = |per: usize| (n / per + segs).min(n);
+        (most(PREFILL_ATTENTION_QUERIES), most(SHORT_CONV_TOKENS))
+    }
 }
 
 // ---------------------------------------------------------------- swiglu
@@ -2011,6 +2191,16 @@ pub fn warm_prefill_kernels(gpu: &Gpu, act: FfnAct) -> Result<()> {
     Ok(())
 }
 
+/// The same for the kernels only a batched prefill runs.
+pub fn warm_prefill_rows_kernels(gpu: &Gpu) -> Result<()> {
+    if gpu.caps.coop_matrix {
+        let rows = [&COOP[..], &["ROWS"]].concat();
+        gpu.pipeline(&PREFILL_ATTENTION_ROWS, &Variant::new(&rows))?;
+    }
+    gpu.pipeline(&SHORT_CONV_ROWS, &Variant::new(&["ROWS"]))?;
+    Ok(())
+}
+
 /// The kernels declared in this module.
 pub static KERNELS: &[&Kernel] = &[
     &GEMV,
@@ -2043,7 +2233,9 @@ pub static KERNELS: &[&Kernel] = &[
     &FLASH_ATTENTION_ROWS,
     &FLASH_ATTENTION_MERGE_ROWS,
     &PREFILL_ATTENTION,
+    &PREFILL_ATTENTION_ROWS,
     &SHORT_CONV,
+    &SHORT_CONV_ROWS,
     &SWIGLU,
     &ARGMAX_PART,
     &ARGMAX_PART_MASKED,

@@ -207,6 +207,10 @@ pub struct BatchedRow {
     pub s_tg: f64,
 }
 
+/// Prompt tokens one step of [`batched_decode`]'s prefill takes (whole
+/// prompts, one at least).
+pub const BATCH_PREFILL_TOKENS: usize = 512;
+
 /// Prefills `b` sequences of `pp` tokens (different ones each), then
 /// decodes `tg` steps of all `b` together, as llama-batched-bench measures;
 /// tokens come from the argmax, sampling and detokenisation are excluded.
@@ -241,14 +245,23 @@ pub fn batched_decode(
     }
     let t0 = std::time::Instant::now();
     let mut last = Vec::with_capacity(b);
-    for (&(id, cached), p) in ids.iter().zip(&prompts) {
-        let work = [SeqWork {
-            id,
-            tokens: &p[cached..],
-            as_decode: pp == 1,
-        }];
-        let logits = model.step(&work)?;
-        last.push(crate::sampling::argmax(&logits[0]) as u32);
+    // Prompts together, a step of about BATCH_PREFILL_TOKENS at a time (one
+    // at least), as llama-batched-bench prefills in micro-batches of 512.
+    let together = (BATCH_PREFILL_TOKENS / pp).max(1);
+    for group in ids.chunks(together).zip(prompts.chunks(together)) {
+        let work: Vec<SeqWork> = group
+            .0
+            .iter()
+            .zip(group.1)
+            .map(|(&(id, cached), p)| SeqWork {
+                id,
+                tokens: &p[cached..],
+                as_decode: pp == 1,
+            })
+            .collect();
+        for logits in model.step(&work)? {
+            last.push(crate::sampling::argmax(&logits) as u32);
+        }
     }
     let t_pp = t0.elapsed().as_secs_f64();
     let ids: Vec<_> = ids.into_iter().map(|(id, _)| id).collect();

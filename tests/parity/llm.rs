@@ -135,8 +135,16 @@ pub const CASES: &[Case] = &[
         run: prefill_attention,
     },
     Case {
+        kernel: "prefill_attention_rows",
+        run: prefill_attention_rows,
+    },
+    Case {
         kernel: "short_conv",
         run: short_conv,
+    },
+    Case {
+        kernel: "short_conv_rows",
+        run: short_conv_rows,
     },
     Case {
         kernel: "swiglu",
@@ -1606,5 +1614,168 @@ fn argmax_rows(gpu: &Gpu, _v: &Variant) {
             );
         }
         assert_eq!(got[5], 1, "argmax_rows n={n}: the infinity is flagged");
+    }
+}
+
+/// Segments of a batched prefill's rows: (slot, position of the first row,
+/// rows), with a one-row chunk, chunks past a conv block (16) and an
+/// attention block (64), and one starting at position 0.
+const PREFILL_SEGS: [(usize, usize, usize); 5] =
+    [(2, 6, 1), (0, 0, 40), (3, 70, 3), (1, 5, 70), (4, 31, 17)];
+
+/// The row table of [`PREFILL_SEGS`] over slots of `cap` positions and
+/// rings of `ring` rows.
+fn prefill_rows(cap: usize, ring: usize) -> (Vec<llm_ops::RowsSegment>, llm_ops::PrefillRows) {
+    let segs: Vec<_> = PREFILL_SEGS
+        .iter()
+        .map(|&(slot, pos, len)| llm_ops::RowsSegment {
+            slot,
+            pos,
+            len,
+            kv_row: slot * cap,
+            ring_row: slot * ring,
+        })
+        .collect();
+    let table = llm_ops::PrefillRows::new(&segs);
+    (segs, table)
+}
+
+/// The batched prefill's conv block: several sequences' chunks, each at its
+/// own positions with its own ring, equal the single kernel on each chunk
+/// alone, bit for bit (y and the ring), and the CPU's.
+fn short_conv_rows(gpu: &Gpu, _v: &Variant) {
+    let mut rng = Rng::new(34);
+    for d in [33, 260] {
+        for taps in [3, 17] {
+            let ring = taps + 3;
+            let (segs, table) = prefill_rows(0, ring);
+            let n: usize = segs.iter().map(|s| s.len).sum();
+            let slots = segs.len();
+            let bcx = rng.vec(n * 3 * d, -2.0, 2.0);
+            let conv = rng.vec(d * taps, -1.0, 1.0);
+            let states: Vec<Vec<f32>> = segs
+                .iter()
+                .map(|_| rng.vec((taps - 1) * d, -1.0, 1.0))
+                .collect();
+            let mut rings = vec![f32::NAN; slots * ring * d];
+            for (seg, st) in segs.iter().zip(&states) {
+                let at = seg.slot * ring * d;
+                rings[at..at + ring * d].copy_from_slice(&to_ring(st, taps, ring, d, seg.pos));
+            }
+            let gs = gpu.upload_f32("state", &rings).unwrap();
+            let gt = gpu.upload_u32("rows", &table.words).unwrap();
+            let gb = gpu.upload_f32("bcx", &bcx).unwrap();
+            let gc = gpu.upload_f32("conv", &conv).unwrap();
+            let gy = gpu.poisoned_f32("y", n * d).unwrap();
+            let (_, tiles) = llm_ops::PrefillRows::most_blocks(n, slots);
+            let disp =
+                llm_ops::short_conv_rows(gpu, &gb, &gc, &gs, &gt, &gy, d, taps, ring, n, tiles)
+                    .unwrap();
+            gpu.run_all(&[&disp]).unwrap();
+            let (y, rings) = (gpu.read_f32(&gy).unwrap(), gpu.read_f32(&gs).unwrap());
+            let mut first = 0;
+            for (seg, st) in segs.iter().zip(&states) {
+                let what = format!("short_conv_rows d={d} taps={taps} slot {}", seg.slot);
+                let rows = first * d..(first + seg.len) * d;
+                let sb = &bcx[first * 3 * d..(first + seg.len) * 3 * d];
+                let mut state = st.clone();
+                let mut want = vec![0.0; seg.len * d];
+                cpu::short_conv(sb, &conv, taps, d, &mut state, &mut want);
+                assert_close(&what, &y[rows.clone()], &want, 1e-12);
+                // The single kernel on the chunk alone.
+                let ss = gpu
+                    .upload_f32("state", &to_ring(st, taps, ring, d, seg.pos))
+                    .unwrap();
+                let sstep = gpu.upload_u32("step", &[0, seg.pos as u32, 0, 0]).unwrap();
+                let sgb = gpu.upload_f32("bcx", sb).unwrap();
+                let sy = gpu.poisoned_f32("y", seg.len * d).unwrap();
+                let disp =
+                    llm_ops::short_conv(gpu, &sgb, &gc, &ss, &sstep, &sy, d, taps, ring, seg.len)
+                        .unwrap();
+                gpu.run_all(&[&disp]).unwrap();
+                assert_bits(&what, &y[rows], &gpu.read_f32(&sy).unwrap());
+                let mine = &rings[seg.slot * ring * d..(seg.slot + 1) * ring * d];
+                assert_bits(&format!("{what} ring"), mine, &gpu.read_f32(&ss).unwrap());
+                first += seg.len;
+            }
+        }
+    }
+}
+
+/// The batched prefill's attention on cooperative matrices: several
+/// sequences' chunks, each over its own slot of the caches, equal the
+/// single kernel on each chunk alone, bit for bit, and the CPU's.
+fn prefill_attention_rows(gpu: &Gpu, v: &Variant) {
+    assert!(v.defines.contains(&"COOP"), "{}: a COOP variant", v.key());
+    let mut rng = Rng::new(35);
+    for (heads, kv_heads, window) in [(4, 2, 0), (2, 1, 17)] {
+        let hd = 64;
+        let s = rows_shape(heads, kv_heads, hd, window);
+        let (qw, kvw) = (heads * hd, kv_heads * hd);
+        let cap = 160;
+        let (segs, table) = prefill_rows(cap, 0);
+        let n: usize = segs.iter().map(|s| s.len).sum();
+        let slots = segs.len();
+        let kc = rng.vec(slots * cap * kvw, -1.5, 1.5);
+        let vc = rng.vec(slots * cap * kvw, -1.0, 1.0);
+        let q = rng.vec(n * qw, -1.5, 1.5);
+        let gk = gpu.upload_f32("kc", &kc).unwrap();
+        let gv = gpu.upload_f32("vc", &vc).unwrap();
+        let gq = gpu.upload_f32("q", &q).unwrap();
+        let gt = gpu.upload_u32("rows", &table.words).unwrap();
+        let out = gpu.poisoned_f32("out", n * qw).unwrap();
+        let kv = llm_ops::AttnBuffers {
+            step: &gt,
+            k_cache: &gk,
+            v_cache: &gv,
+        };
+        let (tiles, _) = llm_ops::PrefillRows::most_blocks(n, slots);
+        let d = llm_ops::prefill_attention_rows(gpu, &s, &gq, &kv, &out, n, tiles)
+            .unwrap()
+            .expect("the adapter runs the COOP variant");
+        gpu.run_all(&[&d]).unwrap();
+        let got = gpu.read_f32(&out).unwrap();
+        let mut first = 0;
+        for seg in &segs {
+            let what = format!(
+                "{} heads={heads}/{kv_heads} window={window} slot {}",
+                v.key(),
+                seg.slot
+            );
+            let kv_len = seg.pos + seg.len;
+            let slot = seg.slot * cap * kvw..(seg.slot * cap + kv_len) * kvw;
+            let sq = &q[first * qw..(first + seg.len) * qw];
+            let rows = &got[first * qw..(first + seg.len) * qw];
+            let mut want = vec![0.0; seg.len * qw];
+            cpu::flash_attention(
+                sq,
+                &kc[slot.clone()],
+                &vc[slot.clone()],
+                seg.len,
+                kv_len,
+                &s,
+                &mut want,
+            );
+            // As prefill_attention's own case: f16 inputs.
+            assert_close(&what, rows, &want, 1e-5);
+            let sk = gpu.upload_f32("kc", &kc[slot.clone()]).unwrap();
+            let sv = gpu.upload_f32("vc", &vc[slot]).unwrap();
+            let sgq = gpu.upload_f32("q", sq).unwrap();
+            let step = gpu
+                .upload_u32("step", &[0, seg.pos as u32, kv_len as u32, 1])
+                .unwrap();
+            let sout = gpu.poisoned_f32("out", seg.len * qw).unwrap();
+            let skv = llm_ops::AttnBuffers {
+                step: &step,
+                k_cache: &sk,
+                v_cache: &sv,
+            };
+            let d = llm_ops::prefill_attention(gpu, &s, &sgq, &skv, &sout, seg.len)
+                .unwrap()
+                .expect("the adapter runs the COOP variant");
+            gpu.run_all(&[&d]).unwrap();
+            assert_bits(&what, rows, &gpu.read_f32(&sout).unwrap());
+            first += seg.len;
+        }
     }
 }

@@ -11,8 +11,15 @@
 //! decode's, gemv_common.wgsl's one order of summation),
 //! RoPE and the cache write go to each row's position in its slot, attention
 //! runs over each row's own slot, the conv block reads and writes each row's
-//! own ring, and a greedy step reads back one token id per row. Prompts and
-//! a batch of one (a lone sequence's decode: the kernels `generate` runs,
+//! own ring, and a greedy step reads back one token id per row. The prompt
+//! chunks of a step run together as one prefill: their rows one after
+//! another through the prefill's GEMMs (the weights read once for all of
+//! them, every row summed as it is alone), RoPE at each row's position,
+//! the keys and values written into each sequence's slot, attention and
+//! the conv block per sequence over its own slot and ring (in blocks that
+//! never cross sequences), and the head over each sequence's last row
+//! (`prefill.rs`, [`llm_ops::PrefillRows`]). A lone prompt chunk and a
+//! batch of one (a lone sequence's decode: the kernels `generate` runs,
 //! a step ahead of the host where the caller asks for a greedy run) go
 //! through the single-sequence [`GpuLlm`] that owns the weights: the slot's
 //! state is copied into it on the GPU, and what it computed is copied back
@@ -28,10 +35,11 @@
 //! is reused whole: the same prompt again, or the previous turn's prompt
 //! when the next turn of a conversation arrives.
 
+use super::prefill::{PrefillRowsTarget, PrefillScratch, PrefillWork};
 use super::{GpuFfn, GpuLlm, GpuMixer};
 use crate::cpu;
 use crate::error::{Error, Result};
-use crate::gpu::llm_ops::{self, AttnBuffers, Cols, GemvEpilogue};
+use crate::gpu::llm_ops::{self, AttnBuffers, Cols, GemvEpilogue, PrefillRows, RowsSegment};
 use crate::gpu::ops::{self, Dispatch};
 use crate::gpu::profile::{PassMarks, PassTimer, StepProfile};
 use crate::models::batch::{BatchedLm, SeqId, SeqWork};
@@ -327,6 +335,23 @@ pub struct GpuBatch {
     /// Device timestamps of every batched step, while asked for
     /// ([`BatchedLm::start_profile`]).
     profile: Option<StepProfile>,
+    /// The batched prefill's buffers, made at its first use.
+    prefill: Option<BatchPrefill>,
+}
+
+/// Buffers of a batched prefill (several sequences' prompt chunks in one
+/// pass) and its recorded passes.
+struct BatchPrefill {
+    /// Most rows a pass holds.
+    chunk: usize,
+    sc: PrefillScratch,
+    /// [10 chunk] u32: the pass's row table ([`PrefillRows`]).
+    table: wgpu::Buffer,
+    part: wgpu::Buffer,
+    /// [slots, hidden]: each sequence's last row.
+    last: wgpu::Buffer,
+    /// Per (rows, sequences): the pass's dispatches.
+    works: HashMap<(usize, usize), PrefillWork>,
 }
 
 impl GpuBatch {
@@ -405,6 +430,7 @@ impl GpuBatch {
             next_id: 1,
             held: None,
             profile: None,
+            prefill: None,
         };
         // Compile the batched kernels now (a rejected one shows at load).
         b.plan(1)?;
@@ -756,6 +782,185 @@ impl GpuBatch {
             self.seqs[slot].as_mut().expect("open slot").pos += 1;
         }
         out
+    }
+}
+
+impl GpuBatch {
+    /// Computes the prompt chunks `parts` ((slot, tokens), each of its own
+    /// sequence) as a prompt each; returns the next-token logits after each.
+    /// One chunk runs on the single model; several run as batched prefill
+    /// passes of a prefill chunk's rows (the last fewer), each chunk going on
+    /// in the next pass where one fills up: a row's result does not depend
+    /// on where its chunk was cut.
+    fn prompts(&mut self, parts: &[(usize, &[u32])]) -> Result<Vec<Vec<f32>>> {
+        if let [(slot, tokens)] = parts {
+            return Ok(vec![self.on_single(*slot, |m| prompt_forward(m, tokens))?]);
+        }
+        let chunk = self.m.prefill_chunk_len();
+        let mut out = vec![Vec::new(); parts.len()];
+        // (part, slot, tokens) of each pass.
+        let mut passes: Vec<Vec<(usize, usize, &[u32])>> = vec![Vec::new()];
+        let mut room = chunk;
+        for (i, &(slot, tokens)) in parts.iter().enumerate() {
+            let mut rest = tokens;
+            while !rest.is_empty() {
+                if room == 0 {
+                    passes.push(Vec::new());
+                    room = chunk;
+                }
+                let (piece, more) = rest.split_at(rest.len().min(room));
+                passes
+                    .last_mut()
+                    .expect("one pass at least")
+                    .push((i, slot, piece));
+                room -= piece.len();
+                rest = more;
+            }
+        }
+        for pass in passes.iter().filter(|p| !p.is_empty()) {
+            let segs: Vec<(usize, &[u32])> = pass.iter().map(|p| (p.1, p.2)).collect();
+            for (p, logits) in pass.iter().zip(self.prefill_pass(&segs)?) {
+                out[p.0] = logits;
+            }
+        }
+        Ok(out)
+    }
+
+    /// Makes the batched prefill's buffers.
+    fn prefill_buffers(&mut self) -> Result<()> {
+        if self.prefill.is_some() {
+            return Ok(());
+        }
+        let (g, cfg) = (&*self.m.gpu, &self.m.cfg);
+        let chunk = self.m.prefill_chunk_len();
+        llm_ops::warm_prefill_rows_kernels(g)?;
+        let f32s = |label: &str, n: usize| g.scratch(label, (n.max(1) * 4) as u64);
+        let part = llm_ops::attention_rows_part_len(cfg.heads, cfg.head_dim, chunk, 1);
+        self.prefill = Some(BatchPrefill {
+            chunk,
+            sc: PrefillScratch::new(g, cfg, chunk, 1, self.m.split_ffn())?,
+            table: f32s("prefill rows", 10 * chunk)?,
+            part: f32s("prefill part", part)?,
+            last: f32s("prefill last rows", self.seqs.len() * cfg.hidden)?,
+            works: HashMap::new(),
+        });
+        Ok(())
+    }
+
+    /// One batched prefill pass: each (slot, tokens) a prompt chunk of its
+    /// own sequence, at most a prefill chunk's rows in all; returns each
+    /// one's next-token logits.
+    fn prefill_pass(&mut self, parts: &[(usize, &[u32])]) -> Result<Vec<Vec<f32>>> {
+        self.prefill_buffers()?;
+        // The slots move on: the single model's copy of one would go stale.
+        if self
+            .held
+            .is_some_and(|h| parts.iter().any(|p| p.0 == h.slot))
+        {
+            self.release();
+        }
+        let (cfg, rd) = (&self.m.cfg, self.m.cfg.rope_dim);
+        let mut segs = Vec::with_capacity(parts.len());
+        let mut tokens = Vec::new();
+        let (mut cs, mut cs_local) = (Vec::new(), Vec::new());
+        for &(slot, toks) in parts {
+            self.check_room(slot, toks.len())?;
+            if let Some(t) = toks.iter().find(|&&t| t as usize >= cfg.vocab) {
+                return Err(Error::invalid(format!(
+                    "token id {t} is outside the {}-token vocabulary",
+                    cfg.vocab
+                )));
+            }
+            let pos = self.pos(slot);
+            segs.push(RowsSegment {
+                slot,
+                pos,
+                len: toks.len(),
+                kv_row: slot * self.slot_len,
+                ring_row: slot * self.ring,
+            });
+            tokens.extend_from_slice(toks);
+            let span = pos * rd..(pos + toks.len()) * rd;
+            cs.extend_from_slice(&self.rope[span.clone()]);
+            if !self.rope_local.is_empty() {
+                cs_local.extend_from_slice(&self.rope_local[span]);
+            }
+        }
+        let (n, s) = (tokens.len(), segs.len());
+        let bp = self.prefill.as_ref().expect("made above");
+        assert!(n <= bp.chunk, "a prefill pass of {n} rows");
+        let g = &*self.m.gpu;
+        let table = PrefillRows::new(&segs);
+        g.queue
+            .write_buffer(&bp.sc.ids, 0, bytemuck::cast_slice(&tokens));
+        g.queue
+            .write_buffer(&bp.table, 0, bytemuck::cast_slice(&table.words));
+        if !cs.is_empty() {
+            g.queue
+                .write_buffer(&bp.sc.cs, 0, bytemuck::cast_slice(&cs));
+        }
+        if !cs_local.is_empty() {
+            g.queue
+                .write_buffer(&bp.sc.cs_local, 0, bytemuck::cast_slice(&cs_local));
+        }
+        if !bp.works.contains_key(&(n, s)) {
+            let state = self
+                .state
+                .iter()
+                .map(|st| match st {
+                    SlotState::Kv { k, v } => LayerBufs::Kv(k, v),
+                    SlotState::Conv { ring, .. } => LayerBufs::Conv(ring),
+                })
+                .collect();
+            let target = PrefillRowsTarget {
+                state,
+                table: &bp.table,
+                ring: self.ring,
+                part: &bp.part,
+                seqs: s,
+                last: &bp.last,
+                logits: &self.io.logits,
+            };
+            let work = self.m.prefill_rows_work(&bp.sc, &target, n)?;
+            let bp = self.prefill.as_mut().expect("made above");
+            bp.works.insert((n, s), work);
+        }
+        let bp = self.prefill.as_ref().expect("made above");
+        let work = &bp.works[&(n, s)];
+        let (d, vocab) = (cfg.hidden, cfg.vocab);
+        let mut enc = g.device.create_command_encoder(&Default::default());
+        {
+            let mut pass = enc.begin_compute_pass(&Default::default());
+            work.record(&mut pass, &mut |_, _| {});
+        }
+        // Each sequence's last row, for the head.
+        let row = (d * 4) as u64;
+        let mut end = 0;
+        for (j, seg) in segs.iter().enumerate() {
+            end += seg.len;
+            let at = (end - 1) as u64 * row;
+            enc.copy_buffer_to_buffer(&bp.sc.x, at, &bp.last, j as u64 * row, row);
+        }
+        {
+            let mut pass = enc.begin_compute_pass(&Default::default());
+            for dsp in &work.head {
+                dsp.record(&mut pass);
+            }
+        }
+        let (staging, len) = self.io.copy_out(&mut enc, Want::Logits, s, vocab);
+        let done = g.queue.submit([enc.finish()]);
+        let read = g.read_staging(staging, len, done);
+        // The sequences' states moved on (or, after a failure, are unknown:
+        // they are closed).
+        for seg in &segs {
+            if read.is_ok() {
+                self.seqs[seg.slot].as_mut().expect("open slot").pos += seg.len;
+            } else {
+                self.seqs[seg.slot] = None;
+            }
+        }
+        let logits: Vec<f32> = bytemuck::pod_collect_to_vec(&read?);
+        Ok(logits.chunks_exact(vocab).map(<[f32]>::to_vec).collect())
     }
 }
 
@@ -1127,6 +1332,10 @@ impl BatchedLm for GpuBatch {
         let mut out: Vec<Vec<f32>> = vec![Vec::new(); work.len()];
         let mut rows = Vec::new();
         let mut at = Vec::new();
+        // Prompt chunks, (work index, slot, tokens): those that extend their
+        // sequence's prefix, and the rest.
+        let mut extend = Vec::new();
+        let mut rest = Vec::new();
         for (i, w) in work.iter().enumerate() {
             let slot = self.slot_of(w.id)?;
             match w.tokens {
@@ -1135,21 +1344,21 @@ impl BatchedLm for GpuBatch {
                     rows.push((slot, *t));
                     at.push(i);
                 }
+                tokens if w.as_decode => {
+                    self.check_room(slot, tokens.len())?;
+                    out[i] = self.on_single(slot, |m| {
+                        let mut last = Vec::new();
+                        for t in tokens {
+                            last = m.forward(&[*t], false)?;
+                        }
+                        Ok(last)
+                    })?;
+                }
                 tokens => {
                     self.check_room(slot, tokens.len())?;
                     let before = self.pos(slot);
                     let seq = self.seqs[slot].as_ref().expect("open slot");
-                    let extends = !w.as_decode && seq.prefix.len() == before;
-                    if w.as_decode {
-                        out[i] = self.on_single(slot, |m| {
-                            let mut last = Vec::new();
-                            for t in tokens {
-                                last = m.forward(&[*t], false)?;
-                            }
-                            Ok(last)
-                        })?;
-                        continue;
-                    }
+                    let extends = seq.prefix.len() == before;
                     // A prompt chunk right after the prefix extends it. A
                     // hybrid model's prefix (and snapshot) ends one token
                     // short of the prompt, so that the same prompt again
@@ -1165,15 +1374,27 @@ impl BatchedLm for GpuBatch {
                     };
                     let (head, tail) = tokens.split_at(keep);
                     if !head.is_empty() {
-                        out[i] = self.on_single(slot, |m| prompt_forward(m, head))?;
-                        let seq = self.seqs[slot].as_mut().expect("open slot");
-                        seq.prefix.extend_from_slice(head);
-                        self.snapshot(slot);
+                        extend.push((i, slot, head));
                     }
                     if !tail.is_empty() {
-                        out[i] = self.on_single(slot, |m| prompt_forward(m, tail))?;
+                        rest.push((i, slot, tail));
                     }
                 }
+            }
+        }
+        if !extend.is_empty() {
+            let parts: Vec<_> = extend.iter().map(|&(_, slot, t)| (slot, t)).collect();
+            for (&(i, slot, head), logits) in extend.iter().zip(self.prompts(&parts)?) {
+                out[i] = logits;
+                let seq = self.seqs[slot].as_mut().expect("open slot");
+                seq.prefix.extend_from_slice(head);
+                self.snapshot(slot);
+            }
+        }
+        if !rest.is_empty() {
+            let parts: Vec<_> = rest.iter().map(|&(_, slot, t)| (slot, t)).collect();
+            for (&(i, ..), logits) in rest.iter().zip(self.prompts(&parts)?) {
+                out[i] = logits;
             }
         }
         if let ([(slot, token)], [i]) = (rows.as_slice(), at.as_slice()) {

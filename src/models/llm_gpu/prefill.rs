@@ -2,10 +2,11 @@
 //! submission per chunk; the dispatches are kept while the chunk's shape
 //! repeats.
 
+use super::batch::LayerBufs;
 use super::decode::norm_add_variant;
 use super::{GpuFfn, GpuLlm, GpuMixer, GpuState};
 use crate::error::Result;
-use crate::gpu::llm_ops::{self, AttnBuffers, GemmKernel, GemmMode, GemvEpilogue};
+use crate::gpu::llm_ops::{self, AttnBuffers, Cols, GemmKernel, GemmMode, GemvEpilogue};
 use crate::gpu::ops::{self, Dispatch};
 use crate::gpu::profile::{PassMarks, PassTimer, StepProfile};
 use crate::gpu::Gpu;
@@ -31,8 +32,33 @@ pub(super) struct PrefillWork {
     work: Vec<Dispatch>,
     /// Attention dispatches, with the index in `work` they go before.
     attention: Vec<(usize, llm_ops::Attention)>,
+    /// A batched prefill's head, recorded after each sequence's last row is
+    /// gathered ([`PrefillRowsTarget::last`]); empty otherwise.
+    pub head: Vec<Dispatch>,
     /// Where the logits are read back, and how many bytes.
     staging: Option<(wgpu::Buffer, u64)>,
+}
+
+impl PrefillWork {
+    /// Records the chunk's dispatches (attention with one split), calling
+    /// `after` after each with its kernel name.
+    pub(super) fn record(
+        &self,
+        pass: &mut wgpu::ComputePass<'_>,
+        after: &mut dyn FnMut(&mut wgpu::ComputePass<'_>, &'static str),
+    ) {
+        let mut pending = self.attention.iter().peekable();
+        for (i, dsp) in self.work.iter().enumerate() {
+            while let Some((_, a)) = pending.next_if(|(at, _)| *at == i) {
+                a.record_with(pass, 1, after);
+            }
+            dsp.record(pass);
+            after(pass, dsp.bound.name);
+        }
+        for (_, a) in pending {
+            a.record_with(pass, 1, after);
+        }
+    }
 }
 
 /// Work buffers of one prefill submission, sized for `tokens` tokens and
@@ -40,10 +66,11 @@ pub(super) struct PrefillWork {
 pub(super) struct PrefillScratch {
     tokens: usize,
     logit_rows: usize,
-    ids: wgpu::Buffer,
-    cs: wgpu::Buffer,
-    cs_local: wgpu::Buffer,
-    x: wgpu::Buffer,
+    pub ids: wgpu::Buffer,
+    pub cs: wgpu::Buffer,
+    pub cs_local: wgpu::Buffer,
+    /// [n, hidden]: the residual stream.
+    pub x: wgpu::Buffer,
     qkv: wgpu::Buffer,
     q: wgpu::Buffer,
     att: wgpu::Buffer,
@@ -62,7 +89,7 @@ impl PrefillScratch {
     /// `split_ffn`: some layer's gate and up are separate matrices, whose
     /// products meet in `gu` before the SwiGLU (fused ones never leave the
     /// GEMM).
-    fn new(
+    pub(super) fn new(
         g: &Gpu,
         c: &LlmConfig,
         tokens: usize,
@@ -107,15 +134,41 @@ impl PrefillScratch {
     }
 }
 
+/// What a batched prefill runs over: the prompt chunks of several sequences
+/// one after another as the rows of one chunk, each over its own slot of a
+/// [`super::GpuBatch`]'s caches and rings. The products are the prefill's
+/// GEMMs over all the rows, whose every row is summed as it is alone
+/// (gemm.wgsl: a row's sums never meet another row's), so each sequence's
+/// rows come out as its chunk's alone.
+pub(super) struct PrefillRowsTarget<'a> {
+    /// One per layer: the slots' caches or rings.
+    pub state: Vec<LayerBufs<'a>>,
+    /// The row table ([`llm_ops::PrefillRows`]).
+    pub table: &'a wgpu::Buffer,
+    /// Rows of one sequence's conv ring.
+    pub ring: usize,
+    /// Partial results of the portable attention (one split a row).
+    pub part: &'a wgpu::Buffer,
+    /// Sequences in the chunk.
+    pub seqs: usize,
+    /// [seqs, hidden]: each sequence's last row, gathered before the head.
+    pub last: &'a wgpu::Buffer,
+    /// [seqs, vocab]: each sequence's next-token logits.
+    pub logits: &'a wgpu::Buffer,
+}
+
 /// Records the recipe's operations for one prefill chunk.
 struct PrefillRecorder<'a> {
     m: &'a GpuLlm,
     sc: &'a PrefillScratch,
     shape: PrefillShape,
     kernel: GemmKernel,
+    /// Set for a batched prefill.
+    rows: Option<&'a PrefillRowsTarget<'a>>,
     work: Vec<Dispatch>,
     /// Attention dispatches, with the index in `work` they go before.
     attention: Vec<(usize, llm_ops::Attention)>,
+    head: Vec<Dispatch>,
     /// The last block's output ([n, width]), the input of its projection.
     y: Option<(&'a wgpu::Buffer, usize)>,
 }
@@ -165,17 +218,30 @@ impl<'a> DecoderOps for PrefillRecorder<'a> {
         let (m, sc): (&'a GpuLlm, &'a PrefillScratch) = (self.m, self.sc);
         let (g, c, n) = (&*m.gpu, &m.cfg, self.shape.n);
         let layer = &m.layers[li];
-        let (
-            GpuMixer::Attention {
-                qkv: mats,
-                norms,
-                bias,
-                ..
-            },
-            GpuState::Kv { k, v },
-        ) = (&layer.mixer, &m.state[li])
+        let GpuMixer::Attention {
+            qkv: mats,
+            norms,
+            bias,
+            ..
+        } = &layer.mixer
         else {
             unreachable!("the recipe runs attention on attention layers")
+        };
+        let kv = match (self.rows, &m.state[li]) {
+            (Some(r), _) => match r.state[li] {
+                LayerBufs::Kv(k, v) => AttnBuffers {
+                    step: r.table,
+                    k_cache: k,
+                    v_cache: v,
+                },
+                LayerBufs::Conv(_) => unreachable!("both follow the config's layers"),
+            },
+            (None, GpuState::Kv { k, v }) => AttnBuffers {
+                step: &m.io.step,
+                k_cache: k,
+                v_cache: v,
+            },
+            (None, GpuState::Conv(_)) => unreachable!("both follow the config's layers"),
         };
         let qw = c.heads * c.head_dim;
         let qkvw = qw + 2 * c.kv_heads * c.head_dim;
@@ -187,11 +253,6 @@ impl<'a> DecoderOps for PrefillRecorder<'a> {
         for (mat, off) in mats {
             self.gemm(mat, norm1, &sc.x, c.hidden, &sc.qkv, qkvw, *off)?;
         }
-        let kv = AttnBuffers {
-            step: &m.io.step,
-            k_cache: k,
-            v_cache: v,
-        };
         let shape = attn_shape(c, li);
         let cs = if c.uses_local_rope(li) {
             &sc.cs_local
@@ -199,30 +260,29 @@ impl<'a> DecoderOps for PrefillRecorder<'a> {
             &sc.cs
         };
         let norms = norms.as_ref().map(|(a, b)| (a, b));
-        self.work.push(llm_ops::qk_rope(
-            g,
-            &shape,
-            &sc.qkv,
-            norms,
-            bias.as_ref(),
-            cs,
-            &kv,
-            &sc.q,
-            n,
-        )?);
-        match llm_ops::prefill_attention(g, &shape, &sc.q, &kv, &sc.att, n)? {
+        let (qkv, q, att) = (&sc.qkv, &sc.q, &sc.att);
+        let (bias, sub) = (bias.as_ref(), m.subgroups);
+        let Some(r) = self.rows else {
+            let rope = llm_ops::qk_rope(g, &shape, qkv, norms, bias, cs, &kv, q, n)?;
+            self.work.push(rope);
+            match llm_ops::prefill_attention(g, &shape, q, &kv, att, n)? {
+                Some(a) => self.work.push(a),
+                None => {
+                    let a = llm_ops::flash_attention(g, sub, &shape, q, &kv, att, &m.io.part, n)?;
+                    self.attention.push((self.work.len(), a));
+                }
+            }
+            self.y = Some((att, qw));
+            return Ok(());
+        };
+        let rope = llm_ops::qk_rope_rows(g, &shape, qkv, norms, bias, cs, &kv, q, n)?;
+        self.work.push(rope);
+        let (tiles, _) = llm_ops::PrefillRows::most_blocks(n, r.seqs);
+        match llm_ops::prefill_attention_rows(g, &shape, q, &kv, att, n, tiles)? {
             Some(a) => self.work.push(a),
             None => {
-                let a = llm_ops::flash_attention(
-                    g,
-                    m.subgroups,
-                    &shape,
-                    &sc.q,
-                    &kv,
-                    &sc.att,
-                    &m.io.part,
-                    n,
-                )?;
+                // One split a row: as the single prefill records it.
+                let a = llm_ops::flash_attention_rows(g, sub, &shape, q, &kv, att, r.part, n, 1)?;
                 self.attention.push((self.work.len(), a));
             }
         }
@@ -234,9 +294,7 @@ impl<'a> DecoderOps for PrefillRecorder<'a> {
         let (m, sc): (&'a GpuLlm, &'a PrefillScratch) = (self.m, self.sc);
         let (c, n, d) = (&m.cfg, self.shape.n, m.cfg.hidden);
         let layer = &m.layers[li];
-        let (GpuMixer::Conv { in_proj, conv, .. }, GpuState::Conv(st)) =
-            (&layer.mixer, &m.state[li])
-        else {
+        let GpuMixer::Conv { in_proj, conv, .. } = &layer.mixer else {
             unreachable!("the recipe runs the conv block on conv layers")
         };
         let norm1 = GemmMode::Norm {
@@ -244,18 +302,24 @@ impl<'a> DecoderOps for PrefillRecorder<'a> {
             eps: c.norm_eps,
         };
         self.gemm(in_proj, norm1, &sc.x, d, &sc.bcx, 3 * d, 0)?;
-        self.work.push(llm_ops::short_conv(
-            &m.gpu,
-            &sc.bcx,
-            conv,
-            st,
-            &m.io.step,
-            &sc.conv_out,
-            d,
-            c.conv_kernel,
-            conv_ring_rows(c.conv_kernel),
-            n,
-        )?);
+        let (g, taps, out) = (&*m.gpu, c.conv_kernel, &sc.conv_out);
+        let dispatch = match (self.rows, &m.state[li]) {
+            (Some(r), _) => {
+                let LayerBufs::Conv(st) = r.state[li] else {
+                    unreachable!("both follow the config's layers")
+                };
+                let (_, tiles) = llm_ops::PrefillRows::most_blocks(n, r.seqs);
+                llm_ops::short_conv_rows(
+                    g, &sc.bcx, conv, st, r.table, out, d, taps, r.ring, n, tiles,
+                )?
+            }
+            (None, GpuState::Conv(st)) => {
+                let ring = conv_ring_rows(taps);
+                llm_ops::short_conv(g, &sc.bcx, conv, st, &m.io.step, out, d, taps, ring, n)?
+            }
+            (None, GpuState::Kv { .. }) => unreachable!("both follow the config's layers"),
+        };
+        self.work.push(dispatch);
         self.y = Some((&sc.conv_out, d));
         Ok(())
     }
@@ -320,6 +384,16 @@ impl<'a> DecoderOps for PrefillRecorder<'a> {
     fn head(&mut self) -> Result<()> {
         let (m, sc): (&'a GpuLlm, &'a PrefillScratch) = (self.m, self.sc);
         let (c, n, d) = (&m.cfg, self.shape.n, m.cfg.hidden);
+        if let Some(r) = self.rows {
+            let head = GemvEpilogue::Norm {
+                nw: &m.final_norm,
+                eps: c.norm_eps,
+            };
+            // Each column as the single prefill's GEMV of its last row.
+            let cols = Cols::new(r.seqs, d, c.vocab);
+            self.head = llm_ops::gemv_cols(&m.gpu, m.head(), &head, r.last, 0, r.logits, 0, cols)?;
+            return Ok(());
+        }
         if self.shape.all {
             let norm = GemmMode::Norm {
                 nw: &m.final_norm,
@@ -356,8 +430,10 @@ impl GpuLlm {
             sc,
             shape,
             kernel: GemmKernel::for_adapter(g.caps.coop_matrix && self.cfg.activations_fit_f16()),
+            rows: None,
             work: Vec::new(),
             attention: Vec::new(),
+            head: Vec::new(),
             y: None,
         };
         recipe::decoder(&self.cfg, &mut rec)?;
@@ -370,8 +446,53 @@ impl GpuLlm {
             shape,
             work: rec.work,
             attention: rec.attention,
+            head: Vec::new(),
             staging,
         })
+    }
+
+    /// Builds a batched prefill's dispatches over `sc`: `n` rows of the
+    /// sequences `rows` describes (no logits of their own: the head reads
+    /// [`PrefillRowsTarget::last`]).
+    pub(super) fn prefill_rows_work(
+        &self,
+        sc: &PrefillScratch,
+        rows: &PrefillRowsTarget<'_>,
+        n: usize,
+    ) -> Result<PrefillWork> {
+        let g = &*self.gpu;
+        let shape = PrefillShape {
+            n,
+            all: false,
+            last: false,
+        };
+        let mut rec = PrefillRecorder {
+            m: self,
+            sc,
+            shape,
+            kernel: GemmKernel::for_adapter(g.caps.coop_matrix && self.cfg.activations_fit_f16()),
+            rows: Some(rows),
+            work: Vec::new(),
+            attention: Vec::new(),
+            head: Vec::new(),
+            y: None,
+        };
+        recipe::decoder(&self.cfg, &mut rec)?;
+        Ok(PrefillWork {
+            shape,
+            work: rec.work,
+            attention: rec.attention,
+            head: rec.head,
+            staging: None,
+        })
+    }
+
+    /// Whether some layer's gate and up are separate matrices (the prefill
+    /// then needs room for both products).
+    pub(super) fn split_ffn(&self) -> bool {
+        self.layers
+            .iter()
+            .any(|l| matches!(l.ffn, GpuFfn::Split(..)))
     }
 
     /// Largest prefill chunk whose buffers all fit one binding.
@@ -433,12 +554,12 @@ impl GpuLlm {
             let tokens = n.max(self.prefill_chunk_len());
             self.prefill_work = None;
             self.prefill_scratch = None;
-            let split_ffn = self
-                .layers
-                .iter()
-                .any(|l| matches!(l.ffn, GpuFfn::Split(..)));
             self.prefill_scratch = Some(PrefillScratch::new(
-                &self.gpu, &self.cfg, tokens, rows, split_ffn,
+                &self.gpu,
+                &self.cfg,
+                tokens,
+                rows,
+                self.split_ffn(),
             )?);
         }
         let shape = PrefillShape { n, all, last };
@@ -452,7 +573,6 @@ impl GpuLlm {
         g.queue
             .write_buffer(&sc.ids, 0, bytemuck::cast_slice(tokens));
         self.write_step(n, 1, &sc.cs, &sc.cs_local);
-        let (work, attention) = (&pw.work, &pw.attention);
 
         // Recording starts here (the profile counts the timer's own set-up
         // in it). Room for a timestamp before the first dispatch and after
@@ -461,7 +581,7 @@ impl GpuLlm {
         let timer = match prof {
             Some(_) => Some(PassTimer::new(
                 g,
-                (work.len() + 2 * attention.len() + 1) as u32,
+                (pw.work.len() + 2 * pw.attention.len() + 1) as u32,
             )?),
             None => None,
         };
@@ -469,22 +589,11 @@ impl GpuLlm {
         let marks = {
             let mut pass = enc.begin_compute_pass(&Default::default());
             let mut marks = timer.as_ref().map(|t| PassMarks::start(t, &mut pass));
-            let mut after = |p: &mut wgpu::ComputePass<'_>, name: &'static str| {
+            pw.record(&mut pass, &mut |p, name| {
                 if let Some(m) = marks.as_mut() {
                     m.after(p, name);
                 }
-            };
-            let mut pending = attention.iter().peekable();
-            for (i, dsp) in work.iter().enumerate() {
-                while let Some((_, a)) = pending.next_if(|(at, _)| *at == i) {
-                    a.record_with(&mut pass, 1, &mut after);
-                }
-                dsp.record(&mut pass);
-                after(&mut pass, dsp.bound.name);
-            }
-            for (_, a) in pending {
-                a.record_with(&mut pass, 1, &mut after);
-            }
+            });
             marks
         };
         if let Some(m) = &marks {
