@@ -65,7 +65,7 @@ fn frame_count(gpu: &Gpu, t: usize, on_device: bool) -> Option<(FrameCount, u32,
         (t, 1, 0)
     };
     Some((
-        FrameCount::known(gpu, frames, frames + 5).unwrap(),
+        FrameCount::known(gpu, &[frames], frames + 5).unwrap(),
         mul,
         add,
     ))
@@ -417,30 +417,34 @@ fn durations(gpu: &Gpu, _v: &Variant) {
                     add: 0,
                     per: 64,
                     rows: 24,
+                    z: 1,
                 },
                 Geometry {
                     mul: 96,
                     add: 0,
                     per: 256,
                     rows: 0,
+                    z: 1,
                 },
                 Geometry {
                     mul: 8,
                     add: -3,
                     per: 64,
                     rows: 4,
+                    z: 1,
                 },
                 Geometry {
                     mul: 300_000,
                     add: 5,
                     per: 256,
                     rows: 0,
+                    z: 1,
                 },
             ];
             let slots: Vec<u64> = geometries.iter().map(|&g| count.slot(g).unwrap()).collect();
             let gz = gpu.upload_f32("z", &z).unwrap();
             let ends = gpu.upload_u32("ends", &vec![u32::MAX; t]).unwrap();
-            let d = speech::durations(gpu, &gz, &ends, &count, t, m, inv, length_scale).unwrap();
+            let d = speech::durations(gpu, &gz, &ends, &count, 0, t, m, inv, length_scale).unwrap();
             count.finish(gpu);
             gpu.run_all(&[&d]).unwrap();
             let what = format!("durations t={t} length_scale={length_scale} cap={cap}");
@@ -471,7 +475,7 @@ fn durations(gpu: &Gpu, _v: &Variant) {
     let count = FrameCount::new(gpu, 3).unwrap();
     let gz = gpu.upload_f32("z", &[-500.0; 7]).unwrap();
     let ends = gpu.upload_u32("ends", &[9; 7]).unwrap();
-    let d = speech::durations(gpu, &gz, &ends, &count, 7, 0.0, 1.0, 1.0).unwrap();
+    let d = speech::durations(gpu, &gz, &ends, &count, 0, 7, 0.0, 1.0, 1.0).unwrap();
     count.finish(gpu);
     gpu.run_all(&[&d]).unwrap();
     assert_eq!(gpu.read_u32(&ends).unwrap(), [0; 7]);
