@@ -796,6 +796,12 @@ fn conv_transpose1d(gpu: &Gpu, _v: &Variant) {
     conv_transpose1d_batched(gpu);
 }
 
+/// Records a kernel on (x, its extra inputs, y, the steps).
+type RecordBatched<'a> = dyn Fn(&wgpu::Buffer, &[wgpu::Buffer], &wgpu::Buffer, Steps<'_>) -> lfm::gpu::ops::Dispatch
+    + 'a;
+/// The CPU twin on (x, the extra inputs, the frames).
+type WantBatched<'a> = dyn Fn(&[f32], &[Vec<f32>], usize) -> Vec<f32> + 'a;
+
 /// A batch of sentences through one dispatch over a count of several
 /// (workgroup z a sentence): sentences of `frames` frames, in buffers made
 /// for `cap` frames each, the one at index `empty` given 0 frames (past its
@@ -814,13 +820,8 @@ fn batched(
     c_out: usize,
     extras: usize,
     out_steps: &dyn Fn(Steps<'_>) -> Steps<'_>,
-    record: &dyn Fn(
-        &wgpu::Buffer,
-        &[wgpu::Buffer],
-        &wgpu::Buffer,
-        Steps<'_>,
-    ) -> lfm::gpu::ops::Dispatch,
-    want: &dyn Fn(&[f32], &[Vec<f32>], usize) -> Vec<f32>,
+    record: &RecordBatched<'_>,
+    want: &WantBatched<'_>,
     tol: f64,
 ) {
     let (frames, cap, empty) = ([7usize, 33, 1, 12], 40, 2);

@@ -1,15 +1,17 @@
 //! The GPU plan for VITS: the normalising flow (per frame) and the HiFi-GAN
 //! generator (per audio sample; together nearly all of the work), after the
-//! prior (`gpu_prior`) and the length regulation. A sentence is one
-//! submission that reads back only its frame count and its audio: the
-//! durations, their sum and the sizes of every later dispatch are computed
-//! on the device (`speech::durations`; the flow's and the decoder's
-//! dispatches are indirect, their buffers made for a bounded number of
-//! frames, the kernels reading the count from the device). The prior's
-//! noise is drawn on the host from the seeded CPU generator for that bound,
-//! of which the kernels use the start, the values the CPU path draws for
-//! the sentence's frames: a seed gives the same noise on both backends. The
-//! sentences of a text are pipelined ([`GpuVoice::speak`]).
+//! prior (`gpu_prior`) and the length regulation. A sentence, or a group of
+//! them whose flow and generator run in the same dispatches (a batch, one
+//! slice of workgroups a sentence), is one submission that reads back only
+//! the frame counts and the audio: the durations, their sums and the sizes
+//! of every later dispatch are computed on the device (`speech::durations`;
+//! the flow's and the decoder's dispatches are indirect, their buffers made
+//! for a bounded number of frames, the kernels reading the counts from the
+//! device). The prior's noise is drawn on the host from the seeded CPU
+//! generator for that bound, of which the kernels use the start, the values
+//! the CPU path draws for the sentence's frames: a seed gives the same noise
+//! on both backends. The groups of a text are pipelined
+//! ([`GpuVoice::speak`]).
 //!
 //! The latent is kept as its two channel halves, the couplings' x0 and x1,
 //! in separate buffers. The flips between couplings are never done: a flip
