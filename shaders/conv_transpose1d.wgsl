@@ -2,17 +2,20 @@
 // w[i, o, k] * act_in(x[i, t]), act_in(v) = leaky_relu(v * in_scale, in_slope).
 // Groups 1, dilation 1 (HiFi-GAN's upsampling layers); written as a gather so every
 // output is computed by one invocation. The input length is t_in = frames * t_mul + t_add
-// with frames = lens[0] (as conv1d's), t_out = (t_in - 1) * stride - 2 pad + kernel.
+// with frames = lens[2 s] (as conv1d's), t_out = (t_in - 1) * stride - 2 pad + kernel.
+// Workgroup z runs sentence s = first + z of a batch: x at s * x_stride, y at s * y_stride;
+// a sentence of 0 frames runs nothing.
 // bindings: 0 params, 1 x: [c_in, t_in], 2 w: packed [c_in, kernel, c_out_pad / 4] vec4
-//           (gpu::speech::pack_conv_transpose1d_weights), 3 b: [c_out], 4 lens: u32,
-//           5 y: [c_out, t_out]
-// dispatch: (ceil(t_out / WG), ceil(c_out / 8), 1), direct or indirect; one output step,
+//           (gpu::speech::pack_conv_transpose1d_weights), 3 b: [c_out], 4 lens: [frames,
+//           total] u32 a sentence, 5 y: [c_out, t_out]
+// dispatch: (ceil(t_out / WG), ceil(c_out / 8), sentences), direct or indirect; one output step,
 // 8 channels each.
 
 struct Params {
     c_in: u32, c_out: u32, t_mul: u32, t_add: i32,
     kernel: u32, stride: u32, pad: u32, c_out_pad: u32,
-    in_scale: f32, in_slope: f32, _p1: u32, _p2: u32,
+    in_scale: f32, in_slope: f32, x_stride: u32, y_stride: u32,
+    first: u32, _p0: u32, _p1: u32, _p2: u32,
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
@@ -26,7 +29,12 @@ override WG: u32 = 64u;
 
 @compute @workgroup_size(WG)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
-    let t_in = u32(i32(lens[0] * p.t_mul) + p.t_add);
+    let s = p.first + wid.z;
+    let frames = lens[2u * s];
+    if (p.t_mul != 0u && frames == 0u) {
+        return;
+    }
+    let t_in = u32(i32(frames * p.t_mul) + p.t_add);
     let t_out = i32((t_in - 1u) * p.stride + p.kernel) - i32(2u * p.pad);
     let q = wid.x * WG + lid;
     let o0 = wid.y * 8u;
@@ -45,7 +53,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         if (t >= t_in) {
             continue;
         }
-        var xi = t;
+        var xi = s * p.x_stride + t;
         var wi = k * row + o0 / 4u;
         let wstep = p.kernel * row;
         for (var i = 0u; i < p.c_in; i++) {
@@ -70,6 +78,6 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         } else {
             v += acc1[j - 4u];
         }
-        y[o * u32(t_out) + q] = v;
+        y[s * p.y_stride + o * u32(t_out) + q] = v;
     }
 }

@@ -2,21 +2,23 @@
 // the flow and the decoder follow the duration predictor in the same submission.
 // d[j] = ceil(exp(logw[j]) * length_scale) with logw = (z[j] - m) * inv (the duration
 // predictor's last, affine, flow), 0 where that is not a positive finite number, at most
-// MAX_PHONEME_FRAMES; ends[j] = d[0] + ... + d[j] (saturating); lens = [frames, total]
-// with total = ends[t - 1] and frames = max(total, 1), or 0 when total is past cap (what
-// the buffers behind it hold): then nothing after it runs, and the host, reading total
-// back, runs the sentence again with more.
-// Then the indirect dispatch sizes of every dispatch that runs over the frames: for
-// geometry g = (mul, add, per, rows), n = frames * mul + add items at per a workgroup:
-// (ceil(n / per), rows, 1) when rows > 0, else ceil(n / per) workgroups up to 65535
-// along x, then rows of 65535 (gpu::speech::groups_wide). Twins: cpu::durations,
+// MAX_PHONEME_FRAMES; ends[j] = d[0] + ... + d[j] (saturating); for sentence s of a batch,
+// lens[2 s ..] = [frames, total] with total = ends[t - 1] and frames = max(total, 1), or 0
+// when total is past cap (what the buffers behind it hold): then nothing runs for it, and
+// the host, reading total back, runs the sentence again with more.
+// Then the indirect dispatch sizes of every dispatch that runs over the frames, for the
+// most frames of sentences 0 ..= s (those before s wrote theirs in earlier dispatches): for
+// geometry g = (mul, add, per, rows; z), n = frames * mul + add items at per a workgroup:
+// (ceil(n / per), rows, z) when rows > 0, else ceil(n / per) workgroups up to 65535
+// along x, then rows of 65535 (gpu::speech::groups_wide), z along z. Twins: cpu::durations,
 // cpu::frame_ends, gpu::speech::Geometry::groups.
-// bindings: 0 params, 1 z: [t], 2 geometry: [geometries] vec4<u32> (add as i32 bits),
-//           3 ends: [t] u32, 4 lens: [2] u32, 5 args: [3 geometries] u32
+// bindings: 0 params, 1 z: [t], 2 geometry: [2 geometries] vec4<u32> ((mul, add as i32
+//           bits, per, rows), (z, 0, 0, 0)), 3 ends: [t] u32, 4 lens: [2 sentences] u32,
+//           5 args: [3 geometries] u32
 // dispatch: (1, 1, 1): one workgroup; each invocation sums a run of ceil(t / WG) phonemes.
 
 struct Params {
-    t: u32, cap: u32, geometries: u32, _p0: u32,
+    t: u32, cap: u32, geometries: u32, sentence: u32,
     m: f32, inv: f32, length_scale: f32, _p1: u32,
 }
 
@@ -86,9 +88,14 @@ fn main(@builtin(local_invocation_index) lid: u32) {
         if (total > p.cap) {
             frames = 0u;
         }
-        lens[0] = frames;
-        lens[1] = total;
-        frames_wg = frames;
+        lens[2u * p.sentence] = frames;
+        lens[2u * p.sentence + 1u] = total;
+        // The dispatches run the longest sentence so far.
+        var most = frames;
+        for (var b = 0u; b < p.sentence; b++) {
+            most = max(most, lens[2u * b]);
+        }
+        frames_wg = most;
     }
     workgroupBarrier();
     s = before[lid];
@@ -98,12 +105,13 @@ fn main(@builtin(local_invocation_index) lid: u32) {
     }
     let frames = frames_wg;
     for (var g = lid; g < p.geometries; g += WG) {
-        let geo = geometry[g];
+        let geo = geometry[2u * g];
+        let z = geometry[2u * g + 1u].x;
         let n = items(frames, geo);
         let groups = n / geo.z + select(0u, 1u, n % geo.z != 0u);
-        var dims = vec3<u32>(groups, geo.w, 1u);
+        var dims = vec3<u32>(groups, geo.w, z);
         if (geo.w == 0u) {
-            dims = vec3<u32>(min(groups, MAX_GROUPS), (groups + MAX_GROUPS - 1u) / MAX_GROUPS, 1u);
+            dims = vec3<u32>(min(groups, MAX_GROUPS), (groups + MAX_GROUPS - 1u) / MAX_GROUPS, z);
         }
         // Never past the limit per dimension (the host sizes cap so that it is not reached).
         dims = min(dims, vec3<u32>(MAX_GROUPS));

@@ -3,17 +3,20 @@
 // j the phoneme frame f repeats: the first with ends[j] > f, ends being the durations'
 // running sums (as cpu::expand_prior on cpu::frame_phonemes). Phonemes that all last 0
 // frames (ends[t - 1] = 0) give a prior of mean 0 and log-std 0 (the one frame VITS
-// decodes then). frames = lens[0] * f_mul + f_add (1, 0: the sentence's frame count
-// written on the device; 0, n: n fixed when recorded).
+// decodes then). frames = lens[2 s] * f_mul + f_add (1, 0: sentence s's frame count
+// written on the device; 0, n: n fixed when recorded), s = first (one sentence of a batch,
+// whose y starts at s * y_stride; the dispatch is sized for the batch's longest).
 // bindings: 0 params, 1 stats: [2 channels, t] (m, then logs), 2 ends: [t] u32,
-//           3 noise: [channels, frames] (a longer buffer's prefix), 4 lens: u32,
+//           3 noise: [channels, frames] (a longer buffer's prefix), 4 lens: [frames,
+//           total] u32 a sentence,
 //           5 y: [c, frames]
 // dispatch: ceil(c * frames / WG) workgroups, up to 65535 along x, then rows of 65535
 // (gpu::speech::groups_wide), direct or indirect.
 
 struct Params {
     c: u32, f_mul: u32, f_add: i32, t: u32,
-    ch0: u32, channels: u32, noise_scale: f32, _p0: u32,
+    ch0: u32, channels: u32, noise_scale: f32, first: u32,
+    y_stride: u32, _p0: u32, _p1: u32, _p2: u32,
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
@@ -27,7 +30,7 @@ override WG: u32 = 256u;
 
 @compute @workgroup_size(WG)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
-    let frames = u32(i32(lens[0] * p.f_mul) + p.f_add);
+    let frames = u32(i32(lens[2u * p.first] * p.f_mul) + p.f_add);
     let i = (wid.y * 65535u + wid.x) * WG + lid;
     if (i >= p.c * frames) {
         return;
@@ -51,5 +54,5 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         m = stats[ch * p.t + lo];
         logs = stats[(p.channels + ch) * p.t + lo];
     }
-    y[i] = m + noise[ch * frames + f] * exp(logs) * p.noise_scale;
+    y[p.first * p.y_stride + i] = m + noise[ch * frames + f] * exp(logs) * p.noise_scale;
 }

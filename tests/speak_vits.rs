@@ -439,10 +439,12 @@ fn gpu_sentences_past_their_first_buffers_are_run_again_with_the_same_audio() {
     let v = voice();
     let ids = gold().ids;
     let roomy = lfm::models::vits::GpuVoice::new(gpu.clone(), &v).unwrap();
-    // One frame a phoneme id: every sentence needs more.
+    // One frame a phoneme id: every sentence needs more. Each alone (in a
+    // group the sentences share the buffers the longest is given).
     let tight = lfm::models::vits::GpuVoice::new(gpu, &v)
         .unwrap()
-        .with_first_frames(0.0, 1);
+        .with_first_frames(0.0, 1)
+        .with_batch(1);
     let rng = Rng::new(5);
     let (want, _) = roomy.synthesize(&v, &ids, None, &scales, &rng).unwrap();
     assert_eq!(
@@ -500,4 +502,71 @@ fn gpu_sentences_past_their_first_buffers_are_run_again_with_the_same_audio() {
         e.contains("frames") && e.contains("shorter sentences"),
         "{e}"
     );
+}
+
+/// In a group of sentences run in the same dispatches, one that outgrows
+/// the group's buffers is run again alone while the others keep the
+/// group's results: every sentence's audio is, bit for bit, what it is
+/// alone, and only that one is run again. With groups of one, the same.
+#[test]
+fn gpu_batched_sentences_with_one_past_the_buffers_match_each_sentence_alone() {
+    let Some(gpu) = gpu_or_skip() else { return };
+    let scales = Scales {
+        noise_scale: 0.667,
+        length_scale: 1.0,
+        noise_w: 0.8,
+    };
+    let v = voice();
+    let ids = gold().ids;
+    // The first runs alone; the group after it holds the long one.
+    let sentences: Vec<Vec<i64>> = [9, ids.len(), 17, 24]
+        .iter()
+        .map(|&n| ids[..n].to_vec())
+        .collect();
+    let roomy = lfm::models::vits::GpuVoice::new(gpu.clone(), &v).unwrap();
+    let mut rng = Rng::new(11);
+    let mut alone = Vec::new();
+    let mut frames = Vec::new();
+    for s in &sentences {
+        let own = lfm::models::vits::sentence_rng(&mut rng);
+        frames.push(roomy.prior(&v, s, None, &scales, &own).unwrap().frames);
+        alone.push(roomy.synthesize(&v, s, None, &scales, &own).unwrap().0);
+    }
+    // Buffers of as many frames as the short ones need, for every sentence.
+    let most_short = frames
+        .iter()
+        .enumerate()
+        .filter(|&(i, _)| i != 1)
+        .map(|(_, f)| *f)
+        .max();
+    let most_short = most_short.unwrap();
+    assert!(frames[1] > most_short, "frames {frames:?}");
+    for batch in [4, 1] {
+        let tight = lfm::models::vits::GpuVoice::new(gpu.clone(), &v)
+            .unwrap()
+            .with_first_frames(0.0, most_short)
+            .with_batch(batch);
+        let mut got = Vec::new();
+        tight
+            .speak(
+                &v,
+                &mut sentences.iter().cloned().map(Ok),
+                None,
+                &scales,
+                &mut Rng::new(11),
+                &mut |_, audio, _| {
+                    got.push(audio);
+                    Ok(())
+                },
+            )
+            .unwrap();
+        assert_eq!(tight.reruns(), 1, "batch {batch}: only the long sentence");
+        assert_eq!(got.len(), sentences.len());
+        for (i, (a, b)) in got.iter().zip(&alone).enumerate() {
+            assert!(
+                same_bits(a, b),
+                "batch {batch}, sentence {i}: differs from the sentence alone"
+            );
+        }
+    }
 }

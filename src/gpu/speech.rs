@@ -9,7 +9,12 @@
 //! A sentence's frame count is computed on the device ([`durations`]), so
 //! the kernels that run over frames take their length as [`Steps`]: fixed
 //! when recorded, or read from the device's count, with the workgroup counts
-//! written there too (indirect dispatches).
+//! written there too (indirect dispatches). A count may hold several
+//! sentences (a batch): their activations lie one after another in the same
+//! buffers, a sentence's at its index times a fixed stride, and the kernels
+//! over frames run each sentence as a slice of workgroups along z, sized for
+//! the longest, each slice reading its own length (what lies past it is
+//! never read or written), so every sentence gets the bits it gets alone.
 //! CPU twins: `cpu::conv1d`, `cpu::conv_transpose1d`, `cpu::leaky_relu`,
 //! `cpu::wavenet_gate`, and those of `cpu::speech`.
 
@@ -41,7 +46,8 @@ pub fn groups_wide(n: usize, per_group: usize) -> [u32; 3] {
 
 /// How a dispatch over a sentence's frames is sized: `frames * mul + add`
 /// items at `per` a workgroup, in `rows` rows (a convolution's blocks of 8
-/// output channels), or, with `rows` 0, spread as [`groups_wide`] does.
+/// output channels), or, with `rows` 0, spread as [`groups_wide`] does; `z`
+/// slices of them (the sentences of a batch it runs).
 /// [`durations`] writes the counts on the device; [`Geometry::groups`] is
 /// its twin.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -50,6 +56,7 @@ pub struct Geometry {
     pub add: i32,
     pub per: u32,
     pub rows: u32,
+    pub z: u32,
 }
 
 impl Geometry {
@@ -63,63 +70,82 @@ impl Geometry {
         } as u64;
         let groups = n.div_ceil(self.per as u64);
         let max = MAX_GROUPS as u64;
+        let z = self.z as u64;
         let dims = if self.rows > 0 {
-            [groups, self.rows as u64, 1]
+            [groups, self.rows as u64, z]
         } else {
-            [groups.min(max), groups.div_ceil(max), 1]
+            [groups.min(max), groups.div_ceil(max), z]
         };
         dims.map(|d| d.min(max) as u32)
     }
 
-    fn words(&self) -> [u32; 4] {
-        [self.mul, self.add as u32, self.per, self.rows]
+    fn words(&self) -> [u32; 8] {
+        [
+            self.mul,
+            self.add as u32,
+            self.per,
+            self.rows,
+            self.z,
+            0,
+            0,
+            0,
+        ]
     }
 }
 
 /// How many distinct [`Geometry`]s one sentence's dispatches may have.
 pub const MAX_GEOMETRIES: usize = 64;
 
-/// A sentence's frame count on the device: `lens` = [frames, total] (see
-/// [`durations`]), with the indirect workgroup counts of the dispatches that
-/// run over the frames and the table of their geometries. `cap` is how many
-/// frames the buffers behind it are made for.
+/// The frame counts of a batch of sentences on the device: `lens` =
+/// [frames, total] a sentence (see [`durations`]), with the indirect
+/// workgroup counts of the dispatches that run over the frames and the
+/// table of their geometries. `cap` is how many frames the buffers behind it
+/// are made for, for each of its `batch` sentences.
 pub struct FrameCount {
     pub lens: wgpu::Buffer,
     /// The workgroup counts, three u32s a geometry ([`FrameCount::slot`]).
     pub args: wgpu::Buffer,
     table: wgpu::Buffer,
     geometries: RefCell<Vec<Geometry>>,
-    /// Frames the host already knows (the counts are then written from here).
-    known: Option<usize>,
+    /// Frames the host already knows, a sentence (the counts are then
+    /// written from here).
+    known: Option<Vec<usize>>,
     pub cap: usize,
+    pub batch: usize,
 }
 
 impl FrameCount {
     /// A count [`durations`] will write, for buffers of at most `cap` frames.
     pub fn new(gpu: &Gpu, cap: usize) -> Result<FrameCount> {
-        Self::make(gpu, cap, None)
+        Self::make(gpu, cap, 1, None)
     }
 
-    /// A count the host knows (`frames` <= `cap`): written now, the
-    /// workgroup counts by [`FrameCount::finish`], so the same kernels run as
-    /// after [`durations`] (per-stage runs, tests).
-    pub fn known(gpu: &Gpu, frames: usize, cap: usize) -> Result<FrameCount> {
+    /// The counts of `batch` sentences, each given buffers of `cap` frames,
+    /// that [`durations`] will write, one dispatch a sentence.
+    pub fn batch(gpu: &Gpu, cap: usize, batch: usize) -> Result<FrameCount> {
+        Self::make(gpu, cap, batch, None)
+    }
+
+    /// The counts of sentences the host knows (each of `frames` in 1 ..=
+    /// `cap`): written now, the workgroup counts by [`FrameCount::finish`],
+    /// so the same kernels run as after [`durations`] (per-stage runs, tests).
+    pub fn known(gpu: &Gpu, frames: &[usize], cap: usize) -> Result<FrameCount> {
         assert!(
-            (1..=cap).contains(&frames),
-            "FrameCount::known: {frames} frames, cap {cap}"
+            !frames.is_empty() && frames.iter().all(|f| (1..=cap).contains(f)),
+            "FrameCount::known: {frames:?} frames, cap {cap}"
         );
-        let count = Self::make(gpu, cap, Some(frames))?;
-        gpu.queue.write_buffer(
-            &count.lens,
-            0,
-            bytemuck::cast_slice(&[frames as u32, frames as u32]),
-        );
+        let count = Self::make(gpu, cap, frames.len(), Some(frames.to_vec()))?;
+        let lens: Vec<u32> = frames.iter().flat_map(|&f| [f as u32; 2]).collect();
+        gpu.queue
+            .write_buffer(&count.lens, 0, bytemuck::cast_slice(&lens));
         Ok(count)
     }
 
-    fn make(gpu: &Gpu, cap: usize, known: Option<usize>) -> Result<FrameCount> {
-        if cap == 0 || cap > u32::MAX as usize / 2 {
-            return Err(Error::gpu(format!("a frame count for {cap} frames")));
+    fn make(gpu: &Gpu, cap: usize, batch: usize, known: Option<Vec<usize>>) -> Result<FrameCount> {
+        if cap == 0 || cap > u32::MAX as usize / 2 || batch == 0 || batch > MAX_GROUPS {
+            return Err(Error::gpu(format!(
+                "a frame count for {batch} sentences of {cap} frames"
+            )));
         }
         let args = gpu.device.create_buffer(&wgpu::BufferDescriptor {
             label: Some("frames.args"),
@@ -131,21 +157,24 @@ impl FrameCount {
             mapped_at_creation: false,
         });
         Ok(FrameCount {
-            lens: gpu.scratch("frames.lens", 8)?,
-            table: gpu.scratch("frames.geometry", (MAX_GEOMETRIES * 16) as u64)?,
+            lens: gpu.scratch("frames.lens", (8 * batch) as u64)?,
+            table: gpu.scratch("frames.geometry", (MAX_GEOMETRIES * 32) as u64)?,
             args,
             geometries: RefCell::new(Vec::new()),
             known,
             cap,
+            batch,
         })
     }
 
-    /// `frames * mul + add` steps.
+    /// `frames * mul + add` steps, of every sentence of the batch.
     pub fn steps(&self, mul: u32, add: i32) -> Steps<'_> {
         Steps {
             count: Some(self),
             mul,
             add,
+            first: 0,
+            sentences: self.batch as u32,
         }
     }
 
@@ -174,14 +203,16 @@ impl FrameCount {
     pub fn finish(&self, gpu: &Gpu) {
         let list = self.geometries.borrow();
         // Unused entries size nothing: 0 items.
-        let mut words = vec![[0u32, 0, 1, 1]; MAX_GEOMETRIES];
+        let mut words = vec![[0u32, 0, 1, 1, 1, 0, 0, 0]; MAX_GEOMETRIES];
         for (w, g) in words.iter_mut().zip(list.iter()) {
             *w = g.words();
         }
         gpu.queue
             .write_buffer(&self.table, 0, bytemuck::cast_slice(&words));
-        if let Some(frames) = self.known {
-            let args: Vec<[u32; 3]> = list.iter().map(|g| g.groups(frames)).collect();
+        if let Some(frames) = &self.known {
+            // Sized for the longest sentence, as `durations` sizes them.
+            let most = frames.iter().copied().max().unwrap_or(0);
+            let args: Vec<[u32; 3]> = list.iter().map(|g| g.groups(most)).collect();
             if !args.is_empty() {
                 gpu.queue
                     .write_buffer(&self.args, 0, bytemuck::cast_slice(&args));
@@ -193,12 +224,15 @@ impl FrameCount {
 /// How many time steps a dispatch covers: fixed when it is recorded, or
 /// `frames * mul + add` with `frames` a [`FrameCount`] on the device, which
 /// the kernel reads from the count's `lens` and whose dispatch is sized
-/// there (indirect).
+/// there (indirect); for the count's sentences `first .. first +
+/// sentences`, each at its index times [`Steps::stride`] in the buffers.
 #[derive(Clone, Copy)]
 pub struct Steps<'a> {
     count: Option<&'a FrameCount>,
     mul: u32,
     add: i32,
+    first: u32,
+    sentences: u32,
 }
 
 impl<'a> Steps<'a> {
@@ -207,7 +241,40 @@ impl<'a> Steps<'a> {
             count: None,
             mul: 0,
             add: t as i32,
+            first: 0,
+            sentences: 1,
         }
+    }
+
+    /// These steps for sentence `s` of the batch alone.
+    pub fn sentence(self, s: usize) -> Steps<'a> {
+        assert!(
+            s < self.batch(),
+            "Steps::sentence: sentence {s} of {}",
+            self.batch()
+        );
+        Steps {
+            first: s as u32,
+            sentences: 1,
+            ..self
+        }
+    }
+
+    /// How many sentences the buffers over these steps hold.
+    pub fn batch(&self) -> usize {
+        self.count.map_or(1, |c| c.batch)
+    }
+
+    /// Where each sentence's `c` channels of these steps start in a buffer,
+    /// in elements apart (the steps at the count's cap).
+    pub fn stride(&self, c: usize) -> usize {
+        c * self.max()
+    }
+
+    /// Bytes of a buffer of `c` channels over these steps, for every
+    /// sentence of the batch.
+    pub fn bytes(&self, c: usize) -> u64 {
+        (self.stride(c) * self.batch() * 4) as u64
     }
 
     /// The steps at `frames` frames.
@@ -264,6 +331,7 @@ impl<'a> Steps<'a> {
             add: self.add * c as i32,
             per: per as u32,
             rows,
+            z: self.sentences,
         };
         // The largest the counts get (at the cap): within one dispatch.
         let n = g.mul as u64 * self.count.map_or(0, |c| c.cap) as u64 + g.add.max(0) as u64;
@@ -380,8 +448,14 @@ struct Conv1dParams {
     in_slope: f32,
     flags: u32,
     c_out_pad: u32,
+    /// The first sentence (workgroup z = 0) and where each sentence's x and
+    /// y (res, sum) start, in elements apart.
+    first: u32,
+    x_stride: u32,
+    y_stride: u32,
+    _p0: u32,
 }
-const _: () = assert!(std::mem::size_of::<Conv1dParams>() == 48);
+const _: () = assert!(std::mem::size_of::<Conv1dParams>() == 64);
 
 kernel!(
     CONV1D,
@@ -413,10 +487,16 @@ struct ConvTranspose1dParams {
     c_out_pad: u32,
     in_scale: f32,
     in_slope: f32,
+    /// Where each sentence's x and y start, in elements apart.
+    x_stride: u32,
+    y_stride: u32,
+    /// The first sentence (workgroup z = 0).
+    first: u32,
+    _p0: u32,
     _p1: u32,
     _p2: u32,
 }
-const _: () = assert!(std::mem::size_of::<ConvTranspose1dParams>() == 48);
+const _: () = assert!(std::mem::size_of::<ConvTranspose1dParams>() == 64);
 
 kernel!(
     CONV_TRANSPOSE1D,
@@ -476,6 +556,10 @@ pub fn conv1d(
             | (extras.sum.is_some() as u32) << 1
             | (extras.tanh as u32) << 2,
         c_out_pad: c_out_pad(s.c_out) as u32,
+        first: t_in.first,
+        x_stride: t_in.stride(s.c_in) as u32,
+        y_stride: t_in.conv(s).stride(s.c_out) as u32,
+        _p0: 0,
     };
     // Without a residual or a sum, any buffer fills the binding; the shader
     // never reads it.
@@ -516,6 +600,10 @@ pub fn conv_transpose1d(
         c_out_pad: c_out_pad(s.c_out) as u32,
         in_scale: act.scale,
         in_slope: act.slope,
+        x_stride: t_in.stride(s.c_in) as u32,
+        y_stride: t_in.conv_transpose(s).stride(s.c_out) as u32,
+        first: t_in.first,
+        _p0: 0,
         _p1: 0,
         _p2: 0,
     };
@@ -542,8 +630,14 @@ struct WavenetGateParams {
     t_mul: u32,
     t_add: i32,
     g_off: u32,
+    /// The first sentence (workgroup z = 0), where each sentence's x and y
+    /// start, in elements apart.
+    first: u32,
+    x_stride: u32,
+    y_stride: u32,
+    _p0: u32,
 }
-const _: () = assert!(std::mem::size_of::<WavenetGateParams>() == 16);
+const _: () = assert!(std::mem::size_of::<WavenetGateParams>() == 32);
 
 kernel!(
     WAVENET_GATE,
@@ -575,6 +669,10 @@ pub fn wavenet_gate(
         t_mul: t.mul,
         t_add: t.add,
         g_off: g_off as u32,
+        first: t.first,
+        x_stride: t.stride(2 * h) as u32,
+        y_stride: t.stride(h) as u32,
+        _p0: 0,
     };
     let lens = t.lens(x);
     let bound = gpu.bind(
@@ -870,9 +968,15 @@ struct ExpandPriorParams {
     ch0: u32,
     channels: u32,
     noise_scale: f32,
+    /// The sentence (workgroup z = 0) and where each sentence's y starts,
+    /// in elements apart.
+    first: u32,
+    y_stride: u32,
     _p0: u32,
+    _p1: u32,
+    _p2: u32,
 }
-const _: () = assert!(std::mem::size_of::<ExpandPriorParams>() == 32);
+const _: () = assert!(std::mem::size_of::<ExpandPriorParams>() == 48);
 
 kernel!(
     EXPAND_PRIOR,
@@ -894,7 +998,9 @@ kernel!(
 /// on [`crate::cpu::frame_phonemes`]: stats: [2 channels, t], ends: [t] the
 /// durations' running sums ([`crate::cpu::frame_ends`]), noise: [channels,
 /// frames] (the start of a longer buffer) -> y: [c, frames]. Phonemes that
-/// all last 0 frames give the one frame of a zero prior.
+/// all last 0 frames give the one frame of a zero prior. One sentence: with
+/// a batch's count, `frames` is [`Steps::sentence`]'s, and y its place in
+/// the batch's buffer.
 #[allow(clippy::too_many_arguments)]
 pub fn expand_prior(
     gpu: &Gpu,
@@ -909,7 +1015,10 @@ pub fn expand_prior(
     frames: Steps<'_>,
     noise_scale: f32,
 ) -> Result<Dispatch> {
-    assert!(ch0 + c <= channels && t > 0, "expand_prior: channels");
+    assert!(
+        ch0 + c <= channels && t > 0 && frames.sentences == 1,
+        "expand_prior: channels, or more than one sentence"
+    );
     let params = ExpandPriorParams {
         c: c as u32,
         f_mul: frames.mul,
@@ -918,7 +1027,11 @@ pub fn expand_prior(
         ch0: ch0 as u32,
         channels: channels as u32,
         noise_scale,
+        first: frames.first,
+        y_stride: frames.stride(c) as u32,
         _p0: 0,
+        _p1: 0,
+        _p2: 0,
     };
     let lens = frames.lens(stats);
     let bound = gpu.bind(
@@ -936,7 +1049,7 @@ struct DurationsParams {
     t: u32,
     cap: u32,
     geometries: u32,
-    _p0: u32,
+    sentence: u32,
     m: f32,
     inv: f32,
     length_scale: f32,
@@ -959,34 +1072,40 @@ kernel!(
     [&[]]
 );
 
-/// A sentence's frames on the device, the twin of [`crate::cpu::durations`]
-/// and [`crate::cpu::frame_ends`] on logw = (z - m) * inv: the running sums
-/// of the durations into `ends` ([t] u32), and into `count` its frame count
-/// (lens = [frames, total]: frames = max(total, 1), or 0 when the total is
-/// past the count's cap, so that nothing over the frames runs) and the
-/// workgroup counts of every dispatch recorded over it (write the
-/// geometries with [`FrameCount::finish`] before submitting).
+/// Sentence `sentence`'s frames on the device, the twin of
+/// [`crate::cpu::durations`] and [`crate::cpu::frame_ends`] on logw = (z -
+/// m) * inv: the running sums of the durations into `ends` ([t] u32), and
+/// into `count` its frame count (lens[2 sentence ..] = [frames, total]:
+/// frames = max(total, 1), or 0 when the total is past the count's cap, so
+/// that nothing over its frames runs) and the workgroup counts of every
+/// dispatch recorded over the count, for the most frames of the sentences
+/// up to this one ([`Geometry::groups`]; record a batch's sentences in
+/// order, and write the geometries with [`FrameCount::finish`] before
+/// submitting).
 #[allow(clippy::too_many_arguments)]
 pub fn durations(
     gpu: &Gpu,
     z: &wgpu::Buffer,
     ends: &wgpu::Buffer,
     count: &FrameCount,
+    sentence: usize,
     t: usize,
     m: f32,
     inv: f32,
     length_scale: f32,
 ) -> Result<Dispatch> {
-    if t == 0 || count.known.is_some() {
-        return Err(Error::gpu(
-            "durations: no phonemes, or a frame count the host wrote",
-        ));
+    if t == 0 || count.known.is_some() || sentence >= count.batch {
+        return Err(Error::gpu(format!(
+            "durations: no phonemes, a frame count the host wrote, or sentence {sentence} \
+             of {}",
+            count.batch
+        )));
     }
     let params = DurationsParams {
         t: t as u32,
         cap: count.cap as u32,
         geometries: MAX_GEOMETRIES as u32,
-        _p0: 0,
+        sentence: sentence as u32,
         m,
         inv,
         length_scale,

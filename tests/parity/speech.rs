@@ -65,7 +65,7 @@ fn frame_count(gpu: &Gpu, t: usize, on_device: bool) -> Option<(FrameCount, u32,
         (t, 1, 0)
     };
     Some((
-        FrameCount::known(gpu, frames, frames + 5).unwrap(),
+        FrameCount::known(gpu, &[frames], frames + 5).unwrap(),
         mul,
         add,
     ))
@@ -371,6 +371,65 @@ fn expand_prior(gpu: &Gpu, _v: &Variant) {
         // exp(0) = 1 and one product: the same bits.
         assert_close(&what, &got, &want, 0.0);
     }
+
+    // A batch's sentences, one dispatch each, into their places in one
+    // buffer made for `cap` frames a sentence; nothing else written.
+    let (cap, c) = (40, 3);
+    let mut wants = Vec::new();
+    let mut inputs = Vec::new();
+    let mut frames = Vec::new();
+    for t in [5usize, 1, 13] {
+        let mut durations: Vec<u32> = (0..t).map(|_| rng.uniform(0.0, 4.0) as u32).collect();
+        durations[t / 2] += 1;
+        let idx = cpu::frame_phonemes(&durations);
+        let stats = rng.vec(2 * channels * t, -2.0, 2.0);
+        let noise = rng.vec(channels * cap, -3.0, 3.0);
+        let want = cpu::expand_prior(&stats, t, &idx, &noise[..channels * idx.len()], 0.667);
+        frames.push(idx.len());
+        wants.push(want[..c * idx.len()].to_vec());
+        inputs.push((
+            t,
+            gpu.upload_f32("stats", &stats).unwrap(),
+            gpu.upload_u32("ends", &cpu::frame_ends(&durations))
+                .unwrap(),
+            gpu.upload_f32("noise", &noise).unwrap(),
+        ));
+    }
+    let count = FrameCount::known(gpu, &frames, cap).unwrap();
+    let all = count.steps(1, 0);
+    let gy = gpu.poisoned_f32("y", c * cap * frames.len()).unwrap();
+    let ds: Vec<_> = inputs
+        .iter()
+        .enumerate()
+        .map(|(s, (t, gs, ge, gn))| {
+            speech::expand_prior(
+                gpu,
+                gs,
+                ge,
+                gn,
+                &gy,
+                channels,
+                0,
+                c,
+                *t,
+                all.sentence(s),
+                0.667,
+            )
+            .unwrap()
+        })
+        .collect();
+    count.finish(gpu);
+    gpu.run_all(&ds.iter().collect::<Vec<_>>()).unwrap();
+    let got = gpu.read_f32(&gy).unwrap();
+    for (s, want) in wants.iter().enumerate() {
+        let mine = &got[s * c * cap..(s + 1) * c * cap];
+        let what = format!("expand_prior, sentence {s} of a batch");
+        if let Some(i) = mine[want.len()..].iter().position(|v| !v.is_nan()) {
+            panic!("{what}: wrote element {} past its frames", want.len() + i);
+        }
+        // As above.
+        assert_close(&what, &mine[..want.len()], want, 1e-12);
+    }
 }
 
 fn durations(gpu: &Gpu, _v: &Variant) {
@@ -417,30 +476,34 @@ fn durations(gpu: &Gpu, _v: &Variant) {
                     add: 0,
                     per: 64,
                     rows: 24,
+                    z: 1,
                 },
                 Geometry {
                     mul: 96,
                     add: 0,
                     per: 256,
                     rows: 0,
+                    z: 1,
                 },
                 Geometry {
                     mul: 8,
                     add: -3,
                     per: 64,
                     rows: 4,
+                    z: 1,
                 },
                 Geometry {
                     mul: 300_000,
                     add: 5,
                     per: 256,
                     rows: 0,
+                    z: 1,
                 },
             ];
             let slots: Vec<u64> = geometries.iter().map(|&g| count.slot(g).unwrap()).collect();
             let gz = gpu.upload_f32("z", &z).unwrap();
             let ends = gpu.upload_u32("ends", &vec![u32::MAX; t]).unwrap();
-            let d = speech::durations(gpu, &gz, &ends, &count, t, m, inv, length_scale).unwrap();
+            let d = speech::durations(gpu, &gz, &ends, &count, 0, t, m, inv, length_scale).unwrap();
             count.finish(gpu);
             gpu.run_all(&[&d]).unwrap();
             let what = format!("durations t={t} length_scale={length_scale} cap={cap}");
@@ -467,11 +530,84 @@ fn durations(gpu: &Gpu, _v: &Variant) {
             }
         }
     }
+    // A batch of three sentences, one dispatch each in order, the second
+    // past the buffers: each one's count, and the dispatches sized for the
+    // most frames of them, in as many slices along z as they run.
+    let cap = 60;
+    let count = FrameCount::batch(gpu, cap, 3).unwrap();
+    let geometries = [
+        Geometry {
+            mul: 1,
+            add: 0,
+            per: 64,
+            rows: 24,
+            z: 3,
+        },
+        Geometry {
+            mul: 96,
+            add: 0,
+            per: 256,
+            rows: 0,
+            z: 1,
+        },
+    ];
+    let slots: Vec<u64> = geometries.iter().map(|&g| count.slot(g).unwrap()).collect();
+    let mut ds = Vec::new();
+    let mut wants = Vec::new();
+    for (s, (t, per)) in [(5usize, 6.0f32), (33, 4.0), (17, 1.5)]
+        .into_iter()
+        .enumerate()
+    {
+        // `per` frames a phoneme, a fraction past the whole frames.
+        let z: Vec<f32> = (0..t)
+            .map(|_| (rng.uniform(0.5, 2.0 * per - 0.5).floor() + 0.5).ln() / inv + m)
+            .collect();
+        let logw: Vec<f32> = z.iter().map(|v| (v - m) * inv).collect();
+        let want_ends = cpu::frame_ends(&cpu::durations(&logw, 1.0));
+        let gz = gpu.upload_f32("z", &z).unwrap();
+        let ends = gpu.upload_u32("ends", &vec![u32::MAX; t]).unwrap();
+        ds.push(speech::durations(gpu, &gz, &ends, &count, s, t, m, inv, 1.0).unwrap());
+        wants.push((ends, want_ends));
+    }
+    count.finish(gpu);
+    gpu.run_all(&ds.iter().collect::<Vec<_>>()).unwrap();
+    let lens = gpu.read_u32(&count.lens).unwrap();
+    let mut most = 0;
+    for (s, (ends, want_ends)) in wants.iter().enumerate() {
+        assert_eq!(
+            gpu.read_u32(ends).unwrap(),
+            *want_ends,
+            "batch sentence {s}: ends"
+        );
+        let total = *want_ends.last().unwrap();
+        let frames = if total as usize > cap {
+            0
+        } else {
+            total.max(1)
+        };
+        assert_eq!(
+            lens[2 * s..2 * s + 2],
+            [frames, total],
+            "batch sentence {s}"
+        );
+        most = most.max(frames as usize);
+    }
+    assert!(
+        lens[3] as usize > cap && lens[2] == 0,
+        "the second sentence is past the buffers: {lens:?}"
+    );
+    let args = gpu.read_u32(&count.args).unwrap();
+    for (g, at) in geometries.iter().zip(slots) {
+        let at = at as usize / 4;
+        assert_eq!(args[at..at + 3], g.groups(most), "batch: {g:?}");
+        assert_eq!(args[at + 2], g.z, "batch: {g:?}");
+    }
+
     // Every phoneme 0 frames: one frame, total 0.
     let count = FrameCount::new(gpu, 3).unwrap();
     let gz = gpu.upload_f32("z", &[-500.0; 7]).unwrap();
     let ends = gpu.upload_u32("ends", &[9; 7]).unwrap();
-    let d = speech::durations(gpu, &gz, &ends, &count, 7, 0.0, 1.0, 1.0).unwrap();
+    let d = speech::durations(gpu, &gz, &ends, &count, 0, 7, 0.0, 1.0, 1.0).unwrap();
     count.finish(gpu);
     gpu.run_all(&[&d]).unwrap();
     assert_eq!(gpu.read_u32(&ends).unwrap(), [0; 7]);
@@ -505,6 +641,7 @@ fn wavenet_gate(gpu: &Gpu, _v: &Variant) {
             }
         }
     }
+    wavenet_gate_batched(gpu);
 }
 
 /// The CPU twin of a fused input read: scale, then leaky ReLU.
@@ -604,6 +741,7 @@ fn conv1d(gpu: &Gpu, _v: &Variant) {
             }
         }
     }
+    conv1d_batched(gpu);
 }
 
 fn conv_transpose1d(gpu: &Gpu, _v: &Variant) {
@@ -655,4 +793,230 @@ fn conv_transpose1d(gpu: &Gpu, _v: &Variant) {
             }
         }
     }
+    conv_transpose1d_batched(gpu);
+}
+
+/// Records a kernel on (x, its extra inputs, y, the steps).
+type RecordBatched<'a> = dyn Fn(&wgpu::Buffer, &[wgpu::Buffer], &wgpu::Buffer, Steps<'_>) -> lfm::gpu::ops::Dispatch
+    + 'a;
+/// The CPU twin on (x, the extra inputs, the frames).
+type WantBatched<'a> = dyn Fn(&[f32], &[Vec<f32>], usize) -> Vec<f32> + 'a;
+
+/// A batch of sentences through one dispatch over a count of several
+/// (workgroup z a sentence): sentences of `frames` frames, in buffers made
+/// for `cap` frames each, the one at index `empty` given 0 frames (past its
+/// buffers: nothing must run for it). Each sentence's x (`c_in` channels)
+/// and its `extras` inputs shaped as its y (`c_out` channels) lie at its
+/// index times the stride; `record` records the dispatch on (x, extras, y,
+/// steps), `want` is the CPU twin on (x, extras, frames). Every sentence's
+/// output must be close to the twin's, bit for bit what the same dispatch
+/// gives it alone, and nothing outside the sentences' outputs written.
+#[allow(clippy::too_many_arguments)]
+fn batched(
+    gpu: &Gpu,
+    what: &str,
+    rng: &mut Rng,
+    c_in: usize,
+    c_out: usize,
+    extras: usize,
+    out_steps: &dyn Fn(Steps<'_>) -> Steps<'_>,
+    record: &RecordBatched<'_>,
+    want: &WantBatched<'_>,
+    tol: f64,
+) {
+    let (frames, cap, empty) = ([7usize, 33, 1, 12], 40, 2);
+    let t_out = |f: usize| out_steps(Steps::fixed(f)).max();
+    let xs: Vec<Vec<f32>> = frames
+        .iter()
+        .map(|&f| rng.vec(c_in * f, -2.0, 2.0))
+        .collect();
+    let es: Vec<Vec<Vec<f32>>> = frames
+        .iter()
+        .map(|&f| {
+            (0..extras)
+                .map(|_| rng.vec(c_out * t_out(f), -1.0, 1.0))
+                .collect()
+        })
+        .collect();
+    let count = FrameCount::known(gpu, &frames, cap).unwrap();
+    let mut lens: Vec<u32> = frames.iter().flat_map(|&f| [f as u32; 2]).collect();
+    lens[2 * empty] = 0;
+    lens[2 * empty + 1] = cap as u32 + 1;
+    gpu.queue
+        .write_buffer(&count.lens, 0, bytemuck::cast_slice(&lens));
+    let st = count.steps(1, 0);
+    let (xs_stride, ys_stride) = (st.stride(c_in), out_steps(st).stride(c_out));
+    let lay = |parts: &[&Vec<f32>], stride: usize| {
+        let mut all = vec![f32::NAN; stride * parts.len()];
+        for (b, p) in parts.iter().enumerate() {
+            all[b * stride..b * stride + p.len()].copy_from_slice(p);
+        }
+        all
+    };
+    let gx = gpu
+        .upload_f32("x", &lay(&xs.iter().collect::<Vec<_>>(), xs_stride))
+        .unwrap();
+    let ge: Vec<wgpu::Buffer> = (0..extras)
+        .map(|e| {
+            let parts: Vec<&Vec<f32>> = es.iter().map(|s| &s[e]).collect();
+            gpu.upload_f32("extra", &lay(&parts, ys_stride)).unwrap()
+        })
+        .collect();
+    let gy = gpu.poisoned_f32("y", ys_stride * frames.len()).unwrap();
+    let d = record(&gx, &ge, &gy, st);
+    count.finish(gpu);
+    gpu.run_all(&[&d]).unwrap();
+    let got = gpu.read_f32(&gy).unwrap();
+    for (b, &f) in frames.iter().enumerate() {
+        let n = c_out * t_out(f);
+        let mine = &got[b * ys_stride..(b + 1) * ys_stride];
+        let what = format!("{what}, batched sentence {b} of {} frames", f);
+        let written = if b == empty { 0 } else { n };
+        if let Some(i) = mine[written..].iter().position(|v| !v.is_nan()) {
+            panic!("{what}: wrote element {} past its {written}", written + i);
+        }
+        if b == empty {
+            continue;
+        }
+        assert_close(&what, &mine[..n], &want(&xs[b], &es[b], f), tol);
+        // The sentence alone, through the same kernel: the same bits.
+        let one = FrameCount::known(gpu, &[f], f).unwrap();
+        let st1 = one.steps(1, 0);
+        let gx1 = gpu.upload_f32("x", &xs[b]).unwrap();
+        let ge1: Vec<wgpu::Buffer> = es[b]
+            .iter()
+            .map(|e| gpu.upload_f32("extra", e).unwrap())
+            .collect();
+        let gy1 = gpu.poisoned_f32("y", n).unwrap();
+        let d1 = record(&gx1, &ge1, &gy1, st1);
+        one.finish(gpu);
+        gpu.run_all(&[&d1]).unwrap();
+        let alone = gpu.read_f32(&gy1).unwrap();
+        assert!(
+            alone
+                .iter()
+                .zip(&mine[..n])
+                .all(|(a, b)| a.to_bits() == b.to_bits()),
+            "{what}: not the bits of the sentence alone"
+        );
+    }
+}
+
+fn conv1d_batched(gpu: &Gpu) {
+    let mut rng = Rng::new(31);
+    // A dilated "same" convolution (the decoder's residual blocks) with a
+    // residual, a running sum and a leaky input, and one with tanh.
+    for (c_in, c_out, kernel, dilation, pad, res, sum, tanh) in [
+        (5usize, 9usize, 3usize, 3usize, 3usize, true, true, false),
+        (4, 1, 7, 1, 3, false, false, true),
+    ] {
+        let s = Conv1dShape {
+            c_in,
+            c_out,
+            kernel,
+            dilation,
+            pad_left: pad,
+            pad_right: pad,
+            groups: 1,
+        };
+        let act = InputAct::leaky(0.1);
+        let w = rng.vec(c_out * c_in * kernel, -0.5, 0.5);
+        let b = rng.vec(c_out, -0.5, 0.5);
+        let gw = gpu
+            .upload_f32("w", &speech::pack_conv1d_weights(&w, &s))
+            .unwrap();
+        let gb = gpu.upload_f32("b", &b).unwrap();
+        batched(
+            gpu,
+            &format!("conv1d {s:?} res={res} sum={sum} tanh={tanh}"),
+            &mut rng,
+            c_in,
+            c_out,
+            res as usize + sum as usize,
+            &|st| st.conv(&s),
+            &|x, e, y, st| {
+                let extras = Conv1dExtras {
+                    residual: e.first().filter(|_| res),
+                    sum: e.get(1),
+                    tanh,
+                };
+                speech::conv1d(gpu, x, &gw, &gb, y, &s, st, act, extras).unwrap()
+            },
+            &|x, e, t| {
+                let mut want = vec![0.0; c_out * s.t_out(t)];
+                cpu::conv1d(&act_in(x, act), t, &w, Some(&b), &s, &mut want);
+                for extra in e {
+                    cpu::add_assign(&mut want, extra);
+                }
+                if tanh {
+                    want.iter_mut().for_each(|v| *v = v.tanh());
+                }
+                want
+            },
+            // As the single-sentence case: sums in another order.
+            1e-11,
+        );
+    }
+}
+
+fn conv_transpose1d_batched(gpu: &Gpu) {
+    let mut rng = Rng::new(32);
+    let s = ConvTranspose1dShape {
+        c_in: 6,
+        c_out: 9,
+        kernel: 8,
+        stride: 4,
+        pad: 2,
+    };
+    let act = InputAct {
+        scale: 1.0 / 3.0,
+        slope: 0.1,
+    };
+    let w = rng.vec(s.c_in * s.c_out * s.kernel, -0.5, 0.5);
+    let b = rng.vec(s.c_out, -0.5, 0.5);
+    let gw = gpu
+        .upload_f32("w", &speech::pack_conv_transpose1d_weights(&w, &s))
+        .unwrap();
+    let gb = gpu.upload_f32("b", &b).unwrap();
+    batched(
+        gpu,
+        &format!("conv_transpose1d {s:?}"),
+        &mut rng,
+        s.c_in,
+        s.c_out,
+        0,
+        &|st| st.conv_transpose(&s),
+        &|x, _, y, st| speech::conv_transpose1d(gpu, x, &gw, &gb, y, &s, st, act).unwrap(),
+        &|x, _, t| {
+            let mut want = vec![0.0; s.c_out * s.t_out(t)];
+            cpu::conv_transpose1d(&act_in(x, act), t, &w, Some(&b), &s, &mut want);
+            want
+        },
+        // As the single-sentence case.
+        1e-11,
+    );
+}
+
+fn wavenet_gate_batched(gpu: &Gpu) {
+    let mut rng = Rng::new(33);
+    let h = 5;
+    let g = rng.vec(4 * h, -1.0, 1.0);
+    let gg = gpu.upload_f32("g", &g).unwrap();
+    batched(
+        gpu,
+        "wavenet_gate",
+        &mut rng,
+        2 * h,
+        h,
+        0,
+        &|st| st,
+        &|x, _, y, st| speech::wavenet_gate(gpu, x, &gg, y, h, st, 2 * h).unwrap(),
+        &|x, _, t| {
+            let mut want = vec![0.0; h * t];
+            cpu::wavenet_gate(x, Some(&g[2 * h..]), h, t, &mut want);
+            want
+        },
+        // As the single-sentence case.
+        1e-11,
+    );
 }

@@ -1,15 +1,17 @@
 //! The GPU plan for VITS: the normalising flow (per frame) and the HiFi-GAN
 //! generator (per audio sample; together nearly all of the work), after the
-//! prior (`gpu_prior`) and the length regulation. A sentence is one
-//! submission that reads back only its frame count and its audio: the
-//! durations, their sum and the sizes of every later dispatch are computed
-//! on the device (`speech::durations`; the flow's and the decoder's
-//! dispatches are indirect, their buffers made for a bounded number of
-//! frames, the kernels reading the count from the device). The prior's
-//! noise is drawn on the host from the seeded CPU generator for that bound,
-//! of which the kernels use the start, the values the CPU path draws for
-//! the sentence's frames: a seed gives the same noise on both backends. The
-//! sentences of a text are pipelined ([`GpuVoice::speak`]).
+//! prior (`gpu_prior`) and the length regulation. A sentence, or a group of
+//! them whose flow and generator run in the same dispatches (a batch, one
+//! slice of workgroups a sentence), is one submission that reads back only
+//! the frame counts and the audio: the durations, their sums and the sizes
+//! of every later dispatch are computed on the device (`speech::durations`;
+//! the flow's and the decoder's dispatches are indirect, their buffers made
+//! for a bounded number of frames, the kernels reading the counts from the
+//! device). The prior's noise is drawn on the host from the seeded CPU
+//! generator for that bound, of which the kernels use the start, the values
+//! the CPU path draws for the sentence's frames: a seed gives the same noise
+//! on both backends. The groups of a text are pipelined
+//! ([`GpuVoice::speak`]).
 //!
 //! The latent is kept as its two channel halves, the couplings' x0 and x1,
 //! in separate buffers. The flips between couplings are never done: a flip
@@ -154,7 +156,7 @@ impl GpuGenerator {
         let a = gpu.upload_f32("dec.z.0", &z[..half])?;
         let b = gpu.upload_f32("dec.z.1", &z[half..])?;
         let mut work = Vec::new();
-        let out = self.record(&a, &b, Steps::fixed(frames), speaker, &mut work)?;
+        let (out, _) = self.record(&a, &b, Steps::fixed(frames), speaker, &mut work)?;
         gpu.run_all(&work.iter().collect::<Vec<_>>())?;
         let mut audio = gpu.read_f32(&out)?;
         audio.truncate(frames * self.cpu.hop());
@@ -162,7 +164,9 @@ impl GpuGenerator {
     }
 
     /// Records the generator on the latent's halves a, b: [inter / 2,
-    /// frames] each; returns the buffer the audio will be in.
+    /// frames] each (a sentence after another for a batch's steps); returns
+    /// the buffer the audio will be in and how many samples apart its
+    /// sentences start there.
     fn record(
         &self,
         a: &wgpu::Buffer,
@@ -170,7 +174,7 @@ impl GpuGenerator {
         frames: Steps<'_>,
         speaker: Option<&[f32]>,
         work: &mut Vec<Dispatch>,
-    ) -> Result<wgpu::Buffer> {
+    ) -> Result<(wgpu::Buffer, usize)> {
         let gpu = &*self.gpu;
         let g = &self.cpu;
         let mut t = frames;
@@ -181,7 +185,7 @@ impl GpuGenerator {
             }
         }
         let bias = gpu.upload_f32("dec.conv_pre.bias", &bias)?;
-        let bytes = (g.conv_pre.shape.c_out * t.max() * 4) as u64;
+        let bytes = t.bytes(g.conv_pre.shape.c_out);
         let x0 = gpu.scratch("dec.x0", bytes)?;
         let [(w0, s0), (w1, s1)] = &self.conv_pre;
         work.push(speech::conv1d(
@@ -215,8 +219,7 @@ impl GpuGenerator {
         let mut in_scale = 1.0f32;
         for (si, (up, blocks)) in g.ups.iter().zip(&g.resblocks).enumerate() {
             let t_up = t.conv_transpose(&up.shape);
-            let c = up.shape.c_out;
-            let bytes = (c * t_up.max() * 4) as u64;
+            let bytes = t_up.bytes(up.shape.c_out);
             let u = gpu.scratch("dec.up", bytes)?;
             work.push(speech::conv_transpose1d(
                 gpu,
@@ -270,7 +273,7 @@ impl GpuGenerator {
             in_scale = 1.0 / blocks.len() as f32;
             x = sum.unwrap_or(u);
         }
-        let out = gpu.scratch("dec.audio", (t.max() * 4) as u64)?;
+        let out = gpu.scratch("dec.audio", t.bytes(1))?;
         work.push(speech::conv1d(
             gpu,
             &x,
@@ -288,18 +291,19 @@ impl GpuGenerator {
                 ..Default::default()
             },
         )?);
-        Ok(out)
+        Ok((out, t.stride(1)))
     }
 
-    /// Whether the generator's buffers and dispatches take `frames` frames
-    /// on this adapter (its activations grow with the frames times the
-    /// upsampling so far).
-    fn fits(&self, frames: usize) -> bool {
+    /// Whether the generator's buffers and dispatches take `batch`
+    /// sentences of `frames` frames on this adapter (its activations grow
+    /// with the frames times the upsampling so far).
+    fn fits(&self, frames: usize, batch: usize) -> bool {
         let gpu = &*self.gpu;
         let limit = gpu.caps.max_binding.min(gpu.caps.max_buffer);
         let g = &self.cpu;
         let ok = |c: usize, t: usize| {
-            (c * t * 4) as u64 <= limit && t.div_ceil(64) <= speech::MAX_GROUPS
+            (c as u64 * t as u64 * batch as u64 * 4) <= limit
+                && t.div_ceil(64) <= speech::MAX_GROUPS
         };
         let mut t = frames;
         let mut fits = ok(g.conv_pre.shape.c_out, t);
@@ -525,7 +529,7 @@ impl GpuFlow {
         for (ci, c) in self.couplings.iter().enumerate().rev() {
             let hidden = c.hidden;
             let (x0, x1) = if c.odd { (&b, &a) } else { (&a, &b) };
-            let bytes = (hidden * t.max() * 4) as u64;
+            let bytes = t.bytes(hidden);
             let mut h = gpu.scratch("flow.h", bytes)?;
             let conv = |x: &wgpu::Buffer,
                         (w, s): &(GpuConv, Conv1dShape),
@@ -572,7 +576,7 @@ impl GpuFlow {
                 out = Some(out_next);
             }
             let out = out.ok_or_else(|| Error::gpu("a coupling without WaveNet layers"))?;
-            let x1_next = gpu.scratch("flow.z", (self.half * t.max() * 4) as u64)?;
+            let x1_next = gpu.scratch("flow.z", t.bytes(self.half))?;
             work.push(conv(&out, &c.post, &x1_next, Some(x1))?);
             if c.odd {
                 a = x1_next;
@@ -586,8 +590,11 @@ impl GpuFlow {
 
 /// The whole voice on the device: the prior ([`GpuPrior`]: text encoder
 /// and duration predictor), the durations and the length regulation with
-/// the prior's noise, the flow and the generator, one submission a
-/// sentence that reads back the frame count and the audio.
+/// the prior's noise, the flow and the generator, one submission a group of
+/// sentences that reads back their frame counts and audio. The prior runs
+/// a sentence at a time; the flow and the generator run a group's sentences
+/// in the same dispatches (a batch: each sentence a slice of workgroups,
+/// [`speech::Steps`]), so their fixed cost a dispatch is paid once a group.
 pub struct GpuVoice {
     pub prior: GpuPrior,
     pub flow: GpuFlow,
@@ -600,12 +607,24 @@ pub struct GpuVoice {
     min_frames: usize,
     /// Sentences run again because they needed more frames.
     reruns: AtomicUsize,
+    /// The most sentences [`GpuVoice::speak`] puts in one group.
+    batch: usize,
 }
 
-/// How many sentences [`GpuVoice::speak`] keeps on the device queue while
-/// it waits for the first of them: the host records the next one while the
-/// device works (each holds its buffers until it is read).
-const SENTENCES_AHEAD: usize = 2;
+/// How many groups of sentences [`GpuVoice::speak`] keeps on the device
+/// queue while it waits for the first of them: the host records the next
+/// one while the device works (each holds its buffers until it is read).
+const GROUPS_AHEAD: usize = 2;
+
+/// The most sentences [`GpuVoice::speak`] runs in the same dispatches
+/// (after the first, which runs alone so that its audio comes first). A
+/// sentence of the bench paragraph has 300-700 frames: a flow convolution
+/// then has 5-11 x 24 workgroups of 64 invocations, far from filling a
+/// large GPU, and the generator's first stage about as few; four such
+/// sentences together are still under one wave of an H200, and hold 4x
+/// their buffers (~0.5 GB at most) while later sentences wait less than
+/// the audio before them lasts.
+const BATCH: usize = 4;
 
 /// Frames a sentence's buffers are first made for: this many per phoneme id
 /// and unit of length scale, plus one per id (each duration is rounded
@@ -616,14 +635,17 @@ const SENTENCES_AHEAD: usize = 2;
 const FRAMES_PER_ID: f32 = 2.5;
 const MIN_FRAMES: usize = 64;
 
-/// A sentence on the device queue: one submission whose frame count and
-/// audio come back with [`GpuVoice::read`].
-struct QueuedSentence {
+/// A group of sentences on the device queue: one submission whose frame
+/// counts and audio come back with [`GpuVoice::read`].
+struct QueuedGroup {
     out: ops::Queued,
-    /// Frames its buffers hold.
+    /// Frames its buffers hold, a sentence, and how many samples apart
+    /// their audio starts.
     cap: usize,
-    /// Its generator before any of its draws, to run it again.
-    rng: Rng,
+    stride: usize,
+    /// Its sentences' generators before any of their draws, to run one
+    /// again.
+    rngs: Vec<Rng>,
     /// Timestamps at the ends of its stages (adapters that have them).
     timer: Option<PassTimer>,
     /// When its recording started and when it was submitted.
@@ -631,45 +653,65 @@ struct QueuedSentence {
     submitted: Instant,
 }
 
+/// A group's latent z_p on the device once its work runs: the halves (each
+/// sentence's at its place in the batch), each sentence's durations'
+/// running sums, and where in the work the priors end.
+struct GroupPrior {
+    a: wgpu::Buffer,
+    b: wgpu::Buffer,
+    ends: Vec<wgpu::Buffer>,
+    prior_end: usize,
+}
+
 impl GpuVoice {
     pub fn new(gpu: Arc<Gpu>, v: &Vits) -> Result<GpuVoice> {
         let prior = GpuPrior::new(gpu.clone(), v)?;
         let flow = GpuFlow::new(gpu.clone(), v)?;
         let dec = GpuGenerator::new(gpu.clone(), &v.dec)?;
-        // The flow's largest activation (a WaveNet layer's 2 hidden
-        // channels) and the prior's noise, besides the generator's.
-        let limit = gpu.caps.max_binding.min(gpu.caps.max_buffer);
-        let per_frame = flow
-            .couplings
-            .iter()
-            .map(|c| 2 * c.hidden)
-            .chain([v.inter_channels])
-            .max()
-            .unwrap_or(1) as u64
-            * 4;
-        let fits = |f: usize| f as u64 * per_frame <= limit && dec.fits(f);
-        if !fits(1) {
+        let mut voice = GpuVoice {
+            prior,
+            flow,
+            dec,
+            max_frames: 0,
+            frames_per_id: FRAMES_PER_ID,
+            min_frames: MIN_FRAMES,
+            reruns: AtomicUsize::new(0),
+            batch: BATCH,
+        };
+        if !voice.fits(1, 1) {
             return Err(Error::gpu("the adapter's buffers cannot hold one frame"));
         }
         // The largest count that fits: they fit up to it and not after.
         let (mut lo, mut hi) = (1usize, MAX_SENTENCE_FRAMES);
         while lo < hi {
             let mid = (lo + hi).div_ceil(2);
-            if fits(mid) {
+            if voice.fits(mid, 1) {
                 lo = mid;
             } else {
                 hi = mid - 1;
             }
         }
-        Ok(GpuVoice {
-            prior,
-            flow,
-            dec,
-            max_frames: lo,
-            frames_per_id: FRAMES_PER_ID,
-            min_frames: MIN_FRAMES,
-            reruns: AtomicUsize::new(0),
-        })
+        voice.max_frames = lo;
+        Ok(voice)
+    }
+
+    /// Whether `batch` sentences of `frames` frames fit in one submission's
+    /// buffers and dispatches: the flow's largest activation (a WaveNet
+    /// layer's 2 hidden channels) and the prior's noise, and the
+    /// generator's.
+    fn fits(&self, frames: usize, batch: usize) -> bool {
+        let gpu = self.gpu();
+        let limit = gpu.caps.max_binding.min(gpu.caps.max_buffer);
+        let per_frame = self
+            .flow
+            .couplings
+            .iter()
+            .map(|c| 2 * c.hidden)
+            .chain([2 * self.flow.half])
+            .max()
+            .unwrap_or(1) as u64
+            * 4;
+        frames as u64 * batch as u64 * per_frame <= limit && self.dec.fits(frames, batch)
     }
 
     /// Makes a sentence's buffers first for `frames_per_id` frames a phoneme
@@ -679,6 +721,13 @@ impl GpuVoice {
     pub fn with_first_frames(mut self, frames_per_id: f32, min_frames: usize) -> GpuVoice {
         self.frames_per_id = frames_per_id;
         self.min_frames = min_frames.max(1);
+        self
+    }
+
+    /// Runs at most `batch` sentences (at least 1) of a text in the same
+    /// dispatches ([`GpuVoice::speak`]); 1 runs each alone.
+    pub fn with_batch(mut self, batch: usize) -> GpuVoice {
+        self.batch = batch.max(1);
         self
     }
 
@@ -699,97 +748,110 @@ impl GpuVoice {
         guess.max(self.min_frames).min(self.max_frames)
     }
 
-    /// Records a sentence up to the latent z_p (its halves once `work`
-    /// runs) for buffers of `count.cap` frames: the prior with its duration
-    /// noise, the durations and the frame count, and the length regulation
-    /// with the prior's noise, all drawn from `rng` as the CPU draws them
-    /// (the prior's for the cap, of which the kernels read the start).
-    /// Returns the halves, the durations' running sums and where in `work`
-    /// the prior (encoder and duration predictor) ends.
+    /// Records a group of sentences (ids, and each one's generator before
+    /// its draws) up to the latent z_p (its halves once `work` runs) for
+    /// buffers of `count.cap` frames each: each one's prior with its
+    /// duration noise, then each one's durations and frame count, then its
+    /// length regulation with the prior's noise, all drawn from its
+    /// generator as the CPU draws them (the prior's for the cap, of which
+    /// the kernels read the start).
     #[allow(clippy::too_many_arguments)]
     fn record_prior(
         &self,
         v: &Vits,
-        ids: &[i64],
+        sentences: &[(&[i64], Rng)],
         speaker: Option<&SpeakerOffsets>,
         scales: &Scales,
-        rng: &mut Rng,
         count: &FrameCount,
         work: &mut Vec<Dispatch>,
-    ) -> Result<(wgpu::Buffer, wgpu::Buffer, wgpu::Buffer, usize)> {
+    ) -> Result<GroupPrior> {
         let gpu = self.gpu();
-        let t = v.check_ids(ids)?.len();
-        let noise = duration_noise(t, scales, rng);
-        let p = self.prior.record(v, ids, &noise, speaker, work)?;
+        let mut priors = Vec::new();
+        let mut rngs = Vec::new();
+        for (ids, rng) in sentences {
+            let t = v.check_ids(ids)?.len();
+            let mut rng = rng.clone();
+            let noise = duration_noise(t, scales, &mut rng);
+            priors.push((t, self.prior.record(v, ids, &noise, speaker, work)?));
+            rngs.push(rng);
+        }
         let prior_end = work.len();
-        let ends = gpu.scratch("prior.ends", (t * 4) as u64)?;
         let (m, inv) = self.prior.affine();
-        work.push(speech::durations(
-            gpu,
-            &p.z,
-            &ends,
-            count,
-            t,
-            m,
-            inv,
-            scales.length_scale,
-        )?);
+        let mut ends = Vec::new();
+        for (s, (t, p)) in priors.iter().enumerate() {
+            let e = gpu.scratch("prior.ends", (t * 4) as u64)?;
+            work.push(speech::durations(
+                gpu,
+                &p.z,
+                &e,
+                count,
+                s,
+                *t,
+                m,
+                inv,
+                scales.length_scale,
+            )?);
+            ends.push(e);
+        }
         let c = v.inter_channels;
         let half = c / 2;
-        let noise = gpu.upload_f32("prior.noise", &rng.normals(c * count.cap))?;
         let frames = count.steps(1, 0);
-        let mut half_buffer = |ch0: usize| -> Result<wgpu::Buffer> {
-            let y = gpu.scratch("flow.z", (half * count.cap * 4) as u64)?;
-            work.push(speech::expand_prior(
-                gpu,
-                &p.stats,
-                &ends,
-                &noise,
-                &y,
-                c,
-                ch0,
-                half,
-                t,
-                frames,
-                scales.noise_scale,
-            )?);
-            Ok(y)
-        };
-        let a = half_buffer(0)?;
-        let b = half_buffer(half)?;
-        Ok((a, b, ends, prior_end))
+        let a = gpu.scratch("flow.z", frames.bytes(half))?;
+        let b = gpu.scratch("flow.z", frames.bytes(half))?;
+        for (s, ((t, p), rng)) in priors.iter().zip(&mut rngs).enumerate() {
+            let noise = gpu.upload_f32("prior.noise", &rng.normals(c * count.cap))?;
+            for (ch0, y) in [(0, &a), (half, &b)] {
+                work.push(speech::expand_prior(
+                    gpu,
+                    &p.stats,
+                    &ends[s],
+                    &noise,
+                    y,
+                    c,
+                    ch0,
+                    half,
+                    *t,
+                    frames.sentence(s),
+                    scales.noise_scale,
+                )?);
+            }
+        }
+        Ok(GroupPrior {
+            a,
+            b,
+            ends,
+            prior_end,
+        })
     }
 
-    /// Queues a sentence with buffers for `cap` frames, its noise drawn
-    /// from a copy of `rng`: one submission that copies back [frames, total]
-    /// and the audio.
+    /// Queues a group of sentences with buffers for `cap` frames each, each
+    /// one's noise drawn from a copy of its generator: one submission that
+    /// copies back [frames, total] a sentence and their audio.
     fn queue(
         &self,
         v: &Vits,
-        ids: &[i64],
+        sentences: &[(&[i64], Rng)],
         speaker: Option<&SpeakerOffsets>,
         scales: &Scales,
-        rng: &Rng,
         cap: usize,
-    ) -> Result<QueuedSentence> {
+    ) -> Result<QueuedGroup> {
         let started = Instant::now();
         let gpu = self.gpu();
-        let count = FrameCount::new(gpu, cap)?;
+        let n = sentences.len();
+        let count = FrameCount::batch(gpu, cap, n)?;
         let mut work = Vec::new();
-        let mut draws = rng.clone();
-        let (a, b, _, prior_end) =
-            self.record_prior(v, ids, speaker, scales, &mut draws, &count, &mut work)?;
+        let p = self.record_prior(v, sentences, speaker, scales, &count, &mut work)?;
         let regulation_end = work.len();
         let frames = count.steps(1, 0);
-        let (a, b) = self.flow.record(a, b, frames, speaker, &mut work)?;
+        let (a, b) = self.flow.record(p.a, p.b, frames, speaker, &mut work)?;
         let flow_end = work.len();
-        let out = self
-            .dec
-            .record(&a, &b, frames, speaker.map(|s| s.dec.as_slice()), &mut work)?;
+        let (out, stride) =
+            self.dec
+                .record(&a, &b, frames, speaker.map(|s| s.dec.as_slice()), &mut work)?;
         count.finish(gpu);
-        let samples = cap * self.dec.cpu.hop();
+        let samples = n * stride;
         // Timestamps at the stages' ends, where the adapter has them.
-        let marks = [0, prior_end, regulation_end, flow_end, work.len()];
+        let marks = [0, p.prior_end, regulation_end, flow_end, work.len()];
         let timer = if gpu.caps.timestamps {
             Some(PassTimer::new(gpu, marks.len() as u32)?)
         } else {
@@ -797,55 +859,42 @@ impl GpuVoice {
         };
         let out = gpu.queue_and_copy_all(
             &work.iter().collect::<Vec<_>>(),
-            &[(&count.lens, 8), (&out, (samples * 4) as u64)],
+            &[(&count.lens, (8 * n) as u64), (&out, (samples * 4) as u64)],
             timer.as_ref().map(|t| (t, &marks[..])),
         );
-        Ok(QueuedSentence {
+        Ok(QueuedGroup {
             out,
             cap,
-            rng: rng.clone(),
+            stride,
+            rngs: sentences.iter().map(|(_, r)| r.clone()).collect(),
             timer,
             started,
             submitted: Instant::now(),
         })
     }
 
-    /// A queued sentence's audio once the device is done, and where its
-    /// time went. A sentence that needed more frames than its buffers
-    /// hold (the device then ran only its prior) is run again with buffers
-    /// of its size (the same noise, so the same audio), or refused past what
-    /// the adapter takes.
+    /// A queued group's audio, a sentence, once the device is done, and
+    /// where its time went (the group's, shared evenly by its sentences). A
+    /// sentence that needed more frames than its buffers hold (the device
+    /// then ran only its prior) is run again alone with buffers of its size
+    /// (the same noise, so the same audio), or refused past what the
+    /// adapter takes.
     fn read(
         &self,
         v: &Vits,
-        ids: &[i64],
+        sentences: &[&[i64]],
         speaker: Option<&SpeakerOffsets>,
         scales: &Scales,
-        q: QueuedSentence,
-    ) -> Result<(Vec<f32>, StageSeconds)> {
+        q: QueuedGroup,
+    ) -> Result<Vec<(Vec<f32>, StageSeconds)>> {
+        let n = sentences.len();
         let submission = q.out.submission();
         let bytes = self.gpu().read_queued(q.out)?;
-        let words: Vec<u32> = bytemuck::pod_collect_to_vec(&bytes[..8]);
-        let (frames, total) = (words[0] as usize, words[1] as usize);
-        if total > q.cap {
-            if total > self.max_frames {
-                return Err(too_many_frames(
-                    ids.len(),
-                    total as u64,
-                    self.max_frames,
-                    "GPU path (its buffers and dispatches on this adapter)",
-                ));
-            }
-            self.reruns.fetch_add(1, Ordering::Relaxed);
-            let again = self.queue(v, ids, speaker, scales, &q.rng, total)?;
-            return self.read(v, ids, speaker, scales, again);
-        }
-        let samples = frames * self.dec.cpu.hop();
-        let audio = bytemuck::pod_collect_to_vec(&bytes[8..8 + samples * 4]);
+        let lens: Vec<u32> = bytemuck::pod_collect_to_vec(&bytes[..8 * n]);
         let device = match &q.timer {
             Some(timer) => {
                 let ns = timer.read(self.gpu(), 5, submission)?;
-                let s = |i: usize| (ns[i + 1] - ns[i]).max(0.0) * 1e-9;
+                let s = |i: usize| (ns[i + 1] - ns[i]).max(0.0) * 1e-9 / n as f64;
                 Some(DeviceSeconds {
                     prior: s(0),
                     regulation: s(1),
@@ -856,11 +905,34 @@ impl GpuVoice {
             None => None,
         };
         let stages = StageSeconds {
-            prior: (q.submitted - q.started).as_secs_f64(),
+            prior: (q.submitted - q.started).as_secs_f64() / n as f64,
             flow_and_decoder: q.submitted.elapsed().as_secs_f64(),
             device,
         };
-        Ok((audio, stages))
+        let hop = self.dec.cpu.hop();
+        let mut out = Vec::with_capacity(n);
+        for (s, ids) in sentences.iter().enumerate() {
+            let (frames, total) = (lens[2 * s] as usize, lens[2 * s + 1] as usize);
+            if total > q.cap {
+                if total > self.max_frames {
+                    return Err(too_many_frames(
+                        ids.len(),
+                        total as u64,
+                        self.max_frames,
+                        "GPU path (its buffers and dispatches on this adapter)",
+                    ));
+                }
+                self.reruns.fetch_add(1, Ordering::Relaxed);
+                let alone = [(*ids, q.rngs[s].clone())];
+                let again = self.queue(v, &alone, speaker, scales, total)?;
+                out.extend(self.read(v, &[ids], speaker, scales, again)?);
+                continue;
+            }
+            let at = 8 * n + s * q.stride * 4;
+            let audio = bytemuck::pod_collect_to_vec(&bytes[at..at + frames * hop * 4]);
+            out.push((audio, stages));
+        }
+        Ok(out)
     }
 
     /// [`Vits::prior`] on the device: the latent z_p read back, with the
@@ -881,8 +953,8 @@ impl GpuVoice {
         loop {
             let count = FrameCount::new(gpu, cap)?;
             let mut work = Vec::new();
-            let (a, b, ends, _) =
-                self.record_prior(v, ids, speaker, scales, &mut rng.clone(), &count, &mut work)?;
+            let p =
+                self.record_prior(v, &[(ids, rng.clone())], speaker, scales, &count, &mut work)?;
             count.finish(gpu);
             gpu.run_all(&work.iter().collect::<Vec<_>>())?;
             let lens = gpu.read_u32(&count.lens)?;
@@ -899,14 +971,14 @@ impl GpuVoice {
                 cap = total;
                 continue;
             }
-            let ends = gpu.read_u32(&ends)?;
+            let ends = gpu.read_u32(&p.ends[0])?;
             let durations = (0..t)
                 .map(|j| (ends[j] - if j > 0 { ends[j - 1] } else { 0 }) as usize)
                 .collect();
             let n = v.inter_channels / 2 * frames;
-            let mut z = gpu.read_f32(&a)?;
+            let mut z = gpu.read_f32(&p.a)?;
             z.truncate(n);
-            z.extend_from_slice(&gpu.read_f32(&b)?[..n]);
+            z.extend_from_slice(&gpu.read_f32(&p.b)?[..n]);
             return Ok(Latent {
                 z,
                 frames,
@@ -928,16 +1000,26 @@ impl GpuVoice {
         rng: &Rng,
     ) -> Result<(Vec<f32>, StageSeconds)> {
         let t = v.check_ids(ids)?.len();
-        let q = self.queue(v, ids, speaker, scales, rng, self.first_cap(t, scales))?;
-        self.read(v, ids, speaker, scales, q)
+        let q = self.queue(
+            v,
+            &[(ids, rng.clone())],
+            speaker,
+            scales,
+            self.first_cap(t, scales),
+        )?;
+        let mut out = self.read(v, &[ids], speaker, scales, q)?;
+        Ok(out.remove(0))
     }
 
     /// Speaks `sentences` in order, handing each one's audio to `emit` as
     /// soon as it is back, as [`GpuVoice::synthesize`] computes it with a
     /// generator of its own ([`super::sentence_rng`], drawn from `rng` in
-    /// sentence order). The device is kept ahead of the host: the next
-    /// sentences are queued behind the one whose audio is awaited, so the
-    /// host's recording, emitting and waiting overlap the device's work.
+    /// sentence order). The first sentence runs alone; the next ones in
+    /// groups of up to [`GpuVoice::with_batch`]'s count (those whose
+    /// buffers fit together), each group in the same dispatches. The device
+    /// is kept ahead of the host: the next groups are queued behind the one
+    /// whose audio is awaited, so the host's recording, emitting and
+    /// waiting overlap the device's work.
     pub fn speak<T: AsRef<[i64]>>(
         &self,
         v: &Vits,
@@ -948,21 +1030,48 @@ impl GpuVoice {
         emit: &mut dyn FnMut(T, Vec<f32>, StageSeconds) -> Result<()>,
     ) -> Result<()> {
         let mut ahead = VecDeque::new();
+        let mut next = None;
+        let mut started = false;
         loop {
-            while ahead.len() < SENTENCES_AHEAD {
-                let Some(item) = sentences.next() else { break };
-                let item = item?;
-                let own = super::sentence_rng(rng);
-                let ids = item.as_ref();
-                let cap = self.first_cap(ids.len(), scales);
-                let q = self.queue(v, ids, speaker, scales, &own, cap)?;
-                ahead.push_back((item, q));
+            while ahead.len() < GROUPS_AHEAD {
+                let most = if started { self.batch } else { 1 };
+                let mut items: Vec<T> = Vec::new();
+                let mut rngs = Vec::new();
+                let mut cap = 0;
+                while items.len() < most {
+                    let item = match next.take() {
+                        Some(item) => item,
+                        None => match sentences.next() {
+                            Some(item) => item?,
+                            None => break,
+                        },
+                    };
+                    let c = cap.max(self.first_cap(item.as_ref().len(), scales));
+                    if !items.is_empty() && !self.fits(c, items.len() + 1) {
+                        next = Some(item);
+                        break;
+                    }
+                    cap = c;
+                    rngs.push(super::sentence_rng(rng));
+                    items.push(item);
+                }
+                if items.is_empty() {
+                    break;
+                }
+                started = true;
+                let group: Vec<(&[i64], Rng)> =
+                    items.iter().map(|i| i.as_ref()).zip(rngs).collect();
+                let q = self.queue(v, &group, speaker, scales, cap)?;
+                ahead.push_back((items, q));
             }
-            let Some((item, q)) = ahead.pop_front() else {
+            let Some((items, q)) = ahead.pop_front() else {
                 break;
             };
-            let (audio, stages) = self.read(v, item.as_ref(), speaker, scales, q)?;
-            emit(item, audio, stages)?;
+            let ids: Vec<&[i64]> = items.iter().map(|i| i.as_ref()).collect();
+            let out = self.read(v, &ids, speaker, scales, q)?;
+            for (item, (audio, stages)) in items.into_iter().zip(out) {
+                emit(item, audio, stages)?;
+            }
         }
         Ok(())
     }
