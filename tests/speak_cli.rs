@@ -467,7 +467,9 @@ fn the_gpu_repeats_itself_and_says_what_the_cpu_says() {
             "carol",
             "--no-normalize",
             "--output-raw",
-            "Hello there. How are you?",
+            // The first sentence alone, the next three in one group on the
+            // GPU (the same dispatches, the speaker's offsets in each).
+            "Hello there. How are you? I am fine, thanks. Goodbye now.",
         ]);
         assert!(o.status.success(), "{device}: {}", stderr(&o));
         o.stdout
