@@ -755,6 +755,13 @@ fn batched(
                         crate::util::log::notice(&format!("{backend}: B = {b} is more than the {} sequences this backend runs at once; skipped", loaded.model.max_sequences()));
                         continue;
                     }
+                    // One unmeasured run first (other prompts), as llama-batched-bench
+                    // warms up: a batch size's first batched steps build its
+                    // pipelines. A batch of one runs on the single-sequence path and
+                    // is measured unwarmed (BENCHMARKS.md, twenty-second session).
+                    if b > 1 {
+                        bench::batched_decode(loaded.model.as_mut(), pp, tg.min(2), b, !args.seed)?;
+                    }
                     let r = bench::batched_decode(loaded.model.as_mut(), pp, tg, b, args.seed)?;
                     // --profile: a run apart, so the timestamps cost the row nothing.
                     if let Some(steps) = args.profile {
