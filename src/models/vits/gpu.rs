@@ -614,6 +614,9 @@ pub struct GpuVoice {
 /// How many groups of sentences [`GpuVoice::speak`] keeps on the device
 /// queue while it waits for the first of them: the host records the next
 /// one while the device works (each holds its buffers until it is read).
+/// The first sentence is read before anything is queued behind it: its
+/// audio is what a listener waits for, and recording a group takes the host
+/// longer than the sentence takes the device.
 const GROUPS_AHEAD: usize = 2;
 
 /// The most sentences [`GpuVoice::speak`] runs in the same dispatches
@@ -1032,8 +1035,10 @@ impl GpuVoice {
         let mut ahead = VecDeque::new();
         let mut next = None;
         let mut started = false;
+        let mut emitted = false;
         loop {
-            while ahead.len() < GROUPS_AHEAD {
+            let depth = if emitted { GROUPS_AHEAD } else { 1 };
+            while ahead.len() < depth {
                 let most = if started { self.batch } else { 1 };
                 let mut items: Vec<T> = Vec::new();
                 let mut rngs = Vec::new();
@@ -1072,6 +1077,7 @@ impl GpuVoice {
             for (item, (audio, stages)) in items.into_iter().zip(out) {
                 emit(item, audio, stages)?;
             }
+            emitted = true;
         }
         Ok(())
     }
