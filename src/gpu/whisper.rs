@@ -172,7 +172,7 @@ pub fn attention_tiled_split(
     splits: usize,
 ) -> Result<[Dispatch; 2]> {
     assert!(
-        splits >= 1 && rows >= 1 && rows <= 65535,
+        splits >= 1 && (1..=65535).contains(&rows),
         "attention_tiled_split: {splits} splits, {rows} rows"
     );
     let main = bind_tiled(
