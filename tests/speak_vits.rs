@@ -379,6 +379,31 @@ fn same_bits(a: &[f32], b: &[f32]) -> bool {
     a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits())
 }
 
+/// What `gv.speak` emits for `sentences`, the text's generator seeded with
+/// `seed`: each sentence with its audio, in the order they came out.
+fn speak_all(
+    gv: &lfm::models::vits::GpuVoice,
+    v: &Vits,
+    sentences: &[Vec<i64>],
+    scales: &Scales,
+    seed: u64,
+) -> Vec<(Vec<i64>, Vec<f32>)> {
+    let mut out = Vec::new();
+    gv.speak(
+        v,
+        &mut sentences.iter().cloned().map(Ok),
+        None,
+        scales,
+        &mut Rng::new(seed),
+        &mut |s, audio, _| {
+            out.push((s, audio));
+            Ok(())
+        },
+    )
+    .unwrap();
+    out
+}
+
 /// A text's sentences pipelined on the GPU (the priors of the next ones
 /// queued behind this one's audio) give, bit for bit, what each sentence
 /// gives alone with its own generator, in order.
@@ -398,19 +423,7 @@ fn gpu_pipelined_sentences_match_each_sentence_alone() {
         .map(|&n| ids[..n.min(ids.len())].to_vec())
         .collect();
     let gv = lfm::models::vits::GpuVoice::new(gpu, &v).unwrap();
-    let mut got = Vec::new();
-    gv.speak(
-        &v,
-        &mut sentences.iter().cloned().map(Ok),
-        None,
-        &scales,
-        &mut Rng::new(3),
-        &mut |s, audio, _| {
-            got.push((s, audio));
-            Ok(())
-        },
-    )
-    .unwrap();
+    let got = speak_all(&gv, &v, &sentences, &scales, 3);
     let mut rng = Rng::new(3);
     assert_eq!(got.len(), sentences.len());
     for (i, (s, (ids, audio))) in sentences.iter().zip(got).enumerate() {
@@ -459,25 +472,10 @@ fn gpu_sentences_past_their_first_buffers_are_run_again_with_the_same_audio() {
         .iter()
         .map(|&n| ids[..n].to_vec())
         .collect();
-    let speak = |gv: &lfm::models::vits::GpuVoice| {
-        let mut out = Vec::new();
-        gv.speak(
-            &v,
-            &mut sentences.iter().cloned().map(Ok),
-            None,
-            &scales,
-            &mut Rng::new(8),
-            &mut |_, audio, _| {
-                out.push(audio);
-                Ok(())
-            },
-        )
-        .unwrap();
-        out
-    };
-    let (a, b) = (speak(&roomy), speak(&tight));
+    let a = speak_all(&roomy, &v, &sentences, &scales, 8);
+    let b = speak_all(&tight, &v, &sentences, &scales, 8);
     assert_eq!(tight.reruns(), 1 + sentences.len());
-    for (i, (a, b)) in a.iter().zip(&b).enumerate() {
+    for (i, ((_, a), (_, b))) in a.iter().zip(&b).enumerate() {
         assert!(same_bits(a, b), "sentence {i}: the rerun audio differs");
     }
 
@@ -546,23 +544,10 @@ fn gpu_batched_sentences_with_one_past_the_buffers_match_each_sentence_alone() {
             .unwrap()
             .with_first_frames(0.0, most_short)
             .with_batch(batch);
-        let mut got = Vec::new();
-        tight
-            .speak(
-                &v,
-                &mut sentences.iter().cloned().map(Ok),
-                None,
-                &scales,
-                &mut Rng::new(11),
-                &mut |_, audio, _| {
-                    got.push(audio);
-                    Ok(())
-                },
-            )
-            .unwrap();
+        let got = speak_all(&tight, &v, &sentences, &scales, 11);
         assert_eq!(tight.reruns(), 1, "batch {batch}: only the long sentence");
         assert_eq!(got.len(), sentences.len());
-        for (i, (a, b)) in got.iter().zip(&alone).enumerate() {
+        for (i, ((_, a), b)) in got.iter().zip(&alone).enumerate() {
             assert!(
                 same_bits(a, b),
                 "batch {batch}, sentence {i}: differs from the sentence alone"

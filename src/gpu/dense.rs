@@ -56,7 +56,7 @@ const _: () = assert!(std::mem::size_of::<MatmulParams>() == 32);
 kernel!(
     MATMUL,
     "matmul",
-    ["erf.wgsl", "matmul.wgsl"],
+    ["erf.wgsl", "matmul_common.wgsl", "matmul.wgsl"],
     [
         Binding::read("x"),
         Binding::read("w"),
@@ -71,7 +71,7 @@ kernel!(
 kernel!(
     MATMUL_THIN,
     "matmul_thin",
-    ["erf.wgsl", "matmul_thin.wgsl"],
+    ["erf.wgsl", "matmul_common.wgsl", "matmul_thin.wgsl"],
     [
         Binding::read("x"),
         Binding::read("w"),

@@ -470,9 +470,7 @@ impl Whisper {
             decoder,
         })
     }
-}
 
-impl Whisper {
     /// Makes the CPU decoder compute in `ct` (quantising its weights for
     /// int8, at once, so a transcription's time does not include it).
     /// The GPU backends read the f32 weights and ignore it.
