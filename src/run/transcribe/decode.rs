@@ -245,7 +245,7 @@ impl<'a> WindowDecoder<'a> {
                         Picks::Top(p) => &p[base..base + n_group],
                         Picks::Logits(_) => unreachable!("beam search reads picks"),
                     };
-                    self.beam_step(win, top, max_candidates)
+                    beam_step(win, top, max_candidates, eot)
                 } else {
                     for (j, cand) in win.live.iter_mut().enumerate() {
                         if cand.tokens.last() == Some(&eot) {
@@ -375,58 +375,60 @@ impl<'a> WindowDecoder<'a> {
             temperature: st.temperature,
         }
     }
+}
 
-    /// One step of openai-whisper's beam search for one window: extends
-    /// each beam by its `beam_size + 1` best tokens (`top`, one per beam),
-    /// keeps the best `beam_size` unfinished sequences, and collects
-    /// finished ones. Returns whether enough have finished, and the beam
-    /// each kept sequence extends (the decoder state to carry over).
-    fn beam_step(
-        &self,
-        win: &mut Window,
-        top: &[Picked],
-        max_candidates: usize,
-    ) -> (bool, Vec<usize>) {
-        let eot = self.tokenizer.specials.eot;
-        let n_beams = win.live.len();
-        // Candidates in insertion order, deduplicated as a Python dict would.
-        let mut scored: Vec<(Candidate, usize)> = Vec::new();
-        for (j, (beam, picked)) in win.live.iter().zip(top).enumerate() {
-            for (&t, &lp) in picked.tokens.iter().zip(&picked.logprobs).take(n_beams + 1) {
-                let mut cand = beam.clone();
-                cand.sum += lp;
-                cand.tokens.push(t);
-                cand.logprobs.push(lp);
-                match scored.iter_mut().find(|(c, _)| c.tokens == cand.tokens) {
-                    Some(slot) => *slot = (cand, j),
-                    None => scored.push((cand, j)),
-                }
+/// One step of CTranslate2's beam search (what faster-whisper runs) for
+/// one window: of all extensions of the beams, ranked by their summed
+/// log probabilities, those ending in end of text among the best
+/// `beam_size` finish, and the best `beam_size` that do not end go on.
+/// Each beam's `beam_size + 1` best tokens (`top`, one per beam) hold
+/// every extension either rule can take. Returns whether enough have
+/// finished, and the beam each kept sequence extends (the decoder state
+/// to carry over).
+///
+/// openai-whisper differs in which finish: every end of text ranked
+/// above the last kept beam, up to `max_candidates`. Finishing more,
+/// sooner, it can stop before a longer, better scoring sequence ends.
+fn beam_step(
+    win: &mut Window,
+    top: &[Picked],
+    max_candidates: usize,
+    eot: u32,
+) -> (bool, Vec<usize>) {
+    let n_beams = win.live.len();
+    // Candidates in insertion order; identical beams (the first step's)
+    // give each extension once.
+    let mut scored: Vec<(Candidate, usize)> = Vec::new();
+    for (j, (beam, picked)) in win.live.iter().zip(top).enumerate() {
+        for (&t, &lp) in picked.tokens.iter().zip(&picked.logprobs).take(n_beams + 1) {
+            let mut cand = beam.clone();
+            cand.sum += lp;
+            cand.tokens.push(t);
+            cand.logprobs.push(lp);
+            match scored.iter_mut().find(|(c, _)| c.tokens == cand.tokens) {
+                Some(slot) => *slot = (cand, j),
+                None => scored.push((cand, j)),
             }
         }
-        scored.sort_by(|a, b| b.0.sum.total_cmp(&a.0.sum));
-        let mut next = Vec::with_capacity(n_beams);
-        let mut sources = Vec::with_capacity(n_beams);
-        let mut newly_finished = Vec::new();
-        for (cand, src) in scored {
-            if cand.tokens.last() == Some(&eot) {
-                newly_finished.push(cand);
-            } else {
-                next.push(cand);
-                sources.push(src);
-                if next.len() == n_beams {
-                    break;
-                }
+    }
+    scored.sort_by(|a, b| b.0.sum.total_cmp(&a.0.sum));
+    let mut next = Vec::with_capacity(n_beams);
+    let mut sources = Vec::with_capacity(n_beams);
+    for (rank, (cand, src)) in scored.into_iter().enumerate() {
+        if cand.tokens.last() == Some(&eot) {
+            if rank < n_beams {
+                win.finished.push(cand);
             }
-        }
-        for cand in newly_finished {
-            if win.finished.len() >= max_candidates {
+        } else {
+            next.push(cand);
+            sources.push(src);
+            if next.len() == n_beams {
                 break;
             }
-            win.finished.push(cand);
         }
-        win.live = next;
-        (win.finished.len() >= max_candidates, sources)
     }
+    win.live = next;
+    (win.finished.len() >= max_candidates, sources)
 }
 
 /// What a pass reads back: logits to sample from, or the k best tokens of
@@ -460,6 +462,63 @@ fn sample(logits: &[f32], temperature: f32, rng: &mut Rng) -> usize {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn beam(tokens: &[u32], sum: f32) -> Candidate {
+        Candidate {
+            tokens: tokens.to_vec(),
+            logprobs: vec![0.0; tokens.len()],
+            sum,
+        }
+    }
+
+    fn picked(tokens: &[u32], logprobs: &[f32]) -> Picked {
+        Picked {
+            probe: f32::NEG_INFINITY,
+            tokens: tokens.to_vec(),
+            logprobs: logprobs.to_vec(),
+        }
+    }
+
+    const EOT: u32 = 99;
+
+    #[test]
+    fn beams_finish_only_among_the_best_beam_size_extensions() {
+        // Ranked: a.10 (-0.1), a.EOT (-0.2), b.EOT (-0.25), b.12 (-0.3).
+        let mut win = Window {
+            live: vec![beam(&[1], 0.0), beam(&[2], -0.1)],
+            finished: Vec::new(),
+        };
+        let top = [
+            picked(&[10, EOT, 11], &[-0.1, -0.2, -5.0]),
+            picked(&[EOT, 12, 13], &[-0.15, -0.2, -6.0]),
+        ];
+        let (done, sources) = beam_step(&mut win, &top, 2, EOT);
+        // b.EOT ranks third of two beams: it does not finish (openai-whisper's
+        // rule would take it, being above the last kept beam).
+        assert_eq!(win.finished.len(), 1);
+        assert_eq!(win.finished[0].tokens, [1, EOT]);
+        assert!(!done);
+        let live: Vec<_> = win.live.iter().map(|c| c.tokens.clone()).collect();
+        assert_eq!(live, [vec![1, 10], vec![2, 12]]);
+        assert_eq!(sources, [0, 1]);
+    }
+
+    #[test]
+    fn every_end_among_the_best_finishes_past_max_candidates() {
+        let mut win = Window {
+            live: vec![beam(&[1], 0.0), beam(&[2], -0.05)],
+            finished: Vec::new(),
+        };
+        let top = [
+            picked(&[EOT, 10, 11], &[-0.1, -0.5, -5.0]),
+            picked(&[EOT, 12, 13], &[-0.1, -0.6, -6.0]),
+        ];
+        let (done, _) = beam_step(&mut win, &top, 1, EOT);
+        assert!(done);
+        assert_eq!(win.finished.len(), 2, "both ends rank within the beam size");
+        let live: Vec<_> = win.live.iter().map(|c| c.tokens.clone()).collect();
+        assert_eq!(live, [vec![1, 10], vec![2, 12]]);
+    }
 
     #[test]
     fn compression_ratio_flags_repetition() {
