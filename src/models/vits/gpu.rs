@@ -591,10 +591,11 @@ impl GpuFlow {
 /// The whole voice on the device: the prior ([`GpuPrior`]: text encoder
 /// and duration predictor), the durations and the length regulation with
 /// the prior's noise, the flow and the generator, one submission a group of
-/// sentences that reads back their frame counts and audio. The prior runs
-/// a sentence at a time; the flow and the generator run a group's sentences
-/// in the same dispatches (a batch: each sentence a slice of workgroups,
-/// [`speech::Steps`]), so their fixed cost a dispatch is paid once a group.
+/// sentences that reads back their frame counts and audio. The prior, the
+/// flow and the generator run a group's sentences in the same dispatches (a
+/// batch: each sentence a slice of workgroups, [`speech::Steps`]), so their
+/// fixed cost a dispatch is paid once a group; the durations and the length
+/// regulation run a sentence at a time.
 pub struct GpuVoice {
     pub prior: GpuPrior,
     pub flow: GpuFlow,
@@ -753,11 +754,11 @@ impl GpuVoice {
 
     /// Records a group of sentences (ids, and each one's generator before
     /// its draws) up to the latent z_p (its halves once `work` runs) for
-    /// buffers of `count.cap` frames each: each one's prior with its
-    /// duration noise, then each one's durations and frame count, then its
-    /// length regulation with the prior's noise, all drawn from its
-    /// generator as the CPU draws them (the prior's for the cap, of which
-    /// the kernels read the start).
+    /// buffers of `count.cap` frames each: their priors in the same
+    /// dispatches, each with its duration noise, then each one's durations
+    /// and frame count, then its length regulation with the prior's noise,
+    /// all drawn from its generator as the CPU draws them (the prior's for
+    /// the cap, of which the kernels read the start).
     #[allow(clippy::too_many_arguments)]
     fn record_prior(
         &self,
@@ -769,23 +770,28 @@ impl GpuVoice {
         work: &mut Vec<Dispatch>,
     ) -> Result<GroupPrior> {
         let gpu = self.gpu();
-        let mut priors = Vec::new();
+        let mut noises = Vec::new();
         let mut rngs = Vec::new();
         for (ids, rng) in sentences {
             let t = v.check_ids(ids)?.len();
             let mut rng = rng.clone();
-            let noise = duration_noise(t, scales, &mut rng);
-            priors.push((t, self.prior.record(v, ids, &noise, speaker, work)?));
+            noises.push(duration_noise(t, scales, &mut rng));
             rngs.push(rng);
         }
+        let inputs: Vec<(&[i64], &[f32])> = sentences
+            .iter()
+            .zip(&noises)
+            .map(|((ids, _), n)| (*ids, n.as_slice()))
+            .collect();
+        let p = self.prior.record(v, &inputs, speaker, work)?;
         let prior_end = work.len();
         let (m, inv) = self.prior.affine();
         let mut ends = Vec::new();
-        for (s, (t, p)) in priors.iter().enumerate() {
+        for (s, t) in p.ts.iter().enumerate() {
             let e = gpu.scratch("prior.ends", (t * 4) as u64)?;
             work.push(speech::durations(
                 gpu,
-                &p.z,
+                p.z(s),
                 &e,
                 count,
                 s,
@@ -801,12 +807,12 @@ impl GpuVoice {
         let frames = count.steps(1, 0);
         let a = gpu.scratch("flow.z", frames.bytes(half))?;
         let b = gpu.scratch("flow.z", frames.bytes(half))?;
-        for (s, ((t, p), rng)) in priors.iter().zip(&mut rngs).enumerate() {
+        for (s, (t, rng)) in p.ts.iter().zip(&mut rngs).enumerate() {
             let noise = gpu.upload_f32("prior.noise", &rng.normals(c * count.cap))?;
             for (ch0, y) in [(0, &a), (half, &b)] {
                 work.push(speech::expand_prior(
                     gpu,
-                    &p.stats,
+                    p.stats(s),
                     &ends[s],
                     &noise,
                     y,
@@ -1042,7 +1048,7 @@ impl GpuVoice {
                 let most = if started { self.batch } else { 1 };
                 let mut items: Vec<T> = Vec::new();
                 let mut rngs = Vec::new();
-                let mut cap = 0;
+                let (mut cap, mut ids) = (0, 0);
                 while items.len() < most {
                     let item = match next.take() {
                         Some(item) => item,
@@ -1052,11 +1058,14 @@ impl GpuVoice {
                         },
                     };
                     let c = cap.max(self.first_cap(item.as_ref().len(), scales));
-                    if !items.is_empty() && !self.fits(c, items.len() + 1) {
+                    let t = ids.max(item.as_ref().len());
+                    if !items.is_empty()
+                        && !(self.fits(c, items.len() + 1) && self.prior.fits(t, items.len() + 1))
+                    {
                         next = Some(item);
                         break;
                     }
-                    cap = c;
+                    (cap, ids) = (c, t);
                     rngs.push(super::sentence_rng(rng));
                     items.push(item);
                 }
