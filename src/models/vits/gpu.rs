@@ -1159,9 +1159,8 @@ impl GpuVoice {
             };
             let c = cap.max(self.first_cap(item.as_ref().len(), scales));
             let t = ids.max(item.as_ref().len());
-            if !items.is_empty()
-                && !(self.fits(c, items.len() + 1) && self.prior.fits(t, items.len() + 1))
-            {
+            let n = items.len() + 1;
+            if n > 1 && !(self.fits(c, n) && self.prior.fits(t, n)) {
                 *next = Some(item);
                 break;
             }
