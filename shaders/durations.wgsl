@@ -12,6 +12,7 @@
 // (ceil(n / per), rows, z) when rows > 0, else ceil(n / per) workgroups up to 65535
 // along x, then rows of 65535 (gpu::speech::groups_wide), z along z. Twins: cpu::durations,
 // cpu::frame_ends, gpu::speech::Geometry::groups.
+// z is read from z_off on (a batch's buffer).
 // bindings: 0 params, 1 z: [t], 2 geometry: [2 geometries] vec4<u32> ((mul, add as i32
 //           bits, per, rows), (z, 0, 0, 0)), 3 ends: [t] u32, 4 lens: [2 sentences] u32,
 //           5 args: [3 geometries] u32
@@ -19,7 +20,7 @@
 
 struct Params {
     t: u32, cap: u32, geometries: u32, sentence: u32,
-    m: f32, inv: f32, length_scale: f32, _p1: u32,
+    m: f32, inv: f32, length_scale: f32, z_off: u32,
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
@@ -57,7 +58,7 @@ fn items(frames: u32, geo: vec4<u32>) -> u32 {
 }
 
 fn duration(j: u32) -> u32 {
-    let logw = (z[j] - p.m) * p.inv;
+    let logw = (z[p.z_off + j] - p.m) * p.inv;
     let w = ceil(exp(logw) * p.length_scale);
     // NaN fails the first test, infinity the second.
     if (!(w > 0.0) || w > 3.4028235e38) {

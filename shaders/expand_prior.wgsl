@@ -5,7 +5,8 @@
 // frames (ends[t - 1] = 0) give a prior of mean 0 and log-std 0 (the one frame VITS
 // decodes then). frames = lens[2 s] * f_mul + f_add (1, 0: sentence s's frame count
 // written on the device; 0, n: n fixed when recorded), s = first (one sentence of a batch,
-// whose y starts at s * y_stride; the dispatch is sized for the batch's longest).
+// whose y starts at s * y_stride and stats at stats_off; the dispatch is sized for the
+// batch's longest).
 // bindings: 0 params, 1 stats: [2 channels, t] (m, then logs), 2 ends: [t] u32,
 //           3 noise: [channels, frames] (a longer buffer's prefix), 4 lens: [frames,
 //           total] u32 a sentence,
@@ -16,7 +17,7 @@
 struct Params {
     c: u32, f_mul: u32, f_add: i32, t: u32,
     ch0: u32, channels: u32, noise_scale: f32, first: u32,
-    y_stride: u32, _p0: u32, _p1: u32, _p2: u32,
+    y_stride: u32, stats_off: u32, _p1: u32, _p2: u32,
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
@@ -51,8 +52,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
                 lo = mid + 1u;
             }
         }
-        m = stats[ch * p.t + lo];
-        logs = stats[(p.channels + ch) * p.t + lo];
+        m = stats[p.stats_off + ch * p.t + lo];
+        logs = stats[p.stats_off + (p.channels + ch) * p.t + lo];
     }
     y[p.first * p.y_stride + i] = m + noise[ch * frames + f] * exp(logs) * p.noise_scale;
 }

@@ -5,19 +5,30 @@
 // + sum_{|r| <= w} p_{i+r} rel_v[r + w].
 // bindings: 0 params, 1 qkv: [3 c, t] (q channels 0..c, k c..2c, v 2c..3c; head h is
 //           channels h dk .. (h + 1) dk of each), 2 rel_k: [2w + 1, dk], 3 rel_v: [2w + 1, dk],
-//           4 scores: [heads, t, t] scratch (scores, then exp(s - max)), 5 y: [c, t]
-// dispatch: (t, heads, 1) workgroups of WG: the threads split the keys (scores, max,
+// The length is t = frames * t_mul + t_add with frames = lens[2 s] (t_mul = 0: t fixed when
+// recorded); workgroup z runs sentence s = first + z of a batch, each buffer's at s times its
+// stride (what lies past a sentence's t is never read or written; a sentence of 0 frames runs
+// nothing).
+//           4 scores: [heads, t, t] scratch (scores, then exp(s - max)), 5 lens: [frames,
+//           total] u32 a sentence, 6 y: [c, t]
+// dispatch: (t, heads, sentences) workgroups of WG, direct or indirect (sized for the
+// longest; queries past a sentence's t return): the threads split the keys (scores, max,
 // sum), then the head's dk channels (the weighted sums), so no thread loops over
 // more than ceil(t / WG) * 2 dk or ceil(dk / WG) * (t + 2w + 1) steps.
 
-struct Params { t: u32, dk: u32, heads: u32, window: u32, scale: f32, _p0: u32, _p1: u32, _p2: u32 }
+struct Params {
+    t_mul: u32, t_add: i32, dk: u32, heads: u32,
+    window: u32, scale: f32, first: u32, x_stride: u32,
+    scores_stride: u32, y_stride: u32, _p0: u32, _p1: u32,
+}
 
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read> qkv: array<f32>;
 @group(0) @binding(2) var<storage, read> rel_k: array<f32>;
 @group(0) @binding(3) var<storage, read> rel_v: array<f32>;
 @group(0) @binding(4) var<storage, read_write> scores: array<f32>;
-@group(0) @binding(5) var<storage, read_write> y: array<f32>;
+@group(0) @binding(5) var<storage, read> lens: array<u32>;
+@group(0) @binding(6) var<storage, read_write> y: array<f32>;
 
 const WG: u32 = 64u;
 
@@ -48,15 +59,22 @@ fn reduce(v: f32, lid: u32, is_max: bool) -> f32 {
 
 @compute @workgroup_size(WG)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+    let sn = p.first + wid.z;
+    let frames = lens[2u * sn];
+    let t = u32(i32(frames * p.t_mul) + p.t_add);
     let i = wid.x;
+    // Uniform per workgroup: the barriers below stay in uniform control flow.
+    if ((p.t_mul != 0u && frames == 0u) || i >= t) {
+        return;
+    }
     let h = wid.y;
-    let t = p.t;
     let dk = p.dk;
     let c = p.heads * dk;
-    let q0 = h * dk * t + i;
-    let k0 = (c + h * dk) * t;
-    let v0 = (2u * c + h * dk) * t;
-    let row = (h * t + i) * t;
+    let xb = sn * p.x_stride;
+    let q0 = xb + h * dk * t + i;
+    let k0 = xb + (c + h * dk) * t;
+    let v0 = xb + (2u * c + h * dk) * t;
+    let row = sn * p.scores_stride + (h * t + i) * t;
     let w = i32(p.window);
     // The scaled query, once for the workgroup.
     for (var d = lid; d < dk; d += WG) {
@@ -106,6 +124,6 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
                 o += (scores[row + u32(j)] * inv) * rel_v[u32(r + w) * dk + d];
             }
         }
-        y[(h * dk + d) * t + i] = o;
+        y[sn * p.y_stride + (h * dk + d) * t + i] = o;
     }
 }

@@ -5,9 +5,11 @@
 #                          llm_gpu_check example and those in EXAMPLES (none by
 #                          default; unpack.sh puts them in target/release), the
 #                          test binaries in TESTS
-#                          (default gpu_parity, llm_gpu, llm_gpu_batch, speak_vits);
+#                          (default gpu_parity, llm_gpu, llm_gpu_batch, speak_vits),
+#                          and B_LFM (a second lfm binary to compare with, e.g.
+#                          main's, carried as lfm-b);
 #                          scripts/device/unpack.sh makes target/release/<tool>
-#                          wrappers around lfm
+#                          wrappers around lfm (and speak-b around lfm-b)
 #   .dev/small.tar         the layout model, the mel filters, the LibriVox clips
 #   .dev/<model>.NN        CHUNK-sized (default 34 MiB: the tree itself, ~27 MB,
 #                          travels in the same call) chunks of each model in MODELS
@@ -21,6 +23,9 @@ D=.dev
 rm -rf "$D/stage" && mkdir -p "$D/stage/bin"
 strip -o "$D/stage/bin/lfm" "$T/lfm"
 strip -o "$D/stage/bin/llm_gpu_check" "$T/examples/llm_gpu_check"
+if [[ -n ${B_LFM:-} ]]; then
+    strip -o "$D/stage/bin/lfm-b" "$B_LFM"
+fi
 for e in ${EXAMPLES:-}; do
     strip -o "$D/stage/bin/$e" "$T/examples/$e"
 done

@@ -10,8 +10,9 @@
 # dispatches could save.
 #
 # Needs: python3; A and B, each a `speak` binary or a wrapper around `lfm speak`
-# (scripts/device/unpack.sh makes target/release/speak for the carried lfm);
-# samples/models/piper-joe/.
+# (scripts/device/unpack.sh makes target/release/speak for the carried lfm, and
+# target/release/speak-b for pack.sh's B_LFM); samples/models/piper-joe/.
+# Also says whether A and B wrote the same WAV bytes (the last run of each layout).
 #
 # Usage: A=path/to/speak B=path/to/old-speak OUT=/tmp/ab scripts/device/speak_ab.sh
 #   REPS=3 (pairs), SENTENCES=6 (the first N of the paragraph), PIECE=24 (ids per
@@ -139,6 +140,11 @@ if PIECE > 0:
             f"the paragraph's sentences ({n1} timed, {t1 / n1 * 1e3:.1f} ms each) spend "
             f"{100 * fixed * n1 / t1:.0f}% of their time on the fixed cost"
         )
+lines += [""]
+for lay, pieces in layouts.items():
+    a, b = (OUT / f"{arm}-{len(pieces)}.wav" for arm in arms)
+    same = a.read_bytes() == b.read_bytes()
+    lines.append(f"- {lay}: A and B wrote {'the same' if same else 'DIFFERENT'} WAV bytes")
 (OUT / "speak-ab.json").write_text(json.dumps({f"{a}|{l}": r for (a, l), r in runs.items()}, indent=1) + "\n")
 (OUT / "speak-ab.md").write_text("\n".join(lines) + "\n")
 print("\n".join(lines))

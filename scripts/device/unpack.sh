@@ -37,6 +37,11 @@ if [[ -d $S/bin ]]; then
         printf '#!/bin/sh\nexec "$(dirname "$0")/lfm" %s "$@"\n' "$tool" >"target/release/$tool"
         chmod +x "target/release/$tool"
     done
+    # pack.sh's B_LFM: the build to compare with (scripts/device/speak_ab.sh's B).
+    if [[ -f target/release/lfm-b ]]; then
+        printf '#!/bin/sh\nexec "$(dirname "$0")/lfm-b" speak "$@"\n' >target/release/speak-b
+        chmod +x target/release/speak-b
+    fi
 fi
 [[ -f .dev/small.tar ]] && tar xf .dev/small.tar -C "$S"
 for m in layout-cdla whisper-mel; do

@@ -58,6 +58,17 @@ impl Gpu {
         outs: &[(&wgpu::Buffer, u64)],
         stamps: Option<(&super::profile::PassTimer, &[usize])>,
     ) -> Queued {
+        self.submit_recorded(self.record_and_copy_all(work, outs, stamps))
+    }
+
+    /// [`Gpu::queue_and_copy_all`]'s command buffer, recorded (on any
+    /// thread) but not submitted: [`Gpu::submit_recorded`] submits it.
+    pub fn record_and_copy_all(
+        &self,
+        work: &[&Dispatch],
+        outs: &[(&wgpu::Buffer, u64)],
+        stamps: Option<(&super::profile::PassTimer, &[usize])>,
+    ) -> Recorded {
         let mut enc = self.device.create_command_encoder(&Default::default());
         {
             let mut pass = enc.begin_compute_pass(&Default::default());
@@ -85,10 +96,19 @@ impl Gpu {
             enc.copy_buffer_to_buffer(out, 0, &staging, at, size);
             at += size;
         }
-        let done = self.queue.submit([enc.finish()]);
-        Queued {
+        Recorded {
+            commands: enc.finish(),
             staging,
             bytes,
+        }
+    }
+
+    /// Submits what [`Gpu::record_and_copy_all`] recorded.
+    pub fn submit_recorded(&self, r: Recorded) -> Queued {
+        let done = self.queue.submit([r.commands]);
+        Queued {
+            staging: r.staging,
+            bytes: r.bytes,
             done,
         }
     }
@@ -106,6 +126,13 @@ impl Gpu {
             Variant::default()
         }
     }
+}
+
+/// A submission recorded, not yet submitted.
+pub struct Recorded {
+    commands: wgpu::CommandBuffer,
+    staging: wgpu::Buffer,
+    bytes: u64,
 }
 
 /// A submission in flight whose result the host reads back later.

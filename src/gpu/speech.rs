@@ -20,7 +20,7 @@
 
 use super::context::Bound;
 use super::kernels::{Binding, Kernel, Variant};
-use super::ops::{groups_1d, Dispatch};
+use super::ops::Dispatch;
 use super::Gpu;
 use crate::cpu::{self, Conv1dShape, ConvTranspose1dShape};
 use crate::error::{Error, Result};
@@ -688,11 +688,17 @@ pub fn wavenet_gate(
 #[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
 struct LayerNormChannelsParams {
     c: u32,
-    t: u32,
-    eps: f32,
+    t_mul: u32,
+    t_add: i32,
     flags: u32,
+    eps: f32,
+    /// The first sentence (workgroup z = 0) and where each sentence's x,
+    /// res and y start, in elements apart.
+    first: u32,
+    stride: u32,
+    _p0: u32,
 }
-const _: () = assert!(std::mem::size_of::<LayerNormChannelsParams>() == 16);
+const _: () = assert!(std::mem::size_of::<LayerNormChannelsParams>() == 32);
 
 kernel!(
     LAYER_NORM_CHANNELS,
@@ -703,6 +709,7 @@ kernel!(
         Binding::read("gamma"),
         Binding::read("beta"),
         Binding::read("res"),
+        Binding::read("lens"),
         Binding::write("y"),
     ],
     LayerNormChannelsParams,
@@ -711,7 +718,9 @@ kernel!(
 
 /// Layer norm across the channels of x: [c, t] at every step, the twin of
 /// [`crate::cpu::layer_norm_channels`]: y = act(norm(x) * gamma + beta) +
-/// res, act = GELU when `gelu`.
+/// res, act = GELU when `gelu`. With a count's steps, every sentence of
+/// the batch (a slice of workgroups along z each, at its index times
+/// [`Steps::stride`]).
 #[allow(clippy::too_many_arguments)]
 pub fn layer_norm_channels(
     gpu: &Gpu,
@@ -721,43 +730,51 @@ pub fn layer_norm_channels(
     res: Option<&wgpu::Buffer>,
     y: &wgpu::Buffer,
     c: usize,
-    t: usize,
+    t: Steps<'_>,
     eps: f32,
     gelu: bool,
 ) -> Result<Dispatch> {
     let params = LayerNormChannelsParams {
         c: c as u32,
-        t: t as u32,
-        eps,
+        t_mul: t.mul,
+        t_add: t.add,
         flags: gelu as u32 | (res.is_some() as u32) << 1,
+        eps,
+        first: t.first,
+        stride: t.stride(c) as u32,
+        _p0: 0,
     };
     // Without a residual, any buffer fills the binding; the shader never reads it.
     let r = res.unwrap_or(x);
+    let lens = t.lens(x);
     let bound = gpu.bind(
         &LAYER_NORM_CHANNELS,
         &Variant::default(),
-        &[x, gamma, beta, r, y],
+        &[x, gamma, beta, r, lens, y],
         &params,
     )?;
-    Ok(Dispatch {
-        bound,
-        groups: groups_1d(t, 64),
-    })
+    t.dispatch("layer_norm_channels", bound, 1, 64, 0)
 }
 
 #[repr(C)]
 #[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
 struct Conv1dDepthwiseParams {
     c: u32,
-    t_in: u32,
-    t_out: u32,
+    t_mul: u32,
+    t_add: i32,
     kernel: u32,
     dilation: u32,
     pad_left: u32,
+    pad_right: u32,
+    /// The first sentence (workgroup z = 0) and where each sentence's x and
+    /// y start, in elements apart.
+    first: u32,
+    x_stride: u32,
+    y_stride: u32,
     _p0: u32,
     _p1: u32,
 }
-const _: () = assert!(std::mem::size_of::<Conv1dDepthwiseParams>() == 32);
+const _: () = assert!(std::mem::size_of::<Conv1dDepthwiseParams>() == 48);
 
 kernel!(
     CONV1D_DEPTHWISE,
@@ -767,6 +784,7 @@ kernel!(
         Binding::read("x"),
         Binding::read("w"),
         Binding::read("b"),
+        Binding::read("lens"),
         Binding::write("y"),
     ],
     Conv1dDepthwiseParams,
@@ -774,7 +792,8 @@ kernel!(
 );
 
 /// A depthwise convolution (groups = channels, stride 1): x: [c, t_in] ->
-/// y: [c, t_out]; `w` is PyTorch's [c, 1, k], `b` c values (zeros for none).
+/// y: [c, t_out]; `w` is PyTorch's [c, 1, k], `b` c values (zeros for
+/// none). With a count's steps, every sentence of the batch.
 pub fn conv1d_depthwise(
     gpu: &Gpu,
     x: &wgpu::Buffer,
@@ -782,48 +801,56 @@ pub fn conv1d_depthwise(
     b: &wgpu::Buffer,
     y: &wgpu::Buffer,
     s: &Conv1dShape,
-    t_in: usize,
+    t_in: Steps<'_>,
 ) -> Result<Dispatch> {
     assert!(
         s.groups == s.c_in && s.c_in == s.c_out,
         "gpu conv1d_depthwise: groups must equal the channels"
     );
-    let t_out = s.t_out(t_in);
+    let t_out = t_in.conv(s);
     let params = Conv1dDepthwiseParams {
         c: s.c_in as u32,
-        t_in: t_in as u32,
-        t_out: t_out as u32,
+        t_mul: t_in.mul,
+        t_add: t_in.add,
         kernel: s.kernel as u32,
         dilation: s.dilation as u32,
         pad_left: s.pad_left as u32,
+        pad_right: s.pad_right as u32,
+        first: t_in.first,
+        x_stride: t_in.stride(s.c_in) as u32,
+        y_stride: t_out.stride(s.c_out) as u32,
         _p0: 0,
         _p1: 0,
     };
+    let lens = t_in.lens(x);
     let bound = gpu.bind(
         &CONV1D_DEPTHWISE,
         &Variant::default(),
-        &[x, w, b, y],
+        &[x, w, b, lens, y],
         &params,
     )?;
-    Ok(Dispatch {
-        bound,
-        groups: groups_1d(s.c_in * t_out, 256),
-    })
+    t_out.dispatch("conv1d_depthwise", bound, s.c_in, 256, 0)
 }
 
 #[repr(C)]
 #[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
 struct RelAttentionParams {
-    t: u32,
+    t_mul: u32,
+    t_add: i32,
     dk: u32,
     heads: u32,
     window: u32,
     scale: f32,
+    /// The first sentence (workgroup z = 0) and where each sentence's qkv,
+    /// scores and y start, in elements apart.
+    first: u32,
+    x_stride: u32,
+    scores_stride: u32,
+    y_stride: u32,
     _p0: u32,
     _p1: u32,
-    _p2: u32,
 }
-const _: () = assert!(std::mem::size_of::<RelAttentionParams>() == 32);
+const _: () = assert!(std::mem::size_of::<RelAttentionParams>() == 48);
 
 kernel!(
     REL_ATTENTION,
@@ -834,6 +861,7 @@ kernel!(
         Binding::read("rel_k"),
         Binding::read("rel_v"),
         Binding::write("scores"),
+        Binding::read("lens"),
         Binding::write("y"),
     ],
     RelAttentionParams,
@@ -843,16 +871,18 @@ kernel!(
 /// The largest head size [`rel_attention`] takes (its workgroup's query copy).
 pub const REL_ATTENTION_MAX_DK: usize = 256;
 
-/// Bytes of the scores scratch [`rel_attention`] needs.
-pub fn rel_attention_scratch_bytes(heads: usize, t: usize) -> u64 {
-    (heads * t * t * 4) as u64
+/// Bytes of the scores scratch [`rel_attention`] needs over `t` (for
+/// every sentence of a batch, at the most steps).
+pub fn rel_attention_scratch_bytes(heads: usize, t: Steps<'_>) -> u64 {
+    (heads * t.max() * t.max() * t.batch() * 4) as u64
 }
 
 /// Self-attention with relative-position keys and values over qkv: [3 c,
 /// t] (q, k, v channels) -> y: [c, t], the twin of
 /// [`crate::cpu::rel_position_attention`] (which takes [t, c] rows);
 /// rel_k, rel_v: [2 window + 1, dk]; `scores` holds
-/// [`rel_attention_scratch_bytes`].
+/// [`rel_attention_scratch_bytes`]. With a count's steps, every sentence
+/// of the batch, each attending only to its own steps.
 #[allow(clippy::too_many_arguments)]
 pub fn rel_attention(
     gpu: &Gpu,
@@ -864,59 +894,76 @@ pub fn rel_attention(
     heads: usize,
     dk: usize,
     window: usize,
-    t: usize,
+    t: Steps<'_>,
 ) -> Result<Dispatch> {
     if dk == 0 || dk > REL_ATTENTION_MAX_DK {
         return Err(Error::gpu(format!(
             "rel_attention: head size {dk} is not 1 to {REL_ATTENTION_MAX_DK}"
         )));
     }
-    if t == 0 || t > 65535 || heads > 65535 {
+    if t.max() == 0 || heads > 65535 {
         return Err(Error::gpu(format!(
-            "rel_attention: {t} steps x {heads} heads exceed one dispatch"
+            "rel_attention: {} steps x {heads} heads",
+            t.max()
         )));
     }
+    let c = heads * dk;
     let params = RelAttentionParams {
-        t: t as u32,
+        t_mul: t.mul,
+        t_add: t.add,
         dk: dk as u32,
         heads: heads as u32,
         window: window as u32,
         scale: 1.0 / (dk as f32).sqrt(),
+        first: t.first,
+        x_stride: t.stride(3 * c) as u32,
+        scores_stride: (heads * t.max() * t.max()) as u32,
+        y_stride: t.stride(c) as u32,
         _p0: 0,
         _p1: 0,
-        _p2: 0,
     };
+    let lens = t.lens(qkv);
     let bound = gpu.bind(
         &REL_ATTENTION,
         &Variant::default(),
-        &[qkv, rel_k, rel_v, scores, y],
+        &[qkv, rel_k, rel_v, scores, lens, y],
         &params,
     )?;
-    Ok(Dispatch {
-        bound,
-        groups: [t as u32, heads as u32, 1],
-    })
+    // A workgroup a query and head (the steps' count exceeding 65535 is
+    // refused there).
+    t.dispatch("rel_attention", bound, 1, 1, heads as u32)
 }
 
 #[repr(C)]
 #[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
 struct SplineInverseParams {
-    t: u32,
+    t_mul: u32,
+    t_add: i32,
     bins: u32,
     norm: f32,
     edge: f32,
     tail: f32,
     min_bin: f32,
     min_deriv: f32,
+    /// The first sentence (workgroup z = 0) and where each sentence's x
+    /// (and y) and h start, in elements apart.
+    first: u32,
+    x_stride: u32,
+    h_stride: u32,
     _p0: u32,
 }
-const _: () = assert!(std::mem::size_of::<SplineInverseParams>() == 32);
+const _: () = assert!(std::mem::size_of::<SplineInverseParams>() == 48);
 
 kernel!(
     SPLINE_INVERSE,
     "spline_inverse",
     "spline_inverse.wgsl",
-    [Binding::read("x"), Binding::read("h"), Binding::write("y")],
+    [
+        Binding::read("x"),
+        Binding::read("h"),
+        Binding::read("lens"),
+        Binding::write("y")
+    ],
     SplineInverseParams,
     [&[]]
 );
@@ -925,7 +972,8 @@ kernel!(
 pub const SPLINE_MAX_BINS: usize = 32;
 
 /// The spline's inverse at every step, the twin of
-/// [`crate::cpu::spline_inverse_rows`]: x: [t], h: [3 bins - 1, t] -> y: [t].
+/// [`crate::cpu::spline_inverse_rows`]: x: [t], h: [3 bins - 1, t] -> y:
+/// [t]. With a count's steps, every sentence of the batch.
 #[allow(clippy::too_many_arguments)]
 pub fn spline_inverse(
     gpu: &Gpu,
@@ -933,7 +981,7 @@ pub fn spline_inverse(
     h: &wgpu::Buffer,
     y: &wgpu::Buffer,
     bins: usize,
-    t: usize,
+    t: Steps<'_>,
     norm: f32,
 ) -> Result<Dispatch> {
     if bins == 0 || bins > SPLINE_MAX_BINS {
@@ -942,20 +990,27 @@ pub fn spline_inverse(
         )));
     }
     let params = SplineInverseParams {
-        t: t as u32,
+        t_mul: t.mul,
+        t_add: t.add,
         bins: bins as u32,
         norm,
         edge: cpu::spline_edge_derivative(),
         tail: cpu::SPLINE_TAIL_BOUND,
         min_bin: cpu::SPLINE_MIN_BIN,
         min_deriv: cpu::SPLINE_MIN_DERIVATIVE,
+        first: t.first,
+        x_stride: t.stride(1) as u32,
+        h_stride: t.stride(3 * bins - 1) as u32,
         _p0: 0,
     };
-    let bound = gpu.bind(&SPLINE_INVERSE, &Variant::default(), &[x, h, y], &params)?;
-    Ok(Dispatch {
-        bound,
-        groups: groups_1d(t, 64),
-    })
+    let lens = t.lens(x);
+    let bound = gpu.bind(
+        &SPLINE_INVERSE,
+        &Variant::default(),
+        &[x, h, lens, y],
+        &params,
+    )?;
+    t.dispatch("spline_inverse", bound, 1, 64, 0)
 }
 
 #[repr(C)]
@@ -972,7 +1027,8 @@ struct ExpandPriorParams {
     /// in elements apart.
     first: u32,
     y_stride: u32,
-    _p0: u32,
+    /// Where the sentence's stats start, in elements.
+    stats_off: u32,
     _p1: u32,
     _p2: u32,
 }
@@ -995,7 +1051,8 @@ kernel!(
 
 /// Length regulation and the prior's sample for channels `ch0 .. ch0 + c`
 /// of the `channels` the prior has, the twin of [`crate::cpu::expand_prior`]
-/// on [`crate::cpu::frame_phonemes`]: stats: [2 channels, t], ends: [t] the
+/// on [`crate::cpu::frame_phonemes`]: stats: [2 channels, t] (from the
+/// given element on: a batch's buffer), ends: [t] the
 /// durations' running sums ([`crate::cpu::frame_ends`]), noise: [channels,
 /// frames] (the start of a longer buffer) -> y: [c, frames]. Phonemes that
 /// all last 0 frames give the one frame of a zero prior. One sentence: with
@@ -1004,7 +1061,7 @@ kernel!(
 #[allow(clippy::too_many_arguments)]
 pub fn expand_prior(
     gpu: &Gpu,
-    stats: &wgpu::Buffer,
+    (stats, stats_off): (&wgpu::Buffer, usize),
     ends: &wgpu::Buffer,
     noise: &wgpu::Buffer,
     y: &wgpu::Buffer,
@@ -1029,7 +1086,7 @@ pub fn expand_prior(
         noise_scale,
         first: frames.first,
         y_stride: frames.stride(c) as u32,
-        _p0: 0,
+        stats_off: stats_off as u32,
         _p1: 0,
         _p2: 0,
     };
@@ -1053,7 +1110,8 @@ struct DurationsParams {
     m: f32,
     inv: f32,
     length_scale: f32,
-    _p1: u32,
+    /// Where the sentence's z starts, in elements.
+    z_off: u32,
 }
 const _: () = assert!(std::mem::size_of::<DurationsParams>() == 32);
 
@@ -1074,7 +1132,8 @@ kernel!(
 
 /// Sentence `sentence`'s frames on the device, the twin of
 /// [`crate::cpu::durations`] and [`crate::cpu::frame_ends`] on logw = (z -
-/// m) * inv: the running sums of the durations into `ends` ([t] u32), and
+/// m) * inv (z from the given element on: a batch's buffer): the running
+/// sums of the durations into `ends` ([t] u32), and
 /// into `count` its frame count (lens[2 sentence ..] = [frames, total]:
 /// frames = max(total, 1), or 0 when the total is past the count's cap, so
 /// that nothing over its frames runs) and the workgroup counts of every
@@ -1085,7 +1144,7 @@ kernel!(
 #[allow(clippy::too_many_arguments)]
 pub fn durations(
     gpu: &Gpu,
-    z: &wgpu::Buffer,
+    (z, z_off): (&wgpu::Buffer, usize),
     ends: &wgpu::Buffer,
     count: &FrameCount,
     sentence: usize,
@@ -1109,7 +1168,7 @@ pub fn durations(
         m,
         inv,
         length_scale,
-        _p1: 0,
+        z_off: z_off as u32,
     };
     let bound = gpu.bind(
         &DURATIONS,
@@ -1127,11 +1186,17 @@ pub fn durations(
 #[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
 struct EmbedChannelsParams {
     hidden: u32,
-    t: u32,
+    t_mul: u32,
+    t_add: i32,
     scale: f32,
+    /// The first sentence (workgroup z = 0) and where each sentence's ids
+    /// and y start, in elements apart.
+    first: u32,
+    ids_stride: u32,
+    y_stride: u32,
     _p0: u32,
 }
-const _: () = assert!(std::mem::size_of::<EmbedChannelsParams>() == 16);
+const _: () = assert!(std::mem::size_of::<EmbedChannelsParams>() == 32);
 
 kernel!(
     EMBED_CHANNELS,
@@ -1140,6 +1205,7 @@ kernel!(
     [
         Binding::read("table"),
         Binding::read("ids"),
+        Binding::read("lens"),
         Binding::write("y"),
     ],
     EmbedChannelsParams,
@@ -1148,32 +1214,35 @@ kernel!(
 
 /// The text encoder's embedding lookup, the twin of
 /// [`crate::cpu::embed_channels`]: table: [vocab, hidden], ids: [t] (each
-/// below vocab) -> y: [hidden, t], scaled by `scale`.
+/// below vocab) -> y: [hidden, t], scaled by `scale`. With a count's
+/// steps, every sentence of the batch.
 pub fn embed_channels(
     gpu: &Gpu,
     table: &wgpu::Buffer,
     ids: &wgpu::Buffer,
     y: &wgpu::Buffer,
     hidden: usize,
-    t: usize,
+    t: Steps<'_>,
     scale: f32,
 ) -> Result<Dispatch> {
     let params = EmbedChannelsParams {
         hidden: hidden as u32,
-        t: t as u32,
+        t_mul: t.mul,
+        t_add: t.add,
         scale,
+        first: t.first,
+        ids_stride: t.stride(1) as u32,
+        y_stride: t.stride(hidden) as u32,
         _p0: 0,
     };
+    let lens = t.lens(ids);
     let bound = gpu.bind(
         &EMBED_CHANNELS,
         &Variant::default(),
-        &[table, ids, y],
+        &[table, ids, lens, y],
         &params,
     )?;
-    Ok(Dispatch {
-        bound,
-        groups: groups_1d(hidden * t, 256),
-    })
+    t.dispatch("embed_channels", bound, hidden, 256, 0)
 }
 
 /// The kernels declared in this module.

@@ -1520,7 +1520,7 @@ impl Synthesizer {
     /// sentence draws its noise from a generator of its own
     /// ([`sentence_rng`]), so the audio is the same on either backend and
     /// however far ahead the GPU path works.
-    pub fn speak<T: AsRef<[i64]>>(
+    pub fn speak<T: AsRef<[i64]> + Sync>(
         &self,
         sentences: impl IntoIterator<Item = Result<T>>,
         speaker: Option<&SpeakerOffsets>,

@@ -128,7 +128,7 @@ fn layer_norm_channels(gpu: &Gpu, _v: &Variant) {
                 with_res.then_some(&gr),
                 &gy,
                 c,
-                t,
+                Steps::fixed(t),
                 1e-5,
                 gelu,
             )
@@ -146,6 +146,32 @@ fn layer_norm_channels(gpu: &Gpu, _v: &Variant) {
             );
         }
     }
+    let (c, gelu) = (7, true);
+    let gamma = rng.vec(c, 0.5, 1.5);
+    let beta = rng.vec(c, -0.5, 0.5);
+    let (gg, gb) = (
+        gpu.upload_f32("gamma", &gamma).unwrap(),
+        gpu.upload_f32("beta", &beta).unwrap(),
+    );
+    batched(
+        gpu,
+        "layer_norm_channels",
+        &mut rng,
+        c,
+        c,
+        1,
+        &|st| st,
+        &|x, e, y, st| {
+            speech::layer_norm_channels(gpu, x, &gg, &gb, e.first(), y, c, st, 1e-5, gelu).unwrap()
+        },
+        &|x, e, t| {
+            let mut want = vec![0.0; c * t];
+            cpu::layer_norm_channels(x, &gamma, &beta, 1e-5, t, gelu, Some(&e[0]), &mut want);
+            want
+        },
+        // As the single-sentence case.
+        1e-11,
+    );
 }
 
 fn conv1d_depthwise(gpu: &Gpu, _v: &Variant) {
@@ -177,7 +203,7 @@ fn conv1d_depthwise(gpu: &Gpu, _v: &Variant) {
             let gw = gpu.upload_f32("w", &w).unwrap();
             let gb = gpu.upload_f32("b", &b).unwrap();
             let gy = gpu.poisoned_f32("y", c * t_out).unwrap();
-            let d = speech::conv1d_depthwise(gpu, &gx, &gw, &gb, &gy, &s, t).unwrap();
+            let d = speech::conv1d_depthwise(gpu, &gx, &gw, &gb, &gy, &s, Steps::fixed(t)).unwrap();
             gpu.run_all(&[&d]).unwrap();
             let got = gpu.read_f32(&gy).unwrap();
             // At most 4 products and a bias, maybe in another order.
@@ -189,6 +215,39 @@ fn conv1d_depthwise(gpu: &Gpu, _v: &Variant) {
             );
         }
     }
+    let (c, kernel, dilation) = (5, 3, 3);
+    let s = Conv1dShape {
+        c_in: c,
+        c_out: c,
+        kernel,
+        dilation,
+        pad_left: dilation,
+        pad_right: dilation,
+        groups: c,
+    };
+    let w = rng.vec(c * kernel, -0.5, 0.5);
+    let b = rng.vec(c, -0.5, 0.5);
+    let (gw, gb) = (
+        gpu.upload_f32("w", &w).unwrap(),
+        gpu.upload_f32("b", &b).unwrap(),
+    );
+    batched(
+        gpu,
+        &format!("conv1d_depthwise {s:?}"),
+        &mut rng,
+        c,
+        c,
+        0,
+        &|st| st.conv(&s),
+        &|x, _, y, st| speech::conv1d_depthwise(gpu, x, &gw, &gb, y, &s, st).unwrap(),
+        &|x, _, t| {
+            let mut want = vec![0.0; c * s.t_out(t)];
+            cpu::conv1d(x, t, &w, Some(&b), &s, &mut want);
+            want
+        },
+        // As the single-sentence case.
+        1e-12,
+    );
 }
 
 /// [rows, cols] -> [cols, rows]
@@ -229,12 +288,17 @@ fn rel_attention(gpu: &Gpu, _v: &Variant) {
             let gq = gpu.upload_f32("qkv", &qkv).unwrap();
             let gk = gpu.upload_f32("rel_k", &rel_k).unwrap();
             let gv = gpu.upload_f32("rel_v", &rel_v).unwrap();
+            let t_fixed = Steps::fixed(t);
             let scores = gpu
-                .scratch("scores", speech::rel_attention_scratch_bytes(heads, t))
+                .scratch(
+                    "scores",
+                    speech::rel_attention_scratch_bytes(heads, t_fixed),
+                )
                 .unwrap();
             let gy = gpu.poisoned_f32("y", c * t).unwrap();
-            let d = speech::rel_attention(gpu, &gq, &gk, &gv, &scores, &gy, heads, dk, window, t)
-                .unwrap();
+            let d =
+                speech::rel_attention(gpu, &gq, &gk, &gv, &scores, &gy, heads, dk, window, t_fixed)
+                    .unwrap();
             gpu.run_all(&[&d]).unwrap();
             let got = gpu.read_f32(&gy).unwrap();
             // Dot products of up to 130 terms in another order, an exp per
@@ -247,6 +311,38 @@ fn rel_attention(gpu: &Gpu, _v: &Variant) {
             );
         }
     }
+    // Each sentence attends to its own steps only.
+    let (heads, dk, window) = (2, 5, 2);
+    let c = heads * dk;
+    let rel_k = rng.vec((2 * window + 1) * dk, -1.0, 1.0);
+    let rel_v = rng.vec((2 * window + 1) * dk, -1.0, 1.0);
+    let (gk, gv) = (
+        gpu.upload_f32("rel_k", &rel_k).unwrap(),
+        gpu.upload_f32("rel_v", &rel_v).unwrap(),
+    );
+    batched(
+        gpu,
+        "rel_attention",
+        &mut rng,
+        3 * c,
+        c,
+        0,
+        &|st| st,
+        &|x, _, y, st| {
+            let scores = gpu
+                .scratch("scores", speech::rel_attention_scratch_bytes(heads, st))
+                .unwrap();
+            speech::rel_attention(gpu, x, &gk, &gv, &scores, y, heads, dk, window, st).unwrap()
+        },
+        &|x, _, t| {
+            let rows = |i: usize| transpose(&x[i * c * t..(i + 1) * c * t], c, t);
+            let y =
+                cpu::rel_position_attention(&rows(0), &rows(1), &rows(2), &rel_k, &rel_v, heads, t);
+            transpose(&y, t, c)
+        },
+        // As the single-sentence case.
+        1e-10,
+    );
 }
 
 fn spline_inverse(gpu: &Gpu, _v: &Variant) {
@@ -263,7 +359,8 @@ fn spline_inverse(gpu: &Gpu, _v: &Variant) {
             let gx = gpu.upload_f32("x", &x).unwrap();
             let gh = gpu.upload_f32("h", &h).unwrap();
             let gy = gpu.poisoned_f32("y", t).unwrap();
-            let d = speech::spline_inverse(gpu, &gx, &gh, &gy, bins, t, norm).unwrap();
+            let d =
+                speech::spline_inverse(gpu, &gx, &gh, &gy, bins, Steps::fixed(t), norm).unwrap();
             gpu.run_all(&[&d]).unwrap();
             let got = gpu.read_f32(&gy).unwrap();
             // Softmaxes of exps, a softplus and a square root: a few ulps of
@@ -276,6 +373,27 @@ fn spline_inverse(gpu: &Gpu, _v: &Variant) {
             );
         }
     }
+    // The spline's parameters as the batch's x, the values it inverts as
+    // an input shaped as y.
+    let bins = 10;
+    let norm = 1.0 / (192.0f32).sqrt();
+    batched(
+        gpu,
+        "spline_inverse",
+        &mut rng,
+        3 * bins - 1,
+        1,
+        1,
+        &|st| st,
+        &|h, e, y, st| speech::spline_inverse(gpu, &e[0], h, y, bins, st, norm).unwrap(),
+        &|h, e, t| {
+            let mut want = vec![0.0; t];
+            cpu::spline_inverse_rows(&e[0], h, norm, &mut want);
+            want
+        },
+        // As the single-sentence case.
+        1e-10,
+    );
 }
 
 fn embed_channels(gpu: &Gpu, _v: &Variant) {
@@ -298,7 +416,8 @@ fn embed_channels(gpu: &Gpu, _v: &Variant) {
             let want = cpu::embed_channels(&table, hidden, &ids, scale);
             let gi = gpu.upload_u32("ids", &ids).unwrap();
             let gy = gpu.poisoned_f32("y", hidden * t).unwrap();
-            let d = speech::embed_channels(gpu, &gt, &gi, &gy, hidden, t, scale).unwrap();
+            let d =
+                speech::embed_channels(gpu, &gt, &gi, &gy, hidden, Steps::fixed(t), scale).unwrap();
             gpu.run_all(&[&d]).unwrap();
             let got = gpu.read_f32(&gy).unwrap();
             // One product: the same bits.
@@ -309,6 +428,47 @@ fn embed_channels(gpu: &Gpu, _v: &Variant) {
                 0.0,
             );
         }
+    }
+    // A batch in one dispatch: each sentence's ids at its index times the
+    // cap, its y there too; the third given 0 steps (nothing runs for it).
+    let (vocab, hidden, cap) = (7, 5, 40);
+    let table = rng.vec(vocab * hidden, -3.0, 3.0);
+    let gt = gpu.upload_f32("table", &table).unwrap();
+    let lengths = [7usize, 33, 1, 12];
+    let ids: Vec<Vec<u32>> = lengths
+        .iter()
+        .map(|&t| {
+            (0..t)
+                .map(|_| (rng.uniform(0.0, vocab as f32) as u32).min(vocab as u32 - 1))
+                .collect()
+        })
+        .collect();
+    let mut laid = vec![u32::MAX; cap * lengths.len()];
+    for (s, i) in ids.iter().enumerate() {
+        laid[s * cap..s * cap + i.len()].copy_from_slice(i);
+    }
+    let count = FrameCount::known(gpu, &lengths, cap).unwrap();
+    let empty = 2;
+    let mut lens: Vec<u32> = lengths.iter().flat_map(|&f| [f as u32; 2]).collect();
+    lens[2 * empty] = 0;
+    gpu.queue
+        .write_buffer(&count.lens, 0, bytemuck::cast_slice(&lens));
+    let gi = gpu.upload_u32("ids", &laid).unwrap();
+    let gy = gpu.poisoned_f32("y", hidden * cap * lengths.len()).unwrap();
+    let d = speech::embed_channels(gpu, &gt, &gi, &gy, hidden, count.steps(1, 0), 1.5).unwrap();
+    count.finish(gpu);
+    gpu.run_all(&[&d]).unwrap();
+    let got = gpu.read_f32(&gy).unwrap();
+    for (s, i) in ids.iter().enumerate() {
+        let mine = &got[s * hidden * cap..(s + 1) * hidden * cap];
+        let what = format!("embed_channels, batched sentence {s} of {} ids", i.len());
+        let n = if s == empty { 0 } else { hidden * i.len() };
+        if let Some(k) = mine[n..].iter().position(|v| !v.is_nan()) {
+            panic!("{what}: wrote element {} past its {n}", n + k);
+        }
+        // One product: the same bits as the CPU's (and so as alone).
+        let want = cpu::embed_channels(&table, hidden, i, 1.5);
+        assert_close(&what, &mine[..n], &want[..n], 0.0);
     }
 }
 
@@ -338,9 +498,20 @@ fn expand_prior(gpu: &Gpu, _v: &Variant) {
                 let count = frame_count(gpu, frames, on_device);
                 let f = steps(&count, frames);
                 let gy = gpu.poisoned_f32("y", c * f.max().max(frames)).unwrap();
-                let d =
-                    speech::expand_prior(gpu, &gs, &ge, &gn, &gy, channels, ch0, c, t, f, 0.667)
-                        .unwrap();
+                let d = speech::expand_prior(
+                    gpu,
+                    (&gs, 0),
+                    &ge,
+                    &gn,
+                    &gy,
+                    channels,
+                    ch0,
+                    c,
+                    t,
+                    f,
+                    0.667,
+                )
+                .unwrap();
                 let what = format!(
                     "expand_prior t={t} channels {ch0}..{} on_device={on_device}",
                     ch0 + c
@@ -364,8 +535,20 @@ fn expand_prior(gpu: &Gpu, _v: &Variant) {
         let count = frame_count(gpu, 1, on_device);
         let f = steps(&count, 1);
         let gy = gpu.poisoned_f32("y", channels * f.max().max(1)).unwrap();
-        let d = speech::expand_prior(gpu, &gs, &ge, &gn, &gy, channels, 0, channels, t, f, 0.667)
-            .unwrap();
+        let d = speech::expand_prior(
+            gpu,
+            (&gs, 0),
+            &ge,
+            &gn,
+            &gy,
+            channels,
+            0,
+            channels,
+            t,
+            f,
+            0.667,
+        )
+        .unwrap();
         let what = format!("expand_prior without frames, on_device={on_device}");
         let got = run_and_read(gpu, &d, &count, &gy, channels, &what);
         // exp(0) = 1 and one product: the same bits.
@@ -373,38 +556,43 @@ fn expand_prior(gpu: &Gpu, _v: &Variant) {
     }
 
     // A batch's sentences, one dispatch each, into their places in one
-    // buffer made for `cap` frames a sentence; nothing else written.
-    let (cap, c) = (40, 3);
+    // buffer made for `cap` frames a sentence; nothing else written. Their
+    // stats lie in one buffer too, `t_cap` phoneme ids apart (as the batched
+    // prior writes them).
+    let (cap, c, t_cap) = (40, 3, 13);
+    let stats_stride = 2 * channels * t_cap;
+    let mut all_stats = vec![f32::NAN; 3 * stats_stride];
     let mut wants = Vec::new();
     let mut inputs = Vec::new();
     let mut frames = Vec::new();
-    for t in [5usize, 1, 13] {
+    for (s, t) in [5usize, 1, 13].into_iter().enumerate() {
         let mut durations: Vec<u32> = (0..t).map(|_| rng.uniform(0.0, 4.0) as u32).collect();
         durations[t / 2] += 1;
         let idx = cpu::frame_phonemes(&durations);
         let stats = rng.vec(2 * channels * t, -2.0, 2.0);
         let noise = rng.vec(channels * cap, -3.0, 3.0);
         let want = cpu::expand_prior(&stats, t, &idx, &noise[..channels * idx.len()], 0.667);
+        all_stats[s * stats_stride..s * stats_stride + stats.len()].copy_from_slice(&stats);
         frames.push(idx.len());
         wants.push(want[..c * idx.len()].to_vec());
         inputs.push((
             t,
-            gpu.upload_f32("stats", &stats).unwrap(),
             gpu.upload_u32("ends", &cpu::frame_ends(&durations))
                 .unwrap(),
             gpu.upload_f32("noise", &noise).unwrap(),
         ));
     }
+    let gs = gpu.upload_f32("stats", &all_stats).unwrap();
     let count = FrameCount::known(gpu, &frames, cap).unwrap();
     let all = count.steps(1, 0);
     let gy = gpu.poisoned_f32("y", c * cap * frames.len()).unwrap();
     let ds: Vec<_> = inputs
         .iter()
         .enumerate()
-        .map(|(s, (t, gs, ge, gn))| {
+        .map(|(s, (t, ge, gn))| {
             speech::expand_prior(
                 gpu,
-                gs,
+                (&gs, s * stats_stride),
                 ge,
                 gn,
                 &gy,
@@ -503,7 +691,8 @@ fn durations(gpu: &Gpu, _v: &Variant) {
             let slots: Vec<u64> = geometries.iter().map(|&g| count.slot(g).unwrap()).collect();
             let gz = gpu.upload_f32("z", &z).unwrap();
             let ends = gpu.upload_u32("ends", &vec![u32::MAX; t]).unwrap();
-            let d = speech::durations(gpu, &gz, &ends, &count, 0, t, m, inv, length_scale).unwrap();
+            let d = speech::durations(gpu, (&gz, 0), &ends, &count, 0, t, m, inv, length_scale)
+                .unwrap();
             count.finish(gpu);
             gpu.run_all(&[&d]).unwrap();
             let what = format!("durations t={t} length_scale={length_scale} cap={cap}");
@@ -552,8 +741,11 @@ fn durations(gpu: &Gpu, _v: &Variant) {
         },
     ];
     let slots: Vec<u64> = geometries.iter().map(|&g| count.slot(g).unwrap()).collect();
-    let mut ds = Vec::new();
     let mut wants = Vec::new();
+    // Their z in one buffer, 33 apart (as the batched prior writes them).
+    let z_stride = 33;
+    let mut all_z = vec![f32::NAN; 3 * z_stride];
+    let mut ts = Vec::new();
     for (s, (t, per)) in [(5usize, 6.0f32), (33, 4.0), (17, 1.5)]
         .into_iter()
         .enumerate()
@@ -564,11 +756,20 @@ fn durations(gpu: &Gpu, _v: &Variant) {
             .collect();
         let logw: Vec<f32> = z.iter().map(|v| (v - m) * inv).collect();
         let want_ends = cpu::frame_ends(&cpu::durations(&logw, 1.0));
-        let gz = gpu.upload_f32("z", &z).unwrap();
+        all_z[s * z_stride..s * z_stride + t].copy_from_slice(&z);
         let ends = gpu.upload_u32("ends", &vec![u32::MAX; t]).unwrap();
-        ds.push(speech::durations(gpu, &gz, &ends, &count, s, t, m, inv, 1.0).unwrap());
+        ts.push(t);
         wants.push((ends, want_ends));
     }
+    let gz = gpu.upload_f32("z", &all_z).unwrap();
+    let ds: Vec<_> = wants
+        .iter()
+        .zip(&ts)
+        .enumerate()
+        .map(|(s, ((ends, _), &t))| {
+            speech::durations(gpu, (&gz, s * z_stride), ends, &count, s, t, m, inv, 1.0).unwrap()
+        })
+        .collect();
     count.finish(gpu);
     gpu.run_all(&ds.iter().collect::<Vec<_>>()).unwrap();
     let lens = gpu.read_u32(&count.lens).unwrap();
@@ -607,7 +808,7 @@ fn durations(gpu: &Gpu, _v: &Variant) {
     let count = FrameCount::new(gpu, 3).unwrap();
     let gz = gpu.upload_f32("z", &[-500.0; 7]).unwrap();
     let ends = gpu.upload_u32("ends", &[9; 7]).unwrap();
-    let d = speech::durations(gpu, &gz, &ends, &count, 0, 7, 0.0, 1.0, 1.0).unwrap();
+    let d = speech::durations(gpu, (&gz, 0), &ends, &count, 0, 7, 0.0, 1.0, 1.0).unwrap();
     count.finish(gpu);
     gpu.run_all(&[&d]).unwrap();
     assert_eq!(gpu.read_u32(&ends).unwrap(), [0; 7]);

@@ -38,7 +38,7 @@ use crate::util::rng::Rng;
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
-use web_time::Instant;
+use web_time::{Duration, Instant};
 
 /// A convolution's weights on the device.
 pub(super) struct GpuConv {
@@ -591,10 +591,11 @@ impl GpuFlow {
 /// The whole voice on the device: the prior ([`GpuPrior`]: text encoder
 /// and duration predictor), the durations and the length regulation with
 /// the prior's noise, the flow and the generator, one submission a group of
-/// sentences that reads back their frame counts and audio. The prior runs
-/// a sentence at a time; the flow and the generator run a group's sentences
-/// in the same dispatches (a batch: each sentence a slice of workgroups,
-/// [`speech::Steps`]), so their fixed cost a dispatch is paid once a group.
+/// sentences that reads back their frame counts and audio. The prior, the
+/// flow and the generator run a group's sentences in the same dispatches (a
+/// batch: each sentence a slice of workgroups, [`speech::Steps`]), so their
+/// fixed cost a dispatch is paid once a group; the durations and the length
+/// regulation run a sentence at a time.
 pub struct GpuVoice {
     pub prior: GpuPrior,
     pub flow: GpuFlow,
@@ -616,7 +617,8 @@ pub struct GpuVoice {
 /// one while the device works (each holds its buffers until it is read).
 /// The first sentence is read before anything is queued behind it: its
 /// audio is what a listener waits for, and recording a group takes the host
-/// longer than the sentence takes the device.
+/// longer than the sentence takes the device (the group after it is
+/// recorded on another thread meanwhile, and submitted once it is read).
 const GROUPS_AHEAD: usize = 2;
 
 /// The most sentences [`GpuVoice::speak`] runs in the same dispatches
@@ -638,6 +640,17 @@ const BATCH: usize = 4;
 const FRAMES_PER_ID: f32 = 2.5;
 const MIN_FRAMES: usize = 64;
 
+/// A group of sentences recorded ([`GpuVoice::record_group`]), to submit.
+struct RecordedGroup {
+    commands: ops::Recorded,
+    cap: usize,
+    stride: usize,
+    rngs: Vec<Rng>,
+    timer: Option<PassTimer>,
+    /// How long its recording took.
+    recording: Duration,
+}
+
 /// A group of sentences on the device queue: one submission whose frame
 /// counts and audio come back with [`GpuVoice::read`].
 struct QueuedGroup {
@@ -651,10 +664,14 @@ struct QueuedGroup {
     rngs: Vec<Rng>,
     /// Timestamps at the ends of its stages (adapters that have them).
     timer: Option<PassTimer>,
-    /// When its recording started and when it was submitted.
-    started: Instant,
+    /// How long its recording took, and when it was submitted.
+    recording: Duration,
     submitted: Instant,
 }
+
+/// The next group of a text's sentences: the sentences, each one's
+/// generator, and the frames their buffers are made for.
+type Group<T> = (Vec<T>, Vec<Rng>, usize);
 
 /// A group's latent z_p on the device once its work runs: the halves (each
 /// sentence's at its place in the batch), each sentence's durations'
@@ -753,11 +770,11 @@ impl GpuVoice {
 
     /// Records a group of sentences (ids, and each one's generator before
     /// its draws) up to the latent z_p (its halves once `work` runs) for
-    /// buffers of `count.cap` frames each: each one's prior with its
-    /// duration noise, then each one's durations and frame count, then its
-    /// length regulation with the prior's noise, all drawn from its
-    /// generator as the CPU draws them (the prior's for the cap, of which
-    /// the kernels read the start).
+    /// buffers of `count.cap` frames each: their priors in the same
+    /// dispatches, each with its duration noise, then each one's durations
+    /// and frame count, then its length regulation with the prior's noise,
+    /// all drawn from its generator as the CPU draws them (the prior's for
+    /// the cap, of which the kernels read the start).
     #[allow(clippy::too_many_arguments)]
     fn record_prior(
         &self,
@@ -769,23 +786,28 @@ impl GpuVoice {
         work: &mut Vec<Dispatch>,
     ) -> Result<GroupPrior> {
         let gpu = self.gpu();
-        let mut priors = Vec::new();
+        let mut noises = Vec::new();
         let mut rngs = Vec::new();
         for (ids, rng) in sentences {
             let t = v.check_ids(ids)?.len();
             let mut rng = rng.clone();
-            let noise = duration_noise(t, scales, &mut rng);
-            priors.push((t, self.prior.record(v, ids, &noise, speaker, work)?));
+            noises.push(duration_noise(t, scales, &mut rng));
             rngs.push(rng);
         }
+        let inputs: Vec<(&[i64], &[f32])> = sentences
+            .iter()
+            .zip(&noises)
+            .map(|((ids, _), n)| (*ids, n.as_slice()))
+            .collect();
+        let p = self.prior.record(v, &inputs, speaker, work)?;
         let prior_end = work.len();
         let (m, inv) = self.prior.affine();
         let mut ends = Vec::new();
-        for (s, (t, p)) in priors.iter().enumerate() {
+        for (s, t) in p.ts.iter().enumerate() {
             let e = gpu.scratch("prior.ends", (t * 4) as u64)?;
             work.push(speech::durations(
                 gpu,
-                &p.z,
+                p.z(s),
                 &e,
                 count,
                 s,
@@ -801,12 +823,12 @@ impl GpuVoice {
         let frames = count.steps(1, 0);
         let a = gpu.scratch("flow.z", frames.bytes(half))?;
         let b = gpu.scratch("flow.z", frames.bytes(half))?;
-        for (s, ((t, p), rng)) in priors.iter().zip(&mut rngs).enumerate() {
+        for (s, (t, rng)) in p.ts.iter().zip(&mut rngs).enumerate() {
             let noise = gpu.upload_f32("prior.noise", &rng.normals(c * count.cap))?;
             for (ch0, y) in [(0, &a), (half, &b)] {
                 work.push(speech::expand_prior(
                     gpu,
-                    &p.stats,
+                    p.stats(s),
                     &ends[s],
                     &noise,
                     y,
@@ -838,6 +860,33 @@ impl GpuVoice {
         scales: &Scales,
         cap: usize,
     ) -> Result<QueuedGroup> {
+        let r = self.record_group(v, sentences, speaker, scales, cap)?;
+        Ok(self.submit(r))
+    }
+
+    /// Submits a recorded group.
+    fn submit(&self, r: RecordedGroup) -> QueuedGroup {
+        QueuedGroup {
+            out: self.gpu().submit_recorded(r.commands),
+            cap: r.cap,
+            stride: r.stride,
+            rngs: r.rngs,
+            timer: r.timer,
+            recording: r.recording,
+            submitted: Instant::now(),
+        }
+    }
+
+    /// [`GpuVoice::queue`]'s command buffer, recorded (on any thread), not
+    /// submitted.
+    fn record_group(
+        &self,
+        v: &Vits,
+        sentences: &[(&[i64], Rng)],
+        speaker: Option<&SpeakerOffsets>,
+        scales: &Scales,
+        cap: usize,
+    ) -> Result<RecordedGroup> {
         let started = Instant::now();
         let gpu = self.gpu();
         let n = sentences.len();
@@ -860,19 +909,18 @@ impl GpuVoice {
         } else {
             None
         };
-        let out = gpu.queue_and_copy_all(
+        let commands = gpu.record_and_copy_all(
             &work.iter().collect::<Vec<_>>(),
             &[(&count.lens, (8 * n) as u64), (&out, (samples * 4) as u64)],
             timer.as_ref().map(|t| (t, &marks[..])),
         );
-        Ok(QueuedGroup {
-            out,
+        Ok(RecordedGroup {
+            commands,
             cap,
             stride,
             rngs: sentences.iter().map(|(_, r)| r.clone()).collect(),
             timer,
-            started,
-            submitted: Instant::now(),
+            recording: started.elapsed(),
         })
     }
 
@@ -908,7 +956,7 @@ impl GpuVoice {
             None => None,
         };
         let stages = StageSeconds {
-            prior: (q.submitted - q.started).as_secs_f64() / n as f64,
+            prior: q.recording.as_secs_f64() / n as f64,
             flow_and_decoder: q.submitted.elapsed().as_secs_f64(),
             device,
         };
@@ -1022,8 +1070,11 @@ impl GpuVoice {
     /// buffers fit together), each group in the same dispatches. The device
     /// is kept ahead of the host: the next groups are queued behind the one
     /// whose audio is awaited, so the host's recording, emitting and
-    /// waiting overlap the device's work.
-    pub fn speak<T: AsRef<[i64]>>(
+    /// waiting overlap the device's work. The first sentence's audio is
+    /// what a listener waits for: nothing is queued behind it, and the
+    /// group after it is recorded on another thread while it is read and
+    /// emitted.
+    pub fn speak<T: AsRef<[i64]> + Sync>(
         &self,
         v: &Vits,
         sentences: &mut dyn Iterator<Item = Result<T>>,
@@ -1034,39 +1085,41 @@ impl GpuVoice {
     ) -> Result<()> {
         let mut ahead = VecDeque::new();
         let mut next = None;
-        let mut started = false;
-        let mut emitted = false;
+        let Some((items, rngs, cap)) = self.take_group(sentences, &mut next, scales, rng, 1)?
+        else {
+            return Ok(());
+        };
+        let q = self.queue(v, &with_rngs(&items, &rngs), speaker, scales, cap)?;
+        // An error in the sentences after the first comes after its audio.
+        let following = self.take_group(sentences, &mut next, scales, rng, self.batch);
+        let (first, recorded) = overlap(
+            || -> Result<()> {
+                let ids: Vec<&[i64]> = items.iter().map(|i| i.as_ref()).collect();
+                let out = self.read(v, &ids, speaker, scales, q)?;
+                for (item, (audio, stages)) in items.into_iter().zip(out) {
+                    emit(item, audio, stages)?;
+                }
+                Ok(())
+            },
+            || match &following {
+                Ok(Some((items, rngs, cap))) => self
+                    .record_group(v, &with_rngs(items, rngs), speaker, scales, *cap)
+                    .map(Some),
+                _ => Ok(None),
+            },
+        );
+        first?;
+        if let (Some((items, _, _)), Some(r)) = (following?, recorded?) {
+            ahead.push_back((items, self.submit(r)));
+        }
         loop {
-            let depth = if emitted { GROUPS_AHEAD } else { 1 };
-            while ahead.len() < depth {
-                let most = if started { self.batch } else { 1 };
-                let mut items: Vec<T> = Vec::new();
-                let mut rngs = Vec::new();
-                let mut cap = 0;
-                while items.len() < most {
-                    let item = match next.take() {
-                        Some(item) => item,
-                        None => match sentences.next() {
-                            Some(item) => item?,
-                            None => break,
-                        },
-                    };
-                    let c = cap.max(self.first_cap(item.as_ref().len(), scales));
-                    if !items.is_empty() && !self.fits(c, items.len() + 1) {
-                        next = Some(item);
-                        break;
-                    }
-                    cap = c;
-                    rngs.push(super::sentence_rng(rng));
-                    items.push(item);
-                }
-                if items.is_empty() {
+            while ahead.len() < GROUPS_AHEAD {
+                let Some((items, rngs, cap)) =
+                    self.take_group(sentences, &mut next, scales, rng, self.batch)?
+                else {
                     break;
-                }
-                started = true;
-                let group: Vec<(&[i64], Rng)> =
-                    items.iter().map(|i| i.as_ref()).zip(rngs).collect();
-                let q = self.queue(v, &group, speaker, scales, cap)?;
+                };
+                let q = self.queue(v, &with_rngs(&items, &rngs), speaker, scales, cap)?;
                 ahead.push_back((items, q));
             }
             let Some((items, q)) = ahead.pop_front() else {
@@ -1077,12 +1130,72 @@ impl GpuVoice {
             for (item, (audio, stages)) in items.into_iter().zip(out) {
                 emit(item, audio, stages)?;
             }
-            emitted = true;
         }
         Ok(())
+    }
+
+    /// The next up to `most` sentences (`next`, then `sentences`) whose
+    /// buffers fit together, each given its generator from `rng` in order;
+    /// None when none are left. A sentence that does not fit with those
+    /// before it is left in `next` for the next group.
+    fn take_group<T: AsRef<[i64]>>(
+        &self,
+        sentences: &mut dyn Iterator<Item = Result<T>>,
+        next: &mut Option<T>,
+        scales: &Scales,
+        rng: &mut Rng,
+        most: usize,
+    ) -> Result<Option<Group<T>>> {
+        let mut items: Vec<T> = Vec::new();
+        let mut rngs = Vec::new();
+        let (mut cap, mut ids) = (0, 0);
+        while items.len() < most {
+            let item = match next.take() {
+                Some(item) => item,
+                None => match sentences.next() {
+                    Some(item) => item?,
+                    None => break,
+                },
+            };
+            let c = cap.max(self.first_cap(item.as_ref().len(), scales));
+            let t = ids.max(item.as_ref().len());
+            let n = items.len() + 1;
+            if n > 1 && !(self.fits(c, n) && self.prior.fits(t, n)) {
+                *next = Some(item);
+                break;
+            }
+            (cap, ids) = (c, t);
+            rngs.push(super::sentence_rng(rng));
+            items.push(item);
+        }
+        Ok((!items.is_empty()).then_some((items, rngs, cap)))
     }
 
     pub fn gpu(&self) -> &Gpu {
         &self.flow.gpu
     }
+}
+
+/// A group's sentences with their generators, as [`GpuVoice::queue`] takes them.
+fn with_rngs<'a, T: AsRef<[i64]>>(items: &'a [T], rngs: &[Rng]) -> Vec<(&'a [i64], Rng)> {
+    items
+        .iter()
+        .map(|i| i.as_ref())
+        .zip(rngs.iter().cloned())
+        .collect()
+}
+
+/// Runs `side` on another thread while `main` runs on this one (after it,
+/// where there are no threads), and returns both results.
+fn overlap<A, B: Send>(main: impl FnOnce() -> A, side: impl FnOnce() -> B + Send) -> (A, B) {
+    if cfg!(target_arch = "wasm32") {
+        let a = main();
+        return (a, side());
+    }
+    std::thread::scope(|s| {
+        let h = s.spawn(side);
+        let a = main();
+        let b = h.join().unwrap_or_else(|e| std::panic::resume_unwind(e));
+        (a, b)
+    })
 }

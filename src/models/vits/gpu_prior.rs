@@ -2,8 +2,12 @@
 //! attention transformer, conv FFNs, layer norms, the projection to the
 //! prior's mean and log-std) and the stochastic duration predictor run in
 //! reverse (depthwise-separable conv stacks, three spline flows). Recorded
-//! at the head of a sentence's one submission
-//! ([`super::GpuVoice::synthesize`]): the prior's mean and log-std and the
+//! at the head of a group of sentences' one submission
+//! ([`super::GpuVoice::synthesize`], [`super::GpuVoice::speak`]), the
+//! group's sentences in the same dispatches (a batch: each sentence a slice
+//! of workgroups along z, reading its own number of phoneme ids from a
+//! count the host writes, its activations at its index times a stride, so
+//! it gets the bits it gets alone): the prior's mean and log-std and the
 //! duration channel stay on the device for the length regulation.
 //!
 //! The noise is drawn on the host from the seeded generator in the CPU
@@ -14,7 +18,7 @@ use super::{Conv, DdsConv, LayerNorm, SpeakerOffsets, Vits, LN_EPS};
 use crate::cpu::Conv1dShape;
 use crate::error::{Error, Result};
 use crate::gpu::ops::Dispatch;
-use crate::gpu::speech::{self, Conv1dExtras, InputAct, Steps};
+use crate::gpu::speech::{self, Conv1dExtras, FrameCount, InputAct, Steps};
 use crate::gpu::Gpu;
 use std::sync::Arc;
 
@@ -42,13 +46,13 @@ impl DenseConv {
         gpu: &Gpu,
         x: &wgpu::Buffer,
         bias: Option<&wgpu::Buffer>,
-        t: usize,
+        t: Steps<'_>,
         act: InputAct,
         residual: Option<&wgpu::Buffer>,
         work: &mut Vec<Dispatch>,
         label: &str,
     ) -> Result<wgpu::Buffer> {
-        let y = gpu.scratch(label, (self.shape.c_out * self.shape.t_out(t) * 4) as u64)?;
+        let y = gpu.scratch(label, t.conv(&self.shape).bytes(self.shape.c_out))?;
         work.push(speech::conv1d(
             gpu,
             x,
@@ -56,7 +60,7 @@ impl DenseConv {
             bias.unwrap_or(&self.gpu.b),
             &y,
             &self.shape,
-            Steps::fixed(t),
+            t,
             act,
             Conv1dExtras {
                 residual,
@@ -87,12 +91,12 @@ impl GpuNorm {
         gpu: &Gpu,
         x: &wgpu::Buffer,
         c: usize,
-        t: usize,
+        t: Steps<'_>,
         gelu: bool,
         res: Option<&wgpu::Buffer>,
         work: &mut Vec<Dispatch>,
     ) -> Result<wgpu::Buffer> {
-        let y = gpu.scratch("prior.norm", (c * t * 4) as u64)?;
+        let y = gpu.scratch("prior.norm", t.bytes(c))?;
         work.push(speech::layer_norm_channels(
             gpu,
             x,
@@ -167,15 +171,15 @@ impl GpuDds {
         &self,
         gpu: &Gpu,
         mut x: wgpu::Buffer,
-        t: usize,
+        t: Steps<'_>,
         work: &mut Vec<Dispatch>,
     ) -> Result<wgpu::Buffer> {
         for l in &self.layers {
             let c = l.sep.c_out;
-            if l.sep.t_out(t) != t {
+            if l.sep.t_out(t.max()) != t.max() {
                 return Err(Error::gpu("DDSConv: a layer changes the length"));
             }
-            let y = gpu.scratch("dp.sep", (c * t * 4) as u64)?;
+            let y = gpu.scratch("dp.sep", t.bytes(c))?;
             work.push(speech::conv1d_depthwise(
                 gpu, &x, &l.sep_w, &l.sep_b, &y, &l.sep, t,
             )?);
@@ -207,6 +211,8 @@ pub struct GpuPrior {
     hidden: usize,
     heads: usize,
     dk: usize,
+    /// The most channels an activation has.
+    widest: usize,
     window: usize,
     layers: Vec<EncoderLayer>,
     proj: DenseConv,
@@ -292,7 +298,15 @@ impl GpuPrior {
                 norm: f.norm(),
             });
         }
+        let widest = layers
+            .iter()
+            .flat_map(|l| [l.qkv.shape.c_out, l.ffn1.shape.c_out])
+            .chain(flows.iter().map(|f| f.proj.shape.c_out))
+            .chain([enc.proj.shape.c_out, dp.pre.shape.c_out, enc.hidden])
+            .max()
+            .unwrap_or(1);
         Ok(GpuPrior {
+            widest,
             emb: g.upload_f32("enc_p.emb", &enc.emb)?,
             embed_scale: enc.embed_scale(),
             hidden: enc.hidden,
@@ -329,42 +343,75 @@ impl GpuPrior {
         speaker: Option<&SpeakerOffsets>,
     ) -> Result<(wgpu::Buffer, Vec<f32>)> {
         let mut work = Vec::new();
-        let p = self.record(v, ids, noise, speaker, &mut work)?;
+        let p = self.record(v, &[(ids, noise)], speaker, &mut work)?;
+        let t = p.ts[0];
         let z = self
             .gpu
-            .run_and_read(&work.iter().collect::<Vec<_>>(), &p.z, (p.t * 4) as u64)?;
+            .run_and_read(&work.iter().collect::<Vec<_>>(), &p.z, (t * 4) as u64)?;
         let z: Vec<f32> = bytemuck::pod_collect_to_vec(&z);
         let (m, inv) = self.affine;
-        let logw = z[..p.t].iter().map(|v| (v - m) * inv).collect();
+        let logw = z[..t].iter().map(|v| (v - m) * inv).collect();
         Ok((p.stats, logw))
     }
 
-    /// Records [`GpuPrior::encode`] into `work`: the statistics and the
-    /// duration channel once it runs.
+    /// Whether `batch` sentences of up to `t` phoneme ids fit in one
+    /// recording's buffers on this adapter (the attention's scores and the
+    /// widest activation).
+    pub(super) fn fits(&self, t: usize, batch: usize) -> bool {
+        let limit = self.gpu.caps.max_binding.min(self.gpu.caps.max_buffer);
+        let (t, batch) = (t as u64, batch as u64);
+        t <= speech::MAX_GROUPS as u64
+            && self.heads as u64 * t * t * batch * 4 <= limit
+            && self.widest as u64 * t * batch * 4 <= limit
+    }
+
+    /// Records [`GpuPrior::encode`] of a group of sentences (each one's ids
+    /// and duration noise) into `work`, in the same dispatches: the
+    /// statistics and the duration channel once it runs.
     pub(super) fn record(
         &self,
         v: &Vits,
-        ids: &[i64],
-        noise: &[f32],
+        sentences: &[(&[i64], &[f32])],
         speaker: Option<&SpeakerOffsets>,
         work: &mut Vec<Dispatch>,
     ) -> Result<RecordedPrior> {
         let gpu = &*self.gpu;
-        let ids = v.check_ids(ids)?;
-        let t = ids.len();
-        assert_eq!(noise.len(), 2 * t, "GpuPrior::record: noise shape");
-        let scores_bytes = speech::rel_attention_scratch_bytes(self.heads, t);
-        if scores_bytes > gpu.caps.max_binding.min(gpu.caps.max_buffer) || t > 65535 {
+        let mut ts = Vec::with_capacity(sentences.len());
+        for (ids, noise) in sentences {
+            let t = v.check_ids(ids)?.len();
+            assert_eq!(noise.len(), 2 * t, "GpuPrior::record: noise shape");
+            ts.push(t);
+        }
+        let cap = ts.iter().copied().max().unwrap_or(0);
+        if !self.fits(cap, ts.len()) {
+            let scores = speech::rel_attention_scratch_bytes(self.heads, Steps::fixed(cap));
             return Err(Error::invalid(format!(
-                "a sentence of {t} phoneme ids is too long for the GPU's attention ({} MB of \
+                "a sentence of {cap} phoneme ids is too long for the GPU's attention ({} MB of \
                  scores, the adapter binds {} MB); split it or use --cpu",
-                scores_bytes >> 20,
+                scores >> 20,
                 gpu.caps.max_binding >> 20
             )));
         }
-        let ids: Vec<u32> = ids.iter().map(|&i| i as u32).collect();
+        // Each sentence's ids and activations at its index times the
+        // steps' stride, its length read from the count.
+        let count = FrameCount::known(gpu, &ts, cap)?;
+        let t = count.steps(1, 0);
+        let lay = |part: &dyn Fn(usize) -> Vec<f32>| -> Vec<f32> {
+            let mut all = vec![0.0; cap * ts.len()];
+            for s in 0..ts.len() {
+                let p = part(s);
+                all[s * cap..s * cap + p.len()].copy_from_slice(&p);
+            }
+            all
+        };
+        let mut ids = vec![0u32; cap * ts.len()];
+        for (s, (i, _)) in sentences.iter().enumerate() {
+            for (d, &id) in ids[s * cap..].iter_mut().zip(i.iter()) {
+                *d = id as u32;
+            }
+        }
         let ids = gpu.upload_u32("enc_p.ids", &ids)?;
-        let mut h = gpu.scratch("enc_p.x", (self.hidden * t * 4) as u64)?;
+        let mut h = gpu.scratch("enc_p.x", t.bytes(self.hidden))?;
         work.push(speech::embed_channels(
             gpu,
             &self.emb,
@@ -374,13 +421,16 @@ impl GpuPrior {
             t,
             self.embed_scale,
         )?);
-        let scores = gpu.scratch("enc_p.scores", scores_bytes)?;
+        let scores = gpu.scratch(
+            "enc_p.scores",
+            speech::rel_attention_scratch_bytes(self.heads, t),
+        )?;
         let hidden = self.hidden;
         for l in &self.layers {
             let qkv = l
                 .qkv
                 .record(gpu, &h, None, t, InputAct::NONE, None, work, "enc_p.qkv")?;
-            let att = gpu.scratch("enc_p.att", (hidden * t * 4) as u64)?;
+            let att = gpu.scratch("enc_p.att", t.bytes(hidden))?;
             work.push(speech::rel_attention(
                 gpu,
                 &qkv,
@@ -447,8 +497,9 @@ impl GpuPrior {
             .dp_proj
             .record(gpu, &g, None, t, InputAct::NONE, None, work, "dp.g")?;
         // z's two channels as separate buffers: the flips swap them.
-        let mut a = gpu.upload_f32("dp.z.0", &noise[..t])?;
-        let mut b = gpu.upload_f32("dp.z.1", &noise[t..])?;
+        let noise = |ch: usize| lay(&|s| sentences[s].1[ch * ts[s]..(ch + 1) * ts[s]].to_vec());
+        let mut a = gpu.upload_f32("dp.z.0", &noise(0))?;
+        let mut b = gpu.upload_f32("dp.z.1", &noise(1))?;
         for f in &self.flows {
             std::mem::swap(&mut a, &mut b);
             let hf = f
@@ -458,14 +509,21 @@ impl GpuPrior {
             let params =
                 f.proj
                     .record(gpu, &hf, None, t, InputAct::NONE, None, work, "dp.params")?;
-            let next = gpu.scratch("dp.z", (t * 4) as u64)?;
+            let next = gpu.scratch("dp.z", t.bytes(1))?;
             work.push(speech::spline_inverse(
                 gpu, &b, &params, &next, f.bins, t, f.norm,
             )?);
             b = next;
         }
+        count.finish(gpu);
         // The last flip: the log-duration channel is b.
-        Ok(RecordedPrior { stats, z: b, t })
+        Ok(RecordedPrior {
+            stats,
+            stats_channels: self.proj.shape.c_out,
+            z: b,
+            ts,
+            cap,
+        })
     }
 
     /// The duration predictor's last flow, affine on the log-duration
@@ -475,12 +533,29 @@ impl GpuPrior {
     }
 }
 
-/// A sentence's prior as recorded.
+/// A group of sentences' prior as recorded: sentence s's values at s times
+/// `cap` times their channels in each buffer.
 pub(super) struct RecordedPrior {
-    /// The prior's mean and log-std, [2 inter_channels, t].
+    /// The prior's mean and log-std, [2 inter_channels, t] a sentence.
     pub stats: wgpu::Buffer,
-    /// The duration channel before the affine flow, [t].
+    stats_channels: usize,
+    /// The duration channel before the affine flow, [t] a sentence.
     pub z: wgpu::Buffer,
-    /// Phoneme ids.
-    pub t: usize,
+    /// Phoneme ids, a sentence.
+    pub ts: Vec<usize>,
+    /// The most phoneme ids of a sentence (what each is given room for).
+    cap: usize,
+}
+
+impl RecordedPrior {
+    /// Sentence s's statistics: the buffer, and the element they start at.
+    pub fn stats(&self, s: usize) -> (&wgpu::Buffer, usize) {
+        (&self.stats, s * self.stats_channels * self.cap)
+    }
+
+    /// Sentence s's duration channel: the buffer, and the element it
+    /// starts at.
+    pub fn z(&self, s: usize) -> (&wgpu::Buffer, usize) {
+        (&self.z, s * self.cap)
+    }
 }
