@@ -33,6 +33,7 @@ type Kernel = fn(&[u8], &[f32], &[f32]) -> f32;
 
 #[cfg(target_arch = "x86_64")]
 mod avx2;
+pub mod gemm8;
 pub mod int8;
 
 /// Dot products of rows of one weight type with one input vector.

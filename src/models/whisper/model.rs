@@ -15,7 +15,7 @@
 use crate::cpu::{self, AttentionShape, SeqSpan};
 use crate::error::{Error, Result};
 use crate::formats::ct2::Ct2File;
-use crate::quant::GgmlType;
+use crate::quant::{fast::gemm8, GgmlType};
 use crate::tensor::{self, Activations, Tensor};
 use half::f16;
 use half::slice::HalfFloatSliceExt;
@@ -140,11 +140,11 @@ pub enum ComputeType {
     /// f32 weights and inputs: the reference.
     #[default]
     Float32,
-    /// The decoder's linears and vocabulary head with Q8_0 weights (blocks
-    /// of 32 with one scale) and inputs rounded to 8-bit levels in blocks
-    /// of 32 (`tensor::Activations::Int8`), as CTranslate2's int8 quantises
-    /// both sides; the encoder and the cross-attention keys and values
-    /// stay f32.
+    /// The encoder's and the decoder's linears (the cross-attention keys
+    /// and values included) and the vocabulary head with Q8_0 weights
+    /// (blocks of 32 with one scale) and inputs rounded to 8-bit levels in
+    /// blocks of 32, as CTranslate2's int8 quantises both sides; the
+    /// convolutions and the attention products stay f32.
     Int8,
 }
 
@@ -159,7 +159,7 @@ pub struct Linear {
     packed: OnceLock<cpu::PackedMatrix>,
     /// `w` in Q8_0 blocks when the layer computes in int8
     /// ([`Whisper::set_compute_type`]): `forward` then uses it.
-    q8: Option<Tensor>,
+    q8: Option<Q8>,
 }
 
 impl Linear {
@@ -190,12 +190,7 @@ impl Linear {
     fn set_compute_type(&mut self, ct: ComputeType) -> Result<()> {
         self.q8 = match ct {
             ComputeType::Float32 => None,
-            ComputeType::Int8 => Some(Tensor::quantize_f32(
-                "whisper linear",
-                vec![self.n_out, self.n_in],
-                &self.w,
-                GgmlType::Q8_0,
-            )?),
+            ComputeType::Int8 => Some(Q8::new("whisper linear", &self.w, self.n_out, self.n_in)?),
         };
         Ok(())
     }
@@ -208,14 +203,14 @@ impl Linear {
 
     /// x: [rows, n_in] -> [rows, n_out], through the packed GEMM (equal to
     /// `cpu::matmul` up to the order of the additions), or in int8 over
-    /// the Q8_0 weights (each weight row read once for all rows).
+    /// the Q8_0 weights ([`Q8::forward`]).
     pub fn forward(&self, x: &[f32]) -> Vec<f32> {
         let rows = x.len() / self.n_in;
         let mut y = vec![0.0; rows * self.n_out];
         match &self.q8 {
             None => cpu::matmul_packed(x, self.packed(), self.b.as_deref(), rows, &mut y),
             Some(q) => {
-                tensor::matvec_rows(q, x, rows, &mut y, Activations::Int8);
+                q.forward(x, rows, &mut y);
                 if let Some(b) = &self.b {
                     y.chunks_exact_mut(self.n_out)
                         .for_each(|r| cpu::add_assign(r, b));
@@ -223,6 +218,35 @@ impl Linear {
             }
         }
         y
+    }
+}
+
+/// Q8_0 weights `[n, k]` and their product with inputs rounded to 8 bits
+/// in blocks of 32: packed for the int8 GEMM where the CPU has its fast
+/// copy (each weight panel read once per eight input rows), else rows for
+/// `tensor::matvec_rows` (each weight row read once for all rows).
+enum Q8 {
+    Gemm(gemm8::PackedQ8),
+    Rows(Tensor),
+}
+
+impl Q8 {
+    /// Fails when a row is not whole blocks of 32.
+    fn new(name: &str, w: &[f32], n: usize, k: usize) -> Result<Q8> {
+        let t = Tensor::quantize_f32(name, vec![n, k], w, GgmlType::Q8_0)?;
+        Ok(if gemm8::available() {
+            Q8::Gemm(gemm8::PackedQ8::pack(t.bytes(), n, k))
+        } else {
+            Q8::Rows(t)
+        })
+    }
+
+    /// y[m, n] = x[m, k] . w[n, k]^T
+    fn forward(&self, x: &[f32], m: usize, y: &mut [f32]) {
+        match self {
+            Q8::Gemm(p) => gemm8::matmul(p, x, m, y),
+            Q8::Rows(t) => tensor::matvec_rows(t, x, m, y, Activations::Int8),
+        }
     }
 }
 
@@ -292,6 +316,7 @@ pub struct Encoder {
     pub positions: Vec<f32>,
     pub layers: Vec<EncoderLayer>,
     pub norm: LayerNorm,
+    compute: ComputeType,
 }
 
 pub struct DecoderLayer {
@@ -316,18 +341,18 @@ pub struct Decoder {
     pub norm: LayerNorm,
     /// `embedding` as the CPU's head, made on its first use.
     head: OnceLock<Head>,
+    compute: ComputeType,
 }
 
 /// The output projection on the CPU. Every decoding step reads all of it
 /// (51,864 x d), so its bytes are the step's cost: when each value is an
 /// f16 (as in CTranslate2's f16 checkpoints, which hold them so) it is kept
 /// as f16, half the bytes, and widened exactly tile by tile. In int8 it is
-/// Q8_0 blocks, dotted with inputs rounded to 8 bits (17/64 of the f16's
-/// bytes).
+/// Q8_0 blocks, dotted with inputs rounded to 8 bits.
 enum Head {
     Half(Vec<f16>),
     Packed(cpu::PackedMatrix),
-    Int8(Tensor),
+    Int8(Q8),
 }
 
 /// Rows of the f16 head widened at a time (64 x d f32: fits in L2).
@@ -355,7 +380,7 @@ impl Head {
         }
         match self {
             Head::Packed(p) => cpu::matmul_packed(x, p, None, m, y),
-            Head::Int8(q) => tensor::matvec_rows(q, x, m, y, Activations::Int8),
+            Head::Int8(q) => q.forward(x, m, y),
             Head::Half(w) => {
                 // [n, m], tile by tile, then transposed into y.
                 let mut yt = vec![0.0f32; n * m];
@@ -418,6 +443,7 @@ impl Whisper {
                 })
                 .collect::<Result<_>>()?,
             norm: LayerNorm::load(f, "encoder/layer_norm", d)?,
+            compute: ComputeType::Float32,
         };
         let decoder = Decoder {
             embedding: f.f32("decoder/embeddings/weight", &[c.n_vocab, d])?,
@@ -448,6 +474,7 @@ impl Whisper {
                 .collect::<Result<_>>()?,
             norm: LayerNorm::load(f, "decoder/layer_norm", d)?,
             head: OnceLock::new(),
+            compute: ComputeType::Float32,
         };
         // The output projection must be the embedding (CT2 writes it as an alias).
         if let Some(v) = f.variable("decoder/projection/weight") {
@@ -471,10 +498,11 @@ impl Whisper {
         })
     }
 
-    /// Makes the CPU decoder compute in `ct` (quantising its weights for
-    /// int8, at once, so a transcription's time does not include it).
-    /// The GPU backends read the f32 weights and ignore it.
+    /// Makes the CPU encoder and decoder compute in `ct` (quantising their
+    /// weights for int8, at once, so a transcription's time does not
+    /// include it). The GPU backends read the f32 weights and ignore it.
     pub fn set_compute_type(&mut self, ct: ComputeType) -> Result<()> {
+        self.encoder.set_compute_type(ct)?;
         self.decoder.set_compute_type(&self.config, ct)
     }
 }
@@ -541,6 +569,19 @@ fn attention_shape(
 }
 
 impl Encoder {
+    /// Computes the layers' linears in `ct` from now on (the convolutions
+    /// stay f32: conv1's rows of 240 are not whole blocks of 32, and both
+    /// are a small part of an encode).
+    fn set_compute_type(&mut self, ct: ComputeType) -> Result<()> {
+        for l in &mut self.layers {
+            l.qkv.set_compute_type(ct)?;
+            l.out.set_compute_type(ct)?;
+            l.mlp.set_compute_type(ct)?;
+        }
+        self.compute = ct;
+        Ok(())
+    }
+
     /// mel [n_mels, 3000] -> conv1 + GELU, conv2 + GELU, + positions: [n_ctx, d].
     /// Both convolutions are an im2col followed by one matmul.
     pub fn stem(&self, c: &Config, mel: &[f32]) -> Vec<f32> {
@@ -575,7 +616,7 @@ impl Encoder {
     pub fn forward(&self, c: &Config, mel: &[f32]) -> Vec<f32> {
         let mut x = self.stem(c, mel);
         for layer in &self.layers {
-            layer.forward(c, &mut x);
+            layer.forward(c, &mut x, self.compute);
         }
         self.norm.forward(&x)
     }
@@ -584,16 +625,30 @@ impl Encoder {
 /// softmax(scale q k^T) v for one head: q [m, hd], k packed from [frames,
 /// hd], v^T packed from [hd, frames] -> [m, hd]. Two GEMMs: over 1500
 /// audio positions the row-by-row dot products of `cpu::attention` were two
-/// thirds of a CPU transcription.
-fn attend(q: &[f32], k: &cpu::PackedMatrix, vt: &cpu::PackedMatrix, scale: f32) -> Vec<f32> {
+/// thirds of a CPU transcription. In int8 the softmax takes the polynomial
+/// `exp` of `cpu::softmax_rows_fast` (libm's scalar one over the encoder's
+/// 1500 x 1500 scores a head was then most of an encode).
+fn attend(
+    q: &[f32],
+    k: &cpu::PackedMatrix,
+    vt: &cpu::PackedMatrix,
+    scale: f32,
+    ct: ComputeType,
+) -> Vec<f32> {
     let (frames, hd) = (k.rows(), k.cols());
     let m = q.len() / hd;
     let mut scores = vec![0.0; m * frames];
     cpu::matmul_packed(q, k, None, m, &mut scores);
-    scores.par_chunks_mut(frames).for_each(|row| {
-        row.iter_mut().for_each(|v| *v *= scale);
-        cpu::softmax_rows(row, frames);
-    });
+    match ct {
+        ComputeType::Float32 => scores.par_chunks_mut(frames).for_each(|row| {
+            row.iter_mut().for_each(|v| *v *= scale);
+            cpu::softmax_rows(row, frames);
+        }),
+        ComputeType::Int8 => {
+            scores.par_iter_mut().for_each(|v| *v *= scale);
+            cpu::softmax_rows_fast(&mut scores, frames);
+        }
+    }
     let mut o = vec![0.0; m * hd];
     cpu::matmul_packed(&scores, vt, None, m, &mut o);
     o
@@ -638,24 +693,24 @@ fn scatter_head(out: &mut [f32], o: &[f32], d: usize, hd: usize, h: usize) {
 
 /// Non-causal self-attention over fused rows `qkv` [t, 3d] -> [t, d]: what
 /// `cpu::attention` computes, through [`attend`].
-fn full_attention(qkv: &[f32], t: usize, d: usize, heads: usize) -> Vec<f32> {
+fn full_attention(qkv: &[f32], t: usize, d: usize, heads: usize, ct: ComputeType) -> Vec<f32> {
     let hd = d / heads;
     let scale = 1.0 / (hd as f32).sqrt();
     let mut out = vec![0.0; t * d];
     for h in 0..heads {
         let (k, vt) = pack_head_kv(qkv, 3 * d, (d, 2 * d), hd, h);
-        let o = attend(&head_columns(qkv, 3 * d, 0, hd, h), &k, &vt, scale);
+        let o = attend(&head_columns(qkv, 3 * d, 0, hd, h), &k, &vt, scale, ct);
         scatter_head(&mut out, &o, d, hd, h);
     }
     out
 }
 
 impl EncoderLayer {
-    fn forward(&self, c: &Config, x: &mut [f32]) {
+    fn forward(&self, c: &Config, x: &mut [f32], ct: ComputeType) {
         let d = c.d_model;
         let t = x.len() / d;
         let qkv = self.qkv.forward(&self.attn_norm.forward(x));
-        let a = full_attention(&qkv, t, d, c.n_audio_heads);
+        let a = full_attention(&qkv, t, d, c.n_audio_heads, ct);
         cpu::add_assign(x, &self.out.forward(&a));
         self.mlp.forward(x);
     }
@@ -850,7 +905,7 @@ impl Decoder {
             let scale = 1.0 / (hd as f32).sqrt();
             let mut a = vec![0.0; x.len()];
             for (h, (k, vt)) in cross.packed(d, c.n_text_heads)[li].iter().enumerate() {
-                let o = attend(&head_columns(&q, d, 0, hd, h), k, vt, scale);
+                let o = attend(&head_columns(&q, d, 0, hd, h), k, vt, scale, self.compute);
                 scatter_head(&mut a, &o, d, hd, h);
             }
             cpu::add_assign(&mut x, &layer.cross_out.forward(&a));
@@ -862,15 +917,14 @@ impl Decoder {
         self.norm.forward(&x)
     }
 
-    /// Computes the per-step products (the layers' linears but the
-    /// cross-attention keys and values, which see the encoder's 1500 rows
-    /// once a window, and the head) in `ct` from now on.
+    /// Computes the layers' linears and the head in `ct` from now on.
     fn set_compute_type(&mut self, c: &Config, ct: ComputeType) -> Result<()> {
         for l in &mut self.layers {
             for lin in [
                 &mut l.self_qkv,
                 &mut l.self_out,
                 &mut l.cross_q,
+                &mut l.cross_kv,
                 &mut l.cross_out,
             ] {
                 lin.set_compute_type(ct)?;
@@ -879,13 +933,14 @@ impl Decoder {
         }
         self.head = match ct {
             ComputeType::Float32 => OnceLock::new(),
-            ComputeType::Int8 => OnceLock::from(Head::Int8(Tensor::quantize_f32(
+            ComputeType::Int8 => OnceLock::from(Head::Int8(Q8::new(
                 "decoder/embeddings/weight",
-                vec![c.n_vocab, c.d_model],
                 &self.embedding,
-                GgmlType::Q8_0,
+                c.n_vocab,
+                c.d_model,
             )?)),
         };
+        self.compute = ct;
         Ok(())
     }
 
@@ -913,10 +968,13 @@ mod tests {
         let shape = attention_shape(d, heads, false, (3 * d, 0), (3 * d, d), (3 * d, 2 * d));
         let mut want = vec![0.0; t * d];
         cpu::attention(&qkv, &qkv, &qkv, &[SeqSpan::same(0, t)], &shape, &mut want);
-        let got = full_attention(&qkv, t, d, heads);
-        for (g, w) in got.iter().zip(&want) {
-            // The same sums in another order (f32, |values| of a few units).
-            assert!((g - w).abs() <= 1e-4, "{g} against {w}");
+        // int8's polynomial exp is within a few ulps of libm's.
+        for ct in [ComputeType::Float32, ComputeType::Int8] {
+            let got = full_attention(&qkv, t, d, heads, ct);
+            for (g, w) in got.iter().zip(&want) {
+                // The same sums in another order (f32, |values| of a few units).
+                assert!((g - w).abs() <= 1e-4, "{ct:?}: {g} against {w}");
+            }
         }
     }
 
@@ -959,29 +1017,42 @@ mod tests {
         let mut lin = Linear::new(rng.vec(n * k, -0.5, 0.5), Some(rng.vec(n, -1.0, 1.0)), n, k);
         let want = lin.forward(&x);
         lin.set_compute_type(ComputeType::Int8).unwrap();
-        let got = lin.forward(&x);
-        let wq = lin.q8.as_ref().unwrap().to_f32();
+        let mut gots = vec![lin.forward(&x)];
+        let quantised = || Tensor::quantize_f32("w", vec![n, k], &lin.w, GgmlType::Q8_0).unwrap();
+        let wq = quantised().to_f32();
+        // Both copies of the product, whichever the CPU chose above.
+        let other = match lin.q8 {
+            Some(Q8::Gemm(_)) => Q8::Rows(quantised()),
+            _ => Q8::Gemm(gemm8::PackedQ8::pack(quantised().bytes(), n, k)),
+        };
+        let mut y = vec![0.0; m * n];
+        other.forward(&x, m, &mut y);
+        y.chunks_exact_mut(n)
+            .for_each(|r| cpu::add_assign(r, lin.b.as_ref().unwrap()));
+        gots.push(y);
         let mut moved = 0;
-        for i in 0..m {
-            let xi = &x[i * k..(i + 1) * k];
-            for j in 0..n {
-                let (w, w8) = (&lin.w[j * k..(j + 1) * k], &wq[j * k..(j + 1) * k]);
-                let mut bound = 0.0f32;
-                for b in 0..k / 32 {
-                    let r = b * 32..(b + 1) * 32;
-                    let half_level =
-                        xi[r.clone()].iter().fold(0.0f32, |a, v| a.max(v.abs())) / 254.0;
-                    for t in r {
-                        bound += (w[t] - w8[t]).abs() * xi[t].abs() + w8[t].abs() * half_level;
+        for got in &gots {
+            for i in 0..m {
+                let xi = &x[i * k..(i + 1) * k];
+                for j in 0..n {
+                    let (w, w8) = (&lin.w[j * k..(j + 1) * k], &wq[j * k..(j + 1) * k]);
+                    let mut bound = 0.0f32;
+                    for b in 0..k / 32 {
+                        let r = b * 32..(b + 1) * 32;
+                        let half_level =
+                            xi[r.clone()].iter().fold(0.0f32, |a, v| a.max(v.abs())) / 254.0;
+                        for t in r {
+                            bound += (w[t] - w8[t]).abs() * xi[t].abs() + w8[t].abs() * half_level;
+                        }
                     }
+                    let (g, e) = (got[i * n + j], want[i * n + j]);
+                    // 1% and 1e-5 for the f32 sums' own rounding.
+                    assert!(
+                        (g - e).abs() <= bound * 1.01 + 1e-5,
+                        "[{i},{j}] {g} vs {e}, bound {bound}"
+                    );
+                    moved += usize::from(g != e);
                 }
-                let (g, e) = (got[i * n + j], want[i * n + j]);
-                // 1% and 1e-5 for the f32 sums' own rounding.
-                assert!(
-                    (g - e).abs() <= bound * 1.01 + 1e-5,
-                    "[{i},{j}] {g} vs {e}, bound {bound}"
-                );
-                moved += usize::from(g != e);
             }
         }
         assert!(moved > 0, "int8 gave the f32 results: not quantised");
