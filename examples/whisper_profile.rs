@@ -73,7 +73,12 @@ fn main() -> anyhow::Result<()> {
         .map(|&w| (w, 1, 0.0, format!("decode step, {w} windows greedy")))
         .collect();
     cases.push((1, 5, 0.0, "decode step, 1 window, 5 beams".into()));
-    cases.push((1, 5, 0.2, "decode step, 1 window, 5 samples at T 0.2".into()));
+    cases.push((
+        1,
+        5,
+        0.2,
+        "decode step, 1 window, 5 samples at T 0.2".into(),
+    ));
     let mut rng = lfm::util::rng::Rng::new(1);
     // Every case's windows are the first of these slots.
     backend.encode(&vec![&window[..]; most])?;
