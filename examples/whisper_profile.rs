@@ -1,7 +1,9 @@
 //! Where a Whisper decoder step's device time goes on this adapter: every
 //! dispatch of a step timed with device timestamps, for batches of 1 to N
-//! windows decoded greedily (one sequence a window) and one window with 5
-//! beams, the token choice on the device (`whisper_select`) included.
+//! windows decoded greedily (one sequence a window), one window with 5
+//! beams and one with 5 samples at temperature 0.2 (the fallback's
+//! best-of), the token choice on the device (`whisper_select`,
+//! `whisper_sample`) included.
 //! Steps run after a prompt of `<|startoftranscript|>` over real 30 s
 //! windows (one clip's, in every slot, encoded once).
 //!
@@ -12,7 +14,7 @@
 //! busy time and a table of kernels (`scoreboard --profile`'s format).
 
 use anyhow::Context;
-use lfm::cpu::whisper::{token_masks, RowRule, SelectRules, NO_TOKEN};
+use lfm::cpu::whisper::{token_masks, Draw, RowRule, SampleRules, SelectRules, NO_TOKEN};
 use lfm::gpu::{Gpu, GpuOptions};
 use lfm::models::whisper::gpu::GpuBackend;
 use lfm::models::whisper::WhisperFiles;
@@ -65,15 +67,22 @@ fn main() -> anyhow::Result<()> {
         probe: NO_TOKEN,
         _pad: [0; 3],
     };
-    // (windows, sequences a window, what)
-    let mut cases: Vec<(usize, usize, String)> = windows
+    // (windows, sequences a window, temperature, what)
+    let mut cases: Vec<(usize, usize, f32, String)> = windows
         .iter()
-        .map(|&w| (w, 1, format!("decode step, {w} windows greedy")))
+        .map(|&w| (w, 1, 0.0, format!("decode step, {w} windows greedy")))
         .collect();
-    cases.push((1, 5, "decode step, 1 window, 5 beams".into()));
+    cases.push((1, 5, 0.0, "decode step, 1 window, 5 beams".into()));
+    cases.push((
+        1,
+        5,
+        0.2,
+        "decode step, 1 window, 5 samples at T 0.2".into(),
+    ));
+    let mut rng = lfm::util::rng::Rng::new(1);
     // Every case's windows are the first of these slots.
     backend.encode(&vec![&window[..]; most])?;
-    for (w, per, what) in cases {
+    for (w, per, temperature, what) in cases {
         let sot = [s.sot];
         let prompts: Vec<&[u32]> = vec![&sot[..]; w];
         let first = vec![open; w];
@@ -88,10 +97,27 @@ fn main() -> anyhow::Result<()> {
         backend.select(&forks)?;
         let rows = vec![open; w * per];
         let tokens = vec![440u32; w * per];
-        let pick = Pick::Top {
-            k,
-            rules: &rules,
-            rows: &rows,
+        let draws: Vec<Draw> = (0..rows.len())
+            .map(|r| Draw {
+                row: r as u32,
+                u: rng.next_f32(),
+            })
+            .collect();
+        let pick = if temperature > 0.0 {
+            Pick::Sample {
+                rules: SampleRules {
+                    select: &rules,
+                    rows: &rows,
+                    temperature,
+                },
+                draws: &draws,
+            }
+        } else {
+            Pick::Top {
+                k,
+                rules: &rules,
+                rows: &rows,
+            }
         };
         // One untimed step: the step's shape binds its dispatches.
         backend.step(&tokens, &pick)?;

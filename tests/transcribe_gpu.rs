@@ -11,6 +11,7 @@
 
 mod common;
 
+use lfm::cpu::whisper::{self as select, Draw, RowRule, SampleRules, SelectRules};
 use lfm::gpu::{Gpu, GpuOptions};
 use lfm::models::whisper::gpu::GpuBackend;
 use lfm::models::whisper::model::CrossKv;
@@ -248,6 +249,92 @@ fn gpu_decoder_matches_cpu_over_a_batch_of_windows() {
             &format!("step {i}"),
             gpu.step(tokens, &Pick::Logits).unwrap(),
             cpu.step(tokens, &Pick::Logits).unwrap(),
+        );
+    }
+    // Sampling (the temperature fallback): draws from the prompt (two a
+    // window) and from a step of the forked sequences, at a low and a
+    // high temperature: the device's tokens are the CPU sampler's for the
+    // same u, exactly (draws it cannot be sure of are drawn on the CPU).
+    let vocab = files.model.config.n_vocab;
+    let rules = SelectRules {
+        vocab,
+        timestamp_begin: s.timestamp_begin,
+        timestamps: true,
+        masks: select::token_masks(vocab, &[s.no_timestamps], &[s.eot]),
+    };
+    let first = RowRule {
+        text_end: s.timestamp_begin,
+        ts_from: 0,
+        ts_end: vocab as u32,
+        flags: select::ROW_FIRST,
+        probe: select::NO_TOKEN,
+        _pad: [0; 3],
+    };
+    let mut rng = lfm::util::rng::Rng::new(21);
+    for temperature in [0.2f32, 1.0] {
+        let draws = |rows: usize, per: usize, rng: &mut lfm::util::rng::Rng| -> Vec<Draw> {
+            (0..rows * per)
+                .map(|i| Draw {
+                    row: (i / per) as u32,
+                    u: rng.next_f32(),
+                })
+                .collect()
+        };
+        let check = |what: &str, got: Picks, want: Picks| -> Vec<u32> {
+            let (got, want) = (got.sampled(), want.sampled());
+            for (g, w) in got.iter().zip(&want) {
+                assert_eq!(g.token, w.token, "{what} T={temperature}: token");
+                // The row's log-sum-exp in another order (the CPU's adds
+                // 51,864 terms one after another in f32).
+                assert!(
+                    (g.logprob - w.logprob).abs() <= 5e-4 + 1e-5 * w.logprob.abs(),
+                    "{what} T={temperature}: log probability {} against {}",
+                    g.logprob,
+                    w.logprob
+                );
+            }
+            got.iter().map(|d| d.token).collect()
+        };
+        let prompt_draws = draws(2, 2, &mut rng);
+        let rows = [first; 2];
+        let pick = Pick::Sample {
+            rules: SampleRules {
+                select: &rules,
+                rows: &rows,
+                temperature,
+            },
+            draws: &prompt_draws,
+        };
+        let (gp, g) = gpu.prompt(&prompts, probe, &pick).unwrap();
+        let (cp, c) = cpu.prompt(&prompts, probe, &pick).unwrap();
+        for (a, b) in gp.iter().zip(&cp) {
+            assert!((a - b).abs() < 1e-5, "probe probability {a} against {b}");
+        }
+        let tokens = check("prompt", g, c);
+        cpu.select(&[0, 0, 1, 1]).unwrap();
+        gpu.select(&[0, 0, 1, 1]).unwrap();
+        let rows: Vec<RowRule> = tokens
+            .iter()
+            .map(|&t| RowRule {
+                flags: 0,
+                text_end: 0,
+                ts_from: if t >= s.timestamp_begin { t } else { 0 },
+                ..first
+            })
+            .collect();
+        let step_draws = draws(4, 1, &mut rng);
+        let pick = Pick::Sample {
+            rules: SampleRules {
+                select: &rules,
+                rows: &rows,
+                temperature,
+            },
+            draws: &step_draws,
+        };
+        check(
+            "step",
+            gpu.step(&tokens, &pick).unwrap(),
+            cpu.step(&tokens, &pick).unwrap(),
         );
     }
     assert!(

@@ -16,10 +16,11 @@
 # (encoder, decoder passes and their cost, host search, submissions, bytes
 # read back): where its time goes.
 # First, when carried (pack.sh TESTS / EXAMPLES): the Whisper kernels'
-# parity (gpu_parity, whisper_select and attention_tiled), the GPU
-# transcription tests (transcribe_gpu), and the decoder step's kernels
-# timed with device timestamps (whisper_profile: 1, 8, 32 windows greedy,
-# 1 window with 5 beams).
+# parity (gpu_parity: whisper_select_part, whisper_select, whisper_sample
+# and attention_tiled), the GPU transcription tests (transcribe_gpu), and
+# the decoder step's kernels timed with device timestamps
+# (whisper_profile: 1, 8, 32 windows greedy, 1 window with 5 beams, 1
+# with 5 samples at T 0.2).
 #
 # ctranslate2's wheel opens libcublas.so.12 at run time; the image has
 # CUDA 13's cuBLAS (torch's nvidia-cublas), and cuDNN 9 (libcudnn.so.9,
@@ -83,8 +84,9 @@ if ! cuda_ok; then
     cuda_ok || echo "faster-whisper's CUDA arm cannot run here: see the errors above"
 fi
 if [[ -x target/release/gpu_parity ]]; then
-    echo "== gpu_parity: whisper_select, attention_tiled"
-    LFM_PARITY_ONLY=whisper_select,attention_tiled target/release/gpu_parity kernels_match_cpu --nocapture 2>&1 | tail -5
+    echo "== gpu_parity: whisper_select_part, whisper_select, whisper_sample, attention_tiled"
+    LFM_PARITY_ONLY=whisper_select_part,whisper_select,whisper_sample,attention_tiled \
+        target/release/gpu_parity kernels_match_cpu --nocapture 2>&1 | tail -12
 fi
 if [[ -x target/release/transcribe_gpu ]]; then
     echo "== transcribe_gpu"

@@ -1,8 +1,10 @@
-//! Whisper's choice of the next token, the CPU twin of the `whisper_select`
-//! kernel (`shaders/whisper_select.wgsl`): openai-whisper's logit filters
+//! Whisper's choice of the next token, the CPU twin of the
+//! `whisper_select_part` and `whisper_select` kernels
+//! (`shaders/whisper_select*.wgsl`): openai-whisper's logit filters
 //! (suppressed tokens, blank suppression at the start, the timestamp rules)
 //! applied to each row of logits, then the row's log-sum-exp, its k
-//! likeliest tokens and their log probabilities. The search
+//! likeliest tokens and their log probabilities; and of `whisper_sample`:
+//! a token drawn at a temperature from the filtered row. The search
 //! (`run::transcribe::decode`) reads only these, so a GPU step reads back
 //! a few words a row instead of the 51,864 logits.
 
@@ -81,11 +83,17 @@ pub fn token_masks(vocab: usize, always: &[u32], first: &[u32]) -> Vec<u32> {
 }
 
 /// u32 words [`whisper_select`] writes per row: the probe's log
-/// probability (f32 bits), a flag set when the row's logits hold a NaN or
-/// an infinity, then k pairs (token, log probability bits).
+/// probability (f32 bits), flags ([`ROW_DAMAGED`], [`ROW_TEXT_BANNED`]),
+/// the log-sum-exp and the maximum of the filtered row (f32 bits), then k
+/// pairs (token, log probability bits).
 pub fn select_words(k: usize) -> usize {
-    2 + 2 * k
+    4 + 2 * k
 }
+
+/// [`whisper_select`]'s flags: the row's logits hold a NaN or an infinity.
+pub const ROW_DAMAGED: u32 = 1;
+/// [`whisper_select`]'s flags: the timestamp rule banned every text token.
+pub const ROW_TEXT_BANNED: u32 = 2;
 
 fn banned(rules: &SelectRules, rule: &RowRule, t: usize) -> bool {
     if rule.flags & ROW_RAW != 0 {
@@ -106,6 +114,11 @@ fn banned(rules: &SelectRules, rule: &RowRule, t: usize) -> bool {
 /// timestamps' log-sum-exp with the best text logit, both before the
 /// normalisation openai-whisper subtracts from each (the same comparison).
 pub fn filter_row(row: &mut [f32], rules: &SelectRules, rule: &RowRule) -> f32 {
+    filter(row, rules, rule).0
+}
+
+/// [`filter_row`], and whether the timestamp rule banned the text tokens.
+fn filter(row: &mut [f32], rules: &SelectRules, rule: &RowRule) -> (f32, bool) {
     let tb = (rules.timestamp_begin as usize).min(row.len());
     let ninf = f32::NEG_INFINITY;
     for (t, v) in row.iter_mut().enumerate() {
@@ -125,10 +138,10 @@ pub fn filter_row(row: &mut [f32], rules: &SelectRules, rule: &RowRule) -> f32 {
         let text_max = row[..tb].iter().copied().fold(ninf, f32::max);
         if ts_lse > text_max {
             row[..tb].fill(ninf);
-            return ts_lse;
+            return (ts_lse, true);
         }
     }
-    lse(row)
+    (lse(row), false)
 }
 
 /// The log probability of `token` under the row's own distribution (no
@@ -140,8 +153,9 @@ pub fn raw_logprob(row: &[f32], token: u32) -> f32 {
 }
 
 /// For each row of `logits` ([rows.len(), vocab]) under its rule: the
-/// probe's log probability, whether the row held a NaN or an infinity, and
-/// the k likeliest tokens (by filtered logit, the lower id first on ties;
+/// probe's log probability, whether the row held a NaN or an infinity and
+/// whether text was banned, the filtered row's log-sum-exp and maximum,
+/// and the k likeliest tokens (by filtered logit, the lower id first on ties;
 /// banned tokens at -inf come last, in id order) with their log
 /// probabilities, as [`select_words`] words a row.
 pub fn whisper_select(logits: &[f32], rules: &SelectRules, rows: &[RowRule], k: usize) -> Vec<u32> {
@@ -162,13 +176,18 @@ pub fn whisper_select(logits: &[f32], rules: &SelectRules, rows: &[RowRule], k: 
         let raw = &logits[r * vocab..(r + 1) * vocab];
         let nonfinite = raw.iter().any(|v| !v.is_finite());
         let mut row = raw.to_vec();
-        let lse = filter_row(&mut row, rules, rule);
+        let (lse, text_banned) = filter(&mut row, rules, rule);
         let probe = match rule.probe {
             NO_TOKEN => f32::NEG_INFINITY,
             t => row[t as usize] - lse,
         };
+        let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
         out.push(probe.to_bits());
-        out.push(nonfinite as u32);
+        let damaged = if nonfinite { ROW_DAMAGED } else { 0 };
+        let banned = if text_banned { ROW_TEXT_BANNED } else { 0 };
+        out.push(damaged | banned);
+        out.push(lse.to_bits());
+        out.push(max.to_bits());
         let mut top: Vec<usize> = (0..vocab).collect();
         let order = |&a: &usize, &b: &usize| row[b].total_cmp(&row[a]).then(a.cmp(&b));
         if k < vocab {
@@ -201,7 +220,7 @@ pub fn read_picks(words: &[u32], k: usize) -> Vec<Picked> {
     words
         .chunks_exact(select_words(k))
         .map(|w| {
-            let damaged = w[1] != 0;
+            let damaged = w[1] & ROW_DAMAGED != 0;
             let lp = |bits: u32| {
                 if damaged {
                     f32::NAN
@@ -211,11 +230,105 @@ pub fn read_picks(words: &[u32], k: usize) -> Vec<Picked> {
             };
             Picked {
                 probe: lp(w[0]),
-                tokens: w[2..].iter().step_by(2).copied().collect(),
-                logprobs: w[3..].iter().step_by(2).map(|&b| lp(b)).collect(),
+                tokens: w[4..].iter().step_by(2).copied().collect(),
+                logprobs: w[5..].iter().step_by(2).map(|&b| lp(b)).collect(),
             }
         })
         .collect()
+}
+
+/// What the rows of one [`whisper_sample`] call are drawn under: the run's
+/// rules, each row's rule and the temperature (above 0).
+#[derive(Clone, Copy, Debug)]
+pub struct SampleRules<'a> {
+    pub select: &'a SelectRules,
+    pub rows: &'a [RowRule],
+    pub temperature: f32,
+}
+
+/// One draw of [`whisper_sample`]: row `row` of the logits, `u` uniform
+/// in [0, 1) (the search's generator). As the GPU reads it: two words.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, bytemuck::Pod, bytemuck::Zeroable)]
+pub struct Draw {
+    pub row: u32,
+    pub u: f32,
+}
+
+/// A drawn token and its log probability under the filtered row (NaN when
+/// the row's logits were not all finite).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Sampled {
+    pub token: u32,
+    pub logprob: f32,
+}
+
+/// u32 words the `whisper_sample` kernel writes per draw: the token, its
+/// log probability (f32 bits), [`DRAW_ON_CPU`] or 0, and 0.
+pub const SAMPLE_WORDS: usize = 4;
+/// The kernel could not be sure of the CPU's choice: draw on the CPU.
+pub const DRAW_ON_CPU: u32 = 1;
+
+/// For each draw, a token drawn from softmax(row / temperature) of its
+/// row's logits ([rules.rows.len(), vocab]) under the row's rule: the filtered
+/// weights exp((x - max) / temperature) in f64, walked in token order
+/// until u times their sum is spent. The GPU's `whisper_sample` makes the
+/// same choice or hands the draw back to this function.
+pub fn whisper_sample(logits: &[f32], rules: &SampleRules, draws: &[Draw]) -> Vec<Sampled> {
+    let SampleRules {
+        select: rules,
+        rows,
+        temperature,
+    } = *rules;
+    let vocab = rules.vocab;
+    assert!(
+        logits.len() == rows.len() * vocab && temperature > 0.0,
+        "whisper_sample: logits [{}] for {} rows of {vocab}, temperature {temperature}",
+        logits.len(),
+        rows.len()
+    );
+    draws
+        .iter()
+        .map(|d| {
+            let r = d.row as usize;
+            let mut row = logits[r * vocab..(r + 1) * vocab].to_vec();
+            let damaged = row.iter().any(|v| !v.is_finite());
+            let lse = filter_row(&mut row, rules, &rows[r]);
+            let token = sample(&row, temperature, d.u);
+            Sampled {
+                token: token as u32,
+                logprob: if damaged { f32::NAN } else { row[token] - lse },
+            }
+        })
+        .collect()
+}
+
+/// The token drawn from softmax(logits / temperature) by `u` in [0, 1).
+pub fn sample(logits: &[f32], temperature: f32, u: f32) -> usize {
+    let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let weights: Vec<f64> = logits
+        .iter()
+        .map(|&l| (((l - max) / temperature) as f64).exp())
+        .collect();
+    let total: f64 = weights.iter().sum();
+    let mut u = u as f64 * total;
+    for (i, w) in weights.iter().enumerate() {
+        if u < *w {
+            return i;
+        }
+        u -= w;
+    }
+    argmax(logits)
+}
+
+fn argmax(x: &[f32]) -> usize {
+    let mut best = 0;
+    for (i, &v) in x.iter().enumerate() {
+        if v > x[best] {
+            best = i;
+        }
+    }
+    best
 }
 
 #[cfg(test)]
@@ -276,6 +389,19 @@ mod tests {
         assert_eq!(got[0].tokens, vec![2]);
         let z: f32 = logits.iter().map(|v| (v - 9.0).exp()).sum();
         assert!((got[0].probe - (-z.ln())).abs() < 1e-6);
+    }
+
+    #[test]
+    fn sampling_follows_the_distribution() {
+        let mut rng = crate::util::rng::Rng::new(3);
+        let logits = [0.0f32, 2.0_f32.ln(), f32::NEG_INFINITY];
+        let mut counts = [0; 3];
+        for _ in 0..3000 {
+            counts[sample(&logits, 1.0, rng.next_f32())] += 1;
+        }
+        assert_eq!(counts[2], 0, "a suppressed token was sampled");
+        let ratio = counts[1] as f32 / counts[0] as f32;
+        assert!((1.7..2.3).contains(&ratio), "{counts:?}");
     }
 
     #[test]

@@ -1,8 +1,9 @@
 //! Kernels of Whisper beyond the shared dense ones: the 1-D im2col of its
 //! conv stem, the tiled attention of its long sequences (the encoder's, and
 //! the decoder's cross-attention to them), and the choice of the next token
-//! under Whisper's rules. CPU twins: `models::whisper::model::im2col_1d`,
-//! `cpu::attention`, `cpu::whisper::whisper_select`.
+//! under Whisper's rules, best first or drawn at a temperature. CPU twins:
+//! `models::whisper::model::im2col_1d`, `cpu::attention`,
+//! `cpu::whisper::{whisper_select, whisper_sample}`.
 
 use super::kernels::{Binding, Kernel, Variant};
 use super::ops::{groups_1d, Dispatch};
@@ -93,23 +94,93 @@ struct SelectParams {
     timestamps: u32,
     words: u32,
     neg_inf_bits: u32,
-    _pad: [u32; 2],
+    text_chunks: u32,
+    chunks: u32,
+    temperature: f32,
+    _pad: [u32; 3],
 }
-const _: () = assert!(std::mem::size_of::<SelectParams>() == 32);
+const _: () = assert!(std::mem::size_of::<SelectParams>() == 48);
 
 kernel!(
-    WHISPER_SELECT,
-    "whisper_select",
-    "whisper_select.wgsl",
+    WHISPER_SELECT_PART,
+    "whisper_select_part",
+    ["whisper_select_common.wgsl", "whisper_select_part.wgsl"],
     [
         Binding::read("logits"),
         Binding::read("rules"),
         Binding::read("masks"),
+        Binding::write("part"),
+    ],
+    SelectParams,
+    [&[]]
+);
+
+kernel!(
+    WHISPER_SELECT,
+    "whisper_select",
+    ["whisper_select_common.wgsl", "whisper_select.wgsl"],
+    [
+        Binding::read("logits"),
+        Binding::read("rules"),
+        Binding::read("masks"),
+        Binding::read("part"),
         Binding::write("out"),
     ],
     SelectParams,
     [&[]]
 );
+
+kernel!(
+    WHISPER_SAMPLE,
+    "whisper_sample",
+    ["whisper_select_common.wgsl", "whisper_sample.wgsl"],
+    [
+        Binding::read("logits"),
+        Binding::read("rules"),
+        Binding::read("masks"),
+        Binding::read("part"),
+        Binding::read("picks"),
+        Binding::read("draws"),
+        Binding::write("out"),
+    ],
+    SelectParams,
+    [&[]]
+);
+
+/// Tokens of one chunk of `whisper_select_part` (`CHUNK` in
+/// `shaders/whisper_select_common.wgsl`).
+const SELECT_CHUNK: usize = 512;
+
+/// `whisper_select_part`'s chunks of a vocabulary: text chunks (below
+/// `timestamp_begin`), and all of them.
+fn select_chunks(vocab: usize, timestamp_begin: u32) -> (usize, usize) {
+    let tb = (timestamp_begin as usize).min(vocab);
+    let text = tb.div_ceil(SELECT_CHUNK);
+    (text, text + (vocab - tb).div_ceil(SELECT_CHUNK))
+}
+
+/// u32 words of `whisper_select_part`'s scratch for `rows` rows of `vocab`
+/// and up to `k` picks, wherever the timestamps begin (the `part` buffer
+/// [`whisper_select`] and [`whisper_sample`] take).
+pub fn select_part_words(vocab: usize, rows: usize, k: usize) -> usize {
+    rows * (vocab.div_ceil(SELECT_CHUNK) + 1) * (4 + 2 * k)
+}
+
+fn select_params(rules: &cpu::whisper::SelectRules, k: usize, temperature: f32) -> SelectParams {
+    let (text_chunks, chunks) = select_chunks(rules.vocab, rules.timestamp_begin);
+    SelectParams {
+        vocab: rules.vocab as u32,
+        timestamp_begin: rules.timestamp_begin,
+        k: k as u32,
+        timestamps: rules.timestamps as u32,
+        words: cpu::whisper::mask_words(rules.vocab) as u32,
+        neg_inf_bits: f32::NEG_INFINITY.to_bits(),
+        text_chunks: text_chunks as u32,
+        chunks: chunks as u32,
+        temperature,
+        _pad: [0; 3],
+    }
+}
 
 /// Largest head size [`attention_tiled`] handles (Whisper's is 64 at every size).
 pub const ATTENTION_TILED_MAX_HEAD_DIM: usize = 64;
@@ -119,7 +190,9 @@ pub static KERNELS: &[&Kernel] = &[
     &IM2COL_1D,
     &ATTENTION_TILED,
     &ATTENTION_TILED_MERGE,
+    &WHISPER_SELECT_PART,
     &WHISPER_SELECT,
+    &WHISPER_SAMPLE,
 ];
 
 /// Non-causal attention over the spans `seqs` (uploaded as `seqs_buf` =
@@ -279,41 +352,86 @@ fn bind_tiled(
 /// [`cpu::whisper::RowRule`]) and the run's token sets in `masks_buf`
 /// ([`cpu::whisper::SelectRules::masks`]): the k likeliest tokens, their
 /// log probabilities and the probe's, into `out` ([rows,
-/// `cpu::whisper::select_words(k)`] u32). CPU twin:
-/// [`cpu::whisper::whisper_select`].
+/// `cpu::whisper::select_words(k)`] u32). Two dispatches: each chunk of
+/// 512 tokens of each row into `part` ([`select_part_words`] u32; with a
+/// `temperature` above 0 also its sums for [`whisper_sample`]), then one
+/// workgroup a row merging them. CPU twin: [`cpu::whisper::whisper_select`].
 #[allow(clippy::too_many_arguments)]
 pub fn whisper_select(
     gpu: &Gpu,
     logits: &wgpu::Buffer,
     rules_buf: &wgpu::Buffer,
     masks_buf: &wgpu::Buffer,
+    part: &wgpu::Buffer,
     out: &wgpu::Buffer,
     rows: usize,
     rules: &cpu::whisper::SelectRules,
     k: usize,
-) -> Result<Dispatch> {
+    temperature: f32,
+) -> Result<[Dispatch; 2]> {
     assert!(
         rows > 0 && rows <= 65535 && k <= rules.vocab,
         "whisper_select: {rows} rows, k {k}"
     );
-    let params = SelectParams {
-        vocab: rules.vocab as u32,
-        timestamp_begin: rules.timestamp_begin,
-        k: k as u32,
-        timestamps: rules.timestamps as u32,
-        words: cpu::whisper::mask_words(rules.vocab) as u32,
-        neg_inf_bits: f32::NEG_INFINITY.to_bits(),
-        _pad: [0; 2],
+    let params = select_params(rules, k, temperature);
+    let bound = gpu.bind(
+        &WHISPER_SELECT_PART,
+        &Variant::default(),
+        &[logits, rules_buf, masks_buf, part],
+        &params,
+    )?;
+    let first = Dispatch {
+        bound,
+        groups: [params.chunks, rows as u32, 1],
     };
     let bound = gpu.bind(
         &WHISPER_SELECT,
         &Variant::default(),
-        &[logits, rules_buf, masks_buf, out],
+        &[logits, rules_buf, masks_buf, part, out],
+        &params,
+    )?;
+    let merge = Dispatch {
+        bound,
+        groups: [rows as u32, 1, 1],
+    };
+    Ok([first, merge])
+}
+
+/// A token drawn at `temperature` for each of `draws` draws
+/// ([`cpu::whisper::Draw`] pairs (row, u bits) in `draws_buf`), from the
+/// rows [`whisper_select`] went over with k = 1 and the same temperature
+/// (its `part` and `picks`), into `out` ([draws,
+/// `cpu::whisper::SAMPLE_WORDS`] u32). A draw flagged
+/// `cpu::whisper::DRAW_ON_CPU` must be drawn again on the CPU; every other
+/// one is the token [`cpu::whisper::whisper_sample`] draws.
+#[allow(clippy::too_many_arguments)]
+pub fn whisper_sample(
+    gpu: &Gpu,
+    logits: &wgpu::Buffer,
+    rules_buf: &wgpu::Buffer,
+    masks_buf: &wgpu::Buffer,
+    part: &wgpu::Buffer,
+    picks: &wgpu::Buffer,
+    draws_buf: &wgpu::Buffer,
+    out: &wgpu::Buffer,
+    draws: usize,
+    rules: &cpu::whisper::SelectRules,
+    temperature: f32,
+) -> Result<Dispatch> {
+    assert!(
+        draws > 0 && draws <= 65535 && temperature > 0.0,
+        "whisper_sample: {draws} draws at temperature {temperature}"
+    );
+    let params = select_params(rules, 1, temperature);
+    let bound = gpu.bind(
+        &WHISPER_SAMPLE,
+        &Variant::default(),
+        &[logits, rules_buf, masks_buf, part, picks, draws_buf, out],
         &params,
     )?;
     Ok(Dispatch {
         bound,
-        groups: [rows as u32, 1, 1],
+        groups: [draws as u32, 1, 1],
     })
 }
 

@@ -1,7 +1,9 @@
 //! Parity cases for the Whisper-specific kernels in `gpu::whisper`.
 
 use super::{assert_close, Case};
-use lfm::cpu::whisper::{self as select, RowRule, SelectRules, NO_TOKEN, ROW_FIRST};
+use lfm::cpu::whisper::{
+    self as select, Draw, RowRule, SampleRules, SelectRules, NO_TOKEN, ROW_FIRST,
+};
 use lfm::cpu::{self, AttentionShape, SeqSpan};
 use lfm::gpu::whisper as wgpu_ops;
 use lfm::gpu::{Gpu, Variant};
@@ -22,8 +24,16 @@ pub const CASES: &[Case] = &[
         run: attention_tiled_merge,
     },
     Case {
+        kernel: "whisper_select_part",
+        run: whisper_select,
+    },
+    Case {
         kernel: "whisper_select",
         run: whisper_select,
+    },
+    Case {
+        kernel: "whisper_sample",
+        run: whisper_sample,
     },
 ];
 
@@ -219,70 +229,90 @@ fn tiled(gpu: &Gpu, splits: &[usize]) {
     }
 }
 
+/// Whisper's vocabulary (51864: text below 50257, timestamps from 50364)
+/// or an odd small one, with a seventh of the tokens always suppressed.
+fn select_rules(vocab: usize, tb: u32, eot: u32) -> SelectRules {
+    SelectRules {
+        vocab,
+        timestamp_begin: tb,
+        timestamps: true,
+        masks: select::token_masks(
+            vocab,
+            &(0..vocab as u32).filter(|t| t % 7 == 3).collect::<Vec<_>>(),
+            &[220, eot],
+        ),
+    }
+}
+
+/// Every kind of row the search sends: the first token (blank suppression,
+/// text banned, initial timestamps only), after a closed pair (no
+/// timestamps), after an opened segment (no text, no earlier timestamp),
+/// in text with a probe, the raw distribution with a probe, timestamps
+/// likelier than text, damaged logits, and only the last three
+/// timestamps left (fewer tokens than picks). Logits [rows, vocab].
+fn select_rows(vocab: usize, tb: u32, eot: u32, rng: &mut Rng) -> (Vec<RowRule>, Vec<f32>) {
+    let open = RowRule {
+        text_end: 0,
+        ts_from: 0,
+        ts_end: vocab as u32,
+        flags: 0,
+        probe: NO_TOKEN,
+        _pad: [0; 3],
+    };
+    let rows = vec![
+        RowRule {
+            text_end: tb,
+            ts_end: tb + 51,
+            flags: ROW_FIRST,
+            ..open
+        },
+        RowRule {
+            ts_from: tb + 20,
+            ts_end: tb,
+            ..open
+        },
+        RowRule {
+            text_end: eot,
+            ts_from: tb + 20,
+            ..open
+        },
+        RowRule {
+            ts_from: tb + 3,
+            probe: eot,
+            ..open
+        },
+        RowRule::raw(vocab, 7),
+        open,
+        open,
+        RowRule {
+            text_end: tb,
+            ts_from: vocab as u32 - 3,
+            ..open
+        },
+    ];
+    let mut logits = rng.vec(rows.len() * vocab, -8.0, 8.0);
+    for t in tb as usize..vocab {
+        logits[5 * vocab + t] += 12.0;
+    }
+    logits[6 * vocab + 17] = f32::NAN;
+    (rows, logits)
+}
+
+const DAMAGED_ROW: usize = 6;
+
 fn whisper_select(gpu: &Gpu, _v: &Variant) {
     let mut rng = Rng::new(13);
-    // Whisper's vocabulary (51864: text below 50257, timestamps from 50364)
-    // and an odd small one.
     for (vocab, tb, eot) in [(51864usize, 50364u32, 50256u32), (1025, 1000, 900)] {
-        let rules = SelectRules {
-            vocab,
-            timestamp_begin: tb,
-            timestamps: true,
-            masks: select::token_masks(
-                vocab,
-                &(0..vocab as u32).filter(|t| t % 7 == 3).collect::<Vec<_>>(),
-                &[220, eot],
-            ),
-        };
-        let open = RowRule {
-            text_end: 0,
-            ts_from: 0,
-            ts_end: vocab as u32,
-            flags: 0,
-            probe: NO_TOKEN,
-            _pad: [0; 3],
-        };
-        // Every kind of row the search sends: the first token (blank
-        // suppression, text banned, initial timestamps only), after a
-        // closed pair (no timestamps), after an opened segment (no text, no
-        // earlier timestamp), in text, the raw distribution with a probe,
-        // timestamps likelier than text, and damaged logits.
-        let rows = [
-            RowRule {
-                text_end: tb,
-                ts_end: tb + 51,
-                flags: ROW_FIRST,
-                ..open
-            },
-            RowRule {
-                ts_from: tb + 20,
-                ts_end: tb,
-                ..open
-            },
-            RowRule {
-                text_end: eot,
-                ts_from: tb + 20,
-                ..open
-            },
-            RowRule {
-                ts_from: tb + 3,
-                probe: eot,
-                ..open
-            },
-            RowRule::raw(vocab, 7),
-            open,
-            open,
-        ];
-        let mut logits = rng.vec(rows.len() * vocab, -8.0, 8.0);
-        for t in tb as usize..vocab {
-            logits[5 * vocab + t] += 12.0;
-        }
-        logits[6 * vocab + 17] = f32::NAN;
+        let rules = select_rules(vocab, tb, eot);
+        let (rows, logits) = select_rows(vocab, tb, eot, &mut rng);
         for k in [1, 6, 33] {
             let want = select::whisper_select(&logits, &rules, &rows, k);
             let g_logits = gpu.upload_f32("logits", &logits).unwrap();
             let g_rules = gpu.upload("rules", bytemuck::cast_slice(&rows)).unwrap();
             let g_masks = gpu.upload_u32("masks", &rules.masks).unwrap();
+            let part = gpu
+                .poisoned_f32("part", wgpu_ops::select_part_words(vocab, rows.len(), k))
+                .unwrap();
             let out = gpu
                 .poisoned_f32("picks", rows.len() * select::select_words(k))
                 .unwrap();
@@ -291,30 +321,55 @@ fn whisper_select(gpu: &Gpu, _v: &Variant) {
                 &g_logits,
                 &g_rules,
                 &g_masks,
+                &part,
                 &out,
                 rows.len(),
                 &rules,
                 k,
+                0.0,
             )
             .unwrap();
-            gpu.run_all(&[&d]).unwrap();
-            let got = gpu.read_u32(&out).unwrap();
-            let (got, want) = (select::read_picks(&got, k), select::read_picks(&want, k));
-            for (r, (g, w)) in got.iter().zip(&want).enumerate() {
+            gpu.run_all(&[&d[0], &d[1]]).unwrap();
+            let got_words = gpu.read_u32(&out).unwrap();
+            let words = select::select_words(k);
+            let (got, want_picks) = (
+                select::read_picks(&got_words, k),
+                select::read_picks(&want, k),
+            );
+            for (r, (g, w)) in got.iter().zip(&want_picks).enumerate() {
                 let what = format!("whisper_select vocab={vocab} k={k} row {r}");
-                // The choice is exact: same tokens in the same order.
+                // The choice is exact: same tokens in the same order, and
+                // the same flags (damage, text banned by the timestamps).
                 assert_eq!(g.tokens, w.tokens, "{what}: tokens");
-                if r == 6 {
+                assert_eq!(
+                    got_words[r * words + 1],
+                    want[r * words + 1],
+                    "{what}: flags"
+                );
+                if r == DAMAGED_ROW {
                     assert!(
                         g.logprobs.iter().all(|v| v.is_nan()),
                         "{what}: damage not flagged"
                     );
                     continue;
                 }
+                // The maximum is one of the logits: exact.
+                assert_eq!(
+                    got_words[r * words + 3],
+                    want[r * words + 3],
+                    "{what}: maximum"
+                );
                 // Log probabilities: the row's log-sum-exp summed in another
-                // order (a tree over 256 threads against one pass): ~1e-6
-                // relative. Banned picks are -inf on both sides.
+                // order (chunk sums moved to the row's maximum against one
+                // pass): ~1e-6 relative. Banned picks are -inf on both sides.
                 let close = |a: f32, b: f32| a == b || (a - b).abs() <= 1e-5 * (1.0 + b.abs());
+                let lse = |w: &[u32]| f32::from_bits(w[r * words + 2]);
+                assert!(
+                    close(lse(&got_words), lse(&want)),
+                    "{what}: log-sum-exp {} against {}",
+                    lse(&got_words),
+                    lse(&want)
+                );
                 for (a, b) in g.logprobs.iter().zip(&w.logprobs) {
                     assert!(close(*a, *b), "{what}: log probability {a} against {b}");
                 }
@@ -325,6 +380,168 @@ fn whisper_select(gpu: &Gpu, _v: &Variant) {
                     w.probe
                 );
             }
+        }
+    }
+}
+
+fn whisper_sample(gpu: &Gpu, _v: &Variant) {
+    let mut rng = Rng::new(14);
+    for (vocab, tb, eot) in [(51864usize, 50364u32, 50256u32), (1025, 1000, 900)] {
+        let rules = select_rules(vocab, tb, eot);
+        let (rows, mut logits) = select_rows(vocab, tb, eot, &mut rng);
+        // A peaked row, as a decoder's usually is: a few tokens far above
+        // the rest (which are below 8).
+        for (t, x) in [(11usize, 20.0), (300, 19.0), (301, 18.0), (645, 17.5)] {
+            logits[3 * vocab + t] = x;
+        }
+        for temperature in [0.2f32, 0.6, 1.0] {
+            let sample_rules = SampleRules {
+                select: &rules,
+                rows: &rows,
+                temperature,
+            };
+            // Per row: random draws, then draws on the CPU's own interval
+            // edges (u = its running sum / total at the likeliest tokens),
+            // where the device must hand the draw back or agree.
+            let mut draws = Vec::new();
+            let mut random = 0;
+            for r in 0..rows.len() {
+                for _ in 0..24 {
+                    draws.push(Draw {
+                        row: r as u32,
+                        u: rng.next_f32(),
+                    });
+                    random += 1;
+                }
+            }
+            for (r, rule) in rows.iter().enumerate() {
+                let mut row = logits[r * vocab..(r + 1) * vocab].to_vec();
+                select::filter_row(&mut row, &rules, rule);
+                let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+                let w: Vec<f64> = row
+                    .iter()
+                    .map(|&l| (((l - max) / temperature) as f64).exp())
+                    .collect();
+                let total: f64 = w.iter().sum();
+                let mut run = 0.0;
+                for (t, &wt) in w.iter().enumerate() {
+                    run += wt;
+                    if wt > 1e-3 * total && run < total {
+                        draws.push(Draw {
+                            row: r as u32,
+                            u: (run / total) as f32,
+                        });
+                    }
+                    if draws.len() > random + 40 * (r + 1) || t > 5000 {
+                        break;
+                    }
+                }
+            }
+            let want = select::whisper_sample(&logits, &sample_rules, &draws);
+            let g_logits = gpu.upload_f32("logits", &logits).unwrap();
+            let g_rules = gpu.upload("rules", bytemuck::cast_slice(&rows)).unwrap();
+            let g_masks = gpu.upload_u32("masks", &rules.masks).unwrap();
+            let g_draws = gpu.upload("draws", bytemuck::cast_slice(&draws)).unwrap();
+            let part = gpu
+                .poisoned_f32("part", wgpu_ops::select_part_words(vocab, rows.len(), 1))
+                .unwrap();
+            let picks = gpu
+                .poisoned_f32("picks", rows.len() * select::select_words(1))
+                .unwrap();
+            let out = gpu
+                .poisoned_f32("drawn", draws.len() * select::SAMPLE_WORDS)
+                .unwrap();
+            let d = wgpu_ops::whisper_select(
+                gpu,
+                &g_logits,
+                &g_rules,
+                &g_masks,
+                &part,
+                &picks,
+                rows.len(),
+                &rules,
+                1,
+                temperature,
+            )
+            .unwrap();
+            let s = wgpu_ops::whisper_sample(
+                gpu,
+                &g_logits,
+                &g_rules,
+                &g_masks,
+                &part,
+                &picks,
+                &g_draws,
+                &out,
+                draws.len(),
+                &rules,
+                temperature,
+            )
+            .unwrap();
+            gpu.run_all(&[&d[0], &d[1], &s]).unwrap();
+            let got = gpu.read_u32(&out).unwrap();
+            let mut handed_back = 0;
+            let mut random_handed_back = 0;
+            let mut peaked_handed_back = 0;
+            for (i, (g, w)) in got
+                .chunks_exact(select::SAMPLE_WORDS)
+                .zip(&want)
+                .enumerate()
+            {
+                let what = format!(
+                    "whisper_sample vocab={vocab} T={temperature} draw {i} {:?}",
+                    draws[i]
+                );
+                assert!(g[2] <= select::DRAW_ON_CPU, "{what}: flags {}", g[2]);
+                if g[2] == select::DRAW_ON_CPU {
+                    handed_back += 1;
+                    random_handed_back +=
+                        (i < random && draws[i].row as usize != DAMAGED_ROW) as usize;
+                    peaked_handed_back += (i < random && draws[i].row == 3) as usize;
+                    continue;
+                }
+                assert_ne!(
+                    draws[i].row as usize, DAMAGED_ROW,
+                    "{what}: damage not handed back"
+                );
+                // The token is the CPU's, exactly. Its log probability has
+                // the row's log-sum-exp summed in another order; the CPU
+                // adds the 51,864 terms one after another in f32, each
+                // rounding the running sum (vocab x 2^-24 ~ 3e-3 relative
+                // at worst; 7e-5 seen where tiny terms pile onto a peak).
+                assert_eq!(g[0], w.token, "{what}: token");
+                let lp = f32::from_bits(g[1]);
+                assert!(
+                    (lp - w.logprob).abs() <= 5e-4 + 1e-5 * w.logprob.abs(),
+                    "{what}: log probability {lp} against {}",
+                    w.logprob
+                );
+            }
+            eprintln!(
+                "whisper_sample vocab={vocab} T={temperature}: {handed_back} of {} draws handed \
+                 back ({random_handed_back} of {random} random ones)",
+                draws.len()
+            );
+            // A random draw falls within 2^-14 of the total from an edge of
+            // its token's interval rarely where the row is peaked (as a
+            // decoder's rows are; row 3), and often only where tens of
+            // thousands of tokens share the weight evenly (the plain random
+            // rows at T = 0.2: intervals ~2e-5 of the total wide).
+            assert!(
+                peaked_handed_back <= 1,
+                "{peaked_handed_back} random draws of the peaked row handed back"
+            );
+            assert!(
+                random_handed_back <= (random - 24) / 3,
+                "{random_handed_back} of {random} random draws handed back"
+            );
+            // A draw on an edge is within 2^-24 of it: always handed back
+            // (and so are the damaged row's random ones).
+            assert_eq!(
+                handed_back - random_handed_back,
+                draws.len() - random + 24,
+                "draws on an edge decided on the device"
+            );
         }
     }
 }

@@ -13,7 +13,7 @@
 
 use super::gpu_decoder::{GpuDecoder, Readback};
 use super::model::{Config, CrossKv, LayerNorm, Linear, Whisper, LN_EPS};
-use crate::cpu::whisper::{self as select, RowRule};
+use crate::cpu::whisper::{self as select, Draw, RowRule, SampleRules, Sampled};
 use crate::cpu::{Activation, AttentionShape, SeqSpan};
 use crate::error::{Error, Result};
 use crate::gpu::dense::{self, pack_f16, WeightFormat};
@@ -354,6 +354,8 @@ pub struct GpuBackend {
     host_cross: Vec<Option<CrossKv>>,
     /// The encoder's submissions and the cross state's readbacks.
     traffic: Traffic,
+    /// Draws `whisper_sample` handed back to the CPU.
+    cpu_draws: u64,
 }
 
 impl GpuBackend {
@@ -377,6 +379,7 @@ impl GpuBackend {
             windows: 0,
             host_cross: Vec::new(),
             traffic: Traffic::default(),
+            cpu_draws: 0,
         })
     }
 
@@ -397,19 +400,70 @@ impl GpuBackend {
     }
 }
 
-/// The words a pass read back, as what `read` asked for.
-fn picks(read: &Readback, words: Vec<u32>, k: usize) -> Picks {
-    match read {
-        Readback::Logits => Picks::Logits(bytemuck::cast_vec(words)),
-        Readback::Picks { .. } => Picks::Top(select::read_picks(&words, k)),
+/// The decoder's readback for a [`Pick`] over the rows it names.
+fn readback<'a>(pick: &Pick<'a>) -> Readback<'a> {
+    match *pick {
+        Pick::Logits => Readback::Logits,
+        Pick::Top { k, rules, rows } => Readback::Picks { k, rules, rows },
+        Pick::Sample { rules, draws } => Readback::Sample { rules, draws },
     }
 }
 
-/// The decoder's readback for a [`Pick`].
-fn readback<'a>(pick: &Pick<'a>) -> (Readback<'a>, usize) {
-    match *pick {
-        Pick::Logits => (Readback::Logits, 0),
-        Pick::Top { k, rules, rows } => (Readback::Picks { k, rules, rows }, k),
+impl GpuBackend {
+    /// The draws `whisper_sample` wrote (`words`) for `draws` of the last
+    /// pass's head rows under `rules`: those it handed back are drawn again
+    /// on the CPU from their rows' logits.
+    fn sampled(
+        &mut self,
+        rules: &SampleRules,
+        draws: &[Draw],
+        words: &[u32],
+    ) -> Result<Vec<Sampled>> {
+        let mut out: Vec<Sampled> = words
+            .chunks_exact(select::SAMPLE_WORDS)
+            .map(|w| Sampled {
+                token: w[0],
+                logprob: f32::from_bits(w[1]),
+            })
+            .collect();
+        let again: Vec<usize> = words
+            .chunks_exact(select::SAMPLE_WORDS)
+            .enumerate()
+            .filter(|(_, w)| w[2] & select::DRAW_ON_CPU != 0)
+            .map(|(i, _)| i)
+            .collect();
+        if again.is_empty() {
+            return Ok(out);
+        }
+        let mut rows: Vec<usize> = again.iter().map(|&i| draws[i].row as usize).collect();
+        rows.sort_unstable();
+        rows.dedup();
+        let logits = self.decoder.head_logits(&rows)?;
+        let row_rules: Vec<RowRule> = rows.iter().map(|&r| rules.rows[r]).collect();
+        let redraws: Vec<Draw> = again
+            .iter()
+            .map(|&i| Draw {
+                row: rows.partition_point(|&r| r < draws[i].row as usize) as u32,
+                u: draws[i].u,
+            })
+            .collect();
+        let on_cpu = SampleRules {
+            rows: &row_rules,
+            ..*rules
+        };
+        for (&i, d) in again
+            .iter()
+            .zip(select::whisper_sample(&logits, &on_cpu, &redraws))
+        {
+            out[i] = d;
+        }
+        self.cpu_draws += again.len() as u64;
+        Ok(out)
+    }
+
+    /// Draws the device handed back to the CPU so far.
+    pub fn cpu_draws(&self) -> u64 {
+        self.cpu_draws
     }
 }
 
@@ -483,51 +537,77 @@ impl Backend for GpuBackend {
     ) -> Result<(Vec<f32>, Picks)> {
         let n = prompts[0].len();
         let vocab = self.encoder.config.n_vocab;
-        let (read, k) = readback(pick);
-        // Each window's head rows: the probe's, then the last.
+        // Each window's head rows: the probe's (no rules), then the last.
         let rows: Vec<usize> = match probe {
             Some((r, _)) => vec![r, n - 1],
             None => vec![n - 1],
         };
         let per = rows.len();
-        let out = match (&read, probe) {
-            (
-                Readback::Picks {
-                    k,
-                    rules,
-                    rows: last,
-                },
-                Some((_, token)),
-            ) => {
-                let rules_rows: Vec<RowRule> = last
-                    .iter()
-                    .flat_map(|&r| [RowRule::raw(vocab, token), r])
-                    .collect();
-                let both = Readback::Picks {
-                    k: *k,
-                    rules,
-                    rows: &rules_rows,
-                };
-                self.decoder.prompt(prompts, &rows, &both)?
-            }
-            _ => self.decoder.prompt(prompts, &rows, &read)?,
+        let probe_rule = probe.map(|(_, token)| RowRule::raw(vocab, token));
+        let widen = |last: &[RowRule]| -> Vec<RowRule> {
+            last.iter()
+                .flat_map(|&r| probe_rule.into_iter().chain([r]))
+                .collect()
         };
-        let words_per_row = out.len() / (prompts.len() * per);
+        let (head_rules, draws) = match *pick {
+            Pick::Logits => (Vec::new(), Vec::new()),
+            Pick::Top { rows, .. } => (widen(rows), Vec::new()),
+            Pick::Sample { rules, draws } => (
+                widen(rules.rows),
+                draws
+                    .iter()
+                    .map(|d| Draw {
+                        row: (d.row as usize * per + per - 1) as u32,
+                        u: d.u,
+                    })
+                    .collect(),
+            ),
+        };
+        let read = match *pick {
+            Pick::Logits => Readback::Logits,
+            Pick::Top { k, rules, .. } => Readback::Picks {
+                k,
+                rules,
+                rows: &head_rules,
+            },
+            Pick::Sample { rules, .. } => Readback::Sample {
+                rules: SampleRules {
+                    rows: &head_rules,
+                    ..rules
+                },
+                draws: &draws,
+            },
+        };
+        let out = self.decoder.prompt(prompts, &rows, &read)?;
+        let words_per_row = match *pick {
+            Pick::Logits => vocab,
+            Pick::Top { k, .. } => select::select_words(k),
+            Pick::Sample { .. } => select::select_words(1),
+        };
+        let (head, drawn) = out.split_at(prompts.len() * per * words_per_row);
         let mut probs = Vec::with_capacity(prompts.len());
         let mut last = Vec::with_capacity(prompts.len() * words_per_row);
-        for w in out.chunks_exact(per * words_per_row) {
+        for w in head.chunks_exact(per * words_per_row) {
             let (first, tail) = w.split_at((per - 1) * words_per_row);
-            probs.push(match (probe, &read) {
+            probs.push(match (probe, pick) {
                 (None, _) => 0.0,
-                (Some(_), Readback::Picks { .. }) => select::read_picks(first, k)[0].probe.exp(),
-                (Some((_, token)), Readback::Logits) => {
+                (Some((_, token)), Pick::Logits) => {
                     let logits: Vec<f32> = bytemuck::cast_slice(first).to_vec();
                     select::raw_logprob(&logits, token).exp()
                 }
+                (Some(_), _) => f32::from_bits(first[0]).exp(),
             });
             last.extend_from_slice(tail);
         }
-        Ok((probs, picks(&read, last, k)))
+        let picks = match (pick, &read) {
+            (Pick::Logits, _) => Picks::Logits(bytemuck::cast_vec(last)),
+            (Pick::Top { k, .. }, _) => Picks::Top(select::read_picks(&last, *k)),
+            (_, Readback::Sample { rules, draws }) => {
+                Picks::Sampled(self.sampled(rules, draws, drawn)?)
+            }
+            (Pick::Sample { .. }, _) => unreachable!("a draw reads back draws"),
+        };
+        Ok((probs, picks))
     }
 
     fn select(&mut self, sources: &[usize]) -> Result<()> {
@@ -535,9 +615,15 @@ impl Backend for GpuBackend {
     }
 
     fn step(&mut self, tokens: &[u32], pick: &Pick) -> Result<Picks> {
-        let (read, k) = readback(pick);
-        let words = self.decoder.step(tokens, &read)?;
-        Ok(picks(&read, words, k))
+        let words = self.decoder.step(tokens, &readback(pick))?;
+        Ok(match *pick {
+            Pick::Logits => Picks::Logits(bytemuck::cast_vec(words)),
+            Pick::Top { k, .. } => Picks::Top(select::read_picks(&words, k)),
+            Pick::Sample { rules, draws } => {
+                let drawn = &words[tokens.len() * select::select_words(1)..];
+                Picks::Sampled(self.sampled(&rules, draws, drawn)?)
+            }
+        })
     }
 
     fn traffic(&self) -> Traffic {

@@ -7,9 +7,9 @@
 //! MLP; then the final LayerNorm and the head (the token embedding) on the
 //! rows whose results are wanted, and Whisper's token choice
 //! (`whisper_select`: the logit rules, each row's likeliest tokens and their
-//! log probabilities). One submission per step, which reads back a few
-//! words a row (or, for sampling, the logits); the search stays on the host
-//! (`run::transcribe::decode`).
+//! log probabilities; `whisper_sample`: tokens drawn at a temperature). One
+//! submission per step, which reads back a few words a row; the search
+//! stays on the host (`run::transcribe::decode`).
 //!
 //! The sequences of one step (beams, samples, windows of a batch) are the
 //! rows of one pass; each has its own slot of `n_text_ctx` positions in the
@@ -22,13 +22,15 @@
 
 use super::gpu::{GpuLinear, GpuNorm};
 use super::model::{Config, Whisper};
-use crate::cpu::whisper::{self as select, RowRule, SelectRules};
+use crate::cpu::whisper::{self as select, Draw, RowRule, SampleRules, SelectRules};
 use crate::cpu::{Activation, AttentionShape, SeqSpan};
 use crate::error::{Error, Result};
 use crate::gpu::dense;
 use crate::gpu::ops::{self, Dispatch};
 use crate::gpu::profile::{PassTimer, StepProfile};
-use crate::gpu::whisper::{attention_tiled, attention_tiled_split, whisper_select};
+use crate::gpu::whisper::{
+    attention_tiled, attention_tiled_split, select_part_words, whisper_sample, whisper_select,
+};
 use crate::gpu::Gpu;
 use crate::run::transcribe::Traffic;
 
@@ -89,6 +91,25 @@ pub enum Readback<'a> {
         rules: &'a SelectRules,
         rows: &'a [RowRule],
     },
+    /// `whisper_select`'s words with k = 1 (under `rules.rows`, one a row),
+    /// then `whisper_sample`'s for each draw.
+    Sample {
+        rules: SampleRules<'a>,
+        draws: &'a [Draw],
+    },
+}
+
+impl Readback<'_> {
+    /// The picks, rules and temperature of `whisper_select`, if it runs.
+    fn select(&self) -> Option<(usize, &SelectRules, &[RowRule], f32)> {
+        match *self {
+            Readback::Logits => None,
+            Readback::Picks { k, rules, rows } => Some((k, rules, rows, 0.0)),
+            Readback::Sample { rules, .. } => {
+                Some((1, rules.select, rules.rows, rules.temperature))
+            }
+        }
+    }
 }
 
 pub struct GpuDecoder {
@@ -141,18 +162,27 @@ pub struct GpuDecoder {
     /// [max_out, n_vocab]
     logits: wgpu::Buffer,
     staging: wgpu::Buffer,
-    /// `whisper_select`: [max_out] row rules, the run's token masks, the
-    /// picks [max_out, select_words(MAX_PICKS)] and where they are read.
+    /// `whisper_select`: [max_out] row rules, the run's token masks, its
+    /// parts, the picks [max_out, select_words(MAX_PICKS)]; `whisper_sample`:
+    /// [max_out] draws and what they drew [max_out, SAMPLE_WORDS]; where
+    /// picks and draws are read.
     rules: wgpu::Buffer,
     masks: wgpu::Buffer,
+    select_part: wgpu::Buffer,
     picks: wgpu::Buffer,
+    draws: wgpu::Buffer,
+    drawn: wgpu::Buffer,
     picks_staging: wgpu::Buffer,
     /// The masks `masks` holds.
     masks_held: Vec<u32>,
     plans: HashMap<(usize, usize), Plan>,
     heads: HashMap<usize, Head>,
-    /// `whisper_select` over (rows, k, timestamps).
-    selects: HashMap<(usize, usize, bool), Dispatch>,
+    /// `whisper_select` over (rows, k, timestamps, temperature bits), and
+    /// `whisper_sample` over (draws, timestamps, temperature bits).
+    selects: HashMap<(usize, usize, bool, u32), [Dispatch; 2]>,
+    samples: HashMap<(usize, bool, u32), Dispatch>,
+    /// Head rows of the last pass (the logits buffer holds theirs).
+    head_rows: usize,
     /// Sequences now, the window each attends to, and positions each holds.
     n_seqs: usize,
     seq_windows: Vec<usize>,
@@ -257,6 +287,7 @@ impl GpuDecoder {
                 .collect()
         };
         let picks_bytes = (max_out * select::select_words(MAX_PICKS) * 4) as u64;
+        let part_bytes = (select_part_words(vocab, max_out, MAX_PICKS) * 4) as u64;
         Ok(GpuDecoder {
             norm: GpuNorm::from(g, "decoder.norm", &dec.norm)?,
             head: GpuLinear::upload(g, "decoder.head", &dec.embedding, None, vocab, d)?,
@@ -298,7 +329,13 @@ impl GpuDecoder {
                 "decoder.select.masks",
                 (2 * select::mask_words(vocab) * 4) as u64,
             )?,
+            select_part: g.scratch("decoder.select.part", part_bytes)?,
             picks: g.scratch("decoder.select.picks", picks_bytes)?,
+            draws: g.scratch("decoder.sample.draws", (max_out * 8) as u64)?,
+            drawn: g.scratch(
+                "decoder.sample.drawn",
+                (max_out * select::SAMPLE_WORDS * 4) as u64,
+            )?,
             picks_staging: g.staging("decoder.select.read", picks_bytes),
             masks_held: Vec::new(),
             layers,
@@ -309,6 +346,8 @@ impl GpuDecoder {
             plans: HashMap::new(),
             heads: HashMap::new(),
             selects: HashMap::new(),
+            samples: HashMap::new(),
+            head_rows: 0,
             n_seqs: 0,
             seq_windows: Vec::new(),
             len: 0,
@@ -620,29 +659,26 @@ impl GpuDecoder {
             let head = self.head_plan(rows.len())?;
             self.heads.insert(rows.len(), head);
         }
-        if let Readback::Picks {
-            k,
-            rules,
-            rows: rules_rows,
-        } = read
-        {
+        if let Some((k, rules, rules_rows, temperature)) = read.select() {
             assert!(
-                *k <= MAX_PICKS && rules_rows.len() == rows.len() && rules.vocab == vocab,
+                k <= MAX_PICKS && rules_rows.len() == rows.len() && rules.vocab == vocab,
                 "decoder: {k} picks for {} rules of {} rows",
                 rules_rows.len(),
                 rows.len()
             );
-            let key = (rows.len(), *k, rules.timestamps);
+            let key = (rows.len(), k, rules.timestamps, temperature.to_bits());
             if !self.selects.contains_key(&key) {
                 let d = whisper_select(
                     &self.gpu,
                     &self.logits,
                     &self.rules,
                     &self.masks,
+                    &self.select_part,
                     &self.picks,
                     rows.len(),
                     rules,
-                    *k,
+                    k,
+                    temperature,
                 )?;
                 self.selects.insert(key, d);
             }
@@ -655,6 +691,40 @@ impl GpuDecoder {
             self.gpu
                 .queue
                 .write_buffer(&self.rules, 0, bytemuck::cast_slice(rules_rows));
+        }
+        if let Readback::Sample { rules, draws } = read {
+            assert!(
+                !draws.is_empty()
+                    && draws.len() <= max_out
+                    && draws.iter().all(|d| (d.row as usize) < rows.len()),
+                "decoder: {} draws from {} rows",
+                draws.len(),
+                rows.len()
+            );
+            let key = (
+                draws.len(),
+                rules.select.timestamps,
+                rules.temperature.to_bits(),
+            );
+            if !self.samples.contains_key(&key) {
+                let d = whisper_sample(
+                    &self.gpu,
+                    &self.logits,
+                    &self.rules,
+                    &self.masks,
+                    &self.select_part,
+                    &self.picks,
+                    &self.draws,
+                    &self.drawn,
+                    draws.len(),
+                    rules.select,
+                    rules.temperature,
+                )?;
+                self.samples.insert(key, d);
+            }
+            self.gpu
+                .queue
+                .write_buffer(&self.draws, 0, bytemuck::cast_slice(draws));
         }
         // Recording starts once the shapes' dispatches are bound (the
         // first pass of a shape also builds them, and compiles pipelines).
@@ -724,33 +794,51 @@ impl GpuDecoder {
         for (i, &r) in rows.iter().enumerate() {
             enc.copy_buffer_to_buffer(last, r as u64 * row, &self.head_in, i as u64 * row, row);
         }
-        let select = match read {
-            Readback::Logits => None,
-            Readback::Picks { k, rules, .. } => {
-                Some((&self.selects[&(rows.len(), *k, rules.timestamps)], *k))
-            }
+        let picking = read.select().map(|(k, rules, _, temperature)| {
+            &self.selects[&(rows.len(), k, rules.timestamps, temperature.to_bits())]
+        });
+        let sample = match read {
+            Readback::Sample { rules, draws } => Some(
+                &self.samples[&(
+                    draws.len(),
+                    rules.select.timestamps,
+                    rules.temperature.to_bits(),
+                )],
+            ),
+            _ => None,
         };
         {
             let mut pass = enc.begin_compute_pass(&Default::default());
             marks.pass_start(&mut pass);
             marks.record(&mut pass, &head.norm);
             marks.record(&mut pass, &head.head);
-            if let Some((d, _)) = select {
+            for d in picking.into_iter().flatten().chain(sample) {
                 marks.record(&mut pass, d);
             }
         }
         if let Some(t) = marks.timer {
             t.resolve(&mut enc, marks.names.len() as u32);
         }
-        let (from, staging, bytes) = match select {
-            None => (&self.logits, &self.staging, rows.len() * vocab * 4),
-            Some((_, k)) => (
-                &self.picks,
-                &self.picks_staging,
-                rows.len() * select::select_words(k) * 4,
-            ),
+        let (staging, bytes) = match read {
+            Readback::Logits => {
+                let bytes = rows.len() * vocab * 4;
+                enc.copy_buffer_to_buffer(&self.logits, 0, &self.staging, 0, bytes as u64);
+                (&self.staging, bytes)
+            }
+            Readback::Picks { k, .. } => {
+                let bytes = rows.len() * select::select_words(*k) * 4;
+                enc.copy_buffer_to_buffer(&self.picks, 0, &self.picks_staging, 0, bytes as u64);
+                (&self.picks_staging, bytes)
+            }
+            // The picks (for a probe's probability), then the draws.
+            Readback::Sample { draws, .. } => {
+                let picked = (rows.len() * select::select_words(1) * 4) as u64;
+                let drawn = (draws.len() * select::SAMPLE_WORDS * 4) as u64;
+                enc.copy_buffer_to_buffer(&self.picks, 0, &self.picks_staging, 0, picked);
+                enc.copy_buffer_to_buffer(&self.drawn, 0, &self.picks_staging, picked, drawn);
+                (&self.picks_staging, (picked + drawn) as usize)
+            }
         };
-        enc.copy_buffer_to_buffer(from, 0, staging, 0, bytes as u64);
         let t1 = web_time::Instant::now();
         let done = gpu.queue.submit([enc.finish()]);
         let out = gpu.read_staging(staging, bytes as u64, done.clone())?;
@@ -766,6 +854,36 @@ impl GpuDecoder {
         }
         self.pending = None;
         self.len = past + n_new;
+        self.head_rows = rows.len();
+        Ok(bytemuck::pod_collect_to_vec(&out))
+    }
+
+    /// The logits [rows.len(), n_vocab] of the last pass's head rows `rows`
+    /// (indices into the rows it read), read back in one submission.
+    pub fn head_logits(&mut self, rows: &[usize]) -> Result<Vec<f32>> {
+        assert!(
+            !rows.is_empty() && rows.iter().all(|&r| r < self.head_rows),
+            "decoder: logits of head rows {rows:?} of {}",
+            self.head_rows
+        );
+        let gpu = &self.gpu;
+        let row = (self.config.n_vocab * 4) as u64;
+        let mut enc = gpu.device.create_command_encoder(&Default::default());
+        for (i, &r) in rows.iter().enumerate() {
+            enc.copy_buffer_to_buffer(
+                &self.logits,
+                r as u64 * row,
+                &self.staging,
+                i as u64 * row,
+                row,
+            );
+        }
+        let t = web_time::Instant::now();
+        let bytes = rows.len() as u64 * row;
+        let out = gpu.submit_and_read(enc, &self.staging, bytes)?;
+        self.traffic.submissions += 1;
+        self.traffic.bytes_read += bytes;
+        self.traffic.wait += t.elapsed();
         Ok(bytemuck::pod_collect_to_vec(&out))
     }
 }

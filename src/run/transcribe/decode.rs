@@ -6,7 +6,9 @@
 //! probability.
 
 use super::{Backend, Pick, Picks};
-use crate::cpu::whisper::{self as select, Picked, RowRule, SelectRules, NO_TOKEN, ROW_FIRST};
+use crate::cpu::whisper::{
+    self as select, Draw, Picked, RowRule, SampleRules, SelectRules, NO_TOKEN, ROW_FIRST,
+};
 use crate::error::Result;
 use crate::models::whisper::model::Whisper;
 use crate::models::whisper::tokens::Tokenizer;
@@ -85,16 +87,6 @@ pub fn compression_ratio(text: &str) -> f32 {
     z.write_all(bytes).expect("writing to a Vec cannot fail");
     let packed = z.finish().expect("writing to a Vec cannot fail");
     bytes.len() as f32 / packed.len() as f32
-}
-
-fn argmax(x: &[f32]) -> usize {
-    let mut best = 0;
-    for (i, &v) in x.iter().enumerate() {
-        if v > x[best] {
-            best = i;
-        }
-    }
-    best
 }
 
 pub struct WindowDecoder<'a> {
@@ -192,7 +184,6 @@ impl<'a> WindowDecoder<'a> {
         let c = &self.model.config;
         let s = &self.tokenizer.specials;
         let eot = s.eot;
-        let vocab = c.n_vocab;
         let n_windows = prompts.len();
 
         let beam = st.temperature == 0.0 && st.beam_size > 1;
@@ -208,21 +199,32 @@ impl<'a> WindowDecoder<'a> {
         let k = if beam { n_group + 1 } else { 1 };
         let first = vec![self.row_rule(&[]); n_windows];
         let probe = s.no_speech.map(|ns| (sot_index, ns));
-        let (no_speech, picks) =
-            backend.prompt(prompts, probe, &pick(sampling, k, &self.select, &first))?;
+        // Sampling: each candidate's first token drawn from its window's
+        // prompt row, in candidate order.
+        let draws: Vec<Draw> = if sampling {
+            (0..n_windows * n_group)
+                .map(|i| Draw {
+                    row: (i / n_group) as u32,
+                    u: rng.next_f32(),
+                })
+                .collect()
+        } else {
+            Vec::new()
+        };
+        let (no_speech, picks) = backend.prompt(
+            prompts,
+            probe,
+            &self.pick(st.temperature, k, &first, &draws),
+        )?;
         let forks: Vec<usize> = (0..n_windows)
             .flat_map(|w| std::iter::repeat_n(w, n_group))
             .collect();
         backend.select(&forks)?;
-        // What each row's pass gave: the prompt's, once per candidate.
+        // What each row's pass gave: the prompt's picks once per candidate,
+        // or a draw of each.
         let mut picks = match picks {
             Picks::Top(p) => Picks::Top(forks.iter().map(|&w| p[w].clone()).collect()),
-            Picks::Logits(l) => Picks::Logits(
-                forks
-                    .iter()
-                    .flat_map(|&w| l[w * vocab..(w + 1) * vocab].iter().copied())
-                    .collect(),
-            ),
+            other => other,
         };
         let mut windows = vec![
             Window {
@@ -234,16 +236,21 @@ impl<'a> WindowDecoder<'a> {
         let max_candidates = ((st.beam_size as f32 * st.patience).round() as usize).max(1);
         // The windows whose rows the passes hold, in row order.
         let mut active: Vec<usize> = (0..n_windows).collect();
-        for _ in 0..st.sample_len {
+        for step in 0..st.sample_len {
             let mut sources = Vec::with_capacity(active.len() * n_group);
             let mut still = Vec::with_capacity(active.len());
+            // Sampling: the pass's draws, one for each row not ended, in order.
+            let mut drawn = match &picks {
+                Picks::Sampled(d) => d.iter(),
+                _ => [].iter(),
+            };
             for (i, &w) in active.iter().enumerate() {
                 let base = i * n_group;
                 let win = &mut windows[w];
                 let (completed, kept) = if beam {
                     let top = match &picks {
                         Picks::Top(p) => &p[base..base + n_group],
-                        Picks::Logits(_) => unreachable!("beam search reads picks"),
+                        _ => unreachable!("beam search reads picks"),
                     };
                     beam_step(win, top, max_candidates, eot)
                 } else {
@@ -253,16 +260,11 @@ impl<'a> WindowDecoder<'a> {
                         }
                         let (next, logprob) = match &picks {
                             Picks::Top(p) => (p[base + j].tokens[0], p[base + j].logprobs[0]),
-                            Picks::Logits(l) => {
-                                let r = base + j;
-                                let mut row = l[r * vocab..(r + 1) * vocab].to_vec();
-                                let damaged = row.iter().any(|v| !v.is_finite());
-                                let rule = self.row_rule(&cand.tokens);
-                                let lse = select::filter_row(&mut row, &self.select, &rule);
-                                let next = sample(&row, st.temperature, rng);
-                                let lp = if damaged { f32::NAN } else { row[next] - lse };
-                                (next as u32, lp)
+                            Picks::Sampled(_) => {
+                                let d = drawn.next().expect("a draw for each row not ended");
+                                (d.token, d.logprob)
                             }
+                            Picks::Logits(_) => unreachable!("the search reads picks or draws"),
                         };
                         cand.sum += logprob;
                         cand.tokens.push(next);
@@ -278,7 +280,8 @@ impl<'a> WindowDecoder<'a> {
                     still.push(w);
                 }
             }
-            if still.is_empty() {
+            // The last step's tokens would never be read.
+            if still.is_empty() || step + 1 == st.sample_len {
                 break;
             }
             let rows = active.len() * n_group;
@@ -291,18 +294,54 @@ impl<'a> WindowDecoder<'a> {
                 .clone()
                 .map(|c| *c.tokens.last().expect("one token per step"))
                 .collect();
-            let rules: Vec<RowRule> = if sampling {
-                Vec::new()
+            let rules: Vec<RowRule> = live.clone().map(|c| self.row_rule(&c.tokens)).collect();
+            // Drawn in the order they are used: row after row, skipping
+            // the candidates that have ended.
+            let draws: Vec<Draw> = if sampling {
+                live.enumerate()
+                    .filter(|(_, c)| c.tokens.last() != Some(&eot))
+                    .map(|(r, _)| Draw {
+                        row: r as u32,
+                        u: rng.next_f32(),
+                    })
+                    .collect()
             } else {
-                live.map(|c| self.row_rule(&c.tokens)).collect()
+                Vec::new()
             };
-            picks = backend.step(&next, &pick(sampling, k, &self.select, &rules))?;
+            picks = backend.step(&next, &self.pick(st.temperature, k, &rules, &draws))?;
         }
         Ok(windows
             .into_iter()
             .zip(no_speech)
             .map(|(win, no_speech_prob)| self.finish(win, beam, st, no_speech_prob))
             .collect())
+    }
+
+    /// What a pass reads back: the k best tokens of each row under its
+    /// rule, or at a temperature above 0 the draws' tokens.
+    fn pick<'p>(
+        &'p self,
+        temperature: f32,
+        k: usize,
+        rows: &'p [RowRule],
+        draws: &'p [Draw],
+    ) -> Pick<'p> {
+        if temperature > 0.0 {
+            Pick::Sample {
+                rules: SampleRules {
+                    select: &self.select,
+                    rows,
+                    temperature,
+                },
+                draws,
+            }
+        } else {
+            Pick::Top {
+                k,
+                rules: &self.select,
+                rows,
+            }
+        }
     }
 
     /// The best of a window's candidates, cut at its end of text.
@@ -431,34 +470,6 @@ fn beam_step(
     (win.finished.len() >= max_candidates, sources)
 }
 
-/// What a pass reads back: logits to sample from, or the k best tokens of
-/// each row under its rule.
-fn pick<'a>(sampling: bool, k: usize, rules: &'a SelectRules, rows: &'a [RowRule]) -> Pick<'a> {
-    if sampling {
-        Pick::Logits
-    } else {
-        Pick::Top { k, rules, rows }
-    }
-}
-
-/// A token drawn from softmax(logits / temperature).
-fn sample(logits: &[f32], temperature: f32, rng: &mut Rng) -> usize {
-    let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-    let weights: Vec<f64> = logits
-        .iter()
-        .map(|&l| (((l - max) / temperature) as f64).exp())
-        .collect();
-    let total: f64 = weights.iter().sum();
-    let mut u = rng.next_f32() as f64 * total;
-    for (i, w) in weights.iter().enumerate() {
-        if u < *w {
-            return i;
-        }
-        u -= w;
-    }
-    argmax(logits)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -527,18 +538,5 @@ mod tests {
         assert!(compression_ratio(plain) < 1.5);
         assert!(compression_ratio(&looped) > 2.4);
         assert_eq!(compression_ratio(""), 0.0);
-    }
-
-    #[test]
-    fn sampling_follows_the_distribution() {
-        let mut rng = Rng::new(3);
-        let logits = [0.0f32, 2.0_f32.ln(), f32::NEG_INFINITY];
-        let mut counts = [0; 3];
-        for _ in 0..3000 {
-            counts[sample(&logits, 1.0, &mut rng)] += 1;
-        }
-        assert_eq!(counts[2], 0, "a suppressed token was sampled");
-        let ratio = counts[1] as f32 / counts[0] as f32;
-        assert!((1.7..2.3).contains(&ratio), "{counts:?}");
     }
 }

@@ -12,7 +12,9 @@ pub mod stream;
 pub mod vad;
 pub mod words;
 
-use crate::cpu::whisper::{self as select, Picked, RowRule, SelectRules};
+use crate::cpu::whisper::{
+    self as select, Draw, Picked, RowRule, SampleRules, Sampled, SelectRules,
+};
 use crate::error::{Error, Result};
 use crate::models::whisper::mel::{self, HOP, N_FRAMES, SAMPLE_RATE};
 use crate::models::whisper::model::{CrossKv, KvCache, Whisper};
@@ -103,7 +105,8 @@ impl Default for Options {
 /// sequences (one a window, or the candidates of a beam search or of
 /// sampling) that grow one token per step, and reads back what the search
 /// asks for: each row's likeliest tokens under Whisper's rules
-/// ([`select::whisper_select`], on the device for a GPU), or its logits. The
+/// ([`select::whisper_select`], on the device for a GPU), tokens drawn at a
+/// temperature ([`select::whisper_sample`], likewise), or its logits. The
 /// search itself ([`decode`]) is the same for every backend.
 pub trait Backend {
     /// Encodes windows of features ([n_mels, 3000] each) into slots
@@ -145,8 +148,13 @@ pub enum Pick<'a> {
         rules: &'a SelectRules,
         rows: &'a [RowRule],
     },
-    /// The logits [rows, n_vocab] (sampling at a temperature, language
-    /// detection).
+    /// For each draw, a token drawn at a temperature from its row under
+    /// the row's rule ([`select::whisper_sample`]).
+    Sample {
+        rules: SampleRules<'a>,
+        draws: &'a [Draw],
+    },
+    /// The logits [rows, n_vocab] (language detection).
     Logits,
 }
 
@@ -154,6 +162,7 @@ pub enum Pick<'a> {
 #[derive(Clone, Debug)]
 pub enum Picks {
     Top(Vec<Picked>),
+    Sampled(Vec<Sampled>),
     Logits(Vec<f32>),
 }
 
@@ -162,7 +171,15 @@ impl Picks {
     pub fn top(self) -> Vec<Picked> {
         match self {
             Picks::Top(p) => p,
-            Picks::Logits(_) => panic!("decoder: logits where picks were asked for"),
+            _ => panic!("decoder: no picks where picks were asked for"),
+        }
+    }
+
+    /// The draws of a [`Pick::Sample`].
+    pub fn sampled(self) -> Vec<Sampled> {
+        match self {
+            Picks::Sampled(s) => s,
+            _ => panic!("decoder: no draws where draws were asked for"),
         }
     }
 
@@ -170,7 +187,7 @@ impl Picks {
     pub fn logits(self) -> Vec<f32> {
         match self {
             Picks::Logits(l) => l,
-            Picks::Top(_) => panic!("decoder: picks where logits were asked for"),
+            _ => panic!("decoder: no logits where logits were asked for"),
         }
     }
 }
@@ -289,6 +306,9 @@ impl<'a> CpuBackend<'a> {
                 &select::whisper_select(&logits, rules, rows, *k),
                 *k,
             )),
+            Pick::Sample { rules, draws } => {
+                Picks::Sampled(select::whisper_sample(&logits, rules, draws))
+            }
         }
     }
 }
