@@ -189,10 +189,11 @@ pub struct Args {
     #[arg(long, value_name = "MS", default_value_t = 400, requires = "vad")]
     pub vad_speech_pad_ms: u32,
 
-    /// What the decoder computes in, with faster-whisper's names: float32
+    /// What the model computes in, with faster-whisper's names: float32
     /// (the reference) or int8 (Q8_0 weights and inputs rounded to 8 bits
-    /// in the decoder's linears and vocabulary head; the encoder stays
-    /// f32). int8 runs on the CPU only: give --cpu.
+    /// in the encoder's and decoder's linears, the cross-attention keys and
+    /// values and the vocabulary head; the convolutions stay f32). int8
+    /// runs on the CPU only: give --cpu.
     #[arg(long, value_enum, default_value_t = ComputeType::Float32)]
     pub compute_type: ComputeType,
 
