@@ -47,6 +47,17 @@ const CROSS_KEYS_PER_SPLIT: usize = 32;
 fn cross_splits(c: &Config) -> usize {
     c.n_audio_ctx.div_ceil(CROSS_KEYS_PER_SPLIT)
 }
+
+/// Text positions of one piece of a decode step's self-attention: the same
+/// flash-decoding over the cache, whose length grows with every token (one
+/// thread a head walking all of them costs a step more the longer the text).
+const SELF_KEYS_PER_SPLIT: usize = 32;
+
+/// Pieces the self-attention of a decode step splits the text cache into
+/// (those past a sequence's length are empty and weigh nothing).
+fn self_splits(c: &Config) -> usize {
+    c.n_text_ctx.div_ceil(SELF_KEYS_PER_SPLIT)
+}
 use std::collections::HashMap;
 use std::sync::Arc;
 
@@ -149,9 +160,9 @@ pub struct GpuDecoder {
     qkv: wgpu::Buffer,
     /// [rows, d]
     att: wgpu::Buffer,
-    /// [max_seqs, heads, cross_splits, head_dim + 2]: a decode step's
-    /// cross-attention partials.
-    cross_part: wgpu::Buffer,
+    /// [max_seqs, heads, splits, head_dim + 2]: a decode step's split
+    /// attention partials (self-attention's, then cross-attention's).
+    split_part: wgpu::Buffer,
     /// [rows, d]
     q: wgpu::Buffer,
     /// [rows, d_ff]
@@ -311,9 +322,12 @@ impl GpuDecoder {
             h: f32s("decoder.h", rows * d)?,
             qkv: f32s("decoder.qkv", rows * 3 * d)?,
             att: f32s("decoder.attention", rows * d)?,
-            cross_part: f32s(
-                "decoder.cross_part",
-                max_seqs * c.n_text_heads * cross_splits(&c) * (d / c.n_text_heads + 2),
+            split_part: f32s(
+                "decoder.split_part",
+                max_seqs
+                    * c.n_text_heads
+                    * cross_splits(&c).max(self_splits(&c))
+                    * (d / c.n_text_heads + 2),
             )?,
             q: f32s("decoder.cross_q", rows * d)?,
             ff: f32s("decoder.ffn", rows * c.d_ff)?,
@@ -464,8 +478,31 @@ impl GpuDecoder {
             ];
             let cache = &self.caches[li];
             let cross = &self.cross[li];
-            let mut after = vec![
-                dense::attention(
+            // A decode step's one new row per sequence sees its whole cache
+            // (the causal mask removes nothing): its keys split as the
+            // cross-attention's are; a prompt's rows go through the causal
+            // kernel.
+            let mut after = Vec::new();
+            if n_new == 1 {
+                after.extend(attention_tiled_split(
+                    g,
+                    &self.qkv,
+                    cache,
+                    cache,
+                    &self.seqs,
+                    n_seqs,
+                    1,
+                    m,
+                    &self.split_part,
+                    &self.att,
+                    &AttentionShape {
+                        causal: false,
+                        ..self_shape
+                    },
+                    self_splits(c),
+                )?);
+            } else {
+                after.push(dense::attention(
                     g,
                     &self.qkv,
                     cache,
@@ -474,11 +511,13 @@ impl GpuDecoder {
                     &widest,
                     &self_shape,
                     &self.att,
-                )?,
+                )?);
+            }
+            after.extend([
                 w.self_out.matmul(g, &self.att, b, m, None, Some(a))?,
                 w.cross_norm.run(g, b, &self.h, d, m)?,
                 w.cross_q.matmul(g, &self.h, &self.q, m, None, None)?,
-            ];
+            ]);
             // Spans of up to every sequence's rows (one window's). A decode
             // step's few rows split the keys (flash-decoding); a prompt's
             // many rows fill the device as they are.
@@ -492,7 +531,7 @@ impl GpuDecoder {
                     n_seqs,
                     m,
                     m,
-                    &self.cross_part,
+                    &self.split_part,
                     &self.att,
                     &cross_shape,
                     cross_splits(c),
