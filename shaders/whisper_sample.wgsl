@@ -30,7 +30,6 @@
 const MARGIN: f32 = 6.103515625e-05;
 const AMBIGUOUS: u32 = 1u;
 
-var<workgroup> sv: array<f32, 256>;
 var<workgroup> chosen: atomic<u32>;
 var<workgroup> before_chunk: f32;
 

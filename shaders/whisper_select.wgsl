@@ -27,10 +27,7 @@
 @group(0) @binding(5) var<storage, read_write> out: array<u32>;
 
 var<workgroup> sf: array<u32, 256>;
-var<workgroup> sv: array<f32, 256>;
 var<workgroup> sg: array<u32, 256>;
-var<workgroup> sw: array<f32, 256>;
-var<workgroup> si: array<u32, 256>;
 
 // A value with a flag: found (1) or none (0).
 struct Found { f: u32, v: f32 }
@@ -105,19 +102,9 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
             }
         }
     }
-    sv[lid] = s_all;
-    sw[lid] = s_ts;
-    workgroupBarrier();
-    for (var s = WG / 2u; s > 0u; s >>= 1u) {
-        if (lid < s) {
-            sv[lid] += sv[lid + s];
-            sw[lid] += sw[lid + s];
-        }
-        workgroupBarrier();
-    }
-    s_all = sv[0];
-    s_ts = sw[0];
-    workgroupBarrier();
+    let sums = workgroup_sums(lid, s_all, s_ts);
+    s_all = sums.x;
+    s_ts = sums.y;
     let ts_lse = ts.v + log(s_ts);
     let ban_text = p.timestamps == 1u && !raw && ts.f == 1u && (text.f == 0u || ts_lse > text.v);
     var lse = all.v + log(s_all);
@@ -184,19 +171,9 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
                 }
             }
         }
-        sv[lid] = bv;
-        si[lid] = bi;
-        workgroupBarrier();
-        for (var s = WG / 2u; s > 0u; s >>= 1u) {
-            if (lid < s && before(sv[lid + s], si[lid + s], sv[lid], si[lid])) {
-                sv[lid] = sv[lid + s];
-                si[lid] = si[lid + s];
-            }
-            workgroupBarrier();
-        }
-        pv = sv[0];
-        pi = si[0];
-        workgroupBarrier();
+        let best = workgroup_best(lid, bv, bi);
+        pv = best.v;
+        pi = best.i;
         if (pi != NONE) {
             taken = n + 1u;
             if (lid == 0u) {

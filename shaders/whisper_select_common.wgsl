@@ -100,3 +100,45 @@ fn before(v: f32, i: u32, w: f32, j: u32) -> bool {
     }
     return i < j;
 }
+
+// Workgroup scratch of the kernels' reductions (WG threads).
+var<workgroup> sv: array<f32, 256>;
+var<workgroup> sw: array<f32, 256>;
+var<workgroup> si: array<u32, 256>;
+
+struct Best { v: f32, i: u32 }
+
+// The workgroup's first (v, i) in `before`'s order; every thread gets it.
+fn workgroup_best(lid: u32, v: f32, i: u32) -> Best {
+    sv[lid] = v;
+    si[lid] = i;
+    workgroupBarrier();
+    for (var s = WG / 2u; s > 0u; s >>= 1u) {
+        if (lid < s && before(sv[lid + s], si[lid + s], sv[lid], si[lid])) {
+            sv[lid] = sv[lid + s];
+            si[lid] = si[lid + s];
+        }
+        workgroupBarrier();
+    }
+    let best = Best(sv[0], si[0]);
+    workgroupBarrier();
+    return best;
+}
+
+// The workgroup's sums of a and of b (a tree in a fixed order); every
+// thread gets them.
+fn workgroup_sums(lid: u32, a: f32, b: f32) -> vec2<f32> {
+    sv[lid] = a;
+    sw[lid] = b;
+    workgroupBarrier();
+    for (var s = WG / 2u; s > 0u; s >>= 1u) {
+        if (lid < s) {
+            sv[lid] += sv[lid + s];
+            sw[lid] += sw[lid + s];
+        }
+        workgroupBarrier();
+    }
+    let sums = vec2<f32>(sv[0], sw[0]);
+    workgroupBarrier();
+    return sums;
+}

@@ -10,9 +10,6 @@
 
 @group(0) @binding(4) var<storage, read_write> part: array<u32>;
 
-var<workgroup> sv: array<f32, 256>;
-var<workgroup> sw: array<f32, 256>;
-var<workgroup> si: array<u32, 256>;
 var<workgroup> sb: array<u32, 256>;
 
 @compute @workgroup_size(256)
@@ -86,16 +83,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
             st += exp((v1 - m) / p.temperature);
         }
     }
-    sv[lid] = s1;
-    sw[lid] = st;
-    workgroupBarrier();
-    for (var s = WG / 2u; s > 0u; s >>= 1u) {
-        if (lid < s) {
-            sv[lid] += sv[lid + s];
-            sw[lid] += sw[lid + s];
-        }
-        workgroupBarrier();
-    }
+    let sums = workgroup_sums(lid, s1, st);
     let at = (r * p.chunks + c) * part_words();
     if (lid == 0u) {
         var flags = bad;
@@ -104,33 +92,22 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         }
         part[at] = flags;
         part[at + 1u] = bitcast<u32>(m);
-        part[at + 2u] = bitcast<u32>(sv[0]);
-        part[at + 3u] = bitcast<u32>(sw[0]);
+        part[at + 2u] = bitcast<u32>(sums.x);
+        part[at + 3u] = bitcast<u32>(sums.y);
     }
-    workgroupBarrier();
 
     // Pick after pick: each thread offers its best token not yet taken.
     for (var n = 0u; n < p.k; n++) {
-        sv[lid] = v0;
-        si[lid] = i0;
-        workgroupBarrier();
-        for (var s = WG / 2u; s > 0u; s >>= 1u) {
-            if (lid < s && before(sv[lid + s], si[lid + s], sv[lid], si[lid])) {
-                sv[lid] = sv[lid + s];
-                si[lid] = si[lid + s];
-            }
-            workgroupBarrier();
-        }
-        let pick = si[0];
+        let best = workgroup_best(lid, v0, i0);
+        let pick = best.i;
         if (lid == 0u) {
             part[at + 4u + 2u * n] = pick;
-            part[at + 5u + 2u * n] = bitcast<u32>(sv[0]);
+            part[at + 5u + 2u * n] = bitcast<u32>(best.v);
         }
         if (pick != NONE && pick == i0) {
             v0 = v1;
             i0 = i1;
             i1 = NONE;
         }
-        workgroupBarrier();
     }
 }
