@@ -93,6 +93,60 @@ fn cpu_waveform_matches_onnxruntime() {
     );
 }
 
+/// The CPU path decodes a sentence beside the prior and flow of the next:
+/// each sentence's audio is, bit for bit, what it gives alone with its own
+/// generator, in order; a sentence that fails (here, an id the voice does
+/// not have) is reported after the audio of those before it.
+#[test]
+fn cpu_pipelined_sentences_match_each_sentence_alone() {
+    let scales = Scales {
+        noise_scale: 0.667,
+        length_scale: 1.0,
+        noise_w: 0.8,
+    };
+    let ids = gold().ids;
+    let sentences: Vec<Vec<i64>> = [24, 9, ids.len(), 17]
+        .iter()
+        .map(|&n| ids[..n.min(ids.len())].to_vec())
+        .collect();
+    let synth =
+        lfm::models::vits::Synthesizer::new(voice(), &lfm::device::DeviceChoice::Cpu).unwrap();
+    let v = synth.vits();
+    let bad = vec![1, 0, v.vocab() as i64 + 5, 0, 2];
+    let mut items: Vec<lfm::Result<Vec<i64>>> = sentences.iter().cloned().map(Ok).collect();
+    items.push(Ok(bad));
+    items.push(Ok(sentences[0].clone()));
+    let mut got = Vec::new();
+    let err = synth
+        .speak(
+            items,
+            None,
+            &scales,
+            &mut Rng::new(3),
+            &mut |s, audio, _| {
+                got.push((s, audio));
+                Ok(())
+            },
+        )
+        .expect_err("an id past the voice's vocabulary");
+    eprintln!("{err}");
+    assert_eq!(
+        got.len(),
+        sentences.len(),
+        "the sentences before the bad one"
+    );
+    let mut rng = Rng::new(3);
+    for (i, (s, (ids, audio))) in sentences.iter().zip(got).enumerate() {
+        assert_eq!(&ids, s, "sentence {i} out of order");
+        let mut own = lfm::models::vits::sentence_rng(&mut rng);
+        let want = v.synthesize(s, None, &scales, &mut own).unwrap();
+        assert!(
+            same_bits(&audio, &want),
+            "sentence {i}: the pipelined audio differs from the sentence alone"
+        );
+    }
+}
+
 /// The GPU generator on onnxruntime's own decoder input: the waveform must
 /// meet the same bar as the CPU path.
 #[test]

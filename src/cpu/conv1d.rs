@@ -94,8 +94,8 @@ fn check_shapes(x_len: usize, t_in: usize, w: &[f32], bias: Option<&[f32]>, s: &
 /// A dense (groups 1) convolution of `leaky_relu(x, act_in)` (x itself
 /// when `act_in` is none) written where `layout` says: the first
 /// `layout.count` of its `s.t_out(t_in)` outputs per channel. The
-/// activation is applied while the padded copy of the input is made, so
-/// it costs no pass of its own (leaky ReLU keeps the zero padding zero).
+/// activation is applied while each task copies its stretch of the input,
+/// so it costs no pass of its own (leaky ReLU keeps the zero padding zero).
 #[allow(clippy::too_many_arguments)]
 pub fn conv1d_into(
     x: &[f32],
@@ -114,28 +114,29 @@ pub fn conv1d_into(
     }
     let last = (s.c_out - 1) * layout.row + layout.offset + (layout.count - 1) * layout.step;
     assert!(last < y.len(), "conv1d_into: output layout out of range");
-    let mut xp = take_scratch();
-    let len = pad_input(x, t_in, s, act_in, layout.count, &mut xp);
+    let input = Input { x, t_in, act_in };
     // SAFETY: `last` is in range, and `dense` writes each (o, t) once.
-    unsafe { dense(&xp, len, &w.wp, bias, s, y.as_mut_ptr(), layout, false) };
-    put_back_scratch(xp);
+    unsafe { dense(&input, w, bias, s, y.as_mut_ptr(), layout, None) };
 }
 
-/// HiFi-GAN's residual step in place: x += conv(leaky_relu(x, slope)) + b,
-/// for a dense convolution that keeps the channels and the length.
+/// HiFi-GAN's residual step: y = x + conv(leaky_relu(x, slope)) + b, for
+/// a dense convolution that keeps the channels and the length. Out of
+/// place, so the tasks read x while others write y.
 pub fn conv1d_residual(
-    x: &mut [f32],
+    x: &[f32],
     t: usize,
     w: &PackedConv1d,
     bias: Option<&[f32]>,
     s: &Conv1dShape,
     slope: f32,
+    y: &mut [f32],
 ) {
     w.check(x.len(), t, bias, s);
     assert!(
         s.c_in == s.c_out && s.t_out(t) == t,
         "conv1d_residual: shape {s:?}"
     );
+    assert_eq!(y.len(), x.len(), "conv1d_residual: output shape");
     if t == 0 {
         return;
     }
@@ -145,17 +146,55 @@ pub fn conv1d_residual(
         offset: 0,
         count: t,
     };
-    let mut xp = take_scratch();
-    let len = pad_input(x, t, s, Some(slope), t, &mut xp);
-    // SAFETY: the layout covers x exactly, each (o, t) written once; the
-    // input was copied into the scratch first.
-    unsafe { dense(&xp, len, &w.wp, bias, s, x.as_mut_ptr(), layout, true) };
-    put_back_scratch(xp);
+    let input = Input {
+        x,
+        t_in: t,
+        act_in: Some(slope),
+    };
+    // SAFETY: the layout covers y exactly, each (o, t) written once; x has
+    // y's layout.
+    unsafe { dense(&input, w, bias, s, y.as_mut_ptr(), layout, Some(x)) };
+}
+
+/// A convolution's input as the caller has it: [c_in, t_in], unpadded,
+/// with the activation still to apply.
+struct Input<'a> {
+    x: &'a [f32],
+    t_in: usize,
+    act_in: Option<f32>,
+}
+
+impl Input<'_> {
+    /// Copies the input steps `first..first + len` (`first` may be
+    /// negative: the zero padding) of every channel through the activation
+    /// into xp, rows `stride` apart.
+    fn window(&self, first: isize, len: usize, stride: usize, xp: &mut Vec<f32>) {
+        let c_in = self.x.len() / self.t_in.max(1);
+        xp.resize(c_in * stride, 0.0);
+        let lo = (-first).clamp(0, len as isize) as usize;
+        let hi = (self.t_in as isize - first).clamp(lo as isize, len as isize) as usize;
+        for (i, row) in xp.chunks_exact_mut(stride).enumerate() {
+            row[..lo].fill(0.0);
+            row[hi..].fill(0.0);
+            if hi == lo {
+                continue;
+            }
+            let src = &self.x[i * self.t_in..][(first + lo as isize) as usize..][..hi - lo];
+            let body = &mut row[lo..hi];
+            match self.act_in {
+                Some(slope) => {
+                    for (d, &v) in body.iter_mut().zip(src) {
+                        *d = if v < 0.0 { v * slope } else { v };
+                    }
+                }
+                None => body.copy_from_slice(src),
+            }
+        }
+    }
 }
 
 thread_local! {
-    /// The padded input, kept per thread between calls: a fresh buffer of
-    /// this size costs more in page faults than the copy itself.
+    /// A task's stretch of the input, kept per thread between calls.
     static SCRATCH: std::cell::Cell<Vec<f32>> = const { std::cell::Cell::new(Vec::new()) };
 }
 
@@ -167,38 +206,6 @@ fn take_scratch() -> Vec<f32> {
 
 fn put_back_scratch(xp: Vec<f32>) {
     SCRATCH.with(|c| c.set(xp));
-}
-
-/// Makes xp the input with its zero padding explicit (and room for a whole
-/// last tile, so every tap of every tile reads in range), through the
-/// activation; returns its row length.
-fn pad_input(
-    x: &[f32],
-    t_in: usize,
-    s: &Conv1dShape,
-    act_in: Option<f32>,
-    count: usize,
-    xp: &mut Vec<f32>,
-) -> usize {
-    let len = count.div_ceil(TB) * TB + s.dilation * (s.kernel - 1);
-    xp.resize(s.c_in * len, 0.0);
-    let n = t_in.min(len.saturating_sub(s.pad_left));
-    let lead = s.pad_left.min(len);
-    for (i, row) in xp.chunks_exact_mut(len).enumerate() {
-        let src = &x[i * t_in..][..n];
-        row[..lead].fill(0.0);
-        let (body, tail) = row[lead..].split_at_mut(n);
-        match act_in {
-            Some(slope) => {
-                for (d, &v) in body.iter_mut().zip(src) {
-                    *d = if v < 0.0 { v * slope } else { v };
-                }
-            }
-            None => body.copy_from_slice(src),
-        }
-        tail.fill(0.0);
-    }
-    len
 }
 
 /// A dense (groups 1) convolution's weights in the tile's order,
@@ -258,73 +265,91 @@ impl OutPtr {
     }
 }
 
-/// The register-blocked convolution over xp ([c_in, len], padded) and wp
-/// (packed), in tasks of one OB-channel block x a run of TB-step tiles.
-/// y (+)= sum + bias per output, in the order the tile sums.
+/// The register-blocked convolution, in tasks of a run of TB-step tiles x
+/// a group of OB-channel blocks. Each task copies the input its run reads
+/// (padded, through the activation) into a scratch of its thread, where
+/// it stays in cache for every block of the group. y = sum + bias (+
+/// residual at the same position) per output, in the order the tile sums.
 ///
 /// Safety: every `layout` position of the c_out channels is in `y`'s
-/// allocation, and nothing else reads or writes those positions meanwhile.
-#[allow(clippy::too_many_arguments)]
+/// allocation, nothing else reads or writes those positions meanwhile, and
+/// `residual` (when given) has y's layout.
 unsafe fn dense(
-    xp: &[f32],
-    len: usize,
-    wp: &[f32],
+    input: &Input,
+    w: &PackedConv1d,
     bias: Option<&[f32]>,
     s: &Conv1dShape,
     y: *mut f32,
     layout: OutLayout,
-    accumulate: bool,
+    residual: Option<&[f32]>,
 ) {
     let (c_in, c_out, kernel, d) = (s.c_in, s.c_out, s.kernel, s.dilation);
     let isa = Isa::detect();
     let block = c_in * kernel * OB;
     let n_ob = c_out.div_ceil(OB);
     let n_tb = layout.count.div_ceil(TB);
-    // Enough tasks for every thread to stay busy on the small stages, and
-    // runs of tiles short enough that their input rows stay in L2.
+    // Runs short enough that their input stays in L2, and groups of blocks
+    // whose weights do too; groups split further only where there are too
+    // few runs to keep every thread busy.
     let threads = rayon::current_num_threads();
     let max_tiles = ((1usize << 16) / (c_in * TB).max(1)).max(1);
-    let n_tc = (4 * threads)
-        .div_ceil(n_ob)
-        .max(n_tb.div_ceil(max_tiles))
-        .min(n_tb);
-    let per = n_tb.div_ceil(n_tc);
+    let per = n_tb.div_ceil(4 * threads).clamp(1, max_tiles);
     let n_tc = n_tb.div_ceil(per);
+    let fit = ((1usize << 16) / block.max(1)).max(1);
+    let n_og = (4 * threads)
+        .div_ceil(n_tc)
+        .max(n_ob.div_ceil(fit))
+        .min(n_ob);
+    let per_og = n_ob.div_ceil(n_og);
+    let n_og = n_ob.div_ceil(per_og);
+    let halo = d * (kernel - 1);
     let out = OutPtr(y);
-    (0..n_ob * n_tc).into_par_iter().for_each(|task| {
-        let (ob, tc) = (task / n_tc, task % n_tc);
-        let o0 = ob * OB;
-        let n_o = OB.min(c_out - o0);
-        let wb = &wp[ob * block..(ob + 1) * block];
-        for tb in tc * per..((tc + 1) * per).min(n_tb) {
+    (0..n_og * n_tc).into_par_iter().for_each(|task| {
+        let (og, tc) = (task / n_tc, task % n_tc);
+        let tiles = tc * per..((tc + 1) * per).min(n_tb);
+        let run_t0 = tiles.start * TB;
+        let len = tiles.len() * TB + halo;
+        // Rows a whole number of cache lines apart.
+        let stride = len.next_multiple_of(16);
+        let mut xp = take_scratch();
+        input.window(run_t0 as isize - s.pad_left as isize, len, stride, &mut xp);
+        for tb in tiles {
             let t0 = tb * TB;
-            let acc = isa.tile(xp, len, wb, c_in, kernel, d, t0);
-            let n = TB.min(layout.count - t0);
-            for (oo, a) in acc.iter().enumerate().take(n_o) {
-                let b = bias.map_or(0.0, |b| b[o0 + oo]);
-                let base = (o0 + oo) * layout.row + layout.offset + t0 * layout.step;
-                let a = &a[..n];
-                if layout.step == 1 {
-                    // SAFETY: in y by the caller's contract; this task owns
-                    // outputs o0..o0 + n_o at steps t0..t0 + n.
-                    let dst = unsafe { std::slice::from_raw_parts_mut(out.at(base), n) };
-                    if accumulate {
-                        dst.iter_mut().zip(a).for_each(|(d, &v)| *d += v + b);
+            for ob in og * per_og..((og + 1) * per_og).min(n_ob) {
+                let o0 = ob * OB;
+                let n_o = OB.min(c_out - o0);
+                let wb = &w.wp[ob * block..(ob + 1) * block];
+                let acc = isa.tile(&xp, stride, wb, c_in, kernel, d, t0 - run_t0);
+                let n = TB.min(layout.count - t0);
+                for (oo, a) in acc.iter().enumerate().take(n_o) {
+                    let b = bias.map_or(0.0, |b| b[o0 + oo]);
+                    let base = (o0 + oo) * layout.row + layout.offset + t0 * layout.step;
+                    let a = &a[..n];
+                    if layout.step == 1 {
+                        // SAFETY: in y by the caller's contract; this task
+                        // owns outputs o0..o0 + n_o at steps t0..t0 + n.
+                        let dst = unsafe { std::slice::from_raw_parts_mut(out.at(base), n) };
+                        match residual {
+                            Some(r) => {
+                                let r = &r[base..base + n];
+                                for ((d, &v), &r) in dst.iter_mut().zip(a).zip(r) {
+                                    *d = r + (v + b);
+                                }
+                            }
+                            None => dst.iter_mut().zip(a).for_each(|(d, &v)| *d = v + b),
+                        }
                     } else {
-                        dst.iter_mut().zip(a).for_each(|(d, &v)| *d = v + b);
-                    }
-                } else {
-                    let p = out.at(base);
-                    for (j, &v) in a.iter().enumerate() {
-                        // SAFETY: as above, at stride `step`.
-                        unsafe {
-                            let q = p.add(j * layout.step);
-                            *q = if accumulate { *q + (v + b) } else { v + b };
+                        assert!(residual.is_none(), "dense: a residual is not strided");
+                        let p = out.at(base);
+                        for (j, &v) in a.iter().enumerate() {
+                            // SAFETY: as above, at stride `step`.
+                            unsafe { *p.add(j * layout.step) = v + b };
                         }
                     }
                 }
             }
         }
+        put_back_scratch(xp);
     });
 }
 
@@ -679,6 +704,8 @@ mod tests {
             (2, 2, 3, 1, 2, 0, 1, 1),
             (7, 9, 5, 2, 4, 4, 1, 37),
             (6, 6, 3, 9, 9, 9, 3, 20),
+            // Many runs of tiles, each through groups of output blocks.
+            (16, 40, 5, 3, 6, 2, 1, 3000),
         ] {
             let s = Conv1dShape {
                 c_in,
@@ -756,10 +783,10 @@ mod tests {
                 .map(|&v| if v < 0.0 { 0.1 * v } else { v })
                 .collect();
             let conv = conv1d_naive(&act, t, &w, &b, &s);
-            // x += conv(leaky_relu(x)) + b, in place.
-            let mut got = x.clone();
+            // x + conv(leaky_relu(x)) + b.
+            let mut got = vec![f32::NAN; x.len()];
             let packed = PackedConv1d::new(&w, &s);
-            conv1d_residual(&mut got, t, &packed, Some(&b), &s, 0.1);
+            conv1d_residual(&x, t, &packed, Some(&b), &s, 0.1, &mut got);
             for ((g, x), c) in got.iter().zip(&x).zip(&conv) {
                 assert!(
                     (g - (x + c)).abs() < 1e-4,

@@ -37,6 +37,7 @@ use crate::error::{Error, Result};
 use crate::formats::onnx::{OnnxGraph, OnnxModel, OnnxNode};
 use crate::util::par;
 use crate::util::rng::Rng;
+use rayon::prelude::*;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
@@ -282,9 +283,10 @@ impl Conv {
         y
     }
 
-    /// x += conv(leaky_relu(x, slope)) in place (HiFi-GAN's residual step).
-    pub fn residual(&self, x: &mut [f32], t: usize, slope: f32) {
-        cpu::conv1d_residual(x, t, self.packed(), self.b.as_deref(), &self.shape, slope);
+    /// y = x + conv(leaky_relu(x, slope)) (HiFi-GAN's residual step).
+    pub fn residual(&self, x: &[f32], t: usize, slope: f32, y: &mut [f32]) {
+        let (w, b) = (self.packed(), self.b.as_deref());
+        cpu::conv1d_residual(x, t, w, b, &self.shape, slope, y);
     }
 }
 
@@ -640,6 +642,10 @@ fn transpose(x: &[f32], rows: usize, cols: usize) -> Vec<f32> {
 fn add_in_place(x: &mut [f32], y: &[f32]) {
     cpu::add_assign(x, y);
 }
+
+/// The chunk of a long elementwise pass of the generator one thread takes
+/// at a time.
+const PASS_CHUNK: usize = 1 << 14;
 
 /// Multi-head self-attention with relative-position keys and values shared
 /// by all heads (`attentions.MultiHeadAttention`, window_size set).
@@ -1074,6 +1080,19 @@ impl Generator {
         self.ups.iter().map(|u| u.shape.stride).product()
     }
 
+    /// The length of each upsampling stage's activations ([channels, t])
+    /// for `frames` input frames.
+    fn stage_sizes(&self, frames: usize) -> Vec<usize> {
+        let mut t = frames;
+        self.ups
+            .iter()
+            .map(|up| {
+                t = up.shape.t_out(t);
+                up.shape.c_out * t
+            })
+            .collect()
+    }
+
     /// z: [inter_channels, frames] -> audio [frames * hop] in [-1, 1];
     /// `speaker` is the speaker's offset to `conv_pre`'s output.
     pub fn forward(&self, z: &[f32], frames: usize, speaker: Option<&[f32]>) -> Vec<f32> {
@@ -1082,32 +1101,57 @@ impl Generator {
         if let Some(s) = speaker {
             add_per_channel(&mut x, s, t);
         }
+        // The residual steps write two buffers in turn and the blocks'
+        // average a third, each sized once for the largest stage and zeroed
+        // lazily by the system (a fresh buffer a step costs page faults, a
+        // zeroing pass a memory pass on one thread).
+        let size = self.stage_sizes(frames).into_iter().max().unwrap_or(0);
+        let [mut cur, mut next, mut sum] = [(); 3].map(|_| vec![0.0f32; size]);
+        let mut stage_out: Option<usize> = None;
         for (up, blocks) in self.ups.iter().zip(&self.resblocks) {
-            x = up.forward_act(&x, t, LRELU_SLOPE);
+            let input = match stage_out {
+                Some(n) => &sum[..n],
+                None => &x[..],
+            };
+            let up_x = up.forward_act(input, t, LRELU_SLOPE);
             t = up.shape.t_out(t);
-            // The blocks' average; the last block takes x itself.
-            let mut sum: Vec<f32> = Vec::new();
+            let n = up_x.len();
+            // The blocks' average.
+            let k = blocks.len() as f32;
             for (j, convs) in blocks.iter().enumerate() {
-                let mut xb = if j + 1 == blocks.len() {
-                    std::mem::take(&mut x)
-                } else {
-                    x.clone()
-                };
+                let mut src: &[f32] = &up_x;
                 for c in convs {
-                    c.residual(&mut xb, t, LRELU_SLOPE);
+                    c.residual(src, t, LRELU_SLOPE, &mut next[..n]);
+                    std::mem::swap(&mut cur, &mut next);
+                    src = &cur[..n];
                 }
+                // (A single block is its own average: x / 1 is x.)
+                let last = j + 1 == blocks.len();
                 if j == 0 {
-                    sum = xb;
+                    std::mem::swap(&mut sum, &mut cur);
                 } else {
-                    add_in_place(&mut sum, &xb);
+                    sum[..n]
+                        .par_chunks_mut(PASS_CHUNK)
+                        .zip(cur[..n].par_chunks(PASS_CHUNK))
+                        .for_each(|(s, b)| {
+                            for (s, &b) in s.iter_mut().zip(b) {
+                                *s += b;
+                                if last {
+                                    *s /= k;
+                                }
+                            }
+                        });
                 }
             }
-            let k = blocks.len() as f32;
-            sum.iter_mut().for_each(|v| *v /= k);
-            x = sum;
+            stage_out = Some(n);
         }
-        let mut y = self.conv_post.forward_act(&x, t, LRELU_SLOPE_POST);
-        y.iter_mut().for_each(|v| *v = v.tanh());
+        let x = match stage_out {
+            Some(n) => &sum[..n],
+            None => &x[..],
+        };
+        let mut y = self.conv_post.forward_act(x, t, LRELU_SLOPE_POST);
+        y.par_chunks_mut(PASS_CHUNK)
+            .for_each(|c| c.iter_mut().for_each(|v| *v = v.tanh()));
         y
     }
 }
@@ -1535,30 +1579,81 @@ impl Synthesizer {
                 return g.speak(v, &mut sentences, speaker, scales, rng, emit)
             }
         };
-        for item in sentences {
-            let item = item?;
-            let mut own = sentence_rng(rng);
-            let t0 = std::time::Instant::now();
-            let ids = item.as_ref();
-            // On a worker of the pool, so that the many short parallel loops
-            // of a sentence start without waking this thread (`par::in_pool`).
-            let (audio, prior) = par::in_pool(|| -> Result<_> {
-                let mut lat = v.prior(ids, speaker, scales, &mut own)?;
-                let prior = t0.elapsed().as_secs_f64();
-                v.flow_reverse(&mut lat.z, lat.frames, speaker);
-                let audio = v
-                    .dec
-                    .forward(&lat.z, lat.frames, speaker.map(|s| s.dec.as_slice()));
-                Ok((audio, prior))
-            })?;
+        // Two stages, one sentence apart: the decoder of a sentence runs
+        // beside the prior and flow of the next, whose many short parallel
+        // loops would leave threads idle on their own.
+        let spk_dec = speaker.map(|s| s.dec.as_slice());
+        let Some(first) = sentences.next() else {
+            return Ok(());
+        };
+        let first = first?;
+        let mut own = sentence_rng(rng);
+        let front = par::in_pool(|| v.front(first.as_ref(), speaker, scales, &mut own))?;
+        let mut current = (first, front);
+        loop {
+            let (item, front) = current;
+            let (next, failed) = match sentences.next() {
+                Some(Ok(next)) => (Some((next, sentence_rng(rng))), None),
+                Some(Err(e)) => (None, Some(e)),
+                None => (None, None),
+            };
+            let (next, mut own) = next.unzip();
+            let ids = next.as_ref().map(|n| n.as_ref());
+            let ((audio, decoder), ahead) = par::in_pool(|| {
+                rayon::join(
+                    || {
+                        let t0 = std::time::Instant::now();
+                        let audio = v.dec.forward(&front.lat.z, front.lat.frames, spk_dec);
+                        (audio, t0.elapsed().as_secs_f64())
+                    },
+                    || {
+                        ids.zip(own.as_mut())
+                            .map(|(ids, own)| v.front(ids, speaker, scales, own))
+                    },
+                )
+            });
             let stages = StageSeconds {
-                prior,
-                flow_and_decoder: t0.elapsed().as_secs_f64() - prior,
+                prior: front.prior,
+                flow_and_decoder: front.flow + decoder,
                 device: None,
             };
             emit(item, audio, stages)?;
+            if let Some(e) = failed {
+                return Err(e);
+            }
+            match (next, ahead) {
+                (Some(next), Some(front)) => current = (next, front?),
+                _ => return Ok(()),
+            }
         }
-        Ok(())
+    }
+}
+
+/// A sentence through the prior and the flow, on the CPU, with the time
+/// of each.
+struct Front {
+    lat: Latent,
+    prior: f64,
+    flow: f64,
+}
+
+impl Vits {
+    fn front(
+        &self,
+        ids: &[i64],
+        speaker: Option<&SpeakerOffsets>,
+        scales: &Scales,
+        rng: &mut Rng,
+    ) -> Result<Front> {
+        let t0 = std::time::Instant::now();
+        let mut lat = self.prior(ids, speaker, scales, rng)?;
+        let prior = t0.elapsed().as_secs_f64();
+        self.flow_reverse(&mut lat.z, lat.frames, speaker);
+        Ok(Front {
+            lat,
+            prior,
+            flow: t0.elapsed().as_secs_f64() - prior,
+        })
     }
 }
 
