@@ -283,16 +283,47 @@ pub fn exp_poly<const FMA: bool>(x: f32) -> f32 {
 /// WaveNet's gated activation (`fused_add_tanh_sigmoid_multiply` in VITS):
 /// y[c, t] = tanh(x[c, t] + g[c]) * sigmoid(x[h + c, t] + g[h + c]), with
 /// x: [2h, t], g: [2h] a per-channel conditioning offset (none: zeros),
-/// y: [h, t].
+/// y: [h, t]. Both through [`exp_poly`] (tanh u = 1 - 2 / (e^2u + 1)), in
+/// vectors: libm's scalar tanh and exp were a quarter of the flow's time.
 pub fn wavenet_gate(x: &[f32], g: Option<&[f32]>, h: usize, t: usize, y: &mut [f32]) {
+    use rayon::prelude::*;
+    assert!(
+        x.len() >= 2 * h * t && y.len() >= h * t,
+        "wavenet_gate: shapes"
+    );
     let off = |c: usize| g.map_or(0.0, |g| g[c]);
-    for c in 0..h {
-        let (ga, gb) = (off(c), off(h + c));
-        let a = &x[c * t..(c + 1) * t];
-        let b = &x[(h + c) * t..(h + c + 1) * t];
-        for ((y, a), b) in y[c * t..(c + 1) * t].iter_mut().zip(a).zip(b) {
-            *y = (a + ga).tanh() * (1.0 / (1.0 + (-(b + gb)).exp()));
-        }
+    #[cfg(target_arch = "x86_64")]
+    let fma =
+        std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma");
+    y[..h * t]
+        .par_chunks_mut(t.max(1))
+        .enumerate()
+        .for_each(|(c, y)| {
+            let (ga, gb) = (off(c), off(h + c));
+            let a = &x[c * t..(c + 1) * t];
+            let b = &x[(h + c) * t..(h + c + 1) * t];
+            #[cfg(target_arch = "x86_64")]
+            if fma {
+                // SAFETY: the CPU has AVX2 and FMA (checked above).
+                return unsafe { gate_row_fma(y, a, b, ga, gb) };
+            }
+            gate_row::<false>(y, a, b, ga, gb)
+        });
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn gate_row_fma(y: &mut [f32], a: &[f32], b: &[f32], ga: f32, gb: f32) {
+    gate_row::<true>(y, a, b, ga, gb)
+}
+
+/// One channel of [`wavenet_gate`]; FMA as in [`exp_poly`].
+#[inline(always)]
+fn gate_row<const FMA: bool>(y: &mut [f32], a: &[f32], b: &[f32], ga: f32, gb: f32) {
+    for ((y, &a), &b) in y.iter_mut().zip(a).zip(b) {
+        let tanh = 1.0 - 2.0 / (exp_poly::<FMA>(2.0 * (a + ga)) + 1.0);
+        let sigmoid = 1.0 / (1.0 + exp_poly::<FMA>(-(b + gb)));
+        *y = tanh * sigmoid;
     }
 }
 
@@ -344,6 +375,32 @@ mod tests {
         assert_eq!(exp_poly::<true>(0.0), 1.0);
         assert!(exp_poly::<true>(-1e4) < 1.2e-38);
         assert!(exp_poly::<true>(f32::NEG_INFINITY) < 1.2e-38);
+    }
+
+    #[test]
+    fn wavenet_gate_matches_tanh_times_sigmoid() {
+        let (h, t) = (3, 101);
+        let mut rng = crate::util::rng::Rng::new(4);
+        let mut x = rng.vec(2 * h * t, -6.0, 6.0);
+        // Past where exp_poly clamps, both ways.
+        x[0] = 60.0;
+        x[1] = -60.0;
+        x[h * t] = -100.0;
+        let g = rng.vec(2 * h, -1.0, 1.0);
+        let mut y = vec![0.0; h * t];
+        wavenet_gate(&x, Some(&g), h, t, &mut y);
+        for c in 0..h {
+            for i in 0..t {
+                let a = x[c * t + i] + g[c];
+                let b = x[(h + c) * t + i] + g[h + c];
+                let want = a.tanh() / (1.0 + (-b).exp());
+                let got = y[c * t + i];
+                assert!((got - want).abs() < 1e-6, "({c}, {i}): {got} vs {want}");
+            }
+        }
+        x[5] = f32::NAN;
+        wavenet_gate(&x, None, h, t, &mut y);
+        assert!(y[5].is_nan(), "a NaN in stays a NaN out");
     }
 
     #[test]

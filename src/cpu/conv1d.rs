@@ -168,7 +168,7 @@ impl Input<'_> {
     /// Copies the input steps `first..first + len` (`first` may be
     /// negative: the zero padding) of every channel through the activation
     /// into xp, rows `stride` apart.
-    fn window(&self, first: isize, len: usize, stride: usize, xp: &mut Vec<f32>) {
+    fn window(&self, isa: Isa, first: isize, len: usize, stride: usize, xp: &mut Vec<f32>) {
         let c_in = self.x.len() / self.t_in.max(1);
         xp.resize(c_in * stride, 0.0);
         let lo = (-first).clamp(0, len as isize) as usize;
@@ -182,11 +182,7 @@ impl Input<'_> {
             let src = &self.x[i * self.t_in..][(first + lo as isize) as usize..][..hi - lo];
             let body = &mut row[lo..hi];
             match self.act_in {
-                Some(slope) => {
-                    for (d, &v) in body.iter_mut().zip(src) {
-                        *d = if v < 0.0 { v * slope } else { v };
-                    }
-                }
+                Some(slope) => isa.leaky_copy(body, src, slope),
                 None => body.copy_from_slice(src),
             }
         }
@@ -303,6 +299,9 @@ unsafe fn dense(
     let per_og = n_ob.div_ceil(n_og);
     let n_og = n_ob.div_ceil(per_og);
     let halo = d * (kernel - 1);
+    if residual.is_some() {
+        assert_eq!(layout.step, 1, "dense: a residual is not strided");
+    }
     let out = OutPtr(y);
     (0..n_og * n_tc).into_par_iter().for_each(|task| {
         let (og, tc) = (task / n_tc, task % n_tc);
@@ -312,41 +311,38 @@ unsafe fn dense(
         // Rows a whole number of cache lines apart.
         let stride = len.next_multiple_of(16);
         let mut xp = take_scratch();
-        input.window(run_t0 as isize - s.pad_left as isize, len, stride, &mut xp);
+        input.window(
+            isa,
+            run_t0 as isize - s.pad_left as isize,
+            len,
+            stride,
+            &mut xp,
+        );
         for tb in tiles {
             let t0 = tb * TB;
             for ob in og * per_og..((og + 1) * per_og).min(n_ob) {
                 let o0 = ob * OB;
                 let n_o = OB.min(c_out - o0);
                 let wb = &w.wp[ob * block..(ob + 1) * block];
-                let acc = isa.tile(&xp, stride, wb, c_in, kernel, d, t0 - run_t0);
                 let n = TB.min(layout.count - t0);
-                for (oo, a) in acc.iter().enumerate().take(n_o) {
-                    let b = bias.map_or(0.0, |b| b[o0 + oo]);
-                    let base = (o0 + oo) * layout.row + layout.offset + t0 * layout.step;
-                    let a = &a[..n];
-                    if layout.step == 1 {
-                        // SAFETY: in y by the caller's contract; this task
-                        // owns outputs o0..o0 + n_o at steps t0..t0 + n.
-                        let dst = unsafe { std::slice::from_raw_parts_mut(out.at(base), n) };
-                        match residual {
-                            Some(r) => {
-                                let r = &r[base..base + n];
-                                for ((d, &v), &r) in dst.iter_mut().zip(a).zip(r) {
-                                    *d = r + (v + b);
-                                }
-                            }
-                            None => dst.iter_mut().zip(a).for_each(|(d, &v)| *d = v + b),
-                        }
-                    } else {
-                        assert!(residual.is_none(), "dense: a residual is not strided");
-                        let p = out.at(base);
-                        for (j, &v) in a.iter().enumerate() {
-                            // SAFETY: as above, at stride `step`.
-                            unsafe { *p.add(j * layout.step) = v + b };
-                        }
-                    }
+                let base = o0 * layout.row + layout.offset + t0 * layout.step;
+                let mut bias_o = [0.0; OB];
+                if let Some(b) = bias {
+                    bias_o[..n_o].copy_from_slice(&b[o0..o0 + n_o]);
                 }
+                let to = TileOut {
+                    y: out.at(base),
+                    row: layout.row,
+                    step: layout.step,
+                    n_o,
+                    n,
+                    bias: bias_o,
+                    residual: residual.map_or(std::ptr::null(), |r| r[base..].as_ptr()),
+                };
+                // SAFETY: in y by the caller's contract (and the residual,
+                // of y's layout, in it); this task owns outputs o0..o0 +
+                // n_o at steps t0..t0 + n.
+                unsafe { isa.tile_into(&xp, stride, wb, c_in, kernel, d, t0 - run_t0, &to) };
             }
         }
         put_back_scratch(xp);
@@ -397,7 +393,9 @@ impl Isa {
     }
 
     /// One OB x TB output block: xp is the padded input ([c_in, len]), wp
-    /// the block's weights ([c_in, k, OB]).
+    /// the block's weights ([c_in, k, OB]). (The convolutions write theirs
+    /// through [`Isa::tile_into`]; the tests compare the builds' sums.)
+    #[cfg(test)]
     #[allow(clippy::too_many_arguments)]
     fn tile(
         self,
@@ -421,6 +419,103 @@ impl Isa {
             Isa::Avx2 => unsafe { simd::tile_avx2(xp, len, wp, c_in, kernel, d, t0) },
             _ => dense_tile(xp, len, wp, c_in, kernel, d, t0),
         }
+    }
+}
+
+impl Isa {
+    /// [`Isa::tile`] with its outputs written where `out` says.
+    ///
+    /// Safety: `out` describes positions in one allocation (and the
+    /// residual's, when given, in another) that nothing else touches
+    /// meanwhile.
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn tile_into(
+        self,
+        xp: &[f32],
+        len: usize,
+        wp: &[f32],
+        c_in: usize,
+        kernel: usize,
+        d: usize,
+        t0: usize,
+        out: &TileOut,
+    ) {
+        assert!(xp.len() >= c_in * len && t0 + d * (kernel - 1) + TB <= len);
+        assert!(wp.len() >= c_in * kernel * OB && out.n_o <= OB && out.n <= TB);
+        match self {
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: as in `tile`, and `out` by the caller's contract.
+            Isa::Avx512 => unsafe { simd::tile_into_avx512(xp, len, wp, c_in, kernel, d, t0, out) },
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx2 => unsafe { simd::tile_into_avx2(xp, len, wp, c_in, kernel, d, t0, out) },
+            // SAFETY: by the caller's contract.
+            _ => unsafe { write_tile(&dense_tile(xp, len, wp, c_in, kernel, d, t0), out) },
+        }
+    }
+
+    /// dst = leaky_relu(src, slope), in the widest vectors the CPU has.
+    fn leaky_copy(self, dst: &mut [f32], src: &[f32], slope: f32) {
+        match self {
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: the CPU has the features (`available`).
+            Isa::Avx512 => unsafe { simd::leaky_copy_avx512(dst, src, slope) },
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx2 => unsafe { simd::leaky_copy_avx2(dst, src, slope) },
+            _ => leaky_copy(dst, src, slope),
+        }
+    }
+}
+
+/// Where a tile's outputs go: output (o, t) of the tile to `y[o * row + t *
+/// step]`, for o < n_o and t < n, as acc + bias[o], added to the residual
+/// (of y's layout, step 1) at the same position when there is one.
+struct TileOut {
+    y: *mut f32,
+    row: usize,
+    step: usize,
+    n_o: usize,
+    n: usize,
+    bias: [f32; OB],
+    /// Null: none.
+    residual: *const f32,
+}
+
+/// Writes a tile's sums where `out` says (inlined into each build, so it
+/// is vectorised as widely as the tile).
+///
+/// Safety: as [`Isa::tile_into`].
+#[inline(always)]
+unsafe fn write_tile(acc: &[[f32; TB]; OB], out: &TileOut) {
+    for (o, a) in acc.iter().enumerate().take(out.n_o) {
+        let b = out.bias[o];
+        let a = &a[..out.n];
+        // SAFETY: by the caller's contract.
+        unsafe {
+            let dst = out.y.add(o * out.row);
+            if out.step != 1 {
+                for (j, &v) in a.iter().enumerate() {
+                    *dst.add(j * out.step) = v + b;
+                }
+                continue;
+            }
+            let dst = std::slice::from_raw_parts_mut(dst, out.n);
+            if out.residual.is_null() {
+                dst.iter_mut().zip(a).for_each(|(d, &v)| *d = v + b);
+            } else {
+                let r = std::slice::from_raw_parts(out.residual.add(o * out.row), out.n);
+                for ((d, &v), &r) in dst.iter_mut().zip(a).zip(r) {
+                    *d = r + (v + b);
+                }
+            }
+        }
+    }
+}
+
+/// dst = leaky_relu(src, slope) (inlined into each build).
+#[inline(always)]
+fn leaky_copy(dst: &mut [f32], src: &[f32], slope: f32) {
+    for (d, &v) in dst.iter_mut().zip(src) {
+        *d = if v < 0.0 { v * slope } else { v };
     }
 }
 
@@ -456,8 +551,55 @@ fn dense_tile(
 /// memory.
 #[cfg(target_arch = "x86_64")]
 mod simd {
-    use super::{OB, TB};
+    use super::{leaky_copy, write_tile, TileOut, OB, TB};
     use std::arch::x86_64::*;
+
+    /// Callers: the CPU has AVX-512F; the ranges of [`tile_avx512`] and
+    /// the contract of `Isa::tile_into`.
+    #[target_feature(enable = "avx512f")]
+    #[allow(clippy::too_many_arguments)]
+    pub(super) unsafe fn tile_into_avx512(
+        xp: &[f32],
+        len: usize,
+        wp: &[f32],
+        c_in: usize,
+        kernel: usize,
+        d: usize,
+        t0: usize,
+        out: &TileOut,
+    ) {
+        // SAFETY: by the caller's contract.
+        unsafe { write_tile(&tile_avx512(xp, len, wp, c_in, kernel, d, t0), out) }
+    }
+
+    /// Callers: the CPU has AVX2 and FMA; as [`tile_into_avx512`].
+    #[target_feature(enable = "avx2,fma")]
+    #[allow(clippy::too_many_arguments)]
+    pub(super) unsafe fn tile_into_avx2(
+        xp: &[f32],
+        len: usize,
+        wp: &[f32],
+        c_in: usize,
+        kernel: usize,
+        d: usize,
+        t0: usize,
+        out: &TileOut,
+    ) {
+        // SAFETY: by the caller's contract.
+        unsafe { write_tile(&tile_avx2(xp, len, wp, c_in, kernel, d, t0), out) }
+    }
+
+    /// Callers: the CPU has AVX-512F.
+    #[target_feature(enable = "avx512f")]
+    pub(super) unsafe fn leaky_copy_avx512(dst: &mut [f32], src: &[f32], slope: f32) {
+        leaky_copy(dst, src, slope)
+    }
+
+    /// Callers: the CPU has AVX2.
+    #[target_feature(enable = "avx2")]
+    pub(super) unsafe fn leaky_copy_avx2(dst: &mut [f32], src: &[f32], slope: f32) {
+        leaky_copy(dst, src, slope)
+    }
 
     /// Callers: the CPU has AVX-512F; xp[i * len + t0 + k * d..][..TB] and
     /// wp[..c_in * kernel * OB] are in range.
