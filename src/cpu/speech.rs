@@ -6,6 +6,7 @@
 //! the kernels in `gpu::speech`; the VITS CPU reference calls them.
 
 use super::{dot, gelu_fast, softmax_rows};
+use rayon::prelude::*;
 
 /// Rational-quadratic spline settings of VITS's `ConvFlow` (`transforms.py`).
 pub const SPLINE_TAIL_BOUND: f32 = 5.0;
@@ -36,23 +37,32 @@ pub fn layer_norm_channels(
     if let Some(r) = res {
         assert_eq!(r.len(), c * t, "layer_norm_channels: residual shape");
     }
-    for ti in 0..t {
-        let mean = (0..c).map(|ch| x[ch * t + ti]).sum::<f32>() / c as f32;
-        let var = (0..c)
-            .map(|ch| (x[ch * t + ti] - mean) * (x[ch * t + ti] - mean))
-            .sum::<f32>()
-            / c as f32;
-        let inv = 1.0 / (var + eps).sqrt();
-        for ch in 0..c {
-            let i = ch * t + ti;
-            let mut v = (x[i] - mean) * inv * gamma[ch] + beta[ch];
+    // Channel by channel into per-step sums: each step's sums in the order
+    // of a loop over its channels, with the steps in the vector lanes.
+    let mut mean = vec![0.0f32; t];
+    for row in x.chunks_exact(t) {
+        mean.iter_mut().zip(row).for_each(|(m, &v)| *m += v);
+    }
+    mean.iter_mut().for_each(|m| *m /= c as f32);
+    let mut inv = vec![0.0f32; t];
+    for row in x.chunks_exact(t) {
+        for ((s, &v), &m) in inv.iter_mut().zip(row).zip(&mean) {
+            *s += (v - m) * (v - m);
+        }
+    }
+    inv.iter_mut()
+        .for_each(|s| *s = 1.0 / (*s / c as f32 + eps).sqrt());
+    for (ch, (yr, xr)) in y.chunks_exact_mut(t).zip(x.chunks_exact(t)).enumerate() {
+        let (g, b) = (gamma[ch], beta[ch]);
+        for (ti, (yv, &xv)) in yr.iter_mut().zip(xr).enumerate() {
+            let mut v = (xv - mean[ti]) * inv[ti] * g + b;
             if gelu_after {
                 v = gelu_fast(v);
             }
             if let Some(r) = res {
-                v += r[i];
+                v += r[ch * t + ti];
             }
-            y[i] = v;
+            *yv = v;
         }
     }
 }
@@ -83,43 +93,45 @@ pub fn rel_position_attention(
     let w = (rel_k.len() / dk / 2) as isize;
     let scale = 1.0 / (dk as f32).sqrt();
     let mut out = vec![0.0f32; t * c];
-    let mut p = vec![0.0f32; t];
-    let mut qs = vec![0.0f32; dk];
-    for h in 0..heads {
-        let hd = h * dk..(h + 1) * dk;
-        for i in 0..t {
-            for (d, qv) in qs.iter_mut().enumerate() {
-                *qv = q[i * c + h * dk + d] * scale;
-            }
-            for (j, pj) in p.iter_mut().enumerate() {
-                let mut s = dot(&qs, &k[j * c..][hd.clone()]);
-                let r = j as isize - i as isize;
-                if r.abs() <= w {
+    // A query step per task, its heads in turn.
+    out.par_chunks_mut(c.max(1)).enumerate().for_each_init(
+        || (vec![0.0f32; t], vec![0.0f32; dk]),
+        |(p, qs), (i, out_i)| {
+            for h in 0..heads {
+                let hd = h * dk..(h + 1) * dk;
+                for (d, qv) in qs.iter_mut().enumerate() {
+                    *qv = q[i * c + h * dk + d] * scale;
+                }
+                for (j, pj) in p.iter_mut().enumerate() {
+                    let mut s = dot(qs, &k[j * c..][hd.clone()]);
+                    let r = j as isize - i as isize;
+                    if r.abs() <= w {
+                        let e = (r + w) as usize;
+                        s += dot(qs, &rel_k[e * dk..(e + 1) * dk]);
+                    }
+                    *pj = s;
+                }
+                softmax_rows(p, t);
+                let o = &mut out_i[hd.clone()];
+                for (j, &pj) in p.iter().enumerate() {
+                    for (ov, vv) in o.iter_mut().zip(&v[j * c..][hd.clone()]) {
+                        *ov += pj * vv;
+                    }
+                }
+                for r in -w..=w {
+                    let j = i as isize + r;
+                    if j < 0 || j >= t as isize {
+                        continue;
+                    }
+                    let pj = p[j as usize];
                     let e = (r + w) as usize;
-                    s += dot(&qs, &rel_k[e * dk..(e + 1) * dk]);
-                }
-                *pj = s;
-            }
-            softmax_rows(&mut p, t);
-            let o = &mut out[i * c..][hd.clone()];
-            for (j, &pj) in p.iter().enumerate() {
-                for (ov, vv) in o.iter_mut().zip(&v[j * c..][hd.clone()]) {
-                    *ov += pj * vv;
+                    for (ov, rv) in o.iter_mut().zip(&rel_v[e * dk..(e + 1) * dk]) {
+                        *ov += pj * rv;
+                    }
                 }
             }
-            for r in -w..=w {
-                let j = i as isize + r;
-                if j < 0 || j >= t as isize {
-                    continue;
-                }
-                let pj = p[j as usize];
-                let e = (r + w) as usize;
-                for (ov, rv) in o.iter_mut().zip(&rel_v[e * dk..(e + 1) * dk]) {
-                    *ov += pj * rv;
-                }
-            }
-        }
-    }
+        },
+    );
     out
 }
 
