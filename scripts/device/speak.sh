@@ -114,8 +114,16 @@ for label, extra in engines:
         results.append(summarise(f"{label} ({info[f'{label} device']})", runs, ttfa))
         print(results[-1], file=sys.stderr)
 
-# onnxruntime on the same ids and scales, every provider it offers here.
-for provider in [p for p in ["CUDAExecutionProvider", "CPUExecutionProvider"] if p in ort.get_available_providers()]:
+# onnxruntime on the same ids and scales, every provider it offers here. CUDA
+# twice: with Piper's own options (`piper --cuda` asks for cuDNN's heuristic
+# convolution algorithms), and with onnxruntime's defaults (an exhaustive
+# search of every new input shape, and a sentence's length is a new shape).
+providers = []
+if "CUDAExecutionProvider" in ort.get_available_providers():
+    providers.append(("CUDA (Piper's options)", ("CUDAExecutionProvider", {"cudnn_conv_algo_search": "HEURISTIC"})))
+    providers.append(("CUDA (defaults)", "CUDAExecutionProvider"))
+providers.append(("CPU", "CPUExecutionProvider"))
+for label, provider in providers:
     t_load = time.perf_counter()
     sess = ort.InferenceSession(MODEL, providers=[provider])
     runs, ttfa = [], []
@@ -137,7 +145,7 @@ for provider in [p for p in ["CUDAExecutionProvider", "CPUExecutionProvider"] if
         if rep > 0:  # the first pass warms the session up
             runs.append(per)
             ttfa.append(cold)
-    results.append(summarise(f"onnxruntime {provider.replace('ExecutionProvider', '')}", runs, ttfa))
+    results.append(summarise(f"onnxruntime {label}", runs, ttfa))
     print(results[-1], file=sys.stderr)
 
 (OUT / "speak-bench.json").write_text(json.dumps({"info": info, "results": results}, indent=1) + "\n")
