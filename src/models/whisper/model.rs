@@ -294,7 +294,7 @@ impl Mlp {
     /// x += mlp(x)
     fn forward(&self, x: &mut [f32]) {
         let mut h = self.fc1.forward(&self.norm.forward(x));
-        h.par_iter_mut().for_each(|v| *v = cpu::gelu_fast(*v));
+        cpu::gelu_fast_all(&mut h);
         cpu::add_assign(x, &self.fc2.forward(&h));
     }
 }
@@ -601,14 +601,15 @@ impl Encoder {
         // conv1 (k3, pad 1) over the mel bins, channel-major [n_mels, t_in].
         let cols = im2col_1d(mel, t_in, n_mels, 1, t_in, 3, 1, 1, t_in);
         let mut h1 = self.conv1.forward(&cols);
-        h1.par_iter_mut().for_each(|v| *v = cpu::gelu_fast(*v));
+        cpu::gelu_fast_all(&mut h1);
         // conv2 (k3, stride 2, pad 1) over h1, time-major [t_in, d].
         let t_out = c.n_audio_ctx;
         let cols = im2col_1d(&h1, t_in, d, d, 1, 3, 2, 1, t_out);
         let mut x = self.conv2.forward(&cols);
+        cpu::gelu_fast_all(&mut x);
         x.par_iter_mut()
             .zip(self.positions.par_iter())
-            .for_each(|(v, p)| *v = cpu::gelu_fast(*v) + p);
+            .for_each(|(v, p)| *v += p);
         x
     }
 
