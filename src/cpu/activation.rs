@@ -335,7 +335,8 @@ pub fn exp_poly<const FMA: bool>(x: f32) -> f32 {
 /// y[c, t] = tanh(x[c, t] + g[c]) * sigmoid(x[h + c, t] + g[h + c]), with
 /// x: [2h, t], g: [2h] a per-channel conditioning offset (none: zeros),
 /// y: [h, t]. Both through [`exp_poly`] (tanh u = 1 - 2 / (e^2u + 1)), in
-/// vectors: libm's scalar tanh and exp were a quarter of the flow's time.
+/// vectors: libm's scalar tanh and exp were most of the flow's time outside
+/// its convolutions.
 pub fn wavenet_gate(x: &[f32], g: Option<&[f32]>, h: usize, t: usize, y: &mut [f32]) {
     use rayon::prelude::*;
     assert!(
