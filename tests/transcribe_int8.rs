@@ -4,11 +4,14 @@
 //! samples/fixtures/whisper/gold.json (samples/fixtures/whisper/int8.json,
 //! from scripts/fixtures/whisper_int8_gold.py).
 //!
-//! Both quantise differently (ours: Q8_0 blocks of 32 on both sides of the
-//! decoder's products, the encoder in f32; CTranslate2: one scale per weight
-//! row and per input row, the encoder too), so a close word may flip: of
-//! the ten transcripts one differs, and there ours is faster-whisper's
-//! float32 transcript (gold.json) while its int8 path departs from it.
+//! Both round weights and inputs alike (one scale a row, CTranslate2's
+//! levels; `quant::fast::gemm8`), so every transcript has faster-whisper
+//! int8's words, including the one where its int8 path departs from its own
+//! float32 transcript (samples/fixtures/whisper/gold.json), and all but one
+//! its exact text. The float parts around the products (convolutions, layer
+//! norms, attention) sum in other orders, and a level flips where a value
+//! lies on a rounding edge: a beam-5 search may then pick a comma the other
+//! way.
 
 mod common;
 
@@ -18,10 +21,9 @@ use std::path::PathBuf;
 
 const CLIPS: &str = "/usr/share/pocketsphinx/test/data/librivox";
 
-/// (beam size, clip) where our int8 transcript is not faster-whisper's
-/// int8 one: faster-whisper int8 writes "Unless to be rather coldhearted
-/// and rather selfish is to be old-exposed.", we write its float32 text.
-const DIFFERENT: &[(u64, &str)] = &[(1, "sense_and_sensibility_01_austen_64kb-0890")];
+/// The (beam size, clip) where faster-whisper's int8 transcript is not its
+/// float32 one ("... selfish is to be old-exposed.").
+const INT8_NOT_F32: (u64, &str) = (1, "sense_and_sensibility_01_austen_64kb-0890");
 
 fn json(name: &str) -> serde_json::Value {
     let path = common::repo().join("samples/fixtures/whisper").join(name);
@@ -30,13 +32,22 @@ fn json(name: &str) -> serde_json::Value {
     v
 }
 
+/// Lower-case words, punctuation dropped.
+fn words(text: &str) -> Vec<String> {
+    text.to_lowercase()
+        .split(|c: char| !c.is_alphanumeric() && c != '\'')
+        .filter(|w| !w.is_empty())
+        .map(str::to_string)
+        .collect()
+}
+
 #[test]
 fn int8_transcripts_match_faster_whisper_int8() {
     let int8 = json("int8.json");
     let f32_gold = json("gold.json");
     let mut files = WhisperFiles::load(&common::model("whisper-tiny.en"), None).unwrap();
     files.model.set_compute_type(ComputeType::Int8).unwrap();
-    let mut same = 0;
+    let (mut departs, mut same) = (0, 0);
     for beam in [1u64, 5] {
         let key = format!("beam_size_{beam}");
         let fw = int8["faster_whisper_int8"][&key]["clips"]
@@ -68,13 +79,21 @@ fn int8_transcripts_match_faster_whisper_int8() {
             .unwrap();
             let text = t.text.trim();
             eprintln!("beam {beam} {name}: {text}");
-            if DIFFERENT.contains(&(beam, name)) {
-                assert_eq!(Some(text), clip_f32["text"].as_str(), "beam {beam} {name}");
-            } else {
-                assert_eq!(Some(text), clip["text"].as_str(), "beam {beam} {name}");
+            let fw_text = clip["text"].as_str().unwrap();
+            assert_eq!(words(text), words(fw_text), "beam {beam} {name}");
+            if text == fw_text {
                 same += 1;
+            }
+            if (beam, name) == INT8_NOT_F32 {
+                assert_eq!(text, fw_text, "beam {beam} {name}");
+                assert_ne!(clip["text"], clip_f32["text"], "the fixtures changed");
+                departs += 1;
             }
         }
     }
-    assert_eq!(same, 10 - DIFFERENT.len());
+    assert_eq!(departs, 1);
+    assert!(
+        same >= 9,
+        "{same} of 10 transcripts are faster-whisper int8's text"
+    );
 }

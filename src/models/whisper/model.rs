@@ -15,8 +15,7 @@
 use crate::cpu::{self, AttentionShape, SeqSpan};
 use crate::error::{Error, Result};
 use crate::formats::ct2::Ct2File;
-use crate::quant::{fast::gemm8, GgmlType};
-use crate::tensor::{self, Activations, Tensor};
+use crate::quant::fast::gemm8;
 use half::f16;
 use half::slice::HalfFloatSliceExt;
 use rayon::prelude::*;
@@ -140,11 +139,12 @@ pub enum ComputeType {
     /// f32 weights and inputs: the reference.
     #[default]
     Float32,
-    /// The encoder's and the decoder's linears (the cross-attention keys
-    /// and values included) and the vocabulary head with Q8_0 weights
-    /// (blocks of 32 with one scale) and inputs rounded to 8-bit levels in
-    /// blocks of 32, as CTranslate2's int8 quantises both sides; the
-    /// convolutions and the attention products stay f32.
+    /// CTranslate2's int8 on x86 ([`gemm8`]): the encoder's and the
+    /// decoder's linears (the cross-attention keys and values included)
+    /// and the vocabulary head with weight rows and input rows rounded to
+    /// 8-bit levels, one scale a row; the token embeddings are the head's
+    /// levels scaled back; the convolutions and the attention products
+    /// stay f32.
     Int8,
 }
 
@@ -157,9 +157,9 @@ pub struct Linear {
     /// `w` repacked for the CPU GEMM, on the first CPU forward (a GPU run
     /// never pays for it).
     packed: OnceLock<cpu::PackedMatrix>,
-    /// `w` in Q8_0 blocks when the layer computes in int8
+    /// `w` in int8 rows when the layer computes in int8
     /// ([`Whisper::set_compute_type`]): `forward` then uses it.
-    q8: Option<Q8>,
+    q8: Option<gemm8::PackedI8>,
 }
 
 impl Linear {
@@ -185,12 +185,12 @@ impl Linear {
         }
     }
 
-    /// Computes in `ct` from now on: int8 quantises `w` to Q8_0 blocks
-    /// (fails when a row is not whole blocks of 32), float32 drops them.
+    /// Computes in `ct` from now on: int8 quantises `w` row by row (fails
+    /// when a row is not whole blocks of 32), float32 drops the levels.
     fn set_compute_type(&mut self, ct: ComputeType) -> Result<()> {
         self.q8 = match ct {
             ComputeType::Float32 => None,
-            ComputeType::Int8 => Some(Q8::new("whisper linear", &self.w, self.n_out, self.n_in)?),
+            ComputeType::Int8 => Some(int8_rows("whisper linear", &self.w, self.n_out, self.n_in)?),
         };
         Ok(())
     }
@@ -202,15 +202,15 @@ impl Linear {
     }
 
     /// x: [rows, n_in] -> [rows, n_out], through the packed GEMM (equal to
-    /// `cpu::matmul` up to the order of the additions), or in int8 over
-    /// the Q8_0 weights ([`Q8::forward`]).
+    /// `cpu::matmul` up to the order of the additions), or in int8
+    /// ([`gemm8::matmul`]).
     pub fn forward(&self, x: &[f32]) -> Vec<f32> {
         let rows = x.len() / self.n_in;
         let mut y = vec![0.0; rows * self.n_out];
         match &self.q8 {
             None => cpu::matmul_packed(x, self.packed(), self.b.as_deref(), rows, &mut y),
             Some(q) => {
-                q.forward(x, rows, &mut y);
+                gemm8::matmul(q, x, rows, &mut y);
                 if let Some(b) = &self.b {
                     y.chunks_exact_mut(self.n_out)
                         .for_each(|r| cpu::add_assign(r, b));
@@ -221,33 +221,15 @@ impl Linear {
     }
 }
 
-/// Q8_0 weights `[n, k]` and their product with inputs rounded to 8 bits
-/// in blocks of 32: packed for the int8 GEMM where the CPU has its fast
-/// copy (each weight panel read once per eight input rows), else rows for
-/// `tensor::matvec_rows` (each weight row read once for all rows).
-enum Q8 {
-    Gemm(gemm8::PackedQ8),
-    Rows(Tensor),
-}
-
-impl Q8 {
-    /// Fails when a row is not whole blocks of 32.
-    fn new(name: &str, w: &[f32], n: usize, k: usize) -> Result<Q8> {
-        let t = Tensor::quantize_f32(name, vec![n, k], w, GgmlType::Q8_0)?;
-        Ok(if gemm8::available() {
-            Q8::Gemm(gemm8::PackedQ8::pack(t.bytes(), n, k))
-        } else {
-            Q8::Rows(t)
-        })
+/// `w` `[n, k]` quantised for [`gemm8::matmul`]; `name` says whose
+/// weights are not whole blocks of 32.
+fn int8_rows(name: &str, w: &[f32], n: usize, k: usize) -> Result<gemm8::PackedI8> {
+    if !k.is_multiple_of(32) {
+        return Err(Error::invalid(format!(
+            "{name}: rows of {k} are not whole blocks of 32, which int8 needs"
+        )));
     }
-
-    /// y[m, n] = x[m, k] . w[n, k]^T
-    fn forward(&self, x: &[f32], m: usize, y: &mut [f32]) {
-        match self {
-            Q8::Gemm(p) => gemm8::matmul(p, x, m, y),
-            Q8::Rows(t) => tensor::matvec_rows(t, x, m, y, Activations::Int8),
-        }
-    }
+    Ok(gemm8::PackedI8::quantize(w, n, k))
 }
 
 pub struct LayerNorm {
@@ -348,11 +330,11 @@ pub struct Decoder {
 /// (51,864 x d), so its bytes are the step's cost: when each value is an
 /// f16 (as in CTranslate2's f16 checkpoints, which hold them so) it is kept
 /// as f16, half the bytes, and widened exactly tile by tile. In int8 it is
-/// Q8_0 blocks, dotted with inputs rounded to 8 bits.
+/// int8 rows ([`gemm8`]).
 enum Head {
     Half(Vec<f16>),
     Packed(cpu::PackedMatrix),
-    Int8(Q8),
+    Int8(gemm8::PackedI8),
 }
 
 /// Rows of the f16 head widened at a time (64 x d f32: fits in L2).
@@ -380,7 +362,7 @@ impl Head {
         }
         match self {
             Head::Packed(p) => cpu::matmul_packed(x, p, None, m, y),
-            Head::Int8(q) => q.forward(x, m, y),
+            Head::Int8(q) => gemm8::matmul(q, x, m, y),
             Head::Half(w) => {
                 // [n, m], tile by tile, then transposed into y.
                 let mut yt = vec![0.0f32; n * m];
@@ -862,8 +844,20 @@ impl Decoder {
             let pos = past + r % n_new;
             let e = &self.embedding[tok * d..(tok + 1) * d];
             let p = &self.positions[pos * d..(pos + 1) * d];
-            for ((o, a), b) in row.iter_mut().zip(e).zip(p) {
-                *o = a + b;
+            match self.compute {
+                ComputeType::Float32 => {
+                    for ((o, a), b) in row.iter_mut().zip(e).zip(p) {
+                        *o = a + b;
+                    }
+                }
+                ComputeType::Int8 => {
+                    // CTranslate2 looks up the head's int8 levels, scaled back.
+                    let mut levels = vec![0i8; d];
+                    let inv = 1.0 / gemm8::quantize_row(e, &mut levels);
+                    for ((o, &l), b) in row.iter_mut().zip(&levels).zip(p) {
+                        *o = l as f32 * inv + b;
+                    }
+                }
             }
         }
         for (li, layer) in self.layers.iter().enumerate() {
@@ -934,7 +928,7 @@ impl Decoder {
         }
         self.head = match ct {
             ComputeType::Float32 => OnceLock::new(),
-            ComputeType::Int8 => OnceLock::from(Head::Int8(Q8::new(
+            ComputeType::Int8 => OnceLock::from(Head::Int8(int8_rows(
                 "decoder/embeddings/weight",
                 &self.embedding,
                 c.n_vocab,
@@ -1008,8 +1002,8 @@ mod tests {
 
     /// The int8 Linear against the f32 one, within what quantising both
     /// sides can move each output, bounded from the data: |w - w'| |x|
-    /// summed (w' the Q8_0 weights as stored, f16 scale included), plus
-    /// half an input level (max |x| / 127 of its block of 32) times |w'|.
+    /// summed (w' a row's levels scaled back), plus half an input level
+    /// (max |x| / 127 of its row) times |w'|.
     #[test]
     fn int8_linear_within_the_quantisation_bound() {
         let mut rng = crate::util::rng::Rng::new(17);
@@ -1018,42 +1012,26 @@ mod tests {
         let mut lin = Linear::new(rng.vec(n * k, -0.5, 0.5), Some(rng.vec(n, -1.0, 1.0)), n, k);
         let want = lin.forward(&x);
         lin.set_compute_type(ComputeType::Int8).unwrap();
-        let mut gots = vec![lin.forward(&x)];
-        let quantised = || Tensor::quantize_f32("w", vec![n, k], &lin.w, GgmlType::Q8_0).unwrap();
-        let wq = quantised().to_f32();
-        // Both copies of the product, whichever the CPU chose above.
-        let other = match lin.q8 {
-            Some(Q8::Gemm(_)) => Q8::Rows(quantised()),
-            _ => Q8::Gemm(gemm8::PackedQ8::pack(quantised().bytes(), n, k)),
-        };
-        let mut y = vec![0.0; m * n];
-        other.forward(&x, m, &mut y);
-        y.chunks_exact_mut(n)
-            .for_each(|r| cpu::add_assign(r, lin.b.as_ref().unwrap()));
-        gots.push(y);
+        let got = lin.forward(&x);
         let mut moved = 0;
-        for got in &gots {
+        let mut levels = vec![0i8; k];
+        for j in 0..n {
+            let w = &lin.w[j * k..(j + 1) * k];
+            let s = gemm8::quantize_row(w, &mut levels);
+            let w8: Vec<f32> = levels.iter().map(|&l| l as f32 / s).collect();
             for i in 0..m {
                 let xi = &x[i * k..(i + 1) * k];
-                for j in 0..n {
-                    let (w, w8) = (&lin.w[j * k..(j + 1) * k], &wq[j * k..(j + 1) * k]);
-                    let mut bound = 0.0f32;
-                    for b in 0..k / 32 {
-                        let r = b * 32..(b + 1) * 32;
-                        let half_level =
-                            xi[r.clone()].iter().fold(0.0f32, |a, v| a.max(v.abs())) / 254.0;
-                        for t in r {
-                            bound += (w[t] - w8[t]).abs() * xi[t].abs() + w8[t].abs() * half_level;
-                        }
-                    }
-                    let (g, e) = (got[i * n + j], want[i * n + j]);
-                    // 1% and 1e-5 for the f32 sums' own rounding.
-                    assert!(
-                        (g - e).abs() <= bound * 1.01 + 1e-5,
-                        "[{i},{j}] {g} vs {e}, bound {bound}"
-                    );
-                    moved += usize::from(g != e);
-                }
+                let half_level = xi.iter().fold(0.0f32, |a, v| a.max(v.abs())) / 254.0;
+                let bound: f32 = (0..k)
+                    .map(|t| (w[t] - w8[t]).abs() * xi[t].abs() + w8[t].abs() * half_level)
+                    .sum();
+                let (g, e) = (got[i * n + j], want[i * n + j]);
+                // 1% and 1e-5 for the f32 sums' own rounding.
+                assert!(
+                    (g - e).abs() <= bound * 1.01 + 1e-5,
+                    "[{i},{j}] {g} vs {e}, bound {bound}"
+                );
+                moved += usize::from(g != e);
             }
         }
         assert!(moved > 0, "int8 gave the f32 results: not quantised");

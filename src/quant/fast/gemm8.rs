@@ -1,73 +1,91 @@
-//! The int8 matrix product over many input rows: Q8_0 weights repacked
-//! into panels of 16 rows, inputs rounded to 8-bit levels in blocks of 32
-//! as [`super::int8::Q8Input`] rounds them, every block's sum of level
-//! products exact in i32 and scaled once (`d_w d_x`) into f32 lanes. One
-//! pass over a panel's bytes serves up to eight input rows, so a product of
-//! several rows (a beam's rows, an encoder's 1500 frames) reads each
-//! weight once per eight rows instead of once per row, and with AVX-512
-//! VNNI one `dpbusd` does 64 multiply-adds (16 weight rows by 4 bytes).
+//! The int8 matrix product of CTranslate2's CPU `int8` compute type, which
+//! faster-whisper runs: each weight row rounded to 8-bit levels with one
+//! scale (`127 / max|row|`), each input row likewise (through the unsigned
+//! shift CTranslate2's x86 GEMMs take: `round(x s + 128) - 128`), the
+//! products summed exactly in i32 over the whole row, then
+//! `(sum * (1 / s_x)) / s_w` in f32. The levels and those three f32
+//! operations are CTranslate2's, so on the same inputs every output has
+//! its bits.
 //!
-//! `dpbusd` multiplies unsigned by signed bytes: the weights are stored
-//! as `level + 128` (unsigned) and each input block's `128 * sum(levels)`
-//! is subtracted from its sums, which leaves the exact sum of the signed
-//! products. The portable copy computes the same integers and the same
-//! f32 operations in the same order, so both give the same bits.
+//! Weights are repacked into panels of 16 rows; one pass over a panel
+//! serves up to eight input rows, so a product of several rows (a beam's
+//! rows, an encoder's 1500 frames) reads each weight once per eight rows.
+//! With AVX-512 VNNI one `dpbusd` does 64 multiply-adds (16 weight rows by
+//! 4 bytes); it multiplies unsigned by signed bytes, so the weights are
+//! stored as `level + 128` and each input row's `128 * sum(levels)` is
+//! subtracted. Every copy computes the same integers and the same f32
+//! operations, so all give the same bits.
 
 use rayon::prelude::*;
 
-use super::f16_to_f32;
-use super::int8::Q8Input;
-use crate::quant::q8_0::BlockQ8_0;
 use crate::util::par;
 
 /// Weight rows a panel (the f32 lanes of one AVX-512 register).
 const LANES: usize = 16;
-/// Bytes of one block of one panel: 8 groups of 16 rows x 4 levels, then
-/// the 16 rows' f32 scales.
-const PANEL_BLOCK: usize = 8 * 64 + LANES * 4;
+/// Bytes of 32 columns of one panel: 8 groups of 16 rows x 4 levels.
+const PANEL_BLOCK: usize = 8 * 64;
 /// Input rows one pass over a panel serves.
 const TILE: usize = 8;
 /// Input rows a piece of parallel work takes at most.
 const ROWS_PER_TASK: usize = 256;
 
-/// Q8_0 weights `[n, k]` repacked for [`matmul`]: for each panel of 16
-/// rows and each block of 32 columns, group g (columns 4g..4g + 4) holds
-/// row r's four levels plus 128 at bytes `64 g + 4 r..`, then the rows'
-/// scales as f32 (rows past `n` are zeros).
-pub struct PackedQ8 {
+/// `row` as CTranslate2 quantises a weight row: levels `round(x s)` (ties
+/// to even) with `s = 127 / max|x|` (1 for a row of zeros); returns `s`.
+pub fn quantize_row(row: &[f32], levels: &mut [i8]) -> f32 {
+    let s = scale(row);
+    for (l, &v) in levels.iter_mut().zip(row) {
+        *l = (v * s).round_ties_even().clamp(-128.0, 127.0) as i8;
+    }
+    s
+}
+
+/// `127 / max|x|`, or 1 when every value is 0.
+fn scale(x: &[f32]) -> f32 {
+    let amax = x.iter().fold(0.0f32, |a, v| a.max(v.abs()));
+    if amax != 0.0 {
+        127.0 / amax
+    } else {
+        1.0
+    }
+}
+
+/// Weights `[n, k]` as levels and row scales, repacked for [`matmul`]: for
+/// each panel of 16 rows and each 32 columns, group g (columns 4g..4g + 4)
+/// holds row r's four levels plus 128 at bytes `64 g + 4 r..` (rows past
+/// `n` are levels of 0 with scale 1).
+pub struct PackedI8 {
     n: usize,
     k: usize,
     data: Vec<u8>,
+    scales: Vec<f32>,
 }
 
-impl PackedQ8 {
-    /// Packs `n` Q8_0 rows of `k` elements (`k` a multiple of 32), back
-    /// to back in `rows`.
-    pub fn pack(rows: &[u8], n: usize, k: usize) -> PackedQ8 {
-        assert!(k.is_multiple_of(32), "PackedQ8: rows are not whole blocks");
-        let nb = k / 32;
-        let blocks: &[BlockQ8_0] = bytemuck::cast_slice(rows);
-        assert_eq!(blocks.len(), n * nb, "PackedQ8: not {n} rows of {k}");
+impl PackedI8 {
+    /// Quantises `w` (`[n, k]`, `k` a multiple of 32) row by row.
+    pub fn quantize(w: &[f32], n: usize, k: usize) -> PackedI8 {
+        assert!(k.is_multiple_of(32), "PackedI8: rows are not whole blocks");
+        assert_eq!(w.len(), n * k, "PackedI8: not {n} rows of {k}");
         let panels = n.div_ceil(LANES);
-        let mut data = vec![0u8; panels * nb * PANEL_BLOCK];
-        data.par_chunks_mut(nb * PANEL_BLOCK)
+        let mut data = vec![0x80u8; panels * k / 32 * PANEL_BLOCK];
+        let mut scales = vec![1.0f32; panels * LANES];
+        data.par_chunks_mut(k / 32 * PANEL_BLOCK)
+            .zip(scales.par_chunks_mut(LANES))
             .enumerate()
-            .for_each(|(p, panel)| {
-                for (b, out) in panel.chunks_exact_mut(PANEL_BLOCK).enumerate() {
-                    for r in 0..LANES {
-                        let row = p * LANES + r;
-                        let (d, qs) = match blocks.get(row * nb + b) {
-                            Some(blk) if row < n => (f16_to_f32(blk.d), blk.qs),
-                            _ => (0.0, [0; 32]),
-                        };
-                        for (c, &q) in qs.iter().enumerate() {
-                            out[(c / 4) * 64 + r * 4 + c % 4] = q ^ 0x80;
-                        }
-                        out[512 + 4 * r..512 + 4 * r + 4].copy_from_slice(&d.to_le_bytes());
+            .for_each(|(p, (panel, scales))| {
+                let mut levels = vec![0i8; k];
+                for (r, s) in scales.iter_mut().enumerate() {
+                    let row = p * LANES + r;
+                    if row >= n {
+                        break;
+                    }
+                    *s = quantize_row(&w[row * k..(row + 1) * k], &mut levels);
+                    for (c, &l) in levels.iter().enumerate() {
+                        let at = (c / 32) * PANEL_BLOCK + (c % 32 / 4) * 64 + r * 4 + c % 4;
+                        panel[at] = l as u8 ^ 0x80;
                     }
                 }
             });
-        PackedQ8 { n, k, data }
+        PackedI8 { n, k, data, scales }
     }
 
     pub fn rows(&self) -> usize {
@@ -78,98 +96,110 @@ impl PackedQ8 {
         self.k
     }
 
-    fn panel(&self, p: usize) -> &[u8] {
+    fn panel(&self, p: usize) -> Panel<'_> {
         let size = self.k / 32 * PANEL_BLOCK;
-        &self.data[p * size..(p + 1) * size]
+        Panel {
+            w: &self.data[p * size..(p + 1) * size],
+            scales: self.scales[p * LANES..(p + 1) * LANES].try_into().unwrap(),
+        }
     }
 }
 
-/// Input rows `[m, k]` in blocks of 32 levels: the levels, each block's
-/// scale, and each block's `128 * sum(levels)`.
+/// One panel's packed levels and its 16 rows' scales.
+#[derive(Clone, Copy)]
+struct Panel<'a> {
+    w: &'a [u8],
+    scales: &'a [f32; LANES],
+}
+
+/// Input rows `[m, k]` as levels: each row's `1 / s` and `128 * sum(levels)`.
 struct Inputs {
     qs: Vec<i8>,
-    d: Vec<f32>,
-    c: Vec<i32>,
+    inv_scale: Vec<f32>,
+    shift: Vec<i32>,
 }
 
 impl Inputs {
+    /// CTranslate2's input rounding on x86 (its GEMMs there multiply
+    /// unsigned inputs): `round(x s + 128)` in f32, ties to even, less 128.
     fn new(x: &[f32], k: usize) -> Inputs {
-        let rows: Vec<Q8Input> = x.par_chunks(k).map(Q8Input::new).collect();
-        let mut q = Inputs {
-            qs: Vec::with_capacity(x.len()),
-            d: Vec::with_capacity(x.len() / 32),
-            c: Vec::with_capacity(x.len() / 32),
-        };
-        for r in rows {
-            for b in r.qs.chunks_exact(32) {
-                q.c.push(128 * b.iter().map(|&l| l as i32).sum::<i32>());
-            }
-            q.qs.extend_from_slice(&r.qs);
-            q.d.extend_from_slice(&r.d);
+        let mut qs = vec![0i8; x.len()];
+        let (inv_scale, shift): (Vec<f32>, Vec<i32>) = qs
+            .par_chunks_mut(k)
+            .zip(x.par_chunks(k))
+            .map(|(q, row)| {
+                let s = scale(row);
+                for (l, &v) in q.iter_mut().zip(row) {
+                    *l = ((v * s + 128.0).round_ties_even().clamp(0.0, 255.0) - 128.0) as i8;
+                }
+                (1.0 / s, 128 * q.iter().map(|&l| l as i32).sum::<i32>())
+            })
+            .unzip();
+        Inputs {
+            qs,
+            inv_scale,
+            shift,
         }
-        q
     }
 }
 
+/// The f32 operations on a row's exact sum, in CTranslate2's order.
+#[inline(always)]
+fn dequantize(sum: i32, inv_scale_x: f32, scale_w: f32) -> f32 {
+    (sum as f32 * inv_scale_x) / scale_w
+}
+
 /// One panel times up to [`TILE`] input rows (`out.len()` of them, from
-/// row `i0`): out[r][l] = the dot of weight row l with input row i0 + r.
-type TileKernel = fn(&[u8], &Inputs, usize, usize, &mut [[f32; LANES]]);
+/// row `i0`): out[r][l] = the product of weight row l with input row i0 + r.
+type TileKernel = fn(Panel, &Inputs, usize, usize, &mut [[f32; LANES]]);
 
 /// The best copy of the tile kernel this CPU runs.
 fn kernel() -> TileKernel {
     #[cfg(target_arch = "x86_64")]
-    if available() {
-        // SAFETY: the CPU reports the instructions.
-        return |w, x, k, i0, out| unsafe { vnni::tile(w, x, k, i0, out) };
+    {
+        use std::arch::is_x86_feature_detected as has;
+        if has!("avx512f") && has!("avx512bw") && has!("avx512vnni") {
+            // SAFETY: the CPU reports the instructions.
+            return |w, x, k, i0, out| unsafe { vnni::tile(w, x, k, i0, out) };
+        }
+        if has!("avx2") {
+            // SAFETY: the CPU reports the instructions.
+            return |w, x, k, i0, out| unsafe { avx2::tile(w, x, k, i0, out) };
+        }
     }
     tile_portable
 }
 
-/// Whether this CPU has the fast copy (AVX-512 with VNNI); without it the
-/// portable copy is slower than the row kernels of `tensor::matvec_rows`.
-pub fn available() -> bool {
-    #[cfg(target_arch = "x86_64")]
-    {
-        use std::arch::is_x86_feature_detected as has;
-        has!("avx512f") && has!("avx512bw") && has!("avx512vnni")
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    false
-}
-
-fn tile_portable(w: &[u8], x: &Inputs, k: usize, i0: usize, out: &mut [[f32; LANES]]) {
-    let nb = k / 32;
+fn tile_portable(w: Panel, x: &Inputs, k: usize, i0: usize, out: &mut [[f32; LANES]]) {
     for (r, o) in out.iter_mut().enumerate() {
         let i = i0 + r;
-        let mut acc = [0.0f32; LANES];
-        for (b, blk) in w.chunks_exact(PANEL_BLOCK).enumerate() {
-            let xq = &x.qs[i * k + b * 32..][..32];
-            for (l, a) in acc.iter_mut().enumerate() {
-                let mut s = 0i32;
-                for (c, &v) in xq.iter().enumerate() {
-                    s += blk[(c / 4) * 64 + l * 4 + c % 4] as i32 * v as i32;
+        let xq = &x.qs[i * k..(i + 1) * k];
+        let mut sums = [0i32; LANES];
+        for (blk, xb) in w.w.chunks_exact(PANEL_BLOCK).zip(xq.chunks_exact(32)) {
+            for (l, s) in sums.iter_mut().enumerate() {
+                for (c, &v) in xb.iter().enumerate() {
+                    *s += blk[(c / 4) * 64 + l * 4 + c % 4] as i32 * v as i32;
                 }
-                let t = (s - x.c[i * nb + b]) as f32;
-                let d = f32::from_le_bytes(blk[512 + 4 * l..512 + 4 * l + 4].try_into().unwrap());
-                *a = t.mul_add(d * x.d[i * nb + b], *a);
             }
         }
-        *o = acc;
+        for ((o, s), &sw) in o.iter_mut().zip(sums).zip(w.scales) {
+            *o = dequantize(s - x.shift[i], x.inv_scale[i], sw);
+        }
     }
 }
 
 #[cfg(target_arch = "x86_64")]
 mod vnni {
-    use super::{Inputs, LANES, PANEL_BLOCK, TILE};
+    use super::{Inputs, Panel, LANES, PANEL_BLOCK, TILE};
     use std::arch::x86_64::*;
 
-    /// [`super::tile_portable`] with AVX-512 VNNI: per block, eight
-    /// `dpbusd` a row (16 weight rows x 4 columns each), the weight
+    /// [`super::tile_portable`] with AVX-512 VNNI: eight `dpbusd` a row
+    /// per 32 columns (16 weight rows x 4 columns each), the weight
     /// register shared by the tile's rows.
     #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
-    pub(super) unsafe fn tile(w: &[u8], x: &Inputs, k: usize, i0: usize, out: &mut [[f32; LANES]]) {
+    pub(super) unsafe fn tile(w: Panel, x: &Inputs, k: usize, i0: usize, out: &mut [[f32; LANES]]) {
         assert!(out.len() <= TILE && (i0 + out.len()) * k <= x.qs.len());
-        assert_eq!(w.len(), k / 32 * PANEL_BLOCK, "gemm8: wrong panel size");
+        assert_eq!(w.w.len(), k / 32 * PANEL_BLOCK, "gemm8: wrong panel size");
         match out.len() {
             1 => rows::<1>(w, x, k, i0, out),
             2 => rows::<2>(w, x, k, i0, out),
@@ -185,19 +215,16 @@ mod vnni {
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
     unsafe fn rows<const R: usize>(
-        w: &[u8],
+        w: Panel,
         x: &Inputs,
         k: usize,
         i0: usize,
         out: &mut [[f32; LANES]],
     ) {
-        let nb = k / 32;
-        let (wp, xq) = (w.as_ptr(), x.qs.as_ptr().add(i0 * k));
-        let (xd, xc) = (&x.d[i0 * nb..], &x.c[i0 * nb..]);
-        let mut acc = [_mm512_setzero_ps(); R];
-        for b in 0..nb {
+        let (wp, xq) = (w.w.as_ptr(), x.qs.as_ptr().add(i0 * k));
+        let mut s = [_mm512_setzero_si512(); R];
+        for b in 0..k / 32 {
             let blk = wp.add(b * PANEL_BLOCK);
-            let mut s = [_mm512_setzero_si512(); R];
             for g in 0..8 {
                 let wv = _mm512_loadu_si512(blk.add(64 * g).cast());
                 for (r, s) in s.iter_mut().enumerate() {
@@ -208,23 +235,91 @@ mod vnni {
                     *s = _mm512_dpbusd_epi32(*s, wv, _mm512_set1_epi32(xv));
                 }
             }
-            let d = _mm512_loadu_ps(blk.add(512).cast());
-            for (r, (a, s)) in acc.iter_mut().zip(s).enumerate() {
-                let t = _mm512_cvtepi32_ps(_mm512_sub_epi32(s, _mm512_set1_epi32(xc[r * nb + b])));
-                *a = _mm512_fmadd_ps(t, _mm512_mul_ps(d, _mm512_set1_ps(xd[r * nb + b])), *a);
-            }
         }
-        for (o, a) in out.iter_mut().zip(acc) {
-            _mm512_storeu_ps(o.as_mut_ptr(), a);
+        let sw = _mm512_loadu_ps(w.scales.as_ptr());
+        for (r, (o, s)) in out.iter_mut().zip(s).enumerate() {
+            let i = i0 + r;
+            let t = _mm512_cvtepi32_ps(_mm512_sub_epi32(s, _mm512_set1_epi32(x.shift[i])));
+            let y = _mm512_div_ps(_mm512_mul_ps(t, _mm512_set1_ps(x.inv_scale[i])), sw);
+            _mm512_storeu_ps(o.as_mut_ptr(), y);
         }
     }
 }
 
-/// y = x W^T: w `[n, k]` packed, x `[m, k]` -> y `[m, n]`, the inputs
-/// rounded to 8 bits in blocks of 32. Pieces of work are groups of panels
-/// (about 32 KiB of weights) times up to 256 input rows; within one, each
-/// tile of eight input rows passes over the group's panels.
-pub fn matmul(w: &PackedQ8, x: &[f32], m: usize, y: &mut [f32]) {
+#[cfg(target_arch = "x86_64")]
+mod avx2 {
+    use super::{Inputs, Panel, LANES, PANEL_BLOCK, TILE};
+    use std::arch::x86_64::*;
+
+    /// [`super::tile_portable`] with AVX2, four input rows at a time: the
+    /// levels lie in -127..=127 on both sides, so `maddubs` of |w| with the
+    /// input carrying w's sign sums two products into 16 bits without
+    /// saturating, and `madd` against ones widens them: the exact signed
+    /// sums, with no shift to take off.
+    #[target_feature(enable = "avx2")]
+    pub(super) unsafe fn tile(w: Panel, x: &Inputs, k: usize, i0: usize, out: &mut [[f32; LANES]]) {
+        assert!(out.len() <= TILE && (i0 + out.len()) * k <= x.qs.len());
+        assert_eq!(w.w.len(), k / 32 * PANEL_BLOCK, "gemm8: wrong panel size");
+        for (c, chunk) in out.chunks_mut(4).enumerate() {
+            let i = i0 + 4 * c;
+            match chunk.len() {
+                1 => rows::<1>(w, x, k, i, chunk),
+                2 => rows::<2>(w, x, k, i, chunk),
+                3 => rows::<3>(w, x, k, i, chunk),
+                _ => rows::<4>(w, x, k, i, chunk),
+            }
+        }
+    }
+
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    unsafe fn rows<const R: usize>(
+        w: Panel,
+        x: &Inputs,
+        k: usize,
+        i0: usize,
+        out: &mut [[f32; LANES]],
+    ) {
+        let (wp, xq) = (w.w.as_ptr(), x.qs.as_ptr().add(i0 * k));
+        let (flip, ones) = (_mm256_set1_epi8(-128), _mm256_set1_epi16(1));
+        // Rows 0..8 and 8..16 of the panel.
+        let mut s = [[_mm256_setzero_si256(); 2]; R];
+        for b in 0..k / 32 {
+            let blk = wp.add(b * PANEL_BLOCK);
+            for g in 0..8 {
+                for (h, half) in [0usize, 32].into_iter().enumerate() {
+                    let wv =
+                        _mm256_xor_si256(_mm256_loadu_si256(blk.add(64 * g + half).cast()), flip);
+                    let wa = _mm256_abs_epi8(wv);
+                    for (r, s) in s.iter_mut().enumerate() {
+                        let xv = xq
+                            .add(r * k + 32 * b + 4 * g)
+                            .cast::<i32>()
+                            .read_unaligned();
+                        let xs = _mm256_sign_epi8(_mm256_set1_epi32(xv), wv);
+                        let p = _mm256_madd_epi16(_mm256_maddubs_epi16(wa, xs), ones);
+                        s[h] = _mm256_add_epi32(s[h], p);
+                    }
+                }
+            }
+        }
+        for (r, (o, s)) in out.iter_mut().zip(s).enumerate() {
+            let i = i0 + r;
+            let inv = _mm256_set1_ps(x.inv_scale[i]);
+            for (h, s) in s.into_iter().enumerate() {
+                let sw = _mm256_loadu_ps(w.scales.as_ptr().add(8 * h));
+                let y = _mm256_div_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(s), inv), sw);
+                _mm256_storeu_ps(o.as_mut_ptr().add(8 * h), y);
+            }
+        }
+    }
+}
+
+/// y = x W^T: w `[n, k]` packed, x `[m, k]` -> y `[m, n]`, each input row
+/// rounded to 8 bits. Pieces of work are groups of panels (about 32 KiB of
+/// weights) times up to 256 input rows; within one, each tile of eight
+/// input rows passes over the group's panels.
+pub fn matmul(w: &PackedI8, x: &[f32], m: usize, y: &mut [f32]) {
     let (n, k) = (w.n, w.k);
     assert_eq!(x.len(), m * k, "gemm8: x is not [{m}, {k}]");
     assert_eq!(y.len(), m * n, "gemm8: y is not [{m}, {n}]");
@@ -261,7 +356,6 @@ pub fn matmul(w: &PackedQ8, x: &[f32], m: usize, y: &mut [f32]) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::quant::q8_0;
 
     fn lcg(seed: u64, len: usize) -> Vec<f32> {
         let mut s = seed;
@@ -275,51 +369,70 @@ mod tests {
             .collect()
     }
 
-    /// Each output against the dot of the dequantised weights with the
-    /// dequantised input levels in f64 (what the integer sums compute
-    /// exactly, before the f32 scaling); the fast copy bit-equal to the
-    /// portable one; sizes with a partial panel and partial tiles.
+    /// Each output is the exact integer sum of the two sides' levels put
+    /// through the three f32 operations; every copy of the kernel this CPU
+    /// runs gives the portable copy's bits; sizes with a partial panel and
+    /// partial tiles, a row of zeros on each side.
     #[test]
-    fn matches_the_dequantised_product() {
+    fn outputs_are_the_exact_level_sums_scaled() {
         for (m, n, k) in [(1, 16, 32), (5, 37, 64), (13, 50, 96), (300, 20, 32)] {
-            let w = lcg(n as u64, n * k);
-            let x = lcg(7 + m as u64, m * k);
-            let mut blocks = vec![BlockQ8_0::default(); n * k / 32];
-            q8_0::quantize(&w, &mut blocks);
-            let wq: Vec<f32> = blocks
-                .iter()
-                .flat_map(|b| b.qs.map(|q| f16_to_f32(b.d) * q as i8 as f32))
-                .collect();
-            let packed = PackedQ8::pack(bytemuck::cast_slice(&blocks), n, k);
+            let mut w = lcg(n as u64, n * k);
+            w[k..2 * k].fill(0.0);
+            let mut x = lcg(7 + m as u64, m * k);
+            x[..k].fill(0.0);
+            let packed = PackedI8::quantize(&w, n, k);
             let mut y = vec![f32::NAN; m * n];
             matmul(&packed, &x, m, &mut y);
             let xi = Inputs::new(&x, k);
-            for i in 0..m {
-                for j in 0..n {
-                    let want: f64 = (0..k)
-                        .map(|c| {
-                            let xv = xi.qs[i * k + c] as f64 * xi.d[i * k / 32 + c / 32] as f64;
-                            xv * wq[j * k + c] as f64
-                        })
-                        .sum();
-                    let got = y[i * n + j] as f64;
-                    assert!(
-                        (got - want).abs() <= 1e-5 * (1.0 + want.abs()),
-                        "({m},{n},{k}) [{i},{j}]: {got} vs {want}"
+            let mut wl = vec![0i8; k];
+            for j in 0..n {
+                let sw = quantize_row(&w[j * k..(j + 1) * k], &mut wl);
+                assert!(
+                    wl.iter().all(|&l| l != -128),
+                    "a weight level outside -127..=127"
+                );
+                for i in 0..m {
+                    let xl = &xi.qs[i * k..(i + 1) * k];
+                    let sum: i32 = xl.iter().zip(&wl).map(|(&a, &b)| a as i32 * b as i32).sum();
+                    let want = dequantize(sum, xi.inv_scale[i], sw);
+                    assert_eq!(
+                        y[i * n + j].to_bits(),
+                        want.to_bits(),
+                        "({m},{n},{k}) [{i},{j}]"
                     );
                 }
             }
-            let panels = n.div_ceil(LANES);
-            for p in 0..panels {
+            let mut copies: Vec<TileKernel> = vec![kernel()];
+            #[cfg(target_arch = "x86_64")]
+            if std::arch::is_x86_feature_detected!("avx2") {
+                // SAFETY: the CPU reports AVX2.
+                copies.push(|w, x, k, i0, out| unsafe { avx2::tile(w, x, k, i0, out) });
+            }
+            for p in 0..n.div_ceil(LANES) {
                 for i0 in (0..m).step_by(TILE) {
                     let t = TILE.min(m - i0);
                     let mut a = [[0.0f32; LANES]; TILE];
-                    let mut b = a;
                     tile_portable(packed.panel(p), &xi, k, i0, &mut a[..t]);
-                    kernel()(packed.panel(p), &xi, k, i0, &mut b[..t]);
-                    assert_eq!(a, b, "copies differ: panel {p}, rows {i0}..");
+                    for copy in &copies {
+                        let mut b = [[0.0f32; LANES]; TILE];
+                        copy(packed.panel(p), &xi, k, i0, &mut b[..t]);
+                        assert_eq!(a, b, "copies differ: panel {p}, rows {i0}..");
+                    }
                 }
             }
         }
+    }
+
+    /// The input levels as CTranslate2 rounds them: through `+ 128` in f32,
+    /// so a product just above a half, which alone rounds up, lands on
+    /// 128.5 after the shift and rounds to the even 128: level 0.
+    #[test]
+    fn input_levels_round_through_the_shift() {
+        let x = [1.0f32, 0.500_000_1 / 127.0, -1.0, 0.0];
+        assert_eq!((x[1] * 127.0).round_ties_even(), 1.0);
+        let q = Inputs::new(&x, 4);
+        assert_eq!(q.qs, vec![127, 0, -127, 0]);
+        assert_eq!(q.inv_scale, vec![1.0 / 127.0]);
+        assert_eq!(q.shift, vec![0]);
     }
 }
