@@ -11,7 +11,9 @@
 
 mod common;
 
-use lfm::cpu::whisper::{self as select, Draw, RowRule, SampleRules, SelectRules};
+use lfm::cpu::whisper::{
+    self as select, Draw, Picked, RowRule, RuleState, SampleRules, SelectRules, TimestampRules,
+};
 use lfm::gpu::{Gpu, GpuOptions};
 use lfm::models::whisper::gpu::GpuBackend;
 use lfm::models::whisper::model::CrossKv;
@@ -30,10 +32,12 @@ const CLIP_B: &str = "sense_and_sensibility_01_austen_64kb-0870";
 const MAX_SEQS: usize = 5;
 const MAX_WINDOWS: usize = 2;
 
-/// The GPU backend, remembering which windows its slots hold.
+/// The GPU backend, remembering which windows its slots hold; `ahead`
+/// false makes greedy search step one token a submission.
 struct Shared {
     gpu: GpuBackend,
     held: Vec<Vec<f32>>,
+    ahead: bool,
 }
 
 impl Backend for Shared {
@@ -71,6 +75,21 @@ impl Backend for Shared {
     }
     fn step(&mut self, tokens: &[u32], pick: &Pick) -> Result<Picks> {
         self.gpu.step(tokens, pick)
+    }
+    fn greedy_ahead(
+        &mut self,
+        tokens: &[u32],
+        rules: &SelectRules,
+        rows: &[RowRule],
+        states: &[RuleState],
+        timestamps: &TimestampRules,
+        n: usize,
+    ) -> Result<Option<Vec<Vec<Picked>>>> {
+        if !self.ahead {
+            return Ok(None);
+        }
+        self.gpu
+            .greedy_ahead(tokens, rules, rows, states, timestamps, n)
     }
     fn traffic(&self) -> Traffic {
         self.gpu.traffic()
@@ -111,6 +130,7 @@ fn backend() -> Option<MutexGuard<'static, Shared>> {
         let mut shared = Shared {
             gpu,
             held: Vec::new(),
+            ahead: true,
         };
         let r = reference();
         shared.encode(&[&r.windows[0], &r.windows[1]]).unwrap();
@@ -423,6 +443,42 @@ fn gpu_transcripts_match_faster_whisper() {
             assert_eq!(token_ids(&t), want, "beam {beam} {name}: tokens");
         }
     }
+}
+
+/// Greedy search running several passes a submission (the device feeding
+/// its own picks back through `whisper_next`) gives the tokens and log
+/// probabilities, bit for bit, of one pass a submission; in fewer
+/// submissions.
+#[test]
+fn greedy_ahead_gives_what_one_step_at_a_time_gives() {
+    let Some(mut backend) = backend() else { return };
+    let gold: serde_json::Value = serde_json::from_slice(
+        &std::fs::read(common::repo().join("samples/fixtures/whisper/gold.json")).unwrap(),
+    )
+    .unwrap();
+    let opts = gold_options(&gold, 1);
+    let samples = clip(CLIP_A);
+    let mut runs = Vec::new();
+    for ahead in [false, true] {
+        backend.ahead = ahead;
+        let before = backend.traffic().submissions;
+        let t = transcribe(files(), &mut *backend, &samples, &opts, &mut |_, _| Ok(()));
+        backend.ahead = true;
+        let t = t.unwrap();
+        let tokens: Vec<(u32, u32)> = t
+            .segments
+            .iter()
+            .flat_map(|s| s.tokens.iter().map(|k| (k.id, k.logprob.to_bits())))
+            .collect();
+        runs.push((tokens, backend.traffic().submissions - before));
+    }
+    let ((one, one_subs), (many, many_subs)) = (&runs[0], &runs[1]);
+    assert!(one.len() > 8, "too few tokens to run ahead: {}", one.len());
+    assert_eq!(many, one, "tokens and log probabilities");
+    assert!(
+        many_subs < one_subs,
+        "{many_subs} submissions ahead against {one_subs} one step at a time"
+    );
 }
 
 #[test]

@@ -50,6 +50,127 @@ impl RowRule {
     }
 }
 
+/// What a row's rule depends on in the tokens its sequence sampled: how
+/// many (2 stands for more), whether the last two were timestamps, and the
+/// last timestamp ([`NO_TOKEN`]: none). [`RuleState::push`] takes one token
+/// more, so the device can follow a greedy sequence without the host
+/// (`whisper_next`).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, bytemuck::Pod, bytemuck::Zeroable)]
+pub struct RuleState {
+    pub len: u32,
+    pub last_is_ts: u32,
+    pub penultimate_is_ts: u32,
+    pub last_ts: u32,
+}
+const _: () = assert!(std::mem::size_of::<RuleState>() == 16);
+
+/// The constants of openai-whisper's timestamp rules for one run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TimestampRules {
+    pub vocab: u32,
+    pub timestamp_begin: u32,
+    pub eot: u32,
+    /// Timestamps are sampled (false: no rule applies).
+    pub timestamps: bool,
+    /// The first timestamp is at most this many steps of 0.02 s.
+    pub max_initial_timestamp: Option<u32>,
+}
+
+impl RuleState {
+    /// No token sampled yet.
+    pub const EMPTY: RuleState = RuleState {
+        len: 0,
+        last_is_ts: 0,
+        penultimate_is_ts: 0,
+        last_ts: NO_TOKEN,
+    };
+
+    /// The state after `sampled`.
+    pub fn of(sampled: &[u32], timestamp_begin: u32) -> RuleState {
+        let mut s = RuleState::EMPTY;
+        // Only the last two tokens and the last timestamp count.
+        if let Some(&t) = sampled.iter().rev().find(|&&t| t >= timestamp_begin) {
+            s.last_ts = t;
+        }
+        let n = sampled.len();
+        s.len = n.min(2) as u32;
+        s.last_is_ts = u32::from(n >= 1 && sampled[n - 1] >= timestamp_begin);
+        s.penultimate_is_ts = u32::from(n >= 2 && sampled[n - 2] >= timestamp_begin);
+        s
+    }
+
+    /// The state after one more token.
+    pub fn push(&mut self, token: u32, timestamp_begin: u32) {
+        self.penultimate_is_ts = self.last_is_ts;
+        self.last_is_ts = u32::from(token >= timestamp_begin);
+        if token >= timestamp_begin {
+            self.last_ts = token;
+        }
+        self.len = (self.len + 1).min(2);
+    }
+
+    /// openai-whisper's logit filters for the next token, as ranges (the
+    /// token sets are [`SelectRules`]'): after a closed pair of timestamps
+    /// text, after an opened one a timestamp or the end, timestamps never
+    /// going back, and at the start a timestamp within the initial limit.
+    pub fn rule(&self, t: &TimestampRules) -> RowRule {
+        let tb = t.timestamp_begin;
+        let mut r = RowRule {
+            text_end: 0,
+            ts_from: 0,
+            ts_end: t.vocab,
+            flags: if self.len == 0 { ROW_FIRST } else { 0 },
+            probe: NO_TOKEN,
+            _pad: [0; 3],
+        };
+        if !t.timestamps {
+            return r;
+        }
+        let last_was_ts = self.len >= 1 && self.last_is_ts != 0;
+        let penultimate_was_ts = self.len < 2 || self.penultimate_is_ts != 0;
+        if last_was_ts {
+            if penultimate_was_ts {
+                // A pair just closed: the next token is text.
+                r.ts_end = tb;
+            } else {
+                // An opened segment ends here or at end of text: no text.
+                r.text_end = t.eot;
+            }
+        }
+        if self.last_ts != NO_TOKEN {
+            // Timestamps never decrease, and a segment is never empty.
+            r.ts_from = if last_was_ts && !penultimate_was_ts {
+                self.last_ts
+            } else {
+                self.last_ts + 1
+            };
+        }
+        if self.len == 0 {
+            r.text_end = tb;
+            if let Some(max) = t.max_initial_timestamp {
+                r.ts_end = r.ts_end.min(tb.saturating_add(max + 1));
+            }
+        }
+        r
+    }
+}
+
+/// The CPU twin of `whisper_next`: each row's token picked by
+/// [`whisper_select`] (`picks`, [`select_words`]`(1)` words a row) goes
+/// into its state, and the rule of its next step comes out. The kernel
+/// also writes the token's embedding row; here the caller looks it up.
+pub fn whisper_next(picks: &[u32], states: &mut [RuleState], t: &TimestampRules) -> Vec<RowRule> {
+    states
+        .iter_mut()
+        .zip(picks.chunks_exact(select_words(1)))
+        .map(|(s, w)| {
+            s.push(w[4].min(t.vocab - 1), t.timestamp_begin);
+            s.rule(t)
+        })
+        .collect()
+}
+
 /// What the rows of a run share.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct SelectRules {

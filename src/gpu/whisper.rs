@@ -1,9 +1,10 @@
 //! Kernels of Whisper beyond the shared dense ones: the 1-D im2col of its
 //! conv stem, the tiled attention of its long sequences (the encoder's, and
 //! the decoder's cross-attention to them), and the choice of the next token
-//! under Whisper's rules, best first or drawn at a temperature. CPU twins:
+//! under Whisper's rules, best first or drawn at a temperature, and the
+//! greedy step that feeds a pick back without the host. CPU twins:
 //! `models::whisper::model::im2col_1d`, `cpu::attention`,
-//! `cpu::whisper::{whisper_select, whisper_sample}`.
+//! `cpu::whisper::{whisper_select, whisper_sample, whisper_next}`.
 
 use super::kernels::{Binding, Kernel, Variant};
 use super::ops::{groups_1d, Dispatch};
@@ -147,6 +148,35 @@ kernel!(
     [&[]]
 );
 
+#[repr(C)]
+#[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
+struct NextParams {
+    d: u32,
+    vocab: u32,
+    timestamp_begin: u32,
+    eot: u32,
+    timestamps: u32,
+    _pad: u32,
+    words: u32,
+    rows: u32,
+}
+const _: () = assert!(std::mem::size_of::<NextParams>() == 32);
+
+kernel!(
+    WHISPER_NEXT,
+    "whisper_next",
+    "whisper_next.wgsl",
+    [
+        Binding::read("picks"),
+        Binding::read("table"),
+        Binding::write("states"),
+        Binding::write("rules"),
+        Binding::write("emb"),
+    ],
+    NextParams,
+    [&[]]
+);
+
 /// Tokens of one chunk of `whisper_select_part` (`CHUNK` in
 /// `shaders/whisper_select_common.wgsl`).
 const SELECT_CHUNK: usize = 512;
@@ -193,6 +223,7 @@ pub static KERNELS: &[&Kernel] = &[
     &WHISPER_SELECT_PART,
     &WHISPER_SELECT,
     &WHISPER_SAMPLE,
+    &WHISPER_NEXT,
 ];
 
 /// Non-causal attention over the spans `seqs` (uploaded as `seqs_buf` =
@@ -432,6 +463,50 @@ pub fn whisper_sample(
     Ok(Dispatch {
         bound,
         groups: [draws as u32, 1, 1],
+    })
+}
+
+/// Greedy decoding a step ahead: the token [`whisper_select`] picked for
+/// each of `rows` rows (`picks`, k = 1) goes into the row's
+/// [`cpu::whisper::RuleState`] in `states`, the rule of its next step into
+/// `rules_buf` (where `whisper_select` reads it) and its row of `table`
+/// ([vocab, d] f32) into `emb` ([rows, d]). CPU twin:
+/// [`cpu::whisper::whisper_next`].
+#[allow(clippy::too_many_arguments)]
+pub fn whisper_next(
+    gpu: &Gpu,
+    picks: &wgpu::Buffer,
+    table: &wgpu::Buffer,
+    states: &wgpu::Buffer,
+    rules_buf: &wgpu::Buffer,
+    emb: &wgpu::Buffer,
+    rows: usize,
+    d: usize,
+    rules: &cpu::whisper::TimestampRules,
+) -> Result<Dispatch> {
+    assert!(
+        rows > 0 && rows <= 65535 && rules.vocab > 0,
+        "whisper_next: {rows} rows"
+    );
+    let params = NextParams {
+        d: d as u32,
+        vocab: rules.vocab,
+        timestamp_begin: rules.timestamp_begin,
+        eot: rules.eot,
+        timestamps: rules.timestamps as u32,
+        _pad: 0,
+        words: cpu::whisper::select_words(1) as u32,
+        rows: rows as u32,
+    };
+    let bound = gpu.bind(
+        &WHISPER_NEXT,
+        &Variant::default(),
+        &[picks, table, states, rules_buf, emb],
+        &params,
+    )?;
+    Ok(Dispatch {
+        bound,
+        groups: [rows as u32, 1, 1],
     })
 }
 

@@ -2,7 +2,8 @@
 
 use super::{assert_close, Case};
 use lfm::cpu::whisper::{
-    self as select, Draw, RowRule, SampleRules, SelectRules, NO_TOKEN, ROW_FIRST,
+    self as select, Draw, RowRule, RuleState, SampleRules, SelectRules, TimestampRules, NO_TOKEN,
+    ROW_FIRST,
 };
 use lfm::cpu::{self, AttentionShape, SeqSpan};
 use lfm::gpu::whisper as wgpu_ops;
@@ -34,6 +35,10 @@ pub const CASES: &[Case] = &[
     Case {
         kernel: "whisper_sample",
         run: whisper_sample,
+    },
+    Case {
+        kernel: "whisper_next",
+        run: whisper_next,
     },
 ];
 
@@ -543,5 +548,88 @@ fn whisper_sample(gpu: &Gpu, _v: &Variant) {
                 "draws on an edge decided on the device"
             );
         }
+    }
+}
+
+/// Rows of every rule state the search meets (after text, after an opened
+/// and a closed pair of timestamps, after one token, with and without a
+/// timestamp so far) take every kind of token (text, end of text, a
+/// timestamp, a pick past the vocabulary as a damaged row may give), with
+/// timestamps on and off: the states, the rules and the embedding rows
+/// equal the CPU twin's bit for bit, and rows past `rows` stay untouched.
+fn whisper_next(gpu: &Gpu, _v: &Variant) {
+    let mut rng = Rng::new(15);
+    let (vocab, tb, eot, d) = (1025usize, 1000u32, 900u32, 24usize);
+    let histories: [&[u32]; 6] = [
+        &[5, 17],
+        &[1003, 40, 1007],
+        &[1003, 40, 1007, 1007],
+        &[1004],
+        &[300],
+        &[1002, 9, 1005, 1005, 12],
+    ];
+    let picked = [7u32, eot, 1010, 1006, 4000];
+    let mut starts = Vec::new();
+    let mut tokens = Vec::new();
+    for h in histories {
+        for &t in &picked {
+            starts.push(RuleState::of(h, tb));
+            tokens.push(t);
+        }
+    }
+    let rows = starts.len();
+    let table = rng.vec(vocab * d, -1.0, 1.0);
+    for timestamps in [true, false] {
+        let t = TimestampRules {
+            vocab: vocab as u32,
+            timestamp_begin: tb,
+            eot,
+            timestamps,
+            max_initial_timestamp: Some(50),
+        };
+        let words = select::select_words(1);
+        let mut picks = vec![0u32; (rows + 1) * words];
+        for (r, &tok) in tokens.iter().enumerate() {
+            picks[r * words + 4] = tok;
+        }
+        let mut want_states = starts.clone();
+        let want_rules = select::whisper_next(&picks[..rows * words], &mut want_states, &t);
+        let g_picks = gpu.upload_u32("picks", &picks).unwrap();
+        let g_table = gpu.upload_f32("table", &table).unwrap();
+        let mut states = starts.clone();
+        states.push(RuleState::EMPTY);
+        let g_states = gpu.upload("states", bytemuck::cast_slice(&states)).unwrap();
+        let g_rules = gpu.poisoned_f32("rules", (rows + 1) * 8).unwrap();
+        let g_emb = gpu.poisoned_f32("emb", (rows + 1) * d).unwrap();
+        let dispatch = wgpu_ops::whisper_next(
+            gpu, &g_picks, &g_table, &g_states, &g_rules, &g_emb, rows, d, &t,
+        )
+        .unwrap();
+        gpu.run_all(&[&dispatch]).unwrap();
+        let what = format!("whisper_next timestamps={timestamps}");
+        let got_states: Vec<RuleState> =
+            bytemuck::cast_slice(&gpu.read_u32(&g_states).unwrap()).to_vec();
+        assert_eq!(&got_states[..rows], &want_states[..], "{what}: states");
+        assert_eq!(got_states[rows], RuleState::EMPTY, "{what}: past the rows");
+        let got_rules = gpu.read_u32(&g_rules).unwrap();
+        let got_rules: &[RowRule] = bytemuck::cast_slice(&got_rules);
+        assert_eq!(&got_rules[..rows], &want_rules[..], "{what}: rules");
+        assert!(
+            f32::from_bits(bytemuck::cast::<RowRule, [u32; 8]>(got_rules[rows])[0]).is_nan(),
+            "{what}: a rule written past the rows"
+        );
+        let emb = gpu.read_f32(&g_emb).unwrap();
+        for (r, &tok) in tokens.iter().enumerate() {
+            let tok = (tok as usize).min(vocab - 1);
+            let (g, w) = (&emb[r * d..(r + 1) * d], &table[tok * d..(tok + 1) * d]);
+            assert!(
+                g.iter().zip(w).all(|(a, b)| a.to_bits() == b.to_bits()),
+                "{what}: embedding row {r}"
+            );
+        }
+        assert!(
+            emb[rows * d..].iter().all(|v| v.is_nan()),
+            "{what}: an embedding past the rows"
+        );
     }
 }

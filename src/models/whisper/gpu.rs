@@ -11,9 +11,12 @@
 //! `gpu::whisper`'s `im2col_1d` and `attention_tiled`, whose CPU twins are
 //! `model::im2col_1d` and `cpu::attention`.
 
-use super::gpu_decoder::{GpuDecoder, Readback};
+use super::gpu_decoder::{GpuDecoder, Readback, MAX_AHEAD};
 use super::model::{Config, CrossKv, LayerNorm, Linear, Whisper, LN_EPS};
-use crate::cpu::whisper::{self as select, Draw, RowRule, SampleRules, Sampled};
+use crate::cpu::whisper::{
+    self as select, Draw, Picked, RowRule, RuleState, SampleRules, Sampled, SelectRules,
+    TimestampRules,
+};
 use crate::cpu::{Activation, AttentionShape, SeqSpan};
 use crate::error::{Error, Result};
 use crate::gpu::dense::{self, pack_f16, WeightFormat};
@@ -356,7 +359,13 @@ pub struct GpuBackend {
     traffic: Traffic,
     /// Draws `whisper_sample` handed back to the CPU.
     cpu_draws: u64,
+    /// Greedy passes one submission runs at most ([`Backend::greedy_ahead`];
+    /// below 2 steps one token a submission). `LFM_GREEDY_AHEAD` sets it.
+    pub ahead: usize,
 }
+
+/// Greedy passes a submission unless `LFM_GREEDY_AHEAD` says otherwise.
+const DEFAULT_AHEAD: usize = 8;
 
 impl GpuBackend {
     /// For batches of at most `max_windows` windows decoded with at most
@@ -380,6 +389,11 @@ impl GpuBackend {
             host_cross: Vec::new(),
             traffic: Traffic::default(),
             cpu_draws: 0,
+            ahead: std::env::var("LFM_GREEDY_AHEAD")
+                .ok()
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(DEFAULT_AHEAD)
+                .min(MAX_AHEAD),
         })
     }
 
@@ -624,6 +638,31 @@ impl Backend for GpuBackend {
                 Picks::Sampled(self.sampled(&rules, draws, drawn)?)
             }
         })
+    }
+
+    fn greedy_ahead(
+        &mut self,
+        tokens: &[u32],
+        rules: &SelectRules,
+        rows: &[RowRule],
+        states: &[RuleState],
+        timestamps: &TimestampRules,
+        n: usize,
+    ) -> Result<Option<Vec<Vec<Picked>>>> {
+        let n = n.min(self.ahead).min(self.decoder.room());
+        if n < 2 {
+            return Ok(None);
+        }
+        let words = self
+            .decoder
+            .greedy_ahead(tokens, rules, rows, states, timestamps, n)?;
+        let per_step = tokens.len() * select::select_words(1);
+        Ok(Some(
+            words
+                .chunks_exact(per_step)
+                .map(|w| select::read_picks(w, 1))
+                .collect(),
+        ))
     }
 
     fn traffic(&self) -> Traffic {

@@ -22,14 +22,17 @@
 
 use super::gpu::{GpuLinear, GpuNorm};
 use super::model::{Config, Whisper};
-use crate::cpu::whisper::{self as select, Draw, RowRule, SampleRules, SelectRules};
+use crate::cpu::whisper::{
+    self as select, Draw, RowRule, RuleState, SampleRules, SelectRules, TimestampRules,
+};
 use crate::cpu::{Activation, AttentionShape, SeqSpan};
 use crate::error::{Error, Result};
 use crate::gpu::dense;
 use crate::gpu::ops::{self, Dispatch};
 use crate::gpu::profile::{PassTimer, StepProfile};
 use crate::gpu::whisper::{
-    attention_tiled, attention_tiled_split, select_part_words, whisper_sample, whisper_select,
+    attention_tiled, attention_tiled_split, select_part_words, whisper_next, whisper_sample,
+    whisper_select,
 };
 use crate::gpu::Gpu;
 use crate::run::transcribe::Traffic;
@@ -37,6 +40,9 @@ use crate::run::transcribe::Traffic;
 /// The most tokens a row's choice reports: beam search takes its beams + 1
 /// (`--beam-size` is at most 32).
 pub const MAX_PICKS: usize = 33;
+
+/// Greedy steps one submission runs at most ([`GpuDecoder::greedy_ahead`]).
+pub const MAX_AHEAD: usize = 32;
 
 /// Audio positions of one piece of a decode step's cross-attention
 /// (flash-decoding): two tiles of 16 keys a workgroup instead of all 94 of
@@ -186,6 +192,14 @@ pub struct GpuDecoder {
     picks_staging: wgpu::Buffer,
     /// The masks `masks` holds.
     masks_held: Vec<u32>,
+    /// Greedy decoding ahead ([`GpuDecoder::greedy_ahead`]): each
+    /// sequence's [`RuleState`], every step's self-attention spans (copied
+    /// into `seqs` before the step), where each step's picks are read, and
+    /// `whisper_next` over (rows, timestamps).
+    states: wgpu::Buffer,
+    spans_ahead: wgpu::Buffer,
+    ahead_staging: wgpu::Buffer,
+    nexts: HashMap<(usize, bool), Dispatch>,
     plans: HashMap<(usize, usize), Plan>,
     heads: HashMap<usize, Head>,
     /// `whisper_select` over (rows, k, timestamps, temperature bits), and
@@ -352,6 +366,16 @@ impl GpuDecoder {
             )?,
             picks_staging: g.staging("decoder.select.read", picks_bytes),
             masks_held: Vec::new(),
+            states: g.scratch(
+                "decoder.ahead.states",
+                (max_seqs * std::mem::size_of::<RuleState>()) as u64,
+            )?,
+            spans_ahead: g.scratch("decoder.ahead.spans", (MAX_AHEAD * max_seqs * 16) as u64)?,
+            ahead_staging: g.staging(
+                "decoder.ahead.read",
+                (MAX_AHEAD * max_seqs * select::select_words(1) * 4) as u64,
+            ),
+            nexts: HashMap::new(),
             layers,
             gpu,
             config: c,
@@ -447,6 +471,11 @@ impl GpuDecoder {
             },
         );
         spans
+    }
+
+    /// Positions the sequences can still take.
+    pub fn room(&self) -> usize {
+        self.config.n_text_ctx - self.len
     }
 
     /// The most windows and sequences this decoder holds.
@@ -635,6 +664,144 @@ impl GpuDecoder {
         self.run(tokens, &rows, read)
     }
 
+    /// Greedy decoding `n` steps (up to [`MAX_AHEAD`]) in one submission:
+    /// appends `tokens[i]` to sequence i and picks its next token under
+    /// `rows[i]` (k = 1), then n - 1 times appends what was picked, under
+    /// the rules that follow from `states[i]` (each sequence's tokens so
+    /// far, `tokens[i]` included) as `whisper_next` updates them. Returns
+    /// `whisper_select`'s words of every step, step after step. Every
+    /// sequence takes all n steps, one that ends on the way too: the
+    /// caller reads up to its end and drops the rest.
+    pub fn greedy_ahead(
+        &mut self,
+        tokens: &[u32],
+        rules: &SelectRules,
+        rows: &[RowRule],
+        states: &[RuleState],
+        timestamps: &TimestampRules,
+        n: usize,
+    ) -> Result<Vec<u32>> {
+        let n_seqs = self.n_seqs;
+        assert!(
+            tokens.len() == n_seqs
+                && rows.len() == n_seqs
+                && states.len() == n_seqs
+                && (1..=MAX_AHEAD).contains(&n),
+            "decoder: {n} steps ahead of {} tokens, {} rules, {} states for {n_seqs} sequences",
+            tokens.len(),
+            rows.len(),
+            states.len()
+        );
+        let (ctx, vocab, d) = (
+            self.config.n_text_ctx,
+            self.config.n_vocab,
+            self.config.d_model,
+        );
+        let past = self.len;
+        if past + n > ctx {
+            return Err(Error::invalid(format!(
+                "decoder: {} positions exceed the {ctx} of the model's context",
+                past + n
+            )));
+        }
+        if let Some(&t) = tokens.iter().find(|&&t| t as usize >= vocab) {
+            return Err(Error::invalid(format!(
+                "decoder: token {t} outside the vocabulary of {vocab}"
+            )));
+        }
+        assert_eq!(rules.vocab, vocab, "decoder: rules of another vocabulary");
+        if !self.plans.contains_key(&(n_seqs, 1)) {
+            let plan = self.plan(n_seqs, 1)?;
+            self.plans.insert((n_seqs, 1), plan);
+        }
+        if !self.heads.contains_key(&n_seqs) {
+            let head = self.head_plan(n_seqs)?;
+            self.heads.insert(n_seqs, head);
+        }
+        self.prepare_select(rules, rows, 1, 0.0)?;
+        let next_key = (n_seqs, timestamps.timestamps);
+        if !self.nexts.contains_key(&next_key) {
+            let next = whisper_next(
+                &self.gpu,
+                &self.picks,
+                &self.embedding,
+                &self.states,
+                &self.rules,
+                &self.emb_rows,
+                n_seqs,
+                d,
+                timestamps,
+            )?;
+            self.nexts.insert(next_key, next);
+        }
+        let t0 = web_time::Instant::now();
+        let gpu = &self.gpu;
+        gpu.queue
+            .write_buffer(&self.states, 0, bytemuck::cast_slice(states));
+        let spans: Vec<u32> = (0..n)
+            .flat_map(|i| dense::pack_seqs(&self.spans(n_seqs, 1, past + i + 1)))
+            .collect();
+        gpu.queue
+            .write_buffer(&self.spans_ahead, 0, bytemuck::cast_slice(&spans));
+        gpu.queue.write_buffer(
+            &self.cross_seqs,
+            0,
+            bytemuck::cast_slice(&dense::pack_seqs(&self.cross_spans(1))),
+        );
+        let plan = &self.plans[&(n_seqs, 1)];
+        let head = &self.heads[&n_seqs];
+        let select = &self.selects[&(n_seqs, 1, rules.timestamps, 0f32.to_bits())];
+        let next = &self.nexts[&next_key];
+        let all: Vec<usize> = (0..n_seqs).collect();
+        let span_bytes = (n_seqs * 16) as u64;
+        let pick_bytes = (n_seqs * select::select_words(1) * 4) as u64;
+        let mut marks = Marks {
+            timer: None,
+            names: Vec::new(),
+        };
+        let mut enc = gpu.device.create_command_encoder(&Default::default());
+        if let Some(slots) = &self.pending {
+            self.record_selection(&mut enc, slots);
+        }
+        for i in 0..n {
+            enc.copy_buffer_to_buffer(
+                &self.spans_ahead,
+                i as u64 * span_bytes,
+                &self.seqs,
+                0,
+                span_bytes,
+            );
+            let first = (i == 0).then_some(tokens);
+            self.record_layers(&mut enc, &mut marks, plan, first, n_seqs, 1, past + i);
+            self.record_head_in(&mut enc, &all);
+            {
+                let mut pass = enc.begin_compute_pass(&Default::default());
+                for work in [&head.norm, &head.head, &select[0], &select[1], next] {
+                    work.record(&mut pass);
+                }
+            }
+            enc.copy_buffer_to_buffer(
+                &self.picks,
+                0,
+                &self.ahead_staging,
+                i as u64 * pick_bytes,
+                pick_bytes,
+            );
+        }
+        let t1 = web_time::Instant::now();
+        let done = gpu.queue.submit([enc.finish()]);
+        let bytes = n as u64 * pick_bytes;
+        let out = gpu.read_staging(&self.ahead_staging, bytes, done)?;
+        self.traffic.submissions += 1;
+        self.traffic.bytes_read += bytes;
+        self.traffic.record += t1 - t0;
+        self.traffic.wait += t1.elapsed();
+        self.pending = None;
+        self.len = past + n;
+        self.head_rows = n_seqs;
+        Ok(bytemuck::pod_collect_to_vec(&out))
+    }
+
     /// The cache copies of a pending selection: each sequence's positions to
     /// the spare cache at its new slot, then back.
     fn record_selection(&self, enc: &mut wgpu::CommandEncoder, slots: &[usize]) {
@@ -660,13 +827,119 @@ impl GpuDecoder {
         }
     }
 
+    /// Binds `whisper_select` for `rows.len()` rows and k picks if not yet,
+    /// and writes the run's token sets (when they changed) and the rows'
+    /// rules.
+    fn prepare_select(
+        &mut self,
+        rules: &SelectRules,
+        rows: &[RowRule],
+        k: usize,
+        temperature: f32,
+    ) -> Result<()> {
+        let key = (rows.len(), k, rules.timestamps, temperature.to_bits());
+        if !self.selects.contains_key(&key) {
+            let d = whisper_select(
+                &self.gpu,
+                &self.logits,
+                &self.rules,
+                &self.masks,
+                &self.select_part,
+                &self.picks,
+                rows.len(),
+                rules,
+                k,
+                temperature,
+            )?;
+            self.selects.insert(key, d);
+        }
+        if self.masks_held != rules.masks {
+            self.gpu
+                .queue
+                .write_buffer(&self.masks, 0, bytemuck::cast_slice(&rules.masks));
+            self.masks_held = rules.masks.clone();
+        }
+        self.gpu
+            .queue
+            .write_buffer(&self.rules, 0, bytemuck::cast_slice(rows));
+        Ok(())
+    }
+
+    /// Records a pass's input rows (the embeddings of `tokens`, or of what
+    /// `whisper_next` left in `emb_rows` when None, plus the positions from
+    /// `past`) and its layers, the new keys and values copied into the
+    /// caches.
+    #[allow(clippy::too_many_arguments)]
+    fn record_layers(
+        &self,
+        enc: &mut wgpu::CommandEncoder,
+        marks: &mut Marks,
+        plan: &Plan,
+        tokens: Option<&[u32]>,
+        n_seqs: usize,
+        n_new: usize,
+        past: usize,
+    ) {
+        let (d, ctx) = (self.config.d_model, self.config.n_text_ctx);
+        let row = (d * 4) as u64;
+        for r in 0..n_seqs * n_new {
+            let at = r as u64 * row;
+            if let Some(tokens) = tokens {
+                let tok = tokens[r] as u64;
+                enc.copy_buffer_to_buffer(&self.embedding, tok * row, &self.emb_rows, at, row);
+            }
+            let pos = (past + r % n_new) as u64;
+            enc.copy_buffer_to_buffer(&self.positions, pos * row, &self.pos_rows, at, row);
+        }
+        {
+            let mut pass = enc.begin_compute_pass(&Default::default());
+            marks.pass_start(&mut pass);
+            marks.record(&mut pass, &plan.embed);
+        }
+        let kv_row = (2 * d * 4) as u64;
+        for (layer, cache) in plan.layers.iter().zip(&self.caches) {
+            {
+                let mut pass = enc.begin_compute_pass(&Default::default());
+                marks.pass_start(&mut pass);
+                for work in &layer.before {
+                    marks.record(&mut pass, work);
+                }
+            }
+            // k and v of each new row: columns d..3d of its fused QKV row.
+            for r in 0..n_seqs * n_new {
+                let (s, t) = (r / n_new, r % n_new);
+                enc.copy_buffer_to_buffer(
+                    &self.qkv,
+                    ((r * 3 * d + d) * 4) as u64,
+                    cache,
+                    ((s * ctx + past + t) as u64) * kv_row,
+                    kv_row,
+                );
+            }
+            let mut pass = enc.begin_compute_pass(&Default::default());
+            marks.pass_start(&mut pass);
+            for work in &layer.after {
+                marks.record(&mut pass, work);
+            }
+        }
+    }
+
+    /// The last layer's rows `rows` into the head's input.
+    fn record_head_in(&self, enc: &mut wgpu::CommandEncoder, rows: &[usize]) {
+        let row = (self.config.d_model * 4) as u64;
+        let last = &self.res[self.layers.len() % 2];
+        for (i, &r) in rows.iter().enumerate() {
+            enc.copy_buffer_to_buffer(last, r as u64 * row, &self.head_in, i as u64 * row, row);
+        }
+    }
+
     /// One pass: `tokens` holds `n_new` new tokens of each sequence, sequence
     /// after sequence; returns what `read` asks for after its rows `rows`:
     /// the logits (as f32 bits) or `whisper_select`'s words.
     fn run(&mut self, tokens: &[u32], rows: &[usize], read: &Readback) -> Result<Vec<u32>> {
         let prepare = web_time::Instant::now();
         let c = &self.config;
-        let (d, ctx, vocab) = (c.d_model, c.n_text_ctx, c.n_vocab);
+        let (ctx, vocab) = (c.n_text_ctx, c.n_vocab);
         let n_seqs = self.n_seqs;
         let n_new = tokens.len() / n_seqs;
         let past = self.len;
@@ -705,31 +978,7 @@ impl GpuDecoder {
                 rules_rows.len(),
                 rows.len()
             );
-            let key = (rows.len(), k, rules.timestamps, temperature.to_bits());
-            if !self.selects.contains_key(&key) {
-                let d = whisper_select(
-                    &self.gpu,
-                    &self.logits,
-                    &self.rules,
-                    &self.masks,
-                    &self.select_part,
-                    &self.picks,
-                    rows.len(),
-                    rules,
-                    k,
-                    temperature,
-                )?;
-                self.selects.insert(key, d);
-            }
-            if self.masks_held != rules.masks {
-                self.gpu
-                    .queue
-                    .write_buffer(&self.masks, 0, bytemuck::cast_slice(&rules.masks));
-                self.masks_held = rules.masks.clone();
-            }
-            self.gpu
-                .queue
-                .write_buffer(&self.rules, 0, bytemuck::cast_slice(rules_rows));
+            self.prepare_select(rules, rules_rows, k, temperature)?;
         }
         if let Readback::Sample { rules, draws } = read {
             assert!(
@@ -791,48 +1040,16 @@ impl GpuDecoder {
         if let Some(slots) = &self.pending {
             self.record_selection(&mut enc, slots);
         }
-        let row = (d * 4) as u64;
-        for (r, &tok) in tokens.iter().enumerate() {
-            let at = r as u64 * row;
-            enc.copy_buffer_to_buffer(&self.embedding, tok as u64 * row, &self.emb_rows, at, row);
-            let pos = (past + r % n_new) as u64;
-            enc.copy_buffer_to_buffer(&self.positions, pos * row, &self.pos_rows, at, row);
-        }
-        {
-            let mut pass = enc.begin_compute_pass(&Default::default());
-            marks.pass_start(&mut pass);
-            marks.record(&mut pass, &plan.embed);
-        }
-        let kv_row = (2 * d * 4) as u64;
-        for (layer, cache) in plan.layers.iter().zip(&self.caches) {
-            {
-                let mut pass = enc.begin_compute_pass(&Default::default());
-                marks.pass_start(&mut pass);
-                for work in &layer.before {
-                    marks.record(&mut pass, work);
-                }
-            }
-            // k and v of each new row: columns d..3d of its fused QKV row.
-            for r in 0..tokens.len() {
-                let (s, t) = (r / n_new, r % n_new);
-                enc.copy_buffer_to_buffer(
-                    &self.qkv,
-                    ((r * 3 * d + d) * 4) as u64,
-                    cache,
-                    ((s * ctx + past + t) as u64) * kv_row,
-                    kv_row,
-                );
-            }
-            let mut pass = enc.begin_compute_pass(&Default::default());
-            marks.pass_start(&mut pass);
-            for work in &layer.after {
-                marks.record(&mut pass, work);
-            }
-        }
-        let last = &self.res[self.layers.len() % 2];
-        for (i, &r) in rows.iter().enumerate() {
-            enc.copy_buffer_to_buffer(last, r as u64 * row, &self.head_in, i as u64 * row, row);
-        }
+        self.record_layers(
+            &mut enc,
+            &mut marks,
+            plan,
+            Some(tokens),
+            n_seqs,
+            n_new,
+            past,
+        );
+        self.record_head_in(&mut enc, rows);
         let picking = read.select().map(|(k, rules, _, temperature)| {
             &self.selects[&(rows.len(), k, rules.timestamps, temperature.to_bits())]
         });

@@ -7,12 +7,13 @@
 
 use super::{Backend, Pick, Picks};
 use crate::cpu::whisper::{
-    self as select, Draw, Picked, RowRule, SampleRules, SelectRules, NO_TOKEN, ROW_FIRST,
+    self as select, Draw, Picked, RowRule, RuleState, SampleRules, SelectRules, TimestampRules,
 };
 use crate::error::Result;
 use crate::models::whisper::model::Whisper;
 use crate::models::whisper::tokens::Tokenizer;
 use crate::util::rng::Rng;
+use std::collections::VecDeque;
 
 /// Time between two timestamp tokens, in seconds.
 pub const TIME_PRECISION: f64 = 0.02;
@@ -95,6 +96,8 @@ pub struct WindowDecoder<'a> {
     pub rules: &'a Rules,
     /// The rules as the token choice ([`select::whisper_select`]) takes them.
     select: SelectRules,
+    /// The constants of the rules that follow the sampled tokens.
+    ts_rules: TimestampRules,
 }
 
 impl<'a> WindowDecoder<'a> {
@@ -119,53 +122,20 @@ impl<'a> WindowDecoder<'a> {
                 timestamps: rules.timestamps,
                 masks: select::token_masks(vocab, &always, &rules.suppress_begin),
             },
+            ts_rules: TimestampRules {
+                vocab: vocab as u32,
+                timestamp_begin: s.timestamp_begin,
+                eot: s.eot,
+                timestamps: rules.timestamps,
+                max_initial_timestamp: rules.max_initial_timestamp,
+            },
         }
     }
 
     /// openai-whisper's logit filters for a sequence whose sampled tokens
     /// so far are `sampled`, as ranges (the token sets are in `select`).
     fn row_rule(&self, sampled: &[u32]) -> RowRule {
-        let s = &self.tokenizer.specials;
-        let vocab = self.model.config.n_vocab as u32;
-        let tb = s.timestamp_begin;
-        let mut r = RowRule {
-            text_end: 0,
-            ts_from: 0,
-            ts_end: vocab,
-            flags: if sampled.is_empty() { ROW_FIRST } else { 0 },
-            probe: NO_TOKEN,
-            _pad: [0; 3],
-        };
-        if !self.rules.timestamps {
-            return r;
-        }
-        let is_ts = |t: u32| t >= tb;
-        let last_was_ts = sampled.last().is_some_and(|&t| is_ts(t));
-        let penultimate_was_ts = sampled.len() < 2 || is_ts(sampled[sampled.len() - 2]);
-        if last_was_ts {
-            if penultimate_was_ts {
-                // A pair just closed: the next token is text.
-                r.ts_end = tb;
-            } else {
-                // An opened segment ends here or at end of text: no text.
-                r.text_end = s.eot;
-            }
-        }
-        if let Some(&last_ts) = sampled.iter().rev().find(|&&t| is_ts(t)) {
-            // Timestamps never decrease, and a segment is never empty.
-            r.ts_from = if last_was_ts && !penultimate_was_ts {
-                last_ts
-            } else {
-                last_ts + 1
-            };
-        }
-        if sampled.is_empty() {
-            r.text_end = tb;
-            if let Some(max) = self.rules.max_initial_timestamp {
-                r.ts_end = r.ts_end.min(tb.saturating_add(max + 1));
-            }
-        }
-        r
+        RuleState::of(sampled, self.ts_rules.timestamp_begin).rule(&self.ts_rules)
     }
 
     /// Decodes the windows `backend` encoded last, window w after
@@ -236,6 +206,10 @@ impl<'a> WindowDecoder<'a> {
         let max_candidates = ((st.beam_size as f32 * st.patience).round() as usize).max(1);
         // The windows whose rows the passes hold, in row order.
         let mut active: Vec<usize> = (0..n_windows).collect();
+        // Greedy search can run several passes a submission: the picks of
+        // the passes made ahead, in order.
+        let greedy = !beam && !sampling;
+        let mut ahead: VecDeque<Vec<Picked>> = VecDeque::new();
         for step in 0..st.sample_len {
             let mut sources = Vec::with_capacity(active.len() * n_group);
             let mut still = Vec::with_capacity(active.len());
@@ -287,8 +261,16 @@ impl<'a> WindowDecoder<'a> {
             let rows = active.len() * n_group;
             if sources.len() != rows || sources.iter().enumerate().any(|(i, &s)| i != s) {
                 backend.select(&sources)?;
+                // Picks made ahead follow their rows.
+                for p in ahead.iter_mut() {
+                    *p = sources.iter().map(|&s| p[s].clone()).collect();
+                }
             }
             active = still;
+            if let Some(p) = ahead.pop_front() {
+                picks = Picks::Top(p);
+                continue;
+            }
             let live = active.iter().flat_map(|&w| &windows[w].live);
             let next: Vec<u32> = live
                 .clone()
@@ -308,6 +290,28 @@ impl<'a> WindowDecoder<'a> {
             } else {
                 Vec::new()
             };
+            if greedy {
+                let states: Vec<RuleState> = active
+                    .iter()
+                    .flat_map(|&w| &windows[w].live)
+                    .map(|c| RuleState::of(&c.tokens, self.ts_rules.timestamp_begin))
+                    .collect();
+                // Passes whose picks can still be read.
+                let n = st.sample_len - step - 1;
+                let run = backend.greedy_ahead(
+                    &next,
+                    &self.select,
+                    &rules,
+                    &states,
+                    &self.ts_rules,
+                    n,
+                )?;
+                if let Some(mut run) = run.filter(|r| !r.is_empty()) {
+                    picks = Picks::Top(run.remove(0));
+                    ahead.extend(run);
+                    continue;
+                }
+            }
             picks = backend.step(&next, &self.pick(st.temperature, k, &rules, &draws))?;
         }
         Ok(windows

@@ -13,7 +13,8 @@ pub mod vad;
 pub mod words;
 
 use crate::cpu::whisper::{
-    self as select, Draw, Picked, RowRule, SampleRules, Sampled, SelectRules,
+    self as select, Draw, Picked, RowRule, RuleState, SampleRules, Sampled, SelectRules,
+    TimestampRules,
 };
 use crate::error::{Error, Result};
 use crate::models::whisper::mel::{self, HOP, N_FRAMES, SAMPLE_RATE};
@@ -132,6 +133,24 @@ pub trait Backend {
     fn select(&mut self, sources: &[usize]) -> Result<()>;
     /// Appends `tokens[i]` to sequence i; what `pick` asks for after them.
     fn step(&mut self, tokens: &[u32], pick: &Pick) -> Result<Picks>;
+    /// Greedy decoding ahead, where the backend can: appends `tokens[i]`
+    /// to sequence i and picks its likeliest token under `rows[i]`, then
+    /// appends that pick and picks again, up to `n` passes in all, each
+    /// later rule following from `states[i]` (the sequence's sampled
+    /// tokens, `tokens[i]` included) and the picks ([`RuleState::push`]).
+    /// Returns each pass's picks (k = 1), fewer than `n` where the backend
+    /// takes fewer at once; None where it steps one token at a time.
+    fn greedy_ahead(
+        &mut self,
+        _tokens: &[u32],
+        _rules: &SelectRules,
+        _rows: &[RowRule],
+        _states: &[RuleState],
+        _timestamps: &TimestampRules,
+        _n: usize,
+    ) -> Result<Option<Vec<Vec<Picked>>>> {
+        Ok(None)
+    }
     /// Device submissions and bytes read back so far (none on the CPU).
     fn traffic(&self) -> Traffic {
         Traffic::default()

@@ -5,6 +5,7 @@
 //! segments and output) is the rest of the run's time.
 
 use super::{Backend, Features, Pick, Picks, Traffic};
+use crate::cpu::whisper::{Picked, RowRule, RuleState, SelectRules, TimestampRules};
 use crate::error::Result;
 use crate::models::whisper::model::CrossKv;
 use std::time::Duration;
@@ -136,6 +137,26 @@ impl Backend for Profiled<'_> {
         self.profile.steps += 1;
         self.profile.rows += tokens.len();
         timed(&mut self.profile.decode, || self.inner.step(tokens, pick))
+    }
+
+    fn greedy_ahead(
+        &mut self,
+        tokens: &[u32],
+        rules: &SelectRules,
+        rows: &[RowRule],
+        states: &[RuleState],
+        timestamps: &TimestampRules,
+        n: usize,
+    ) -> Result<Option<Vec<Vec<Picked>>>> {
+        let picks = timed(&mut self.profile.decode, || {
+            self.inner
+                .greedy_ahead(tokens, rules, rows, states, timestamps, n)
+        })?;
+        if let Some(p) = &picks {
+            self.profile.steps += p.len();
+            self.profile.rows += p.len() * tokens.len();
+        }
+        Ok(picks)
     }
 
     fn traffic(&self) -> Traffic {
