@@ -14,7 +14,9 @@
 # CUDA, the same 30 s clips of the clips concatenated BATCH_REPEAT times
 # (default 16: ~476 s, 16 windows). Every lfm arm prints its profile line
 # (encoder, decoder passes and their cost, host search, submissions, bytes
-# read back): where its time goes.
+# read back): where its time goes. AHEADS (default "8") runs the GPU arm
+# once for each value of LFM_GREEDY_AHEAD (greedy passes a submission; 1:
+# one token a submission); NO_CPU=1 leaves out both CPU arms.
 # First, when carried (pack.sh TESTS / EXAMPLES): the Whisper kernels'
 # parity (gpu_parity: whisper_select_part, whisper_select, whisper_sample
 # and attention_tiled), the GPU transcription tests (transcribe_gpu), and
@@ -64,7 +66,9 @@ import sys, numpy as np
 import ctranslate2
 from faster_whisper import WhisperModel
 print("ctranslate2", ctranslate2.__version__, "CUDA devices", ctranslate2.get_cuda_device_count())
-m = WhisperModel("samples/models/whisper-tiny.en", device="cuda", compute_type="float16")
+import glob
+m = WhisperModel(sorted(glob.glob("samples/models/whisper-*/model.bin"))[0].rsplit("/", 1)[0],
+                 device="cuda", compute_type="float16")
 segs, _ = m.transcribe(np.zeros(16000, np.float32), language="en", beam_size=1)
 list(segs)
 print("faster-whisper on CUDA: ok")
@@ -84,8 +88,8 @@ if ! cuda_ok; then
     cuda_ok || echo "faster-whisper's CUDA arm cannot run here: see the errors above"
 fi
 if [[ -x target/release/gpu_parity ]]; then
-    echo "== gpu_parity: whisper_select_part, whisper_select, whisper_sample, attention_tiled"
-    LFM_PARITY_ONLY=whisper_select_part,whisper_select,whisper_sample,attention_tiled \
+    echo "== gpu_parity: whisper_select_part, whisper_select, whisper_sample, whisper_next, attention_tiled"
+    LFM_PARITY_ONLY=whisper_select_part,whisper_select,whisper_sample,whisper_next,attention_tiled \
         target/release/gpu_parity kernels_match_cpu --nocapture 2>&1 | tail -12
 fi
 if [[ -x target/release/transcribe_gpu ]]; then
@@ -99,15 +103,20 @@ fi
 for model in ${MODELS:-whisper-tiny.en whisper-base}; do
     [[ -d samples/models/$model ]] || { echo "skip $model (not carried)"; continue; }
     for beam in ${BEAMS:-1 5}; do
-        echo "== $model, beam $beam: lfm GPU, lfm --cpu, faster-whisper cuda float16"
-        python3 scripts/bench/transcribe.py --model "samples/models/$model" --reps "${REPS:-3}" \
-            --repeat "${REPEAT:-4}" --beam-size "$beam" --fw-device cuda --fw-compute-type float16 \
-            --json "$R/$model-b$beam-cuda.json" | tee "$R/$model-b$beam-cuda.md"
-        echo "== $model, beam $beam: faster-whisper cpu int8, $(nproc) threads"
-        python3 scripts/bench/transcribe.py --model "samples/models/$model" --reps "${REPS:-3}" \
-            --repeat "${REPEAT:-4}" --beam-size "$beam" --no-cpu --no-gpu --fw-device cpu \
-            --fw-compute-type int8 --fw-threads "$(nproc)" \
-            --json "$R/$model-b$beam-cpu.json" | tee "$R/$model-b$beam-cpu.md"
+        for ahead in ${AHEADS:-8}; do
+            echo "== $model, beam $beam: lfm GPU (LFM_GREEDY_AHEAD=$ahead)$([[ -n ${NO_CPU:-} ]] || echo ", lfm --cpu"), faster-whisper cuda float16"
+            LFM_GREEDY_AHEAD=$ahead python3 scripts/bench/transcribe.py --model "samples/models/$model" \
+                --reps "${REPS:-3}" --repeat "${REPEAT:-4}" --beam-size "$beam" ${NO_CPU:+--no-cpu} \
+                --fw-device cuda --fw-compute-type float16 \
+                --json "$R/$model-b$beam-a$ahead-cuda.json" | tee "$R/$model-b$beam-a$ahead-cuda.md"
+        done
+        if [[ -z ${NO_CPU:-} ]]; then
+            echo "== $model, beam $beam: faster-whisper cpu int8, $(nproc) threads"
+            python3 scripts/bench/transcribe.py --model "samples/models/$model" --reps "${REPS:-3}" \
+                --repeat "${REPEAT:-4}" --beam-size "$beam" --no-cpu --no-gpu --fw-device cpu \
+                --fw-compute-type int8 --fw-threads "$(nproc)" \
+                --json "$R/$model-b$beam-cpu.json" | tee "$R/$model-b$beam-cpu.md"
+        fi
         if [[ -n ${BATCHES-8 32} ]]; then
             echo "== $model, beam $beam, batched ${BATCHES-8 32}: lfm GPU, faster-whisper cuda float16"
             python3 scripts/bench/transcribe.py --model "samples/models/$model" --reps "${REPS:-3}" \

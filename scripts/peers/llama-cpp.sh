@@ -6,7 +6,8 @@
 #
 # Usage:
 #   scripts/peers/llama-cpp.sh               download (cached), unpack, build (idempotent;
-#                                            AMX=1 keeps AMX, see build())
+#                                            AMX=1 keeps AMX, see build(); SERVER=1 adds
+#                                            llama-server, without its web UI)
 #   scripts/peers/llama-cpp.sh --unpack      download and unpack only (enough for the
 #                                            GGUF converter, convert_hf_to_gguf.py)
 #   scripts/peers/llama-cpp.sh --pack OUT.tar.gz
@@ -70,11 +71,17 @@ NO_AMX=(-mno-amx-tile -mno-amx-int8 -mno-amx-bf16)
 
 build() {
     unpack
-    local gen=()
+    local gen=() server=OFF
     command -v ninja >/dev/null && gen=(-G Ninja)
-    if [[ ! -f $SRC/build/CMakeCache.txt ]]; then
+    if [[ ${SERVER:-0} == 1 ]]; then
+        server=ON
+        TARGETS+=(llama-server)
+    fi
+    # Configured again when SERVER changes (cmake keeps the rest of the build).
+    if [[ ! -f $SRC/build/CMakeCache.txt ]] || ! grep -q "LLAMA_BUILD_SERVER:BOOL=$server" "$SRC/build/CMakeCache.txt"; then
         cmake -S "$SRC" -B "$SRC/build" "${gen[@]}" -DCMAKE_BUILD_TYPE=Release \
-            -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF \
+            -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=$server \
+            -DLLAMA_BUILD_UI=OFF -DLLAMA_USE_PREBUILT_UI=OFF \
             -DLLAMA_BUILD_APP=OFF -DLLAMA_OPENSSL=OFF -DGGML_NATIVE=ON \
             -DCMAKE_C_FLAGS="${NO_AMX[*]}" -DCMAKE_CXX_FLAGS="${NO_AMX[*]}"
     fi
