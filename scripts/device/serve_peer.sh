@@ -24,12 +24,17 @@
 # the tokenizer's own ids), KV_MIB_PER_SEQ (default 96: serve's GPU cache gives
 # every sequence 4096 positions of 6 attention layers x 8 KV heads x 64 x
 # f32 x 2, 96 MiB, for both LFM2 sizes), LLAMA_ARGS (extra llama-server
-# flags). Results: $OUT/serve-peer-<model>.md (the side-by-side table), and
+# flags). On the CPU (the same table on a machine without a GPU):
+# DEVICE=cpu (llama-server without -ngl and with -t $(nproc), serve --cpu),
+# LS=peers/llama.cpp/build/bin/llama-server (scripts/peers/llama-cpp.sh
+# with SERVER=1) and GGUFS="FILE ..." (any GGUF files instead of MODELS'
+# random LFM2). Results: $OUT/serve-peer-<model>.md (the side-by-side table), and
 # per run the servers' logs and the bench's output. A failed run is reported
 # and the others still run; exit status: the number of failed runs.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
-export VK_DRIVER_FILES=${VK_DRIVER_FILES:-/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json}
+[[ ${DEVICE:-gpu} == gpu ]] &&
+    export VK_DRIVER_FILES=${VK_DRIVER_FILES:-/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json}
 : "${OUT:?set OUT to the folder for results}"
 WORK=${WORK:-/tmp/lfm-llm}
 BIN=${BIN:-target/release}
@@ -41,7 +46,8 @@ REQ=${REQ:-2}
 VOCAB=${VOCAB:-49152}
 KV_MIB_PER_SEQ=${KV_MIB_PER_SEQ:-96}
 LLAMA_ARGS=${LLAMA_ARGS:-}
-LS=peers/llama.cpp-cuda/build/bin/llama-server
+DEVICE=${DEVICE:-gpu}
+LS=${LS:-peers/llama.cpp-cuda/build/bin/llama-server}
 BENCH=scripts/bench/serve_bench.py
 PORT_LLAMA=${PORT_LLAMA:-8180}
 PORT_LFM=${PORT_LFM:-8181}
@@ -52,7 +58,14 @@ done
 failed=0
 pid=
 
-nvidia-smi --query-gpu=name,memory.total,clocks.max.sm,driver_version --format=csv >"$OUT/serve-peer-env.txt" 2>&1
+if [[ $DEVICE == gpu ]]; then
+    nvidia-smi --query-gpu=name,memory.total,clocks.max.sm,driver_version --format=csv >"$OUT/serve-peer-env.txt" 2>&1
+    LLAMA_DEVICE=(-ngl 99)
+else
+    grep -m1 "model name" /proc/cpuinfo >"$OUT/serve-peer-env.txt"
+    echo "$(nproc) threads" >>"$OUT/serve-peer-env.txt"
+    LLAMA_DEVICE=(-t "$(nproc)")
+fi
 git log -1 --format='checkout %H' >>"$OUT/serve-peer-env.txt" 2>/dev/null
 
 stop() {
@@ -99,11 +112,11 @@ run() {
     llama-server)
         # Context per slot: -c / -np; room for the prompt and the tokens.
         # shellcheck disable=SC2086
-        "$LS" -m "$gguf" -ngl 99 -np "$s" -c $((s * (P + N + 64))) \
+        "$LS" -m "$gguf" "${LLAMA_DEVICE[@]}" -np "$s" -c $((s * (P + N + 64))) \
             --host 127.0.0.1 --port "$port" $LLAMA_ARGS >"$OUT/$tag.server.log" 2>&1 &
         ;;
     serve)
-        "$BIN/serve" -m "$gguf" --gpu --host 127.0.0.1 --port "$port" --parallel "$s" \
+        "$BIN/serve" -m "$gguf" "--$DEVICE" --host 127.0.0.1 --port "$port" --parallel "$s" \
             --kv-memory $((s * KV_MIB_PER_SEQ)) >"$OUT/$tag.server.log" 2>&1 &
         ;;
     esac
@@ -130,19 +143,20 @@ run() {
     grep '^| [0-9]' "$OUT/$tag.bench.txt" | sed "s/^|/| $name |/"
 }
 
-for size in $MODELS; do
-    gguf=$WORK/lfm2-$size-q4_0.gguf
-    table=$OUT/serve-peer-$size.md
+files=${GGUFS:-$(for size in $MODELS; do echo "$WORK/lfm2-$size-q4_0.gguf"; done)}
+for gguf in $files; do
+    name=$(basename "$gguf" .gguf)
+    table=$OUT/serve-peer-$name.md
     if [[ ! -f $gguf ]]; then
-        echo "serve_peer.sh: $gguf missing (scripts/device/llm_peer.sh makes it)" >&2
+        echo "serve_peer.sh: $gguf missing (scripts/device/llm_peer.sh makes the random LFM2)" >&2
         failed=$((failed + 1))
         continue
     fi
     {
-        echo "LFM2-$size Q4_0 (random weights, $gguf), prompt $P, $N tokens a request, $REQ requests a stream"
+        echo "$name ($gguf, $DEVICE), prompt $P, $N tokens a request, $REQ requests a stream"
         echo
-        echo "| server | streams | requests | output tok/s | TTFT p50 ms | TTFT p99 ms | ITL p50 ms | ITL p99 ms |"
-        echo "|---|---:|---:|---:|---:|---:|---:|---:|"
+        echo "| server | streams | requests | output tok/s | TTFT p50 ms | TTFT p99 ms | ITL p50 ms | ITL p99 ms | decode tok/s a stream |"
+        echo "|---|---:|---:|---:|---:|---:|---:|---:|---:|"
     } >"$table"
     for s in ${STREAMS//,/ }; do
         run llama-server "$PORT_LLAMA" "$s" "$gguf" >>"$table" || failed=$((failed + 1))
