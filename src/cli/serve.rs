@@ -5,6 +5,7 @@ use crate::run::embed::Embedder;
 use crate::run::serve::audio::{Asr, AudioServices, Voice};
 use crate::run::serve::http::{router, AppState};
 use crate::run::serve::metrics::Metrics;
+use crate::run::serve::scheduler::STEP_TOKENS;
 use crate::run::serve::{LlmParts, LlmService, Worker};
 use crate::tensor::Activations;
 use anyhow::Context;
@@ -71,6 +72,13 @@ pub struct Args {
     #[arg(long, value_name = "N", default_value_t = usize::MAX, hide_default_value = true, value_parser = super::values::positive)]
     pub parallel: usize,
 
+    /// Tokens one step processes at most: every running sequence's next
+    /// token, then chunks of waiting prompts (vLLM's
+    /// --max-num-batched-tokens). Fewer keep running streams steadier while
+    /// prompts arrive; more start new ones sooner.
+    #[arg(long, value_name = "N", default_value_t = STEP_TOKENS, value_parser = super::values::positive)]
+    pub step_tokens: usize,
+
     /// Largest request body in MiB (uploads included); more is answered 413.
     #[arg(long, default_value_t = 32, value_parser = super::values::positive)]
     pub max_body_mib: usize,
@@ -130,27 +138,34 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             };
             let kv_memory = args.kv_memory;
             let id = args.alias.clone().unwrap_or_else(|| model_id(&path));
-            let service = LlmService::start(id, metrics.clone(), args.parallel, move || {
-                let loaded = models::load_batched_llm(
-                    &path,
-                    &opts,
-                    kv_memory.map_or(models::KvSize::Default, |m| models::KvSize::Bytes(m << 20)),
-                )?;
-                crate::util::log::notice(&format!(
-                    "serve: language model {} on {} (up to {} sequences at once)",
-                    path.display(),
-                    loaded.model.backend_name(),
-                    match loaded.model.max_sequences() {
-                        usize::MAX => "any number of".to_string(),
-                        n => n.to_string(),
-                    }
-                ));
-                Ok(LlmParts {
-                    model: loaded.model,
-                    tokenizer: loaded.tokenizer,
-                    defaults: loaded.sampling_defaults,
-                })
-            })
+            let service = LlmService::start(
+                id,
+                metrics.clone(),
+                args.parallel,
+                args.step_tokens,
+                move || {
+                    let loaded = models::load_batched_llm(
+                        &path,
+                        &opts,
+                        kv_memory
+                            .map_or(models::KvSize::Default, |m| models::KvSize::Bytes(m << 20)),
+                    )?;
+                    crate::util::log::notice(&format!(
+                        "serve: language model {} on {} (up to {} sequences at once)",
+                        path.display(),
+                        loaded.model.backend_name(),
+                        match loaded.model.max_sequences() {
+                            usize::MAX => "any number of".to_string(),
+                            n => n.to_string(),
+                        }
+                    ));
+                    Ok(LlmParts {
+                        model: loaded.model,
+                        tokenizer: loaded.tokenizer,
+                        defaults: loaded.sampling_defaults,
+                    })
+                },
+            )
             .with_context(|| format!("loading {}", model_path.as_ref().unwrap().display()))?;
             Some(service)
         }

@@ -456,6 +456,50 @@ fn argmax(x: &[f32]) -> usize {
 mod tests {
     use super::*;
 
+    /// A state pushed token by token is the state of the whole sequence,
+    /// and its rules are openai-whisper's: after a closed pair text, after
+    /// an opened one a timestamp or the end, never an earlier timestamp, at
+    /// the start a timestamp within the initial limit.
+    #[test]
+    fn rule_states_follow_the_sampled_tokens() {
+        let t = TimestampRules {
+            vocab: 1100,
+            timestamp_begin: 1000,
+            eot: 900,
+            timestamps: true,
+            max_initial_timestamp: Some(50),
+        };
+        let seq = [1000, 5, 7, 1010, 1010, 8, 1020, 9];
+        let mut s = RuleState::EMPTY;
+        for n in 0..=seq.len() {
+            assert_eq!(s, RuleState::of(&seq[..n], 1000), "after {n} tokens");
+            if n < seq.len() {
+                s.push(seq[n], 1000);
+            }
+        }
+        let rule = |sampled: &[u32]| RuleState::of(sampled, 1000).rule(&t);
+        let first = rule(&[]);
+        assert_eq!(
+            (first.text_end, first.ts_end, first.flags),
+            (1000, 1051, ROW_FIRST)
+        );
+        // Text after an opened segment: a later timestamp may close it.
+        let r = rule(&[1000, 5]);
+        assert_eq!((r.text_end, r.ts_from, r.ts_end), (0, 1001, 1100));
+        // A segment opened at 1010 closes at 1010 or later, or ends: no text.
+        let r = rule(&[1000, 5, 1010]);
+        assert_eq!((r.text_end, r.ts_from, r.ts_end), (900, 1010, 1100));
+        // A pair just closed: text next.
+        let r = rule(&[1000, 5, 1010, 1010]);
+        assert_eq!((r.text_end, r.ts_from, r.ts_end), (0, 1011, 1000));
+        let off = TimestampRules {
+            timestamps: false,
+            ..t
+        };
+        let r = RuleState::of(&[1000, 5, 1010], 1000).rule(&off);
+        assert_eq!((r.text_end, r.ts_from, r.ts_end), (0, 0, 1100));
+    }
+
     fn rules(vocab: usize, tb: u32, always: &[u32], first: &[u32]) -> SelectRules {
         SelectRules {
             vocab,

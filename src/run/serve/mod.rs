@@ -117,6 +117,7 @@ impl LlmService {
         id: String,
         metrics: Arc<metrics::Metrics>,
         parallel: usize,
+        step_tokens: usize,
         load: impl FnOnce() -> Result<LlmParts> + Send + 'static,
     ) -> Result<LlmService> {
         let (commands, rx) = mpsc::channel();
@@ -139,7 +140,14 @@ impl LlmService {
                     c.context,
                     c.vocab,
                 )));
-                scheduler::run(parts.model.as_mut(), tok.as_deref(), rx, metrics, parallel);
+                scheduler::run(
+                    parts.model.as_mut(),
+                    tok.as_deref(),
+                    rx,
+                    metrics,
+                    parallel,
+                    step_tokens,
+                );
             })
             .map_err(|e| Error::invalid(format!("starting the model thread: {e}")))?;
         let (tokenizer, defaults, context, vocab) = ready_rx

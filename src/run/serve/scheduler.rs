@@ -19,8 +19,9 @@ use std::sync::Arc;
 use std::time::Instant;
 use tokio::sync::mpsc::UnboundedSender;
 
-/// Tokens one step processes at most: decode tokens first, then prompt
-/// chunks, so a long prompt does not stall the running streams.
+/// Tokens one step processes at most unless `serve --step-tokens` says
+/// otherwise: decode tokens first, then prompt chunks, so a long prompt
+/// does not stall the running streams.
 pub const STEP_TOKENS: usize = 256;
 
 /// A generation request as the scheduler takes it.
@@ -130,6 +131,7 @@ pub fn run(
     commands: mpsc::Receiver<Command>,
     metrics: Arc<Metrics>,
     parallel: usize,
+    step_tokens: usize,
 ) {
     let max_running = model.max_sequences().min(parallel.max(1));
     let eos: Vec<u32> = tokenizer.map(|t| t.eos_ids.clone()).unwrap_or_default();
@@ -252,7 +254,7 @@ pub fn run(
         // This step's work; while the cache cannot take it, the newest
         // sequence steps back into the queue (vLLM's recompute preemption).
         let plan = loop {
-            let plan = plan_step(&running);
+            let plan = plan_step(&running, step_tokens);
             let need: usize = plan
                 .iter()
                 .map(|(i, range)| model.blocks_needed(running[*i].id, range.len().max(1)))
@@ -457,9 +459,9 @@ fn publish(model: &dyn BatchedLm, running: usize, metrics: &Metrics) {
 
 /// Which running sequences a step feeds and what: an empty range for a
 /// decode token, else the next chunk of its feed. Decode tokens go first,
-/// then prompt chunks up to [`STEP_TOKENS`].
-fn plan_step(running: &[Running]) -> Vec<(usize, std::ops::Range<usize>)> {
-    let mut budget = STEP_TOKENS;
+/// then prompt chunks up to `step_tokens` in all.
+fn plan_step(running: &[Running], step_tokens: usize) -> Vec<(usize, std::ops::Range<usize>)> {
+    let mut budget = step_tokens;
     let mut plan = Vec::new();
     for (i, r) in running.iter().enumerate() {
         if r.last.is_some() {
