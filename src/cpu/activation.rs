@@ -22,15 +22,31 @@ pub fn gelu_fast(x: f32) -> f32 {
 pub fn erf_fast(x: f32) -> f32 {
     let z = x.abs();
     if z < 1.0 {
-        let u = z * z;
-        let p = std::f32::consts::FRAC_2_SQRT_PI
-            + u * (-0.376_126_26
-                + u * (0.112_835_97
-                    + u * (-0.026_854_329
-                        + u * (0.005_189_312_6 + u * (-0.000_801_885_9 + u * 0.000_078_825)))));
-        return x * p;
+        return x * erf_series(z * z);
     }
     let t = 1.0 / (1.0 + 0.5 * z);
+    let r = 1.0 - t * erfc_exponent(z, t).exp();
+    if x < 0.0 {
+        -r
+    } else {
+        r
+    }
+}
+
+/// [`erf_fast`] below 1: erf(z) = z P(z^2), P of `u` = z^2 here.
+#[inline(always)]
+fn erf_series(u: f32) -> f32 {
+    std::f32::consts::FRAC_2_SQRT_PI
+        + u * (-0.376_126_26
+            + u * (0.112_835_97
+                + u * (-0.026_854_329
+                    + u * (0.005_189_312_6 + u * (-0.000_801_885_9 + u * 0.000_078_825)))))
+}
+
+/// [`erf_fast`] from 1 on: erfc(z) = t exp(E) with t = 1 / (1 + z / 2);
+/// this is E.
+#[inline(always)]
+fn erfc_exponent(z: f32, t: f32) -> f32 {
     let poly = 1.000_023_7
         + t * (0.374_091_96
             + t * (0.096_784_18
@@ -38,12 +54,7 @@ pub fn erf_fast(x: f32) -> f32 {
                     + t * (0.278_868_07
                         + t * (-1.135_204
                             + t * (1.488_515_9 + t * (-0.822_152_2 + t * 0.170_872_77)))))));
-    let r = 1.0 - t * (-z * z - 1.265_512_2 + t * poly).exp();
-    if x < 0.0 {
-        -r
-    } else {
-        r
-    }
+    -z * z - 1.265_512_2 + t * poly
 }
 
 /// [`gelu_fast`] over a whole buffer in place, in vectors: the same erf
@@ -78,21 +89,9 @@ fn gelu_lanes<const FMA: bool>(x: f32) -> f32 {
     let z = x * std::f32::consts::FRAC_1_SQRT_2;
     let a = z.abs();
     let u = a * a;
-    let near = z
-        * (std::f32::consts::FRAC_2_SQRT_PI
-            + u * (-0.376_126_26
-                + u * (0.112_835_97
-                    + u * (-0.026_854_329
-                        + u * (0.005_189_312_6 + u * (-0.000_801_885_9 + u * 0.000_078_825))))));
+    let near = z * erf_series(u);
     let t = 1.0 / (1.0 + 0.5 * a);
-    let poly = 1.000_023_7
-        + t * (0.374_091_96
-            + t * (0.096_784_18
-                + t * (-0.186_288_06
-                    + t * (0.278_868_07
-                        + t * (-1.135_204
-                            + t * (1.488_515_9 + t * (-0.822_152_2 + t * 0.170_872_77)))))));
-    let far = (1.0 - t * exp_poly::<FMA>(-a * a - 1.265_512_2 + t * poly)).copysign(z);
+    let far = (1.0 - t * exp_poly::<FMA>(erfc_exponent(a, t))).copysign(z);
     let erf = if a < 1.0 { near } else { far };
     0.5 * x * (1.0 + erf)
 }

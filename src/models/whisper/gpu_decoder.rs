@@ -692,32 +692,13 @@ impl GpuDecoder {
             rows.len(),
             states.len()
         );
-        let (ctx, vocab, d) = (
-            self.config.n_text_ctx,
-            self.config.n_vocab,
-            self.config.d_model,
+        assert_eq!(
+            rules.vocab, self.config.n_vocab,
+            "decoder: rules of another vocabulary"
         );
-        let past = self.len;
-        if past + n > ctx {
-            return Err(Error::invalid(format!(
-                "decoder: {} positions exceed the {ctx} of the model's context",
-                past + n
-            )));
-        }
-        if let Some(&t) = tokens.iter().find(|&&t| t as usize >= vocab) {
-            return Err(Error::invalid(format!(
-                "decoder: token {t} outside the vocabulary of {vocab}"
-            )));
-        }
-        assert_eq!(rules.vocab, vocab, "decoder: rules of another vocabulary");
-        if !self.plans.contains_key(&(n_seqs, 1)) {
-            let plan = self.plan(n_seqs, 1)?;
-            self.plans.insert((n_seqs, 1), plan);
-        }
-        if !self.heads.contains_key(&n_seqs) {
-            let head = self.head_plan(n_seqs)?;
-            self.heads.insert(n_seqs, head);
-        }
+        let (d, past) = (self.config.d_model, self.len);
+        // n passes of one new row a sequence.
+        self.prepare_pass(tokens, n, (n_seqs, 1), n_seqs)?;
         self.prepare_select(rules, rows, 1, 0.0)?;
         let next_key = (n_seqs, timestamps.timestamps);
         if !self.nexts.contains_key(&next_key) {
@@ -825,6 +806,39 @@ impl GpuDecoder {
                 enc.copy_buffer_to_buffer(spare, at, cache, at, used);
             }
         }
+    }
+
+    /// Checks that `tokens` lie in the vocabulary and that `positions` more
+    /// fit the context, then binds a pass over `n_seqs` x `n_new` rows and a
+    /// head over `head_rows` rows if not yet.
+    fn prepare_pass(
+        &mut self,
+        tokens: &[u32],
+        positions: usize,
+        (n_seqs, n_new): (usize, usize),
+        head_rows: usize,
+    ) -> Result<()> {
+        let (ctx, vocab) = (self.config.n_text_ctx, self.config.n_vocab);
+        if self.len + positions > ctx {
+            return Err(Error::invalid(format!(
+                "decoder: {} positions exceed the {ctx} of the model's context",
+                self.len + positions
+            )));
+        }
+        if let Some(&t) = tokens.iter().find(|&&t| t as usize >= vocab) {
+            return Err(Error::invalid(format!(
+                "decoder: token {t} outside the vocabulary of {vocab}"
+            )));
+        }
+        if !self.plans.contains_key(&(n_seqs, n_new)) {
+            let plan = self.plan(n_seqs, n_new)?;
+            self.plans.insert((n_seqs, n_new), plan);
+        }
+        if !self.heads.contains_key(&head_rows) {
+            let head = self.head_plan(head_rows)?;
+            self.heads.insert(head_rows, head);
+        }
+        Ok(())
     }
 
     /// Binds `whisper_select` for `rows.len()` rows and k picks if not yet,
@@ -938,8 +952,7 @@ impl GpuDecoder {
     /// the logits (as f32 bits) or `whisper_select`'s words.
     fn run(&mut self, tokens: &[u32], rows: &[usize], read: &Readback) -> Result<Vec<u32>> {
         let prepare = web_time::Instant::now();
-        let c = &self.config;
-        let (ctx, vocab) = (c.n_text_ctx, c.n_vocab);
+        let vocab = self.config.n_vocab;
         let n_seqs = self.n_seqs;
         let n_new = tokens.len() / n_seqs;
         let past = self.len;
@@ -947,30 +960,12 @@ impl GpuDecoder {
             n_new > 0 && tokens.len() == n_seqs * n_new,
             "decoder: tokens per sequence"
         );
-        if past + n_new > ctx {
-            return Err(Error::invalid(format!(
-                "decoder: {} positions exceed the {ctx} of the model's context",
-                past + n_new
-            )));
-        }
-        if let Some(&t) = tokens.iter().find(|&&t| t as usize >= vocab) {
-            return Err(Error::invalid(format!(
-                "decoder: token {t} outside the vocabulary of {vocab}"
-            )));
-        }
         let max_out = (self.logits.size() / (vocab as u64 * 4)) as usize;
         assert!(
             rows.len() <= max_out && rows.iter().all(|&r| r < tokens.len()),
             "decoder: logits of rows {rows:?}"
         );
-        if !self.plans.contains_key(&(n_seqs, n_new)) {
-            let plan = self.plan(n_seqs, n_new)?;
-            self.plans.insert((n_seqs, n_new), plan);
-        }
-        if !self.heads.contains_key(&rows.len()) {
-            let head = self.head_plan(rows.len())?;
-            self.heads.insert(rows.len(), head);
-        }
+        self.prepare_pass(tokens, n_new, (n_seqs, n_new), rows.len())?;
         if let Some((k, rules, rules_rows, temperature)) = read.select() {
             assert!(
                 k <= MAX_PICKS && rules_rows.len() == rows.len() && rules.vocab == vocab,
