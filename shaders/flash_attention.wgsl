@@ -14,8 +14,8 @@
 // variants: SUBGROUPS reduces with subgroup ops, otherwise a shared-memory tree.
 // ROWS (flash_attention_rows, batched decode): query t (n_q of them) is one
 //   decode row of its own sequence, whose row record (step[8 t ..],
-//   gpu::llm_ops::ROW_RECORD) gives its kv_len, its splits and its slot's
-//   first cache row; the dispatch has the most splits of any row (workgroups
+//   gpu::llm_ops::ROW_RECORD) gives its kv_len, its splits and where its
+//   sequence's block table starts in step (paged_cache.wgsl); the dispatch has the most splits of any row (workgroups
 //   past a row's own return at once) and part keeps p.part_splits (the most
 //   any row may have) per head: [n_q, heads, part_splits, hd + 2]. Each row computes what the single
 //   kernel computes for it alone.
@@ -34,6 +34,19 @@ const NEG: f32 = -1.0e30;
 var<workgroup> qs: array<f32, 256>;
 var<workgroup> ps: array<f32, 64>;
 var<workgroup> red: array<f32, 64>;
+#if ROWS
+// The cache row of each key of the block being summed.
+var<workgroup> krow: array<u32, 64>;
+#endif
+
+// Where dimension `vo` of the value of key j0 + jj is in the value cache.
+fn value_at(j0: u32, jj: u32, vo: u32) -> u32 {
+#if ROWS
+    return krow[jj] * p.kv_stride + vo;
+#else
+    return (j0 + jj) * p.kv_stride + vo;
+#endif
+}
 
 fn wg_reduce(v: f32, lid: u32, is_max: bool
 #if SUBGROUPS
@@ -94,12 +107,11 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     if (s >= splits) {
         return;
     }
-    let row0 = step[8u * t + 4u];
+    let table = step[8u * t + 4u];
     let last = kv_len;
 #else
     let kv_len = step[2];
     let splits = step[3];
-    let row0 = 0u;
     // Query t sees positions lo..last (its sliding window, or all).
     let last = kv_len - p.n_q + t + 1u;
 #endif
@@ -125,7 +137,13 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         var sc = NEG;
         if (j < end) {
             // Four independent sums, so the key loads are in flight together.
-            let kb = (row0 + j) * p.kv_stride + kvo;
+#if ROWS
+            let row = cache_row(table, j);
+            krow[lid] = row;
+#else
+            let row = j;
+#endif
+            let kb = row * p.kv_stride + kvo;
             var sd = vec4<f32>();
             var d = 0u;
             for (; d + 4u <= hd; d += 4u) {
@@ -156,17 +174,16 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
             let d = lid + i * WG;
             if (d < hd) {
                 // Four keys per step with independent sums (loads in flight together).
-                let vb = (row0 + j0) * p.kv_stride + kvo + d;
-                let st = p.kv_stride;
+                let vo = kvo + d;
                 var a4 = vec4<f32>();
                 var jj = 0u;
                 for (; jj + 4u <= cnt; jj += 4u) {
-                    let v4 = vec4<f32>(vc[vb + jj * st], vc[vb + (jj + 1u) * st],
-                                       vc[vb + (jj + 2u) * st], vc[vb + (jj + 3u) * st]);
+                    let v4 = vec4<f32>(vc[value_at(j0, jj, vo)], vc[value_at(j0, jj + 1u, vo)],
+                                       vc[value_at(j0, jj + 2u, vo)], vc[value_at(j0, jj + 3u, vo)]);
                     a4 += vec4<f32>(ps[jj], ps[jj + 1u], ps[jj + 2u], ps[jj + 3u]) * v4;
                 }
                 for (; jj < cnt; jj++) {
-                    a4.x += ps[jj] * vc[vb + jj * st];
+                    a4.x += ps[jj] * vc[value_at(j0, jj, vo)];
                 }
                 acc[i] = acc[i] * corr + ((a4.x + a4.y) + (a4.z + a4.w));
             }

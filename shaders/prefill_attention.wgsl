@@ -24,8 +24,9 @@
 // ROWS (prefill_attention_rows, batched prefill): the n_q queries are the
 //   prompt chunks of several sequences one after another, each over its own
 //   slot of the caches. Query t's record (step[8 t ..],
-//   gpu::llm_ops::ROW_RECORD) gives its position (step[8 t + 1]), its
-//   slot's first cache row (step[8 t + 4]) and its sequence's past-last
+//   gpu::llm_ops::ROW_RECORD) gives its position (step[8 t + 1]), where
+//   its sequence's block table starts in step (step[8 t + 4],
+//   paged_cache.wgsl) and its sequence's past-last
 //   query (step[8 t + 7]). Workgroup x takes the 64 queries (fewer at a
 //   sequence's end) that start at query step[8 n_q + x] (0xffffffff: none),
 //   a block never crossing sequences, so each query sees the blocks of keys
@@ -63,14 +64,19 @@ fn visible(j: u32, vis: u32) -> bool {
 
 // Stages `rows` rows (keys or values from position j0) of kv head `kvo` into
 // kvs from row `at`, as f16; positions past kv_len are zeros.
-fn stage(cache: u32, j0: u32, kv_len: u32, row0: u32, kvo: u32, at: u32, lid: u32) {
+// `table`: where the sequence's block table starts in step (ROWS).
+fn stage(cache: u32, j0: u32, kv_len: u32, table: u32, kvo: u32, at: u32, lid: u32) {
     // 128 threads, 16 per row of 64 (four values each), 8 rows a round.
     let c = (lid & 15u) * 4u;
     for (var r = lid >> 4u; r < KB; r += 8u) {
         let j = j0 + r;
         var v = vec4<f32>();
         if (j < kv_len) {
-            let b = (row0 + j) * p.kv_stride + kvo + c;
+#if ROWS
+            let b = cache_row(table, j) * p.kv_stride + kvo + c;
+#else
+            let b = j * p.kv_stride + kvo + c;
+#endif
             if (cache == 0u) {
                 v = vec4<f32>(kc[b], kc[b + 1u], kc[b + 2u], kc[b + 3u]);
             } else {
@@ -121,7 +127,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>,
         return;
     }
     let q_end = min(q0 + QB, step[8u * q0 + 7u]);
-    let row0 = step[8u * q0 + 4u];
+    let table = step[8u * q0 + 4u];
     // The position of the workgroup's first query.
     let base = step[8u * q0 + 1u];
     let kv_len = base + q_end - q0;
@@ -129,7 +135,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>,
     let kv_len = step[2];
     let q0 = wid.x * QB;
     let q_end = min(q0 + QB, p.n_q);
-    let row0 = 0u;
+    let table = 0u;
     let base = kv_len - p.n_q + q0;
 #endif
     // Blocks any query of the workgroup sees. Cooperative operations need
@@ -181,7 +187,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>,
     var l = 0.0;
     for (var b = 0u; b < blocks; b++) {
         let j0 = b * KB;
-        stage(0u, j0, kv_len, row0, kvo, 0u, lid);
+        stage(0u, j0, kv_len, table, kvo, 0u, lid);
         workgroupBarrier();
         scores(qa0, qa1, qa2, qa3, is0);
         workgroupBarrier();
@@ -221,8 +227,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>,
     for (var b = 0u; b < blocks; b++) {
         let j0 = b * KB;
         workgroupBarrier(); // the last block's values are read
-        stage(0u, j0, kv_len, row0, kvo, 0u, lid);
-        stage(1u, j0, kv_len, row0, kvo, KB, lid);
+        stage(0u, j0, kv_len, table, kvo, 0u, lid);
+        stage(1u, j0, kv_len, table, kvo, KB, lid);
         workgroupBarrier();
         scores(qa0, qa1, qa2, qa3, is0);
         workgroupBarrier();

@@ -14,8 +14,9 @@
 // dispatch: (heads + kv_heads, n, 1) workgroups of 64 threads; hd <= 512
 // ROWS (qk_rope_rows, batched decode): token t is one row of a batch, its
 //   own sequence's: step holds a row record per token ([8 t ..], see
-//   gpu::llm_ops::ROW_RECORD) and its key and value go to cache row
-//   step[8 t + 4] + step[8 t + 1] (the slot's first row plus the position).
+//   gpu::llm_ops::ROW_RECORD) and its key and value go to the cache row of
+//   its position step[8 t + 1] in its sequence's block table, which starts
+//   at step[step[8 t + 4]] (paged_cache.wgsl).
 
 struct Params {
     heads: u32,
@@ -99,7 +100,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         }
     } else {
 #if ROWS
-        let dst = (step[8u * t + 4u] + step[8u * t + 1u]) * kvw + kh * hd;
+        let dst = cache_row(step[8u * t + 4u], step[8u * t + 1u]) * kvw + kh * hd;
 #else
         let dst = (step[1] + t) * kvw + kh * hd;
 #endif

@@ -2,9 +2,10 @@
 //! `generate --gpu` runs), bit for bit: sequences of mixed prompt lengths
 //! arriving at different steps, prompt chunks beside batched decode steps,
 //! greedy rows picked on the GPU, a lone sequence on the single path,
-//! admission when every slot is taken, and the prefix cache. And speculative decoding's check on
-//! the single model (consecutive positions of one sequence as the rows of
-//! one batched forward) against as many decode steps, bit for bit.
+//! admission when every place or every block of the paged KV cache is
+//! taken, and the prefix cache. And speculative decoding's check on the
+//! single model (consecutive positions of one sequence as the rows of one
+//! batched forward) against as many decode steps, bit for bit.
 
 mod common;
 
@@ -77,7 +78,9 @@ fn check(dir: &str) {
         .collect();
     drop(single);
 
-    let mut b = GpuBatch::new(g, &cfg, &w, &opts, 5, 64).unwrap();
+    // Five sequences over a paged cache of 320 positions: blocks taken as
+    // the sequences grow side by side, so each one's are scattered.
+    let mut b = GpuBatch::new(g, &cfg, &w, &opts, 5, 5 * 64).unwrap();
     let mut ids = vec![None; prompts.len()];
     let mut fed = vec![0usize; prompts.len()];
     // Tokens each sequence produced.
@@ -181,21 +184,21 @@ fn check(dir: &str) {
         "{dir}: greedy_run from a slot"
     );
 
-    // Every slot taken: admission waits; a prompt past a slot is an error
-    // (the server clamps requests to the context a slot gives).
-    assert_eq!(b.config().context, 64);
-    assert_eq!(b.usage().in_use, 5);
+    // Every place taken: admission waits; a prompt past what a sequence
+    // may hold is an error (the server clamps requests to that context).
+    let most = b.max_len();
+    assert_eq!(b.config().context, most);
+    assert!(b.usage().in_use >= 5);
     assert!(
         b.open(&prompts[0]).unwrap().is_none(),
         "{dir}: a sixth sequence"
     );
     b.close(id);
     assert!(
-        b.open(&prompt(6, 64, vocab)).is_err(),
-        "{dir}: a prompt past the slot"
+        b.open(&prompt(6, most, vocab)).is_err(),
+        "{dir}: a prompt past what a sequence holds"
     );
-    // The same prompt again (an attention-only model copies all but its
-    // last token from the running sequence's slot).
+    // The same prompt again.
     let (again, cached) = b.open(&prompts[4]).unwrap().expect("a freed slot");
     let l = b
         .step(&[SeqWork {
@@ -260,7 +263,7 @@ fn check_together(dir: &str) {
     let want_fresh = alone(&mut single, &fresh, steps);
     drop(single);
 
-    let mut b = GpuBatch::new(g, &cfg, &w, &opts, lens.len(), 64).unwrap();
+    let mut b = GpuBatch::new(g, &cfg, &w, &opts, lens.len(), lens.len() * 64).unwrap();
     let ids: Vec<_> = prompts
         .iter()
         .map(|p| b.open(p).unwrap().expect("a free slot").0)
@@ -296,14 +299,10 @@ fn check_together(dir: &str) {
     for &id in &ids {
         b.close(id);
     }
-    // A repeat of the 33-token prompt (all but its last token cached, a
-    // hybrid model's prefix a token short of it) beside a new prompt.
+    // A repeat of the 33-token prompt (its two full blocks before its last
+    // token cached) beside a new prompt.
     let (again, cached) = b.open(&prompts[2]).unwrap().expect("a free slot");
-    assert_eq!(
-        cached,
-        prompts[2].len() - 1,
-        "{dir}: a repeat's cached tokens"
-    );
+    assert_eq!(cached, 32, "{dir}: a repeat's cached tokens");
     let (new, _) = b.open(&fresh).unwrap().expect("a free slot");
     let work = [
         SeqWork {
@@ -377,14 +376,15 @@ fn run_alone(
     (id, cached)
 }
 
-/// The prefix cache: the same prompt again, and the next turn of a
-/// conversation (the first prompt, what it produced, more), continue from
-/// the first prompt's slot after that sequence ended; on an attention-only
-/// model a prompt sharing only
-/// the start of a running sequence's prompt starts from a copy of it (a
-/// hybrid model reuses only whole prefixes, where its conv state was
-/// snapshotted). Every sequence's logits and tokens are those of its
-/// prompt alone, bit for bit, the running one's included.
+/// The prefix cache, in whole blocks of 16 positions: the same prompt
+/// again, and the next turn of a conversation (the first prompt, what it
+/// produced, more), continue from the first prompt's blocks after that
+/// sequence ended; on an attention-only model a prompt sharing only the
+/// first block of a running sequence's prompt shares that block (a hybrid
+/// model reuses a prefix only where its conv state was snapshotted: the
+/// last block boundary before a prompt's last token). Every sequence's
+/// logits and tokens are those of its prompt alone, bit for bit, the
+/// running one's included, and closing them all holds no block.
 fn check_prefix(dir: &str, hybrid: bool) {
     let Some(g) = gpu() else { return };
     let path = common::repo().join("samples/fixtures/llm").join(dir);
@@ -395,44 +395,47 @@ fn check_prefix(dir: &str, hybrid: bool) {
         ..Default::default()
     };
     let steps = 3;
-    let first = prompt(1, 20, vocab);
+    let first = prompt(1, 40, vocab);
     let mut single = GpuLlm::new(g.clone(), &cfg, &w, &opts).unwrap();
     let want_first = alone(&mut single, &first, steps);
     let mut next = first.clone();
     next.extend(want_first[..steps].iter().map(|x| x.0));
     next.extend(prompt(2, 6, vocab));
-    let mut other = first[..12].to_vec();
+    let mut other = first[..24].to_vec();
     other.extend(prompt(3, 9, vocab));
     let want_next = alone(&mut single, &next, steps + 1);
     let want_other = alone(&mut single, &other, steps);
     drop(single);
 
-    let mut b = GpuBatch::new(g, &cfg, &w, &opts, 2, 64).unwrap();
+    let mut b = GpuBatch::new(g, &cfg, &w, &opts, 2, 256).unwrap();
     let (id, cached) = run_alone(&mut b, &first, &want_first, steps, dir);
     assert_eq!(cached, 0);
     b.close(id);
-    assert_eq!((b.usage().in_use, b.usage().cached), (0, 1), "{dir}");
-    // The same prompt again: all but its last token.
+    let u = b.usage();
+    assert_eq!(
+        (u.in_use, u.cached),
+        (0, 2),
+        "{dir}: the first prompt's full blocks"
+    );
+    // The same prompt again: its full blocks before its last token.
     let (id, cached) = run_alone(&mut b, &first, &want_first, steps, dir);
-    assert_eq!(cached, first.len() - 1, "{dir}: a repeat's cached tokens");
+    assert_eq!(cached, 32, "{dir}: a repeat's cached tokens");
     b.close(id);
 
-    // The next turn: a hybrid model's prefix ends a token short of the
-    // first prompt.
+    // The next turn.
     let (id_next, cached) = run_alone(&mut b, &next, &want_next, steps, dir);
-    let whole = first.len() - usize::from(hybrid);
-    assert_eq!(cached, whole, "{dir}: the next turn's cached tokens");
+    assert_eq!(cached, 32, "{dir}: the next turn's cached tokens");
     let (id_other, cached) = run_alone(&mut b, &other, &want_other, steps, dir);
-    assert_eq!(cached, if hybrid { 0 } else { 12 }, "{dir}: a shared start");
+    assert_eq!(cached, if hybrid { 0 } else { 16 }, "{dir}: a shared start");
     // The running sequence goes on where it was.
     let t = b
         .step_greedy_many(&[(id_next, want_next[steps].0)])
         .expect("a GPU greedy step")
         .unwrap();
-    assert_eq!(t[0], want_next[steps + 1].0, "{dir}: after the copy");
+    assert_eq!(t[0], want_next[steps + 1].0, "{dir}: after the other");
     b.close(id_next);
     b.close(id_other);
-    assert_eq!((b.usage().in_use, b.usage().cached), (0, 2), "{dir}");
+    assert_eq!(b.usage().in_use, 0, "{dir}: blocks held after closing");
 }
 
 #[test]
@@ -443,6 +446,63 @@ fn gpu_batch_prefix_cache_equals_each_prompt_alone_lfm2() {
 #[test]
 fn gpu_batch_prefix_cache_equals_each_prompt_alone_llama() {
     check_prefix("tiny-llama", false);
+}
+
+/// Admission by blocks: a prompt waits while the cache's free blocks
+/// cannot hold it and its first token, and opens once a sequence ends and
+/// gives its blocks back; a sequence growing past the blocks left fails
+/// with an error, not a panic, and its blocks come back.
+fn check_blocks(dir: &str) {
+    let Some(g) = gpu() else { return };
+    let path = common::repo().join("samples/fixtures/llm").join(dir);
+    let (cfg, w) = lfm::models::open_llm(&path).unwrap();
+    let vocab = cfg.vocab;
+    let opts = GpuLlmOptions::default();
+    // Four blocks of 16 positions for up to four sequences.
+    let mut b = GpuBatch::new(g, &cfg, &w, &opts, 4, 64).unwrap();
+    let long = prompt(7, 40, vocab);
+    let (a, _) = b.open(&long).unwrap().expect("three blocks free");
+    assert_eq!(b.free_blocks(), 1, "{dir}: three blocks promised");
+    let short = prompt(8, 20, vocab);
+    assert!(
+        b.open(&short).unwrap().is_none(),
+        "{dir}: two blocks wanted, one free"
+    );
+    let l = b
+        .step(&[SeqWork {
+            id: a,
+            tokens: &long,
+            as_decode: false,
+        }])
+        .unwrap();
+    assert_eq!(b.usage().in_use, 3, "{dir}: the prompt's blocks");
+    // Growing into the fourth block works; past it fails cleanly.
+    let mut t = argmax(&l[0]);
+    for _ in 0..(64 - 40) {
+        t = b
+            .step_greedy_many(&[(a, t)])
+            .expect("a GPU greedy step")
+            .unwrap()[0];
+    }
+    assert!(
+        b.step_greedy_many(&[(a, t)])
+            .expect("a GPU greedy step")
+            .is_err(),
+        "{dir}: a 65th position"
+    );
+    b.close(a);
+    assert_eq!(b.usage().in_use, 0, "{dir}: blocks held after closing");
+    assert!(b.open(&short).unwrap().is_some(), "{dir}: room again");
+}
+
+#[test]
+fn gpu_batch_admits_by_blocks_lfm2() {
+    check_blocks("tiny-lfm2");
+}
+
+#[test]
+fn gpu_batch_admits_by_blocks_llama() {
+    check_blocks("tiny-llama");
 }
 
 fn bits_equal(a: &[f32], b: &[f32]) -> bool {

@@ -735,7 +735,7 @@ fn batched(
                 let most = batches.iter().max().copied().unwrap_or(1);
                 // Room for the largest batch, whatever the context.
                 let kv = models::KvSize::Sequences(most, pp + tg);
-                let mut loaded = models::load_batched_llm(model, &opts, kv)?;
+                let mut loaded = models::load_batched_llm(model, &opts, kv, None)?;
                 let backend = loaded.model.backend_name();
                 if args.output == Output::Md {
                     writeln!(

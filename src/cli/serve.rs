@@ -68,7 +68,8 @@ pub struct Args {
     pub max_queue: usize,
 
     /// Most sequences decoded together (llama-server's -np); more wait in
-    /// the queue. Default: as many as the KV cache holds.
+    /// the queue. Default: as many as the KV cache holds (on the GPU at most
+    /// 64; 256 is the GPU's limit).
     #[arg(long, value_name = "N", default_value_t = usize::MAX, hide_default_value = true, value_parser = super::values::positive)]
     pub parallel: usize,
 
@@ -83,9 +84,9 @@ pub struct Args {
     #[arg(long, default_value_t = 32, value_parser = super::values::positive)]
     pub max_body_mib: usize,
 
-    /// KV cache for all running sequences together, in MiB (default: on the
-    /// CPU room for four full contexts, on the GPU 16 sequences of up to
-    /// 4096 positions; the GPU divides it into sequences of up to 4096).
+    /// KV cache for all running sequences together, in MiB, paged in blocks
+    /// of 16 positions (default: on the CPU room for four full contexts, on
+    /// the GPU 65,536 positions).
     #[arg(long, value_name = "MIB", value_parser = super::values::positive)]
     pub kv_memory: Option<usize>,
 
@@ -136,7 +137,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                 weight_type: None,
                 cpu_activations: Activations::Int8,
             };
-            let kv_memory = args.kv_memory;
+            let (kv_memory, parallel) = (args.kv_memory, args.parallel);
             let id = args.alias.clone().unwrap_or_else(|| model_id(&path));
             let service = LlmService::start(
                 id,
@@ -149,6 +150,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                         &opts,
                         kv_memory
                             .map_or(models::KvSize::Default, |m| models::KvSize::Bytes(m << 20)),
+                        (parallel != usize::MAX).then_some(parallel),
                     )?;
                     crate::util::log::notice(&format!(
                         "serve: language model {} on {} (up to {} sequences at once)",

@@ -497,8 +497,9 @@ const GEMV_SPLIT_WAYS: usize = 8;
 const GEMV_SPLIT_MAX_BYTES: usize = 64 << 20;
 
 /// u32s of one row record of a batched decode step (the `step` binding of
-/// the batched kernels): [slot, pos, kv_len, splits, first KV cache row of
-/// the slot, first conv-state ring row of the slot, 0, 0].
+/// the batched kernels): [slot, pos, kv_len, splits, where the sequence's
+/// KV block table starts in the same buffer, first conv-state ring row of
+/// the slot, 0, 0]. The block tables follow the records (paged_cache.wgsl).
 pub const ROW_RECORD: usize = 8;
 
 /// Output rows of one GEMV workgroup (`R` in gemv.wgsl).
@@ -1127,7 +1128,7 @@ kernel!(
 kernel!(
     QK_ROPE_ROWS,
     "qk_rope_rows",
-    "qk_rope.wgsl",
+    ["paged_cache.wgsl", "qk_rope.wgsl"],
     [
         Binding::read("qkv"),
         Binding::read("qn"),
@@ -1308,7 +1309,11 @@ kernel!(
 kernel!(
     FLASH_ATTENTION_ROWS,
     "flash_attention_rows",
-    ["attention_params.wgsl", "flash_attention.wgsl"],
+    [
+        "attention_params.wgsl",
+        "paged_cache.wgsl",
+        "flash_attention.wgsl"
+    ],
     [
         Binding::read("q"),
         Binding::read("kc"),
@@ -1525,7 +1530,11 @@ kernel!(
 kernel!(
     PREFILL_ATTENTION_ROWS,
     "prefill_attention_rows",
-    ["attention_params.wgsl", "prefill_attention.wgsl"],
+    [
+        "attention_params.wgsl",
+        "paged_cache.wgsl",
+        "prefill_attention.wgsl"
+    ],
     [
         Binding::read("q"),
         Binding::read("kc"),
@@ -1748,25 +1757,26 @@ fn short_conv_bind(
 /// [`short_conv_rows`] and [`prefill_attention_rows`], the row records of
 /// [`qk_rope_rows`] and [`flash_attention_rows`]): the prompt chunks of
 /// several sequences, one after another, `n` rows in all. u32s: a
-/// [`ROW_RECORD`] per row ([slot, pos, kv_len = pos + 1, splits = 1, first
-/// KV cache row of the slot, first ring row of the slot, the sequence's
-/// first row, its past-last row]), then the first rows of the attention
-/// blocks ([`PREFILL_ATTENTION_QUERIES`] rows, or fewer at a sequence's end)
-/// and then of the conv blocks ([`SHORT_CONV_TOKENS`]), n words each,
-/// u32::MAX past the last block.
+/// [`ROW_RECORD`] per row ([slot, pos, kv_len = pos + 1, splits = 1, where
+/// the sequence's KV block table starts, first ring row of the slot, the
+/// sequence's first row, its past-last row]), then the first rows of the
+/// attention blocks ([`PREFILL_ATTENTION_QUERIES`] rows, or fewer at a
+/// sequence's end) and then of the conv blocks ([`SHORT_CONV_TOKENS`]), n
+/// words each, u32::MAX past the last block; then the block tables.
 pub struct PrefillRows {
     pub words: Vec<u32>,
 }
 
 /// One sequence's chunk in a [`PrefillRows`] table.
 #[derive(Clone, Copy, Debug)]
-pub struct RowsSegment {
+pub struct RowsSegment<'a> {
     pub slot: usize,
     /// Position of its first row.
     pub pos: usize,
     pub len: usize,
-    /// First KV cache row and ring row of its slot.
-    pub kv_row: usize,
+    /// Its KV block table (covering pos + len positions) and the first ring
+    /// row of its slot.
+    pub blocks: &'a [u32],
     pub ring_row: usize,
 }
 
@@ -1778,6 +1788,9 @@ impl PrefillRows {
         let mut attn = Vec::new();
         let mut conv = Vec::new();
         let mut first = 0;
+        // The tables go after the records and the two block lists.
+        let mut tables = Vec::new();
+        let mut table = (ROW_RECORD + 2) * n;
         for s in segs {
             let end = first + s.len;
             for i in 0..s.len {
@@ -1787,7 +1800,7 @@ impl PrefillRows {
                     (s.pos + i) as u32,
                     (s.pos + i + 1) as u32,
                     1,
-                    s.kv_row as u32,
+                    table as u32,
                     s.ring_row as u32,
                     first as u32,
                     end as u32,
@@ -1799,12 +1812,15 @@ impl PrefillRows {
                     .map(|t| t as u32),
             );
             conv.extend((first..end).step_by(SHORT_CONV_TOKENS).map(|t| t as u32));
+            tables.extend_from_slice(s.blocks);
+            table += s.blocks.len();
             first = end;
         }
         for mut blocks in [attn, conv] {
             blocks.resize(n, u32::MAX);
             words.extend(blocks);
         }
+        words.extend(tables);
         PrefillRows { words }
     }
 

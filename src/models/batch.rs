@@ -5,8 +5,9 @@
 //! consumes) in one pass and returns each one's next-token logits. The CPU
 //! backend ([`super::llm_cpu::CpuBatch`]) batches for real over a paged KV
 //! cache with prefix reuse; the GPU ([`super::llm_gpu::GpuBatch`]) decodes
-//! every sequence's token in one submission over a slot per sequence; any
-//! other [`CausalLm`] serves through [`SingleSlot`], one sequence at a time.
+//! every sequence's token in one submission over the same kind of paged
+//! cache ([`super::kv_blocks`] keeps the books for both); any other
+//! [`CausalLm`] serves through [`SingleSlot`], one sequence at a time.
 
 use super::kv_blocks::BlockUsage;
 use super::llm::{CausalLm, LlmConfig};

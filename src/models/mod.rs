@@ -176,33 +176,46 @@ pub enum KvSize {
     Sequences(usize, usize),
 }
 
-/// Positions a GPU batch gives each sequence unless told (a benchmark's
-/// batch says its length).
-const GPU_SLOT_POSITIONS: usize = 4096;
-/// Sequences a GPU batch holds by default.
-const GPU_DEFAULT_SLOTS: usize = 16;
+/// KV cache positions a GPU batch has unless told: what 16 sequences of
+/// 4096 positions took before the cache was paged.
+const GPU_DEFAULT_POSITIONS: usize = 16 * 4096;
+/// Sequences a GPU batch runs at once unless told.
+const GPU_DEFAULT_SEQUENCES: usize = 64;
 
-/// The GPU batch's sequences and positions per sequence for `kv`: a
-/// benchmark's batch as asked; otherwise slots of up to
-/// [`GPU_SLOT_POSITIONS`] positions, as many as the bytes allow (by
-/// default [`GPU_DEFAULT_SLOTS`]), no more than one binding of the
-/// adapter holds per layer.
-fn gpu_slots(cfg: &LlmConfig, kv: KvSize, max_binding: u64) -> (usize, usize) {
-    let slot_len = cfg.context.clamp(1, GPU_SLOT_POSITIONS);
-    let slots = match kv {
-        KvSize::Sequences(n, len) => return (n, len),
-        KvSize::Default => GPU_DEFAULT_SLOTS,
-        KvSize::Bytes(b) => b / (cfg.kv_bytes_per_position().max(1) * slot_len),
+/// The GPU batch's sequences at once and KV cache positions for `kv`: a
+/// benchmark's batch as asked; otherwise [`GPU_DEFAULT_SEQUENCES`] (or
+/// `sequences` where given) over the positions asked for (by default
+/// [`GPU_DEFAULT_POSITIONS`]), no more than one binding of the adapter
+/// holds per layer.
+fn gpu_kv(
+    cfg: &LlmConfig,
+    kv: KvSize,
+    sequences: Option<usize>,
+    max_binding: u64,
+) -> (usize, usize) {
+    let positions = match kv {
+        KvSize::Sequences(n, len) => return (n, n * kv_blocks::blocks_for(len) * kv_blocks::BLOCK),
+        KvSize::Default => GPU_DEFAULT_POSITIONS,
+        KvSize::Bytes(b) => b / cfg.kv_bytes_per_position().max(1),
     };
-    let per_slot = (slot_len * cfg.kv_heads * cfg.head_dim * 4).max(1) as u64;
-    let fit = (max_binding / per_slot) as usize;
-    (slots.min(fit).clamp(1, llm_gpu::MAX_SLOTS), slot_len)
+    let per_position = (cfg.kv_heads * cfg.head_dim * 4).max(1) as u64;
+    let fit = (max_binding / per_position) as usize / kv_blocks::BLOCK * kv_blocks::BLOCK;
+    let sequences = sequences.unwrap_or(GPU_DEFAULT_SEQUENCES);
+    (
+        sequences.clamp(1, llm_gpu::MAX_SLOTS),
+        positions.clamp(kv_blocks::BLOCK, fit.max(kv_blocks::BLOCK)),
+    )
 }
 
-/// Opens a checkpoint for batched serving: on the CPU, continuous batching
-/// over a paged cache of `kv`; on the GPU, continuous batching over a slot
-/// of KV cache per sequence ([`llm_gpu::GpuBatch`]).
-pub fn load_batched_llm(path: &Path, opts: &LoadOptions, kv: KvSize) -> Result<LoadedBatch> {
+/// Opens a checkpoint for batched serving: continuous batching over a paged
+/// cache of `kv` (on the GPU, up to `sequences` at once where given;
+/// [`llm_gpu::GpuBatch`]).
+pub fn load_batched_llm(
+    path: &Path,
+    opts: &LoadOptions,
+    kv: KvSize,
+    sequences: Option<usize>,
+) -> Result<LoadedBatch> {
     let (cfg, weights, tokenizer, defaults) = open_converted(path, opts)?;
     let positions = match kv {
         KvSize::Default => 4 * cfg.context,
@@ -219,14 +232,14 @@ pub fn load_batched_llm(path: &Path, opts: &LoadOptions, kv: KvSize) -> Result<L
             )))
         },
         |gpu| -> Result<Box<dyn batch::BatchedLm>> {
-            let (slots, slot_len) = gpu_slots(&cfg, kv, gpu.caps.max_binding);
+            let (sequences, positions) = gpu_kv(&cfg, kv, sequences, gpu.caps.max_binding);
             Ok(Box::new(llm_gpu::GpuBatch::new(
                 gpu,
                 &cfg,
                 &weights,
                 &GpuLlmOptions::default(),
-                slots,
-                slot_len,
+                sequences,
+                positions,
             )?))
         },
     )?;

@@ -1369,10 +1369,51 @@ fn rows_shape(heads: usize, kv_heads: usize, hd: usize, window: usize) -> AttnSh
     }
 }
 
-/// Row records of a batch whose row j is at position positions[j] in slot
-/// slots[j] of `cap` positions.
-fn row_records(positions: &[usize], slots: &[usize], cap: usize) -> Vec<u32> {
-    let mut r = vec![0u32; positions.len() * llm_ops::ROW_RECORD];
+/// Positions per block of the batched kernels' paged caches.
+const KV_BLOCK: usize = lfm::models::kv_blocks::BLOCK;
+
+/// The block table of sequence `slot` of a paged cache holding `slots`
+/// sequences of `cap` positions (a whole number of blocks): block b at
+/// cache block (blocks - 1) - (b slots + slot), so every sequence's blocks
+/// are scattered among the others' and in reverse.
+fn slot_table(slots: usize, cap: usize, slot: usize) -> Vec<u32> {
+    assert_eq!(cap % KV_BLOCK, 0);
+    let per = cap / KV_BLOCK;
+    (0..per)
+        .map(|b| (slots * per - 1 - (b * slots + slot)) as u32)
+        .collect()
+}
+
+/// The cache row of position `pos` of `slot` in that layout.
+fn paged_row(slots: usize, cap: usize, slot: usize, pos: usize) -> usize {
+    slot_table(slots, cap, slot)[pos / KV_BLOCK] as usize * KV_BLOCK + pos % KV_BLOCK
+}
+
+/// Positions 0..len of `slot` gathered from a paged cache of rows of
+/// `width`, in order: the contiguous cache the single kernels read.
+fn gather_slot(
+    cache: &[f32],
+    slots: usize,
+    cap: usize,
+    slot: usize,
+    len: usize,
+    width: usize,
+) -> Vec<f32> {
+    (0..len)
+        .flat_map(|p| {
+            let r = paged_row(slots, cap, slot, p);
+            cache[r * width..(r + 1) * width].iter().copied()
+        })
+        .collect()
+}
+
+/// Row records of a batch whose row j is at position positions[j] of
+/// sequence slots[j], over a paged cache of `n_slots` sequences of `cap`
+/// positions, each row's block table after the records.
+fn row_records(positions: &[usize], slots: &[usize], n_slots: usize, cap: usize) -> Vec<u32> {
+    let n = positions.len();
+    let mut r = vec![0u32; n * llm_ops::ROW_RECORD];
+    let mut tables = Vec::new();
     for (j, (&pos, &slot)) in positions.iter().zip(slots).enumerate() {
         let kv_len = pos + 1;
         let rec = &mut r[j * llm_ops::ROW_RECORD..(j + 1) * llm_ops::ROW_RECORD];
@@ -1380,8 +1421,10 @@ fn row_records(positions: &[usize], slots: &[usize], cap: usize) -> Vec<u32> {
         rec[1] = pos as u32;
         rec[2] = kv_len as u32;
         rec[3] = llm_ops::attention_splits(kv_len) as u32;
-        rec[4] = (slot * cap) as u32;
+        rec[4] = (n * llm_ops::ROW_RECORD + tables.len()) as u32;
+        tables.extend(slot_table(n_slots, cap, slot));
     }
+    r.extend(tables);
     r
 }
 
@@ -1413,7 +1456,7 @@ fn qk_rope_rows(gpu: &Gpu, v: &Variant) {
         let gqkv = gpu.upload_f32("qkv", &qkv).unwrap();
         let gcs = gpu.upload_f32("cs", &cs).unwrap();
         let rec = gpu
-            .upload_u32("rows", &row_records(&positions, &slots, cap))
+            .upload_u32("rows", &row_records(&positions, &slots, 3, cap))
             .unwrap();
         let gq = gpu.poisoned_f32("q", n * qw).unwrap();
         let gk = gpu.poisoned_f32("kc", 3 * cap * kvw).unwrap();
@@ -1476,7 +1519,7 @@ fn qk_rope_rows(gpu: &Gpu, v: &Variant) {
             .unwrap();
             gpu.run_all(&[&d]).unwrap();
             assert_bits(&what, &q[j * qw..(j + 1) * qw], &gpu.read_f32(&sq).unwrap());
-            let at = (slots[j] * cap + pos) * kvw;
+            let at = paged_row(3, cap, slots[j], pos) * kvw;
             let row = pos * kvw..(pos + 1) * kvw;
             assert_bits(
                 &format!("{what} k"),
@@ -1505,14 +1548,14 @@ fn flash_attention_rows(gpu: &Gpu, v: &Variant) {
         for window in [0, 100] {
             let s = rows_shape(heads, kv_heads, hd, window);
             let (qw, kvw) = (heads * hd, kv_heads * hd);
-            let cap = 300;
+            let cap = 304;
             let positions = [4, 299, 64, 150];
             let slots = [1, 3, 0, 2];
             let n = positions.len();
             let kc = rng.vec(4 * cap * kvw, -2.0, 2.0);
             let vc = rng.vec(4 * cap * kvw, -2.0, 2.0);
             let q = rng.vec(n * qw, -2.0, 2.0);
-            let records = row_records(&positions, &slots, cap);
+            let records = row_records(&positions, &slots, 4, cap);
             let gk = gpu.upload_f32("kc", &kc).unwrap();
             let gv = gpu.upload_f32("vc", &vc).unwrap();
             let gq = gpu.upload_f32("q", &q).unwrap();
@@ -1550,9 +1593,10 @@ fn flash_attention_rows(gpu: &Gpu, v: &Variant) {
                     "{} hd={hd} window={window} row {j} kv_len={kv_len}",
                     v.key()
                 );
-                let slot = slots[j] * cap * kvw..(slots[j] + 1) * cap * kvw;
-                let sk = gpu.upload_f32("kc", &kc[slot.clone()]).unwrap();
-                let sv = gpu.upload_f32("vc", &vc[slot]).unwrap();
+                let sk = gather_slot(&kc, 4, cap, slots[j], cap, kvw);
+                let sv = gather_slot(&vc, 4, cap, slots[j], cap, kvw);
+                let sk = gpu.upload_f32("kc", &sk).unwrap();
+                let sv = gpu.upload_f32("vc", &sv).unwrap();
                 let sq = gpu.upload_f32("q", &q[j * qw..(j + 1) * qw]).unwrap();
                 let step = gpu
                     .upload_u32(
@@ -1623,20 +1667,40 @@ fn argmax_rows(gpu: &Gpu, _v: &Variant) {
 const PREFILL_SEGS: [(usize, usize, usize); 5] =
     [(2, 6, 1), (0, 0, 40), (3, 70, 3), (1, 5, 70), (4, 31, 17)];
 
-/// The row table of [`PREFILL_SEGS`] over slots of `cap` positions and
-/// rings of `ring` rows.
-fn prefill_rows(cap: usize, ring: usize) -> (Vec<llm_ops::RowsSegment>, llm_ops::PrefillRows) {
+/// One chunk of [`PREFILL_SEGS`].
+struct PrefillSeg {
+    slot: usize,
+    pos: usize,
+    len: usize,
+}
+
+/// The row table of [`PREFILL_SEGS`] over a paged cache of sequences of
+/// `cap` positions ([`slot_table`]; 0: no cache) and rings of `ring` rows.
+fn prefill_rows(cap: usize, ring: usize) -> (Vec<PrefillSeg>, llm_ops::PrefillRows) {
+    let slots = PREFILL_SEGS.len();
+    let tables: Vec<Vec<u32>> = PREFILL_SEGS
+        .iter()
+        .map(|&(slot, ..)| match cap {
+            0 => Vec::new(),
+            _ => slot_table(slots, cap, slot),
+        })
+        .collect();
     let segs: Vec<_> = PREFILL_SEGS
         .iter()
-        .map(|&(slot, pos, len)| llm_ops::RowsSegment {
+        .zip(&tables)
+        .map(|(&(slot, pos, len), t)| llm_ops::RowsSegment {
             slot,
             pos,
             len,
-            kv_row: slot * cap,
+            blocks: t,
             ring_row: slot * ring,
         })
         .collect();
     let table = llm_ops::PrefillRows::new(&segs);
+    let segs = PREFILL_SEGS
+        .iter()
+        .map(|&(slot, pos, len)| PrefillSeg { slot, pos, len })
+        .collect();
     (segs, table)
 }
 
@@ -1743,23 +1807,16 @@ fn prefill_attention_rows(gpu: &Gpu, v: &Variant) {
                 seg.slot
             );
             let kv_len = seg.pos + seg.len;
-            let slot = seg.slot * cap * kvw..(seg.slot * cap + kv_len) * kvw;
+            let sk = gather_slot(&kc, slots, cap, seg.slot, kv_len, kvw);
+            let sv = gather_slot(&vc, slots, cap, seg.slot, kv_len, kvw);
             let sq = &q[first * qw..(first + seg.len) * qw];
             let rows = &got[first * qw..(first + seg.len) * qw];
             let mut want = vec![0.0; seg.len * qw];
-            cpu::flash_attention(
-                sq,
-                &kc[slot.clone()],
-                &vc[slot.clone()],
-                seg.len,
-                kv_len,
-                &s,
-                &mut want,
-            );
+            cpu::flash_attention(sq, &sk, &sv, seg.len, kv_len, &s, &mut want);
             // As prefill_attention's own case: f16 inputs.
             assert_close(&what, rows, &want, 1e-5);
-            let sk = gpu.upload_f32("kc", &kc[slot.clone()]).unwrap();
-            let sv = gpu.upload_f32("vc", &vc[slot]).unwrap();
+            let sk = gpu.upload_f32("kc", &sk).unwrap();
+            let sv = gpu.upload_f32("vc", &sv).unwrap();
             let sgq = gpu.upload_f32("q", sq).unwrap();
             let step = gpu
                 .upload_u32("step", &[0, seg.pos as u32, kv_len as u32, 1])

@@ -1,39 +1,46 @@
 //! Many sequences decoding together on the GPU: [`GpuBatch`], the GPU's
 //! [`BatchedLm`].
 //!
-//! Every sequence has a slot: a fixed region of `slot_len` positions in
-//! each attention layer's (shared) key and value caches and its own ring of
-//! conv states. A decode step takes one token of every running sequence and
+//! The KV cache is paged: each attention layer's keys and values are one
+//! pool of blocks of [`BLOCK`] positions ([`BlockPool`], the same books the
+//! CPU batch keeps), and a sequence's block table says where each of its
+//! positions is; the batched kernels read the tables after the row
+//! records (paged_cache.wgsl). Every open sequence also has a slot: a row
+//! of a step's buffers and its own ring of conv states. A decode step takes
+//! one token of every running sequence and
 //! records the whole recipe once for all of them, in one submission: the
 //! products are the batched GEMVs (`gemv_cols_*`: tiles of 64 weight rows x
 //! 32 sequences, each weight slice dequantised once for the 32, split over k
 //! where the tiles are few; each sequence's result bit-equal to the single
 //! decode's, gemv_common.wgsl's one order of summation),
-//! RoPE and the cache write go to each row's position in its slot, attention
-//! runs over each row's own slot, the conv block reads and writes each row's
-//! own ring, and a greedy step reads back one token id per row. The prompt
+//! RoPE and the cache write go to each row's position in its blocks,
+//! attention runs over each row's own blocks, the conv block reads and
+//! writes each row's own ring, and a greedy step reads back one token id
+//! per row. The prompt
 //! chunks of a step run together as one prefill: their rows one after
 //! another through the prefill's GEMMs (the weights read once for all of
 //! them, every row summed as it is alone), RoPE at each row's position,
-//! the keys and values written into each sequence's slot, attention and
-//! the conv block per sequence over its own slot and ring (in blocks that
-//! never cross sequences), and the head over each sequence's last row
-//! (`prefill.rs`, [`llm_ops::PrefillRows`]). A lone prompt chunk and a
-//! batch of one (a lone sequence's decode: the kernels `generate` runs,
-//! a step ahead of the host where the caller asks for a greedy run) go
-//! through the single-sequence [`GpuLlm`] that owns the weights: the slot's
-//! state is copied into it on the GPU, and what it computed is copied back
-//! when the slot is next needed. So for temperature 0 every sequence's
-//! tokens are those of `generate --gpu` for its prompt alone.
+//! the keys and values written into each sequence's blocks, attention and
+//! the conv block per sequence over its own blocks and ring (in blocks of
+//! queries that never cross sequences), and the head over each sequence's
+//! last row (`prefill.rs`, [`llm_ops::PrefillRows`]). A lone prompt chunk
+//! and a batch of one (a lone sequence's decode: the kernels `generate`
+//! runs, a step ahead of the host where the caller asks for a greedy run)
+//! go through the single-sequence [`GpuLlm`] that owns the weights: the
+//! sequence's positions are gathered into its contiguous cache on the GPU,
+//! and what it computed is copied back into the sequence's blocks when
+//! they are next needed. So for temperature 0 every sequence's tokens are
+//! those of `generate --gpu` for its prompt alone.
 //!
-//! The prefix cache: the positions of a slot computed as a prompt from 0
-//! stay reusable after its sequence ends (until the slot is taken by
-//! another prompt); a new prompt that starts with them continues from them
-//! in place, or from a copy when they are in a running sequence's slot. A
-//! hybrid model's conv state is snapshotted at the end of each prompt chunk
-//! (the last one cut a token short of the prompt's end), so there a prefix
-//! is reused whole: the same prompt again, or the previous turn's prompt
-//! when the next turn of a conversation arrives.
+//! The prefix cache: a block whose positions were all computed as a prompt
+//! from 0 is keyed by its tokens and everything before them; a new prompt
+//! that starts with cached blocks shares them (nothing copied, nothing
+//! recomputed), and they stay cached after their sequences end until the
+//! pool needs them (least recently used first). A hybrid model's prefix
+//! also needs its conv state: a sequence's prompt is computed as a prefix
+//! up to the last block boundary before its last token, where the rings
+//! are snapshotted into its slot's snapshot rows, so the same prompt again
+//! or the next turn of a conversation starts from there.
 
 use super::prefill::{PrefillRowsTarget, PrefillScratch, PrefillWork};
 use super::{GpuFfn, GpuLlm, GpuMixer};
@@ -43,7 +50,7 @@ use crate::gpu::llm_ops::{self, AttnBuffers, Cols, GemvEpilogue, PrefillRows, Ro
 use crate::gpu::ops::{self, Dispatch};
 use crate::gpu::profile::{PassMarks, PassTimer, StepProfile};
 use crate::models::batch::{BatchedLm, SeqId, SeqWork};
-use crate::models::kv_blocks::BlockUsage;
+use crate::models::kv_blocks::{blocks_for, chain, BlockPool, BlockUsage, BLOCK, ROOT};
 use crate::models::llm::{attn_shape, conv_ring_rows, CausalLm, LayerKind, LlmConfig, Weights};
 use crate::models::recipe::{self, DecoderOps, Residual};
 use crate::sampling::Sampler;
@@ -53,9 +60,9 @@ use std::sync::Arc;
 /// Most sequences one [`GpuBatch`] decodes at once.
 pub const MAX_SLOTS: usize = 256;
 
-/// Per-layer state of every slot.
+/// Per-layer state of every sequence.
 enum SlotState {
-    /// [slots * slot_len, kv_heads * head_dim] each.
+    /// The paged caches: [blocks * BLOCK, kv_heads * head_dim] each.
     Kv { k: wgpu::Buffer, v: wgpu::Buffer },
     /// `ring`: [slots * ring, hidden], slot s's ring in rows s ring ..;
     /// `snap`: the same shape, each slot's ring at the end of its cached
@@ -71,8 +78,9 @@ enum SlotState {
 pub(super) struct BatchIo {
     /// [slots] u32: the token each row consumes.
     tokens: wgpu::Buffer,
-    /// [slots, ROW_RECORD] u32 (llm_ops::ROW_RECORD).
-    rows: wgpu::Buffer,
+    /// [slots, ROW_RECORD] u32 (llm_ops::ROW_RECORD), then the rows' KV
+    /// block tables.
+    pub(super) rows: wgpu::Buffer,
     /// [slots, rope_dim]: each row's RoPE angles.
     cs: wgpu::Buffer,
     cs_local: wgpu::Buffer,
@@ -95,12 +103,14 @@ pub(super) struct BatchIo {
 
 impl BatchIo {
     /// Buffers for steps of up to `rows` rows whose attention splits at most
-    /// `max_splits` ways.
+    /// `max_splits` ways and whose KV block tables take `table_words` u32s
+    /// in all.
     pub(super) fn new(
         g: &crate::gpu::Gpu,
         cfg: &LlmConfig,
         rows: usize,
         max_splits: usize,
+        table_words: usize,
     ) -> Result<BatchIo> {
         let (d, hd, f) = (cfg.hidden, cfg.head_dim, cfg.ffn);
         let qw = cfg.heads * hd;
@@ -109,7 +119,7 @@ impl BatchIo {
         let part = llm_ops::attention_rows_part_len(cfg.heads, hd, rows, max_splits);
         Ok(BatchIo {
             tokens: f32s("batch tokens", rows)?,
-            rows: f32s("batch rows", rows * llm_ops::ROW_RECORD)?,
+            rows: f32s("batch rows", rows * llm_ops::ROW_RECORD + table_words)?,
             cs: f32s("batch rope", rows * cfg.rope_dim)?,
             cs_local: f32s("batch rope local", rows * cfg.rope_dim)?,
             x: f32s("batch x", rows * d)?,
@@ -271,34 +281,43 @@ pub(super) struct ChainRow {
 #[derive(Clone)]
 struct Seq {
     id: SeqId,
-    /// Tokens its slot holds.
+    /// Tokens its cache holds.
     pos: usize,
+    /// Its blocks of the KV cache, in position order.
+    table: Vec<u32>,
+    /// Blocks promised to it at `open` and not yet taken.
+    reserved: usize,
     /// The tokens of positions 0.. that were computed as a prompt (or taken
     /// from the prefix cache): what a later prompt may reuse, since
-    /// computing them again as a prompt gives the same bits. The conv
-    /// snapshot is at its end.
+    /// computing them again as a prompt gives the same bits.
     prefix: Vec<u32>,
+    /// Full blocks of the prefix offered to the prefix cache, and the hash
+    /// of the prefix they end.
+    registered: usize,
+    prefix_hash: u64,
     /// The prompt `open` was given.
     prompt_len: usize,
 }
 
-/// A free slot's cached prompt prefix: its KV rows (and conv snapshot) stay
-/// until the slot is taken by a sequence that does not continue it.
-struct Cached {
-    prefix: Vec<u32>,
-    /// When it was left, for least-recently-used reuse of free slots.
+/// A slot's conv snapshot (hybrid models): the rings at the end of a cached
+/// prefix of whole blocks, which a sequence reusing that prefix starts
+/// from. It stays until the slot's next sequence takes its own.
+struct Snapshot {
+    /// The hash of the prefix ([`kv_blocks::chain`]).
+    hash: u64,
+    /// When it was taken, for least-recently-used reuse of free slots.
     at: u64,
 }
 
-/// The sequence the single model holds. Its slot is copied back lazily
-/// (before a batched step or another sequence needs it), so a lone
+/// The sequence the single model holds. Its blocks are written back lazily
+/// (before a batched step or another sequence needs them), so a lone
 /// sequence's steps on the single path cost no copy each.
 #[derive(Clone, Copy)]
 struct Held {
     id: SeqId,
     slot: usize,
-    /// Positions of the slot that hold what the model computed; the conv
-    /// rings in the slot are those of this position.
+    /// Positions of the sequence's blocks that hold what the model
+    /// computed; the conv rings in the slot are those of this position.
     synced: usize,
 }
 
@@ -311,26 +330,31 @@ pub(super) enum Want {
 
 pub struct GpuBatch {
     m: GpuLlm,
-    /// The model's config with its context cut to a slot: what the server
-    /// clamps requests to.
+    /// The model's config with its context cut to what one sequence may
+    /// hold: what the server clamps requests to.
     cfg: LlmConfig,
-    slot_len: usize,
+    /// Positions one sequence may hold.
+    max_len: usize,
     ring: usize,
+    /// Per slot (a row of the conv rings and of a step's buffers).
     seqs: Vec<Option<Seq>>,
-    /// Per slot: the prompt prefix a closed sequence left there.
-    cached: Vec<Option<Cached>>,
+    /// The KV cache's blocks and the prefix cache over them.
+    pool: BlockPool,
+    /// Per slot: the conv snapshot its snapshot rows hold.
+    snaps: Vec<Option<Snapshot>>,
     clock: u64,
     /// Whether the model has conv layers (a prefix is then reusable only
-    /// whole, where its conv snapshot was taken).
+    /// where a conv snapshot was taken).
     has_conv: bool,
     state: Vec<SlotState>,
     io: BatchIo,
     plans: HashMap<usize, Plan>,
-    /// RoPE cos/sin of every slot position (the single path's table).
+    /// RoPE cos/sin of every position a sequence may hold (the single
+    /// path's table).
     rope: Vec<f32>,
     rope_local: Vec<f32>,
     next_id: SeqId,
-    /// The sequence whose state `m` holds (at its slot's position).
+    /// The sequence whose state `m` holds (at its position).
     held: Option<Held>,
     /// Device timestamps of every batched step, while asked for
     /// ([`BatchedLm::start_profile`]).
@@ -345,7 +369,7 @@ struct BatchPrefill {
     /// Most rows a pass holds.
     chunk: usize,
     sc: PrefillScratch,
-    /// [10 chunk] u32: the pass's row table ([`PrefillRows`]).
+    /// The pass's row table ([`PrefillRows`]) with its block tables.
     table: wgpu::Buffer,
     part: wgpu::Buffer,
     /// [slots, hidden]: each sequence's last row.
@@ -355,42 +379,45 @@ struct BatchPrefill {
 }
 
 impl GpuBatch {
-    /// Uploads the model (as [`GpuLlm::new`]) with room for `slots`
-    /// sequences of up to `slot_len` positions each.
+    /// Uploads the model (as [`GpuLlm::new`]) with a KV cache of
+    /// `positions` (rounded up to whole blocks) shared by up to `sequences`
+    /// sequences at once.
     pub fn new(
         gpu: Arc<crate::gpu::Gpu>,
         cfg: &LlmConfig,
         w: &Weights,
         opts: &super::GpuLlmOptions,
-        slots: usize,
-        slot_len: usize,
+        sequences: usize,
+        positions: usize,
     ) -> Result<GpuBatch> {
-        let slots = slots.clamp(1, MAX_SLOTS);
-        let slot_len = slot_len.clamp(1, cfg.context.max(1));
+        let slots = sequences.clamp(1, MAX_SLOTS);
+        let blocks = blocks_for(positions.max(1));
         let m = GpuLlm::new(gpu, cfg, w, opts)?;
         let g = &*m.gpu;
         let kvw = cfg.kv_heads * cfg.head_dim;
-        let kv_bytes = (slots * slot_len * kvw * 4) as u64;
+        let kv_bytes = (blocks * BLOCK * kvw * 4) as u64;
         if kv_bytes > g.caps.max_binding {
             return Err(Error::gpu(format!(
-                "{slots} sequences of {slot_len} positions need {kv_bytes} bytes of KV cache per \
-                 layer, more than this adapter binds at once ({}); ask for fewer or shorter",
+                "a KV cache of {} positions needs {kv_bytes} bytes per layer, more than this \
+                 adapter binds at once ({}); ask for less",
+                blocks * BLOCK,
                 g.caps.max_binding
             )));
         }
+        let max_len = (blocks * BLOCK).min(cfg.context.max(1));
         let ring = conv_ring_rows(cfg.conv_kernel);
         let d = cfg.hidden;
         let f32s = |label: &str, n: usize| g.scratch(label, (n.max(1) * 4) as u64);
-        let max_splits = llm_ops::attention_splits(slot_len);
-        let io = BatchIo::new(g, cfg, slots, max_splits)?;
+        let max_splits = llm_ops::attention_splits(max_len);
+        let io = BatchIo::new(g, cfg, slots, max_splits, slots * blocks_for(max_len))?;
         let state = cfg
             .layers
             .iter()
             .map(|k| {
                 Ok(match k {
                     LayerKind::Attention => SlotState::Kv {
-                        k: f32s("slot k cache", slots * slot_len * kvw)?,
-                        v: f32s("slot v cache", slots * slot_len * kvw)?,
+                        k: f32s("paged k cache", blocks * BLOCK * kvw)?,
+                        v: f32s("paged v cache", blocks * BLOCK * kvw)?,
                     },
                     LayerKind::Conv => SlotState::Conv {
                         ring: f32s("slot conv state", slots * ring * d)?,
@@ -399,7 +426,7 @@ impl GpuBatch {
                 })
             })
             .collect::<Result<Vec<_>>>()?;
-        let table = |local: bool| cpu::rope_table_freqs(0, slot_len, &cfg.rope_freqs(local));
+        let table = |local: bool| cpu::rope_table_freqs(0, max_len, &cfg.rope_freqs(local));
         let rope = if cfg.rope_dim > 0 {
             table(false)
         } else {
@@ -412,14 +439,15 @@ impl GpuBatch {
         };
         let mut b = GpuBatch {
             cfg: LlmConfig {
-                context: slot_len,
+                context: max_len,
                 ..cfg.clone()
             },
             m,
-            slot_len,
+            max_len,
             ring,
             seqs: vec![None; slots],
-            cached: (0..slots).map(|_| None).collect(),
+            pool: BlockPool::new(blocks),
+            snaps: (0..slots).map(|_| None).collect(),
             clock: 0,
             has_conv: cfg.layers.contains(&LayerKind::Conv),
             state,
@@ -438,8 +466,8 @@ impl GpuBatch {
     }
 
     /// Positions one sequence can hold.
-    pub fn slot_len(&self) -> usize {
-        self.slot_len
+    pub fn max_len(&self) -> usize {
+        self.max_len
     }
 
     fn slot_of(&self, id: SeqId) -> Result<usize> {
@@ -449,28 +477,54 @@ impl GpuBatch {
             .ok_or_else(|| Error::invalid(format!("no open sequence {id}")))
     }
 
-    fn pos(&self, slot: usize) -> usize {
-        self.seqs[slot].as_ref().expect("open slot").pos
+    fn seq(&self, slot: usize) -> &Seq {
+        self.seqs[slot].as_ref().expect("open slot")
     }
 
-    /// Fails when `n` more tokens would not fit the slot.
-    fn check_room(&self, slot: usize, n: usize) -> Result<()> {
+    fn pos(&self, slot: usize) -> usize {
+        self.seq(slot).pos
+    }
+
+    /// Makes room for `n` more tokens of `slot`'s sequence: fails when they
+    /// would pass the positions a sequence may hold or the cache has no
+    /// blocks left for them.
+    fn grow(&mut self, slot: usize, n: usize) -> Result<()> {
         let need = self.pos(slot) + n;
-        if need > self.slot_len {
+        if need > self.max_len {
             return Err(Error::invalid(format!(
-                "a sequence of {need} tokens exceeds the {} positions each of the {} batched \
-                 sequences has",
-                self.slot_len,
-                self.seqs.len()
+                "a sequence of {need} tokens exceeds the {} positions a batched sequence may hold",
+                self.max_len
             )));
         }
+        let seq = self.seqs[slot].as_mut().expect("open slot");
+        while seq.table.len() < blocks_for(need) {
+            let reserved = seq.reserved > 0;
+            let Some(b) = self.pool.allocate(reserved) else {
+                return Err(Error::invalid(format!(
+                    "the KV cache is full: a sequence of {need} tokens does not fit beside the \
+                     others (--kv-memory)"
+                )));
+            };
+            seq.reserved -= usize::from(reserved);
+            seq.table.push(b);
+        }
         Ok(())
+    }
+
+    /// Gives back the blocks of `slot`'s sequence past its position (taken
+    /// for a run that ended early).
+    fn trim(&mut self, slot: usize) {
+        let seq = self.seqs[slot].as_mut().expect("open slot");
+        while seq.table.len() > blocks_for(seq.pos) {
+            let b = seq.table.pop().expect("a block");
+            self.pool.release(b);
+        }
     }
 
     /// Makes the single-sequence model hold `slot`'s sequence: its KV rows
     /// and conv rings are copied in on the GPU.
     fn hold(&mut self, slot: usize) -> Result<()> {
-        let Seq { id, pos, .. } = *self.seqs[slot].as_ref().expect("open slot");
+        let (id, pos) = (self.seq(slot).id, self.pos(slot));
         if self.held.is_some_and(|h| h.id == id) {
             return Ok(());
         }
@@ -488,8 +542,8 @@ impl GpuBatch {
         Ok(())
     }
 
-    /// Copies what the single model computed since its slot was last in
-    /// sync back into the slot.
+    /// Copies what the single model computed since its sequence was last in
+    /// sync back into the sequence's blocks.
     fn sync(&mut self) {
         let Some(h) = self.held else { return };
         let pos = self.pos(h.slot);
@@ -499,20 +553,17 @@ impl GpuBatch {
         }
     }
 
-    /// Brings the held sequence's slot up to date and lets the single model
-    /// go.
+    /// Brings the held sequence's blocks up to date and lets the single
+    /// model go.
     fn release(&mut self) {
         self.sync();
         self.held = None;
     }
 
     /// Takes the conv snapshot of `slot` at its position (the end of its
-    /// prefix): from the single model when it holds the slot, else from
-    /// the slot's rings.
-    fn snapshot(&self, slot: usize) {
-        if !self.has_conv {
-            return;
-        }
+    /// prefix, hashed `hash`): from the single model when it holds the
+    /// slot, else from the slot's rings.
+    fn snapshot(&mut self, slot: usize, hash: u64) {
         let g = &*self.m.gpu;
         let bytes = (self.ring * self.m.cfg.hidden * 4) as u64;
         let at = slot as u64 * bytes;
@@ -528,111 +579,93 @@ impl GpuBatch {
             }
         }
         g.queue.submit([enc.finish()]);
+        self.clock += 1;
+        self.snaps[slot] = Some(Snapshot {
+            hash,
+            at: self.clock,
+        });
     }
 
-    /// The slot whose prefix covers most of `prompt` and how much of it
-    /// (at most all but the last token, whose logits must be computed):
-    /// any common part for attention-only models, only a whole prefix (where
-    /// its conv snapshot is) for hybrid ones. A free slot wins a tie (it is
-    /// taken in place, nothing copied).
-    fn best_prefix(&self, prompt: &[u32]) -> Option<(usize, usize)> {
-        let limit = &prompt[..prompt.len() - 1];
-        let mut best: Option<(usize, usize)> = None;
-        for slot in 0..self.seqs.len() {
-            let prefix = match (&self.seqs[slot], &self.cached[slot]) {
-                (Some(s), _) => &s.prefix,
-                (None, Some(c)) => &c.prefix,
-                (None, None) => continue,
+    /// The cached blocks `prompt` can start from (at most all but its last
+    /// token, whose logits must be computed), taken for it, and for a
+    /// hybrid model the slot whose conv snapshot is at their end: every
+    /// full block the prefix cache has for an attention-only model; for a
+    /// hybrid one only as far as the last snapshot along them.
+    fn cached_prefix(&mut self, prompt: &[u32]) -> (Vec<u32>, Option<usize>) {
+        let mut table = Vec::new();
+        let mut parent = ROOT;
+        let (mut usable, mut snap) = (0, None);
+        for block in prompt[..prompt.len() - 1].chunks_exact(BLOCK) {
+            let Some(id) = self.pool.lookup(parent, block) else {
+                break;
             };
-            let common = prefix.iter().zip(limit).take_while(|(a, b)| a == b).count();
-            let usable = if self.has_conv && common < prefix.len() {
-                0
-            } else {
-                common
-            };
-            let better = match best {
-                None => usable > 0,
-                Some((b, n)) => {
-                    usable > n
-                        || (usable == n && self.seqs[slot].is_none() && self.seqs[b].is_some())
-                }
-            };
-            if better {
-                best = Some((slot, usable));
+            table.push(id);
+            parent = chain(parent, block);
+            if !self.has_conv {
+                usable = table.len();
+            } else if let Some(s) = self
+                .snaps
+                .iter()
+                .position(|s| s.as_ref().is_some_and(|s| s.hash == parent))
+            {
+                (usable, snap) = (table.len(), Some(s));
             }
         }
-        best
+        for b in table.drain(usable..) {
+            self.pool.release(b);
+        }
+        (table, snap)
     }
 
-    /// A free slot for a new sequence: one without a cached prefix, else the
-    /// one left longest ago.
+    /// A free slot for a new sequence: one without a conv snapshot, else
+    /// the one whose snapshot is oldest.
     fn free_slot(&self) -> Option<usize> {
         (0..self.seqs.len())
             .filter(|&s| self.seqs[s].is_none())
-            .min_by_key(|&s| self.cached[s].as_ref().map_or(0, |c| c.at))
+            .min_by_key(|&s| self.snaps[s].as_ref().map_or(0, |c| c.at))
     }
 
-    /// Makes positions 0..n of `dst` those of `src`'s prefix: the KV rows
-    /// (through the single model's caches: a copy within one buffer is not
-    /// allowed) unless `dst` is `src`, and the conv rings from `src`'s
-    /// snapshot, which becomes `dst`'s too.
-    fn copy_prefix(&mut self, src: usize, dst: usize, n: usize) -> Result<()> {
-        if src != dst {
-            // The source may be held with rows not yet in its slot; the
-            // single model's caches are then overwritten.
-            self.release();
-            self.m.reset();
-            self.m.ensure_capacity(n)?;
+    /// Offers the newly full blocks of `slot`'s prefix to the prefix cache.
+    fn register_full(&mut self, slot: usize) {
+        let seq = self.seqs[slot].as_mut().expect("open slot");
+        while (seq.registered + 1) * BLOCK <= seq.prefix.len() {
+            let b = seq.registered;
+            let tokens = &seq.prefix[b * BLOCK..(b + 1) * BLOCK];
+            self.pool.register(seq.table[b], seq.prefix_hash, tokens);
+            seq.prefix_hash = chain(seq.prefix_hash, tokens);
+            seq.registered += 1;
         }
-        let g = &*self.m.gpu;
-        let kvw = (self.m.cfg.kv_heads * self.m.cfg.head_dim) as u64;
-        let rb = (self.ring * self.m.cfg.hidden * 4) as u64;
-        let row = |slot: usize| (slot * self.slot_len) as u64 * kvw * 4;
-        let len = n as u64 * kvw * 4;
-        let mut enc = g.device.create_command_encoder(&Default::default());
-        for (mine, theirs) in self.state.iter().zip(&self.m.state) {
-            match (mine, theirs) {
-                (SlotState::Kv { k, v }, super::GpuState::Kv { k: mk, v: mv }) => {
-                    if src != dst {
-                        for (s, mm) in [(k, mk), (v, mv)] {
-                            enc.copy_buffer_to_buffer(s, row(src), mm, 0, len);
-                            enc.copy_buffer_to_buffer(mm, 0, s, row(dst), len);
-                        }
-                    }
-                }
-                (SlotState::Conv { ring, snap }, _) => {
-                    let (from, to) = (src as u64 * rb, dst as u64 * rb);
-                    enc.copy_buffer_to_buffer(snap, from, ring, to, rb);
-                    if src != dst {
-                        enc.copy_buffer_to_buffer(ring, to, snap, to, rb);
-                    }
-                }
-                _ => unreachable!("both follow the config's layers"),
-            }
-        }
-        g.queue.submit([enc.finish()]);
-        Ok(())
     }
 
     /// Copies positions from..to of the KV caches, and the conv rings,
-    /// between the single model and `slot` (`to_slot`: from the model).
+    /// between the single model and `slot`'s sequence (`to_slot`: from the
+    /// model), block by block.
     fn copy_state(&self, slot: usize, from: usize, to: usize, to_slot: bool) {
         let g = &*self.m.gpu;
-        let kvw = (self.m.cfg.kv_heads * self.m.cfg.head_dim) as u64;
+        let kvw = (self.m.cfg.kv_heads * self.m.cfg.head_dim * 4) as u64;
         let ring_bytes = (self.ring * self.m.cfg.hidden * 4) as u64;
+        let table = &self.seq(slot).table;
+        // (position in the model, row of the paged cache, rows) of each run
+        // of positions within one block.
+        let mut runs = Vec::new();
+        let mut p = from;
+        while p < to {
+            let end = to.min((p / BLOCK + 1) * BLOCK);
+            let row = table[p / BLOCK] as usize * BLOCK + p % BLOCK;
+            runs.push((p as u64, row as u64, (end - p) as u64));
+            p = end;
+        }
         let mut enc = g.device.create_command_encoder(&Default::default());
         for (mine, theirs) in self.state.iter().zip(&self.m.state) {
             match (mine, theirs) {
                 (SlotState::Kv { k, v }, super::GpuState::Kv { k: mk, v: mv }) => {
-                    if to > from {
-                        let len = (to - from) as u64 * kvw * 4;
-                        let at_slot = ((slot * self.slot_len + from) as u64) * kvw * 4;
-                        let at_model = from as u64 * kvw * 4;
-                        for (s, mm) in [(k, mk), (v, mv)] {
+                    for (s, mm) in [(k, mk), (v, mv)] {
+                        for &(at_model, at_cache, rows) in &runs {
+                            let (a, c, len) = (at_model * kvw, at_cache * kvw, rows * kvw);
                             if to_slot {
-                                enc.copy_buffer_to_buffer(mm, at_model, s, at_slot, len);
+                                enc.copy_buffer_to_buffer(mm, a, s, c, len);
                             } else {
-                                enc.copy_buffer_to_buffer(s, at_slot, mm, at_model, len);
+                                enc.copy_buffer_to_buffer(s, c, mm, a, len);
                             }
                         }
                     }
@@ -651,12 +684,19 @@ impl GpuBatch {
         g.queue.submit([enc.finish()]);
     }
 
-    /// Runs `f` on the single model holding `slot`'s sequence (what it
-    /// appends reaches the slot at the next [`GpuBatch::sync`]). On
-    /// failure the sequence's state is unknown (its conv rings may be half
-    /// updated and not yet copied back): it is closed, and later steps of
-    /// it fail as steps of a sequence that is not open.
-    fn on_single<T>(&mut self, slot: usize, f: impl FnOnce(&mut GpuLlm) -> Result<T>) -> Result<T> {
+    /// Runs `f` on the single model holding `slot`'s sequence, after making
+    /// room for `n` more tokens (what it appends reaches the sequence's
+    /// blocks at the next [`GpuBatch::sync`]). On failure the sequence's
+    /// state is unknown (its conv rings may be half updated and not yet
+    /// copied back): it is closed, and later steps of it fail as steps of a
+    /// sequence that is not open.
+    fn on_single<T>(
+        &mut self,
+        slot: usize,
+        n: usize,
+        f: impl FnOnce(&mut GpuLlm) -> Result<T>,
+    ) -> Result<T> {
+        self.grow(slot, n)?;
         self.hold(slot)?;
         match f(&mut self.m) {
             Ok(v) => {
@@ -665,9 +705,19 @@ impl GpuBatch {
             }
             Err(e) => {
                 self.held = None;
-                self.seqs[slot] = None;
+                self.drop_seq(slot);
                 Err(e)
             }
+        }
+    }
+
+    /// Closes `slot`'s sequence, giving its blocks back.
+    fn drop_seq(&mut self, slot: usize) {
+        if let Some(seq) = self.seqs[slot].take() {
+            for b in seq.table {
+                self.pool.release(b);
+            }
+            self.pool.unreserve(seq.reserved);
         }
     }
 
@@ -689,7 +739,7 @@ impl GpuBatch {
             io: &self.io,
             state,
             ring: self.ring,
-            max_splits: llm_ops::attention_splits(self.slot_len),
+            max_splits: llm_ops::attention_splits(self.max_len),
             chain: None,
         };
         let plan = Plan::new(target, n)?;
@@ -710,18 +760,20 @@ impl GpuBatch {
         {
             self.release();
         }
-        let cfg = &self.m.cfg;
-        for &(slot, token) in rows {
-            self.check_room(slot, 1)?;
-            if token as usize >= cfg.vocab {
-                return Err(Error::invalid(format!(
-                    "token id {token} is outside the {}-token vocabulary",
-                    cfg.vocab
-                )));
-            }
+        let vocab = self.m.cfg.vocab;
+        if let Some(&(_, token)) = rows.iter().find(|r| r.1 as usize >= vocab) {
+            return Err(Error::invalid(format!(
+                "token id {token} is outside the {vocab}-token vocabulary"
+            )));
         }
+        for &(slot, _) in rows {
+            self.grow(slot, 1)?;
+        }
+        let cfg = &self.m.cfg;
         let (rd, ring) = (cfg.rope_dim, self.ring);
         let mut records = vec![0u32; n * llm_ops::ROW_RECORD];
+        // Each row's block table, after the records.
+        let mut tables = Vec::new();
         let mut cs = Vec::with_capacity(n * rd);
         let mut cs_local = Vec::with_capacity(n * rd);
         let mut most_splits = 1;
@@ -734,8 +786,9 @@ impl GpuBatch {
             r[1] = pos as u32;
             r[2] = (pos + 1) as u32;
             r[3] = splits as u32;
-            r[4] = (slot * self.slot_len) as u32;
+            r[4] = (n * llm_ops::ROW_RECORD + tables.len()) as u32;
             r[5] = (slot * ring) as u32;
+            tables.extend_from_slice(&self.seq(slot).table);
             if rd > 0 {
                 cs.extend_from_slice(&self.rope[pos * rd..(pos + 1) * rd]);
                 if !self.rope_local.is_empty() {
@@ -743,6 +796,7 @@ impl GpuBatch {
                 }
             }
         }
+        records.extend(tables);
         let tokens: Vec<u32> = rows.iter().map(|r| r.1).collect();
         let g = &*self.m.gpu;
         let io = &self.io;
@@ -794,7 +848,10 @@ impl GpuBatch {
     /// on where its chunk was cut.
     fn prompts(&mut self, parts: &[(usize, &[u32])]) -> Result<Vec<Vec<f32>>> {
         if let [(slot, tokens)] = parts {
-            return Ok(vec![self.on_single(*slot, |m| prompt_forward(m, tokens))?]);
+            let n = tokens.len();
+            return Ok(vec![
+                self.on_single(*slot, n, |m| prompt_forward(m, tokens))?
+            ]);
         }
         let chunk = self.m.prefill_chunk_len();
         let mut out = vec![Vec::new(); parts.len()];
@@ -839,7 +896,10 @@ impl GpuBatch {
         self.prefill = Some(BatchPrefill {
             chunk,
             sc: PrefillScratch::new(g, cfg, chunk, 1, self.m.split_ffn())?,
-            table: f32s("prefill rows", 10 * chunk)?,
+            table: f32s(
+                "prefill rows",
+                10 * chunk + self.seqs.len() * blocks_for(self.max_len),
+            )?,
             part: f32s("prefill part", part)?,
             last: f32s("prefill last rows", self.seqs.len() * cfg.hidden)?,
             works: HashMap::new(),
@@ -859,24 +919,27 @@ impl GpuBatch {
         {
             self.release();
         }
+        let vocab = self.m.cfg.vocab;
+        for &(slot, toks) in parts {
+            if let Some(t) = toks.iter().find(|&&t| t as usize >= vocab) {
+                return Err(Error::invalid(format!(
+                    "token id {t} is outside the {vocab}-token vocabulary"
+                )));
+            }
+            self.grow(slot, toks.len())?;
+        }
         let (cfg, rd) = (&self.m.cfg, self.m.cfg.rope_dim);
         let mut segs = Vec::with_capacity(parts.len());
         let mut tokens = Vec::new();
         let (mut cs, mut cs_local) = (Vec::new(), Vec::new());
         for &(slot, toks) in parts {
-            self.check_room(slot, toks.len())?;
-            if let Some(t) = toks.iter().find(|&&t| t as usize >= cfg.vocab) {
-                return Err(Error::invalid(format!(
-                    "token id {t} is outside the {}-token vocabulary",
-                    cfg.vocab
-                )));
-            }
-            let pos = self.pos(slot);
+            let seq = self.seqs[slot].as_ref().expect("open slot");
+            let pos = seq.pos;
             segs.push(RowsSegment {
                 slot,
                 pos,
                 len: toks.len(),
-                kv_row: slot * self.slot_len,
+                blocks: &seq.table,
                 ring_row: slot * self.ring,
             });
             tokens.extend_from_slice(toks);
@@ -952,11 +1015,12 @@ impl GpuBatch {
         let read = g.read_staging(staging, len, done);
         // The sequences' states moved on (or, after a failure, are unknown:
         // they are closed).
-        for seg in &segs {
+        let moved: Vec<(usize, usize)> = segs.iter().map(|s| (s.slot, s.len)).collect();
+        for (slot, len) in moved {
             if read.is_ok() {
-                self.seqs[seg.slot].as_mut().expect("open slot").pos += seg.len;
+                self.seqs[slot].as_mut().expect("open slot").pos += len;
             } else {
-                self.seqs[seg.slot] = None;
+                self.drop_seq(slot);
             }
         }
         let logits: Vec<f32> = bytemuck::pod_collect_to_vec(&read?);
@@ -1239,7 +1303,7 @@ pub(super) fn row_tokens(bytes: &[u8]) -> Result<Vec<u32>> {
 }
 
 impl BatchedLm for GpuBatch {
-    /// The context is a slot's positions.
+    /// The context is what one sequence may hold.
     fn config(&self) -> &LlmConfig {
         &self.cfg
     }
@@ -1252,80 +1316,89 @@ impl BatchedLm for GpuBatch {
         if prompt.is_empty() {
             return Err(Error::invalid("the prompt is empty"));
         }
-        if prompt.len() + 1 > self.slot_len {
+        if prompt.len() + 1 > self.max_len {
             return Err(Error::invalid(format!(
-                "a prompt of {} tokens does not fit the {} positions each of the {} batched \
-                 sequences has",
+                "a prompt of {} tokens does not fit the {} positions a batched sequence may hold",
                 prompt.len(),
-                self.slot_len,
-                self.seqs.len()
+                self.max_len
             )));
         }
         let Some(free) = self.free_slot() else {
             return Ok(None);
         };
-        // The prefix cache: a free slot that holds the start of the prompt
-        // is taken as it is; a prefix in another slot is copied.
-        let reuse = self.best_prefix(prompt);
-        let slot = match reuse {
-            Some((src, _)) if self.seqs[src].is_none() => src,
+        // Blocks the single model computed must be in the cache before
+        // another sequence may read them.
+        self.sync();
+        let (table, snap) = self.cached_prefix(prompt);
+        let reserve = blocks_for(prompt.len() + 1) - table.len();
+        if !self.pool.reserve(reserve) {
+            for b in table {
+                self.pool.release(b);
+            }
+            return Ok(None);
+        }
+        // A free slot whose snapshot the prompt continues is taken as it is.
+        let slot = match snap {
+            Some(s) if self.seqs[s].is_none() => s,
             _ => free,
         };
-        let n = match reuse {
-            Some((src, n)) => {
-                self.copy_prefix(src, slot, n)?;
-                n
-            }
-            None => {
-                // Positions before 0 read zeros from the conv rings.
-                let g = &*self.m.gpu;
-                let ring_bytes = self.ring * self.m.cfg.hidden * 4;
-                let zeros = vec![0u8; ring_bytes];
-                for s in &self.state {
-                    if let SlotState::Conv { ring, .. } = s {
-                        g.queue
-                            .write_buffer(ring, (slot * ring_bytes) as u64, &zeros);
-                    }
+        let g = &*self.m.gpu;
+        let ring_bytes = (self.ring * self.m.cfg.hidden * 4) as u64;
+        let at = slot as u64 * ring_bytes;
+        let mut enc = g.device.create_command_encoder(&Default::default());
+        for s in &self.state {
+            if let SlotState::Conv { ring, snap: snaps } = s {
+                match snap {
+                    Some(src) => enc.copy_buffer_to_buffer(
+                        snaps,
+                        src as u64 * ring_bytes,
+                        ring,
+                        at,
+                        ring_bytes,
+                    ),
+                    // Positions before 0 read zeros from the conv rings.
+                    None => enc.clear_buffer(ring, at, Some(ring_bytes)),
                 }
-                0
             }
-        };
+        }
+        g.queue.submit([enc.finish()]);
+        let n = table.len() * BLOCK;
+        let prefix_hash = prompt[..n].chunks_exact(BLOCK).fold(ROOT, chain);
         let id = self.next_id;
         self.next_id += 1;
-        self.cached[slot] = None;
         self.seqs[slot] = Some(Seq {
             id,
             pos: n,
+            registered: table.len(),
+            table,
+            reserved: reserve,
             prefix: prompt[..n].to_vec(),
+            prefix_hash,
             prompt_len: prompt.len(),
         });
         Ok(Some((id, n)))
     }
 
-    /// A slot is reserved whole at `open`; growing past it fails the step.
-    fn blocks_needed(&self, _id: SeqId, _n: usize) -> usize {
-        0
+    fn blocks_needed(&self, id: SeqId, n: usize) -> usize {
+        self.slot_of(id).map_or(0, |slot| {
+            let s = self.seq(slot);
+            let more = blocks_for(s.pos + n).saturating_sub(s.table.len());
+            more.saturating_sub(s.reserved)
+        })
     }
 
     fn free_blocks(&self) -> usize {
-        self.seqs.iter().filter(|s| s.is_none()).count()
+        self.pool.available()
     }
 
-    /// The sequence's prompt prefix stays cached in its slot.
+    /// The sequence's full prompt blocks stay cached as a prefix.
     fn close(&mut self, id: SeqId) {
         let Ok(slot) = self.slot_of(id) else { return };
         if self.held.is_some_and(|h| h.id == id) {
-            // Rows of its prefix may not be in the slot yet.
+            // Rows of its prefix may not be in its blocks yet.
             self.release();
         }
-        let seq = self.seqs[slot].take().expect("open slot");
-        self.clock += 1;
-        if !seq.prefix.is_empty() {
-            self.cached[slot] = Some(Cached {
-                prefix: seq.prefix,
-                at: self.clock,
-            });
-        }
+        self.drop_seq(slot);
     }
 
     fn step(&mut self, work: &[SeqWork]) -> Result<Vec<Vec<f32>>> {
@@ -1345,8 +1418,7 @@ impl BatchedLm for GpuBatch {
                     at.push(i);
                 }
                 tokens if w.as_decode => {
-                    self.check_room(slot, tokens.len())?;
-                    out[i] = self.on_single(slot, |m| {
+                    out[i] = self.on_single(slot, tokens.len(), |m| {
                         let mut last = Vec::new();
                         for t in tokens {
                             last = m.forward(&[*t], false)?;
@@ -1355,22 +1427,21 @@ impl BatchedLm for GpuBatch {
                     })?;
                 }
                 tokens => {
-                    self.check_room(slot, tokens.len())?;
-                    let before = self.pos(slot);
-                    let seq = self.seqs[slot].as_ref().expect("open slot");
+                    let seq = self.seq(slot);
+                    let before = seq.pos;
                     let extends = seq.prefix.len() == before;
                     // A prompt chunk right after the prefix extends it. A
-                    // hybrid model's prefix (and snapshot) ends one token
-                    // short of the prompt, so that the same prompt again
-                    // can reuse it: the final chunk is split there.
-                    let keep = if self.has_conv && extends {
-                        tokens
-                            .len()
-                            .min((seq.prompt_len - 1).saturating_sub(before))
-                    } else if extends {
-                        tokens.len()
-                    } else {
+                    // hybrid model's prefix ends at the last block boundary
+                    // before the prompt's last token, where its conv state
+                    // is snapshotted, so that the same prompt again (or the
+                    // next turn) can reuse it: the chunk is split there.
+                    let keep = if !extends {
                         0
+                    } else if self.has_conv {
+                        let end = (seq.prompt_len - 1) / BLOCK * BLOCK;
+                        tokens.len().min(end.saturating_sub(before))
+                    } else {
+                        tokens.len()
                     };
                     let (head, tail) = tokens.split_at(keep);
                     if !head.is_empty() {
@@ -1388,7 +1459,12 @@ impl BatchedLm for GpuBatch {
                 out[i] = logits;
                 let seq = self.seqs[slot].as_mut().expect("open slot");
                 seq.prefix.extend_from_slice(head);
-                self.snapshot(slot);
+                let whole = seq.prefix.len() == (seq.prompt_len - 1) / BLOCK * BLOCK;
+                self.register_full(slot);
+                if self.has_conv && whole {
+                    let hash = self.seq(slot).prefix_hash;
+                    self.snapshot(slot, hash);
+                }
             }
         }
         if !rest.is_empty() {
@@ -1403,8 +1479,7 @@ impl BatchedLm for GpuBatch {
             // and faster for one).
             if rows.len() == work.len() {
                 let (slot, token) = (*slot, *token);
-                self.check_room(slot, 1)?;
-                out[*i] = self.on_single(slot, |m| m.forward(&[token], false))?;
+                out[*i] = self.on_single(slot, 1, |m| m.forward(&[token], false))?;
                 return Ok(out);
             }
         }
@@ -1420,16 +1495,7 @@ impl BatchedLm for GpuBatch {
     }
 
     fn usage(&self) -> BlockUsage {
-        BlockUsage {
-            in_use: self.seqs.iter().filter(|s| s.is_some()).count(),
-            cached: self
-                .seqs
-                .iter()
-                .zip(&self.cached)
-                .filter(|(s, c)| s.is_none() && c.is_some())
-                .count(),
-            total: self.seqs.len(),
-        }
+        self.pool.usage()
     }
 
     fn start_profile(&mut self) -> Result<bool> {
@@ -1459,8 +1525,7 @@ impl BatchedLm for GpuBatch {
     ) -> Option<Result<u32>> {
         let mut run = || -> Result<u32> {
             let slot = self.slot_of(id)?;
-            self.check_room(slot, 1)?;
-            self.on_single(slot, |m| {
+            self.on_single(slot, 1, |m| {
                 if sampler.is_greedy() {
                     m.step_greedy(token)
                 } else {
@@ -1480,12 +1545,17 @@ impl BatchedLm for GpuBatch {
     ) -> Option<Result<usize>> {
         let mut run = || -> Result<usize> {
             let slot = self.slot_of(id)?;
-            self.check_room(slot, 1)?;
-            // The last produced token is not consumed: max fits when
-            // max - 1 more positions do.
-            let room = self.slot_len - self.pos(slot);
-            let max = max.min(room);
-            self.on_single(slot, |m| m.greedy_run(token, max, emit))
+            // The last produced token is not consumed: max fits when max
+            // positions do, in the sequence's own blocks and free ones.
+            let s = self.seq(slot);
+            let blocks = s.table.len() + s.reserved + self.pool.available();
+            let room = self.max_len.min(blocks * BLOCK).saturating_sub(s.pos);
+            let max = max.min(room).max(1);
+            let ran = self.on_single(slot, max, |m| m.greedy_run(token, max, emit));
+            if ran.is_ok() {
+                self.trim(slot);
+            }
+            ran
         };
         Some(run())
     }
@@ -1498,8 +1568,7 @@ impl BatchedLm for GpuBatch {
                 .collect::<Result<Vec<_>>>()?;
             if let [(slot, token)] = rows[..] {
                 // A batch of one on the single path's kernels.
-                self.check_room(slot, 1)?;
-                return Ok(vec![self.on_single(slot, |m| m.step_greedy(token))?]);
+                return Ok(vec![self.on_single(slot, 1, |m| m.step_greedy(token))?]);
             }
             row_tokens(&self.decode_rows(&rows, Want::Tokens)?)
         };

@@ -15,6 +15,7 @@ use super::batch::{BatchIo, ChainRow, LayerBufs, Plan, RowsTarget, Want};
 use super::{GpuLlm, GpuState};
 use crate::error::Result;
 use crate::gpu::llm_ops;
+use crate::models::kv_blocks::blocks_for;
 use crate::models::llm::conv_ring_rows;
 use std::collections::HashMap;
 
@@ -45,8 +46,16 @@ impl Verify {
                 })
             })
             .collect::<Result<Vec<_>>>()?;
+        // Every row's block table is the identity over the model's own
+        // cache (contiguous), written once after the records.
+        let blocks = blocks_for(m.cfg.context.max(1));
+        let io = BatchIo::new(g, &m.cfg, VERIFY_ROWS, max_splits, blocks)?;
+        let identity: Vec<u32> = (0..blocks as u32).collect();
+        let at = (VERIFY_ROWS * llm_ops::ROW_RECORD * 4) as u64;
+        g.queue
+            .write_buffer(&io.rows, at, bytemuck::cast_slice(&identity));
         Ok(Verify {
-            io: BatchIo::new(g, &m.cfg, VERIFY_ROWS, max_splits)?,
+            io,
             chain,
             plans: HashMap::new(),
         })
@@ -78,12 +87,13 @@ impl GpuLlm {
     fn run_verify(&self, v: &mut Verify, tokens: &[u32], want: Want) -> Result<Vec<u8>> {
         let (n, rd, pos) = (tokens.len(), self.cfg.rope_dim, self.pos);
         let g = &*self.gpu;
-        // One sequence: its caches and ring start at row 0.
+        // One sequence: its ring starts at row 0, its table after the records.
         let mut records = vec![0u32; n * llm_ops::ROW_RECORD];
         for (j, r) in records.chunks_exact_mut(llm_ops::ROW_RECORD).enumerate() {
             r[1] = (pos + j) as u32;
             r[2] = (pos + j + 1) as u32;
             r[3] = llm_ops::attention_splits(pos + j + 1) as u32;
+            r[4] = (VERIFY_ROWS * llm_ops::ROW_RECORD) as u32;
         }
         let angles = |t: &[f32]| t.get(pos * rd..(pos + n) * rd).unwrap_or_default().to_vec();
         v.io.write(
