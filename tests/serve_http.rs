@@ -620,6 +620,47 @@ fn gpu_serves_what_generate_gives_alone(model: &str) {
     s.wait_metric("lfm_kv_blocks_in_use", 0.0, 10);
 }
 
+/// GPU: a cache of 8 blocks (128 positions) cannot hold three sequences
+/// of up to ~65 positions together, so some step back and resume; every answer
+/// is what `generate --gpu` gives alone and every block comes back.
+fn gpu_preempts_and_stays_exact(model: &str) {
+    let s = Server::start(&["--gpu", "-m", model, "--kv-blocks", "8"]);
+    let prompts = [
+        "one two three four five six seven eight nine ten eleven twelve",
+        "the quick brown fox jumps over the lazy dog and runs away",
+        "hello world, this is a test of a small cache",
+    ];
+    let port = s.port;
+    let handles: Vec<_> = prompts
+        .iter()
+        .map(|p| {
+            post_completion(
+                port,
+                json!({"prompt": p, "max_tokens": 50, "temperature": 0}),
+            )
+        })
+        .collect();
+    for (p, h) in prompts.iter().zip(handles) {
+        let got = answer(&h.join().unwrap());
+        assert_eq!(got, generate_alone("--gpu", model, p, 50), "{p:?}");
+    }
+    assert!(
+        s.metric("lfm_preemptions_total") >= 1.0,
+        "the cache was never short"
+    );
+    s.wait_metric("lfm_kv_blocks_in_use", 0.0, 10);
+}
+
+#[test]
+fn the_gpu_backend_preempts_when_its_cache_is_short_llama() {
+    gpu_preempts_and_stays_exact(&tiny_llama());
+}
+
+#[test]
+fn the_gpu_backend_preempts_when_its_cache_is_short_lfm2() {
+    gpu_preempts_and_stays_exact(&tiny_lfm2());
+}
+
 #[test]
 fn the_gpu_backend_serves_what_generate_gives_on_the_gpu() {
     gpu_serves_what_generate_gives_alone(&tiny_llama());

@@ -90,6 +90,12 @@ pub struct Args {
     #[arg(long, value_name = "MIB", value_parser = super::values::positive)]
     pub kv_memory: Option<usize>,
 
+    /// KV cache size as a number of 16-position blocks, in place of
+    /// --kv-memory (vLLM's --num-gpu-blocks-override: for tests of a full
+    /// cache).
+    #[arg(long, value_name = "N", conflicts_with = "kv_memory", value_parser = super::values::positive)]
+    pub kv_blocks: Option<usize>,
+
     /// The model name `/v1/models` lists (default: the file's name).
     #[arg(long)]
     pub alias: Option<String>,
@@ -137,7 +143,12 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                 weight_type: None,
                 cpu_activations: Activations::Int8,
             };
-            let (kv_memory, parallel) = (args.kv_memory, args.parallel);
+            let kv = match (args.kv_memory, args.kv_blocks) {
+                (Some(mib), _) => models::KvSize::Bytes(mib << 20),
+                (None, Some(n)) => models::KvSize::Blocks(n),
+                (None, None) => models::KvSize::Default,
+            };
+            let parallel = args.parallel;
             let id = args.alias.clone().unwrap_or_else(|| model_id(&path));
             let service = LlmService::start(
                 id,
@@ -148,8 +159,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                     let loaded = models::load_batched_llm(
                         &path,
                         &opts,
-                        kv_memory
-                            .map_or(models::KvSize::Default, |m| models::KvSize::Bytes(m << 20)),
+                        kv,
                         (parallel != usize::MAX).then_some(parallel),
                     )?;
                     crate::util::log::notice(&format!(

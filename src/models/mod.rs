@@ -171,6 +171,9 @@ pub enum KvSize {
     Default,
     /// At most this many bytes (`serve --kv-memory`).
     Bytes(usize),
+    /// This many blocks of [`kv_blocks::BLOCK`] positions (`serve
+    /// --kv-blocks`).
+    Blocks(usize),
     /// Room for this many sequences of this many positions each (a
     /// benchmark's batch).
     Sequences(usize, usize),
@@ -197,6 +200,7 @@ fn gpu_kv(
         KvSize::Sequences(n, len) => return (n, n * kv_blocks::blocks_for(len) * kv_blocks::BLOCK),
         KvSize::Default => GPU_DEFAULT_POSITIONS,
         KvSize::Bytes(b) => b / cfg.kv_bytes_per_position().max(1),
+        KvSize::Blocks(n) => n * kv_blocks::BLOCK,
     };
     let per_position = (cfg.kv_heads * cfg.head_dim * 4).max(1) as u64;
     let fit = (max_binding / per_position) as usize / kv_blocks::BLOCK * kv_blocks::BLOCK;
@@ -220,6 +224,7 @@ pub fn load_batched_llm(
     let positions = match kv {
         KvSize::Default => 4 * cfg.context,
         KvSize::Bytes(b) => (b / cfg.kv_bytes_per_position().max(1)).max(1),
+        KvSize::Blocks(n) => n * kv_blocks::BLOCK,
         KvSize::Sequences(n, len) => n * kv_blocks::blocks_for(len) * kv_blocks::BLOCK,
     };
     let (model, _) = opts.device.build(
