@@ -76,7 +76,8 @@ pub struct Args {
     /// Tokens one step processes at most: every running sequence's next
     /// token, then chunks of waiting prompts (vLLM's
     /// --max-num-batched-tokens). Fewer keep running streams steadier while
-    /// prompts arrive; more start new ones sooner.
+    /// prompts arrive; more start new ones sooner. Also caps the sequences
+    /// running at once.
     #[arg(long, value_name = "N", default_value_t = STEP_TOKENS, value_parser = super::values::positive)]
     pub step_tokens: usize,
 

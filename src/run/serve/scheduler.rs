@@ -133,7 +133,13 @@ pub fn run(
     parallel: usize,
     step_tokens: usize,
 ) {
-    let max_running = model.max_sequences().min(parallel.max(1));
+    // No more running than a step's tokens (as vLLM's max_num_seqs <=
+    // max_num_batched_tokens): a sequence admitted beyond them would hold
+    // its blocks with no step left to feed its prompt.
+    let max_running = model
+        .max_sequences()
+        .min(parallel.max(1))
+        .min(step_tokens.max(1));
     let eos: Vec<u32> = tokenizer.map(|t| t.eos_ids.clone()).unwrap_or_default();
     let vocab = model.config().vocab;
     let table = tokenizer.map(|t| {
