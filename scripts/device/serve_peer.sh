@@ -21,9 +21,10 @@
 # under 10 minutes), STREAMS (default 1,8,64,256), P and N (prompt and
 # generated tokens per request, default 128 and 128), REQ (requests per
 # stream, default 2), VOCAB (prompt ids are drawn below it, default 49152:
-# the tokenizer's own ids), KV_MIB_PER_SEQ (default 96: serve's GPU cache gives
-# every sequence 4096 positions of 6 attention layers x 8 KV heads x 64 x
-# f32 x 2, 96 MiB, for both LFM2 sizes), LLAMA_ARGS (extra llama-server
+# the tokenizer's own ids), KV_MIB_PER_SEQ (default 96: serve's paged GPU
+# cache gets room for 4096 positions a sequence, of 6 attention layers x 8
+# KV heads x 64 x f32 x 2, 96 MiB, for both LFM2 sizes; the cache clamps it
+# to what one binding of the adapter holds), LLAMA_ARGS (extra llama-server
 # flags). On the CPU (the same table on a machine without a GPU):
 # DEVICE=cpu (llama-server without -ngl and with -t $(nproc), serve --cpu),
 # LS=peers/llama.cpp/build/bin/llama-server (scripts/peers/llama-cpp.sh
