@@ -299,6 +299,15 @@ struct Seq {
     prompt_len: usize,
 }
 
+impl Seq {
+    /// Where a hybrid model's prefix ends and its conv state is
+    /// snapshotted: the last block boundary before the prompt's last token
+    /// (whose logits are always computed).
+    fn snapshot_at(&self) -> usize {
+        (self.prompt_len - 1) / BLOCK * BLOCK
+    }
+}
+
 /// A slot's conv snapshot (hybrid models): the rings at the end of a cached
 /// prefix of whole blocks, which a sequence reusing that prefix starts
 /// from. It stays until the slot's next sequence takes its own.
@@ -1438,8 +1447,7 @@ impl BatchedLm for GpuBatch {
                     let keep = if !extends {
                         0
                     } else if self.has_conv {
-                        let end = (seq.prompt_len - 1) / BLOCK * BLOCK;
-                        tokens.len().min(end.saturating_sub(before))
+                        tokens.len().min(seq.snapshot_at().saturating_sub(before))
                     } else {
                         tokens.len()
                     };
@@ -1459,7 +1467,7 @@ impl BatchedLm for GpuBatch {
                 out[i] = logits;
                 let seq = self.seqs[slot].as_mut().expect("open slot");
                 seq.prefix.extend_from_slice(head);
-                let whole = seq.prefix.len() == (seq.prompt_len - 1) / BLOCK * BLOCK;
+                let whole = seq.prefix.len() == seq.snapshot_at();
                 self.register_full(slot);
                 if self.has_conv && whole {
                     let hash = self.seq(slot).prefix_hash;
