@@ -22,6 +22,11 @@
 //   holds its pos0. Workgroup y takes the token block that starts at row
 //   step[9 n + y] (0xffffffff: none), a block never crossing sequences, so
 //   each sequence's rows run exactly as the single kernel runs them alone.
+//   It also keeps the last l - 1 values of bx of every KV cache block it
+//   fills (paged_cache.wgsl; the block table of row t starts at
+//   step[step[8 t + 4]]) in hist ([blocks, l - 1, hidden], binding 6): the
+//   state a sequence that takes the block from the prefix cache starts
+//   from.
 
 struct Params { hidden: u32, n: u32, l: u32, ring: u32 }
 
@@ -31,6 +36,9 @@ struct Params { hidden: u32, n: u32, l: u32, ring: u32 }
 @group(0) @binding(3) var<storage, read_write> state: array<f32>;
 @group(0) @binding(4) var<storage, read> step: array<u32>;
 @group(0) @binding(5) var<storage, read_write> y: array<f32>;
+#if ROWS
+@group(0) @binding(6) var<storage, read_write> hist: array<f32>;
+#endif
 
 fn bx(t: u32, c: u32) -> f32 {
     return bcx[t * 3u * p.hidden + c] * bcx[t * 3u * p.hidden + 2u * p.hidden + c];
@@ -77,6 +85,16 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(workgroup_id) wi
             a += conv[c * p.l + j] * seq(t - first + j, c, pos0, first, rb);
         }
         y[t * p.hidden + c] = bcx[t * 3u * p.hidden + p.hidden + c] * a;
+#if ROWS
+        // One of the last l - 1 positions of its block.
+        let q = pos0 + t - first;
+        let h = p.l - 1u;
+        let r = q % KV_BLOCK;
+        if (r + h >= KV_BLOCK) {
+            let b = step[step[8u * t + 4u] + q / KV_BLOCK];
+            hist[(b * h + r + h - KV_BLOCK) * p.hidden + c] = bx(t, c);
+        }
+#endif
     }
     if (t0 != first) {
         return;

@@ -379,13 +379,12 @@ fn run_alone(
 /// The prefix cache, in whole blocks of 16 positions: the same prompt
 /// again, and the next turn of a conversation (the first prompt, what it
 /// produced, more), continue from the first prompt's blocks after that
-/// sequence ended; on an attention-only model a prompt sharing only the
-/// first block of a running sequence's prompt shares that block (a hybrid
-/// model reuses a prefix only where its conv state was snapshotted: the
-/// last block boundary before a prompt's last token). Every sequence's
-/// logits and tokens are those of its prompt alone, bit for bit, the
-/// running one's included, and closing them all holds no block.
-fn check_prefix(dir: &str, hybrid: bool) {
+/// sequence ended; a prompt sharing only the first block of a running
+/// sequence's prompt shares that block (a hybrid model's conv rings start
+/// from that block's conv ends). Every sequence's logits and tokens are
+/// those of its prompt alone, bit for bit, the running one's included, and
+/// closing them all holds no block.
+fn check_prefix(dir: &str) {
     let Some(g) = gpu() else { return };
     let path = common::repo().join("samples/fixtures/llm").join(dir);
     let (cfg, w) = lfm::models::open_llm(&path).unwrap();
@@ -426,7 +425,7 @@ fn check_prefix(dir: &str, hybrid: bool) {
     let (id_next, cached) = run_alone(&mut b, &next, &want_next, steps, dir);
     assert_eq!(cached, 32, "{dir}: the next turn's cached tokens");
     let (id_other, cached) = run_alone(&mut b, &other, &want_other, steps, dir);
-    assert_eq!(cached, if hybrid { 0 } else { 16 }, "{dir}: a shared start");
+    assert_eq!(cached, 16, "{dir}: a shared start");
     // The running sequence goes on where it was.
     let t = b
         .step_greedy_many(&[(id_next, want_next[steps].0)])
@@ -440,12 +439,12 @@ fn check_prefix(dir: &str, hybrid: bool) {
 
 #[test]
 fn gpu_batch_prefix_cache_equals_each_prompt_alone_lfm2() {
-    check_prefix("tiny-lfm2", true);
+    check_prefix("tiny-lfm2");
 }
 
 #[test]
 fn gpu_batch_prefix_cache_equals_each_prompt_alone_llama() {
-    check_prefix("tiny-llama", false);
+    check_prefix("tiny-llama");
 }
 
 /// Admission by blocks: a prompt waits while the cache's free blocks

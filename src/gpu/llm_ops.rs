@@ -1647,13 +1647,14 @@ kernel!(
 kernel!(
     SHORT_CONV_ROWS,
     "short_conv_rows",
-    "short_conv.wgsl",
+    ["paged_cache.wgsl", "short_conv.wgsl"],
     [
         Binding::read("bcx"),
         Binding::read("conv"),
         Binding::write("state"),
         Binding::read("step"),
-        Binding::write("y")
+        Binding::write("y"),
+        Binding::write("hist")
     ],
     ShortConvParams,
     [&["ROWS"]]
@@ -1678,7 +1679,15 @@ pub fn short_conv(
     ring: usize,
     n: usize,
 ) -> Result<Dispatch> {
-    let bound = short_conv_bind(gpu, bcx, conv, state, step, y, hidden, taps, ring, n, false)?;
+    let bound = short_conv_bind(
+        gpu,
+        &[bcx, conv, state, step, y],
+        hidden,
+        taps,
+        ring,
+        n,
+        false,
+    )?;
     Ok(Dispatch {
         bound,
         groups: [
@@ -1693,7 +1702,9 @@ pub fn short_conv(
 /// all, each sequence at its own positions with its own ring in `state`
 /// ([slots * ring, hidden]): `step` holds a [`PrefillRows`] table. Recorded
 /// with `tiles` token blocks (at least the table's); each sequence's rows
-/// and ring come out as [`short_conv`] computes them for it alone.
+/// and ring come out as [`short_conv`] computes them for it alone. The last
+/// `taps - 1` gated inputs of every KV cache block the rows fill go to
+/// `hist` ([blocks, taps - 1, hidden], by the block's id).
 #[allow(clippy::too_many_arguments)]
 pub fn short_conv_rows(
     gpu: &Gpu,
@@ -1702,27 +1713,25 @@ pub fn short_conv_rows(
     state: &wgpu::Buffer,
     step: &wgpu::Buffer,
     y: &wgpu::Buffer,
+    hist: &wgpu::Buffer,
     hidden: usize,
     taps: usize,
     ring: usize,
     n: usize,
     tiles: usize,
 ) -> Result<Dispatch> {
-    let bound = short_conv_bind(gpu, bcx, conv, state, step, y, hidden, taps, ring, n, true)?;
+    let bufs = [bcx, conv, state, step, y, hist];
+    let bound = short_conv_bind(gpu, &bufs, hidden, taps, ring, n, true)?;
     Ok(Dispatch {
         bound,
         groups: [hidden.div_ceil(64) as u32, tiles as u32, 1],
     })
 }
 
-#[allow(clippy::too_many_arguments)]
+/// Binds `bufs` (bcx, conv, state, step, y and for `rows` hist).
 fn short_conv_bind(
     gpu: &Gpu,
-    bcx: &wgpu::Buffer,
-    conv: &wgpu::Buffer,
-    state: &wgpu::Buffer,
-    step: &wgpu::Buffer,
-    y: &wgpu::Buffer,
+    bufs: &[&wgpu::Buffer],
     hidden: usize,
     taps: usize,
     ring: usize,
@@ -1750,7 +1759,7 @@ fn short_conv_bind(
     } else {
         (&SHORT_CONV, Variant::default())
     };
-    gpu.bind(kernel, &variant, &[bcx, conv, state, step, y], &params)
+    gpu.bind(kernel, &variant, bufs, &params)
 }
 
 /// The row table of a batched prefill (the `step` binding of

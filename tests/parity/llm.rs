@@ -1706,13 +1706,16 @@ fn prefill_rows(cap: usize, ring: usize) -> (Vec<PrefillSeg>, llm_ops::PrefillRo
 
 /// The batched prefill's conv block: several sequences' chunks, each at its
 /// own positions with its own ring, equal the single kernel on each chunk
-/// alone, bit for bit (y and the ring), and the CPU's.
+/// alone, bit for bit (y and the ring), and the CPU's; and the gated inputs
+/// of the last positions of each KV cache block they fill are kept at that
+/// block's id.
 fn short_conv_rows(gpu: &Gpu, _v: &Variant) {
     let mut rng = Rng::new(34);
     for d in [33, 260] {
         for taps in [3, 17] {
             let ring = taps + 3;
-            let (segs, table) = prefill_rows(0, ring);
+            let cap = 80;
+            let (segs, table) = prefill_rows(cap, ring);
             let n: usize = segs.iter().map(|s| s.len).sum();
             let slots = segs.len();
             let bcx = rng.vec(n * 3 * d, -2.0, 2.0);
@@ -1731,12 +1734,43 @@ fn short_conv_rows(gpu: &Gpu, _v: &Variant) {
             let gb = gpu.upload_f32("bcx", &bcx).unwrap();
             let gc = gpu.upload_f32("conv", &conv).unwrap();
             let gy = gpu.poisoned_f32("y", n * d).unwrap();
+            let hist = taps - 1;
+            let gends = gpu
+                .poisoned_f32("ends", slots * cap / KV_BLOCK * hist * d)
+                .unwrap();
             let (_, tiles) = llm_ops::PrefillRows::most_blocks(n, slots);
-            let disp =
-                llm_ops::short_conv_rows(gpu, &gb, &gc, &gs, &gt, &gy, d, taps, ring, n, tiles)
-                    .unwrap();
+            let disp = llm_ops::short_conv_rows(
+                gpu, &gb, &gc, &gs, &gt, &gy, &gends, d, taps, ring, n, tiles,
+            )
+            .unwrap();
             gpu.run_all(&[&disp]).unwrap();
             let (y, rings) = (gpu.read_f32(&gy).unwrap(), gpu.read_f32(&gs).unwrap());
+            // The gated inputs of each block's last `hist` positions, at the
+            // block's id.
+            let ends = gpu.read_f32(&gends).unwrap();
+            let mut first = 0;
+            for seg in &segs {
+                for t in 0..seg.len {
+                    let q = seg.pos + t;
+                    let r = q % KV_BLOCK;
+                    if r + hist < KV_BLOCK {
+                        continue;
+                    }
+                    let b = paged_row(slots, cap, seg.slot, q) / KV_BLOCK;
+                    let at = (b * hist + r + hist - KV_BLOCK) * d;
+                    let row = &bcx[(first + t) * 3 * d..(first + t + 1) * 3 * d];
+                    let bx: Vec<f32> = (0..d).map(|c| row[c] * row[2 * d + c]).collect();
+                    assert_bits(
+                        &format!(
+                            "short_conv_rows d={d} taps={taps} slot {} ends of {q}",
+                            seg.slot
+                        ),
+                        &ends[at..at + d],
+                        &bx,
+                    );
+                }
+                first += seg.len;
+            }
             let mut first = 0;
             for (seg, st) in segs.iter().zip(&states) {
                 let what = format!("short_conv_rows d={d} taps={taps} slot {}", seg.slot);

@@ -37,10 +37,10 @@
 //! that starts with cached blocks shares them (nothing copied, nothing
 //! recomputed), and they stay cached after their sequences end until the
 //! pool needs them (least recently used first). A hybrid model's prefix
-//! also needs its conv state: a sequence's prompt is computed as a prefix
-//! up to the last block boundary before its last token, where the rings
-//! are snapshotted into its slot's snapshot rows, so the same prompt again
-//! or the next turn of a conversation starts from there.
+//! also needs its conv state: its prompts run through the batched prefill,
+//! whose conv kernel keeps the gated inputs of each block's last positions
+//! (`ends`), and a sequence that takes cached blocks starts its rings from
+//! the last one's.
 
 use super::prefill::{PrefillRowsTarget, PrefillScratch, PrefillWork};
 use super::{GpuFfn, GpuLlm, GpuMixer};
@@ -65,11 +65,13 @@ enum SlotState {
     /// The paged caches: [blocks * BLOCK, kv_heads * head_dim] each.
     Kv { k: wgpu::Buffer, v: wgpu::Buffer },
     /// `ring`: [slots * ring, hidden], slot s's ring in rows s ring ..;
-    /// `snap`: the same shape, each slot's ring at the end of its cached
-    /// prompt prefix (what a sequence reusing the prefix starts from).
+    /// `ends`: [blocks, taps - 1, hidden], the gated inputs of the last
+    /// positions of each KV cache block computed as a prompt (what a
+    /// sequence that takes the block from the prefix cache starts its ring
+    /// from).
     Conv {
         ring: wgpu::Buffer,
-        snap: wgpu::Buffer,
+        ends: wgpu::Buffer,
     },
 }
 
@@ -295,27 +297,6 @@ struct Seq {
     /// of the prefix they end.
     registered: usize,
     prefix_hash: u64,
-    /// The prompt `open` was given.
-    prompt_len: usize,
-}
-
-impl Seq {
-    /// Where a hybrid model's prefix ends and its conv state is
-    /// snapshotted: the last block boundary before the prompt's last token
-    /// (whose logits are always computed).
-    fn snapshot_at(&self) -> usize {
-        (self.prompt_len - 1) / BLOCK * BLOCK
-    }
-}
-
-/// A slot's conv snapshot (hybrid models): the rings at the end of a cached
-/// prefix of whole blocks, which a sequence reusing that prefix starts
-/// from. It stays until the slot's next sequence takes its own.
-struct Snapshot {
-    /// The hash of the prefix ([`kv_blocks::chain`]).
-    hash: u64,
-    /// When it was taken, for least-recently-used reuse of free slots.
-    at: u64,
 }
 
 /// The sequence the single model holds. Its blocks are written back lazily
@@ -349,11 +330,8 @@ pub struct GpuBatch {
     seqs: Vec<Option<Seq>>,
     /// The KV cache's blocks and the prefix cache over them.
     pool: BlockPool,
-    /// Per slot: the conv snapshot its snapshot rows hold.
-    snaps: Vec<Option<Snapshot>>,
-    clock: u64,
-    /// Whether the model has conv layers (a prefix is then reusable only
-    /// where a conv snapshot was taken).
+    /// Whether the model has conv layers (its prompts then always run
+    /// through the batched prefill, which keeps each block's conv ends).
     has_conv: bool,
     state: Vec<SlotState>,
     io: BatchIo,
@@ -430,7 +408,10 @@ impl GpuBatch {
                     },
                     LayerKind::Conv => SlotState::Conv {
                         ring: f32s("slot conv state", slots * ring * d)?,
-                        snap: f32s("slot conv snapshot", slots * ring * d)?,
+                        ends: f32s(
+                            "block conv ends",
+                            blocks * cfg.conv_kernel.saturating_sub(1) * d,
+                        )?,
                     },
                 })
             })
@@ -456,8 +437,6 @@ impl GpuBatch {
             ring,
             seqs: vec![None; slots],
             pool: BlockPool::new(blocks),
-            snaps: (0..slots).map(|_| None).collect(),
-            clock: 0,
             has_conv: cfg.layers.contains(&LayerKind::Conv),
             state,
             io,
@@ -569,69 +548,49 @@ impl GpuBatch {
         self.held = None;
     }
 
-    /// Takes the conv snapshot of `slot` at its position (the end of its
-    /// prefix, hashed `hash`): from the single model when it holds the
-    /// slot, else from the slot's rings.
-    fn snapshot(&mut self, slot: usize, hash: u64) {
-        let g = &*self.m.gpu;
-        let bytes = (self.ring * self.m.cfg.hidden * 4) as u64;
-        let at = slot as u64 * bytes;
-        let held = self.held.is_some_and(|h| h.slot == slot);
-        let mut enc = g.device.create_command_encoder(&Default::default());
-        for (mine, theirs) in self.state.iter().zip(&self.m.state) {
-            if let (SlotState::Conv { ring, snap }, super::GpuState::Conv(mm)) = (mine, theirs) {
-                if held {
-                    enc.copy_buffer_to_buffer(mm, 0, snap, at, bytes);
-                } else {
-                    enc.copy_buffer_to_buffer(ring, at, snap, at, bytes);
-                }
-            }
-        }
-        g.queue.submit([enc.finish()]);
-        self.clock += 1;
-        self.snaps[slot] = Some(Snapshot {
-            hash,
-            at: self.clock,
-        });
-    }
-
     /// The cached blocks `prompt` can start from (at most all but its last
-    /// token, whose logits must be computed), taken for it, and for a
-    /// hybrid model the slot whose conv snapshot is at their end: every
-    /// full block the prefix cache has for an attention-only model; for a
-    /// hybrid one only as far as the last snapshot along them.
-    fn cached_prefix(&mut self, prompt: &[u32]) -> (Vec<u32>, Option<usize>) {
+    /// token, whose logits must be computed), taken for it.
+    fn cached_prefix(&mut self, prompt: &[u32]) -> Vec<u32> {
         let mut table = Vec::new();
         let mut parent = ROOT;
-        let (mut usable, mut snap) = (0, None);
         for block in prompt[..prompt.len() - 1].chunks_exact(BLOCK) {
             let Some(id) = self.pool.lookup(parent, block) else {
                 break;
             };
             table.push(id);
             parent = chain(parent, block);
-            if !self.has_conv {
-                usable = table.len();
-            } else if let Some(s) = self
-                .snaps
-                .iter()
-                .position(|s| s.as_ref().is_some_and(|s| s.hash == parent))
-            {
-                (usable, snap) = (table.len(), Some(s));
-            }
         }
-        for b in table.drain(usable..) {
-            self.pool.release(b);
-        }
-        (table, snap)
+        table
     }
 
-    /// A free slot for a new sequence: one without a conv snapshot, else
-    /// the one whose snapshot is oldest.
-    fn free_slot(&self) -> Option<usize> {
-        (0..self.seqs.len())
-            .filter(|&s| self.seqs[s].is_none())
-            .min_by_key(|&s| self.snaps[s].as_ref().map_or(0, |c| c.at))
+    /// Sets `slot`'s conv rings for a sequence starting at position `pos`:
+    /// from the conv ends of `last`, the cached block before it, or zeros
+    /// (positions before 0) at the start.
+    fn start_rings(&self, slot: usize, last: Option<u32>, pos: usize) {
+        let g = &*self.m.gpu;
+        let d = self.m.cfg.hidden;
+        let hist = self.m.cfg.conv_kernel.saturating_sub(1);
+        let row = (d * 4) as u64;
+        let first = (slot * self.ring) as u64;
+        let mut enc = g.device.create_command_encoder(&Default::default());
+        for s in &self.state {
+            let SlotState::Conv { ring, ends } = s else {
+                continue;
+            };
+            match last {
+                // Position q's gated input is in ring row q % ring.
+                Some(b) => {
+                    for j in 0..hist {
+                        let q = pos - hist + j;
+                        let from = (b as usize * hist + j) as u64 * row;
+                        let to = (first + (q % self.ring) as u64) * row;
+                        enc.copy_buffer_to_buffer(ends, from, ring, to, row);
+                    }
+                }
+                None => enc.clear_buffer(ring, first * row, Some(self.ring as u64 * row)),
+            }
+        }
+        g.queue.submit([enc.finish()]);
     }
 
     /// Offers the newly full blocks of `slot`'s prefix to the prefix cache.
@@ -851,12 +810,14 @@ impl GpuBatch {
 impl GpuBatch {
     /// Computes the prompt chunks `parts` ((slot, tokens), each of its own
     /// sequence) as a prompt each; returns the next-token logits after each.
-    /// One chunk runs on the single model; several run as batched prefill
-    /// passes of a prefill chunk's rows (the last fewer), each chunk going on
-    /// in the next pass where one fills up: a row's result does not depend
-    /// on where its chunk was cut.
-    fn prompts(&mut self, parts: &[(usize, &[u32])]) -> Result<Vec<Vec<f32>>> {
-        if let [(slot, tokens)] = parts {
+    /// One chunk runs on the single model (unless it extends a hybrid
+    /// model's `prefix`: only the batched prefill keeps the conv ends of the
+    /// blocks it fills); several run as batched prefill passes of a prefill
+    /// chunk's rows (the last fewer), each chunk going on in the next pass
+    /// where one fills up: a row's result does not depend on where its
+    /// chunk was cut.
+    fn prompts(&mut self, parts: &[(usize, &[u32])], prefix: bool) -> Result<Vec<Vec<f32>>> {
+        if let ([(slot, tokens)], false) = (parts, prefix && self.has_conv) {
             let n = tokens.len();
             return Ok(vec![
                 self.on_single(*slot, n, |m| prompt_forward(m, tokens))?
@@ -984,8 +945,17 @@ impl GpuBatch {
                     SlotState::Conv { ring, .. } => LayerBufs::Conv(ring),
                 })
                 .collect();
+            let block_ends = self
+                .state
+                .iter()
+                .map(|st| match st {
+                    SlotState::Kv { .. } => None,
+                    SlotState::Conv { ends, .. } => Some(ends),
+                })
+                .collect();
             let target = PrefillRowsTarget {
                 state,
+                block_ends,
                 table: &bp.table,
                 ring: self.ring,
                 part: &bp.part,
@@ -1332,13 +1302,13 @@ impl BatchedLm for GpuBatch {
                 self.max_len
             )));
         }
-        let Some(free) = self.free_slot() else {
+        let Some(slot) = self.seqs.iter().position(Option::is_none) else {
             return Ok(None);
         };
         // Blocks the single model computed must be in the cache before
         // another sequence may read them.
         self.sync();
-        let (table, snap) = self.cached_prefix(prompt);
+        let table = self.cached_prefix(prompt);
         let reserve = blocks_for(prompt.len() + 1) - table.len();
         if !self.pool.reserve(reserve) {
             for b in table {
@@ -1346,31 +1316,7 @@ impl BatchedLm for GpuBatch {
             }
             return Ok(None);
         }
-        // A free slot whose snapshot the prompt continues is taken as it is.
-        let slot = match snap {
-            Some(s) if self.seqs[s].is_none() => s,
-            _ => free,
-        };
-        let g = &*self.m.gpu;
-        let ring_bytes = (self.ring * self.m.cfg.hidden * 4) as u64;
-        let at = slot as u64 * ring_bytes;
-        let mut enc = g.device.create_command_encoder(&Default::default());
-        for s in &self.state {
-            if let SlotState::Conv { ring, snap: snaps } = s {
-                match snap {
-                    Some(src) => enc.copy_buffer_to_buffer(
-                        snaps,
-                        src as u64 * ring_bytes,
-                        ring,
-                        at,
-                        ring_bytes,
-                    ),
-                    // Positions before 0 read zeros from the conv rings.
-                    None => enc.clear_buffer(ring, at, Some(ring_bytes)),
-                }
-            }
-        }
-        g.queue.submit([enc.finish()]);
+        self.start_rings(slot, table.last().copied(), table.len() * BLOCK);
         let n = table.len() * BLOCK;
         let prefix_hash = prompt[..n].chunks_exact(BLOCK).fold(ROOT, chain);
         let id = self.next_id;
@@ -1383,7 +1329,6 @@ impl BatchedLm for GpuBatch {
             reserved: reserve,
             prefix: prompt[..n].to_vec(),
             prefix_hash,
-            prompt_len: prompt.len(),
         });
         Ok(Some((id, n)))
     }
@@ -1436,48 +1381,28 @@ impl BatchedLm for GpuBatch {
                     })?;
                 }
                 tokens => {
+                    // A prompt chunk right after the prefix extends it.
                     let seq = self.seq(slot);
-                    let before = seq.pos;
-                    let extends = seq.prefix.len() == before;
-                    // A prompt chunk right after the prefix extends it. A
-                    // hybrid model's prefix ends at the last block boundary
-                    // before the prompt's last token, where its conv state
-                    // is snapshotted, so that the same prompt again (or the
-                    // next turn) can reuse it: the chunk is split there.
-                    let keep = if !extends {
-                        0
-                    } else if self.has_conv {
-                        tokens.len().min(seq.snapshot_at().saturating_sub(before))
+                    if seq.prefix.len() == seq.pos {
+                        extend.push((i, slot, tokens));
                     } else {
-                        tokens.len()
-                    };
-                    let (head, tail) = tokens.split_at(keep);
-                    if !head.is_empty() {
-                        extend.push((i, slot, head));
-                    }
-                    if !tail.is_empty() {
-                        rest.push((i, slot, tail));
+                        rest.push((i, slot, tokens));
                     }
                 }
             }
         }
         if !extend.is_empty() {
             let parts: Vec<_> = extend.iter().map(|&(_, slot, t)| (slot, t)).collect();
-            for (&(i, slot, head), logits) in extend.iter().zip(self.prompts(&parts)?) {
+            for (&(i, slot, head), logits) in extend.iter().zip(self.prompts(&parts, true)?) {
                 out[i] = logits;
                 let seq = self.seqs[slot].as_mut().expect("open slot");
                 seq.prefix.extend_from_slice(head);
-                let whole = seq.prefix.len() == seq.snapshot_at();
                 self.register_full(slot);
-                if self.has_conv && whole {
-                    let hash = self.seq(slot).prefix_hash;
-                    self.snapshot(slot, hash);
-                }
             }
         }
         if !rest.is_empty() {
             let parts: Vec<_> = rest.iter().map(|&(_, slot, t)| (slot, t)).collect();
-            for (&(i, ..), logits) in rest.iter().zip(self.prompts(&parts)?) {
+            for (&(i, ..), logits) in rest.iter().zip(self.prompts(&parts, false)?) {
                 out[i] = logits;
             }
         }

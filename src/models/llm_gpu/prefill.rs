@@ -141,8 +141,12 @@ impl PrefillScratch {
 /// (gemm.wgsl: a row's sums never meet another row's), so each sequence's
 /// rows come out as its chunk's alone.
 pub(super) struct PrefillRowsTarget<'a> {
-    /// One per layer: the slots' caches or rings.
+    /// One per layer: the paged caches or the slots' rings.
     pub state: Vec<LayerBufs<'a>>,
+    /// One per layer: a conv layer's gated inputs at the end of each KV
+    /// cache block ([blocks, taps - 1, hidden]; see
+    /// [`llm_ops::short_conv_rows`]).
+    pub block_ends: Vec<Option<&'a wgpu::Buffer>>,
     /// The row table ([`llm_ops::PrefillRows`]).
     pub table: &'a wgpu::Buffer,
     /// Rows of one sequence's conv ring.
@@ -305,12 +309,12 @@ impl<'a> DecoderOps for PrefillRecorder<'a> {
         let (g, taps, out) = (&*m.gpu, c.conv_kernel, &sc.conv_out);
         let dispatch = match (self.rows, &m.state[li]) {
             (Some(r), _) => {
-                let LayerBufs::Conv(st) = r.state[li] else {
+                let (LayerBufs::Conv(st), Some(ends)) = (&r.state[li], r.block_ends[li]) else {
                     unreachable!("both follow the config's layers")
                 };
                 let (_, tiles) = llm_ops::PrefillRows::most_blocks(n, r.seqs);
                 llm_ops::short_conv_rows(
-                    g, &sc.bcx, conv, st, r.table, out, d, taps, r.ring, n, tiles,
+                    g, &sc.bcx, conv, st, r.table, out, ends, d, taps, r.ring, n, tiles,
                 )?
             }
             (None, GpuState::Conv(st)) => {
