@@ -5,7 +5,6 @@ use crate::run::embed::Embedder;
 use crate::run::serve::audio::{Asr, AudioServices, Voice};
 use crate::run::serve::http::{router, AppState};
 use crate::run::serve::metrics::Metrics;
-use crate::run::serve::scheduler::STEP_TOKENS;
 use crate::run::serve::{LlmParts, LlmService, Worker};
 use crate::tensor::Activations;
 use anyhow::Context;
@@ -77,9 +76,10 @@ pub struct Args {
     /// token, then chunks of waiting prompts (vLLM's
     /// --max-num-batched-tokens). Fewer keep running streams steadier while
     /// prompts arrive; more start new ones sooner. Also caps the sequences
-    /// running at once.
-    #[arg(long, value_name = "N", default_value_t = STEP_TOKENS, value_parser = super::values::positive)]
-    pub step_tokens: usize,
+    /// running at once. Default: 2048 on the GPU (llama-server's batch), 256
+    /// on the CPU.
+    #[arg(long, value_name = "N", value_parser = super::values::positive)]
+    pub step_tokens: Option<usize>,
 
     /// Largest request body in MiB (uploads included); more is answered 413.
     #[arg(long, default_value_t = 32, value_parser = super::values::positive)]

@@ -50,6 +50,13 @@ pub trait BatchedLm {
     /// returns the next-token logits after each entry's last token.
     fn step(&mut self, work: &[SeqWork]) -> Result<Vec<Vec<f32>>>;
     fn usage(&self) -> BlockUsage;
+    /// Tokens one serving step takes at most unless told
+    /// (`serve --step-tokens`): decode tokens first, then prompt chunks, so
+    /// a long prompt does not stall the running streams for long. 256 on the
+    /// CPU, where a step of 2,048 prompt tokens takes seconds.
+    fn default_step_tokens(&self) -> usize {
+        256
+    }
     /// Starts timing every batched step on the device (per kernel); false
     /// when the backend has no such profile.
     fn start_profile(&mut self) -> Result<bool> {

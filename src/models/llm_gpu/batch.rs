@@ -1431,6 +1431,13 @@ impl BatchedLm for GpuBatch {
         self.pool.usage()
     }
 
+    /// llama-server's batch: a step of that many prompt tokens is tens of
+    /// milliseconds on a GPU, and a smaller budget queues the prompts of
+    /// many streams behind one another.
+    fn default_step_tokens(&self) -> usize {
+        2048
+    }
+
     fn start_profile(&mut self) -> Result<bool> {
         // Fails here, not mid-run, on an adapter without timestamps.
         PassTimer::new(&self.m.gpu, 2)?;

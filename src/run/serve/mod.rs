@@ -117,7 +117,7 @@ impl LlmService {
         id: String,
         metrics: Arc<metrics::Metrics>,
         parallel: usize,
-        step_tokens: usize,
+        step_tokens: Option<usize>,
         load: impl FnOnce() -> Result<LlmParts> + Send + 'static,
     ) -> Result<LlmService> {
         let (commands, rx) = mpsc::channel();
@@ -133,6 +133,7 @@ impl LlmService {
                     }
                 };
                 let tok = parts.tokenizer.take().map(Arc::new);
+                let step_tokens = step_tokens.unwrap_or_else(|| parts.model.default_step_tokens());
                 let c = parts.model.config();
                 let _ = ready_tx.send(Ok((
                     tok.clone(),

@@ -19,11 +19,6 @@ use std::sync::Arc;
 use std::time::Instant;
 use tokio::sync::mpsc::UnboundedSender;
 
-/// Tokens one step processes at most unless `serve --step-tokens` says
-/// otherwise: decode tokens first, then prompt chunks, so a long prompt
-/// does not stall the running streams.
-pub const STEP_TOKENS: usize = 256;
-
 /// A generation request as the scheduler takes it.
 pub struct GenRequest {
     pub prompt: Vec<u32>,
