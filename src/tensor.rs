@@ -412,9 +412,7 @@ pub fn matvec_rows(w: &Tensor, x: &[f32], m: usize, y: &mut [f32], act: Activati
         let r0 = start / m;
         for (i, o) in out.chunks_exact_mut(m).enumerate() {
             let row = &bytes[(r0 + i) * rb..(r0 + i + 1) * rb];
-            for (o, d) in o.iter_mut().zip(&dots) {
-                d.dot_rows(row, std::slice::from_mut(o));
-            }
+            quant::fast::RowDot::dot_row_many(&dots, row, o);
         }
     });
     for (j, col) in yt.chunks_exact(m).enumerate() {

@@ -53,8 +53,9 @@ enum Path {
     /// A fast f32 kernel and the sums of `x` it needs (see `sum_group`).
     F32(Kernel, Vec<f32>),
     /// `x` rounded to 8 bits and the integer kernel over it
-    /// ([`RowDot::new_int8`]).
-    Int8(int8::Q8Input, int8::Kernel),
+    /// ([`RowDot::new_int8`]), and the kernel of four inputs where there is
+    /// one.
+    Int8(int8::Q8Input, int8::Kernel, Option<int8::Kernel4>),
     /// `x` rounded to 16 bits and the integer kernel over it
     /// ([`RowDot::new_int16`]).
     Int16(int8::Q16Input, int8::Kernel16),
@@ -104,7 +105,7 @@ impl<'a> RowDot<'a> {
                 dtype,
                 x,
                 row_bytes: dtype.row_bytes(x.len()),
-                path: Path::Int8(int8::Q8Input::new(x), k),
+                path: Path::Int8(int8::Q8Input::new(x), k, int8::variants4(dtype).pop()),
             },
             _ => RowDot::new(dtype, x),
         }
@@ -133,7 +134,7 @@ impl<'a> RowDot<'a> {
                 self.check_row(row);
                 k(row, self.x, sums)
             }
-            Path::Int8(q, k) => {
+            Path::Int8(q, k, _) => {
                 self.check_row(row);
                 let mut out = 0.0;
                 k(row, q, std::slice::from_mut(&mut out));
@@ -173,12 +174,44 @@ impl<'a> RowDot<'a> {
                     *o = k(r, self.x, sums);
                 }
             }
-            Path::Int8(q, k) => k(rows, q, out),
+            Path::Int8(q, k, _) => k(rows, q, out),
             Path::Int16(q, k) => {
                 for (o, r) in out.iter_mut().zip(rows.chunks_exact(rb)) {
                     *o = k(r, q);
                 }
             }
+        }
+    }
+
+    /// The dot products of one `row` with each of `dots`' inputs (all of
+    /// the row's type and length) into `out`: each the same bits as that
+    /// input's [`RowDot::dot`]. Int8 inputs go four at a time through one
+    /// kernel, which unpacks the row's blocks once for the four.
+    pub fn dot_row_many(dots: &'a [RowDot<'a>], row: &[u8], out: &mut [f32]) {
+        assert_eq!(dots.len(), out.len(), "dot_row_many: one output per input");
+        let int8 = |d: &'a RowDot| match &d.path {
+            Path::Int8(q, _, Some(k4)) if d.dtype == dots[0].dtype => {
+                d.check_row(row);
+                Some((q, *k4))
+            }
+            _ => None,
+        };
+        let mut i = 0;
+        while i + 4 <= dots.len() {
+            let four = (
+                int8(&dots[i]),
+                int8(&dots[i + 1]),
+                int8(&dots[i + 2]),
+                int8(&dots[i + 3]),
+            );
+            let (Some((a, k4)), Some((b, _)), Some((c, _)), Some((d, _))) = four else {
+                break;
+            };
+            out[i..i + 4].copy_from_slice(&k4(dots[0].dtype, row, [a, b, c, d]));
+            i += 4;
+        }
+        for (d, o) in dots[i..].iter().zip(&mut out[i..]) {
+            d.dot_rows(row, std::slice::from_mut(o));
         }
     }
 

@@ -12,7 +12,7 @@
 use super::{f16_to_f32, q5_levels, KBlock};
 use crate::quant::{
     q4_0::BlockQ4_0, q4_1::BlockQ4_1, q4_k::BlockQ4K, q5_0::BlockQ5_0, q5_1::BlockQ5_1,
-    q5_k::BlockQ5K, q6_k::BlockQ6K, q8_0::BlockQ8_0, util::get_scale_min_k4, QK_K,
+    q5_k::BlockQ5K, q6_k::BlockQ6K, q8_0::BlockQ8_0, util::get_scale_min_k4, GgmlType, QK_K,
 };
 use std::arch::x86_64::*;
 
@@ -541,6 +541,54 @@ unsafe fn int8_row<const F: u8>(
     hsum(_mm256_add_ps(a0, a1)) + (o0 + o1)
 }
 
+/// [`int8_row`] of one row with four inputs (a batch's decode rows): each
+/// input's sum takes exactly the operations `int8_row` takes for it (the
+/// same bits), while the row's nibbles are unpacked and its f16 scales
+/// converted once for the four.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn int8_row_x4<const F: u8>(
+    p: *const u8,
+    xs: [&super::int8::Q8Input; 4],
+    dot: impl Fn(__m256i, __m256i) -> __m256i,
+) -> [f32; 4] {
+    let nb = xs[0].d.len();
+    let mut acc = [[_mm256_setzero_ps(); 4]; 2];
+    let mut off = [[0.0f32; 4]; 2];
+    // Block i into accumulator h (`int8_row`'s a0 / o0 for even blocks,
+    // a1 / o1 for odd ones).
+    let mut block = |i: usize, h: usize| {
+        let b = p.add(i * block_bytes(F));
+        let (d, e) = f16_pair([*b, *b.add(1)], [*b.add(2), *b.add(3)]);
+        let nibbles = operands::<F>(b, _mm256_setzero_si256()).0;
+        for (m, x) in xs.iter().enumerate() {
+            let xv = _mm256_loadu_si256(x.qs.as_ptr().add(32 * i).cast());
+            let (w, v) = if F == Q8_0 {
+                operands::<F>(b, xv)
+            } else {
+                (nibbles, xv)
+            };
+            let t = _mm256_cvtepi32_ps(dot(w, v));
+            acc[h][m] = _mm256_fmadd_ps(t, _mm256_set1_ps(d * x.d[i]), acc[h][m]);
+            off[h][m] = match F {
+                Q4_0 => (-8.0 * d).mul_add(x.s[i], off[h][m]),
+                Q4_1 => e.mul_add(x.s[i], off[h][m]),
+                _ => off[h][m],
+            };
+        }
+    };
+    let mut i = 0;
+    while i + 2 <= nb {
+        block(i, 0);
+        block(i + 1, 1);
+        i += 2;
+    }
+    if i < nb {
+        block(i, 0);
+    }
+    std::array::from_fn(|m| hsum(_mm256_add_ps(acc[0][m], acc[1][m])) + (off[0][m] + off[1][m]))
+}
+
 /// Rows of type `F` (`out.len()` of them, back to back in `rows`) dotted
 /// with the int8 input, one at a time.
 #[inline]
@@ -571,9 +619,40 @@ unsafe fn f16_pair(lo: [u8; 2], hi: [u8; 2]) -> (f32, f32) {
 /// products: AVX2's `maddubs` + `madd`, and the single `dpbusd` of AVX-VNNI
 /// or of AVX-512 VNNI (on 256-bit registers). Every way gives the same i32
 /// lanes (sums of four consecutive byte products, exact), so the copies are
-/// bit-equal.
+/// bit-equal. Each also has a copy for one row and four inputs
+/// ([`int8_row_x4`]).
 macro_rules! int8_kernels {
-    ($features:literal, $dot:expr, $q4_0:ident, $q4_1:ident, $q8_0:ident) => {
+    ($features:literal, $dot:expr, $q4_0:ident, $q4_1:ident, $q8_0:ident, $x4:ident) => {
+        /// One row of type `t` (Q4_0, Q4_1 or Q8_0) with four inputs.
+        #[target_feature(enable = $features)]
+        pub(super) unsafe fn $x4(
+            t: GgmlType,
+            row: &[u8],
+            xs: [&super::int8::Q8Input; 4],
+        ) -> [f32; 4] {
+            let blocks = xs[0].d.len();
+            assert!(
+                xs.iter().all(|x| x.d.len() == blocks),
+                "int8 x4: inputs of different lengths"
+            );
+            let p = row.as_ptr();
+            match t {
+                GgmlType::Q4_0 => {
+                    assert_eq!(row.len(), blocks * block_bytes(Q4_0), "int8 x4: wrong size");
+                    int8_row_x4::<Q4_0>(p, xs, $dot)
+                }
+                GgmlType::Q4_1 => {
+                    assert_eq!(row.len(), blocks * block_bytes(Q4_1), "int8 x4: wrong size");
+                    int8_row_x4::<Q4_1>(p, xs, $dot)
+                }
+                GgmlType::Q8_0 => {
+                    assert_eq!(row.len(), blocks * block_bytes(Q8_0), "int8 x4: wrong size");
+                    int8_row_x4::<Q8_0>(p, xs, $dot)
+                }
+                _ => unreachable!("int8 x4: no kernel for {t}"),
+            }
+        }
+
         // The closures are written here, inside the functions with the
         // features, so they inherit them and inline (a closure outside is a
         // call per block: a fifth of decode).
@@ -599,21 +678,24 @@ int8_kernels!(
     |w, x| dot32_u8_i8(w, x),
     q4_0_int8,
     q4_1_int8,
-    q8_0_int8
+    q8_0_int8,
+    int8_x4
 );
 int8_kernels!(
     "avx2,fma,f16c,avxvnni",
     |w, x| _mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), w, x),
     q4_0_int8_avxvnni,
     q4_1_int8_avxvnni,
-    q8_0_int8_avxvnni
+    q8_0_int8_avxvnni,
+    int8_x4_avxvnni
 );
 int8_kernels!(
     "avx2,fma,f16c,avx512f,avx512vl,avx512vnni",
     |w, x| _mm256_dpbusd_epi32(_mm256_setzero_si256(), w, x),
     q4_0_int8_avx512vnni,
     q4_1_int8_avx512vnni,
-    q8_0_int8_avx512vnni
+    q8_0_int8_avx512vnni,
+    int8_x4_avx512vnni
 );
 
 /// Q8_0 rows times a 16-bit input (the vocabulary projection): per block,

@@ -210,6 +210,36 @@ pub fn variants(t: GgmlType) -> Vec<Kernel> {
     v
 }
 
+/// A kernel for one row of type `t` and four inputs: what [`Kernel`]
+/// gives each input, bit for bit, for less than four times its work.
+pub type Kernel4 = fn(GgmlType, &[u8], [&Q8Input; 4]) -> [f32; 4];
+
+/// The copies of the four-input kernel this CPU runs for `t`, best last;
+/// empty for types without an int8 kernel, or without a SIMD copy here (the
+/// caller then runs [`variants`]' kernel once per input).
+pub fn variants4(t: GgmlType) -> Vec<Kernel4> {
+    #[cfg_attr(not(target_arch = "x86_64"), allow(unused_mut))]
+    let mut v: Vec<Kernel4> = Vec::new();
+    if !matches!(t, GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q8_0) {
+        return v;
+    }
+    #[cfg(target_arch = "x86_64")]
+    {
+        use std::arch::is_x86_feature_detected as has;
+        if has!("avx2") && has!("fma") && has!("f16c") {
+            // SAFETY (each): listed only when the CPU reports the
+            // instructions; the kernels check the row's and inputs' sizes.
+            v.push(|t, r, xs| unsafe { super::avx2::int8_x4(t, r, xs) });
+            if has!("avxvnni") {
+                v.push(|t, r, xs| unsafe { super::avx2::int8_x4_avxvnni(t, r, xs) });
+            } else if has!("avx512vnni") && has!("avx512vl") {
+                v.push(|t, r, xs| unsafe { super::avx2::int8_x4_avx512vnni(t, r, xs) });
+            }
+        }
+    }
+    v
+}
+
 /// The portable copy, per row: for each block, the exact integer sum S of
 /// its level products and the block's scale d_w and constant part c_w
 /// (weight = d_w level + c_w), then acc = fma(S, d_w d_x, acc) and
@@ -405,6 +435,40 @@ mod tests {
                 let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
                 assert_eq!(bits(&together), bits(&want), "{t} variant {v}");
                 assert_eq!(bits(&alone), bits(&want), "{t} variant {v} row by row");
+            }
+        }
+    }
+
+    /// The four-input kernel (through `RowDot::dot_row_many`, seven inputs:
+    /// a group of four and three alone; and each copy alone) gives each
+    /// input what its own dot gives, bit for bit, for odd and even block
+    /// counts.
+    #[test]
+    fn four_inputs_at_once_give_each_input_its_own_bits() {
+        let mut rng = Rng::new(46);
+        for t in [GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q8_0] {
+            for k in [32, 96, 1024] {
+                let w: Vec<f32> = (0..k).map(|_| rng.normal()).collect();
+                let mut row = vec![0u8; t.row_bytes(k).unwrap()];
+                quantize_row(t, &w, &mut row);
+                let xs: Vec<Vec<f32>> = (0..7).map(|_| rng.vec(k, -3.0, 3.0)).collect();
+                let dots: Vec<_> = xs
+                    .iter()
+                    .map(|x| crate::quant::fast::RowDot::new_int8(t, x))
+                    .collect();
+                let mut many = vec![0.0f32; dots.len()];
+                crate::quant::fast::RowDot::dot_row_many(&dots, &row, &mut many);
+                for (i, (d, m)) in dots.iter().zip(&many).enumerate() {
+                    assert_eq!(d.dot(&row).to_bits(), m.to_bits(), "{t} k={k} input {i}");
+                }
+                // Every copy this CPU runs, not only the best.
+                let qs: Vec<Q8Input> = xs.iter().map(|x| Q8Input::new(x)).collect();
+                for (v, k4) in variants4(t).into_iter().enumerate() {
+                    let got = k4(t, &row, [&qs[0], &qs[1], &qs[2], &qs[3]]);
+                    let want: Vec<u32> = many[..4].iter().map(|x| x.to_bits()).collect();
+                    let got: Vec<u32> = got.iter().map(|x| x.to_bits()).collect();
+                    assert_eq!(got, want, "{t} k={k} copy {v}");
+                }
             }
         }
     }
