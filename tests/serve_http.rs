@@ -651,6 +651,42 @@ fn gpu_preempts_and_stays_exact(model: &str) {
     s.wait_metric("lfm_kv_blocks_in_use", 0.0, 10);
 }
 
+/// GPU: two prompts that share a long start (a system prompt) and differ
+/// after it: the second takes the shared full blocks from the cache (LFM2's
+/// conv state included) and answers what `generate --gpu` gives it alone.
+fn gpu_shares_a_system_prompt(model: &str) {
+    let s = Server::start(&["--gpu", "-m", model]);
+    let system = "You are a careful assistant who answers in one short line. ".repeat(3);
+    let mut cached = Vec::new();
+    for q in ["what is two plus two?", "name a colour of the sky."] {
+        let p = format!("{system}{q}");
+        let r = s.post_json(
+            "/v1/completions",
+            &json!({"prompt": p, "max_tokens": 12, "temperature": 0}).to_string(),
+        );
+        assert_eq!(r.status, 200, "{}", r.text());
+        assert_eq!(answer(&r), generate_alone("--gpu", model, &p, 12), "{p:?}");
+        cached.push(r.json()["usage"]["prompt_tokens_details"]["cached_tokens"].as_u64());
+    }
+    assert_eq!(cached[0], Some(0));
+    let second = cached[1].unwrap();
+    assert!(
+        second >= 16 && second % 16 == 0,
+        "the shared start was not reused: {second} tokens cached"
+    );
+    s.wait_metric("lfm_kv_blocks_in_use", 0.0, 10);
+}
+
+#[test]
+fn the_gpu_backend_shares_a_system_prompt_llama() {
+    gpu_shares_a_system_prompt(&tiny_llama());
+}
+
+#[test]
+fn the_gpu_backend_shares_a_system_prompt_lfm2() {
+    gpu_shares_a_system_prompt(&tiny_lfm2());
+}
+
 #[test]
 fn the_gpu_backend_preempts_when_its_cache_is_short_llama() {
     gpu_preempts_and_stays_exact(&tiny_llama());
