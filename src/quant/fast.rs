@@ -57,8 +57,9 @@ enum Path {
     /// one.
     Int8(int8::Q8Input, int8::Kernel, Option<int8::Kernel4>),
     /// `x` rounded to 16 bits and the integer kernel over it
-    /// ([`RowDot::new_int16`]).
-    Int16(int8::Q16Input, int8::Kernel16),
+    /// ([`RowDot::new_int16`]), and its copy for four inputs where there is
+    /// one.
+    Int16(int8::Q16Input, int8::Kernel16, Option<int8::Kernel16x4>),
 }
 
 /// Elements per precomputed sum of `x` for each kernel (0: none needed).
@@ -116,11 +117,11 @@ impl<'a> RowDot<'a> {
     /// blocks, stay exact.
     pub fn new_int16(dtype: GgmlType, x: &'a [f32]) -> Self {
         match int8::variants16(dtype).pop() {
-            Some(k) if x.len().is_multiple_of(32) => RowDot {
+            Some((k, k4)) if x.len().is_multiple_of(32) => RowDot {
                 dtype,
                 x,
                 row_bytes: dtype.row_bytes(x.len()),
-                path: Path::Int16(int8::Q16Input::new(x), k),
+                path: Path::Int16(int8::Q16Input::new(x), k, k4),
             },
             _ => RowDot::new(dtype, x),
         }
@@ -140,7 +141,7 @@ impl<'a> RowDot<'a> {
                 k(row, q, std::slice::from_mut(&mut out));
                 out
             }
-            Path::Int16(q, k) => {
+            Path::Int16(q, k, _) => {
                 self.check_row(row);
                 k(row, q)
             }
@@ -175,7 +176,7 @@ impl<'a> RowDot<'a> {
                 }
             }
             Path::Int8(q, k, _) => k(rows, q, out),
-            Path::Int16(q, k) => {
+            Path::Int16(q, k, _) => {
                 for (o, r) in out.iter_mut().zip(rows.chunks_exact(rb)) {
                     *o = k(r, q);
                 }
@@ -185,8 +186,8 @@ impl<'a> RowDot<'a> {
 
     /// The dot products of one `row` with each of `dots`' inputs (all of
     /// the row's type and length) into `out`: each the same bits as that
-    /// input's [`RowDot::dot`]. Int8 inputs go four at a time through one
-    /// kernel, which unpacks the row's blocks once for the four.
+    /// input's [`RowDot::dot`]. Int8 and int16 inputs go four at a time
+    /// through one kernel, which unpacks the row's blocks once for the four.
     pub fn dot_row_many(dots: &'a [RowDot<'a>], row: &[u8], out: &mut [f32]) {
         assert_eq!(dots.len(), out.len(), "dot_row_many: one output per input");
         let int8 = |d: &'a RowDot| match &d.path {
@@ -196,18 +197,36 @@ impl<'a> RowDot<'a> {
             }
             _ => None,
         };
+        let int16 = |d: &'a RowDot| match &d.path {
+            Path::Int16(q, _, Some(k4)) => {
+                d.check_row(row);
+                Some((q, *k4))
+            }
+            _ => None,
+        };
         let mut i = 0;
         while i + 4 <= dots.len() {
-            let four = (
-                int8(&dots[i]),
-                int8(&dots[i + 1]),
-                int8(&dots[i + 2]),
-                int8(&dots[i + 3]),
+            let four = &dots[i..i + 4];
+            let eights = (
+                int8(&four[0]),
+                int8(&four[1]),
+                int8(&four[2]),
+                int8(&four[3]),
             );
-            let (Some((a, k4)), Some((b, _)), Some((c, _)), Some((d, _))) = four else {
-                break;
-            };
-            out[i..i + 4].copy_from_slice(&k4(dots[0].dtype, row, [a, b, c, d]));
+            if let (Some((a, k4)), Some((b, _)), Some((c, _)), Some((d, _))) = eights {
+                out[i..i + 4].copy_from_slice(&k4(dots[0].dtype, row, [a, b, c, d]));
+            } else {
+                let sixteens = (
+                    int16(&four[0]),
+                    int16(&four[1]),
+                    int16(&four[2]),
+                    int16(&four[3]),
+                );
+                let (Some((a, k4)), Some((b, _)), Some((c, _)), Some((d, _))) = sixteens else {
+                    break;
+                };
+                out[i..i + 4].copy_from_slice(&k4(row, [a, b, c, d]));
+            }
             i += 4;
         }
         for (d, o) in dots[i..].iter().zip(&mut out[i..]) {

@@ -724,6 +724,71 @@ pub(super) unsafe fn q8_0_int16(row: &[u8], x: &super::int8::Q16Input) -> f32 {
     hsum(acc)
 }
 
+/// [`q8_0_int16`] of one row with four inputs: each input's sum takes
+/// exactly the operations of its own call (the same bits), the row's bytes
+/// widened and its scales converted once for the four.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn q8_0_int16_x4(row: &[u8], xs: [&super::int8::Q16Input; 4]) -> [f32; 4] {
+    let blocks: &[BlockQ8_0] = bytemuck::cast_slice(row);
+    for x in xs {
+        assert!(x.d.len() >= blocks.len(), "q8_0_int16_x4: a short input");
+    }
+    let mut acc = [_mm256_setzero_ps(); 4];
+    for (i, b) in blocks.iter().enumerate() {
+        let w = b.qs.as_ptr();
+        let wlo = _mm256_cvtepi8_epi16(_mm_loadu_si128(w.cast()));
+        let whi = _mm256_cvtepi8_epi16(_mm_loadu_si128(w.add(16).cast()));
+        let (d, _) = f16_pair(b.d, [0, 0]);
+        for (a, x) in acc.iter_mut().zip(xs) {
+            let xq = x.qs.as_ptr();
+            let lo = _mm256_madd_epi16(wlo, _mm256_loadu_si256(xq.add(32 * i).cast()));
+            let hi = _mm256_madd_epi16(whi, _mm256_loadu_si256(xq.add(32 * i + 16).cast()));
+            let t = _mm256_cvtepi32_ps(_mm256_add_epi32(lo, hi));
+            *a = _mm256_fmadd_ps(t, _mm256_set1_ps(d * x.d[i]), *a);
+        }
+    }
+    std::array::from_fn(|m| hsum(acc[m]))
+}
+
+/// [`q8_0_int16_avx512vnni`] of one row with four inputs, as
+/// [`q8_0_int16_x4`] is of [`q8_0_int16`].
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vnni")]
+pub(super) unsafe fn q8_0_int16_x4_avx512vnni(
+    row: &[u8],
+    xs: [&super::int8::Q16Input; 4],
+) -> [f32; 4] {
+    let blocks: &[BlockQ8_0] = bytemuck::cast_slice(row);
+    for x in xs {
+        assert!(x.d.len() >= blocks.len(), "q8_0_int16_x4: a short input");
+    }
+    let mut acc = [[_mm512_setzero_ps(); 4]; 2];
+    // Block i into accumulator h (the single kernel's a0 for even blocks,
+    // a1 for odd ones).
+    let mut block = |i: usize, h: usize| {
+        let b = &blocks[i];
+        let w16 = _mm512_cvtepi8_epi16(_mm256_loadu_si256(b.qs.as_ptr().cast()));
+        let (d, _) = f16_pair(b.d, [0, 0]);
+        for (a, x) in acc[h].iter_mut().zip(xs) {
+            let p = _mm512_dpwssd_epi32(
+                _mm512_setzero_si512(),
+                w16,
+                _mm512_loadu_si512(x.qs.as_ptr().add(32 * i).cast()),
+            );
+            *a = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), _mm512_set1_ps(d * x.d[i]), *a);
+        }
+    };
+    let mut i = 0;
+    while i + 2 <= blocks.len() {
+        block(i, 0);
+        block(i + 1, 1);
+        i += 2;
+    }
+    if i < blocks.len() {
+        block(i, 0);
+    }
+    std::array::from_fn(|m| _mm512_reduce_add_ps(_mm512_add_ps(acc[0][m], acc[1][m])))
+}
+
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vnni")]
 pub(super) unsafe fn q8_0_int16_avx512vnni(row: &[u8], x: &super::int8::Q16Input) -> f32 {
     let blocks: &[BlockQ8_0] = bytemuck::cast_slice(row);

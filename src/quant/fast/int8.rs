@@ -113,23 +113,35 @@ impl Q16Input {
 /// A Q8_0 row kernel over a 16-bit input.
 pub type Kernel16 = fn(&[u8], &Q16Input) -> f32;
 
-/// The copies of the 16-bit-input kernel for `t` this CPU runs, best last;
-/// empty for types without one (only Q8_0 has one).
-pub fn variants16(t: GgmlType) -> Vec<Kernel16> {
+/// A Q8_0 row kernel over four 16-bit inputs: what its [`Kernel16`] gives
+/// each, bit for bit.
+pub type Kernel16x4 = fn(&[u8], [&Q16Input; 4]) -> [f32; 4];
+
+/// The copies of the 16-bit-input kernel for `t` this CPU runs, each with
+/// its four-input copy where it has one (the SIMD ones), best last; empty
+/// for types without one (only Q8_0 has one).
+pub fn variants16(t: GgmlType) -> Vec<(Kernel16, Option<Kernel16x4>)> {
     if t != GgmlType::Q8_0 {
         return Vec::new();
     }
     #[cfg_attr(not(target_arch = "x86_64"), allow(unused_mut))]
-    let mut v: Vec<Kernel16> = vec![|r, q| q8_0_16(bytemuck::cast_slice(r), q)];
+    let mut v: Vec<(Kernel16, Option<Kernel16x4>)> =
+        vec![(|r, q| q8_0_16(bytemuck::cast_slice(r), q), None)];
     #[cfg(target_arch = "x86_64")]
     {
         use std::arch::is_x86_feature_detected as has;
         // SAFETY (each): listed only when the CPU reports the instructions;
         // RowDot checked the row size against the input's length.
         if has!("avx2") && has!("fma") && has!("f16c") {
-            v.push(|r, q| unsafe { super::avx2::q8_0_int16(r, q) });
+            v.push((
+                |r, q| unsafe { super::avx2::q8_0_int16(r, q) },
+                Some(|r, xs| unsafe { super::avx2::q8_0_int16_x4(r, xs) }),
+            ));
             if has!("avx512f") && has!("avx512bw") && has!("avx512vnni") {
-                v.push(|r, q| unsafe { super::avx2::q8_0_int16_avx512vnni(r, q) });
+                v.push((
+                    |r, q| unsafe { super::avx2::q8_0_int16_avx512vnni(r, q) },
+                    Some(|r, xs| unsafe { super::avx2::q8_0_int16_x4_avx512vnni(r, xs) }),
+                ));
             }
         }
     }
@@ -469,6 +481,31 @@ mod tests {
                     let got: Vec<u32> = got.iter().map(|x| x.to_bits()).collect();
                     assert_eq!(got, want, "{t} k={k} copy {v}");
                 }
+                // The 16-bit inputs (Q8_0's vocabulary projection): each
+                // copy's four-input kernel against its own single one.
+                if t == GgmlType::Q8_0 {
+                    let q16: Vec<Q16Input> = xs.iter().map(|x| Q16Input::new(x)).collect();
+                    for (v, (k1, k4)) in variants16(t).into_iter().enumerate() {
+                        let Some(k4) = k4 else { continue };
+                        let got = k4(&row, [&q16[0], &q16[1], &q16[2], &q16[3]]);
+                        for (m, g) in got.iter().enumerate() {
+                            let want = k1(&row, &q16[m]);
+                            assert_eq!(
+                                g.to_bits(),
+                                want.to_bits(),
+                                "int16 k={k} copy {v} input {m}"
+                            );
+                        }
+                    }
+                    let dots: Vec<_> = xs
+                        .iter()
+                        .map(|x| crate::quant::fast::RowDot::new_int16(t, x))
+                        .collect();
+                    crate::quant::fast::RowDot::dot_row_many(&dots, &row, &mut many);
+                    for (i, (d, m)) in dots.iter().zip(&many).enumerate() {
+                        assert_eq!(d.dot(&row).to_bits(), m.to_bits(), "int16 k={k} input {i}");
+                    }
+                }
             }
         }
     }
@@ -493,7 +530,7 @@ mod tests {
             let q = Q16Input::new(&x);
             let got: Vec<f32> = variants16(t)
                 .into_iter()
-                .map(|kern| kern(&row, &q))
+                .map(|(kern, _)| kern(&row, &q))
                 .collect();
             for (v, &g) in got.iter().enumerate() {
                 assert!(
