@@ -154,6 +154,36 @@ impl BlockPool {
         Some(id)
     }
 
+    /// The cached full blocks `prompt` starts with, each taken for one more
+    /// user, and the hash of the prefix they end: at most all but the
+    /// prompt's last token (whose logits must be computed), and only as far
+    /// as `usable` accepts each block (given its id and the position its
+    /// end is at; a hybrid model continues only from a block whose conv
+    /// state it has).
+    pub fn lookup_prefix(
+        &mut self,
+        prompt: &[u32],
+        mut usable: impl FnMut(u32, usize) -> bool,
+    ) -> (Vec<u32>, u64) {
+        let mut table = Vec::new();
+        let mut parent = ROOT;
+        let Some((_, head)) = prompt.split_last() else {
+            return (table, parent);
+        };
+        for block in head.chunks_exact(BLOCK) {
+            let Some(id) = self.lookup(parent, block) else {
+                break;
+            };
+            if !usable(id, (table.len() + 1) * BLOCK) {
+                self.release(id);
+                break;
+            }
+            table.push(id);
+            parent = chain(parent, block);
+        }
+        (table, parent)
+    }
+
     /// Records a block that just became full, so later sequences can reuse
     /// it; a block with the same key already cached keeps that place.
     /// Returns whether `id` was registered.

@@ -12,7 +12,7 @@
 //! sequence's tokens do not depend on what else shares its step.
 
 use super::batch::{BatchedLm, SeqId, SeqWork};
-use super::kv_blocks::{blocks_for, chain, BlockPool, BlockUsage, BLOCK, ROOT};
+use super::kv_blocks::{blocks_for, chain, BlockPool, BlockUsage, BLOCK};
 use super::llm::{
     attn_shape, check_truncate, conv_ring_rows, conv_rows_kept, ring_row, CausalLm, LayerKind,
     LayerState, LlmConfig, Mixer, SeqState, Weights, REWIND_DEPTH,
@@ -489,34 +489,25 @@ impl BatchedLm for CpuBatch {
         }
         self.engine.check_tokens(prompt)?;
         let mut state = SeqCache::new(&self.engine.cfg);
-        // Full blocks of the prompt already computed; the last prompt token
-        // is always computed again, for its logits.
-        let mut parent = ROOT;
-        for block in prompt[..prompt.len() - 1].chunks_exact(BLOCK) {
-            let Some(id) = self.engine.pool.lookup(parent, block) else {
-                break;
+        // Full blocks of the prompt already computed.
+        let (has_conv, conv_at_block, d) =
+            (self.has_conv, &self.conv_at_block, self.engine.cfg.hidden);
+        let (table, parent) = self.engine.pool.lookup_prefix(prompt, |id, end| {
+            if !has_conv {
+                return true;
+            }
+            let Some(conv) = conv_at_block.get(&id) else {
+                return false;
             };
-            if self.has_conv {
-                match self.conv_at_block.get(&id) {
-                    Some(conv) => {
-                        let d = self.engine.cfg.hidden;
-                        let end = state.pos + BLOCK;
-                        for (ring, history) in state.conv.iter_mut().zip(conv) {
-                            if !history.is_empty() {
-                                set_ring_history(ring, end, history, d);
-                            }
-                        }
-                    }
-                    None => {
-                        self.engine.pool.release(id);
-                        break;
-                    }
+            for (ring, history) in state.conv.iter_mut().zip(conv) {
+                if !history.is_empty() {
+                    set_ring_history(ring, end, history, d);
                 }
             }
-            state.table.push(id);
-            state.pos += BLOCK;
-            parent = chain(parent, block);
-        }
+            true
+        });
+        state.pos = table.len() * BLOCK;
+        state.table = table;
         let reserve = blocks_for(prompt.len() + 1) - state.table.len();
         if !self.engine.pool.reserve(reserve) {
             for &b in &state.table {

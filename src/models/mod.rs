@@ -179,6 +179,18 @@ pub enum KvSize {
     Sequences(usize, usize),
 }
 
+impl KvSize {
+    /// Cached positions in all for `cfg`, `default` where not told.
+    fn positions(self, cfg: &LlmConfig, default: usize) -> usize {
+        match self {
+            KvSize::Default => default,
+            KvSize::Bytes(b) => (b / cfg.kv_bytes_per_position().max(1)).max(1),
+            KvSize::Blocks(n) => n * kv_blocks::BLOCK,
+            KvSize::Sequences(n, len) => n * kv_blocks::blocks_for(len) * kv_blocks::BLOCK,
+        }
+    }
+}
+
 /// KV cache positions a GPU batch has unless told: what 16 sequences of
 /// 4096 positions took before the cache was paged.
 const GPU_DEFAULT_POSITIONS: usize = 16 * 4096;
@@ -196,12 +208,10 @@ fn gpu_kv(
     sequences: Option<usize>,
     max_binding: u64,
 ) -> (usize, usize) {
-    let positions = match kv {
-        KvSize::Sequences(n, len) => return (n, n * kv_blocks::blocks_for(len) * kv_blocks::BLOCK),
-        KvSize::Default => GPU_DEFAULT_POSITIONS,
-        KvSize::Bytes(b) => b / cfg.kv_bytes_per_position().max(1),
-        KvSize::Blocks(n) => n * kv_blocks::BLOCK,
-    };
+    let positions = kv.positions(cfg, GPU_DEFAULT_POSITIONS);
+    if let KvSize::Sequences(n, _) = kv {
+        return (n, positions);
+    }
     let per_position = (cfg.kv_heads * cfg.head_dim * 4).max(1) as u64;
     let fit = (max_binding / per_position) as usize / kv_blocks::BLOCK * kv_blocks::BLOCK;
     let sequences = sequences.unwrap_or(GPU_DEFAULT_SEQUENCES);
@@ -221,12 +231,8 @@ pub fn load_batched_llm(
     sequences: Option<usize>,
 ) -> Result<LoadedBatch> {
     let (cfg, weights, tokenizer, defaults) = open_converted(path, opts)?;
-    let positions = match kv {
-        KvSize::Default => 4 * cfg.context,
-        KvSize::Bytes(b) => (b / cfg.kv_bytes_per_position().max(1)).max(1),
-        KvSize::Blocks(n) => n * kv_blocks::BLOCK,
-        KvSize::Sequences(n, len) => n * kv_blocks::blocks_for(len) * kv_blocks::BLOCK,
-    };
+    // Four full contexts on the CPU unless told.
+    let positions = kv.positions(&cfg, 4 * cfg.context);
     let (model, _) = opts.device.build(
         || -> Result<Box<dyn batch::BatchedLm>> {
             Ok(Box::new(llm_cpu::CpuBatch::new(

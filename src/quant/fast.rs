@@ -188,45 +188,21 @@ impl<'a> RowDot<'a> {
     /// the row's type and length) into `out`: each the same bits as that
     /// input's [`RowDot::dot`]. Int8 and int16 inputs go four at a time
     /// through one kernel, which unpacks the row's blocks once for the four.
-    pub fn dot_row_many(dots: &'a [RowDot<'a>], row: &[u8], out: &mut [f32]) {
+    pub fn dot_row_many(dots: &[RowDot], row: &[u8], out: &mut [f32]) {
         assert_eq!(dots.len(), out.len(), "dot_row_many: one output per input");
-        let int8 = |d: &'a RowDot| match &d.path {
-            Path::Int8(q, _, Some(k4)) if d.dtype == dots[0].dtype => {
-                d.check_row(row);
-                Some((q, *k4))
-            }
-            _ => None,
-        };
-        let int16 = |d: &'a RowDot| match &d.path {
-            Path::Int16(q, _, Some(k4)) => {
-                d.check_row(row);
-                Some((q, *k4))
-            }
-            _ => None,
-        };
         let mut i = 0;
         while i + 4 <= dots.len() {
             let four = &dots[i..i + 4];
-            let eights = (
-                int8(&four[0]),
-                int8(&four[1]),
-                int8(&four[2]),
-                int8(&four[3]),
-            );
-            if let (Some((a, k4)), Some((b, _)), Some((c, _)), Some((d, _))) = eights {
-                out[i..i + 4].copy_from_slice(&k4(dots[0].dtype, row, [a, b, c, d]));
-            } else {
-                let sixteens = (
-                    int16(&four[0]),
-                    int16(&four[1]),
-                    int16(&four[2]),
-                    int16(&four[3]),
-                );
-                let (Some((a, k4)), Some((b, _)), Some((c, _)), Some((d, _))) = sixteens else {
-                    break;
-                };
-                out[i..i + 4].copy_from_slice(&k4(row, [a, b, c, d]));
-            }
+            four.iter().for_each(|d| d.check_row(row));
+            out[i..i + 4].copy_from_slice(&match [0, 1, 2, 3].map(|j| &four[j].path) {
+                [Path::Int8(a, _, Some(k4)), Path::Int8(b, ..), Path::Int8(c, ..), Path::Int8(d, ..)] => {
+                    k4(four[0].dtype, row, [a, b, c, d])
+                }
+                [Path::Int16(a, _, Some(k4)), Path::Int16(b, ..), Path::Int16(c, ..), Path::Int16(d, ..)] => {
+                    k4(row, [a, b, c, d])
+                }
+                _ => break,
+            });
             i += 4;
         }
         for (d, o) in dots[i..].iter().zip(&mut out[i..]) {

@@ -50,7 +50,7 @@ use crate::gpu::llm_ops::{self, AttnBuffers, Cols, GemvEpilogue, PrefillRows, Ro
 use crate::gpu::ops::{self, Dispatch};
 use crate::gpu::profile::{PassMarks, PassTimer, StepProfile};
 use crate::models::batch::{BatchedLm, SeqId, SeqWork};
-use crate::models::kv_blocks::{blocks_for, chain, BlockPool, BlockUsage, BLOCK, ROOT};
+use crate::models::kv_blocks::{blocks_for, chain, BlockPool, BlockUsage, BLOCK};
 use crate::models::llm::{attn_shape, conv_ring_rows, CausalLm, LayerKind, LlmConfig, Weights};
 use crate::models::recipe::{self, DecoderOps, Residual};
 use crate::sampling::Sampler;
@@ -546,21 +546,6 @@ impl GpuBatch {
     fn release(&mut self) {
         self.sync();
         self.held = None;
-    }
-
-    /// The cached blocks `prompt` can start from (at most all but its last
-    /// token, whose logits must be computed), taken for it.
-    fn cached_prefix(&mut self, prompt: &[u32]) -> Vec<u32> {
-        let mut table = Vec::new();
-        let mut parent = ROOT;
-        for block in prompt[..prompt.len() - 1].chunks_exact(BLOCK) {
-            let Some(id) = self.pool.lookup(parent, block) else {
-                break;
-            };
-            table.push(id);
-            parent = chain(parent, block);
-        }
-        table
     }
 
     /// Sets `slot`'s conv rings for a sequence starting at position `pos`:
@@ -1308,7 +1293,8 @@ impl BatchedLm for GpuBatch {
         // Blocks the single model computed must be in the cache before
         // another sequence may read them.
         self.sync();
-        let table = self.cached_prefix(prompt);
+        // Every cached block continues: its conv ends are kept with it.
+        let (table, prefix_hash) = self.pool.lookup_prefix(prompt, |_, _| true);
         let reserve = blocks_for(prompt.len() + 1) - table.len();
         if !self.pool.reserve(reserve) {
             for b in table {
@@ -1318,7 +1304,6 @@ impl BatchedLm for GpuBatch {
         }
         self.start_rings(slot, table.last().copied(), table.len() * BLOCK);
         let n = table.len() * BLOCK;
-        let prefix_hash = prompt[..n].chunks_exact(BLOCK).fold(ROOT, chain);
         let id = self.next_id;
         self.next_id += 1;
         self.seqs[slot] = Some(Seq {
