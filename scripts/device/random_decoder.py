@@ -5,11 +5,13 @@ H200 (scripts/device/recipe_check.sh), where no weights can be fetched.
 
     python3 scripts/device/random_decoder.py gemma3-270m OUT_DIR
     python3 scripts/device/random_decoder.py lfm2-350m OUT_DIR
+    python3 scripts/device/random_decoder.py lfm2-1.2b OUT_DIR
     python3 scripts/device/random_decoder.py smollm2-1.7b OUT_DIR
 
 Shapes: gemma-3-270m's config (hidden 640, 18 layers, 4/1 heads of 256,
 feed-forward 2048, vocabulary 262144, sliding window 512 on 5 of every 6
-layers); LFM2-350M's (as scripts/fixtures/lfm2_350m_random.py);
+layers); LFM2-350M's (as scripts/fixtures/lfm2_350m_random.py); LFM2-1.2B's
+(hidden 2048, 32 heads, feed-forward 12288 auto-adjusted to 8192);
 SmolLM2-1.7B's (Llama: hidden 2048, 24 layers, 32 heads of 64, feed-forward
 8192, SmolLM2's vocabulary of 49152, so SmolLM2-135M can draft for it:
 scripts/device/speculative.sh). Init: every
@@ -43,6 +45,15 @@ def lfm2_350m():
     return Lfm2ForCausalLM(cfg), False
 
 
+def lfm2_1_2b():
+    cfg = Lfm2Config(vocab_size=65536, hidden_size=2048, intermediate_size=12288, num_hidden_layers=16,
+                     num_attention_heads=32, num_key_value_heads=8, max_position_embeddings=128000,
+                     norm_eps=1e-5, conv_L_cache=3, block_multiple_of=256, block_ffn_dim_multiplier=1.0,
+                     block_auto_adjust_ff_dim=True, full_attn_idxs=[2, 5, 8, 10, 12, 14],
+                     tie_word_embeddings=True, dtype="bfloat16")
+    return Lfm2ForCausalLM(cfg), False
+
+
 def smollm2_1_7b():
     cfg = LlamaConfig(vocab_size=49152, hidden_size=2048, intermediate_size=8192, num_hidden_layers=24,
                       num_attention_heads=32, num_key_value_heads=32, max_position_embeddings=8192,
@@ -52,7 +63,8 @@ def smollm2_1_7b():
 
 def main():
     name, out = sys.argv[1], sys.argv[2]
-    model, gemma = {"gemma3-270m": gemma3_270m, "lfm2-350m": lfm2_350m, "smollm2-1.7b": smollm2_1_7b}[name]()
+    model, gemma = {"gemma3-270m": gemma3_270m, "lfm2-350m": lfm2_350m, "lfm2-1.2b": lfm2_1_2b,
+                    "smollm2-1.7b": smollm2_1_7b}[name]()
     g = torch.Generator().manual_seed(1)
     with torch.no_grad():
         for pname, p in sorted(model.named_parameters(), key=lambda kv: kv[0]):
