@@ -349,6 +349,92 @@ fn ignore_eos_runs_past_the_end_of_sequence_token_to_max_tokens() {
     assert!(r.text().contains("ignore_eos"), "{}", r.text());
 }
 
+/// A model without a tokenizer (token-id prompts) answers with the ids
+/// it generated, `token_ids` (vLLM's field), whole and chunk by chunk,
+/// equal to `generate --prompt-ids` alone; a model with one gives them when
+/// asked (`return_token_ids`).
+#[test]
+fn token_ids_come_back_from_a_model_without_a_tokenizer() {
+    let dir = common::scratch("no-tokenizer");
+    for f in ["config.json", "generation_config.json", "model.safetensors"] {
+        std::fs::copy(std::path::Path::new(&tiny_lfm2()).join(f), dir.join(f)).unwrap();
+    }
+    let model = dir.display().to_string();
+    let o = common::run(
+        env!("CARGO_BIN_EXE_generate"),
+        &[
+            "--cpu",
+            "-m",
+            &model,
+            "--prompt-ids",
+            "1,50,35",
+            "--temperature",
+            "0",
+            "-n",
+            "6",
+            "--json",
+        ],
+    );
+    assert!(o.status.success(), "{}", common::stderr(&o));
+    let alone: Value = serde_json::from_str(common::stdout(&o).trim()).unwrap();
+    let want = &alone["generated_ids"];
+    assert_eq!(want.as_array().unwrap().len(), 6, "{alone}");
+
+    let s = Server::start(&["--cpu", "-m", &model]);
+    let body = |stream: bool| {
+        json!({"prompt": [1, 50, 35], "max_tokens": 6, "temperature": 0, "stream": stream})
+            .to_string()
+    };
+    let r = s.post_json("/v1/completions", &body(false));
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(&r.json()["choices"][0]["token_ids"], want, "{}", r.text());
+    // Streamed: one chunk a token though no text comes with it.
+    let r = s.post_json("/v1/completions", &body(true));
+    assert_eq!(r.status, 200, "{}", r.text());
+    let streamed: Vec<Value> = r
+        .events()
+        .iter()
+        .filter(|e| *e != "[DONE]")
+        .flat_map(|e| {
+            let v: Value = serde_json::from_str(e).unwrap();
+            v["choices"][0]["token_ids"]
+                .as_array()
+                .cloned()
+                .unwrap_or_default()
+        })
+        .collect();
+    assert_eq!(&Value::from(streamed), want, "{}", r.text());
+    // A text prompt needs the tokenizer it lacks.
+    let r = s.post_json("/v1/completions", &json!({"prompt": "Hello"}).to_string());
+    assert_eq!(r.status, 400, "{}", r.text());
+    assert!(r.text().contains("no tokenizer"), "{}", r.text());
+    drop(s);
+
+    let s = Server::start(&["--cpu", "-m", &tiny_lfm2()]);
+    let ask = |ids: Value| {
+        let r = s.post_json(
+            "/v1/completions",
+            &json!({"prompt": "Hello", "max_tokens": 4, "temperature": 0, "return_token_ids": ids})
+                .to_string(),
+        );
+        (r.status, r.json())
+    };
+    let (status, v) = ask(json!(true));
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(
+        v["choices"][0]["token_ids"].as_array().unwrap().len(),
+        4,
+        "{v}"
+    );
+    let (status, v) = ask(json!(false));
+    assert_eq!(status, 200, "{v}");
+    assert!(v["choices"][0].get("token_ids").is_none(), "{v}");
+    let (status, v) = ask(json!(3));
+    assert_eq!(status, 400, "{v}");
+    assert_eq!(v["error"]["param"], "return_token_ids", "{v}");
+    let _ = std::fs::remove_dir_all(dir);
+}
+
 #[test]
 fn an_api_key_is_required_when_set() {
     let s = Server::start(&["--cpu", "-m", &tiny_llama(), "--api-key", "sekrit"]);

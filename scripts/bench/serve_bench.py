@@ -72,7 +72,8 @@ def one_request(url, prompt, max_tokens):
                 if choices and choices[0].get("finish_reason") is None:
                     times.append(time.perf_counter())
     conn.close()
-    # A model without a tokenizer streams no text: count from the usage.
+    # Every token's chunk counts, text or not (a model without a tokenizer
+    # streams `token_ids` and no text); the usage is the count where given.
     return t0, times, max(usage, len(times))
 
 

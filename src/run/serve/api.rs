@@ -113,6 +113,11 @@ pub struct Sampling {
     /// `max_tokens` or a stop string (what serving benchmarks ask for).
     #[serde(default)]
     pub ignore_eos: Option<bool>,
+    /// vLLM's extension: each choice (and each streamed chunk) also carries
+    /// the generated tokens' ids, `token_ids`. Always so for a model
+    /// without a tokenizer, whose text is empty.
+    #[serde(default)]
+    pub return_token_ids: Option<bool>,
 }
 
 #[derive(Deserialize, Debug)]

@@ -279,6 +279,8 @@ struct Prepared {
     rx: UnboundedReceiver<GenEvent>,
     stream: bool,
     include_usage: bool,
+    /// Whether choices carry `token_ids`.
+    token_ids: bool,
     id: String,
 }
 
@@ -359,6 +361,7 @@ fn prepare(
         rx,
         stream: sampling.stream(),
         include_usage: sampling.include_usage(),
+        token_ids: sampling.return_token_ids.unwrap_or(false) || l.tokenizer.is_none(),
         id: format!("{prefix}-{n:x}{:x}", clock & 0xffff_ffff),
     })
 }
@@ -423,21 +426,28 @@ fn submit(s: &AppState, req: GenRequest) -> ApiResult<()> {
 struct Collected {
     text: String,
     logprobs: Vec<Logprob>,
+    tokens: Vec<u32>,
     usage: Usage,
 }
 
 async fn collect(mut rx: UnboundedReceiver<GenEvent>) -> ApiResult<Collected> {
-    let (mut text, mut logprobs) = (String::new(), Vec::new());
+    let (mut text, mut logprobs, mut tokens) = (String::new(), Vec::new(), Vec::new());
     while let Some(ev) = rx.recv().await {
         match ev {
-            GenEvent::Text { text: t, logprob } => {
+            GenEvent::Text {
+                text: t,
+                logprob,
+                token,
+            } => {
                 text.push_str(&t);
                 logprobs.extend(logprob);
+                tokens.extend(token);
             }
             GenEvent::Done(usage) => {
                 return Ok(Collected {
                     text,
                     logprobs,
+                    tokens,
                     usage,
                 })
             }
@@ -551,6 +561,7 @@ async fn answer(
         rx,
         stream,
         include_usage,
+        token_ids,
         id,
     } = p;
     submit(s, req)?;
@@ -562,15 +573,18 @@ async fn answer(
             model,
             created,
             kind,
-            want_logprobs,
-            include_usage,
+            Extras {
+                logprobs: want_logprobs,
+                include_usage,
+                token_ids,
+            },
         ))
         .keep_alive(KeepAlive::default());
         return Ok(sse.into_response());
     }
     let c = collect(rx).await?;
     let finish = api::finish_name(c.usage.finish);
-    let body = match kind {
+    let mut body = match kind {
         Kind::Chat => json!({
             "id": id, "object": "chat.completion", "created": created, "model": model,
             "choices": [{
@@ -592,7 +606,18 @@ async fn answer(
             "usage": api::usage_json(&c.usage),
         }),
     };
+    if token_ids {
+        body["choices"][0]["token_ids"] = json!(c.tokens);
+    }
     Ok(axum::Json(body).into_response())
+}
+
+/// What a streamed answer's chunks carry beyond the text.
+#[derive(Clone, Copy)]
+struct Extras {
+    logprobs: bool,
+    include_usage: bool,
+    token_ids: bool,
 }
 
 /// Server-sent events in OpenAI's chunk format, ending with `[DONE]`.
@@ -602,8 +627,7 @@ fn event_stream(
     model: String,
     created: u64,
     kind: Kind,
-    want_logprobs: bool,
-    include_usage: bool,
+    extras: Extras,
 ) -> impl Stream<Item = Result<Event, Infallible>> {
     struct St {
         rx: UnboundedReceiver<GenEvent>,
@@ -652,11 +676,20 @@ fn event_stream(
                     continue;
                 }
                 match st.rx.recv().await {
-                    Some(GenEvent::Text { text, logprob }) => {
-                        if text.is_empty() && logprob.is_none() {
+                    Some(GenEvent::Text {
+                        text,
+                        logprob,
+                        token,
+                    }) => {
+                        // A token that completes no character yet is sent
+                        // only where its id or log probability goes with it.
+                        if text.is_empty()
+                            && logprob.is_none()
+                            && !(extras.token_ids && token.is_some())
+                        {
                             continue;
                         }
-                        let lp = match (want_logprobs, logprob) {
+                        let lp = match (extras.logprobs, logprob) {
                             (true, Some(l)) => match kind {
                                 Kind::Chat => api::chat_logprobs(std::slice::from_ref(&l)),
                                 Kind::Text => {
@@ -666,7 +699,7 @@ fn event_stream(
                             _ => Value::Null,
                         };
                         st.offset += text.len();
-                        let choice = match kind {
+                        let mut choice = match kind {
                             Kind::Chat => {
                                 json!({"index": 0, "delta": {"content": text}, "logprobs": lp, "finish_reason": null})
                             }
@@ -674,6 +707,9 @@ fn event_stream(
                                 json!({"index": 0, "text": text, "logprobs": lp, "finish_reason": null})
                             }
                         };
+                        if extras.token_ids {
+                            choice["token_ids"] = json!(Vec::from_iter(token));
+                        }
                         st.pending.push_back(chunk(choice, None));
                     }
                     Some(GenEvent::Done(u)) => {
@@ -687,7 +723,7 @@ fn event_stream(
                             }
                         };
                         st.pending.push_back(chunk(choice, None));
-                        if include_usage {
+                        if extras.include_usage {
                             st.pending
                                 .push_back(chunk(Value::Null, Some(api::usage_json(&u))));
                         }

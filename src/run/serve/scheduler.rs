@@ -36,10 +36,12 @@ pub struct GenRequest {
 #[derive(Debug)]
 pub enum GenEvent {
     /// Text produced since the last event (possibly empty when a token
-    /// completes no character yet), with the token's log probability.
+    /// completes no character yet), with the token's log probability, and
+    /// the token (none for the text held back until the end).
     Text {
         text: String,
         logprob: Option<Logprob>,
+        token: Option<u32>,
     },
     Done(Usage),
     /// The request failed; nothing more follows.
@@ -555,7 +557,11 @@ fn accept(
         if finish.is_none() && r.generated >= r.req.max_tokens {
             finish = Some(FinishReason::Length);
         }
-        let _ = r.req.events.send(GenEvent::Text { text, logprob });
+        let _ = r.req.events.send(GenEvent::Text {
+            text,
+            logprob,
+            token: Some(token),
+        });
     }
     match finish {
         None => r.last = Some(token),
@@ -573,6 +579,7 @@ fn accept(
                     let _ = r.req.events.send(GenEvent::Text {
                         text: rest,
                         logprob: None,
+                        token: None,
                     });
                 }
             }
