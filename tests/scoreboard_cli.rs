@@ -189,3 +189,102 @@ fn batch_rows(backend: &str, extra: &[&str]) -> String {
     }
     stderr(&o)
 }
+
+/// `--batch` beside `--llama-batched-bench`: the peer gets the same prompt,
+/// generation and batch sizes, its JSONL rows are reported, and each of
+/// ours carries its ratio. A stand-in script plays llama-batched-bench.
+#[cfg(unix)]
+#[test]
+fn batched_rows_sit_beside_llama_batched_bench() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = scratch("scoreboard-batched-peer");
+    let args_file = dir.join("args.txt");
+    let peer = dir.join("llama-batched-bench");
+    std::fs::write(
+        &peer,
+        format!(
+            "#!/bin/sh\necho \"$@\" > '{}'\n\
+             echo 'llama_model_load: noise' >&2\n\
+             echo '{{\"pp\": 4, \"tg\": 2, \"pl\": 1, \"n_kv\": 6, \"t_pp\": 0.5, \"speed_pp\": 8.0, \"t_tg\": 1.0, \"speed_tg\": 2.0}}'\n\
+             echo '{{\"pp\": 4, \"tg\": 2, \"pl\": 2, \"n_kv\": 12, \"t_pp\": 0.5, \"speed_pp\": 16.0, \"t_tg\": 1.0, \"speed_tg\": 4.0}}'\n",
+            args_file.display()
+        ),
+    )
+    .unwrap();
+    std::fs::set_permissions(&peer, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let peer_arg = peer.display().to_string();
+    let common_args = [
+        tiny(),
+        "-b".into(),
+        "cpu".into(),
+        "--batch".into(),
+        "1,2".into(),
+        "-p".into(),
+        "4".into(),
+        "-n".into(),
+        "2".into(),
+        "--llama-batched-bench".into(),
+        peer_arg,
+        "--llama-batched-bench-args".into(),
+        "-ngl 99".into(),
+    ];
+    let mut json_args: Vec<&str> = common_args.iter().map(String::as_str).collect();
+    json_args.extend(["-o", "json"]);
+    let o = run(BIN, &json_args);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let called = std::fs::read_to_string(&args_file).unwrap();
+    assert!(
+        called.contains(&format!("-m {} -npp 4 -ntg 2 -npl 1,2 -c 12", tiny())),
+        "{called}"
+    );
+    assert!(
+        called.trim_end().ends_with("--output-format jsonl -ngl 99"),
+        "{called}"
+    );
+    let lines: Vec<serde_json::Value> = stdout(&o)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let peer_rows: Vec<_> = lines
+        .iter()
+        .filter(|v| v["backend"] == "llama.cpp")
+        .collect();
+    assert_eq!(peer_rows.len(), 2, "{lines:?}");
+    assert_eq!(peer_rows[1]["row"]["s_tg"], 4.0);
+    let ours: Vec<_> = lines.iter().filter(|v| v["backend"] == "cpu").collect();
+    assert_eq!(ours.len(), 2, "{lines:?}");
+    for v in ours {
+        let b = v["row"]["b"].as_f64().unwrap();
+        let want = v["row"]["s_tg"].as_f64().unwrap() / (2.0 * b);
+        let got = v["s_tg_vs_peer"].as_f64().unwrap();
+        assert!((got - want).abs() < 1e-9 * want.max(1.0), "{v}");
+    }
+    // Markdown: the peer's table, then ours with the ratio column.
+    let md_args: Vec<&str> = common_args.iter().map(String::as_str).collect();
+    let o = run(BIN, &md_args);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let md = stdout(&o);
+    assert!(md.contains("(llama.cpp: `"), "{md}");
+    assert!(md.contains("| S_TG vs llama.cpp |"), "{md}");
+
+    // Without --batch the peer has nothing to compare; with it, llama-bench.
+    let o = run(BIN, &[&tiny(), "-b", "cpu", "--llama-batched-bench", "x"]);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(stderr(&o).contains("--batch"), "{}", stderr(&o));
+    let o = run(
+        BIN,
+        &[&tiny(), "-b", "cpu", "--batch", "2", "--llama-bench", "x"],
+    );
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("--llama-batched-bench"),
+        "{}",
+        stderr(&o)
+    );
+    // A peer that prints no rows is an error naming it.
+    std::fs::write(&peer, "#!/bin/sh\necho nothing\n").unwrap();
+    let o = run(BIN, &md_args);
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    assert!(stderr(&o).contains("printed no rows"), "{}", stderr(&o));
+    let _ = std::fs::remove_dir_all(dir);
+}

@@ -83,6 +83,16 @@ pub struct Args {
     #[arg(long, allow_hyphen_values = true)]
     pub llama_bench_args: Option<String>,
 
+    /// With --batch: run this llama-batched-bench on the same model files
+    /// (-npp, -ntg and -npl from -p, -n and --batch) and show its rows
+    /// beside ours with the ratio.
+    #[arg(long, value_name = "PATH")]
+    pub llama_batched_bench: Option<PathBuf>,
+
+    /// Extra arguments for llama-batched-bench (e.g. "-ngl 99"), after ours.
+    #[arg(long, allow_hyphen_values = true)]
+    pub llama_batched_bench_args: Option<String>,
+
     /// Draw tokens/s per arm into an SVG file.
     #[arg(long, value_name = "FILE")]
     pub plot: Option<PathBuf>,
@@ -211,6 +221,17 @@ pub fn run(mut args: Args) -> anyhow::Result<()> {
     }
     if let Some(path) = &args.append {
         check_append(path)?;
+    }
+    match (&args.batch, &args.llama_bench, &args.llama_batched_bench) {
+        (Some(_), Some(_), _) => return Err(super::usage(
+            "--llama-bench measures single-sequence tests; with --batch pass --llama-batched-bench",
+        )),
+        (None, _, Some(_)) => {
+            return Err(super::usage(
+                "--llama-batched-bench compares --batch runs; pass --batch",
+            ))
+        }
+        _ => {}
     }
     let mut models = args.models.clone();
     models.extend(args.model.iter().cloned());
@@ -709,6 +730,138 @@ fn llama_bench(
     Ok(rows)
 }
 
+/// Runs llama-batched-bench on `model` with the same prompt, generation and
+/// batch sizes (`--output-format jsonl`); its command line and rows.
+fn llama_batched_bench(
+    exe: &Path,
+    extra: Option<&str>,
+    model: &Path,
+    pp: usize,
+    tg: usize,
+    batches: &[usize],
+) -> anyhow::Result<(String, Vec<bench::BatchedRow>)> {
+    let most = batches.iter().max().copied().unwrap_or(1);
+    let npl = batches
+        .iter()
+        .map(|b| b.to_string())
+        .collect::<Vec<_>>()
+        .join(",");
+    let mut cmd = std::process::Command::new(exe);
+    cmd.arg("-m").arg(model);
+    cmd.args([
+        "-npp",
+        &pp.to_string(),
+        "-ntg",
+        &tg.to_string(),
+        "-npl",
+        &npl,
+    ]);
+    // Room for the largest batch, as ours gets.
+    cmd.args(["-c", &(most * (pp + tg)).to_string()]);
+    cmd.args(["--output-format", "jsonl"]);
+    if let Some(extra) = extra {
+        cmd.args(extra.split_whitespace());
+    }
+    let command = std::iter::once(cmd.get_program())
+        .chain(cmd.get_args())
+        .map(|a| a.to_string_lossy())
+        .collect::<Vec<_>>()
+        .join(" ");
+    crate::notice!("peer: {command}");
+    let out = cmd
+        .output()
+        .with_context(|| format!("{}: cannot run", exe.display()))?;
+    if !out.status.success() {
+        bail!(
+            "{} failed: {}",
+            exe.display(),
+            String::from_utf8_lossy(&out.stderr)
+                .lines()
+                .last()
+                .unwrap_or("")
+        );
+    }
+    // Its rows are log lines: stdout, or stderr where its log goes there.
+    let mut rows = Vec::new();
+    for text in [&out.stdout, &out.stderr] {
+        for line in String::from_utf8_lossy(text).lines() {
+            let json = line.trim();
+            if !json.starts_with('{') {
+                continue;
+            }
+            let v: serde_json::Value = serde_json::from_str(json)
+                .with_context(|| format!("{}: a row is not JSON: {json}", exe.display()))?;
+            let int = |k: &str| v[k].as_u64().unwrap_or(0) as usize;
+            let num = |k: &str| v[k].as_f64().unwrap_or(0.0);
+            rows.push(bench::BatchedRow {
+                pp: int("pp"),
+                tg: int("tg"),
+                b: int("pl"),
+                n_kv: int("n_kv"),
+                t_pp: num("t_pp"),
+                s_pp: num("speed_pp"),
+                t_tg: num("t_tg"),
+                s_tg: num("speed_tg"),
+            });
+        }
+    }
+    if rows.is_empty() {
+        bail!(
+            "{}: printed no rows (is it llama-batched-bench?)",
+            exe.display()
+        );
+    }
+    Ok((command, rows))
+}
+
+/// llama-batched-bench's rows in the report's format.
+fn write_peer_rows(
+    out: &mut impl Write,
+    output: Output,
+    model: &Path,
+    command: &str,
+    rows: &[bench::BatchedRow],
+) -> anyhow::Result<()> {
+    if output == Output::Md {
+        writeln!(out, "\n{} (llama.cpp: `{command}`)\n", model.display())?;
+        writeln!(
+            out,
+            "| PP | TG | B | N_KV | T_PP s | S_PP t/s | T_TG s | S_TG t/s |"
+        )?;
+        writeln!(out, "|---:|---:|---:|---:|---:|---:|---:|---:|")?;
+    }
+    for r in rows {
+        match output {
+            Output::Json => writeln!(
+                out,
+                "{}",
+                serde_json::json!({
+                    "model": model.display().to_string(), "backend": "llama.cpp", "row": r,
+                })
+            )?,
+            Output::Csv => writeln!(
+                out,
+                "{},llama.cpp,{},{},{},{},{:.3},{:.2},{:.3},{:.2}",
+                model.display(),
+                r.pp,
+                r.tg,
+                r.b,
+                r.n_kv,
+                r.t_pp,
+                r.s_pp,
+                r.t_tg,
+                r.s_tg
+            )?,
+            Output::Md => writeln!(
+                out,
+                "| {} | {} | {} | {} | {:.3} | {:.2} | {:.3} | {:.2} |",
+                r.pp, r.tg, r.b, r.n_kv, r.t_pp, r.s_pp, r.t_tg, r.s_tg
+            )?,
+        }
+    }
+    Ok(())
+}
+
 /// `--batch`: llama-batched-bench's table for each model, format and arm.
 fn batched(
     args: &Args,
@@ -721,6 +874,24 @@ fn batched(
     let tg = args.n_gen.first().copied().unwrap_or(128).max(1);
     let mut out = std::io::stdout().lock();
     for model in models {
+        // The peer first, so each of our rows can carry its ratio.
+        let peer = match &args.llama_batched_bench {
+            Some(exe) => {
+                let (command, rows) = llama_batched_bench(
+                    exe,
+                    args.llama_batched_bench_args.as_deref(),
+                    model,
+                    pp,
+                    tg,
+                    batches,
+                )?;
+                write_peer_rows(&mut out, args.output, model, &command, &rows)?;
+                rows
+            }
+            None => Vec::new(),
+        };
+        let vs_peer =
+            |r: &bench::BatchedRow| peer.iter().find(|p| p.b == r.b).map(|p| r.s_tg / p.s_tg);
         for &ty in types {
             for &arm in &args.backends {
                 let device = match arm {
@@ -744,11 +915,19 @@ fn batched(
                         model.display(),
                         ty.map_or("as stored".to_string(), |t| t.to_string())
                     )?;
-                    writeln!(
-                        out,
-                        "| PP | TG | B | N_KV | T_PP s | S_PP t/s | T_TG s | S_TG t/s |"
-                    )?;
-                    writeln!(out, "|---:|---:|---:|---:|---:|---:|---:|---:|")?;
+                    if peer.is_empty() {
+                        writeln!(
+                            out,
+                            "| PP | TG | B | N_KV | T_PP s | S_PP t/s | T_TG s | S_TG t/s |"
+                        )?;
+                        writeln!(out, "|---:|---:|---:|---:|---:|---:|---:|---:|")?;
+                    } else {
+                        writeln!(
+                            out,
+                            "| PP | TG | B | N_KV | T_PP s | S_PP t/s | T_TG s | S_TG t/s | S_TG vs llama.cpp |"
+                        )?;
+                        writeln!(out, "|---:|---:|---:|---:|---:|---:|---:|---:|---:|")?;
+                    }
                 }
                 for &b in batches {
                     if b > loaded.model.max_sequences() {
@@ -779,17 +958,20 @@ fn batched(
                             }
                         }
                     }
+                    let ratio = vs_peer(&r);
                     match args.output {
-                        Output::Json => writeln!(
-                            out,
-                            "{}",
-                            serde_json::json!({
+                        Output::Json => {
+                            let mut v = serde_json::json!({
                                 "model": model.display().to_string(), "backend": backend, "row": r,
-                            })
-                        )?,
+                            });
+                            if let Some(x) = ratio {
+                                v["s_tg_vs_peer"] = x.into();
+                            }
+                            writeln!(out, "{v}")?
+                        }
                         Output::Csv => writeln!(
                             out,
-                            "{},{backend},{},{},{},{},{:.3},{:.2},{:.3},{:.2}",
+                            "{},{backend},{},{},{},{},{:.3},{:.2},{:.3},{:.2}{}",
                             model.display(),
                             r.pp,
                             r.tg,
@@ -798,12 +980,25 @@ fn batched(
                             r.t_pp,
                             r.s_pp,
                             r.t_tg,
-                            r.s_tg
+                            r.s_tg,
+                            ratio.map_or(String::new(), |x| format!(",{x:.3}"))
                         )?,
                         Output::Md => writeln!(
                             out,
-                            "| {} | {} | {} | {} | {:.3} | {:.2} | {:.3} | {:.2} |",
-                            r.pp, r.tg, r.b, r.n_kv, r.t_pp, r.s_pp, r.t_tg, r.s_tg
+                            "| {} | {} | {} | {} | {:.3} | {:.2} | {:.3} | {:.2} |{}",
+                            r.pp,
+                            r.tg,
+                            r.b,
+                            r.n_kv,
+                            r.t_pp,
+                            r.s_pp,
+                            r.t_tg,
+                            r.s_tg,
+                            match (peer.is_empty(), ratio) {
+                                (true, _) => String::new(),
+                                (false, Some(x)) => format!(" {x:.2}x |"),
+                                (false, None) => " |".to_string(),
+                            }
                         )?,
                     }
                 }
