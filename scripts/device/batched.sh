@@ -17,11 +17,11 @@
 #      scripts/device/llm_peer.sh left it (the file llama.cpp runs too),
 #      otherwise the HF directory of scripts/device/random_decoder.py with
 #      scoreboard's -t q4_0;
-#   3. scoreboard --batch 1,8,64,256 -b gpu -p 128 -n 128 on it, and, when a
-#      llama.cpp CUDA build is there (scripts/device/llama-cpp.sh; the
+#   3. scoreboard --batch 1,8,64,256 -b gpu -p 128 -n 128 on it, with, when
+#      a llama.cpp CUDA build is there (scripts/device/llama-cpp.sh; the
 #      llama-batched-bench target is built here if it is missing) and the
-#      GGUF exists, llama-batched-bench -ngl 99 -npp 128 -ntg 128
-#      -npl 1,8,64,256 on the same file.
+#      GGUF exists, --llama-batched-bench (-ngl 99 -b 2048 -ub 512) on the
+#      same file in the same run: its rows beside ours with the ratio.
 #
 # Environment: OUT (required), WORK (default /tmp/lfm-llm), BIN (default
 # target/release). Results: $OUT/batched-*.{md,txt,log}; a failed step is
@@ -69,17 +69,18 @@ else
     model=("$dir" -t q4_0)
 fi
 
-step 540 batched-scoreboard.md "$BIN/scoreboard" "${model[@]}" -b gpu --batch 1,8,64,256 -p 128 -n 128
-
+# The peer in the same run, its rows beside ours with the ratio, when it
+# can run the same file.
+peer=()
 if [[ -f $GGUF && -f $SRC/build/build.ninja ]]; then
     [[ -x $LB/llama-batched-bench ]] ||
         step 420 batched-llama-build.txt cmake --build "$SRC/build" --target llama-batched-bench -j "$(nproc)"
     [[ -x $LB/llama-batched-bench ]] &&
-        step 300 batched-llama.txt "$LB/llama-batched-bench" -m "$GGUF" -ngl 99 -c 65536 -b 2048 -ub 512 \
-            -npp 128 -ntg 128 -npl 1,8,64,256
+        peer=(--llama-batched-bench "$LB/llama-batched-bench" --llama-batched-bench-args "-ngl 99 -b 2048 -ub 512")
 fi
+step 540 batched-scoreboard.md "$BIN/scoreboard" "${model[@]}" -b gpu --batch 1,8,64,256 -p 128 -n 128 "${peer[@]}"
 
-for f in "$OUT"/batched-scoreboard.md "$OUT"/batched-llama.txt; do
+for f in "$OUT"/batched-scoreboard.md; do
     [[ -f $f ]] && { echo "== $f"; cat "$f"; }
 done
 grep -h "test result" "$OUT/batched-parity.txt" "$OUT/batched-batch-tests.txt" 2>/dev/null
