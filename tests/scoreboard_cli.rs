@@ -281,6 +281,12 @@ fn batched_rows_sit_beside_llama_batched_bench() {
         "{}",
         stderr(&o)
     );
+    // --plot and --append record single-sequence tests only.
+    for flag in ["--plot", "--append"] {
+        let o = run(BIN, &[&tiny(), "-b", "cpu", "--batch", "2", flag, "x.svg"]);
+        assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+        assert!(stderr(&o).contains("not with --batch"), "{}", stderr(&o));
+    }
     // A peer that prints no rows is an error naming it.
     std::fs::write(&peer, "#!/bin/sh\necho nothing\n").unwrap();
     let o = run(BIN, &md_args);

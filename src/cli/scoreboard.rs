@@ -213,6 +213,11 @@ fn check_append(path: &Path) -> anyhow::Result<()> {
 
 pub fn run(mut args: Args) -> anyhow::Result<()> {
     args.quiet.apply();
+    if args.batch.is_some() && (args.plot.is_some() || args.append.is_some()) {
+        return Err(super::usage(
+            "--plot and --append draw and record the single-sequence tests; not with --batch",
+        ));
+    }
     // Output paths first: a bad one must not cost a benchmark.
     if let Some(path) = &args.plot {
         crate::util::atomic_write::check_extension(path, &["svg"], "SVG")
