@@ -36,22 +36,23 @@ def gemma3_270m():
     return Gemma3ForCausalLM(cfg), True
 
 
-def lfm2_350m():
-    cfg = Lfm2Config(vocab_size=65536, hidden_size=1024, intermediate_size=6656, num_hidden_layers=16,
-                     num_attention_heads=16, num_key_value_heads=8, max_position_embeddings=128000,
+def lfm2(hidden, intermediate, heads):
+    """LFM2's layout (16 layers, attention at 6 of them, 8 KV heads, its
+    vocabulary) at one size."""
+    cfg = Lfm2Config(vocab_size=65536, hidden_size=hidden, intermediate_size=intermediate, num_hidden_layers=16,
+                     num_attention_heads=heads, num_key_value_heads=8, max_position_embeddings=128000,
                      norm_eps=1e-5, conv_L_cache=3, block_multiple_of=256, block_ffn_dim_multiplier=1.0,
                      block_auto_adjust_ff_dim=True, full_attn_idxs=[2, 5, 8, 10, 12, 14],
                      tie_word_embeddings=True, dtype="bfloat16")
     return Lfm2ForCausalLM(cfg), False
+
+
+def lfm2_350m():
+    return lfm2(1024, 6656, 16)
 
 
 def lfm2_1_2b():
-    cfg = Lfm2Config(vocab_size=65536, hidden_size=2048, intermediate_size=12288, num_hidden_layers=16,
-                     num_attention_heads=32, num_key_value_heads=8, max_position_embeddings=128000,
-                     norm_eps=1e-5, conv_L_cache=3, block_multiple_of=256, block_ffn_dim_multiplier=1.0,
-                     block_auto_adjust_ff_dim=True, full_attn_idxs=[2, 5, 8, 10, 12, 14],
-                     tie_word_embeddings=True, dtype="bfloat16")
-    return Lfm2ForCausalLM(cfg), False
+    return lfm2(2048, 12288, 32)
 
 
 def smollm2_1_7b():

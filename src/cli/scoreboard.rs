@@ -652,6 +652,39 @@ fn xml_escape(s: &str) -> String {
         .replace('>', "&gt;")
 }
 
+/// Runs a peer's `cmd` (`exe` and our arguments) with the user's `extra`
+/// arguments after ours; its command line and output, or the last line
+/// of its errors when it fails.
+fn run_peer(
+    mut cmd: std::process::Command,
+    exe: &Path,
+    extra: Option<&str>,
+) -> anyhow::Result<(String, std::process::Output)> {
+    if let Some(extra) = extra {
+        cmd.args(extra.split_whitespace());
+    }
+    let command = std::iter::once(cmd.get_program())
+        .chain(cmd.get_args())
+        .map(|a| a.to_string_lossy())
+        .collect::<Vec<_>>()
+        .join(" ");
+    crate::notice!("peer: {command}");
+    let out = cmd
+        .output()
+        .with_context(|| format!("{}: cannot run", exe.display()))?;
+    if !out.status.success() {
+        bail!(
+            "{} failed: {}",
+            exe.display(),
+            String::from_utf8_lossy(&out.stderr)
+                .lines()
+                .last()
+                .unwrap_or("")
+        );
+    }
+    Ok((command, out))
+}
+
 /// Runs llama-bench with the same tests and turns its JSON into rows.
 fn llama_bench(
     exe: &Path,
@@ -678,30 +711,7 @@ fn llama_bench(
             &list(&args.depth),
         ]);
         cmd.args(["-r", &args.repetitions.to_string(), "-o", "json"]);
-        if let Some(extra) = extra {
-            cmd.args(extra.split_whitespace());
-        }
-        crate::notice!(
-            "peer: {} {}",
-            cmd.get_program().to_string_lossy(),
-            cmd.get_args()
-                .map(|a| a.to_string_lossy())
-                .collect::<Vec<_>>()
-                .join(" ")
-        );
-        let out = cmd
-            .output()
-            .with_context(|| format!("{}: cannot run", exe.display()))?;
-        if !out.status.success() {
-            bail!(
-                "{} failed: {}",
-                exe.display(),
-                String::from_utf8_lossy(&out.stderr)
-                    .lines()
-                    .last()
-                    .unwrap_or("")
-            );
-        }
+        let (_, out) = run_peer(cmd, exe, extra)?;
         let v: serde_json::Value = serde_json::from_slice(&out.stdout)
             .with_context(|| format!("{}: output is not JSON", exe.display()))?;
         for e in v.as_array().map(Vec::as_slice).unwrap_or_default() {
@@ -764,28 +774,7 @@ fn llama_batched_bench(
     // Room for the largest batch, as ours gets.
     cmd.args(["-c", &(most * (pp + tg)).to_string()]);
     cmd.args(["--output-format", "jsonl"]);
-    if let Some(extra) = extra {
-        cmd.args(extra.split_whitespace());
-    }
-    let command = std::iter::once(cmd.get_program())
-        .chain(cmd.get_args())
-        .map(|a| a.to_string_lossy())
-        .collect::<Vec<_>>()
-        .join(" ");
-    crate::notice!("peer: {command}");
-    let out = cmd
-        .output()
-        .with_context(|| format!("{}: cannot run", exe.display()))?;
-    if !out.status.success() {
-        bail!(
-            "{} failed: {}",
-            exe.display(),
-            String::from_utf8_lossy(&out.stderr)
-                .lines()
-                .last()
-                .unwrap_or("")
-        );
-    }
+    let (command, out) = run_peer(cmd, exe, extra)?;
     // Its rows are log lines: stdout, or stderr where its log goes there.
     let mut rows = Vec::new();
     for text in [&out.stdout, &out.stderr] {
@@ -819,50 +808,75 @@ fn llama_batched_bench(
     Ok((command, rows))
 }
 
-/// llama-batched-bench's rows in the report's format.
-fn write_peer_rows(
+/// The markdown head of a batched table, with the ratio column where a
+/// peer ran.
+fn write_batched_head(out: &mut impl Write, with_ratio: bool) -> anyhow::Result<()> {
+    let (name, rule) = if with_ratio {
+        (" S_TG vs llama.cpp |", "---:|")
+    } else {
+        ("", "")
+    };
+    writeln!(
+        out,
+        "| PP | TG | B | N_KV | T_PP s | S_PP t/s | T_TG s | S_TG t/s |{name}"
+    )?;
+    writeln!(out, "|---:|---:|---:|---:|---:|---:|---:|---:|{rule}")?;
+    Ok(())
+}
+
+/// One row of a batched table. `ratio`: none without a ratio column, else
+/// the row's S_TG against the peer's at its B (if the peer ran that B).
+fn write_batched_row(
     out: &mut impl Write,
     output: Output,
     model: &Path,
-    command: &str,
-    rows: &[bench::BatchedRow],
+    backend: &str,
+    r: &bench::BatchedRow,
+    ratio: Option<Option<f64>>,
 ) -> anyhow::Result<()> {
-    if output == Output::Md {
-        writeln!(out, "\n{} (llama.cpp: `{command}`)\n", model.display())?;
-        writeln!(
-            out,
-            "| PP | TG | B | N_KV | T_PP s | S_PP t/s | T_TG s | S_TG t/s |"
-        )?;
-        writeln!(out, "|---:|---:|---:|---:|---:|---:|---:|---:|")?;
-    }
-    for r in rows {
-        match output {
-            Output::Json => writeln!(
-                out,
-                "{}",
-                serde_json::json!({
-                    "model": model.display().to_string(), "backend": "llama.cpp", "row": r,
-                })
-            )?,
-            Output::Csv => writeln!(
-                out,
-                "{},llama.cpp,{},{},{},{},{:.3},{:.2},{:.3},{:.2}",
-                model.display(),
-                r.pp,
-                r.tg,
-                r.b,
-                r.n_kv,
-                r.t_pp,
-                r.s_pp,
-                r.t_tg,
-                r.s_tg
-            )?,
-            Output::Md => writeln!(
-                out,
-                "| {} | {} | {} | {} | {:.3} | {:.2} | {:.3} | {:.2} |",
-                r.pp, r.tg, r.b, r.n_kv, r.t_pp, r.s_pp, r.t_tg, r.s_tg
-            )?,
+    match output {
+        Output::Json => {
+            let mut v = serde_json::json!({
+                "model": model.display().to_string(), "backend": backend, "row": r,
+            });
+            if let Some(Some(x)) = ratio {
+                v["s_tg_vs_peer"] = x.into();
+            }
+            writeln!(out, "{v}")?
         }
+        Output::Csv => writeln!(
+            out,
+            "{},{backend},{},{},{},{},{:.3},{:.2},{:.3},{:.2}{}",
+            model.display(),
+            r.pp,
+            r.tg,
+            r.b,
+            r.n_kv,
+            r.t_pp,
+            r.s_pp,
+            r.t_tg,
+            r.s_tg,
+            ratio
+                .flatten()
+                .map_or(String::new(), |x| format!(",{x:.3}"))
+        )?,
+        Output::Md => writeln!(
+            out,
+            "| {} | {} | {} | {} | {:.3} | {:.2} | {:.3} | {:.2} |{}",
+            r.pp,
+            r.tg,
+            r.b,
+            r.n_kv,
+            r.t_pp,
+            r.s_pp,
+            r.t_tg,
+            r.s_tg,
+            match ratio {
+                None => String::new(),
+                Some(Some(x)) => format!(" {x:.2}x |"),
+                Some(None) => " |".to_string(),
+            }
+        )?,
     }
     Ok(())
 }
@@ -890,7 +904,13 @@ fn batched(
                     tg,
                     batches,
                 )?;
-                write_peer_rows(&mut out, args.output, model, &command, &rows)?;
+                if args.output == Output::Md {
+                    writeln!(out, "\n{} (llama.cpp: `{command}`)\n", model.display())?;
+                    write_batched_head(&mut out, false)?;
+                }
+                for r in &rows {
+                    write_batched_row(&mut out, args.output, model, "llama.cpp", r, None)?;
+                }
                 rows
             }
             None => Vec::new(),
@@ -920,19 +940,7 @@ fn batched(
                         model.display(),
                         ty.map_or("as stored".to_string(), |t| t.to_string())
                     )?;
-                    if peer.is_empty() {
-                        writeln!(
-                            out,
-                            "| PP | TG | B | N_KV | T_PP s | S_PP t/s | T_TG s | S_TG t/s |"
-                        )?;
-                        writeln!(out, "|---:|---:|---:|---:|---:|---:|---:|---:|")?;
-                    } else {
-                        writeln!(
-                            out,
-                            "| PP | TG | B | N_KV | T_PP s | S_PP t/s | T_TG s | S_TG t/s | S_TG vs llama.cpp |"
-                        )?;
-                        writeln!(out, "|---:|---:|---:|---:|---:|---:|---:|---:|---:|")?;
-                    }
+                    write_batched_head(&mut out, !peer.is_empty())?;
                 }
                 for &b in batches {
                     if b > loaded.model.max_sequences() {
@@ -963,49 +971,8 @@ fn batched(
                             }
                         }
                     }
-                    let ratio = vs_peer(&r);
-                    match args.output {
-                        Output::Json => {
-                            let mut v = serde_json::json!({
-                                "model": model.display().to_string(), "backend": backend, "row": r,
-                            });
-                            if let Some(x) = ratio {
-                                v["s_tg_vs_peer"] = x.into();
-                            }
-                            writeln!(out, "{v}")?
-                        }
-                        Output::Csv => writeln!(
-                            out,
-                            "{},{backend},{},{},{},{},{:.3},{:.2},{:.3},{:.2}{}",
-                            model.display(),
-                            r.pp,
-                            r.tg,
-                            r.b,
-                            r.n_kv,
-                            r.t_pp,
-                            r.s_pp,
-                            r.t_tg,
-                            r.s_tg,
-                            ratio.map_or(String::new(), |x| format!(",{x:.3}"))
-                        )?,
-                        Output::Md => writeln!(
-                            out,
-                            "| {} | {} | {} | {} | {:.3} | {:.2} | {:.3} | {:.2} |{}",
-                            r.pp,
-                            r.tg,
-                            r.b,
-                            r.n_kv,
-                            r.t_pp,
-                            r.s_pp,
-                            r.t_tg,
-                            r.s_tg,
-                            match (peer.is_empty(), ratio) {
-                                (true, _) => String::new(),
-                                (false, Some(x)) => format!(" {x:.2}x |"),
-                                (false, None) => " |".to_string(),
-                            }
-                        )?,
-                    }
+                    let ratio = (!peer.is_empty()).then(|| vs_peer(&r));
+                    write_batched_row(&mut out, args.output, model, backend, &r, ratio)?;
                 }
             }
         }
