@@ -10,6 +10,11 @@
 // one partial sum a row; the 32 partials of a (row, column) are then added
 // in a fixed order, so a result does not depend on the scheduling.
 // variants: W_F16 as matmul.wgsl.
+// NORM (the kernel matmul_thin_norm): x goes through a LayerNorm first,
+// (x - mean) / sqrt(var + eps) * gamma + beta per row, as
+// layer_norm.wgsl computes it (two passes over the row), so a decoder's
+// norm needs no dispatch of its own: warp r finds row r's mean and
+// variance, every thread normalises the elements it reads.
 
 const ROWS: u32 = 8u;
 const COLS: u32 = 8u;
@@ -18,11 +23,64 @@ const LANES: u32 = 32u;
 // part[(row * COLS + column) * LANES + lane]
 var<workgroup> part: array<f32, 2048>;
 
+#if NORM
+// Each row's mean and 1 / sqrt(var + eps).
+var<workgroup> stats: array<vec2<f32>, 8>;
+
+// Sum over lanes of each warp's `v` (warp r: row r), to every thread of
+// the warp, in a fixed order.
+fn row_sum(t: u32, v: f32) -> f32 {
+    part[t] = v;
+    workgroupBarrier();
+    let base = t / LANES * LANES;
+    var s = 0.0;
+    for (var l = 0u; l < LANES; l++) {
+        s += part[base + l];
+    }
+    workgroupBarrier();
+    return s;
+}
+
+// Row r's element kk normalised.
+fn x_at(r: u32, kk: u32, g: f32, b: f32) -> f32 {
+    let s = stats[r];
+    return (x[r * p.k + kk] - s.x) * s.y * g + b;
+}
+#else
+fn x_at(r: u32, kk: u32, g: f32, b: f32) -> f32 {
+    return x[r * p.k + kk];
+}
+#endif
+
 @compute @workgroup_size(256)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) t: u32) {
     let c = t / LANES;
     let lane = t % LANES;
     let col = wid.x * COLS + c;
+#if NORM
+    {
+        let r = t / LANES;
+        var s = 0.0;
+        if (r < p.m) {
+            for (var kk = lane; kk < p.k; kk += LANES) {
+                s += x[r * p.k + kk];
+            }
+        }
+        let mean = row_sum(t, s) / f32(p.k);
+        var q = 0.0;
+        if (r < p.m) {
+            for (var kk = lane; kk < p.k; kk += LANES) {
+                let d = x[r * p.k + kk] - mean;
+                q += d * d;
+            }
+        }
+        let var_ = row_sum(t, q) / f32(p.k);
+        if (lane == 0u) {
+            stats[r] = vec2<f32>(mean, 1.0 / sqrt(var_ + p.eps));
+        }
+        workgroupBarrier();
+    }
+#endif
     // Constant-bound loops over the rows, so the sums stay in registers.
     var acc = array<f32, 8>(0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0);
     if (col < p.n) {
@@ -33,12 +91,21 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
             let kk = 2u * i;
             // A row of odd length ends with a padding half (0): no x there.
             let second = kk + 1u < p.k;
+            var g = vec2<f32>();
+            var b = vec2<f32>();
+#if NORM
+            g.x = ln[kk];
+            b.x = ln[p.k + kk];
+            if (second) {
+                g.y = ln[kk + 1u];
+                b.y = ln[p.k + kk + 1u];
+            }
+#endif
             for (var r = 0u; r < ROWS; r++) {
                 if (r < p.m) {
-                    let at = r * p.k + kk;
-                    var s = pair.x * x[at];
+                    var s = pair.x * x_at(r, kk, g.x, b.x);
                     if (second) {
-                        s = fma(pair.y, x[at + 1u], s);
+                        s = fma(pair.y, x_at(r, kk + 1u, g.y, b.y), s);
                     }
                     acc[r] += s;
                 }
@@ -47,9 +114,15 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
 #else
         for (var kk = lane; kk < p.k; kk += LANES) {
             let wv = w[w_row + kk];
+            var g = 0.0;
+            var b = 0.0;
+#if NORM
+            g = ln[kk];
+            b = ln[p.k + kk];
+#endif
             for (var r = 0u; r < ROWS; r++) {
                 if (r < p.m) {
-                    acc[r] = fma(wv, x[r * p.k + kk], acc[r]);
+                    acc[r] = fma(wv, x_at(r, kk, g, b), acc[r]);
                 }
             }
         }

@@ -16,7 +16,9 @@
 # (encoder, decoder passes and their cost, host search, submissions, bytes
 # read back): where its time goes. AHEADS (default "8") runs the GPU arm
 # once for each value of LFM_GREEDY_AHEAD (greedy passes a submission; 1:
-# one token a submission); NO_CPU=1 leaves out both CPU arms.
+# one token a submission); NO_CPU=1 leaves out both CPU arms. BINARY names
+# another build's transcribe for the lfm arms (an A/B against the default
+# target/release/transcribe in the same call).
 # First, when carried (pack.sh TESTS / EXAMPLES): the Whisper kernels'
 # parity (gpu_parity: whisper_select_part, whisper_select, whisper_sample
 # and attention_tiled), the GPU transcription tests (transcribe_gpu), and
@@ -88,8 +90,8 @@ if ! cuda_ok; then
     cuda_ok || echo "faster-whisper's CUDA arm cannot run here: see the errors above"
 fi
 if [[ -x target/release/gpu_parity ]]; then
-    echo "== gpu_parity: whisper_select_part, whisper_select, whisper_sample, whisper_next, attention_tiled"
-    LFM_PARITY_ONLY=whisper_select_part,whisper_select,whisper_sample,whisper_next,attention_tiled \
+    echo "== gpu_parity: the Whisper decoder's kernels"
+    LFM_PARITY_ONLY=whisper_select_part,whisper_select,whisper_sample,whisper_next,attention_tiled,attention_tiled_merge,matmul_thin,matmul_thin_norm,layer_norm \
         target/release/gpu_parity kernels_match_cpu --nocapture 2>&1 | tail -12
 fi
 if [[ -x target/release/transcribe_gpu ]]; then
@@ -98,7 +100,11 @@ if [[ -x target/release/transcribe_gpu ]]; then
 fi
 if [[ -x target/release/whisper_profile ]]; then
     echo "== whisper_profile: a decoder step's kernels"
-    target/release/whisper_profile --windows 1,8,32 --steps 32 | tee "$R/whisper-profile.md"
+    for model in ${MODELS:-whisper-tiny.en whisper-base}; do
+        [[ -d samples/models/$model ]] || continue
+        target/release/whisper_profile --model "samples/models/$model" --windows 1,8,32 --steps 32 |
+            tee "$R/whisper-profile-$model.md"
+    done
 fi
 for model in ${MODELS:-whisper-tiny.en whisper-base}; do
     [[ -d samples/models/$model ]] || { echo "skip $model (not carried)"; continue; }
@@ -106,7 +112,7 @@ for model in ${MODELS:-whisper-tiny.en whisper-base}; do
         for ahead in ${AHEADS:-8}; do
             echo "== $model, beam $beam: lfm GPU (LFM_GREEDY_AHEAD=$ahead)$([[ -n ${NO_CPU:-} ]] || echo ", lfm --cpu"), faster-whisper cuda float16"
             LFM_GREEDY_AHEAD=$ahead python3 scripts/bench/transcribe.py --model "samples/models/$model" \
-                --reps "${REPS:-3}" --repeat "${REPEAT:-4}" --beam-size "$beam" ${NO_CPU:+--no-cpu} \
+                --reps "${REPS:-3}" --repeat "${REPEAT:-4}" --beam-size "$beam" ${NO_CPU:+--no-cpu} ${BINARY:+--binary "$BINARY"} \
                 --fw-device cuda --fw-compute-type float16 \
                 --json "$R/$model-b$beam-a$ahead-cuda.json" | tee "$R/$model-b$beam-a$ahead-cuda.md"
         done
@@ -120,7 +126,7 @@ for model in ${MODELS:-whisper-tiny.en whisper-base}; do
         if [[ -n ${BATCHES-8 32} ]]; then
             echo "== $model, beam $beam, batched ${BATCHES-8 32}: lfm GPU, faster-whisper cuda float16"
             python3 scripts/bench/transcribe.py --model "samples/models/$model" --reps "${REPS:-3}" \
-                --repeat "${BATCH_REPEAT:-16}" --beam-size "$beam" --no-cpu --batched-only \
+                --repeat "${BATCH_REPEAT:-16}" --beam-size "$beam" --no-cpu --batched-only ${BINARY:+--binary "$BINARY"} \
                 --batch-sizes "$(echo ${BATCHES-8 32} | tr ' ' ,)" --fw-device cuda --fw-compute-type float16 \
                 --json "$R/$model-b$beam-batched.json" | tee "$R/$model-b$beam-batched.md"
         fi

@@ -83,6 +83,35 @@ kernel!(
     [&[], &["W_F16"]]
 );
 
+#[repr(C)]
+#[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
+struct MatmulNormParams {
+    matmul: MatmulParams,
+    eps: f32,
+    cache_col: u32,
+    n_seqs: u32,
+    _pad: u32,
+}
+const _: () = assert!(std::mem::size_of::<MatmulNormParams>() == 48);
+
+kernel!(
+    MATMUL_THIN_NORM,
+    "matmul_thin_norm",
+    ["erf.wgsl", "matmul_common.wgsl", "matmul_thin.wgsl"],
+    [
+        Binding::read("x"),
+        Binding::read("w"),
+        Binding::read("bias"),
+        Binding::read("residual"),
+        Binding::write("y"),
+        Binding::read("ln"),
+        Binding::write("cache"),
+        Binding::read("seqs"),
+    ],
+    MatmulNormParams,
+    [&["NORM"], &["NORM", "W_F16"]]
+);
+
 /// Rows and columns of y one matmul workgroup computes.
 const MATMUL_TILE: usize = 64;
 
@@ -109,9 +138,25 @@ pub struct Linear<'a> {
     pub act: Option<Activation>,
 }
 
-/// The matmul kernel bound to one [`Linear`] (`matmul_thin` for up to
-/// [`MATMUL_THIN_ROWS`] rows). `y` must not alias an input.
-pub fn matmul(gpu: &Gpu, l: &Linear) -> Result<Dispatch> {
+/// A LayerNorm folded into a [`matmul_thin_norm`]: x is its input.
+pub struct FoldedNorm<'a> {
+    /// `[2, k]`: gamma, then beta.
+    pub gamma_beta: &'a wgpu::Buffer,
+    pub eps: f32,
+}
+
+/// Where a [`matmul_thin_norm`] also writes its columns from `from_col` on:
+/// row `kv_start + kv_len - q_len + (row - q_start)` of `cache` (rows of
+/// `n - from_col`) for the span of `seqs` ([`pack_seqs`], `n_seqs` spans)
+/// that holds the row; a decoder step's new keys and values.
+pub struct CacheWrite<'a> {
+    pub cache: &'a wgpu::Buffer,
+    pub seqs: &'a wgpu::Buffer,
+    pub n_seqs: usize,
+    pub from_col: usize,
+}
+
+fn matmul_params(l: &Linear) -> Result<MatmulParams> {
     assert!(l.k > 0, "matmul: k is 0");
     let too_big = |v: usize| v > u32::MAX as usize;
     if too_big(l.m * l.k) || too_big(l.m * l.n) || l.m.div_ceil(MATMUL_TILE) > 65535 {
@@ -120,11 +165,11 @@ pub fn matmul(gpu: &Gpu, l: &Linear) -> Result<Dispatch> {
             l.m, l.k, l.n, l.k
         )));
     }
-    let (variant, w_stride) = match l.format {
-        WeightFormat::F32 => (Variant::default(), l.k),
-        WeightFormat::F16 => (Variant::new(&["W_F16"]), l.k.div_ceil(2)),
+    let w_stride = match l.format {
+        WeightFormat::F32 => l.k,
+        WeightFormat::F16 => l.k.div_ceil(2),
     };
-    let params = MatmulParams {
+    Ok(MatmulParams {
         m: l.m as u32,
         n: l.n as u32,
         k: l.k as u32,
@@ -139,7 +184,23 @@ pub fn matmul(gpu: &Gpu, l: &Linear) -> Result<Dispatch> {
         has_residual: l.residual.is_some() as u32,
         w_stride: w_stride as u32,
         _pad: 0,
-    };
+    })
+}
+
+/// The variant of a weight format, with `defines` before it.
+fn format_variant(format: WeightFormat, defines: &[&'static str]) -> Variant {
+    let mut all = defines.to_vec();
+    if format == WeightFormat::F16 {
+        all.push("W_F16");
+    }
+    Variant::new(&all)
+}
+
+/// The matmul kernel bound to one [`Linear`] (`matmul_thin` for up to
+/// [`MATMUL_THIN_ROWS`] rows). `y` must not alias an input.
+pub fn matmul(gpu: &Gpu, l: &Linear) -> Result<Dispatch> {
+    let params = matmul_params(l)?;
+    let variant = format_variant(l.format, &[]);
     // Unused optional inputs are bound to x: read-only and never read.
     let bias = l.bias.unwrap_or(l.x);
     let residual = l.residual.unwrap_or(l.x);
@@ -160,6 +221,61 @@ pub fn matmul(gpu: &Gpu, l: &Linear) -> Result<Dispatch> {
             l.m.div_ceil(MATMUL_TILE) as u32,
             1,
         ],
+    })
+}
+
+/// `matmul_thin` of a LayerNorm's output: [`matmul`] of
+/// `layer_norm(l.x)` (`norm`'s gamma, beta and eps), the norm computed by
+/// the product's workgroups, for up to [`MATMUL_THIN_ROWS`] rows; with
+/// `cache`, the columns it names are also written there. `y` and the cache
+/// must not alias an input.
+pub fn matmul_thin_norm(
+    gpu: &Gpu,
+    l: &Linear,
+    norm: &FoldedNorm,
+    cache: Option<&CacheWrite>,
+) -> Result<Dispatch> {
+    let groups = l.n.div_ceil(MATMUL_THIN_COLS);
+    if l.m > MATMUL_THIN_ROWS || groups > 65535 {
+        return Err(Error::gpu(format!(
+            "matmul_thin_norm of [{}, {}] x [{}, {}]: at most {MATMUL_THIN_ROWS} rows and {} columns",
+            l.m,
+            l.k,
+            l.n,
+            l.k,
+            65535 * MATMUL_THIN_COLS
+        )));
+    }
+    if let Some(c) = cache {
+        assert!(c.from_col < l.n, "matmul_thin_norm: cache columns past n");
+    }
+    let params = MatmulNormParams {
+        matmul: matmul_params(l)?,
+        eps: norm.eps,
+        cache_col: cache.map_or(0, |c| c.from_col as u32),
+        n_seqs: cache.map_or(0, |c| c.n_seqs as u32),
+        _pad: 0,
+    };
+    let variant = format_variant(l.format, &["NORM"]);
+    // Unused inputs are bound to x (read-only, never read); an unused cache
+    // to y (written only when n_seqs > 0).
+    let bias = l.bias.unwrap_or(l.x);
+    let residual = l.residual.unwrap_or(l.x);
+    let (cache_buf, seqs) = cache.map_or((l.y, l.x), |c| (c.cache, c.seqs));
+    let buffers = [
+        l.x,
+        l.w,
+        bias,
+        residual,
+        l.y,
+        norm.gamma_beta,
+        cache_buf,
+        seqs,
+    ];
+    let bound = gpu.bind(&MATMUL_THIN_NORM, &variant, &buffers, &params)?;
+    Ok(Dispatch {
+        bound,
+        groups: [groups as u32, 1, 1],
     })
 }
 
@@ -544,6 +660,7 @@ pub fn bias_rows(
 pub static KERNELS: &[&Kernel] = &[
     &MATMUL,
     &MATMUL_THIN,
+    &MATMUL_THIN_NORM,
     &LAYER_NORM,
     &GELU,
     &ATTENTION,

@@ -16,6 +16,10 @@ pub const CASES: &[Case] = &[
         run: matmul_thin,
     },
     Case {
+        kernel: "matmul_thin_norm",
+        run: matmul_thin_norm,
+    },
+    Case {
         kernel: "layer_norm",
         run: layer_norm,
     },
@@ -268,6 +272,153 @@ fn matmul_cases(gpu: &Gpu, v: &Variant, shapes: Vec<(usize, usize, usize)>) {
             &want,
             1e-10,
         );
+    }
+}
+
+/// `dense::matmul_thin_norm` (every epilogue in turn over
+/// `matmul_thin_shapes`) against `cpu::layer_norm` then `cpu::matmul`; every
+/// other shape also writes its columns from n / 3 on into a cache, its rows
+/// split into spans of one and more rows at offsets inside the cache,
+/// whose other rows must stay as they were.
+fn matmul_thin_norm(gpu: &Gpu, v: &Variant) {
+    let format = if v.defines.contains(&"W_F16") {
+        WeightFormat::F16
+    } else {
+        WeightFormat::F32
+    };
+    let mut rng = Rng::new(64);
+    let epilogues = [
+        (false, None, false),
+        (true, None, false),
+        (true, Some(Activation::Gelu), false),
+        (true, None, true),
+        (false, Some(Activation::GeluTanh), true),
+    ];
+    let eps = 1e-5;
+    for (i, (m, k, n)) in matmul_thin_shapes().into_iter().enumerate() {
+        let (has_bias, act, has_residual) = epilogues[i % epilogues.len()];
+        // A common offset: the norm's variance must not cancel.
+        let x: Vec<f32> = rng.vec(m * k, -2.0, 2.0).iter().map(|v| v + 5.0).collect();
+        let gamma_beta = [rng.vec(k, 0.5, 1.5), rng.vec(k, -0.5, 0.5)].concat();
+        let mut w = rng.vec(n * k, -1.0, 1.0);
+        let bias = rng.vec(n, -1.0, 1.0);
+        let residual = rng.vec(m * n, -1.0, 1.0);
+        let gw = match format {
+            WeightFormat::F32 => gpu.upload_f32("w", &w).unwrap(),
+            WeightFormat::F16 => {
+                let packed = dense::pack_f16(&w, n, k);
+                for v in &mut w {
+                    *v = half::f16::from_f32(*v).to_f32();
+                }
+                gpu.upload_u32("w", &packed).unwrap()
+            }
+        };
+        let mut normed = vec![0.0; m * k];
+        cpu::layer_norm(&x, &gamma_beta[..k], &gamma_beta[k..], eps, &mut normed);
+        let mut want = vec![0.0; m * n];
+        cpu::matmul(
+            &normed,
+            &w,
+            has_bias.then_some(&bias[..]),
+            m,
+            k,
+            n,
+            &mut want,
+        );
+        if let Some(a) = act {
+            a.apply_all(&mut want);
+        }
+        if has_residual {
+            cpu::add_assign(&mut want, &residual);
+        }
+        // Spans of 1, 2, 3, ... rows (the last takes what is left), each
+        // sequence's new rows after `past` cached ones, sequences `ctx`
+        // rows apart.
+        let (from_col, ctx, past) = (n / 3, 5 + m, 2 + i % 3);
+        let mut spans = Vec::new();
+        let mut start = 0;
+        while start < m {
+            let len = (spans.len() + 1).min(m - start);
+            spans.push(SeqSpan {
+                q_start: start,
+                q_len: len,
+                kv_start: spans.len() * ctx,
+                kv_len: past + len,
+            });
+            start += len;
+        }
+        let width = n - from_col;
+        let gx = gpu.upload_f32("x", &x).unwrap();
+        let gln = gpu.upload_f32("gamma_beta", &gamma_beta).unwrap();
+        let gb = gpu.upload_f32("bias", &bias).unwrap();
+        let gr = gpu.upload_f32("residual", &residual).unwrap();
+        let gs = gpu.upload_u32("seqs", &dense::pack_seqs(&spans)).unwrap();
+        let gc = gpu
+            .poisoned_f32("cache", spans.len() * ctx * width)
+            .unwrap();
+        let gy = gpu.poisoned_f32("y", m * n).unwrap();
+        let with_cache = i % 2 == 1;
+        let cache_write = dense::CacheWrite {
+            cache: &gc,
+            seqs: &gs,
+            n_seqs: spans.len(),
+            from_col,
+        };
+        let d = dense::matmul_thin_norm(
+            gpu,
+            &Linear {
+                x: &gx,
+                w: &gw,
+                format,
+                bias: has_bias.then_some(&gb),
+                residual: has_residual.then_some(&gr),
+                y: &gy,
+                m,
+                k,
+                n,
+                act,
+            },
+            &dense::FoldedNorm {
+                gamma_beta: &gln,
+                eps,
+            },
+            with_cache.then_some(&cache_write),
+        )
+        .unwrap();
+        gpu.run_all(&[&d]).unwrap();
+        let what = format!(
+            "matmul_thin_norm {} m={m} k={k} n={n} bias={has_bias} act={act:?} residual={has_residual} cache={with_cache}",
+            v.key()
+        );
+        let got = gpu.read_f32(&gy).unwrap();
+        // The norm's sums in another order (lanes of 32, then their sums)
+        // and the product's as in matmul_thin: differences of a few ulps
+        // of the normalised values, ~1e-12 squared and normalised.
+        assert_close(&what, &got[..m * n], &want, 1e-10);
+        let cache = gpu.read_f32(&gc).unwrap();
+        for (s, span) in spans.iter().enumerate() {
+            for row in 0..ctx {
+                let at = (s * ctx + row) * width;
+                let slot = &cache[at..at + width];
+                let new = row + span.q_len >= span.kv_len && row < span.kv_len;
+                if with_cache && new {
+                    let r = span.q_start + row + span.q_len - span.kv_len;
+                    assert_eq!(
+                        slot.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+                        got[r * n + from_col..(r + 1) * n]
+                            .iter()
+                            .map(|v| v.to_bits())
+                            .collect::<Vec<_>>(),
+                        "{what}: cache row {row} of span {s} is not row {r}'s columns from {from_col}"
+                    );
+                } else {
+                    assert!(
+                        slot.iter().all(|v| v.is_nan()),
+                        "{what}: cache row {row} of span {s} was written"
+                    );
+                }
+            }
+        }
     }
 }
 

@@ -68,6 +68,43 @@ impl GpuLinear {
         GpuLinear::upload(gpu, name, &l.w, l.b.as_deref(), l.n_out, l.n_in)
     }
 
+    /// y[m, n] = act(layer_norm(x) · w^T + bias) + residual for up to
+    /// `dense::MATMUL_THIN_ROWS` rows, the norm folded into the product; with
+    /// `cache`, its columns also written there.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn matmul_norm(
+        &self,
+        gpu: &Gpu,
+        norm: &GpuNorm,
+        x: &wgpu::Buffer,
+        y: &wgpu::Buffer,
+        m: usize,
+        act: Option<Activation>,
+        residual: Option<&wgpu::Buffer>,
+        cache: Option<&dense::CacheWrite>,
+    ) -> Result<Dispatch> {
+        dense::matmul_thin_norm(
+            gpu,
+            &dense::Linear {
+                x,
+                w: &self.w,
+                format: self.format,
+                bias: self.bias.as_ref(),
+                residual,
+                y,
+                m,
+                k: self.k,
+                n: self.n,
+                act,
+            },
+            &dense::FoldedNorm {
+                gamma_beta: &norm.gamma_beta,
+                eps: LN_EPS,
+            },
+            cache,
+        )
+    }
+
     /// y[m, n] = act(x · w^T + bias) + residual
     pub(super) fn matmul(
         &self,
@@ -99,6 +136,8 @@ impl GpuLinear {
 pub(super) struct GpuNorm {
     gamma: wgpu::Buffer,
     beta: wgpu::Buffer,
+    /// Both, one after the other: for a norm folded into a product.
+    gamma_beta: wgpu::Buffer,
 }
 
 impl GpuNorm {
@@ -106,6 +145,10 @@ impl GpuNorm {
         Ok(GpuNorm {
             gamma: gpu.upload_f32(&format!("{name}.gamma"), &n.gamma)?,
             beta: gpu.upload_f32(&format!("{name}.beta"), &n.beta)?,
+            gamma_beta: gpu.upload_f32(
+                &format!("{name}.gamma_beta"),
+                &[&n.gamma[..], &n.beta[..]].concat(),
+            )?,
         })
     }
 

@@ -80,7 +80,8 @@ struct LayerWeights {
 }
 
 /// The dispatches of one layer: those before the new keys and values are
-/// copied into the cache, and those after.
+/// copied into the cache, and those after (none when the QKV product
+/// writes them).
 struct LayerPlan {
     before: Vec<Dispatch>,
     after: Vec<Dispatch>,
@@ -90,12 +91,17 @@ struct LayerPlan {
 struct Plan {
     embed: Dispatch,
     layers: Vec<LayerPlan>,
+    /// The QKV products write the new keys and values into the caches.
+    kv_written: bool,
 }
 
-/// The final norm and head over `rows` gathered rows.
+/// The final norm and head over `rows` rows gathered into `head_in`; or,
+/// when a pass's head rows are all its rows in order (a decode step),
+/// `direct`ly over the last layer's output.
 struct Head {
     norm: Dispatch,
     head: Dispatch,
+    direct: bool,
 }
 
 /// What a pass reads back from its head rows.
@@ -201,7 +207,8 @@ pub struct GpuDecoder {
     ahead_staging: wgpu::Buffer,
     nexts: HashMap<(usize, bool), Dispatch>,
     plans: HashMap<(usize, usize), Plan>,
-    heads: HashMap<usize, Head>,
+    /// By head rows and whether they are read in place ([`Head`]).
+    heads: HashMap<(usize, bool), Head>,
     /// `whisper_select` over (rows, k, timestamps, temperature bits), and
     /// `whisper_sample` over (draws, timestamps, temperature bits).
     selects: HashMap<(usize, usize, bool, u32), [Dispatch; 2]>,
@@ -499,14 +506,38 @@ impl GpuDecoder {
         let gelu = Some(Activation::Gelu);
         let embed = ops::add(g, &self.emb_rows, &self.pos_rows, &self.res[0], m * d)?;
         let mut layers = Vec::with_capacity(self.layers.len());
+        // A decode step of a few rows folds each norm into the product
+        // after it and writes the new keys and values from the QKV product:
+        // no copies, so one compute pass. Longer passes norm apart and copy.
+        let folded = n_new == 1 && m <= dense::MATMUL_THIN_ROWS;
         for (li, w) in self.layers.iter().enumerate() {
             let (a, b) = (&self.res[li % 2], &self.res[(li + 1) % 2]);
-            let before = vec![
-                w.self_norm.run(g, a, &self.h, d, m)?,
-                w.self_qkv.matmul(g, &self.h, &self.qkv, m, None, None)?,
-            ];
             let cache = &self.caches[li];
             let cross = &self.cross[li];
+            let mut before = Vec::new();
+            if folded {
+                let write = dense::CacheWrite {
+                    cache,
+                    seqs: &self.seqs,
+                    n_seqs,
+                    from_col: d,
+                };
+                before.push(w.self_qkv.matmul_norm(
+                    g,
+                    &w.self_norm,
+                    a,
+                    &self.qkv,
+                    m,
+                    None,
+                    None,
+                    Some(&write),
+                )?);
+            } else {
+                before.extend([
+                    w.self_norm.run(g, a, &self.h, d, m)?,
+                    w.self_qkv.matmul(g, &self.h, &self.qkv, m, None, None)?,
+                ]);
+            }
             // A decode step's one new row per sequence sees its whole cache
             // (the causal mask removes nothing): its keys split as the
             // cross-attention's are; a prompt's rows go through the causal
@@ -542,11 +573,24 @@ impl GpuDecoder {
                     &self.att,
                 )?);
             }
-            after.extend([
-                w.self_out.matmul(g, &self.att, b, m, None, Some(a))?,
-                w.cross_norm.run(g, b, &self.h, d, m)?,
-                w.cross_q.matmul(g, &self.h, &self.q, m, None, None)?,
-            ]);
+            after.push(w.self_out.matmul(g, &self.att, b, m, None, Some(a))?);
+            if folded {
+                after.push(w.cross_q.matmul_norm(
+                    g,
+                    &w.cross_norm,
+                    b,
+                    &self.q,
+                    m,
+                    None,
+                    None,
+                    None,
+                )?);
+            } else {
+                after.extend([
+                    w.cross_norm.run(g, b, &self.h, d, m)?,
+                    w.cross_q.matmul(g, &self.h, &self.q, m, None, None)?,
+                ]);
+            }
             // Spans of up to every sequence's rows (one window's). A decode
             // step's few rows split the keys (flash-decoding); a prompt's
             // many rows fill the device as they are.
@@ -578,25 +622,46 @@ impl GpuDecoder {
                     &cross_shape,
                 )?);
             }
-            after.extend([
-                w.cross_out.matmul(g, &self.att, a, m, None, Some(b))?,
-                w.mlp_norm.run(g, a, &self.h, d, m)?,
-                w.fc1.matmul(g, &self.h, &self.ff, m, gelu, None)?,
-                w.fc2.matmul(g, &self.ff, b, m, None, Some(a))?,
-            ]);
+            after.push(w.cross_out.matmul(g, &self.att, a, m, None, Some(b))?);
+            if folded {
+                after.push(
+                    w.fc1
+                        .matmul_norm(g, &w.mlp_norm, a, &self.ff, m, gelu, None, None)?,
+                );
+            } else {
+                after.extend([
+                    w.mlp_norm.run(g, a, &self.h, d, m)?,
+                    w.fc1.matmul(g, &self.h, &self.ff, m, gelu, None)?,
+                ]);
+            }
+            after.push(w.fc2.matmul(g, &self.ff, b, m, None, Some(a))?);
+            if folded {
+                before.append(&mut after);
+            }
             layers.push(LayerPlan { before, after });
         }
-        Ok(Plan { embed, layers })
+        Ok(Plan {
+            embed,
+            layers,
+            kv_written: folded,
+        })
     }
 
-    fn head_plan(&self, rows: usize) -> Result<Head> {
+    fn head_plan(&self, rows: usize, direct: bool) -> Result<Head> {
         let g = &*self.gpu;
         let d = self.config.d_model;
+        // The norm stays a dispatch of its own: folded into the head, each
+        // of the head's many workgroups would normalise the rows again.
+        let input = match direct {
+            true => &self.res[self.layers.len() % 2],
+            false => &self.head_in,
+        };
         Ok(Head {
-            norm: self.norm.run(g, &self.head_in, &self.head_norm, d, rows)?,
+            norm: self.norm.run(g, input, &self.head_norm, d, rows)?,
             head: self
                 .head
                 .matmul(g, &self.head_norm, &self.logits, rows, None, None)?,
+            direct,
         })
     }
 
@@ -698,7 +763,8 @@ impl GpuDecoder {
         );
         let (d, past) = (self.config.d_model, self.len);
         // n passes of one new row a sequence.
-        self.prepare_pass(tokens, n, (n_seqs, 1), n_seqs)?;
+        let all: Vec<usize> = (0..n_seqs).collect();
+        let head_key = self.prepare_pass(tokens, n, (n_seqs, 1), &all)?;
         self.prepare_select(rules, rows, 1, 0.0)?;
         let next_key = (n_seqs, timestamps.timestamps);
         if !self.nexts.contains_key(&next_key) {
@@ -730,10 +796,9 @@ impl GpuDecoder {
             bytemuck::cast_slice(&dense::pack_seqs(&self.cross_spans(1))),
         );
         let plan = &self.plans[&(n_seqs, 1)];
-        let head = &self.heads[&n_seqs];
+        let head = &self.heads[&head_key];
         let select = &self.selects[&(n_seqs, 1, rules.timestamps, 0f32.to_bits())];
         let next = &self.nexts[&next_key];
-        let all: Vec<usize> = (0..n_seqs).collect();
         let span_bytes = (n_seqs * 16) as u64;
         let pick_bytes = (n_seqs * select::select_words(1) * 4) as u64;
         let mut marks = Marks {
@@ -754,7 +819,9 @@ impl GpuDecoder {
             );
             let first = (i == 0).then_some(tokens);
             self.record_layers(&mut enc, &mut marks, plan, first, n_seqs, 1, past + i);
-            self.record_head_in(&mut enc, &all);
+            if !head.direct {
+                self.record_head_in(&mut enc, &all);
+            }
             {
                 let mut pass = enc.begin_compute_pass(&Default::default());
                 for work in [&head.norm, &head.head, &select[0], &select[1], next] {
@@ -810,14 +877,14 @@ impl GpuDecoder {
 
     /// Checks that `tokens` lie in the vocabulary and that `positions` more
     /// fit the context, then binds a pass over `n_seqs` x `n_new` rows and a
-    /// head over `head_rows` rows if not yet.
+    /// head over its rows `head_rows` if not yet; returns the head's key.
     fn prepare_pass(
         &mut self,
         tokens: &[u32],
         positions: usize,
         (n_seqs, n_new): (usize, usize),
-        head_rows: usize,
-    ) -> Result<()> {
+        head_rows: &[usize],
+    ) -> Result<(usize, bool)> {
         let (ctx, vocab) = (self.config.n_text_ctx, self.config.n_vocab);
         if self.len + positions > ctx {
             return Err(Error::invalid(format!(
@@ -834,11 +901,16 @@ impl GpuDecoder {
             let plan = self.plan(n_seqs, n_new)?;
             self.plans.insert((n_seqs, n_new), plan);
         }
-        if !self.heads.contains_key(&head_rows) {
-            let head = self.head_plan(head_rows)?;
-            self.heads.insert(head_rows, head);
+        // The head reads the last layer's rows in place when it takes all
+        // of them in order.
+        let direct =
+            head_rows.len() == n_seqs * n_new && head_rows.iter().enumerate().all(|(i, &r)| i == r);
+        let key = (head_rows.len(), direct);
+        if !self.heads.contains_key(&key) {
+            let head = self.head_plan(head_rows.len(), direct)?;
+            self.heads.insert(key, head);
         }
-        Ok(())
+        Ok(key)
     }
 
     /// Binds `whisper_select` for `rows.len()` rows and k picks if not yet,
@@ -909,6 +981,12 @@ impl GpuDecoder {
             let mut pass = enc.begin_compute_pass(&Default::default());
             marks.pass_start(&mut pass);
             marks.record(&mut pass, &plan.embed);
+            if plan.kv_written {
+                for work in plan.layers.iter().flat_map(|l| &l.before) {
+                    marks.record(&mut pass, work);
+                }
+                return;
+            }
         }
         let kv_row = (2 * d * 4) as u64;
         for (layer, cache) in plan.layers.iter().zip(&self.caches) {
@@ -965,7 +1043,7 @@ impl GpuDecoder {
             rows.len() <= max_out && rows.iter().all(|&r| r < tokens.len()),
             "decoder: logits of rows {rows:?}"
         );
-        self.prepare_pass(tokens, n_new, (n_seqs, n_new), rows.len())?;
+        let head_key = self.prepare_pass(tokens, n_new, (n_seqs, n_new), rows)?;
         if let Some((k, rules, rules_rows, temperature)) = read.select() {
             assert!(
                 k <= MAX_PICKS && rules_rows.len() == rows.len() && rules.vocab == vocab,
@@ -1013,7 +1091,7 @@ impl GpuDecoder {
         // first pass of a shape also builds them, and compiles pipelines).
         let t0 = web_time::Instant::now();
         let plan = &self.plans[&(n_seqs, n_new)];
-        let head = &self.heads[&rows.len()];
+        let head = &self.heads[&head_key];
         let gpu = &self.gpu;
         let spans = self.spans(n_seqs, n_new, past + n_new);
         gpu.queue.write_buffer(
@@ -1044,7 +1122,9 @@ impl GpuDecoder {
             n_new,
             past,
         );
-        self.record_head_in(&mut enc, rows);
+        if !head.direct {
+            self.record_head_in(&mut enc, rows);
+        }
         let picking = read.select().map(|(k, rules, _, temperature)| {
             &self.selects[&(rows.len(), k, rules.timestamps, temperature.to_bits())]
         });
