@@ -52,6 +52,51 @@ fn x_at(r: u32, kk: u32, g: f32, b: f32) -> f32 {
 }
 #endif
 
+#if W_F16
+// Adds weight word i of the column's row (two f16 halves, elements 2i and
+// 2i + 1) times each row of x to the row's sum.
+fn add_weight(acc: ptr<function, array<f32, 8>>, i: u32, word: u32) {
+    let pair = unpack2x16float(word);
+    let kk = 2u * i;
+    // A row of odd length ends with a padding half (0): no x there.
+    let second = kk + 1u < p.k;
+    var g = vec2<f32>();
+    var b = vec2<f32>();
+#if NORM
+    g.x = ln[kk];
+    b.x = ln[p.k + kk];
+    if (second) {
+        g.y = ln[kk + 1u];
+        b.y = ln[p.k + kk + 1u];
+    }
+#endif
+    for (var r = 0u; r < ROWS; r++) {
+        if (r < p.m) {
+            var s = pair.x * x_at(r, kk, g.x, b.x);
+            if (second) {
+                s = fma(pair.y, x_at(r, kk + 1u, g.y, b.y), s);
+            }
+            (*acc)[r] += s;
+        }
+    }
+}
+#else
+// Adds weight kk of the column's row times each row of x to the row's sum.
+fn add_weight(acc: ptr<function, array<f32, 8>>, kk: u32, wv: f32) {
+    var g = 0.0;
+    var b = 0.0;
+#if NORM
+    g = ln[kk];
+    b = ln[p.k + kk];
+#endif
+    for (var r = 0u; r < ROWS; r++) {
+        if (r < p.m) {
+            (*acc)[r] = fma(wv, x_at(r, kk, g, b), (*acc)[r]);
+        }
+    }
+}
+#endif
+
 @compute @workgroup_size(256)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) t: u32) {
     let c = t / LANES;
@@ -85,48 +130,24 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     var acc = array<f32, 8>(0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0);
     if (col < p.n) {
         let w_row = col * p.w_stride;
-#if W_F16
-        for (var i = lane; i < p.w_stride; i += LANES) {
-            let pair = unpack2x16float(w[w_row + i]);
-            let kk = 2u * i;
-            // A row of odd length ends with a padding half (0): no x there.
-            let second = kk + 1u < p.k;
-            var g = vec2<f32>();
-            var b = vec2<f32>();
-#if NORM
-            g.x = ln[kk];
-            b.x = ln[p.k + kk];
-            if (second) {
-                g.y = ln[kk + 1u];
-                b.y = ln[p.k + kk + 1u];
-            }
-#endif
-            for (var r = 0u; r < ROWS; r++) {
-                if (r < p.m) {
-                    var s = pair.x * x_at(r, kk, g.x, b.x);
-                    if (second) {
-                        s = fma(pair.y, x_at(r, kk + 1u, g.y, b.y), s);
-                    }
-                    acc[r] += s;
-                }
-            }
+        // Four of a lane's weights are loaded before the first is used (four
+        // loads in flight, not one); the sums take them in the same order.
+        var i = lane;
+        while (i + 3u * LANES < p.w_stride) {
+            let w0 = w[w_row + i];
+            let w1 = w[w_row + i + LANES];
+            let w2 = w[w_row + i + 2u * LANES];
+            let w3 = w[w_row + i + 3u * LANES];
+            add_weight(&acc, i, w0);
+            add_weight(&acc, i + LANES, w1);
+            add_weight(&acc, i + 2u * LANES, w2);
+            add_weight(&acc, i + 3u * LANES, w3);
+            i += 4u * LANES;
         }
-#else
-        for (var kk = lane; kk < p.k; kk += LANES) {
-            let wv = w[w_row + kk];
-            var g = 0.0;
-            var b = 0.0;
-#if NORM
-            g = ln[kk];
-            b = ln[p.k + kk];
-#endif
-            for (var r = 0u; r < ROWS; r++) {
-                if (r < p.m) {
-                    acc[r] = fma(wv, x_at(r, kk, g, b), acc[r]);
-                }
-            }
+        while (i < p.w_stride) {
+            add_weight(&acc, i, w[w_row + i]);
+            i += LANES;
         }
-#endif
     }
     for (var r = 0u; r < ROWS; r++) {
         part[(r * COLS + c) * LANES + lane] = acc[r];
