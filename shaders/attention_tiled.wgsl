@@ -10,8 +10,8 @@
 //           column *_col with row stride *_stride (one fused QKV buffer may be
 //           bound three times), 4 seqs: array<u32> [spans, 4] {q_start, q_len,
 //           kv_start, kv_len}, 5 out: array<f32> (rows * heads * HEAD_DIM)
-// dispatch: (ceil(longest q_len / 16), heads, spans * splits) workgroups of
-// 64 threads; workgroup (x, h, s * splits + i) takes rows 16 x .. of span s
+// dispatch: (ceil(longest q_len / BQ), heads, spans * splits) workgroups of
+// 64 threads; workgroup (x, h, s * splits + i) takes rows BQ x .. of span s
 // (none past its q_len) against split i of its keys (all of them when
 // splits is 1). The span is read through workgroupUniformLoad, so the loops
 // that hold barriers run a count the whole workgroup agrees on.
@@ -21,13 +21,16 @@
 // [rows, heads, splits, HEAD_DIM + 2] (the unnormalised sums, then the
 // running max and sum; an empty piece has max -3e38 and sum 0), which
 // attention_tiled_merge.wgsl combines. A workgroup
-// holds 16 query rows of one head in workgroup memory and walks the keys in
-// tiles of 16 rows of K and V staged there too: thread (r, c) = (tid / 4,
-// tid % 4) scores its row against keys 4c .. 4c + 3 of the tile, then, with
-// the tile's 16 scores of its row, updates a running max and sum (online
-// softmax) and accumulates head dims c * HEAD_DIM / 4 .. of its output row.
-// Global memory is read once per 16 query rows rather than once per row, and
-// each thread keeps only HEAD_DIM / 4 accumulators.
+// holds BQ query rows of one head in workgroup memory (16; SPLIT: 4, since a
+// decode step has one or a few rows a span) and walks the keys in tiles of
+// 16 rows of K and V staged there too: thread (r, c) = (tid / TPR,
+// tid % TPR), TPR = 64 / BQ threads a row, scores its row against keys
+// KPT c .. KPT c + KPT - 1 (KPT = 16 / TPR) of the tile, then, with the
+// tile's 16 scores of its row, updates a running max and sum (online
+// softmax) and accumulates head dims c, c + TPR, ... of its output row.
+// Global memory is read once per BQ query rows rather than once per row,
+// and each thread keeps at most 16 accumulators. Every score and sum is
+// taken in the same order whatever BQ is.
 // HEAD_DIM is an override constant: a multiple of 4, at most 64.
 
 struct Params {
@@ -44,8 +47,15 @@ struct Params {
 @group(0) @binding(5) var<storage, read_write> out: array<f32>;
 
 override HEAD_DIM: u32 = 64u;
+#if SPLIT
+const BQ: u32 = 4u;
+#else
 const BQ: u32 = 16u;
+#endif
 const TK: u32 = 16u;
+// Threads a query row, and keys each scores a tile.
+const TPR: u32 = 64u / BQ;
+const KPT: u32 = TK / TPR;
 const MAX_HEAD_DIM: u32 = 64u;
 // Below any score, and exp(LOWEST - finite) is 0.
 const LOWEST: f32 = -3.0e38;
@@ -76,9 +86,12 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     let chunk = ((kv_len + p.splits - 1u) / p.splits + TK - 1u) / TK * TK;
     let j_begin = min(kv_len, split * chunk);
     let j_end = min(kv_len, j_begin + chunk);
-    let r = tid / 4u;
-    let c = tid % 4u;
-    let dq = HEAD_DIM / 4u;
+    let r = tid / TPR;
+    let c = tid % TPR;
+    // Head dims c + TPR e, e < dq (a constant, so the sums stay in
+    // registers); past HEAD_DIM (TPR not dividing it) a thread sums values
+    // of the next key's row, inside the tile, and never writes them.
+    let dq = (HEAD_DIM + TPR - 1u) / TPR;
     for (var i = tid; i < BQ * HEAD_DIM; i += 64u) {
         let qr = row0 + i / HEAD_DIM;
         var val = 0.0;
@@ -108,8 +121,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
             vs[i] = vv;
         }
         workgroupBarrier();
-        for (var t = 0u; t < 4u; t++) {
-            let jj = c * 4u + t;
+        for (var t = 0u; t < KPT; t++) {
+            let jj = c * KPT + t;
             var s = 0.0;
             for (var d = 0u; d < HEAD_DIM; d++) {
                 s = fma(qs[r * HEAD_DIM + d], ks[jj * HEAD_DIM + d], s);
@@ -132,7 +145,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
             let pj = exp(ss[r * TK + jj] - m_new);
             l += pj;
             for (var e = 0u; e < dq; e++) {
-                acc[e] = fma(pj, vs[jj * HEAD_DIM + c * dq + e], acc[e]);
+                acc[e] = fma(pj, vs[jj * HEAD_DIM + c + TPR * e], acc[e]);
             }
         }
         m = m_new;
@@ -142,7 +155,9 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
 #if SPLIT
         let base = (((sp.x + row) * p.heads + h) * p.splits + split) * (HEAD_DIM + 2u);
         for (var e = 0u; e < dq; e++) {
-            out[base + c * dq + e] = acc[e];
+            if (c + TPR * e < HEAD_DIM) {
+                out[base + c + TPR * e] = acc[e];
+            }
         }
         if (c == 0u) {
             out[base + HEAD_DIM] = m;
@@ -150,9 +165,11 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         }
 #else
         let inv = 1.0 / l;
-        let base = ((sp.x + row) * p.heads + h) * HEAD_DIM + c * dq;
+        let base = ((sp.x + row) * p.heads + h) * HEAD_DIM + c;
         for (var e = 0u; e < dq; e++) {
-            out[base + e] = acc[e] * inv;
+            if (c + TPR * e < HEAD_DIM) {
+                out[base + TPR * e] = acc[e] * inv;
+            }
         }
 #endif
     }

@@ -335,7 +335,7 @@ fn bind_tiled(
     );
     if n_seqs == 0
         || max_q_len == 0
-        || max_q_len.div_ceil(16) > 65535
+        || max_q_len.div_ceil(4) > 65535
         || shape.heads > 65535
         || n_seqs * splits > 65535
     {
@@ -368,10 +368,12 @@ fn bind_tiled(
         &[q, k, v, seqs_buf, out],
         &params,
     )?;
+    // Query rows a workgroup: attention_tiled.wgsl's BQ.
+    let block = if split.is_some() { 4 } else { 16 };
     Ok(Dispatch {
         bound,
         groups: [
-            max_q_len.div_ceil(16) as u32,
+            max_q_len.div_ceil(block) as u32,
             shape.heads as u32,
             (n_seqs * splits) as u32,
         ],
