@@ -184,6 +184,48 @@ fn matmul_thin_shapes() -> Vec<(usize, usize, usize)> {
     shapes
 }
 
+/// The weights [n, k] uploaded in `format`; for f16 `w` becomes the
+/// f16-rounded weights the kernel multiplies by, for the reference.
+fn upload_weights(
+    gpu: &Gpu,
+    format: WeightFormat,
+    w: &mut [f32],
+    n: usize,
+    k: usize,
+) -> wgpu::Buffer {
+    match format {
+        WeightFormat::F32 => gpu.upload_f32("w", w).unwrap(),
+        WeightFormat::F16 => {
+            let packed = dense::pack_f16(w, n, k);
+            for v in w.iter_mut() {
+                *v = half::f16::from_f32(*v).to_f32();
+            }
+            gpu.upload_u32("w", &packed).unwrap()
+        }
+    }
+}
+
+/// `cpu::matmul` of x [m, k] and w [n, k] with the epilogue: bias, then
+/// the activation, then the residual.
+fn reference(
+    x: &[f32],
+    w: &[f32],
+    bias: Option<&[f32]>,
+    act: Option<Activation>,
+    residual: Option<&[f32]>,
+    (m, k, n): (usize, usize, usize),
+) -> Vec<f32> {
+    let mut want = vec![0.0; m * n];
+    cpu::matmul(x, w, bias, m, k, n, &mut want);
+    if let Some(a) = act {
+        a.apply_all(&mut want);
+    }
+    if let Some(r) = residual {
+        cpu::add_assign(&mut want, r);
+    }
+    want
+}
+
 fn matmul(gpu: &Gpu, v: &Variant) {
     matmul_cases(gpu, v, matmul_shapes());
 }
@@ -217,25 +259,15 @@ fn matmul_cases(gpu: &Gpu, v: &Variant, shapes: Vec<(usize, usize, usize)>) {
         let mut w = rng.vec(n * k, -1.0, 1.0);
         let bias = rng.vec(n, -1.0, 1.0);
         let residual = rng.vec(m * n, -1.0, 1.0);
-        let gw = match format {
-            WeightFormat::F32 => gpu.upload_f32("w", &w).unwrap(),
-            WeightFormat::F16 => {
-                let packed = dense::pack_f16(&w, n, k);
-                // The reference multiplies by the same f16-rounded weights.
-                for v in &mut w {
-                    *v = half::f16::from_f32(*v).to_f32();
-                }
-                gpu.upload_u32("w", &packed).unwrap()
-            }
-        };
-        let mut want = vec![0.0; m * n];
-        cpu::matmul(&x, &w, has_bias.then_some(&bias[..]), m, k, n, &mut want);
-        if let Some(a) = act {
-            a.apply_all(&mut want);
-        }
-        if has_residual {
-            cpu::add_assign(&mut want, &residual);
-        }
+        let gw = upload_weights(gpu, format, &mut w, n, k);
+        let want = reference(
+            &x,
+            &w,
+            has_bias.then_some(&bias[..]),
+            act,
+            has_residual.then_some(&residual[..]),
+            (m, k, n),
+        );
         let gx = gpu.upload_f32("x", &x).unwrap();
         let gb = gpu.upload_f32("bias", &bias).unwrap();
         let gr = gpu.upload_f32("residual", &residual).unwrap();
@@ -303,34 +335,17 @@ fn matmul_thin_norm(gpu: &Gpu, v: &Variant) {
         let mut w = rng.vec(n * k, -1.0, 1.0);
         let bias = rng.vec(n, -1.0, 1.0);
         let residual = rng.vec(m * n, -1.0, 1.0);
-        let gw = match format {
-            WeightFormat::F32 => gpu.upload_f32("w", &w).unwrap(),
-            WeightFormat::F16 => {
-                let packed = dense::pack_f16(&w, n, k);
-                for v in &mut w {
-                    *v = half::f16::from_f32(*v).to_f32();
-                }
-                gpu.upload_u32("w", &packed).unwrap()
-            }
-        };
+        let gw = upload_weights(gpu, format, &mut w, n, k);
         let mut normed = vec![0.0; m * k];
         cpu::layer_norm(&x, &gamma_beta[..k], &gamma_beta[k..], eps, &mut normed);
-        let mut want = vec![0.0; m * n];
-        cpu::matmul(
+        let want = reference(
             &normed,
             &w,
             has_bias.then_some(&bias[..]),
-            m,
-            k,
-            n,
-            &mut want,
+            act,
+            has_residual.then_some(&residual[..]),
+            (m, k, n),
         );
-        if let Some(a) = act {
-            a.apply_all(&mut want);
-        }
-        if has_residual {
-            cpu::add_assign(&mut want, &residual);
-        }
         // Spans of 1, 2, 3, ... rows (the last takes what is left), each
         // sequence's new rows after `past` cached ones, sequences `ctx`
         // rows apart.

@@ -68,6 +68,29 @@ impl GpuLinear {
         GpuLinear::upload(gpu, name, &l.w, l.b.as_deref(), l.n_out, l.n_in)
     }
 
+    /// This layer as `dense::Linear` of x: [m, k] into y.
+    fn linear<'a>(
+        &'a self,
+        x: &'a wgpu::Buffer,
+        y: &'a wgpu::Buffer,
+        m: usize,
+        act: Option<Activation>,
+        residual: Option<&'a wgpu::Buffer>,
+    ) -> dense::Linear<'a> {
+        dense::Linear {
+            x,
+            w: &self.w,
+            format: self.format,
+            bias: self.bias.as_ref(),
+            residual,
+            y,
+            m,
+            k: self.k,
+            n: self.n,
+            act,
+        }
+    }
+
     /// y[m, n] = act(layer_norm(x) · w^T + bias) + residual for up to
     /// `dense::MATMUL_THIN_ROWS` rows, the norm folded into the product; with
     /// `cache`, its columns also written there.
@@ -85,18 +108,7 @@ impl GpuLinear {
     ) -> Result<Dispatch> {
         dense::matmul_thin_norm(
             gpu,
-            &dense::Linear {
-                x,
-                w: &self.w,
-                format: self.format,
-                bias: self.bias.as_ref(),
-                residual,
-                y,
-                m,
-                k: self.k,
-                n: self.n,
-                act,
-            },
+            &self.linear(x, y, m, act, residual),
             &dense::FoldedNorm {
                 gamma_beta: &norm.gamma_beta,
                 eps: LN_EPS,
@@ -115,21 +127,7 @@ impl GpuLinear {
         act: Option<Activation>,
         residual: Option<&wgpu::Buffer>,
     ) -> Result<Dispatch> {
-        dense::matmul(
-            gpu,
-            &dense::Linear {
-                x,
-                w: &self.w,
-                format: self.format,
-                bias: self.bias.as_ref(),
-                residual,
-                y,
-                m,
-                k: self.k,
-                n: self.n,
-                act,
-            },
-        )
+        dense::matmul(gpu, &self.linear(x, y, m, act, residual))
     }
 }
 
