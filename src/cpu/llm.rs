@@ -4,7 +4,7 @@
 //! block) have a twin here that composes the plain reference ops in the
 //! order the unfused model applies them.
 
-use super::{add_assign, dot, gelu_tanh, rms_norm, silu, softmax_rows};
+use super::{add_assign, dot, dot_many, gelu_tanh, rms_norm, silu, softmax_rows};
 use crate::quant;
 use crate::tensor::{self, Tensor};
 use crate::util::par;
@@ -258,7 +258,6 @@ pub fn flash_attention_at(
 ) {
     let (heads, hd) = (s.heads, s.head_dim);
     let group = heads / s.kv_heads;
-    let kvw = s.kv_heads * hd;
     assert_eq!(
         out.len(),
         n * heads * hd,
@@ -270,26 +269,85 @@ pub fn flash_attention_at(
     par::for_each_chunk_mut(&mut [out], hd, |_, start, o| {
         let (t, h) = (start / hd / heads, start / hd % heads);
         // Query t sits at absolute position kv_len - n + t and sees up to it.
-        let end = kv_len - n + t + 1;
-        let first = if s.window > 0 {
-            end.saturating_sub(s.window)
-        } else {
-            0
-        };
-        let visible = end - first;
-        let kh = h / group;
         let qv = &q[(t * heads + h) * hd..][..hd];
-        let mut scores: Vec<f32> = (first..end)
-            .map(|p| dot(qv, &k[row(p) * kvw + kh * hd..][..hd]) * s.scale)
-            .collect();
-        softmax_rows(&mut scores, visible);
-        o.fill(0.0);
-        for (j, &sc) in scores.iter().enumerate() {
-            for (o, &vv) in o.iter_mut().zip(&v[row(first + j) * kvw + kh * hd..][..hd]) {
-                *o += sc * vv;
-            }
-        }
+        attend(qv, k, v, kv_len - n + t + 1, h / group, s, o, &row);
     });
+}
+
+/// [`flash_attention_at`] for sequences of one new query each (a batch's
+/// decode step), in one parallel step over every (sequence, head) pair:
+/// query i (row i of q: [seqs, heads, hd]) is the last of its sequence's
+/// `kv_lens[i]` positions, position p of which is row `row(i, p)` of k and
+/// v. Each pair is computed as `flash_attention_at` computes it alone.
+#[allow(clippy::too_many_arguments)]
+pub fn flash_attention_last(
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    kv_lens: &[usize],
+    s: &AttnShape,
+    out: &mut [f32],
+    row: impl Fn(usize, usize) -> usize + Sync,
+) {
+    let (heads, hd) = (s.heads, s.head_dim);
+    let group = heads / s.kv_heads;
+    assert_eq!(
+        out.len(),
+        kv_lens.len() * heads * hd,
+        "flash_attention_last: out is not [seqs, heads, hd]"
+    );
+    if hd == 0 {
+        return;
+    }
+    par::for_each_chunk_mut(&mut [out], hd, |_, start, o| {
+        let (i, h) = (start / hd / heads, start / hd % heads);
+        let qv = &q[(i * heads + h) * hd..][..hd];
+        attend(qv, k, v, kv_lens[i], h / group, s, o, &|p| row(i, p));
+    });
+}
+
+/// One query head `qv` against key/value head `kh` at positions up to
+/// `end` (exclusive; the last `s.window` of them when windowed) into `o`.
+#[allow(clippy::too_many_arguments)]
+fn attend(
+    qv: &[f32],
+    k: &[f32],
+    v: &[f32],
+    end: usize,
+    kh: usize,
+    s: &AttnShape,
+    o: &mut [f32],
+    row: &impl Fn(usize) -> usize,
+) {
+    let hd = s.head_dim;
+    let kvw = s.kv_heads * hd;
+    let first = if s.window > 0 {
+        end.saturating_sub(s.window)
+    } else {
+        0
+    };
+    let visible = end - first;
+    let key = |p: usize| &k[row(p) * kvw + kh * hd..][..hd];
+    let mut scores = vec![0.0f32; visible];
+    let mut quads = scores.chunks_exact_mut(4);
+    for (i, sc) in (&mut quads).enumerate() {
+        let p = first + 4 * i;
+        let d = dot_many(qv, [key(p), key(p + 1), key(p + 2), key(p + 3)]);
+        for (sc, d) in sc.iter_mut().zip(d) {
+            *sc = d * s.scale;
+        }
+    }
+    let done = visible / 4 * 4;
+    for (j, sc) in quads.into_remainder().iter_mut().enumerate() {
+        *sc = dot(qv, key(first + done + j)) * s.scale;
+    }
+    softmax_rows(&mut scores, visible);
+    o.fill(0.0);
+    for (j, &sc) in scores.iter().enumerate() {
+        for (o, &vv) in o.iter_mut().zip(&v[row(first + j) * kvw + kh * hd..][..hd]) {
+            *o += sc * vv;
+        }
+    }
 }
 
 /// The softmax scale 1 / sqrt(head_dim), as one f32 both backends use.

@@ -22,6 +22,33 @@ pub fn dot(a: &[f32], b: &[f32]) -> f32 {
     acc.iter().sum::<f32>() + tail
 }
 
+/// [`dot`] of `a` with each of `bs` (all of `a`'s length), every result the
+/// same bits as `dot` gives it: the N sums are independent chains, so the
+/// CPU overlaps them (attention's scores, N keys at a time).
+pub fn dot_many<const N: usize>(a: &[f32], bs: [&[f32]; N]) -> [f32; N] {
+    for b in bs {
+        assert_eq!(a.len(), b.len(), "dot_many: length mismatch");
+    }
+    let mut acc = [[0.0f32; 8]; N];
+    let whole = a.len() / 8 * 8;
+    for c in (0..whole).step_by(8) {
+        let x = &a[c..c + 8];
+        for (acc, b) in acc.iter_mut().zip(bs) {
+            let y = &b[c..c + 8];
+            for i in 0..8 {
+                acc[i] += x[i] * y[i];
+            }
+        }
+    }
+    std::array::from_fn(|n| {
+        let mut tail = 0.0;
+        for (x, y) in a[whole..].iter().zip(&bs[n][whole..]) {
+            tail += x * y;
+        }
+        acc[n].iter().sum::<f32>() + tail
+    })
+}
+
 /// x: [m, k], w: [n, k], bias: `[n]` or none -> y: [m, n]; y = x w^T + bias.
 /// Rows of `y` are computed in parallel.
 pub fn matmul(
@@ -60,4 +87,23 @@ pub fn matmul(
                 }
             }
         });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::util::rng::Rng;
+
+    #[test]
+    fn dot_many_gives_each_dot_bit_for_bit() {
+        let mut rng = Rng::new(7);
+        for len in [0, 3, 8, 64, 67] {
+            let a = rng.vec(len, -1.0, 1.0);
+            let bs: Vec<Vec<f32>> = (0..4).map(|_| rng.vec(len, -1.0, 1.0)).collect();
+            let many = dot_many(&a, [&bs[0][..], &bs[1], &bs[2], &bs[3]]);
+            for (m, b) in many.iter().zip(&bs) {
+                assert_eq!(m.to_bits(), dot(&a, b).to_bits(), "length {len}");
+            }
+        }
+    }
 }

@@ -743,7 +743,10 @@ impl DecoderOps for CpuPass<'_> {
             .as_mut()
             .expect("attention layers have a cache");
         self.y = vec![0.0; n * qw];
-        for s in self.segs.iter() {
+        // Segments of one new token attend together, in one parallel step
+        // after the loop (a batch's decode step: one step, not one a sequence).
+        let (mut last_segs, mut last_q, mut last_lens) = (Vec::new(), Vec::new(), Vec::new());
+        for (si, s) in self.segs.iter().enumerate() {
             let (sn, pos) = (s.n, s.state.pos);
             let mut qkv = Vec::with_capacity(sn * (qw + 2 * kvw));
             for t in s.start..s.start + sn {
@@ -773,6 +776,12 @@ impl DecoderOps for CpuPass<'_> {
                 kc[r..r + kvw].copy_from_slice(&kn[t * kvw..][..kvw]);
                 vc[r..r + kvw].copy_from_slice(&vn[t * kvw..][..kvw]);
             }
+            if sn == 1 {
+                last_segs.push(si);
+                last_q.extend_from_slice(&q_roped);
+                last_lens.push(pos + 1);
+                continue;
+            }
             cpu::flash_attention_at(
                 &q_roped,
                 kc,
@@ -783,6 +792,17 @@ impl DecoderOps for CpuPass<'_> {
                 &mut self.y[s.start * qw..(s.start + sn) * qw],
                 |p| cache_row(blocks, p),
             );
+        }
+        if !last_segs.is_empty() {
+            let mut out = vec![0.0; last_segs.len() * qw];
+            let segs = &self.segs;
+            cpu::flash_attention_last(&last_q, kc, vc, &last_lens, &shape, &mut out, |i, p| {
+                cache_row(&segs[last_segs[i]].state.table, p)
+            });
+            for (&si, o) in last_segs.iter().zip(out.chunks_exact(qw)) {
+                let r = self.segs[si].start;
+                self.y[r * qw..(r + 1) * qw].copy_from_slice(o);
+            }
         }
         Ok(())
     }
