@@ -400,10 +400,11 @@ pub fn matvec_rows(w: &Tensor, x: &[f32], m: usize, y: &mut [f32], act: Activati
     }
     let rb = w.row_bytes();
     let bytes = w.bytes();
-    let dots: Vec<quant::fast::RowDot> = x
-        .chunks_exact(k)
-        .map(|xi| act.row_dot(w.dtype, xi))
-        .collect();
+    let dots = quant::fast::ManyDots::new(
+        x.chunks_exact(k)
+            .map(|xi| act.row_dot(w.dtype, xi))
+            .collect(),
+    );
     // Computed transposed ([n, m], one weight row per m outputs), then
     // transposed into y.
     let mut yt = vec![0.0f32; n * m];
@@ -412,7 +413,7 @@ pub fn matvec_rows(w: &Tensor, x: &[f32], m: usize, y: &mut [f32], act: Activati
         let r0 = start / m;
         for (i, o) in out.chunks_exact_mut(m).enumerate() {
             let row = &bytes[(r0 + i) * rb..(r0 + i + 1) * rb];
-            quant::fast::RowDot::dot_row_many(&dots, row, o);
+            dots.dot_row(row, o);
         }
     });
     for (j, col) in yt.chunks_exact(m).enumerate() {

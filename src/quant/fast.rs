@@ -184,32 +184,6 @@ impl<'a> RowDot<'a> {
         }
     }
 
-    /// The dot products of one `row` with each of `dots`' inputs (all of
-    /// the row's type and length) into `out`: each the same bits as that
-    /// input's [`RowDot::dot`]. Int8 and int16 inputs go four at a time
-    /// through one kernel, which unpacks the row's blocks once for the four.
-    pub fn dot_row_many(dots: &[RowDot], row: &[u8], out: &mut [f32]) {
-        assert_eq!(dots.len(), out.len(), "dot_row_many: one output per input");
-        let mut i = 0;
-        while i + 4 <= dots.len() {
-            let four = &dots[i..i + 4];
-            four.iter().for_each(|d| d.check_row(row));
-            out[i..i + 4].copy_from_slice(&match [0, 1, 2, 3].map(|j| &four[j].path) {
-                [Path::Int8(a, _, Some(k4)), Path::Int8(b, ..), Path::Int8(c, ..), Path::Int8(d, ..)] => {
-                    k4(four[0].dtype, row, [a, b, c, d])
-                }
-                [Path::Int16(a, _, Some(k4)), Path::Int16(b, ..), Path::Int16(c, ..), Path::Int16(d, ..)] => {
-                    k4(row, [a, b, c, d])
-                }
-                _ => break,
-            });
-            i += 4;
-        }
-        for (d, o) in dots[i..].iter().zip(&mut out[i..]) {
-            d.dot_rows(row, std::slice::from_mut(o));
-        }
-    }
-
     /// The kernels read whole blocks unchecked: a row of the wrong size is a
     /// caller's bug.
     fn check_row(&self, row: &[u8]) {
@@ -220,6 +194,68 @@ impl<'a> RowDot<'a> {
             self.dtype,
             self.x.len()
         );
+    }
+}
+
+/// Inputs dotted with the same rows (a batch's decode rows): each row's
+/// products with every input, each the same bits as that input's
+/// [`RowDot::dot`]. Int8 and int16 inputs go four at a time through one
+/// kernel, which unpacks a row's blocks once for the four; their scales
+/// (and sums) are interleaved once here for all the rows ([`int8::Four`]).
+pub struct ManyDots<'a> {
+    dots: Vec<RowDot<'a>>,
+    /// Group i's (inputs 4 i .. 4 i + 4) interleaved scales, where the
+    /// four share a four-input kernel; the groups after the first without
+    /// one, and the inputs past the last group, go one at a time.
+    fours: Vec<int8::Four>,
+}
+
+impl<'a> ManyDots<'a> {
+    pub fn new(dots: Vec<RowDot<'a>>) -> Self {
+        let mut fours = Vec::new();
+        for four in dots.chunks_exact(4) {
+            let group = match [0, 1, 2, 3].map(|j| &four[j].path) {
+                [Path::Int8(a, _, Some(_)), Path::Int8(b, ..), Path::Int8(c, ..), Path::Int8(d, ..)] => {
+                    int8::Four::of_q8([a, b, c, d])
+                }
+                [Path::Int16(a, _, Some(_)), Path::Int16(b, ..), Path::Int16(c, ..), Path::Int16(d, ..)] => {
+                    int8::Four::of_q16([a, b, c, d])
+                }
+                _ => break,
+            };
+            fours.push(group);
+        }
+        ManyDots { dots, fours }
+    }
+
+    pub fn len(&self) -> usize {
+        self.dots.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.dots.is_empty()
+    }
+
+    /// The products of `row` with every input into `out`.
+    pub fn dot_row(&self, row: &[u8], out: &mut [f32]) {
+        assert_eq!(self.dots.len(), out.len(), "ManyDots: one output per input");
+        for (g, four) in self.fours.iter().enumerate() {
+            let dots = &self.dots[4 * g..4 * g + 4];
+            dots.iter().for_each(|d| d.check_row(row));
+            out[4 * g..4 * g + 4].copy_from_slice(&match [0, 1, 2, 3].map(|j| &dots[j].path) {
+                [Path::Int8(a, _, Some(k4)), Path::Int8(b, ..), Path::Int8(c, ..), Path::Int8(d, ..)] => {
+                    k4(dots[0].dtype, row, [a, b, c, d], four)
+                }
+                [Path::Int16(a, _, Some(k4)), Path::Int16(b, ..), Path::Int16(c, ..), Path::Int16(d, ..)] => {
+                    k4(row, [a, b, c, d], four)
+                }
+                _ => unreachable!("ManyDots: a group of four without its kernel"),
+            });
+        }
+        let done = 4 * self.fours.len();
+        for (d, o) in self.dots[done..].iter().zip(&mut out[done..]) {
+            d.dot_rows(row, std::slice::from_mut(o));
+        }
     }
 }
 

@@ -544,23 +544,34 @@ unsafe fn int8_row<const F: u8>(
 /// [`int8_row`] of one row with four inputs (a batch's decode rows): each
 /// input's sum takes exactly the operations `int8_row` takes for it (the
 /// same bits), while the row's nibbles are unpacked and its f16 scales
-/// converted once for the four.
+/// converted once for the four, the four scales `d_w d_x` are one vector
+/// product (lane m broadcast for input m) and the four constant parts one
+/// vector fma, from `four`'s interleaved scales and sums.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn int8_row_x4<const F: u8>(
     p: *const u8,
     xs: [&super::int8::Q8Input; 4],
+    four: &super::int8::Four,
     dot: impl Fn(__m256i, __m256i) -> __m256i,
 ) -> [f32; 4] {
     let nb = xs[0].d.len();
+    assert!(
+        four.d.len() == 4 * nb && four.s.len() == 4 * nb,
+        "int8 x4: the interleaved scales are not the inputs'"
+    );
+    let (fd, fs) = (four.d.as_ptr(), four.s.as_ptr());
+    let lane: [__m256i; 4] = std::array::from_fn(|m| _mm256_set1_epi32(m as i32));
     let mut acc = [[_mm256_setzero_ps(); 4]; 2];
-    let mut off = [[0.0f32; 4]; 2];
+    let mut off = [_mm_setzero_ps(); 2];
     // Block i into accumulator h (`int8_row`'s a0 / o0 for even blocks,
     // a1 / o1 for odd ones).
     let mut block = |i: usize, h: usize| {
         let b = p.add(i * block_bytes(F));
         let (d, e) = f16_pair([*b, *b.add(1)], [*b.add(2), *b.add(3)]);
         let nibbles = operands::<F>(b, _mm256_setzero_si256()).0;
+        let scales = _mm_mul_ps(_mm_set1_ps(d), _mm_loadu_ps(fd.add(4 * i)));
+        let scales = _mm256_castps128_ps256(scales);
         for (m, x) in xs.iter().enumerate() {
             let xv = _mm256_loadu_si256(x.qs.as_ptr().add(32 * i).cast());
             let (w, v) = if F == Q8_0 {
@@ -569,13 +580,15 @@ unsafe fn int8_row_x4<const F: u8>(
                 (nibbles, xv)
             };
             let t = _mm256_cvtepi32_ps(dot(w, v));
-            acc[h][m] = _mm256_fmadd_ps(t, _mm256_set1_ps(d * x.d[i]), acc[h][m]);
-            off[h][m] = match F {
-                Q4_0 => (-8.0 * d).mul_add(x.s[i], off[h][m]),
-                Q4_1 => e.mul_add(x.s[i], off[h][m]),
-                _ => off[h][m],
-            };
+            let scale = _mm256_permutevar8x32_ps(scales, lane[m]);
+            acc[h][m] = _mm256_fmadd_ps(t, scale, acc[h][m]);
         }
+        let c = match F {
+            Q4_0 => -8.0 * d,
+            Q4_1 => e,
+            _ => return,
+        };
+        off[h] = _mm_fmadd_ps(_mm_set1_ps(c), _mm_loadu_ps(fs.add(4 * i)), off[h]);
     };
     let mut i = 0;
     while i + 2 <= nb {
@@ -586,7 +599,10 @@ unsafe fn int8_row_x4<const F: u8>(
     if i < nb {
         block(i, 0);
     }
-    std::array::from_fn(|m| hsum(_mm256_add_ps(acc[0][m], acc[1][m])) + (off[0][m] + off[1][m]))
+    let (mut o0, mut o1) = ([0.0f32; 4], [0.0f32; 4]);
+    _mm_storeu_ps(o0.as_mut_ptr(), off[0]);
+    _mm_storeu_ps(o1.as_mut_ptr(), off[1]);
+    std::array::from_fn(|m| hsum(_mm256_add_ps(acc[0][m], acc[1][m])) + (o0[m] + o1[m]))
 }
 
 /// Rows of type `F` (`out.len()` of them, back to back in `rows`) dotted
@@ -629,6 +645,7 @@ macro_rules! int8_kernels {
             t: GgmlType,
             row: &[u8],
             xs: [&super::int8::Q8Input; 4],
+            four: &super::int8::Four,
         ) -> [f32; 4] {
             let blocks = xs[0].d.len();
             assert!(
@@ -639,15 +656,15 @@ macro_rules! int8_kernels {
             match t {
                 GgmlType::Q4_0 => {
                     assert_eq!(row.len(), blocks * block_bytes(Q4_0), "int8 x4: wrong size");
-                    int8_row_x4::<Q4_0>(p, xs, $dot)
+                    int8_row_x4::<Q4_0>(p, xs, four, $dot)
                 }
                 GgmlType::Q4_1 => {
                     assert_eq!(row.len(), blocks * block_bytes(Q4_1), "int8 x4: wrong size");
-                    int8_row_x4::<Q4_1>(p, xs, $dot)
+                    int8_row_x4::<Q4_1>(p, xs, four, $dot)
                 }
                 GgmlType::Q8_0 => {
                     assert_eq!(row.len(), blocks * block_bytes(Q8_0), "int8 x4: wrong size");
-                    int8_row_x4::<Q8_0>(p, xs, $dot)
+                    int8_row_x4::<Q8_0>(p, xs, four, $dot)
                 }
                 _ => unreachable!("int8 x4: no kernel for {t}"),
             }
@@ -726,25 +743,37 @@ pub(super) unsafe fn q8_0_int16(row: &[u8], x: &super::int8::Q16Input) -> f32 {
 
 /// [`q8_0_int16`] of one row with four inputs: each input's sum takes
 /// exactly the operations of its own call (the same bits), the row's bytes
-/// widened and its scales converted once for the four.
+/// widened and its scales converted once for the four, the four `d_w d_x`
+/// one vector product from `four`'s interleaved scales.
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(super) unsafe fn q8_0_int16_x4(row: &[u8], xs: [&super::int8::Q16Input; 4]) -> [f32; 4] {
+pub(super) unsafe fn q8_0_int16_x4(
+    row: &[u8],
+    xs: [&super::int8::Q16Input; 4],
+    four: &super::int8::Four,
+) -> [f32; 4] {
     let blocks: &[BlockQ8_0] = bytemuck::cast_slice(row);
     for x in xs {
         assert!(x.d.len() >= blocks.len(), "q8_0_int16_x4: a short input");
     }
+    assert!(
+        four.d.len() >= 4 * blocks.len(),
+        "q8_0_int16_x4: short scales"
+    );
+    let lane: [__m256i; 4] = std::array::from_fn(|m| _mm256_set1_epi32(m as i32));
     let mut acc = [_mm256_setzero_ps(); 4];
     for (i, b) in blocks.iter().enumerate() {
         let w = b.qs.as_ptr();
         let wlo = _mm256_cvtepi8_epi16(_mm_loadu_si128(w.cast()));
         let whi = _mm256_cvtepi8_epi16(_mm_loadu_si128(w.add(16).cast()));
         let (d, _) = f16_pair(b.d, [0, 0]);
-        for (a, x) in acc.iter_mut().zip(xs) {
+        let scales = _mm_mul_ps(_mm_set1_ps(d), _mm_loadu_ps(four.d.as_ptr().add(4 * i)));
+        let scales = _mm256_castps128_ps256(scales);
+        for ((a, x), lane) in acc.iter_mut().zip(xs).zip(lane) {
             let xq = x.qs.as_ptr();
             let lo = _mm256_madd_epi16(wlo, _mm256_loadu_si256(xq.add(32 * i).cast()));
             let hi = _mm256_madd_epi16(whi, _mm256_loadu_si256(xq.add(32 * i + 16).cast()));
             let t = _mm256_cvtepi32_ps(_mm256_add_epi32(lo, hi));
-            *a = _mm256_fmadd_ps(t, _mm256_set1_ps(d * x.d[i]), *a);
+            *a = _mm256_fmadd_ps(t, _mm256_permutevar8x32_ps(scales, lane), *a);
         }
     }
     std::array::from_fn(|m| hsum(acc[m]))
@@ -756,11 +785,17 @@ pub(super) unsafe fn q8_0_int16_x4(row: &[u8], xs: [&super::int8::Q16Input; 4]) 
 pub(super) unsafe fn q8_0_int16_x4_avx512vnni(
     row: &[u8],
     xs: [&super::int8::Q16Input; 4],
+    four: &super::int8::Four,
 ) -> [f32; 4] {
     let blocks: &[BlockQ8_0] = bytemuck::cast_slice(row);
     for x in xs {
         assert!(x.d.len() >= blocks.len(), "q8_0_int16_x4: a short input");
     }
+    assert!(
+        four.d.len() >= 4 * blocks.len(),
+        "q8_0_int16_x4: short scales"
+    );
+    let lane: [__m512i; 4] = std::array::from_fn(|m| _mm512_set1_epi32(m as i32));
     let mut acc = [[_mm512_setzero_ps(); 4]; 2];
     // Block i into accumulator h (the single kernel's a0 for even blocks,
     // a1 for odd ones).
@@ -768,13 +803,16 @@ pub(super) unsafe fn q8_0_int16_x4_avx512vnni(
         let b = &blocks[i];
         let w16 = _mm512_cvtepi8_epi16(_mm256_loadu_si256(b.qs.as_ptr().cast()));
         let (d, _) = f16_pair(b.d, [0, 0]);
-        for (a, x) in acc[h].iter_mut().zip(xs) {
+        let scales = _mm_mul_ps(_mm_set1_ps(d), _mm_loadu_ps(four.d.as_ptr().add(4 * i)));
+        let scales = _mm512_castps128_ps512(scales);
+        for ((a, x), lane) in acc[h].iter_mut().zip(xs).zip(lane) {
             let p = _mm512_dpwssd_epi32(
                 _mm512_setzero_si512(),
                 w16,
                 _mm512_loadu_si512(x.qs.as_ptr().add(32 * i).cast()),
             );
-            *a = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), _mm512_set1_ps(d * x.d[i]), *a);
+            let scale = _mm512_permutexvar_ps(lane, scales);
+            *a = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), scale, *a);
         }
     };
     let mut i = 0;

@@ -113,9 +113,45 @@ impl Q16Input {
 /// A Q8_0 row kernel over a 16-bit input.
 pub type Kernel16 = fn(&[u8], &Q16Input) -> f32;
 
-/// A Q8_0 row kernel over four 16-bit inputs: what its [`Kernel16`] gives
-/// each, bit for bit.
-pub type Kernel16x4 = fn(&[u8], [&Q16Input; 4]) -> [f32; 4];
+/// A Q8_0 row kernel over four 16-bit inputs (and their [`Four`]): what
+/// its [`Kernel16`] gives each, bit for bit.
+pub type Kernel16x4 = fn(&[u8], [&Q16Input; 4], &Four) -> [f32; 4];
+
+/// Four inputs' block scales (and, for 8-bit inputs, block sums)
+/// interleaved, `d[4 block + input]`: one vector load gives the four-input
+/// kernels a block's four, where four scalar loads and broadcasts cost as
+/// much as a block's products.
+pub struct Four {
+    pub d: Vec<f32>,
+    pub s: Vec<f32>,
+}
+
+impl Four {
+    /// From each input's scales and sums (`s` empty: none).
+    pub fn new(d: [&[f32]; 4], s: [&[f32]; 4]) -> Four {
+        let interleave = |v: [&[f32]; 4]| -> Vec<f32> {
+            (0..v[0].len()).flat_map(|i| v.map(|x| x[i])).collect()
+        };
+        for m in 1..4 {
+            assert_eq!(d[m].len(), d[0].len(), "Four: inputs of different lengths");
+            assert_eq!(s[m].len(), s[0].len(), "Four: inputs of different lengths");
+        }
+        Four {
+            d: interleave(d),
+            s: interleave(s),
+        }
+    }
+
+    /// Of four 8-bit inputs.
+    pub fn of_q8(xs: [&Q8Input; 4]) -> Four {
+        Four::new(xs.map(|x| &x.d[..]), xs.map(|x| &x.s[..]))
+    }
+
+    /// Of four 16-bit inputs.
+    pub fn of_q16(xs: [&Q16Input; 4]) -> Four {
+        Four::new(xs.map(|x| &x.d[..]), [&[]; 4])
+    }
+}
 
 /// The copies of the 16-bit-input kernel for `t` this CPU runs, each with
 /// its four-input copy where it has one (the SIMD ones), best last; empty
@@ -135,12 +171,12 @@ pub fn variants16(t: GgmlType) -> Vec<(Kernel16, Option<Kernel16x4>)> {
         if has!("avx2") && has!("fma") && has!("f16c") {
             v.push((
                 |r, q| unsafe { super::avx2::q8_0_int16(r, q) },
-                Some(|r, xs| unsafe { super::avx2::q8_0_int16_x4(r, xs) }),
+                Some(|r, xs, f| unsafe { super::avx2::q8_0_int16_x4(r, xs, f) }),
             ));
             if has!("avx512f") && has!("avx512bw") && has!("avx512vnni") {
                 v.push((
                     |r, q| unsafe { super::avx2::q8_0_int16_avx512vnni(r, q) },
-                    Some(|r, xs| unsafe { super::avx2::q8_0_int16_x4_avx512vnni(r, xs) }),
+                    Some(|r, xs, f| unsafe { super::avx2::q8_0_int16_x4_avx512vnni(r, xs, f) }),
                 ));
             }
         }
@@ -224,7 +260,7 @@ pub fn variants(t: GgmlType) -> Vec<Kernel> {
 
 /// A kernel for one row of type `t` and four inputs: what [`Kernel`]
 /// gives each input, bit for bit, for less than four times its work.
-pub type Kernel4 = fn(GgmlType, &[u8], [&Q8Input; 4]) -> [f32; 4];
+pub type Kernel4 = fn(GgmlType, &[u8], [&Q8Input; 4], &Four) -> [f32; 4];
 
 /// The copies of the four-input kernel this CPU runs for `t`, best last;
 /// empty for types without an int8 kernel, or without a SIMD copy here (the
@@ -241,11 +277,11 @@ pub fn variants4(t: GgmlType) -> Vec<Kernel4> {
         if has!("avx2") && has!("fma") && has!("f16c") {
             // SAFETY (each): listed only when the CPU reports the
             // instructions; the kernels check the row's and inputs' sizes.
-            v.push(|t, r, xs| unsafe { super::avx2::int8_x4(t, r, xs) });
+            v.push(|t, r, xs, f| unsafe { super::avx2::int8_x4(t, r, xs, f) });
             if has!("avxvnni") {
-                v.push(|t, r, xs| unsafe { super::avx2::int8_x4_avxvnni(t, r, xs) });
+                v.push(|t, r, xs, f| unsafe { super::avx2::int8_x4_avxvnni(t, r, xs, f) });
             } else if has!("avx512vnni") && has!("avx512vl") {
-                v.push(|t, r, xs| unsafe { super::avx2::int8_x4_avx512vnni(t, r, xs) });
+                v.push(|t, r, xs, f| unsafe { super::avx2::int8_x4_avx512vnni(t, r, xs, f) });
             }
         }
     }
@@ -451,7 +487,7 @@ mod tests {
         }
     }
 
-    /// The four-input kernel (through `RowDot::dot_row_many`, seven inputs:
+    /// The four-input kernel (through `ManyDots`, seven inputs:
     /// a group of four and three alone; and each copy alone) gives each
     /// input what its own dot gives, bit for bit, for odd and even block
     /// counts.
@@ -469,14 +505,20 @@ mod tests {
                     .map(|x| crate::quant::fast::RowDot::new_int8(t, x))
                     .collect();
                 let mut many = vec![0.0f32; dots.len()];
-                crate::quant::fast::RowDot::dot_row_many(&dots, &row, &mut many);
+                crate::quant::fast::ManyDots::new(
+                    xs.iter()
+                        .map(|x| crate::quant::fast::RowDot::new_int8(t, x))
+                        .collect(),
+                )
+                .dot_row(&row, &mut many);
                 for (i, (d, m)) in dots.iter().zip(&many).enumerate() {
                     assert_eq!(d.dot(&row).to_bits(), m.to_bits(), "{t} k={k} input {i}");
                 }
                 // Every copy this CPU runs, not only the best.
                 let qs: Vec<Q8Input> = xs.iter().map(|x| Q8Input::new(x)).collect();
+                let four = Four::of_q8([&qs[0], &qs[1], &qs[2], &qs[3]]);
                 for (v, k4) in variants4(t).into_iter().enumerate() {
-                    let got = k4(t, &row, [&qs[0], &qs[1], &qs[2], &qs[3]]);
+                    let got = k4(t, &row, [&qs[0], &qs[1], &qs[2], &qs[3]], &four);
                     let want: Vec<u32> = many[..4].iter().map(|x| x.to_bits()).collect();
                     let got: Vec<u32> = got.iter().map(|x| x.to_bits()).collect();
                     assert_eq!(got, want, "{t} k={k} copy {v}");
@@ -485,9 +527,10 @@ mod tests {
                 // copy's four-input kernel against its own single one.
                 if t == GgmlType::Q8_0 {
                     let q16: Vec<Q16Input> = xs.iter().map(|x| Q16Input::new(x)).collect();
+                    let four = Four::of_q16([&q16[0], &q16[1], &q16[2], &q16[3]]);
                     for (v, (k1, k4)) in variants16(t).into_iter().enumerate() {
                         let Some(k4) = k4 else { continue };
-                        let got = k4(&row, [&q16[0], &q16[1], &q16[2], &q16[3]]);
+                        let got = k4(&row, [&q16[0], &q16[1], &q16[2], &q16[3]], &four);
                         for (m, g) in got.iter().enumerate() {
                             let want = k1(&row, &q16[m]);
                             assert_eq!(
@@ -501,7 +544,12 @@ mod tests {
                         .iter()
                         .map(|x| crate::quant::fast::RowDot::new_int16(t, x))
                         .collect();
-                    crate::quant::fast::RowDot::dot_row_many(&dots, &row, &mut many);
+                    crate::quant::fast::ManyDots::new(
+                        xs.iter()
+                            .map(|x| crate::quant::fast::RowDot::new_int16(t, x))
+                            .collect(),
+                    )
+                    .dot_row(&row, &mut many);
                     for (i, (d, m)) in dots.iter().zip(&many).enumerate() {
                         assert_eq!(d.dot(&row).to_bits(), m.to_bits(), "int16 k={k} input {i}");
                     }
