@@ -416,11 +416,21 @@ pub fn matvec_rows(w: &Tensor, x: &[f32], m: usize, y: &mut [f32], act: Activati
             dots.dot_row(row, o);
         }
     });
-    for (j, col) in yt.chunks_exact(m).enumerate() {
-        for (i, &v) in col.iter().enumerate() {
-            y[i * n + j] = v;
+    // The transposition in tiles of 64 columns, in parallel: a tile's
+    // [64, m] block of yt stays in L1 and each row of y gets whole lines.
+    const TILE: usize = 64;
+    let y_parts = par::DisjointMut::new(y);
+    par::for_each_index(n.div_ceil(TILE), |t| {
+        let (j0, cols) = (t * TILE, TILE.min(n - t * TILE));
+        let block = &yt[j0 * m..(j0 + cols) * m];
+        for i in 0..m {
+            // SAFETY: tile t alone writes columns j0..j0 + cols.
+            let dst = unsafe { y_parts.part(i * n + j0, cols) };
+            for (d, col) in dst.iter_mut().zip(block.chunks_exact(m)) {
+                *d = col[i];
+            }
         }
-    }
+    });
 }
 
 thread_local! {
