@@ -379,32 +379,64 @@ pub fn matvec_same_input(ws: &[&Tensor], x: &[f32], ys: &mut [&mut [f32]], act: 
 /// with each input), while every weight row is read once for all `m`
 /// (checking drafted tokens computes them as decode steps would).
 pub fn matvec_rows(w: &Tensor, x: &[f32], m: usize, y: &mut [f32], act: Activations) {
-    let (n, k) = (w.rows(), w.row_len());
-    assert_eq!(
-        x.len(),
-        m * k,
-        "matvec_rows '{}': x is not [{m}, {k}]",
-        w.name
-    );
-    assert_eq!(
-        y.len(),
-        m * n,
-        "matvec_rows '{}': y is not [{m}, {n}]",
-        w.name
-    );
-    if m == 1 {
-        return matvec_with(w, x, y, act);
+    matvec_rows_same_input(&[w], x, m, &mut [y], act)
+}
+
+/// [`matvec_rows`] of several matrices with the same inputs (decode's
+/// q/k/v and gate/up): each input prepared (int8: quantised) once per
+/// weight type, not once per matrix.
+pub fn matvec_rows_same_input(
+    ws: &[&Tensor],
+    x: &[f32],
+    m: usize,
+    ys: &mut [&mut [f32]],
+    act: Activations,
+) {
+    assert_eq!(ws.len(), ys.len(), "matvec_rows: one output per matrix");
+    for (w, y) in ws.iter().zip(ys.iter()) {
+        let (n, k) = (w.rows(), w.row_len());
+        assert_eq!(
+            x.len(),
+            m * k,
+            "matvec_rows '{}': x is not [{m}, {k}]",
+            w.name
+        );
+        assert_eq!(
+            y.len(),
+            m * n,
+            "matvec_rows '{}': y is not [{m}, {n}]",
+            w.name
+        );
     }
-    if m == 0 || n == 0 {
+    if m == 1 {
+        return matvec_same_input(ws, x, ys, act);
+    }
+    if m == 0 {
+        return;
+    }
+    let mut prepared: Vec<(GgmlType, quant::fast::ManyDots)> = Vec::new();
+    for (w, y) in ws.iter().zip(ys.iter_mut()) {
+        let i = match prepared.iter().position(|(t, _)| *t == w.dtype) {
+            Some(i) => i,
+            None => {
+                let k = w.row_len();
+                let dots = x.chunks_exact(k).map(|xi| act.row_dot(w.dtype, xi));
+                prepared.push((w.dtype, quant::fast::ManyDots::new(dots.collect())));
+                prepared.len() - 1
+            }
+        };
+        rows_times(w, &prepared[i].1, y);
+    }
+}
+
+/// Every row of `w` dotted with each of `dots`' m inputs into y: [m, n].
+fn rows_times(w: &Tensor, dots: &quant::fast::ManyDots, y: &mut [f32]) {
+    let (n, m) = (w.rows(), dots.len());
+    if n == 0 {
         return;
     }
     let rb = w.row_bytes();
     let bytes = w.bytes();
-    let dots = quant::fast::ManyDots::new(
-        x.chunks_exact(k)
-            .map(|xi| act.row_dot(w.dtype, xi))
-            .collect(),
-    );
     // Computed transposed ([n, m], one weight row per m outputs), then
     // transposed into y.
     let mut yt = vec![0.0f32; n * m];

@@ -699,9 +699,9 @@ impl CpuPass<'_> {
 
     /// Several products of the same input (q/k/v, gate/up).
     fn products(&self, ws: &[&Tensor], x: &[f32], ys: &mut [&mut Vec<f32>]) {
-        if self.n() == 1 && self.segs[0].as_decode {
+        if self.row_kinds().1.is_empty() {
             let mut outs: Vec<&mut [f32]> = ys.iter_mut().map(|y| y.as_mut_slice()).collect();
-            tensor::matvec_same_input(ws, x, &mut outs, self.act);
+            tensor::matvec_rows_same_input(ws, x, self.n(), &mut outs, self.act);
         } else {
             for (w, y) in ws.iter().zip(ys.iter_mut()) {
                 self.product(w, x, y);
