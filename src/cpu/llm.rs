@@ -342,12 +342,37 @@ fn attend(
         *sc = dot(qv, key(first + done + j)) * s.scale;
     }
     softmax_rows(&mut scores, visible);
-    o.fill(0.0);
-    for (j, &sc) in scores.iter().enumerate() {
-        for (o, &vv) in o.iter_mut().zip(&v[row(first + j) * kvw + kh * hd..][..hd]) {
-            *o += sc * vv;
+    let value = |j: usize| &v[row(first + j) * kvw + kh * hd..][..hd];
+    match hd {
+        64 => weighted_sum::<64>(&scores, value, o),
+        128 => weighted_sum::<128>(&scores, value, o),
+        _ => {
+            o.fill(0.0);
+            for (j, &sc) in scores.iter().enumerate() {
+                for (o, &vv) in o.iter_mut().zip(value(j)) {
+                    *o += sc * vv;
+                }
+            }
         }
     }
+}
+
+/// o = sum_j scores[j] value(j), for a head size known when compiled: the
+/// sums stay in registers across the keys (the same operations in the same
+/// order as the general loop).
+fn weighted_sum<'v, const D: usize>(
+    scores: &[f32],
+    value: impl Fn(usize) -> &'v [f32],
+    o: &mut [f32],
+) {
+    let mut acc = [0.0f32; D];
+    for (j, &sc) in scores.iter().enumerate() {
+        let vv: &[f32; D] = value(j).try_into().expect("a value row of D elements");
+        for d in 0..D {
+            acc[d] += sc * vv[d];
+        }
+    }
+    o.copy_from_slice(&acc);
 }
 
 /// The softmax scale 1 / sqrt(head_dim), as one f32 both backends use.
