@@ -699,7 +699,7 @@ impl CpuPass<'_> {
 
     /// Several products of the same input (q/k/v, gate/up).
     fn products(&self, ws: &[&Tensor], x: &[f32], ys: &mut [&mut Vec<f32>]) {
-        if self.row_kinds().1.is_empty() {
+        if self.segs.iter().all(|s| s.as_decode) {
             let mut outs: Vec<&mut [f32]> = ys.iter_mut().map(|y| y.as_mut_slice()).collect();
             tensor::matvec_rows_same_input(ws, x, self.n(), &mut outs, self.act);
         } else {

@@ -210,21 +210,35 @@ pub struct ManyDots<'a> {
     fours: Vec<int8::Four>,
 }
 
+/// Four inputs that share a four-input kernel, and that kernel.
+enum Group<'r> {
+    Int8([&'r int8::Q8Input; 4], int8::Kernel4),
+    Int16([&'r int8::Q16Input; 4], int8::Kernel16x4),
+}
+
+/// The kernel `four` (four inputs) share, if it has one.
+fn group_of<'r>(four: &'r [RowDot]) -> Option<Group<'r>> {
+    match [0, 1, 2, 3].map(|j| &four[j].path) {
+        [Path::Int8(a, _, Some(k4)), Path::Int8(b, ..), Path::Int8(c, ..), Path::Int8(d, ..)] => {
+            Some(Group::Int8([a, b, c, d], *k4))
+        }
+        [Path::Int16(a, _, Some(k4)), Path::Int16(b, ..), Path::Int16(c, ..), Path::Int16(d, ..)] => {
+            Some(Group::Int16([a, b, c, d], *k4))
+        }
+        _ => None,
+    }
+}
+
 impl<'a> ManyDots<'a> {
     pub fn new(dots: Vec<RowDot<'a>>) -> Self {
-        let mut fours = Vec::new();
-        for four in dots.chunks_exact(4) {
-            let group = match [0, 1, 2, 3].map(|j| &four[j].path) {
-                [Path::Int8(a, _, Some(_)), Path::Int8(b, ..), Path::Int8(c, ..), Path::Int8(d, ..)] => {
-                    int8::Four::of_q8([a, b, c, d])
-                }
-                [Path::Int16(a, _, Some(_)), Path::Int16(b, ..), Path::Int16(c, ..), Path::Int16(d, ..)] => {
-                    int8::Four::of_q16([a, b, c, d])
-                }
-                _ => break,
-            };
-            fours.push(group);
-        }
+        let fours = dots
+            .chunks_exact(4)
+            .map_while(group_of)
+            .map(|g| match g {
+                Group::Int8(xs, _) => int8::Four::of_q8(xs),
+                Group::Int16(xs, _) => int8::Four::of_q16(xs),
+            })
+            .collect();
         ManyDots { dots, fours }
     }
 
@@ -242,14 +256,10 @@ impl<'a> ManyDots<'a> {
         for (g, four) in self.fours.iter().enumerate() {
             let dots = &self.dots[4 * g..4 * g + 4];
             dots.iter().for_each(|d| d.check_row(row));
-            out[4 * g..4 * g + 4].copy_from_slice(&match [0, 1, 2, 3].map(|j| &dots[j].path) {
-                [Path::Int8(a, _, Some(k4)), Path::Int8(b, ..), Path::Int8(c, ..), Path::Int8(d, ..)] => {
-                    k4(dots[0].dtype, row, [a, b, c, d], four)
-                }
-                [Path::Int16(a, _, Some(k4)), Path::Int16(b, ..), Path::Int16(c, ..), Path::Int16(d, ..)] => {
-                    k4(row, [a, b, c, d], four)
-                }
-                _ => unreachable!("ManyDots: a group of four without its kernel"),
+            out[4 * g..4 * g + 4].copy_from_slice(&match group_of(dots) {
+                Some(Group::Int8(xs, k4)) => k4(dots[0].dtype, row, xs, four),
+                Some(Group::Int16(xs, k4)) => k4(row, xs, four),
+                None => unreachable!("ManyDots: a group of four without its kernel"),
             });
         }
         let done = 4 * self.fours.len();
