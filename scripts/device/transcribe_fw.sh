@@ -102,7 +102,8 @@ if [[ -x target/release/whisper_profile ]]; then
     echo "== whisper_profile: a decoder step's kernels"
     for model in ${MODELS:-whisper-tiny.en whisper-base}; do
         [[ -d samples/models/$model ]] || continue
-        target/release/whisper_profile --model "samples/models/$model" --windows 1,8,32 --steps 32 |
+        target/release/whisper_profile --model "samples/models/$model" --windows 1,8,32 --steps 32 \
+            --audio "${CLIPS_DIR:-/usr/share/pocketsphinx/test/data/librivox}/sense_and_sensibility_01_austen_64kb-0870.wav" |
             tee "$R/whisper-profile-$model.md"
     done
 fi
