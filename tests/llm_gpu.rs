@@ -510,6 +510,7 @@ fn split_weights_chunked_prefill_and_cache_growth_match_cpu() {
         max_chunk_bytes: Some(300_000),
         prefill_chunk: Some(4),
         kv_positions: Some(5),
+        ..Default::default()
     };
     compare(gpu(), &tiny_lfm2(), 3, true, &opts, 8, false, "lfm2 split");
     compare(

@@ -792,3 +792,41 @@ fn the_gpu_backend_serves_what_generate_gives_on_the_gpu() {
 fn the_gpu_backend_batches_lfm2_as_generate_gives_it_alone() {
     gpu_serves_what_generate_gives_alone(&tiny_lfm2());
 }
+
+/// `--batch-products gemm`: concurrent requests are batched through the
+/// prompt's GEMM and each is answered whole (its tokens are not held to
+/// `generate`'s: tests/llm_gpu_batch.rs bounds the logits), and every KV
+/// block comes back.
+#[test]
+fn the_gpu_backend_serves_with_its_products_on_the_gemm() {
+    let model = tiny_lfm2();
+    let s = Server::start(&["--gpu", "-m", &model, "--batch-products", "gemm"]);
+    let port = s.port;
+    let handles: Vec<_> = (0..6)
+        .map(|i| {
+            std::thread::sleep(std::time::Duration::from_millis(10));
+            let body = json!({
+                "prompt": format!("request {i}: hello world, this is"),
+                "max_tokens": 20 + 3 * i,
+                "temperature": 0,
+                "ignore_eos": true,
+                "stream": i % 2 == 1,
+            });
+            post_completion(port, body)
+        })
+        .collect();
+    for (i, h) in handles.into_iter().enumerate() {
+        let (text, finish) = answer(&h.join().unwrap());
+        assert_eq!(finish, "length", "request {i}: {text:?}");
+        assert!(!text.is_empty(), "request {i}");
+    }
+    let (steps, seqs) = (
+        s.metric("lfm_batch_steps_total"),
+        s.metric("lfm_batch_step_sequences_total"),
+    );
+    assert!(
+        seqs > steps,
+        "{seqs} sequences in {steps} steps: nothing batched"
+    );
+    s.wait_metric("lfm_kv_blocks_in_use", 0.0, 10);
+}

@@ -6,6 +6,7 @@
 use crate::cli::DeviceChoice;
 use crate::gpu::profile::StepProfile;
 use crate::gpu::{Backend, GpuOptions};
+use crate::models::llm_gpu::BatchProducts;
 use crate::models::{self, LoadOptions};
 use crate::quant::GgmlType;
 use crate::run::bench::{self, Measurement, Test};
@@ -114,6 +115,12 @@ pub struct Args {
     /// tokens, then the first -n steps of all B together.
     #[arg(long, value_delimiter = ',', value_name = "B,...", value_parser = super::values::positive)]
     pub batch: Option<Vec<usize>>,
+
+    /// With --batch: how a GPU decode step computes its products (`serve
+    /// --batch-products`): `invariant`, each sequence's sums as alone, or
+    /// `gemm`, through the prompt's matrix kernels.
+    #[arg(long, value_enum, value_name = "HOW", default_value_t = BatchProducts::Invariant, requires = "batch")]
+    pub batch_products: BatchProducts,
 
     /// Also profile this many decode steps of each gpu arm at each depth,
     /// and one run of each prompt test: device time per kernel (timestamp
@@ -931,12 +938,17 @@ fn batched(
                 let most = batches.iter().max().copied().unwrap_or(1);
                 // Room for the largest batch, whatever the context.
                 let kv = models::KvSize::Sequences(most, pp + tg);
-                let mut loaded = models::load_batched_llm(model, &opts, kv, None)?;
+                let mut loaded =
+                    models::load_batched_llm(model, &opts, kv, None, args.batch_products)?;
                 let backend = loaded.model.backend_name();
                 if args.output == Output::Md {
+                    let products = match (arm, args.batch_products) {
+                        (Arm::Gpu, BatchProducts::Gemm) => ", products on the GEMM",
+                        _ => "",
+                    };
                     writeln!(
                         out,
-                        "\n{} ({}, {backend})\n",
+                        "\n{} ({}, {backend}{products})\n",
                         model.display(),
                         ty.map_or("as stored".to_string(), |t| t.to_string())
                     )?;

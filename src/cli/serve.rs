@@ -1,5 +1,6 @@
 //! `serve`: an OpenAI-compatible HTTP server.
 
+use crate::models::llm_gpu::BatchProducts;
 use crate::models::{self, LoadOptions};
 use crate::run::embed::Embedder;
 use crate::run::serve::audio::{Asr, AudioServices, Voice};
@@ -81,6 +82,16 @@ pub struct Args {
     #[arg(long, value_name = "N", value_parser = super::values::positive)]
     pub step_tokens: Option<usize>,
 
+    /// How a GPU decode step of many sequences computes its products:
+    /// `invariant` keeps each sequence's sums exactly as it gets them alone
+    /// (at temperature 0 its tokens are `generate`'s); `gemm` runs them
+    /// through the prompt's matrix kernels (tensor cores where the GPU has
+    /// them), faster from a few dozen sequences, but a sequence's tokens may
+    /// then part from its run alone where two logits nearly tie. The CPU
+    /// ignores it.
+    #[arg(long, value_enum, value_name = "HOW", default_value_t = BatchProducts::Invariant)]
+    pub batch_products: BatchProducts,
+
     /// Largest request body in MiB (uploads included); more is answered 413.
     #[arg(long, default_value_t = 32, value_parser = super::values::positive)]
     pub max_body_mib: usize,
@@ -149,7 +160,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                 (None, Some(n)) => models::KvSize::Blocks(n),
                 (None, None) => models::KvSize::Default,
             };
-            let parallel = args.parallel;
+            let (parallel, products) = (args.parallel, args.batch_products);
             let id = args.alias.clone().unwrap_or_else(|| model_id(&path));
             let service = LlmService::start(
                 id,
@@ -162,6 +173,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                         &opts,
                         kv,
                         (parallel != usize::MAX).then_some(parallel),
+                        products,
                     )?;
                     crate::util::log::notice(&format!(
                         "serve: language model {} on {} (up to {} sequences at once)",

@@ -222,13 +222,15 @@ fn gpu_kv(
 }
 
 /// Opens a checkpoint for batched serving: continuous batching over a paged
-/// cache of `kv` (on the GPU, up to `sequences` at once where given;
+/// cache of `kv` (on the GPU, up to `sequences` at once where given, its
+/// decode steps' products computed as `products` says;
 /// [`llm_gpu::GpuBatch`]).
 pub fn load_batched_llm(
     path: &Path,
     opts: &LoadOptions,
     kv: KvSize,
     sequences: Option<usize>,
+    products: llm_gpu::BatchProducts,
 ) -> Result<LoadedBatch> {
     let (cfg, weights, tokenizer, defaults) = open_converted(path, opts)?;
     // Four full contexts on the CPU unless told.
@@ -248,7 +250,10 @@ pub fn load_batched_llm(
                 gpu,
                 &cfg,
                 &weights,
-                &GpuLlmOptions::default(),
+                &GpuLlmOptions {
+                    batch_products: products,
+                    ..Default::default()
+                },
                 sequences,
                 positions,
             )?))

@@ -30,7 +30,13 @@
 //! sequence's positions are gathered into its contiguous cache on the GPU,
 //! and what it computed is copied back into the sequence's blocks when
 //! they are next needed. So for temperature 0 every sequence's tokens are
-//! those of `generate --gpu` for its prompt alone.
+//! those of `generate --gpu` for its prompt alone. That holds for the
+//! default [`BatchProducts::Invariant`]; with [`BatchProducts::Gemm`] a
+//! decode step of independent rows computes its products as the batched
+//! prefill does (the prefill's GEMM, and its conv kernel over one-row
+//! segments): each weight tile is read once for up to 64 rows and, where
+//! the adapter has cooperative matrices, multiplied on them, at the price
+//! of sums that are not the single decode's.
 //!
 //! The prefix cache: a block whose positions were all computed as a prompt
 //! from 0 is keyed by its tokens and everything before them; a new prompt
@@ -43,10 +49,12 @@
 //! the last one's.
 
 use super::prefill::{PrefillRowsTarget, PrefillScratch, PrefillWork};
-use super::{GpuFfn, GpuLlm, GpuMixer};
+use super::{BatchProducts, GpuFfn, GpuLlm, GpuMixer};
 use crate::cpu;
 use crate::error::{Error, Result};
-use crate::gpu::llm_ops::{self, AttnBuffers, Cols, GemvEpilogue, PrefillRows, RowsSegment};
+use crate::gpu::llm_ops::{
+    self, AttnBuffers, Cols, GemmKernel, GemmMode, GemvEpilogue, PrefillRows, RowsSegment,
+};
 use crate::gpu::ops::{self, Dispatch};
 use crate::gpu::profile::{PassMarks, PassTimer, StepProfile};
 use crate::models::batch::{BatchedLm, SeqId, SeqWork};
@@ -83,6 +91,9 @@ pub(super) struct BatchIo {
     /// [slots, ROW_RECORD] u32 (llm_ops::ROW_RECORD), then the rows' KV
     /// block tables.
     pub(super) rows: wgpu::Buffer,
+    /// With [`BatchProducts::Gemm`]: the rows as a [`PrefillRows`] table of
+    /// one-row segments, for the batched prefill's conv kernel.
+    prefill_rows: Option<wgpu::Buffer>,
     /// [slots, rope_dim]: each row's RoPE angles.
     cs: wgpu::Buffer,
     cs_local: wgpu::Buffer,
@@ -106,13 +117,14 @@ pub(super) struct BatchIo {
 impl BatchIo {
     /// Buffers for steps of up to `rows` rows whose attention splits at most
     /// `max_splits` ways and whose KV block tables take `table_words` u32s
-    /// in all.
+    /// in all, computing their products as `products` says.
     pub(super) fn new(
         g: &crate::gpu::Gpu,
         cfg: &LlmConfig,
         rows: usize,
         max_splits: usize,
         table_words: usize,
+        products: BatchProducts,
     ) -> Result<BatchIo> {
         let (d, hd, f) = (cfg.hidden, cfg.head_dim, cfg.ffn);
         let qw = cfg.heads * hd;
@@ -122,6 +134,13 @@ impl BatchIo {
         Ok(BatchIo {
             tokens: f32s("batch tokens", rows)?,
             rows: f32s("batch rows", rows * llm_ops::ROW_RECORD + table_words)?,
+            prefill_rows: match products {
+                BatchProducts::Gemm => Some(f32s(
+                    "batch prefill rows",
+                    rows * (llm_ops::ROW_RECORD + 2) + table_words,
+                )?),
+                BatchProducts::Invariant => None,
+            },
             cs: f32s("batch rope", rows * cfg.rope_dim)?,
             cs_local: f32s("batch rope local", rows * cfg.rope_dim)?,
             x: f32s("batch x", rows * d)?,
@@ -132,7 +151,14 @@ impl BatchIo {
             conv_out: f32s("batch conv_out", rows * d)?,
             mix: f32s("batch mix", rows * d)?,
             g: f32s("batch g", rows * f)?,
-            gu: f32s("batch gu", rows * 2 * f)?,
+            // With the GEMM, also a conv block's gated inputs.
+            gu: f32s(
+                "batch gu",
+                match products {
+                    BatchProducts::Gemm => rows * (2 * f).max(3 * d),
+                    BatchProducts::Invariant => rows * 2 * f,
+                },
+            )?,
             logits: f32s("batch logits", rows * cfg.vocab)?,
             next: f32s("batch next", rows * 2)?,
             next_staging: g.staging("batch next", (rows * 8) as u64),
@@ -269,6 +295,10 @@ pub(super) struct RowsTarget<'a> {
     /// conv block (and its output projection) runs as its own one-column
     /// product, with row j's record alone and its output in `chain[j]`.
     pub chain: Option<&'a [ChainRow]>,
+    /// Set for [`BatchProducts::Gemm`] (independent rows only): the GEMM
+    /// the products run on, and each conv layer's block ends (the batched
+    /// prefill's conv kernel writes them).
+    pub gemm: Option<(GemmKernel, Vec<Option<&'a wgpu::Buffer>>)>,
 }
 
 /// A row's own buffers where conv blocks run row by row
@@ -320,6 +350,8 @@ pub(super) enum Want {
 
 pub struct GpuBatch {
     m: GpuLlm,
+    /// The GEMM of [`BatchProducts::Gemm`]'s decode steps.
+    gemm: Option<GemmKernel>,
     /// The model's config with its context cut to what one sequence may
     /// hold: what the server clamps requests to.
     cfg: LlmConfig,
@@ -396,7 +428,17 @@ impl GpuBatch {
         let d = cfg.hidden;
         let f32s = |label: &str, n: usize| g.scratch(label, (n.max(1) * 4) as u64);
         let max_splits = llm_ops::attention_splits(max_len);
-        let io = BatchIo::new(g, cfg, slots, max_splits, slots * blocks_for(max_len))?;
+        let products = opts.batch_products;
+        let io = BatchIo::new(
+            g,
+            cfg,
+            slots,
+            max_splits,
+            slots * blocks_for(max_len),
+            products,
+        )?;
+        let gemm = (products == BatchProducts::Gemm)
+            .then(|| GemmKernel::for_adapter(g.caps.coop_matrix && cfg.activations_fit_f16()));
         let state = cfg
             .layers
             .iter()
@@ -428,6 +470,7 @@ impl GpuBatch {
             Vec::new()
         };
         let mut b = GpuBatch {
+            gemm,
             cfg: LlmConfig {
                 context: max_len,
                 ..cfg.clone()
@@ -687,6 +730,17 @@ impl GpuBatch {
                 SlotState::Conv { ring, .. } => LayerBufs::Conv(ring),
             })
             .collect();
+        let gemm = self.gemm.map(|kernel| {
+            let ends = self
+                .state
+                .iter()
+                .map(|s| match s {
+                    SlotState::Kv { .. } => None,
+                    SlotState::Conv { ends, .. } => Some(ends),
+                })
+                .collect();
+            (kernel, ends)
+        });
         let target = RowsTarget {
             m: &self.m,
             io: &self.io,
@@ -694,6 +748,7 @@ impl GpuBatch {
             ring: self.ring,
             max_splits: llm_ops::attention_splits(self.max_len),
             chain: None,
+            gemm,
         };
         let plan = Plan::new(target, n)?;
         self.plans.insert(n, plan);
@@ -753,6 +808,20 @@ impl GpuBatch {
         let tokens: Vec<u32> = rows.iter().map(|r| r.1).collect();
         let g = &*self.m.gpu;
         let io = &self.io;
+        if let Some(table) = &io.prefill_rows {
+            let segs: Vec<RowsSegment> = rows
+                .iter()
+                .map(|&(slot, _)| RowsSegment {
+                    slot,
+                    pos: self.pos(slot),
+                    len: 1,
+                    blocks: &self.seq(slot).table,
+                    ring_row: slot * ring,
+                })
+                .collect();
+            let words = PrefillRows::new(&segs).words;
+            g.queue.write_buffer(table, 0, bytemuck::cast_slice(&words));
+        }
         io.write(g, &tokens, &records, &cs, &cs_local);
         let plan = &self.plans[&n];
         let t0 = web_time::Instant::now();
@@ -1015,6 +1084,40 @@ impl<'a> BatchRecorder<'a> {
         self.ops.extend(ds.into_iter().map(Op::Fixed));
     }
 
+    /// The GEMM the products run on, with [`BatchProducts::Gemm`].
+    fn gemm_kernel(&self) -> Option<GemmKernel> {
+        self.t.gemm.as_ref().map(|g| g.0)
+    }
+
+    /// y (+)= W x over the step's rows, as the prefill computes it.
+    #[allow(clippy::too_many_arguments)]
+    fn gemm(
+        &mut self,
+        kernel: GemmKernel,
+        w: &llm_ops::GpuMatrix,
+        mode: GemmMode,
+        x: &wgpu::Buffer,
+        x_stride: usize,
+        y: &wgpu::Buffer,
+        y_stride: usize,
+        out_off: usize,
+    ) -> Result<()> {
+        let ds = llm_ops::gemm(
+            &self.t.m.gpu,
+            kernel,
+            w,
+            mode,
+            x,
+            x_stride,
+            y,
+            y_stride,
+            out_off,
+            self.n,
+        )?;
+        self.fixed(ds);
+        Ok(())
+    }
+
     /// Columns of a product over `k`-wide rows into `width`-wide rows.
     fn cols(&self, k: usize, width: usize) -> Cols {
         Cols::new(self.n, k, width)
@@ -1065,6 +1168,14 @@ impl<'a> DecoderOps for BatchRecorder<'a> {
         let qkvw = (cfg.heads + 2 * cfg.kv_heads) * cfg.head_dim;
         let cols = self.cols(cfg.hidden, qkvw);
         for (mat, off) in qkv {
+            if let Some(kern) = self.gemm_kernel() {
+                let mode = GemmMode::Norm {
+                    nw: &layer.norm1,
+                    eps: cfg.norm_eps,
+                };
+                self.gemm(kern, mat, mode, &io.x, cfg.hidden, &io.qkv, qkvw, *off)?;
+                continue;
+            }
             self.fixed(llm_ops::gemv_cols(
                 g, mat, &norm1, &io.x, 0, &io.qkv, *off, cols,
             )?);
@@ -1138,6 +1249,36 @@ impl<'a> DecoderOps for BatchRecorder<'a> {
             self.y = Some(BlockOut::Chain(&chain[..self.n]));
             return Ok(());
         }
+        if let Some(kern) = self.gemm_kernel() {
+            let mode = GemmMode::Norm {
+                nw: &layer.norm1,
+                eps: cfg.norm_eps,
+            };
+            self.gemm(kern, in_proj, mode, &io.x, d, &io.gu, 3 * d, 0)?;
+            // The gated inputs [rows, 3 hidden] go to `gu`, free until the
+            // feed-forward block.
+            let ends = self.t.gemm.as_ref().and_then(|g| g.1[li]);
+            let ends = ends.expect("a conv layer's block ends");
+            let table = io.prefill_rows.as_ref().expect("made with the GEMM");
+            let (_, tiles) = PrefillRows::most_blocks(self.n, self.n);
+            let conv = llm_ops::short_conv_rows(
+                g,
+                &io.gu,
+                conv,
+                st,
+                table,
+                &io.conv_out,
+                ends,
+                d,
+                cfg.conv_kernel,
+                ring,
+                self.n,
+                tiles,
+            )?;
+            self.ops.push(Op::Fixed(conv));
+            self.y = Some(BlockOut::Rows(&io.conv_out));
+            return Ok(());
+        }
         let cols = self.cols(d, d);
         self.fixed(llm_ops::gemv_cols(
             g,
@@ -1165,6 +1306,16 @@ impl<'a> DecoderOps for BatchRecorder<'a> {
                     act,
                 };
                 let cols = self.cols(cfg.hidden, f);
+                if let Some(kern) = self.gemm_kernel() {
+                    let mode = GemmMode::NormSwiglu {
+                        nw: &layer.norm2,
+                        eps,
+                        act,
+                    };
+                    self.gemm(kern, mat, mode, &io.x, cfg.hidden, &io.g, f, 0)?;
+                    self.y = Some(BlockOut::Rows(&io.g));
+                    return Ok(());
+                }
                 self.fixed(llm_ops::gemv_cols(g, mat, &epi, &io.x, 0, &io.g, 0, cols)?);
             }
             GpuFfn::Split(gate, up) => {
@@ -1203,7 +1354,10 @@ impl<'a> DecoderOps for BatchRecorder<'a> {
         match y {
             BlockOut::Rows(y) => {
                 let cols = self.cols(w.k, d);
-                self.fixed(llm_ops::gemv_cols(g, w, &epi, y, 0, out, 0, cols)?);
+                match (self.gemm_kernel(), post) {
+                    (Some(kern), None) => self.gemm(kern, w, GemmMode::Add, y, w.k, &io.x, d, 0)?,
+                    _ => self.fixed(llm_ops::gemv_cols(g, w, &epi, y, 0, out, 0, cols)?),
+                }
             }
             BlockOut::Chain(rows) => {
                 for (j, row) in rows.iter().enumerate() {
@@ -1235,6 +1389,14 @@ impl<'a> DecoderOps for BatchRecorder<'a> {
             eps: m.cfg.norm_eps,
         };
         let cols = self.cols(m.cfg.hidden, m.cfg.vocab);
+        if let Some(kern) = self.gemm_kernel() {
+            let mode = GemmMode::Norm {
+                nw: &m.final_norm,
+                eps: m.cfg.norm_eps,
+            };
+            let (d, v) = (m.cfg.hidden, m.cfg.vocab);
+            return self.gemm(kern, m.head(), mode, &io.x, d, &io.logits, v, 0);
+        }
         self.fixed(llm_ops::gemv_cols(
             &m.gpu,
             m.head(),

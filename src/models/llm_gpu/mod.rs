@@ -81,6 +81,23 @@ pub struct GpuLlmOptions {
     pub prefill_chunk: Option<usize>,
     /// KV positions allocated at load (the cache grows as needed).
     pub kv_positions: Option<usize>,
+    /// How a [`GpuBatch`]'s decode steps compute their products.
+    pub batch_products: BatchProducts,
+}
+
+/// How a [`GpuBatch`]'s decode steps compute their products.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum BatchProducts {
+    /// The batched GEMVs in the one order of summation
+    /// (gemv_common.wgsl): every sequence's tokens are those it gets alone.
+    #[default]
+    Invariant,
+    /// The prefill's GEMM over the step's rows (cooperative matrices where
+    /// the adapter has them) and the batched prefill's conv kernel: faster
+    /// from a few dozen sequences, but a row's sums (f16 factors, another
+    /// order) are not those of its decode alone, so its tokens may part from
+    /// them where two logits nearly tie.
+    Gemm,
 }
 
 enum GpuMixer {

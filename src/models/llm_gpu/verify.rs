@@ -12,7 +12,7 @@
 //! [`CausalLm::truncate`]: crate::models::llm::CausalLm::truncate
 
 use super::batch::{BatchIo, ChainRow, LayerBufs, Plan, RowsTarget, Want};
-use super::{GpuLlm, GpuState};
+use super::{BatchProducts, GpuLlm, GpuState};
 use crate::error::Result;
 use crate::gpu::llm_ops;
 use crate::models::kv_blocks::blocks_for;
@@ -49,7 +49,14 @@ impl Verify {
         // Every row's block table is the identity over the model's own
         // cache (contiguous), written once after the records.
         let blocks = blocks_for(m.cfg.context.max(1));
-        let io = BatchIo::new(g, &m.cfg, VERIFY_ROWS, max_splits, blocks)?;
+        let io = BatchIo::new(
+            g,
+            &m.cfg,
+            VERIFY_ROWS,
+            max_splits,
+            blocks,
+            BatchProducts::Invariant,
+        )?;
         let identity: Vec<u32> = (0..blocks as u32).collect();
         let at = (VERIFY_ROWS * llm_ops::ROW_RECORD * 4) as u64;
         g.queue
@@ -127,6 +134,7 @@ impl GpuLlm {
                 ring: conv_ring_rows(self.cfg.conv_kernel),
                 max_splits: llm_ops::attention_splits(self.cfg.context),
                 chain: Some(&v.chain),
+                gemm: None,
             };
             let plan = Plan::new(target, n)?;
             v.plans.insert(n, plan);
