@@ -20,6 +20,11 @@
 //           used), NORM: 3 nw: [k]; last: y: [n, y_stride] (read_write)
 // dispatch: (ceil(rows / BN), ceil(n / BM), 1) workgroups of 256 threads
 //
+// SPLIT (with ADD; gemm_add_split, for GEMMs of few tiles): workgroup z
+// sums only k in [z k_span, (z + 1) k_span) and stores its sums, unadded,
+// at y[(z n + t) y_stride + col(o)]; gemm_split_sum.wgsl then adds the
+// splits, in order, into the output. dispatch: (.., .., splits).
+//
 // COOP (with F16 and SUBGROUPS; the engine enables it where the adapter
 // offers 16x16x16 cooperative matrices with f16 inputs and an f32
 // accumulator, subgroups of 32, e.g. tensor cores on NVIDIA): the weight and
@@ -41,7 +46,7 @@ struct Params {
     out_off: u32,
     d_off: u32,
     eps: f32,       // NORM
-    _p1: u32,
+    k_span: u32,    // SPLIT: k per workgroup in z (a multiple of BK)
     _p2: u32,
 }
 
@@ -66,6 +71,30 @@ const FT: u32 = 1u;
 #endif
 const BN: u32 = 64u * FR;
 const BM: u32 = 32u * FT;
+
+// The k this workgroup sums (SPLIT: its span), and where its sums go:
+// y's first element for its split.
+fn k_begin(z: u32) -> u32 {
+#if SPLIT
+    return z * p.k_span;
+#else
+    return 0u;
+#endif
+}
+fn k_end(z: u32) -> u32 {
+#if SPLIT
+    return min(p.k, (z + 1u) * p.k_span);
+#else
+    return p.k;
+#endif
+}
+fn split_base(z: u32) -> u32 {
+#if SPLIT
+    return z * p.n * p.y_stride;
+#else
+    return 0u;
+#endif
+}
 
 #if SWIGLU
 // The gate's activation: silu (SwiGLU) or, with GELU, tanh-approximated
@@ -229,8 +258,9 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>,
 #if NORM
     var ss: array<f32, FT>;
 #endif
-    var v = load_stage(wrow, wc, xat, xc);
-    for (var k0 = 0u; k0 < p.k; k0 += BK) {
+    let kb = k_begin(wid.z);
+    var v = load_stage(wrow, kb + wc, xat, kb + xc);
+    for (var k0 = kb; k0 < k_end(wid.z); k0 += BK) {
         for (var i = 0u; i < FR; i++) {
             let wa = (wr + 64u * i) * LDA4 + wc / 4u;
             let wv = w8_unpack(v.w[i]);
@@ -311,11 +341,15 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>,
         let tok = tok_base + t;
         if (row < p.rows && tok < p.n) {
             let col = (row / p.part_rows) * p.part_stride + p.out_off + row % p.part_rows;
-            let at = tok * p.y_stride + col;
+            let at = split_base(wid.z) + tok * p.y_stride + col;
+#if SPLIT
+            y[at] = cs[t * LDC + r];
+#else
 #if ADD
             y[at] = y[at] + cs[t * LDC + r];
 #else
             y[at] = cs[t * LDC + r] * tscale[t]; // NORM
+#endif
 #endif
         }
     }
@@ -349,7 +383,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
 #if NORM
     var ss = 0.0;
 #endif
-    for (var k0 = 0u; k0 < p.k; k0 += BK) {
+    for (var k0 = k_begin(wid.z); k0 < k_end(wid.z); k0 += BK) {
         let e0 = k0 + wu * 8u;
         var wv = W8(vec4<f32>(0.0), vec4<f32>(0.0));
         if (e0 < p.k) {
@@ -425,11 +459,15 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         for (var j = 0u; j < 2u; j++) {
             let tok = tok_base + ty + 16u * j;
             if (tok < p.n) {
-                let at = tok * p.y_stride + col;
+                let at = split_base(wid.z) + tok * p.y_stride + col;
+#if SPLIT
+                y[at] = acc[i * 2u + j];
+#else
 #if ADD
                 y[at] = y[at] + acc[i * 2u + j];
 #else
                 y[at] = acc[i * 2u + j] * tscale[ty + 16u * j]; // NORM
+#endif
 #endif
             }
         }

@@ -776,7 +776,9 @@ struct GemmParams {
     out_off: u32,
     d_off: u32,
     eps: f32,
-    _pad: [u32; 2],
+    /// SPLIT: k per workgroup in z.
+    k_span: u32,
+    _pad: u32,
 }
 const _: () = assert!(std::mem::size_of::<GemmParams>() == 48);
 
@@ -788,6 +790,41 @@ format_kernel!(
     GemmParams,
     ["ADD"],
     coop
+);
+
+format_kernel!(
+    GEMM_ADD_SPLIT,
+    "gemm_add_split",
+    "gemm.wgsl",
+    [
+        Binding::read("w"),
+        Binding::read("x"),
+        Binding::write("part")
+    ],
+    GemmParams,
+    ["ADD", "SPLIT"],
+    coop
+);
+
+#[repr(C)]
+#[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
+struct SplitSumParams {
+    cols: u32,
+    n: u32,
+    splits: u32,
+    y_stride: u32,
+    out_off: u32,
+    _pad: [u32; 3],
+}
+const _: () = assert!(std::mem::size_of::<SplitSumParams>() == 32);
+
+kernel!(
+    GEMM_SPLIT_SUM,
+    "gemm_split_sum",
+    "gemm_split_sum.wgsl",
+    [Binding::read("part"), Binding::write("y")],
+    SplitSumParams,
+    [&[]]
 );
 
 format_kernel!(
@@ -976,7 +1013,8 @@ pub fn gemm(
             out_off: (out_off + c.row0) as u32,
             d_off: c.d_off,
             eps,
-            _pad: [0; 2],
+            k_span: 0,
+            _pad: 0,
         };
         // SWIGLU tiles hold half their rows from each part.
         let tiles = |(tile_rows, tile_tokens): (usize, usize)| {
@@ -1009,6 +1047,99 @@ pub fn gemm(
             groups: [across as u32, down as u32, 1],
         });
     }
+    Ok(out)
+}
+
+/// Workgroups a GEMM of few tiles is split into over k ([`gemm_add_split`]):
+/// about one per multiprocessor of a large GPU (132 on the H100 and H200).
+const GEMM_SPLIT_WORKGROUPS: usize = 128;
+/// The most ways it splits.
+pub const GEMM_MOST_SPLITS: usize = 8;
+
+/// Ways [`gemm_add_split`] splits a `rows` x k product over `n` tokens: up
+/// to [`GEMM_MOST_SPLITS`] while the tiles stay under
+/// [`GEMM_SPLIT_WORKGROUPS`], each split at least two k-steps; 1 for no
+/// split.
+pub fn gemm_splits(rows: usize, k: usize, n: usize) -> usize {
+    let (tile_rows, tile_tokens) = GEMM_TILE;
+    let tiles = rows.div_ceil(tile_rows) * n.div_ceil(tile_tokens);
+    let steps = k.div_ceil(GEMM_BK);
+    (GEMM_SPLIT_WORKGROUPS / tiles.max(1)).clamp(1, GEMM_MOST_SPLITS.min((steps / 2).max(1)))
+}
+
+/// k per GEMM step (`BK` in gemm.wgsl).
+const GEMM_BK: usize = 32;
+
+/// [`gemm`] with [`GemmMode::Add`], split over k `splits` ways (at least
+/// 2): each split's sums go to `part` ([splits, n, parts x rows]), then one pass
+/// adds them, in order, into y. For GEMMs of few tiles, whose workgroups
+/// would otherwise leave most of a large GPU idle.
+#[allow(clippy::too_many_arguments)]
+pub fn gemm_add_split(
+    gpu: &Gpu,
+    kernel: GemmKernel,
+    w: &GpuMatrix,
+    x: &wgpu::Buffer,
+    x_stride: usize,
+    y: &wgpu::Buffer,
+    y_stride: usize,
+    out_off: usize,
+    n: usize,
+    part: &wgpu::Buffer,
+    splits: usize,
+) -> Result<Vec<Dispatch>> {
+    assert!(splits >= 2, "gemm_add_split: {splits} ways");
+    let span = w.k.div_ceil(splits).div_ceil(GEMM_BK) * GEMM_BK;
+    let splits = w.k.div_ceil(span);
+    let (coop, wide) = match kernel {
+        GemmKernel::Portable => (false, false),
+        GemmKernel::Coop => (true, false),
+        GemmKernel::CoopTiles { wide } => (true, wide),
+    };
+    let (tile_rows, tile_tokens) = if wide { GEMM_WIDE_TILE } else { GEMM_TILE };
+    // The output's columns: every part side by side, as `part` holds them.
+    let cols = w.rows * w.parts;
+    let mut out = Vec::with_capacity(w.chunks.len() + 1);
+    for c in &w.chunks {
+        let rows = c.rows * w.parts;
+        let params = GemmParams {
+            k: w.k as u32,
+            rows: rows as u32,
+            n: n as u32,
+            x_stride: x_stride as u32,
+            y_stride: cols as u32,
+            part_rows: c.rows as u32,
+            part_stride: w.rows as u32,
+            out_off: c.row0 as u32,
+            d_off: c.d_off,
+            eps: 0.0,
+            k_span: span as u32,
+            _pad: 0,
+        };
+        let variant = gemm_variant(w.dtype, &["ADD", "SPLIT"], coop, wide)?;
+        let bound = gpu.bind(&GEMM_ADD_SPLIT, &variant, &[&c.buf, x, part], &params)?;
+        out.push(Dispatch {
+            bound,
+            groups: [
+                rows.div_ceil(tile_rows) as u32,
+                n.div_ceil(tile_tokens) as u32,
+                splits as u32,
+            ],
+        });
+    }
+    let params = SplitSumParams {
+        cols: cols as u32,
+        n: n as u32,
+        splits: splits as u32,
+        y_stride: y_stride as u32,
+        out_off: out_off as u32,
+        _pad: [0; 3],
+    };
+    let bound = gpu.bind(&GEMM_SPLIT_SUM, &Variant::default(), &[part, y], &params)?;
+    out.push(Dispatch {
+        bound,
+        groups: [cols.div_ceil(64) as u32, n as u32, 1],
+    });
     Ok(out)
 }
 
@@ -2247,6 +2378,8 @@ pub static KERNELS: &[&Kernel] = &[
     &GEMV_SUM_GEGLU,
     &GEMV_SUM_CONV,
     &GEMM_ADD,
+    &GEMM_ADD_SPLIT,
+    &GEMM_SPLIT_SUM,
     &GEMM_NORM,
     &GEMM_NORM_SWIGLU,
     &GEMM_NORM_GEGLU,

@@ -91,6 +91,14 @@ pub const CASES: &[Case] = &[
         run: gemm_add,
     },
     Case {
+        kernel: "gemm_add_split",
+        run: gemm_add_split,
+    },
+    Case {
+        kernel: "gemm_split_sum",
+        run: gemm_split_sum,
+    },
+    Case {
         kernel: "gemm_norm",
         run: gemm_norm,
     },
@@ -481,7 +489,8 @@ enum Epilogue {
     NormSwiglu(FfnAct),
 }
 
-fn gemm_case(gpu: &Gpu, v: &Variant, epilogue: Epilogue) {
+/// `split`: gemm_add_split three ways over k (and gemm_split_sum after it).
+fn gemm_case(gpu: &Gpu, v: &Variant, epilogue: Epilogue, split: bool) {
     let (t, _) = format_and_subgroups(v);
     let coop = v.defines.contains(&"COOP");
     let kernel = if coop {
@@ -560,10 +569,15 @@ fn gemm_case(gpu: &Gpu, v: &Variant, epilogue: Epilogue) {
                 Epilogue::Norm => GemmMode::Norm { nw: &gnw, eps },
                 Epilogue::NormSwiglu(act) => GemmMode::NormSwiglu { nw: &gnw, eps, act },
             };
-            run(
-                gpu,
-                &llm_ops::gemm(gpu, kernel, &m, mode, &gx, x_stride, &gy, y_stride, 1, n).unwrap(),
-            );
+            let ds = if split {
+                let part = gpu.poisoned_f32("part", 3 * n * 2 * rows).unwrap();
+                llm_ops::gemm_add_split(
+                    gpu, kernel, &m, &gx, x_stride, &gy, y_stride, 1, n, &part, 3,
+                )
+            } else {
+                llm_ops::gemm(gpu, kernel, &m, mode, &gx, x_stride, &gy, y_stride, 1, n)
+            };
+            run(gpu, &ds.unwrap());
             let all = gpu.read_f32(&gy).unwrap();
             let got: Vec<f32> = got_at.iter().map(|&i| all[i]).collect();
             assert_products(
@@ -577,15 +591,61 @@ fn gemm_case(gpu: &Gpu, v: &Variant, epilogue: Epilogue) {
 }
 
 fn gemm_add(gpu: &Gpu, v: &Variant) {
-    gemm_case(gpu, v, Epilogue::Add);
+    gemm_case(gpu, v, Epilogue::Add, false);
+}
+
+fn gemm_add_split(gpu: &Gpu, v: &Variant) {
+    gemm_case(gpu, v, Epilogue::Add, true);
+}
+
+/// The split sums added in order into y, exactly as the CPU adds them.
+fn gemm_split_sum(gpu: &Gpu, v: &Variant) {
+    assert!(v.defines.is_empty());
+    let mut rng = Rng::new(21);
+    let (rows, k, n) = (70, 32 * 5 + 8, 3);
+    let a = weights(GgmlType::F32, rows, k, &mut rng);
+    let m = upload(gpu, &[&a], 40);
+    let xs = rng.vec(n * k, -2.0, 2.0);
+    let y0 = rng.vec(n * rows, -1.0, 1.0);
+    let gx = gpu.upload_f32("x", &xs).unwrap();
+    let gy = gpu.upload_f32("y", &y0).unwrap();
+    let part = gpu.poisoned_f32("part", 4 * n * rows).unwrap();
+    let ds = llm_ops::gemm_add_split(
+        gpu,
+        GemmKernel::Portable,
+        &m,
+        &gx,
+        k,
+        &gy,
+        rows,
+        0,
+        n,
+        &part,
+        4,
+    )
+    .unwrap();
+    run(gpu, &ds);
+    // The sum pass alone, again from the same y: the splits' sums in order.
+    let splits = gpu.read_f32(&part).unwrap();
+    let got = gpu.read_f32(&gy).unwrap();
+    let ways = k.div_ceil(k.div_ceil(4).div_ceil(32) * 32);
+    let mut want = y0.clone();
+    for (i, w) in want.iter_mut().enumerate() {
+        let mut s = 0.0f32;
+        for z in 0..ways {
+            s += splits[z * n * rows + i];
+        }
+        *w += s;
+    }
+    assert_close("gemm_split_sum", &got[..n * rows], &want, 0.0);
 }
 
 fn gemm_norm(gpu: &Gpu, v: &Variant) {
-    gemm_case(gpu, v, Epilogue::Norm);
+    gemm_case(gpu, v, Epilogue::Norm, false);
 }
 
 fn gemm_norm_swiglu(gpu: &Gpu, v: &Variant) {
-    gemm_case(gpu, v, Epilogue::NormSwiglu(act_of(v)));
+    gemm_case(gpu, v, Epilogue::NormSwiglu(act_of(v)), false);
 }
 
 fn embedding(gpu: &Gpu, v: &Variant) {

@@ -94,6 +94,9 @@ pub(super) struct BatchIo {
     /// With [`BatchProducts::Gemm`]: the rows as a [`PrefillRows`] table of
     /// one-row segments, for the batched prefill's conv kernel.
     prefill_rows: Option<wgpu::Buffer>,
+    /// With [`BatchProducts::Gemm`]: the split sums of the projections into
+    /// the residual stream ([`llm_ops::gemm_add_split`]).
+    split_part: Option<wgpu::Buffer>,
     /// [slots, rope_dim]: each row's RoPE angles.
     cs: wgpu::Buffer,
     cs_local: wgpu::Buffer,
@@ -138,6 +141,13 @@ impl BatchIo {
                 BatchProducts::Gemm => Some(f32s(
                     "batch prefill rows",
                     rows * (llm_ops::ROW_RECORD + 2) + table_words,
+                )?),
+                BatchProducts::Invariant => None,
+            },
+            split_part: match products {
+                BatchProducts::Gemm => Some(f32s(
+                    "batch split sums",
+                    llm_ops::GEMM_MOST_SPLITS * rows * d,
                 )?),
                 BatchProducts::Invariant => None,
             },
@@ -1118,6 +1128,37 @@ impl<'a> BatchRecorder<'a> {
         Ok(())
     }
 
+    /// x += W y over the step's rows (a projection into the residual
+    /// stream), split over k where its tiles are few.
+    fn gemm_add(
+        &mut self,
+        kernel: GemmKernel,
+        w: &llm_ops::GpuMatrix,
+        y: &wgpu::Buffer,
+    ) -> Result<()> {
+        let (io, d) = (self.t.io, self.t.m.cfg.hidden);
+        let splits = llm_ops::gemm_splits(w.rows * w.parts, w.k, self.n);
+        let part = io.split_part.as_ref().expect("made with the GEMM");
+        if splits < 2 || w.rows * w.parts > d {
+            return self.gemm(kernel, w, GemmMode::Add, y, w.k, &io.x, d, 0);
+        }
+        let ds = llm_ops::gemm_add_split(
+            &self.t.m.gpu,
+            kernel,
+            w,
+            y,
+            w.k,
+            &io.x,
+            d,
+            0,
+            self.n,
+            part,
+            splits,
+        )?;
+        self.fixed(ds);
+        Ok(())
+    }
+
     /// Columns of a product over `k`-wide rows into `width`-wide rows.
     fn cols(&self, k: usize, width: usize) -> Cols {
         Cols::new(self.n, k, width)
@@ -1355,7 +1396,7 @@ impl<'a> DecoderOps for BatchRecorder<'a> {
             BlockOut::Rows(y) => {
                 let cols = self.cols(w.k, d);
                 match (self.gemm_kernel(), post) {
-                    (Some(kern), None) => self.gemm(kern, w, GemmMode::Add, y, w.k, &io.x, d, 0)?,
+                    (Some(kern), None) => self.gemm_add(kern, w, y)?,
                     _ => self.fixed(llm_ops::gemv_cols(g, w, &epi, y, 0, out, 0, cols)?),
                 }
             }
