@@ -793,10 +793,11 @@ fn the_gpu_backend_batches_lfm2_as_generate_gives_it_alone() {
     gpu_serves_what_generate_gives_alone(&tiny_lfm2());
 }
 
-/// `--batch-products gemm`: concurrent requests are batched through the
-/// prompt's GEMM and each is answered whole (its tokens are not held to
-/// `generate`'s: tests/llm_gpu_batch.rs bounds the logits), and every KV
-/// block comes back.
+/// `--batch-products gemm` end to end: concurrent requests, streamed and
+/// not, share steps and each is answered whole, and every KV block comes
+/// back. Their tokens are not held to `generate`'s here:
+/// tests/llm_gpu_batch.rs bounds the logits of that path against each
+/// sequence alone.
 #[test]
 fn the_gpu_backend_serves_with_its_products_on_the_gemm() {
     let model = tiny_lfm2();
