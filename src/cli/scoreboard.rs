@@ -833,11 +833,14 @@ fn write_batched_head(out: &mut impl Write, with_ratio: bool) -> anyhow::Result<
 
 /// One row of a batched table. `ratio`: none without a ratio column, else
 /// the row's S_TG against the peer's at its B (if the peer ran that B).
+/// One batched row; `products`: how our GPU rows computed their products
+/// (JSON says it; the Markdown table's heading does).
 fn write_batched_row(
     out: &mut impl Write,
     output: Output,
     model: &Path,
     backend: &str,
+    products: Option<BatchProducts>,
     r: &bench::BatchedRow,
     ratio: Option<Option<f64>>,
 ) -> anyhow::Result<()> {
@@ -846,6 +849,9 @@ fn write_batched_row(
             let mut v = serde_json::json!({
                 "model": model.display().to_string(), "backend": backend, "row": r,
             });
+            if let Some(p) = products.and_then(|p| clap::ValueEnum::to_possible_value(&p)) {
+                v["batch_products"] = p.get_name().into();
+            }
             if let Some(Some(x)) = ratio {
                 v["s_tg_vs_peer"] = x.into();
             }
@@ -916,7 +922,7 @@ fn batched(
                     write_batched_head(&mut out, false)?;
                 }
                 for r in &rows {
-                    write_batched_row(&mut out, args.output, model, "llama.cpp", r, None)?;
+                    write_batched_row(&mut out, args.output, model, "llama.cpp", None, r, None)?;
                 }
                 rows
             }
@@ -984,7 +990,8 @@ fn batched(
                         }
                     }
                     let ratio = (!peer.is_empty()).then(|| vs_peer(&r));
-                    write_batched_row(&mut out, args.output, model, backend, &r, ratio)?;
+                    let products = (arm == Arm::Gpu).then_some(args.batch_products);
+                    write_batched_row(&mut out, args.output, model, backend, products, &r, ratio)?;
                 }
             }
         }
