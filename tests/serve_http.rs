@@ -642,6 +642,18 @@ fn sigterm_lets_running_requests_finish_then_exits_0() {
     assert_eq!(r.json()["usage"]["completion_tokens"], 40, "{}", r.text());
 }
 
+/// Some of the server's steps held several sequences.
+fn assert_some_steps_batched(s: &Server) {
+    let (steps, seqs) = (
+        s.metric("lfm_batch_steps_total"),
+        s.metric("lfm_batch_step_sequences_total"),
+    );
+    assert!(
+        seqs > steps,
+        "{seqs} sequences in {steps} steps: nothing batched"
+    );
+}
+
 /// Requests of mixed prompt lengths arriving at different times, on the
 /// GPU: batched decode steps (several sequences in one submission) give
 /// what `generate --gpu` gives each alone.
@@ -693,15 +705,7 @@ fn gpu_serves_what_generate_gives_alone(model: &str) {
         "{u}"
     );
     assert_eq!(answer(&r), answers[1], "a repeat of {p:?}");
-    // Some steps held several sequences.
-    let (steps, seqs) = (
-        s.metric("lfm_batch_steps_total"),
-        s.metric("lfm_batch_step_sequences_total"),
-    );
-    assert!(
-        seqs > steps,
-        "{seqs} sequences in {steps} steps: nothing batched"
-    );
+    assert_some_steps_batched(&s);
     // The answer may come before the scheduler retires the sequence.
     s.wait_metric("lfm_kv_blocks_in_use", 0.0, 10);
 }
@@ -821,13 +825,6 @@ fn the_gpu_backend_serves_with_its_products_on_the_gemm() {
         assert_eq!(finish, "length", "request {i}: {text:?}");
         assert!(!text.is_empty(), "request {i}");
     }
-    let (steps, seqs) = (
-        s.metric("lfm_batch_steps_total"),
-        s.metric("lfm_batch_step_sequences_total"),
-    );
-    assert!(
-        seqs > steps,
-        "{seqs} sequences in {steps} steps: nothing batched"
-    );
+    assert_some_steps_batched(&s);
     s.wait_metric("lfm_kv_blocks_in_use", 0.0, 10);
 }

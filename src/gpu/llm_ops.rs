@@ -782,6 +782,37 @@ struct GemmParams {
 }
 const _: () = assert!(std::mem::size_of::<GemmParams>() == 48);
 
+impl GemmParams {
+    /// The params of chunk `c` of `w` over `n` tokens (`out_off`: y's column
+    /// of the chunk's first row; `k_span`: SPLIT's k per workgroup, else 0).
+    #[allow(clippy::too_many_arguments)]
+    fn chunk(
+        w: &GpuMatrix,
+        c: &MatrixChunk,
+        n: usize,
+        x_stride: usize,
+        y_stride: usize,
+        out_off: usize,
+        eps: f32,
+        k_span: usize,
+    ) -> GemmParams {
+        GemmParams {
+            k: w.k as u32,
+            rows: (c.rows * w.parts) as u32,
+            n: n as u32,
+            x_stride: x_stride as u32,
+            y_stride: y_stride as u32,
+            part_rows: c.rows as u32,
+            part_stride: w.rows as u32,
+            out_off: out_off as u32,
+            d_off: c.d_off,
+            eps,
+            k_span: k_span as u32,
+            _pad: 0,
+        }
+    }
+}
+
 format_kernel!(
     GEMM_ADD,
     "gemm_add",
@@ -1002,20 +1033,7 @@ pub fn gemm(
     let mut out = Vec::with_capacity(w.chunks.len());
     for c in &w.chunks {
         let rows = c.rows * w.parts;
-        let params = GemmParams {
-            k: w.k as u32,
-            rows: rows as u32,
-            n: n as u32,
-            x_stride: x_stride as u32,
-            y_stride: y_stride as u32,
-            part_rows: c.rows as u32,
-            part_stride: w.rows as u32,
-            out_off: (out_off + c.row0) as u32,
-            d_off: c.d_off,
-            eps,
-            k_span: 0,
-            _pad: 0,
-        };
+        let params = GemmParams::chunk(w, c, n, x_stride, y_stride, out_off + c.row0, eps, 0);
         // SWIGLU tiles hold half their rows from each part.
         let tiles = |(tile_rows, tile_tokens): (usize, usize)| {
             let across = if swiglu {
@@ -1070,6 +1088,13 @@ pub fn gemm_splits(rows: usize, k: usize, n: usize) -> usize {
 /// k per GEMM step (`BK` in gemm.wgsl).
 const GEMM_BK: usize = 32;
 
+/// The k each workgroup of a GEMM over `k` split about `splits` ways sums
+/// (whole GEMM steps), and the ways that makes (the last span may be short).
+pub fn gemm_split_span(k: usize, splits: usize) -> (usize, usize) {
+    let span = k.div_ceil(splits).div_ceil(GEMM_BK) * GEMM_BK;
+    (span, k.div_ceil(span))
+}
+
 /// [`gemm`] with [`GemmMode::Add`], split over k `splits` ways (at least
 /// 2): each split's sums go to `part` ([splits, n, parts x rows]), then one pass
 /// adds them, in order, into y. For GEMMs of few tiles, whose workgroups
@@ -1089,8 +1114,7 @@ pub fn gemm_add_split(
     splits: usize,
 ) -> Result<Vec<Dispatch>> {
     assert!(splits >= 2, "gemm_add_split: {splits} ways");
-    let span = w.k.div_ceil(splits).div_ceil(GEMM_BK) * GEMM_BK;
-    let splits = w.k.div_ceil(span);
+    let (span, splits) = gemm_split_span(w.k, splits);
     let (coop, wide) = match kernel {
         GemmKernel::Portable => (false, false),
         GemmKernel::Coop => (true, false),
@@ -1102,20 +1126,7 @@ pub fn gemm_add_split(
     let mut out = Vec::with_capacity(w.chunks.len() + 1);
     for c in &w.chunks {
         let rows = c.rows * w.parts;
-        let params = GemmParams {
-            k: w.k as u32,
-            rows: rows as u32,
-            n: n as u32,
-            x_stride: x_stride as u32,
-            y_stride: cols as u32,
-            part_rows: c.rows as u32,
-            part_stride: w.rows as u32,
-            out_off: c.row0 as u32,
-            d_off: c.d_off,
-            eps: 0.0,
-            k_span: span as u32,
-            _pad: 0,
-        };
+        let params = GemmParams::chunk(w, c, n, x_stride, cols, c.row0, 0.0, span);
         let variant = gemm_variant(w.dtype, &["ADD", "SPLIT"], coop, wide)?;
         let bound = gpu.bind(&GEMM_ADD_SPLIT, &variant, &[&c.buf, x, part], &params)?;
         out.push(Dispatch {

@@ -727,34 +727,38 @@ impl GpuBatch {
         }
     }
 
-    /// Records (once per batch size) the step of `n` rows.
-    fn plan(&mut self, n: usize) -> Result<()> {
-        if self.plans.contains_key(&n) {
-            return Ok(());
-        }
-        let state = self
-            .state
+    /// Each layer's sequence state as a step of rows reads it.
+    fn layer_bufs(&self) -> Vec<LayerBufs<'_>> {
+        self.state
             .iter()
             .map(|s| match s {
                 SlotState::Kv { k, v } => LayerBufs::Kv(k, v),
                 SlotState::Conv { ring, .. } => LayerBufs::Conv(ring),
             })
-            .collect();
-        let gemm = self.gemm.map(|kernel| {
-            let ends = self
-                .state
-                .iter()
-                .map(|s| match s {
-                    SlotState::Kv { .. } => None,
-                    SlotState::Conv { ends, .. } => Some(ends),
-                })
-                .collect();
-            (kernel, ends)
-        });
+            .collect()
+    }
+
+    /// Each conv layer's block ends (None for attention layers).
+    fn block_ends(&self) -> Vec<Option<&wgpu::Buffer>> {
+        self.state
+            .iter()
+            .map(|s| match s {
+                SlotState::Kv { .. } => None,
+                SlotState::Conv { ends, .. } => Some(ends),
+            })
+            .collect()
+    }
+
+    /// Records (once per batch size) the step of `n` rows.
+    fn plan(&mut self, n: usize) -> Result<()> {
+        if self.plans.contains_key(&n) {
+            return Ok(());
+        }
+        let gemm = self.gemm.map(|kernel| (kernel, self.block_ends()));
         let target = RowsTarget {
             m: &self.m,
             io: &self.io,
-            state,
+            state: self.layer_bufs(),
             ring: self.ring,
             max_splits: llm_ops::attention_splits(self.max_len),
             chain: None,
@@ -1001,25 +1005,9 @@ impl GpuBatch {
                 .write_buffer(&bp.sc.cs_local, 0, bytemuck::cast_slice(&cs_local));
         }
         if !bp.works.contains_key(&(n, s)) {
-            let state = self
-                .state
-                .iter()
-                .map(|st| match st {
-                    SlotState::Kv { k, v } => LayerBufs::Kv(k, v),
-                    SlotState::Conv { ring, .. } => LayerBufs::Conv(ring),
-                })
-                .collect();
-            let block_ends = self
-                .state
-                .iter()
-                .map(|st| match st {
-                    SlotState::Kv { .. } => None,
-                    SlotState::Conv { ends, .. } => Some(ends),
-                })
-                .collect();
             let target = PrefillRowsTarget {
-                state,
-                block_ends,
+                state: self.layer_bufs(),
+                block_ends: self.block_ends(),
                 table: &bp.table,
                 ring: self.ring,
                 part: &bp.part,
