@@ -217,6 +217,10 @@ impl BatchIo {
     }
 }
 
+/// Where a decode step's submissions end, in shares of its operations out
+/// of the last share (see [`GpuBatch::decode_rows`]).
+const SUBMIT_SHARES: [usize; 4] = [1, 2, 4, 8];
+
 enum Op {
     Fixed(Dispatch),
     /// Recorded with the most splits of any row.
@@ -258,7 +262,21 @@ impl Plan {
         want: Want,
         after: &mut dyn FnMut(&mut wgpu::ComputePass<'_>, &'static str),
     ) {
-        for op in &self.ops {
+        self.record_part(pass, 0..self.ops.len(), most_splits, want, after);
+    }
+
+    /// [`Plan::record`] of the operations in `ops` only, with the argmax
+    /// when the range ends the step.
+    fn record_part(
+        &self,
+        pass: &mut wgpu::ComputePass<'_>,
+        ops: std::ops::Range<usize>,
+        most_splits: usize,
+        want: Want,
+        after: &mut dyn FnMut(&mut wgpu::ComputePass<'_>, &'static str),
+    ) {
+        let ends = ops.end == self.ops.len();
+        for op in &self.ops[ops] {
             match op {
                 Op::Fixed(d) => {
                     d.record(pass);
@@ -267,7 +285,7 @@ impl Plan {
                 Op::Attention(a) => a.record_with(pass, most_splits, after),
             }
         }
-        if want == Want::Tokens {
+        if ends && want == Want::Tokens {
             for d in &self.argmax {
                 d.record(pass);
                 after(pass, d.bound.name);
@@ -845,23 +863,59 @@ impl GpuBatch {
             Some(_) => Some(PassTimer::new(g, plan.dispatches() as u32 + 1)?),
             None => None,
         };
-        let mut enc = g.device.create_command_encoder(&Default::default());
-        let marks = {
-            let mut pass = enc.begin_compute_pass(&Default::default());
-            let mut marks = timer.as_ref().map(|t| PassMarks::start(t, &mut pass));
-            plan.record(&mut pass, most_splits, want, &mut |p, name| {
-                if let Some(m) = marks.as_mut() {
-                    m.after(p, name);
+        let (marks, done, staging, len, t1) = if let Some(timer) = &timer {
+            // Profiled: one submission, so the timestamps share a pass.
+            let mut enc = g.device.create_command_encoder(&Default::default());
+            let marks = {
+                let mut pass = enc.begin_compute_pass(&Default::default());
+                let mut marks = PassMarks::start(timer, &mut pass);
+                plan.record(&mut pass, most_splits, want, &mut |p, name| {
+                    marks.after(p, name)
+                });
+                marks
+            };
+            marks.resolve(&mut enc)?;
+            let (staging, len) = io.copy_out(&mut enc, want, n, cfg.vocab);
+            let t1 = web_time::Instant::now();
+            (
+                Some(marks),
+                g.queue.submit([enc.finish()]),
+                staging,
+                len,
+                t1,
+            )
+        } else {
+            // wgpu encodes a command buffer on the host when it is finished
+            // and submitted, which takes a large share of a step: the step
+            // goes in parts, each submitted as soon as it is recorded, so
+            // the device runs the first parts while the host encodes the
+            // rest. The parts double in size, the first small, so that the
+            // device starts early and the host stays ahead of it.
+            let ops = plan.ops.len();
+            let mut start = 0;
+            let mut done = None;
+            for share in SUBMIT_SHARES {
+                let end = (ops * share).div_ceil(SUBMIT_SHARES[SUBMIT_SHARES.len() - 1]);
+                if end == start {
+                    continue;
                 }
-            });
-            marks
+                let mut enc = g.device.create_command_encoder(&Default::default());
+                {
+                    let mut pass = enc.begin_compute_pass(&Default::default());
+                    plan.record_part(&mut pass, start..end, most_splits, want, &mut |_, _| {});
+                }
+                if end == ops {
+                    let (staging, len) = io.copy_out(&mut enc, want, n, cfg.vocab);
+                    let t1 = web_time::Instant::now();
+                    done = Some((g.queue.submit([enc.finish()]), staging, len, t1));
+                } else {
+                    g.queue.submit([enc.finish()]);
+                }
+                start = end;
+            }
+            let (done, staging, len, t1) = done.expect("the last part ends the step");
+            (None, done, staging, len, t1)
         };
-        if let Some(m) = &marks {
-            m.resolve(&mut enc)?;
-        }
-        let (staging, len) = io.copy_out(&mut enc, want, n, cfg.vocab);
-        let t1 = web_time::Instant::now();
-        let done = g.queue.submit([enc.finish()]);
         let t2 = web_time::Instant::now();
         let out = g.read_staging(staging, len, done.clone());
         if let (Some(m), Some(prof)) = (marks, self.profile.as_mut()) {
