@@ -20,10 +20,13 @@
 //           used), NORM: 3 nw: [k]; last: y: [n, y_stride] (read_write)
 // dispatch: (ceil(rows / BN), ceil(n / BM), 1) workgroups of 256 threads
 //
-// SPLIT (with ADD; gemm_add_split, for GEMMs of few tiles): workgroup z
-// sums only k in [z k_span, (z + 1) k_span) and stores its sums, unadded,
-// at y[(z n + t) y_stride + col(o)]; gemm_split_sum.wgsl then adds the
-// splits, in order, into the output. dispatch: (.., .., splits).
+// SPLIT (gemm_*_split, for GEMMs of few tiles): workgroup z sums only k in
+// [z k_span, (z + 1) k_span) and stores its sums as they are (no add, no
+// norm scale, no gate) at y[(z n + t) y_stride + col(o)]; with NORM the
+// first row tile also stores each token's sum of squares over its k at
+// y[splits n y_stride + z n + t]. gemm_split_sum.wgsl then adds the
+// splits, in order, and finishes the epilogue. SWIGLU stores the gate and
+// up sums as two parts. dispatch: (.., .., splits).
 //
 // COOP (with F16 and SUBGROUPS; the engine enables it where the adapter
 // offers 16x16x16 cooperative matrices with f16 inputs and an f32
@@ -96,6 +99,29 @@ fn split_base(z: u32) -> u32 {
 #endif
 }
 
+#if SPLIT
+#if NORM
+// SPLIT + NORM: the first row tile stores its tokens' sums of squares
+// (tscale holds them unscaled; call after token_scales).
+fn store_sums_of_squares(wid: vec3<u32>, lid: u32, tok_base: u32) {
+    let tok = tok_base + lid;
+    if (wid.x == 0u && lid < BM && tok < p.n) {
+        let splits = (p.k + p.k_span - 1u) / p.k_span;
+        y[splits * p.n * p.y_stride + wid.z * p.n + tok] = tscale[lid];
+    }
+}
+#endif
+
+#if SWIGLU
+// SPLIT + SWIGLU: gate row `row`'s sum and its up row's, as two parts.
+fn store_gate_up(z: u32, tok: u32, row: u32, gate: f32, up: f32) {
+    let at = split_base(z) + tok * p.y_stride + p.out_off + row;
+    y[at] = gate;
+    y[at + p.part_stride] = up;
+}
+#endif
+#endif
+
 #if SWIGLU
 // The gate's activation: silu (SwiGLU) or, with GELU, tanh-approximated
 // GELU (GeGLU, Gemma).
@@ -139,7 +165,11 @@ fn token_scales(lid: u32) {
         for (var i = 0u; i < 8u; i++) {
             t += cs[lid * 8u + i];
         }
+#if SPLIT
+        tscale[lid] = t;
+#else
         tscale[lid] = inverseSqrt(t / f32(p.k) + p.eps);
+#endif
     }
     workgroupBarrier();
 }
@@ -303,6 +333,9 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>,
         cs[(xt + 32u * j) * 8u + (lid & 7u)] = ss[j];
     }
     token_scales(lid);
+#if SPLIT
+    store_sums_of_squares(wid, lid, tok_base);
+#endif
 #endif
     // C stored column-major (cs[t * LDC + r]): the threads below read
     // consecutive rows from consecutive words.
@@ -327,9 +360,13 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>,
         let row = wid.x * HALF + r;
         let tok = tok_base + t;
         if (row < p.part_rows && tok < p.n) {
+#if SPLIT
+            store_gate_up(wid.z, tok, row, cs[t * LDC + r], cs[t * LDC + r + HALF]);
+#else
             let gate = cs[t * LDC + r] * tscale[t];
             let up = cs[t * LDC + r + HALF] * tscale[t];
             y[tok * p.y_stride + p.out_off + row] = gate_act(gate) * up;
+#endif
         }
     }
 #else
@@ -434,6 +471,9 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
 #if NORM
     cs[lid] = ss;
     token_scales(lid);
+#if SPLIT
+    store_sums_of_squares(wid, lid, tok_base);
+#endif
 #endif
 #if SWIGLU
     // Tile rows tx + 16 i: gate for i < 2, the matching up row at i + 2.
@@ -443,9 +483,13 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
             let t = ty + 16u * j;
             let tok = tok_base + t;
             if (row < p.part_rows && tok < p.n) {
+#if SPLIT
+                store_gate_up(wid.z, tok, row, acc[i * 2u + j], acc[(i + 2u) * 2u + j]);
+#else
                 let gate = acc[i * 2u + j] * tscale[t];
                 let up = acc[(i + 2u) * 2u + j] * tscale[t];
                 y[tok * p.y_stride + p.out_off + row] = gate_act(gate) * up;
+#endif
             }
         }
     }

@@ -1,16 +1,29 @@
 // gemm_split_sum: the end of a GEMM split over k (gemm.wgsl's SPLIT): adds
-// each output's split sums from `part` in order, from 0, into y (the
-// residual add of gemm_add).
+// each output's split sums from `part` in order, from 0, and finishes the
+// GEMM's epilogue:
+//   (default) ADD: y[t, col(o)] += sum (the residual add of gemm_add)
+//   NORM: y[t, col(o)] = sum * s[t], s[t] = 1 / sqrt(ss[t] / k + eps) from
+//         the splits' sums of squares, added in order too
+//   NORM + SWIGLU (+ GELU): y[t, out_off + r] = act(gate * s[t]) * up * s[t]
+//         for r < part_rows, gate from column r of `part`, up from column
+//         part_rows + r
+// where col(o) = (o / part_rows) * part_stride + out_off + o % part_rows.
 //
-// bindings: 0 params, 1 part [splits, n, cols], 2 y [n, y_stride] (read_write)
-// dispatch: (ceil(cols / 64), n); a thread an output element.
+// bindings: 0 params, 1 part [splits, n, cols] (NORM: then [splits, n] sums
+//           of squares), 2 y [n, y_stride] (read_write)
+// dispatch: (ceil(outputs / 64), n), outputs = cols (SWIGLU: part_rows); a
+// thread an output element.
 
 struct Params {
-    cols: u32,      // output columns (a matrix's rows)
+    cols: u32,        // columns of `part` (every part's rows side by side)
     n: u32,
     splits: u32,
     y_stride: u32,
-    out_off: u32,   // y's first column
+    out_off: u32,     // y's column of part 0's first row
+    part_rows: u32,
+    part_stride: u32, // y's columns from one part to the next
+    k: u32,           // NORM
+    eps: f32,         // NORM
     _p0: u32,
     _p1: u32,
     _p2: u32,
@@ -20,17 +33,62 @@ struct Params {
 @group(0) @binding(1) var<storage, read> part: array<f32>;
 @group(0) @binding(2) var<storage, read_write> y: array<f32>;
 
-@compute @workgroup_size(64)
-fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
-    let col = gid.x;
-    let tok = gid.y;
-    if (col >= p.cols || tok >= p.n) {
-        return;
-    }
+// Column `col`'s sum over the splits, in order.
+fn split_sum(tok: u32, col: u32) -> f32 {
     var s = 0.0;
     for (var z = 0u; z < p.splits; z++) {
         s += part[(z * p.n + tok) * p.cols + col];
     }
-    let at = tok * p.y_stride + p.out_off + col;
-    y[at] = y[at] + s;
+    return s;
+}
+
+#if NORM
+// The token's norm scale from the splits' sums of squares.
+fn token_scale(tok: u32) -> f32 {
+    let base = p.splits * p.n * p.cols;
+    var t = 0.0;
+    for (var z = 0u; z < p.splits; z++) {
+        t += part[base + z * p.n + tok];
+    }
+    return inverseSqrt(t / f32(p.k) + p.eps);
+}
+#endif
+
+#if SWIGLU
+// As gemm.wgsl's gate_act: silu, or with GELU tanh-approximated GELU.
+fn gate_act(v: f32) -> f32 {
+#if GELU
+    let u = 0.7978845608028654 * (v + 0.044715 * v * v * v);
+    let e = exp(-2.0 * abs(u));
+    let th = (1.0 - e) / (1.0 + e);
+    return 0.5 * v * (1.0 + select(th, -th, u < 0.0));
+#else
+    return v / (1.0 + exp(-v));
+#endif
+}
+#endif
+
+@compute @workgroup_size(64)
+fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
+    let o = gid.x;
+    let tok = gid.y;
+#if SWIGLU
+    if (o >= p.part_rows || tok >= p.n) {
+        return;
+    }
+    let s = token_scale(tok);
+    let gate = split_sum(tok, o) * s;
+    let up = split_sum(tok, p.part_rows + o) * s;
+    y[tok * p.y_stride + p.out_off + o] = gate_act(gate) * up;
+#else
+    if (o >= p.cols || tok >= p.n) {
+        return;
+    }
+    let at = tok * p.y_stride + (o / p.part_rows) * p.part_stride + p.out_off + o % p.part_rows;
+#if NORM
+    y[at] = split_sum(tok, o) * token_scale(tok);
+#else
+    y[at] = y[at] + split_sum(tok, o);
+#endif
+#endif
 }

@@ -837,6 +837,37 @@ format_kernel!(
     coop
 );
 
+format_kernel!(
+    GEMM_NORM_SPLIT,
+    "gemm_norm_split",
+    "gemm.wgsl",
+    [
+        Binding::read("w"),
+        Binding::read("x"),
+        Binding::read("nw"),
+        Binding::write("part")
+    ],
+    GemmParams,
+    ["NORM", "SPLIT"],
+    coop
+);
+
+// Split, the gated epilogues differ only in the sum (gemm_split_sum).
+format_kernel!(
+    GEMM_NORM_SWIGLU_SPLIT,
+    "gemm_norm_swiglu_split",
+    "gemm.wgsl",
+    [
+        Binding::read("w"),
+        Binding::read("x"),
+        Binding::read("nw"),
+        Binding::write("part")
+    ],
+    GemmParams,
+    ["NORM", "SWIGLU", "SPLIT"],
+    coop
+);
+
 #[repr(C)]
 #[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
 struct SplitSumParams {
@@ -845,9 +876,13 @@ struct SplitSumParams {
     splits: u32,
     y_stride: u32,
     out_off: u32,
+    part_rows: u32,
+    part_stride: u32,
+    k: u32,
+    eps: f32,
     _pad: [u32; 3],
 }
-const _: () = assert!(std::mem::size_of::<SplitSumParams>() == 32);
+const _: () = assert!(std::mem::size_of::<SplitSumParams>() == 48);
 
 kernel!(
     GEMM_SPLIT_SUM,
@@ -855,7 +890,12 @@ kernel!(
     "gemm_split_sum.wgsl",
     [Binding::read("part"), Binding::write("y")],
     SplitSumParams,
-    [&[]]
+    [
+        &[],
+        &["NORM"],
+        &["NORM", "SWIGLU"],
+        &["NORM", "SWIGLU", "GELU"]
+    ]
 );
 
 format_kernel!(
@@ -909,6 +949,15 @@ static GEMM_EPILOGUES: [(&Kernel, &[&str]); 4] = [
     (&GEMM_NORM, &["NORM"]),
     (&GEMM_NORM_SWIGLU, &["NORM", "SWIGLU"]),
     (&GEMM_NORM_GEGLU, &["NORM", "SWIGLU", "GELU"]),
+];
+
+/// The defines of `gemm_split_sum` that finish each mode's epilogue (in
+/// [`GemmMode::epilogue`]'s order).
+static GEMM_SPLIT_SUM_DEFINES: [&[&str]; 4] = [
+    &[],
+    &["NORM"],
+    &["NORM", "SWIGLU"],
+    &["NORM", "SWIGLU", "GELU"],
 ];
 
 /// The defines of a cooperative-matrix variant (the `coop` set of
@@ -968,9 +1017,10 @@ pub enum GemmMode<'a> {
 }
 
 impl GemmMode<'_> {
-    /// The kernel, and the defines that pick its epilogue.
-    fn kernel(&self) -> (&'static Kernel, &'static [&'static str]) {
-        GEMM_EPILOGUES[match self {
+    /// The index of the mode's epilogue in [`GEMM_EPILOGUES`] and in
+    /// [`GEMM_SPLIT_SUM_DEFINES`].
+    fn epilogue(&self) -> usize {
+        match self {
             GemmMode::Add => 0,
             GemmMode::Norm { .. } => 1,
             GemmMode::NormSwiglu {
@@ -980,7 +1030,21 @@ impl GemmMode<'_> {
                 act: FfnAct::GeluTanh,
                 ..
             } => 3,
-        }]
+        }
+    }
+
+    /// The kernel, and the defines that pick its epilogue.
+    fn kernel(&self) -> (&'static Kernel, &'static [&'static str]) {
+        GEMM_EPILOGUES[self.epilogue()]
+    }
+
+    /// The GEMM kernel of the mode split over k, and its defines.
+    fn split_kernel(&self) -> (&'static Kernel, &'static [&'static str]) {
+        match self {
+            GemmMode::Add => (&GEMM_ADD_SPLIT, &["ADD", "SPLIT"]),
+            GemmMode::Norm { .. } => (&GEMM_NORM_SPLIT, &["NORM", "SPLIT"]),
+            GemmMode::NormSwiglu { .. } => (&GEMM_NORM_SWIGLU_SPLIT, &["NORM", "SWIGLU", "SPLIT"]),
+        }
     }
 
     /// The norm weights and epsilon, for the modes that normalise.
@@ -1068,21 +1132,35 @@ pub fn gemm(
     Ok(out)
 }
 
-/// Workgroups a GEMM of few tiles is split into over k ([`gemm_add_split`]):
+/// Workgroups a GEMM of few tiles is split into over k ([`gemm_split`]):
 /// about one per multiprocessor of a large GPU (132 on the H100 and H200).
 const GEMM_SPLIT_WORKGROUPS: usize = 128;
 /// The most ways it splits.
 pub const GEMM_MOST_SPLITS: usize = 8;
 
-/// Ways [`gemm_add_split`] splits a `rows` x k product over `n` tokens: up
-/// to [`GEMM_MOST_SPLITS`] while the tiles stay under
-/// [`GEMM_SPLIT_WORKGROUPS`], each split at least two k-steps; 1 for no
+/// Ways [`gemm_split`] splits a product of `cols` output columns (a
+/// matrix's rows, every part) over k for `n` tokens: up to
+/// [`GEMM_MOST_SPLITS`] while the tiles stay under
+/// [`GEMM_SPLIT_WORKGROUPS`], each split at least one k-step; 1 for no
 /// split.
-pub fn gemm_splits(rows: usize, k: usize, n: usize) -> usize {
+pub fn gemm_splits(cols: usize, k: usize, n: usize) -> usize {
     let (tile_rows, tile_tokens) = GEMM_TILE;
-    let tiles = rows.div_ceil(tile_rows) * n.div_ceil(tile_tokens);
+    let tiles = cols.div_ceil(tile_rows) * n.div_ceil(tile_tokens);
     let steps = k.div_ceil(GEMM_BK);
-    (GEMM_SPLIT_WORKGROUPS / tiles.max(1)).clamp(1, GEMM_MOST_SPLITS.min((steps / 2).max(1)))
+    (GEMM_SPLIT_WORKGROUPS / tiles.max(1)).clamp(1, GEMM_MOST_SPLITS.min(steps.max(1)))
+}
+
+/// The f32s of the `part` buffer [`gemm_split`] needs for a product of
+/// `cols` output columns over `k` for any number of tokens up to `most`
+/// (0 where none splits).
+pub fn gemm_split_part_len(cols: usize, k: usize, most: usize) -> usize {
+    (1..=most)
+        .map(|n| match gemm_splits(cols, k, n) {
+            1 => 0,
+            splits => gemm_split_span(k, splits).1 * n * (cols + 1),
+        })
+        .max()
+        .unwrap_or(0)
 }
 
 /// k per GEMM step (`BK` in gemm.wgsl).
@@ -1095,15 +1173,18 @@ pub fn gemm_split_span(k: usize, splits: usize) -> (usize, usize) {
     (span, k.div_ceil(span))
 }
 
-/// [`gemm`] with [`GemmMode::Add`], split over k `splits` ways (at least
-/// 2): each split's sums go to `part` ([splits, n, parts x rows]), then one pass
-/// adds them, in order, into y. For GEMMs of few tiles, whose workgroups
-/// would otherwise leave most of a large GPU idle.
+/// [`gemm`] split over k `splits` ways (at least 2): each split's sums go to
+/// `part` ([splits, n, parts x rows], with a norm then each split's sums of
+/// squares, [splits, n]: [`gemm_split_part_len`] f32s), then one pass adds
+/// them, in order, and finishes the mode's epilogue into y. For GEMMs of
+/// few tiles, whose workgroups would otherwise leave most of a large GPU
+/// idle.
 #[allow(clippy::too_many_arguments)]
-pub fn gemm_add_split(
+pub fn gemm_split(
     gpu: &Gpu,
     kernel: GemmKernel,
     w: &GpuMatrix,
+    mode: GemmMode,
     x: &wgpu::Buffer,
     x_stride: usize,
     y: &wgpu::Buffer,
@@ -1113,7 +1194,15 @@ pub fn gemm_add_split(
     part: &wgpu::Buffer,
     splits: usize,
 ) -> Result<Vec<Dispatch>> {
-    assert!(splits >= 2, "gemm_add_split: {splits} ways");
+    assert!(splits >= 2, "gemm_split: {splits} ways");
+    let swiglu = matches!(mode, GemmMode::NormSwiglu { .. });
+    let (shader, defines) = mode.split_kernel();
+    if swiglu && w.parts != 2 {
+        return Err(Error::gpu(format!(
+            "{} needs a [gate; up] matrix, got {} parts",
+            shader.name, w.parts
+        )));
+    }
     let (span, splits) = gemm_split_span(w.k, splits);
     let (coop, wide) = match kernel {
         GemmKernel::Portable => (false, false),
@@ -1127,15 +1216,20 @@ pub fn gemm_add_split(
     for c in &w.chunks {
         let rows = c.rows * w.parts;
         let params = GemmParams::chunk(w, c, n, x_stride, cols, c.row0, 0.0, span);
-        let variant = gemm_variant(w.dtype, &["ADD", "SPLIT"], coop, wide)?;
-        let bound = gpu.bind(&GEMM_ADD_SPLIT, &variant, &[&c.buf, x, part], &params)?;
+        let variant = gemm_variant(w.dtype, defines, coop, wide)?;
+        let bound = match mode.norm() {
+            Some((nw, _)) => gpu.bind(shader, &variant, &[&c.buf, x, nw, part], &params)?,
+            None => gpu.bind(shader, &variant, &[&c.buf, x, part], &params)?,
+        };
+        // SWIGLU tiles hold half their rows from each part.
+        let across = if swiglu {
+            c.rows.div_ceil(tile_rows / 2)
+        } else {
+            rows.div_ceil(tile_rows)
+        };
         out.push(Dispatch {
             bound,
-            groups: [
-                rows.div_ceil(tile_rows) as u32,
-                n.div_ceil(tile_tokens) as u32,
-                splits as u32,
-            ],
+            groups: [across as u32, n.div_ceil(tile_tokens) as u32, splits as u32],
         });
     }
     let params = SplitSumParams {
@@ -1144,12 +1238,18 @@ pub fn gemm_add_split(
         splits: splits as u32,
         y_stride: y_stride as u32,
         out_off: out_off as u32,
+        part_rows: w.rows as u32,
+        part_stride: w.rows as u32,
+        k: w.k as u32,
+        eps: mode.norm().map_or(0.0, |(_, eps)| eps),
         _pad: [0; 3],
     };
-    let bound = gpu.bind(&GEMM_SPLIT_SUM, &Variant::default(), &[part, y], &params)?;
+    let variant = Variant::new(GEMM_SPLIT_SUM_DEFINES[mode.epilogue()]);
+    let bound = gpu.bind(&GEMM_SPLIT_SUM, &variant, &[part, y], &params)?;
+    let outputs = if swiglu { w.rows } else { cols };
     out.push(Dispatch {
         bound,
-        groups: [cols.div_ceil(64) as u32, n as u32, 1],
+        groups: [outputs.div_ceil(64) as u32, n as u32, 1],
     });
     Ok(out)
 }
@@ -2390,6 +2490,8 @@ pub static KERNELS: &[&Kernel] = &[
     &GEMV_SUM_CONV,
     &GEMM_ADD,
     &GEMM_ADD_SPLIT,
+    &GEMM_NORM_SPLIT,
+    &GEMM_NORM_SWIGLU_SPLIT,
     &GEMM_SPLIT_SUM,
     &GEMM_NORM,
     &GEMM_NORM_SWIGLU,

@@ -95,6 +95,14 @@ pub const CASES: &[Case] = &[
         run: gemm_add_split,
     },
     Case {
+        kernel: "gemm_norm_split",
+        run: gemm_norm_split,
+    },
+    Case {
+        kernel: "gemm_norm_swiglu_split",
+        run: gemm_norm_swiglu_split,
+    },
+    Case {
         kernel: "gemm_split_sum",
         run: gemm_split_sum,
     },
@@ -489,17 +497,29 @@ enum Epilogue {
     NormSwiglu(FfnAct),
 }
 
-/// `split`: gemm_add_split three ways over k (and gemm_split_sum after it).
+/// `split`: the GEMM split three ways over k (and gemm_split_sum after it).
 fn gemm_case(gpu: &Gpu, v: &Variant, epilogue: Epilogue, split: bool) {
     let (t, _) = format_and_subgroups(v);
-    let coop = v.defines.contains(&"COOP");
-    let kernel = if coop {
+    let kernel = if v.defines.contains(&"COOP") {
         GemmKernel::CoopTiles {
             wide: v.defines.contains(&"WIDE"),
         }
     } else {
         GemmKernel::Portable
     };
+    gemm_check(gpu, &v.key(), t, kernel, epilogue, split);
+}
+
+/// The GEMM of `kernel` on weights of `t` against the CPU's products.
+fn gemm_check(
+    gpu: &Gpu,
+    key: &str,
+    t: GgmlType,
+    kernel: GemmKernel,
+    epilogue: Epilogue,
+    split: bool,
+) {
+    let coop = kernel != GemmKernel::Portable;
     let add = epilogue == Epilogue::Add;
     let eps = 1e-5;
     // The COOP variant rounds both factors to f16 (relative 2^-11 each):
@@ -570,9 +590,9 @@ fn gemm_case(gpu: &Gpu, v: &Variant, epilogue: Epilogue, split: bool) {
                 Epilogue::NormSwiglu(act) => GemmMode::NormSwiglu { nw: &gnw, eps, act },
             };
             let ds = if split {
-                let part = gpu.poisoned_f32("part", 3 * n * 2 * rows).unwrap();
-                llm_ops::gemm_add_split(
-                    gpu, kernel, &m, &gx, x_stride, &gy, y_stride, 1, n, &part, 3,
+                let part = gpu.poisoned_f32("part", 3 * n * (2 * rows + 1)).unwrap();
+                llm_ops::gemm_split(
+                    gpu, kernel, &m, mode, &gx, x_stride, &gy, y_stride, 1, n, &part, 3,
                 )
             } else {
                 llm_ops::gemm(gpu, kernel, &m, mode, &gx, x_stride, &gy, y_stride, 1, n)
@@ -580,12 +600,7 @@ fn gemm_case(gpu: &Gpu, v: &Variant, epilogue: Epilogue, split: bool) {
             run(gpu, &ds.unwrap());
             let all = gpu.read_f32(&gy).unwrap();
             let got: Vec<f32> = got_at.iter().map(|&i| all[i]).collect();
-            assert_products(
-                &format!("{} k={k} rows={rows} n={n}", v.key()),
-                &got,
-                &want,
-                tol,
-            );
+            assert_products(&format!("{key} k={k} rows={rows} n={n}"), &got, &want, tol);
         }
     }
 }
@@ -598,9 +613,30 @@ fn gemm_add_split(gpu: &Gpu, v: &Variant) {
     gemm_case(gpu, v, Epilogue::Add, true);
 }
 
-/// The split sums added in order into y, exactly as the CPU adds them.
+fn gemm_norm_split(gpu: &Gpu, v: &Variant) {
+    gemm_case(gpu, v, Epilogue::Norm, true);
+}
+
+/// Both gated epilogues: the split GEMM is the same for them, its sum not.
+fn gemm_norm_swiglu_split(gpu: &Gpu, v: &Variant) {
+    for act in [FfnAct::Silu, FfnAct::GeluTanh] {
+        gemm_case(gpu, v, Epilogue::NormSwiglu(act), true);
+    }
+}
+
+/// The split sums added in order into y, exactly as the CPU adds them; the
+/// variants that end a normalised GEMM, through the whole split GEMM.
 fn gemm_split_sum(gpu: &Gpu, v: &Variant) {
-    assert!(v.defines.is_empty());
+    let has = |d| v.defines.contains(&d);
+    let epilogue = match (has("NORM"), has("SWIGLU")) {
+        (false, _) => None,
+        (true, false) => Some(Epilogue::Norm),
+        (true, true) => Some(Epilogue::NormSwiglu(act_of(v))),
+    };
+    if let Some(e) = epilogue {
+        gemm_check(gpu, &v.key(), GgmlType::F32, GemmKernel::Portable, e, true);
+        return;
+    }
     let mut rng = Rng::new(21);
     let (rows, k, n) = (70, 32 * 5 + 8, 3);
     let a = weights(GgmlType::F32, rows, k, &mut rng);
@@ -610,10 +646,11 @@ fn gemm_split_sum(gpu: &Gpu, v: &Variant) {
     let gx = gpu.upload_f32("x", &xs).unwrap();
     let gy = gpu.upload_f32("y", &y0).unwrap();
     let part = gpu.poisoned_f32("part", 4 * n * rows).unwrap();
-    let ds = llm_ops::gemm_add_split(
+    let ds = llm_ops::gemm_split(
         gpu,
         GemmKernel::Portable,
         &m,
+        GemmMode::Add,
         &gx,
         k,
         &gy,

@@ -94,8 +94,8 @@ pub(super) struct BatchIo {
     /// With [`BatchProducts::Gemm`]: the rows as a [`PrefillRows`] table of
     /// one-row segments, for the batched prefill's conv kernel.
     prefill_rows: Option<wgpu::Buffer>,
-    /// With [`BatchProducts::Gemm`]: the split sums of the projections into
-    /// the residual stream ([`llm_ops::gemm_add_split`]).
+    /// With [`BatchProducts::Gemm`]: the sums of the products split over k
+    /// ([`llm_ops::gemm_split`]).
     split_part: Option<wgpu::Buffer>,
     /// [slots, rope_dim]: each row's RoPE angles.
     cs: wgpu::Buffer,
@@ -122,13 +122,13 @@ impl BatchIo {
     /// `max_splits` ways and whose KV block tables take `table_words` u32s
     /// in all, computing their products as `products` says.
     pub(super) fn new(
-        g: &crate::gpu::Gpu,
-        cfg: &LlmConfig,
+        m: &GpuLlm,
         rows: usize,
         max_splits: usize,
         table_words: usize,
         products: BatchProducts,
     ) -> Result<BatchIo> {
+        let (g, cfg) = (&*m.gpu, &m.cfg);
         let (d, hd, f) = (cfg.hidden, cfg.head_dim, cfg.ffn);
         let qw = cfg.heads * hd;
         let qkvw = qw + 2 * cfg.kv_heads * hd;
@@ -145,10 +145,7 @@ impl BatchIo {
                 BatchProducts::Invariant => None,
             },
             split_part: match products {
-                BatchProducts::Gemm => Some(f32s(
-                    "batch split sums",
-                    llm_ops::GEMM_MOST_SPLITS * rows * d,
-                )?),
+                BatchProducts::Gemm => Some(f32s("batch split sums", split_part_len(m, rows))?),
                 BatchProducts::Invariant => None,
             },
             cs: f32s("batch rope", rows * cfg.rope_dim)?,
@@ -215,6 +212,30 @@ impl BatchIo {
         enc.copy_buffer_to_buffer(src, 0, staging, 0, len);
         (staging, len)
     }
+}
+
+/// The f32s the GEMMs of steps of up to `rows` rows split over k need
+/// ([`llm_ops::gemm_split`]), for the largest of `m`'s products.
+fn split_part_len(m: &GpuLlm, rows: usize) -> usize {
+    let mut mats = vec![m.head()];
+    for layer in &m.layers {
+        match &layer.mixer {
+            GpuMixer::Attention { qkv, o, .. } => {
+                mats.extend(qkv.iter().map(|q| &q.0));
+                mats.push(o);
+            }
+            GpuMixer::Conv { in_proj, out, .. } => mats.extend([in_proj, out]),
+        }
+        match &layer.ffn {
+            GpuFfn::Fused(w) => mats.push(w),
+            GpuFfn::Split(gate, up) => mats.extend([gate, up]),
+        }
+        mats.push(&layer.down);
+    }
+    mats.iter()
+        .map(|w| llm_ops::gemm_split_part_len(w.rows * w.parts, w.k, rows))
+        .max()
+        .unwrap_or(0)
 }
 
 /// Where a decode step's submissions end, in shares of its operations out
@@ -457,14 +478,7 @@ impl GpuBatch {
         let f32s = |label: &str, n: usize| g.scratch(label, (n.max(1) * 4) as u64);
         let max_splits = llm_ops::attention_splits(max_len);
         let products = opts.batch_products;
-        let io = BatchIo::new(
-            g,
-            cfg,
-            slots,
-            max_splits,
-            slots * blocks_for(max_len),
-            products,
-        )?;
+        let io = BatchIo::new(&m, slots, max_splits, slots * blocks_for(max_len), products)?;
         let gemm = (products == BatchProducts::Gemm)
             .then(|| GemmKernel::for_adapter(g.caps.coop_matrix && cfg.activations_fit_f16()));
         let state = cfg
@@ -1141,7 +1155,8 @@ impl<'a> BatchRecorder<'a> {
         self.t.gemm.as_ref().map(|g| g.0)
     }
 
-    /// y (+)= W x over the step's rows, as the prefill computes it.
+    /// y (+)= W x over the step's rows, as the prefill computes it, split
+    /// over k where its tiles are few.
     #[allow(clippy::too_many_arguments)]
     fn gemm(
         &mut self,
@@ -1154,24 +1169,22 @@ impl<'a> BatchRecorder<'a> {
         y_stride: usize,
         out_off: usize,
     ) -> Result<()> {
-        let ds = llm_ops::gemm(
-            &self.t.m.gpu,
-            kernel,
-            w,
-            mode,
-            x,
-            x_stride,
-            y,
-            y_stride,
-            out_off,
-            self.n,
-        )?;
+        let (g, n) = (&self.t.m.gpu, self.n);
+        let splits = llm_ops::gemm_splits(w.rows * w.parts, w.k, n);
+        let part = self.t.io.split_part.as_ref().expect("made with the GEMM");
+        let ds = if splits < 2 {
+            llm_ops::gemm(g, kernel, w, mode, x, x_stride, y, y_stride, out_off, n)?
+        } else {
+            llm_ops::gemm_split(
+                g, kernel, w, mode, x, x_stride, y, y_stride, out_off, n, part, splits,
+            )?
+        };
         self.fixed(ds);
         Ok(())
     }
 
     /// x += W y over the step's rows (a projection into the residual
-    /// stream), split over k where its tiles are few.
+    /// stream).
     fn gemm_add(
         &mut self,
         kernel: GemmKernel,
@@ -1179,26 +1192,7 @@ impl<'a> BatchRecorder<'a> {
         y: &wgpu::Buffer,
     ) -> Result<()> {
         let (io, d) = (self.t.io, self.t.m.cfg.hidden);
-        let splits = llm_ops::gemm_splits(w.rows * w.parts, w.k, self.n);
-        let part = io.split_part.as_ref().expect("made with the GEMM");
-        if splits < 2 || w.rows * w.parts > d {
-            return self.gemm(kernel, w, GemmMode::Add, y, w.k, &io.x, d, 0);
-        }
-        let ds = llm_ops::gemm_add_split(
-            &self.t.m.gpu,
-            kernel,
-            w,
-            y,
-            w.k,
-            &io.x,
-            d,
-            0,
-            self.n,
-            part,
-            splits,
-        )?;
-        self.fixed(ds);
-        Ok(())
+        self.gemm(kernel, w, GemmMode::Add, y, w.k, &io.x, d, 0)
     }
 
     /// Columns of a product over `k`-wide rows into `width`-wide rows.

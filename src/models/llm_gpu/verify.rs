@@ -49,14 +49,7 @@ impl Verify {
         // Every row's block table is the identity over the model's own
         // cache (contiguous), written once after the records.
         let blocks = blocks_for(m.cfg.context.max(1));
-        let io = BatchIo::new(
-            g,
-            &m.cfg,
-            VERIFY_ROWS,
-            max_splits,
-            blocks,
-            BatchProducts::Invariant,
-        )?;
+        let io = BatchIo::new(m, VERIFY_ROWS, max_splits, blocks, BatchProducts::Invariant)?;
         let identity: Vec<u32> = (0..blocks as u32).collect();
         let at = (VERIFY_ROWS * llm_ops::ROW_RECORD * 4) as u64;
         g.queue
