@@ -25,7 +25,8 @@
 # cache gets room for 4096 positions a sequence, of 6 attention layers x 8
 # KV heads x 64 x f32 x 2, 96 MiB, for both LFM2 sizes; the cache clamps it
 # to what one binding of the adapter holds), LLAMA_ARGS (extra llama-server
-# flags). On the CPU (the same table on a machine without a GPU):
+# flags), SERVE_ARGS (extra serve flags, e.g. "--batch-products gemm").
+# On the CPU (the same table on a machine without a GPU):
 # DEVICE=cpu (llama-server without -ngl and with -t $(nproc), serve --cpu),
 # LS=peers/llama.cpp/build/bin/llama-server (scripts/peers/llama-cpp.sh
 # with SERVER=1) and GGUFS="FILE ..." (any GGUF files instead of MODELS'
@@ -47,6 +48,7 @@ REQ=${REQ:-2}
 VOCAB=${VOCAB:-49152}
 KV_MIB_PER_SEQ=${KV_MIB_PER_SEQ:-96}
 LLAMA_ARGS=${LLAMA_ARGS:-}
+SERVE_ARGS=${SERVE_ARGS:-}
 DEVICE=${DEVICE:-gpu}
 LS=${LS:-peers/llama.cpp-cuda/build/bin/llama-server}
 BENCH=scripts/bench/serve_bench.py
@@ -117,8 +119,9 @@ run() {
             --host 127.0.0.1 --port "$port" $LLAMA_ARGS >"$OUT/$tag.server.log" 2>&1 &
         ;;
     serve)
+        # shellcheck disable=SC2086
         "$BIN/serve" -m "$gguf" "--$DEVICE" --host 127.0.0.1 --port "$port" --parallel "$s" \
-            --kv-memory $((s * KV_MIB_PER_SEQ)) >"$OUT/$tag.server.log" 2>&1 &
+            --kv-memory $((s * KV_MIB_PER_SEQ)) $SERVE_ARGS >"$OUT/$tag.server.log" 2>&1 &
         ;;
     esac
     pid=$!
@@ -154,7 +157,7 @@ for gguf in $files; do
         continue
     fi
     {
-        echo "$name ($gguf, $DEVICE), prompt $P, $N tokens a request, $REQ requests a stream"
+        echo "$name ($gguf, $DEVICE), prompt $P, $N tokens a request, $REQ requests a stream, serve flags: ${SERVE_ARGS:-none}"
         echo
         echo "| server | streams | requests | output tok/s | TTFT p50 ms | TTFT p99 ms | ITL p50 ms | ITL p99 ms | decode tok/s a stream |"
         echo "|---|---:|---:|---:|---:|---:|---:|---:|---:|"
