@@ -1,4 +1,4 @@
-// embedding: y[t, :] = scale * table[tokens[tok_off + t], :], dequantised from any
+// embedding: y[t, :] = scale * table[tokens[tok_off + t tok_stride], :], dequantised from any
 // format of quant_formats.wgsl. A table split by rows into chunks is read
 // with one dispatch per chunk; each writes only the tokens whose rows it holds.
 // bindings: 0 params, 1 w: array<u32> (table chunk), 2 tokens: array<u32>,
@@ -13,7 +13,7 @@ struct Params {
     d_off: u32,
     tok_off: u32,
     scale: f32,     // Gemma: sqrt(hidden); 1 otherwise
-    _p1: u32,
+    tok_stride: u32,
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
@@ -28,7 +28,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     if (t >= p.n) {
         return;
     }
-    let tok = tokens[p.tok_off + t];
+    let tok = tokens[p.tok_off + t * p.tok_stride];
     if (tok < p.row0 || tok - p.row0 >= p.rows) {
         return;
     }

@@ -626,3 +626,109 @@ fn gpu_verify_equals_decode_steps_llama() {
 fn gpu_verify_equals_decode_steps_gemma3() {
     check_verify("tiny-gemma3");
 }
+
+/// Greedy runs of several sequences with the device a step ahead
+/// (`greedy_run_many`), stopped early by the caller and at `max`, then
+/// single batched steps: every sequence's tokens are those alone (the step
+/// run ahead of a stop is taken back, its KV rows and conv rows rewritten).
+fn check_run_ahead(dir: &str, products: BatchProducts) {
+    let Some(g) = gpu() else { return };
+    let path = common::repo().join("samples/fixtures/llm").join(dir);
+    let (cfg, w) = lfm::models::open_llm(&path).unwrap();
+    let vocab = cfg.vocab;
+    let opts = GpuLlmOptions {
+        prefill_chunk: Some(16),
+        batch_products: products,
+        ..Default::default()
+    };
+    // Prompts whose decode crosses blocks of 16 positions at different steps.
+    let lens = [3, 17, 30, 9];
+    let prompts: Vec<Vec<u32>> = lens
+        .iter()
+        .enumerate()
+        .map(|(i, &n)| prompt(30 + i as u32, n, vocab))
+        .collect();
+    let steps = 14;
+    let mut single = GpuLlm::new(g.clone(), &cfg, &w, &opts).unwrap();
+    let want: Vec<Vec<u32>> = prompts
+        .iter()
+        .map(|p| alone(&mut single, p, steps).iter().map(|x| x.0).collect())
+        .collect();
+    drop(single);
+
+    let mut b = GpuBatch::new(g, &cfg, &w, &opts, lens.len(), lens.len() * 64).unwrap();
+    let ids: Vec<_> = prompts
+        .iter()
+        .map(|p| b.open(p).unwrap().expect("a free slot").0)
+        .collect();
+    let work: Vec<SeqWork> = ids
+        .iter()
+        .zip(&prompts)
+        .map(|(&id, p)| SeqWork {
+            id,
+            tokens: p,
+            as_decode: false,
+        })
+        .collect();
+    let mut got: Vec<Vec<u32>> = b
+        .step(&work)
+        .unwrap()
+        .iter()
+        .map(|l| vec![argmax(l)])
+        .collect();
+    let rows = |got: &[Vec<u32>]| -> Vec<_> {
+        ids.iter()
+            .zip(got)
+            .map(|(&id, t)| (id, *t.last().unwrap()))
+            .collect()
+    };
+    // Stopped by the caller after 5 steps, then by `max` after 4.
+    for (stop, max) in [(5, 100), (usize::MAX, 4)] {
+        let mut seen = 0;
+        let n = b
+            .greedy_run_many(&rows(&got), max, &mut |tokens| {
+                for (g, &t) in got.iter_mut().zip(tokens) {
+                    g.push(t);
+                }
+                seen += 1;
+                seen < stop
+            })
+            .expect("a GPU run ahead")
+            .unwrap();
+        assert_eq!(n, stop.min(max), "{dir}: steps of the run");
+    }
+    while got[0].len() <= steps {
+        let next = b
+            .step_greedy_many(&rows(&got))
+            .expect("a GPU greedy step")
+            .unwrap();
+        for (g, t) in got.iter_mut().zip(next) {
+            g.push(t);
+        }
+    }
+    for (i, (w, t)) in want.iter().zip(&got).enumerate() {
+        assert_eq!(
+            w, t,
+            "{dir} ({products:?}): sequence {i}'s tokens differ from its run alone"
+        );
+    }
+    for &id in &ids {
+        b.close(id);
+    }
+    assert_eq!(b.usage().in_use, 0, "{dir}: blocks left in use");
+}
+
+#[test]
+fn gpu_batch_runs_ahead_as_single_steps_lfm2() {
+    check_run_ahead("tiny-lfm2", BatchProducts::Invariant);
+}
+
+#[test]
+fn gpu_batch_runs_ahead_as_single_steps_llama() {
+    check_run_ahead("tiny-llama", BatchProducts::Invariant);
+}
+
+#[test]
+fn gpu_batch_runs_ahead_with_gemm_products_lfm2() {
+    check_run_ahead("tiny-lfm2", BatchProducts::Gemm);
+}

@@ -1283,7 +1283,7 @@ struct EmbeddingParams {
     d_off: u32,
     tok_off: u32,
     scale: f32,
-    _pad: u32,
+    tok_stride: u32,
 }
 const _: () = assert!(std::mem::size_of::<EmbeddingParams>() == 32);
 
@@ -1300,14 +1300,16 @@ format_kernel!(
     []
 );
 
-/// `y[t]` = scale * table[tokens[tok_off + t]] for `n` tokens (checked
-/// against the vocabulary by the caller); one dispatch per chunk of the table.
+/// `y[t]` = scale * table[tokens[tok_off + t tok_stride]] for `n` tokens
+/// (checked against the vocabulary by the caller); one dispatch per chunk of
+/// the table.
 #[allow(clippy::too_many_arguments)]
 pub fn embedding(
     gpu: &Gpu,
     table: &GpuMatrix,
     tokens: &wgpu::Buffer,
     tok_off: usize,
+    tok_stride: usize,
     scale: f32,
     y: &wgpu::Buffer,
     n: usize,
@@ -1323,7 +1325,7 @@ pub fn embedding(
             d_off: c.d_off,
             tok_off: tok_off as u32,
             scale,
-            _pad: 0,
+            tok_stride: tok_stride as u32,
         };
         out.push(Dispatch {
             bound: gpu.bind(&EMBEDDING, &variant, &[&c.buf, tokens, y], &params)?,

@@ -154,8 +154,9 @@ pub struct StepProfile {
     /// Host time from building the step's dispatches to having the result
     /// back.
     pub wall_us: f64,
-    /// Host time building the step's buffers and bind groups (prefill; a
-    /// decode step reuses the plan built at load, so 0 there).
+    /// Host time preparing the step: building its buffers and bind groups
+    /// (prefill; a decode step reuses the plan built at load), writing its
+    /// inputs (a batched decode step).
     pub prepare_us: f64,
     /// Host time recording the dispatches into the pass.
     pub record_us: f64,

@@ -87,6 +87,20 @@ pub trait BatchedLm {
     fn step_greedy_many(&mut self, _rows: &[(SeqId, u32)]) -> Option<Result<Vec<u32>>> {
         None
     }
+    /// Greedy decoding of every `(id, token)` together, as repeated
+    /// [`BatchedLm::step_greedy_many`] with the device a step ahead: each
+    /// step's tokens (in the rows' order) go to `emit` until it returns
+    /// false, `max` steps are produced or the cache has no room for another
+    /// step (the last tokens are not consumed). Returns the steps produced;
+    /// None when the backend has no such path.
+    fn greedy_run_many(
+        &mut self,
+        _rows: &[(SeqId, u32)],
+        _max: usize,
+        _emit: &mut dyn FnMut(&[u32]) -> bool,
+    ) -> Option<Result<usize>> {
+        None
+    }
     /// Greedy decoding of `id` alone, as [`CausalLm::greedy_run`]: consumes
     /// `token`, passes each produced token to `emit` until it returns false
     /// or `max` are produced (the last one is not consumed), keeping the

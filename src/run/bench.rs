@@ -266,18 +266,23 @@ pub fn batched_decode(
     let t_pp = t0.elapsed().as_secs_f64();
     let ids: Vec<_> = ids.into_iter().map(|(id, _)| id).collect();
     let t1 = std::time::Instant::now();
-    // A batch of one decodes as the server decodes a lone greedy sequence:
-    // on the backend's run-ahead path, where it has one.
-    let alone = match (b, tg) {
-        (1, 1..) => model.greedy_run(ids[0], last[0], tg, &mut |_| true),
-        _ => None,
+    // The batch decodes as the server decodes greedy sequences: on the
+    // backend's run-ahead path, where it has one.
+    let ahead = match (b, tg) {
+        (_, 0) => None,
+        (1, _) => model.greedy_run(ids[0], last[0], tg, &mut |_| true),
+        _ => {
+            let rows: Vec<(crate::models::batch::SeqId, u32)> =
+                ids.iter().copied().zip(last.iter().copied()).collect();
+            model.greedy_run_many(&rows, tg, &mut |_| true)
+        }
     };
-    let steps = match alone {
+    let steps = match ahead {
         Some(n) => {
             let n = n?;
             if n != tg {
                 return Err(crate::Error::invalid(format!(
-                    "the batch of one stopped after {n} of {tg} tokens"
+                    "the batch of {b} stopped after {n} of {tg} tokens"
                 )));
             }
             0

@@ -709,13 +709,16 @@ fn embedding(gpu: &Gpu, v: &Variant) {
         // Chunks of 32 rows: tokens 31, 32 and 66 fall in different buffers.
         let m = upload(gpu, &[&table], 32);
         assert_eq!(m.chunks.len(), 3);
+        // Two leading words, then the tokens one word apart (as the batch
+        // reads them from its argmax's [token, flag] pairs); a word read by
+        // mistake is no row and leaves y's poison.
         let mut tok_buf = vec![7u32; 2];
-        tok_buf.extend(&tokens);
+        tok_buf.extend(tokens.iter().flat_map(|&t| [t, u32::MAX]));
         let gt = gpu.upload_u32("tokens", &tok_buf).unwrap();
         let gy = gpu.poisoned_f32("y", n * d).unwrap();
         run(
             gpu,
-            &llm_ops::embedding(gpu, &m, &gt, 2, scale, &gy, n).unwrap(),
+            &llm_ops::embedding(gpu, &m, &gt, 2, 2, scale, &gy, n).unwrap(),
         );
         // Dequantisation is exact on both sides.
         assert_close(

@@ -16,7 +16,10 @@
 //! RoPE and the cache write go to each row's position in its blocks,
 //! attention runs over each row's own blocks, the conv block reads and
 //! writes each row's own ring, and a greedy step reads back one token id
-//! per row. The prompt
+//! per row. Greedy rows may run a step ahead of the host
+//! ([`BatchedLm::greedy_run_many`]): each step reads the tokens the last
+//! one's argmax left on the device, and is submitted before the host reads
+//! the last one's. The prompt
 //! chunks of a step run together as one prefill: their rows one after
 //! another through the prefill's GEMMs (the weights read once for all of
 //! them, every row summed as it is alone), RoPE at each row's position,
@@ -86,8 +89,6 @@ enum SlotState {
 /// Buffers of a step of many rows (a batched decode step: one row per slot;
 /// a verification: consecutive positions of one sequence).
 pub(super) struct BatchIo {
-    /// [slots] u32: the token each row consumes.
-    tokens: wgpu::Buffer,
     /// [slots, ROW_RECORD] u32 (llm_ops::ROW_RECORD), then the rows' KV
     /// block tables.
     pub(super) rows: wgpu::Buffer,
@@ -111,9 +112,12 @@ pub(super) struct BatchIo {
     gu: wgpu::Buffer,
     /// [slots, vocab]
     logits: wgpu::Buffer,
-    /// [slots, 2] u32: each row's argmax and non-finite flag.
+    /// [slots, 2] u32: the token each row consumes (written by the host, or
+    /// left by the last step's argmax), then each row's argmax and
+    /// non-finite flag.
     next: wgpu::Buffer,
-    next_staging: wgpu::Buffer,
+    /// Two, for a step read back while the next one runs.
+    next_staging: [wgpu::Buffer; 2],
     logits_staging: wgpu::Buffer,
 }
 
@@ -135,7 +139,6 @@ impl BatchIo {
         let f32s = |label: &str, n: usize| g.scratch(label, (n.max(1) * 4) as u64);
         let part = llm_ops::attention_rows_part_len(cfg.heads, hd, rows, max_splits);
         Ok(BatchIo {
-            tokens: f32s("batch tokens", rows)?,
             rows: f32s("batch rows", rows * llm_ops::ROW_RECORD + table_words)?,
             prefill_rows: match products {
                 BatchProducts::Gemm => Some(f32s(
@@ -168,23 +171,30 @@ impl BatchIo {
             )?,
             logits: f32s("batch logits", rows * cfg.vocab)?,
             next: f32s("batch next", rows * 2)?,
-            next_staging: g.staging("batch next", (rows * 8) as u64),
+            next_staging: [
+                g.staging("batch next", (rows * 8) as u64),
+                g.staging("batch next 2", (rows * 8) as u64),
+            ],
             logits_staging: g.staging("batch logits", (rows * cfg.vocab * 4) as u64),
         })
     }
 
-    /// Writes the step's inputs: each row's token, row record and RoPE
-    /// angles (`cs_local`: none without a local RoPE).
+    /// Writes the step's inputs: each row's token (none: those the last
+    /// step's argmax left), row record and RoPE angles (`cs_local`: none
+    /// without a local RoPE).
     pub(super) fn write(
         &self,
         g: &crate::gpu::Gpu,
-        tokens: &[u32],
+        tokens: Option<&[u32]>,
         records: &[u32],
         cs: &[f32],
         cs_local: &[f32],
     ) {
-        g.queue
-            .write_buffer(&self.tokens, 0, bytemuck::cast_slice(tokens));
+        if let Some(tokens) = tokens {
+            let pairs: Vec<u32> = tokens.iter().flat_map(|&t| [t, 0]).collect();
+            g.queue
+                .write_buffer(&self.next, 0, bytemuck::cast_slice(&pairs));
+        }
         g.queue
             .write_buffer(&self.rows, 0, bytemuck::cast_slice(records));
         if !cs.is_empty() {
@@ -196,21 +206,31 @@ impl BatchIo {
         }
     }
 
-    /// Copies what `want` asks for of `n` rows into its staging buffer;
-    /// returns that buffer and the bytes copied.
+    /// Copies what `want` asks for of `n` rows into its staging buffer
+    /// ([`BatchIo::staging`]); returns the bytes copied.
     pub(super) fn copy_out(
         &self,
         enc: &mut wgpu::CommandEncoder,
         want: Want,
         n: usize,
         vocab: usize,
-    ) -> (&wgpu::Buffer, u64) {
-        let (src, staging, len) = match want {
-            Want::Tokens => (&self.next, &self.next_staging, (n * 8) as u64),
-            Want::Logits => (&self.logits, &self.logits_staging, (n * vocab * 4) as u64),
+        half: usize,
+    ) -> u64 {
+        let (src, len) = match want {
+            Want::Tokens => (&self.next, (n * 8) as u64),
+            Want::Logits => (&self.logits, (n * vocab * 4) as u64),
         };
-        enc.copy_buffer_to_buffer(src, 0, staging, 0, len);
-        (staging, len)
+        enc.copy_buffer_to_buffer(src, 0, self.staging(want, half), 0, len);
+        len
+    }
+
+    /// The staging buffer of what `want` asks for (of tokens, the `half`th
+    /// of two, for a step read back while the next one runs).
+    pub(super) fn staging(&self, want: Want, half: usize) -> &wgpu::Buffer {
+        match want {
+            Want::Tokens => &self.next_staging[half],
+            Want::Logits => &self.logits_staging,
+        }
     }
 }
 
@@ -804,23 +824,34 @@ impl GpuBatch {
     /// One decode step of every (slot, token) row in one submission; returns
     /// what `want` asks for, row by row.
     fn decode_rows(&mut self, rows: &[(usize, u32)], want: Want) -> Result<Vec<u8>> {
-        let n = rows.len();
+        let slots: Vec<usize> = rows.iter().map(|r| r.0).collect();
+        let tokens: Vec<u32> = rows.iter().map(|r| r.1).collect();
+        if self.profile.is_some() {
+            return self.decode_rows_profiled(&slots, &tokens, want);
+        }
+        let (done, len) = self.submit_rows(&slots, Some(&tokens), want, 0)?;
+        self.m.gpu.read_staging(self.io.staging(want, 0), len, done)
+    }
+
+    /// Writes the inputs of a decode step of the sequences in `slots`, each
+    /// consuming its token of `tokens` (none: the tokens the last step's
+    /// argmax left on the device) and makes room for it; returns the most
+    /// attention splits of any row.
+    fn prepare_rows(&mut self, slots: &[usize], tokens: Option<&[u32]>) -> Result<usize> {
+        let n = slots.len();
         self.plan(n)?;
         // The rows move on in their slots: the single model's copy of one
         // of them would go stale.
-        if self
-            .held
-            .is_some_and(|h| rows.iter().any(|r| r.0 == h.slot))
-        {
+        if self.held.is_some_and(|h| slots.contains(&h.slot)) {
             self.release();
         }
         let vocab = self.m.cfg.vocab;
-        if let Some(&(_, token)) = rows.iter().find(|r| r.1 as usize >= vocab) {
+        if let Some(&token) = tokens.and_then(|t| t.iter().find(|&&t| t as usize >= vocab)) {
             return Err(Error::invalid(format!(
                 "token id {token} is outside the {vocab}-token vocabulary"
             )));
         }
-        for &(slot, _) in rows {
+        for &slot in slots {
             self.grow(slot, 1)?;
         }
         let cfg = &self.m.cfg;
@@ -831,7 +862,7 @@ impl GpuBatch {
         let mut cs = Vec::with_capacity(n * rd);
         let mut cs_local = Vec::with_capacity(n * rd);
         let mut most_splits = 1;
-        for (j, &(slot, _)) in rows.iter().enumerate() {
+        for (j, &slot) in slots.iter().enumerate() {
             let pos = self.pos(slot);
             let splits = llm_ops::attention_splits(pos + 1);
             most_splits = most_splits.max(splits);
@@ -851,13 +882,12 @@ impl GpuBatch {
             }
         }
         records.extend(tables);
-        let tokens: Vec<u32> = rows.iter().map(|r| r.1).collect();
         let g = &*self.m.gpu;
         let io = &self.io;
         if let Some(table) = &io.prefill_rows {
-            let segs: Vec<RowsSegment> = rows
+            let segs: Vec<RowsSegment> = slots
                 .iter()
-                .map(|&(slot, _)| RowsSegment {
+                .map(|&slot| RowsSegment {
                     slot,
                     pos: self.pos(slot),
                     len: 1,
@@ -868,78 +898,157 @@ impl GpuBatch {
             let words = PrefillRows::new(&segs).words;
             g.queue.write_buffer(table, 0, bytemuck::cast_slice(&words));
         }
-        io.write(g, &tokens, &records, &cs, &cs_local);
-        let plan = &self.plans[&n];
-        let t0 = web_time::Instant::now();
-        // A timestamp before the first dispatch and after each (attention
-        // may be two).
-        let timer = match self.profile {
-            Some(_) => Some(PassTimer::new(g, plan.dispatches() as u32 + 1)?),
-            None => None,
-        };
-        let (marks, done, staging, len, t1) = if let Some(timer) = &timer {
-            // Profiled: one submission, so the timestamps share a pass.
-            let mut enc = g.device.create_command_encoder(&Default::default());
-            let marks = {
-                let mut pass = enc.begin_compute_pass(&Default::default());
-                let mut marks = PassMarks::start(timer, &mut pass);
-                plan.record(&mut pass, most_splits, want, &mut |p, name| {
-                    marks.after(p, name)
-                });
-                marks
-            };
-            marks.resolve(&mut enc)?;
-            let (staging, len) = io.copy_out(&mut enc, want, n, cfg.vocab);
-            let t1 = web_time::Instant::now();
-            (
-                Some(marks),
-                g.queue.submit([enc.finish()]),
-                staging,
-                len,
-                t1,
-            )
-        } else {
-            // wgpu encodes a command buffer on the host when it is finished
-            // and submitted, which takes a large share of a step: the step
-            // goes in parts, each submitted as soon as it is recorded, so
-            // the device runs the first parts while the host encodes the
-            // rest. The parts double in size, the first small, so that the
-            // device starts early and the host stays ahead of it.
-            let ops = plan.ops.len();
-            let mut start = 0;
-            let mut done = None;
-            for share in SUBMIT_SHARES {
-                let end = (ops * share).div_ceil(SUBMIT_SHARES[SUBMIT_SHARES.len() - 1]);
-                if end == start {
-                    continue;
-                }
-                let mut enc = g.device.create_command_encoder(&Default::default());
-                {
-                    let mut pass = enc.begin_compute_pass(&Default::default());
-                    plan.record_part(&mut pass, start..end, most_splits, want, &mut |_, _| {});
-                }
-                if end == ops {
-                    let (staging, len) = io.copy_out(&mut enc, want, n, cfg.vocab);
-                    let t1 = web_time::Instant::now();
-                    done = Some((g.queue.submit([enc.finish()]), staging, len, t1));
-                } else {
-                    g.queue.submit([enc.finish()]);
-                }
-                start = end;
+        io.write(g, tokens, &records, &cs, &cs_local);
+        Ok(most_splits)
+    }
+
+    /// Submits a decode step of the sequences in `slots` (tokens as
+    /// [`GpuBatch::prepare_rows`] takes them), what `want` asks for copied
+    /// to its staging buffer (of tokens, the `half`th); the rows' positions
+    /// move on. Returns the submission and the bytes copied.
+    ///
+    /// wgpu encodes a command buffer on the host when it is finished, a
+    /// large share of a step: the step goes in parts, each submitted as
+    /// soon as it is recorded, so the device runs the first parts while the
+    /// host encodes the rest. The parts double in size, the first small, so
+    /// that the device starts early and the host stays ahead of it.
+    fn submit_rows(
+        &mut self,
+        slots: &[usize],
+        tokens: Option<&[u32]>,
+        want: Want,
+        half: usize,
+    ) -> Result<(wgpu::SubmissionIndex, u64)> {
+        let most_splits = self.prepare_rows(slots, tokens)?;
+        let n = slots.len();
+        let (g, io, plan) = (&*self.m.gpu, &self.io, &self.plans[&n]);
+        let ops = plan.ops.len();
+        let mut start = 0;
+        let mut done = None;
+        for share in SUBMIT_SHARES {
+            let end = (ops * share).div_ceil(SUBMIT_SHARES[SUBMIT_SHARES.len() - 1]);
+            if end == start {
+                continue;
             }
-            let (done, staging, len, t1) = done.expect("the last part ends the step");
-            (None, done, staging, len, t1)
-        };
-        let t2 = web_time::Instant::now();
-        let out = g.read_staging(staging, len, done.clone());
-        if let (Some(m), Some(prof)) = (marks, self.profile.as_mut()) {
-            m.add_to(prof, g, done, [t0, t0, t1, t2])?;
+            let mut enc = g.device.create_command_encoder(&Default::default());
+            {
+                let mut pass = enc.begin_compute_pass(&Default::default());
+                plan.record_part(&mut pass, start..end, most_splits, want, &mut |_, _| {});
+            }
+            if end == ops {
+                let len = io.copy_out(&mut enc, want, n, self.m.cfg.vocab, half);
+                done = Some((g.queue.submit([enc.finish()]), len));
+            } else {
+                g.queue.submit([enc.finish()]);
+            }
+            start = end;
         }
+        for &slot in slots {
+            self.seqs[slot].as_mut().expect("open slot").pos += 1;
+        }
+        Ok(done.expect("the last part ends the step"))
+    }
+
+    /// [`GpuBatch::decode_rows`] in one submission with a timestamp after
+    /// every dispatch, added to the profile.
+    fn decode_rows_profiled(
+        &mut self,
+        slots: &[usize],
+        tokens: &[u32],
+        want: Want,
+    ) -> Result<Vec<u8>> {
+        let t0 = web_time::Instant::now();
+        let most_splits = self.prepare_rows(slots, Some(tokens))?;
+        let n = slots.len();
+        let (g, io, plan) = (&*self.m.gpu, &self.io, &self.plans[&n]);
+        let t1 = web_time::Instant::now();
+        let timer = PassTimer::new(g, plan.dispatches() as u32 + 1)?;
+        let mut enc = g.device.create_command_encoder(&Default::default());
+        let marks = {
+            let mut pass = enc.begin_compute_pass(&Default::default());
+            let mut marks = PassMarks::start(&timer, &mut pass);
+            plan.record(&mut pass, most_splits, want, &mut |p, name| {
+                marks.after(p, name)
+            });
+            marks
+        };
+        marks.resolve(&mut enc)?;
+        let len = io.copy_out(&mut enc, want, n, self.m.cfg.vocab, 0);
+        let t2 = web_time::Instant::now();
+        let done = g.queue.submit([enc.finish()]);
+        let t3 = web_time::Instant::now();
+        let out = g.read_staging(io.staging(want, 0), len, done.clone());
+        let prof = self.profile.as_mut().expect("profiling");
+        marks.add_to(prof, g, done, [t0, t1, t2, t3])?;
         // The rows' states moved on (or, after a failure, are unknown).
-        for &(slot, _) in rows {
+        for &slot in slots {
             self.seqs[slot].as_mut().expect("open slot").pos += 1;
         }
         out
+    }
+
+    /// Whether every sequence in `slots` has room for one more token.
+    fn room_for_step(&self, slots: &[usize]) -> bool {
+        let mut blocks = 0;
+        for &slot in slots {
+            let s = self.seq(slot);
+            if s.pos + 1 > self.max_len {
+                return false;
+            }
+            let more = blocks_for(s.pos + 1).saturating_sub(s.table.len());
+            blocks += more.saturating_sub(s.reserved);
+        }
+        blocks <= self.pool.available()
+    }
+
+    /// Greedy decoding of the sequences in `slots` together, the device a
+    /// step ahead of the host: step i + 1 is submitted, consuming the
+    /// tokens step i's argmax left on the device, before the host reads
+    /// step i's tokens and hands them to `emit`. The run ends when `emit`
+    /// says so, after `max` steps or when the cache has no room for another
+    /// step; the step that ran ahead is then undone (the positions go back;
+    /// the KV rows and conv-ring rows it wrote are rewritten by the next
+    /// tokens), so the sequences are what a loop of single steps leaves.
+    /// Returns the steps produced.
+    fn greedy_rows(
+        &mut self,
+        slots: &[usize],
+        tokens: &[u32],
+        max: usize,
+        emit: &mut dyn FnMut(&[u32]) -> bool,
+    ) -> Result<usize> {
+        let mut flight = std::collections::VecDeque::new();
+        let (mut submitted, mut produced) = (0, 0);
+        loop {
+            while flight.len() < 2 && submitted < max && self.room_for_step(slots) {
+                let host = (submitted == 0).then_some(tokens);
+                let (done, _) = self.submit_rows(slots, host, Want::Tokens, submitted % 2)?;
+                flight.push_back(done);
+                submitted += 1;
+            }
+            let Some(done) = flight.pop_front() else {
+                return Ok(produced);
+            };
+            let staging = &self.io.next_staging[produced % 2];
+            let bytes = self
+                .m
+                .gpu
+                .read_staging(staging, (slots.len() * 8) as u64, done)?;
+            let next = row_tokens(&bytes)?;
+            produced += 1;
+            if !emit(&next) || produced == max {
+                // The step that ran ahead consumed `next`: take it back.
+                if let Some(done) = flight.pop_front() {
+                    let staging = &self.io.next_staging[produced % 2];
+                    self.m.gpu.read_staging(staging, 8, done)?;
+                    for &slot in slots {
+                        self.seqs[slot].as_mut().expect("open slot").pos -= 1;
+                        self.trim(slot);
+                    }
+                }
+                return Ok(produced);
+            }
+        }
     }
 }
 
@@ -1109,9 +1218,9 @@ impl GpuBatch {
                 dsp.record(&mut pass);
             }
         }
-        let (staging, len) = self.io.copy_out(&mut enc, Want::Logits, s, vocab);
+        let len = self.io.copy_out(&mut enc, Want::Logits, s, vocab, 0);
         let done = g.queue.submit([enc.finish()]);
-        let read = g.read_staging(staging, len, done);
+        let read = g.read_staging(self.io.staging(Want::Logits, 0), len, done);
         // The sequences' states moved on (or, after a failure, are unknown:
         // they are closed).
         let moved: Vec<(usize, usize)> = segs.iter().map(|s| (s.slot, s.len)).collect();
@@ -1218,8 +1327,9 @@ impl<'a> DecoderOps for BatchRecorder<'a> {
         self.fixed(llm_ops::embedding(
             &m.gpu,
             &m.embed,
-            &io.tokens,
+            &io.next,
             0,
+            2,
             m.cfg.embed_scale,
             &io.x,
             self.n,
@@ -1720,6 +1830,28 @@ impl BatchedLm for GpuBatch {
                 self.trim(slot);
             }
             ran
+        };
+        Some(run())
+    }
+
+    fn greedy_run_many(
+        &mut self,
+        rows: &[(SeqId, u32)],
+        max: usize,
+        emit: &mut dyn FnMut(&[u32]) -> bool,
+    ) -> Option<Result<usize>> {
+        if rows.len() < 2 || self.profile.is_some() {
+            // A batch of one runs ahead on the single path (greedy_run);
+            // profiled steps go one at a time.
+            return None;
+        }
+        let mut run = || -> Result<usize> {
+            let slots = rows
+                .iter()
+                .map(|&(id, _)| self.slot_of(id))
+                .collect::<Result<Vec<_>>>()?;
+            let tokens: Vec<u32> = rows.iter().map(|r| r.1).collect();
+            self.greedy_rows(&slots, &tokens, max, emit)
         };
         Some(run())
     }

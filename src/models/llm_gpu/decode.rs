@@ -32,7 +32,7 @@ impl<'a> DecoderOps for DecodeRecorder<'a> {
         let io = &m.io;
         let scale = m.cfg.embed_scale;
         self.fixed(llm_ops::embedding(
-            &m.gpu, &m.embed, &io.token, 0, scale, &io.x, 1,
+            &m.gpu, &m.embed, &io.token, 0, 1, scale, &io.x, 1,
         )?);
         Ok(())
     }

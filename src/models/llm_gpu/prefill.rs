@@ -213,7 +213,7 @@ impl<'a> DecoderOps for PrefillRecorder<'a> {
         let scale = m.cfg.embed_scale;
         let n = self.shape.n;
         self.work.extend(llm_ops::embedding(
-            &m.gpu, &m.embed, &sc.ids, 0, scale, &sc.x, n,
+            &m.gpu, &m.embed, &sc.ids, 0, 1, scale, &sc.x, n,
         )?);
         Ok(())
     }

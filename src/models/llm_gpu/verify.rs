@@ -98,7 +98,7 @@ impl GpuLlm {
         let angles = |t: &[f32]| t.get(pos * rd..(pos + n) * rd).unwrap_or_default().to_vec();
         v.io.write(
             g,
-            tokens,
+            Some(tokens),
             &records,
             &angles(&self.rope),
             &angles(&self.rope_local),
@@ -139,7 +139,7 @@ impl GpuLlm {
             let most_splits = llm_ops::attention_splits(pos + n);
             plan.record(&mut pass, most_splits, want, &mut |_, _| {});
         }
-        let (staging, len) = v.io.copy_out(&mut enc, want, n, self.cfg.vocab);
-        g.submit_and_read(enc, staging, len)
+        let len = v.io.copy_out(&mut enc, want, n, self.cfg.vocab, 0);
+        g.submit_and_read(enc, v.io.staging(want, 0), len)
     }
 }

@@ -329,6 +329,67 @@ pub fn run(
                 }
             }
         }
+        // Several sequences, every one decoding greedily: the backend may
+        // run ahead of the host, step after step, until one of them ends,
+        // a client goes or another request arrives.
+        let decoding_greedily = |(i, range): &(usize, std::ops::Range<usize>)| {
+            range.is_empty() && running[*i].sampler.is_greedy()
+        };
+        if plan.len() > 1 && plan.len() == running.len() && plan.iter().all(decoding_greedily) {
+            let order: Vec<usize> = plan.iter().map(|p| p.0).collect();
+            let rows: Vec<(SeqId, u32)> = order
+                .iter()
+                .map(|&i| (running[i].id, running[i].last.expect("decoding")))
+                .collect();
+            let mut failed: Vec<(usize, Error)> = Vec::new();
+            let mut t0 = Instant::now();
+            let ran = unwinding(|| {
+                model.greedy_run_many(&rows, usize::MAX, &mut |tokens| {
+                    metrics.observe_step(t0.elapsed(), tokens.len());
+                    t0 = Instant::now();
+                    let mut go = true;
+                    for (&i, &t) in order.iter().zip(tokens) {
+                        let r = &mut running[i];
+                        if let Err(e) = accept(r, t, &eos, tokenizer, &metrics) {
+                            failed.push((i, e));
+                            go = false;
+                        } else if r.last.is_none() || r.req.events.is_closed() {
+                            go = false;
+                        }
+                    }
+                    while let Ok(c) = commands.try_recv() {
+                        arrived.push(c);
+                    }
+                    go && arrived.is_empty()
+                })
+            })
+            .unwrap_or_else(|| Some(Err(internal_error())));
+            // No step run (no room for one): the single step below says why.
+            if !matches!(ran, None | Some(Ok(0))) {
+                let mut finished = vec![false; running.len()];
+                match ran {
+                    Some(Err(e)) => {
+                        // A failed run fails its sequences; the server goes on.
+                        for &i in &order {
+                            let _ = running[i].req.events.send(GenEvent::Failed(e.to_string()));
+                            finished[i] = true;
+                        }
+                    }
+                    _ => {
+                        for (i, e) in failed {
+                            let _ = running[i].req.events.send(GenEvent::Failed(e.to_string()));
+                            finished[i] = true;
+                        }
+                        for &i in &order {
+                            finished[i] |= running[i].last.is_none();
+                        }
+                    }
+                }
+                retire(model, &mut running, &finished);
+                publish(model, running.len(), &metrics);
+                continue;
+            }
+        }
         let singles: Vec<[u32; 1]> = plan
             .iter()
             .map(|(i, _)| [running[*i].last.unwrap_or(0)])
@@ -419,16 +480,21 @@ pub fn run(
                 }
             }
         }
-        let mut k = 0;
-        running.retain(|r| {
-            k += 1;
-            if finished[k - 1] {
-                model.close(r.id);
-            }
-            !finished[k - 1]
-        });
+        retire(model, &mut running, &finished);
         publish(model, running.len(), &metrics);
     }
+}
+
+/// Closes the sequences marked `finished` and takes them out of `running`.
+fn retire(model: &mut dyn BatchedLm, running: &mut Vec<Running>, finished: &[bool]) {
+    let mut k = 0;
+    running.retain(|r| {
+        k += 1;
+        if finished[k - 1] {
+            model.close(r.id);
+        }
+        !finished[k - 1]
+    });
 }
 
 /// What a step gave a sequence: its next-token logits, or the token the
