@@ -253,9 +253,15 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     let blk_end = (lane_end + UNITS - 1u) / UNITS;
     // This thread's outputs: rows row0 + 4 tr .. + 3, columns col0 + 2 tc, + 1.
     // Columns fastest: a warp's threads share 2 row quads (broadcast reads of
-    // the weight slice) and read 16 column pairs of the activations.
-    let tc = lid & 15u;
-    let tr = lid >> 4u;
+    // the weight slice) and read 16 column pairs of the activations. A tile
+    // of at most BC / 2 columns (a small batch) takes rows fastest instead,
+    // so that the threads of the columns past the last are whole subgroups
+    // (of 32 and more), which skip the products; which thread computes a
+    // sum does not change its order.
+    let few = p.cols - col0 <= BC / 2u;
+    let tc = select(lid & 15u, lid >> 4u, few);
+    let tr = select(lid >> 4u, lid & 15u, few);
+    let idle = col0 + 2u * tc > last_col;
     // Sums per part and column (vec4: the 4 rows): per lane of the block
     // (la[u][2 part + column]), group, total.
     var la = array<array<vec4<f32>, 6>, UNITS>();
@@ -361,8 +367,9 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
         }
 #endif
         // A unit a lane does not hold adds zero products: its sum is not
-        // changed (a sum from +0 is never -0).
-        for (var u = 0u; u < UNITS; u++) {
+        // changed (a sum from +0 is never -0). Threads of columns past the
+        // last have none to make.
+        for (var u = 0u; u < select(UNITS, 0u, idle); u++) {
             for (var i = 0u; i < 8u; i++) {
                 let kk = u * 8u + i;
                 let xv = xs[kk * (BC / 2u) + tc];

@@ -1324,8 +1324,14 @@ fn gemv_cols_check(gpu: &Gpu, v: &Variant, splits: &[llm_ops::KSplit]) {
             &[5, 132]
         };
         for &rows in rows_set {
-            // Past one tile of 32 columns once.
-            let ns: &[usize] = if ki == 0 { &[1, 6, 34] } else { &[1, 6] };
+            // Past one tile of 32 columns once, and the tiles of up to 16
+            // columns (rows fastest) and of more (columns fastest) with
+            // columns past the last.
+            let ns: &[usize] = if ki == 0 {
+                &[1, 6, 16, 20, 34]
+            } else {
+                &[1, 6]
+            };
             for &n in ns {
                 let parts = if conv {
                     3
