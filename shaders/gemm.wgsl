@@ -23,8 +23,8 @@
 // SPLIT (gemm_*_split, for GEMMs of few tiles): workgroup z sums only k in
 // [z k_span, (z + 1) k_span) and stores its sums as they are (no add, no
 // norm scale, no gate) at y[(z n + t) y_stride + col(o)]; with NORM the
-// first row tile also stores each token's sum of squares over its k at
-// y[splits n y_stride + z n + t]. gemm_split_sum.wgsl then adds the
+// first row tile (of each chunk: the same values) also stores each token's
+// sum of squares over its k at y[splits n y_stride + z n + t]. gemm_split_sum.wgsl then adds the
 // splits, in order, and finishes the epilogue. SWIGLU stores the gate and
 // up sums as two parts. dispatch: (.., .., splits).
 //
@@ -101,8 +101,8 @@ fn split_base(z: u32) -> u32 {
 
 #if SPLIT
 #if NORM
-// SPLIT + NORM: the first row tile stores its tokens' sums of squares
-// (tscale holds them unscaled; call after token_scales).
+// SPLIT + NORM: the first row tile (of each chunk) stores its tokens' sums
+// of squares (tscale holds them unscaled; call after token_scales).
 fn store_sums_of_squares(wid: vec3<u32>, lid: u32, tok_base: u32) {
     let tok = tok_base + lid;
     if (wid.x == 0u && lid < BM && tok < p.n) {

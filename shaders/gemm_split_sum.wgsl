@@ -1,13 +1,13 @@
 // gemm_split_sum: the end of a GEMM split over k (gemm.wgsl's SPLIT): adds
 // each output's split sums from `part` in order, from 0, and finishes the
 // GEMM's epilogue:
-//   (default) ADD: y[t, col(o)] += sum (the residual add of gemm_add)
-//   NORM: y[t, col(o)] = sum * s[t], s[t] = 1 / sqrt(ss[t] / k + eps) from
-//         the splits' sums of squares, added in order too
+//   (default) ADD: y[t, out_off + o] += sum (the residual add of gemm_add)
+//   NORM: y[t, out_off + o] = sum * s[t], s[t] = 1 / sqrt(ss[t] / k + eps)
+//         from the splits' sums of squares, added in order too
 //   NORM + SWIGLU (+ GELU): y[t, out_off + r] = act(gate * s[t]) * up * s[t]
 //         for r < part_rows, gate from column r of `part`, up from column
 //         part_rows + r
-// where col(o) = (o / part_rows) * part_stride + out_off + o % part_rows.
+// (`part` holds a matrix's parts side by side, as y does).
 //
 // bindings: 0 params, 1 part [splits, n, cols] (NORM: then [splits, n] sums
 //           of squares), 2 y [n, y_stride] (read_write)
@@ -20,13 +20,13 @@ struct Params {
     splits: u32,
     y_stride: u32,
     out_off: u32,     // y's column of part 0's first row
-    part_rows: u32,
-    part_stride: u32, // y's columns from one part to the next
+    part_rows: u32,   // SWIGLU: rows of the gate (and of the up) part
     k: u32,           // NORM
     eps: f32,         // NORM
     _p0: u32,
     _p1: u32,
     _p2: u32,
+    _p3: u32,
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
@@ -84,7 +84,7 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     if (o >= p.cols || tok >= p.n) {
         return;
     }
-    let at = tok * p.y_stride + (o / p.part_rows) * p.part_stride + p.out_off + o % p.part_rows;
+    let at = tok * p.y_stride + p.out_off + o;
 #if NORM
     y[at] = split_sum(tok, o) * token_scale(tok);
 #else

@@ -255,9 +255,9 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     // Columns fastest: a warp's threads share 2 row quads (broadcast reads of
     // the weight slice) and read 16 column pairs of the activations. A tile
     // of at most BC / 2 columns (a small batch) takes rows fastest instead,
-    // so that the threads of the columns past the last are whole subgroups
-    // (of 32 and more), which skip the products; which thread computes a
-    // sum does not change its order.
+    // so that the threads of the columns past the last are mostly whole
+    // subgroups, which skip the products; which thread computes a sum does
+    // not change its order.
     let few = p.cols - col0 <= BC / 2u;
     let tc = select(lid & 15u, lid >> 4u, few);
     let tr = select(lid >> 4u, lid & 15u, few);

@@ -732,3 +732,68 @@ fn gpu_batch_runs_ahead_as_single_steps_llama() {
 fn gpu_batch_runs_ahead_with_gemm_products_lfm2() {
     check_run_ahead("tiny-lfm2", BatchProducts::Gemm);
 }
+
+/// A run ahead that fills the paged cache stops (no step submitted without
+/// room), its tokens still each sequence's alone; the next step has no room.
+#[test]
+fn gpu_batch_run_ahead_stops_when_the_cache_is_full() {
+    let Some(g) = gpu() else { return };
+    let path = common::repo().join("samples/fixtures/llm/tiny-lfm2");
+    let (cfg, w) = lfm::models::open_llm(&path).unwrap();
+    let opts = GpuLlmOptions {
+        prefill_chunk: Some(16),
+        ..Default::default()
+    };
+    let prompts = [prompt(40, 10, cfg.vocab), prompt(41, 20, cfg.vocab)];
+    let steps = 40;
+    let mut single = GpuLlm::new(g.clone(), &cfg, &w, &opts).unwrap();
+    let want: Vec<Vec<u32>> = prompts
+        .iter()
+        .map(|p| alone(&mut single, p, steps).iter().map(|x| x.0).collect())
+        .collect();
+    drop(single);
+    // Five blocks of 16 positions for both.
+    let mut b = GpuBatch::new(g, &cfg, &w, &opts, 2, 80).unwrap();
+    let ids: Vec<_> = prompts
+        .iter()
+        .map(|p| b.open(p).unwrap().expect("a free slot").0)
+        .collect();
+    let work: Vec<SeqWork> = ids
+        .iter()
+        .zip(&prompts)
+        .map(|(&id, p)| SeqWork {
+            id,
+            tokens: p,
+            as_decode: false,
+        })
+        .collect();
+    let mut got: Vec<Vec<u32>> = b
+        .step(&work)
+        .unwrap()
+        .iter()
+        .map(|l| vec![argmax(l)])
+        .collect();
+    let rows: Vec<_> = ids.iter().zip(&got).map(|(&id, t)| (id, t[0])).collect();
+    let n = b
+        .greedy_run_many(&rows, 100, &mut |tokens| {
+            for (g, &t) in got.iter_mut().zip(tokens) {
+                g.push(t);
+            }
+            true
+        })
+        .expect("a GPU run ahead")
+        .unwrap();
+    assert!(n > 0 && n < steps, "{n} steps in a full cache");
+    for (i, (w, t)) in want.iter().zip(&got).enumerate() {
+        assert_eq!(&w[..=n], &t[..], "sequence {i}'s tokens");
+    }
+    let rows: Vec<_> = ids
+        .iter()
+        .zip(&got)
+        .map(|(&id, t)| (id, *t.last().unwrap()))
+        .collect();
+    assert!(
+        b.step_greedy_many(&rows).unwrap().is_err(),
+        "a step past a full cache"
+    );
+}

@@ -877,10 +877,9 @@ struct SplitSumParams {
     y_stride: u32,
     out_off: u32,
     part_rows: u32,
-    part_stride: u32,
     k: u32,
     eps: f32,
-    _pad: [u32; 3],
+    _pad: [u32; 4],
 }
 const _: () = assert!(std::mem::size_of::<SplitSumParams>() == 48);
 
@@ -1239,10 +1238,9 @@ pub fn gemm_split(
         y_stride: y_stride as u32,
         out_off: out_off as u32,
         part_rows: w.rows as u32,
-        part_stride: w.rows as u32,
         k: w.k as u32,
         eps: mode.norm().map_or(0.0, |(_, eps)| eps),
-        _pad: [0; 3],
+        _pad: [0; 4],
     };
     let variant = Variant::new(GEMM_SPLIT_SUM_DEFINES[mode.epilogue()]);
     let bound = gpu.bind(&GEMM_SPLIT_SUM, &variant, &[part, y], &params)?;

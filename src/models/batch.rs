@@ -92,7 +92,9 @@ pub trait BatchedLm {
     /// step's tokens (in the rows' order) go to `emit` until it returns
     /// false, `max` steps are produced or the cache has no room for another
     /// step (the last tokens are not consumed). Returns the steps produced;
-    /// None when the backend has no such path.
+    /// None when the backend has no such path for these rows (the GPU
+    /// batch: fewer than two, or while profiling). After an error the
+    /// sequences' states are unknown: close them.
     fn greedy_run_many(
         &mut self,
         _rows: &[(SeqId, u32)],

@@ -259,7 +259,7 @@ fn split_part_len(m: &GpuLlm, rows: usize) -> usize {
 }
 
 /// Where a decode step's submissions end, in shares of its operations out
-/// of the last share (see [`GpuBatch::decode_rows`]).
+/// of the last share (see [`GpuBatch::submit_rows`]).
 const SUBMIT_SHARES: [usize; 4] = [1, 2, 4, 8];
 
 enum Op {
@@ -1019,32 +1019,32 @@ impl GpuBatch {
         max: usize,
         emit: &mut dyn FnMut(&[u32]) -> bool,
     ) -> Result<usize> {
+        // Each step in flight, oldest first, and its bytes to read back.
         let mut flight = std::collections::VecDeque::new();
         let (mut submitted, mut produced) = (0, 0);
         loop {
             while flight.len() < 2 && submitted < max && self.room_for_step(slots) {
                 let host = (submitted == 0).then_some(tokens);
-                let (done, _) = self.submit_rows(slots, host, Want::Tokens, submitted % 2)?;
-                flight.push_back(done);
+                flight.push_back(self.submit_rows(slots, host, Want::Tokens, submitted % 2)?);
                 submitted += 1;
             }
-            let Some(done) = flight.pop_front() else {
+            let Some((done, len)) = flight.pop_front() else {
                 return Ok(produced);
             };
             let staging = &self.io.next_staging[produced % 2];
-            let bytes = self
-                .m
-                .gpu
-                .read_staging(staging, (slots.len() * 8) as u64, done)?;
-            let next = row_tokens(&bytes)?;
+            let next = row_tokens(&self.m.gpu.read_staging(staging, len, done)?)?;
             produced += 1;
             if !emit(&next) || produced == max {
-                // The step that ran ahead consumed `next`: take it back.
-                if let Some(done) = flight.pop_front() {
-                    let staging = &self.io.next_staging[produced % 2];
-                    self.m.gpu.read_staging(staging, 8, done)?;
+                // The step that ran ahead consumed `next`: take it back. It
+                // still runs; whatever is submitted later runs after it, so
+                // a block it wrote may go to another sequence at once. (A
+                // block it took may have pushed a prefix out of the cache.)
+                if flight.pop_front().is_some() {
                     for &slot in slots {
-                        self.seqs[slot].as_mut().expect("open slot").pos -= 1;
+                        let seq = self.seqs[slot].as_mut().expect("open slot");
+                        // Its first step consumed the sequence's reserved block.
+                        debug_assert_eq!(seq.reserved, 0);
+                        seq.pos -= 1;
                         self.trim(slot);
                     }
                 }

@@ -329,13 +329,15 @@ pub fn run(
                 }
             }
         }
-        // Several sequences, every one decoding greedily: the backend may
+        // Decode steps only, all greedy: the backend may pick the tokens
+        // itself (reading back ids, not every row's logits).
+        let all_greedy = plan
+            .iter()
+            .all(|(i, range)| range.is_empty() && running[*i].sampler.is_greedy());
+        // Several sequences, every running one among them: the backend may
         // run ahead of the host, step after step, until one of them ends,
         // a client goes or another request arrives.
-        let decoding_greedily = |(i, range): &(usize, std::ops::Range<usize>)| {
-            range.is_empty() && running[*i].sampler.is_greedy()
-        };
-        if plan.len() > 1 && plan.len() == running.len() && plan.iter().all(decoding_greedily) {
+        if all_greedy && plan.len() > 1 && plan.len() == running.len() {
             let order: Vec<usize> = plan.iter().map(|p| p.0).collect();
             let rows: Vec<(SeqId, u32)> = order
                 .iter()
@@ -367,23 +369,21 @@ pub fn run(
             // No step run (no room for one): the single step below says why.
             if !matches!(ran, None | Some(Ok(0))) {
                 let mut finished = vec![false; running.len()];
-                match ran {
-                    Some(Err(e)) => {
-                        // A failed run fails its sequences; the server goes on.
-                        for &i in &order {
-                            let _ = running[i].req.events.send(GenEvent::Failed(e.to_string()));
-                            finished[i] = true;
+                for (i, e) in failed {
+                    let _ = running[i].req.events.send(GenEvent::Failed(e.to_string()));
+                    finished[i] = true;
+                }
+                for &i in &order {
+                    let r = &running[i];
+                    if let Some(Err(e)) = &ran {
+                        // A failed run fails the sequences still going (their
+                        // states are unknown); the server goes on.
+                        if !finished[i] && r.last.is_some() {
+                            let _ = r.req.events.send(GenEvent::Failed(e.to_string()));
                         }
+                        finished[i] = true;
                     }
-                    _ => {
-                        for (i, e) in failed {
-                            let _ = running[i].req.events.send(GenEvent::Failed(e.to_string()));
-                            finished[i] = true;
-                        }
-                        for &i in &order {
-                            finished[i] |= running[i].last.is_none();
-                        }
-                    }
+                    finished[i] |= r.last.is_none();
                 }
                 retire(model, &mut running, &finished);
                 publish(model, running.len(), &metrics);
@@ -415,11 +415,6 @@ pub fn run(
             })
             .collect();
         let t0 = Instant::now();
-        // Decode steps only, all greedy: the backend may pick the tokens
-        // itself (reading back ids, not every row's logits).
-        let all_greedy = plan
-            .iter()
-            .all(|(i, range)| range.is_empty() && running[*i].sampler.is_greedy());
         let greedy_rows: Vec<(SeqId, u32)> = if all_greedy {
             work.iter().map(|w| (w.id, w.tokens[0])).collect()
         } else {
