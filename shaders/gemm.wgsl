@@ -11,7 +11,7 @@
 //              each tile's BN rows are BN / 2 gate rows and the matching up
 //              rows, and y[t, out_off + r] = silu(gate[t, r]) * up[t, r]
 //   gemm_norm_geglu  NORM + SWIGLU + GELU: the same with gelu_tanh for silu
-//              (dispatch x: ceil(part_rows / (BN / 2)) tiles)
+//              (dispatch x: ceil(part_rows / (BN / 2)) tiles; gate_act.wgsl)
 // A chunk may hold several parts (gate and up; LFM2's B, C, x) of part_rows
 // rows each: chunk row o lands in column
 //   col(o) = (o / part_rows) * part_stride + out_off + o % part_rows,
@@ -120,22 +120,6 @@ fn store_gate_up(z: u32, tok: u32, row: u32, gate: f32, up: f32) {
     y[at + p.part_stride] = up;
 }
 #endif
-#endif
-
-#if SWIGLU
-// The gate's activation: silu (SwiGLU) or, with GELU, tanh-approximated
-// GELU (GeGLU, Gemma).
-fn gate_act(v: f32) -> f32 {
-#if GELU
-    // tanh through exp of a non-positive argument: no overflow at large |v|.
-    let u = 0.7978845608028654 * (v + 0.044715 * v * v * v);
-    let e = exp(-2.0 * abs(u));
-    let th = (1.0 - e) / (1.0 + e);
-    return 0.5 * v * (1.0 + select(th, -th, u < 0.0));
-#else
-    return v / (1.0 + exp(-v));
-#endif
-}
 #endif
 
 // The chunk row that row `r` of weight tile `tile` reads (rows past the end

@@ -5,6 +5,7 @@
 //   NORM: y[t, out_off + o] = sum * s[t], s[t] = 1 / sqrt(ss[t] / k + eps)
 //         from the splits' sums of squares, added in order too
 //   NORM + SWIGLU (+ GELU): y[t, out_off + r] = act(gate * s[t]) * up * s[t]
+//         (act: gate_act.wgsl)
 //         for r < part_rows, gate from column r of `part`, up from column
 //         part_rows + r
 // (`part` holds a matrix's parts side by side, as y does).
@@ -51,20 +52,6 @@ fn token_scale(tok: u32) -> f32 {
         t += part[base + z * p.n + tok];
     }
     return inverseSqrt(t / f32(p.k) + p.eps);
-}
-#endif
-
-#if SWIGLU
-// As gemm.wgsl's gate_act: silu, or with GELU tanh-approximated GELU.
-fn gate_act(v: f32) -> f32 {
-#if GELU
-    let u = 0.7978845608028654 * (v + 0.044715 * v * v * v);
-    let e = exp(-2.0 * abs(u));
-    let th = (1.0 - e) / (1.0 + e);
-    return 0.5 * v * (1.0 + select(th, -th, u < 0.0));
-#else
-    return v / (1.0 + exp(-v));
-#endif
 }
 #endif
 

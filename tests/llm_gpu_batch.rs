@@ -13,7 +13,7 @@
 mod common;
 
 use lfm::gpu::{Gpu, GpuOptions};
-use lfm::models::batch::{BatchedLm, SeqWork};
+use lfm::models::batch::{BatchedLm, SeqId, SeqWork};
 use lfm::models::llm::CausalLm;
 use lfm::models::llm_gpu::{BatchProducts, GpuBatch, GpuLlm, GpuLlmOptions};
 use std::sync::{Arc, OnceLock};
@@ -627,6 +627,56 @@ fn gpu_verify_equals_decode_steps_gemma3() {
     check_verify("tiny-gemma3");
 }
 
+/// Each prompt's greedy tokens alone on the single-sequence GPU model: the
+/// prompt's, then `steps` more.
+fn greedy_alone(
+    g: &Arc<Gpu>,
+    cfg: &lfm::models::llm::LlmConfig,
+    w: &lfm::models::llm::Weights,
+    opts: &GpuLlmOptions,
+    prompts: &[Vec<u32>],
+    steps: usize,
+) -> Vec<Vec<u32>> {
+    let mut single = GpuLlm::new(g.clone(), cfg, w, opts).unwrap();
+    prompts
+        .iter()
+        .map(|p| alone(&mut single, p, steps).iter().map(|x| x.0).collect())
+        .collect()
+}
+
+/// Opens a sequence for each prompt and prefills them in one step; returns
+/// their ids and each one's first token.
+fn prefill_together(b: &mut GpuBatch, prompts: &[Vec<u32>]) -> (Vec<SeqId>, Vec<Vec<u32>>) {
+    let ids: Vec<_> = prompts
+        .iter()
+        .map(|p| b.open(p).unwrap().expect("a free slot").0)
+        .collect();
+    let work: Vec<SeqWork> = ids
+        .iter()
+        .zip(prompts)
+        .map(|(&id, p)| SeqWork {
+            id,
+            tokens: p,
+            as_decode: false,
+        })
+        .collect();
+    let first = b
+        .step(&work)
+        .unwrap()
+        .iter()
+        .map(|l| vec![argmax(l)])
+        .collect();
+    (ids, first)
+}
+
+/// Each sequence with the last token it produced.
+fn last_rows(ids: &[SeqId], got: &[Vec<u32>]) -> Vec<(SeqId, u32)> {
+    ids.iter()
+        .zip(got)
+        .map(|(&id, t)| (id, *t.last().unwrap()))
+        .collect()
+}
+
 /// Greedy runs of several sequences with the device a step ahead
 /// (`greedy_run_many`), stopped early by the caller and at `max`, then
 /// single batched steps: every sequence's tokens are those alone (the step
@@ -649,39 +699,11 @@ fn check_run_ahead(dir: &str, products: BatchProducts) {
         .map(|(i, &n)| prompt(30 + i as u32, n, vocab))
         .collect();
     let steps = 14;
-    let mut single = GpuLlm::new(g.clone(), &cfg, &w, &opts).unwrap();
-    let want: Vec<Vec<u32>> = prompts
-        .iter()
-        .map(|p| alone(&mut single, p, steps).iter().map(|x| x.0).collect())
-        .collect();
-    drop(single);
+    let want = greedy_alone(&g, &cfg, &w, &opts, &prompts, steps);
 
     let mut b = GpuBatch::new(g, &cfg, &w, &opts, lens.len(), lens.len() * 64).unwrap();
-    let ids: Vec<_> = prompts
-        .iter()
-        .map(|p| b.open(p).unwrap().expect("a free slot").0)
-        .collect();
-    let work: Vec<SeqWork> = ids
-        .iter()
-        .zip(&prompts)
-        .map(|(&id, p)| SeqWork {
-            id,
-            tokens: p,
-            as_decode: false,
-        })
-        .collect();
-    let mut got: Vec<Vec<u32>> = b
-        .step(&work)
-        .unwrap()
-        .iter()
-        .map(|l| vec![argmax(l)])
-        .collect();
-    let rows = |got: &[Vec<u32>]| -> Vec<_> {
-        ids.iter()
-            .zip(got)
-            .map(|(&id, t)| (id, *t.last().unwrap()))
-            .collect()
-    };
+    let (ids, mut got) = prefill_together(&mut b, &prompts);
+    let rows = |got: &[Vec<u32>]| last_rows(&ids, got);
     // Stopped by the caller after 5 steps, then by `max` after 4.
     for (stop, max) in [(5, 100), (usize::MAX, 4)] {
         let mut seen = 0;
@@ -744,38 +766,14 @@ fn gpu_batch_run_ahead_stops_when_the_cache_is_full() {
         prefill_chunk: Some(16),
         ..Default::default()
     };
-    let prompts = [prompt(40, 10, cfg.vocab), prompt(41, 20, cfg.vocab)];
+    let prompts = vec![prompt(40, 10, cfg.vocab), prompt(41, 20, cfg.vocab)];
     let steps = 40;
-    let mut single = GpuLlm::new(g.clone(), &cfg, &w, &opts).unwrap();
-    let want: Vec<Vec<u32>> = prompts
-        .iter()
-        .map(|p| alone(&mut single, p, steps).iter().map(|x| x.0).collect())
-        .collect();
-    drop(single);
+    let want = greedy_alone(&g, &cfg, &w, &opts, &prompts, steps);
     // Five blocks of 16 positions for both.
     let mut b = GpuBatch::new(g, &cfg, &w, &opts, 2, 80).unwrap();
-    let ids: Vec<_> = prompts
-        .iter()
-        .map(|p| b.open(p).unwrap().expect("a free slot").0)
-        .collect();
-    let work: Vec<SeqWork> = ids
-        .iter()
-        .zip(&prompts)
-        .map(|(&id, p)| SeqWork {
-            id,
-            tokens: p,
-            as_decode: false,
-        })
-        .collect();
-    let mut got: Vec<Vec<u32>> = b
-        .step(&work)
-        .unwrap()
-        .iter()
-        .map(|l| vec![argmax(l)])
-        .collect();
-    let rows: Vec<_> = ids.iter().zip(&got).map(|(&id, t)| (id, t[0])).collect();
+    let (ids, mut got) = prefill_together(&mut b, &prompts);
     let n = b
-        .greedy_run_many(&rows, 100, &mut |tokens| {
+        .greedy_run_many(&last_rows(&ids, &got), 100, &mut |tokens| {
             for (g, &t) in got.iter_mut().zip(tokens) {
                 g.push(t);
             }
@@ -787,13 +785,8 @@ fn gpu_batch_run_ahead_stops_when_the_cache_is_full() {
     for (i, (w, t)) in want.iter().zip(&got).enumerate() {
         assert_eq!(&w[..=n], &t[..], "sequence {i}'s tokens");
     }
-    let rows: Vec<_> = ids
-        .iter()
-        .zip(&got)
-        .map(|(&id, t)| (id, *t.last().unwrap()))
-        .collect();
     assert!(
-        b.step_greedy_many(&rows).unwrap().is_err(),
+        b.step_greedy_many(&last_rows(&ids, &got)).unwrap().is_err(),
         "a step past a full cache"
     );
 }

@@ -816,7 +816,7 @@ impl GemmParams {
 format_kernel!(
     GEMM_ADD,
     "gemm_add",
-    "gemm.wgsl",
+    ["gate_act.wgsl", "gemm.wgsl"],
     [Binding::read("w"), Binding::read("x"), Binding::write("y")],
     GemmParams,
     ["ADD"],
@@ -826,7 +826,7 @@ format_kernel!(
 format_kernel!(
     GEMM_ADD_SPLIT,
     "gemm_add_split",
-    "gemm.wgsl",
+    ["gate_act.wgsl", "gemm.wgsl"],
     [
         Binding::read("w"),
         Binding::read("x"),
@@ -840,7 +840,7 @@ format_kernel!(
 format_kernel!(
     GEMM_NORM_SPLIT,
     "gemm_norm_split",
-    "gemm.wgsl",
+    ["gate_act.wgsl", "gemm.wgsl"],
     [
         Binding::read("w"),
         Binding::read("x"),
@@ -856,7 +856,7 @@ format_kernel!(
 format_kernel!(
     GEMM_NORM_SWIGLU_SPLIT,
     "gemm_norm_swiglu_split",
-    "gemm.wgsl",
+    ["gate_act.wgsl", "gemm.wgsl"],
     [
         Binding::read("w"),
         Binding::read("x"),
@@ -886,7 +886,7 @@ const _: () = assert!(std::mem::size_of::<SplitSumParams>() == 48);
 kernel!(
     GEMM_SPLIT_SUM,
     "gemm_split_sum",
-    "gemm_split_sum.wgsl",
+    ["gate_act.wgsl", "gemm_split_sum.wgsl"],
     [Binding::read("part"), Binding::write("y")],
     SplitSumParams,
     [
@@ -900,7 +900,7 @@ kernel!(
 format_kernel!(
     GEMM_NORM,
     "gemm_norm",
-    "gemm.wgsl",
+    ["gate_act.wgsl", "gemm.wgsl"],
     [
         Binding::read("w"),
         Binding::read("x"),
@@ -915,7 +915,7 @@ format_kernel!(
 format_kernel!(
     GEMM_NORM_SWIGLU,
     "gemm_norm_swiglu",
-    "gemm.wgsl",
+    ["gate_act.wgsl", "gemm.wgsl"],
     [
         Binding::read("w"),
         Binding::read("x"),
@@ -930,7 +930,7 @@ format_kernel!(
 format_kernel!(
     GEMM_NORM_GEGLU,
     "gemm_norm_geglu",
-    "gemm.wgsl",
+    ["gate_act.wgsl", "gemm.wgsl"],
     [
         Binding::read("w"),
         Binding::read("x"),
@@ -1085,6 +1085,41 @@ pub fn gemm(
     n: usize,
 ) -> Result<Vec<Dispatch>> {
     let (shader, defines) = mode.kernel();
+    gemm_chunks(
+        gpu,
+        kernel,
+        w,
+        mode,
+        (shader, defines),
+        x,
+        x_stride,
+        y,
+        y_stride,
+        out_off,
+        n,
+        None,
+    )
+}
+
+/// One dispatch per chunk of `w` of the GEMM `shader` with its `defines`
+/// (the mode's epilogue), into `out` ([n, out_stride], `w`'s first row at
+/// column `out_off`); with `split` (k_span, ways) the workgroups in z take
+/// a span of k each.
+#[allow(clippy::too_many_arguments)]
+fn gemm_chunks(
+    gpu: &Gpu,
+    kernel: GemmKernel,
+    w: &GpuMatrix,
+    mode: GemmMode,
+    (shader, defines): (&'static Kernel, &'static [&'static str]),
+    x: &wgpu::Buffer,
+    x_stride: usize,
+    out: &wgpu::Buffer,
+    out_stride: usize,
+    out_off: usize,
+    n: usize,
+    split: Option<(usize, usize)>,
+) -> Result<Vec<Dispatch>> {
     let swiglu = matches!(mode, GemmMode::NormSwiglu { .. });
     if swiglu && w.parts != 2 {
         return Err(Error::gpu(format!(
@@ -1093,10 +1128,12 @@ pub fn gemm(
         )));
     }
     let eps = mode.norm().map_or(0.0, |(_, eps)| eps);
-    let mut out = Vec::with_capacity(w.chunks.len());
+    let (k_span, ways) = split.unwrap_or((0, 1));
+    let mut ds = Vec::with_capacity(w.chunks.len());
     for c in &w.chunks {
         let rows = c.rows * w.parts;
-        let params = GemmParams::chunk(w, c, n, x_stride, y_stride, out_off + c.row0, eps, 0);
+        let params =
+            GemmParams::chunk(w, c, n, x_stride, out_stride, out_off + c.row0, eps, k_span);
         // SWIGLU tiles hold half their rows from each part.
         let tiles = |(tile_rows, tile_tokens): (usize, usize)| {
             let across = if swiglu {
@@ -1108,6 +1145,8 @@ pub fn gemm(
         };
         let (coop, wide) = match kernel {
             GemmKernel::Portable => (false, false),
+            // A split GEMM has few tiles.
+            GemmKernel::Coop if split.is_some() => (true, false),
             GemmKernel::Coop => {
                 let [across, down] = tiles(GEMM_WIDE_TILE);
                 (
@@ -1119,16 +1158,16 @@ pub fn gemm(
         };
         let variant = gemm_variant(w.dtype, defines, coop, wide)?;
         let bound = match mode.norm() {
-            Some((nw, _)) => gpu.bind(shader, &variant, &[&c.buf, x, nw, y], &params)?,
-            None => gpu.bind(shader, &variant, &[&c.buf, x, y], &params)?,
+            Some((nw, _)) => gpu.bind(shader, &variant, &[&c.buf, x, nw, out], &params)?,
+            None => gpu.bind(shader, &variant, &[&c.buf, x, out], &params)?,
         };
         let [across, down] = tiles(if wide { GEMM_WIDE_TILE } else { GEMM_TILE });
-        out.push(Dispatch {
+        ds.push(Dispatch {
             bound,
-            groups: [across as u32, down as u32, 1],
+            groups: [across as u32, down as u32, ways as u32],
         });
     }
-    Ok(out)
+    Ok(ds)
 }
 
 /// Workgroups a GEMM of few tiles is split into over k ([`gemm_split`]):
@@ -1194,43 +1233,23 @@ pub fn gemm_split(
     splits: usize,
 ) -> Result<Vec<Dispatch>> {
     assert!(splits >= 2, "gemm_split: {splits} ways");
-    let swiglu = matches!(mode, GemmMode::NormSwiglu { .. });
-    let (shader, defines) = mode.split_kernel();
-    if swiglu && w.parts != 2 {
-        return Err(Error::gpu(format!(
-            "{} needs a [gate; up] matrix, got {} parts",
-            shader.name, w.parts
-        )));
-    }
     let (span, splits) = gemm_split_span(w.k, splits);
-    let (coop, wide) = match kernel {
-        GemmKernel::Portable => (false, false),
-        GemmKernel::Coop => (true, false),
-        GemmKernel::CoopTiles { wide } => (true, wide),
-    };
-    let (tile_rows, tile_tokens) = if wide { GEMM_WIDE_TILE } else { GEMM_TILE };
     // The output's columns: every part side by side, as `part` holds them.
     let cols = w.rows * w.parts;
-    let mut out = Vec::with_capacity(w.chunks.len() + 1);
-    for c in &w.chunks {
-        let rows = c.rows * w.parts;
-        let params = GemmParams::chunk(w, c, n, x_stride, cols, c.row0, 0.0, span);
-        let variant = gemm_variant(w.dtype, defines, coop, wide)?;
-        let bound = match mode.norm() {
-            Some((nw, _)) => gpu.bind(shader, &variant, &[&c.buf, x, nw, part], &params)?,
-            None => gpu.bind(shader, &variant, &[&c.buf, x, part], &params)?,
-        };
-        // SWIGLU tiles hold half their rows from each part.
-        let across = if swiglu {
-            c.rows.div_ceil(tile_rows / 2)
-        } else {
-            rows.div_ceil(tile_rows)
-        };
-        out.push(Dispatch {
-            bound,
-            groups: [across as u32, n.div_ceil(tile_tokens) as u32, splits as u32],
-        });
-    }
+    let mut out = gemm_chunks(
+        gpu,
+        kernel,
+        w,
+        mode,
+        mode.split_kernel(),
+        x,
+        x_stride,
+        part,
+        cols,
+        0,
+        n,
+        Some((span, splits)),
+    )?;
     let params = SplitSumParams {
         cols: cols as u32,
         n: n as u32,
@@ -1244,7 +1263,10 @@ pub fn gemm_split(
     };
     let variant = Variant::new(GEMM_SPLIT_SUM_DEFINES[mode.epilogue()]);
     let bound = gpu.bind(&GEMM_SPLIT_SUM, &variant, &[part, y], &params)?;
-    let outputs = if swiglu { w.rows } else { cols };
+    let outputs = match mode {
+        GemmMode::NormSwiglu { .. } => w.rows,
+        _ => cols,
+    };
     out.push(Dispatch {
         bound,
         groups: [outputs.div_ceil(64) as u32, n as u32, 1],
