@@ -76,8 +76,12 @@ pub struct Sampler {
     /// What went wrong in the constraint, for the generation loop to report.
     error: Option<Error>,
     logprobs: Vec<TokenLogprob>,
+    /// The unsorted draw's weights, kept between draws (a fresh
+    /// vocabulary-sized buffer a token cost page faults).
+    weights: Vec<f32>,
 }
 
+use crate::cpu::activation::exp_poly;
 pub use crate::cpu::argmax;
 
 impl Sampler {
@@ -90,6 +94,7 @@ impl Sampler {
             full_mask: false,
             error: None,
             logprobs: Vec::new(),
+            weights: Vec::new(),
         }
     }
 
@@ -132,11 +137,16 @@ impl Sampler {
     /// [`Sampler::plain`] but for a grammar: no bias or penalty moves a
     /// logit, nothing needs all of them.
     fn unbiased(&self) -> bool {
+        self.moves_no_logit() && self.opts.logprobs.is_none()
+    }
+
+    /// No bias or penalty moves a logit.
+    fn moves_no_logit(&self) -> bool {
         let penalised = self.opts.repeat_last_n > 0
             && (self.opts.repeat_penalty != 1.0
                 || self.opts.presence_penalty != 0.0
                 || self.opts.frequency_penalty != 0.0);
-        !penalised && self.opts.logit_bias.is_empty() && self.opts.logprobs.is_none()
+        !penalised && self.opts.logit_bias.is_empty()
     }
 
     pub fn options(&self) -> &SamplingOptions {
@@ -221,15 +231,115 @@ impl Sampler {
             self.commit(logits, token);
             return token;
         }
-        let adjusted = self.adjust(logits, history);
+        let adjusted = if self.moves_no_logit() && self.constraint.is_none() {
+            std::borrow::Cow::Borrowed(logits)
+        } else {
+            std::borrow::Cow::Owned(self.adjust(logits, history))
+        };
         let token = if self.opts.temperature <= 0.0 {
             argmax(&adjusted) as u32
+        } else if self.opts.top_k == 0 {
+            self.sample_unsorted(&adjusted)
         } else {
             let cand = finite_sorted(&adjusted, self.opts.top_k);
             self.sample_sorted(cand)
         };
         self.commit(logits, token);
         token
+    }
+
+    /// The draw without top-k, without sorting the vocabulary (a sort of
+    /// every logit per token was most of a sampled step's host time): top-p
+    /// sorts only as many of the most likely tokens as its nucleus needs;
+    /// otherwise min-p is a threshold relative to the largest logit and the
+    /// draw walks the kept tokens in id order. Same distribution as
+    /// [`Sampler::sample_sorted`] over every token, other draws. The weights
+    /// use FMA where the CPU has it: one seed draws the same tokens on every
+    /// run of a machine, and may part at a near tie between machines.
+    fn sample_unsorted(&mut self, logits: &[f32]) -> u32 {
+        let max = finite_max(logits);
+        if max == f32::NEG_INFINITY {
+            // Nothing finite: what the sorted draw falls back to.
+            return finite_sorted(logits, 1)[0].0;
+        }
+        if self.opts.top_p < 1.0 {
+            let nucleus = self.nucleus(logits, max);
+            let (cand, p) = self.finish_sorted(nucleus);
+            return self.draw_in_order(&cand, &p);
+        }
+        // Min-p keeps p >= min_p * p_max, that is l >= max + ln(min_p).
+        let cut = if self.opts.min_p > 0.0 {
+            max + self.opts.min_p.ln()
+        } else {
+            f32::NEG_INFINITY
+        };
+        let inv_t = 1.0 / self.opts.temperature;
+        let mut weights = std::mem::take(&mut self.weights);
+        weights.resize(logits.len(), 0.0);
+        let mut sums = vec![0.0; logits.len().div_ceil(CHUNK)];
+        #[cfg(target_arch = "x86_64")]
+        if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma")
+        {
+            // SAFETY: the CPU has AVX2 and FMA (checked above).
+            unsafe { unsorted_weights_fma(logits, max, cut, inv_t, &mut weights, &mut sums) };
+        } else {
+            unsorted_weights::<false>(logits, max, cut, inv_t, &mut weights, &mut sums);
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        unsorted_weights::<false>(logits, max, cut, inv_t, &mut weights, &mut sums);
+        let total: f64 = sums.iter().map(|&s| s as f64).sum();
+        let r = self.rng.next_f32() as f64 * total;
+        // The chunk where the running sum passes r, then the token in it.
+        let mut cum = 0.0;
+        let mut last = 0;
+        for (k, &s) in sums.iter().enumerate() {
+            if s > 0.0 {
+                last = k;
+                if r < cum + s as f64 {
+                    break;
+                }
+                cum += s as f64;
+            }
+        }
+        let chunk = &weights[last * CHUNK..((last + 1) * CHUNK).min(weights.len())];
+        let mut pick = None;
+        for (i, &w) in chunk.iter().enumerate() {
+            if w > 0.0 {
+                pick = Some(i);
+                cum += w as f64;
+                if r < cum {
+                    break;
+                }
+            }
+        }
+        self.weights = weights;
+        (last * CHUNK + pick.expect("a chunk with weight has a token of weight")) as u32
+    }
+
+    /// The most likely tokens whose probability (over every finite logit,
+    /// `max` the largest) first reaches top-p, most likely first: the m
+    /// most likely are selected and sorted, m growing until they do.
+    fn nucleus(&self, logits: &[f32], max: f32) -> Vec<(u32, f32)> {
+        let total: f64 = logits
+            .iter()
+            .filter(|l| l.is_finite())
+            .map(|&l| ((l - max) as f64).exp())
+            .sum();
+        let mut m = 256.min(logits.len());
+        loop {
+            let cand = finite_sorted(logits, m);
+            let mut cum = 0.0;
+            for (i, c) in cand.iter().enumerate() {
+                cum += ((c.1 - max) as f64).exp() / total;
+                if cum >= self.opts.top_p as f64 {
+                    return cand[..=i].to_vec();
+                }
+            }
+            if cand.len() < m || m == logits.len() {
+                return cand;
+            }
+            m = (m * 16).min(logits.len());
+        }
     }
 
     /// With a grammar, the draw [`Sampler::sample`] makes, found without
@@ -422,9 +532,14 @@ impl Sampler {
     /// by logit, descending.
     fn sample_sorted(&mut self, cand: Vec<(u32, f32)>) -> u32 {
         let (cand, p) = self.filter_sorted(cand);
+        self.draw_in_order(&cand, &p)
+    }
+
+    /// A draw from candidates with probabilities `p`, in their order.
+    fn draw_in_order(&mut self, cand: &[(u32, f32)], p: &[f32]) -> u32 {
         let r = self.rng.next_f32();
         let mut cum = 0.0;
-        for (c, pi) in cand.iter().zip(&p) {
+        for (c, pi) in cand.iter().zip(p) {
             cum += pi;
             if r < cum {
                 return c.0;
@@ -439,12 +554,6 @@ impl Sampler {
         if self.opts.top_k > 0 {
             cand.truncate(self.opts.top_k.max(1));
         }
-        let probs = |c: &[(u32, f32)]| -> Vec<f32> {
-            let max = c[0].1;
-            let e: Vec<f32> = c.iter().map(|(_, l)| (l - max).exp()).collect();
-            let s: f32 = e.iter().sum();
-            e.into_iter().map(|v| v / s).collect()
-        };
         if self.opts.top_p < 1.0 {
             let p = probs(&cand);
             let mut cum = 0.0;
@@ -458,6 +567,12 @@ impl Sampler {
             }
             cand.truncate(keep);
         }
+        self.finish_sorted(cand)
+    }
+
+    /// Min-p and temperature over candidates sorted by logit, descending,
+    /// after top-k and top-p: the candidates left and their probabilities.
+    fn finish_sorted(&self, mut cand: Vec<(u32, f32)>) -> (Vec<(u32, f32)>, Vec<f32>) {
         if self.opts.min_p > 0.0 {
             let p = probs(&cand);
             let floor = p[0] * self.opts.min_p;
@@ -470,6 +585,69 @@ impl Sampler {
         let p = probs(&cand);
         (cand, p)
     }
+}
+
+/// Logits a chunk of the unsorted draw's weights sums.
+const CHUNK: usize = 64;
+
+/// The largest finite logit (-inf where none is), in 8 lanes (the loop
+/// vectorises).
+fn finite_max(logits: &[f32]) -> f32 {
+    let mut lanes = [f32::NEG_INFINITY; 8];
+    for c in logits.chunks(8) {
+        for (m, &v) in lanes.iter_mut().zip(c) {
+            let v = if v.is_finite() { v } else { f32::NEG_INFINITY };
+            *m = m.max(v);
+        }
+    }
+    lanes.into_iter().fold(f32::NEG_INFINITY, f32::max)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn unsorted_weights_fma(
+    logits: &[f32],
+    max: f32,
+    cut: f32,
+    inv_t: f32,
+    weights: &mut [f32],
+    sums: &mut [f32],
+) {
+    unsorted_weights::<true>(logits, max, cut, inv_t, weights, sums)
+}
+
+/// The unsorted draw's weights, e^((l - max) / t) for the finite logits at
+/// or above `cut` and 0 elsewhere, and their sums over each [`CHUNK`], in 8
+/// lanes (the loops vectorise); FMA: whether `mul_add` is one instruction.
+#[inline(always)]
+fn unsorted_weights<const FMA: bool>(
+    logits: &[f32],
+    max: f32,
+    cut: f32,
+    inv_t: f32,
+    weights: &mut [f32],
+    sums: &mut [f32],
+) {
+    let chunks = weights.chunks_mut(CHUNK).zip(logits.chunks(CHUNK));
+    for ((w, l), sum) in chunks.zip(sums.iter_mut()) {
+        let mut acc = [0.0f32; 8];
+        for (w8, l8) in w.chunks_mut(8).zip(l.chunks(8)) {
+            for ((a, w), &l) in acc.iter_mut().zip(w8).zip(l8) {
+                let e = exp_poly::<FMA>((l - max) * inv_t);
+                *w = if l.is_finite() && l >= cut { e } else { 0.0 };
+                *a += *w;
+            }
+        }
+        *sum = acc.iter().sum();
+    }
+}
+
+/// The probabilities of candidates sorted by logit, descending.
+fn probs(c: &[(u32, f32)]) -> Vec<f32> {
+    let max = c[0].1;
+    let e: Vec<f32> = c.iter().map(|(_, l)| (l - max).exp()).collect();
+    let s: f32 = e.iter().sum();
+    e.into_iter().map(|v| v / s).collect()
 }
 
 fn no_token_allowed() -> Error {
@@ -574,6 +752,67 @@ mod tests {
         for _ in 0..200 {
             assert!(s.sample(&logits, &[]) < 2);
             assert!(t.sample(&logits, &[]) < 2);
+        }
+    }
+
+    /// The draw without top-k (no sort of the vocabulary) keeps the sorted
+    /// draw's distribution: frequencies over many draws against the
+    /// probabilities [`Sampler::distribution`] gives, with and without
+    /// min-p; top-p's nucleus, found by growing selections, is the sorted
+    /// candidates' (up to the token where the sums' rounding decides).
+    #[test]
+    fn unsorted_draw_follows_the_sorted_distribution() {
+        // 5,000 tokens, a few likely ones among a long tail of distinct
+        // logits, so that top-p's nucleus needs more than the first
+        // selection of 256.
+        let logits: Vec<f32> = (0..5000u32)
+            .map(|i| match i % 997 {
+                0 => 6.0 + i as f32 * 1e-4,
+                1 => 4.5 + i as f32 * 1e-4,
+                _ => ((i * 7919) % 4999) as f32 * 2e-4,
+            })
+            .collect();
+        for (top_p, min_p) in [(1.0, 0.0), (1.0, 0.02), (0.5, 0.0), (0.9, 0.0)] {
+            let o = SamplingOptions {
+                top_p,
+                min_p,
+                ..opts(0.8)
+            };
+            let mut s = Sampler::new(o.clone());
+            let dist = s.distribution(&logits, &[]);
+            let mut allowed: Vec<u32> = dist.iter().map(|d| d.0).collect();
+            if top_p < 1.0 {
+                let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+                let nucleus: Vec<u32> = s.nucleus(&logits, max).iter().map(|c| c.0).collect();
+                let common = nucleus.len().min(allowed.len());
+                assert!(nucleus.len().abs_diff(allowed.len()) <= 2, "{top_p}");
+                assert_eq!(nucleus[..common], allowed[..common], "{top_p}");
+                assert!(nucleus.len() > 256, "{top_p}: the selection did not grow");
+                allowed = nucleus;
+            }
+            let allowed: std::collections::HashSet<u32> = allowed.into_iter().collect();
+            // Each draw with top-p selects and sorts thousands of tokens.
+            let draws = if top_p < 1.0 { 3_000 } else { 20_000 };
+            let mut seen = vec![0u32; logits.len()];
+            for _ in 0..draws {
+                seen[s.sample(&logits, &[]) as usize] += 1;
+            }
+            for (id, &n) in seen.iter().enumerate() {
+                assert!(
+                    n == 0 || allowed.contains(&(id as u32)),
+                    "{top_p} {min_p}: drew {id}"
+                );
+            }
+            // Each likely token's frequency within 5 standard deviations.
+            for &(id, p) in dist.iter().filter(|d| d.1 > 0.01) {
+                let want = p as f64 * draws as f64;
+                let sd = (want * (1.0 - p as f64)).sqrt();
+                let got = seen[id as usize] as f64;
+                assert!(
+                    (got - want).abs() < 5.0 * sd,
+                    "{top_p} {min_p}: token {id} {got} vs {want:.0}"
+                );
+            }
         }
     }
 
