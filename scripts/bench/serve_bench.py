@@ -36,13 +36,13 @@ def percentile(xs, p):
     return xs[k]
 
 
-def one_request(url, prompt, max_tokens):
+def one_request(url, prompt, max_tokens, temperature):
     u = urlparse(url)
     conn = http.client.HTTPConnection(u.hostname, u.port, timeout=600)
     body = {
         "prompt": prompt,
         "max_tokens": max_tokens,
-        "temperature": 0,
+        "temperature": temperature,
         "stream": True,
         "stream_options": {"include_usage": True},
         "ignore_eos": True,
@@ -77,7 +77,7 @@ def one_request(url, prompt, max_tokens):
     return t0, times, max(usage, len(times))
 
 
-def clients(url, prompts, requests, max_tokens):
+def clients(url, prompts, requests, max_tokens, temperature):
     """One worker process: a thread per stream (prompts[i * requests + k]
     is stream i's k-th request); returns the first-token delays, the
     inter-token gaps, the tokens and the errors."""
@@ -87,7 +87,7 @@ def clients(url, prompts, requests, max_tokens):
     def client(i):
         for k in range(requests):
             try:
-                t0, times, count = one_request(url, prompts[i * requests + k], max_tokens)
+                t0, times, count = one_request(url, prompts[i * requests + k], max_tokens, temperature)
             except Exception as e:  # noqa: BLE001 - reported by the caller
                 errors.append(str(e))
                 return
@@ -105,7 +105,7 @@ def clients(url, prompts, requests, max_tokens):
     return ttft, itl, tokens[0], errors
 
 
-def run(url, streams, requests, prompt_tokens, max_tokens, vocab, seed, processes):
+def run(url, streams, requests, prompt_tokens, max_tokens, vocab, seed, processes, temperature):
     rng = random.Random(seed)
     prompts = [[rng.randrange(vocab) for _ in range(prompt_tokens)] for _ in range(streams * requests)]
     # Streams are spread over worker processes: one Python process parsing
@@ -117,7 +117,7 @@ def run(url, streams, requests, prompt_tokens, max_tokens, vocab, seed, processe
         shares[i % workers].extend(prompts[i * requests : (i + 1) * requests])
     start = time.perf_counter()
     with multiprocessing.get_context("fork").Pool(workers) as pool:
-        results = pool.starmap(clients, [(url, sh, requests, max_tokens) for sh in shares])
+        results = pool.starmap(clients, [(url, sh, requests, max_tokens, temperature) for sh in shares])
     wall = time.perf_counter() - start
     ttft = [x for r in results for x in r[0]]
     itl = [x for r in results for x in r[1]]
@@ -149,17 +149,24 @@ def main():
     ap.add_argument("--seed", type=int, default=1234)
     ap.add_argument("--label", default="")
     ap.add_argument(
+        "--temperature",
+        type=float,
+        default=0.0,
+        help="sampling temperature of every request (default 0: greedy); other sampling "
+        "fields are left to each server's defaults, as an OpenAI client leaves them",
+    )
+    ap.add_argument(
         "--processes",
         type=int,
         default=max(1, (os.cpu_count() or 2) // 2),
         help="worker processes the streams are spread over (default: half the CPUs)",
     )
     a = ap.parse_args()
-    print(f"\n{a.label} ({a.url}, prompt {a.prompt_tokens}, {a.max_tokens} tokens each)\n")
+    print(f"\n{a.label} ({a.url}, prompt {a.prompt_tokens}, {a.max_tokens} tokens each, temperature {a.temperature})\n")
     print("| streams | requests | output tok/s | TTFT p50 ms | TTFT p99 ms | ITL p50 ms | ITL p99 ms | decode tok/s a stream |")
     print("|---:|---:|---:|---:|---:|---:|---:|---:|")
     for n in [int(s) for s in a.streams.split(",")]:
-        r = run(a.url, n, a.requests, a.prompt_tokens, a.max_tokens, a.vocab, a.seed, a.processes)
+        r = run(a.url, n, a.requests, a.prompt_tokens, a.max_tokens, a.vocab, a.seed, a.processes, a.temperature)
         print(
             f"| {r['streams']} | {r['requests']} | {r['tok_per_s']:.1f} | {r['ttft_p50_ms']:.1f} | "
             f"{r['ttft_p99_ms']:.1f} | {r['itl_p50_ms']:.2f} | {r['itl_p99_ms']:.2f} | "

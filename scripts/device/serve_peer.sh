@@ -25,7 +25,9 @@
 # cache gets room for 4096 positions a sequence, of 6 attention layers x 8
 # KV heads x 64 x f32 x 2, 96 MiB, for both LFM2 sizes; the cache clamps it
 # to what one binding of the adapter holds), LLAMA_ARGS (extra llama-server
-# flags), SERVE_ARGS (extra serve flags, e.g. "--batch-products gemm").
+# flags), SERVE_ARGS (extra serve flags, e.g. "--batch-products gemm"),
+# TEMP (every request's temperature, default 0; above 0 each server samples
+# with its own defaults for the other fields).
 # On the CPU (the same table on a machine without a GPU):
 # DEVICE=cpu (llama-server without -ngl and with -t $(nproc), serve --cpu),
 # LS=peers/llama.cpp/build/bin/llama-server (scripts/peers/llama-cpp.sh
@@ -49,6 +51,7 @@ VOCAB=${VOCAB:-49152}
 KV_MIB_PER_SEQ=${KV_MIB_PER_SEQ:-96}
 LLAMA_ARGS=${LLAMA_ARGS:-}
 SERVE_ARGS=${SERVE_ARGS:-}
+TEMP=${TEMP:-0}
 DEVICE=${DEVICE:-gpu}
 LS=${LS:-peers/llama.cpp-cuda/build/bin/llama-server}
 BENCH=scripts/bench/serve_bench.py
@@ -131,7 +134,7 @@ run() {
         stop
         return 1
     fi
-    local common=(--url "http://127.0.0.1:$port" --prompt-tokens "$P" --vocab "$VOCAB")
+    local common=(--url "http://127.0.0.1:$port" --prompt-tokens "$P" --vocab "$VOCAB" --temperature "$TEMP")
     # Warm-up (pipelines, CUDA graphs, first allocations), not measured.
     timeout -s KILL 120 python3 "$BENCH" "${common[@]}" --streams 1 --requests 1 --max-tokens 8 \
         --seed 7 >"$OUT/$tag.warmup.txt" 2>&1
@@ -157,7 +160,7 @@ for gguf in $files; do
         continue
     fi
     {
-        echo "$name ($gguf, $DEVICE), prompt $P, $N tokens a request, $REQ requests a stream, serve flags: ${SERVE_ARGS:-none}"
+        echo "$name ($gguf, $DEVICE), prompt $P, $N tokens a request, $REQ requests a stream, temperature $TEMP, serve flags: ${SERVE_ARGS:-none}"
         echo
         echo "| server | streams | requests | output tok/s | TTFT p50 ms | TTFT p99 ms | ITL p50 ms | ITL p99 ms | decode tok/s a stream |"
         echo "|---|---:|---:|---:|---:|---:|---:|---:|---:|"
