@@ -368,25 +368,29 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
 #endif
         // A unit a lane does not hold adds zero products: its sum is not
         // changed (a sum from +0 is never -0). Threads of columns past the
-        // last have none to make.
-        for (var u = 0u; u < select(UNITS, 0u, idle); u++) {
-            for (var i = 0u; i < 8u; i++) {
-                let kk = u * 8u + i;
-                let xv = xs[kk * (BC / 2u) + tc];
-                let x0 = vec4<f32>(xv.x);
-                let x1 = vec4<f32>(xv.y);
-                let w0 = ws[kk * (BR / 4u) + tr];
-                la[u][0] = fma(w0, x0, la[u][0]);
-                la[u][1] = fma(w0, x1, la[u][1]);
-                if (PARTS > 1u) {
-                    let w1 = ws[(BK + kk) * (BR / 4u) + tr];
-                    la[u][2] = fma(w1, x0, la[u][2]);
-                    la[u][3] = fma(w1, x1, la[u][3]);
-                }
-                if (PARTS > 2u) {
-                    let w2 = ws[(2u * BK + kk) * (BR / 4u) + tr];
-                    la[u][4] = fma(w2, x0, la[u][4]);
-                    la[u][5] = fma(w2, x1, la[u][5]);
+        // last have none to make. The loop's bound stays a constant: one
+        // that is not keeps the compiler from unrolling it, and `la` then
+        // lives in local memory (5-7x slower batched decode on the H100).
+        if (!idle) {
+            for (var u = 0u; u < UNITS; u++) {
+                for (var i = 0u; i < 8u; i++) {
+                    let kk = u * 8u + i;
+                    let xv = xs[kk * (BC / 2u) + tc];
+                    let x0 = vec4<f32>(xv.x);
+                    let x1 = vec4<f32>(xv.y);
+                    let w0 = ws[kk * (BR / 4u) + tr];
+                    la[u][0] = fma(w0, x0, la[u][0]);
+                    la[u][1] = fma(w0, x1, la[u][1]);
+                    if (PARTS > 1u) {
+                        let w1 = ws[(BK + kk) * (BR / 4u) + tr];
+                        la[u][2] = fma(w1, x0, la[u][2]);
+                        la[u][3] = fma(w1, x1, la[u][3]);
+                    }
+                    if (PARTS > 2u) {
+                        let w2 = ws[(2u * BK + kk) * (BR / 4u) + tr];
+                        la[u][4] = fma(w2, x0, la[u][4]);
+                        la[u][5] = fma(w2, x1, la[u][5]);
+                    }
                 }
             }
         }
