@@ -22,6 +22,10 @@
 //   clear taken as -inf (3 allowed: array<u32> [ceil(n / 32)]), unless it
 //   is not finite: a NaN or an infinity still shows among the candidates,
 //   for the host's check of damaged logits.
+// ROWS (top_k_rows, top_k_part_rows; batched decode): the same for each of
+//   several rows of x ([rows, n]; MERGE: [rows, n] pairs), row r in
+//   workgroups (g, r): its pairs at out[2 k r ..] (PARTIAL: [2 k (r groups
+//   + g) ..]).
 // bindings: 0 params {n, k}, 1 x: [n] (MERGE: array<u32> [2 n] pairs),
 //           2 out: array<u32> [2 k] (PARTIAL: [2 k groups]) (read_write):
 //           pairs (index, bitcast<u32>(value))
@@ -42,17 +46,20 @@ struct Params { n: u32, k: u32, _p0: u32, _p1: u32 }
 
 const SLICE: u32 = 4096u;
 
+// Where this workgroup's row starts in x (ROWS), in values or pairs.
+var<private> xo: u32 = 0u;
+
 #if MERGE
 fn value(i: u32) -> f32 {
-    return bitcast<f32>(x[2u * i + 1u]);
+    return bitcast<f32>(x[2u * (xo + i) + 1u]);
 }
 fn index(i: u32) -> u32 {
-    return x[2u * i];
+    return x[2u * (xo + i)];
 }
 #else
 fn value(i: u32) -> f32 {
 #if MASKED
-    let v = x[i];
+    let v = x[xo + i];
     let on = ((allowed[i >> 5u] >> (i & 31u)) & 1u) == 1u;
     let finite = (bitcast<u32>(v) & 0x7f800000u) != 0x7f800000u;
     // -inf from v's bits at run time: Tint (Chrome) refuses -inf as a
@@ -60,7 +67,7 @@ fn value(i: u32) -> f32 {
     let neg_inf = bitcast<f32>((bitcast<u32>(v) & 0u) | 0xff800000u);
     return select(v, neg_inf, !on && finite);
 #else
-    return x[i];
+    return x[xo + i];
 #endif
 }
 fn index(i: u32) -> u32 {
@@ -83,14 +90,24 @@ fn key(v: f32) -> u32 {
 
 @compute @workgroup_size(256)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+#if ROWS
+    xo = wid.y * p.n;
+#if PARTIAL
+    let group = wid.y * (p.n / SLICE) + wid.x;
+#else
+    let group = wid.y;
+#endif
+#else
+    let group = wid.x;
+#endif
 #if PARTIAL
     let first = wid.x * SLICE;
     let end = select(first + SLICE, p.n, wid.x + 1u == p.n / SLICE);
-    let base = wid.x * p.k;
+    let base = group * p.k;
 #else
     let first = 0u;
     let end = p.n;
-    let base = 0u;
+    let base = group * p.k;
 #endif
     var prefix = 0u;
     var mask = 0u;

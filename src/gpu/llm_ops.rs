@@ -1171,10 +1171,11 @@ fn gemm_chunks(
 }
 
 /// Workgroups a GEMM of few tiles is split into over k ([`gemm_split`]):
-/// about one per multiprocessor of a large GPU (132 on the H100 and H200).
-const GEMM_SPLIT_WORKGROUPS: usize = 128;
+/// about two per multiprocessor of a large GPU (132 on the H100 and H200;
+/// 256 against 64, 128 and 512 in BENCHMARKS.md).
+const GEMM_SPLIT_WORKGROUPS: usize = 256;
 /// The most ways it splits.
-pub const GEMM_MOST_SPLITS: usize = 8;
+pub const GEMM_MOST_SPLITS: usize = 16;
 
 /// Ways [`gemm_split`] splits a product of `cols` output columns (a
 /// matrix's rows, every part) over k for `n` tokens: up to
@@ -2312,6 +2313,51 @@ fn argmax_params(n: usize) -> ArgmaxParams {
     }
 }
 
+// ---------------------------------------------------------------- sample
+
+#[repr(C)]
+#[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
+struct SampleParams {
+    n: u32,
+    _pad: [u32; 3],
+}
+const _: () = assert!(std::mem::size_of::<SampleParams>() == 16);
+
+kernel!(
+    SAMPLE_ROWS,
+    "sample_rows",
+    "sample.wgsl",
+    [
+        Binding::read("x"),
+        Binding::read("draws"),
+        Binding::write("out")
+    ],
+    SampleParams,
+    [&[]]
+);
+
+/// A token drawn from each of `rows` rows of x ([rows, n]) where the logits
+/// are, as [`crate::sampling::draw_unsorted`] draws it on the CPU: `draws`
+/// [rows] x 4 f32 ([`crate::sampling::Draw::to_gpu`]), `out` [rows, 2] u32,
+/// row r's (token, non-finite flag) at 2 r, as [`argmax_rows`] writes them.
+pub fn sample_rows(
+    gpu: &Gpu,
+    x: &wgpu::Buffer,
+    draws: &wgpu::Buffer,
+    out: &wgpu::Buffer,
+    n: usize,
+    rows: usize,
+) -> Result<Dispatch> {
+    let params = SampleParams {
+        n: n as u32,
+        _pad: [0; 3],
+    };
+    Ok(Dispatch {
+        bound: gpu.bind(&SAMPLE_ROWS, &Variant::default(), &[x, draws, out], &params)?,
+        groups: [rows as u32, 1, 1],
+    })
+}
+
 // ---------------------------------------------------------------- top_k
 
 #[repr(C)]
@@ -2363,6 +2409,76 @@ kernel!(
     TopKParams,
     [&["PARTIAL", "MASKED"]]
 );
+
+kernel!(
+    TOP_K_ROWS,
+    "top_k_rows",
+    "top_k.wgsl",
+    [Binding::read("x"), Binding::write("out")],
+    TopKParams,
+    [&["ROWS"], &["MERGE", "ROWS"]]
+);
+kernel!(
+    TOP_K_PART_ROWS,
+    "top_k_part_rows",
+    "top_k.wgsl",
+    [Binding::read("x"), Binding::write("out")],
+    TopKParams,
+    [&["PARTIAL", "ROWS"]]
+);
+
+/// [`top_k`] of each of `rows` rows of x ([rows, n]): `out` [rows, k, 2]
+/// u32, row r's k pairs (unordered) at 2 k r.
+pub fn top_k_rows(
+    gpu: &Gpu,
+    x: &wgpu::Buffer,
+    out: &wgpu::Buffer,
+    n: usize,
+    k: usize,
+    rows: usize,
+) -> Result<Vec<Dispatch>> {
+    assert!(
+        k <= MAX_TOP_K && k <= n && k > 0,
+        "top_k_rows: k = {k} of {n}"
+    );
+    let params = |n: usize| TopKParams {
+        n: n as u32,
+        k: k as u32,
+        _pad: [0; 2],
+    };
+    let rows = rows as u32;
+    if n < 2 * TOP_K_SLICE {
+        return Ok(vec![Dispatch {
+            bound: gpu.bind(&TOP_K_ROWS, &Variant::new(&["ROWS"]), &[x, out], &params(n))?,
+            groups: [1, rows, 1],
+        }]);
+    }
+    let groups = n / TOP_K_SLICE;
+    let cand = gpu.scratch(
+        "top-k row candidates",
+        (8 * k * groups * rows as usize) as u64,
+    )?;
+    Ok(vec![
+        Dispatch {
+            bound: gpu.bind(
+                &TOP_K_PART_ROWS,
+                &Variant::new(&["PARTIAL", "ROWS"]),
+                &[x, &cand],
+                &params(n),
+            )?,
+            groups: [groups as u32, rows, 1],
+        },
+        Dispatch {
+            bound: gpu.bind(
+                &TOP_K_ROWS,
+                &Variant::new(&["MERGE", "ROWS"]),
+                &[&cand, out],
+                &params(k * groups),
+            )?,
+            groups: [1, rows, 1],
+        },
+    ])
+}
 
 /// Most candidates [`top_k`] selects.
 pub const MAX_TOP_K: usize = 256;
@@ -2535,10 +2651,13 @@ pub static KERNELS: &[&Kernel] = &[
     &ARGMAX,
     &ARGMAX_PART_ROWS,
     &ARGMAX_ROWS,
+    &SAMPLE_ROWS,
     &TOP_K,
     &TOP_K_PART,
     &TOP_K_MASKED,
     &TOP_K_PART_MASKED,
+    &TOP_K_ROWS,
+    &TOP_K_PART_ROWS,
 ];
 
 #[cfg(test)]

@@ -183,6 +183,18 @@ pub const CASES: &[Case] = &[
         run: argmax_rows,
     },
     Case {
+        kernel: "sample_rows",
+        run: sample_rows,
+    },
+    Case {
+        kernel: "top_k_rows",
+        run: top_k_rows,
+    },
+    Case {
+        kernel: "top_k_part_rows",
+        run: top_k_rows,
+    },
+    Case {
         kernel: "top_k",
         run: top_k,
     },
@@ -1236,6 +1248,40 @@ fn top_k(gpu: &Gpu, v: &Variant) {
     }
 }
 
+/// The top-k of each row of a batch equals `cpu::top_k` of that row (tied
+/// values at the k-th, infinities), below and past two slices (the part
+/// and merge kernels).
+fn top_k_rows(gpu: &Gpu, _v: &Variant) {
+    let mut rng = Rng::new(24);
+    let slice = llm_ops::TOP_K_SLICE;
+    for n in [300, 2 * slice + 5, 65_536] {
+        let rows = 3;
+        let mut x: Vec<f32> = rng
+            .vec(rows * n, -8.0, 8.0)
+            .iter()
+            .map(|v| (v * 2.0).round() / 2.0)
+            .collect();
+        x[n + 7] = f32::INFINITY;
+        x[2 * n + n / 2] = f32::NEG_INFINITY;
+        for k in [1, 40, llm_ops::MAX_TOP_K] {
+            let gx = gpu.upload_f32("x", &x).unwrap();
+            let out = gpu
+                .upload_u32("out", &vec![u32::MAX; 2 * k * rows])
+                .unwrap();
+            run(
+                gpu,
+                &llm_ops::top_k_rows(gpu, &gx, &out, n, k, rows).unwrap(),
+            );
+            let raw = gpu.read_u32(&out).unwrap();
+            for r in 0..rows {
+                let got = llm_ops::sort_candidates(&raw[2 * k * r..2 * k * (r + 1)]);
+                let want = cpu::top_k(&x[r * n..(r + 1) * n], k);
+                assert_eq!(got, want, "top_k_rows n={n} k={k} row {r}");
+            }
+        }
+    }
+}
+
 fn top_k_part(gpu: &Gpu, _v: &Variant) {
     let mut rng = Rng::new(25);
     let slice = llm_ops::TOP_K_SLICE;
@@ -1764,6 +1810,94 @@ fn argmax_rows(gpu: &Gpu, _v: &Variant) {
             );
         }
         assert_eq!(got[5], 1, "argmax_rows n={n}: the infinity is flagged");
+    }
+}
+
+/// Tokens drawn from each row on the device are those the CPU's
+/// `draw_unsorted` draws (same weights, same order of sums): temperatures,
+/// min-p, draws at the ends of [0, 1), argmax rows (ties to the first), a
+/// row with a non-finite logit flagged, vocabularies below and above the 256
+/// blocks.
+fn sample_rows(gpu: &Gpu, _v: &Variant) {
+    use lfm::sampling::{draw_unsorted, finite_max, Draw};
+    let mut rng = Rng::new(35);
+    for n in [1, 100, 1000, 65_536] {
+        let draws = [
+            Draw {
+                u: 0.0,
+                inv_t: 1.0,
+                cut: f32::NEG_INFINITY,
+                sampled: true,
+            },
+            Draw {
+                u: 0.37,
+                inv_t: 1.0,
+                cut: f32::NEG_INFINITY,
+                sampled: true,
+            },
+            Draw {
+                u: 0.999_999_9,
+                inv_t: 1.0 / 0.7,
+                cut: f32::NEG_INFINITY,
+                sampled: true,
+            },
+            Draw {
+                u: 0.61,
+                inv_t: 1.0 / 1.5,
+                cut: 0.05f32.ln(),
+                sampled: true,
+            },
+            Draw {
+                u: 0.5,
+                inv_t: 0.25,
+                cut: f32::NEG_INFINITY,
+                sampled: true,
+            },
+            Draw::GREEDY,
+            Draw {
+                u: 0.8,
+                inv_t: 1.0,
+                cut: f32::NEG_INFINITY,
+                sampled: true,
+            },
+        ];
+        let rows = draws.len();
+        let mut x = rng.vec(rows * n, -4.0, 4.0);
+        // The greedy row ties at its maximum; the last row holds a NaN.
+        x[5 * n + n / 3] = 9.0;
+        x[6 * n - 1] = 9.0;
+        x[6 * n + n / 2] = f32::NAN;
+        let gx = gpu.upload_f32("x", &x).unwrap();
+        let params: Vec<f32> = draws.iter().flat_map(|d| d.to_gpu()).collect();
+        let gd = gpu.upload_f32("draws", &params).unwrap();
+        let out = gpu.upload_u32("out", &vec![u32::MAX; 2 * rows]).unwrap();
+        run(
+            gpu,
+            &[llm_ops::sample_rows(gpu, &gx, &gd, &out, n, rows).unwrap()],
+        );
+        let got = gpu.read_u32(&out).unwrap();
+        let mut weights = Vec::new();
+        for (r, d) in draws.iter().enumerate() {
+            let row = &x[r * n..(r + 1) * n];
+            let flagged = row.iter().any(|v| !v.is_finite());
+            assert_eq!(
+                got[2 * r + 1],
+                u32::from(flagged),
+                "sample_rows n={n} row {r}: flag"
+            );
+            if flagged {
+                continue;
+            }
+            let want = draw_unsorted(row, finite_max(row), *d, &mut weights);
+            assert_eq!(got[2 * r], want, "sample_rows n={n} row {r} ({d:?})");
+        }
+        if n > 1 {
+            assert_eq!(
+                got[10],
+                (n / 3) as u32,
+                "sample_rows n={n}: argmax ties to the first"
+            );
+        }
     }
 }
 
