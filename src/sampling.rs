@@ -159,6 +159,30 @@ impl Sampler {
         self.opts.temperature <= 0.0 && self.plain()
     }
 
+    /// The next draw as the GPU can make it where the logits are
+    /// (`sample_rows`), when it is the one [`Sampler::sample`] makes there
+    /// ([`draw_unsorted`]): a plain sampler (no bias, penalty, grammar or
+    /// log probabilities), greedy ([`Draw::GREEDY`]) or without top-k and
+    /// top-p; its uniform is taken from the seeded generator as `sample`
+    /// takes it. None otherwise, and nothing is taken. The token drawn is
+    /// then taken with [`Sampler::accept`].
+    pub fn device_draw(&mut self) -> Option<Draw> {
+        if !self.draws_on_device() {
+            return None;
+        }
+        Some(if self.opts.temperature <= 0.0 {
+            Draw::GREEDY
+        } else {
+            Draw::sampled(self.rng.next_f32(), &self.opts)
+        })
+    }
+
+    /// Whether [`Sampler::device_draw`] gives a draw (nothing is taken).
+    pub fn draws_on_device(&self) -> bool {
+        self.plain()
+            && (self.opts.temperature <= 0.0 || (self.opts.top_k == 0 && self.opts.top_p >= 1.0))
+    }
+
     /// True when the choice is the argmax among the tokens a grammar allows
     /// and nothing else moves it: a backend may then apply the grammar's
     /// mask ([`Sampler::token_mask`]) to the logits where they are (the
@@ -251,11 +275,9 @@ impl Sampler {
     /// The draw without top-k, without sorting the vocabulary (a sort of
     /// every logit per token was most of a sampled step's host time): top-p
     /// sorts only as many of the most likely tokens as its nucleus needs;
-    /// otherwise min-p is a threshold relative to the largest logit and the
-    /// draw walks the kept tokens in id order. Same distribution as
-    /// [`Sampler::sample_sorted`] over every token, other draws. The weights
-    /// use FMA where the CPU has it: one seed draws the same tokens on every
-    /// run of a machine, and may part at a near tie between machines.
+    /// otherwise [`draw_unsorted`], the draw the GPU makes too. Same
+    /// distribution as [`Sampler::sample_sorted`] over every token, other
+    /// draws.
     fn sample_unsorted(&mut self, logits: &[f32]) -> u32 {
         let max = finite_max(logits);
         if max == f32::NEG_INFINITY {
@@ -267,53 +289,8 @@ impl Sampler {
             let (cand, p) = self.finish_sorted(nucleus);
             return self.draw_in_order(&cand, &p);
         }
-        // Min-p keeps p >= min_p * p_max, that is l >= max + ln(min_p).
-        let cut = if self.opts.min_p > 0.0 {
-            max + self.opts.min_p.ln()
-        } else {
-            f32::NEG_INFINITY
-        };
-        let inv_t = 1.0 / self.opts.temperature;
-        let mut weights = std::mem::take(&mut self.weights);
-        weights.resize(logits.len(), 0.0);
-        let mut sums = vec![0.0; logits.len().div_ceil(CHUNK)];
-        #[cfg(target_arch = "x86_64")]
-        if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma")
-        {
-            // SAFETY: the CPU has AVX2 and FMA (checked above).
-            unsafe { unsorted_weights_fma(logits, max, cut, inv_t, &mut weights, &mut sums) };
-        } else {
-            unsorted_weights::<false>(logits, max, cut, inv_t, &mut weights, &mut sums);
-        }
-        #[cfg(not(target_arch = "x86_64"))]
-        unsorted_weights::<false>(logits, max, cut, inv_t, &mut weights, &mut sums);
-        let total: f64 = sums.iter().map(|&s| s as f64).sum();
-        let r = self.rng.next_f32() as f64 * total;
-        // The chunk where the running sum passes r, then the token in it.
-        let mut cum = 0.0;
-        let mut last = 0;
-        for (k, &s) in sums.iter().enumerate() {
-            if s > 0.0 {
-                last = k;
-                if r < cum + s as f64 {
-                    break;
-                }
-                cum += s as f64;
-            }
-        }
-        let chunk = &weights[last * CHUNK..((last + 1) * CHUNK).min(weights.len())];
-        let mut pick = None;
-        for (i, &w) in chunk.iter().enumerate() {
-            if w > 0.0 {
-                pick = Some(i);
-                cum += w as f64;
-                if r < cum {
-                    break;
-                }
-            }
-        }
-        self.weights = weights;
-        (last * CHUNK + pick.expect("a chunk with weight has a token of weight")) as u32
+        let draw = Draw::sampled(self.rng.next_f32(), &self.opts);
+        draw_unsorted(logits, max, draw, &mut self.weights)
     }
 
     /// The most likely tokens whose probability (over every finite logit,
@@ -587,12 +564,118 @@ impl Sampler {
     }
 }
 
-/// Logits a chunk of the unsorted draw's weights sums.
-const CHUNK: usize = 64;
+/// How a draw without sorting picks a token from one row of logits, the
+/// same on the CPU ([`draw_unsorted`]) and the GPU (`sample_rows`): `u`
+/// uniform in [0, 1), `inv_t` 1 / temperature, `cut` min-p's threshold
+/// below the largest logit (ln min_p; -inf for none); `sampled` false for
+/// the argmax instead.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Draw {
+    pub u: f32,
+    pub inv_t: f32,
+    pub cut: f32,
+    pub sampled: bool,
+}
+
+impl Draw {
+    /// The argmax (the first on ties).
+    pub const GREEDY: Draw = Draw {
+        u: 0.0,
+        inv_t: 1.0,
+        cut: f32::NEG_INFINITY,
+        sampled: false,
+    };
+
+    fn sampled(u: f32, o: &SamplingOptions) -> Draw {
+        Draw {
+            u,
+            inv_t: 1.0 / o.temperature,
+            // Min-p keeps p >= min_p * p_max, that is l >= max + ln(min_p).
+            cut: if o.min_p > 0.0 {
+                o.min_p.ln()
+            } else {
+                f32::NEG_INFINITY
+            },
+            sampled: true,
+        }
+    }
+
+    /// As the GPU kernel reads it: (u, inv_t, cut, 1 sampled / 0 argmax).
+    pub fn to_gpu(self) -> [f32; 4] {
+        [
+            self.u,
+            self.inv_t,
+            self.cut,
+            if self.sampled { 1.0 } else { 0.0 },
+        ]
+    }
+}
+
+/// Interleaved blocks of the unsorted draw: block b holds the tokens
+/// b, b + 256, b + 512, ... (one GPU thread's, read coalesced).
+pub const DRAW_BLOCKS: usize = 256;
+
+/// The unsorted draw of one row (`max` its largest finite logit): weights
+/// w = e^((l - max) inv_t) ([`exp_poly`], with FMA) for the finite logits at
+/// or above max + cut, summed per block in token order, the blocks' sums in
+/// block order; r = u x total; the token where the running sum (blocks,
+/// then the block's tokens) first passes r. All in f32 and in that order,
+/// as the GPU computes it, so both draw the same token but where their
+/// logits or a rounding of the exponential differ at a boundary.
+pub fn draw_unsorted(logits: &[f32], max: f32, draw: Draw, weights: &mut Vec<f32>) -> u32 {
+    if !draw.sampled {
+        return argmax(logits) as u32;
+    }
+    let cut = max + draw.cut;
+    weights.clear();
+    weights.resize(logits.len(), 0.0);
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
+        // SAFETY: the CPU has AVX2 and FMA (checked above).
+        unsafe { draw_weights_fma(logits, max, cut, draw.inv_t, weights) };
+    } else {
+        draw_weights::<false>(logits, max, cut, draw.inv_t, weights);
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    draw_weights::<false>(logits, max, cut, draw.inv_t, weights);
+    let mut sums = [0.0f32; DRAW_BLOCKS];
+    for c in weights.chunks(DRAW_BLOCKS) {
+        for (s, &w) in sums.iter_mut().zip(c) {
+            *s += w;
+        }
+    }
+    let total: f32 = sums.iter().fold(0.0, |a, &s| a + s);
+    let r = draw.u * total;
+    let mut cum = 0.0f32;
+    let mut last = None;
+    for (b, &s) in sums.iter().enumerate() {
+        if s > 0.0 {
+            last = Some(b);
+            if r < cum + s {
+                break;
+            }
+            cum += s;
+        }
+    }
+    let Some(b) = last else {
+        return argmax(logits) as u32;
+    };
+    let mut pick = b;
+    for j in (b..logits.len()).step_by(DRAW_BLOCKS) {
+        if weights[j] > 0.0 {
+            pick = j;
+            cum += weights[j];
+            if r < cum {
+                break;
+            }
+        }
+    }
+    pick as u32
+}
 
 /// The largest finite logit (-inf where none is), in 8 lanes (the loop
 /// vectorises).
-fn finite_max(logits: &[f32]) -> f32 {
+pub fn finite_max(logits: &[f32]) -> f32 {
     let mut lanes = [f32::NEG_INFINITY; 8];
     for c in logits.chunks(8) {
         for (m, &v) in lanes.iter_mut().zip(c) {
@@ -605,40 +688,23 @@ fn finite_max(logits: &[f32]) -> f32 {
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
-unsafe fn unsorted_weights_fma(
-    logits: &[f32],
-    max: f32,
-    cut: f32,
-    inv_t: f32,
-    weights: &mut [f32],
-    sums: &mut [f32],
-) {
-    unsorted_weights::<true>(logits, max, cut, inv_t, weights, sums)
+unsafe fn draw_weights_fma(logits: &[f32], max: f32, cut: f32, inv_t: f32, weights: &mut [f32]) {
+    draw_weights::<true>(logits, max, cut, inv_t, weights)
 }
 
-/// The unsorted draw's weights, e^((l - max) / t) for the finite logits at
-/// or above `cut` and 0 elsewhere, and their sums over each [`CHUNK`], in 8
-/// lanes (the loops vectorise); FMA: whether `mul_add` is one instruction.
+/// [`draw_unsorted`]'s weights (the loop vectorises); FMA: whether
+/// `mul_add` is one instruction.
 #[inline(always)]
-fn unsorted_weights<const FMA: bool>(
+fn draw_weights<const FMA: bool>(
     logits: &[f32],
     max: f32,
     cut: f32,
     inv_t: f32,
     weights: &mut [f32],
-    sums: &mut [f32],
 ) {
-    let chunks = weights.chunks_mut(CHUNK).zip(logits.chunks(CHUNK));
-    for ((w, l), sum) in chunks.zip(sums.iter_mut()) {
-        let mut acc = [0.0f32; 8];
-        for (w8, l8) in w.chunks_mut(8).zip(l.chunks(8)) {
-            for ((a, w), &l) in acc.iter_mut().zip(w8).zip(l8) {
-                let e = exp_poly::<FMA>((l - max) * inv_t);
-                *w = if l.is_finite() && l >= cut { e } else { 0.0 };
-                *a += *w;
-            }
-        }
-        *sum = acc.iter().sum();
+    for (w, &l) in weights.iter_mut().zip(logits) {
+        let e = exp_poly::<FMA>((l - max) * inv_t);
+        *w = if l.is_finite() && l >= cut { e } else { 0.0 };
     }
 }
 

@@ -12,7 +12,10 @@
 use super::kv_blocks::BlockUsage;
 use super::llm::{CausalLm, LlmConfig};
 use crate::error::{Error, Result};
-use crate::sampling::Sampler;
+use crate::sampling::{Draw, Sampler};
+
+/// A row's most likely tokens as (id, logit), most likely first.
+pub type Candidates = Vec<(u32, f32)>;
 
 pub type SeqId = u64;
 
@@ -85,6 +88,31 @@ pub trait BatchedLm {
     /// the token ids come back rather than every row's logits; None when
     /// the backend has no such path (the caller steps and samples).
     fn step_greedy_many(&mut self, _rows: &[(SeqId, u32)]) -> Option<Result<Vec<u32>>> {
+        None
+    }
+    /// How many of each row's most likely tokens
+    /// [`BatchedLm::step_candidates_many`] gives (0: it is not there).
+    fn candidates_on_device(&self) -> usize {
+        0
+    }
+    /// One decode step of every `(id, token)` together, each row's most
+    /// likely tokens ([`BatchedLm::candidates_on_device`] of them, sorted as
+    /// `cpu::top_k` sorts) selected on the backend, so only those come back
+    /// for the host's draw ([`Sampler::sample_top`]); None when the backend
+    /// has no such path.
+    fn step_candidates_many(&mut self, _rows: &[(SeqId, u32)]) -> Option<Result<Vec<Candidates>>> {
+        None
+    }
+    /// Whether [`BatchedLm::step_drawn_many`] is there (asked before the
+    /// draws are taken from the samplers).
+    fn draws_on_device(&self) -> bool {
+        false
+    }
+    /// One decode step of every `(id, token, draw)` together, each drawing
+    /// its next token on the backend as `draw` says
+    /// ([`crate::sampling::Sampler::device_draw`]), so only the token ids
+    /// come back; None when the backend has no such path.
+    fn step_drawn_many(&mut self, _rows: &[(SeqId, u32, Draw)]) -> Option<Result<Vec<u32>>> {
         None
     }
     /// Greedy decoding of every `(id, token)` together, as repeated

@@ -60,11 +60,11 @@ use crate::gpu::llm_ops::{
 };
 use crate::gpu::ops::{self, Dispatch};
 use crate::gpu::profile::{PassMarks, PassTimer, StepProfile};
-use crate::models::batch::{BatchedLm, SeqId, SeqWork};
+use crate::models::batch::{BatchedLm, Candidates, SeqId, SeqWork};
 use crate::models::kv_blocks::{blocks_for, chain, BlockPool, BlockUsage, BLOCK};
 use crate::models::llm::{attn_shape, conv_ring_rows, CausalLm, LayerKind, LlmConfig, Weights};
 use crate::models::recipe::{self, DecoderOps, Residual};
-use crate::sampling::Sampler;
+use crate::sampling::{Draw, Sampler};
 use std::collections::HashMap;
 use std::sync::Arc;
 
@@ -116,6 +116,13 @@ pub(super) struct BatchIo {
     /// left by the last step's argmax), then each row's argmax and
     /// non-finite flag.
     next: wgpu::Buffer,
+    /// [slots, 4] f32: each row's draw ([`crate::sampling::Draw::to_gpu`])
+    /// for a sampled step.
+    draws: wgpu::Buffer,
+    /// [slots, candidates, 2] u32: each row's most likely tokens as (id,
+    /// logit bits) pairs.
+    cand: wgpu::Buffer,
+    cand_staging: wgpu::Buffer,
     /// Two, for a step read back while the next one runs.
     next_staging: [wgpu::Buffer; 2],
     logits_staging: wgpu::Buffer,
@@ -171,6 +178,12 @@ impl BatchIo {
             )?,
             logits: f32s("batch logits", rows * cfg.vocab)?,
             next: f32s("batch next", rows * 2)?,
+            draws: f32s("batch draws", rows * 4)?,
+            cand: f32s("batch candidates", rows * candidates_per_row(cfg.vocab) * 2)?,
+            cand_staging: g.staging(
+                "batch candidates",
+                (rows * candidates_per_row(cfg.vocab) * 8) as u64,
+            ),
             next_staging: [
                 g.staging("batch next", (rows * 8) as u64),
                 g.staging("batch next 2", (rows * 8) as u64),
@@ -217,7 +230,8 @@ impl BatchIo {
         half: usize,
     ) -> u64 {
         let (src, len) = match want {
-            Want::Tokens => (&self.next, (n * 8) as u64),
+            Want::Tokens | Want::Drawn => (&self.next, (n * 8) as u64),
+            Want::Candidates => (&self.cand, (n * candidates_per_row(vocab) * 8) as u64),
             Want::Logits => (&self.logits, (n * vocab * 4) as u64),
         };
         enc.copy_buffer_to_buffer(src, 0, self.staging(want, half), 0, len);
@@ -228,7 +242,8 @@ impl BatchIo {
     /// of two, for a step read back while the next one runs).
     pub(super) fn staging(&self, want: Want, half: usize) -> &wgpu::Buffer {
         match want {
-            Want::Tokens => &self.next_staging[half],
+            Want::Tokens | Want::Drawn => &self.next_staging[half],
+            Want::Candidates => &self.cand_staging,
             Want::Logits => &self.logits_staging,
         }
     }
@@ -268,10 +283,13 @@ enum Op {
     Attention(llm_ops::Attention),
 }
 
-/// The recorded step of `n` rows and its argmax.
+/// The recorded step of `n` rows, its argmax, its draw and its selection
+/// of candidates.
 pub(super) struct Plan {
     ops: Vec<Op>,
     argmax: Vec<Dispatch>,
+    drawn: Dispatch,
+    select: Vec<Dispatch>,
 }
 
 impl Plan {
@@ -287,15 +305,21 @@ impl Plan {
         recipe::decoder(&rec.t.m.cfg, &mut rec)?;
         let (m, io) = (rec.t.m, rec.t.io);
         let argmax = llm_ops::argmax_rows(&m.gpu, &io.logits, &io.next, m.cfg.vocab, n)?;
+        let v = m.cfg.vocab;
+        let drawn = llm_ops::sample_rows(&m.gpu, &io.logits, &io.draws, &io.next, v, n)?;
+        let select =
+            llm_ops::top_k_rows(&m.gpu, &io.logits, &io.cand, v, candidates_per_row(v), n)?;
         Ok(Plan {
             ops: rec.ops,
             argmax,
+            drawn,
+            select,
         })
     }
 
     /// Records the step into `pass` (attention with `most_splits`, the most
-    /// of any row), with the argmax when `want` is tokens, calling `after`
-    /// after each dispatch with its kernel name.
+    /// of any row), with the argmax, the draw or the candidates `want` asks for,
+    /// calling `after` after each dispatch with its kernel name.
     pub(super) fn record(
         &self,
         pass: &mut wgpu::ComputePass<'_>,
@@ -306,8 +330,8 @@ impl Plan {
         self.record_part(pass, 0..self.ops.len(), most_splits, want, after);
     }
 
-    /// [`Plan::record`] of the operations in `ops` only, with the argmax
-    /// when the range ends the step.
+    /// [`Plan::record`] of the operations in `ops` only, with what `want`
+    /// asks for when the range ends the step.
     fn record_part(
         &self,
         pass: &mut wgpu::ComputePass<'_>,
@@ -326,11 +350,16 @@ impl Plan {
                 Op::Attention(a) => a.record_with(pass, most_splits, after),
             }
         }
-        if ends && want == Want::Tokens {
-            for d in &self.argmax {
-                d.record(pass);
-                after(pass, d.bound.name);
-            }
+        let last = match want {
+            _ if !ends => &[][..],
+            Want::Tokens => &self.argmax[..],
+            Want::Drawn => std::slice::from_ref(&self.drawn),
+            Want::Candidates => &self.select[..],
+            Want::Logits => &[],
+        };
+        for d in last {
+            d.record(pass);
+            after(pass, d.bound.name);
         }
     }
 
@@ -413,8 +442,18 @@ struct Held {
 /// What a batched step reads back.
 #[derive(Clone, Copy, PartialEq)]
 pub(super) enum Want {
+    /// Each row's argmax.
     Tokens,
+    /// Each row's token drawn by `sample_rows` (the draws in io.draws).
+    Drawn,
+    /// Each row's most likely tokens ([`candidates_per_row`]), unordered.
+    Candidates,
     Logits,
+}
+
+/// Candidates a batched step selects per row for the host's draw.
+fn candidates_per_row(vocab: usize) -> usize {
+    llm_ops::MAX_TOP_K.min(vocab)
 }
 
 pub struct GpuBatch {
@@ -1869,6 +1908,57 @@ impl BatchedLm for GpuBatch {
                 return Ok(vec![self.on_single(slot, 1, |m| m.step_greedy(token))?]);
             }
             row_tokens(&self.decode_rows(&rows, Want::Tokens)?)
+        };
+        Some(run())
+    }
+
+    fn draws_on_device(&self) -> bool {
+        true
+    }
+
+    fn candidates_on_device(&self) -> usize {
+        candidates_per_row(self.m.cfg.vocab)
+    }
+
+    fn step_candidates_many(&mut self, rows: &[(SeqId, u32)]) -> Option<Result<Vec<Candidates>>> {
+        let mut run = || -> Result<Vec<Candidates>> {
+            let slots = rows
+                .iter()
+                .map(|&(id, t)| Ok((self.slot_of(id)?, t)))
+                .collect::<Result<Vec<_>>>()?;
+            let k = candidates_per_row(self.m.cfg.vocab);
+            let raw: Vec<u32> =
+                bytemuck::pod_collect_to_vec(&self.decode_rows(&slots, Want::Candidates)?);
+            raw.chunks_exact(2 * k)
+                .map(|row| {
+                    let cand = llm_ops::sort_candidates(row);
+                    // A NaN or an infinity ranks first by its bits.
+                    let values: Vec<f32> = cand.iter().map(|c| c.1).collect();
+                    crate::models::llm::check_logits(&values)?;
+                    Ok(cand)
+                })
+                .collect()
+        };
+        Some(run())
+    }
+
+    fn step_drawn_many(&mut self, rows: &[(SeqId, u32, Draw)]) -> Option<Result<Vec<u32>>> {
+        let mut run = || -> Result<Vec<u32>> {
+            let slots = rows
+                .iter()
+                .map(|&(id, t, _)| Ok((self.slot_of(id)?, t)))
+                .collect::<Result<Vec<_>>>()?;
+            if let [(slot, token)] = slots[..] {
+                // A batch of one on the single path's kernels.
+                let draw = rows[0].2;
+                return Ok(vec![self.on_single(slot, 1, |m| m.step_drawn(token, draw))?]);
+            }
+            let draws: Vec<f32> = rows.iter().flat_map(|r| r.2.to_gpu()).collect();
+            self.m
+                .gpu
+                .queue
+                .write_buffer(&self.io.draws, 0, bytemuck::cast_slice(&draws));
+            row_tokens(&self.decode_rows(&slots, Want::Drawn)?)
         };
         Some(run())
     }

@@ -200,7 +200,7 @@ impl GpuLlm {
         let g = &*self.gpu;
         let io = &self.io;
         let (src, staging, len) = match what {
-            Readback::Token => (&io.token, &io.token_staging, super::TOKEN_BYTES),
+            Readback::Token | Readback::Drawn => (&io.token, &io.token_staging, super::TOKEN_BYTES),
             Readback::Candidates => (&io.cand, &io.cand_staging, 8 * self.top_k as u64),
             Readback::Logits => (&io.logits, &io.logits_staging, (self.cfg.vocab * 4) as u64),
         };
@@ -454,6 +454,7 @@ impl GpuLlm {
     ) {
         let last = match what {
             Readback::Token => &self.argmax[..],
+            Readback::Drawn => std::slice::from_ref(&self.drawn),
             Readback::Candidates => &self.select[..],
             Readback::Logits => &[],
         };

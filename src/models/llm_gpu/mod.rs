@@ -47,7 +47,7 @@ use crate::gpu::llm_ops::{self, GpuMatrix};
 use crate::gpu::ops::Dispatch;
 use crate::gpu::profile::StepProfile;
 use crate::gpu::Gpu;
-use crate::sampling::Sampler;
+use crate::sampling::{Draw, Sampler};
 use prefill::{PrefillScratch, PrefillWork};
 use std::sync::Arc;
 use upload::Uploader;
@@ -191,6 +191,8 @@ struct DecodeIo {
     token: wgpu::Buffer,
     /// [top_k, 2] u32: (id, logit bits) of the most likely tokens.
     cand: wgpu::Buffer,
+    /// [4] f32: the draw of a sampled step ([`crate::sampling::Draw::to_gpu`]).
+    draw: wgpu::Buffer,
     /// [ceil(vocab / 32)] u32: the tokens a grammar allows, bit id % 32 of
     /// word id / 32, for the masked argmax and top-k.
     mask: wgpu::Buffer,
@@ -208,6 +210,8 @@ enum Readback {
     Token,
     /// The top_k most likely tokens, for sampling.
     Candidates,
+    /// The token `sample_rows` drew (the draw in io.draw).
+    Drawn,
     Logits,
 }
 
@@ -243,6 +247,8 @@ pub struct GpuLlm {
     select: Vec<Dispatch>,
     /// The same among the tokens io.mask allows.
     masked_select: Vec<Dispatch>,
+    /// Draws a sampled step's token (io.draw) into io.token.
+    drawn: Dispatch,
     top_k: usize,
     prefill_chunk: usize,
     /// The last prefill's work buffers, reused while they are large enough
@@ -261,6 +267,17 @@ pub struct GpuLlm {
 }
 
 impl GpuLlm {
+    /// One decode step consuming `token` whose next token is drawn where
+    /// the logits are (`sample_rows`, [`crate::sampling::draw_unsorted`]'s
+    /// draw; the argmax for [`Draw::GREEDY`]): only the token leaves the
+    /// device.
+    pub(crate) fn step_drawn(&mut self, token: u32, draw: Draw) -> Result<u32> {
+        self.gpu
+            .queue
+            .write_buffer(&self.io.draw, 0, bytemuck::cast_slice(&draw.to_gpu()));
+        greedy_token(&self.decode(token, Readback::Drawn)?)
+    }
+
     /// Uploads the model and prepares decode. Fails (rather than panics) on
     /// an adapter that lacks the memory or limits, or rejects a kernel.
     pub fn new(
@@ -333,6 +350,7 @@ impl GpuLlm {
             logits: f32s("logits", cfg.vocab)?,
             token: f32s("token", 2)?,
             cand: f32s("candidates", 2 * llm_ops::MAX_TOP_K)?,
+            draw: f32s("draw", 4)?,
             mask: f32s("token mask", cfg.vocab.div_ceil(32))?,
             token_staging: g.staging("token", TOKEN_BYTES),
             token_staging2: g.staging("token", TOKEN_BYTES),
@@ -364,6 +382,7 @@ impl GpuLlm {
         let top_k = llm_ops::MAX_TOP_K.min(v);
         let select = llm_ops::top_k(g, &io.logits, None, &io.cand, v, top_k)?;
         let masked_select = llm_ops::top_k(g, &io.logits, mask, &io.cand, v, top_k)?;
+        let drawn = llm_ops::sample_rows(g, &io.logits, &io.draw, &io.token, v, 1)?;
         let mut m = GpuLlm {
             subgroups: gpu.caps.subgroups,
             gpu,
@@ -382,6 +401,7 @@ impl GpuLlm {
             masked_argmax,
             select,
             masked_select,
+            drawn,
             top_k,
             prefill_chunk: opts
                 .prefill_chunk
@@ -769,6 +789,11 @@ impl CausalLm for GpuLlm {
                 }
                 return sampler.sample_top_masked(allowed);
             }
+        }
+        if let Some(draw) = sampler.device_draw() {
+            let token = self.step_drawn(token, draw)?;
+            sampler.accept(token);
+            return Ok(token);
         }
         match sampler.candidates_needed() {
             Some(k) if k <= self.top_k || self.top_k == self.cfg.vocab => {

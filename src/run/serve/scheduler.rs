@@ -9,7 +9,7 @@ use crate::error::Error;
 use crate::grammar::{Constraint, Grammar, TokenTable};
 use crate::models::batch::{BatchedLm, SeqId, SeqWork};
 use crate::run::generate::{token_out, FinishReason, Logprob, StopFilter};
-use crate::sampling::{Sampler, SamplingOptions};
+use crate::sampling::{Draw, Sampler, SamplingOptions};
 use crate::tokenizer::{TextStream, Tokenizer};
 use std::collections::VecDeque;
 use std::rc::Rc;
@@ -390,6 +390,19 @@ pub fn run(
                 continue;
             }
         }
+        // Decode steps only, each drawn as the backend can draw it where
+        // the logits are (greedy, or sampling without top-k and top-p):
+        // the tokens come back, not every row's logits.
+        let draws: Option<Vec<Draw>> = (!all_greedy
+            && model.draws_on_device()
+            && plan
+                .iter()
+                .all(|(i, range)| range.is_empty() && running[*i].sampler.draws_on_device()))
+        .then(|| {
+            plan.iter()
+                .map(|(i, _)| running[*i].sampler.device_draw().expect("checked"))
+                .collect()
+        });
         let singles: Vec<[u32; 1]> = plan
             .iter()
             .map(|(i, _)| [running[*i].last.unwrap_or(0)])
@@ -424,11 +437,36 @@ pub fn run(
         let picked = if all_greedy {
             unwinding(|| model.step_greedy_many(&greedy_rows))
                 .unwrap_or_else(|| Some(Err(internal_error())))
+        } else if let Some(draws) = &draws {
+            let rows: Vec<(SeqId, u32, Draw)> = work
+                .iter()
+                .zip(draws)
+                .map(|(w, &d)| (w.id, w.tokens[0], d))
+                .collect();
+            unwinding(|| model.step_drawn_many(&rows))
+                .unwrap_or_else(|| Some(Err(internal_error())))
         } else {
             None
         };
+        // Decode steps only, each greedy or sampling from its top-k: the
+        // backend may select the candidates, and only those come back.
+        let room = model.candidates_on_device();
+        let from_candidates = picked.is_none()
+            && room > 0
+            && plan.iter().all(|(i, range)| {
+                let s = &running[*i].sampler;
+                range.is_empty()
+                    && (s.is_greedy() || s.candidates_needed().is_some_and(|k| k <= room))
+            });
         let result = match picked {
             Some(tokens) => tokens.map(|t| t.into_iter().map(Next::Token).collect::<Vec<_>>()),
+            None if from_candidates => {
+                let rows: Vec<(SeqId, u32)> = work.iter().map(|w| (w.id, w.tokens[0])).collect();
+                unwinding(|| model.step_candidates_many(&rows))
+                    .unwrap_or_else(|| Some(Err(internal_error())))
+                    .unwrap_or_else(|| Err(internal_error()))
+                    .map(|c| c.into_iter().map(Next::Candidates).collect())
+            }
             None => unwinding(|| model.step(&work))
                 .unwrap_or_else(|| Err(internal_error()))
                 .map(|l| l.into_iter().map(Next::Logits).collect()),
@@ -455,6 +493,14 @@ pub fn run(
                     let produced = unwinding(|| match &next {
                         Next::Logits(logits) => produce(r, logits, &eos, tokenizer, &metrics),
                         Next::Token(t) => accept(r, *t, &eos, tokenizer, &metrics),
+                        Next::Candidates(c) => {
+                            let t = if r.sampler.is_greedy() {
+                                c[0].0
+                            } else {
+                                r.sampler.sample_top(c.clone())
+                            };
+                            accept(r, t, &eos, tokenizer, &metrics)
+                        }
                     })
                     .unwrap_or_else(|| Err(internal_error()));
                     if let Err(e) = produced {
@@ -497,6 +543,8 @@ fn retire(model: &mut dyn BatchedLm, running: &mut Vec<Running>, finished: &[boo
 enum Next {
     Logits(Vec<f32>),
     Token(u32),
+    /// The most likely tokens, most likely first.
+    Candidates(Vec<(u32, f32)>),
 }
 
 /// Runs `f`, None when it panics: a panic in the model or the sampler fails
