@@ -889,3 +889,91 @@ fn gpu_batch_draws_as_each_sequence_alone_lfm2() {
 fn gpu_batch_draws_as_each_sequence_alone_llama() {
     check_drawn("tiny-llama");
 }
+
+/// Top-k samplers on the candidates path (`step_candidates_many`: each
+/// row's best tokens selected on the device, the draw on the host, as the
+/// server's scheduler does): every row draws what its sequence draws alone
+/// on the single path with the same seed, a greedy row among them.
+fn check_candidates(dir: &str) {
+    use lfm::sampling::{Sampler, SamplingOptions};
+    let Some(g) = gpu() else { return };
+    let path = common::repo().join("samples/fixtures/llm").join(dir);
+    let (cfg, w) = lfm::models::open_llm(&path).unwrap();
+    let vocab = cfg.vocab;
+    let opts = GpuLlmOptions {
+        prefill_chunk: Some(16),
+        ..Default::default()
+    };
+    let lens = [7, 16, 3, 21];
+    let prompts: Vec<Vec<u32>> = lens
+        .iter()
+        .enumerate()
+        .map(|(i, &n)| prompt(60 + i as u32, n, vocab))
+        .collect();
+    // llama.cpp's defaults (top-k 40, top-p 0.95, min-p 0.05) and others.
+    let sampling = |i: usize| SamplingOptions {
+        temperature: [1.0, 0.7, 0.0, 1.3][i],
+        top_k: [40, 5, 40, 200][i],
+        top_p: [0.95, 1.0, 1.0, 0.9][i],
+        min_p: [0.05, 0.0, 0.0, 0.0][i],
+        seed: 80 + i as u64,
+        ..Default::default()
+    };
+    let steps = 12;
+    let mut single = GpuLlm::new(g.clone(), &cfg, &w, &opts).unwrap();
+    let mut want = Vec::new();
+    for (i, p) in prompts.iter().enumerate() {
+        single.reset();
+        let mut sampler = Sampler::new(sampling(i));
+        let mut seq = vec![argmax(&single.forward(p, false).unwrap())];
+        for _ in 0..steps {
+            let t = single
+                .step_sample(*seq.last().unwrap(), &mut sampler, &[])
+                .unwrap();
+            seq.push(t);
+        }
+        want.push(seq);
+    }
+    let greedy = greedy_alone(&g, &cfg, &w, &opts, &prompts, steps);
+    assert_eq!(
+        want[2], greedy[2],
+        "{dir}: a greedy row alone is the argmax"
+    );
+    assert!(
+        [0, 1, 3].iter().any(|&i| want[i] != greedy[i]),
+        "{dir}: no sampled row left the argmax"
+    );
+
+    let mut b = GpuBatch::new(g, &cfg, &w, &opts, lens.len(), lens.len() * 64).unwrap();
+    assert!(b.candidates_on_device() >= 200, "{dir}: candidates a row");
+    let (ids, mut got) = prefill_together(&mut b, &prompts);
+    let mut samplers: Vec<Sampler> = (0..lens.len()).map(|i| Sampler::new(sampling(i))).collect();
+    for _ in 0..steps {
+        let rows = last_rows(&ids, &got);
+        let cands = b
+            .step_candidates_many(&rows)
+            .expect("candidates on the GPU")
+            .unwrap();
+        for ((g, s), c) in got.iter_mut().zip(&mut samplers).zip(cands) {
+            g.push(if s.is_greedy() {
+                c[0].0
+            } else {
+                s.sample_top(c)
+            });
+        }
+    }
+    assert_eq!(
+        got, want,
+        "{dir}: a batch's top-k draws against each sequence alone"
+    );
+}
+
+#[test]
+fn gpu_batch_top_k_candidates_as_each_sequence_alone_lfm2() {
+    check_candidates("tiny-lfm2");
+}
+
+#[test]
+fn gpu_batch_top_k_candidates_as_each_sequence_alone_llama() {
+    check_candidates("tiny-llama");
+}
