@@ -36,25 +36,6 @@ struct Params { n: u32, groups: u32, _p1: u32, _p2: u32 }
 #endif
 
 const CHUNK: u32 = 1024u;
-const NONE: u32 = 0xffffffffu;
-// The exponent bits of an f32: all set for an infinity or a NaN.
-const EXPONENT: u32 = 0x7f800000u;
-
-var<workgroup> bv: array<f32, 256>;
-var<workgroup> bi: array<u32, 256>;
-var<workgroup> bf: array<u32, 256>;
-
-// (v, i) beats (w, j): strictly greater, or the same value earlier; an empty
-// slot (index NONE) loses to anything.
-fn better(v: f32, i: u32, w: f32, j: u32) -> bool {
-    if (i == NONE) {
-        return false;
-    }
-    if (j == NONE) {
-        return true;
-    }
-    return v > w || (v == w && i < j);
-}
 
 @compute @workgroup_size(256)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
@@ -107,20 +88,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         }
     }
 #endif
-    bv[lid] = v;
-    bi[lid] = i;
-    bf[lid] = flag;
-    workgroupBarrier();
-    for (var s = 128u; s > 0u; s >>= 1u) {
-        if (lid < s) {
-            if (better(bv[lid + s], bi[lid + s], bv[lid], bi[lid])) {
-                bv[lid] = bv[lid + s];
-                bi[lid] = bi[lid + s];
-            }
-            bf[lid] = max(bf[lid], bf[lid + s]);
-        }
-        workgroupBarrier();
-    }
+    workgroup_best(lid, v, i, flag);
     if (lid == 0u) {
 #if PARTIAL
         part[po] = bitcast<u32>(bv[0]);

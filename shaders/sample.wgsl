@@ -24,13 +24,6 @@ struct Params { n: u32, _p0: u32, _p1: u32, _p2: u32 }
 @group(0) @binding(2) var<storage, read> draws: array<vec4<f32>>;
 @group(0) @binding(3) var<storage, read_write> out: array<u32>;
 
-const NONE: u32 = 0xffffffffu;
-// The exponent bits of an f32: all set for an infinity or a NaN.
-const EXPONENT: u32 = 0x7f800000u;
-
-var<workgroup> bv: array<f32, 256>;
-var<workgroup> bi: array<u32, 256>;
-var<workgroup> bf: array<u32, 256>;
 var<workgroup> sums: array<f32, 256>;
 
 fn finite(v: f32) -> bool {
@@ -59,18 +52,6 @@ fn exp_poly(x0: f32) -> f32 {
     return e * scale;
 }
 
-// (v, i) beats (w, j): strictly greater, or the same value earlier; an empty
-// slot (index NONE) loses to anything.
-fn better(v: f32, i: u32, w: f32, j: u32) -> bool {
-    if (i == NONE) {
-        return false;
-    }
-    if (j == NONE) {
-        return true;
-    }
-    return v > w || (v == w && i < j);
-}
-
 @compute @workgroup_size(256)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
     let row = wid.x;
@@ -88,20 +69,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
             i = j;
         }
     }
-    bv[lid] = v;
-    bi[lid] = i;
-    bf[lid] = flag;
-    workgroupBarrier();
-    for (var s = 128u; s > 0u; s >>= 1u) {
-        if (lid < s) {
-            if (better(bv[lid + s], bi[lid + s], bv[lid], bi[lid])) {
-                bv[lid] = bv[lid + s];
-                bi[lid] = bi[lid + s];
-            }
-            bf[lid] = max(bf[lid], bf[lid + s]);
-        }
-        workgroupBarrier();
-    }
+    workgroup_best(lid, v, i, flag);
     let max_v = bv[0];
     let best = bi[0];
     let cut = max_v + d.z;

@@ -2167,7 +2167,7 @@ const _: () = assert!(std::mem::size_of::<ArgmaxParams>() == 16);
 kernel!(
     ARGMAX_PART,
     "argmax_part",
-    "argmax.wgsl",
+    ["best.wgsl", "argmax.wgsl"],
     [Binding::read("x"), Binding::write("part")],
     ArgmaxParams,
     [&["PARTIAL"]]
@@ -2175,7 +2175,7 @@ kernel!(
 kernel!(
     ARGMAX_PART_MASKED,
     "argmax_part_masked",
-    "argmax.wgsl",
+    ["best.wgsl", "argmax.wgsl"],
     [
         Binding::read("x"),
         Binding::write("part"),
@@ -2187,7 +2187,7 @@ kernel!(
 kernel!(
     ARGMAX,
     "argmax",
-    "argmax.wgsl",
+    ["best.wgsl", "argmax.wgsl"],
     [Binding::read("part"), Binding::write("out")],
     ArgmaxParams,
     [&[]]
@@ -2196,7 +2196,7 @@ kernel!(
 kernel!(
     ARGMAX_PART_ROWS,
     "argmax_part_rows",
-    "argmax.wgsl",
+    ["best.wgsl", "argmax.wgsl"],
     [Binding::read("x"), Binding::write("part")],
     ArgmaxParams,
     [&["PARTIAL", "ROWS"]]
@@ -2204,7 +2204,7 @@ kernel!(
 kernel!(
     ARGMAX_ROWS,
     "argmax_rows",
-    "argmax.wgsl",
+    ["best.wgsl", "argmax.wgsl"],
     [Binding::read("part"), Binding::write("out")],
     ArgmaxParams,
     [&["ROWS"]]
@@ -2326,7 +2326,7 @@ const _: () = assert!(std::mem::size_of::<SampleParams>() == 16);
 kernel!(
     SAMPLE_ROWS,
     "sample_rows",
-    "sample.wgsl",
+    ["best.wgsl", "sample.wgsl"],
     [
         Binding::read("x"),
         Binding::read("draws"),
