@@ -809,6 +809,34 @@ fn gpu_batch_run_ahead_stops_when_the_cache_is_full() {
     );
 }
 
+/// Each prompt's tokens alone on the single-sequence GPU model, sampled
+/// with `sampling(i)` for prompt i: the prompt's argmax, then `steps` draws.
+fn sampled_alone(
+    g: &Arc<Gpu>,
+    cfg: &lfm::models::llm::LlmConfig,
+    w: &lfm::models::llm::Weights,
+    opts: &GpuLlmOptions,
+    prompts: &[Vec<u32>],
+    sampling: &dyn Fn(usize) -> lfm::sampling::SamplingOptions,
+    steps: usize,
+) -> Vec<Vec<u32>> {
+    let mut single = GpuLlm::new(g.clone(), cfg, w, opts).unwrap();
+    let mut want = Vec::new();
+    for (i, p) in prompts.iter().enumerate() {
+        single.reset();
+        let mut sampler = lfm::sampling::Sampler::new(sampling(i));
+        let mut seq = vec![argmax(&single.forward(p, false).unwrap())];
+        for _ in 0..steps {
+            let t = single
+                .step_sample(*seq.last().unwrap(), &mut sampler, &[])
+                .unwrap();
+            seq.push(t);
+        }
+        want.push(seq);
+    }
+    want
+}
+
 /// Sampled sequences drawn where the logits are (`step_drawn_many`, the
 /// batch-invariant products): each row of a batch draws what its sequence
 /// draws alone on the single path with the same seed, greedy rows among
@@ -836,20 +864,7 @@ fn check_drawn(dir: &str) {
         ..Default::default()
     };
     let steps = 12;
-    let mut single = GpuLlm::new(g.clone(), &cfg, &w, &opts).unwrap();
-    let mut want = Vec::new();
-    for (i, p) in prompts.iter().enumerate() {
-        single.reset();
-        let mut sampler = Sampler::new(sampling(i));
-        let mut seq = vec![argmax(&single.forward(p, false).unwrap())];
-        for _ in 0..steps {
-            let t = single
-                .step_sample(*seq.last().unwrap(), &mut sampler, &[])
-                .unwrap();
-            seq.push(t);
-        }
-        want.push(seq);
-    }
+    let want = sampled_alone(&g, &cfg, &w, &opts, &prompts, &sampling, steps);
     let greedy = greedy_alone(&g, &cfg, &w, &opts, &prompts, steps);
     assert_eq!(
         want[3], greedy[3],
@@ -920,20 +935,7 @@ fn check_candidates(dir: &str) {
         ..Default::default()
     };
     let steps = 12;
-    let mut single = GpuLlm::new(g.clone(), &cfg, &w, &opts).unwrap();
-    let mut want = Vec::new();
-    for (i, p) in prompts.iter().enumerate() {
-        single.reset();
-        let mut sampler = Sampler::new(sampling(i));
-        let mut seq = vec![argmax(&single.forward(p, false).unwrap())];
-        for _ in 0..steps {
-            let t = single
-                .step_sample(*seq.last().unwrap(), &mut sampler, &[])
-                .unwrap();
-            seq.push(t);
-        }
-        want.push(seq);
-    }
+    let want = sampled_alone(&g, &cfg, &w, &opts, &prompts, &sampling, steps);
     let greedy = greedy_alone(&g, &cfg, &w, &opts, &prompts, steps);
     assert_eq!(
         want[2], greedy[2],
