@@ -86,6 +86,25 @@ fn allowed(g: &Gpu, products: BatchProducts) -> f32 {
     }
 }
 
+/// The token a sequence alone picked at a step where the batch picked `t`,
+/// to go on from: the same one, or, with the GEMM's products (which part
+/// from the sums alone by up to `allowed` of the largest logit), one whose
+/// logit alone is within twice that of the one picked alone (a near tie,
+/// which those products may break the other way). So every later step is
+/// compared on the history alone.
+fn follow(alone: &(u32, Vec<f32>), t: u32, allowed: f32, at: &str) -> u32 {
+    let (w, l) = alone;
+    if t != *w {
+        let most = l.iter().fold(0f32, |m, x| m.max(x.abs()));
+        let gap = (l[*w as usize] - l[t as usize]) / most;
+        assert!(
+            gap <= 2.0 * allowed,
+            "{at}: picked {t} where alone picked {w}, {gap:e} of the largest logit below it"
+        );
+    }
+    *w
+}
+
 fn check(dir: &str, products: BatchProducts) {
     let Some(g) = gpu() else { return };
     let path = common::repo().join("samples/fixtures/llm").join(dir);
@@ -150,7 +169,9 @@ fn check(dir: &str, products: BatchProducts) {
                 .expect("a GPU greedy step")
                 .unwrap();
             for (&i, t) in live.iter().zip(next) {
-                got[i].push(t);
+                let k = got[i].len();
+                let at = format!("{dir} ({products:?}): sequence {i} step {k}");
+                got[i].push(follow(&want[i][k], t, allowed(&g, products), &at));
             }
         } else {
             // Prompt chunks of at most 7 tokens beside decode steps; the
@@ -186,7 +207,8 @@ fn check(dir: &str, products: BatchProducts) {
                      by {by:e} of the largest"
                 );
                 parted += usize::from(!bits_equal(&l, &want[i][k].1));
-                got[i].push(argmax(&l));
+                let at = format!("{dir} ({products:?}): sequence {i} step {k}");
+                got[i].push(follow(&want[i][k], argmax(&l), allowed(&g, products), &at));
             }
         }
         step += 1;
@@ -219,15 +241,15 @@ fn check(dir: &str, products: BatchProducts) {
     let next = b.step_greedy_many(&[(id, more[3]), (ids[1].unwrap(), got[1][steps])]);
     more.push(next.unwrap().unwrap()[0]);
     let mut single = GpuLlm::new(gpu().unwrap(), &cfg, &w, &opts).unwrap();
-    let longer: Vec<u32> = alone(&mut single, &prompts[i], steps + 5)
-        .iter()
-        .map(|x| x.0)
-        .collect();
-    assert_eq!(
-        &longer[steps + 1..],
-        &more[..],
-        "{dir}: greedy_run from a slot"
-    );
+    let longer = alone(&mut single, &prompts[i], steps + 5);
+    // A run picks its own tokens: with the GEMM's products its cache parts
+    // from the one alone, and a near tie may send it elsewhere from there.
+    for (j, &t) in more.iter().enumerate() {
+        let at = format!("{dir} ({products:?}): greedy_run from a slot, token {j}");
+        if follow(&longer[steps + 1 + j], t, allowed(&g, products), &at) != t {
+            break;
+        }
+    }
 
     // Every place taken: admission waits; a prompt past what a sequence
     // may hold is an error (the server clamps requests to that context).
