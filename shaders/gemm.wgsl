@@ -63,7 +63,6 @@ struct Params {
 @group(0) @binding(3) var<storage, read_write> y: array<f32>;
 #endif
 
-const BK: u32 = 32u;
 #if WIDE
 // 2 x 2 cooperative matrices a subgroup (COOP only)
 const FR: u32 = 2u;
@@ -135,19 +134,19 @@ fn weight_row(tile: u32, r: u32) -> u32 {
 }
 
 #if NORM
-// NORM: 8 threads share each token's values, 4 of every k-step; their sums
+// NORM: XL threads share each token's values, 4 of every k-step; their sums
 // of squares give the tokens' scales 1 / sqrt(mean + eps).
 var<workgroup> tscale: array<f32, BM>;
 
 // NORM: the tokens' scales into tscale from their threads' sums of squares
-// in cs[token * 8 + i] (every thread calls it, in uniform control flow,
+// in cs[token * XL + i] (every thread calls it, in uniform control flow,
 // after storing its sums).
 fn token_scales(lid: u32) {
     workgroupBarrier();
     if (lid < BM) {
         var t = 0.0;
-        for (var i = 0u; i < 8u; i++) {
-            t += cs[lid * 8u + i];
+        for (var i = 0u; i < XL; i++) {
+            t += cs[lid * XL + i];
         }
 #if SPLIT
         tscale[lid] = t;
@@ -171,62 +170,78 @@ fn nw4(e0: u32) -> vec4<f32> {
 #endif
 
 #if COOP
+// k per step (the portable kernel's is 32): a step's loads and barriers
+// serve twice the multiplies (BENCHMARKS.md, thirty-third session: 32 and
+// 128 measured slower). GemmKernel::k_step in llm_ops.rs says the same.
+const BK: u32 = 64u;
 // Row strides of the tiles in workgroup memory: the f16 tiles padded (the
 // coop loads want 16-byte multiples; the padding spreads rows over banks)
-// and held as vec4s (LDA / 4 a row). WIDE's f32 output tile is unpadded, as
-// its tiles and output must fit in 48 KiB.
-const LDA: u32 = 40u;
-const LDA4: u32 = 10u;
+// and held as vec4s (LDA / 4 a row). WIDE's f32 output tile is unpadded and
+// holds half the tile's tokens at a time (CT), as its tiles and output must
+// fit in 48 KiB.
+const LDA: u32 = BK + 8u;
+const LDA4: u32 = LDA / 4u;
 #if WIDE
 const LDC: u32 = BN;
+const CT: u32 = BM / 2u;
 #else
 const LDC: u32 = BN + 4u;
+const CT: u32 = BM;
 #endif
+// How the 256 threads share a k-step's loads: WL threads a weight row (8
+// values each), WP rows a pass, PW passes; XL threads a token (4 values
+// each), XP tokens a pass, PX passes.
+const WL: u32 = BK / 8u;
+const WP: u32 = 256u / WL;
+const PW: u32 = BN / WP;
+const XL: u32 = BK / 4u;
+const XP: u32 = 256u / XL;
+const PX: u32 = BM / XP;
 
 var<workgroup> ws: array<vec4<f16>, BN * LDA4>; // [BN][LDA4]: weights, row-major A
 var<workgroup> xs: array<vec4<f16>, BM * LDA4>; // [BM][LDA4]: tokens, column-major B
-var<workgroup> cs: array<f32, BM * LDC>; // [BM][LDC]: output, column-major C
+var<workgroup> cs: array<f32, CT * LDC>; // [CT][LDC]: output, column-major C
 
 // The words elements e0..e0+7 of weight row `row` are made from (w8_raw),
-// zeros past k.
-fn w_tile(row: u32, e0: u32) -> W8Raw {
-    if (e0 < p.k) {
+// zeros from `end` on (k, or the end of a SPLIT's span).
+fn w_tile(row: u32, e0: u32, end: u32) -> W8Raw {
+    if (e0 < end) {
         return w8_raw(row, e0, p.k, p.d_off);
     }
     return W8Raw();
 }
 
-// Values e0..e0+3 of the activation row starting at `at`, zero past k.
-fn x_tile(at: u32, e0: u32) -> vec4<f32> {
+// Values e0..e0+3 of the activation row starting at `at`, zero from `end` on.
+fn x_tile(at: u32, e0: u32, end: u32) -> vec4<f32> {
     var v = vec4<f32>(0.0);
     for (var i = 0u; i < 4u; i++) {
-        if (e0 + i < p.k) {
+        if (e0 + i < end) {
             v[i] = x[at + e0 + i];
         }
     }
     return v;
 }
 
-// A thread's share of one k-step: 8 weights of FR rows (r + 64 i), 4 values
-// of FT tokens (t + 32 j), NORM: and the norm weights of those values.
+// A thread's share of one k-step: 8 weights of PW rows (r + WP i), 4 values
+// of PX tokens (t + XP j), NORM: and the norm weights of those values.
 // Neighbouring threads read neighbouring words. The weights are held as
 // loaded (w8_raw) and decoded when stored: fewer registers held through the
 // multiplies (on the H200, prefill 21% faster with F16 weights, 16% Q8_0).
 struct Stage {
-    w: array<W8Raw, FR>,
-    x: array<vec4<f32>, FT>,
+    w: array<W8Raw, PW>,
+    x: array<vec4<f32>, PX>,
 #if NORM
     g: vec4<f32>,
 #endif
 }
 
-fn load_stage(wrow: array<u32, FR>, we: u32, xat: array<u32, FT>, xe: u32) -> Stage {
+fn load_stage(wrow: array<u32, PW>, we: u32, xat: array<u32, PX>, xe: u32, end: u32) -> Stage {
     var s: Stage;
-    for (var i = 0u; i < FR; i++) {
-        s.w[i] = w_tile(wrow[i], we);
+    for (var i = 0u; i < PW; i++) {
+        s.w[i] = w_tile(wrow[i], we, end);
     }
-    for (var j = 0u; j < FT; j++) {
-        s.x[j] = x_tile(xat[j], xe);
+    for (var j = 0u; j < PX; j++) {
+        s.x[j] = x_tile(xat[j], xe, end);
     }
 #if NORM
     s.g = nw4(xe);
@@ -251,17 +266,17 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>,
     let st = (sg >> 2u) * 16u * FT;
     // This thread's rows and tokens of the tiles (see Stage); tokens past n
     // read token n - 1 (their sums are dropped).
-    let wr = lid >> 2u;
-    let wc = (lid & 3u) * 8u;
-    var wrow: array<u32, FR>;
-    for (var i = 0u; i < FR; i++) {
-        wrow[i] = weight_row(wid.x, wr + 64u * i);
+    let wr = lid / WL;
+    let wc = (lid % WL) * 8u;
+    var wrow: array<u32, PW>;
+    for (var i = 0u; i < PW; i++) {
+        wrow[i] = weight_row(wid.x, wr + WP * i);
     }
-    let xt = lid >> 3u;
-    let xc = (lid & 7u) * 4u;
-    var xat: array<u32, FT>;
-    for (var j = 0u; j < FT; j++) {
-        xat[j] = min(tok_base + xt + 32u * j, p.n - 1u) * p.x_stride;
+    let xt = lid / XL;
+    let xc = (lid % XL) * 4u;
+    var xat: array<u32, PX>;
+    for (var j = 0u; j < PX; j++) {
+        xat[j] = min(tok_base + xt + XP * j, p.n - 1u) * p.x_stride;
     }
     var c00 = coop_mat16x16<f32, C>();
 #if WIDE
@@ -270,30 +285,31 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>,
     var c11 = coop_mat16x16<f32, C>();
 #endif
 #if NORM
-    var ss: array<f32, FT>;
+    var ss: array<f32, PX>;
 #endif
     let kb = k_begin(wid.z);
-    var v = load_stage(wrow, kb + wc, xat, kb + xc);
-    for (var k0 = kb; k0 < k_end(wid.z); k0 += BK) {
-        for (var i = 0u; i < FR; i++) {
-            let wa = (wr + 64u * i) * LDA4 + wc / 4u;
+    let ke = k_end(wid.z);
+    var v = load_stage(wrow, kb + wc, xat, kb + xc, ke);
+    for (var k0 = kb; k0 < ke; k0 += BK) {
+        for (var i = 0u; i < PW; i++) {
+            let wa = (wr + WP * i) * LDA4 + wc / 4u;
             let wv = w8_unpack(v.w[i]);
             ws[wa] = vec4<f16>(wv.a);
             ws[wa + 1u] = vec4<f16>(wv.b);
         }
-        for (var j = 0u; j < FT; j++) {
+        for (var j = 0u; j < PX; j++) {
             var xv = v.x[j];
 #if NORM
             ss[j] += dot(xv, xv);
             xv *= v.g;
 #endif
-            xs[(xt + 32u * j) * LDA4 + xc / 4u] = vec4<f16>(xv);
+            xs[(xt + XP * j) * LDA4 + xc / 4u] = vec4<f16>(xv);
         }
         workgroupBarrier();
-        v = load_stage(wrow, k0 + BK + wc, xat, k0 + BK + xc);
+        v = load_stage(wrow, k0 + BK + wc, xat, k0 + BK + xc, ke);
         // Every index and stride a `let` of its own.
         let lda = LDA4;
-        for (var kk = 0u; kk < 2u; kk++) {
+        for (var kk = 0u; kk < BK / 16u; kk++) {
             let ia = sr * LDA4 + kk * 4u;
             let ib = st * LDA4 + kk * 4u;
             let a0 = coopLoadT<coop_mat16x16<f16, A>>(&ws[ia], lda);
@@ -313,53 +329,64 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>,
     }
 #if NORM
     // The sums of squares go through cs before it holds the output.
-    for (var j = 0u; j < FT; j++) {
-        cs[(xt + 32u * j) * 8u + (lid & 7u)] = ss[j];
+    for (var j = 0u; j < PX; j++) {
+        cs[(xt + XP * j) * XL + lid % XL] = ss[j];
     }
     token_scales(lid);
 #if SPLIT
     store_sums_of_squares(wid, lid, tok_base);
 #endif
 #endif
-    // C stored column-major (cs[t * LDC + r]): the threads below read
+    // C stored column-major (cs[t * LDC + r]), CT tokens at a time: the
+    // subgroups holding those tokens store them, then the threads below read
     // consecutive rows from consecutive words.
     let ldc = LDC;
-    let i00 = st * LDC + sr;
-    coopStore(c00, &cs[i00], ldc);
+    for (var h = 0u; h < BM / CT; h++) {
+        if (st / CT == h) {
+            let i00 = (st - h * CT) * LDC + sr;
+            coopStore(c00, &cs[i00], ldc);
 #if WIDE
-    let i01 = i00 + 16u * LDC;
-    let i10 = i00 + 16u;
-    let i11 = i01 + 16u;
-    coopStore(c01, &cs[i01], ldc);
-    coopStore(c10, &cs[i10], ldc);
-    coopStore(c11, &cs[i11], ldc);
+            let i01 = i00 + 16u * LDC;
+            let i10 = i00 + 16u;
+            let i11 = i01 + 16u;
+            coopStore(c01, &cs[i01], ldc);
+            coopStore(c10, &cs[i10], ldc);
+            coopStore(c11, &cs[i11], ldc);
 #endif
-    workgroupBarrier();
+        }
+        workgroupBarrier();
+        epilogue(wid, lid, row_base, tok_base, h * CT);
+        workgroupBarrier();
+    }
+}
+
+// The output tile's tokens t0 .. t0 + CT, held in cs, into y.
+fn epilogue(wid: vec3<u32>, lid: u32, row_base: u32, tok_base: u32, t0: u32) {
 #if SWIGLU
     const HALF: u32 = BN / 2u;
-    for (var i = 0u; i < HALF * BM / 256u; i++) {
+    for (var i = 0u; i < HALF * CT / 256u; i++) {
         let g = lid + 256u * i;
         let r = g % HALF;
         let t = g / HALF;
         let row = wid.x * HALF + r;
-        let tok = tok_base + t;
+        let tok = tok_base + t0 + t;
         if (row < p.part_rows && tok < p.n) {
 #if SPLIT
             store_gate_up(wid.z, tok, row, cs[t * LDC + r], cs[t * LDC + r + HALF]);
 #else
-            let gate = cs[t * LDC + r] * tscale[t];
-            let up = cs[t * LDC + r + HALF] * tscale[t];
+            let gate = cs[t * LDC + r] * tscale[t0 + t];
+            let up = cs[t * LDC + r + HALF] * tscale[t0 + t];
             y[tok * p.y_stride + p.out_off + row] = gate_act(gate) * up;
 #endif
         }
     }
 #else
-    for (var i = 0u; i < BN * BM / 256u; i++) {
+    for (var i = 0u; i < BN * CT / 256u; i++) {
         let g = lid + 256u * i;
         let r = g % BN;
         let t = g / BN;
         let row = row_base + r;
-        let tok = tok_base + t;
+        let tok = tok_base + t0 + t;
         if (row < p.rows && tok < p.n) {
             let col = (row / p.part_rows) * p.part_stride + p.out_off + row % p.part_rows;
             let at = split_base(wid.z) + tok * p.y_stride + col;
@@ -369,7 +396,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>,
 #if ADD
             y[at] = y[at] + cs[t * LDC + r];
 #else
-            y[at] = cs[t * LDC + r] * tscale[t]; // NORM
+            y[at] = cs[t * LDC + r] * tscale[t0 + t]; // NORM
 #endif
 #endif
         }
@@ -377,6 +404,10 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>,
 #endif
 }
 #else
+
+const BK: u32 = 32u;
+// Threads a token's values (and sums of squares) are spread over.
+const XL: u32 = 8u;
 
 var<workgroup> ws: array<f32, 2048>; // [BK][BN]
 var<workgroup> xs: array<f32, 1024>; // [BM][BK]

@@ -97,13 +97,13 @@ type PipelineKey = (&'static str, String);
 
 /// Most workgroup memory a COOP kernel declares, but for the WIDE GEMM:
 /// prefill_attention's f16 key/value tile of 64 x 72, f32 scores of
-/// 4 x 16 x 36 and f16 probabilities of 4 x 16 x 40 (the GEMM's: 16.1 KiB).
+/// 4 x 16 x 36 and f16 probabilities of 4 x 16 x 40 (the GEMM's: 22.1 KiB).
 const COOP_STORAGE: u32 = 4608 * 2 + 2304 * 4 + 2560 * 2;
 
 /// Workgroup memory of the WIDE GEMM (gemm_norm's): f16 weight and token
-/// tiles of 1280 and 640 vec4s, its f32 output tile of 128 x 64 and the
-/// norm's 64 token scales.
-const WIDE_STORAGE: u32 = (1280 + 640) * 8 + (8192 + 64) * 4;
+/// tiles of 2304 and 1152 vec4s, its f32 output tile of 128 rows x 32
+/// tokens (half the tile's) and the norm's 64 token scales.
+const WIDE_STORAGE: u32 = (2304 + 1152) * 8 + (4096 + 64) * 4;
 
 /// True when the adapter offers what the COOP variants (the GEMM's, prefill
 /// attention) are written for: a 16x16x16 cooperative-matrix configuration

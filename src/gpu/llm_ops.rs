@@ -988,6 +988,15 @@ pub enum GemmKernel {
 }
 
 impl GemmKernel {
+    /// k a step of the kernel sums (`BK` in gemm.wgsl): a split's span is
+    /// a whole number of them.
+    fn k_step(self) -> usize {
+        match self {
+            GemmKernel::Portable => 32,
+            GemmKernel::Coop | GemmKernel::CoopTiles { .. } => 64,
+        }
+    }
+
     /// The kernel for an adapter with or without cooperative matrices.
     pub fn for_adapter(coop: bool) -> GemmKernel {
         if coop {
@@ -1178,37 +1187,36 @@ const GEMM_SPLIT_WORKGROUPS: usize = 256;
 pub const GEMM_MOST_SPLITS: usize = 16;
 
 /// Ways [`gemm_split`] splits a product of `cols` output columns (a
-/// matrix's rows, every part) over k for `n` tokens: up to
+/// matrix's rows, every part) over k for `n` tokens on `kernel`: up to
 /// [`GEMM_MOST_SPLITS`] while the tiles stay under
 /// [`GEMM_SPLIT_WORKGROUPS`], each split at least one k-step; 1 for no
 /// split.
-pub fn gemm_splits(cols: usize, k: usize, n: usize) -> usize {
+pub fn gemm_splits(kernel: GemmKernel, cols: usize, k: usize, n: usize) -> usize {
     let (tile_rows, tile_tokens) = GEMM_TILE;
     let tiles = cols.div_ceil(tile_rows) * n.div_ceil(tile_tokens);
-    let steps = k.div_ceil(GEMM_BK);
+    let steps = k.div_ceil(kernel.k_step());
     (GEMM_SPLIT_WORKGROUPS / tiles.max(1)).clamp(1, GEMM_MOST_SPLITS.min(steps.max(1)))
 }
 
 /// The f32s of the `part` buffer [`gemm_split`] needs for a product of
 /// `cols` output columns over `k` for any number of tokens up to `most`
-/// (0 where none splits).
-pub fn gemm_split_part_len(cols: usize, k: usize, most: usize) -> usize {
+/// on `kernel` (0 where none splits).
+pub fn gemm_split_part_len(kernel: GemmKernel, cols: usize, k: usize, most: usize) -> usize {
     (1..=most)
-        .map(|n| match gemm_splits(cols, k, n) {
+        .map(|n| match gemm_splits(kernel, cols, k, n) {
             1 => 0,
-            splits => gemm_split_span(k, splits).1 * n * (cols + 1),
+            splits => gemm_split_span(kernel, k, splits).1 * n * (cols + 1),
         })
         .max()
         .unwrap_or(0)
 }
 
-/// k per GEMM step (`BK` in gemm.wgsl).
-const GEMM_BK: usize = 32;
-
-/// The k each workgroup of a GEMM over `k` split about `splits` ways sums
-/// (whole GEMM steps), and the ways that makes (the last span may be short).
-pub fn gemm_split_span(k: usize, splits: usize) -> (usize, usize) {
-    let span = k.div_ceil(splits).div_ceil(GEMM_BK) * GEMM_BK;
+/// The k each workgroup of a GEMM over `k` split about `splits` ways on
+/// `kernel` sums (whole steps of it), and the ways that makes (the last
+/// span may be short).
+pub fn gemm_split_span(kernel: GemmKernel, k: usize, splits: usize) -> (usize, usize) {
+    let step = kernel.k_step();
+    let span = k.div_ceil(splits).div_ceil(step) * step;
     (span, k.div_ceil(span))
 }
 
@@ -1234,7 +1242,7 @@ pub fn gemm_split(
     splits: usize,
 ) -> Result<Vec<Dispatch>> {
     assert!(splits >= 2, "gemm_split: {splits} ways");
-    let (span, splits) = gemm_split_span(w.k, splits);
+    let (span, splits) = gemm_split_span(kernel, w.k, splits);
     // The output's columns: every part side by side, as `part` holds them.
     let cols = w.rows * w.parts;
     let mut out = gemm_chunks(

@@ -677,7 +677,7 @@ fn gemm_split_sum(gpu: &Gpu, v: &Variant) {
     // The sum pass alone, again from the same y: the splits' sums in order.
     let splits = gpu.read_f32(&part).unwrap();
     let got = gpu.read_f32(&gy).unwrap();
-    let (_, ways) = llm_ops::gemm_split_span(k, 4);
+    let (_, ways) = llm_ops::gemm_split_span(GemmKernel::Portable, k, 4);
     let mut want = y0.clone();
     for (i, w) in want.iter_mut().enumerate() {
         let mut s = 0.0f32;

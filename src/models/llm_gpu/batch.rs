@@ -131,13 +131,14 @@ pub(super) struct BatchIo {
 impl BatchIo {
     /// Buffers for steps of up to `rows` rows whose attention splits at most
     /// `max_splits` ways and whose KV block tables take `table_words` u32s
-    /// in all, computing their products as `products` says.
+    /// in all, computing their products on `gemm` where given, else on the
+    /// batch-invariant GEMVs.
     pub(super) fn new(
         m: &GpuLlm,
         rows: usize,
         max_splits: usize,
         table_words: usize,
-        products: BatchProducts,
+        gemm: Option<GemmKernel>,
     ) -> Result<BatchIo> {
         let (g, cfg) = (&*m.gpu, &m.cfg);
         let (d, hd, f) = (cfg.hidden, cfg.head_dim, cfg.ffn);
@@ -147,16 +148,16 @@ impl BatchIo {
         let part = llm_ops::attention_rows_part_len(cfg.heads, hd, rows, max_splits);
         Ok(BatchIo {
             rows: f32s("batch rows", rows * llm_ops::ROW_RECORD + table_words)?,
-            prefill_rows: match products {
-                BatchProducts::Gemm => Some(f32s(
+            prefill_rows: match gemm {
+                Some(_) => Some(f32s(
                     "batch prefill rows",
                     rows * (llm_ops::ROW_RECORD + 2) + table_words,
                 )?),
-                BatchProducts::Invariant => None,
+                None => None,
             },
-            split_part: match products {
-                BatchProducts::Gemm => Some(f32s("batch split sums", split_part_len(m, rows))?),
-                BatchProducts::Invariant => None,
+            split_part: match gemm {
+                Some(kernel) => Some(f32s("batch split sums", split_part_len(m, kernel, rows))?),
+                None => None,
             },
             cs: f32s("batch rope", rows * cfg.rope_dim)?,
             cs_local: f32s("batch rope local", rows * cfg.rope_dim)?,
@@ -171,9 +172,9 @@ impl BatchIo {
             // With the GEMM, also a conv block's gated inputs.
             gu: f32s(
                 "batch gu",
-                match products {
-                    BatchProducts::Gemm => rows * (2 * f).max(3 * d),
-                    BatchProducts::Invariant => rows * 2 * f,
+                match gemm {
+                    Some(_) => rows * (2 * f).max(3 * d),
+                    None => rows * 2 * f,
                 },
             )?,
             logits: f32s("batch logits", rows * cfg.vocab)?,
@@ -250,8 +251,8 @@ impl BatchIo {
 }
 
 /// The f32s the GEMMs of steps of up to `rows` rows split over k need
-/// ([`llm_ops::gemm_split`]), for the largest of `m`'s products.
-fn split_part_len(m: &GpuLlm, rows: usize) -> usize {
+/// ([`llm_ops::gemm_split`] on `kernel`), for the largest of `m`'s products.
+fn split_part_len(m: &GpuLlm, kernel: GemmKernel, rows: usize) -> usize {
     let mut mats = vec![m.head()];
     for layer in &m.layers {
         match &layer.mixer {
@@ -268,7 +269,7 @@ fn split_part_len(m: &GpuLlm, rows: usize) -> usize {
         mats.push(&layer.down);
     }
     mats.iter()
-        .map(|w| llm_ops::gemm_split_part_len(w.rows * w.parts, w.k, rows))
+        .map(|w| llm_ops::gemm_split_part_len(kernel, w.rows * w.parts, w.k, rows))
         .max()
         .unwrap_or(0)
 }
@@ -536,10 +537,8 @@ impl GpuBatch {
         let d = cfg.hidden;
         let f32s = |label: &str, n: usize| g.scratch(label, (n.max(1) * 4) as u64);
         let max_splits = llm_ops::attention_splits(max_len);
-        let products = opts.batch_products;
-        let io = BatchIo::new(&m, slots, max_splits, slots * blocks_for(max_len), products)?;
-        let gemm = (products == BatchProducts::Gemm)
-            .then(|| GemmKernel::for_adapter(g.caps.coop_matrix && cfg.activations_fit_f16()));
+        let gemm = (opts.batch_products == BatchProducts::Gemm).then(|| m.gemm_kernel());
+        let io = BatchIo::new(&m, slots, max_splits, slots * blocks_for(max_len), gemm)?;
         let state = cfg
             .layers
             .iter()
@@ -1320,7 +1319,7 @@ impl<'a> BatchRecorder<'a> {
         out_off: usize,
     ) -> Result<()> {
         let (g, n) = (&self.t.m.gpu, self.n);
-        let splits = llm_ops::gemm_splits(w.rows * w.parts, w.k, n);
+        let splits = llm_ops::gemm_splits(kernel, w.rows * w.parts, w.k, n);
         let part = self.t.io.split_part.as_ref().expect("made with the GEMM");
         let ds = if splits < 2 {
             llm_ops::gemm(g, kernel, w, mode, x, x_stride, y, y_stride, out_off, n)?

@@ -43,7 +43,7 @@ use super::llm::{
 use super::recipe::Residual;
 use crate::cpu;
 use crate::error::{Error, Result};
-use crate::gpu::llm_ops::{self, GpuMatrix};
+use crate::gpu::llm_ops::{self, GemmKernel, GpuMatrix};
 use crate::gpu::ops::Dispatch;
 use crate::gpu::profile::StepProfile;
 use crate::gpu::Gpu;
@@ -267,6 +267,13 @@ pub struct GpuLlm {
 }
 
 impl GpuLlm {
+    /// The GEMM the prompt's products (and the batch's, with
+    /// [`BatchProducts::Gemm`]) run on: on cooperative matrices where the
+    /// adapter has them and the activations fit f16.
+    pub(super) fn gemm_kernel(&self) -> GemmKernel {
+        GemmKernel::for_adapter(self.gpu.caps.coop_matrix && self.cfg.activations_fit_f16())
+    }
+
     /// One decode step consuming `token` whose next token is drawn where
     /// the logits are (`sample_rows`, [`crate::sampling::draw_unsorted`]'s
     /// draw; the argmax for [`Draw::GREEDY`]): only the token leaves the

@@ -433,7 +433,7 @@ impl GpuLlm {
             m: self,
             sc,
             shape,
-            kernel: GemmKernel::for_adapter(g.caps.coop_matrix && self.cfg.activations_fit_f16()),
+            kernel: self.gemm_kernel(),
             rows: None,
             work: Vec::new(),
             attention: Vec::new(),
@@ -464,7 +464,6 @@ impl GpuLlm {
         rows: &PrefillRowsTarget<'_>,
         n: usize,
     ) -> Result<PrefillWork> {
-        let g = &*self.gpu;
         let shape = PrefillShape {
             n,
             all: false,
@@ -474,7 +473,7 @@ impl GpuLlm {
             m: self,
             sc,
             shape,
-            kernel: GemmKernel::for_adapter(g.caps.coop_matrix && self.cfg.activations_fit_f16()),
+            kernel: self.gemm_kernel(),
             rows: Some(rows),
             work: Vec::new(),
             attention: Vec::new(),

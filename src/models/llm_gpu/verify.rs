@@ -12,7 +12,7 @@
 //! [`CausalLm::truncate`]: crate::models::llm::CausalLm::truncate
 
 use super::batch::{BatchIo, ChainRow, LayerBufs, Plan, RowsTarget, Want};
-use super::{BatchProducts, GpuLlm, GpuState};
+use super::{GpuLlm, GpuState};
 use crate::error::Result;
 use crate::gpu::llm_ops;
 use crate::models::kv_blocks::blocks_for;
@@ -49,7 +49,7 @@ impl Verify {
         // Every row's block table is the identity over the model's own
         // cache (contiguous), written once after the records.
         let blocks = blocks_for(m.cfg.context.max(1));
-        let io = BatchIo::new(m, VERIFY_ROWS, max_splits, blocks, BatchProducts::Invariant)?;
+        let io = BatchIo::new(m, VERIFY_ROWS, max_splits, blocks, None)?;
         let identity: Vec<u32> = (0..blocks as u32).collect();
         let at = (VERIFY_ROWS * llm_ops::ROW_RECORD * 4) as u64;
         g.queue
