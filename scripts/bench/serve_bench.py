@@ -115,10 +115,12 @@ def run(url, streams, requests, prompt_tokens, max_tokens, vocab, seed, processe
     shares = [[] for _ in range(workers)]
     for i in range(streams):
         shares[i % workers].extend(prompts[i * requests : (i + 1) * requests])
-    start = time.perf_counter()
+    # The clock starts once the workers exist: their start-up is not the
+    # server's time.
     with multiprocessing.get_context("fork").Pool(workers) as pool:
+        start = time.perf_counter()
         results = pool.starmap(clients, [(url, sh, requests, max_tokens, temperature) for sh in shares])
-    wall = time.perf_counter() - start
+        wall = time.perf_counter() - start
     ttft = [x for r in results for x in r[0]]
     itl = [x for r in results for x in r[1]]
     tokens = sum(r[2] for r in results)
