@@ -973,7 +973,12 @@ fn check_candidates(dir: &str) {
     let (ids, mut got) = prefill_together(&mut b, &prompts);
     let mut samplers: Vec<Sampler> = (0..lens.len()).map(|i| Sampler::new(sampling(i))).collect();
     for _ in 0..steps {
-        let rows = last_rows(&ids, &got);
+        // Each row's own top-k (a greedy row's first).
+        let rows: Vec<_> = last_rows(&ids, &got)
+            .into_iter()
+            .zip(&samplers)
+            .map(|((id, t), s)| (id, t, s.candidates_needed().unwrap_or(1)))
+            .collect();
         let cands = b
             .step_candidates_many(&rows)
             .expect("candidates on the GPU")

@@ -2585,11 +2585,24 @@ pub fn top_k_part(
 
 /// Sorts [`top_k`]'s output as `cpu::top_k` orders candidates.
 pub fn sort_candidates(raw: &[u32]) -> Vec<(u32, f32)> {
+    best_candidates(raw, raw.len() / 2)
+}
+
+/// The first `k` of [`sort_candidates`]'s order, without sorting the rest
+/// (a sampler's top-k of the 256 a row brings back).
+pub fn best_candidates(raw: &[u32], k: usize) -> Vec<(u32, f32)> {
     let mut c: Vec<(u32, f32)> = raw
         .chunks_exact(2)
         .map(|p| (p[0], f32::from_bits(p[1])))
         .collect();
-    c.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+    let order = |a: &(u32, f32), b: &(u32, f32)| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0));
+    if k == 0 {
+        c.clear();
+    } else if k < c.len() {
+        c.select_nth_unstable_by(k - 1, order);
+        c.truncate(k);
+    }
+    c.sort_by(order);
     c
 }
 
@@ -2689,6 +2702,32 @@ mod tests {
         // Aligned formats are copied (and padded to a word).
         let (f16, d_off) = pack_blocks(GgmlType::F16, &[1, 2, 3, 4, 5, 6]);
         assert_eq!((f16, d_off), (vec![1, 2, 3, 4, 5, 6, 0, 0], 0));
+    }
+
+    #[test]
+    fn best_candidates_are_the_first_of_the_full_order() {
+        // Ties (ids 5 and 9 at 1.0, several at -2.0), an infinity, ids
+        // out of order, as top_k leaves them.
+        let values = [
+            (9u32, 1.0f32),
+            (3, -2.0),
+            (5, 1.0),
+            (7, f32::INFINITY),
+            (1, -2.0),
+            (0, 0.5),
+        ];
+        let mut raw = Vec::new();
+        for (id, v) in values {
+            raw.extend([id, v.to_bits()]);
+        }
+        let all = sort_candidates(&raw);
+        assert_eq!(
+            all.iter().map(|c| c.0).collect::<Vec<_>>(),
+            [7, 5, 9, 0, 1, 3]
+        );
+        for k in 0..=values.len() + 1 {
+            assert_eq!(best_candidates(&raw, k), all[..k.min(all.len())], "k = {k}");
+        }
     }
 
     #[test]

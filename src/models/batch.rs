@@ -95,12 +95,15 @@ pub trait BatchedLm {
     fn candidates_on_device(&self) -> usize {
         0
     }
-    /// One decode step of every `(id, token)` together, each row's most
-    /// likely tokens ([`BatchedLm::candidates_on_device`] of them, sorted as
-    /// `cpu::top_k` sorts) selected on the backend, so only those come back
-    /// for the host's draw ([`Sampler::sample_top`]); None when the backend
-    /// has no such path.
-    fn step_candidates_many(&mut self, _rows: &[(SeqId, u32)]) -> Option<Result<Vec<Candidates>>> {
+    /// One decode step of every `(id, token, k)` together, each row's `k`
+    /// most likely tokens (at most [`BatchedLm::candidates_on_device`],
+    /// sorted as `cpu::top_k` sorts) selected on the backend, so only those
+    /// come back for the host's draw ([`Sampler::sample_top`]); None when
+    /// the backend has no such path.
+    fn step_candidates_many(
+        &mut self,
+        _rows: &[(SeqId, u32, usize)],
+    ) -> Option<Result<Vec<Candidates>>> {
         None
     }
     /// Whether [`BatchedLm::step_drawn_many`] is there (asked before the

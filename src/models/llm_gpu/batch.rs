@@ -1919,22 +1919,30 @@ impl BatchedLm for GpuBatch {
         candidates_per_row(self.m.cfg.vocab)
     }
 
-    fn step_candidates_many(&mut self, rows: &[(SeqId, u32)]) -> Option<Result<Vec<Candidates>>> {
+    fn step_candidates_many(
+        &mut self,
+        rows: &[(SeqId, u32, usize)],
+    ) -> Option<Result<Vec<Candidates>>> {
         let mut run = || -> Result<Vec<Candidates>> {
             let slots = rows
                 .iter()
-                .map(|&(id, t)| Ok((self.slot_of(id)?, t)))
+                .map(|&(id, t, _)| Ok((self.slot_of(id)?, t)))
                 .collect::<Result<Vec<_>>>()?;
             let k = candidates_per_row(self.m.cfg.vocab);
             let raw: Vec<u32> =
                 bytemuck::pod_collect_to_vec(&self.decode_rows(&slots, Want::Candidates)?);
             raw.chunks_exact(2 * k)
-                .map(|row| {
-                    let cand = llm_ops::sort_candidates(row);
+                .zip(rows)
+                .map(|(row, &(_, _, keep))| {
                     // A NaN or an infinity ranks first by its bits.
-                    let values: Vec<f32> = cand.iter().map(|c| c.1).collect();
+                    let values: Vec<f32> = row
+                        .iter()
+                        .skip(1)
+                        .step_by(2)
+                        .map(|&b| f32::from_bits(b))
+                        .collect();
                     crate::models::llm::check_logits(&values)?;
-                    Ok(cand)
+                    Ok(llm_ops::best_candidates(row, keep))
                 })
                 .collect()
         };

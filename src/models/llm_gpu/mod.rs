@@ -804,12 +804,17 @@ impl CausalLm for GpuLlm {
         }
         match sampler.candidates_needed() {
             Some(k) if k <= self.top_k || self.top_k == self.cfg.vocab => {
-                let raw = self.decode(token, Readback::Candidates)?;
-                let cand = llm_ops::sort_candidates(&bytemuck::pod_collect_to_vec(&raw));
+                let raw: Vec<u32> =
+                    bytemuck::pod_collect_to_vec(&self.decode(token, Readback::Candidates)?);
                 // top_k orders by bits: a (positive) NaN or +inf comes first.
-                let values: Vec<f32> = cand.iter().map(|c| c.1).collect();
+                let values: Vec<f32> = raw
+                    .iter()
+                    .skip(1)
+                    .step_by(2)
+                    .map(|&b| f32::from_bits(b))
+                    .collect();
                 super::llm::check_logits(&values)?;
-                Ok(sampler.sample_top(cand))
+                Ok(sampler.sample_top(llm_ops::best_candidates(&raw, k)))
             }
             _ => {
                 let logits = self.forward(&[token], false)?;

@@ -461,7 +461,15 @@ pub fn run(
         let result = match picked {
             Some(tokens) => tokens.map(|t| t.into_iter().map(Next::Token).collect::<Vec<_>>()),
             None if from_candidates => {
-                let rows: Vec<(SeqId, u32)> = work.iter().map(|w| (w.id, w.tokens[0])).collect();
+                // Each row's draw reads its top-k alone (greedy: the first).
+                let rows: Vec<(SeqId, u32, usize)> = work
+                    .iter()
+                    .zip(&plan)
+                    .map(|(w, (i, _))| {
+                        let keep = running[*i].sampler.candidates_needed().unwrap_or(1);
+                        (w.id, w.tokens[0], keep)
+                    })
+                    .collect();
                 unwinding(|| model.step_candidates_many(&rows))
                     .unwrap_or_else(|| Some(Err(internal_error())))
                     .unwrap_or_else(|| Err(internal_error()))
