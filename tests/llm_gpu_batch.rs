@@ -16,6 +16,7 @@ use lfm::gpu::{Gpu, GpuOptions};
 use lfm::models::batch::{BatchedLm, SeqId, SeqWork};
 use lfm::models::llm::CausalLm;
 use lfm::models::llm_gpu::{BatchProducts, GpuBatch, GpuLlm, GpuLlmOptions};
+use lfm::sampling::{Sampler, SamplingOptions};
 use std::sync::{Arc, OnceLock};
 
 fn gpu() -> Option<Arc<Gpu>> {
@@ -839,14 +840,14 @@ fn sampled_alone(
     w: &lfm::models::llm::Weights,
     opts: &GpuLlmOptions,
     prompts: &[Vec<u32>],
-    sampling: &dyn Fn(usize) -> lfm::sampling::SamplingOptions,
+    sampling: &dyn Fn(usize) -> SamplingOptions,
     steps: usize,
 ) -> Vec<Vec<u32>> {
     let mut single = GpuLlm::new(g.clone(), cfg, w, opts).unwrap();
     let mut want = Vec::new();
     for (i, p) in prompts.iter().enumerate() {
         single.reset();
-        let mut sampler = lfm::sampling::Sampler::new(sampling(i));
+        let mut sampler = Sampler::new(sampling(i));
         let mut seq = vec![argmax(&single.forward(p, false).unwrap())];
         for _ in 0..steps {
             let t = single
@@ -859,12 +860,23 @@ fn sampled_alone(
     want
 }
 
-/// Sampled sequences drawn where the logits are (`step_drawn_many`, the
-/// batch-invariant products): each row of a batch draws what its sequence
-/// draws alone on the single path with the same seed, greedy rows among
-/// them; with temperature the draws leave the argmax.
-fn check_drawn(dir: &str) {
-    use lfm::sampling::{Sampler, SamplingOptions};
+/// One batched step of sampled rows: the batch, each row's (id, last
+/// token) and their samplers in; each row's next token out.
+type SampledStep<'a> = dyn FnMut(&mut GpuBatch, Vec<(SeqId, u32)>, &mut [Sampler]) -> Vec<u32> + 'a;
+
+/// Four sampled sequences, prompts of `lens` tokens (ids from `seed`),
+/// sequence i sampled with `sampling(i)`, `greedy` the one at temperature
+/// 0: each row of a batch stepping them with `step` draws
+/// what its sequence draws alone on the single path with the same seed;
+/// the greedy one alone is the argmax, and some other one leaves it.
+fn check_sampled(
+    dir: &str,
+    seed: u32,
+    lens: [usize; 4],
+    sampling: &dyn Fn(usize) -> SamplingOptions,
+    greedy: usize,
+    step: &mut SampledStep,
+) {
     let Some(g) = gpu() else { return };
     let path = common::repo().join("samples/fixtures/llm").join(dir);
     let (cfg, w) = lfm::models::open_llm(&path).unwrap();
@@ -873,27 +885,20 @@ fn check_drawn(dir: &str) {
         prefill_chunk: Some(16),
         ..Default::default()
     };
-    let lens = [5, 18, 9, 12];
     let prompts: Vec<Vec<u32>> = lens
         .iter()
         .enumerate()
-        .map(|(i, &n)| prompt(50 + i as u32, n, vocab))
+        .map(|(i, &n)| prompt(seed + i as u32, n, vocab))
         .collect();
-    let sampling = |i: usize| SamplingOptions {
-        temperature: [1.5, 0.8, 1.2, 0.0][i],
-        min_p: [0.0, 0.0, 0.05, 0.0][i],
-        seed: 70 + i as u64,
-        ..Default::default()
-    };
     let steps = 12;
-    let want = sampled_alone(&g, &cfg, &w, &opts, &prompts, &sampling, steps);
-    let greedy = greedy_alone(&g, &cfg, &w, &opts, &prompts, steps);
+    let want = sampled_alone(&g, &cfg, &w, &opts, &prompts, sampling, steps);
+    let argmax_alone = greedy_alone(&g, &cfg, &w, &opts, &prompts, steps);
     assert_eq!(
-        want[3], greedy[3],
-        "{dir}: a greedy row drawn alone is the argmax"
+        want[greedy], argmax_alone[greedy],
+        "{dir}: a greedy row alone is the argmax"
     );
     assert!(
-        (0..3).any(|i| want[i] != greedy[i]),
+        (0..lens.len()).any(|i| i != greedy && want[i] != argmax_alone[i]),
         "{dir}: no sampled row left the argmax"
     );
 
@@ -901,12 +906,7 @@ fn check_drawn(dir: &str) {
     let (ids, mut got) = prefill_together(&mut b, &prompts);
     let mut samplers: Vec<Sampler> = (0..lens.len()).map(|i| Sampler::new(sampling(i))).collect();
     for _ in 0..steps {
-        let rows: Vec<_> = last_rows(&ids, &got)
-            .into_iter()
-            .zip(samplers.iter_mut())
-            .map(|((id, t), s)| (id, t, s.device_draw().expect("a plain sampler")))
-            .collect();
-        let tokens = b.step_drawn_many(&rows).expect("drawn on the GPU").unwrap();
+        let tokens = step(&mut b, last_rows(&ids, &got), &mut samplers);
         for (g, t) in got.iter_mut().zip(tokens) {
             g.push(t);
         }
@@ -914,6 +914,32 @@ fn check_drawn(dir: &str) {
     assert_eq!(
         got, want,
         "{dir}: a batch's draws against each sequence alone"
+    );
+}
+
+/// Sampled sequences drawn where the logits are (`step_drawn_many`, the
+/// batch-invariant products), greedy rows among them.
+fn check_drawn(dir: &str) {
+    let sampling = |i: usize| SamplingOptions {
+        temperature: [1.5, 0.8, 1.2, 0.0][i],
+        min_p: [0.0, 0.0, 0.05, 0.0][i],
+        seed: 70 + i as u64,
+        ..Default::default()
+    };
+    check_sampled(
+        dir,
+        50,
+        [5, 18, 9, 12],
+        &sampling,
+        3,
+        &mut |b, rows, samplers| {
+            let rows: Vec<_> = rows
+                .into_iter()
+                .zip(samplers.iter_mut())
+                .map(|((id, t), s)| (id, t, s.device_draw().expect("a plain sampler")))
+                .collect();
+            b.step_drawn_many(&rows).expect("drawn on the GPU").unwrap()
+        },
     );
 }
 
@@ -929,24 +955,8 @@ fn gpu_batch_draws_as_each_sequence_alone_llama() {
 
 /// Top-k samplers on the candidates path (`step_candidates_many`: each
 /// row's best tokens selected on the device, the draw on the host, as the
-/// server's scheduler does): every row draws what its sequence draws alone
-/// on the single path with the same seed, a greedy row among them.
+/// server's scheduler does), a greedy row among them.
 fn check_candidates(dir: &str) {
-    use lfm::sampling::{Sampler, SamplingOptions};
-    let Some(g) = gpu() else { return };
-    let path = common::repo().join("samples/fixtures/llm").join(dir);
-    let (cfg, w) = lfm::models::open_llm(&path).unwrap();
-    let vocab = cfg.vocab;
-    let opts = GpuLlmOptions {
-        prefill_chunk: Some(16),
-        ..Default::default()
-    };
-    let lens = [7, 16, 3, 21];
-    let prompts: Vec<Vec<u32>> = lens
-        .iter()
-        .enumerate()
-        .map(|(i, &n)| prompt(60 + i as u32, n, vocab))
-        .collect();
     // llama.cpp's defaults (top-k 40, top-p 0.95, min-p 0.05) and others.
     let sampling = |i: usize| SamplingOptions {
         temperature: [1.0, 0.7, 0.0, 1.3][i],
@@ -956,44 +966,36 @@ fn check_candidates(dir: &str) {
         seed: 80 + i as u64,
         ..Default::default()
     };
-    let steps = 12;
-    let want = sampled_alone(&g, &cfg, &w, &opts, &prompts, &sampling, steps);
-    let greedy = greedy_alone(&g, &cfg, &w, &opts, &prompts, steps);
-    assert_eq!(
-        want[2], greedy[2],
-        "{dir}: a greedy row alone is the argmax"
-    );
-    assert!(
-        [0, 1, 3].iter().any(|&i| want[i] != greedy[i]),
-        "{dir}: no sampled row left the argmax"
-    );
-
-    let mut b = GpuBatch::new(g, &cfg, &w, &opts, lens.len(), lens.len() * 64).unwrap();
-    assert!(b.candidates_on_device() >= 200, "{dir}: candidates a row");
-    let (ids, mut got) = prefill_together(&mut b, &prompts);
-    let mut samplers: Vec<Sampler> = (0..lens.len()).map(|i| Sampler::new(sampling(i))).collect();
-    for _ in 0..steps {
-        // Each row's own top-k (a greedy row's first).
-        let rows: Vec<_> = last_rows(&ids, &got)
-            .into_iter()
-            .zip(&samplers)
-            .map(|((id, t), s)| (id, t, s.candidates_needed().unwrap_or(1)))
-            .collect();
-        let cands = b
-            .step_candidates_many(&rows)
-            .expect("candidates on the GPU")
-            .unwrap();
-        for ((g, s), c) in got.iter_mut().zip(&mut samplers).zip(cands) {
-            g.push(if s.is_greedy() {
-                c[0].0
-            } else {
-                s.sample_top(c)
-            });
-        }
-    }
-    assert_eq!(
-        got, want,
-        "{dir}: a batch's top-k draws against each sequence alone"
+    check_sampled(
+        dir,
+        60,
+        [7, 16, 3, 21],
+        &sampling,
+        2,
+        &mut |b, rows, samplers| {
+            assert!(b.candidates_on_device() >= 200, "{dir}: candidates a row");
+            // Each row's own top-k (a greedy row's first).
+            let rows: Vec<_> = rows
+                .into_iter()
+                .zip(samplers.iter())
+                .map(|((id, t), s)| (id, t, s.candidates_needed().unwrap_or(1)))
+                .collect();
+            let cands = b
+                .step_candidates_many(&rows)
+                .expect("candidates on the GPU")
+                .unwrap();
+            samplers
+                .iter_mut()
+                .zip(cands)
+                .map(|(s, c)| {
+                    if s.is_greedy() {
+                        c[0].0
+                    } else {
+                        s.sample_top(c)
+                    }
+                })
+                .collect()
+        },
     );
 }
 

@@ -1933,17 +1933,7 @@ impl BatchedLm for GpuBatch {
                 bytemuck::pod_collect_to_vec(&self.decode_rows(&slots, Want::Candidates)?);
             raw.chunks_exact(2 * k)
                 .zip(rows)
-                .map(|(row, &(_, _, keep))| {
-                    // A NaN or an infinity ranks first by its bits.
-                    let values: Vec<f32> = row
-                        .iter()
-                        .skip(1)
-                        .step_by(2)
-                        .map(|&b| f32::from_bits(b))
-                        .collect();
-                    crate::models::llm::check_logits(&values)?;
-                    Ok(llm_ops::best_candidates(row, keep))
-                })
+                .map(|(row, &(_, _, keep))| super::best_finite_candidates(row, keep))
                 .collect()
         };
         Some(run())

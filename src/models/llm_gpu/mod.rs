@@ -62,6 +62,20 @@ const TOKEN_BYTES: u64 = 8;
 
 /// The token of a greedy step's readback, or the error for logits that held
 /// a NaN or an infinity (which argmax would pass over).
+/// The `k` best of one row's candidates as `top_k` leaves them ((id, value
+/// bits) pairs), or the damaged-logits error where any value is a NaN or an
+/// infinity (top_k ranks by bits: a positive NaN or +inf comes first).
+fn best_finite_candidates(raw: &[u32], k: usize) -> Result<Vec<(u32, f32)>> {
+    let values: Vec<f32> = raw
+        .iter()
+        .skip(1)
+        .step_by(2)
+        .map(|&b| f32::from_bits(b))
+        .collect();
+    super::llm::check_logits(&values)?;
+    Ok(llm_ops::best_candidates(raw, k))
+}
+
 fn greedy_token(bytes: &[u8]) -> Result<u32> {
     let word = |i: usize| u32::from_le_bytes(bytes[4 * i..4 * i + 4].try_into().expect("4 bytes"));
     if word(1) != 0 {
@@ -806,15 +820,7 @@ impl CausalLm for GpuLlm {
             Some(k) if k <= self.top_k || self.top_k == self.cfg.vocab => {
                 let raw: Vec<u32> =
                     bytemuck::pod_collect_to_vec(&self.decode(token, Readback::Candidates)?);
-                // top_k orders by bits: a (positive) NaN or +inf comes first.
-                let values: Vec<f32> = raw
-                    .iter()
-                    .skip(1)
-                    .step_by(2)
-                    .map(|&b| f32::from_bits(b))
-                    .collect();
-                super::llm::check_logits(&values)?;
-                Ok(sampler.sample_top(llm_ops::best_candidates(&raw, k)))
+                Ok(sampler.sample_top(best_finite_candidates(&raw, k)?))
             }
             _ => {
                 let logits = self.forward(&[token], false)?;
