@@ -22,18 +22,11 @@
 //
 // SPLIT (gemm_*_split, for GEMMs of few tiles): workgroup z sums only k in
 // [z k_span, (z + 1) k_span) and stores its sums as they are (no add, no
-// norm scale, no gate) in `part` at [(z n + t) y_stride + col(o)]; with NORM
-// every workgroup also stores its tokens' sums of squares over its k at
-// [splits n y_stride + z n + t] (the row tiles store the same values).
-// SWIGLU stores the gate and up sums as two parts. Then the last workgroup
-// of each tile to finish (counted in tiles_done, which it sets back to 0)
-// adds the tile's sums over the splits, in order from split 0, and finishes
-// the epilogue into y at [t fin_stride + fin_off + col(o)] (SWIGLU: + gate
-// row). Sums, counts and sums of squares cross workgroups, so they travel
-// through atomics, ordered by storageBarrier (a device-scope fence).
-// bindings: 0 params, 1 w, 2 x, NORM: 3 nw; then part, y, tiles_done
-// (read_write; tiles_done: one u32 a tile, zero between dispatches).
-// dispatch: (.., .., splits).
+// norm scale, no gate) at y[(z n + t) y_stride + col(o)]; with NORM the
+// first row tile (of each chunk: the same values) also stores each token's
+// sum of squares over its k at y[splits n y_stride + z n + t]. gemm_split_sum.wgsl then adds the
+// splits, in order, and finishes the epilogue. SWIGLU stores the gate and
+// up sums as two parts. dispatch: (.., .., splits).
 //
 // COOP (with F16 and SUBGROUPS; the engine enables it where the adapter
 // offers 16x16x16 cooperative matrices with f16 inputs and an f32
@@ -57,10 +50,6 @@ struct Params {
     d_off: u32,
     eps: f32,       // NORM
     k_span: u32,    // SPLIT: k per workgroup in z (a multiple of BK)
-    fin_stride: u32, // SPLIT: y's row stride (y_stride is part's)
-    fin_off: u32,    // SPLIT: y's column of part's column 0
-    _p0: u32,
-    _p1: u32,
     _p2: u32,
 }
 
@@ -69,21 +58,9 @@ struct Params {
 @group(0) @binding(2) var<storage, read> x: array<f32>;
 #if NORM
 @group(0) @binding(3) var<storage, read> nw: array<f32>;
-#if SPLIT
-@group(0) @binding(4) var<storage, read_write> part: array<atomic<u32>>;
-@group(0) @binding(5) var<storage, read_write> y: array<f32>;
-@group(0) @binding(6) var<storage, read_write> tiles_done: array<atomic<u32>>;
-#else
 @group(0) @binding(4) var<storage, read_write> y: array<f32>;
-#endif
-#else
-#if SPLIT
-@group(0) @binding(3) var<storage, read_write> part: array<atomic<u32>>;
-@group(0) @binding(4) var<storage, read_write> y: array<f32>;
-@group(0) @binding(5) var<storage, read_write> tiles_done: array<atomic<u32>>;
 #else
 @group(0) @binding(3) var<storage, read_write> y: array<f32>;
-#endif
 #endif
 
 #if WIDE
@@ -122,48 +99,15 @@ fn split_base(z: u32) -> u32 {
 }
 
 #if SPLIT
-// The splits of k this GEMM has.
-fn split_ways() -> u32 {
-    return (p.k + p.k_span - 1u) / p.k_span;
-}
-
-// Stores one of this split's sums at `at` of part.
-fn put_part(at: u32, v: f32) {
-    atomicStore(&part[at], bitcast<u32>(v));
-}
-
-// Split z's sum at column `col` of token `tok`.
-fn part_sum(z: u32, tok: u32, col: u32) -> f32 {
-    return bitcast<f32>(atomicLoad(&part[split_base(z) + tok * p.y_stride + col]));
-}
-
-// Column `col`'s sum over the splits, in order.
-fn split_sum(tok: u32, col: u32) -> f32 {
-    var s = 0.0;
-    for (var z = 0u; z < split_ways(); z++) {
-        s += part_sum(z, tok, col);
-    }
-    return s;
-}
-
 #if NORM
-// SPLIT + NORM: every workgroup stores its tokens' sums of squares over its
-// k (tscale holds them unscaled; call after token_scales).
+// SPLIT + NORM: the first row tile (of each chunk) stores its tokens' sums
+// of squares (tscale holds them unscaled; call after token_scales).
 fn store_sums_of_squares(wid: vec3<u32>, lid: u32, tok_base: u32) {
     let tok = tok_base + lid;
-    if (lid < BM && tok < p.n) {
-        put_part(split_ways() * p.n * p.y_stride + wid.z * p.n + tok, tscale[lid]);
+    if (wid.x == 0u && lid < BM && tok < p.n) {
+        let splits = (p.k + p.k_span - 1u) / p.k_span;
+        y[splits * p.n * p.y_stride + wid.z * p.n + tok] = tscale[lid];
     }
-}
-
-// The token's norm scale from the splits' sums of squares, added in order.
-fn split_token_scale(tok: u32) -> f32 {
-    let base = split_ways() * p.n * p.y_stride;
-    var t = 0.0;
-    for (var z = 0u; z < split_ways(); z++) {
-        t += bitcast<f32>(atomicLoad(&part[base + z * p.n + tok]));
-    }
-    return inverseSqrt(t / f32(p.k) + p.eps);
 }
 #endif
 
@@ -171,76 +115,10 @@ fn split_token_scale(tok: u32) -> f32 {
 // SPLIT + SWIGLU: gate row `row`'s sum and its up row's, as two parts.
 fn store_gate_up(z: u32, tok: u32, row: u32, gate: f32, up: f32) {
     let at = split_base(z) + tok * p.y_stride + p.out_off + row;
-    put_part(at, gate);
-    put_part(at + p.part_stride, up);
+    y[at] = gate;
+    y[at + p.part_stride] = up;
 }
 #endif
-
-var<workgroup> split_last: u32;
-
-// After this workgroup has stored its sums (every thread calls it, in
-// uniform control flow): the last of its tile's splits to finish adds the
-// tile's sums over all splits and finishes the epilogue into y.
-fn finish_split(wid: vec3<u32>, tiles_x: u32, lid: u32) {
-    // Every thread's sums stored before the tile's count.
-    storageBarrier();
-    if (lid == 0u) {
-        let tile = wid.y * tiles_x + wid.x;
-        let done = atomicAdd(&tiles_done[tile], 1u) + 1u;
-        var last = 0u;
-        if (done == split_ways()) {
-            // Ready for the next dispatch that uses the count.
-            atomicStore(&tiles_done[tile], 0u);
-            last = 1u;
-        }
-        split_last = last;
-    }
-    if (workgroupUniformLoad(&split_last) == 0u) {
-        return;
-    }
-    // The other splits' sums, stored before their counts, seen after ours.
-    storageBarrier();
-    let tok_base = wid.y * BM;
-#if NORM
-    if (lid < BM && tok_base + lid < p.n) {
-        tscale[lid] = split_token_scale(tok_base + lid);
-    }
-    workgroupBarrier();
-#endif
-#if SWIGLU
-    const HALF: u32 = BN / 2u;
-    for (var i = 0u; i < HALF * BM / 256u; i++) {
-        let g = lid + 256u * i;
-        let r = g % HALF;
-        let t = g / HALF;
-        let row = wid.x * HALF + r;
-        let tok = tok_base + t;
-        if (row < p.part_rows && tok < p.n) {
-            let col = p.out_off + row;
-            let gate = split_sum(tok, col) * tscale[t];
-            let up = split_sum(tok, col + p.part_stride) * tscale[t];
-            y[tok * p.fin_stride + p.fin_off + col] = gate_act(gate) * up;
-        }
-    }
-#else
-    for (var i = 0u; i < BN * BM / 256u; i++) {
-        let g = lid + 256u * i;
-        let r = g % BN;
-        let t = g / BN;
-        let row = wid.x * BN + r;
-        let tok = tok_base + t;
-        if (row < p.rows && tok < p.n) {
-            let col = (row / p.part_rows) * p.part_stride + p.out_off + row % p.part_rows;
-            let at = tok * p.fin_stride + p.fin_off + col;
-#if NORM
-            y[at] = split_sum(tok, col) * tscale[t];
-#else
-            y[at] = y[at] + split_sum(tok, col); // ADD
-#endif
-        }
-    }
-#endif
-}
 #endif
 
 // The chunk row that row `r` of weight tile `tile` reads (rows past the end
@@ -380,7 +258,6 @@ fn load_stage(wrow: array<u32, PW>, we: u32, xat: array<u32, PX>, xe: u32, end: 
 // issued before this step's multiplies, so their latency overlaps them.
 @compute @workgroup_size(256)
 fn main(@builtin(workgroup_id) wid: vec3<u32>,
-        @builtin(num_workgroups) nwg: vec3<u32>,
         @builtin(local_invocation_index) lid: u32,
         @builtin(subgroup_id) sg: u32) {
     let row_base = wid.x * BN;
@@ -481,9 +358,6 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>,
         epilogue(wid, lid, row_base, tok_base, h * CT);
         workgroupBarrier();
     }
-#if SPLIT
-    finish_split(wid, nwg.x, lid);
-#endif
 }
 
 // The output tile's tokens t0 .. t0 + CT, held in cs, into y.
@@ -517,7 +391,7 @@ fn epilogue(wid: vec3<u32>, lid: u32, row_base: u32, tok_base: u32, t0: u32) {
             let col = (row / p.part_rows) * p.part_stride + p.out_off + row % p.part_rows;
             let at = split_base(wid.z) + tok * p.y_stride + col;
 #if SPLIT
-            put_part(at, cs[t * LDC + r]);
+            y[at] = cs[t * LDC + r];
 #else
 #if ADD
             y[at] = y[at] + cs[t * LDC + r];
@@ -544,9 +418,7 @@ var<workgroup> cs: array<f32, 256>;
 #endif
 
 @compute @workgroup_size(256)
-fn main(@builtin(workgroup_id) wid: vec3<u32>,
-        @builtin(num_workgroups) nwg: vec3<u32>,
-        @builtin(local_invocation_index) lid: u32) {
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
     let row_base = wid.x * BN;
     let tok_base = wid.y * BM;
     let tx = lid & 15u;
@@ -648,7 +520,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>,
             if (tok < p.n) {
                 let at = split_base(wid.z) + tok * p.y_stride + col;
 #if SPLIT
-                put_part(at, acc[i * 2u + j]);
+                y[at] = acc[i * 2u + j];
 #else
 #if ADD
                 y[at] = y[at] + acc[i * 2u + j];
@@ -659,9 +531,6 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>,
             }
         }
     }
-#endif
-#if SPLIT
-    finish_split(wid, nwg.x, lid);
 #endif
 }
 #endif

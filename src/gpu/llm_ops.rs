@@ -778,13 +778,9 @@ struct GemmParams {
     eps: f32,
     /// SPLIT: k per workgroup in z.
     k_span: u32,
-    /// SPLIT: y's row stride and its column of the part's column 0 (the
-    /// fields above place the sums in the part buffer).
-    fin_stride: u32,
-    fin_off: u32,
-    _pad: [u32; 3],
+    _pad: u32,
 }
-const _: () = assert!(std::mem::size_of::<GemmParams>() == 64);
+const _: () = assert!(std::mem::size_of::<GemmParams>() == 48);
 
 impl GemmParams {
     /// The params of chunk `c` of `w` over `n` tokens (`out_off`: y's column
@@ -812,9 +808,7 @@ impl GemmParams {
             d_off: c.d_off,
             eps,
             k_span: k_span as u32,
-            fin_stride: 0,
-            fin_off: 0,
-            _pad: [0; 3],
+            _pad: 0,
         }
     }
 }
@@ -836,9 +830,7 @@ format_kernel!(
     [
         Binding::read("w"),
         Binding::read("x"),
-        Binding::write("part"),
-        Binding::write("y"),
-        Binding::write("tiles_done")
+        Binding::write("part")
     ],
     GemmParams,
     ["ADD", "SPLIT"],
@@ -853,15 +845,14 @@ format_kernel!(
         Binding::read("w"),
         Binding::read("x"),
         Binding::read("nw"),
-        Binding::write("part"),
-        Binding::write("y"),
-        Binding::write("tiles_done")
+        Binding::write("part")
     ],
     GemmParams,
     ["NORM", "SPLIT"],
     coop
 );
 
+// Split, the gated epilogues differ only in the sum (gemm_split_sum).
 format_kernel!(
     GEMM_NORM_SWIGLU_SPLIT,
     "gemm_norm_swiglu_split",
@@ -870,30 +861,40 @@ format_kernel!(
         Binding::read("w"),
         Binding::read("x"),
         Binding::read("nw"),
-        Binding::write("part"),
-        Binding::write("y"),
-        Binding::write("tiles_done")
+        Binding::write("part")
     ],
     GemmParams,
     ["NORM", "SWIGLU", "SPLIT"],
     coop
 );
 
-format_kernel!(
-    GEMM_NORM_GEGLU_SPLIT,
-    "gemm_norm_geglu_split",
-    ["gate_act.wgsl", "gemm.wgsl"],
+#[repr(C)]
+#[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
+struct SplitSumParams {
+    cols: u32,
+    n: u32,
+    splits: u32,
+    y_stride: u32,
+    out_off: u32,
+    part_rows: u32,
+    k: u32,
+    eps: f32,
+    _pad: [u32; 4],
+}
+const _: () = assert!(std::mem::size_of::<SplitSumParams>() == 48);
+
+kernel!(
+    GEMM_SPLIT_SUM,
+    "gemm_split_sum",
+    ["gate_act.wgsl", "gemm_split_sum.wgsl"],
+    [Binding::read("part"), Binding::write("y")],
+    SplitSumParams,
     [
-        Binding::read("w"),
-        Binding::read("x"),
-        Binding::read("nw"),
-        Binding::write("part"),
-        Binding::write("y"),
-        Binding::write("tiles_done")
-    ],
-    GemmParams,
-    ["NORM", "SWIGLU", "GELU", "SPLIT"],
-    coop
+        &[],
+        &["NORM"],
+        &["NORM", "SWIGLU"],
+        &["NORM", "SWIGLU", "GELU"]
+    ]
 );
 
 format_kernel!(
@@ -949,12 +950,13 @@ static GEMM_EPILOGUES: [(&Kernel, &[&str]); 4] = [
     (&GEMM_NORM_GEGLU, &["NORM", "SWIGLU", "GELU"]),
 ];
 
-/// The same split over k ([`gemm_split`]).
-static GEMM_SPLIT_EPILOGUES: [(&Kernel, &[&str]); 4] = [
-    (&GEMM_ADD_SPLIT, &["ADD", "SPLIT"]),
-    (&GEMM_NORM_SPLIT, &["NORM", "SPLIT"]),
-    (&GEMM_NORM_SWIGLU_SPLIT, &["NORM", "SWIGLU", "SPLIT"]),
-    (&GEMM_NORM_GEGLU_SPLIT, &["NORM", "SWIGLU", "GELU", "SPLIT"]),
+/// The defines of `gemm_split_sum` that finish each mode's epilogue (in
+/// [`GemmMode::epilogue`]'s order).
+static GEMM_SPLIT_SUM_DEFINES: [&[&str]; 4] = [
+    &[],
+    &["NORM"],
+    &["NORM", "SWIGLU"],
+    &["NORM", "SWIGLU", "GELU"],
 ];
 
 /// The defines of a cooperative-matrix variant (the `coop` set of
@@ -1024,7 +1026,7 @@ pub enum GemmMode<'a> {
 
 impl GemmMode<'_> {
     /// The index of the mode's epilogue in [`GEMM_EPILOGUES`] and in
-    /// [`GEMM_SPLIT_EPILOGUES`].
+    /// [`GEMM_SPLIT_SUM_DEFINES`].
     fn epilogue(&self) -> usize {
         match self {
             GemmMode::Add => 0,
@@ -1046,7 +1048,11 @@ impl GemmMode<'_> {
 
     /// The GEMM kernel of the mode split over k, and its defines.
     fn split_kernel(&self) -> (&'static Kernel, &'static [&'static str]) {
-        GEMM_SPLIT_EPILOGUES[self.epilogue()]
+        match self {
+            GemmMode::Add => (&GEMM_ADD_SPLIT, &["ADD", "SPLIT"]),
+            GemmMode::Norm { .. } => (&GEMM_NORM_SPLIT, &["NORM", "SPLIT"]),
+            GemmMode::NormSwiglu { .. } => (&GEMM_NORM_SWIGLU_SPLIT, &["NORM", "SWIGLU", "SPLIT"]),
+        }
     }
 
     /// The norm weights and epsilon, for the modes that normalise.
@@ -1106,8 +1112,8 @@ pub fn gemm(
 
 /// One dispatch per chunk of `w` of the GEMM `shader` with its `defines`
 /// (the mode's epilogue), into `out` ([n, out_stride], `w`'s first row at
-/// column `out_off`); with `split` the workgroups in z take a span of k
-/// each and the last of each tile finishes it.
+/// column `out_off`); with `split` (k_span, ways) the workgroups in z take
+/// a span of k each.
 #[allow(clippy::too_many_arguments)]
 fn gemm_chunks(
     gpu: &Gpu,
@@ -1121,7 +1127,7 @@ fn gemm_chunks(
     out_stride: usize,
     out_off: usize,
     n: usize,
-    split: Option<SplitPlan<'_>>,
+    split: Option<(usize, usize)>,
 ) -> Result<Vec<Dispatch>> {
     let swiglu = matches!(mode, GemmMode::NormSwiglu { .. });
     if swiglu && w.parts != 2 {
@@ -1131,20 +1137,12 @@ fn gemm_chunks(
         )));
     }
     let eps = mode.norm().map_or(0.0, |(_, eps)| eps);
-    let (k_span, ways) = split.as_ref().map_or((0, 1), |s| (s.k_span, s.ways));
+    let (k_span, ways) = split.unwrap_or((0, 1));
     let mut ds = Vec::with_capacity(w.chunks.len());
     for c in &w.chunks {
         let rows = c.rows * w.parts;
-        let params = match &split {
-            // The sums go to the part buffer, every part side by side, and
-            // the finished tiles to `out`.
-            Some(_) => GemmParams {
-                fin_stride: out_stride as u32,
-                fin_off: out_off as u32,
-                ..GemmParams::chunk(w, c, n, x_stride, w.rows * w.parts, c.row0, eps, k_span)
-            },
-            None => GemmParams::chunk(w, c, n, x_stride, out_stride, out_off + c.row0, eps, k_span),
-        };
+        let params =
+            GemmParams::chunk(w, c, n, x_stride, out_stride, out_off + c.row0, eps, k_span);
         // SWIGLU tiles hold half their rows from each part.
         let tiles = |(tile_rows, tile_tokens): (usize, usize)| {
             let across = if swiglu {
@@ -1168,22 +1166,11 @@ fn gemm_chunks(
             GemmKernel::CoopTiles { wide } => (true, wide),
         };
         let variant = gemm_variant(w.dtype, defines, coop, wide)?;
+        let bound = match mode.norm() {
+            Some((nw, _)) => gpu.bind(shader, &variant, &[&c.buf, x, nw, out], &params)?,
+            None => gpu.bind(shader, &variant, &[&c.buf, x, out], &params)?,
+        };
         let [across, down] = tiles(if wide { GEMM_WIDE_TILE } else { GEMM_TILE });
-        let mut bufs: Vec<&wgpu::Buffer> = vec![&c.buf, x];
-        bufs.extend(mode.norm().map(|(nw, _)| nw));
-        match &split {
-            Some(plan) => {
-                if across * down > GEMM_SPLIT_TILES {
-                    return Err(Error::gpu(format!(
-                        "{}: {across} x {down} tiles, more than the {GEMM_SPLIT_TILES} a split GEMM counts",
-                        shader.name
-                    )));
-                }
-                bufs.extend([&plan.scratch.part, out, &plan.scratch.tiles_done]);
-            }
-            None => bufs.push(out),
-        }
-        let bound = gpu.bind(shader, &variant, &bufs, &params)?;
         ds.push(Dispatch {
             bound,
             groups: [across as u32, down as u32, ways as u32],
@@ -1233,49 +1220,12 @@ pub fn gemm_split_span(kernel: GemmKernel, k: usize, splits: usize) -> (usize, u
     (span, k.div_ceil(span))
 }
 
-/// How a GEMM is split over k: the k each workgroup in z sums, the ways,
-/// and where the splits' sums meet.
-struct SplitPlan<'a> {
-    k_span: usize,
-    ways: usize,
-    scratch: &'a GemmSplitScratch,
-}
-
-/// Tiles a split GEMM dispatch may have: a split halves the workgroups
-/// [`GEMM_SPLIT_WORKGROUPS`] leave a tile at most.
-const GEMM_SPLIT_TILES: usize = GEMM_SPLIT_WORKGROUPS / 2;
-
-/// What a GEMM split over k ([`gemm_split`]) needs besides its output: the
-/// splits' sums, and a count of finished splits for each tile (zero between
-/// dispatches: the last split of a tile sets it back).
-pub struct GemmSplitScratch {
-    part: wgpu::Buffer,
-    tiles_done: wgpu::Buffer,
-}
-
-impl GemmSplitScratch {
-    /// Room for sums of `part_len` f32s ([`gemm_split_part_len`]).
-    pub fn new(gpu: &Gpu, part_len: usize) -> Result<GemmSplitScratch> {
-        Ok(GemmSplitScratch {
-            part: gpu.scratch("gemm split sums", (part_len.max(1) * 4) as u64)?,
-            // New buffers are zeroed.
-            tiles_done: gpu.scratch("gemm split counts", (GEMM_SPLIT_TILES * 4) as u64)?,
-        })
-    }
-
-    /// The splits' sums as the last dispatch left them (parity tests).
-    pub fn part(&self) -> &wgpu::Buffer {
-        &self.part
-    }
-}
-
-/// [`gemm`] split over k `splits` ways (at least 2), in one dispatch per
-/// chunk of `w`: each split's sums go to `scratch` ([splits, n, parts x
-/// rows], with a norm then each split's sums of squares, [splits, n]:
-/// [`gemm_split_part_len`] f32s), and the last workgroup of each tile to
-/// finish adds them, in order, and finishes the mode's epilogue into y. For
-/// GEMMs of few tiles, whose workgroups would otherwise leave most of a
-/// large GPU idle.
+/// [`gemm`] split over k `splits` ways (at least 2): each split's sums go to
+/// `part` ([splits, n, parts x rows], with a norm then each split's sums of
+/// squares, [splits, n]: [`gemm_split_part_len`] f32s), then one pass adds
+/// them, in order, and finishes the mode's epilogue into y. For GEMMs of
+/// few tiles, whose workgroups would otherwise leave most of a large GPU
+/// idle.
 #[allow(clippy::too_many_arguments)]
 pub fn gemm_split(
     gpu: &Gpu,
@@ -1288,17 +1238,14 @@ pub fn gemm_split(
     y_stride: usize,
     out_off: usize,
     n: usize,
-    scratch: &GemmSplitScratch,
+    part: &wgpu::Buffer,
     splits: usize,
 ) -> Result<Vec<Dispatch>> {
     assert!(splits >= 2, "gemm_split: {splits} ways");
-    let (k_span, ways) = gemm_split_span(kernel, w.k, splits);
-    let plan = SplitPlan {
-        k_span,
-        ways,
-        scratch,
-    };
-    gemm_chunks(
+    let (span, splits) = gemm_split_span(kernel, w.k, splits);
+    // The output's columns: every part side by side, as `part` holds them.
+    let cols = w.rows * w.parts;
+    let mut out = gemm_chunks(
         gpu,
         kernel,
         w,
@@ -1306,12 +1253,34 @@ pub fn gemm_split(
         mode.split_kernel(),
         x,
         x_stride,
-        y,
-        y_stride,
-        out_off,
+        part,
+        cols,
+        0,
         n,
-        Some(plan),
-    )
+        Some((span, splits)),
+    )?;
+    let params = SplitSumParams {
+        cols: cols as u32,
+        n: n as u32,
+        splits: splits as u32,
+        y_stride: y_stride as u32,
+        out_off: out_off as u32,
+        part_rows: w.rows as u32,
+        k: w.k as u32,
+        eps: mode.norm().map_or(0.0, |(_, eps)| eps),
+        _pad: [0; 4],
+    };
+    let variant = Variant::new(GEMM_SPLIT_SUM_DEFINES[mode.epilogue()]);
+    let bound = gpu.bind(&GEMM_SPLIT_SUM, &variant, &[part, y], &params)?;
+    let outputs = match mode {
+        GemmMode::NormSwiglu { .. } => w.rows,
+        _ => cols,
+    };
+    out.push(Dispatch {
+        bound,
+        groups: [outputs.div_ceil(64) as u32, n as u32, 1],
+    });
+    Ok(out)
 }
 
 /// Compiles the prefill GEMMs for weights of `t` ahead of their first use
@@ -2682,7 +2651,7 @@ pub static KERNELS: &[&Kernel] = &[
     &GEMM_ADD_SPLIT,
     &GEMM_NORM_SPLIT,
     &GEMM_NORM_SWIGLU_SPLIT,
-    &GEMM_NORM_GEGLU_SPLIT,
+    &GEMM_SPLIT_SUM,
     &GEMM_NORM,
     &GEMM_NORM_SWIGLU,
     &GEMM_NORM_GEGLU,

@@ -5,7 +5,7 @@
 
 use super::{assert_close, Case, SIZES};
 use lfm::cpu::{self, AttnShape};
-use lfm::gpu::llm_ops::{self, GemmKernel, GemmMode, GemmSplitScratch, GemvEpilogue, GpuMatrix};
+use lfm::gpu::llm_ops::{self, GemmKernel, GemmMode, GemvEpilogue, GpuMatrix};
 use lfm::gpu::ops::Dispatch;
 use lfm::gpu::{Gpu, Variant};
 use lfm::models::llm::{FfnAct, RopeStyle};
@@ -103,8 +103,8 @@ pub const CASES: &[Case] = &[
         run: gemm_norm_swiglu_split,
     },
     Case {
-        kernel: "gemm_norm_geglu_split",
-        run: gemm_norm_swiglu_split,
+        kernel: "gemm_split_sum",
+        run: gemm_split_sum,
     },
     Case {
         kernel: "gemm_norm",
@@ -509,8 +509,7 @@ enum Epilogue {
     NormSwiglu(FfnAct),
 }
 
-/// `split`: the GEMM split three ways over k (its tiles finished by their
-/// last split).
+/// `split`: the GEMM split three ways over k (and gemm_split_sum after it).
 fn gemm_case(gpu: &Gpu, v: &Variant, epilogue: Epilogue, split: bool) {
     let (t, _) = format_and_subgroups(v);
     let kernel = if v.defines.contains(&"COOP") {
@@ -603,9 +602,9 @@ fn gemm_check(
                 Epilogue::NormSwiglu(act) => GemmMode::NormSwiglu { nw: &gnw, eps, act },
             };
             let ds = if split {
-                let scratch = GemmSplitScratch::new(gpu, 3 * n * (2 * rows + 1)).unwrap();
+                let part = gpu.poisoned_f32("part", 3 * n * (2 * rows + 1)).unwrap();
                 llm_ops::gemm_split(
-                    gpu, kernel, &m, mode, &gx, x_stride, &gy, y_stride, 1, n, &scratch, 3,
+                    gpu, kernel, &m, mode, &gx, x_stride, &gy, y_stride, 1, n, &part, 3,
                 )
             } else {
                 llm_ops::gemm(gpu, kernel, &m, mode, &gx, x_stride, &gy, y_stride, 1, n)
@@ -622,69 +621,72 @@ fn gemm_add(gpu: &Gpu, v: &Variant) {
     gemm_case(gpu, v, Epilogue::Add, false);
 }
 
-/// Against the CPU, then: each tile is the residual plus the splits' sums
-/// added in order from split 0, exactly (the order gemm_norm_split and the
-/// gated splits finish in too), over many tiles and with every split's
-/// workgroups racing to finish their tile.
 fn gemm_add_split(gpu: &Gpu, v: &Variant) {
     gemm_case(gpu, v, Epilogue::Add, true);
-    let (t, _) = format_and_subgroups(v);
-    let kernel = if v.defines.contains(&"COOP") {
-        GemmKernel::CoopTiles { wide: false }
-    } else {
-        GemmKernel::Portable
-    };
-    let mut rng = Rng::new(21);
-    // k in whole blocks of every format, its last span short on the
-    // portable kernel.
-    let (rows, k, n) = (70 * 16 + 5, 768, 67);
-    let a = weights(t, rows, k, &mut rng);
-    let m = upload(gpu, &[&a], rows);
-    let xs = rng.vec(n * k, -2.0, 2.0);
-    let y0 = rng.vec(n * rows, -1.0, 1.0);
-    let gx = gpu.upload_f32("x", &xs).unwrap();
-    let (_, ways) = llm_ops::gemm_split_span(kernel, k, 5);
-    let scratch = GemmSplitScratch::new(gpu, ways * n * (rows + 1)).unwrap();
-    // Several runs: a tile finished before all its splits had stored their
-    // sums would differ in some run.
-    for round in 0..4 {
-        let gy = gpu.upload_f32("y", &y0).unwrap();
-        let ds = llm_ops::gemm_split(
-            gpu,
-            kernel,
-            &m,
-            GemmMode::Add,
-            &gx,
-            k,
-            &gy,
-            rows,
-            0,
-            n,
-            &scratch,
-            5,
-        )
-        .unwrap();
-        run(gpu, &ds);
-        let splits = gpu.read_f32(scratch.part()).unwrap();
-        let got = gpu.read_f32(&gy).unwrap();
-        let mut want = y0.clone();
-        for (i, w) in want.iter_mut().enumerate() {
-            let mut s = 0.0f32;
-            for z in 0..ways {
-                s += splits[z * n * rows + i];
-            }
-            *w += s;
-        }
-        assert_close(&format!("{} round {round}", v.key()), &got, &want, 0.0);
-    }
 }
 
 fn gemm_norm_split(gpu: &Gpu, v: &Variant) {
     gemm_case(gpu, v, Epilogue::Norm, true);
 }
 
+/// Both gated epilogues: the split GEMM is the same for them, its sum not.
 fn gemm_norm_swiglu_split(gpu: &Gpu, v: &Variant) {
-    gemm_case(gpu, v, Epilogue::NormSwiglu(act_of(v)), true);
+    for act in [FfnAct::Silu, FfnAct::GeluTanh] {
+        gemm_case(gpu, v, Epilogue::NormSwiglu(act), true);
+    }
+}
+
+/// The split sums added in order into y, exactly as the CPU adds them; the
+/// variants that end a normalised GEMM, through the whole split GEMM.
+fn gemm_split_sum(gpu: &Gpu, v: &Variant) {
+    let has = |d| v.defines.contains(&d);
+    let epilogue = match (has("NORM"), has("SWIGLU")) {
+        (false, _) => None,
+        (true, false) => Some(Epilogue::Norm),
+        (true, true) => Some(Epilogue::NormSwiglu(act_of(v))),
+    };
+    if let Some(e) = epilogue {
+        gemm_check(gpu, &v.key(), GgmlType::F32, GemmKernel::Portable, e, true);
+        return;
+    }
+    let mut rng = Rng::new(21);
+    let (rows, k, n) = (70, 32 * 5 + 8, 3);
+    let a = weights(GgmlType::F32, rows, k, &mut rng);
+    let m = upload(gpu, &[&a], 40);
+    let xs = rng.vec(n * k, -2.0, 2.0);
+    let y0 = rng.vec(n * rows, -1.0, 1.0);
+    let gx = gpu.upload_f32("x", &xs).unwrap();
+    let gy = gpu.upload_f32("y", &y0).unwrap();
+    let part = gpu.poisoned_f32("part", 4 * n * rows).unwrap();
+    let ds = llm_ops::gemm_split(
+        gpu,
+        GemmKernel::Portable,
+        &m,
+        GemmMode::Add,
+        &gx,
+        k,
+        &gy,
+        rows,
+        0,
+        n,
+        &part,
+        4,
+    )
+    .unwrap();
+    run(gpu, &ds);
+    // The sum pass alone, again from the same y: the splits' sums in order.
+    let splits = gpu.read_f32(&part).unwrap();
+    let got = gpu.read_f32(&gy).unwrap();
+    let (_, ways) = llm_ops::gemm_split_span(GemmKernel::Portable, k, 4);
+    let mut want = y0.clone();
+    for (i, w) in want.iter_mut().enumerate() {
+        let mut s = 0.0f32;
+        for z in 0..ways {
+            s += splits[z * n * rows + i];
+        }
+        *w += s;
+    }
+    assert_close("gemm_split_sum", &got[..n * rows], &want, 0.0);
 }
 
 fn gemm_norm(gpu: &Gpu, v: &Variant) {

@@ -95,9 +95,9 @@ pub(super) struct BatchIo {
     /// With [`BatchProducts::Gemm`]: the rows as a [`PrefillRows`] table of
     /// one-row segments, for the batched prefill's conv kernel.
     prefill_rows: Option<wgpu::Buffer>,
-    /// With [`BatchProducts::Gemm`]: what the products split over k need
+    /// With [`BatchProducts::Gemm`]: the sums of the products split over k
     /// ([`llm_ops::gemm_split`]).
-    split: Option<llm_ops::GemmSplitScratch>,
+    split_part: Option<wgpu::Buffer>,
     /// [slots, rope_dim]: each row's RoPE angles.
     cs: wgpu::Buffer,
     cs_local: wgpu::Buffer,
@@ -155,11 +155,8 @@ impl BatchIo {
                 )?),
                 None => None,
             },
-            split: match gemm {
-                Some(kernel) => Some(llm_ops::GemmSplitScratch::new(
-                    g,
-                    split_part_len(m, kernel, rows),
-                )?),
+            split_part: match gemm {
+                Some(kernel) => Some(f32s("batch split sums", split_part_len(m, kernel, rows))?),
                 None => None,
             },
             cs: f32s("batch rope", rows * cfg.rope_dim)?,
@@ -1323,12 +1320,12 @@ impl<'a> BatchRecorder<'a> {
     ) -> Result<()> {
         let (g, n) = (&self.t.m.gpu, self.n);
         let splits = llm_ops::gemm_splits(kernel, w.rows * w.parts, w.k, n);
-        let scratch = self.t.io.split.as_ref().expect("made with the GEMM");
+        let part = self.t.io.split_part.as_ref().expect("made with the GEMM");
         let ds = if splits < 2 {
             llm_ops::gemm(g, kernel, w, mode, x, x_stride, y, y_stride, out_off, n)?
         } else {
             llm_ops::gemm_split(
-                g, kernel, w, mode, x, x_stride, y, y_stride, out_off, n, scratch, splits,
+                g, kernel, w, mode, x, x_stride, y, y_stride, out_off, n, part, splits,
             )?
         };
         self.fixed(ds);
