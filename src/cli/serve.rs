@@ -77,7 +77,7 @@ pub struct Args {
     /// token, then chunks of waiting prompts (vLLM's
     /// --max-num-batched-tokens). Fewer keep running streams steadier while
     /// prompts arrive; more start new ones sooner. Also caps the sequences
-    /// running at once. Default: 2048 on the GPU (llama-server's batch), 256
+    /// running at once. Default: 8192 on the GPU (vLLM's on large GPUs), 256
     /// on the CPU.
     #[arg(long, value_name = "N", value_parser = super::values::positive)]
     pub step_tokens: Option<usize>,
