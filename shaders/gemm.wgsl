@@ -34,9 +34,9 @@
 // activation tiles are rounded to f16 in workgroup memory and each of the 8
 // subgroups multiplies a block of the output tile as cooperative matrices
 // (one 16 x 16 matrix of a 64 x 32 tile; WIDE: 2 x 2 of a 128 x 64 tile),
-// in k-steps of 64 (the portable kernel's are 32), summing in f32. Same sums as the portable kernel
-// with every factor rounded to f16 (relative 2^-11; activations past f16's
-// range, |x| > 65504, would overflow).
+// in k-steps of 64 (the portable kernel's are 32), summing in f32. Same
+// sums as the portable kernel with every factor rounded to f16 (relative
+// 2^-11; activations past f16's range, |x| > 65504, would overflow).
 
 struct Params {
     k: u32,

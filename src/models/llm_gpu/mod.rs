@@ -60,8 +60,6 @@ const INITIAL_KV: usize = 256;
 /// What a greedy step reads back: the token id and argmax's non-finite flag.
 const TOKEN_BYTES: u64 = 8;
 
-/// The token of a greedy step's readback, or the error for logits that held
-/// a NaN or an infinity (which argmax would pass over).
 /// The `k` best of one row's candidates as `top_k` leaves them ((id, value
 /// bits) pairs), or the damaged-logits error where any value is a NaN or an
 /// infinity (top_k ranks by bits: a positive NaN or +inf comes first).
@@ -76,6 +74,8 @@ fn best_finite_candidates(raw: &[u32], k: usize) -> Result<Vec<(u32, f32)>> {
     Ok(llm_ops::best_candidates(raw, k))
 }
 
+/// The token of a greedy step's readback, or the error for logits that held
+/// a NaN or an infinity (which argmax would pass over).
 fn greedy_token(bytes: &[u8]) -> Result<u32> {
     let word = |i: usize| u32::from_le_bytes(bytes[4 * i..4 * i + 4].try_into().expect("4 bytes"));
     if word(1) != 0 {
