@@ -33,7 +33,8 @@
 // accumulator, subgroups of 32, e.g. tensor cores on NVIDIA): the weight and
 // activation tiles are rounded to f16 in workgroup memory and each of the 8
 // subgroups multiplies a block of the output tile as cooperative matrices
-// (one 16 x 16 matrix of a 64 x 32 tile; WIDE: 2 x 2 of a 128 x 64 tile),
+// (one 16 x 16 matrix of a 64 x 32 tile; WIDE: 2 x 2 of a 128 x 64 tile;
+// WIDE and BIG: 2 x 4 of a 128 x 128 tile),
 // in k-steps of 64 (the portable kernel's are 32), summing in f32. Same
 // sums as the portable kernel with every factor rounded to f16 (relative
 // 2^-11; activations past f16's range, |x| > 65504, would overflow).
@@ -64,9 +65,13 @@ struct Params {
 #endif
 
 #if WIDE
-// 2 x 2 cooperative matrices a subgroup (COOP only)
+// 2 x 2 cooperative matrices a subgroup (COOP only); BIG: 2 x 4
 const FR: u32 = 2u;
+#if BIG
+const FT: u32 = 4u;
+#else
 const FT: u32 = 2u;
+#endif
 #else
 const FR: u32 = 1u;
 const FT: u32 = 1u;
@@ -177,13 +182,17 @@ const BK: u32 = 64u;
 // Row strides of the tiles in workgroup memory: the f16 tiles padded (the
 // coop loads want 16-byte multiples; the padding spreads rows over banks)
 // and held as vec4s (LDA / 4 a row). WIDE's f32 output tile is unpadded and
-// holds half the tile's tokens at a time (CT), as its tiles and output must
-// fit in 48 KiB.
+// holds half the tile's tokens at a time (CT; BIG: an eighth, one
+// cooperative matrix's 16), as its tiles and output must fit in 48 KiB.
 const LDA: u32 = BK + 8u;
 const LDA4: u32 = LDA / 4u;
 #if WIDE
 const LDC: u32 = BN;
+#if BIG
+const CT: u32 = 16u;
+#else
 const CT: u32 = BM / 2u;
+#endif
 #else
 const LDC: u32 = BN + 4u;
 const CT: u32 = BM;
@@ -201,6 +210,8 @@ const PX: u32 = BM / XP;
 var<workgroup> ws: array<vec4<f16>, BN * LDA4>; // [BN][LDA4]: weights, row-major A
 var<workgroup> xs: array<vec4<f16>, BM * LDA4>; // [BM][LDA4]: tokens, column-major B
 var<workgroup> cs: array<f32, CT * LDC>; // [CT][LDC]: output, column-major C
+// NORM's sums of squares pass through cs first (BIG's fill it).
+const_assert BM * XL <= CT * LDC;
 
 // The words elements e0..e0+7 of weight row `row` are made from (w8_raw),
 // zeros from `end` on (k, or the end of a SPLIT's span).
@@ -254,7 +265,8 @@ fn load_stage(wrow: array<u32, PW>, we: u32, xat: array<u32, PX>, xe: u32, end: 
 // small tiles, for GEMMs too small to fill a large GPU otherwise; WIDE
 // (2 x 2) uses each fragment loaded from workgroup memory for two multiplies
 // and each activation fetched from memory for 128 weight rows (the k-loop's
-// global loads, not its multiplies, bound it). The next k-step's loads are
+// global loads, not its multiplies, bound it); BIG (2 x 4) also each weight
+// for 128 tokens, twice the multiplies a step. The next k-step's loads are
 // issued before this step's multiplies, so their latency overlaps them.
 @compute @workgroup_size(256)
 fn main(@builtin(workgroup_id) wid: vec3<u32>,
@@ -283,6 +295,12 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>,
     var c01 = coop_mat16x16<f32, C>();
     var c10 = coop_mat16x16<f32, C>();
     var c11 = coop_mat16x16<f32, C>();
+#endif
+#if BIG
+    var c02 = coop_mat16x16<f32, C>();
+    var c03 = coop_mat16x16<f32, C>();
+    var c12 = coop_mat16x16<f32, C>();
+    var c13 = coop_mat16x16<f32, C>();
 #endif
 #if NORM
     var ss: array<f32, PX>;
@@ -324,6 +342,16 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>,
             c10 = coopMultiplyAdd(a1, b0, c10);
             c11 = coopMultiplyAdd(a1, b1, c11);
 #endif
+#if BIG
+            let ib2 = ib + 32u * LDA4;
+            let ib3 = ib + 48u * LDA4;
+            let b2 = coopLoad<coop_mat16x16<f16, B>>(&xs[ib2], lda);
+            let b3 = coopLoad<coop_mat16x16<f16, B>>(&xs[ib3], lda);
+            c02 = coopMultiplyAdd(a0, b2, c02);
+            c03 = coopMultiplyAdd(a0, b3, c03);
+            c12 = coopMultiplyAdd(a1, b2, c12);
+            c13 = coopMultiplyAdd(a1, b3, c13);
+#endif
         }
         workgroupBarrier();
     }
@@ -342,6 +370,27 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>,
     // consecutive rows from consecutive words.
     let ldc = LDC;
     for (var h = 0u; h < BM / CT; h++) {
+#if BIG
+        // Chunk h is one column of cooperative matrices: the subgroups
+        // holding it store their two of it.
+        if (h >= st / 16u && h < st / 16u + FT) {
+            let j = h - st / 16u;
+            let i1 = sr + 16u;
+            if (j == 0u) {
+                coopStore(c00, &cs[sr], ldc);
+                coopStore(c10, &cs[i1], ldc);
+            } else if (j == 1u) {
+                coopStore(c01, &cs[sr], ldc);
+                coopStore(c11, &cs[i1], ldc);
+            } else if (j == 2u) {
+                coopStore(c02, &cs[sr], ldc);
+                coopStore(c12, &cs[i1], ldc);
+            } else {
+                coopStore(c03, &cs[sr], ldc);
+                coopStore(c13, &cs[i1], ldc);
+            }
+        }
+#else
         if (st / CT == h) {
             let i00 = (st - h * CT) * LDC + sr;
             coopStore(c00, &cs[i00], ldc);
@@ -354,6 +403,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>,
             coopStore(c11, &cs[i11], ldc);
 #endif
         }
+#endif
         workgroupBarrier();
         epilogue(wid, lid, row_base, tok_base, h * CT);
         workgroupBarrier();

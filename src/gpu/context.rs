@@ -100,10 +100,19 @@ type PipelineKey = (&'static str, String);
 /// 4 x 16 x 36 and f16 probabilities of 4 x 16 x 40 (the GEMM's: 22.1 KiB).
 const COOP_STORAGE: u32 = 4608 * 2 + 2304 * 4 + 2560 * 2;
 
-/// Workgroup memory of the WIDE GEMM (gemm_norm's): f16 weight and token
-/// tiles of 2304 and 1152 vec4s, its f32 output tile of 128 rows x 32
-/// tokens (half the tile's) and the norm's 64 token scales.
-const WIDE_STORAGE: u32 = (2304 + 1152) * 8 + (4096 + 64) * 4;
+/// Workgroup memory of the WIDE GEMMs (gemm_norm's), the larger of: WIDE's
+/// f16 weight and token tiles of 2304 and 1152 vec4s, its f32 output tile of
+/// 128 rows x 32 tokens (half the tile's) and the norm's 64 token scales;
+/// BIG's tiles of 2304 vec4s each, output tile of 128 x 16 and 128 scales.
+const WIDE_STORAGE: u32 = {
+    let wide = (2304 + 1152) * 8 + (4096 + 64) * 4;
+    let big = (2304 + 2304) * 8 + (2048 + 128) * 4;
+    if wide > big {
+        wide
+    } else {
+        big
+    }
+};
 
 /// True when the adapter offers what the COOP variants (the GEMM's, prefill
 /// attention) are written for: a 16x16x16 cooperative-matrix configuration

@@ -206,7 +206,8 @@ macro_rules! format_kernel {
     };
     ($ident:ident, $name:literal, [$($file:literal),+], [$($b:expr),*], $params:ty, [$($d:literal),*], coop) => {
         format_kernel!(@sets $ident, $name, [$($file),+], [$($b),*], $params, [$($d),*], [],
-            [[] ["COOP", "F16", "SUBGROUPS"] ["COOP", "F16", "SUBGROUPS", "WIDE"]]);
+            [[] ["COOP", "F16", "SUBGROUPS"] ["COOP", "F16", "SUBGROUPS", "WIDE"]
+             ["COOP", "F16", "SUBGROUPS", "WIDE", "BIG"]]);
     };
     // Each feature set `$f` adds one variant per format to the list `$acc`.
     (@sets $ident:ident, $name:literal, [$($file:literal),+], [$($b:expr),*], $params:ty, [$($d:literal),*],
@@ -963,15 +964,53 @@ static GEMM_SPLIT_SUM_DEFINES: [&[&str]; 4] = [
 /// `format_kernel!`), for adapters with `caps.coop_matrix`.
 const COOP: [&str; 3] = ["COOP", "F16", "SUBGROUPS"];
 
-/// Weight rows and tokens of one GEMM tile (`BN`, `BM` in gemm.wgsl), and
-/// of a WIDE one (COOP only).
-const GEMM_TILE: (usize, usize) = (64, 32);
-const GEMM_WIDE_TILE: (usize, usize) = (128, 64);
+/// The tiles of the cooperative-matrix GEMM (gemm.wgsl's COOP variants).
+#[derive(Clone, Copy, PartialEq, Debug)]
+pub enum CoopTile {
+    /// 64 weight rows x 32 tokens
+    Narrow,
+    /// 128 x 64 (WIDE)
+    Wide,
+    /// 128 x 128 (WIDE and BIG)
+    Big,
+}
 
-/// The fewest WIDE tiles a GEMM must have to use them (where they fit,
-/// `Capabilities::coop_wide`): on the H200 (132 multiprocessors) they made
-/// GEMMs of 128 tiles and more 8-25% faster, and one of 64 tiles 50% slower
-/// (a GPU half idle).
+impl CoopTile {
+    /// Weight rows and tokens of one tile (`BN`, `BM` in gemm.wgsl).
+    fn size(self) -> (usize, usize) {
+        match self {
+            CoopTile::Narrow => GEMM_TILE,
+            CoopTile::Wide => (128, 64),
+            CoopTile::Big => (128, 128),
+        }
+    }
+
+    /// The defines that pick the tile.
+    fn defines(self) -> &'static [&'static str] {
+        match self {
+            CoopTile::Narrow => &[],
+            CoopTile::Wide => &["WIDE"],
+            CoopTile::Big => &["WIDE", "BIG"],
+        }
+    }
+}
+
+/// Whether BIG tiles would compute more padding tokens than WIDE ones for
+/// `n` tokens (at 64, a batched decode step's head: half of each BIG tile
+/// idle; the step measured 4-6% slower so on the H100).
+fn pads_more_tokens(tile: CoopTile, n: usize) -> bool {
+    let padded = |t: CoopTile| n.div_ceil(t.size().1) * t.size().1;
+    tile == CoopTile::Big && padded(CoopTile::Big) > padded(CoopTile::Wide)
+}
+
+/// Weight rows and tokens of one tile of the portable GEMM, and of the
+/// narrow COOP one.
+const GEMM_TILE: (usize, usize) = (64, 32);
+
+/// The fewest WIDE (or BIG) tiles a GEMM must have to use them (where they
+/// fit, `Capabilities::coop_wide`): on the H200 (132 multiprocessors) WIDE
+/// tiles made GEMMs of 128 tiles and more 8-25% faster, and one of 64 tiles
+/// 50% slower (a GPU half idle).
 const GEMM_WIDE_MIN_TILES: usize = 128;
 
 /// Which GEMM kernel runs.
@@ -984,7 +1023,7 @@ pub enum GemmKernel {
     /// least `GEMM_WIDE_MIN_TILES` of them
     Coop,
     /// On cooperative matrices in the tiles given (parity tests)
-    CoopTiles { wide: bool },
+    CoopTiles(CoopTile),
 }
 
 impl GemmKernel {
@@ -1065,14 +1104,12 @@ impl GemmMode<'_> {
 }
 
 /// The GEMM variant for weights of `t` with the epilogue `defines`: with
-/// `coop`, a cooperative-matrix one, of WIDE tiles with `wide`.
-fn gemm_variant(t: GgmlType, defines: &[&'static str], coop: bool, wide: bool) -> Result<Variant> {
+/// a `coop` tile, a cooperative-matrix one.
+fn gemm_variant(t: GgmlType, defines: &[&'static str], coop: Option<CoopTile>) -> Result<Variant> {
     let mut extra = defines.to_vec();
-    if coop {
+    if let Some(tile) = coop {
         extra.extend(COOP);
-        if wide {
-            extra.push("WIDE");
-        }
+        extra.extend(tile.defines());
     }
     format_variant(t, false, &extra)
 }
@@ -1152,25 +1189,29 @@ fn gemm_chunks(
             };
             [across, n.div_ceil(tile_tokens)]
         };
-        let (coop, wide) = match kernel {
-            GemmKernel::Portable => (false, false),
+        let coop = match kernel {
+            GemmKernel::Portable => None,
             // A split GEMM has few tiles.
-            GemmKernel::Coop if split.is_some() => (true, false),
-            GemmKernel::Coop => {
-                let [across, down] = tiles(GEMM_WIDE_TILE);
-                (
-                    true,
-                    gpu.caps.coop_wide() && across * down >= GEMM_WIDE_MIN_TILES,
-                )
-            }
-            GemmKernel::CoopTiles { wide } => (true, wide),
+            GemmKernel::Coop if split.is_some() => Some(CoopTile::Narrow),
+            GemmKernel::Coop => Some(
+                [CoopTile::Big, CoopTile::Wide]
+                    .into_iter()
+                    .find(|t| {
+                        let [across, down] = tiles(t.size());
+                        gpu.caps.coop_wide()
+                            && across * down >= GEMM_WIDE_MIN_TILES
+                            && !pads_more_tokens(*t, n)
+                    })
+                    .unwrap_or(CoopTile::Narrow),
+            ),
+            GemmKernel::CoopTiles(tile) => Some(tile),
         };
-        let variant = gemm_variant(w.dtype, defines, coop, wide)?;
+        let variant = gemm_variant(w.dtype, defines, coop)?;
         let bound = match mode.norm() {
             Some((nw, _)) => gpu.bind(shader, &variant, &[&c.buf, x, nw, out], &params)?,
             None => gpu.bind(shader, &variant, &[&c.buf, x, out], &params)?,
         };
-        let [across, down] = tiles(if wide { GEMM_WIDE_TILE } else { GEMM_TILE });
+        let [across, down] = tiles(coop.map_or(GEMM_TILE, CoopTile::size));
         ds.push(Dispatch {
             bound,
             groups: [across as u32, down as u32, ways as u32],
@@ -1292,9 +1333,15 @@ pub fn warm_gemm(gpu: &Gpu, t: GgmlType, act: FfnAct, coop: bool) -> Result<()> 
         FfnAct::GeluTanh => GEMM_NORM_SWIGLU.name,
     };
     for (kernel, defines) in GEMM_EPILOGUES.iter().filter(|(k, _)| k.name != skip) {
-        gpu.pipeline(kernel, &gemm_variant(t, defines, coop, false)?)?;
+        if !coop {
+            gpu.pipeline(kernel, &gemm_variant(t, defines, None)?)?;
+            continue;
+        }
+        gpu.pipeline(kernel, &gemm_variant(t, defines, Some(CoopTile::Narrow))?)?;
         if gpu.caps.coop_wide() {
-            gpu.pipeline(kernel, &gemm_variant(t, defines, coop, true)?)?;
+            for tile in [CoopTile::Wide, CoopTile::Big] {
+                gpu.pipeline(kernel, &gemm_variant(t, defines, Some(tile))?)?;
+            }
         }
     }
     Ok(())

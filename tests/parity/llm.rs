@@ -5,7 +5,7 @@
 
 use super::{assert_close, Case, SIZES};
 use lfm::cpu::{self, AttnShape};
-use lfm::gpu::llm_ops::{self, GemmKernel, GemmMode, GemvEpilogue, GpuMatrix};
+use lfm::gpu::llm_ops::{self, CoopTile, GemmKernel, GemmMode, GemvEpilogue, GpuMatrix};
 use lfm::gpu::ops::Dispatch;
 use lfm::gpu::{Gpu, Variant};
 use lfm::models::llm::{FfnAct, RopeStyle};
@@ -513,9 +513,13 @@ enum Epilogue {
 fn gemm_case(gpu: &Gpu, v: &Variant, epilogue: Epilogue, split: bool) {
     let (t, _) = format_and_subgroups(v);
     let kernel = if v.defines.contains(&"COOP") {
-        GemmKernel::CoopTiles {
-            wide: v.defines.contains(&"WIDE"),
-        }
+        GemmKernel::CoopTiles(if v.defines.contains(&"BIG") {
+            CoopTile::Big
+        } else if v.defines.contains(&"WIDE") {
+            CoopTile::Wide
+        } else {
+            CoopTile::Narrow
+        })
     } else {
         GemmKernel::Portable
     };
@@ -540,7 +544,8 @@ fn gemm_check(
     let tol = if coop { 1e-5 } else { PRODUCT_TOL };
     let mut rng = Rng::new(15);
     for k in row_lengths(t) {
-        // Past one COOP tile (64 x 32, WIDE 128 x 64) in both directions too.
+        // Past one COOP tile (64 x 32, WIDE 128 x 64, BIG 128 x 128) in both
+        // directions too.
         for (rows, n) in [(1, 1), (65, 33), (132, 5), (70, 130)] {
             // Two parts side by side in y: [n, 2 rows + 3] with 1 leading column.
             let a = weights(t, rows, k, &mut rng);
