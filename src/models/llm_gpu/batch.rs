@@ -1108,7 +1108,7 @@ impl GpuBatch {
                 self.on_single(*slot, n, |m| prompt_forward(m, tokens))?
             ]);
         }
-        let chunk = self.m.prefill_chunk_len();
+        let chunk = self.m.batch_prefill_chunk_len();
         let mut out = vec![Vec::new(); parts.len()];
         // (part, slot, tokens) of each pass.
         let mut passes: Vec<Vec<(usize, usize, &[u32])>> = vec![Vec::new()];
@@ -1144,7 +1144,7 @@ impl GpuBatch {
             return Ok(());
         }
         let (g, cfg) = (&*self.m.gpu, &self.m.cfg);
-        let chunk = self.m.prefill_chunk_len();
+        let chunk = self.m.batch_prefill_chunk_len();
         llm_ops::warm_prefill_rows_kernels(g)?;
         let f32s = |label: &str, n: usize| g.scratch(label, (n.max(1) * 4) as u64);
         let part = llm_ops::attention_rows_part_len(cfg.heads, cfg.head_dim, chunk, 1);

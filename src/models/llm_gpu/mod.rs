@@ -54,6 +54,11 @@ use upload::Uploader;
 
 /// Most tokens one prefill submission processes.
 pub const PREFILL_CHUNK: usize = 512;
+/// Most rows of one batched prefill pass (a [`GpuBatch`]'s prompts, as
+/// `serve` runs them): more than a single prompt's chunk, as a pass keeps
+/// no logits but each sequence's last row's, and its GEMMs then have tiles
+/// for every multiprocessor (BENCHMARKS.md, thirty-fifth session).
+pub const BATCH_PREFILL_CHUNK: usize = 2048;
 /// KV positions allocated at first; the cache doubles when it fills.
 const INITIAL_KV: usize = 256;
 
@@ -91,7 +96,8 @@ fn greedy_token(bytes: &[u8]) -> Result<u32> {
 pub struct GpuLlmOptions {
     /// Largest weight buffer (at most the adapter's storage binding limit).
     pub max_chunk_bytes: Option<u64>,
-    /// Most tokens per prefill submission (at most [`PREFILL_CHUNK`]).
+    /// Most tokens per prefill submission (at most [`PREFILL_CHUNK`]), and
+    /// rows per batched prefill pass (at most [`BATCH_PREFILL_CHUNK`]).
     pub prefill_chunk: Option<usize>,
     /// KV positions allocated at load (the cache grows as needed).
     pub kv_positions: Option<usize>,
@@ -265,6 +271,7 @@ pub struct GpuLlm {
     drawn: Dispatch,
     top_k: usize,
     prefill_chunk: usize,
+    batch_prefill_chunk: usize,
     /// The last prefill's work buffers, reused while they are large enough
     /// (allocating ~40 MB of them per 512-token prefill cost the host
     /// milliseconds).
@@ -428,6 +435,10 @@ impl GpuLlm {
                 .prefill_chunk
                 .unwrap_or(PREFILL_CHUNK)
                 .clamp(1, PREFILL_CHUNK),
+            batch_prefill_chunk: opts
+                .prefill_chunk
+                .unwrap_or(BATCH_PREFILL_CHUNK)
+                .clamp(1, BATCH_PREFILL_CHUNK),
             prefill_scratch: None,
             prefill_work: None,
             rope: Vec::new(),

@@ -500,6 +500,17 @@ impl GpuLlm {
 
     /// Largest prefill chunk whose buffers all fit one binding.
     pub(super) fn prefill_chunk_len(&self) -> usize {
+        self.chunk_that_fits(self.prefill_chunk)
+    }
+
+    /// Largest batched prefill pass whose buffers all fit one binding.
+    pub(super) fn batch_prefill_chunk_len(&self) -> usize {
+        self.chunk_that_fits(self.batch_prefill_chunk)
+    }
+
+    /// `most` rows, or fewer where their widest buffer would not fit one
+    /// binding.
+    fn chunk_that_fits(&self, most: usize) -> usize {
         let c = &self.cfg;
         let widest = [
             c.vocab,
@@ -511,7 +522,7 @@ impl GpuLlm {
         .max()
         .unwrap_or(1);
         let fit = (self.gpu.caps.max_binding / (4 * widest as u64)) as usize;
-        fit.clamp(1, self.prefill_chunk)
+        fit.clamp(1, most)
     }
 
     /// Runs `tokens` (at most a prefill chunk) through the model in one
