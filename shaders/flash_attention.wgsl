@@ -146,6 +146,20 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
             let kb = row * p.kv_stride + kvo;
             var sd = vec4<f32>();
             var d = 0u;
+            // Sixteen dimensions a step, their loads issued before the sums
+            // (a loop of a step of four, its trip count unknown to the
+            // compiler, waited for each step's loads in turn); the sums in
+            // the order of four at a time.
+            for (; d + 16u <= hd; d += 16u) {
+                let k0 = vec4<f32>(kc[kb + d], kc[kb + d + 1u], kc[kb + d + 2u], kc[kb + d + 3u]);
+                let k1 = vec4<f32>(kc[kb + d + 4u], kc[kb + d + 5u], kc[kb + d + 6u], kc[kb + d + 7u]);
+                let k2 = vec4<f32>(kc[kb + d + 8u], kc[kb + d + 9u], kc[kb + d + 10u], kc[kb + d + 11u]);
+                let k3 = vec4<f32>(kc[kb + d + 12u], kc[kb + d + 13u], kc[kb + d + 14u], kc[kb + d + 15u]);
+                sd += vec4<f32>(qs[d], qs[d + 1u], qs[d + 2u], qs[d + 3u]) * k0;
+                sd += vec4<f32>(qs[d + 4u], qs[d + 5u], qs[d + 6u], qs[d + 7u]) * k1;
+                sd += vec4<f32>(qs[d + 8u], qs[d + 9u], qs[d + 10u], qs[d + 11u]) * k2;
+                sd += vec4<f32>(qs[d + 12u], qs[d + 13u], qs[d + 14u], qs[d + 15u]) * k3;
+            }
             for (; d + 4u <= hd; d += 4u) {
                 let kv4 = vec4<f32>(kc[kb + d], kc[kb + d + 1u], kc[kb + d + 2u], kc[kb + d + 3u]);
                 sd += vec4<f32>(qs[d], qs[d + 1u], qs[d + 2u], qs[d + 3u]) * kv4;
@@ -177,6 +191,21 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
                 let vo = kvo + d;
                 var a4 = vec4<f32>();
                 var jj = 0u;
+                // Sixteen keys a step, loads first (as for the keys above).
+                for (; jj + 16u <= cnt; jj += 16u) {
+                    let v0 = vec4<f32>(vc[value_at(j0, jj, vo)], vc[value_at(j0, jj + 1u, vo)],
+                                       vc[value_at(j0, jj + 2u, vo)], vc[value_at(j0, jj + 3u, vo)]);
+                    let v1 = vec4<f32>(vc[value_at(j0, jj + 4u, vo)], vc[value_at(j0, jj + 5u, vo)],
+                                       vc[value_at(j0, jj + 6u, vo)], vc[value_at(j0, jj + 7u, vo)]);
+                    let v2 = vec4<f32>(vc[value_at(j0, jj + 8u, vo)], vc[value_at(j0, jj + 9u, vo)],
+                                       vc[value_at(j0, jj + 10u, vo)], vc[value_at(j0, jj + 11u, vo)]);
+                    let v3 = vec4<f32>(vc[value_at(j0, jj + 12u, vo)], vc[value_at(j0, jj + 13u, vo)],
+                                       vc[value_at(j0, jj + 14u, vo)], vc[value_at(j0, jj + 15u, vo)]);
+                    a4 += vec4<f32>(ps[jj], ps[jj + 1u], ps[jj + 2u], ps[jj + 3u]) * v0;
+                    a4 += vec4<f32>(ps[jj + 4u], ps[jj + 5u], ps[jj + 6u], ps[jj + 7u]) * v1;
+                    a4 += vec4<f32>(ps[jj + 8u], ps[jj + 9u], ps[jj + 10u], ps[jj + 11u]) * v2;
+                    a4 += vec4<f32>(ps[jj + 12u], ps[jj + 13u], ps[jj + 14u], ps[jj + 15u]) * v3;
+                }
                 for (; jj + 4u <= cnt; jj += 4u) {
                     let v4 = vec4<f32>(vc[value_at(j0, jj, vo)], vc[value_at(j0, jj + 1u, vo)],
                                        vc[value_at(j0, jj + 2u, vo)], vc[value_at(j0, jj + 3u, vo)]);
