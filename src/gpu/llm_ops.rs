@@ -1019,8 +1019,9 @@ pub enum GemmKernel {
     /// The portable kernel (f32 products)
     Portable,
     /// On cooperative matrices (f16 products; adapters with
-    /// `caps.coop_matrix`), in WIDE tiles where they fit and a GEMM has at
-    /// least `GEMM_WIDE_MIN_TILES` of them
+    /// `caps.coop_matrix`), in BIG or else WIDE tiles where they fit and a
+    /// GEMM has at least `GEMM_WIDE_MIN_TILES` of them (BIG: where they pad
+    /// no more tokens than WIDE)
     Coop,
     /// On cooperative matrices in the tiles given (parity tests)
     CoopTiles(CoopTile),
