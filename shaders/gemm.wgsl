@@ -38,6 +38,8 @@
 // in k-steps of 64 (the portable kernel's are 32), summing in f32. Same
 // sums as the portable kernel with every factor rounded to f16 (relative
 // 2^-11; activations past f16's range, |x| > 65504, would overflow).
+// X4 (COOP only, where k and x's row stride are multiples of 4): x is read
+// a vec4 at a time (the 64-row batched step 7% faster on the H100).
 
 struct Params {
     k: u32,
@@ -56,7 +58,11 @@ struct Params {
 
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read> w: array<u32>;
+#if X4
+@group(0) @binding(2) var<storage, read> x4: array<vec4<f32>>;
+#else
 @group(0) @binding(2) var<storage, read> x: array<f32>;
+#endif
 #if NORM
 @group(0) @binding(3) var<storage, read> nw: array<f32>;
 @group(0) @binding(4) var<storage, read_write> y: array<f32>;
@@ -223,7 +229,14 @@ fn w_tile(row: u32, e0: u32, end: u32) -> W8Raw {
 }
 
 // Values e0..e0+3 of the activation row starting at `at`, zero from `end` on.
+// X4: at, e0 and end are multiples of 4, so the four are all in or all out.
 fn x_tile(at: u32, e0: u32, end: u32) -> vec4<f32> {
+#if X4
+    if (e0 < end) {
+        return x4[(at + e0) / 4u];
+    }
+    return vec4<f32>(0.0);
+#else
     var v = vec4<f32>(0.0);
     for (var i = 0u; i < 4u; i++) {
         if (e0 + i < end) {
@@ -231,6 +244,7 @@ fn x_tile(at: u32, e0: u32, end: u32) -> vec4<f32> {
         }
     }
     return v;
+#endif
 }
 
 // A thread's share of one k-step: 8 weights of PW rows (r + WP i), 4 values

@@ -207,7 +207,8 @@ macro_rules! format_kernel {
     ($ident:ident, $name:literal, [$($file:literal),+], [$($b:expr),*], $params:ty, [$($d:literal),*], coop) => {
         format_kernel!(@sets $ident, $name, [$($file),+], [$($b),*], $params, [$($d),*], [],
             [[] ["COOP", "F16", "SUBGROUPS"] ["COOP", "F16", "SUBGROUPS", "WIDE"]
-             ["COOP", "F16", "SUBGROUPS", "WIDE", "BIG"]]);
+             ["COOP", "F16", "SUBGROUPS", "WIDE", "BIG"] ["COOP", "F16", "SUBGROUPS", "X4"]
+             ["COOP", "F16", "SUBGROUPS", "WIDE", "X4"] ["COOP", "F16", "SUBGROUPS", "WIDE", "BIG", "X4"]]);
     };
     // Each feature set `$f` adds one variant per format to the list `$acc`.
     (@sets $ident:ident, $name:literal, [$($file:literal),+], [$($b:expr),*], $params:ty, [$($d:literal),*],
@@ -1105,12 +1106,21 @@ impl GemmMode<'_> {
 }
 
 /// The GEMM variant for weights of `t` with the epilogue `defines`: with
-/// a `coop` tile, a cooperative-matrix one.
-fn gemm_variant(t: GgmlType, defines: &[&'static str], coop: Option<CoopTile>) -> Result<Variant> {
+/// a `coop` tile, a cooperative-matrix one, reading the activations four at
+/// a time with `x4` (gemm.wgsl's X4).
+fn gemm_variant(
+    t: GgmlType,
+    defines: &[&'static str],
+    coop: Option<CoopTile>,
+    x4: bool,
+) -> Result<Variant> {
     let mut extra = defines.to_vec();
     if let Some(tile) = coop {
         extra.extend(COOP);
         extra.extend(tile.defines());
+        if x4 {
+            extra.push("X4");
+        }
     }
     format_variant(t, false, &extra)
 }
@@ -1207,7 +1217,8 @@ fn gemm_chunks(
             ),
             GemmKernel::CoopTiles(tile) => Some(tile),
         };
-        let variant = gemm_variant(w.dtype, defines, coop)?;
+        let x4 = x_stride.is_multiple_of(4) && w.k.is_multiple_of(4);
+        let variant = gemm_variant(w.dtype, defines, coop, x4)?;
         let bound = match mode.norm() {
             Some((nw, _)) => gpu.bind(shader, &variant, &[&c.buf, x, nw, out], &params)?,
             None => gpu.bind(shader, &variant, &[&c.buf, x, out], &params)?,
@@ -1335,13 +1346,17 @@ pub fn warm_gemm(gpu: &Gpu, t: GgmlType, act: FfnAct, coop: bool) -> Result<()> 
     };
     for (kernel, defines) in GEMM_EPILOGUES.iter().filter(|(k, _)| k.name != skip) {
         if !coop {
-            gpu.pipeline(kernel, &gemm_variant(t, defines, None)?)?;
+            gpu.pipeline(kernel, &gemm_variant(t, defines, None, false)?)?;
             continue;
         }
-        gpu.pipeline(kernel, &gemm_variant(t, defines, Some(CoopTile::Narrow))?)?;
+        // The models' activation rows are whole vec4s: X4.
+        gpu.pipeline(
+            kernel,
+            &gemm_variant(t, defines, Some(CoopTile::Narrow), true)?,
+        )?;
         if gpu.caps.coop_wide() {
             for tile in [CoopTile::Wide, CoopTile::Big] {
-                gpu.pipeline(kernel, &gemm_variant(t, defines, Some(tile))?)?;
+                gpu.pipeline(kernel, &gemm_variant(t, defines, Some(tile), true)?)?;
             }
         }
     }

@@ -523,10 +523,22 @@ fn gemm_case(gpu: &Gpu, v: &Variant, epilogue: Epilogue, split: bool) {
     } else {
         GemmKernel::Portable
     };
-    gemm_check(gpu, &v.key(), t, kernel, epilogue, split);
+    gemm_check(
+        gpu,
+        &v.key(),
+        t,
+        kernel,
+        epilogue,
+        split,
+        v.defines.contains(&"X4"),
+    );
 }
 
-/// The GEMM of `kernel` on weights of `t` against the CPU's products.
+/// The GEMM of `kernel` on weights of `t` against the CPU's products;
+/// `x4`: for the COOP variants that read activations four at a time, rows
+/// whose length and stride are multiples of 4 (the host picks X4 for them),
+/// otherwise a stride that is not.
+#[allow(clippy::too_many_arguments)]
 fn gemm_check(
     gpu: &Gpu,
     key: &str,
@@ -534,6 +546,7 @@ fn gemm_check(
     kernel: GemmKernel,
     epilogue: Epilogue,
     split: bool,
+    x4: bool,
 ) {
     let coop = kernel != GemmKernel::Portable;
     let add = epilogue == Epilogue::Add;
@@ -543,14 +556,17 @@ fn gemm_check(
     // weight in a row still gives >= 1e-4.
     let tol = if coop { 1e-5 } else { PRODUCT_TOL };
     let mut rng = Rng::new(15);
-    for k in row_lengths(t) {
+    for k in row_lengths(t)
+        .into_iter()
+        .filter(|k| !x4 || k.is_multiple_of(4))
+    {
         // Past one COOP tile (64 x 32, WIDE 128 x 64, BIG 128 x 128) in both
         // directions too.
         for (rows, n) in [(1, 1), (65, 33), (132, 5), (70, 130)] {
             // Two parts side by side in y: [n, 2 rows + 3] with 1 leading column.
             let a = weights(t, rows, k, &mut rng);
             let b = weights(t, rows, k, &mut rng);
-            let x_stride = k + 2;
+            let x_stride = if x4 { k + 4 } else { k + 2 };
             let xs = rng.vec(n * x_stride, -2.0, 2.0);
             let mut x: Vec<f32> = xs.chunks(x_stride).flat_map(|r| r[..k].to_vec()).collect();
             // NORM: the CPU normalises first, as the unfused model did.
@@ -651,7 +667,15 @@ fn gemm_split_sum(gpu: &Gpu, v: &Variant) {
         (true, true) => Some(Epilogue::NormSwiglu(act_of(v))),
     };
     if let Some(e) = epilogue {
-        gemm_check(gpu, &v.key(), GgmlType::F32, GemmKernel::Portable, e, true);
+        gemm_check(
+            gpu,
+            &v.key(),
+            GgmlType::F32,
+            GemmKernel::Portable,
+            e,
+            true,
+            false,
+        );
         return;
     }
     let mut rng = Rng::new(21);
