@@ -39,7 +39,7 @@
 // sums as the portable kernel with every factor rounded to f16 (relative
 // 2^-11; activations past f16's range, |x| > 65504, would overflow).
 // X4 (COOP only, where k and x's row stride are multiples of 4): x is read
-// a vec4 at a time (the 64-row batched step 7% faster on the H100).
+// a vec4 at a time (BENCHMARKS.md, thirty-fifth session).
 
 struct Params {
     k: u32,
