@@ -996,6 +996,12 @@ impl CoopTile {
     }
 }
 
+/// Whether a cooperative-matrix GEMM over rows of `k` values `x_stride`
+/// apart reads them a vec4 at a time (gemm.wgsl's X4).
+pub fn gemm_reads_x4(x_stride: usize, k: usize) -> bool {
+    x_stride.is_multiple_of(4) && k.is_multiple_of(4)
+}
+
 /// Whether BIG tiles would compute more padding tokens than WIDE ones for
 /// `n` tokens (at 64, a batched decode step's head: half of each BIG tile
 /// idle; the step measured 4-6% slower so on the H100).
@@ -1217,8 +1223,7 @@ fn gemm_chunks(
             ),
             GemmKernel::CoopTiles(tile) => Some(tile),
         };
-        let x4 = x_stride.is_multiple_of(4) && w.k.is_multiple_of(4);
-        let variant = gemm_variant(w.dtype, defines, coop, x4)?;
+        let variant = gemm_variant(w.dtype, defines, coop, gemm_reads_x4(x_stride, w.k))?;
         let bound = match mode.norm() {
             Some((nw, _)) => gpu.bind(shader, &variant, &[&c.buf, x, nw, out], &params)?,
             None => gpu.bind(shader, &variant, &[&c.buf, x, out], &params)?,

@@ -567,6 +567,12 @@ fn gemm_check(
             let a = weights(t, rows, k, &mut rng);
             let b = weights(t, rows, k, &mut rng);
             let x_stride = if x4 { k + 4 } else { k + 2 };
+            // The variant under test is the one the host picks for these rows.
+            assert_eq!(
+                llm_ops::gemm_reads_x4(x_stride, k),
+                x4 && coop,
+                "{key} k={k}"
+            );
             let xs = rng.vec(n * x_stride, -2.0, 2.0);
             let mut x: Vec<f32> = xs.chunks(x_stride).flat_map(|r| r[..k].to_vec()).collect();
             // NORM: the CPU normalises first, as the unfused model did.
