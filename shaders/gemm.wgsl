@@ -39,7 +39,10 @@
 // sums as the portable kernel with every factor rounded to f16 (relative
 // 2^-11; activations past f16's range, |x| > 65504, would overflow).
 // X4 (COOP only, where k and x's row stride are multiples of 4): x is read
-// a vec4 at a time (BENCHMARKS.md, thirty-fifth session).
+// a vec4 at a time (BENCHMARKS.md, thirty-fifth session). XH (COOP, the
+// same rows): x holds the activations as f16 pairs (pack2x16float), read
+// four at a time: half the bytes of the loads every row tile repeats (the
+// residual stream's copy that gemm_split_sum's SHADOW writes).
 
 struct Params {
     k: u32,
@@ -61,7 +64,11 @@ struct Params {
 #if X4
 @group(0) @binding(2) var<storage, read> x4: array<vec4<f32>>;
 #else
+#if XH
+@group(0) @binding(2) var<storage, read> xh: array<vec2<u32>>;
+#else
 @group(0) @binding(2) var<storage, read> x: array<f32>;
+#endif
 #endif
 #if NORM
 @group(0) @binding(3) var<storage, read> nw: array<f32>;
@@ -229,11 +236,18 @@ fn w_tile(row: u32, e0: u32, end: u32) -> W8Raw {
 }
 
 // Values e0..e0+3 of the activation row starting at `at`, zero from `end` on.
-// X4: at, e0 and end are multiples of 4, so the four are all in or all out.
+// X4, XH: at, e0 and end are multiples of 4, so the four are all in or all out.
 fn x_tile(at: u32, e0: u32, end: u32) -> vec4<f32> {
 #if X4
     if (e0 < end) {
         return x4[(at + e0) / 4u];
+    }
+    return vec4<f32>(0.0);
+#else
+#if XH
+    if (e0 < end) {
+        let h = xh[(at + e0) / 4u];
+        return vec4<f32>(unpack2x16float(h.x), unpack2x16float(h.y));
     }
     return vec4<f32>(0.0);
 #else
@@ -244,6 +258,7 @@ fn x_tile(at: u32, e0: u32, end: u32) -> vec4<f32> {
         }
     }
     return v;
+#endif
 #endif
 }
 

@@ -8,12 +8,16 @@
 //         (act: gate_act.wgsl)
 //         for r < part_rows, gate from column r of `part`, up from column
 //         part_rows + r
+//   SHADOW: ADD, and y's new values also into yh as f16 pairs
+//         (pack2x16float), for the GEMMs that read them so (gemm.wgsl's XH);
+//         a thread two neighbouring outputs (cols, out_off and y_stride even)
 // (`part` holds a matrix's parts side by side, as y does).
 //
 // bindings: 0 params, 1 part [splits, n, cols] (NORM: then [splits, n] sums
-//           of squares), 2 y [n, y_stride] (read_write)
-// dispatch: (ceil(outputs / 64), n), outputs = cols (SWIGLU: part_rows); a
-// thread an output element.
+//           of squares), 2 y [n, y_stride] (read_write), SHADOW: 3 yh
+//           [n, y_stride / 2] u32
+// dispatch: (ceil(outputs / 64), n), outputs = cols (SWIGLU: part_rows;
+// SHADOW: cols / 2); a thread an output element (SHADOW: two).
 
 struct Params {
     cols: u32,        // columns of `part` (every part's rows side by side)
@@ -33,6 +37,9 @@ struct Params {
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read> part: array<f32>;
 @group(0) @binding(2) var<storage, read_write> y: array<f32>;
+#if SHADOW
+@group(0) @binding(3) var<storage, read_write> yh: array<u32>;
+#endif
 
 // Column `col`'s sum over the splits, in order.
 fn split_sum(tok: u32, col: u32) -> f32 {
@@ -57,8 +64,19 @@ fn token_scale(tok: u32) -> f32 {
 
 @compute @workgroup_size(64)
 fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
-    let o = gid.x;
     let tok = gid.y;
+#if SHADOW
+    let o = 2u * gid.x;
+    if (o >= p.cols || tok >= p.n) {
+        return;
+    }
+    let at = tok * p.y_stride + p.out_off + o;
+    let v = vec2<f32>(y[at] + split_sum(tok, o), y[at + 1u] + split_sum(tok, o + 1u));
+    y[at] = v.x;
+    y[at + 1u] = v.y;
+    yh[at / 2u] = pack2x16float(v);
+#else
+    let o = gid.x;
 #if SWIGLU
     if (o >= p.part_rows || tok >= p.n) {
         return;
@@ -76,6 +94,7 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     y[at] = split_sum(tok, o) * token_scale(tok);
 #else
     y[at] = y[at] + split_sum(tok, o);
+#endif
 #endif
 #endif
 }

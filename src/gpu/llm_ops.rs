@@ -210,6 +210,16 @@ macro_rules! format_kernel {
              ["COOP", "F16", "SUBGROUPS", "WIDE", "BIG"] ["COOP", "F16", "SUBGROUPS", "X4"]
              ["COOP", "F16", "SUBGROUPS", "WIDE", "X4"] ["COOP", "F16", "SUBGROUPS", "WIDE", "BIG", "X4"]]);
     };
+    // The coop sets, and the same reading f16 activations (XH), for GEMMs
+    // over the residual stream.
+    ($ident:ident, $name:literal, [$($file:literal),+], [$($b:expr),*], $params:ty, [$($d:literal),*], coop_xh) => {
+        format_kernel!(@sets $ident, $name, [$($file),+], [$($b),*], $params, [$($d),*], [],
+            [[] ["COOP", "F16", "SUBGROUPS"] ["COOP", "F16", "SUBGROUPS", "WIDE"]
+             ["COOP", "F16", "SUBGROUPS", "WIDE", "BIG"] ["COOP", "F16", "SUBGROUPS", "X4"]
+             ["COOP", "F16", "SUBGROUPS", "WIDE", "X4"] ["COOP", "F16", "SUBGROUPS", "WIDE", "BIG", "X4"]
+             ["COOP", "F16", "SUBGROUPS", "XH"] ["COOP", "F16", "SUBGROUPS", "WIDE", "XH"]
+             ["COOP", "F16", "SUBGROUPS", "WIDE", "BIG", "XH"]]);
+    };
     // Each feature set `$f` adds one variant per format to the list `$acc`.
     (@sets $ident:ident, $name:literal, [$($file:literal),+], [$($b:expr),*], $params:ty, [$($d:literal),*],
      [$($acc:tt)*], [[$($f:literal),*] $($rest:tt)*]) => {
@@ -851,7 +861,7 @@ format_kernel!(
     ],
     GemmParams,
     ["NORM", "SPLIT"],
-    coop
+    coop_xh
 );
 
 // Split, the gated epilogues differ only in the sum (gemm_split_sum).
@@ -867,7 +877,7 @@ format_kernel!(
     ],
     GemmParams,
     ["NORM", "SWIGLU", "SPLIT"],
-    coop
+    coop_xh
 );
 
 #[repr(C)]
@@ -911,7 +921,7 @@ format_kernel!(
     ],
     GemmParams,
     ["NORM"],
-    coop
+    coop_xh
 );
 
 format_kernel!(
@@ -926,7 +936,7 @@ format_kernel!(
     ],
     GemmParams,
     ["NORM", "SWIGLU"],
-    coop
+    coop_xh
 );
 
 format_kernel!(
@@ -941,7 +951,7 @@ format_kernel!(
     ],
     GemmParams,
     ["NORM", "SWIGLU", "GELU"],
-    coop
+    coop_xh
 );
 
 /// The GEMM kernels with the defines that pick each one's epilogue.
@@ -951,6 +961,19 @@ static GEMM_EPILOGUES: [(&Kernel, &[&str]); 4] = [
     (&GEMM_NORM_SWIGLU, &["NORM", "SWIGLU"]),
     (&GEMM_NORM_GEGLU, &["NORM", "SWIGLU", "GELU"]),
 ];
+
+kernel!(
+    GEMM_SPLIT_SUM_SHADOW,
+    "gemm_split_sum_shadow",
+    ["gate_act.wgsl", "gemm_split_sum.wgsl"],
+    [
+        Binding::read("part"),
+        Binding::write("y"),
+        Binding::write("yh")
+    ],
+    SplitSumParams,
+    [&["SHADOW"]]
+);
 
 /// The defines of `gemm_split_sum` that finish each mode's epilogue (in
 /// [`GemmMode::epilogue`]'s order).
@@ -1069,6 +1092,9 @@ pub enum GemmMode<'a> {
         eps: f32,
         act: FfnAct,
     },
+    /// As `Add`, keeping an f16 copy of y's new values in `yh` (f16 pairs,
+    /// [`GemmInput::F16`]): split GEMMs only ([`gemm_split`])
+    AddShadow { yh: &'a wgpu::Buffer },
 }
 
 impl GemmMode<'_> {
@@ -1076,7 +1102,7 @@ impl GemmMode<'_> {
     /// [`GEMM_SPLIT_SUM_DEFINES`].
     fn epilogue(&self) -> usize {
         match self {
-            GemmMode::Add => 0,
+            GemmMode::Add | GemmMode::AddShadow { .. } => 0,
             GemmMode::Norm { .. } => 1,
             GemmMode::NormSwiglu {
                 act: FfnAct::Silu, ..
@@ -1096,7 +1122,7 @@ impl GemmMode<'_> {
     /// The GEMM kernel of the mode split over k, and its defines.
     fn split_kernel(&self) -> (&'static Kernel, &'static [&'static str]) {
         match self {
-            GemmMode::Add => (&GEMM_ADD_SPLIT, &["ADD", "SPLIT"]),
+            GemmMode::Add | GemmMode::AddShadow { .. } => (&GEMM_ADD_SPLIT, &["ADD", "SPLIT"]),
             GemmMode::Norm { .. } => (&GEMM_NORM_SPLIT, &["NORM", "SPLIT"]),
             GemmMode::NormSwiglu { .. } => (&GEMM_NORM_SWIGLU_SPLIT, &["NORM", "SWIGLU", "SPLIT"]),
         }
@@ -1106,26 +1132,62 @@ impl GemmMode<'_> {
     fn norm(&self) -> Option<(&wgpu::Buffer, f32)> {
         match *self {
             GemmMode::Norm { nw, eps } | GemmMode::NormSwiglu { nw, eps, .. } => Some((nw, eps)),
-            GemmMode::Add => None,
+            GemmMode::Add | GemmMode::AddShadow { .. } => None,
         }
     }
 }
 
+/// A GEMM's activations: f32 rows, or rows of f16 pairs (`pack2x16float`,
+/// as gemm_split_sum's SHADOW writes them; cooperative matrices only, rows
+/// of whole vec4s: gemm.wgsl's XH).
+#[derive(Clone, Copy)]
+pub enum GemmInput<'a> {
+    F32(&'a wgpu::Buffer),
+    F16(&'a wgpu::Buffer),
+}
+
+impl<'a> From<&'a wgpu::Buffer> for GemmInput<'a> {
+    fn from(b: &'a wgpu::Buffer) -> GemmInput<'a> {
+        GemmInput::F32(b)
+    }
+}
+
+impl GemmInput<'_> {
+    fn buffer(&self) -> &wgpu::Buffer {
+        match *self {
+            GemmInput::F32(b) | GemmInput::F16(b) => b,
+        }
+    }
+}
+
+/// How a cooperative-matrix GEMM reads its activations.
+#[derive(Clone, Copy, PartialEq)]
+enum XRead {
+    /// One f32 at a time
+    F32,
+    /// A vec4 of f32 at a time (gemm.wgsl's X4)
+    X4,
+    /// Four f16s at a time (XH)
+    F16,
+}
+
 /// The GEMM variant for weights of `t` with the epilogue `defines`: with
-/// a `coop` tile, a cooperative-matrix one, reading the activations four at
-/// a time with `x4` (gemm.wgsl's X4).
+/// a `coop` tile, a cooperative-matrix one, reading the activations as
+/// `read` says.
 fn gemm_variant(
     t: GgmlType,
     defines: &[&'static str],
     coop: Option<CoopTile>,
-    x4: bool,
+    read: XRead,
 ) -> Result<Variant> {
     let mut extra = defines.to_vec();
     if let Some(tile) = coop {
         extra.extend(COOP);
         extra.extend(tile.defines());
-        if x4 {
-            extra.push("X4");
+        match read {
+            XRead::F32 => {}
+            XRead::X4 => extra.push("X4"),
+            XRead::F16 => extra.push("XH"),
         }
     }
     format_variant(t, false, &extra)
@@ -1135,12 +1197,12 @@ fn gemm_variant(
 /// (`mode` says which, and whether x[t] is RMS-normalised first);
 /// x: [n, x_stride], y: [n, y_stride]. One dispatch per chunk of `w`.
 #[allow(clippy::too_many_arguments)]
-pub fn gemm(
+pub fn gemm<'a>(
     gpu: &Gpu,
     kernel: GemmKernel,
     w: &GpuMatrix,
     mode: GemmMode,
-    x: &wgpu::Buffer,
+    x: impl Into<GemmInput<'a>>,
     x_stride: usize,
     y: &wgpu::Buffer,
     y_stride: usize,
@@ -1148,13 +1210,16 @@ pub fn gemm(
     n: usize,
 ) -> Result<Vec<Dispatch>> {
     let (shader, defines) = mode.kernel();
+    if matches!(mode, GemmMode::AddShadow { .. }) {
+        return Err(Error::gpu("gemm: only a split GEMM keeps an f16 copy"));
+    }
     gemm_chunks(
         gpu,
         kernel,
         w,
         mode,
         (shader, defines),
-        x,
+        x.into(),
         x_stride,
         y,
         y_stride,
@@ -1164,10 +1229,19 @@ pub fn gemm(
     )
 }
 
+/// A GEMM split over k: the k each workgroup in z sums, the ways, and (on
+/// cooperative matrices) the tile.
+#[derive(Clone, Copy)]
+struct KSpan {
+    span: usize,
+    ways: usize,
+    tile: CoopTile,
+}
+
 /// One dispatch per chunk of `w` of the GEMM `shader` with its `defines`
 /// (the mode's epilogue), into `out` ([n, out_stride], `w`'s first row at
-/// column `out_off`); with `split` (k_span, ways) the workgroups in z take
-/// a span of k each.
+/// column `out_off`); with `split` the workgroups in z take a span of k
+/// each.
 #[allow(clippy::too_many_arguments)]
 fn gemm_chunks(
     gpu: &Gpu,
@@ -1175,13 +1249,13 @@ fn gemm_chunks(
     w: &GpuMatrix,
     mode: GemmMode,
     (shader, defines): (&'static Kernel, &'static [&'static str]),
-    x: &wgpu::Buffer,
+    x: GemmInput,
     x_stride: usize,
     out: &wgpu::Buffer,
     out_stride: usize,
     out_off: usize,
     n: usize,
-    split: Option<(usize, usize)>,
+    split: Option<KSpan>,
 ) -> Result<Vec<Dispatch>> {
     let swiglu = matches!(mode, GemmMode::NormSwiglu { .. });
     if swiglu && w.parts != 2 {
@@ -1191,7 +1265,7 @@ fn gemm_chunks(
         )));
     }
     let eps = mode.norm().map_or(0.0, |(_, eps)| eps);
-    let (k_span, ways) = split.unwrap_or((0, 1));
+    let (k_span, ways) = split.map_or((0, 1), |s| (s.span, s.ways));
     let mut ds = Vec::with_capacity(w.chunks.len());
     for c in &w.chunks {
         let rows = c.rows * w.parts;
@@ -1206,27 +1280,35 @@ fn gemm_chunks(
             };
             [across, n.div_ceil(tile_tokens)]
         };
-        let coop = match kernel {
-            GemmKernel::Portable => None,
-            // A split GEMM has few tiles.
-            GemmKernel::Coop if split.is_some() => Some(CoopTile::Narrow),
-            GemmKernel::Coop => Some(
-                [CoopTile::Big, CoopTile::Wide]
-                    .into_iter()
-                    .find(|t| {
-                        let [across, down] = tiles(t.size());
-                        gpu.caps.coop_wide()
-                            && across * down >= GEMM_WIDE_MIN_TILES
-                            && !pads_more_tokens(*t, n)
-                    })
-                    .unwrap_or(CoopTile::Narrow),
-            ),
-            GemmKernel::CoopTiles(tile) => Some(tile),
+        let coop = match (kernel, split) {
+            (GemmKernel::Portable, _) => None,
+            (_, Some(s)) => Some(s.tile),
+            (GemmKernel::Coop, None) => Some(coop_tile(
+                gpu,
+                |t| {
+                    let [across, down] = tiles(t.size());
+                    across * down
+                },
+                n,
+            )),
+            (GemmKernel::CoopTiles(tile), None) => Some(tile),
         };
-        let variant = gemm_variant(w.dtype, defines, coop, gemm_reads_x4(x_stride, w.k))?;
+        let read = match (x, coop.is_some() && gemm_reads_x4(x_stride, w.k)) {
+            (GemmInput::F32(_), false) => XRead::F32,
+            (GemmInput::F32(_), true) => XRead::X4,
+            (GemmInput::F16(_), true) => XRead::F16,
+            (GemmInput::F16(_), false) => {
+                return Err(Error::gpu(format!(
+                    "{}: f16 activations need cooperative matrices and rows of whole vec4s",
+                    shader.name
+                )))
+            }
+        };
+        let variant = gemm_variant(w.dtype, defines, coop, read)?;
+        let xb = x.buffer();
         let bound = match mode.norm() {
-            Some((nw, _)) => gpu.bind(shader, &variant, &[&c.buf, x, nw, out], &params)?,
-            None => gpu.bind(shader, &variant, &[&c.buf, x, out], &params)?,
+            Some((nw, _)) => gpu.bind(shader, &variant, &[&c.buf, xb, nw, out], &params)?,
+            None => gpu.bind(shader, &variant, &[&c.buf, xb, out], &params)?,
         };
         let [across, down] = tiles(coop.map_or(GEMM_TILE, CoopTile::size));
         ds.push(Dispatch {
@@ -1237,6 +1319,106 @@ fn gemm_chunks(
     Ok(ds)
 }
 
+/// The tile of an unsplit GEMM on cooperative matrices that has `tiles(t)`
+/// tiles of each size for `n` tokens: BIG, else WIDE, where they fit
+/// (`Capabilities::coop_wide`) and make at least [`GEMM_WIDE_MIN_TILES`]
+/// (BIG: padding no more tokens than WIDE); else the narrow one.
+fn coop_tile(gpu: &Gpu, tiles: impl Fn(CoopTile) -> usize, n: usize) -> CoopTile {
+    [CoopTile::Big, CoopTile::Wide]
+        .into_iter()
+        .find(|t| {
+            gpu.caps.coop_wide() && tiles(*t) >= GEMM_WIDE_MIN_TILES && !pads_more_tokens(*t, n)
+        })
+        .unwrap_or(CoopTile::Narrow)
+}
+
+/// How a GEMM runs: its tile on cooperative matrices (None: the portable
+/// kernel) and the ways it splits over k (1: not split).
+#[derive(Clone, Copy, PartialEq, Debug)]
+pub struct GemmPlan {
+    pub tile: Option<CoopTile>,
+    pub ways: usize,
+}
+
+/// When a GEMM splits over k: into up to [`GEMM_MOST_SPLITS`] ways while
+/// its tiles (of `tile`'s size on cooperative matrices) times the ways stay
+/// within `workgroups`, each split at least one k-step.
+#[derive(Clone, Copy, PartialEq, Debug)]
+pub struct SplitRule {
+    pub tile: CoopTile,
+    pub workgroups: usize,
+}
+
+/// A batched decode step's GEMMs (WIDE tiles and 128 workgroups measured
+/// slower: BENCHMARKS.md, thirty-sixth session).
+pub const DECODE_SPLIT: SplitRule = SplitRule {
+    tile: CoopTile::Narrow,
+    workgroups: GEMM_SPLIT_WORKGROUPS,
+};
+
+/// The prefill's GEMMs, planned for [`PREFILL_PLAN_TOKENS`] whatever the
+/// chunk: a row's sums then do not depend on the rows beside it. BIG tiles
+/// against WIDE and narrow ones, 96 to 512 workgroups: BENCHMARKS.md,
+/// thirty-sixth session.
+pub const PREFILL_SPLIT: SplitRule = SplitRule {
+    tile: CoopTile::Big,
+    workgroups: 128,
+};
+
+/// The tokens a prefill's GEMMs are planned for (a prompt chunk's).
+pub const PREFILL_PLAN_TOKENS: usize = 512;
+
+/// Tiles of `tile`'s size over `cols` output columns and `n` tokens.
+fn tile_count(tile: (usize, usize), cols: usize, n: usize) -> usize {
+    cols.div_ceil(tile.0) * n.div_ceil(tile.1)
+}
+
+/// The plan of a product of `cols` output columns (a matrix's rows, every
+/// part) over `k` for `n` tokens on `kernel`, split as `rule` says (the
+/// portable kernel in its one tile; [`GemmKernel::CoopTiles`] in its own).
+pub fn gemm_plan(
+    gpu: &Gpu,
+    kernel: GemmKernel,
+    rule: SplitRule,
+    cols: usize,
+    k: usize,
+    n: usize,
+) -> GemmPlan {
+    let ways = |tile: (usize, usize)| {
+        let steps = k.div_ceil(kernel.k_step());
+        (rule.workgroups / tile_count(tile, cols, n).max(1))
+            .clamp(1, GEMM_MOST_SPLITS.min(steps.max(1)))
+    };
+    match kernel {
+        GemmKernel::Portable => GemmPlan {
+            tile: None,
+            ways: ways(GEMM_TILE),
+        },
+        GemmKernel::CoopTiles(tile) => GemmPlan {
+            tile: Some(tile),
+            ways: ways(tile.size()),
+        },
+        GemmKernel::Coop => {
+            let wide = gpu.caps.coop_wide();
+            let split_tile = match rule.tile {
+                CoopTile::Big if wide && !pads_more_tokens(CoopTile::Big, n) => CoopTile::Big,
+                CoopTile::Big | CoopTile::Wide if wide => CoopTile::Wide,
+                _ => CoopTile::Narrow,
+            };
+            match ways(split_tile.size()) {
+                1 => GemmPlan {
+                    tile: Some(coop_tile(gpu, |t| tile_count(t.size(), cols, n), n)),
+                    ways: 1,
+                },
+                w => GemmPlan {
+                    tile: Some(split_tile),
+                    ways: w,
+                },
+            }
+        }
+    }
+}
+
 /// Workgroups a GEMM of few tiles is split into over k ([`gemm_split`]):
 /// about two per multiprocessor of a large GPU (132 on the H100 and H200;
 /// 256 against 64, 128 and 512 in BENCHMARKS.md).
@@ -1244,29 +1426,20 @@ const GEMM_SPLIT_WORKGROUPS: usize = 256;
 /// The most ways it splits.
 pub const GEMM_MOST_SPLITS: usize = 16;
 
-/// Ways [`gemm_split`] splits a product of `cols` output columns (a
-/// matrix's rows, every part) over k for `n` tokens on `kernel`: up to
-/// [`GEMM_MOST_SPLITS`] while the tiles stay under
-/// [`GEMM_SPLIT_WORKGROUPS`], each split at least one k-step; 1 for no
-/// split.
-pub fn gemm_splits(kernel: GemmKernel, cols: usize, k: usize, n: usize) -> usize {
-    let (tile_rows, tile_tokens) = GEMM_TILE;
-    let tiles = cols.div_ceil(tile_rows) * n.div_ceil(tile_tokens);
-    let steps = k.div_ceil(kernel.k_step());
-    (GEMM_SPLIT_WORKGROUPS / tiles.max(1)).clamp(1, GEMM_MOST_SPLITS.min(steps.max(1)))
-}
-
-/// The f32s of the `part` buffer [`gemm_split`] needs for a product of
-/// `cols` output columns over `k` for any number of tokens up to `most`
-/// on `kernel` (0 where none splits).
-pub fn gemm_split_part_len(kernel: GemmKernel, cols: usize, k: usize, most: usize) -> usize {
-    (1..=most)
-        .map(|n| match gemm_splits(kernel, cols, k, n) {
-            1 => 0,
-            splits => gemm_split_span(kernel, k, splits).1 * n * (cols + 1),
-        })
-        .max()
-        .unwrap_or(0)
+/// The f32s of the `part` buffer [`gemm_split`] needs for `plan` of a
+/// product of `cols` output columns over `k` for `n` tokens on `kernel`
+/// (0 where it does not split).
+pub fn gemm_split_len(
+    kernel: GemmKernel,
+    plan: GemmPlan,
+    cols: usize,
+    k: usize,
+    n: usize,
+) -> usize {
+    match plan.ways {
+        1 => 0,
+        ways => gemm_split_span(kernel, k, ways).1 * n * (cols + 1),
+    }
 }
 
 /// The k each workgroup of a GEMM over `k` split about `splits` ways on
@@ -1278,29 +1451,55 @@ pub fn gemm_split_span(kernel: GemmKernel, k: usize, splits: usize) -> (usize, u
     (span, k.div_ceil(span))
 }
 
-/// [`gemm`] split over k `splits` ways (at least 2): each split's sums go to
-/// `part` ([splits, n, parts x rows], with a norm then each split's sums of
-/// squares, [splits, n]: [`gemm_split_part_len`] f32s), then one pass adds
-/// them, in order, and finishes the mode's epilogue into y. For GEMMs of
-/// few tiles, whose workgroups would otherwise leave most of a large GPU
-/// idle.
+/// [`gemm`], or [`gemm_split`] where `plan` splits it (into `part`, of
+/// [`gemm_split_len`] f32s at least).
 #[allow(clippy::too_many_arguments)]
-pub fn gemm_split(
+pub fn gemm_planned<'a>(
     gpu: &Gpu,
     kernel: GemmKernel,
     w: &GpuMatrix,
     mode: GemmMode,
-    x: &wgpu::Buffer,
+    x: impl Into<GemmInput<'a>>,
     x_stride: usize,
     y: &wgpu::Buffer,
     y_stride: usize,
     out_off: usize,
     n: usize,
     part: &wgpu::Buffer,
-    splits: usize,
+    plan: GemmPlan,
 ) -> Result<Vec<Dispatch>> {
-    assert!(splits >= 2, "gemm_split: {splits} ways");
-    let (span, splits) = gemm_split_span(kernel, w.k, splits);
+    if plan.ways < 2 {
+        return gemm(gpu, kernel, w, mode, x, x_stride, y, y_stride, out_off, n);
+    }
+    gemm_split(
+        gpu, kernel, w, mode, x, x_stride, y, y_stride, out_off, n, part, plan,
+    )
+}
+
+/// [`gemm`] split over k `plan.ways` ways (at least 2) in `plan.tile`'s
+/// tiles on cooperative matrices: each split's sums go to
+/// `part` ([splits, n, parts x rows], with a norm then each split's sums of
+/// squares, [splits, n]: [`gemm_split_len`] f32s), then one pass adds
+/// them, in order, and finishes the mode's epilogue into y. For GEMMs of
+/// few tiles, whose workgroups would otherwise leave most of a large GPU
+/// idle.
+#[allow(clippy::too_many_arguments)]
+pub fn gemm_split<'a>(
+    gpu: &Gpu,
+    kernel: GemmKernel,
+    w: &GpuMatrix,
+    mode: GemmMode,
+    x: impl Into<GemmInput<'a>>,
+    x_stride: usize,
+    y: &wgpu::Buffer,
+    y_stride: usize,
+    out_off: usize,
+    n: usize,
+    part: &wgpu::Buffer,
+    plan: GemmPlan,
+) -> Result<Vec<Dispatch>> {
+    assert!(plan.ways >= 2, "gemm_split: {} ways", plan.ways);
+    let (span, splits) = gemm_split_span(kernel, w.k, plan.ways);
     // The output's columns: every part side by side, as `part` holds them.
     let cols = w.rows * w.parts;
     let mut out = gemm_chunks(
@@ -1309,13 +1508,17 @@ pub fn gemm_split(
         w,
         mode,
         mode.split_kernel(),
-        x,
+        x.into(),
         x_stride,
         part,
         cols,
         0,
         n,
-        Some((span, splits)),
+        Some(KSpan {
+            span,
+            ways: splits,
+            tile: plan.tile.unwrap_or(CoopTile::Narrow),
+        }),
     )?;
     let params = SplitSumParams {
         cols: cols as u32,
@@ -1328,11 +1531,27 @@ pub fn gemm_split(
         eps: mode.norm().map_or(0.0, |(_, eps)| eps),
         _pad: [0; 4],
     };
-    let variant = Variant::new(GEMM_SPLIT_SUM_DEFINES[mode.epilogue()]);
-    let bound = gpu.bind(&GEMM_SPLIT_SUM, &variant, &[part, y], &params)?;
-    let outputs = match mode {
-        GemmMode::NormSwiglu { .. } => w.rows,
-        _ => cols,
+    let (bound, outputs) = match mode {
+        GemmMode::AddShadow { yh } => {
+            if !(cols.is_multiple_of(2) && out_off.is_multiple_of(2) && y_stride.is_multiple_of(2))
+            {
+                return Err(Error::gpu(format!(
+                    "gemm_split: an f16 copy needs even columns, got {cols} at {out_off} of {y_stride}"
+                )));
+            }
+            let variant = Variant::new(&["SHADOW"]);
+            let bound = gpu.bind(&GEMM_SPLIT_SUM_SHADOW, &variant, &[part, y, yh], &params)?;
+            (bound, cols / 2)
+        }
+        _ => {
+            let variant = Variant::new(GEMM_SPLIT_SUM_DEFINES[mode.epilogue()]);
+            let bound = gpu.bind(&GEMM_SPLIT_SUM, &variant, &[part, y], &params)?;
+            let outputs = match mode {
+                GemmMode::NormSwiglu { .. } => w.rows,
+                _ => cols,
+            };
+            (bound, outputs)
+        }
     };
     out.push(Dispatch {
         bound,
@@ -1351,17 +1570,22 @@ pub fn warm_gemm(gpu: &Gpu, t: GgmlType, act: FfnAct, coop: bool) -> Result<()> 
     };
     for (kernel, defines) in GEMM_EPILOGUES.iter().filter(|(k, _)| k.name != skip) {
         if !coop {
-            gpu.pipeline(kernel, &gemm_variant(t, defines, None, false)?)?;
+            gpu.pipeline(kernel, &gemm_variant(t, defines, None, XRead::F32)?)?;
             continue;
         }
-        // The models' activation rows are whole vec4s: X4.
-        gpu.pipeline(
-            kernel,
-            &gemm_variant(t, defines, Some(CoopTile::Narrow), true)?,
-        )?;
-        if gpu.caps.coop_wide() {
-            for tile in [CoopTile::Wide, CoopTile::Big] {
-                gpu.pipeline(kernel, &gemm_variant(t, defines, Some(tile), true)?)?;
+        // The models' activation rows are whole vec4s: X4, and for the
+        // GEMMs over the residual stream its f16 copy (XH).
+        let reads: &[XRead] = match defines.contains(&"NORM") {
+            true => &[XRead::X4, XRead::F16],
+            false => &[XRead::X4],
+        };
+        let tiles: &[CoopTile] = match gpu.caps.coop_wide() {
+            true => &[CoopTile::Narrow, CoopTile::Wide, CoopTile::Big],
+            false => &[CoopTile::Narrow],
+        };
+        for &read in reads {
+            for &tile in tiles {
+                gpu.pipeline(kernel, &gemm_variant(t, defines, Some(tile), read)?)?;
             }
         }
     }
@@ -2720,6 +2944,7 @@ pub static KERNELS: &[&Kernel] = &[
     &GEMM_NORM_SPLIT,
     &GEMM_NORM_SWIGLU_SPLIT,
     &GEMM_SPLIT_SUM,
+    &GEMM_SPLIT_SUM_SHADOW,
     &GEMM_NORM,
     &GEMM_NORM_SWIGLU,
     &GEMM_NORM_GEGLU,

@@ -5,7 +5,9 @@
 
 use super::{assert_close, Case, SIZES};
 use lfm::cpu::{self, AttnShape};
-use lfm::gpu::llm_ops::{self, CoopTile, GemmKernel, GemmMode, GemvEpilogue, GpuMatrix};
+use lfm::gpu::llm_ops::{
+    self, CoopTile, GemmInput, GemmKernel, GemmMode, GemmPlan, GemvEpilogue, GpuMatrix,
+};
 use lfm::gpu::ops::Dispatch;
 use lfm::gpu::{Gpu, Variant};
 use lfm::models::llm::{FfnAct, RopeStyle};
@@ -105,6 +107,10 @@ pub const CASES: &[Case] = &[
     Case {
         kernel: "gemm_split_sum",
         run: gemm_split_sum,
+    },
+    Case {
+        kernel: "gemm_split_sum_shadow",
+        run: gemm_split_sum_shadow,
     },
     Case {
         kernel: "gemm_norm",
@@ -523,21 +529,42 @@ fn gemm_case(gpu: &Gpu, v: &Variant, epilogue: Epilogue, split: bool) {
     } else {
         GemmKernel::Portable
     };
-    gemm_check(
-        gpu,
-        &v.key(),
-        t,
-        kernel,
-        epilogue,
-        split,
-        v.defines.contains(&"X4"),
-    );
+    let read = if v.defines.contains(&"X4") {
+        XRows::Vec4
+    } else if v.defines.contains(&"XH") {
+        XRows::F16
+    } else {
+        XRows::Scalar
+    };
+    gemm_check(gpu, &v.key(), t, kernel, epilogue, split, read);
+}
+
+/// How a GEMM variant under test reads its activations.
+#[derive(Clone, Copy, PartialEq)]
+enum XRows {
+    /// f32s, rows whose stride is not a multiple of 4
+    Scalar,
+    /// f32s in rows of whole vec4s (X4)
+    Vec4,
+    /// f16 pairs in rows of whole vec4s (XH)
+    F16,
+}
+
+/// f16 pairs of `x` (pack2x16float's layout: the first in the low half).
+fn f16_pairs(x: &[f32]) -> Vec<u32> {
+    x.chunks(2)
+        .map(|p| {
+            let lo = half::f16::from_f32(p[0]).to_bits() as u32;
+            let hi = half::f16::from_f32(p.get(1).copied().unwrap_or(0.0)).to_bits() as u32;
+            lo | hi << 16
+        })
+        .collect()
 }
 
 /// The GEMM of `kernel` on weights of `t` against the CPU's products;
-/// `x4`: for the COOP variants that read activations four at a time, rows
-/// whose length and stride are multiples of 4 (the host picks X4 for them),
-/// otherwise a stride that is not.
+/// `read`: for the COOP variants that read activations four at a time (X4,
+/// XH), rows whose length and stride are multiples of 4 (the host picks
+/// them for such rows), otherwise a stride that is not; XH's as f16 pairs.
 #[allow(clippy::too_many_arguments)]
 fn gemm_check(
     gpu: &Gpu,
@@ -546,9 +573,10 @@ fn gemm_check(
     kernel: GemmKernel,
     epilogue: Epilogue,
     split: bool,
-    x4: bool,
+    read: XRows,
 ) {
     let coop = kernel != GemmKernel::Portable;
+    let x4 = read != XRows::Scalar;
     let add = epilogue == Epilogue::Add;
     let eps = 1e-5;
     // The COOP variant rounds both factors to f16 (relative 2^-11 each):
@@ -620,7 +648,14 @@ fn gemm_check(
                 }
             }
             let m = upload(gpu, &[&a, &b], 50);
-            let gx = gpu.upload_f32("x", &xs).unwrap();
+            let gx = match read {
+                XRows::F16 => gpu.upload_u32("x", &f16_pairs(&xs)).unwrap(),
+                _ => gpu.upload_f32("x", &xs).unwrap(),
+            };
+            let x_in = match read {
+                XRows::F16 => GemmInput::F16(&gx),
+                _ => GemmInput::F32(&gx),
+            };
             let gy = gpu.upload_f32("y", &y0).unwrap();
             let gnw = gpu.upload_f32("nw", &nw).unwrap();
             let mode = match epilogue {
@@ -630,11 +665,18 @@ fn gemm_check(
             };
             let ds = if split {
                 let part = gpu.poisoned_f32("part", 3 * n * (2 * rows + 1)).unwrap();
+                let plan = GemmPlan {
+                    tile: match kernel {
+                        GemmKernel::CoopTiles(tile) => Some(tile),
+                        _ => None,
+                    },
+                    ways: 3,
+                };
                 llm_ops::gemm_split(
-                    gpu, kernel, &m, mode, &gx, x_stride, &gy, y_stride, 1, n, &part, 3,
+                    gpu, kernel, &m, mode, x_in, x_stride, &gy, y_stride, 1, n, &part, plan,
                 )
             } else {
-                llm_ops::gemm(gpu, kernel, &m, mode, &gx, x_stride, &gy, y_stride, 1, n)
+                llm_ops::gemm(gpu, kernel, &m, mode, x_in, x_stride, &gy, y_stride, 1, n)
             };
             run(gpu, &ds.unwrap());
             let all = gpu.read_f32(&gy).unwrap();
@@ -680,7 +722,7 @@ fn gemm_split_sum(gpu: &Gpu, v: &Variant) {
             GemmKernel::Portable,
             e,
             true,
-            false,
+            XRows::Scalar,
         );
         return;
     }
@@ -705,7 +747,10 @@ fn gemm_split_sum(gpu: &Gpu, v: &Variant) {
         0,
         n,
         &part,
-        4,
+        GemmPlan {
+            tile: None,
+            ways: 4,
+        },
     )
     .unwrap();
     run(gpu, &ds);
@@ -722,6 +767,78 @@ fn gemm_split_sum(gpu: &Gpu, v: &Variant) {
         *w += s;
     }
     assert_close("gemm_split_sum", &got[..n * rows], &want, 0.0);
+}
+
+/// The ADD sum that also writes y's new values as f16 pairs: y as
+/// gemm_split_sum's, its copy those values rounded to f16.
+fn gemm_split_sum_shadow(gpu: &Gpu, _v: &Variant) {
+    let mut rng = Rng::new(22);
+    let (rows, k, n, y_stride) = (70, 32 * 5 + 8, 3, 74);
+    let a = weights(GgmlType::F32, rows, k, &mut rng);
+    let m = upload(gpu, &[&a], 40);
+    let xs = rng.vec(n * k, -2.0, 2.0);
+    let y0 = rng.vec(n * y_stride, -1.0, 1.0);
+    let gx = gpu.upload_f32("x", &xs).unwrap();
+    let plain = gpu.upload_f32("y", &y0).unwrap();
+    let gy = gpu.upload_f32("y", &y0).unwrap();
+    let yh = gpu
+        .upload_u32("yh", &vec![0xffff_ffff; n * y_stride / 2])
+        .unwrap();
+    let part = gpu.poisoned_f32("part", 4 * n * rows).unwrap();
+    let plan = GemmPlan {
+        tile: None,
+        ways: 4,
+    };
+    for (mode, y) in [
+        (GemmMode::Add, &plain),
+        (GemmMode::AddShadow { yh: &yh }, &gy),
+    ] {
+        let ds = llm_ops::gemm_split(
+            gpu,
+            GemmKernel::Portable,
+            &m,
+            mode,
+            &gx,
+            k,
+            y,
+            y_stride,
+            2,
+            n,
+            &part,
+            plan,
+        )
+        .unwrap();
+        run(gpu, &ds);
+    }
+    let want = gpu.read_f32(&plain).unwrap();
+    let got = gpu.read_f32(&gy).unwrap();
+    assert_close("gemm_split_sum_shadow y", &got, &want, 0.0);
+    // The copy: the new columns 2..2 + rows of each row, rounded to f16
+    // (to nearest or toward zero: WGSL leaves it to the device), untouched
+    // elsewhere.
+    let copy = gpu.read_u32(&yh).unwrap();
+    for t in 0..n {
+        for c in (0..y_stride).step_by(2) {
+            let at = t * y_stride + c;
+            let pair = copy[at / 2];
+            if !(2..2 + rows).contains(&c) {
+                assert_eq!(
+                    pair, 0xffff_ffff,
+                    "gemm_split_sum_shadow yh token {t} column {c}"
+                );
+                continue;
+            }
+            for (i, bits) in [pair & 0xffff, pair >> 16].into_iter().enumerate() {
+                let h = half::f16::from_bits(bits as u16).to_f32();
+                let v = want[at + i];
+                assert!(
+                    (h - v).abs() <= v.abs() * 2f32.powi(-10),
+                    "gemm_split_sum_shadow yh token {t} column {}: {h} for {v}",
+                    c + i
+                );
+            }
+        }
+    }
 }
 
 fn gemm_norm(gpu: &Gpu, v: &Variant) {

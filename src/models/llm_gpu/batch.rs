@@ -56,7 +56,8 @@ use super::{BatchProducts, GpuFfn, GpuLlm, GpuMixer};
 use crate::cpu;
 use crate::error::{Error, Result};
 use crate::gpu::llm_ops::{
-    self, AttnBuffers, Cols, GemmKernel, GemmMode, GemvEpilogue, PrefillRows, RowsSegment,
+    self, AttnBuffers, Cols, GemmInput, GemmKernel, GemmMode, GemvEpilogue, PrefillRows,
+    RowsSegment,
 };
 use crate::gpu::ops::{self, Dispatch};
 use crate::gpu::profile::{PassMarks, PassTimer, StepProfile};
@@ -98,6 +99,10 @@ pub(super) struct BatchIo {
     /// With [`BatchProducts::Gemm`]: the sums of the products split over k
     /// ([`llm_ops::gemm_split`]).
     split_part: Option<wgpu::Buffer>,
+    /// With [`BatchProducts::Gemm`]: [rows, hidden / 2] f16 pairs, the
+    /// residual stream's copy for the GEMMs that read it
+    /// ([`GemmInput::F16`]), where a split GEMM's sum wrote it.
+    xh: Option<wgpu::Buffer>,
     /// [slots, rope_dim]: each row's RoPE angles.
     cs: wgpu::Buffer,
     cs_local: wgpu::Buffer,
@@ -156,7 +161,11 @@ impl BatchIo {
                 None => None,
             },
             split_part: match gemm {
-                Some(kernel) => Some(f32s("batch split sums", split_part_len(m, kernel, rows))?),
+                Some(_) => Some(f32s("batch split sums", m.split_part_len(rows, false))?),
+                None => None,
+            },
+            xh: match gemm {
+                Some(_) => Some(f32s("batch x f16", (rows * d).div_ceil(2))?),
                 None => None,
             },
             cs: f32s("batch rope", rows * cfg.rope_dim)?,
@@ -250,30 +259,6 @@ impl BatchIo {
     }
 }
 
-/// The f32s the GEMMs of steps of up to `rows` rows split over k need
-/// ([`llm_ops::gemm_split`] on `kernel`), for the largest of `m`'s products.
-fn split_part_len(m: &GpuLlm, kernel: GemmKernel, rows: usize) -> usize {
-    let mut mats = vec![m.head()];
-    for layer in &m.layers {
-        match &layer.mixer {
-            GpuMixer::Attention { qkv, o, .. } => {
-                mats.extend(qkv.iter().map(|q| &q.0));
-                mats.push(o);
-            }
-            GpuMixer::Conv { in_proj, out, .. } => mats.extend([in_proj, out]),
-        }
-        match &layer.ffn {
-            GpuFfn::Fused(w) => mats.push(w),
-            GpuFfn::Split(gate, up) => mats.extend([gate, up]),
-        }
-        mats.push(&layer.down);
-    }
-    mats.iter()
-        .map(|w| llm_ops::gemm_split_part_len(kernel, w.rows * w.parts, w.k, rows))
-        .max()
-        .unwrap_or(0)
-}
-
 /// Where a decode step's submissions end, in shares of its operations out
 /// of the last share (see [`GpuBatch::submit_rows`]).
 const SUBMIT_SHARES: [usize; 4] = [1, 2, 4, 8];
@@ -302,6 +287,7 @@ impl Plan {
             n,
             ops: Vec::new(),
             y: None,
+            xh_current: false,
         };
         recipe::decoder(&rec.t.m.cfg, &mut rec)?;
         let (m, io) = (rec.t.m, rec.t.io);
@@ -1150,7 +1136,7 @@ impl GpuBatch {
         let part = llm_ops::attention_rows_part_len(cfg.heads, cfg.head_dim, chunk, 1);
         self.prefill = Some(BatchPrefill {
             chunk,
-            sc: PrefillScratch::new(g, cfg, chunk, 1, self.m.split_ffn())?,
+            sc: PrefillScratch::new(&self.m, chunk, 1)?,
             table: f32s(
                 "prefill rows",
                 10 * chunk + self.seqs.len() * blocks_for(self.max_len),
@@ -1283,6 +1269,8 @@ struct BatchRecorder<'a> {
     ops: Vec<Op>,
     /// The last block's output, the input of its projection.
     y: Option<BlockOut<'a>>,
+    /// Whether `io.xh` holds the residual stream's current values.
+    xh_current: bool,
 }
 
 /// Where a block left its rows' output.
@@ -1299,6 +1287,15 @@ impl<'a> BatchRecorder<'a> {
         self.ops.extend(ds.into_iter().map(Op::Fixed));
     }
 
+    /// The residual stream as the GEMMs read it: the f16 copy where it is
+    /// current.
+    fn residual_input(&self) -> GemmInput<'a> {
+        match (&self.t.io.xh, self.xh_current) {
+            (Some(xh), true) => GemmInput::F16(xh),
+            _ => GemmInput::F32(&self.t.io.x),
+        }
+    }
+
     /// The GEMM the products run on, with [`BatchProducts::Gemm`].
     fn gemm_kernel(&self) -> Option<GemmKernel> {
         self.t.gemm.as_ref().map(|g| g.0)
@@ -1312,22 +1309,18 @@ impl<'a> BatchRecorder<'a> {
         kernel: GemmKernel,
         w: &llm_ops::GpuMatrix,
         mode: GemmMode,
-        x: &wgpu::Buffer,
+        x: GemmInput<'a>,
         x_stride: usize,
         y: &wgpu::Buffer,
         y_stride: usize,
         out_off: usize,
     ) -> Result<()> {
         let (g, n) = (&self.t.m.gpu, self.n);
-        let splits = llm_ops::gemm_splits(kernel, w.rows * w.parts, w.k, n);
         let part = self.t.io.split_part.as_ref().expect("made with the GEMM");
-        let ds = if splits < 2 {
-            llm_ops::gemm(g, kernel, w, mode, x, x_stride, y, y_stride, out_off, n)?
-        } else {
-            llm_ops::gemm_split(
-                g, kernel, w, mode, x, x_stride, y, y_stride, out_off, n, part, splits,
-            )?
-        };
+        let plan = self.t.m.gemm_plan(w, n, false);
+        let ds = llm_ops::gemm_planned(
+            g, kernel, w, mode, x, x_stride, y, y_stride, out_off, n, part, plan,
+        )?;
         self.fixed(ds);
         Ok(())
     }
@@ -1338,10 +1331,27 @@ impl<'a> BatchRecorder<'a> {
         &mut self,
         kernel: GemmKernel,
         w: &llm_ops::GpuMatrix,
-        y: &wgpu::Buffer,
+        y: &'a wgpu::Buffer,
     ) -> Result<()> {
         let (io, d) = (self.t.io, self.t.m.cfg.hidden);
-        self.gemm(kernel, w, GemmMode::Add, y, w.k, &io.x, d, 0)
+        // A split GEMM's sum keeps the f16 copy the next GEMMs read.
+        let shadow = match &io.xh {
+            Some(xh)
+                if kernel != GemmKernel::Portable
+                    && self.t.m.gemm_plan(w, self.n, false).ways >= 2
+                    && llm_ops::gemm_reads_x4(d, d) =>
+            {
+                Some(xh)
+            }
+            _ => None,
+        };
+        let mode = match shadow {
+            Some(yh) => GemmMode::AddShadow { yh },
+            None => GemmMode::Add,
+        };
+        self.gemm(kernel, w, mode, y.into(), w.k, &io.x, d, 0)?;
+        self.xh_current = shadow.is_some();
+        Ok(())
     }
 
     /// Columns of a product over `k`-wide rows into `width`-wide rows.
@@ -1374,6 +1384,7 @@ impl<'a> DecoderOps for BatchRecorder<'a> {
             &io.x,
             self.n,
         )?);
+        self.xh_current = false;
         Ok(())
     }
 
@@ -1400,7 +1411,16 @@ impl<'a> DecoderOps for BatchRecorder<'a> {
                     nw: &layer.norm1,
                     eps: cfg.norm_eps,
                 };
-                self.gemm(kern, mat, mode, &io.x, cfg.hidden, &io.qkv, qkvw, *off)?;
+                self.gemm(
+                    kern,
+                    mat,
+                    mode,
+                    self.residual_input(),
+                    cfg.hidden,
+                    &io.qkv,
+                    qkvw,
+                    *off,
+                )?;
                 continue;
             }
             self.fixed(llm_ops::gemv_cols(
@@ -1481,7 +1501,16 @@ impl<'a> DecoderOps for BatchRecorder<'a> {
                 nw: &layer.norm1,
                 eps: cfg.norm_eps,
             };
-            self.gemm(kern, in_proj, mode, &io.x, d, &io.gu, 3 * d, 0)?;
+            self.gemm(
+                kern,
+                in_proj,
+                mode,
+                self.residual_input(),
+                d,
+                &io.gu,
+                3 * d,
+                0,
+            )?;
             // The gated inputs [rows, 3 hidden] go to `gu`, free until the
             // feed-forward block.
             let ends = self.t.gemm.as_ref().and_then(|g| g.1[li]);
@@ -1539,7 +1568,16 @@ impl<'a> DecoderOps for BatchRecorder<'a> {
                         eps,
                         act,
                     };
-                    self.gemm(kern, mat, mode, &io.x, cfg.hidden, &io.g, f, 0)?;
+                    self.gemm(
+                        kern,
+                        mat,
+                        mode,
+                        self.residual_input(),
+                        cfg.hidden,
+                        &io.g,
+                        f,
+                        0,
+                    )?;
                     self.y = Some(BlockOut::Rows(&io.g));
                     return Ok(());
                 }
@@ -1583,10 +1621,14 @@ impl<'a> DecoderOps for BatchRecorder<'a> {
                 let cols = self.cols(w.k, d);
                 match (self.gemm_kernel(), post) {
                     (Some(kern), None) => self.gemm_add(kern, w, y)?,
-                    _ => self.fixed(llm_ops::gemv_cols(g, w, &epi, y, 0, out, 0, cols)?),
+                    _ => {
+                        self.fixed(llm_ops::gemv_cols(g, w, &epi, y, 0, out, 0, cols)?);
+                        self.xh_current = false;
+                    }
                 }
             }
             BlockOut::Chain(rows) => {
+                self.xh_current = false;
                 for (j, row) in rows.iter().enumerate() {
                     self.fixed(llm_ops::gemv_cols(
                         g,
@@ -1605,6 +1647,7 @@ impl<'a> DecoderOps for BatchRecorder<'a> {
             let variant = super::decode::norm_add_variant(sub);
             let add = ops::rms_norm(g, &variant, &io.mix, pw, &io.x, d, self.n, cfg.norm_eps)?;
             self.ops.push(Op::Fixed(add));
+            self.xh_current = false;
         }
         Ok(())
     }
@@ -1622,7 +1665,8 @@ impl<'a> DecoderOps for BatchRecorder<'a> {
                 eps: m.cfg.norm_eps,
             };
             let (d, v) = (m.cfg.hidden, m.cfg.vocab);
-            return self.gemm(kern, m.head(), mode, &io.x, d, &io.logits, v, 0);
+            let x = self.residual_input();
+            return self.gemm(kern, m.head(), mode, x, d, &io.logits, v, 0);
         }
         self.fixed(llm_ops::gemv_cols(
             &m.gpu,

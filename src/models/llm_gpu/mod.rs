@@ -295,6 +295,55 @@ impl GpuLlm {
         GemmKernel::for_adapter(self.gpu.caps.coop_matrix && self.cfg.activations_fit_f16())
     }
 
+    /// The model's GEMM plan for `w` at `n` rows: a decode step's, or with
+    /// `prefill` the prefill's (the same for every chunk).
+    pub(super) fn gemm_plan(&self, w: &GpuMatrix, n: usize, prefill: bool) -> llm_ops::GemmPlan {
+        let (rule, plan_n) = match prefill {
+            true => (llm_ops::PREFILL_SPLIT, llm_ops::PREFILL_PLAN_TOKENS),
+            false => (llm_ops::DECODE_SPLIT, n),
+        };
+        llm_ops::gemm_plan(
+            &self.gpu,
+            self.gemm_kernel(),
+            rule,
+            w.rows * w.parts,
+            w.k,
+            plan_n,
+        )
+    }
+
+    /// The f32s the GEMMs of up to `rows` rows split over k need
+    /// ([`GpuLlm::gemm_plan`]), for the largest of the model's products.
+    pub(super) fn split_part_len(&self, rows: usize, prefill: bool) -> usize {
+        let mut mats = vec![self.head()];
+        for layer in &self.layers {
+            match &layer.mixer {
+                GpuMixer::Attention { qkv, o, .. } => {
+                    mats.extend(qkv.iter().map(|q| &q.0));
+                    mats.push(o);
+                }
+                GpuMixer::Conv { in_proj, out, .. } => mats.extend([in_proj, out]),
+            }
+            match &layer.ffn {
+                GpuFfn::Fused(w) => mats.push(w),
+                GpuFfn::Split(gate, up) => mats.extend([gate, up]),
+            }
+            mats.push(&layer.down);
+        }
+        let kernel = self.gemm_kernel();
+        let len = |w: &GpuMatrix, n: usize| {
+            let plan = self.gemm_plan(w, n, prefill);
+            llm_ops::gemm_split_len(kernel, plan, w.rows * w.parts, w.k, n)
+        };
+        mats.iter()
+            .map(|w| match prefill {
+                true => len(w, rows),
+                false => (1..=rows).map(|n| len(w, n)).max().unwrap_or(0),
+            })
+            .max()
+            .unwrap_or(0)
+    }
+
     /// One decode step consuming `token` whose next token is drawn where
     /// the logits are (`sample_rows`, [`crate::sampling::draw_unsorted`]'s
     /// draw; the argmax for [`Draw::GREEDY`]): only the token leaves the

@@ -6,11 +6,10 @@ use super::batch::LayerBufs;
 use super::decode::norm_add_variant;
 use super::{GpuFfn, GpuLlm, GpuMixer, GpuState};
 use crate::error::Result;
-use crate::gpu::llm_ops::{self, AttnBuffers, Cols, GemmKernel, GemmMode, GemvEpilogue};
+use crate::gpu::llm_ops::{self, AttnBuffers, Cols, GemmInput, GemmKernel, GemmMode, GemvEpilogue};
 use crate::gpu::ops::{self, Dispatch};
 use crate::gpu::profile::{PassMarks, PassTimer, StepProfile};
-use crate::gpu::Gpu;
-use crate::models::llm::{attn_shape, conv_ring_rows, LlmConfig};
+use crate::models::llm::{attn_shape, conv_ring_rows};
 use crate::models::recipe::{self, DecoderOps, Residual};
 use web_time::Instant;
 
@@ -71,6 +70,9 @@ pub(super) struct PrefillScratch {
     pub cs_local: wgpu::Buffer,
     /// [n, hidden]: the residual stream.
     pub x: wgpu::Buffer,
+    /// [n, hidden / 2] f16 pairs: its copy for the GEMMs that read it
+    /// ([`GemmInput::F16`]), where a split GEMM's sum wrote it.
+    xh: wgpu::Buffer,
     qkv: wgpu::Buffer,
     q: wgpu::Buffer,
     att: wgpu::Buffer,
@@ -83,19 +85,16 @@ pub(super) struct PrefillScratch {
     gu: wgpu::Buffer,
     gg: wgpu::Buffer,
     logits: wgpu::Buffer,
+    /// The sums of the GEMMs split over k ([`llm_ops::gemm_planned`]).
+    split_part: wgpu::Buffer,
 }
 
 impl PrefillScratch {
     /// `split_ffn`: some layer's gate and up are separate matrices, whose
     /// products meet in `gu` before the SwiGLU (fused ones never leave the
     /// GEMM).
-    pub(super) fn new(
-        g: &Gpu,
-        c: &LlmConfig,
-        tokens: usize,
-        logit_rows: usize,
-        split_ffn: bool,
-    ) -> Result<PrefillScratch> {
+    pub(super) fn new(m: &GpuLlm, tokens: usize, logit_rows: usize) -> Result<PrefillScratch> {
+        let (g, c, split_ffn) = (&*m.gpu, &m.cfg, m.split_ffn());
         let n = tokens;
         let (d, f, hd) = (c.hidden, c.ffn, c.head_dim);
         let (qw, kvw) = (c.heads * hd, c.kv_heads * hd);
@@ -120,6 +119,7 @@ impl PrefillScratch {
                 },
             )?,
             x: f32s("x", n * d)?,
+            xh: f32s("x f16", (n * d).div_ceil(2))?,
             qkv: f32s("qkv", n * (qw + 2 * kvw))?,
             q: f32s("q", n * qw)?,
             att: f32s("att", n * qw)?,
@@ -130,6 +130,7 @@ impl PrefillScratch {
             gu: f32s("gu", if split_ffn { n * 2 * f } else { 0 })?,
             gg: f32s("g", n * f)?,
             logits: f32s("logits", logit_rows * c.vocab)?,
+            split_part: f32s("split sums", m.split_part_len(n, true))?,
         })
     }
 }
@@ -175,22 +176,34 @@ struct PrefillRecorder<'a> {
     head: Vec<Dispatch>,
     /// The last block's output ([n, width]), the input of its projection.
     y: Option<(&'a wgpu::Buffer, usize)>,
+    /// Whether `xh` holds the residual stream's current values.
+    xh_current: bool,
 }
 
-impl PrefillRecorder<'_> {
+impl<'a> PrefillRecorder<'a> {
+    /// The residual stream as its GEMMs read it: the f16 copy where it is
+    /// current.
+    fn residual_input(&self) -> GemmInput<'a> {
+        if self.xh_current {
+            GemmInput::F16(&self.sc.xh)
+        } else {
+            GemmInput::F32(&self.sc.x)
+        }
+    }
+
     /// y (+)= W x over the chunk's tokens.
     #[allow(clippy::too_many_arguments)]
     fn gemm(
         &mut self,
         w: &llm_ops::GpuMatrix,
         mode: GemmMode,
-        x: &wgpu::Buffer,
+        x: GemmInput<'a>,
         x_stride: usize,
         y: &wgpu::Buffer,
         y_stride: usize,
         out_off: usize,
     ) -> Result<()> {
-        let ds = llm_ops::gemm(
+        let ds = llm_ops::gemm_planned(
             &self.m.gpu,
             self.kernel,
             w,
@@ -201,6 +214,8 @@ impl PrefillRecorder<'_> {
             y_stride,
             out_off,
             self.shape.n,
+            &self.sc.split_part,
+            self.m.gemm_plan(w, self.shape.n, true),
         )?;
         self.work.extend(ds);
         Ok(())
@@ -215,6 +230,7 @@ impl<'a> DecoderOps for PrefillRecorder<'a> {
         self.work.extend(llm_ops::embedding(
             &m.gpu, &m.embed, &sc.ids, 0, 1, scale, &sc.x, n,
         )?);
+        self.xh_current = false;
         Ok(())
     }
 
@@ -255,7 +271,15 @@ impl<'a> DecoderOps for PrefillRecorder<'a> {
             eps: c.norm_eps,
         };
         for (mat, off) in mats {
-            self.gemm(mat, norm1, &sc.x, c.hidden, &sc.qkv, qkvw, *off)?;
+            self.gemm(
+                mat,
+                norm1,
+                self.residual_input(),
+                c.hidden,
+                &sc.qkv,
+                qkvw,
+                *off,
+            )?;
         }
         let shape = attn_shape(c, li);
         let cs = if c.uses_local_rope(li) {
@@ -305,7 +329,7 @@ impl<'a> DecoderOps for PrefillRecorder<'a> {
             nw: &layer.norm1,
             eps: c.norm_eps,
         };
-        self.gemm(in_proj, norm1, &sc.x, d, &sc.bcx, 3 * d, 0)?;
+        self.gemm(in_proj, norm1, self.residual_input(), d, &sc.bcx, 3 * d, 0)?;
         let (g, taps, out) = (&*m.gpu, c.conv_kernel, &sc.conv_out);
         let dispatch = match (self.rows, &m.state[li]) {
             (Some(r), _) => {
@@ -340,15 +364,15 @@ impl<'a> DecoderOps for PrefillRecorder<'a> {
                     eps: c.norm_eps,
                     act: c.ffn_act,
                 };
-                self.gemm(mat, mode, &sc.x, d, &sc.gg, f, 0)?;
+                self.gemm(mat, mode, self.residual_input(), d, &sc.gg, f, 0)?;
             }
             GpuFfn::Split(gate, up) => {
                 let norm2 = GemmMode::Norm {
                     nw: &layer.norm2,
                     eps: c.norm_eps,
                 };
-                self.gemm(gate, norm2, &sc.x, d, &sc.gu, 2 * f, 0)?;
-                self.gemm(up, norm2, &sc.x, d, &sc.gu, 2 * f, f)?;
+                self.gemm(gate, norm2, self.residual_input(), d, &sc.gu, 2 * f, 0)?;
+                self.gemm(up, norm2, self.residual_input(), d, &sc.gu, 2 * f, f)?;
                 self.work
                     .push(llm_ops::swiglu(&m.gpu, &sc.gu, &sc.gg, f, n, c.ffn_act)?);
             }
@@ -364,7 +388,18 @@ impl<'a> DecoderOps for PrefillRecorder<'a> {
         let (w, post) = layer.residual(which);
         let (y, width) = self.y.take().expect("a block ran before its projection");
         match post {
-            None => self.gemm(w, GemmMode::Add, y, width, &sc.x, d, 0)?,
+            None => {
+                // A split GEMM's sum keeps the f16 copy the next GEMMs read.
+                let shadow = self.kernel != GemmKernel::Portable
+                    && m.gemm_plan(w, n, true).ways >= 2
+                    && llm_ops::gemm_reads_x4(d, d);
+                let mode = match shadow {
+                    true => GemmMode::AddShadow { yh: &sc.xh },
+                    false => GemmMode::Add,
+                };
+                self.gemm(w, mode, y.into(), width, &sc.x, d, 0)?;
+                self.xh_current = shadow;
+            }
             Some(pw) => {
                 // The GEMM adds into its output: clear it first (from a
                 // buffer never written, which wgpu zero-initialises).
@@ -375,7 +410,8 @@ impl<'a> DecoderOps for PrefillRecorder<'a> {
                     n * d,
                     n * d / 1024 + 1,
                 )?);
-                self.gemm(w, GemmMode::Add, y, width, &sc.mix, d, 0)?;
+                self.gemm(w, GemmMode::Add, y.into(), width, &sc.mix, d, 0)?;
+                self.xh_current = false;
                 let variant = norm_add_variant(m.subgroups);
                 self.work.push(ops::rms_norm(
                     &m.gpu, &variant, &sc.mix, pw, &sc.x, d, n, c.norm_eps,
@@ -403,7 +439,15 @@ impl<'a> DecoderOps for PrefillRecorder<'a> {
                 nw: &m.final_norm,
                 eps: c.norm_eps,
             };
-            self.gemm(m.head(), norm, &sc.x, d, &sc.logits, c.vocab, 0)?;
+            self.gemm(
+                m.head(),
+                norm,
+                self.residual_input(),
+                d,
+                &sc.logits,
+                c.vocab,
+                0,
+            )?;
         } else if self.shape.last {
             let head = GemvEpilogue::Norm {
                 nw: &m.final_norm,
@@ -439,6 +483,7 @@ impl GpuLlm {
             attention: Vec::new(),
             head: Vec::new(),
             y: None,
+            xh_current: false,
         };
         recipe::decoder(&self.cfg, &mut rec)?;
         let rows = if shape.all { shape.n } else { 1 };
@@ -479,6 +524,7 @@ impl GpuLlm {
             attention: Vec::new(),
             head: Vec::new(),
             y: None,
+            xh_current: false,
         };
         recipe::decoder(&self.cfg, &mut rec)?;
         Ok(PrefillWork {
@@ -568,13 +614,7 @@ impl GpuLlm {
             let tokens = n.max(self.prefill_chunk_len());
             self.prefill_work = None;
             self.prefill_scratch = None;
-            self.prefill_scratch = Some(PrefillScratch::new(
-                &self.gpu,
-                &self.cfg,
-                tokens,
-                rows,
-                self.split_ffn(),
-            )?);
+            self.prefill_scratch = Some(PrefillScratch::new(self, tokens, rows)?);
         }
         let shape = PrefillShape { n, all, last };
         if self.prefill_work.as_ref().is_none_or(|w| w.shape != shape) {
