@@ -905,7 +905,9 @@ kernel!(
         &[],
         &["NORM"],
         &["NORM", "SWIGLU"],
-        &["NORM", "SWIGLU", "GELU"]
+        &["NORM", "SWIGLU", "GELU"],
+        &["V4"],
+        &["NORM", "V4"]
     ]
 );
 
@@ -972,8 +974,16 @@ kernel!(
         Binding::write("yh")
     ],
     SplitSumParams,
-    [&["SHADOW"]]
+    [&["SHADOW", "V4"]]
 );
+
+/// Whether gemm_split_sum finishes `cols` columns at `out_off` of rows
+/// `y_stride` apart four at a time (its V4; the ADD and NORM epilogues).
+pub fn split_sum_in_vec4s(cols: usize, out_off: usize, y_stride: usize) -> bool {
+    [cols, out_off, y_stride]
+        .iter()
+        .all(|v| v.is_multiple_of(4))
+}
 
 /// The defines of `gemm_split_sum` that finish each mode's epilogue (in
 /// [`GemmMode::epilogue`]'s order).
@@ -1531,17 +1541,23 @@ pub fn gemm_split<'a>(
         eps: mode.norm().map_or(0.0, |(_, eps)| eps),
         _pad: [0; 4],
     };
+    let v4 = split_sum_in_vec4s(cols, out_off, y_stride);
     let (bound, outputs) = match mode {
-        GemmMode::AddShadow { yh } => {
-            if !(cols.is_multiple_of(2) && out_off.is_multiple_of(2) && y_stride.is_multiple_of(2))
-            {
-                return Err(Error::gpu(format!(
-                    "gemm_split: an f16 copy needs even columns, got {cols} at {out_off} of {y_stride}"
-                )));
-            }
-            let variant = Variant::new(&["SHADOW"]);
+        GemmMode::AddShadow { yh } if v4 => {
+            let variant = Variant::new(&["SHADOW", "V4"]);
             let bound = gpu.bind(&GEMM_SPLIT_SUM_SHADOW, &variant, &[part, y, yh], &params)?;
-            (bound, cols / 2)
+            (bound, cols / 4)
+        }
+        GemmMode::AddShadow { .. } => return Err(Error::gpu(format!(
+            "gemm_split: an f16 copy needs columns in fours, got {cols} at {out_off} of {y_stride}"
+        ))),
+        GemmMode::Add | GemmMode::Norm { .. } if v4 => {
+            let variant = Variant::new(match mode.norm() {
+                Some(_) => &["NORM", "V4"],
+                None => &["V4"],
+            });
+            let bound = gpu.bind(&GEMM_SPLIT_SUM, &variant, &[part, y], &params)?;
+            (bound, cols / 4)
         }
         _ => {
             let variant = Variant::new(GEMM_SPLIT_SUM_DEFINES[mode.epilogue()]);

@@ -536,7 +536,7 @@ fn gemm_case(gpu: &Gpu, v: &Variant, epilogue: Epilogue, split: bool) {
     } else {
         XRows::Scalar
     };
-    gemm_check(gpu, &v.key(), t, kernel, epilogue, split, read);
+    gemm_check(gpu, &v.key(), t, kernel, epilogue, split, read, false);
 }
 
 /// How a GEMM variant under test reads its activations.
@@ -574,9 +574,13 @@ fn gemm_check(
     epilogue: Epilogue,
     split: bool,
     read: XRows,
+    out4: bool,
 ) {
     let coop = kernel != GemmKernel::Portable;
     let x4 = read != XRows::Scalar;
+    // y's layout: `out4`, columns, offset and stride in fours (a split's sum
+    // then finishes four at a time: gemm_split_sum's V4).
+    let (out_off, pad) = if out4 { (4, 8) } else { (1, 3) };
     let add = epilogue == Epilogue::Add;
     let eps = 1e-5;
     // The COOP variant rounds both factors to f16 (relative 2^-11 each):
@@ -590,8 +594,11 @@ fn gemm_check(
     {
         // Past one COOP tile (64 x 32, WIDE 128 x 64, BIG 128 x 128) in both
         // directions too.
-        for (rows, n) in [(1, 1), (65, 33), (132, 5), (70, 130)] {
-            // Two parts side by side in y: [n, 2 rows + 3] with 1 leading column.
+        for (rows, n) in [(1, 1), (65, 33), (132, 5), (70, 130)]
+            .into_iter()
+            .filter(|(rows, _)| !out4 || (2 * rows) % 4 == 0)
+        {
+            // Two parts side by side in y: [n, 2 rows + pad] from column out_off.
             let a = weights(t, rows, k, &mut rng);
             let b = weights(t, rows, k, &mut rng);
             let x_stride = if x4 { k + 4 } else { k + 2 };
@@ -621,7 +628,14 @@ fn gemm_check(
                     y
                 },
             );
-            let y_stride = 2 * rows + 3;
+            let y_stride = 2 * rows + pad;
+            if split {
+                assert_eq!(
+                    llm_ops::split_sum_in_vec4s(2 * rows, out_off, y_stride),
+                    out4,
+                    "{key} rows={rows}"
+                );
+            }
             let mut y0 = vec![f32::NAN; n * y_stride];
             if add {
                 y0 = rng.vec(n * y_stride, -1.0, 1.0);
@@ -634,13 +648,13 @@ fn gemm_check(
                     for r in 0..rows {
                         let i = tok * rows + r;
                         want.push(cpu::ffn_act(act, ya[i]) * yb[i]);
-                        got_at.push(tok * y_stride + 1 + r);
+                        got_at.push(tok * y_stride + out_off + r);
                     }
                     continue;
                 }
                 for (p, yp) in [&ya, &yb].into_iter().enumerate() {
                     for r in 0..rows {
-                        let at = tok * y_stride + 1 + p * rows + r;
+                        let at = tok * y_stride + out_off + p * rows + r;
                         let base = if add { y0[at] } else { 0.0 };
                         want.push(base + yp[tok * rows + r]);
                         got_at.push(at);
@@ -673,10 +687,12 @@ fn gemm_check(
                     ways: 3,
                 };
                 llm_ops::gemm_split(
-                    gpu, kernel, &m, mode, x_in, x_stride, &gy, y_stride, 1, n, &part, plan,
+                    gpu, kernel, &m, mode, x_in, x_stride, &gy, y_stride, out_off, n, &part, plan,
                 )
             } else {
-                llm_ops::gemm(gpu, kernel, &m, mode, x_in, x_stride, &gy, y_stride, 1, n)
+                llm_ops::gemm(
+                    gpu, kernel, &m, mode, x_in, x_stride, &gy, y_stride, out_off, n,
+                )
             };
             run(gpu, &ds.unwrap());
             let all = gpu.read_f32(&gy).unwrap();
@@ -723,11 +739,14 @@ fn gemm_split_sum(gpu: &Gpu, v: &Variant) {
             e,
             true,
             XRows::Scalar,
+            has("V4"),
         );
         return;
     }
     let mut rng = Rng::new(21);
-    let (rows, k, n) = (70, 32 * 5 + 8, 3);
+    // V4: columns in fours.
+    let (rows, k, n) = (if has("V4") { 72 } else { 70 }, 32 * 5 + 8, 3);
+    assert_eq!(llm_ops::split_sum_in_vec4s(rows, 0, rows), has("V4"));
     let a = weights(GgmlType::F32, rows, k, &mut rng);
     let m = upload(gpu, &[&a], 40);
     let xs = rng.vec(n * k, -2.0, 2.0);
@@ -773,7 +792,7 @@ fn gemm_split_sum(gpu: &Gpu, v: &Variant) {
 /// gemm_split_sum's, its copy those values rounded to f16.
 fn gemm_split_sum_shadow(gpu: &Gpu, _v: &Variant) {
     let mut rng = Rng::new(22);
-    let (rows, k, n, y_stride) = (70, 32 * 5 + 8, 3, 74);
+    let (rows, k, n, y_stride) = (72, 32 * 5 + 8, 3, 80);
     let a = weights(GgmlType::F32, rows, k, &mut rng);
     let m = upload(gpu, &[&a], 40);
     let xs = rng.vec(n * k, -2.0, 2.0);
@@ -802,7 +821,7 @@ fn gemm_split_sum_shadow(gpu: &Gpu, _v: &Variant) {
             k,
             y,
             y_stride,
-            2,
+            4,
             n,
             &part,
             plan,
@@ -813,7 +832,7 @@ fn gemm_split_sum_shadow(gpu: &Gpu, _v: &Variant) {
     let want = gpu.read_f32(&plain).unwrap();
     let got = gpu.read_f32(&gy).unwrap();
     assert_close("gemm_split_sum_shadow y", &got, &want, 0.0);
-    // The copy: the new columns 2..2 + rows of each row, rounded to f16
+    // The copy: the new columns 4..4 + rows of each row, rounded to f16
     // (to nearest or toward zero: WGSL leaves it to the device), untouched
     // elsewhere.
     let copy = gpu.read_u32(&yh).unwrap();
@@ -821,7 +840,7 @@ fn gemm_split_sum_shadow(gpu: &Gpu, _v: &Variant) {
         for c in (0..y_stride).step_by(2) {
             let at = t * y_stride + c;
             let pair = copy[at / 2];
-            if !(2..2 + rows).contains(&c) {
+            if !(4..4 + rows).contains(&c) {
                 assert_eq!(
                     pair, 0xffff_ffff,
                     "gemm_split_sum_shadow yh token {t} column {c}"
