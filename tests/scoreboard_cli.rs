@@ -90,7 +90,8 @@ fn gpu_arm_profiles_its_decode_steps_and_prefill() {
     assert!(v["gpu_copy_bandwidth_gb_s"].as_f64().unwrap() > 0.0);
     let profiles = v["profiles"].as_array().unwrap();
     assert_eq!(profiles.len(), 2);
-    // (test, runs, a kernel it must have run)
+    // (test, runs, the start of a kernel's name it must have run: the
+    // prefill's GEMMs, split over k or not)
     for (p, (test, runs, kernel)) in profiles
         .iter()
         .zip([("decode", 3, "argmax"), ("pp5", 1, "gemm_add")])
@@ -102,7 +103,8 @@ fn gpu_arm_profiles_its_decode_steps_and_prefill() {
         // Every dispatch is attributed to a kernel, once per step.
         let calls: f64 = kernels.iter().map(|k| k["calls"].as_f64().unwrap()).sum();
         assert_eq!(calls, p["dispatches"].as_f64().unwrap(), "{test}");
-        assert!(kernels.iter().any(|k| k["name"] == kernel), "{test}");
+        let ran = |k: &serde_json::Value| k["name"].as_str().unwrap().starts_with(kernel);
+        assert!(kernels.iter().any(ran), "{test}");
         let kernel_us: f64 = kernels.iter().map(|k| k["us"].as_f64().unwrap()).sum();
         let gpu_us = p["gpu_us"].as_f64().unwrap();
         // The per-kernel times tile the step (more only if a clock stepped back).
