@@ -42,7 +42,10 @@
 // a vec4 at a time (BENCHMARKS.md, thirty-fifth session). XH (COOP, the
 // same rows): x holds the activations as f16 pairs (pack2x16float), read
 // four at a time: half the bytes of the loads every row tile repeats (the
-// residual stream's copy that gemm_split_sum's SHADOW writes).
+// residual stream's copy that gemm_split_sum's SHADOW writes). YH (COOP
+// SWIGLU, unsplit; part_rows, out_off and y_stride even): y holds f16 pairs,
+// two neighbouring outputs a thread (the down projection then reads them
+// with XH).
 
 struct Params {
     k: u32,
@@ -72,7 +75,11 @@ struct Params {
 #endif
 #if NORM
 @group(0) @binding(3) var<storage, read> nw: array<f32>;
+#if YH
+@group(0) @binding(4) var<storage, read_write> y: array<u32>;
+#else
 @group(0) @binding(4) var<storage, read_write> y: array<f32>;
+#endif
 #else
 @group(0) @binding(3) var<storage, read_write> y: array<f32>;
 #endif
@@ -443,6 +450,22 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>,
 fn epilogue(wid: vec3<u32>, lid: u32, row_base: u32, tok_base: u32, t0: u32) {
 #if SWIGLU
     const HALF: u32 = BN / 2u;
+#if YH
+    // Two neighbouring rows a thread, stored as one f16 pair.
+    for (var i = 0u; i < HALF * CT / 512u; i++) {
+        let g = lid + 256u * i;
+        let r = 2u * (g % (HALF / 2u));
+        let t = g / (HALF / 2u);
+        let row = wid.x * HALF + r;
+        let tok = tok_base + t0 + t;
+        if (row < p.part_rows && tok < p.n) {
+            let s = tscale[t0 + t];
+            let a = gate_act(cs[t * LDC + r] * s) * (cs[t * LDC + r + HALF] * s);
+            let b = gate_act(cs[t * LDC + r + 1u] * s) * (cs[t * LDC + r + 1u + HALF] * s);
+            y[(tok * p.y_stride + p.out_off + row) / 2u] = pack2x16float(vec2<f32>(a, b));
+        }
+    }
+#else
     for (var i = 0u; i < HALF * CT / 256u; i++) {
         let g = lid + 256u * i;
         let r = g % HALF;
@@ -459,6 +482,7 @@ fn epilogue(wid: vec3<u32>, lid: u32, row_base: u32, tok_base: u32, t0: u32) {
 #endif
         }
     }
+#endif
 #else
     for (var i = 0u; i < BN * CT / 256u; i++) {
         let g = lid + 256u * i;

@@ -204,14 +204,8 @@ macro_rules! format_kernel {
         format_kernel!(@sets $ident, $name, [$($file),+], [$($b),*], $params, [$($d),*], [],
             [[] ["SUBGROUPS"]]);
     };
-    ($ident:ident, $name:literal, [$($file:literal),+], [$($b:expr),*], $params:ty, [$($d:literal),*], coop) => {
-        format_kernel!(@sets $ident, $name, [$($file),+], [$($b),*], $params, [$($d),*], [],
-            [[] ["COOP", "F16", "SUBGROUPS"] ["COOP", "F16", "SUBGROUPS", "WIDE"]
-             ["COOP", "F16", "SUBGROUPS", "WIDE", "BIG"] ["COOP", "F16", "SUBGROUPS", "X4"]
-             ["COOP", "F16", "SUBGROUPS", "WIDE", "X4"] ["COOP", "F16", "SUBGROUPS", "WIDE", "BIG", "X4"]]);
-    };
-    // The coop sets, and the same reading f16 activations (XH), for GEMMs
-    // over the residual stream.
+    // The portable variant and the cooperative-matrix ones (tiles; rows
+    // read a vec4 at a time: X4; or as f16 pairs: XH).
     ($ident:ident, $name:literal, [$($file:literal),+], [$($b:expr),*], $params:ty, [$($d:literal),*], coop_xh) => {
         format_kernel!(@sets $ident, $name, [$($file),+], [$($b),*], $params, [$($d),*], [],
             [[] ["COOP", "F16", "SUBGROUPS"] ["COOP", "F16", "SUBGROUPS", "WIDE"]
@@ -219,6 +213,20 @@ macro_rules! format_kernel {
              ["COOP", "F16", "SUBGROUPS", "WIDE", "X4"] ["COOP", "F16", "SUBGROUPS", "WIDE", "BIG", "X4"]
              ["COOP", "F16", "SUBGROUPS", "XH"] ["COOP", "F16", "SUBGROUPS", "WIDE", "XH"]
              ["COOP", "F16", "SUBGROUPS", "WIDE", "BIG", "XH"]]);
+    };
+    // coop_xh, and the gated GEMMs' outputs as f16 pairs (YH) for rows of
+    // whole vec4s.
+    ($ident:ident, $name:literal, [$($file:literal),+], [$($b:expr),*], $params:ty, [$($d:literal),*], coop_xh_yh) => {
+        format_kernel!(@sets $ident, $name, [$($file),+], [$($b),*], $params, [$($d),*], [],
+            [[] ["COOP", "F16", "SUBGROUPS"] ["COOP", "F16", "SUBGROUPS", "WIDE"]
+             ["COOP", "F16", "SUBGROUPS", "WIDE", "BIG"] ["COOP", "F16", "SUBGROUPS", "X4"]
+             ["COOP", "F16", "SUBGROUPS", "WIDE", "X4"] ["COOP", "F16", "SUBGROUPS", "WIDE", "BIG", "X4"]
+             ["COOP", "F16", "SUBGROUPS", "XH"] ["COOP", "F16", "SUBGROUPS", "WIDE", "XH"]
+             ["COOP", "F16", "SUBGROUPS", "WIDE", "BIG", "XH"]
+             ["COOP", "F16", "SUBGROUPS", "X4", "YH"] ["COOP", "F16", "SUBGROUPS", "WIDE", "X4", "YH"]
+             ["COOP", "F16", "SUBGROUPS", "WIDE", "BIG", "X4", "YH"]
+             ["COOP", "F16", "SUBGROUPS", "XH", "YH"] ["COOP", "F16", "SUBGROUPS", "WIDE", "XH", "YH"]
+             ["COOP", "F16", "SUBGROUPS", "WIDE", "BIG", "XH", "YH"]]);
     };
     // Each feature set `$f` adds one variant per format to the list `$acc`.
     (@sets $ident:ident, $name:literal, [$($file:literal),+], [$($b:expr),*], $params:ty, [$($d:literal),*],
@@ -832,7 +840,7 @@ format_kernel!(
     [Binding::read("w"), Binding::read("x"), Binding::write("y")],
     GemmParams,
     ["ADD"],
-    coop
+    coop_xh
 );
 
 format_kernel!(
@@ -846,7 +854,7 @@ format_kernel!(
     ],
     GemmParams,
     ["ADD", "SPLIT"],
-    coop
+    coop_xh
 );
 
 format_kernel!(
@@ -938,7 +946,7 @@ format_kernel!(
     ],
     GemmParams,
     ["NORM", "SWIGLU"],
-    coop_xh
+    coop_xh_yh
 );
 
 format_kernel!(
@@ -953,7 +961,7 @@ format_kernel!(
     ],
     GemmParams,
     ["NORM", "SWIGLU", "GELU"],
-    coop_xh
+    coop_xh_yh
 );
 
 /// The GEMM kernels with the defines that pick each one's epilogue.
@@ -1101,6 +1109,9 @@ pub enum GemmMode<'a> {
         nw: &'a wgpu::Buffer,
         eps: f32,
         act: FfnAct,
+        /// y as f16 pairs ([`GemmInput::F16`] for the down projection;
+        /// unsplit, on cooperative matrices, where [`gemm_writes_f16`])
+        f16_out: bool,
     },
     /// As `Add`, keeping an f16 copy of y's new values in `yh` (f16 pairs,
     /// [`GemmInput::F16`]): split GEMMs only ([`gemm_split`])
@@ -1170,6 +1181,17 @@ impl GemmInput<'_> {
     }
 }
 
+/// Whether a gated GEMM (`NormSwiglu`) of `w` can write its outputs at
+/// `out_off` of rows `y_stride` apart as f16 pairs (gemm.wgsl's YH): every
+/// chunk's rows in whole pairs.
+pub fn gemm_writes_f16(w: &GpuMatrix, out_off: usize, y_stride: usize) -> bool {
+    let even = |v: usize| v.is_multiple_of(2);
+    even(y_stride)
+        && w.chunks
+            .iter()
+            .all(|c| even(c.rows) && even(out_off + c.row0))
+}
+
 /// How a cooperative-matrix GEMM reads its activations.
 #[derive(Clone, Copy, PartialEq)]
 enum XRead {
@@ -1189,6 +1211,7 @@ fn gemm_variant(
     defines: &[&'static str],
     coop: Option<CoopTile>,
     read: XRead,
+    f16_out: bool,
 ) -> Result<Variant> {
     let mut extra = defines.to_vec();
     if let Some(tile) = coop {
@@ -1198,6 +1221,9 @@ fn gemm_variant(
             XRead::F32 => {}
             XRead::X4 => extra.push("X4"),
             XRead::F16 => extra.push("XH"),
+        }
+        if f16_out {
+            extra.push("YH");
         }
     }
     format_variant(t, false, &extra)
@@ -1314,7 +1340,16 @@ fn gemm_chunks(
                 )))
             }
         };
-        let variant = gemm_variant(w.dtype, defines, coop, read)?;
+        let f16_out = matches!(mode, GemmMode::NormSwiglu { f16_out: true, .. });
+        if f16_out
+            && (coop.is_none() || split.is_some() || !gemm_writes_f16(w, out_off, out_stride))
+        {
+            return Err(Error::gpu(format!(
+                "{}: f16 outputs need an unsplit GEMM on cooperative matrices and rows in pairs",
+                shader.name
+            )));
+        }
+        let variant = gemm_variant(w.dtype, defines, coop, read, f16_out)?;
         let xb = x.buffer();
         let bound = match mode.norm() {
             Some((nw, _)) => gpu.bind(shader, &variant, &[&c.buf, xb, nw, out], &params)?,
@@ -1548,9 +1583,11 @@ pub fn gemm_split<'a>(
             let bound = gpu.bind(&GEMM_SPLIT_SUM_SHADOW, &variant, &[part, y, yh], &params)?;
             (bound, cols / 4)
         }
-        GemmMode::AddShadow { .. } => return Err(Error::gpu(format!(
+        GemmMode::AddShadow { .. } => {
+            return Err(Error::gpu(format!(
             "gemm_split: an f16 copy needs columns in fours, got {cols} at {out_off} of {y_stride}"
-        ))),
+        )))
+        }
         GemmMode::Add | GemmMode::Norm { .. } if v4 => {
             let variant = Variant::new(match mode.norm() {
                 Some(_) => &["NORM", "V4"],
@@ -1586,22 +1623,25 @@ pub fn warm_gemm(gpu: &Gpu, t: GgmlType, act: FfnAct, coop: bool) -> Result<()> 
     };
     for (kernel, defines) in GEMM_EPILOGUES.iter().filter(|(k, _)| k.name != skip) {
         if !coop {
-            gpu.pipeline(kernel, &gemm_variant(t, defines, None, XRead::F32)?)?;
+            gpu.pipeline(kernel, &gemm_variant(t, defines, None, XRead::F32, false)?)?;
             continue;
         }
-        // The models' activation rows are whole vec4s: X4, and for the
-        // GEMMs over the residual stream its f16 copy (XH).
-        let reads: &[XRead] = match defines.contains(&"NORM") {
-            true => &[XRead::X4, XRead::F16],
-            false => &[XRead::X4],
+        // The models' activation rows are whole vec4s: X4, or f16 pairs
+        // (XH); the gated GEMMs' outputs f32 or f16 pairs (YH).
+        let outs: &[bool] = match defines.contains(&"SWIGLU") {
+            true => &[false, true],
+            false => &[false],
         };
         let tiles: &[CoopTile] = match gpu.caps.coop_wide() {
             true => &[CoopTile::Narrow, CoopTile::Wide, CoopTile::Big],
             false => &[CoopTile::Narrow],
         };
-        for &read in reads {
-            for &tile in tiles {
-                gpu.pipeline(kernel, &gemm_variant(t, defines, Some(tile), read)?)?;
+        for read in [XRead::X4, XRead::F16] {
+            for &f16_out in outs {
+                for &tile in tiles {
+                    let v = gemm_variant(t, defines, Some(tile), read, f16_out)?;
+                    gpu.pipeline(kernel, &v)?;
+                }
             }
         }
     }

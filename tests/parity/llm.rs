@@ -536,7 +536,9 @@ fn gemm_case(gpu: &Gpu, v: &Variant, epilogue: Epilogue, split: bool) {
     } else {
         XRows::Scalar
     };
-    gemm_check(gpu, &v.key(), t, kernel, epilogue, split, read, false);
+    // YH: outputs as f16 pairs, in a layout of whole pairs.
+    let yh = v.defines.contains(&"YH");
+    gemm_check(gpu, &v.key(), t, kernel, epilogue, split, read, yh, yh);
 }
 
 /// How a GEMM variant under test reads its activations.
@@ -575,6 +577,7 @@ fn gemm_check(
     split: bool,
     read: XRows,
     out4: bool,
+    f16_out: bool,
 ) {
     let coop = kernel != GemmKernel::Portable;
     let x4 = read != XRows::Scalar;
@@ -670,13 +673,25 @@ fn gemm_check(
                 XRows::F16 => GemmInput::F16(&gx),
                 _ => GemmInput::F32(&gx),
             };
-            let gy = gpu.upload_f32("y", &y0).unwrap();
+            let gy = match f16_out {
+                true => gpu.upload_u32("y", &f16_pairs(&y0)).unwrap(),
+                false => gpu.upload_f32("y", &y0).unwrap(),
+            };
             let gnw = gpu.upload_f32("nw", &nw).unwrap();
             let mode = match epilogue {
                 Epilogue::Add => GemmMode::Add,
                 Epilogue::Norm => GemmMode::Norm { nw: &gnw, eps },
-                Epilogue::NormSwiglu(act) => GemmMode::NormSwiglu { nw: &gnw, eps, act },
+                Epilogue::NormSwiglu(act) => GemmMode::NormSwiglu {
+                    nw: &gnw,
+                    eps,
+                    act,
+                    f16_out,
+                },
             };
+            // The variant under test is the one the host picks for this y.
+            if f16_out {
+                assert!(llm_ops::gemm_writes_f16(&m, out_off, y_stride), "{key}");
+            }
             let ds = if split {
                 let part = gpu.poisoned_f32("part", 3 * n * (2 * rows + 1)).unwrap();
                 let plan = GemmPlan {
@@ -695,7 +710,16 @@ fn gemm_check(
                 )
             };
             run(gpu, &ds.unwrap());
-            let all = gpu.read_f32(&gy).unwrap();
+            let all: Vec<f32> = match f16_out {
+                true => gpu
+                    .read_u32(&gy)
+                    .unwrap()
+                    .iter()
+                    .flat_map(|p| [p & 0xffff, p >> 16])
+                    .map(|h| half::f16::from_bits(h as u16).to_f32())
+                    .collect(),
+                false => gpu.read_f32(&gy).unwrap(),
+            };
             let got: Vec<f32> = got_at.iter().map(|&i| all[i]).collect();
             assert_products(&format!("{key} k={k} rows={rows} n={n}"), &got, &want, tol);
         }
@@ -740,6 +764,7 @@ fn gemm_split_sum(gpu: &Gpu, v: &Variant) {
             true,
             XRows::Scalar,
             has("V4"),
+            false,
         );
         return;
     }

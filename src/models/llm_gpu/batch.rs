@@ -114,6 +114,9 @@ pub(super) struct BatchIo {
     conv_out: wgpu::Buffer,
     mix: wgpu::Buffer,
     g: wgpu::Buffer,
+    /// With [`BatchProducts::Gemm`]: [rows, ffn / 2] f16 pairs, the gated
+    /// MLP's output where its GEMM writes it so, for the down projection.
+    gh: Option<wgpu::Buffer>,
     gu: wgpu::Buffer,
     /// [slots, vocab]
     logits: wgpu::Buffer,
@@ -178,6 +181,10 @@ impl BatchIo {
             conv_out: f32s("batch conv_out", rows * d)?,
             mix: f32s("batch mix", rows * d)?,
             g: f32s("batch g", rows * f)?,
+            gh: match gemm {
+                Some(_) => Some(f32s("batch g f16", (rows * f).div_ceil(2))?),
+                None => None,
+            },
             // With the GEMM, also a conv block's gated inputs.
             gu: f32s(
                 "batch gu",
@@ -1280,6 +1287,8 @@ enum BlockOut<'a> {
     Rows(&'a wgpu::Buffer),
     /// Row j in its own buffer ([`RowsTarget::chain`]).
     Chain(&'a [ChainRow]),
+    /// Row j at j times the block's width, as f16 pairs (for a GEMM).
+    Half(&'a wgpu::Buffer),
 }
 
 impl<'a> BatchRecorder<'a> {
@@ -1331,7 +1340,7 @@ impl<'a> BatchRecorder<'a> {
         &mut self,
         kernel: GemmKernel,
         w: &llm_ops::GpuMatrix,
-        y: &'a wgpu::Buffer,
+        y: GemmInput<'a>,
     ) -> Result<()> {
         let (io, d) = (self.t.io, self.t.m.cfg.hidden);
         // A split GEMM's sum keeps the f16 copy the next GEMMs read.
@@ -1349,7 +1358,7 @@ impl<'a> BatchRecorder<'a> {
             Some(yh) => GemmMode::AddShadow { yh },
             None => GemmMode::Add,
         };
-        self.gemm(kernel, w, mode, y.into(), w.k, &io.x, d, 0)?;
+        self.gemm(kernel, w, mode, y, w.k, &io.x, d, 0)?;
         self.xh_current = shadow.is_some();
         Ok(())
     }
@@ -1563,22 +1572,28 @@ impl<'a> DecoderOps for BatchRecorder<'a> {
                 };
                 let cols = self.cols(cfg.hidden, f);
                 if let Some(kern) = self.gemm_kernel() {
+                    // Its output in f16 pairs where the down projection is a
+                    // GEMM that can read them so.
+                    let half = io.gh.as_ref().filter(|_| {
+                        kern != GemmKernel::Portable
+                            && layer.post_ffn_norm.is_none()
+                            && m.gemm_plan(mat, self.n, false).ways == 1
+                            && llm_ops::gemm_writes_f16(mat, 0, f)
+                            && llm_ops::gemm_reads_x4(f, f)
+                    });
                     let mode = GemmMode::NormSwiglu {
                         nw: &layer.norm2,
                         eps,
                         act,
+                        f16_out: half.is_some(),
                     };
-                    self.gemm(
-                        kern,
-                        mat,
-                        mode,
-                        self.residual_input(),
-                        cfg.hidden,
-                        &io.g,
-                        f,
-                        0,
-                    )?;
-                    self.y = Some(BlockOut::Rows(&io.g));
+                    let x = self.residual_input();
+                    let out = half.unwrap_or(&io.g);
+                    self.gemm(kern, mat, mode, x, cfg.hidden, out, f, 0)?;
+                    self.y = Some(match half {
+                        Some(gh) => BlockOut::Half(gh),
+                        None => BlockOut::Rows(&io.g),
+                    });
                     return Ok(());
                 }
                 self.fixed(llm_ops::gemv_cols(g, mat, &epi, &io.x, 0, &io.g, 0, cols)?);
@@ -1617,10 +1632,14 @@ impl<'a> DecoderOps for BatchRecorder<'a> {
             Some(_) => (GemvEpilogue::Store, &io.mix),
         };
         match y {
+            BlockOut::Half(y) => {
+                let kern = self.gemm_kernel().expect("f16 rows come from a GEMM");
+                self.gemm_add(kern, w, GemmInput::F16(y))?;
+            }
             BlockOut::Rows(y) => {
                 let cols = self.cols(w.k, d);
                 match (self.gemm_kernel(), post) {
-                    (Some(kern), None) => self.gemm_add(kern, w, y)?,
+                    (Some(kern), None) => self.gemm_add(kern, w, y.into())?,
                     _ => {
                         self.fixed(llm_ops::gemv_cols(g, w, &epi, y, 0, out, 0, cols)?);
                         self.xh_current = false;

@@ -84,6 +84,9 @@ pub(super) struct PrefillScratch {
     zeros: wgpu::Buffer,
     gu: wgpu::Buffer,
     gg: wgpu::Buffer,
+    /// [n, ffn / 2] f16 pairs: the gated MLP's output where its GEMM writes
+    /// it so ([`llm_ops::gemm_writes_f16`]), for the down projection.
+    ggh: wgpu::Buffer,
     logits: wgpu::Buffer,
     /// The sums of the GEMMs split over k ([`llm_ops::gemm_planned`]).
     split_part: wgpu::Buffer,
@@ -129,6 +132,7 @@ impl PrefillScratch {
             zeros: f32s("zeros", if c.post_norms { n * d } else { 0 })?,
             gu: f32s("gu", if split_ffn { n * 2 * f } else { 0 })?,
             gg: f32s("g", n * f)?,
+            ggh: f32s("g f16", (n * f).div_ceil(2))?,
             logits: f32s("logits", logit_rows * c.vocab)?,
             split_part: f32s("split sums", m.split_part_len(n, true))?,
         })
@@ -175,7 +179,7 @@ struct PrefillRecorder<'a> {
     attention: Vec<(usize, llm_ops::Attention)>,
     head: Vec<Dispatch>,
     /// The last block's output ([n, width]), the input of its projection.
-    y: Option<(&'a wgpu::Buffer, usize)>,
+    y: Option<(GemmInput<'a>, usize)>,
     /// Whether `xh` holds the residual stream's current values.
     xh_current: bool,
 }
@@ -300,7 +304,7 @@ impl<'a> DecoderOps for PrefillRecorder<'a> {
                     self.attention.push((self.work.len(), a));
                 }
             }
-            self.y = Some((att, qw));
+            self.y = Some((att.into(), qw));
             return Ok(());
         };
         let rope = llm_ops::qk_rope_rows(g, &shape, qkv, norms, bias, cs, &kv, q, n)?;
@@ -314,7 +318,7 @@ impl<'a> DecoderOps for PrefillRecorder<'a> {
                 self.attention.push((self.work.len(), a));
             }
         }
-        self.y = Some((&sc.att, qw));
+        self.y = Some(((&sc.att).into(), qw));
         Ok(())
     }
 
@@ -348,7 +352,7 @@ impl<'a> DecoderOps for PrefillRecorder<'a> {
             (None, GpuState::Kv { .. }) => unreachable!("both follow the config's layers"),
         };
         self.work.push(dispatch);
-        self.y = Some((&sc.conv_out, d));
+        self.y = Some(((&sc.conv_out).into(), d));
         Ok(())
     }
 
@@ -359,12 +363,25 @@ impl<'a> DecoderOps for PrefillRecorder<'a> {
         let layer = &m.layers[li];
         match &layer.ffn {
             GpuFfn::Fused(mat) => {
+                // Its output in f16 pairs where the down projection can
+                // read them so.
+                let f16_out = self.kernel != GemmKernel::Portable
+                    && m.gemm_plan(mat, n, true).ways == 1
+                    && llm_ops::gemm_writes_f16(mat, 0, f)
+                    && llm_ops::gemm_reads_x4(f, f);
                 let mode = GemmMode::NormSwiglu {
                     nw: &layer.norm2,
                     eps: c.norm_eps,
                     act: c.ffn_act,
+                    f16_out,
                 };
-                self.gemm(mat, mode, self.residual_input(), d, &sc.gg, f, 0)?;
+                let (out, y) = match f16_out {
+                    true => (&sc.ggh, GemmInput::F16(&sc.ggh)),
+                    false => (&sc.gg, GemmInput::F32(&sc.gg)),
+                };
+                self.gemm(mat, mode, self.residual_input(), d, out, f, 0)?;
+                self.y = Some((y, f));
+                return Ok(());
             }
             GpuFfn::Split(gate, up) => {
                 let norm2 = GemmMode::Norm {
@@ -377,7 +394,7 @@ impl<'a> DecoderOps for PrefillRecorder<'a> {
                     .push(llm_ops::swiglu(&m.gpu, &sc.gu, &sc.gg, f, n, c.ffn_act)?);
             }
         }
-        self.y = Some((&sc.gg, f));
+        self.y = Some(((&sc.gg).into(), f));
         Ok(())
     }
 
@@ -397,7 +414,7 @@ impl<'a> DecoderOps for PrefillRecorder<'a> {
                     true => GemmMode::AddShadow { yh: &sc.xh },
                     false => GemmMode::Add,
                 };
-                self.gemm(w, mode, y.into(), width, &sc.x, d, 0)?;
+                self.gemm(w, mode, y, width, &sc.x, d, 0)?;
                 self.xh_current = shadow;
             }
             Some(pw) => {
@@ -410,7 +427,7 @@ impl<'a> DecoderOps for PrefillRecorder<'a> {
                     n * d,
                     n * d / 1024 + 1,
                 )?);
-                self.gemm(w, GemmMode::Add, y.into(), width, &sc.mix, d, 0)?;
+                self.gemm(w, GemmMode::Add, y, width, &sc.mix, d, 0)?;
                 self.xh_current = false;
                 let variant = norm_add_variant(m.subgroups);
                 self.work.push(ops::rms_norm(
