@@ -1344,16 +1344,10 @@ impl<'a> BatchRecorder<'a> {
     ) -> Result<()> {
         let (io, d) = (self.t.io, self.t.m.cfg.hidden);
         // A split GEMM's sum keeps the f16 copy the next GEMMs read.
-        let shadow = match &io.xh {
-            Some(xh)
-                if kernel != GemmKernel::Portable
-                    && self.t.m.gemm_plan(w, self.n, false).ways >= 2
-                    && llm_ops::gemm_reads_x4(d, d) =>
-            {
-                Some(xh)
-            }
-            _ => None,
-        };
+        let shadow = io
+            .xh
+            .as_ref()
+            .filter(|_| self.t.m.keeps_residual_f16(w, self.n, false));
         let mode = match shadow {
             Some(yh) => GemmMode::AddShadow { yh },
             None => GemmMode::Add,
@@ -1575,11 +1569,7 @@ impl<'a> DecoderOps for BatchRecorder<'a> {
                     // Its output in f16 pairs where the down projection is a
                     // GEMM that can read them so.
                     let half = io.gh.as_ref().filter(|_| {
-                        kern != GemmKernel::Portable
-                            && layer.post_ffn_norm.is_none()
-                            && m.gemm_plan(mat, self.n, false).ways == 1
-                            && llm_ops::gemm_writes_f16(mat, 0, f)
-                            && llm_ops::gemm_reads_x4(f, f)
+                        layer.post_ffn_norm.is_none() && m.gated_f16_out(mat, self.n, false)
                     });
                     let mode = GemmMode::NormSwiglu {
                         nw: &layer.norm2,

@@ -312,6 +312,29 @@ impl GpuLlm {
         )
     }
 
+    /// Whether the projection `w` into the residual stream ([n, hidden])
+    /// keeps the stream's f16 copy at `n` rows (`prefill`: the prefill's
+    /// plan): its GEMM is split, whose sum pass writes the copy, on
+    /// cooperative matrices, over rows of whole vec4s.
+    pub(super) fn keeps_residual_f16(&self, w: &GpuMatrix, n: usize, prefill: bool) -> bool {
+        let d = self.cfg.hidden;
+        self.gemm_kernel() != GemmKernel::Portable
+            && self.gemm_plan(w, n, prefill).ways >= 2
+            && llm_ops::gemm_reads_x4(d, d)
+    }
+
+    /// Whether the gated GEMM `w` ([gate; up] into [n, ffn]) writes its
+    /// output as f16 pairs for the down projection at `n` rows: unsplit, on
+    /// cooperative matrices, rows in pairs that the down projection reads
+    /// a vec4 at a time.
+    pub(super) fn gated_f16_out(&self, w: &GpuMatrix, n: usize, prefill: bool) -> bool {
+        let f = self.cfg.ffn;
+        self.gemm_kernel() != GemmKernel::Portable
+            && self.gemm_plan(w, n, prefill).ways == 1
+            && llm_ops::gemm_writes_f16(w, 0, f)
+            && llm_ops::gemm_reads_x4(f, f)
+    }
+
     /// The f32s the GEMMs of up to `rows` rows split over k need
     /// ([`GpuLlm::gemm_plan`]), for the largest of the model's products.
     pub(super) fn split_part_len(&self, rows: usize, prefill: bool) -> usize {

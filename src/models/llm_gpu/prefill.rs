@@ -365,10 +365,7 @@ impl<'a> DecoderOps for PrefillRecorder<'a> {
             GpuFfn::Fused(mat) => {
                 // Its output in f16 pairs where the down projection can
                 // read them so.
-                let f16_out = self.kernel != GemmKernel::Portable
-                    && m.gemm_plan(mat, n, true).ways == 1
-                    && llm_ops::gemm_writes_f16(mat, 0, f)
-                    && llm_ops::gemm_reads_x4(f, f);
+                let f16_out = m.gated_f16_out(mat, n, true);
                 let mode = GemmMode::NormSwiglu {
                     nw: &layer.norm2,
                     eps: c.norm_eps,
@@ -407,9 +404,7 @@ impl<'a> DecoderOps for PrefillRecorder<'a> {
         match post {
             None => {
                 // A split GEMM's sum keeps the f16 copy the next GEMMs read.
-                let shadow = self.kernel != GemmKernel::Portable
-                    && m.gemm_plan(w, n, true).ways >= 2
-                    && llm_ops::gemm_reads_x4(d, d);
+                let shadow = m.keeps_residual_f16(w, n, true);
                 let mode = match shadow {
                     true => GemmMode::AddShadow { yh: &sc.xh },
                     false => GemmMode::Add,
