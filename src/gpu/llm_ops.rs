@@ -1418,6 +1418,18 @@ fn tile_count(tile: (usize, usize), cols: usize, n: usize) -> usize {
     cols.div_ceil(tile.0) * n.div_ceil(tile.1)
 }
 
+/// The tile `rule` splits in on cooperative matrices for `n` tokens: its
+/// own where the adapter has it (BIG: where it pads no more tokens than
+/// WIDE), else the next smaller.
+fn split_tile(gpu: &Gpu, rule: SplitRule, n: usize) -> CoopTile {
+    let wide = gpu.caps.coop_wide();
+    match rule.tile {
+        CoopTile::Big if wide && !pads_more_tokens(CoopTile::Big, n) => CoopTile::Big,
+        CoopTile::Big | CoopTile::Wide if wide => CoopTile::Wide,
+        _ => CoopTile::Narrow,
+    }
+}
+
 /// The plan of a product of `cols` output columns (a matrix's rows, every
 /// part) over `k` for `n` tokens on `kernel`, split as `rule` says (the
 /// portable kernel in its one tile; [`GemmKernel::CoopTiles`] in its own).
@@ -1444,12 +1456,7 @@ pub fn gemm_plan(
             ways: ways(tile.size()),
         },
         GemmKernel::Coop => {
-            let wide = gpu.caps.coop_wide();
-            let split_tile = match rule.tile {
-                CoopTile::Big if wide && !pads_more_tokens(CoopTile::Big, n) => CoopTile::Big,
-                CoopTile::Big | CoopTile::Wide if wide => CoopTile::Wide,
-                _ => CoopTile::Narrow,
-            };
+            let split_tile = split_tile(gpu, rule, n);
             match ways(split_tile.size()) {
                 1 => GemmPlan {
                     tile: Some(coop_tile(gpu, |t| tile_count(t.size(), cols, n), n)),
@@ -1615,12 +1622,36 @@ pub fn gemm_split<'a>(
 
 /// Compiles the prefill GEMMs for weights of `t` ahead of their first use
 /// (of the gated epilogues, the one of `act`; on cooperative matrices when
-/// `coop`).
+/// `coop`; there, split over k too).
 pub fn warm_gemm(gpu: &Gpu, t: GgmlType, act: FfnAct, coop: bool) -> Result<()> {
     let skip = match act {
         FfnAct::Silu => GEMM_NORM_GEGLU.name,
         FfnAct::GeluTanh => GEMM_NORM_SWIGLU.name,
     };
+    if coop {
+        // The real models' narrow GEMMs split over k: in the prefill's
+        // tile, over rows of vec4s or f16 pairs, and the sums that end them
+        // (four outputs a thread; the gated one's scalar).
+        let tile = split_tile(gpu, PREFILL_SPLIT, PREFILL_PLAN_TOKENS);
+        let splits = [
+            (&GEMM_ADD_SPLIT, &["ADD", "SPLIT"][..]),
+            (&GEMM_NORM_SPLIT, &["NORM", "SPLIT"]),
+            (&GEMM_NORM_SWIGLU_SPLIT, &["NORM", "SWIGLU", "SPLIT"]),
+        ];
+        for (kernel, defines) in splits {
+            for read in [XRead::X4, XRead::F16] {
+                gpu.pipeline(kernel, &gemm_variant(t, defines, Some(tile), read, false)?)?;
+            }
+        }
+        let gated: &[&str] = match act {
+            FfnAct::Silu => &["NORM", "SWIGLU"],
+            FfnAct::GeluTanh => &["NORM", "SWIGLU", "GELU"],
+        };
+        for defines in [&["V4"][..], &["NORM", "V4"], gated] {
+            gpu.pipeline(&GEMM_SPLIT_SUM, &Variant::new(defines))?;
+        }
+        gpu.pipeline(&GEMM_SPLIT_SUM_SHADOW, &Variant::new(&["SHADOW", "V4"]))?;
+    }
     for (kernel, defines) in GEMM_EPILOGUES.iter().filter(|(k, _)| k.name != skip) {
         if !coop {
             gpu.pipeline(kernel, &gemm_variant(t, defines, None, XRead::F32, false)?)?;
