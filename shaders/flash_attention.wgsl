@@ -10,7 +10,12 @@
 //           4 step: array<u32> [token, pos0, kv_len, splits],
 //           5 out: [n_q, heads * hd], 6 part: [n_q, heads, splits, hd + 2]
 //           (out, part read_write)
-// dispatch: (splits, heads, n_q) workgroups of 64 threads; hd <= 256
+// dispatch: (splits, heads / GQ, n_q) workgroups of 64 threads; hd <= 256
+// GQ (override): the query heads of one key head a workgroup computes
+//   together, a divisor of heads / kv_heads of at most GMAX: each key and
+//   value is loaded once for all of them (decode attention reads its cache
+//   once per key head, not once per query head). Each head's sums are those
+//   of a workgroup of its own.
 // variants: SUBGROUPS reduces with subgroup ops, otherwise a shared-memory tree.
 // ROWS (flash_attention_rows, batched decode): query t (n_q of them) is one
 //   decode row of its own sequence, whose row record (step[8 t ..],
@@ -30,10 +35,13 @@
 const WG: u32 = 64u;
 // A finite "minus infinity": exp(NEG - NEG) stays 1, never NaN.
 const NEG: f32 = -1.0e30;
+override GQ: u32 = 1u;
+const GMAX: u32 = 8u;
 
-var<workgroup> qs: array<f32, 256>;
-var<workgroup> ps: array<f32, 64>;
-var<workgroup> red: array<f32, 64>;
+// Head g's query at qs[g * hd ..], its probabilities at ps[g * WG ..].
+var<workgroup> qs: array<f32, 256u * GQ>;
+var<workgroup> ps: array<f32, WG * GQ>;
+var<workgroup> red: array<f32, WG * GQ>;
 #if ROWS
 // The cache row of each key of the block being summed.
 var<workgroup> krow: array<u32, 64>;
@@ -48,44 +56,59 @@ fn value_at(j0: u32, jj: u32, vo: u32) -> u32 {
 #endif
 }
 
-fn wg_reduce(v: f32, lid: u32, is_max: bool
+// Each head's max (or sum) of v over the workgroup, in the same order for
+// every head as for one.
+fn wg_reduce(v: array<f32, GMAX>, lid: u32, is_max: bool
 #if SUBGROUPS
              , sid: u32, ssize: u32
 #endif
-) -> f32 {
+) -> array<f32, GMAX> {
+    var r: array<f32, GMAX>;
 #if SUBGROUPS
-    var s: f32;
-    if (is_max) {
-        s = subgroupMax(v);
-    } else {
-        s = subgroupAdd(v);
-    }
-    if (sid == 0u) {
-        red[lid / ssize] = s;
-    }
-    workgroupBarrier();
-    var r = red[0];
-    for (var i = 1u; i < (WG + ssize - 1u) / ssize; i++) {
+    for (var g = 0u; g < GQ; g++) {
+        var s: f32;
         if (is_max) {
-            r = max(r, red[i]);
+            s = subgroupMax(v[g]);
         } else {
-            r += red[i];
+            s = subgroupAdd(v[g]);
+        }
+        if (sid == 0u) {
+            red[g * WG + lid / ssize] = s;
         }
     }
+    workgroupBarrier();
+    for (var g = 0u; g < GQ; g++) {
+        var x = red[g * WG];
+        for (var i = 1u; i < (WG + ssize - 1u) / ssize; i++) {
+            if (is_max) {
+                x = max(x, red[g * WG + i]);
+            } else {
+                x += red[g * WG + i];
+            }
+        }
+        r[g] = x;
+    }
 #else
-    red[lid] = v;
+    for (var g = 0u; g < GQ; g++) {
+        red[g * WG + lid] = v[g];
+    }
     workgroupBarrier();
     for (var st = WG / 2u; st > 0u; st >>= 1u) {
         if (lid < st) {
-            if (is_max) {
-                red[lid] = max(red[lid], red[lid + st]);
-            } else {
-                red[lid] += red[lid + st];
+            for (var g = 0u; g < GQ; g++) {
+                let at = g * WG + lid;
+                if (is_max) {
+                    red[at] = max(red[at], red[at + st]);
+                } else {
+                    red[at] += red[at + st];
+                }
             }
         }
         workgroupBarrier();
     }
-    let r = red[0];
+    for (var g = 0u; g < GQ; g++) {
+        r[g] = red[g * WG];
+    }
 #endif
     workgroupBarrier();
     return r;
@@ -98,7 +121,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
 #endif
 ) {
     let s = wid.x;
-    let h = wid.y;
+    let h0 = wid.y * GQ;
     let t = wid.z;
     let hd = p.hd;
 #if ROWS
@@ -123,20 +146,28 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     let chunk = (visible + splits - 1u) / splits;
     let start = lo + min(s * chunk, visible);
     let end = min(start + chunk, last);
-    let kh = h / (p.heads / p.kv_heads);
+    let kh = h0 / (p.heads / p.kv_heads);
     let kvo = kh * hd;
-    for (var d = lid; d < hd; d += WG) {
-        qs[d] = q[(t * p.heads + h) * hd + d];
+    for (var g = 0u; g < GQ; g++) {
+        for (var d = lid; d < hd; d += WG) {
+            qs[g * hd + d] = q[(t * p.heads + h0 + g) * hd + d];
+        }
     }
     workgroupBarrier();
-    var m = NEG;
-    var l = 0.0;
-    var acc = array<f32, 4>();
+    var m: array<f32, GMAX>;
+    var l: array<f32, GMAX>;
+    // acc[g][i]: head g's sum for dimension lid + i * WG.
+    var acc: array<vec4<f32>, GMAX>;
+    for (var g = 0u; g < GQ; g++) {
+        m[g] = NEG;
+    }
     for (var j0 = start; j0 < end; j0 += WG) {
         let j = j0 + lid;
-        var sc = NEG;
+        var sc: array<f32, GMAX>;
+        for (var g = 0u; g < GQ; g++) {
+            sc[g] = NEG;
+        }
         if (j < end) {
-            // Four independent sums, so the key loads are in flight together.
 #if ROWS
             let row = cache_row(table, j);
             krow[lid] = row;
@@ -144,7 +175,9 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
             let row = j;
 #endif
             let kb = row * p.kv_stride + kvo;
-            var sd = vec4<f32>();
+            // Four independent sums a head, so the key loads are in flight
+            // together.
+            var sd: array<vec4<f32>, GMAX>;
             var d = 0u;
             // Sixteen dimensions a step, their loads issued before the sums
             // (a loop of a step of four, its trip count unknown to the
@@ -155,41 +188,60 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
                 let k1 = vec4<f32>(kc[kb + d + 4u], kc[kb + d + 5u], kc[kb + d + 6u], kc[kb + d + 7u]);
                 let k2 = vec4<f32>(kc[kb + d + 8u], kc[kb + d + 9u], kc[kb + d + 10u], kc[kb + d + 11u]);
                 let k3 = vec4<f32>(kc[kb + d + 12u], kc[kb + d + 13u], kc[kb + d + 14u], kc[kb + d + 15u]);
-                sd += vec4<f32>(qs[d], qs[d + 1u], qs[d + 2u], qs[d + 3u]) * k0;
-                sd += vec4<f32>(qs[d + 4u], qs[d + 5u], qs[d + 6u], qs[d + 7u]) * k1;
-                sd += vec4<f32>(qs[d + 8u], qs[d + 9u], qs[d + 10u], qs[d + 11u]) * k2;
-                sd += vec4<f32>(qs[d + 12u], qs[d + 13u], qs[d + 14u], qs[d + 15u]) * k3;
+                for (var g = 0u; g < GQ; g++) {
+                    let qd = g * hd + d;
+                    sd[g] += vec4<f32>(qs[qd], qs[qd + 1u], qs[qd + 2u], qs[qd + 3u]) * k0;
+                    sd[g] += vec4<f32>(qs[qd + 4u], qs[qd + 5u], qs[qd + 6u], qs[qd + 7u]) * k1;
+                    sd[g] += vec4<f32>(qs[qd + 8u], qs[qd + 9u], qs[qd + 10u], qs[qd + 11u]) * k2;
+                    sd[g] += vec4<f32>(qs[qd + 12u], qs[qd + 13u], qs[qd + 14u], qs[qd + 15u]) * k3;
+                }
             }
             for (; d + 4u <= hd; d += 4u) {
                 let kv4 = vec4<f32>(kc[kb + d], kc[kb + d + 1u], kc[kb + d + 2u], kc[kb + d + 3u]);
-                sd += vec4<f32>(qs[d], qs[d + 1u], qs[d + 2u], qs[d + 3u]) * kv4;
+                for (var g = 0u; g < GQ; g++) {
+                    let qd = g * hd + d;
+                    sd[g] += vec4<f32>(qs[qd], qs[qd + 1u], qs[qd + 2u], qs[qd + 3u]) * kv4;
+                }
             }
             for (; d < hd; d++) {
-                sd.x += qs[d] * kc[kb + d];
+                let kd = kc[kb + d];
+                for (var g = 0u; g < GQ; g++) {
+                    sd[g].x += qs[g * hd + d] * kd;
+                }
             }
-            sc = (sd.x + sd.y + sd.z + sd.w) * p.scale;
+            for (var g = 0u; g < GQ; g++) {
+                sc[g] = (sd[g].x + sd[g].y + sd[g].z + sd[g].w) * p.scale;
+            }
         }
 #if SUBGROUPS
-        let m_new = max(m, wg_reduce(sc, lid, true, sid, ssize));
+        let top = wg_reduce(sc, lid, true, sid, ssize);
 #else
-        let m_new = max(m, wg_reduce(sc, lid, true));
+        let top = wg_reduce(sc, lid, true);
 #endif
-        let pj = select(0.0, exp(sc - m_new), j < end);
-        ps[lid] = pj;
+        var m_new: array<f32, GMAX>;
+        var pj: array<f32, GMAX>;
+        for (var g = 0u; g < GQ; g++) {
+            m_new[g] = max(m[g], top[g]);
+            pj[g] = select(0.0, exp(sc[g] - m_new[g]), j < end);
+            ps[g * WG + lid] = pj[g];
+        }
 #if SUBGROUPS
         let tsum = wg_reduce(pj, lid, false, sid, ssize);
 #else
         let tsum = wg_reduce(pj, lid, false);
 #endif
-        let corr = exp(m - m_new);
-        l = l * corr + tsum;
+        var corr: array<f32, GMAX>;
+        for (var g = 0u; g < GQ; g++) {
+            corr[g] = exp(m[g] - m_new[g]);
+            l[g] = l[g] * corr[g] + tsum[g];
+        }
         let cnt = min(WG, end - j0);
         for (var i = 0u; i < 4u; i++) {
             let d = lid + i * WG;
             if (d < hd) {
                 // Four keys per step with independent sums (loads in flight together).
                 let vo = kvo + d;
-                var a4 = vec4<f32>();
+                var a4: array<vec4<f32>, GMAX>;
                 var jj = 0u;
                 // Sixteen keys a step, loads first (as for the keys above).
                 for (; jj + 16u <= cnt; jj += 16u) {
@@ -201,47 +253,63 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
                                        vc[value_at(j0, jj + 10u, vo)], vc[value_at(j0, jj + 11u, vo)]);
                     let v3 = vec4<f32>(vc[value_at(j0, jj + 12u, vo)], vc[value_at(j0, jj + 13u, vo)],
                                        vc[value_at(j0, jj + 14u, vo)], vc[value_at(j0, jj + 15u, vo)]);
-                    a4 += vec4<f32>(ps[jj], ps[jj + 1u], ps[jj + 2u], ps[jj + 3u]) * v0;
-                    a4 += vec4<f32>(ps[jj + 4u], ps[jj + 5u], ps[jj + 6u], ps[jj + 7u]) * v1;
-                    a4 += vec4<f32>(ps[jj + 8u], ps[jj + 9u], ps[jj + 10u], ps[jj + 11u]) * v2;
-                    a4 += vec4<f32>(ps[jj + 12u], ps[jj + 13u], ps[jj + 14u], ps[jj + 15u]) * v3;
+                    for (var g = 0u; g < GQ; g++) {
+                        let pb = g * WG + jj;
+                        a4[g] += vec4<f32>(ps[pb], ps[pb + 1u], ps[pb + 2u], ps[pb + 3u]) * v0;
+                        a4[g] += vec4<f32>(ps[pb + 4u], ps[pb + 5u], ps[pb + 6u], ps[pb + 7u]) * v1;
+                        a4[g] += vec4<f32>(ps[pb + 8u], ps[pb + 9u], ps[pb + 10u], ps[pb + 11u]) * v2;
+                        a4[g] += vec4<f32>(ps[pb + 12u], ps[pb + 13u], ps[pb + 14u], ps[pb + 15u]) * v3;
+                    }
                 }
                 for (; jj + 4u <= cnt; jj += 4u) {
                     let v4 = vec4<f32>(vc[value_at(j0, jj, vo)], vc[value_at(j0, jj + 1u, vo)],
                                        vc[value_at(j0, jj + 2u, vo)], vc[value_at(j0, jj + 3u, vo)]);
-                    a4 += vec4<f32>(ps[jj], ps[jj + 1u], ps[jj + 2u], ps[jj + 3u]) * v4;
+                    for (var g = 0u; g < GQ; g++) {
+                        let pb = g * WG + jj;
+                        a4[g] += vec4<f32>(ps[pb], ps[pb + 1u], ps[pb + 2u], ps[pb + 3u]) * v4;
+                    }
                 }
                 for (; jj < cnt; jj++) {
-                    a4.x += ps[jj] * vc[value_at(j0, jj, vo)];
+                    let vj = vc[value_at(j0, jj, vo)];
+                    for (var g = 0u; g < GQ; g++) {
+                        a4[g].x += ps[g * WG + jj] * vj;
+                    }
                 }
-                acc[i] = acc[i] * corr + ((a4.x + a4.y) + (a4.z + a4.w));
+                for (var g = 0u; g < GQ; g++) {
+                    acc[g][i] = acc[g][i] * corr[g] + ((a4[g].x + a4[g].y) + (a4[g].z + a4[g].w));
+                }
             }
         }
-        m = m_new;
+        for (var g = 0u; g < GQ; g++) {
+            m[g] = m_new[g];
+        }
         workgroupBarrier();
     }
-    if (splits == 1u) {
-        for (var i = 0u; i < 4u; i++) {
-            let d = lid + i * WG;
-            if (d < hd) {
-                out[(t * p.heads + h) * hd + d] = acc[i] / l;
+    for (var g = 0u; g < GQ; g++) {
+        let h = h0 + g;
+        if (splits == 1u) {
+            for (var i = 0u; i < 4u; i++) {
+                let d = lid + i * WG;
+                if (d < hd) {
+                    out[(t * p.heads + h) * hd + d] = acc[g][i] / l[g];
+                }
             }
-        }
-    } else {
+        } else {
 #if ROWS
-        let pb = ((t * p.heads + h) * p.part_splits + s) * (hd + 2u);
+            let pb = ((t * p.heads + h) * p.part_splits + s) * (hd + 2u);
 #else
-        let pb = ((t * p.heads + h) * splits + s) * (hd + 2u);
+            let pb = ((t * p.heads + h) * splits + s) * (hd + 2u);
 #endif
-        for (var i = 0u; i < 4u; i++) {
-            let d = lid + i * WG;
-            if (d < hd) {
-                part[pb + d] = acc[i];
+            for (var i = 0u; i < 4u; i++) {
+                let d = lid + i * WG;
+                if (d < hd) {
+                    part[pb + d] = acc[g][i];
+                }
             }
-        }
-        if (lid == 0u) {
-            part[pb + hd] = m;
-            part[pb + hd + 1u] = l;
+            if (lid == 0u) {
+                part[pb + hd] = m[g];
+                part[pb + hd + 1u] = l[g];
+            }
         }
     }
 }

@@ -1,7 +1,7 @@
 // prefill_attention: causal grouped-query attention of n_q new queries
 // against the key/value caches on cooperative matrices, for prefill (the
-// decode kernel, flash_attention, runs one workgroup per query and head and
-// reads every key once per query). kv_len = step[2] positions are cached;
+// decode kernel, flash_attention, runs one workgroup per query and group of
+// query heads and reads every key once per query). kv_len = step[2] positions are cached;
 // query t sees the first kv_len - n_q + t + 1, or of those the last p.window
 // when it is set.
 //

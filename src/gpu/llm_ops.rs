@@ -2039,7 +2039,25 @@ pub struct Attention {
     pub main: Bound,
     pub merge: Bound,
     pub heads: u32,
+    /// Workgroups a split of a query takes: one per [`query_heads_together`]
+    /// heads.
+    pub head_groups: u32,
     pub n_q: u32,
+}
+
+/// Most query heads one decode attention workgroup computes together.
+const MOST_HEADS_TOGETHER: usize = 8;
+
+/// How many query heads of one key head a decode attention workgroup
+/// computes together, reading each key and value once for all of them: the
+/// largest divisor of the heads a key head serves up to
+/// [`MOST_HEADS_TOGETHER`].
+pub fn query_heads_together(s: &AttnShape) -> usize {
+    let group = s.heads / s.kv_heads.max(1);
+    (1..=group.min(MOST_HEADS_TOGETHER))
+        .rev()
+        .find(|g| group.is_multiple_of(*g))
+        .unwrap_or(1)
 }
 
 impl Attention {
@@ -2056,7 +2074,7 @@ impl Attention {
         after: &mut dyn FnMut(&mut wgpu::ComputePass<'_>, &'static str),
     ) {
         self.main
-            .record(pass, [splits as u32, self.heads, self.n_q]);
+            .record(pass, [splits as u32, self.head_groups, self.n_q]);
         after(pass, self.main.name);
         if splits > 1 {
             self.merge.record(pass, [self.heads, self.n_q, 1]);
@@ -2083,11 +2101,13 @@ pub fn flash_attention(
         )));
     }
     let params = AttentionParams::new(s, n_q);
+    let together = query_heads_together(s);
     let variant = if subgroups {
         Variant::new(&["SUBGROUPS"])
     } else {
         Variant::default()
-    };
+    }
+    .with("GQ", together as u32);
     let main = gpu.bind(
         &FLASH_ATTENTION,
         &variant,
@@ -2104,6 +2124,7 @@ pub fn flash_attention(
         main,
         merge,
         heads: s.heads as u32,
+        head_groups: (s.heads / together) as u32,
         n_q: n_q as u32,
     })
 }
@@ -2139,11 +2160,13 @@ pub fn flash_attention_rows(
         part_splits: max_splits as u32,
         ..AttentionParams::new(s, n)
     };
+    let together = query_heads_together(s);
     let variant = if subgroups {
         Variant::new(&["ROWS", "SUBGROUPS"])
     } else {
         Variant::new(&["ROWS"])
-    };
+    }
+    .with("GQ", together as u32);
     let main = gpu.bind(
         &FLASH_ATTENTION_ROWS,
         &variant,
@@ -2160,6 +2183,7 @@ pub fn flash_attention_rows(
         main,
         merge,
         heads: s.heads as u32,
+        head_groups: (s.heads / together) as u32,
         n_q: n as u32,
     })
 }

@@ -1151,6 +1151,15 @@ fn flash_attention(gpu: &Gpu, v: &Variant) {
         attention_case(gpu, v, 2, 2, hd, 3, 20, 1, 1, &mut rng);
         attention_case(gpu, v, 2, 1, hd, 5, 12, 1, 4096, &mut rng);
     }
+    // Query heads computed together (llm_ops::query_heads_together): 8 of
+    // one key head, 7, and 16 (two workgroups of 8).
+    for (heads, kv_heads) in [(8, 1), (14, 2), (16, 1)] {
+        for kv_len in [1, 65, 300] {
+            let splits = llm_ops::attention_splits(kv_len);
+            attention_case(gpu, v, heads, kv_heads, 64, 1, kv_len, splits, 0, &mut rng);
+        }
+        attention_case(gpu, v, heads, kv_heads, 40, 3, 20, 1, 7, &mut rng);
+    }
 }
 
 fn prefill_attention(gpu: &Gpu, v: &Variant) {
@@ -1892,7 +1901,8 @@ fn qk_rope_rows(gpu: &Gpu, v: &Variant) {
 fn flash_attention_rows(gpu: &Gpu, v: &Variant) {
     let sub = v.defines.contains(&"SUBGROUPS");
     let mut rng = Rng::new(33);
-    for (heads, kv_heads, hd) in ROWS_SHAPES {
+    // ROWS_SHAPES, and 14 query heads of 2 key heads (7 computed together).
+    for (heads, kv_heads, hd) in ROWS_SHAPES.into_iter().chain([(14, 2, 16)]) {
         for window in [0, 100] {
             let s = rows_shape(heads, kv_heads, hd, window);
             let (qw, kvw) = (heads * hd, kv_heads * hd);
