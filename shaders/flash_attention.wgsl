@@ -17,6 +17,7 @@
 //   once per key head, not once per query head). Each head's sums are those
 //   of a workgroup of its own.
 // variants: SUBGROUPS reduces with subgroup ops, otherwise a shared-memory tree.
+// K4 (hd a multiple of 4): the keys are read a vec4 at a time.
 // ROWS (flash_attention_rows, batched decode): query t (n_q of them) is one
 //   decode row of its own sequence, whose row record (step[8 t ..],
 //   gpu::llm_ops::ROW_RECORD) gives its kv_len, its splits and where its
@@ -26,7 +27,11 @@
 //   kernel computes for it alone.
 
 @group(0) @binding(1) var<storage, read> q: array<f32>;
+#if K4
+@group(0) @binding(2) var<storage, read> kc: array<vec4<f32>>;
+#else
 @group(0) @binding(2) var<storage, read> kc: array<f32>;
+#endif
 @group(0) @binding(3) var<storage, read> vc: array<f32>;
 @group(0) @binding(4) var<storage, read> step: array<u32>;
 @group(0) @binding(5) var<storage, read_write> out: array<f32>;
@@ -46,6 +51,23 @@ var<workgroup> red: array<f32, WG * GQ>;
 // The cache row of each key of the block being summed.
 var<workgroup> krow: array<u32, 64>;
 #endif
+
+// Dimensions d..d+3 of a key, at `at` in the key cache (K4: a multiple of 4).
+fn key4(at: u32) -> vec4<f32> {
+#if K4
+    return kc[at / 4u];
+#else
+    return vec4<f32>(kc[at], kc[at + 1u], kc[at + 2u], kc[at + 3u]);
+#endif
+}
+
+fn key1(at: u32) -> f32 {
+#if K4
+    return kc[at / 4u][at % 4u];
+#else
+    return kc[at];
+#endif
+}
 
 // Where dimension `vo` of the value of key j0 + jj is in the value cache.
 fn value_at(j0: u32, jj: u32, vo: u32) -> u32 {
@@ -184,10 +206,10 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
             // compiler, waited for each step's loads in turn); the sums in
             // the order of four at a time.
             for (; d + 16u <= hd; d += 16u) {
-                let k0 = vec4<f32>(kc[kb + d], kc[kb + d + 1u], kc[kb + d + 2u], kc[kb + d + 3u]);
-                let k1 = vec4<f32>(kc[kb + d + 4u], kc[kb + d + 5u], kc[kb + d + 6u], kc[kb + d + 7u]);
-                let k2 = vec4<f32>(kc[kb + d + 8u], kc[kb + d + 9u], kc[kb + d + 10u], kc[kb + d + 11u]);
-                let k3 = vec4<f32>(kc[kb + d + 12u], kc[kb + d + 13u], kc[kb + d + 14u], kc[kb + d + 15u]);
+                let k0 = key4(kb + d);
+                let k1 = key4(kb + d + 4u);
+                let k2 = key4(kb + d + 8u);
+                let k3 = key4(kb + d + 12u);
                 for (var g = 0u; g < GQ; g++) {
                     let qd = g * hd + d;
                     sd[g] += vec4<f32>(qs[qd], qs[qd + 1u], qs[qd + 2u], qs[qd + 3u]) * k0;
@@ -197,14 +219,14 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
                 }
             }
             for (; d + 4u <= hd; d += 4u) {
-                let kv4 = vec4<f32>(kc[kb + d], kc[kb + d + 1u], kc[kb + d + 2u], kc[kb + d + 3u]);
+                let kv4 = key4(kb + d);
                 for (var g = 0u; g < GQ; g++) {
                     let qd = g * hd + d;
                     sd[g] += vec4<f32>(qs[qd], qs[qd + 1u], qs[qd + 2u], qs[qd + 3u]) * kv4;
                 }
             }
             for (; d < hd; d++) {
-                let kd = kc[kb + d];
+                let kd = key1(kb + d);
                 for (var g = 0u; g < GQ; g++) {
                     sd[g].x += qs[g * hd + d] * kd;
                 }

@@ -1955,7 +1955,7 @@ kernel!(
         Binding::write("part")
     ],
     AttentionParams,
-    [&[], &["SUBGROUPS"]]
+    [&[], &["SUBGROUPS"], &["K4"], &["K4", "SUBGROUPS"]]
 );
 
 kernel!(
@@ -1975,7 +1975,12 @@ kernel!(
         Binding::write("part")
     ],
     AttentionParams,
-    [&["ROWS"], &["ROWS", "SUBGROUPS"]]
+    [
+        &["ROWS"],
+        &["ROWS", "SUBGROUPS"],
+        &["ROWS", "K4"],
+        &["ROWS", "K4", "SUBGROUPS"]
+    ]
 );
 
 kernel!(
@@ -2045,6 +2050,21 @@ pub struct Attention {
     pub n_q: u32,
 }
 
+/// flash_attention's variant: `base`, with subgroup reductions where the
+/// adapter has them, and the keys read a vec4 at a time where every key row
+/// and head starts at a multiple of 4 (K4; BENCHMARKS.md, thirty-seventh
+/// session).
+fn attention_variant(base: &[&'static str], subgroups: bool, s: &AttnShape) -> Variant {
+    let mut defines = base.to_vec();
+    if subgroups {
+        defines.push("SUBGROUPS");
+    }
+    if s.head_dim.is_multiple_of(4) {
+        defines.push("K4");
+    }
+    Variant::new(&defines)
+}
+
 /// Most query heads one decode attention workgroup computes together.
 const MOST_HEADS_TOGETHER: usize = 8;
 
@@ -2102,12 +2122,7 @@ pub fn flash_attention(
     }
     let params = AttentionParams::new(s, n_q);
     let together = query_heads_together(s);
-    let variant = if subgroups {
-        Variant::new(&["SUBGROUPS"])
-    } else {
-        Variant::default()
-    }
-    .with("GQ", together as u32);
+    let variant = attention_variant(&[], subgroups, s).with("GQ", together as u32);
     let main = gpu.bind(
         &FLASH_ATTENTION,
         &variant,
@@ -2161,12 +2176,7 @@ pub fn flash_attention_rows(
         ..AttentionParams::new(s, n)
     };
     let together = query_heads_together(s);
-    let variant = if subgroups {
-        Variant::new(&["ROWS", "SUBGROUPS"])
-    } else {
-        Variant::new(&["ROWS"])
-    }
-    .with("GQ", together as u32);
+    let variant = attention_variant(&["ROWS"], subgroups, s).with("GQ", together as u32);
     let main = gpu.bind(
         &FLASH_ATTENTION_ROWS,
         &variant,
