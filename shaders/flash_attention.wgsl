@@ -69,6 +69,15 @@ fn key1(at: u32) -> f32 {
 #endif
 }
 
+// Four neighbouring query values (qs) and probabilities (ps) from `at`.
+fn q4(at: u32) -> vec4<f32> {
+    return vec4<f32>(qs[at], qs[at + 1u], qs[at + 2u], qs[at + 3u]);
+}
+
+fn p4(at: u32) -> vec4<f32> {
+    return vec4<f32>(ps[at], ps[at + 1u], ps[at + 2u], ps[at + 3u]);
+}
+
 // Where dimension `vo` of the value of key j0 + jj is in the value cache.
 fn value_at(j0: u32, jj: u32, vo: u32) -> u32 {
 #if ROWS
@@ -76,6 +85,12 @@ fn value_at(j0: u32, jj: u32, vo: u32) -> u32 {
 #else
     return (j0 + jj) * p.kv_stride + vo;
 #endif
+}
+
+// Dimension `vo` of the values of keys j0 + jj .. j0 + jj + 3.
+fn value4(j0: u32, jj: u32, vo: u32) -> vec4<f32> {
+    return vec4<f32>(vc[value_at(j0, jj, vo)], vc[value_at(j0, jj + 1u, vo)],
+                     vc[value_at(j0, jj + 2u, vo)], vc[value_at(j0, jj + 3u, vo)]);
 }
 
 // Each head's max (or sum) of v over the workgroup, in the same order for
@@ -212,17 +227,16 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
                 let k3 = key4(kb + d + 12u);
                 for (var g = 0u; g < GQ; g++) {
                     let qd = g * hd + d;
-                    sd[g] += vec4<f32>(qs[qd], qs[qd + 1u], qs[qd + 2u], qs[qd + 3u]) * k0;
-                    sd[g] += vec4<f32>(qs[qd + 4u], qs[qd + 5u], qs[qd + 6u], qs[qd + 7u]) * k1;
-                    sd[g] += vec4<f32>(qs[qd + 8u], qs[qd + 9u], qs[qd + 10u], qs[qd + 11u]) * k2;
-                    sd[g] += vec4<f32>(qs[qd + 12u], qs[qd + 13u], qs[qd + 14u], qs[qd + 15u]) * k3;
+                    sd[g] += q4(qd) * k0;
+                    sd[g] += q4(qd + 4u) * k1;
+                    sd[g] += q4(qd + 8u) * k2;
+                    sd[g] += q4(qd + 12u) * k3;
                 }
             }
             for (; d + 4u <= hd; d += 4u) {
                 let kv4 = key4(kb + d);
                 for (var g = 0u; g < GQ; g++) {
-                    let qd = g * hd + d;
-                    sd[g] += vec4<f32>(qs[qd], qs[qd + 1u], qs[qd + 2u], qs[qd + 3u]) * kv4;
+                    sd[g] += q4(g * hd + d) * kv4;
                 }
             }
             for (; d < hd; d++) {
@@ -267,28 +281,22 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
                 var jj = 0u;
                 // Sixteen keys a step, loads first (as for the keys above).
                 for (; jj + 16u <= cnt; jj += 16u) {
-                    let v0 = vec4<f32>(vc[value_at(j0, jj, vo)], vc[value_at(j0, jj + 1u, vo)],
-                                       vc[value_at(j0, jj + 2u, vo)], vc[value_at(j0, jj + 3u, vo)]);
-                    let v1 = vec4<f32>(vc[value_at(j0, jj + 4u, vo)], vc[value_at(j0, jj + 5u, vo)],
-                                       vc[value_at(j0, jj + 6u, vo)], vc[value_at(j0, jj + 7u, vo)]);
-                    let v2 = vec4<f32>(vc[value_at(j0, jj + 8u, vo)], vc[value_at(j0, jj + 9u, vo)],
-                                       vc[value_at(j0, jj + 10u, vo)], vc[value_at(j0, jj + 11u, vo)]);
-                    let v3 = vec4<f32>(vc[value_at(j0, jj + 12u, vo)], vc[value_at(j0, jj + 13u, vo)],
-                                       vc[value_at(j0, jj + 14u, vo)], vc[value_at(j0, jj + 15u, vo)]);
+                    let v0 = value4(j0, jj, vo);
+                    let v1 = value4(j0, jj + 4u, vo);
+                    let v2 = value4(j0, jj + 8u, vo);
+                    let v3 = value4(j0, jj + 12u, vo);
                     for (var g = 0u; g < GQ; g++) {
                         let pb = g * WG + jj;
-                        a4[g] += vec4<f32>(ps[pb], ps[pb + 1u], ps[pb + 2u], ps[pb + 3u]) * v0;
-                        a4[g] += vec4<f32>(ps[pb + 4u], ps[pb + 5u], ps[pb + 6u], ps[pb + 7u]) * v1;
-                        a4[g] += vec4<f32>(ps[pb + 8u], ps[pb + 9u], ps[pb + 10u], ps[pb + 11u]) * v2;
-                        a4[g] += vec4<f32>(ps[pb + 12u], ps[pb + 13u], ps[pb + 14u], ps[pb + 15u]) * v3;
+                        a4[g] += p4(pb) * v0;
+                        a4[g] += p4(pb + 4u) * v1;
+                        a4[g] += p4(pb + 8u) * v2;
+                        a4[g] += p4(pb + 12u) * v3;
                     }
                 }
                 for (; jj + 4u <= cnt; jj += 4u) {
-                    let v4 = vec4<f32>(vc[value_at(j0, jj, vo)], vc[value_at(j0, jj + 1u, vo)],
-                                       vc[value_at(j0, jj + 2u, vo)], vc[value_at(j0, jj + 3u, vo)]);
+                    let v4 = value4(j0, jj, vo);
                     for (var g = 0u; g < GQ; g++) {
-                        let pb = g * WG + jj;
-                        a4[g] += vec4<f32>(ps[pb], ps[pb + 1u], ps[pb + 2u], ps[pb + 3u]) * v4;
+                        a4[g] += p4(g * WG + jj) * v4;
                     }
                 }
                 for (; jj < cnt; jj++) {

@@ -2051,10 +2051,11 @@ pub struct Attention {
 }
 
 /// flash_attention's variant: `base`, with subgroup reductions where the
-/// adapter has them, and the keys read a vec4 at a time where every key row
-/// and head starts at a multiple of 4 (K4; BENCHMARKS.md, thirty-seventh
-/// session).
-fn attention_variant(base: &[&'static str], subgroups: bool, s: &AttnShape) -> Variant {
+/// adapter has them, the keys read a vec4 at a time where every key row
+/// and head starts at a multiple of 4 (K4), and [`query_heads_together`]
+/// heads a workgroup (GQ; both: BENCHMARKS.md, thirty-seventh session).
+/// Also the workgroups that makes for a split of a query.
+fn attention_variant(base: &[&'static str], subgroups: bool, s: &AttnShape) -> (Variant, u32) {
     let mut defines = base.to_vec();
     if subgroups {
         defines.push("SUBGROUPS");
@@ -2062,7 +2063,9 @@ fn attention_variant(base: &[&'static str], subgroups: bool, s: &AttnShape) -> V
     if s.head_dim.is_multiple_of(4) {
         defines.push("K4");
     }
-    Variant::new(&defines)
+    let together = query_heads_together(s);
+    let variant = Variant::new(&defines).with("GQ", together as u32);
+    (variant, (s.heads / together) as u32)
 }
 
 /// Most query heads one decode attention workgroup computes together.
@@ -2121,8 +2124,7 @@ pub fn flash_attention(
         )));
     }
     let params = AttentionParams::new(s, n_q);
-    let together = query_heads_together(s);
-    let variant = attention_variant(&[], subgroups, s).with("GQ", together as u32);
+    let (variant, head_groups) = attention_variant(&[], subgroups, s);
     let main = gpu.bind(
         &FLASH_ATTENTION,
         &variant,
@@ -2139,7 +2141,7 @@ pub fn flash_attention(
         main,
         merge,
         heads: s.heads as u32,
-        head_groups: (s.heads / together) as u32,
+        head_groups,
         n_q: n_q as u32,
     })
 }
@@ -2175,8 +2177,7 @@ pub fn flash_attention_rows(
         part_splits: max_splits as u32,
         ..AttentionParams::new(s, n)
     };
-    let together = query_heads_together(s);
-    let variant = attention_variant(&["ROWS"], subgroups, s).with("GQ", together as u32);
+    let (variant, head_groups) = attention_variant(&["ROWS"], subgroups, s);
     let main = gpu.bind(
         &FLASH_ATTENTION_ROWS,
         &variant,
@@ -2193,7 +2194,7 @@ pub fn flash_attention_rows(
         main,
         merge,
         heads: s.heads as u32,
-        head_groups: (s.heads / together) as u32,
+        head_groups,
         n_q: n as u32,
     })
 }
