@@ -7,13 +7,14 @@
 // bindings: 0 params {hidden, n, l, ring}, 1 bcx: [n, 3 hidden], 2 conv: [hidden, l],
 //           3 state: [ring, hidden] (read_write), 4 step: array<u32> [token, pos0, ...],
 //           5 y: [n, hidden] (read_write)
-// dispatch: (ceil(hidden / 64), ceil(n / TOK)) workgroups of 64 threads, one
-//           channel each, over a block of TOK tokens; needs l - 1 <= TOK
+// dispatch: (ceil(hidden / 64), ceil(n / TOK)) workgroups of 256 threads,
+//           64 channels over a block of TOK tokens, each channel's tokens
+//           shared by 4 threads (SUB each); needs l - 1 <= TOK
 //
 // Only the first token block reads the state (its first l - 1 tokens reach
-// back before pos0), so only its threads write it, each its own channel
-// after its own reads: the other blocks never touch it, and no two
-// workgroups race on it.
+// back before pos0), so only its threads write it, after a barrier behind
+// every read: the other blocks never touch it, and no two workgroups race
+// on it.
 // ROWS (short_conv_rows, batched prefill): the n rows are the prompt chunks
 //   of several sequences one after another, each at its own positions with
 //   its own ring. Row t's record (step[8 t ..], gpu::llm_ops::ROW_RECORD)
@@ -55,14 +56,16 @@ fn seq(i: u32, c: u32, pos0: u32, first: u32, rb: u32) -> f32 {
     return bx(first + i - hist, c);
 }
 
+// Tokens a workgroup (a block), and a thread's share of them: 4 threads a
+// channel, so a chunk's blocks fill a large GPU (BENCHMARKS.md,
+// thirty-eighth session).
 const TOK: u32 = 16u;
+const SUB: u32 = 4u;
 
-@compute @workgroup_size(64)
-fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(workgroup_id) wid: vec3<u32>) {
-    let c = gid.x;
-    if (c >= p.hidden) {
-        return;
-    }
+@compute @workgroup_size(256)
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+    let c = wid.x * 64u + (lid & 63u);
+    let part = lid >> 6u;
 #if ROWS
     let t0 = step[9u * p.n + wid.y];
     if (t0 == 0xffffffffu) {
@@ -79,30 +82,36 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(workgroup_id) wi
     let rb = 0u;
     let pos0 = step[1];
 #endif
-    for (var t = t0; t < min(t0 + TOK, end); t++) {
-        var a = 0.0;
-        for (var j = 0u; j < p.l; j++) {
-            a += conv[c * p.l + j] * seq(t - first + j, c, pos0, first, rb);
-        }
-        y[t * p.hidden + c] = bcx[t * 3u * p.hidden + p.hidden + c] * a;
+    let live = c < p.hidden;
+    if (live) {
+        let ta = t0 + part * SUB;
+        for (var t = ta; t < min(ta + SUB, end); t++) {
+            var a = 0.0;
+            for (var j = 0u; j < p.l; j++) {
+                a += conv[c * p.l + j] * seq(t - first + j, c, pos0, first, rb);
+            }
+            y[t * p.hidden + c] = bcx[t * 3u * p.hidden + p.hidden + c] * a;
 #if ROWS
-        // One of the last l - 1 positions of its block.
-        let q = pos0 + t - first;
-        let h = p.l - 1u;
-        let r = q % KV_BLOCK;
-        if (r + h >= KV_BLOCK) {
-            let b = step[step[8u * t + 4u] + q / KV_BLOCK];
-            hist[(b * h + r + h - KV_BLOCK) * p.hidden + c] = bx(t, c);
-        }
+            // One of the last l - 1 positions of its block.
+            let q = pos0 + t - first;
+            let h = p.l - 1u;
+            let r = q % KV_BLOCK;
+            if (r + h >= KV_BLOCK) {
+                let b = step[step[8u * t + 4u] + q / KV_BLOCK];
+                hist[(b * h + r + h - KV_BLOCK) * p.hidden + c] = bx(t, c);
+            }
 #endif
+        }
     }
-    if (t0 != first) {
+    // Every thread's reads of the state (the first block's) before it is
+    // written.
+    workgroupBarrier();
+    if (t0 != first || !live) {
         return;
     }
-    // The chunk's last (up to ring) positions into their rows, after all
-    // reads.
+    // The chunk's last (up to ring) positions into their rows.
     let n = end - first;
-    for (var t = select(0u, n - p.ring, n > p.ring); t < n; t++) {
+    for (var t = select(0u, n - p.ring, n > p.ring) + part; t < n; t += SUB) {
         state[(rb + (pos0 + t) % p.ring) * p.hidden + c] = bx(first + t, c);
     }
 }
