@@ -7,17 +7,20 @@
 //
 // One workgroup per 64 queries of one head; each of its 4 subgroups owns 16
 // queries. Keys and values are staged in blocks of 32 as f16 in workgroup
-// memory, shared by the 4 subgroups. Two passes over the visible blocks:
-// the first finds each query's largest score m and l = sum exp(s - m); the
-// second sums (exp(s - m) / l) * v, so the output sums are final as they
-// accumulate (a one-pass online softmax would rescale them per block, which
+// memory, shared by the 4 subgroups; each thread loads its share of the
+// next block into registers before the multiplies of this one (BENCHMARKS.md,
+// thirty-eighth session). Two passes over the visible blocks: the first
+// finds each query's largest score m and l = sum exp(s - m); the second
+// sums (exp(s - m) / l) * v, so the output sums are final as they accumulate
+// (a one-pass online softmax would rescale them per block, which
 // cooperative matrices cannot do in place). Scores Q K^T and the sums P V
 // are 16x16x16 products with f16 inputs (q pre-scaled, k, v, p rounded to
 // f16) and f32 sums; the softmax runs in f32.
 //
 // Needs COOP (with F16 and SUBGROUPS, subgroups of 32); head_dim 64.
 // bindings: 0 params (attention_params.wgsl), 1 q: [n_q, heads * hd],
-//           2 kc, 3 vc: [positions, kv_stride],
+//           2 kc, 3 vc: [positions, kv_stride] (read as vec4s: kv_stride
+//           and the head offsets are multiples of 64),
 //           4 step: array<u32> [token, pos0, kv_len, splits],
 //           5 out: [n_q, heads * hd] (read_write)
 // dispatch: (ceil(n_q / 64), heads, 1) workgroups of 128 threads
@@ -34,8 +37,8 @@
 //   are masked to exact zeros either way).
 
 @group(0) @binding(1) var<storage, read> q: array<f32>;
-@group(0) @binding(2) var<storage, read> kc: array<f32>;
-@group(0) @binding(3) var<storage, read> vc: array<f32>;
+@group(0) @binding(2) var<storage, read> kc: array<vec4<f32>>;
+@group(0) @binding(3) var<storage, read> vc: array<vec4<f32>>;
 @group(0) @binding(4) var<storage, read> step: array<u32>;
 @group(0) @binding(5) var<storage, read_write> out: array<f32>;
 
@@ -62,33 +65,58 @@ fn visible(j: u32, vis: u32) -> bool {
     return j <= vis && (p.window == 0u || j + p.window > vis);
 }
 
-// Stages `rows` rows (keys or values from position j0) of kv head `kvo` into
-// kvs from row `at`, as f16; positions past kv_len are zeros.
-// `table`: where the sequence's block table starts in step (ROWS).
-fn stage(cache: u32, j0: u32, kv_len: u32, table: u32, kvo: u32, at: u32, lid: u32) {
+// A thread's share of one block of keys or values: 4 of its rows (lid / 16
+// + 8 i), 4 values each (from (lid % 16) 4), loaded together so their
+// latencies overlap, and for the next block while this one is multiplied.
+struct Rows {
+    a: vec4<f32>,
+    b: vec4<f32>,
+    c: vec4<f32>,
+    d: vec4<f32>,
+}
+
+// Row j of a cache (keys: cache 0) at value c of kv head `kvo`, zeros past
+// kv_len. `table`: where the sequence's block table starts in step (ROWS).
+fn cache4(cache: u32, j: u32, kv_len: u32, table: u32, kvo: u32, c: u32) -> vec4<f32> {
+    if (j >= kv_len) {
+        return vec4<f32>();
+    }
+#if ROWS
+    let b = cache_row(table, j) * p.kv_stride + kvo + c;
+#else
+    let b = j * p.kv_stride + kvo + c;
+#endif
+    if (cache == 0u) {
+        return kc[b / 4u];
+    }
+    return vc[b / 4u];
+}
+
+// This thread's share of the KB rows (keys or values) from position j0.
+fn load_rows(cache: u32, j0: u32, kv_len: u32, table: u32, kvo: u32, lid: u32) -> Rows {
     // 128 threads, 16 per row of 64 (four values each), 8 rows a round.
     let c = (lid & 15u) * 4u;
-    for (var r = lid >> 4u; r < KB; r += 8u) {
-        let j = j0 + r;
-        var v = vec4<f32>();
-        if (j < kv_len) {
-#if ROWS
-            let b = cache_row(table, j) * p.kv_stride + kvo + c;
-#else
-            let b = j * p.kv_stride + kvo + c;
-#endif
-            if (cache == 0u) {
-                v = vec4<f32>(kc[b], kc[b + 1u], kc[b + 2u], kc[b + 3u]);
-            } else {
-                v = vec4<f32>(vc[b], vc[b + 1u], vc[b + 2u], vc[b + 3u]);
-            }
-        }
-        let o = (at + r) * LD + c;
-        kvs[o] = f16(v.x);
-        kvs[o + 1u] = f16(v.y);
-        kvs[o + 2u] = f16(v.z);
-        kvs[o + 3u] = f16(v.w);
-    }
+    let j = j0 + (lid >> 4u);
+    return Rows(cache4(cache, j, kv_len, table, kvo, c),
+                cache4(cache, j + 8u, kv_len, table, kvo, c),
+                cache4(cache, j + 16u, kv_len, table, kvo, c),
+                cache4(cache, j + 24u, kv_len, table, kvo, c));
+}
+
+fn store4(o: u32, v: vec4<f32>) {
+    kvs[o] = f16(v.x);
+    kvs[o + 1u] = f16(v.y);
+    kvs[o + 2u] = f16(v.z);
+    kvs[o + 3u] = f16(v.w);
+}
+
+// Stages a thread's share (load_rows) into kvs from row `at`, as f16.
+fn store_rows(rows: Rows, at: u32, lid: u32) {
+    let o = (at + (lid >> 4u)) * LD + (lid & 15u) * 4u;
+    store4(o, rows.a);
+    store4(o + 8u * LD, rows.b);
+    store4(o + 16u * LD, rows.c);
+    store4(o + 24u * LD, rows.d);
 }
 
 // Scores of the subgroup's 16 queries (qa0..qa3: 16 dimensions each)
@@ -185,10 +213,12 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>,
     // Pass 1: m and l of every row.
     var m = NEG;
     var l = 0.0;
+    var keys = load_rows(0u, 0u, kv_len, table, kvo, lid);
     for (var b = 0u; b < blocks; b++) {
         let j0 = b * KB;
-        stage(0u, j0, kv_len, table, kvo, 0u, lid);
+        store_rows(keys, 0u, lid);
         workgroupBarrier();
+        keys = load_rows(0u, j0 + KB, kv_len, table, kvo, lid);
         scores(qa0, qa1, qa2, qa3, is0);
         workgroupBarrier();
         var bm = NEG;
@@ -224,12 +254,16 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>,
     let iv12 = iv10 + 32u;
     let iv13 = iv10 + 48u;
     let ip1 = ip0 + 16u;
+    keys = load_rows(0u, 0u, kv_len, table, kvo, lid);
+    var values = load_rows(1u, 0u, kv_len, table, kvo, lid);
     for (var b = 0u; b < blocks; b++) {
         let j0 = b * KB;
         workgroupBarrier(); // the last block's values are read
-        stage(0u, j0, kv_len, table, kvo, 0u, lid);
-        stage(1u, j0, kv_len, table, kvo, KB, lid);
+        store_rows(keys, 0u, lid);
+        store_rows(values, KB, lid);
         workgroupBarrier();
+        keys = load_rows(0u, j0 + KB, kv_len, table, kvo, lid);
+        values = load_rows(1u, j0 + KB, kv_len, table, kvo, lid);
         scores(qa0, qa1, qa2, qa3, is0);
         workgroupBarrier();
         for (var i = 0u; i < 16u; i++) {
