@@ -83,9 +83,12 @@ pub(super) struct PrefillScratch {
     mix: wgpu::Buffer,
     zeros: wgpu::Buffer,
     gu: wgpu::Buffer,
+    /// [n, ffn]: the gated MLP's output in f32, where some layer writes it
+    /// so (one word where none does).
     gg: wgpu::Buffer,
     /// [n, ffn / 2] f16 pairs: the gated MLP's output where its GEMM writes
-    /// it so ([`llm_ops::gemm_writes_f16`]), for the down projection.
+    /// it so ([`llm_ops::gemm_writes_f16`]), for the down projection (one
+    /// word where no layer does).
     ggh: wgpu::Buffer,
     logits: wgpu::Buffer,
     /// The sums of the GEMMs split over k ([`llm_ops::gemm_planned`]).
@@ -102,6 +105,17 @@ impl PrefillScratch {
         let (d, f, hd) = (c.hidden, c.ffn, c.head_dim);
         let (qw, kvw) = (c.heads * hd, c.kv_heads * hd);
         let f32s = |label: &str, len: usize| g.scratch(label, (len.max(1) * 4) as u64);
+        // Which of the gated MLP's two outputs some layer writes (the f16
+        // one's choice is the prefill plan's, the same for every chunk).
+        let gated_f16: Vec<bool> = m
+            .layers
+            .iter()
+            .map(|l| match &l.ffn {
+                GpuFfn::Fused(w) => m.gated_f16_out(w, n, true),
+                GpuFfn::Split(..) => false,
+            })
+            .collect();
+        let (any_f16, any_f32) = (gated_f16.contains(&true), gated_f16.contains(&false));
         let ids = g.device.create_buffer(&wgpu::BufferDescriptor {
             label: Some("tokens"),
             size: (n.max(1) * 4) as u64,
@@ -131,8 +145,8 @@ impl PrefillScratch {
             mix: f32s("mix", if c.post_norms { n * d } else { 0 })?,
             zeros: f32s("zeros", if c.post_norms { n * d } else { 0 })?,
             gu: f32s("gu", if split_ffn { n * 2 * f } else { 0 })?,
-            gg: f32s("g", n * f)?,
-            ggh: f32s("g f16", (n * f).div_ceil(2))?,
+            gg: f32s("g", if any_f32 { n * f } else { 0 })?,
+            ggh: f32s("g f16", if any_f16 { (n * f).div_ceil(2) } else { 0 })?,
             logits: f32s("logits", logit_rows * c.vocab)?,
             split_part: f32s("split sums", m.split_part_len(n, true))?,
         })
