@@ -506,14 +506,10 @@ fn roofline(
     bytes / seconds / bw
 }
 
+/// The commit this binary was built from (build.rs), not the checkout it
+/// runs in.
 fn commit() -> String {
-    std::process::Command::new("git")
-        .args(["rev-parse", "--short", "HEAD"])
-        .output()
-        .ok()
-        .filter(|o| o.status.success())
-        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
-        .unwrap_or_else(|| "unknown".into())
+    env!("LFM_BUILD_COMMIT").to_string()
 }
 
 fn machine() -> String {
