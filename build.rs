@@ -1,10 +1,15 @@
 //! Records the commit the binaries are built from, so that a report
 //! (scoreboard's header) names the build it measured rather than whatever
 //! checkout it happens to run in: `git rev-parse --short HEAD`, with
-//! `-dirty` where tracked files differ from it, or `unknown` outside git.
+//! `-dirty` where the binary's sources differ from it, or `unknown`
+//! outside git. Watches only what a build reads and the commit itself (not
+//! git's index, which `git status` rewrites: a rebuild each time).
 
 use std::path::Path;
 use std::process::Command;
+
+/// What the binaries are built from.
+const SOURCES: [&str; 5] = ["src", "shaders", "build.rs", "Cargo.toml", "Cargo.lock"];
 
 fn git(args: &[&str]) -> Option<String> {
     let out = Command::new("git").args(args).output().ok()?;
@@ -15,20 +20,21 @@ fn git(args: &[&str]) -> Option<String> {
 
 fn main() {
     let commit = match git(&["rev-parse", "--short", "HEAD"]) {
-        Some(c) => match git(&["status", "--porcelain", "--untracked-files=no"]) {
-            Some(changes) if !changes.is_empty() => format!("{c}-dirty"),
-            _ => c,
-        },
+        Some(c) => {
+            let mut status = vec!["status", "--porcelain", "--untracked-files=no", "--"];
+            status.extend(SOURCES);
+            match git(&status) {
+                Some(changes) if !changes.is_empty() => format!("{c}-dirty"),
+                _ => c,
+            }
+        }
         None => "unknown".into(),
     };
     println!("cargo:rustc-env=LFM_BUILD_COMMIT={commit}");
-    // Again when HEAD moves or a tracked source changes.
-    let mut watch = vec![
-        ".git/HEAD".to_string(),
-        ".git/index".into(),
-        "src".into(),
-        "shaders".into(),
-    ];
+    // Again when HEAD moves (a checkout, or a commit on its branch) or a
+    // source changes.
+    let mut watch: Vec<String> = SOURCES.iter().map(|s| s.to_string()).collect();
+    watch.push(".git/HEAD".into());
     if let Some(head) = git(&["symbolic-ref", "-q", "HEAD"]) {
         watch.push(format!(".git/{head}"));
     }
