@@ -104,8 +104,9 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         }
     }
     // Every thread's reads of the state (the first block's) before it is
-    // written.
-    workgroupBarrier();
+    // written: a storage barrier, as the rows read and written may be the
+    // same (the ring wraps) and are storage.
+    storageBarrier();
     if (t0 != first || !live) {
         return;
     }
