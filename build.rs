@@ -32,11 +32,12 @@ fn main() {
     };
     println!("cargo:rustc-env=LFM_BUILD_COMMIT={commit}");
     // Again when HEAD moves (a checkout, or a commit on its branch) or a
-    // source changes.
+    // source changes; git names its own files (a worktree keeps them
+    // outside ./.git).
     let mut watch: Vec<String> = SOURCES.iter().map(|s| s.to_string()).collect();
-    watch.push(".git/HEAD".into());
-    if let Some(head) = git(&["symbolic-ref", "-q", "HEAD"]) {
-        watch.push(format!(".git/{head}"));
+    let branch = git(&["symbolic-ref", "-q", "HEAD"]);
+    for name in std::iter::once("HEAD").chain(branch.as_deref()) {
+        watch.extend(git(&["rev-parse", "--git-path", name]));
     }
     for p in watch.iter().filter(|p| Path::new(p).exists()) {
         println!("cargo:rerun-if-changed={p}");
