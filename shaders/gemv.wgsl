@@ -466,9 +466,45 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
 const R: u32 = 4u;
 
 // Lane sums [part][row][lane] (NORM: sums of squares after them), then
-// group sums [part][row][group] (and of squares).
-var<workgroup> lsum: array<f32, 1664>; // ((PARTS <= 3) * R + 1) * LANES
-var<workgroup> gsum: array<f32, 208>; // ((PARTS <= 3) * R + 1) * GROUPS
+// group sums [part][row][group] (and of squares), four floats a word so
+// that a run of them is read in a few wide loads: the adds that follow are
+// the one order of summation, but the loads no longer wait for each other.
+var<workgroup> lsum: array<vec4<f32>, 416>; // ((PARTS <= 3) * R + 1) * LANES / 4
+var<workgroup> gsum: array<vec4<f32>, 52>; // ((PARTS <= 3) * R + 1) * GROUPS / 4
+
+fn lsum_set(i: u32, v: f32) {
+    lsum[i / 4u][i % 4u] = v;
+}
+
+// The first n (<= 4) floats of v added to t in order.
+fn add4(t0: f32, v: vec4<f32>, n: u32) -> f32 {
+    var t = select(t0, t0 + v.x, n > 0u);
+    t = select(t, t + v.y, n > 1u);
+    t = select(t, t + v.z, n > 2u);
+    return select(t, t + v.w, n > 3u);
+}
+
+// The sum from 0, in order, of the n (<= GROUP) lane sums from float i (a
+// multiple of GROUP).
+fn lane_run(i: u32, n: u32) -> f32 {
+    let a = lsum[i / 4u];
+    let b = lsum[i / 4u + 1u];
+    return add4(add4(0.0, a, n), b, max(n, 4u) - 4u);
+}
+
+// The sum from 0, in order, of the n (<= GROUPS) group sums from float j
+// (a multiple of GROUPS).
+fn group_run(j: u32, n: u32) -> f32 {
+    let b = j / 4u;
+    let v0 = gsum[b];
+    let v1 = gsum[b + 1u];
+    let v2 = gsum[b + 2u];
+    let v3 = gsum[b + 3u];
+    var t = add4(0.0, v0, n);
+    t = add4(t, v1, max(n, 4u) - 4u);
+    t = add4(t, v2, max(n, 8u) - 8u);
+    return add4(t, v3, max(n, 12u) - 12u);
+}
 
 // Rows r .. r + 3 of the matrix (clamped to `last`) times xv, each added to
 // its own lane sum in acc.
@@ -508,16 +544,16 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
         }
     }
     for (var r = 0u; r < R; r++) {
-        lsum[r * LANES + lane] = a0[r];
+        lsum_set(r * LANES + lane, a0[r]);
         if (PARTS > 1u) {
-            lsum[(R + r) * LANES + lane] = a1[r];
+            lsum_set((R + r) * LANES + lane, a1[r]);
         }
         if (PARTS > 2u) {
-            lsum[(2u * R + r) * LANES + lane] = a2[r];
+            lsum_set((2u * R + r) * LANES + lane, a2[r]);
         }
     }
 #if NORM
-    lsum[PARTS * R * LANES + lane] = ss;
+    lsum_set(PARTS * R * LANES + lane, ss);
 #endif
     workgroupBarrier();
     // Group sums: task (set, g) for set = part * R + row (NORM: the last
@@ -530,11 +566,9 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
         let row_set = task / GROUPS;
         let g = task % GROUPS;
         if (g < groups) {
-            var t = 0.0;
-            for (var l = g * GROUP; l < min(g * GROUP + GROUP, lanes); l++) {
-                t += lsum[row_set * LANES + l];
-            }
-            gsum[row_set * GROUPS + g] = t;
+            let i = g * GROUP;
+            let t = lane_run(row_set * LANES + i, min(GROUP, lanes - i));
+            gsum[(row_set * GROUPS + g) / 4u][g % 4u] = t;
         }
     }
     workgroupBarrier();
@@ -544,17 +578,11 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     let r = lane;
     var v = vec3<f32>();
     for (var q = 0u; q < PARTS; q++) {
-        var t = 0.0;
-        for (var g = 0u; g < groups; g++) {
-            t += gsum[(q * R + r) * GROUPS + g];
-        }
-        v[q] = t;
+        v[q] = group_run((q * R + r) * GROUPS, groups);
     }
     var sq = 0.0;
 #if NORM
-    for (var g = 0u; g < groups; g++) {
-        sq += gsum[PARTS * R * GROUPS + g];
-    }
+    sq = group_run(PARTS * R * GROUPS, groups);
 #endif
     var pos = 0u;
 #if CONV
