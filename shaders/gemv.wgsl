@@ -26,6 +26,8 @@
 //           then y (read_write); COLS: last, part (read_write, p.split's sums)
 // dispatch (single): ceil(rows / R) workgroups (gpu::ops::groups_1d over x
 //           and y); each thread is one lane of k for the workgroup's R rows.
+//           WALK (single-part epilogues): any number of workgroups, each
+//           taking every nwg-th quad of R rows (gpu::llm_ops::GemvLayout).
 // COLS (the gemv_cols_* kernels, batched decode): the same products for
 //   p.cols activation columns, x column j at x_off + j x_stride, y column j at
 //   j y_stride (+ out_off). A tile of BR rows (of every part) x BC columns a
@@ -515,6 +517,87 @@ fn fma8x4(r: u32, last: u32, e0: u32, xv: W8, acc: vec4<f32>) -> vec4<f32> {
                      fma8(w8(min(r + 3u, last), e0, p.k, p.d_off), xv, acc.w));
 }
 
+#if WALK
+// Single-part GEMVs of many rows: a few resident workgroups walk the row
+// quads (workgroup w takes quads w, w + nwg, ...), so x, its norm and the
+// sum of squares are read and reduced once a workgroup instead of once a
+// quad. The same sums in the same order as the kernel below.
+@compute @workgroup_size(LANES)
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+        @builtin(local_invocation_index) lane: u32) {
+    let last = p.rows - 1u;
+    let units = unit_count();
+    let lanes = lane_count();
+    let groups = group_count();
+    let quads = (p.rows + R - 1u) / R;
+    // The lane's first two units of x (NORM: scaled) stay in registers;
+    // later ones are read again for each quad.
+    var x0 = W8();
+    var x1 = W8();
+    var ss = 0.0;
+    for (var u = lane; u < units; u += LANES) {
+        let e0 = 8u * u;
+        var xv = load8(p.x_off, e0);
+#if NORM
+        ss += sq8(xv);
+        xv = scaled8(xv, e0);
+#endif
+        if (u == lane) {
+            x0 = xv;
+        } else if (u == lane + LANES) {
+            x1 = xv;
+        }
+    }
+    var sq = 0.0;
+#if NORM
+    lsum_set(R * LANES + lane, ss);
+    workgroupBarrier();
+    if (lane < groups) {
+        let i = lane * GROUP;
+        gsum[(R * GROUPS + lane) / 4u][lane % 4u] = lane_run(R * LANES + i, min(GROUP, lanes - i));
+    }
+    workgroupBarrier();
+    sq = group_run(R * GROUPS, groups);
+#endif
+    for (var quad = wid.y * nwg.x + wid.x; quad < quads; quad += nwg.x * nwg.y) {
+        let first = quad * R;
+        var a0 = vec4<f32>();
+        if (lane < units) {
+            a0 = fma8x4(first, last, 8u * lane, x0, a0);
+        }
+        if (lane + LANES < units) {
+            a0 = fma8x4(first, last, 8u * (lane + LANES), x1, a0);
+        }
+        for (var u = lane + 2u * LANES; u < units; u += LANES) {
+            let e0 = 8u * u;
+            var xv = load8(p.x_off, e0);
+#if NORM
+            xv = scaled8(xv, e0);
+#endif
+            a0 = fma8x4(first, last, e0, xv, a0);
+        }
+        for (var r = 0u; r < R; r++) {
+            lsum_set(r * LANES + lane, a0[r]);
+        }
+        workgroupBarrier();
+        // Group sums of the R rows; then each of the first R threads adds
+        // its row's. The next quad writes these only after its first
+        // barrier, which every thread reaches after reading them.
+        for (var task = lane; task < R * GROUPS; task += LANES) {
+            let row = task / GROUPS;
+            let g = task % GROUPS;
+            if (g < groups) {
+                let i = g * GROUP;
+                gsum[task / 4u][g % 4u] = lane_run(row * LANES + i, min(GROUP, lanes - i));
+            }
+        }
+        workgroupBarrier();
+        if (lane < R && first + lane < p.rows) {
+            finish(first + lane, 0u, group_run(lane * GROUPS, groups), 0.0, 0.0, sq, 0u, 0u);
+        }
+    }
+}
+#else
 @compute @workgroup_size(LANES)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
         @builtin(local_invocation_index) lane: u32) {
@@ -590,4 +673,5 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
 #endif
     finish(first + r, 0u, v.x, v.y, v.z, sq, pos, 0u);
 }
+#endif
 #endif

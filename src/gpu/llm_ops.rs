@@ -200,6 +200,11 @@ macro_rules! format_kernel {
     ($ident:ident, $name:literal, [$($file:literal),+], [$($b:expr),*], $params:ty, [$($d:literal),*]) => {
         format_kernel!(@sets $ident, $name, [$($file),+], [$($b),*], $params, [$($d),*], [], [[]]);
     };
+    // The single-part decode GEMVs: also walking their row quads (WALK).
+    ($ident:ident, $name:literal, [$($file:literal),+], [$($b:expr),*], $params:ty, [$($d:literal),*], walk) => {
+        format_kernel!(@sets $ident, $name, [$($file),+], [$($b),*], $params, [$($d),*], [],
+            [[] ["WALK"]]);
+    };
     ($ident:ident, $name:literal, [$($file:literal),+], [$($b:expr),*], $params:ty, [$($d:literal),*], subgroups) => {
         format_kernel!(@sets $ident, $name, [$($file),+], [$($b),*], $params, [$($d),*], [],
             [[] ["SUBGROUPS"]]);
@@ -280,7 +285,8 @@ format_kernel!(
     ["gemv_common.wgsl", "gemv.wgsl"],
     [Binding::read("w"), Binding::read("x"), Binding::write("y")],
     GemvParams,
-    []
+    [],
+    walk
 );
 format_kernel!(
     GEMV_ADD,
@@ -288,7 +294,8 @@ format_kernel!(
     ["gemv_common.wgsl", "gemv.wgsl"],
     [Binding::read("w"), Binding::read("x"), Binding::write("y")],
     GemvParams,
-    ["ADD"]
+    ["ADD"],
+    walk
 );
 format_kernel!(
     GEMV_NORM,
@@ -301,7 +308,8 @@ format_kernel!(
         Binding::write("y")
     ],
     GemvParams,
-    ["NORM"]
+    ["NORM"],
+    walk
 );
 format_kernel!(
     GEMV_SWIGLU,
@@ -525,6 +533,26 @@ pub const ROW_RECORD: usize = 8;
 /// Output rows of one GEMV workgroup (`R` in gemv.wgsl).
 const GEMV_ROWS: usize = 4;
 
+/// How the single (one-column) GEMV lays its rows over workgroups.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum GemvLayout {
+    /// `Walk(GEMV_WALK_GROUPS)` for single-part matrices of at least
+    /// [`GEMV_WALK_FROM`] rows, else [`GemvLayout::Quads`].
+    Auto,
+    /// One workgroup a quad of rows (each reads x and reduces its norm).
+    Quads,
+    /// At most this many workgroups, each walking quads (gemv.wgsl's WALK):
+    /// x read and its norm reduced once a workgroup. Single-part epilogues
+    /// only (Store, Add, Norm).
+    Walk(usize),
+}
+
+/// Rows from which [`GemvLayout::Auto`] walks (the output head; the
+/// 2026-12-07 H100 measurements in BENCHMARKS.md).
+pub const GEMV_WALK_FROM: usize = 16384;
+/// Workgroups of a walking GEMV, at most.
+pub const GEMV_WALK_GROUPS: usize = 2048;
+
 /// What a GEMV does with its dot products (see gemv.wgsl).
 pub enum GemvEpilogue<'a> {
     /// y = W x
@@ -566,7 +594,22 @@ pub fn gemv(
     y: &wgpu::Buffer,
     out_off: usize,
 ) -> Result<Vec<Dispatch>> {
-    gemv_impl(gpu, w, epi, x, x_off, y, out_off, None)
+    gemv_impl(gpu, w, epi, x, x_off, y, out_off, Err(GemvLayout::Auto))
+}
+
+/// [`gemv`] in a given layout (the same bits in every layout).
+#[allow(clippy::too_many_arguments)]
+pub fn gemv_layout(
+    gpu: &Gpu,
+    w: &GpuMatrix,
+    epi: &GemvEpilogue,
+    x: &wgpu::Buffer,
+    x_off: usize,
+    y: &wgpu::Buffer,
+    out_off: usize,
+    layout: GemvLayout,
+) -> Result<Vec<Dispatch>> {
+    gemv_impl(gpu, w, epi, x, x_off, y, out_off, Err(layout))
 }
 
 /// Activation columns of a batched GEMV: how many, and the floats between
@@ -621,7 +664,7 @@ pub fn gemv_cols(
     cols: Cols,
 ) -> Result<Vec<Dispatch>> {
     assert!(cols.n > 0, "gemv_cols: no columns");
-    gemv_impl(gpu, w, epi, x, x_off, y, out_off, Some(cols))
+    gemv_impl(gpu, w, epi, x, x_off, y, out_off, Ok(cols))
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -633,8 +676,9 @@ fn gemv_impl(
     x_off: usize,
     y: &wgpu::Buffer,
     out_off: usize,
-    cols: Option<Cols>,
+    cols_or_layout: std::result::Result<Cols, GemvLayout>,
 ) -> Result<Vec<Dispatch>> {
+    let cols = cols_or_layout.ok();
     type Kernels = (&'static Kernel, &'static Kernel, &'static Kernel);
     let ((single, many, sum), parts, defines): (Kernels, usize, &[&'static str]) = match epi {
         GemvEpilogue::Store => ((&GEMV, &GEMV_COLS, &GEMV_SUM), 1, &[]),
@@ -668,6 +712,20 @@ fn gemv_impl(
     } else {
         single
     };
+    // WALK's most workgroups, when it walks.
+    let walk = match cols_or_layout {
+        Ok(_) | Err(GemvLayout::Quads) => None,
+        Err(GemvLayout::Auto) => {
+            (parts == 1 && w.rows >= GEMV_WALK_FROM).then_some(GEMV_WALK_GROUPS)
+        }
+        Err(GemvLayout::Walk(groups)) => {
+            assert_eq!(parts, 1, "{}: WALK takes single-part matrices", kernel.name);
+            Some(groups.max(1))
+        }
+    };
+    if walk.is_some() {
+        extra.push("WALK");
+    }
     assert_eq!(
         w.parts, parts,
         "{}: matrix has {} parts",
@@ -745,9 +803,10 @@ fn gemv_impl(
             } => vec![&c.buf, x, nw, conv, state, step, y],
         };
         bufs.extend(part.as_ref());
-        let groups = match cols {
-            None => groups_1d(c.rows, GEMV_ROWS),
-            Some(cols) => {
+        let groups = match (cols, walk) {
+            (None, Some(most)) => groups_1d(c.rows.div_ceil(GEMV_ROWS).min(most), 1),
+            (None, None) => groups_1d(c.rows, GEMV_ROWS),
+            (Some(cols), _) => {
                 // Column tiles fastest: the workgroups of one weight tile
                 // run together and share it in cache (gemv.wgsl); then the
                 // lane groups of a split.

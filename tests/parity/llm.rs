@@ -270,6 +270,60 @@ fn row_lengths(t: GgmlType) -> Vec<usize> {
 /// Output rows: one, the 4-row GEMV workgroup + 1, and several workgroups.
 const ROWS: [usize; 3] = [1, 5, 132];
 
+/// Workgroups a WALK variant's cases use: few, so each walks many quads.
+const WALK_GROUPS: usize = 3;
+
+/// The row lengths of a single GEMV variant's cases; WALK's add one whose
+/// lanes hold three units (the first two stay in registers).
+fn single_row_lengths(t: GgmlType, v: &Variant) -> Vec<usize> {
+    let mut ks = row_lengths(t);
+    if v.defines.contains(&"WALK") {
+        ks.push(match t.block_size() {
+            1 => 2100,
+            32 => 2336,
+            _ => 2304,
+        });
+    }
+    ks
+}
+
+/// The single GEMV as the variant under test lays it out. A WALK variant
+/// is also run in the quad layout, whose output it must match bit for bit
+/// (gemv_common.wgsl's one order of summation).
+#[allow(clippy::too_many_arguments)]
+fn single_gemv(
+    gpu: &Gpu,
+    v: &Variant,
+    m: &GpuMatrix,
+    epi: &GemvEpilogue,
+    x: &wgpu::Buffer,
+    x_off: usize,
+    y_init: &[f32],
+    out_off: usize,
+) -> Vec<f32> {
+    let mut outs = Vec::new();
+    let mut layouts = vec![llm_ops::GemvLayout::Quads];
+    if v.defines.contains(&"WALK") {
+        layouts.push(llm_ops::GemvLayout::Walk(WALK_GROUPS));
+    }
+    for layout in layouts {
+        let y = gpu.upload_f32("y", y_init).unwrap();
+        run(
+            gpu,
+            &llm_ops::gemv_layout(gpu, m, epi, x, x_off, &y, out_off, layout).unwrap(),
+        );
+        outs.push(gpu.read_f32(&y).unwrap());
+    }
+    if let [quads, walk] = &outs[..] {
+        let same = quads
+            .iter()
+            .zip(walk)
+            .all(|(a, b)| a.to_bits() == b.to_bits());
+        assert!(same, "{}: WALK differs from the quad layout", v.key());
+    }
+    outs.pop().unwrap()
+}
+
 /// Random weights of `rows` x `k` with the scale of a trained layer
 /// (outputs of order one for inputs of order one).
 fn weights(t: GgmlType, rows: usize, k: usize, rng: &mut Rng) -> Tensor {
@@ -317,7 +371,7 @@ fn run(gpu: &Gpu, ds: &[Dispatch]) {
 fn gemv_case(gpu: &Gpu, v: &Variant, add: bool) {
     let (t, _) = format_and_subgroups(v);
     let mut rng = Rng::new(11);
-    for k in row_lengths(t) {
+    for k in single_row_lengths(t, v) {
         for rows in ROWS {
             let w = weights(t, rows, k, &mut rng);
             // x sits after one row of other values; y is written from row 3.
@@ -335,17 +389,12 @@ fn gemv_case(gpu: &Gpu, v: &Variant, add: bool) {
             }
             let m = upload(gpu, &[&w], 50);
             let gx = gpu.upload_f32("x", &xs).unwrap();
-            let gy = gpu.upload_f32("y", &y0).unwrap();
             let epi = if add {
                 GemvEpilogue::Add
             } else {
                 GemvEpilogue::Store
             };
-            run(
-                gpu,
-                &llm_ops::gemv(gpu, &m, &epi, &gx, x_off, &gy, out_off).unwrap(),
-            );
-            let got = gpu.read_f32(&gy).unwrap();
+            let got = single_gemv(gpu, v, &m, &epi, &gx, x_off, &y0, out_off);
             assert_products(
                 &format!("{} k={k} rows={rows}", v.key()),
                 &got[out_off..out_off + rows],
@@ -367,7 +416,7 @@ fn gemv_add(gpu: &Gpu, v: &Variant) {
 fn gemv_norm(gpu: &Gpu, v: &Variant) {
     let (t, _) = format_and_subgroups(v);
     let mut rng = Rng::new(12);
-    for k in row_lengths(t) {
+    for k in single_row_lengths(t, v) {
         for rows in ROWS {
             let w = weights(t, rows, k, &mut rng);
             let x = rng.vec(k, -3.0, 3.0);
@@ -377,10 +426,8 @@ fn gemv_norm(gpu: &Gpu, v: &Variant) {
             let m = upload(gpu, &[&w], 50);
             let gx = gpu.upload_f32("x", &x).unwrap();
             let gn = gpu.upload_f32("nw", &nw).unwrap();
-            let gy = gpu.poisoned_f32("y", rows).unwrap();
             let epi = GemvEpilogue::Norm { nw: &gn, eps: 1e-5 };
-            run(gpu, &llm_ops::gemv(gpu, &m, &epi, &gx, 0, &gy, 0).unwrap());
-            let got = gpu.read_f32(&gy).unwrap();
+            let got = single_gemv(gpu, v, &m, &epi, &gx, 0, &vec![f32::NAN; rows], 0);
             // The norm's scale is applied after the sum instead of before:
             // one more rounding per output on top of the product's.
             assert_products(
