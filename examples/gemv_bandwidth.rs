@@ -19,7 +19,9 @@
 //! Each case's output is checked against the f32 reference (largest error as a
 //! share of the output's rms under `--tolerance`, default 1e-4; printed).
 //! `--rows-per-group` overrides the dispatch geometry, for trying a kernel
-//! from LFM_SHADER_DIR that covers another number of rows per workgroup.
+//! from LFM_SHADER_DIR that covers another number of rows per workgroup
+//! (for a matrix the decoder walks, gemv.wgsl's WALK, it sets how many
+//! workgroups walk: rows / R).
 
 use anyhow::{bail, Context};
 use lfm::cpu::llm::FfnAct;
