@@ -594,7 +594,7 @@ pub fn gemv(
     y: &wgpu::Buffer,
     out_off: usize,
 ) -> Result<Vec<Dispatch>> {
-    gemv_impl(gpu, w, epi, x, x_off, y, out_off, Err(GemvLayout::Auto))
+    gemv_layout(gpu, w, epi, x, x_off, y, out_off, GemvLayout::Auto)
 }
 
 /// [`gemv`] in a given layout (the same bits in every layout).
@@ -609,7 +609,7 @@ pub fn gemv_layout(
     out_off: usize,
     layout: GemvLayout,
 ) -> Result<Vec<Dispatch>> {
-    gemv_impl(gpu, w, epi, x, x_off, y, out_off, Err(layout))
+    gemv_impl(gpu, w, epi, x, x_off, y, out_off, None, layout)
 }
 
 /// Activation columns of a batched GEMV: how many, and the floats between
@@ -664,7 +664,17 @@ pub fn gemv_cols(
     cols: Cols,
 ) -> Result<Vec<Dispatch>> {
     assert!(cols.n > 0, "gemv_cols: no columns");
-    gemv_impl(gpu, w, epi, x, x_off, y, out_off, Ok(cols))
+    gemv_impl(
+        gpu,
+        w,
+        epi,
+        x,
+        x_off,
+        y,
+        out_off,
+        Some(cols),
+        GemvLayout::Quads,
+    )
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -676,9 +686,9 @@ fn gemv_impl(
     x_off: usize,
     y: &wgpu::Buffer,
     out_off: usize,
-    cols_or_layout: std::result::Result<Cols, GemvLayout>,
+    cols: Option<Cols>,
+    layout: GemvLayout,
 ) -> Result<Vec<Dispatch>> {
-    let cols = cols_or_layout.ok();
     type Kernels = (&'static Kernel, &'static Kernel, &'static Kernel);
     let ((single, many, sum), parts, defines): (Kernels, usize, &[&'static str]) = match epi {
         GemvEpilogue::Store => ((&GEMV, &GEMV_COLS, &GEMV_SUM), 1, &[]),
@@ -712,13 +722,12 @@ fn gemv_impl(
     } else {
         single
     };
-    // WALK's most workgroups, when it walks.
-    let walk = match cols_or_layout {
-        Ok(_) | Err(GemvLayout::Quads) => None,
-        Err(GemvLayout::Auto) => {
-            (parts == 1 && w.rows >= GEMV_WALK_FROM).then_some(GEMV_WALK_GROUPS)
-        }
-        Err(GemvLayout::Walk(groups)) => {
+    // WALK's most workgroups, when it walks (the batched kernel never does).
+    let walk = match layout {
+        _ if cols.is_some() => None,
+        GemvLayout::Quads => None,
+        GemvLayout::Auto => (parts == 1 && w.rows >= GEMV_WALK_FROM).then_some(GEMV_WALK_GROUPS),
+        GemvLayout::Walk(groups) => {
             assert_eq!(parts, 1, "{}: WALK takes single-part matrices", kernel.name);
             Some(groups.max(1))
         }
