@@ -200,10 +200,11 @@ macro_rules! format_kernel {
     ($ident:ident, $name:literal, [$($file:literal),+], [$($b:expr),*], $params:ty, [$($d:literal),*]) => {
         format_kernel!(@sets $ident, $name, [$($file),+], [$($b),*], $params, [$($d),*], [], [[]]);
     };
-    // The single-part decode GEMVs: also walking their row quads (WALK).
-    ($ident:ident, $name:literal, [$($file:literal),+], [$($b:expr),*], $params:ty, [$($d:literal),*], walk) => {
+    // The single-part decode GEMVs: also walking their row quads (WALK),
+    // each layout also with SUBGROUPS.
+    ($ident:ident, $name:literal, [$($file:literal),+], [$($b:expr),*], $params:ty, [$($d:literal),*], walk_subgroups) => {
         format_kernel!(@sets $ident, $name, [$($file),+], [$($b),*], $params, [$($d),*], [],
-            [[] ["WALK"]]);
+            [[] ["WALK"] ["SUBGROUPS"] ["SUBGROUPS", "WALK"]]);
     };
     ($ident:ident, $name:literal, [$($file:literal),+], [$($b:expr),*], $params:ty, [$($d:literal),*], subgroups) => {
         format_kernel!(@sets $ident, $name, [$($file),+], [$($b),*], $params, [$($d),*], [],
@@ -286,7 +287,7 @@ format_kernel!(
     [Binding::read("w"), Binding::read("x"), Binding::write("y")],
     GemvParams,
     [],
-    walk
+    walk_subgroups
 );
 format_kernel!(
     GEMV_ADD,
@@ -295,7 +296,7 @@ format_kernel!(
     [Binding::read("w"), Binding::read("x"), Binding::write("y")],
     GemvParams,
     ["ADD"],
-    walk
+    walk_subgroups
 );
 format_kernel!(
     GEMV_NORM,
@@ -309,7 +310,7 @@ format_kernel!(
     ],
     GemvParams,
     ["NORM"],
-    walk
+    walk_subgroups
 );
 format_kernel!(
     GEMV_SWIGLU,
@@ -322,7 +323,8 @@ format_kernel!(
         Binding::write("y")
     ],
     GemvParams,
-    ["NORM", "SWIGLU"]
+    ["NORM", "SWIGLU"],
+    subgroups
 );
 format_kernel!(
     GEMV_GEGLU,
@@ -335,7 +337,8 @@ format_kernel!(
         Binding::write("y")
     ],
     GemvParams,
-    ["NORM", "SWIGLU", "GELU"]
+    ["NORM", "SWIGLU", "GELU"],
+    subgroups
 );
 format_kernel!(
     GEMV_CONV,
@@ -351,7 +354,8 @@ format_kernel!(
         Binding::write("y")
     ],
     GemvParams,
-    ["NORM", "CONV"]
+    ["NORM", "CONV"],
+    subgroups
 );
 
 // The same products over several activation columns (batched decode).
@@ -594,10 +598,29 @@ pub fn gemv(
     y: &wgpu::Buffer,
     out_off: usize,
 ) -> Result<Vec<Dispatch>> {
-    gemv_layout(gpu, w, epi, x, x_off, y, out_off, GemvLayout::Auto)
+    let subgroups = gemv_subgroups(gpu);
+    gemv_layout(
+        gpu,
+        w,
+        epi,
+        x,
+        x_off,
+        y,
+        out_off,
+        GemvLayout::Auto,
+        subgroups,
+    )
 }
 
-/// [`gemv`] in a given layout (the same bits in every layout).
+/// Whether the single GEMV adds its lane sums up with subgroup shuffles
+/// (gemv.wgsl's SUBGROUPS: one barrier fewer): where the adapter's
+/// subgroups hold whole groups of lanes.
+pub fn gemv_subgroups(gpu: &Gpu) -> bool {
+    gpu.caps.subgroups && gpu.caps.subgroup_min as usize >= GEMV_GROUP
+}
+
+/// [`gemv`] in a given layout, its lane sums added up with subgroup
+/// shuffles or through workgroup memory (the same bits in every case).
 #[allow(clippy::too_many_arguments)]
 pub fn gemv_layout(
     gpu: &Gpu,
@@ -608,8 +631,14 @@ pub fn gemv_layout(
     y: &wgpu::Buffer,
     out_off: usize,
     layout: GemvLayout,
+    subgroups: bool,
 ) -> Result<Vec<Dispatch>> {
-    gemv_impl(gpu, w, epi, x, x_off, y, out_off, None, layout)
+    if subgroups && !gemv_subgroups(gpu) {
+        return Err(Error::gpu(format!(
+            "the GEMV's SUBGROUPS variant needs subgroups of at least {GEMV_GROUP} invocations"
+        )));
+    }
+    gemv_impl(gpu, w, epi, x, x_off, y, out_off, None, layout, subgroups)
 }
 
 /// Activation columns of a batched GEMV: how many, and the floats between
@@ -674,6 +703,7 @@ pub fn gemv_cols(
         out_off,
         Some(cols),
         GemvLayout::Quads,
+        false,
     )
 }
 
@@ -688,6 +718,7 @@ fn gemv_impl(
     out_off: usize,
     cols: Option<Cols>,
     layout: GemvLayout,
+    subgroups: bool,
 ) -> Result<Vec<Dispatch>> {
     type Kernels = (&'static Kernel, &'static Kernel, &'static Kernel);
     let ((single, many, sum), parts, defines): (Kernels, usize, &[&'static str]) = match epi {
@@ -758,7 +789,7 @@ fn gemv_impl(
     let group_run = groups_k.div_ceil(GEMV_SPLIT_WAYS);
     let mut out = Vec::with_capacity(w.chunks.len());
     for c in &w.chunks {
-        let variant = format_variant(w.dtype, false, &extra)?;
+        let variant = format_variant(w.dtype, subgroups, &extra)?;
         let (per_cols, per_rows) = GEMV_COLS_TILE;
         // Whether this chunk's k is split, and the partial sums' floats.
         let split = cols.and_then(|cols| {

@@ -287,9 +287,10 @@ fn single_row_lengths(t: GgmlType, v: &Variant) -> Vec<usize> {
     ks
 }
 
-/// The single GEMV as the variant under test lays it out. A WALK variant
-/// is also run in the quad layout, whose output it must match bit for bit
-/// (gemv_common.wgsl's one order of summation).
+/// The single GEMV as the variant under test lays it out and sums it. A
+/// WALK or SUBGROUPS variant is also run in the portable quad layout, whose
+/// output it must match bit for bit (gemv_common.wgsl's one order of
+/// summation).
 #[allow(clippy::too_many_arguments)]
 fn single_gemv(
     gpu: &Gpu,
@@ -301,27 +302,35 @@ fn single_gemv(
     y_init: &[f32],
     out_off: usize,
 ) -> Vec<f32> {
-    let mut outs = Vec::new();
-    let mut layouts = vec![llm_ops::GemvLayout::Quads];
-    if v.defines.contains(&"WALK") {
-        layouts.push(llm_ops::GemvLayout::Walk(WALK_GROUPS));
-    }
-    for layout in layouts {
+    let walk = v.defines.contains(&"WALK");
+    let layout = if walk {
+        llm_ops::GemvLayout::Walk(WALK_GROUPS)
+    } else {
+        llm_ops::GemvLayout::Quads
+    };
+    let (_, subgroups) = format_and_subgroups(v);
+    let run_as = |layout, subgroups| {
         let y = gpu.upload_f32("y", y_init).unwrap();
-        run(
-            gpu,
-            &llm_ops::gemv_layout(gpu, m, epi, x, x_off, &y, out_off, layout).unwrap(),
-        );
-        outs.push(gpu.read_f32(&y).unwrap());
+        let ds = llm_ops::gemv_layout(gpu, m, epi, x, x_off, &y, out_off, layout, subgroups);
+        run(gpu, &ds.unwrap());
+        gpu.read_f32(&y).unwrap()
+    };
+    let got = run_as(layout, subgroups);
+    if walk || subgroups {
+        same_bits(v, &got, &run_as(llm_ops::GemvLayout::Quads, false));
     }
-    if let [quads, walk] = &outs[..] {
-        let same = quads
-            .iter()
-            .zip(walk)
-            .all(|(a, b)| a.to_bits() == b.to_bits());
-        assert!(same, "{}: WALK differs from the quad layout", v.key());
-    }
-    outs.pop().unwrap()
+    got
+}
+
+/// A variant's output against the portable quad layout's, bit for bit
+/// (gemv_common.wgsl's one order of summation).
+#[track_caller]
+fn same_bits(v: &Variant, got: &[f32], quads: &[f32]) {
+    let same = got
+        .iter()
+        .zip(quads)
+        .all(|(a, b)| a.to_bits() == b.to_bits());
+    assert!(same, "{}: differs from the portable quad layout", v.key());
 }
 
 /// Random weights of `rows` x `k` with the scale of a trained layer
@@ -464,14 +473,12 @@ fn gemv_swiglu(gpu: &Gpu, v: &Variant) {
             let m = upload(gpu, &[&gate, &up], 50);
             let gx = gpu.upload_f32("x", &x).unwrap();
             let gn = gpu.upload_f32("nw", &nw).unwrap();
-            let gy = gpu.poisoned_f32("y", rows).unwrap();
             let epi = GemvEpilogue::Swiglu {
                 nw: &gn,
                 eps: 1e-5,
                 act,
             };
-            run(gpu, &llm_ops::gemv(gpu, &m, &epi, &gx, 0, &gy, 0).unwrap());
-            let got = gpu.read_f32(&gy).unwrap();
+            let got = single_gemv(gpu, v, &m, &epi, &gx, 0, &vec![f32::NAN; rows], 0);
             // Two products (as gemv_norm) multiplied: their errors add.
             assert_products(
                 &format!("{} k={k} rows={rows}", v.key()),
@@ -530,7 +537,10 @@ fn gemv_conv(gpu: &Gpu, v: &Variant) {
                     taps,
                     ring,
                 };
-                run(gpu, &llm_ops::gemv(gpu, &m, &epi, &gx, 0, &gy, 0).unwrap());
+                let (_, subgroups) = format_and_subgroups(v);
+                let auto = llm_ops::GemvLayout::Auto;
+                let ds = llm_ops::gemv_layout(gpu, &m, &epi, &gx, 0, &gy, 0, auto, subgroups);
+                run(gpu, &ds.unwrap());
                 let what = format!("{} d={d} taps={taps} step={step}", v.key());
                 // Products of three projections and a short sum: a few
                 // gemv_norm errors.
