@@ -8,7 +8,6 @@
 //!     cargo run --release --example gemv_bandwidth -- [--formats q4_0,q8_0,f16]
 //!         [--models 350m,1.2b] [--only MATRIX] [--rotate-mb 256] [--reps 5]
 //!         [--rows-per-group R] [--tolerance T] [--sums auto|shared|subgroups]
-//!         [--walk N]
 //!
 //! Two figures per case, each the best of `--reps` host-timed submissions of
 //! one dispatch per copy: `independent` (each writes its own output, so
@@ -24,9 +23,7 @@
 //! (for a matrix the decoder walks, gemv.wgsl's WALK, it sets how many
 //! workgroups walk: rows / R). `--sums` picks how the single GEMV adds its
 //! lane sums up: through workgroup memory, with subgroup shuffles, or as
-//! `gemv` chooses for the adapter (the default). `--walk N` has at most N
-//! workgroups walk every matrix's row quads (gemv.wgsl's WALK; 0, the
-//! default: as `gemv` lays each out).
+//! `gemv` chooses for the adapter (the default).
 
 use anyhow::{bail, Context};
 use lfm::cpu::llm::FfnAct;
@@ -125,7 +122,6 @@ fn main() -> anyhow::Result<()> {
     let mut tolerance = 1e-4f32;
     let mut only: Option<String> = None;
     let mut sums = "auto".to_string();
-    let mut walk = 0usize;
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
         let v = args.next().with_context(|| format!("{a} needs a value"))?;
@@ -138,7 +134,6 @@ fn main() -> anyhow::Result<()> {
             "--tolerance" => tolerance = v.parse()?,
             "--only" => only = Some(v),
             "--sums" => sums = v,
-            "--walk" => walk = v.parse()?,
             _ => bail!("unknown flag {a}"),
         }
     }
@@ -181,7 +176,7 @@ fn main() -> anyhow::Result<()> {
                     rotate,
                     reps,
                     rows_per_group,
-                    (subgroups, walk),
+                    subgroups,
                     (model, name, epi, rows, k, t),
                 )?;
             }
@@ -198,7 +193,7 @@ fn run_case(
     rotate: usize,
     reps: usize,
     rows_per_group: Option<usize>,
-    (subgroups, walk): (bool, usize),
+    subgroups: bool,
     (model, name, epi, rows, k, t): (&str, &str, Epi, usize, usize, GgmlType),
 ) -> anyhow::Result<()> {
     let parts = epi.parts();
@@ -250,13 +245,9 @@ fn run_case(
     // so every dispatch waits for the one before, as in a decode step.
     let mut independent: Vec<Dispatch> = Vec::new();
     let mut dependent: Vec<Dispatch> = Vec::new();
-    let layout = match walk {
-        0 => GemvLayout::Auto,
-        n => GemvLayout::Walk(n),
-    };
     for (m, y) in mats.iter().zip(&ys) {
         for (chain, out) in [(&mut independent, y), (&mut dependent, &ys[0])] {
-            let ds = llm_ops::gemv_layout(gpu, m, &e, &x, 0, out, 0, layout, subgroups)?;
+            let ds = llm_ops::gemv_layout(gpu, m, &e, &x, 0, out, 0, GemvLayout::Auto, subgroups)?;
             for (mut d, c) in ds.into_iter().zip(&m.chunks) {
                 if let Some(r) = rows_per_group {
                     d.groups = groups_1d(c.rows, r);

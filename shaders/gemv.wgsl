@@ -26,10 +26,8 @@
 //           then y (read_write); COLS: last, part (read_write, p.split's sums)
 // dispatch (single): ceil(rows / R) workgroups (gpu::ops::groups_1d over x
 //           and y); each thread is one lane of k for the workgroup's R rows.
-//           WALK: any number of workgroups, each taking every nwg-th quad
-//           of R rows of each part (gpu::llm_ops::GemvLayout).
-//           SUBGROUPS: lanes numbered from the subgroup builtins, each
-//           group's lane sums added with shuffles (one barrier fewer).
+//           WALK (single-part epilogues): any number of workgroups, each
+//           taking every nwg-th quad of R rows (gpu::llm_ops::GemvLayout).
 // COLS (the gemv_cols_* kernels, batched decode): the same products for
 //   p.cols activation columns, x column j at x_off + j x_stride, y column j at
 //   j y_stride (+ out_off). A tile of BR rows (of every part) x BC columns a
@@ -473,7 +471,7 @@ const R: u32 = 4u;
 // so that a run of them is read in a few wide loads: the adds that follow
 // are the one order of summation, but the loads no longer wait for each
 // other. WALK with SUBGROUPS keeps two sets of a quad's, used in turn.
-var<workgroup> gsum: array<vec4<f32>, 100>; // (2 (PARTS <= 3) R + 1) GROUPS / 4
+var<workgroup> gsum: array<vec4<f32>, 52>; // ((PARTS <= 3) * R + 1) * GROUPS / 4
 
 fn gsum_set(j: u32, v: f32) {
     gsum[j / 4u][j % 4u] = v;
@@ -592,32 +590,11 @@ fn fma8x4(r: u32, last: u32, e0: u32, xv: W8, acc: vec4<f32>) -> vec4<f32> {
                      fma8(w8(min(r + 3u, last), e0, p.k, p.d_off), xv, acc.w));
 }
 
-// The lane sums of a quad: R rows of each part.
-struct Quad {
-    a0: vec4<f32>,
-    a1: vec4<f32>,
-    a2: vec4<f32>,
-}
-
-// Rows first .. first + R - 1 of each part times xv (unit e0), added to acc.
-fn fma_quad(first: u32, last: u32, e0: u32, xv: W8, acc: Quad) -> Quad {
-    var o = acc;
-    o.a0 = fma8x4(first, last, e0, xv, acc.a0);
-    if (PARTS > 1u) {
-        o.a1 = fma8x4(p.rows + first, p.rows + last, e0, xv, acc.a1);
-    }
-    if (PARTS > 2u) {
-        o.a2 = fma8x4(2u * p.rows + first, 2u * p.rows + last, e0, xv, acc.a2);
-    }
-    return o;
-}
-
 #if WALK
-// GEMVs of many rows: a few resident workgroups walk the row quads
-// (workgroup w takes quads w, w + nwg, ...; a quad is R rows of each part),
-// so x, its norm and the sum of squares are read and reduced once a
-// workgroup instead of once a quad. The same sums in the same order as the
-// kernel below.
+// Single-part GEMVs of many rows: a few resident workgroups walk the row
+// quads (workgroup w takes quads w, w + nwg, ...), so x, its norm and the
+// sum of squares are read and reduced once a workgroup instead of once a
+// quad. The same sums in the same order as the kernel below.
 @compute @workgroup_size(LANES)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
         @builtin(local_invocation_index) lid: u32
@@ -655,12 +632,10 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
             x1 = xv;
         }
     }
-    // A quad's group sums: PARTS R sets of GROUPS floats (two such, used in
-    // turn, with SUBGROUPS); the squares' after them.
-    let quad_sets = PARTS * R * GROUPS;
     var sq = 0.0;
 #if NORM
-    let sq_at = 2u * quad_sets;
+    // The squares' group sums after the quads' (two sets with SUBGROUPS).
+    let sq_at = 2u * R * GROUPS;
 #if SUBGROUPS
     let t = group_sum1(ss, sid, lg.n);
     if (lg.lead) {
@@ -674,19 +649,15 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     workgroupBarrier();
     sq = group_run(sq_at, groups);
 #endif
-    var pos = 0u;
-#if CONV
-    pos = step[1];
-#endif
     var turn = 0u;
     for (var quad = wid.y * nwg.x + wid.x; quad < quads; quad += nwg.x * nwg.y) {
         let first = quad * R;
-        var q = Quad();
+        var a0 = vec4<f32>();
         if (lane < units) {
-            q = fma_quad(first, last, 8u * lane, x0, q);
+            a0 = fma8x4(first, last, 8u * lane, x0, a0);
         }
         if (lane + LANES < units) {
-            q = fma_quad(first, last, 8u * (lane + LANES), x1, q);
+            a0 = fma8x4(first, last, 8u * (lane + LANES), x1, a0);
         }
         for (var u = lane + 2u * LANES; u < units; u += LANES) {
             let e0 = 8u * u;
@@ -694,47 +665,28 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
 #if NORM
             xv = scaled8(xv, e0);
 #endif
-            q = fma_quad(first, last, e0, xv, q);
+            a0 = fma8x4(first, last, e0, xv, a0);
         }
-        let a0 = q.a0;
-        let a1 = q.a1;
-        let a2 = q.a2;
 #if SUBGROUPS
         // The quad's group sums, in the set this turn uses: the next quad
         // writes the other one, and this one again only after its barrier,
         // which every thread reaches after the reads below.
-        let at = (turn & 1u) * quad_sets;
+        let at = (turn & 1u) * R * GROUPS;
         store_groups(a0, at, lg, sid);
-        if (PARTS > 1u) {
-            store_groups(a1, at + R * GROUPS, lg, sid);
-        }
-        if (PARTS > 2u) {
-            store_groups(a2, at + 2u * R * GROUPS, lg, sid);
-        }
         turn++;
 #else
         let at = 0u;
         for (var r = 0u; r < R; r++) {
             lsum_set(r * LANES + lane, a0[r]);
-            if (PARTS > 1u) {
-                lsum_set((R + r) * LANES + lane, a1[r]);
-            }
-            if (PARTS > 2u) {
-                lsum_set((2u * R + r) * LANES + lane, a2[r]);
-            }
         }
         workgroupBarrier();
         // The next quad writes these group sums only after its first
         // barrier, which every thread reaches after reading them.
-        sum_groups(lane, PARTS * R, 0u, lanes);
+        sum_groups(lane, R, 0u, lanes);
 #endif
         workgroupBarrier();
         if (lane < R && first + lane < p.rows) {
-            var v = vec3<f32>();
-            for (var pt = 0u; pt < PARTS; pt++) {
-                v[pt] = group_run(at + (pt * R + lane) * GROUPS, groups);
-            }
-            finish(first + lane, 0u, v.x, v.y, v.z, sq, pos, 0u);
+            finish(first + lane, 0u, group_run(at + lane * GROUPS, groups), 0.0, 0.0, sq, 0u, 0u);
         }
     }
 }
@@ -758,7 +710,9 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     let units = unit_count();
     let lanes = lane_count();
     let groups = group_count();
-    var q = Quad();
+    var a0 = vec4<f32>();
+    var a1 = vec4<f32>();
+    var a2 = vec4<f32>();
     var ss = 0.0;
     for (var u = lane; u < units; u += LANES) {
         let e0 = 8u * u;
@@ -767,11 +721,14 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
         ss += sq8(xv);
         xv = scaled8(xv, e0);
 #endif
-        q = fma_quad(first, last, e0, xv, q);
+        a0 = fma8x4(first, last, e0, xv, a0);
+        if (PARTS > 1u) {
+            a1 = fma8x4(p.rows + first, p.rows + last, e0, xv, a1);
+        }
+        if (PARTS > 2u) {
+            a2 = fma8x4(2u * p.rows + first, 2u * p.rows + last, e0, xv, a2);
+        }
     }
-    let a0 = q.a0;
-    let a1 = q.a1;
-    let a2 = q.a2;
     // Group sums: set part * R + row (NORM: the last set is the squares).
 #if SUBGROUPS
     let lg = lane_group(lane, lanes);
@@ -812,8 +769,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     }
     let r = lane;
     var v = vec3<f32>();
-    for (var pt = 0u; pt < PARTS; pt++) {
-        v[pt] = group_run((pt * R + r) * GROUPS, groups);
+    for (var q = 0u; q < PARTS; q++) {
+        v[q] = group_run((q * R + r) * GROUPS, groups);
     }
     var sq = 0.0;
 #if NORM

@@ -190,9 +190,8 @@ impl GpuMatrix {
 
 /// Declares a kernel over every weight format, reading `quant_formats.wgsl`
 /// before its own file (or files, a list: libraries first): the portable
-/// variants, then each format again with WALK and SUBGROUPS
-/// (`walk_subgroups`) or with the cooperative-matrix GEMM's COOP, F16 and
-/// SUBGROUPS (`coop_xh`, `coop_xh_yh`). `$d` are
+/// variants, then each format again with SUBGROUPS (`subgroups`) or with the
+/// cooperative-matrix GEMM's COOP, F16 and SUBGROUPS (`coop`). `$d` are
 /// defines every variant has.
 macro_rules! format_kernel {
     ($ident:ident, $name:literal, $file:literal, $($rest:tt)*) => {
@@ -206,6 +205,10 @@ macro_rules! format_kernel {
     ($ident:ident, $name:literal, [$($file:literal),+], [$($b:expr),*], $params:ty, [$($d:literal),*], walk_subgroups) => {
         format_kernel!(@sets $ident, $name, [$($file),+], [$($b),*], $params, [$($d),*], [],
             [[] ["WALK"] ["SUBGROUPS"] ["SUBGROUPS", "WALK"]]);
+    };
+    ($ident:ident, $name:literal, [$($file:literal),+], [$($b:expr),*], $params:ty, [$($d:literal),*], subgroups) => {
+        format_kernel!(@sets $ident, $name, [$($file),+], [$($b),*], $params, [$($d),*], [],
+            [[] ["SUBGROUPS"]]);
     };
     // The portable variant and the cooperative-matrix ones (tiles; rows
     // read a vec4 at a time: X4; or as f16 pairs: XH).
@@ -321,7 +324,7 @@ format_kernel!(
     ],
     GemvParams,
     ["NORM", "SWIGLU"],
-    walk_subgroups
+    subgroups
 );
 format_kernel!(
     GEMV_GEGLU,
@@ -335,7 +338,7 @@ format_kernel!(
     ],
     GemvParams,
     ["NORM", "SWIGLU", "GELU"],
-    walk_subgroups
+    subgroups
 );
 format_kernel!(
     GEMV_CONV,
@@ -352,7 +355,7 @@ format_kernel!(
     ],
     GemvParams,
     ["NORM", "CONV"],
-    walk_subgroups
+    subgroups
 );
 
 // The same products over several activation columns (batched decode).
@@ -543,7 +546,8 @@ pub enum GemvLayout {
     /// One workgroup a quad of rows (each reads x and reduces its norm).
     Quads,
     /// At most this many workgroups, each walking quads (gemv.wgsl's WALK):
-    /// x read and its norm reduced once a workgroup.
+    /// x read and its norm reduced once a workgroup. Single-part epilogues
+    /// only (Store, Add, Norm).
     Walk(usize),
 }
 
@@ -754,7 +758,10 @@ fn gemv_impl(
         _ if cols.is_some() => None,
         GemvLayout::Quads => None,
         GemvLayout::Auto => (parts == 1 && w.rows >= GEMV_WALK_FROM).then_some(GEMV_WALK_GROUPS),
-        GemvLayout::Walk(groups) => Some(groups.max(1)),
+        GemvLayout::Walk(groups) => {
+            assert_eq!(parts, 1, "{}: WALK takes single-part matrices", kernel.name);
+            Some(groups.max(1))
+        }
     };
     if walk.is_some() {
         extra.push("WALK");

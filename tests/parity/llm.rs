@@ -303,7 +303,11 @@ fn single_gemv(
     out_off: usize,
 ) -> Vec<f32> {
     let walk = v.defines.contains(&"WALK");
-    let layout = layout_of(v);
+    let layout = if walk {
+        llm_ops::GemvLayout::Walk(WALK_GROUPS)
+    } else {
+        llm_ops::GemvLayout::Quads
+    };
     let (_, subgroups) = format_and_subgroups(v);
     let run_as = |layout, subgroups| {
         let y = gpu.upload_f32("y", y_init).unwrap();
@@ -316,15 +320,6 @@ fn single_gemv(
         same_bits(v, &got, &run_as(llm_ops::GemvLayout::Quads, false));
     }
     got
-}
-
-/// The layout a single GEMV variant is tested in.
-fn layout_of(v: &Variant) -> llm_ops::GemvLayout {
-    if v.defines.contains(&"WALK") {
-        llm_ops::GemvLayout::Walk(WALK_GROUPS)
-    } else {
-        llm_ops::GemvLayout::Quads
-    }
 }
 
 /// A variant's output against the portable quad layout's, bit for bit
@@ -467,7 +462,7 @@ fn gemv_swiglu(gpu: &Gpu, v: &Variant) {
     let (t, _) = format_and_subgroups(v);
     let act = act_of(v);
     let mut rng = Rng::new(13);
-    for k in single_row_lengths(t, v) {
+    for k in row_lengths(t) {
         for rows in ROWS {
             let gate = weights(t, rows, k, &mut rng);
             let up = weights(t, rows, k, &mut rng);
@@ -543,9 +538,8 @@ fn gemv_conv(gpu: &Gpu, v: &Variant) {
                     ring,
                 };
                 let (_, subgroups) = format_and_subgroups(v);
-                // Run once: the state it writes is the next step's input.
-                let layout = layout_of(v);
-                let ds = llm_ops::gemv_layout(gpu, &m, &epi, &gx, 0, &gy, 0, layout, subgroups);
+                let auto = llm_ops::GemvLayout::Auto;
+                let ds = llm_ops::gemv_layout(gpu, &m, &epi, &gx, 0, &gy, 0, auto, subgroups);
                 run(gpu, &ds.unwrap());
                 let what = format!("{} d={d} taps={taps} step={step}", v.key());
                 // Products of three projections and a short sum: a few
