@@ -693,17 +693,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
 #else
 @compute @workgroup_size(LANES)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-        @builtin(local_invocation_index) lid: u32
-#if SUBGROUPS
-        , @builtin(subgroup_invocation_id) sid: u32, @builtin(subgroup_size) ssize: u32,
-        @builtin(subgroup_id) sg: u32
-#endif
-) {
-#if SUBGROUPS
-    let lane = sg * ssize + sid;
-#else
-    let lane = lid;
-#endif
+        @builtin(local_invocation_index) lane: u32) {
     let first = (wid.y * nwg.x + wid.x) * R;
     // Rows past the end repeat the last one; their sums are dropped.
     let last = p.rows - 1u;
@@ -730,22 +720,6 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
         }
     }
     // Group sums: set part * R + row (NORM: the last set is the squares).
-#if SUBGROUPS
-    let lg = lane_group(lane, lanes);
-    store_groups(a0, 0u, lg, sid);
-    if (PARTS > 1u) {
-        store_groups(a1, R * GROUPS, lg, sid);
-    }
-    if (PARTS > 2u) {
-        store_groups(a2, 2u * R * GROUPS, lg, sid);
-    }
-#if NORM
-    let t = group_sum1(ss, sid, lg.n);
-    if (lg.lead) {
-        gsum_set(PARTS * R * GROUPS + lg.g, t);
-    }
-#endif
-#else
     for (var r = 0u; r < R; r++) {
         lsum_set(r * LANES + lane, a0[r]);
         if (PARTS > 1u) {
@@ -762,7 +736,6 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
 #endif
     workgroupBarrier();
     sum_groups(lane, sets, 0u, lanes);
-#endif
     workgroupBarrier();
     if (lane >= R || first + lane >= p.rows) {
         return;

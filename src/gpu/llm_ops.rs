@@ -190,9 +190,9 @@ impl GpuMatrix {
 
 /// Declares a kernel over every weight format, reading `quant_formats.wgsl`
 /// before its own file (or files, a list: libraries first): the portable
-/// variants, then each format again with SUBGROUPS (`subgroups`) or with the
-/// cooperative-matrix GEMM's COOP, F16 and SUBGROUPS (`coop`). `$d` are
-/// defines every variant has.
+/// variants, then each format again with WALK and with WALK and SUBGROUPS
+/// (`walk_subgroups`), or with the cooperative-matrix GEMM's COOP, F16 and
+/// SUBGROUPS (`coop_xh`, `coop_xh_yh`). `$d` are defines every variant has.
 macro_rules! format_kernel {
     ($ident:ident, $name:literal, $file:literal, $($rest:tt)*) => {
         format_kernel!($ident, $name, [$file], $($rest)*);
@@ -201,14 +201,10 @@ macro_rules! format_kernel {
         format_kernel!(@sets $ident, $name, [$($file),+], [$($b),*], $params, [$($d),*], [], [[]]);
     };
     // The single-part decode GEMVs: also walking their row quads (WALK),
-    // each layout also with SUBGROUPS.
+    // portably or with SUBGROUPS.
     ($ident:ident, $name:literal, [$($file:literal),+], [$($b:expr),*], $params:ty, [$($d:literal),*], walk_subgroups) => {
         format_kernel!(@sets $ident, $name, [$($file),+], [$($b),*], $params, [$($d),*], [],
-            [[] ["WALK"] ["SUBGROUPS"] ["SUBGROUPS", "WALK"]]);
-    };
-    ($ident:ident, $name:literal, [$($file:literal),+], [$($b:expr),*], $params:ty, [$($d:literal),*], subgroups) => {
-        format_kernel!(@sets $ident, $name, [$($file),+], [$($b),*], $params, [$($d),*], [],
-            [[] ["SUBGROUPS"]]);
+            [[] ["WALK"] ["SUBGROUPS", "WALK"]]);
     };
     // The portable variant and the cooperative-matrix ones (tiles; rows
     // read a vec4 at a time: X4; or as f16 pairs: XH).
@@ -323,8 +319,7 @@ format_kernel!(
         Binding::write("y")
     ],
     GemvParams,
-    ["NORM", "SWIGLU"],
-    subgroups
+    ["NORM", "SWIGLU"]
 );
 format_kernel!(
     GEMV_GEGLU,
@@ -337,8 +332,7 @@ format_kernel!(
         Binding::write("y")
     ],
     GemvParams,
-    ["NORM", "SWIGLU", "GELU"],
-    subgroups
+    ["NORM", "SWIGLU", "GELU"]
 );
 format_kernel!(
     GEMV_CONV,
@@ -354,8 +348,7 @@ format_kernel!(
         Binding::write("y")
     ],
     GemvParams,
-    ["NORM", "CONV"],
-    subgroups
+    ["NORM", "CONV"]
 );
 
 // The same products over several activation columns (batched decode).
@@ -612,15 +605,16 @@ pub fn gemv(
     )
 }
 
-/// Whether the single GEMV adds its lane sums up with subgroup shuffles
-/// (gemv.wgsl's SUBGROUPS: one barrier fewer): where the adapter's
-/// subgroups hold whole groups of lanes.
+/// Whether a walking GEMV adds its lane sums up with subgroup shuffles
+/// (gemv.wgsl's WALK + SUBGROUPS: one barrier fewer a quad): where the
+/// adapter's subgroups hold whole groups of lanes.
 pub fn gemv_subgroups(gpu: &Gpu) -> bool {
     gpu.caps.subgroups && gpu.caps.subgroup_min as usize >= GEMV_GROUP
 }
 
-/// [`gemv`] in a given layout, its lane sums added up with subgroup
-/// shuffles or through workgroup memory (the same bits in every case).
+/// [`gemv`] in a given layout; a walking one adds its lane sums up with
+/// subgroup shuffles or through workgroup memory (the same bits in every
+/// case; `subgroups` is ignored where the layout does not walk).
 #[allow(clippy::too_many_arguments)]
 pub fn gemv_layout(
     gpu: &Gpu,
@@ -766,6 +760,7 @@ fn gemv_impl(
     if walk.is_some() {
         extra.push("WALK");
     }
+    let subgroups = subgroups && walk.is_some();
     assert_eq!(
         w.parts, parts,
         "{}: matrix has {} parts",

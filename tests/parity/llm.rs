@@ -537,10 +537,7 @@ fn gemv_conv(gpu: &Gpu, v: &Variant) {
                     taps,
                     ring,
                 };
-                let (_, subgroups) = format_and_subgroups(v);
-                let auto = llm_ops::GemvLayout::Auto;
-                let ds = llm_ops::gemv_layout(gpu, &m, &epi, &gx, 0, &gy, 0, auto, subgroups);
-                run(gpu, &ds.unwrap());
+                run(gpu, &llm_ops::gemv(gpu, &m, &epi, &gx, 0, &gy, 0).unwrap());
                 let what = format!("{} d={d} taps={taps} step={step}", v.key());
                 // Products of three projections and a short sum: a few
                 // gemv_norm errors.
