@@ -21,9 +21,9 @@
 //! `--rows-per-group` overrides the dispatch geometry, for trying a kernel
 //! from LFM_SHADER_DIR that covers another number of rows per workgroup
 //! (for a matrix the decoder walks, gemv.wgsl's WALK, it sets how many
-//! workgroups walk: rows / R). `--sums` picks how the single GEMV adds its
-//! lane sums up: through workgroup memory, with subgroup shuffles, or as
-//! `gemv` chooses for the adapter (the default).
+//! workgroups walk: rows / R). `--sums` picks how a walking GEMV (the head)
+//! adds its lane sums up: through workgroup memory, with subgroup shuffles,
+//! or as `gemv` chooses for the adapter (the default).
 
 use anyhow::{bail, Context};
 use lfm::cpu::llm::FfnAct;
