@@ -517,21 +517,11 @@ fn lane_group(lane: u32, lanes: u32) -> LaneGroup {
 // groups of neighbouring invocations (the lane is numbered from the
 // subgroup builtins, and the host asks for subgroups of at least GROUP).
 // For the group's first invocation, the sum from 0, in order, of the n
-// lane sums of its group (lane_run's adds); every invocation calls these,
-// as shuffles take the whole subgroup.
+// lane sums of its group (lane_run's adds), a row a component; every
+// invocation calls it, as shuffles take the whole subgroup.
 fn group_sum4(v: vec4<f32>, sid: u32, n: u32) -> vec4<f32> {
     let first = sid - sid % GROUP;
     var t = vec4<f32>(0.0) + v;
-    for (var j = 1u; j < GROUP; j++) {
-        let s = subgroupShuffle(v, first + j);
-        t = select(t, t + s, j < n);
-    }
-    return t;
-}
-
-fn group_sum1(v: f32, sid: u32, n: u32) -> f32 {
-    let first = sid - sid % GROUP;
-    var t = 0.0 + v;
     for (var j = 1u; j < GROUP; j++) {
         let s = subgroupShuffle(v, first + j);
         t = select(t, t + s, j < n);
@@ -637,7 +627,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     // The squares' group sums after the quads' (two sets with SUBGROUPS).
     let sq_at = 2u * R * GROUPS;
 #if SUBGROUPS
-    let t = group_sum1(ss, sid, lg.n);
+    let t = group_sum4(vec4<f32>(ss), sid, lg.n).x;
     if (lg.lead) {
         gsum_set(sq_at + lg.g, t);
     }
