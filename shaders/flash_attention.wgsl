@@ -25,7 +25,29 @@
 //   past a row's own return at once) and part keeps p.part_splits (the most
 //   any row may have) per head: [n_q, heads, part_splits, hd + 2]. Each row computes what the single
 //   kernel computes for it alone.
+// PREP (flash_attention_prep, decode of one token): qk_rope.wgsl's work done
+//   here, so a token's attention is one dispatch (plus the merge) instead
+//   of two. Binding 1 is the projections' row qkv ([q | k | v], as
+//   qk_rope.wgsl reads it) instead of q; each workgroup makes its GQ query
+//   heads from it (BIAS, QK_NORM, RoPE: qk_rope.wgsl's arithmetic), and the
+//   one split that holds the new position (kv_len - 1) makes its key head
+//   too, writes key and value to the caches and reads them back from there
+//   like every other position (a storage barrier between: the only
+//   workgroup that reads that row is the one that wrote it). GQ must be all
+//   the query heads of a key head, so that one workgroup a split writes
+//   each cache row. Extra bindings: 7 prep = [q norm weights (hd) | k norm
+//   weights (hd) | qkv bias (qkv_stride)], the parts the defines use, in
+//   that order; 8 cs = [half, 2] cos/sin of the new position.
 
+#if PREP
+@group(0) @binding(1) var<storage, read> qkv: array<f32>;
+#if K4
+@group(0) @binding(2) var<storage, read_write> kc: array<vec4<f32>>;
+#else
+@group(0) @binding(2) var<storage, read_write> kc: array<f32>;
+#endif
+@group(0) @binding(3) var<storage, read_write> vc: array<f32>;
+#else
 @group(0) @binding(1) var<storage, read> q: array<f32>;
 #if K4
 @group(0) @binding(2) var<storage, read> kc: array<vec4<f32>>;
@@ -33,9 +55,14 @@
 @group(0) @binding(2) var<storage, read> kc: array<f32>;
 #endif
 @group(0) @binding(3) var<storage, read> vc: array<f32>;
+#endif
 @group(0) @binding(4) var<storage, read> step: array<u32>;
 @group(0) @binding(5) var<storage, read_write> out: array<f32>;
 @group(0) @binding(6) var<storage, read_write> part: array<f32>;
+#if PREP
+@group(0) @binding(7) var<storage, read> prep: array<f32>;
+@group(0) @binding(8) var<storage, read> cs: array<f32>;
+#endif
 
 const WG: u32 = 64u;
 // A finite "minus infinity": exp(NEG - NEG) stays 1, never NaN.
@@ -44,9 +71,15 @@ override GQ: u32 = 1u;
 const GMAX: u32 = 8u;
 
 // Head g's query at qs[g * hd ..], its probabilities at ps[g * WG ..].
+// PREP: the new key after the queries, and its sum of squares in red.
+#if PREP
+var<workgroup> qs: array<f32, 256u * (GQ + 1u)>;
+var<workgroup> red: array<f32, WG * (GQ + 1u)>;
+#else
 var<workgroup> qs: array<f32, 256u * GQ>;
-var<workgroup> ps: array<f32, WG * GQ>;
 var<workgroup> red: array<f32, WG * GQ>;
+#endif
+var<workgroup> ps: array<f32, WG * GQ>;
 #if ROWS
 // The cache row of each key of the block being summed.
 var<workgroup> krow: array<u32, 64>;
@@ -151,6 +184,95 @@ fn wg_reduce(v: array<f32, GMAX>, lid: u32, is_max: bool
     return r;
 }
 
+#if PREP
+// qk_rope.wgsl's work for the new token: query heads h0 .. h0 + GQ into qs
+// and, when `with_key`, key head kh after them, then that key and its value
+// into cache row `pos`. Bias, norm and rotation as qk_rope.wgsl does them,
+// each head's sum of squares in the same tree.
+fn prepare(h0: u32, kh: u32, lid: u32, with_key: bool, pos: u32) {
+    let hd = p.hd;
+    let kvw = p.kv_heads * hd;
+    let made = select(GQ, GQ + 1u, with_key);
+    var bias_at = 0u;
+#if QK_NORM
+    bias_at = 2u * hd;
+#endif
+    for (var g = 0u; g < made; g++) {
+        // Query head h0 + g, or (g = GQ) key head kh, in the qkv row.
+        let col = select(p.heads * hd + kh * hd, (h0 + g) * hd, g < GQ);
+        var ss = 0.0;
+        for (var d = lid; d < hd; d += WG) {
+            var v = qkv[col + d];
+#if BIAS
+            v += prep[bias_at + col + d];
+#endif
+            qs[g * hd + d] = v;
+            ss += v * v;
+        }
+        red[g * WG + lid] = ss;
+    }
+#if QK_NORM
+    workgroupBarrier();
+    for (var st = WG / 2u; st > 0u; st >>= 1u) {
+        if (lid < st) {
+            for (var g = 0u; g < made; g++) {
+                red[g * WG + lid] += red[g * WG + lid + st];
+            }
+        }
+        workgroupBarrier();
+    }
+    for (var g = 0u; g < made; g++) {
+        let scale = 1.0 / sqrt(red[g * WG] / f32(hd) + p.eps);
+        // q's weights first in prep, k's after them.
+        let nw = select(hd, 0u, g < GQ);
+        for (var d = lid; d < hd; d += WG) {
+            qs[g * hd + d] = prep[nw + d] * (qs[g * hd + d] * scale);
+        }
+    }
+#endif
+    workgroupBarrier();
+    for (var g = 0u; g < made; g++) {
+        for (var i = lid; i < p.half; i += WG) {
+            let c = cs[2u * i];
+            let sn = cs[2u * i + 1u];
+            var a = g * hd + i;
+            var b = a + p.half;
+            if (p.interleaved != 0u) {
+                a = g * hd + 2u * i;
+                b = a + 1u;
+            }
+            let x0 = qs[a];
+            let x1 = qs[b];
+            qs[a] = x0 * c - x1 * sn;
+            qs[b] = x0 * sn + x1 * c;
+        }
+    }
+    workgroupBarrier();
+    if (with_key) {
+        let dst = pos * kvw + kh * hd;
+        let vsrc = p.heads * hd + kvw + kh * hd;
+#if K4
+        for (var d = 4u * lid; d < hd; d += 4u * WG) {
+            let k0 = GQ * hd + d;
+            kc[(dst + d) / 4u] = vec4<f32>(qs[k0], qs[k0 + 1u], qs[k0 + 2u], qs[k0 + 3u]);
+        }
+#else
+        for (var d = lid; d < hd; d += WG) {
+            kc[dst + d] = qs[GQ * hd + d];
+        }
+#endif
+        for (var d = lid; d < hd; d += WG) {
+            var v = qkv[vsrc + d];
+#if BIAS
+            v += prep[bias_at + vsrc + d];
+#endif
+            vc[dst + d] = v;
+        }
+    }
+    storageBarrier();
+}
+#endif
+
 @compute @workgroup_size(64)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32
 #if SUBGROUPS
@@ -185,12 +307,16 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     let end = min(start + chunk, last);
     let kh = h0 / (p.heads / p.kv_heads);
     let kvo = kh * hd;
+#if PREP
+    prepare(h0, kh, lid, start < end && end == last, kv_len - 1u);
+#else
     for (var g = 0u; g < GQ; g++) {
         for (var d = lid; d < hd; d += WG) {
             qs[g * hd + d] = q[(t * p.heads + h0 + g) * hd + d];
         }
     }
     workgroupBarrier();
+#endif
     var m: array<f32, GMAX>;
     var l: array<f32, GMAX>;
     // acc[g][i]: head g's sum for dimension lid + i * WG.

@@ -2017,8 +2017,14 @@ struct AttentionParams {
     window: u32,
     /// ROWS: splits per head the partial-result buffer holds.
     part_splits: u32,
+    /// flash_attention_prep: qk_rope's rotated pairs a head, pair layout
+    /// and norm epsilon.
+    half: u32,
+    interleaved: u32,
+    eps: f32,
+    _pad: u32,
 }
-const _: () = assert!(std::mem::size_of::<AttentionParams>() == 32);
+const _: () = assert!(std::mem::size_of::<AttentionParams>() == 48);
 
 impl AttentionParams {
     /// `n_q` queries of shape `s` against caches of kv_heads * head_dim a row.
@@ -2032,6 +2038,10 @@ impl AttentionParams {
             kv_stride: (s.kv_heads * s.head_dim) as u32,
             window: s.window as u32,
             part_splits: 0,
+            half: (s.rope_dim / 2) as u32,
+            interleaved: (s.rope_style == RopeStyle::Interleaved) as u32,
+            eps: s.eps,
+            _pad: 0,
         }
     }
 }
@@ -2050,6 +2060,41 @@ kernel!(
     ],
     AttentionParams,
     [&[], &["SUBGROUPS"], &["K4"], &["K4", "SUBGROUPS"]]
+);
+
+kernel!(
+    FLASH_ATTENTION_PREP,
+    "flash_attention_prep",
+    ["attention_params.wgsl", "flash_attention.wgsl"],
+    [
+        Binding::read("qkv"),
+        Binding::write("kc"),
+        Binding::write("vc"),
+        Binding::read("step"),
+        Binding::write("out"),
+        Binding::write("part"),
+        Binding::read("prep"),
+        Binding::read("cs")
+    ],
+    AttentionParams,
+    [
+        &["PREP"],
+        &["PREP", "QK_NORM"],
+        &["PREP", "BIAS"],
+        &["PREP", "BIAS", "QK_NORM"],
+        &["PREP", "K4"],
+        &["PREP", "K4", "QK_NORM"],
+        &["PREP", "BIAS", "K4"],
+        &["PREP", "BIAS", "K4", "QK_NORM"],
+        &["PREP", "SUBGROUPS"],
+        &["PREP", "QK_NORM", "SUBGROUPS"],
+        &["PREP", "BIAS", "SUBGROUPS"],
+        &["PREP", "BIAS", "QK_NORM", "SUBGROUPS"],
+        &["PREP", "K4", "SUBGROUPS"],
+        &["PREP", "K4", "QK_NORM", "SUBGROUPS"],
+        &["PREP", "BIAS", "K4", "SUBGROUPS"],
+        &["PREP", "BIAS", "K4", "QK_NORM", "SUBGROUPS"]
+    ]
 );
 
 kernel!(
@@ -2238,6 +2283,113 @@ pub fn flash_attention(
         head_groups,
         n_q: n_q as u32,
     })
+}
+
+/// What [`qk_rope`] adds to and multiplies the new queries and keys by, in
+/// the one buffer [`flash_attention_prep`] reads: [q norm weights | k norm
+/// weights | q, k and v biases as one qkv row], the parts there are.
+pub struct HeadConsts {
+    pub buffer: wgpu::Buffer,
+    pub norms: bool,
+    pub bias: bool,
+}
+
+impl HeadConsts {
+    /// None when there is neither a norm nor a bias.
+    pub fn upload(
+        gpu: &Gpu,
+        norms: Option<(&[f32], &[f32])>,
+        bias: Option<&[f32]>,
+    ) -> Result<Option<HeadConsts>> {
+        if norms.is_none() && bias.is_none() {
+            return Ok(None);
+        }
+        let mut v = Vec::new();
+        if let Some((q, k)) = norms {
+            if q.len() != k.len() {
+                return Err(Error::invalid(format!(
+                    "q norm of {} weights, k norm of {}",
+                    q.len(),
+                    k.len()
+                )));
+            }
+            v.extend_from_slice(q);
+            v.extend_from_slice(k);
+        }
+        v.extend_from_slice(bias.unwrap_or_default());
+        Ok(Some(HeadConsts {
+            buffer: gpu.upload_f32("head consts", &v)?,
+            norms: norms.is_some(),
+            bias: bias.is_some(),
+        }))
+    }
+}
+
+/// Decode attention of one new token with [`qk_rope`]'s work done in the
+/// same dispatch: its query heads made from the projections' row `qkv`, its
+/// key and value written to the caches at position kv_len - 1 (`cs`: that
+/// position's angles), then [`flash_attention`] of it (`out`, or `part` and
+/// the merge). One dependent dispatch a layer fewer. None where a key head
+/// serves more query heads than one workgroup computes together: then
+/// [`qk_rope`] and [`flash_attention`] do the work.
+#[allow(clippy::too_many_arguments)]
+pub fn flash_attention_prep(
+    gpu: &Gpu,
+    subgroups: bool,
+    s: &AttnShape,
+    qkv: &wgpu::Buffer,
+    consts: Option<&HeadConsts>,
+    cs: &wgpu::Buffer,
+    kv: &AttnBuffers,
+    out: &wgpu::Buffer,
+    part: &wgpu::Buffer,
+) -> Result<Option<Attention>> {
+    if s.head_dim > MAX_HEAD_DIM {
+        return Err(Error::gpu(format!(
+            "attention heads of {} dimensions (the GPU kernels hold at most {MAX_HEAD_DIM})",
+            s.head_dim
+        )));
+    }
+    if query_heads_together(s) * s.kv_heads != s.heads {
+        return Ok(None);
+    }
+    let mut base = vec!["PREP"];
+    if consts.is_some_and(|c| c.norms) {
+        base.push("QK_NORM");
+    }
+    if consts.is_some_and(|c| c.bias) {
+        base.push("BIAS");
+    }
+    let params = AttentionParams::new(s, 1);
+    let (variant, head_groups) = attention_variant(&base, subgroups, s);
+    let main = gpu.bind(
+        &FLASH_ATTENTION_PREP,
+        &variant,
+        &[
+            qkv,
+            kv.k_cache,
+            kv.v_cache,
+            kv.step,
+            out,
+            part,
+            consts.map_or(qkv, |c| &c.buffer),
+            cs,
+        ],
+        &params,
+    )?;
+    let merge = gpu.bind(
+        &FLASH_ATTENTION_MERGE,
+        &Variant::default(),
+        &[part, kv.step, out],
+        &params,
+    )?;
+    Ok(Some(Attention {
+        main,
+        merge,
+        heads: s.heads as u32,
+        head_groups,
+        n_q: 1,
+    }))
 }
 
 /// [`flash_attention`] for `n` decode rows of a batch, each of its own
@@ -3168,6 +3320,7 @@ pub static KERNELS: &[&Kernel] = &[
     &QK_ROPE,
     &QK_ROPE_ROWS,
     &FLASH_ATTENTION,
+    &FLASH_ATTENTION_PREP,
     &FLASH_ATTENTION_MERGE,
     &FLASH_ATTENTION_ROWS,
     &FLASH_ATTENTION_MERGE_ROWS,

@@ -141,6 +141,10 @@ pub const CASES: &[Case] = &[
         run: flash_attention_merge,
     },
     Case {
+        kernel: "flash_attention_prep",
+        run: flash_attention_prep,
+    },
+    Case {
         kernel: "qk_rope_rows",
         run: qk_rope_rows,
     },
@@ -1216,6 +1220,162 @@ fn flash_attention(gpu: &Gpu, v: &Variant) {
         }
         attention_case(gpu, v, heads, kv_heads, 40, 3, 20, 1, 7, &mut rng);
     }
+}
+
+/// Decode attention with qk_rope's work in the same dispatch, against
+/// cpu::qk_rope then cpu::flash_attention: the output, and the new
+/// position's key and value in the caches (every other row left alone).
+fn flash_attention_prep(gpu: &Gpu, v: &Variant) {
+    let sub = v.defines.contains(&"SUBGROUPS");
+    let norm = v.defines.contains(&"QK_NORM");
+    let with_bias = v.defines.contains(&"BIAS");
+    let mut rng = Rng::new(23);
+    for (heads, kv_heads, hd, rope_dim, style, window) in [
+        (4, 2, 64, 64, RopeStyle::Halves, 0),
+        (3, 1, 34, 32, RopeStyle::Interleaved, 0),
+        (8, 1, 256, 128, RopeStyle::Halves, 0),
+        (6, 3, 64, 64, RopeStyle::Halves, 100),
+    ] {
+        for kv_len in [1, 64, 65, 257, 1025] {
+            let s = AttnShape {
+                heads,
+                kv_heads,
+                head_dim: hd,
+                rope_dim,
+                rope_style: style,
+                eps: 1e-5,
+                scale: cpu::attention_scale(hd),
+                window,
+            };
+            let (qw, kvw) = (heads * hd, kv_heads * hd);
+            let pos = kv_len - 1;
+            let splits = llm_ops::attention_splits(kv_len);
+            let qkv = rng.vec(qw + 2 * kvw, -2.0, 2.0);
+            let bias = rng.vec(qw + 2 * kvw, -1.0, 1.0);
+            let qn = rng.vec(hd, 0.5, 1.5);
+            let kn = rng.vec(hd, 0.5, 1.5);
+            let cs = cpu::rope_table(pos, 1, rope_dim, 10_000.0);
+            // The earlier positions cached; the new one and two spare rows
+            // poisoned.
+            let cap = kv_len + 2;
+            let mut k = rng.vec(cap * kvw, -1.5, 1.5);
+            let mut vv = rng.vec(cap * kvw, -1.0, 1.0);
+            k[pos * kvw..].fill(f32::NAN);
+            vv[pos * kvw..].fill(f32::NAN);
+            let (mut want_k, mut want_v) = (k.clone(), vv.clone());
+            let mut q = vec![0.0; qw];
+            cpu::qk_rope(
+                &qkv,
+                1,
+                &s,
+                norm.then_some(qn.as_slice()),
+                norm.then_some(kn.as_slice()),
+                with_bias.then_some(bias.as_slice()),
+                &cs,
+                pos,
+                &mut q,
+                &mut want_k,
+                &mut want_v,
+            );
+            let mut want = vec![0.0; qw];
+            let cached = ..kv_len * kvw;
+            cpu::flash_attention(
+                &q,
+                &want_k[cached],
+                &want_v[cached],
+                1,
+                kv_len,
+                &s,
+                &mut want,
+            );
+            let gqkv = gpu.upload_f32("qkv", &qkv).unwrap();
+            let consts = llm_ops::HeadConsts::upload(
+                gpu,
+                norm.then_some((qn.as_slice(), kn.as_slice())),
+                with_bias.then_some(bias.as_slice()),
+            )
+            .unwrap();
+            let gcs = gpu.upload_f32("cs", &cs).unwrap();
+            let gk = gpu.upload_f32("kc", &k).unwrap();
+            let gv = gpu.upload_f32("vc", &vv).unwrap();
+            let step = gpu
+                .upload_u32("step", &[0, pos as u32, kv_len as u32, splits as u32])
+                .unwrap();
+            let out = gpu.poisoned_f32("out", qw).unwrap();
+            let part = gpu
+                .poisoned_f32("part", llm_ops::attention_part_len(heads, hd, 1))
+                .unwrap();
+            let kv = llm_ops::AttnBuffers {
+                step: &step,
+                k_cache: &gk,
+                v_cache: &gv,
+            };
+            let att = llm_ops::flash_attention_prep(
+                gpu,
+                sub,
+                &s,
+                &gqkv,
+                consts.as_ref(),
+                &gcs,
+                &kv,
+                &out,
+                &part,
+            )
+            .unwrap()
+            .expect("one workgroup takes every query head of a key head");
+            let mut enc = gpu.device.create_command_encoder(&Default::default());
+            {
+                let mut pass = enc.begin_compute_pass(&Default::default());
+                att.record(&mut pass, splits);
+            }
+            gpu.submit_and_wait(enc).unwrap();
+            let what = format!(
+                "{} heads={heads}/{kv_heads} hd={hd} kv_len={kv_len} window={window}",
+                v.key()
+            );
+            // As the flash_attention and qk_rope cases: the softmax's
+            // rounding, and the norm's sum of squares in another order.
+            assert_close(&what, &gpu.read_f32(&out).unwrap(), &want, 1e-10);
+            let new = pos * kvw..kv_len * kvw;
+            let got_k = gpu.read_f32(&gk).unwrap();
+            let got_v = gpu.read_f32(&gv).unwrap();
+            assert_close(
+                &format!("{what} k"),
+                &got_k[new.clone()],
+                &want_k[new.clone()],
+                1e-12,
+            );
+            assert_close(&format!("{what} v"), &got_v[new.clone()], &want_v[new], 0.0);
+            let same =
+                |a: &[f32], b: &[f32]| a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits());
+            assert!(
+                same(&got_k[..pos * kvw], &k[..pos * kvw])
+                    && same(&got_v[..pos * kvw], &vv[..pos * kvw])
+                    && same(&got_k[kv_len * kvw..], &k[kv_len * kvw..])
+                    && same(&got_v[kv_len * kvw..], &vv[kv_len * kvw..]),
+                "{what}: wrote another cache row"
+            );
+        }
+    }
+    // More query heads to a key head than a workgroup takes: not fused.
+    let s = AttnShape {
+        heads: 16,
+        kv_heads: 1,
+        head_dim: 64,
+        rope_dim: 64,
+        rope_style: RopeStyle::Halves,
+        eps: 1e-5,
+        scale: cpu::attention_scale(64),
+        window: 0,
+    };
+    let buf = gpu.upload_f32("any", &[0.0; 64]).unwrap();
+    let kv = llm_ops::AttnBuffers {
+        step: &buf,
+        k_cache: &buf,
+        v_cache: &buf,
+    };
+    let att = llm_ops::flash_attention_prep(gpu, sub, &s, &buf, None, &buf, &kv, &buf, &buf);
+    assert!(att.unwrap().is_none(), "16 query heads a key head fused");
 }
 
 fn prefill_attention(gpu: &Gpu, v: &Variant) {

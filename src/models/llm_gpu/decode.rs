@@ -43,7 +43,11 @@ impl<'a> DecoderOps for DecodeRecorder<'a> {
         let layer = &m.layers[li];
         let (
             GpuMixer::Attention {
-                qkv, norms, bias, ..
+                qkv,
+                norms,
+                bias,
+                consts,
+                ..
             },
             GpuState::Kv { k, v },
         ) = (&layer.mixer, &m.state[li])
@@ -68,12 +72,28 @@ impl<'a> DecoderOps for DecodeRecorder<'a> {
         } else {
             &io.cs
         };
-        let norms = norms.as_ref().map(|(a, b)| (a, b));
-        let rope = llm_ops::qk_rope(g, &shape, &io.qkv, norms, bias.as_ref(), cs, &kv, &io.q, 1)?;
-        self.plan.push(Op::Fixed(rope));
-        self.plan.push(Op::Attention(llm_ops::flash_attention(
-            g, sub, &shape, &io.q, &kv, &io.att, &io.part, 1,
-        )?));
+        let fused = llm_ops::flash_attention_prep(
+            g,
+            sub,
+            &shape,
+            &io.qkv,
+            consts.as_ref(),
+            cs,
+            &kv,
+            &io.att,
+            &io.part,
+        )?;
+        let att = match fused {
+            Some(att) => att,
+            None => {
+                let norms = norms.as_ref().map(|(a, b)| (a, b));
+                let rope =
+                    llm_ops::qk_rope(g, &shape, &io.qkv, norms, bias.as_ref(), cs, &kv, &io.q, 1)?;
+                self.plan.push(Op::Fixed(rope));
+                llm_ops::flash_attention(g, sub, &shape, &io.q, &kv, &io.att, &io.part, 1)?
+            }
+        };
+        self.plan.push(Op::Attention(att));
         self.y = Some(&io.att);
         Ok(())
     }

@@ -43,7 +43,7 @@ use super::llm::{
 use super::recipe::Residual;
 use crate::cpu;
 use crate::error::{Error, Result};
-use crate::gpu::llm_ops::{self, GemmKernel, GpuMatrix};
+use crate::gpu::llm_ops::{self, GemmKernel, GpuMatrix, HeadConsts};
 use crate::gpu::ops::Dispatch;
 use crate::gpu::profile::StepProfile;
 use crate::gpu::Gpu;
@@ -130,6 +130,8 @@ enum GpuMixer {
         norms: Option<(wgpu::Buffer, wgpu::Buffer)>,
         /// q, k and v biases as one qkv row.
         bias: Option<wgpu::Buffer>,
+        /// Both, as decode's fused attention reads them.
+        consts: Option<HeadConsts>,
     },
     Conv {
         /// Parts B, C, x.

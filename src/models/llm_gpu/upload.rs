@@ -4,7 +4,7 @@
 
 use super::{GpuFfn, GpuLayer, GpuMixer};
 use crate::error::{Error, Result};
-use crate::gpu::llm_ops::{self, GpuMatrix};
+use crate::gpu::llm_ops::{self, GpuMatrix, HeadConsts};
 use crate::gpu::Gpu;
 use crate::models::llm::{Layer, LlmConfig, Mixer};
 use crate::quant::GgmlType;
@@ -85,10 +85,16 @@ impl Uploader<'_> {
                         )))
                     }
                 };
+                let consts = HeadConsts::upload(
+                    g,
+                    a.q_norm.as_deref().zip(a.k_norm.as_deref()),
+                    a.qkv_bias.as_deref(),
+                )?;
                 GpuMixer::Attention {
                     qkv,
                     o: self.matrix(&format!("layer {i} o"), &[&a.o])?,
                     norms,
+                    consts,
                     bias: a
                         .qkv_bias
                         .as_ref()
