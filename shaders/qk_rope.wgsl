@@ -2,15 +2,17 @@
 // qkv holds each token's projections side by side ([n, q | k | v]). One
 // workgroup per (head, token): a query head goes to q_out, a key head to the
 // key cache and its value head to the value cache, at cache row pos0 + t
-// (pos0 = step[1]). BIAS first adds the projections' biases (Qwen2: bias,
-// laid out as a qkv row); QK_NORM applies the per-head RMSNorm (LFM2, Qwen3,
-// Gemma-3: weights qn, kn); then RoPE rotates the first 2 half dimensions in pairs (i, i + half)
+// (pos0 = step[1]). BIAS first adds the projections' biases (Qwen2: laid out
+// as a qkv row); QK_NORM applies the per-head RMSNorm (LFM2, Qwen3,
+// Gemma-3); then RoPE rotates the first 2 half dimensions in pairs (i, i + half)
 // or, when interleaved, (2i, 2i + 1), by the angles in cs ([n, half, 2]
 // cos/sin, computed in f64 on the host: cpu::rope_table).
-// bindings: 0 params, 1 qkv: [n, qkv_stride], 2 qn: [hd], 3 kn: [hd],
-//           4 cs: [n, half, 2], 5 step: array<u32> [token, pos0, kv_len, splits],
-//           6 q_out: [n, heads * hd], 7 kc, 8 vc: [positions, kv_heads * hd]
-//           (q_out, kc, vc read_write), 9 bias: [qkv_stride]
+// bindings: 0 params, 1 qkv: [n, qkv_stride], 2 prep: [q norm weights (hd) |
+//           k norm weights (hd) | bias (qkv_stride)], the parts the defines
+//           use, in that order (gpu::llm_ops::HeadConsts), 3 cs: [n, half, 2],
+//           4 step: array<u32> [token, pos0, kv_len, splits],
+//           5 q_out: [n, heads * hd], 6 kc, 7 vc: [positions, kv_heads * hd]
+//           (q_out, kc, vc read_write)
 // dispatch: (heads + kv_heads, n, 1) workgroups of 64 threads; hd <= 512
 // ROWS (qk_rope_rows, batched decode): token t is one row of a batch, its
 //   own sequence's: step holds a row record per token ([8 t ..], see
@@ -31,14 +33,19 @@ struct Params {
 
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read> qkv: array<f32>;
-@group(0) @binding(2) var<storage, read> qn: array<f32>;
-@group(0) @binding(3) var<storage, read> kn: array<f32>;
-@group(0) @binding(4) var<storage, read> cs: array<f32>;
-@group(0) @binding(5) var<storage, read> step: array<u32>;
-@group(0) @binding(6) var<storage, read_write> q_out: array<f32>;
-@group(0) @binding(7) var<storage, read_write> kc: array<f32>;
-@group(0) @binding(8) var<storage, read_write> vc: array<f32>;
-@group(0) @binding(9) var<storage, read> bias: array<f32>;
+@group(0) @binding(2) var<storage, read> prep: array<f32>;
+@group(0) @binding(3) var<storage, read> cs: array<f32>;
+@group(0) @binding(4) var<storage, read> step: array<u32>;
+@group(0) @binding(5) var<storage, read_write> q_out: array<f32>;
+@group(0) @binding(6) var<storage, read_write> kc: array<f32>;
+@group(0) @binding(7) var<storage, read_write> vc: array<f32>;
+
+// Where the bias starts in prep, in head widths (after the norm weights).
+#if QK_NORM
+const BIAS_AT: u32 = 2u;
+#else
+const BIAS_AT: u32 = 0u;
+#endif
 
 var<workgroup> head: array<f32, 512>;
 var<workgroup> red: array<f32, 64>;
@@ -58,7 +65,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     for (var d = lid; d < hd; d += 64u) {
         var v = qkv[src + d];
 #if BIAS
-        v += bias[col + d];
+        v += prep[BIAS_AT * hd + col + d];
 #endif
         head[d] = v;
         ss += v * v;
@@ -74,7 +81,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     }
     let scale = 1.0 / sqrt(red[0] / f32(hd) + p.eps);
     for (var d = lid; d < hd; d += 64u) {
-        let g = select(kn[d], qn[d], is_q);
+        let g = select(prep[hd + d], prep[d], is_q);
         head[d] = g * (head[d] * scale);
     }
 #endif
@@ -107,7 +114,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         for (var d = lid; d < hd; d += 64u) {
             kc[dst + d] = head[d];
 #if BIAS
-            vc[dst + d] = qkv[src + kvw + d] + bias[col + kvw + d];
+            vc[dst + d] = qkv[src + kvw + d] + prep[BIAS_AT * hd + col + kvw + d];
 #else
             vc[dst + d] = qkv[src + kvw + d];
 #endif

@@ -123,3 +123,14 @@ fn every_kernel_variant_is_valid_wgsl() {
     }
     assert!(checked > 100, "only {checked} variants checked");
 }
+
+/// WebGPU guarantees 8 storage buffers a shader stage (the context refuses
+/// adapters with fewer): no kernel may declare more.
+#[test]
+fn every_kernel_fits_eight_storage_buffers() {
+    let over: Vec<_> = lfm::gpu::kernels::all()
+        .filter(|k| k.bindings.len() > 8)
+        .map(|k| format!("{} ({})", k.name, k.bindings.len()))
+        .collect();
+    assert!(over.is_empty(), "kernels over 8 storage buffers: {over:?}");
+}

@@ -1859,14 +1859,12 @@ kernel!(
     "qk_rope.wgsl",
     [
         Binding::read("qkv"),
-        Binding::read("qn"),
-        Binding::read("kn"),
+        Binding::read("prep"),
         Binding::read("cs"),
         Binding::read("step"),
         Binding::write("q_out"),
         Binding::write("kc"),
-        Binding::write("vc"),
-        Binding::read("bias")
+        Binding::write("vc")
     ],
     QkRopeParams,
     [&[], &["QK_NORM"], &["BIAS"], &["BIAS", "QK_NORM"]]
@@ -1877,14 +1875,12 @@ kernel!(
     ["paged_cache.wgsl", "qk_rope.wgsl"],
     [
         Binding::read("qkv"),
-        Binding::read("qn"),
-        Binding::read("kn"),
+        Binding::read("prep"),
         Binding::read("cs"),
         Binding::read("step"),
         Binding::write("q_out"),
         Binding::write("kc"),
-        Binding::write("vc"),
-        Binding::read("bias")
+        Binding::write("vc")
     ],
     QkRopeParams,
     [
@@ -1894,6 +1890,59 @@ kernel!(
         &["BIAS", "QK_NORM", "ROWS"]
     ]
 );
+
+/// What [`qk_rope`] adds to and multiplies the new queries and keys by, in
+/// one buffer: [q norm weights | k norm weights | q, k and v biases as one
+/// qkv row], the parts there are.
+pub struct HeadConsts {
+    pub buffer: wgpu::Buffer,
+    pub norms: bool,
+    pub bias: bool,
+}
+
+impl HeadConsts {
+    /// None when there is neither a norm nor a bias.
+    pub fn upload(
+        gpu: &Gpu,
+        norms: Option<(&[f32], &[f32])>,
+        bias: Option<&[f32]>,
+    ) -> Result<Option<HeadConsts>> {
+        if norms.is_none() && bias.is_none() {
+            return Ok(None);
+        }
+        let mut v = Vec::new();
+        if let Some((q, k)) = norms {
+            if q.len() != k.len() {
+                return Err(Error::invalid(format!(
+                    "q norm of {} weights, k norm of {}",
+                    q.len(),
+                    k.len()
+                )));
+            }
+            v.extend_from_slice(q);
+            v.extend_from_slice(k);
+        }
+        v.extend_from_slice(bias.unwrap_or_default());
+        Ok(Some(HeadConsts {
+            buffer: gpu.upload_f32("head consts", &v)?,
+            norms: norms.is_some(),
+            bias: bias.is_some(),
+        }))
+    }
+
+    /// The defines of qk_rope.wgsl and flash_attention.wgsl's PREP for the
+    /// parts there are.
+    fn defines(&self) -> Vec<&'static str> {
+        let mut d = Vec::new();
+        if self.bias {
+            d.push("BIAS");
+        }
+        if self.norms {
+            d.push("QK_NORM");
+        }
+        d
+    }
+}
 
 /// Largest head the attention kernels hold in workgroup memory.
 pub const MAX_HEAD_DIM: usize = 256;
@@ -1908,22 +1957,21 @@ pub struct AttnBuffers<'a> {
     pub v_cache: &'a wgpu::Buffer,
 }
 
-/// q/k norm (when `norms` holds the q and k weights), RoPE by the angles in
-/// `cs` ([n, rope_dim / 2, 2], cpu::rope_table), q -> q_out, k and v into
-/// the caches at rows pos0 + t.
+/// The biases and q/k norms in `consts` (where there are any), RoPE by the
+/// angles in `cs` ([n, rope_dim / 2, 2], cpu::rope_table), q -> q_out, k
+/// and v into the caches at rows pos0 + t.
 #[allow(clippy::too_many_arguments)]
 pub fn qk_rope(
     gpu: &Gpu,
     s: &AttnShape,
     qkv: &wgpu::Buffer,
-    norms: Option<(&wgpu::Buffer, &wgpu::Buffer)>,
-    bias: Option<&wgpu::Buffer>,
+    consts: Option<&HeadConsts>,
     cs: &wgpu::Buffer,
     kv: &AttnBuffers,
     q_out: &wgpu::Buffer,
     n: usize,
 ) -> Result<Dispatch> {
-    qk_rope_impl(gpu, s, qkv, norms, bias, cs, kv, q_out, n, false)
+    qk_rope_impl(gpu, s, qkv, consts, cs, kv, q_out, n, false)
 }
 
 /// [`qk_rope`] for `n` decode rows of a batch, each of its own sequence:
@@ -1935,14 +1983,13 @@ pub fn qk_rope_rows(
     gpu: &Gpu,
     s: &AttnShape,
     qkv: &wgpu::Buffer,
-    norms: Option<(&wgpu::Buffer, &wgpu::Buffer)>,
-    bias: Option<&wgpu::Buffer>,
+    consts: Option<&HeadConsts>,
     cs: &wgpu::Buffer,
     kv: &AttnBuffers,
     q_out: &wgpu::Buffer,
     n: usize,
 ) -> Result<Dispatch> {
-    qk_rope_impl(gpu, s, qkv, norms, bias, cs, kv, q_out, n, true)
+    qk_rope_impl(gpu, s, qkv, consts, cs, kv, q_out, n, true)
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -1950,8 +1997,7 @@ fn qk_rope_impl(
     gpu: &Gpu,
     s: &AttnShape,
     qkv: &wgpu::Buffer,
-    norms: Option<(&wgpu::Buffer, &wgpu::Buffer)>,
-    bias: Option<&wgpu::Buffer>,
+    consts: Option<&HeadConsts>,
     cs: &wgpu::Buffer,
     kv: &AttnBuffers,
     q_out: &wgpu::Buffer,
@@ -1969,31 +2015,21 @@ fn qk_rope_impl(
         eps: s.eps,
         qkv_stride: ((s.heads + 2 * s.kv_heads) * s.head_dim) as u32,
     };
-    // Bindings a variant never reads are bound to qkv.
-    let mut defines = Vec::new();
-    if bias.is_some() {
-        defines.push("BIAS");
-    }
-    if norms.is_some() {
-        defines.push("QK_NORM");
-    }
+    let mut defines = consts.map_or_else(Vec::new, HeadConsts::defines);
     if rows {
         defines.push("ROWS");
     }
-    let (qn, kn) = norms.unwrap_or((qkv, qkv));
     let bound = gpu.bind(
         if rows { &QK_ROPE_ROWS } else { &QK_ROPE },
         &Variant::new(&defines),
         &[
             qkv,
-            qn,
-            kn,
+            consts.map_or(qkv, |c| &c.buffer),
             cs,
             kv.step,
             q_out,
             kv.k_cache,
             kv.v_cache,
-            bias.unwrap_or(qkv),
         ],
         &params,
     )?;
@@ -2285,46 +2321,6 @@ pub fn flash_attention(
     })
 }
 
-/// What [`qk_rope`] adds to and multiplies the new queries and keys by, in
-/// the one buffer [`flash_attention_prep`] reads: [q norm weights | k norm
-/// weights | q, k and v biases as one qkv row], the parts there are.
-pub struct HeadConsts {
-    pub buffer: wgpu::Buffer,
-    pub norms: bool,
-    pub bias: bool,
-}
-
-impl HeadConsts {
-    /// None when there is neither a norm nor a bias.
-    pub fn upload(
-        gpu: &Gpu,
-        norms: Option<(&[f32], &[f32])>,
-        bias: Option<&[f32]>,
-    ) -> Result<Option<HeadConsts>> {
-        if norms.is_none() && bias.is_none() {
-            return Ok(None);
-        }
-        let mut v = Vec::new();
-        if let Some((q, k)) = norms {
-            if q.len() != k.len() {
-                return Err(Error::invalid(format!(
-                    "q norm of {} weights, k norm of {}",
-                    q.len(),
-                    k.len()
-                )));
-            }
-            v.extend_from_slice(q);
-            v.extend_from_slice(k);
-        }
-        v.extend_from_slice(bias.unwrap_or_default());
-        Ok(Some(HeadConsts {
-            buffer: gpu.upload_f32("head consts", &v)?,
-            norms: norms.is_some(),
-            bias: bias.is_some(),
-        }))
-    }
-}
-
 /// Decode attention of one new token with [`qk_rope`]'s work done in the
 /// same dispatch: its query heads made from the projections' row `qkv`, its
 /// key and value written to the caches at position kv_len - 1 (`cs`: that
@@ -2353,13 +2349,8 @@ pub fn flash_attention_prep(
     if query_heads_together(s) * s.kv_heads != s.heads {
         return Ok(None);
     }
-    let mut base = vec!["PREP"];
-    if consts.is_some_and(|c| c.norms) {
-        base.push("QK_NORM");
-    }
-    if consts.is_some_and(|c| c.bias) {
-        base.push("BIAS");
-    }
+    let mut base = consts.map_or_else(Vec::new, HeadConsts::defines);
+    base.push("PREP");
     let params = AttentionParams::new(s, 1);
     let (variant, head_groups) = attention_variant(&base, subgroups, s);
     let main = gpu.bind(

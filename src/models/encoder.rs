@@ -1549,7 +1549,6 @@ impl GpuEncoder {
                         &c.rope_shape(),
                         &qkv,
                         None,
-                        None,
                         cs,
                         &kv,
                         q,

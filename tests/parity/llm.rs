@@ -1042,10 +1042,13 @@ fn qk_rope(gpu: &Gpu, v: &Variant) {
                 &mut want_v,
             );
             let gqkv = gpu.upload_f32("qkv", &qkv).unwrap();
-            let gqn = gpu.upload_f32("qn", &qn).unwrap();
-            let gkn = gpu.upload_f32("kn", &kn).unwrap();
+            let consts = llm_ops::HeadConsts::upload(
+                gpu,
+                norm.then_some((qn.as_slice(), kn.as_slice())),
+                with_bias.then_some(bias.as_slice()),
+            )
+            .unwrap();
             let gcs = gpu.upload_f32("cs", &cs).unwrap();
-            let gbias = gpu.upload_f32("bias", &bias).unwrap();
             let step = gpu
                 .upload_u32("step", &[0, pos0 as u32, (pos0 + n) as u32, 1])
                 .unwrap();
@@ -1057,18 +1060,7 @@ fn qk_rope(gpu: &Gpu, v: &Variant) {
                 k_cache: &gk,
                 v_cache: &gv,
             };
-            let d = llm_ops::qk_rope(
-                gpu,
-                &s,
-                &gqkv,
-                norm.then_some((&gqn, &gkn)),
-                with_bias.then_some(&gbias),
-                &gcs,
-                &kv,
-                &gq,
-                n,
-            )
-            .unwrap();
+            let d = llm_ops::qk_rope(gpu, &s, &gqkv, consts.as_ref(), &gcs, &kv, &gq, n).unwrap();
             gpu.run_all(&[&d]).unwrap();
             let what = format!("{} hd={hd} n={n} pos0={pos0}", v.key());
             // The same cos/sin table on both sides; the norm's sum of
@@ -2023,9 +2015,12 @@ fn qk_rope_rows(gpu: &Gpu, v: &Variant) {
             .iter()
             .flat_map(|&p| cpu::rope_table(p, 1, s.rope_dim, 10_000.0))
             .collect();
-        let gqn = gpu.upload_f32("qn", &qn).unwrap();
-        let gkn = gpu.upload_f32("kn", &kn).unwrap();
-        let gbias = gpu.upload_f32("bias", &bias).unwrap();
+        let consts = llm_ops::HeadConsts::upload(
+            gpu,
+            norm.then_some((qn.as_slice(), kn.as_slice())),
+            with_bias.then_some(bias.as_slice()),
+        )
+        .unwrap();
         let gqkv = gpu.upload_f32("qkv", &qkv).unwrap();
         let gcs = gpu.upload_f32("cs", &cs).unwrap();
         let rec = gpu
@@ -2039,19 +2034,7 @@ fn qk_rope_rows(gpu: &Gpu, v: &Variant) {
             k_cache: &gk,
             v_cache: &gv,
         };
-        let norms = norm.then_some((&gqn, &gkn));
-        let d = llm_ops::qk_rope_rows(
-            gpu,
-            &s,
-            &gqkv,
-            norms,
-            with_bias.then_some(&gbias),
-            &gcs,
-            &kv,
-            &gq,
-            n,
-        )
-        .unwrap();
+        let d = llm_ops::qk_rope_rows(gpu, &s, &gqkv, consts.as_ref(), &gcs, &kv, &gq, n).unwrap();
         gpu.run_all(&[&d]).unwrap();
         let (q, k, vv) = (
             gpu.read_f32(&gq).unwrap(),
@@ -2078,18 +2061,7 @@ fn qk_rope_rows(gpu: &Gpu, v: &Variant) {
                 k_cache: &sk,
                 v_cache: &sv,
             };
-            let d = llm_ops::qk_rope(
-                gpu,
-                &s,
-                &sqkv,
-                norms,
-                with_bias.then_some(&gbias),
-                &scs,
-                &skv,
-                &sq,
-                1,
-            )
-            .unwrap();
+            let d = llm_ops::qk_rope(gpu, &s, &sqkv, consts.as_ref(), &scs, &skv, &sq, 1).unwrap();
             gpu.run_all(&[&d]).unwrap();
             assert_bits(&what, &q[j * qw..(j + 1) * qw], &gpu.read_f32(&sq).unwrap());
             let at = paged_row(3, cap, slots[j], pos) * kvw;

@@ -1395,10 +1395,7 @@ impl<'a> DecoderOps for BatchRecorder<'a> {
         let (m, io) = (self.t.m, self.t.io);
         let (g, sub, cfg) = (&*m.gpu, m.subgroups, &m.cfg);
         let layer = &m.layers[li];
-        let GpuMixer::Attention {
-            qkv, norms, bias, ..
-        } = &layer.mixer
-        else {
+        let GpuMixer::Attention { qkv, consts, .. } = &layer.mixer else {
             unreachable!("the recipe runs attention on attention layers")
         };
         let (k, v) = self.kv(li);
@@ -1441,10 +1438,8 @@ impl<'a> DecoderOps for BatchRecorder<'a> {
         } else {
             &io.cs
         };
-        let norms = norms.as_ref().map(|(a, b)| (a, b));
         let n = self.n;
-        let rope =
-            llm_ops::qk_rope_rows(g, &shape, &io.qkv, norms, bias.as_ref(), cs, &kv, &io.q, n)?;
+        let rope = llm_ops::qk_rope_rows(g, &shape, &io.qkv, consts.as_ref(), cs, &kv, &io.q, n)?;
         self.ops.push(Op::Fixed(rope));
         self.ops.push(Op::Attention(llm_ops::flash_attention_rows(
             g,

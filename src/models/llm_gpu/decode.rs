@@ -41,16 +41,8 @@ impl<'a> DecoderOps for DecodeRecorder<'a> {
         let m: &'a GpuLlm = self.m;
         let (g, io, sub) = (&*m.gpu, &m.io, m.subgroups);
         let layer = &m.layers[li];
-        let (
-            GpuMixer::Attention {
-                qkv,
-                norms,
-                bias,
-                consts,
-                ..
-            },
-            GpuState::Kv { k, v },
-        ) = (&layer.mixer, &m.state[li])
+        let (GpuMixer::Attention { qkv, consts, .. }, GpuState::Kv { k, v }) =
+            (&layer.mixer, &m.state[li])
         else {
             unreachable!("the recipe runs attention on attention layers")
         };
@@ -86,9 +78,8 @@ impl<'a> DecoderOps for DecodeRecorder<'a> {
         let att = match fused {
             Some(att) => att,
             None => {
-                let norms = norms.as_ref().map(|(a, b)| (a, b));
-                let rope =
-                    llm_ops::qk_rope(g, &shape, &io.qkv, norms, bias.as_ref(), cs, &kv, &io.q, 1)?;
+                let consts = consts.as_ref();
+                let rope = llm_ops::qk_rope(g, &shape, &io.qkv, consts, cs, &kv, &io.q, 1)?;
                 self.plan.push(Op::Fixed(rope));
                 llm_ops::flash_attention(g, sub, &shape, &io.q, &kv, &io.att, &io.part, 1)?
             }

@@ -126,11 +126,7 @@ enum GpuMixer {
         /// matrix when they share a format, else three.
         qkv: Vec<(GpuMatrix, usize)>,
         o: GpuMatrix,
-        /// Per-head q and k RMSNorm weights.
-        norms: Option<(wgpu::Buffer, wgpu::Buffer)>,
-        /// q, k and v biases as one qkv row.
-        bias: Option<wgpu::Buffer>,
-        /// Both, as decode's fused attention reads them.
+        /// Per-head q and k RMSNorm weights and the q, k and v biases.
         consts: Option<HeadConsts>,
     },
     Conv {

@@ -257,10 +257,7 @@ impl<'a> DecoderOps for PrefillRecorder<'a> {
         let (g, c, n) = (&*m.gpu, &m.cfg, self.shape.n);
         let layer = &m.layers[li];
         let GpuMixer::Attention {
-            qkv: mats,
-            norms,
-            bias,
-            ..
+            qkv: mats, consts, ..
         } = &layer.mixer
         else {
             unreachable!("the recipe runs attention on attention layers")
@@ -305,11 +302,10 @@ impl<'a> DecoderOps for PrefillRecorder<'a> {
         } else {
             &sc.cs
         };
-        let norms = norms.as_ref().map(|(a, b)| (a, b));
         let (qkv, q, att) = (&sc.qkv, &sc.q, &sc.att);
-        let (bias, sub) = (bias.as_ref(), m.subgroups);
+        let (consts, sub) = (consts.as_ref(), m.subgroups);
         let Some(r) = self.rows else {
-            let rope = llm_ops::qk_rope(g, &shape, qkv, norms, bias, cs, &kv, q, n)?;
+            let rope = llm_ops::qk_rope(g, &shape, qkv, consts, cs, &kv, q, n)?;
             self.work.push(rope);
             match llm_ops::prefill_attention(g, &shape, q, &kv, att, n)? {
                 Some(a) => self.work.push(a),
@@ -321,7 +317,7 @@ impl<'a> DecoderOps for PrefillRecorder<'a> {
             self.y = Some((att.into(), qw));
             return Ok(());
         };
-        let rope = llm_ops::qk_rope_rows(g, &shape, qkv, norms, bias, cs, &kv, q, n)?;
+        let rope = llm_ops::qk_rope_rows(g, &shape, qkv, consts, cs, &kv, q, n)?;
         self.work.push(rope);
         let (tiles, _) = llm_ops::PrefillRows::most_blocks(n, r.seqs);
         match llm_ops::prefill_attention_rows(g, &shape, q, &kv, att, n, tiles)? {

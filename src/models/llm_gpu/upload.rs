@@ -75,9 +75,7 @@ impl Uploader<'_> {
                     ]
                 };
                 let norms = match (&a.q_norm, &a.k_norm) {
-                    (Some(qn), Some(kn)) => {
-                        Some((g.upload_f32("q_norm", qn)?, g.upload_f32("k_norm", kn)?))
-                    }
+                    (Some(qn), Some(kn)) => Some((qn.as_slice(), kn.as_slice())),
                     (None, None) => None,
                     _ => {
                         return Err(Error::invalid(format!(
@@ -85,21 +83,10 @@ impl Uploader<'_> {
                         )))
                     }
                 };
-                let consts = HeadConsts::upload(
-                    g,
-                    a.q_norm.as_deref().zip(a.k_norm.as_deref()),
-                    a.qkv_bias.as_deref(),
-                )?;
                 GpuMixer::Attention {
                     qkv,
                     o: self.matrix(&format!("layer {i} o"), &[&a.o])?,
-                    norms,
-                    consts,
-                    bias: a
-                        .qkv_bias
-                        .as_ref()
-                        .map(|b| g.upload_f32("qkv bias", b))
-                        .transpose()?,
+                    consts: HeadConsts::upload(g, norms, a.qkv_bias.as_deref())?,
                 }
             }
             Mixer::Conv(c) => {
