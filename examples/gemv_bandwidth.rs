@@ -7,7 +7,7 @@
 //!
 //!     cargo run --release --example gemv_bandwidth -- [--formats q4_0,q8_0,f16]
 //!         [--models 350m,1.2b] [--only MATRIX] [--rotate-mb 256] [--reps 5]
-//!         [--rows-per-group R] [--tolerance T] [--sums auto|shared|subgroups]
+//!         [--rows-per-group R] [--tolerance T]
 //!
 //! Two figures per case, each the best of `--reps` host-timed submissions of
 //! one dispatch per copy: `independent` (each writes its own output, so
@@ -21,13 +21,11 @@
 //! `--rows-per-group` overrides the dispatch geometry, for trying a kernel
 //! from LFM_SHADER_DIR that covers another number of rows per workgroup
 //! (for a matrix the decoder walks, gemv.wgsl's WALK, it sets how many
-//! workgroups walk: rows / R). `--sums` picks how a walking GEMV (the head)
-//! adds its lane sums up: through workgroup memory, with subgroup shuffles,
-//! or as `gemv` chooses for the adapter (the default).
+//! workgroups walk: rows / R).
 
 use anyhow::{bail, Context};
 use lfm::cpu::llm::FfnAct;
-use lfm::gpu::llm_ops::{self, GemvEpilogue, GemvLayout, GpuMatrix};
+use lfm::gpu::llm_ops::{self, GemvEpilogue, GpuMatrix};
 use lfm::gpu::ops::{groups_1d, Dispatch};
 use lfm::gpu::{Gpu, GpuOptions};
 use lfm::quant::GgmlType;
@@ -121,7 +119,6 @@ fn main() -> anyhow::Result<()> {
     let mut rows_per_group = None;
     let mut tolerance = 1e-4f32;
     let mut only: Option<String> = None;
-    let mut sums = "auto".to_string();
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
         let v = args.next().with_context(|| format!("{a} needs a value"))?;
@@ -133,7 +130,6 @@ fn main() -> anyhow::Result<()> {
             "--rows-per-group" => rows_per_group = Some(v.parse::<usize>()?),
             "--tolerance" => tolerance = v.parse()?,
             "--only" => only = Some(v),
-            "--sums" => sums = v,
             _ => bail!("unknown flag {a}"),
         }
     }
@@ -142,12 +138,6 @@ fn main() -> anyhow::Result<()> {
         ..Default::default()
     })?;
     eprintln!("{}", gpu.describe());
-    let subgroups = match sums.as_str() {
-        "auto" => llm_ops::gemv_subgroups(&gpu),
-        "shared" => false,
-        "subgroups" => true,
-        _ => bail!("unknown --sums {sums} (auto, shared, subgroups)"),
-    };
     let copy = copy_bandwidth(&gpu, gpu.caps.max_binding.min(512 << 20), reps)?;
     println!(
         "copy bandwidth (copy kernel over up to 512 MiB, read + write): {:.0} GB/s\n",
@@ -176,7 +166,6 @@ fn main() -> anyhow::Result<()> {
                     rotate,
                     reps,
                     rows_per_group,
-                    subgroups,
                     (model, name, epi, rows, k, t),
                 )?;
             }
@@ -193,7 +182,6 @@ fn run_case(
     rotate: usize,
     reps: usize,
     rows_per_group: Option<usize>,
-    subgroups: bool,
     (model, name, epi, rows, k, t): (&str, &str, Epi, usize, usize, GgmlType),
 ) -> anyhow::Result<()> {
     let parts = epi.parts();
@@ -247,7 +235,7 @@ fn run_case(
     let mut dependent: Vec<Dispatch> = Vec::new();
     for (m, y) in mats.iter().zip(&ys) {
         for (chain, out) in [(&mut independent, y), (&mut dependent, &ys[0])] {
-            let ds = llm_ops::gemv_layout(gpu, m, &e, &x, 0, out, 0, GemvLayout::Auto, subgroups)?;
+            let ds = llm_ops::gemv(gpu, m, &e, &x, 0, out, 0)?;
             for (mut d, c) in ds.into_iter().zip(&m.chunks) {
                 if let Some(r) = rows_per_group {
                     d.groups = groups_1d(c.rows, r);

@@ -29,11 +29,11 @@
 //   here, so a token's attention is one dispatch (plus the merge) instead
 //   of two. Binding 1 is the projections' row qkv ([q | k | v], as
 //   qk_rope.wgsl reads it) instead of q; each workgroup makes its GQ query
-//   heads from it (BIAS, QK_NORM, RoPE: qk_rope.wgsl's arithmetic), and the
-//   one split that holds the new position (kv_len - 1) makes its key head
-//   too, writes key and value to the caches and reads them back from there
-//   like every other position (a storage barrier between: the only
-//   workgroup that reads that row is the one that wrote it). GQ must be all
+//   heads and its key head from it (BIAS, QK_NORM, RoPE: qk_rope.wgsl's
+//   arithmetic), and the one split that holds the new position
+//   (kv_len - 1) writes key and value to the caches and reads them back
+//   from there like every other position (a storage barrier between: the
+//   only workgroup that reads that row is the one that wrote it). GQ must be all
 //   the query heads of a key head, so that one workgroup a split writes
 //   each cache row. Extra bindings: 7 prep = [q norm weights (hd) | k norm
 //   weights (hd) | qkv bias (qkv_stride)], the parts the defines use, in
@@ -185,88 +185,116 @@ fn wg_reduce(v: array<f32, GMAX>, lid: u32, is_max: bool
 }
 
 #if PREP
-// qk_rope.wgsl's work for the new token: query heads h0 .. h0 + GQ into qs
-// and, when `with_key`, key head kh after them, then that key and its value
-// into cache row `pos`. Bias, norm and rotation as qk_rope.wgsl does them,
-// each head's sum of squares in the same tree.
+// Dimensions of a head a thread takes (lid + c WG, c < CHUNKS) and rotated
+// pairs (c < PAIR_CHUNKS): constant trip counts, so that the loops unroll
+// and each thread's loads are in flight together.
+const CHUNKS: u32 = 256u / WG;
+const PAIR_CHUNKS: u32 = 128u / WG;
+
+// qk_rope.wgsl's work for the new token: query heads h0 .. h0 + GQ into qs,
+// key head kh after them and, when `with_key`, that key and its value into
+// cache row `pos`. Bias, norm and rotation as qk_rope.wgsl does them, each
+// head's sum of squares in the same tree.
 fn prepare(h0: u32, kh: u32, lid: u32, with_key: bool, pos: u32) {
     let hd = p.hd;
     let kvw = p.kv_heads * hd;
-    let made = select(GQ, GQ + 1u, with_key);
     var bias_at = 0u;
 #if QK_NORM
     bias_at = 2u * hd;
 #endif
-    for (var g = 0u; g < made; g++) {
+    for (var g = 0u; g <= GQ; g++) {
         // Query head h0 + g, or (g = GQ) key head kh, in the qkv row.
         let col = select(p.heads * hd + kh * hd, (h0 + g) * hd, g < GQ);
         var ss = 0.0;
-        for (var d = lid; d < hd; d += WG) {
-            var v = qkv[col + d];
+        for (var c = 0u; c < CHUNKS; c++) {
+            let d = lid + c * WG;
+            if (d < hd) {
+                var v = qkv[col + d];
 #if BIAS
-            v += prep[bias_at + col + d];
+                v += prep[bias_at + col + d];
 #endif
-            qs[g * hd + d] = v;
-            ss += v * v;
+                qs[g * hd + d] = v;
+                ss += v * v;
+            }
         }
         red[g * WG + lid] = ss;
+    }
+    // The value, read now so that its loads overlap the others.
+    let vsrc = p.heads * hd + kvw + kh * hd;
+    var val = vec4<f32>();
+    for (var c = 0u; c < CHUNKS; c++) {
+        let d = lid + c * WG;
+        if (with_key && d < hd) {
+            val[c] = qkv[vsrc + d];
+#if BIAS
+            val[c] += prep[bias_at + vsrc + d];
+#endif
+        }
     }
 #if QK_NORM
     workgroupBarrier();
     for (var st = WG / 2u; st > 0u; st >>= 1u) {
         if (lid < st) {
-            for (var g = 0u; g < made; g++) {
+            for (var g = 0u; g <= GQ; g++) {
                 red[g * WG + lid] += red[g * WG + lid + st];
             }
         }
         workgroupBarrier();
     }
-    for (var g = 0u; g < made; g++) {
+    for (var g = 0u; g <= GQ; g++) {
         let scale = 1.0 / sqrt(red[g * WG] / f32(hd) + p.eps);
         // q's weights first in prep, k's after them.
         let nw = select(hd, 0u, g < GQ);
-        for (var d = lid; d < hd; d += WG) {
-            qs[g * hd + d] = prep[nw + d] * (qs[g * hd + d] * scale);
+        for (var c = 0u; c < CHUNKS; c++) {
+            let d = lid + c * WG;
+            if (d < hd) {
+                qs[g * hd + d] = prep[nw + d] * (qs[g * hd + d] * scale);
+            }
         }
     }
 #endif
     workgroupBarrier();
-    for (var g = 0u; g < made; g++) {
-        for (var i = lid; i < p.half; i += WG) {
-            let c = cs[2u * i];
-            let sn = cs[2u * i + 1u];
-            var a = g * hd + i;
-            var b = a + p.half;
-            if (p.interleaved != 0u) {
-                a = g * hd + 2u * i;
-                b = a + 1u;
+    for (var g = 0u; g <= GQ; g++) {
+        for (var c = 0u; c < PAIR_CHUNKS; c++) {
+            let i = lid + c * WG;
+            if (i < p.half) {
+                let cos_i = cs[2u * i];
+                let sin_i = cs[2u * i + 1u];
+                var a = g * hd + i;
+                var b = a + p.half;
+                if (p.interleaved != 0u) {
+                    a = g * hd + 2u * i;
+                    b = a + 1u;
+                }
+                let x0 = qs[a];
+                let x1 = qs[b];
+                qs[a] = x0 * cos_i - x1 * sin_i;
+                qs[b] = x0 * sin_i + x1 * cos_i;
             }
-            let x0 = qs[a];
-            let x1 = qs[b];
-            qs[a] = x0 * c - x1 * sn;
-            qs[b] = x0 * sn + x1 * c;
         }
     }
     workgroupBarrier();
     if (with_key) {
         let dst = pos * kvw + kh * hd;
-        let vsrc = p.heads * hd + kvw + kh * hd;
 #if K4
-        for (var d = 4u * lid; d < hd; d += 4u * WG) {
-            let k0 = GQ * hd + d;
-            kc[(dst + d) / 4u] = vec4<f32>(qs[k0], qs[k0 + 1u], qs[k0 + 2u], qs[k0 + 3u]);
+        let d4 = 4u * lid;
+        if (d4 < hd) {
+            let k0 = GQ * hd + d4;
+            kc[(dst + d4) / 4u] = vec4<f32>(qs[k0], qs[k0 + 1u], qs[k0 + 2u], qs[k0 + 3u]);
         }
 #else
-        for (var d = lid; d < hd; d += WG) {
-            kc[dst + d] = qs[GQ * hd + d];
+        for (var c = 0u; c < CHUNKS; c++) {
+            let d = lid + c * WG;
+            if (d < hd) {
+                kc[dst + d] = qs[GQ * hd + d];
+            }
         }
 #endif
-        for (var d = lid; d < hd; d += WG) {
-            var v = qkv[vsrc + d];
-#if BIAS
-            v += prep[bias_at + vsrc + d];
-#endif
-            vc[dst + d] = v;
+        for (var c = 0u; c < CHUNKS; c++) {
+            let d = lid + c * WG;
+            if (d < hd) {
+                vc[dst + d] = val[c];
+            }
         }
     }
     storageBarrier();

@@ -467,14 +467,15 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
 // thread loads its lane of x once for the R rows.
 const R: u32 = 4u;
 
-// Group sums [part][row][group] (NORM: and of squares), four floats a word
-// so that a run of them is read in a few wide loads: the adds that follow
-// are the one order of summation, but the loads no longer wait for each
-// other. WALK with SUBGROUPS keeps two sets of a quad's, used in turn.
+// Lane sums [part][row][lane] (NORM: sums of squares after them), then
+// group sums [part][row][group] (and of squares), four floats a word so
+// that a run of them is read in a few wide loads: the adds that follow are
+// the one order of summation, but the loads no longer wait for each other.
+var<workgroup> lsum: array<vec4<f32>, 416>; // ((PARTS <= 3) * R + 1) * LANES / 4
 var<workgroup> gsum: array<vec4<f32>, 52>; // ((PARTS <= 3) * R + 1) * GROUPS / 4
 
-fn gsum_set(j: u32, v: f32) {
-    gsum[j / 4u][j % 4u] = v;
+fn lsum_set(i: u32, v: f32) {
+    lsum[i / 4u][i % 4u] = v;
 }
 
 // The first n (<= 4) floats of v added to t in order.
@@ -483,6 +484,14 @@ fn add4(t0: f32, v: vec4<f32>, n: u32) -> f32 {
     t = select(t, t + v.y, n > 1u);
     t = select(t, t + v.z, n > 2u);
     return select(t, t + v.w, n > 3u);
+}
+
+// The sum from 0, in order, of the n (<= GROUP) lane sums from float i (a
+// multiple of GROUP).
+fn lane_run(i: u32, n: u32) -> f32 {
+    let a = lsum[i / 4u];
+    let b = lsum[i / 4u + 1u];
+    return add4(add4(0.0, a, n), b, max(n, 4u) - 4u);
 }
 
 // The sum from 0, in order, of the n (<= GROUPS) group sums from float j
@@ -498,78 +507,6 @@ fn group_run(j: u32, n: u32) -> f32 {
     t = add4(t, v2, max(n, 8u) - 8u);
     return add4(t, v3, max(n, 12u) - 12u);
 }
-
-// Lanes in groups of GROUP: this lane's group, whether it is the group's
-// first lane and holds units, and how many of the group's lanes hold units.
-struct LaneGroup {
-    g: u32,
-    lead: bool,
-    n: u32,
-}
-
-fn lane_group(lane: u32, lanes: u32) -> LaneGroup {
-    let i = lane - lane % GROUP;
-    return LaneGroup(lane / GROUP, lane == i && i < lanes, min(GROUP, max(lanes, i) - i));
-}
-
-#if SUBGROUPS
-// The lane sums of a group added up in registers: a subgroup holds whole
-// groups of neighbouring invocations (the lane is numbered from the
-// subgroup builtins, and the host asks for subgroups of at least GROUP).
-// For the group's first invocation, the sum from 0, in order, of the n
-// lane sums of its group (lane_run's adds), a row a component; every
-// invocation calls it, as shuffles take the whole subgroup.
-fn group_sum4(v: vec4<f32>, sid: u32, n: u32) -> vec4<f32> {
-    let first = sid - sid % GROUP;
-    var t = vec4<f32>(0.0) + v;
-    for (var j = 1u; j < GROUP; j++) {
-        let s = subgroupShuffle(v, first + j);
-        t = select(t, t + s, j < n);
-    }
-    return t;
-}
-
-// The group sums of the R rows in v (at set j0 of GROUPS floats each, a
-// row a set) by the group's first lane.
-fn store_groups(v: vec4<f32>, j0: u32, lg: LaneGroup, sid: u32) {
-    let t = group_sum4(v, sid, lg.n);
-    if (lg.lead) {
-        for (var r = 0u; r < R; r++) {
-            gsum_set(j0 + r * GROUPS + lg.g, t[r]);
-        }
-    }
-}
-#else
-// Lane sums [part][row][lane] (NORM: sums of squares after them), read back
-// in wide loads as gsum is.
-var<workgroup> lsum: array<vec4<f32>, 416>; // ((PARTS <= 3) * R + 1) * LANES / 4
-
-fn lsum_set(i: u32, v: f32) {
-    lsum[i / 4u][i % 4u] = v;
-}
-
-// The sum from 0, in order, of the n (<= GROUP) lane sums from float i (a
-// multiple of GROUP).
-fn lane_run(i: u32, n: u32) -> f32 {
-    let a = lsum[i / 4u];
-    let b = lsum[i / 4u + 1u];
-    return add4(add4(0.0, a, n), b, max(n, 4u) - 4u);
-}
-
-// Group sums of `sets` sets of lane sums, from set 0 at lsum and gsum's
-// float j0: task (set, g) a thread.
-fn sum_groups(lane: u32, sets: u32, j0: u32, lanes: u32) {
-    let groups = (lanes + GROUP - 1u) / GROUP;
-    for (var task = lane; task < sets * GROUPS; task += LANES) {
-        let row_set = task / GROUPS;
-        let g = task % GROUPS;
-        if (g < groups) {
-            let i = g * GROUP;
-            gsum_set(j0 + task, lane_run(row_set * LANES + i, min(GROUP, lanes - i)));
-        }
-    }
-}
-#endif
 
 // Rows r .. r + 3 of the matrix (clamped to `last`) times xv, each added to
 // its own lane sum in acc.
@@ -587,22 +524,11 @@ fn fma8x4(r: u32, last: u32, e0: u32, xv: W8, acc: vec4<f32>) -> vec4<f32> {
 // quad. The same sums in the same order as the kernel below.
 @compute @workgroup_size(LANES)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-        @builtin(local_invocation_index) lid: u32
-#if SUBGROUPS
-        , @builtin(subgroup_invocation_id) sid: u32, @builtin(subgroup_size) ssize: u32,
-        @builtin(subgroup_id) sg: u32
-#endif
-) {
-#if SUBGROUPS
-    let lane = sg * ssize + sid;
-#else
-    let lane = lid;
-#endif
+        @builtin(local_invocation_index) lane: u32) {
     let last = p.rows - 1u;
     let units = unit_count();
     let lanes = lane_count();
     let groups = group_count();
-    let lg = lane_group(lane, lanes);
     let quads = (p.rows + R - 1u) / R;
     // The lane's first two units of x (NORM: scaled) stay in registers;
     // later ones are read again for each quad.
@@ -624,22 +550,15 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     }
     var sq = 0.0;
 #if NORM
-    // The squares' group sums after the quads' (two sets with SUBGROUPS).
-    let sq_at = 2u * R * GROUPS;
-#if SUBGROUPS
-    let t = group_sum4(vec4<f32>(ss), sid, lg.n).x;
-    if (lg.lead) {
-        gsum_set(sq_at + lg.g, t);
+    lsum_set(R * LANES + lane, ss);
+    workgroupBarrier();
+    if (lane < groups) {
+        let i = lane * GROUP;
+        gsum[(R * GROUPS + lane) / 4u][lane % 4u] = lane_run(R * LANES + i, min(GROUP, lanes - i));
     }
-#else
-    lsum_set(lane, ss);
     workgroupBarrier();
-    sum_groups(lane, 1u, sq_at, lanes);
+    sq = group_run(R * GROUPS, groups);
 #endif
-    workgroupBarrier();
-    sq = group_run(sq_at, groups);
-#endif
-    var turn = 0u;
     for (var quad = wid.y * nwg.x + wid.x; quad < quads; quad += nwg.x * nwg.y) {
         let first = quad * R;
         var a0 = vec4<f32>();
@@ -657,26 +576,24 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
 #endif
             a0 = fma8x4(first, last, e0, xv, a0);
         }
-#if SUBGROUPS
-        // The quad's group sums, in the set this turn uses: the next quad
-        // writes the other one, and this one again only after its barrier,
-        // which every thread reaches after the reads below.
-        let at = (turn & 1u) * R * GROUPS;
-        store_groups(a0, at, lg, sid);
-        turn++;
-#else
-        let at = 0u;
         for (var r = 0u; r < R; r++) {
             lsum_set(r * LANES + lane, a0[r]);
         }
         workgroupBarrier();
-        // The next quad writes these group sums only after its first
+        // Group sums of the R rows; then each of the first R threads adds
+        // its row's. The next quad writes these only after its first
         // barrier, which every thread reaches after reading them.
-        sum_groups(lane, R, 0u, lanes);
-#endif
+        for (var task = lane; task < R * GROUPS; task += LANES) {
+            let row = task / GROUPS;
+            let g = task % GROUPS;
+            if (g < groups) {
+                let i = g * GROUP;
+                gsum[task / 4u][g % 4u] = lane_run(row * LANES + i, min(GROUP, lanes - i));
+            }
+        }
         workgroupBarrier();
         if (lane < R && first + lane < p.rows) {
-            finish(first + lane, 0u, group_run(at + lane * GROUPS, groups), 0.0, 0.0, sq, 0u, 0u);
+            finish(first + lane, 0u, group_run(lane * GROUPS, groups), 0.0, 0.0, sq, 0u, 0u);
         }
     }
 }
@@ -709,7 +626,6 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
             a2 = fma8x4(2u * p.rows + first, 2u * p.rows + last, e0, xv, a2);
         }
     }
-    // Group sums: set part * R + row (NORM: the last set is the squares).
     for (var r = 0u; r < R; r++) {
         lsum_set(r * LANES + lane, a0[r]);
         if (PARTS > 1u) {
@@ -719,13 +635,25 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
             lsum_set((2u * R + r) * LANES + lane, a2[r]);
         }
     }
-    var sets = PARTS * R;
 #if NORM
     lsum_set(PARTS * R * LANES + lane, ss);
-    sets += 1u;
 #endif
     workgroupBarrier();
-    sum_groups(lane, sets, 0u, lanes);
+    // Group sums: task (set, g) for set = part * R + row (NORM: the last
+    // set is the squares).
+    var sets = PARTS * R;
+#if NORM
+    sets += 1u;
+#endif
+    for (var task = lane; task < sets * GROUPS; task += LANES) {
+        let row_set = task / GROUPS;
+        let g = task % GROUPS;
+        if (g < groups) {
+            let i = g * GROUP;
+            let t = lane_run(row_set * LANES + i, min(GROUP, lanes - i));
+            gsum[(row_set * GROUPS + g) / 4u][g % 4u] = t;
+        }
+    }
     workgroupBarrier();
     if (lane >= R || first + lane >= p.rows) {
         return;
