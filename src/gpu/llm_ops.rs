@@ -59,14 +59,11 @@ pub fn variant_format(v: &Variant) -> Option<GgmlType> {
 }
 
 /// The variant of a format kernel for weights of `t`, with `extra` defines.
-fn format_variant(t: GgmlType, subgroups: bool, extra: &[&'static str]) -> Result<Variant> {
+fn format_variant(t: GgmlType, extra: &[&'static str]) -> Result<Variant> {
     let f =
         format_defines(t).ok_or_else(|| Error::gpu(format!("no GPU kernel reads {t} weights")))?;
     let mut d: Vec<&'static str> = f.to_vec();
     d.extend_from_slice(extra);
-    if subgroups {
-        d.push("SUBGROUPS");
-    }
     Ok(Variant::new(&d))
 }
 
@@ -190,9 +187,9 @@ impl GpuMatrix {
 
 /// Declares a kernel over every weight format, reading `quant_formats.wgsl`
 /// before its own file (or files, a list: libraries first): the portable
-/// variants, then each format again with WALK and with WALK and SUBGROUPS
-/// (`walk_subgroups`), or with the cooperative-matrix GEMM's COOP, F16 and
-/// SUBGROUPS (`coop_xh`, `coop_xh_yh`). `$d` are defines every variant has.
+/// variants, then each format again walking (`walk`) or with the
+/// cooperative-matrix GEMM's COOP, F16 and SUBGROUPS (`coop_xh`,
+/// `coop_xh_yh`). `$d` are defines every variant has.
 macro_rules! format_kernel {
     ($ident:ident, $name:literal, $file:literal, $($rest:tt)*) => {
         format_kernel!($ident, $name, [$file], $($rest)*);
@@ -200,11 +197,10 @@ macro_rules! format_kernel {
     ($ident:ident, $name:literal, [$($file:literal),+], [$($b:expr),*], $params:ty, [$($d:literal),*]) => {
         format_kernel!(@sets $ident, $name, [$($file),+], [$($b),*], $params, [$($d),*], [], [[]]);
     };
-    // The single-part decode GEMVs: also walking their row quads (WALK),
-    // portably or with SUBGROUPS.
-    ($ident:ident, $name:literal, [$($file:literal),+], [$($b:expr),*], $params:ty, [$($d:literal),*], walk_subgroups) => {
+    // The single-part decode GEMVs: also walking their row quads (WALK).
+    ($ident:ident, $name:literal, [$($file:literal),+], [$($b:expr),*], $params:ty, [$($d:literal),*], walk) => {
         format_kernel!(@sets $ident, $name, [$($file),+], [$($b),*], $params, [$($d),*], [],
-            [[] ["WALK"] ["SUBGROUPS", "WALK"]]);
+            [[] ["WALK"]]);
     };
     // The portable variant and the cooperative-matrix ones (tiles; rows
     // read a vec4 at a time: X4; or as f16 pairs: XH).
@@ -283,7 +279,7 @@ format_kernel!(
     [Binding::read("w"), Binding::read("x"), Binding::write("y")],
     GemvParams,
     [],
-    walk_subgroups
+    walk
 );
 format_kernel!(
     GEMV_ADD,
@@ -292,7 +288,7 @@ format_kernel!(
     [Binding::read("w"), Binding::read("x"), Binding::write("y")],
     GemvParams,
     ["ADD"],
-    walk_subgroups
+    walk
 );
 format_kernel!(
     GEMV_NORM,
@@ -306,7 +302,7 @@ format_kernel!(
     ],
     GemvParams,
     ["NORM"],
-    walk_subgroups
+    walk
 );
 format_kernel!(
     GEMV_SWIGLU,
@@ -591,30 +587,10 @@ pub fn gemv(
     y: &wgpu::Buffer,
     out_off: usize,
 ) -> Result<Vec<Dispatch>> {
-    let subgroups = gemv_subgroups(gpu);
-    gemv_layout(
-        gpu,
-        w,
-        epi,
-        x,
-        x_off,
-        y,
-        out_off,
-        GemvLayout::Auto,
-        subgroups,
-    )
+    gemv_layout(gpu, w, epi, x, x_off, y, out_off, GemvLayout::Auto)
 }
 
-/// Whether a walking GEMV adds its lane sums up with subgroup shuffles
-/// (gemv.wgsl's WALK + SUBGROUPS: one barrier fewer a quad): where the
-/// adapter's subgroups hold whole groups of lanes.
-pub fn gemv_subgroups(gpu: &Gpu) -> bool {
-    gpu.caps.subgroups && gpu.caps.subgroup_min as usize >= GEMV_GROUP
-}
-
-/// [`gemv`] in a given layout; a walking one adds its lane sums up with
-/// subgroup shuffles or through workgroup memory (the same bits in every
-/// case; `subgroups` is ignored where the layout does not walk).
+/// [`gemv`] in a given layout (the same bits in every layout).
 #[allow(clippy::too_many_arguments)]
 pub fn gemv_layout(
     gpu: &Gpu,
@@ -625,14 +601,8 @@ pub fn gemv_layout(
     y: &wgpu::Buffer,
     out_off: usize,
     layout: GemvLayout,
-    subgroups: bool,
 ) -> Result<Vec<Dispatch>> {
-    if subgroups && !gemv_subgroups(gpu) {
-        return Err(Error::gpu(format!(
-            "the GEMV's SUBGROUPS variant needs subgroups of at least {GEMV_GROUP} invocations"
-        )));
-    }
-    gemv_impl(gpu, w, epi, x, x_off, y, out_off, None, layout, subgroups)
+    gemv_impl(gpu, w, epi, x, x_off, y, out_off, None, layout)
 }
 
 /// Activation columns of a batched GEMV: how many, and the floats between
@@ -697,7 +667,6 @@ pub fn gemv_cols(
         out_off,
         Some(cols),
         GemvLayout::Quads,
-        false,
     )
 }
 
@@ -712,7 +681,6 @@ fn gemv_impl(
     out_off: usize,
     cols: Option<Cols>,
     layout: GemvLayout,
-    subgroups: bool,
 ) -> Result<Vec<Dispatch>> {
     type Kernels = (&'static Kernel, &'static Kernel, &'static Kernel);
     let ((single, many, sum), parts, defines): (Kernels, usize, &[&'static str]) = match epi {
@@ -760,7 +728,6 @@ fn gemv_impl(
     if walk.is_some() {
         extra.push("WALK");
     }
-    let subgroups = subgroups && walk.is_some();
     assert_eq!(
         w.parts, parts,
         "{}: matrix has {} parts",
@@ -784,7 +751,7 @@ fn gemv_impl(
     let group_run = groups_k.div_ceil(GEMV_SPLIT_WAYS);
     let mut out = Vec::with_capacity(w.chunks.len());
     for c in &w.chunks {
-        let variant = format_variant(w.dtype, subgroups, &extra)?;
+        let variant = format_variant(w.dtype, &extra)?;
         let (per_cols, per_rows) = GEMV_COLS_TILE;
         // Whether this chunk's k is split, and the partial sums' floats.
         let split = cols.and_then(|cols| {
@@ -1320,7 +1287,7 @@ fn gemm_variant(
             extra.push("YH");
         }
     }
-    format_variant(t, false, &extra)
+    format_variant(t, &extra)
 }
 
 /// y[t, out_off + part * w.rows + r] (+)= `W_part[r]` . `x[t]` for `n` tokens
@@ -1816,7 +1783,7 @@ pub fn embedding(
     y: &wgpu::Buffer,
     n: usize,
 ) -> Result<Vec<Dispatch>> {
-    let variant = format_variant(table.dtype, false, &[])?;
+    let variant = format_variant(table.dtype, &[])?;
     let mut out = Vec::with_capacity(table.chunks.len());
     for c in &table.chunks {
         let params = EmbeddingParams {
@@ -3386,7 +3353,7 @@ mod tests {
     #[test]
     fn every_gpu_format_has_defines_and_is_found_from_its_variant() {
         for t in GPU_FORMATS {
-            let v = format_variant(t, true, &["ADD"]).unwrap();
+            let v = format_variant(t, &["ADD"]).unwrap();
             assert_eq!(variant_format(&v), Some(t));
         }
         assert!(format_defines(GgmlType::Q5_K).is_none());

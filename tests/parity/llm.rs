@@ -291,10 +291,9 @@ fn single_row_lengths(t: GgmlType, v: &Variant) -> Vec<usize> {
     ks
 }
 
-/// The single GEMV as the variant under test lays it out and sums it. A
-/// WALK or SUBGROUPS variant is also run in the portable quad layout, whose
-/// output it must match bit for bit (gemv_common.wgsl's one order of
-/// summation).
+/// The single GEMV as the variant under test lays it out. A WALK variant
+/// is also run in the quad layout, whose output it must match bit for bit
+/// (gemv_common.wgsl's one order of summation).
 #[allow(clippy::too_many_arguments)]
 fn single_gemv(
     gpu: &Gpu,
@@ -306,35 +305,27 @@ fn single_gemv(
     y_init: &[f32],
     out_off: usize,
 ) -> Vec<f32> {
-    let walk = v.defines.contains(&"WALK");
-    let layout = if walk {
-        llm_ops::GemvLayout::Walk(WALK_GROUPS)
-    } else {
-        llm_ops::GemvLayout::Quads
-    };
-    let (_, subgroups) = format_and_subgroups(v);
-    let run_as = |layout, subgroups| {
-        let y = gpu.upload_f32("y", y_init).unwrap();
-        let ds = llm_ops::gemv_layout(gpu, m, epi, x, x_off, &y, out_off, layout, subgroups);
-        run(gpu, &ds.unwrap());
-        gpu.read_f32(&y).unwrap()
-    };
-    let got = run_as(layout, subgroups);
-    if walk || subgroups {
-        same_bits(v, &got, &run_as(llm_ops::GemvLayout::Quads, false));
+    let mut outs = Vec::new();
+    let mut layouts = vec![llm_ops::GemvLayout::Quads];
+    if v.defines.contains(&"WALK") {
+        layouts.push(llm_ops::GemvLayout::Walk(WALK_GROUPS));
     }
-    got
-}
-
-/// A variant's output against the portable quad layout's, bit for bit
-/// (gemv_common.wgsl's one order of summation).
-#[track_caller]
-fn same_bits(v: &Variant, got: &[f32], quads: &[f32]) {
-    let same = got
-        .iter()
-        .zip(quads)
-        .all(|(a, b)| a.to_bits() == b.to_bits());
-    assert!(same, "{}: differs from the portable quad layout", v.key());
+    for layout in layouts {
+        let y = gpu.upload_f32("y", y_init).unwrap();
+        run(
+            gpu,
+            &llm_ops::gemv_layout(gpu, m, epi, x, x_off, &y, out_off, layout).unwrap(),
+        );
+        outs.push(gpu.read_f32(&y).unwrap());
+    }
+    if let [quads, walk] = &outs[..] {
+        let same = quads
+            .iter()
+            .zip(walk)
+            .all(|(a, b)| a.to_bits() == b.to_bits());
+        assert!(same, "{}: WALK differs from the quad layout", v.key());
+    }
+    outs.pop().unwrap()
 }
 
 /// Random weights of `rows` x `k` with the scale of a trained layer
