@@ -10,7 +10,7 @@ mod common;
 use common::*;
 
 use std::os::unix::fs::{FileTypeExt, PermissionsExt};
-use std::os::unix::process::ExitStatusExt;
+use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
@@ -372,12 +372,23 @@ fn interrupted_embed_leaves_nothing(signal: &str, number: i32) {
         .collect();
     std::fs::write(&input, lines).unwrap();
     let out = dir.join("out.jsonl");
-    let child = Command::new(EMBED)
-        .args(["--cpu", "-m", &minilm(), "-i", input.to_str().unwrap()])
+    let mut cmd = Command::new(EMBED);
+    cmd.args(["--cpu", "-m", &minilm(), "-i", input.to_str().unwrap()])
         .args(["-o", out.to_str().unwrap()])
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
+        .stderr(Stdio::null());
+    // A shell's background job starts with SIGINT ignored, and the tool
+    // keeps an ignored signal ignored (nohup): give the child the
+    // dispositions a terminal gives, whatever ran these tests.
+    // SAFETY: signal() is async-signal-safe, as pre_exec requires.
+    unsafe {
+        cmd.pre_exec(|| {
+            for sig in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP] {
+                libc::signal(sig, libc::SIG_DFL);
+            }
+            Ok(())
+        });
+    }
+    let child = cmd.spawn().unwrap();
     let started = Instant::now();
     while temp_files(&dir).is_empty() {
         assert!(
