@@ -2259,12 +2259,7 @@ pub fn flash_attention(
     part: &wgpu::Buffer,
     n_q: usize,
 ) -> Result<Attention> {
-    if s.head_dim > MAX_HEAD_DIM {
-        return Err(Error::gpu(format!(
-            "attention heads of {} dimensions (the GPU kernels hold at most {MAX_HEAD_DIM})",
-            s.head_dim
-        )));
-    }
+    head_dim_fits(s)?;
     let params = AttentionParams::new(s, n_q);
     let (variant, head_groups) = attention_variant(&[], subgroups, s);
     let main = gpu.bind(
@@ -2273,18 +2268,45 @@ pub fn flash_attention(
         &[q, kv.k_cache, kv.v_cache, kv.step, out, part],
         &params,
     )?;
+    with_merge(gpu, main, head_groups, s, &params, kv, out, part)
+}
+
+/// Whether the attention kernels hold heads of this size.
+fn head_dim_fits(s: &AttnShape) -> Result<()> {
+    if s.head_dim > MAX_HEAD_DIM {
+        return Err(Error::gpu(format!(
+            "attention heads of {} dimensions (the GPU kernels hold at most {MAX_HEAD_DIM})",
+            s.head_dim
+        )));
+    }
+    Ok(())
+}
+
+/// A single sequence's attention: `main`, then (when split) the merge of
+/// its partial results from `part` into `out`.
+#[allow(clippy::too_many_arguments)]
+fn with_merge(
+    gpu: &Gpu,
+    main: Bound,
+    head_groups: u32,
+    s: &AttnShape,
+    params: &AttentionParams,
+    kv: &AttnBuffers,
+    out: &wgpu::Buffer,
+    part: &wgpu::Buffer,
+) -> Result<Attention> {
     let merge = gpu.bind(
         &FLASH_ATTENTION_MERGE,
         &Variant::default(),
         &[part, kv.step, out],
-        &params,
+        params,
     )?;
     Ok(Attention {
         main,
         merge,
         heads: s.heads as u32,
         head_groups,
-        n_q: n_q as u32,
+        n_q: params.n_q,
     })
 }
 
@@ -2307,12 +2329,7 @@ pub fn flash_attention_prep(
     out: &wgpu::Buffer,
     part: &wgpu::Buffer,
 ) -> Result<Option<Attention>> {
-    if s.head_dim > MAX_HEAD_DIM {
-        return Err(Error::gpu(format!(
-            "attention heads of {} dimensions (the GPU kernels hold at most {MAX_HEAD_DIM})",
-            s.head_dim
-        )));
-    }
+    head_dim_fits(s)?;
     if query_heads_together(s) * s.kv_heads != s.heads {
         return Ok(None);
     }
@@ -2335,19 +2352,7 @@ pub fn flash_attention_prep(
         ],
         &params,
     )?;
-    let merge = gpu.bind(
-        &FLASH_ATTENTION_MERGE,
-        &Variant::default(),
-        &[part, kv.step, out],
-        &params,
-    )?;
-    Ok(Some(Attention {
-        main,
-        merge,
-        heads: s.heads as u32,
-        head_groups,
-        n_q: 1,
-    }))
+    with_merge(gpu, main, head_groups, s, &params, kv, out, part).map(Some)
 }
 
 /// [`flash_attention`] for `n` decode rows of a batch, each of its own
@@ -2367,12 +2372,7 @@ pub fn flash_attention_rows(
     n: usize,
     max_splits: usize,
 ) -> Result<Attention> {
-    if s.head_dim > MAX_HEAD_DIM {
-        return Err(Error::gpu(format!(
-            "attention heads of {} dimensions (the GPU kernels hold at most {MAX_HEAD_DIM})",
-            s.head_dim
-        )));
-    }
+    head_dim_fits(s)?;
     assert!(
         (1..=MAX_SPLITS).contains(&max_splits),
         "flash_attention_rows: {max_splits} splits"
