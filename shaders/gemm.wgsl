@@ -568,21 +568,25 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
             xs[xt * BK + xc + i] = v;
         }
         workgroupBarrier();
-        for (var kk = 0u; kk < BK; kk++) {
-            let a0 = ws[kk * BN + tx];
-            let a1 = ws[kk * BN + tx + 16u];
-            let a2 = ws[kk * BN + tx + 32u];
-            let a3 = ws[kk * BN + tx + 48u];
-            let b0 = xs[ty * BK + kk];
-            let b1 = xs[(ty + 16u) * BK + kk];
-            acc[0] += a0 * b0;
-            acc[1] += a0 * b1;
-            acc[2] += a1 * b0;
-            acc[3] += a1 * b1;
-            acc[4] += a2 * b0;
-            acc[5] += a2 * b1;
-            acc[6] += a3 * b0;
-            acc[7] += a3 * b1;
+        // Threads whose tokens are all past n (a short last tile) have no
+        // sums to make: on a CPU adapter (lavapipe) that is skipped work.
+        if (tok_base + ty < p.n) {
+            for (var kk = 0u; kk < BK; kk++) {
+                let a0 = ws[kk * BN + tx];
+                let a1 = ws[kk * BN + tx + 16u];
+                let a2 = ws[kk * BN + tx + 32u];
+                let a3 = ws[kk * BN + tx + 48u];
+                let b0 = xs[ty * BK + kk];
+                let b1 = xs[(ty + 16u) * BK + kk];
+                acc[0] += a0 * b0;
+                acc[1] += a0 * b1;
+                acc[2] += a1 * b0;
+                acc[3] += a1 * b1;
+                acc[4] += a2 * b0;
+                acc[5] += a2 * b1;
+                acc[6] += a3 * b0;
+                acc[7] += a3 * b1;
+            }
         }
         workgroupBarrier();
     }
