@@ -193,22 +193,15 @@ const PAIR_CHUNKS: u32 = 128u / WG;
 
 // qk_rope.wgsl's work for the new token: query heads h0 .. h0 + GQ into qs,
 // key head kh after them and, when `with_key`, that key and its value into
-// cache row `pos`. Bias, norm and rotation as qk_rope.wgsl does them; each
-// head's sum of squares in the same tree, or (SUBGROUPS) by subgroup sums
-// and one barrier.
-fn prepare(h0: u32, kh: u32, lid: u32, with_key: bool, pos: u32
-#if SUBGROUPS
-           , sid: u32, ssize: u32
-#endif
-) {
+// cache row `pos`. Bias, norm and rotation as qk_rope.wgsl does them, each
+// head's sum of squares in the same tree.
+fn prepare(h0: u32, kh: u32, lid: u32, with_key: bool, pos: u32) {
     let hd = p.hd;
     let kvw = p.kv_heads * hd;
     var bias_at = 0u;
 #if QK_NORM
     bias_at = 2u * hd;
 #endif
-    // Each head's share of the sum of squares this thread holds.
-    var sq: array<f32, 9>; // GMAX + 1
     for (var g = 0u; g <= GQ; g++) {
         // Query head h0 + g, or (g = GQ) key head kh, in the qkv row.
         let col = select(p.heads * hd + kh * hd, (h0 + g) * hd, g < GQ);
@@ -224,7 +217,7 @@ fn prepare(h0: u32, kh: u32, lid: u32, with_key: bool, pos: u32
                 ss += v * v;
             }
         }
-        sq[g] = ss;
+        red[g * WG + lid] = ss;
     }
     // The value, read now so that its loads overlap the others.
     let vsrc = p.heads * hd + kvw + kh * hd;
@@ -239,25 +232,6 @@ fn prepare(h0: u32, kh: u32, lid: u32, with_key: bool, pos: u32
         }
     }
 #if QK_NORM
-#if SUBGROUPS
-    for (var g = 0u; g <= GQ; g++) {
-        let t = subgroupAdd(sq[g]);
-        if (sid == 0u) {
-            red[g * WG + lid / ssize] = t;
-        }
-    }
-    workgroupBarrier();
-    for (var g = 0u; g <= GQ; g++) {
-        var t = red[g * WG];
-        for (var i = 1u; i < (WG + ssize - 1u) / ssize; i++) {
-            t += red[g * WG + i];
-        }
-        sq[g] = t;
-    }
-#else
-    for (var g = 0u; g <= GQ; g++) {
-        red[g * WG + lid] = sq[g];
-    }
     workgroupBarrier();
     for (var st = WG / 2u; st > 0u; st >>= 1u) {
         if (lid < st) {
@@ -268,11 +242,7 @@ fn prepare(h0: u32, kh: u32, lid: u32, with_key: bool, pos: u32
         workgroupBarrier();
     }
     for (var g = 0u; g <= GQ; g++) {
-        sq[g] = red[g * WG];
-    }
-#endif
-    for (var g = 0u; g <= GQ; g++) {
-        let scale = 1.0 / sqrt(sq[g] / f32(hd) + p.eps);
+        let scale = 1.0 / sqrt(red[g * WG] / f32(hd) + p.eps);
         // q's weights first in prep, k's after them.
         let nw = select(hd, 0u, g < GQ);
         for (var c = 0u; c < CHUNKS; c++) {
@@ -366,11 +336,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     let kh = h0 / (p.heads / p.kv_heads);
     let kvo = kh * hd;
 #if PREP
-    prepare(h0, kh, lid, start < end && end == last, kv_len - 1u
-#if SUBGROUPS
-            , sid, ssize
-#endif
-    );
+    prepare(h0, kh, lid, start < end && end == last, kv_len - 1u);
 #else
     for (var g = 0u; g < GQ; g++) {
         for (var d = lid; d < hd; d += WG) {
