@@ -569,7 +569,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         }
         workgroupBarrier();
         // Threads whose tokens are all past n (a short last tile) have no
-        // sums to make: on a CPU adapter (lavapipe) that is skipped work.
+        // sums to make: skipping them shortens short prefills, most on
+        // lavapipe, where idle lanes cost as much as busy ones.
         if (tok_base + ty < p.n) {
             for (var kk = 0u; kk < BK; kk++) {
                 let a0 = ws[kk * BN + tx];

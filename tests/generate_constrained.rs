@@ -1,8 +1,8 @@
 //! Steered generation with the real default model (SmolLM2-135M): a JSON
 //! Schema from an OpenAI-style tool definition holds at temperature 1 for
-//! twelve seeds on the CPU and two on the GPU; greedy decoding under grammars
-//! (on the GPU: the grammar's bitmap applied by a masked argmax on the
-//! device, the next forward queued ahead) and top-k sampling under a
+//! twelve seeds on the CPU and two on the GPU; greedy decoding under
+//! grammars (on the GPU: the grammar's bitmap applied by a masked argmax on
+//! the device, the next forward queued ahead) and top-k sampling under a
 //! grammar (on the GPU: a masked top-k on the device) give what the
 //! grammar's full mask on the host at every step gives, token for token; a
 //! logit bias reaches a token the GPU's candidate read-back would otherwise
