@@ -1,9 +1,9 @@
 //! CPU matrix-vector speed per weight type: the reference `quant::dot_row`
 //! against the fast `quant::fast::RowDot` on one thread (f32 inputs, and
 //! inputs rounded to 8 bits where the type has an integer kernel, as
-//! `generate --cpu` decodes), the full `tensor::matvec` on every thread,
-//! and `tensor::matmul` of 32 input rows (a prefill chunk). Prints a
-//! markdown table.
+//! `generate --cpu` decodes, and to 16 bits, as its vocabulary projection
+//! does), the full `tensor::matvec` on every thread, and `tensor::matmul`
+//! of 32 input rows (a prefill chunk). Prints a markdown table.
 //!
 //!     cargo run --release --example quant_matvec [ROWS COLS]
 //!
@@ -49,9 +49,9 @@ fn main() {
     println!();
     println!(
         "| type | reference 1 thread | fast 1 thread | speed-up | int8 input 1 thread | \
-         matvec all threads | matmul {M} rows all threads |"
+         int16 input 1 thread | matvec all threads | matmul {M} rows all threads |"
     );
-    println!("|---|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|---|");
     for t in GgmlType::ALL {
         let Ok(w) = Tensor::quantize_f32("w", vec![n, k], &data, t) else {
             continue;
@@ -71,17 +71,20 @@ fn main() {
         let int8 = RowDot::new_int8(t, &x);
         let mut yr = vec![0.0f32; n];
         let int8 = median_secs(|| int8.dot_rows(w.bytes(), &mut yr));
+        let int16 = RowDot::new_int16(t, &x);
+        let int16 = median_secs(|| int16.dot_rows(w.bytes(), &mut yr));
         let mut y = vec![0.0f32; n];
         let full = median_secs(|| matvec(&w, black_box(&x), &mut y));
         let mut ym = vec![0.0f32; M * n];
         let mm = median_secs(|| matmul(&w, black_box(&xm), M, &mut ym));
         let show = |s: f64| format!("{:.1} us ({:.1} GB/s)", s * 1e6, bytes / s / 1e9);
         println!(
-            "| {t} | {} | {} | {:.1}x | {} | {} | {:.1} us ({:.1} GFLOP/s) |",
+            "| {t} | {} | {} | {:.1}x | {} | {} | {} | {:.1} us ({:.1} GFLOP/s) |",
             show(reference),
             show(fast),
             reference / fast,
             show(int8),
+            show(int16),
             show(full),
             mm * 1e6,
             2.0 * (M * n * k) as f64 / mm / 1e9
