@@ -24,6 +24,23 @@ unsafe fn hsum(v: __m256) -> f32 {
     _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)))
 }
 
+/// Calls `block(i, h)` for every block `i` in order, `h` the accumulator it
+/// adds into: 0 for even blocks, 1 for odd ones, two chains the core can
+/// overlap. A kernel and its four-input copy both alternate through here,
+/// so each input gets the same bits from either.
+#[inline(always)]
+fn alternate(n: usize, mut block: impl FnMut(usize, usize)) {
+    let mut i = 0;
+    while i + 2 <= n {
+        block(i, 0);
+        block(i + 1, 1);
+        i += 2;
+    }
+    if i < n {
+        block(i, 0);
+    }
+}
+
 /// acc + 16 levels already widened to i32 (`lo`: elements 0..8, `hi`:
 /// 8..16) times 16 values at `x`, in 8 lanes.
 #[inline]
@@ -527,18 +544,9 @@ unsafe fn int8_row<const F: u8>(
         };
         (acc, off)
     };
-    let (mut a0, mut a1) = (_mm256_setzero_ps(), _mm256_setzero_ps());
-    let (mut o0, mut o1) = (0.0f32, 0.0f32);
-    let mut i = 0;
-    while i + 2 <= xd.len() {
-        (a0, o0) = block(i, a0, o0);
-        (a1, o1) = block(i + 1, a1, o1);
-        i += 2;
-    }
-    if i < xd.len() {
-        (a0, o0) = block(i, a0, o0);
-    }
-    hsum(_mm256_add_ps(a0, a1)) + (o0 + o1)
+    let (mut a, mut o) = ([_mm256_setzero_ps(); 2], [0.0f32; 2]);
+    alternate(xd.len(), |i, h| (a[h], o[h]) = block(i, a[h], o[h]));
+    hsum(_mm256_add_ps(a[0], a[1])) + (o[0] + o[1])
 }
 
 /// [`int8_row`] of one row with four inputs (a batch's decode rows): each
@@ -564,9 +572,8 @@ unsafe fn int8_row_x4<const F: u8>(
     let lane: [__m256i; 4] = std::array::from_fn(|m| _mm256_set1_epi32(m as i32));
     let mut acc = [[_mm256_setzero_ps(); 4]; 2];
     let mut off = [_mm_setzero_ps(); 2];
-    // Block i into accumulator h (`int8_row`'s a0 / o0 for even blocks,
-    // a1 / o1 for odd ones).
-    let mut block = |i: usize, h: usize| {
+    // Block i into accumulator h, as `int8_row` adds it (see `alternate`).
+    let block = |i: usize, h: usize| {
         let b = p.add(i * block_bytes(F));
         let (d, e) = f16_pair([*b, *b.add(1)], [*b.add(2), *b.add(3)]);
         let nibbles = operands::<F>(b, _mm256_setzero_si256()).0;
@@ -590,15 +597,7 @@ unsafe fn int8_row_x4<const F: u8>(
         };
         off[h] = _mm_fmadd_ps(_mm_set1_ps(c), _mm_loadu_ps(fs.add(4 * i)), off[h]);
     };
-    let mut i = 0;
-    while i + 2 <= nb {
-        block(i, 0);
-        block(i + 1, 1);
-        i += 2;
-    }
-    if i < nb {
-        block(i, 0);
-    }
+    alternate(nb, block);
     let (mut o0, mut o1) = ([0.0f32; 4], [0.0f32; 4]);
     _mm_storeu_ps(o0.as_mut_ptr(), off[0]);
     _mm_storeu_ps(o1.as_mut_ptr(), off[1]);
@@ -740,17 +739,9 @@ pub(super) unsafe fn q8_0_int16(row: &[u8], x: &super::int8::Q16Input) -> f32 {
         let t = _mm256_cvtepi32_ps(_mm256_add_epi32(lo, hi));
         _mm256_fmadd_ps(t, _mm256_set1_ps(d * xd[i]), acc)
     };
-    let (mut a0, mut a1) = (_mm256_setzero_ps(), _mm256_setzero_ps());
-    let mut i = 0;
-    while i + 2 <= blocks.len() {
-        a0 = block(i, a0);
-        a1 = block(i + 1, a1);
-        i += 2;
-    }
-    if i < blocks.len() {
-        a0 = block(i, a0);
-    }
-    hsum(_mm256_add_ps(a0, a1))
+    let mut a = [_mm256_setzero_ps(); 2];
+    alternate(blocks.len(), |i, h| a[h] = block(i, a[h]));
+    hsum(_mm256_add_ps(a[0], a[1]))
 }
 
 /// [`q8_0_int16`] of one row with four inputs: each input's sum takes
@@ -773,9 +764,9 @@ pub(super) unsafe fn q8_0_int16_x4(
     );
     let lane: [__m256i; 4] = std::array::from_fn(|m| _mm256_set1_epi32(m as i32));
     let mut acc = [[_mm256_setzero_ps(); 4]; 2];
-    // Block i into accumulator h (the single kernel's a0 for even blocks,
-    // a1 for odd ones).
-    let mut block = |i: usize, h: usize| {
+    // Block i into accumulator h, as the single kernel adds it (see
+    // `alternate`).
+    let block = |i: usize, h: usize| {
         let b = &blocks[i];
         let w = b.qs.as_ptr();
         let wlo = _mm256_cvtepi8_epi16(_mm_loadu_si128(w.cast()));
@@ -791,15 +782,7 @@ pub(super) unsafe fn q8_0_int16_x4(
             *a = _mm256_fmadd_ps(t, _mm256_permutevar8x32_ps(scales, lane), *a);
         }
     };
-    let mut i = 0;
-    while i + 2 <= blocks.len() {
-        block(i, 0);
-        block(i + 1, 1);
-        i += 2;
-    }
-    if i < blocks.len() {
-        block(i, 0);
-    }
+    alternate(blocks.len(), block);
     std::array::from_fn(|m| hsum(_mm256_add_ps(acc[0][m], acc[1][m])))
 }
 
@@ -821,9 +804,9 @@ pub(super) unsafe fn q8_0_int16_x4_avx512vnni(
     );
     let lane: [__m512i; 4] = std::array::from_fn(|m| _mm512_set1_epi32(m as i32));
     let mut acc = [[_mm512_setzero_ps(); 4]; 2];
-    // Block i into accumulator h (the single kernel's a0 for even blocks,
-    // a1 for odd ones).
-    let mut block = |i: usize, h: usize| {
+    // Block i into accumulator h, as the single kernel adds it (see
+    // `alternate`).
+    let block = |i: usize, h: usize| {
         let b = &blocks[i];
         let w16 = _mm512_cvtepi8_epi16(_mm256_loadu_si256(b.qs.as_ptr().cast()));
         let (d, _) = f16_pair(b.d, [0, 0]);
@@ -839,15 +822,7 @@ pub(super) unsafe fn q8_0_int16_x4_avx512vnni(
             *a = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), scale, *a);
         }
     };
-    let mut i = 0;
-    while i + 2 <= blocks.len() {
-        block(i, 0);
-        block(i + 1, 1);
-        i += 2;
-    }
-    if i < blocks.len() {
-        block(i, 0);
-    }
+    alternate(blocks.len(), block);
     std::array::from_fn(|m| _mm512_reduce_add_ps(_mm512_add_ps(acc[0][m], acc[1][m])))
 }
 
@@ -855,7 +830,6 @@ pub(super) unsafe fn q8_0_int16_x4_avx512vnni(
 pub(super) unsafe fn q8_0_int16_avx512vnni(row: &[u8], x: &super::int8::Q16Input) -> f32 {
     let blocks: &[BlockQ8_0] = bytemuck::cast_slice(row);
     let (xq, xd) = (x.qs.as_ptr(), &x.d[..blocks.len()]);
-    let (mut a0, mut a1) = (_mm512_setzero_ps(), _mm512_setzero_ps());
     let block = |i: usize, acc: __m512| {
         let b = &blocks[i];
         let w16 = _mm512_cvtepi8_epi16(_mm256_loadu_si256(b.qs.as_ptr().cast()));
@@ -867,14 +841,7 @@ pub(super) unsafe fn q8_0_int16_avx512vnni(row: &[u8], x: &super::int8::Q16Input
         let (d, _) = f16_pair(b.d, [0, 0]);
         _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), _mm512_set1_ps(d * xd[i]), acc)
     };
-    let mut i = 0;
-    while i + 2 <= blocks.len() {
-        a0 = block(i, a0);
-        a1 = block(i + 1, a1);
-        i += 2;
-    }
-    if i < blocks.len() {
-        a0 = block(i, a0);
-    }
-    _mm512_reduce_add_ps(_mm512_add_ps(a0, a1))
+    let mut a = [_mm512_setzero_ps(); 2];
+    alternate(blocks.len(), |i, h| a[h] = block(i, a[h]));
+    _mm512_reduce_add_ps(_mm512_add_ps(a[0], a[1]))
 }
