@@ -1,7 +1,8 @@
 //! CPU matrix-vector speed per weight type: the reference `quant::dot_row`
 //! against the fast `quant::fast::RowDot` on one thread (f32 inputs, and
-//! inputs rounded to 8 bits where the type has an integer kernel, as
-//! `generate --cpu` decodes, and to 16 bits, as its vocabulary projection
+//! inputs rounded to 8 bits where the type has an integer kernel, over the
+//! rows as stored and repacked eight at a time as `generate --cpu` decodes,
+//! and to 16 bits, as its vocabulary projection
 //! does), the full `tensor::matvec` on every thread, and `tensor::matmul`
 //! of 32 input rows (a prefill chunk). Prints a markdown table.
 //!
@@ -49,9 +50,9 @@ fn main() {
     println!();
     println!(
         "| type | reference 1 thread | fast 1 thread | speed-up | int8 input 1 thread | \
-         int16 input 1 thread | matvec all threads | matmul {M} rows all threads |"
+         int8 repacked 1 thread | int16 input 1 thread | matvec all threads | matmul {M} rows all threads |"
     );
-    println!("|---|---|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|---|---|");
     for t in GgmlType::ALL {
         let Ok(w) = Tensor::quantize_f32("w", vec![n, k], &data, t) else {
             continue;
@@ -71,6 +72,13 @@ fn main() {
         let int8 = RowDot::new_int8(t, &x);
         let mut yr = vec![0.0f32; n];
         let int8 = median_secs(|| int8.dot_rows(w.bytes(), &mut yr));
+        // The same int8 products over the rows repacked eight at a time,
+        // as `generate --cpu` decodes its layers (where the type has it).
+        let packed = w.repacked_rows8();
+        let int8_rows8 = packed.is_rows8().then(|| {
+            let dot = RowDot::new_int8(t, &x);
+            median_secs(|| dot.dot_rows8(packed.bytes(), &mut yr))
+        });
         let int16 = RowDot::new_int16(t, &x);
         let int16 = median_secs(|| int16.dot_rows(w.bytes(), &mut yr));
         let mut y = vec![0.0f32; n];
@@ -79,11 +87,12 @@ fn main() {
         let mm = median_secs(|| matmul(&w, black_box(&xm), M, &mut ym));
         let show = |s: f64| format!("{:.1} us ({:.1} GB/s)", s * 1e6, bytes / s / 1e9);
         println!(
-            "| {t} | {} | {} | {:.1}x | {} | {} | {} | {:.1} us ({:.1} GFLOP/s) |",
+            "| {t} | {} | {} | {:.1}x | {} | {} | {} | {} | {:.1} us ({:.1} GFLOP/s) |",
             show(reference),
             show(fast),
             reference / fast,
             show(int8),
+            int8_rows8.map_or("-".into(), show),
             show(int16),
             show(full),
             mm * 1e6,

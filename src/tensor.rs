@@ -42,6 +42,10 @@ enum Storage {
         len: usize,
     },
     Owned(Arc<Vec<u8>>),
+    /// Owned bytes with the rows repacked eight at a time for the int8
+    /// decode products ([`Tensor::repacked_rows8`], layout in
+    /// `quant::fast::rows8`).
+    Rows8(Arc<Vec<u8>>),
 }
 
 impl std::fmt::Debug for Tensor {
@@ -52,6 +56,7 @@ impl std::fmt::Debug for Tensor {
             .field("shape", &self.shape)
             .field("bytes", &self.bytes().len())
             .field("mapped", &matches!(self.storage, Storage::Mapped { .. }))
+            .field("rows8", &self.is_rows8())
             .finish()
     }
 }
@@ -187,10 +192,63 @@ impl Tensor {
         Tensor::quantize_f32(self.name.clone(), self.shape.clone(), &self.to_f32(), dtype)
     }
 
+    /// The stored bytes: the rows in order, except in a tensor repacked by
+    /// [`Tensor::repacked_rows8`] ([`Tensor::is_rows8`]), whose rows only
+    /// this module's products and row accessors read.
     pub fn bytes(&self) -> &[u8] {
         match &self.storage {
             Storage::Mapped { map, offset, len } => &(**map).as_ref()[*offset..*offset + *len],
-            Storage::Owned(v) => v,
+            Storage::Owned(v) | Storage::Rows8(v) => v,
+        }
+    }
+
+    /// Whether the rows are repacked eight at a time.
+    pub fn is_rows8(&self) -> bool {
+        matches!(self.storage, Storage::Rows8(_))
+    }
+
+    /// This matrix with its rows repacked eight at a time for the int8
+    /// decode products (`quant::fast::rows8`: a SIMD lane per row), where
+    /// its type has that layout and its rows come in whole groups; else
+    /// itself. The repacked copy is owned: the source's bytes are no longer
+    /// read. Prefill's products and the row accessors gather its rows back.
+    pub fn repacked_rows8(&self) -> Tensor {
+        use quant::fast::rows8;
+        let whole = self.shape.len() == 2
+            && self.rows().is_multiple_of(rows8::ROWS)
+            && self.row_len().is_multiple_of(32);
+        if !rows8::supports(self.dtype) || !whole || self.is_rows8() {
+            return self.clone();
+        }
+        let nb = self.row_len() / 32;
+        Tensor {
+            name: self.name.clone(),
+            dtype: self.dtype,
+            shape: self.shape.clone(),
+            storage: Storage::Rows8(Arc::new(rows8::repack(
+                self.dtype,
+                self.bytes(),
+                self.rows(),
+                nb,
+            ))),
+        }
+    }
+
+    /// Rows `r0..r0 + out.len() / row_len()` dequantised into `out`.
+    fn rows_to_f32(&self, r0: usize, out: &mut [f32]) {
+        let (n, rb) = (self.row_len(), self.row_bytes());
+        if n == 0 {
+            return;
+        }
+        if !self.is_rows8() {
+            let bytes = &self.bytes()[r0 * rb..][..out.len() / n * rb];
+            for (row, src) in out.chunks_exact_mut(n).zip(bytes.chunks_exact(rb)) {
+                quant::dequantize_row(self.dtype, src, row);
+            }
+            return;
+        }
+        for (i, row) in out.chunks_exact_mut(n).enumerate() {
+            quant::fast::rows8::dequantize_row(self.dtype, self.bytes(), n / 32, r0 + i, row);
         }
     }
 
@@ -217,8 +275,14 @@ impl Tensor {
             .expect("tensor rows are whole blocks (checked at construction)")
     }
 
-    /// The bytes of row `r`.
+    /// The bytes of row `r` (not of a repacked matrix: see
+    /// [`Tensor::row_to_f32`]).
     pub fn row(&self, r: usize) -> &[u8] {
+        assert!(
+            !self.is_rows8(),
+            "tensor '{}': a repacked matrix has no row slices",
+            self.name
+        );
         assert!(
             r < self.rows(),
             "tensor '{}': row {r} of {}",
@@ -260,13 +324,25 @@ impl Tensor {
                 shape,
                 storage: Storage::Owned(Arc::new(v[start * rb..(start + count) * rb].to_vec())),
             },
+            Storage::Rows8(_) => {
+                return Err(Error::invalid(format!(
+                    "tensor '{}': rows of a repacked matrix are not split off",
+                    self.name
+                )))
+            }
         })
     }
 
     /// Dequantises row `r` into `out` (`row_len()` values), e.g. one
     /// embedding from a quantised token table.
     pub fn row_to_f32(&self, r: usize, out: &mut [f32]) {
-        quant::dequantize_row(self.dtype, self.row(r), out);
+        assert!(
+            r < self.rows(),
+            "tensor '{}': row {r} of {}",
+            self.name,
+            self.rows()
+        );
+        self.rows_to_f32(r, out);
     }
 
     /// All elements as f32.
@@ -276,10 +352,9 @@ impl Tensor {
         if n == 0 || out.is_empty() {
             return out;
         }
-        let rb = self.row_bytes();
         out.par_chunks_mut(n)
-            .zip(self.bytes().par_chunks(rb))
-            .for_each(|(dst, src)| quant::dequantize_row(self.dtype, src, dst));
+            .enumerate()
+            .for_each(|(r, dst)| self.rows_to_f32(r, dst));
         out
     }
 }
@@ -322,7 +397,8 @@ pub fn matvec(w: &Tensor, x: &[f32], y: &mut [f32]) {
 /// a decode product splits into enough pieces that two threads finish
 /// together, while claiming one costs little beside reading it.
 fn rows_per_chunk(row_bytes: usize) -> usize {
-    ((16 << 10) / row_bytes.max(1)).max(4)
+    // Whole groups of eight, for repacked matrices.
+    ((16 << 10) / row_bytes.max(1)).max(4).next_multiple_of(8)
 }
 
 /// [`matvec`] with the input treated as `act` says.
@@ -370,7 +446,12 @@ pub fn matvec_same_input(ws: &[&Tensor], x: &[f32], ys: &mut [&mut [f32]], act: 
     let chunk = ws.iter().map(|w| rows_per_chunk(w.row_bytes())).min();
     par::for_each_chunk_mut(ys, chunk.unwrap_or(1), |m, r0, out| {
         let rb = ws[m].row_bytes();
-        dots[dot_of[m]].dot_rows(&ws[m].bytes()[r0 * rb..(r0 + out.len()) * rb], out);
+        let rows = &ws[m].bytes()[r0 * rb..(r0 + out.len()) * rb];
+        if ws[m].is_rows8() {
+            dots[dot_of[m]].dot_rows8(rows, out);
+        } else {
+            dots[dot_of[m]].dot_rows(rows, out);
+        }
     });
 }
 
@@ -443,6 +524,10 @@ fn rows_times(w: &Tensor, dots: &quant::fast::ManyDots, y: &mut [f32]) {
     let chunk = rows_per_chunk(rb * m) * m;
     par::for_each_chunk_mut(&mut [&mut yt], chunk, |_, start, out| {
         let r0 = start / m;
+        if w.is_rows8() {
+            let rows = &bytes[r0 * rb..(r0 + out.len() / m) * rb];
+            return dots.dot_rows8(rows, out);
+        }
         for (i, o) in out.chunks_exact_mut(m).enumerate() {
             let row = &bytes[(r0 + i) * rb..(r0 + i + 1) * rb];
             dots.dot_row(row, o);
@@ -489,8 +574,6 @@ pub fn matmul(w: &Tensor, x: &[f32], m: usize, y: &mut [f32]) {
         return y.fill(0.0);
     }
     use quant::fast::PANEL;
-    let rb = w.row_bytes();
-    let bytes = w.bytes();
     let y_parts = par::DisjointMut::new(y);
     par::for_each_index(n.div_ceil(PANEL), |p| {
         PANEL_SCRATCH.with(|s| {
@@ -499,9 +582,7 @@ pub fn matmul(w: &Tensor, x: &[f32], m: usize, y: &mut [f32]) {
             panel.resize(PANEL * k, 0.0);
             out.resize(PANEL * m, 0.0);
             let (t0, nr) = (p * PANEL, PANEL.min(n - p * PANEL));
-            for (c, row) in rows.chunks_exact_mut(k).take(nr).enumerate() {
-                quant::dequantize_row(w.dtype, &bytes[(t0 + c) * rb..][..rb], row);
-            }
+            w.rows_to_f32(t0, &mut rows[..nr * k]);
             quant::fast::pack_panel(&rows[..nr * k], k, panel);
             quant::fast::panel_product(x, k, panel, &mut out[..m * PANEL]);
             for (i, o) in out.chunks_exact(PANEL).take(m).enumerate() {
@@ -538,6 +619,61 @@ mod tests {
                 let mut want = vec![0.0; 37];
                 matvec_with(&w, &x[i * 64..(i + 1) * 64], &mut want, act);
                 assert_eq!(&y[i * 37..(i + 1) * 37], &want[..], "{dtype:?} row {i}");
+            }
+        }
+    }
+
+    /// A matrix repacked for the int8 decode (`quant::fast::rows8`) gives
+    /// every product and accessor what its source gives: the same values
+    /// and f32 products bit for bit, int8 (and Q8_0's int16) products
+    /// within rounding of the row kernels' (another summation order) and,
+    /// a batch of inputs, each input's own bits. Matrices without whole groups stay as they are.
+    #[test]
+    fn repacked_matrices_read_as_their_sources() {
+        for dtype in [GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q8_0] {
+            let (n, k) = (48, 96);
+            let w = weights(dtype, n, k, 11);
+            let p = w.repacked_rows8();
+            assert!(p.is_rows8() && p.bytes().len() == w.bytes().len());
+            assert!(!weights(dtype, 37, k, 1).repacked_rows8().is_rows8());
+            assert_eq!(p.to_f32(), w.to_f32(), "{dtype:?} values");
+            let (mut a, mut b) = (vec![0.0; k], vec![0.0; k]);
+            w.row_to_f32(13, &mut a);
+            p.row_to_f32(13, &mut b);
+            assert_eq!(a, b, "{dtype:?} row");
+            let x = Rng::new(12).vec(3 * k, -2.0, 2.0);
+            let (mut ya, mut yb) = (vec![0.0; 3 * n], vec![0.0; 3 * n]);
+            matmul(&w, &x, 3, &mut ya);
+            matmul(&p, &x, 3, &mut yb);
+            assert_eq!(ya, yb, "{dtype:?} matmul");
+            matvec(&w, &x[..k], &mut ya[..n]);
+            matvec(&p, &x[..k], &mut yb[..n]);
+            assert_eq!(ya[..n], yb[..n], "{dtype:?} f32 matvec");
+            let scale = w.to_f32().iter().map(|v| v.abs() * 2.0).sum::<f32>() / n as f32;
+            // Q8_0's 16-bit inputs (the vocabulary projection) likewise.
+            let acts = [Activations::Int8, Activations::Int16];
+            for act in acts
+                .into_iter()
+                .take(if dtype == GgmlType::Q8_0 { 2 } else { 1 })
+            {
+                matvec_with(&w, &x[..k], &mut ya[..n], act);
+                matvec_with(&p, &x[..k], &mut yb[..n], act);
+                for (a, b) in ya[..n].iter().zip(&yb[..n]) {
+                    assert!(
+                        (a - b).abs() <= 1e-5 * scale,
+                        "{dtype:?} {act:?}: {a} vs {b}"
+                    );
+                }
+                matvec_rows(&p, &x, 3, &mut yb, act);
+                for i in 0..3 {
+                    let mut want = vec![0.0; n];
+                    matvec_with(&p, &x[i * k..(i + 1) * k], &mut want, act);
+                    assert_eq!(
+                        &yb[i * n..(i + 1) * n],
+                        &want[..],
+                        "{dtype:?} {act:?} input {i}"
+                    );
+                }
             }
         }
     }

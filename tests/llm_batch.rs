@@ -7,6 +7,7 @@ mod common;
 use lfm::models::batch::{BatchedLm, SeqWork};
 use lfm::models::llm::{CausalLm, CpuLlm};
 use lfm::models::llm_cpu::CpuBatch;
+use lfm::quant::GgmlType;
 use lfm::tensor::Activations;
 
 fn prompt(seed: u32, len: usize, vocab: usize) -> Vec<u32> {
@@ -20,8 +21,24 @@ fn argmax(l: &[f32]) -> u32 {
 }
 
 fn check(dir: &str) {
+    check_as(dir, None)
+}
+
+/// [`check`] with the matrices converted to `t` first: Q4_0, Q4_1 and Q8_0
+/// layers are repacked for the int8 decode products
+/// (`quant::fast::rows8`), a batch's inputs then go one at a time through
+/// the repacked kernel.
+fn check_as(dir: &str, t: Option<GgmlType>) {
     let path = common::repo().join("samples/fixtures/llm").join(dir);
-    let (cfg, w) = lfm::models::open_llm(&path).unwrap();
+    let (cfg, mut w) = lfm::models::open_llm(&path).unwrap();
+    if let Some(t) = t {
+        w = w.converted(t).unwrap().0;
+        let gate = &w.layers[0].gate;
+        assert!(
+            gate.dtype == t && gate.rows() % 8 == 0,
+            "{dir}: {t} matrices that the int8 decode does not repack"
+        );
+    }
     let vocab = cfg.vocab;
     // Prompts of 1, 5, 23 and 40 tokens; the last two share 32 tokens.
     let mut prompts = vec![
@@ -130,6 +147,17 @@ fn batched_steps_equal_each_sequence_alone_llama() {
 #[test]
 fn batched_steps_equal_each_sequence_alone_lfm2_with_conv_snapshots() {
     check("tiny-lfm2");
+}
+
+#[test]
+fn batched_steps_equal_each_sequence_alone_llama_repacked_q4_1() {
+    check_as("tiny-llama", Some(GgmlType::Q4_1));
+}
+
+#[test]
+fn batched_steps_equal_each_sequence_alone_lfm2_repacked_q4_0_and_q8_0() {
+    check_as("tiny-lfm2", Some(GgmlType::Q4_0));
+    check_as("tiny-lfm2", Some(GgmlType::Q8_0));
 }
 
 #[test]

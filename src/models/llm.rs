@@ -601,6 +601,27 @@ pub fn load_weights(cfg: &LlmConfig, src: &dyn TensorSource, names: &Names) -> R
 }
 
 impl Weights {
+    /// The layers' matrices repacked eight rows at a time for the CPU's
+    /// int8 decode products ([`Tensor::repacked_rows8`]; matrices of other
+    /// types stay), and a Q8_0 head for its 16-bit ones. The embedding is
+    /// read a row at a time and stays (a tied head becomes a copy).
+    pub fn repack_rows8(&mut self) {
+        if self.head.dtype == crate::quant::GgmlType::Q8_0 {
+            self.head = self.head.repacked_rows8();
+        }
+        use rayon::prelude::*;
+        self.layers.par_iter_mut().for_each(|l| {
+            let mut matrices = vec![&mut l.gate, &mut l.up, &mut l.down];
+            match &mut l.mixer {
+                Mixer::Attention(a) => matrices.extend([&mut a.q, &mut a.k, &mut a.v, &mut a.o]),
+                Mixer::Conv(c) => matrices.extend([&mut c.in_proj, &mut c.out_proj]),
+            }
+            for m in matrices {
+                *m = m.repacked_rows8();
+            }
+        });
+    }
+
     /// Every matrix (embedding, projections, head) converted to `dtype`, as a
     /// weight-format arm for benchmarks and KL-divergence runs. A matrix whose
     /// row length does not fit the block size gets llama-quantize's fallback

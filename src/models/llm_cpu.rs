@@ -158,6 +158,15 @@ impl Engine {
         }
     }
 
+    /// Decode products with their input treated as `act` says; int8 ones
+    /// over the layers' matrices repacked for them.
+    fn set_activations(&mut self, act: Activations) {
+        self.act = act;
+        if act == Activations::Int8 {
+            self.w.repack_rows8();
+        }
+    }
+
     fn check_tokens(&self, tokens: &[u32]) -> Result<()> {
         if let Some(&tok) = tokens.iter().find(|&&t| t as usize >= self.cfg.vocab) {
             return Err(Error::invalid(format!(
@@ -241,7 +250,7 @@ impl CpuLlm {
     /// matrix products stay f32; the vocabulary projection of an int8 run
     /// takes 16-bit inputs).
     pub fn with_activations(mut self, act: Activations) -> CpuLlm {
-        self.engine.act = act;
+        self.engine.set_activations(act);
         self
     }
 
@@ -436,7 +445,7 @@ impl CpuBatch {
     pub fn new(cfg: LlmConfig, w: Weights, act: Activations, kv_positions: usize) -> CpuBatch {
         let has_conv = cfg.layers.contains(&LayerKind::Conv);
         let mut engine = Engine::new(cfg, w, blocks_for(kv_positions).max(1));
-        engine.act = act;
+        engine.set_activations(act);
         CpuBatch {
             engine,
             seqs: HashMap::new(),

@@ -19,7 +19,10 @@
 //!
 //! [`int8`] has faster, less exact kernels that round the input to 8-bit
 //! levels (llama.cpp's CPU convention) for Q4_0, Q4_1 and Q8_0; callers opt
-//! in with [`RowDot::new_int8`].
+//! in with [`RowDot::new_int8`]. [`rows8`] repacks Q4_0, Q4_1 and Q8_0
+//! matrices eight rows at a time for the same integer products with a SIMD
+//! lane per row ([`RowDot::dot_rows8`]): the CPU decoder's int8 layers and
+//! its Q8_0 vocabulary projection.
 
 use super::util::get_scale_min_k4;
 use super::{
@@ -35,6 +38,7 @@ type Kernel = fn(&[u8], &[f32], &[f32]) -> f32;
 mod avx2;
 pub mod gemm8;
 pub mod int8;
+pub mod rows8;
 
 /// Dot products of rows of one weight type with one input vector.
 pub struct RowDot<'a> {
@@ -184,6 +188,30 @@ impl<'a> RowDot<'a> {
         }
     }
 
+    /// [`RowDot::dot_rows`] of rows repacked by [`rows8::repack`]
+    /// (`out.len()` of them, whole groups): 8- and 16-bit inputs through
+    /// the repacked kernels, other paths a row at a time, gathered.
+    pub fn dot_rows8(&self, packed: &[u8], out: &mut [f32]) {
+        static BEST: std::sync::OnceLock<rows8::Kernel> = std::sync::OnceLock::new();
+        static BEST16: std::sync::OnceLock<rows8::Kernel16> = std::sync::OnceLock::new();
+        match &self.path {
+            Path::Int8(q, ..) => BEST.get_or_init(|| *rows8::variants().last().expect("a copy"))(
+                self.dtype, packed, q, out,
+            ),
+            Path::Int16(q, ..) => {
+                BEST16.get_or_init(|| *rows8::variants16().last().expect("a copy"))(packed, q, out)
+            }
+            _ => {
+                let rb = self.row_bytes.unwrap_or(0);
+                let mut row = vec![0u8; rb];
+                for (r, o) in out.iter_mut().enumerate() {
+                    rows8::gather_row(self.dtype, packed, self.x.len() / 32, r, &mut row);
+                    *o = self.dot(&row);
+                }
+            }
+        }
+    }
+
     /// The kernels read whole blocks unchecked: a row of the wrong size is a
     /// caller's bug.
     fn check_row(&self, row: &[u8]) {
@@ -248,6 +276,22 @@ impl<'a> ManyDots<'a> {
 
     pub fn is_empty(&self) -> bool {
         self.dots.is_empty()
+    }
+
+    /// The products of repacked rows (`rows8`, whole groups) with every
+    /// input into `out` ([rows, inputs]): each input's through
+    /// [`RowDot::dot_rows8`], so each has the bits a single input gets.
+    pub fn dot_rows8(&self, packed: &[u8], out: &mut [f32]) {
+        let m = self.dots.len();
+        let n = out.len() / m.max(1);
+        assert_eq!(n * m, out.len(), "ManyDots: one output per row and input");
+        let mut col = vec![0.0f32; n];
+        for (j, d) in self.dots.iter().enumerate() {
+            d.dot_rows8(packed, &mut col);
+            for (o, &c) in out.iter_mut().skip(j).step_by(m).zip(&col) {
+                *o = c;
+            }
+        }
     }
 
     /// The products of `row` with every input into `out`.

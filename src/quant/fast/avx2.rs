@@ -845,3 +845,109 @@ pub(super) unsafe fn q8_0_int16_avx512vnni(row: &[u8], x: &super::int8::Q16Input
     alternate(blocks.len(), |i, h| a[h] = block(i, a[h]));
     _mm512_reduce_add_ps(_mm512_add_ps(a[0], a[1]))
 }
+
+/// The repacked kernels ([`super::rows8`]): eight rows a group, a lane per
+/// row. A Q4 block's chunks are unpacked into low and high nibbles and
+/// multiplied with the input's 4-byte groups broadcast to every lane; the
+/// eight pair sums a lane gets stay below 2^15 (8 x 2 x 15 x 127), so they
+/// add in i16 and one `madd` makes each row's i32 sum. Q8_0's pair sums
+/// reach 2 x 127 x 127, so each chunk is widened to i32 before adding.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn rows8(t: GgmlType, packed: &[u8], x: &super::int8::Q8Input, out: &mut [f32]) {
+    super::rows8::check(t, packed, x, out);
+    match t {
+        GgmlType::Q4_0 => rows8_typed::<Q4_0>(packed, x, out),
+        GgmlType::Q4_1 => rows8_typed::<Q4_1>(packed, x, out),
+        _ => rows8_typed::<Q8_0>(packed, x, out),
+    }
+}
+
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn rows8_typed<const F: u8>(packed: &[u8], x: &super::int8::Q8Input, out: &mut [f32]) {
+    let nb = x.d.len();
+    let bb = 8 * block_bytes(F);
+    let levels = if F == Q4_1 { 32 } else { 16 };
+    let xq = x.qs.as_ptr().cast::<u8>();
+    let bcast = |at: usize| _mm256_set1_epi32(xq.add(at).cast::<i32>().read_unaligned());
+    let (mask, ones) = (_mm256_set1_epi8(0x0F), _mm256_set1_epi16(1));
+    for (g, o) in out.chunks_exact_mut(8).enumerate() {
+        let p = packed.as_ptr().add(g * nb * bb);
+        let mut acc = [_mm256_setzero_ps(); 2];
+        let mut off = [_mm256_setzero_ps(); 2];
+        alternate(nb, |i, h| {
+            let b = p.add(i * bb);
+            let d = _mm256_cvtph_ps(_mm_loadu_si128(b.cast()));
+            let q = b.add(levels);
+            let sums = if F == Q8_0 {
+                let mut s = _mm256_setzero_si256();
+                for c in 0..8 {
+                    let w = _mm256_loadu_si256(q.add(32 * c).cast());
+                    let v = bcast(32 * i + 4 * c);
+                    s = _mm256_add_epi32(
+                        s,
+                        dot32_u8_i8(_mm256_sign_epi8(w, w), _mm256_sign_epi8(v, w)),
+                    );
+                }
+                s
+            } else {
+                let mut s = _mm256_setzero_si256();
+                for c in 0..4 {
+                    let w = _mm256_loadu_si256(q.add(32 * c).cast());
+                    let lo = _mm256_and_si256(w, mask);
+                    let hi = _mm256_and_si256(_mm256_srli_epi16(w, 4), mask);
+                    s = _mm256_add_epi16(s, _mm256_maddubs_epi16(lo, bcast(32 * i + 4 * c)));
+                    s = _mm256_add_epi16(s, _mm256_maddubs_epi16(hi, bcast(32 * i + 16 + 4 * c)));
+                }
+                _mm256_madd_epi16(s, ones)
+            };
+            let scale = _mm256_mul_ps(d, _mm256_set1_ps(x.d[i]));
+            acc[h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums), scale, acc[h]);
+            let c = match F {
+                Q4_0 => _mm256_mul_ps(d, _mm256_set1_ps(-8.0)),
+                Q4_1 => _mm256_cvtph_ps(_mm_loadu_si128(b.add(16).cast())),
+                _ => return,
+            };
+            off[h] = _mm256_fmadd_ps(c, _mm256_set1_ps(x.s[i]), off[h]);
+        });
+        let r = _mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(off[0], off[1]));
+        _mm256_storeu_ps(o.as_mut_ptr(), r);
+    }
+}
+
+/// The repacked Q8_0 rows times a 16-bit input ([`super::rows8`]'s
+/// vocabulary projection): each 32-byte chunk's halves (rows 0-3 and 4-7,
+/// 4 levels each) widened to i16 and multiplied in pairs with the chunk's 4
+/// input levels (`madd`); the pair sums are exact in i32 (8 chunks x 2 x
+/// 127 x 32767 < 2^31). One horizontal add a block pairs them into the
+/// rows' sums, in the order rows 0 1 4 5 2 3 6 7, which the scales are
+/// permuted to match and the result back from.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn rows8_int16(packed: &[u8], x: &super::int8::Q16Input, out: &mut [f32]) {
+    super::rows8::check16(packed, x, out);
+    let nb = x.d.len();
+    let bb = 8 * block_bytes(Q8_0);
+    let xq = x.qs.as_ptr();
+    let order = _mm256_setr_epi32(0, 1, 4, 5, 2, 3, 6, 7);
+    for (g, o) in out.chunks_exact_mut(8).enumerate() {
+        let p = packed.as_ptr().add(g * nb * bb);
+        let mut acc = [_mm256_setzero_ps(); 2];
+        alternate(nb, |i, h| {
+            let b = p.add(i * bb);
+            let d = _mm256_permutevar8x32_ps(_mm256_cvtph_ps(_mm_loadu_si128(b.cast())), order);
+            let (mut lo, mut hi) = (_mm256_setzero_si256(), _mm256_setzero_si256());
+            for c in 0..8 {
+                let w = b.add(16 + 32 * c);
+                let v = _mm256_set1_epi64x(xq.add(32 * i + 4 * c).cast::<i64>().read_unaligned());
+                let wl = _mm256_cvtepi8_epi16(_mm_loadu_si128(w.cast()));
+                let wh = _mm256_cvtepi8_epi16(_mm_loadu_si128(w.add(16).cast()));
+                lo = _mm256_add_epi32(lo, _mm256_madd_epi16(wl, v));
+                hi = _mm256_add_epi32(hi, _mm256_madd_epi16(wh, v));
+            }
+            let sums = _mm256_cvtepi32_ps(_mm256_hadd_epi32(lo, hi));
+            acc[h] = _mm256_fmadd_ps(sums, _mm256_mul_ps(d, _mm256_set1_ps(x.d[i])), acc[h]);
+        });
+        let r = _mm256_permutevar8x32_ps(_mm256_add_ps(acc[0], acc[1]), order);
+        _mm256_storeu_ps(o.as_mut_ptr(), r);
+    }
+}
