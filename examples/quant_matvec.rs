@@ -2,9 +2,9 @@
 //! against the fast `quant::fast::RowDot` on one thread (f32 inputs, and
 //! inputs rounded to 8 bits where the type has an integer kernel, over the
 //! rows as stored and repacked eight at a time as `generate --cpu` decodes,
-//! and to 16 bits, as its vocabulary projection
-//! does), the full `tensor::matvec` on every thread, and `tensor::matmul`
-//! of 32 input rows (a prefill chunk). Prints a markdown table.
+//! and to 16 bits, as its vocabulary projection does, Q8_0 repacked too),
+//! the full `tensor::matvec` on every thread, and `tensor::matmul` of 32
+//! input rows (a prefill chunk). Prints a markdown table.
 //!
 //!     cargo run --release --example quant_matvec [ROWS COLS]
 //!
@@ -50,9 +50,9 @@ fn main() {
     println!();
     println!(
         "| type | reference 1 thread | fast 1 thread | speed-up | int8 input 1 thread | \
-         int8 repacked 1 thread | int16 input 1 thread | matvec all threads | matmul {M} rows all threads |"
+         int8 repacked 1 thread | int16 input 1 thread | int16 repacked 1 thread | matvec all threads | matmul {M} rows all threads |"
     );
-    println!("|---|---|---|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|---|---|---|");
     for t in GgmlType::ALL {
         let Ok(w) = Tensor::quantize_f32("w", vec![n, k], &data, t) else {
             continue;
@@ -80,6 +80,8 @@ fn main() {
             median_secs(|| dot.dot_rows8(packed.bytes(), &mut yr))
         });
         let int16 = RowDot::new_int16(t, &x);
+        let int16_rows8 = (packed.is_rows8() && t == GgmlType::Q8_0)
+            .then(|| median_secs(|| int16.dot_rows8(packed.bytes(), &mut yr)));
         let int16 = median_secs(|| int16.dot_rows(w.bytes(), &mut yr));
         let mut y = vec![0.0f32; n];
         let full = median_secs(|| matvec(&w, black_box(&x), &mut y));
@@ -87,13 +89,14 @@ fn main() {
         let mm = median_secs(|| matmul(&w, black_box(&xm), M, &mut ym));
         let show = |s: f64| format!("{:.1} us ({:.1} GB/s)", s * 1e6, bytes / s / 1e9);
         println!(
-            "| {t} | {} | {} | {:.1}x | {} | {} | {} | {} | {:.1} us ({:.1} GFLOP/s) |",
+            "| {t} | {} | {} | {:.1}x | {} | {} | {} | {} | {} | {:.1} us ({:.1} GFLOP/s) |",
             show(reference),
             show(fast),
             reference / fast,
             show(int8),
             int8_rows8.map_or("-".into(), show),
             show(int16),
+            int16_rows8.map_or("-".into(), show),
             show(full),
             mm * 1e6,
             2.0 * (M * n * k) as f64 / mm / 1e9
