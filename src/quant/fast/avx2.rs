@@ -846,6 +846,19 @@ pub(super) unsafe fn q8_0_int16_avx512vnni(row: &[u8], x: &super::int8::Q16Input
     _mm512_reduce_add_ps(_mm512_add_ps(a[0], a[1]))
 }
 
+/// Asks for the cache lines of the group block `AHEAD` bytes past `b`
+/// (`bb` bytes), which a repacked kernel reads a few blocks later: weights
+/// streamed from memory arrive in time, where the hardware prefetcher
+/// alone left the kernels waiting (AMD Zen 1; BENCHMARKS.md, forty-fifth
+/// session). Prefetching past the end of the matrix is harmless.
+#[inline(always)]
+unsafe fn prefetch_ahead(b: *const u8, bb: usize) {
+    const AHEAD: usize = 1024;
+    for line in (0..bb).step_by(64) {
+        _mm_prefetch::<_MM_HINT_T0>(b.wrapping_add(AHEAD + line).cast());
+    }
+}
+
 /// The repacked kernels ([`super::rows8`]): eight rows a group, a lane per
 /// row. A Q4 block's chunks are unpacked into low and high nibbles and
 /// multiplied with the input's 4-byte groups broadcast to every lane; the
@@ -877,6 +890,7 @@ unsafe fn rows8_typed<const F: u8>(packed: &[u8], x: &super::int8::Q8Input, out:
         let mut off = [_mm256_setzero_ps(); 2];
         alternate(nb, |i, h| {
             let b = p.add(i * bb);
+            prefetch_ahead(b, bb);
             let d = _mm256_cvtph_ps(_mm_loadu_si128(b.cast()));
             let q = b.add(levels);
             let sums = if F == Q8_0 {
@@ -934,6 +948,7 @@ pub(super) unsafe fn rows8_int16(packed: &[u8], x: &super::int8::Q16Input, out: 
         let mut acc = [_mm256_setzero_ps(); 2];
         alternate(nb, |i, h| {
             let b = p.add(i * bb);
+            prefetch_ahead(b, bb);
             let d = _mm256_permutevar8x32_ps(_mm256_cvtph_ps(_mm_loadu_si128(b.cast())), order);
             let (mut lo, mut hi) = (_mm256_setzero_si256(), _mm256_setzero_si256());
             for c in 0..8 {
