@@ -625,7 +625,7 @@ mod tests {
 
     /// A matrix repacked for the int8 decode (`quant::fast::rows8`) gives
     /// every product and accessor what its source gives: the same values
-    /// and f32 products bit for bit, int8 (and Q8_0's int16) products
+    /// and f32 products bit for bit, int8 and int16 products
     /// within rounding of the row kernels' (another summation order) and,
     /// a batch of inputs, each input's own bits. Matrices without whole groups stay as they are.
     #[test]
@@ -650,12 +650,8 @@ mod tests {
             matvec(&p, &x[..k], &mut yb[..n]);
             assert_eq!(ya[..n], yb[..n], "{dtype:?} f32 matvec");
             let scale = w.to_f32().iter().map(|v| v.abs() * 2.0).sum::<f32>() / n as f32;
-            // Q8_0's 16-bit inputs (the vocabulary projection) likewise.
-            let acts = [Activations::Int8, Activations::Int16];
-            for act in acts
-                .into_iter()
-                .take(if dtype == GgmlType::Q8_0 { 2 } else { 1 })
-            {
+            // 16-bit inputs (the vocabulary projection) likewise.
+            for act in [Activations::Int8, Activations::Int16] {
                 matvec_with(&w, &x[..k], &mut ya[..n], act);
                 matvec_with(&p, &x[..k], &mut yb[..n], act);
                 for (a, b) in ya[..n].iter().zip(&yb[..n]) {

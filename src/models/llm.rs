@@ -603,12 +603,10 @@ pub fn load_weights(cfg: &LlmConfig, src: &dyn TensorSource, names: &Names) -> R
 impl Weights {
     /// The layers' matrices repacked eight rows at a time for the CPU's
     /// int8 decode products ([`Tensor::repacked_rows8`]; matrices of other
-    /// types stay), and a Q8_0 head for its 16-bit ones. The embedding is
+    /// types stay), and the head for its 16-bit ones. The embedding is
     /// read a row at a time and stays (a tied head becomes a copy).
     pub fn repack_rows8(&mut self) {
-        if self.head.dtype == crate::quant::GgmlType::Q8_0 {
-            self.head = self.head.repacked_rows8();
-        }
+        self.head = self.head.repacked_rows8();
         use rayon::prelude::*;
         self.layers.par_iter_mut().for_each(|l| {
             let mut matrices = vec![&mut l.gate, &mut l.up, &mut l.down];

@@ -198,9 +198,10 @@ impl<'a> RowDot<'a> {
             Path::Int8(q, ..) => BEST.get_or_init(|| *rows8::variants().last().expect("a copy"))(
                 self.dtype, packed, q, out,
             ),
-            Path::Int16(q, ..) => {
-                BEST16.get_or_init(|| *rows8::variants16().last().expect("a copy"))(packed, q, out)
-            }
+            Path::Int16(q, ..) => BEST16
+                .get_or_init(|| *rows8::variants16().last().expect("a copy"))(
+                self.dtype, packed, q, out,
+            ),
             _ => {
                 let rb = self.row_bytes.unwrap_or(0);
                 let mut row = vec![0u8; rb];

@@ -867,7 +867,7 @@ unsafe fn prefetch_ahead(b: *const u8, bb: usize) {
 /// reach 2 x 127 x 127, so each chunk is widened to i32 before adding.
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(super) unsafe fn rows8(t: GgmlType, packed: &[u8], x: &super::int8::Q8Input, out: &mut [f32]) {
-    super::rows8::check(t, packed, x, out);
+    super::rows8::check(t, packed, x.d.len(), out);
     match t {
         GgmlType::Q4_0 => rows8_typed::<Q4_0>(packed, x, out),
         GgmlType::Q4_1 => rows8_typed::<Q4_1>(packed, x, out),
@@ -929,40 +929,91 @@ unsafe fn rows8_typed<const F: u8>(packed: &[u8], x: &super::int8::Q8Input, out:
     }
 }
 
-/// The repacked Q8_0 rows times a 16-bit input ([`super::rows8`]'s
-/// vocabulary projection): each 32-byte chunk's halves (rows 0-3 and 4-7,
-/// 4 levels each) widened to i16 and multiplied in pairs with the chunk's 4
-/// input levels (`madd`); the pair sums are exact in i32 (8 chunks x 2 x
-/// 127 x 32767 < 2^31). One horizontal add a block pairs them into the
-/// rows' sums, in the order rows 0 1 4 5 2 3 6 7, which the scales are
-/// permuted to match and the result back from.
+/// The repacked rows times a 16-bit input ([`super::rows8`]'s vocabulary
+/// projection): each 32-byte chunk's levels (Q4: its low and its high
+/// nibbles) in halves, rows 0-3 and 4-7 of 4 levels each, widened to i16
+/// and multiplied in pairs with the chunk's 4 input levels (`madd`); the
+/// pair sums are exact in i32 (at most 8 x 2 x 127 x 32767 a lane). One
+/// horizontal add a block pairs them into the rows' sums, in the order rows
+/// 0 1 4 5 2 3 6 7, which the scales are permuted to match and the result
+/// back from.
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(super) unsafe fn rows8_int16(packed: &[u8], x: &super::int8::Q16Input, out: &mut [f32]) {
-    super::rows8::check16(packed, x, out);
+pub(super) unsafe fn rows8_int16(
+    t: GgmlType,
+    packed: &[u8],
+    x: &super::int8::Q16Input,
+    out: &mut [f32],
+) {
+    super::rows8::check(t, packed, x.d.len(), out);
+    match t {
+        GgmlType::Q4_0 => rows8_int16_typed::<Q4_0>(packed, x, out),
+        GgmlType::Q4_1 => rows8_int16_typed::<Q4_1>(packed, x, out),
+        _ => rows8_int16_typed::<Q8_0>(packed, x, out),
+    }
+}
+
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn rows8_int16_typed<const F: u8>(
+    packed: &[u8],
+    x: &super::int8::Q16Input,
+    out: &mut [f32],
+) {
     let nb = x.d.len();
-    let bb = 8 * block_bytes(Q8_0);
+    let bb = 8 * block_bytes(F);
+    let levels = if F == Q4_1 { 32 } else { 16 };
     let xq = x.qs.as_ptr();
     let order = _mm256_setr_epi32(0, 1, 4, 5, 2, 3, 6, 7);
+    let mask = _mm256_set1_epi8(0x0F);
+    // Rows 0-3 and 4-7 of 16 bytes of levels (`wl`, `wh`, widened) times
+    // the input's 4 levels at `e` of block i, into `lo` and `hi`.
+    let madd4 = |lo: &mut __m256i, hi: &mut __m256i, wl: __m256i, wh: __m256i, at: usize| {
+        let v = _mm256_set1_epi64x(xq.add(at).cast::<i64>().read_unaligned());
+        *lo = _mm256_add_epi32(*lo, _mm256_madd_epi16(wl, v));
+        *hi = _mm256_add_epi32(*hi, _mm256_madd_epi16(wh, v));
+    };
     for (g, o) in out.chunks_exact_mut(8).enumerate() {
         let p = packed.as_ptr().add(g * nb * bb);
         let mut acc = [_mm256_setzero_ps(); 2];
+        let mut off = [_mm256_setzero_ps(); 2];
         alternate(nb, |i, h| {
             let b = p.add(i * bb);
             prefetch_ahead(b, bb);
             let d = _mm256_permutevar8x32_ps(_mm256_cvtph_ps(_mm_loadu_si128(b.cast())), order);
+            let q = b.add(levels);
             let (mut lo, mut hi) = (_mm256_setzero_si256(), _mm256_setzero_si256());
-            for c in 0..8 {
-                let w = b.add(16 + 32 * c);
-                let v = _mm256_set1_epi64x(xq.add(32 * i + 4 * c).cast::<i64>().read_unaligned());
-                let wl = _mm256_cvtepi8_epi16(_mm_loadu_si128(w.cast()));
-                let wh = _mm256_cvtepi8_epi16(_mm_loadu_si128(w.add(16).cast()));
-                lo = _mm256_add_epi32(lo, _mm256_madd_epi16(wl, v));
-                hi = _mm256_add_epi32(hi, _mm256_madd_epi16(wh, v));
+            if F == Q8_0 {
+                for c in 0..8 {
+                    let w = q.add(32 * c);
+                    let wl = _mm256_cvtepi8_epi16(_mm_loadu_si128(w.cast()));
+                    let wh = _mm256_cvtepi8_epi16(_mm_loadu_si128(w.add(16).cast()));
+                    madd4(&mut lo, &mut hi, wl, wh, 32 * i + 4 * c);
+                }
+            } else {
+                for c in 0..4 {
+                    let w = _mm256_loadu_si256(q.add(32 * c).cast());
+                    let low = _mm256_and_si256(w, mask);
+                    let high = _mm256_and_si256(_mm256_srli_epi16(w, 4), mask);
+                    for (n, e) in [(low, 4 * c), (high, 16 + 4 * c)] {
+                        let wl = _mm256_cvtepu8_epi16(_mm256_castsi256_si128(n));
+                        let wh = _mm256_cvtepu8_epi16(_mm256_extracti128_si256(n, 1));
+                        madd4(&mut lo, &mut hi, wl, wh, 32 * i + e);
+                    }
+                }
             }
             let sums = _mm256_cvtepi32_ps(_mm256_hadd_epi32(lo, hi));
             acc[h] = _mm256_fmadd_ps(sums, _mm256_mul_ps(d, _mm256_set1_ps(x.d[i])), acc[h]);
+            let c = match F {
+                Q4_0 => _mm256_mul_ps(d, _mm256_set1_ps(-8.0)),
+                Q4_1 => _mm256_permutevar8x32_ps(
+                    _mm256_cvtph_ps(_mm_loadu_si128(b.add(16).cast())),
+                    order,
+                ),
+                _ => return,
+            };
+            off[h] = _mm256_fmadd_ps(c, _mm256_set1_ps(x.s[i]), off[h]);
         });
-        let r = _mm256_permutevar8x32_ps(_mm256_add_ps(acc[0], acc[1]), order);
-        _mm256_storeu_ps(o.as_mut_ptr(), r);
+        let r = _mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(off[0], off[1]));
+        _mm256_storeu_ps(o.as_mut_ptr(), _mm256_permutevar8x32_ps(r, order));
     }
 }

@@ -88,6 +88,9 @@ pub struct Q16Input {
     pub qs: Vec<i16>,
     /// Each block's scale.
     pub d: Vec<f32>,
+    /// Each block's `d * sum(levels)`, for the constant parts of Q4_0 and
+    /// Q4_1 weights (the repacked kernels of `rows8`).
+    pub s: Vec<f32>,
 }
 
 impl Q16Input {
@@ -97,6 +100,7 @@ impl Q16Input {
         let mut q = Q16Input {
             qs: vec![0; x.len()],
             d: Vec::with_capacity(x.len() / 32),
+            s: Vec::with_capacity(x.len() / 32),
         };
         for (xb, qb) in x.chunks_exact(32).zip(q.qs.chunks_exact_mut(32)) {
             let d = block_max_abs(xb) / 32767.0;
@@ -104,7 +108,9 @@ impl Q16Input {
             for (l, &v) in qb.iter_mut().zip(xb) {
                 *l = (v * id).round_ties_even() as i16;
             }
+            let sum: i32 = qb.iter().map(|&l| l as i32).sum();
             q.d.push(d);
+            q.s.push(d * sum as f32);
         }
         q
     }
@@ -155,10 +161,15 @@ impl Four {
 
 /// The copies of the 16-bit-input kernel for `t` this CPU runs, each with
 /// its four-input copy where it has one (the SIMD ones), best last; empty
-/// for types without one (only Q8_0 has one).
+/// for types without one. Q4_0 and Q4_1 have only the portable row copy:
+/// their SIMD ones are over repacked rows (`rows8`), which a vocabulary
+/// projection of whole groups of eight rows always is on the CPU.
 pub fn variants16(t: GgmlType) -> Vec<(Kernel16, Option<Kernel16x4>)> {
-    if t != GgmlType::Q8_0 {
-        return Vec::new();
+    match t {
+        GgmlType::Q4_0 => return vec![(q4_0_16, None)],
+        GgmlType::Q4_1 => return vec![(q4_1_16, None)],
+        GgmlType::Q8_0 => {}
+        _ => return Vec::new(),
     }
     #[cfg_attr(not(target_arch = "x86_64"), allow(unused_mut))]
     let mut v: Vec<(Kernel16, Option<Kernel16x4>)> =
@@ -182,6 +193,41 @@ pub fn variants16(t: GgmlType) -> Vec<(Kernel16, Option<Kernel16x4>)> {
         }
     }
     v
+}
+
+/// A Q4 row over a 16-bit input: per block `acc = fma(S, d_w d_x, acc)`
+/// and `off = fma(c_w, s_x, off)`, as [`rows_with`] does for 8-bit inputs.
+fn q4_16<B: bytemuck::Pod>(
+    row: &[u8],
+    x: &Q16Input,
+    block: impl Fn(&B) -> (&[u8; 16], f32, f32),
+) -> f32 {
+    let blocks: &[B] = bytemuck::cast_slice(row);
+    let (mut acc, mut off) = (0.0f32, 0.0f32);
+    for (i, b) in blocks.iter().enumerate() {
+        let (qs, d, c) = block(b);
+        let xq = &x.qs[32 * i..32 * i + 32];
+        let mut sum = 0i32;
+        for j in 0..16 {
+            sum += (qs[j] & 0x0F) as i32 * xq[j] as i32 + (qs[j] >> 4) as i32 * xq[j + 16] as i32;
+        }
+        acc = (sum as f32).mul_add(d * x.d[i], acc);
+        off = c.mul_add(x.s[i], off);
+    }
+    acc + off
+}
+
+fn q4_0_16(row: &[u8], x: &Q16Input) -> f32 {
+    q4_16(row, x, |b: &BlockQ4_0| {
+        let d = f16_to_f32(b.d);
+        (&b.qs, d, -8.0 * d)
+    })
+}
+
+fn q4_1_16(row: &[u8], x: &Q16Input) -> f32 {
+    q4_16(row, x, |b: &BlockQ4_1| {
+        (&b.qs, f16_to_f32(b.d), f16_to_f32(b.m))
+    })
 }
 
 fn q8_0_16(blocks: &[BlockQ8_0], x: &Q16Input) -> f32 {
@@ -558,14 +604,16 @@ mod tests {
         }
     }
 
-    /// The 16-bit-input Q8_0 kernels against the f32 dot of the
-    /// dequantised row: half a level of 32767 per value.
+    /// The 16-bit-input kernels against the f32 dot of the dequantised
+    /// row: half a level of 32767 per value.
     #[test]
     fn int16_kernels_are_within_the_input_rounding_of_the_f32_dot() {
         let mut rng = Rng::new(45);
-        let t = GgmlType::Q8_0;
-        assert!(variants16(GgmlType::Q4_1).is_empty());
-        for k in [32, 576, 4096] {
+        assert!(variants16(GgmlType::Q5_0).is_empty());
+        for (t, k) in [GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q8_0]
+            .into_iter()
+            .flat_map(|t| [32, 576, 4096].map(|k| (t, k)))
+        {
             let w: Vec<f32> = (0..k).map(|_| rng.normal()).collect();
             let mut row = vec![0u8; t.row_bytes(k).unwrap()];
             quantize_row(t, &w, &mut row);
@@ -583,7 +631,7 @@ mod tests {
             for (v, &g) in got.iter().enumerate() {
                 assert!(
                     (g as f64 - want).abs() <= bound,
-                    "k {k} variant {v}: {g} vs {want} (bound {bound})"
+                    "{t} k {k} variant {v}: {g} vs {want} (bound {bound})"
                 );
             }
         }

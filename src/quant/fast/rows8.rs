@@ -18,8 +18,8 @@
 //! Q4_1's min) `off = fma(c_w, s_x, off)`, blocks alternating between two
 //! accumulators of each; the row's product is `(acc_0 + acc_1) + (off_0 +
 //! off_1)`. The portable copy does exactly these f32 operations per row, so
-//! every copy gives the same bits. Q8_0 has a copy over 16-bit inputs too
-//! (the vocabulary projection's), with no constant part.
+//! every copy gives the same bits. Each type also has copies over 16-bit
+//! inputs (the vocabulary projection's).
 
 use super::f16_to_f32;
 use super::int8::{Q16Input, Q8Input};
@@ -142,9 +142,9 @@ pub fn dequantize_row(t: GgmlType, packed: &[u8], nb: usize, r: usize, out: &mut
 /// `out.len()` a multiple of [`ROWS`] rows of the input's length.
 pub type Kernel = fn(GgmlType, &[u8], &Q8Input, &mut [f32]);
 
-/// A Q8_0 kernel over a 16-bit input (the vocabulary projection):
-/// (repacked rows, input, out).
-pub type Kernel16 = fn(&[u8], &Q16Input, &mut [f32]);
+/// A kernel over a 16-bit input (the vocabulary projection): (type,
+/// repacked rows, input, out).
+pub type Kernel16 = fn(GgmlType, &[u8], &Q16Input, &mut [f32]);
 
 /// The 16-bit-input copies this CPU runs, best last.
 pub fn variants16() -> Vec<Kernel16> {
@@ -156,7 +156,7 @@ pub fn variants16() -> Vec<Kernel16> {
         if has!("avx2") && has!("fma") && has!("f16c") {
             // SAFETY: listed only when the CPU reports the instructions;
             // the kernel checks the sizes.
-            v.push(|p, x, o| unsafe { super::avx2::rows8_int16(p, x, o) });
+            v.push(|t, p, x, o| unsafe { super::avx2::rows8_int16(t, p, x, o) });
         }
     }
     v
@@ -178,9 +178,9 @@ pub fn variants() -> Vec<Kernel> {
     v
 }
 
-/// Checks a call's sizes: `packed` holds `out.len()` rows of the input's
+/// Checks a call's sizes: `packed` holds `out.len()` rows of `blocks`
 /// blocks, in whole groups.
-pub(super) fn check(t: GgmlType, packed: &[u8], x: &Q8Input, out: &[f32]) {
+pub(super) fn check(t: GgmlType, packed: &[u8], blocks: usize, out: &[f32]) {
     assert!(supports(t), "rows8: no kernel for {t}");
     assert!(
         out.len().is_multiple_of(ROWS),
@@ -189,61 +189,33 @@ pub(super) fn check(t: GgmlType, packed: &[u8], x: &Q8Input, out: &[f32]) {
     );
     assert_eq!(
         packed.len(),
-        out.len() * x.d.len() * t.block_bytes(),
+        out.len() * blocks * t.block_bytes(),
         "rows8: wrong size"
     );
 }
 
-/// Checks a 16-bit-input call's sizes, as [`check`].
-pub(super) fn check16(packed: &[u8], x: &Q16Input, out: &[f32]) {
-    assert!(
-        out.len().is_multiple_of(ROWS),
-        "rows8: {} rows are not whole groups",
-        out.len()
-    );
-    assert_eq!(
-        packed.len(),
-        out.len() * x.d.len() * GgmlType::Q8_0.block_bytes(),
-        "rows8: wrong size"
-    );
+fn portable16(t: GgmlType, packed: &[u8], x: &Q16Input, out: &mut [f32]) {
+    check(t, packed, x.d.len(), out);
+    rows_portable(t, packed, &x.qs, &x.d, &x.s, out)
 }
 
-/// The portable 16-bit-input copy: Q8_0 levels times 16-bit levels, per
-/// row and block `acc = fma(S, d_w d_x, acc)` alternating as the module
-/// describes, no constant part.
-fn portable16(packed: &[u8], x: &Q16Input, out: &mut [f32]) {
-    check16(packed, x, out);
-    let nb = x.d.len();
-    let bb = GgmlType::Q8_0.block_bytes();
-    if nb == 0 {
-        return out.fill(0.0);
-    }
-    for (group, o) in packed
-        .chunks_exact(ROWS * nb * bb)
-        .zip(out.chunks_exact_mut(ROWS))
-    {
-        for (r, o) in o.iter_mut().enumerate() {
-            let mut acc = [0.0f32; 2];
-            for (i, b) in group.chunks_exact(ROWS * bb).enumerate() {
-                let d = f16_to_f32([b[2 * r], b[2 * r + 1]]);
-                let mut sum = 0i32;
-                for c in 0..8 {
-                    let w = &b[16 + 32 * c + 4 * r..][..4];
-                    for (j, &l) in w.iter().enumerate() {
-                        sum += l as i8 as i32 * x.qs[32 * i + 4 * c + j] as i32;
-                    }
-                }
-                acc[i % 2] = (sum as f32).mul_add(d * x.d[i], acc[i % 2]);
-            }
-            *o = acc[0] + acc[1];
-        }
-    }
-}
-
-/// The portable copy, row by row in the order the module describes.
 fn portable(t: GgmlType, packed: &[u8], x: &Q8Input, out: &mut [f32]) {
-    check(t, packed, x, out);
-    let (nb, bb) = (x.d.len(), t.block_bytes());
+    check(t, packed, x.d.len(), out);
+    rows_portable(t, packed, &x.qs, &x.d, &x.s, out)
+}
+
+/// The portable copies, row by row in the order the module describes,
+/// over input levels `xq` (8- or 16-bit) with block scales `xd` and sums
+/// `xs`.
+fn rows_portable<L: Copy + Into<i32>>(
+    t: GgmlType,
+    packed: &[u8],
+    xq: &[L],
+    xd: &[f32],
+    xs: &[f32],
+    out: &mut [f32],
+) {
+    let (nb, bb) = (xd.len(), t.block_bytes());
     let (head, qs) = parts(t);
     if nb == 0 {
         return out.fill(0.0);
@@ -258,26 +230,26 @@ fn portable(t: GgmlType, packed: &[u8], x: &Q8Input, out: &mut [f32]) {
                 let h = i % 2;
                 let f16 = |at: usize| f16_to_f32([b[at], b[at + 1]]);
                 let d = f16(2 * r);
-                let xq = &x.qs[32 * i..32 * i + 32];
+                let xq = &xq[32 * i..32 * i + 32];
                 let mut sum = 0i32;
                 for c in 0..qs / 4 {
                     let w = &b[8 * head + 32 * c + 4 * r..][..4];
                     for (j, &l) in w.iter().enumerate() {
                         sum += if t == GgmlType::Q8_0 {
-                            l as i8 as i32 * xq[4 * c + j] as i32
+                            l as i8 as i32 * xq[4 * c + j].into()
                         } else {
-                            (l & 0x0F) as i32 * xq[4 * c + j] as i32
-                                + (l >> 4) as i32 * xq[16 + 4 * c + j] as i32
+                            (l & 0x0F) as i32 * xq[4 * c + j].into()
+                                + (l >> 4) as i32 * xq[16 + 4 * c + j].into()
                         };
                     }
                 }
-                acc[h] = (sum as f32).mul_add(d * x.d[i], acc[h]);
+                acc[h] = (sum as f32).mul_add(d * xd[i], acc[h]);
                 let c = match t {
                     GgmlType::Q4_0 => -8.0 * d,
                     GgmlType::Q4_1 => f16(16 + 2 * r),
                     _ => continue,
                 };
-                off[h] = c.mul_add(x.s[i], off[h]);
+                off[h] = c.mul_add(xs[i], off[h]);
             }
             *o = (acc[0] + acc[1]) + (off[0] + off[1]);
         }
@@ -290,32 +262,35 @@ mod tests {
 
     /// The 16-bit-input copies give the same bits, within rounding of the
     /// row kernel's products.
-    fn check_int16(rows: &[u8], packed: &[u8], x: &[f32], k: usize) {
-        let n = rows.len() / GgmlType::Q8_0.row_bytes(k).unwrap();
+    fn check_int16(t: GgmlType, rows: &[u8], packed: &[u8], x: &[f32], k: usize) {
+        let n = rows.len() / t.row_bytes(k).unwrap();
         let q = Q16Input::new(x);
         let mut want = vec![0.0f32; n];
-        RowDot::new_int16(GgmlType::Q8_0, x).dot_rows(rows, &mut want);
-        let rb = GgmlType::Q8_0.row_bytes(k).unwrap();
+        RowDot::new_int16(t, x).dot_rows(rows, &mut want);
+        let rb = t.row_bytes(k).unwrap();
         let terms: Vec<f32> = rows
             .chunks_exact(rb)
             .map(|row| {
                 let mut wd = vec![0.0f32; k];
-                crate::quant::dequantize_row(GgmlType::Q8_0, row, &mut wd);
+                crate::quant::dequantize_row(t, row, &mut wd);
                 wd.iter().zip(x).map(|(a, b)| (a * b).abs()).sum()
             })
             .collect();
         let mut first: Option<Vec<u32>> = None;
         for (v, kern) in variants16().into_iter().enumerate() {
             let mut got = vec![0.0f32; n];
-            kern(packed, &q, &mut got);
+            kern(t, packed, &q, &mut got);
             for ((g, w), t) in got.iter().zip(&want).zip(&terms) {
                 let bound = 4.0 * (k / 32) as f32 * f32::EPSILON * t;
-                assert!((g - w).abs() <= bound, "int16 k {k} copy {v}: {g} vs {w}");
+                assert!(
+                    (g - w).abs() <= bound,
+                    "{t} int16 k {k} copy {v}: {g} vs {w}"
+                );
             }
             let bits: Vec<u32> = got.iter().map(|v| v.to_bits()).collect();
             match &first {
                 None => first = Some(bits),
-                Some(f) => assert_eq!(&bits, f, "int16 k {k} copy {v}"),
+                Some(f) => assert_eq!(&bits, f, "{t} int16 k {k} copy {v}"),
             }
         }
     }
@@ -392,8 +367,8 @@ mod tests {
                         );
                     }
                     let bits: Vec<u32> = got.iter().map(|v| v.to_bits()).collect();
-                    if v == 0 && t == GgmlType::Q8_0 {
-                        check_int16(&rows, &packed, &x, k);
+                    if v == 0 {
+                        check_int16(t, &rows, &packed, &x, k);
                     }
                     match &first {
                         None => first = Some(bits),
