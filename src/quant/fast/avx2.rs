@@ -875,15 +875,24 @@ pub(super) unsafe fn rows8(t: GgmlType, packed: &[u8], x: &super::int8::Q8Input,
     }
 }
 
+/// The repacked kernels' common part: per group of eight rows, per block
+/// `i` (at `b`), `sums(b, i)` gives the rows' exact integer sums (lanes in
+/// `order`'s row order, natural where `None`), scaled by `d_w d_x[i]` into
+/// two alternating accumulators, the constant parts times `s_x[i]` beside
+/// them, as `rows8` describes; the rows' products stored in natural order.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn rows8_typed<const F: u8>(packed: &[u8], x: &super::int8::Q8Input, out: &mut [f32]) {
-    let nb = x.d.len();
+unsafe fn rows8_groups<const F: u8>(
+    packed: &[u8],
+    xd: &[f32],
+    xs: &[f32],
+    out: &mut [f32],
+    order: Option<__m256i>,
+    sums: impl Fn(*const u8, usize) -> __m256i,
+) {
+    let nb = xd.len();
     let bb = 8 * block_bytes(F);
-    let levels = if F == Q4_1 { 32 } else { 16 };
-    let xq = x.qs.as_ptr().cast::<u8>();
-    let bcast = |at: usize| _mm256_set1_epi32(xq.add(at).cast::<i32>().read_unaligned());
-    let (mask, ones) = (_mm256_set1_epi8(0x0F), _mm256_set1_epi16(1));
+    let arrange = |v: __m256| order.map_or(v, |o| _mm256_permutevar8x32_ps(v, o));
     for (g, o) in out.chunks_exact_mut(8).enumerate() {
         let p = packed.as_ptr().add(g * nb * bb);
         let mut acc = [_mm256_setzero_ps(); 2];
@@ -891,42 +900,57 @@ unsafe fn rows8_typed<const F: u8>(packed: &[u8], x: &super::int8::Q8Input, out:
         alternate(nb, |i, h| {
             let b = p.add(i * bb);
             prefetch_ahead(b, bb);
-            let d = _mm256_cvtph_ps(_mm_loadu_si128(b.cast()));
-            let q = b.add(levels);
-            let sums = if F == Q8_0 {
-                let mut s = _mm256_setzero_si256();
-                for c in 0..8 {
-                    let w = _mm256_loadu_si256(q.add(32 * c).cast());
-                    let v = bcast(32 * i + 4 * c);
-                    s = _mm256_add_epi32(
-                        s,
-                        dot32_u8_i8(_mm256_sign_epi8(w, w), _mm256_sign_epi8(v, w)),
-                    );
-                }
-                s
-            } else {
-                let mut s = _mm256_setzero_si256();
-                for c in 0..4 {
-                    let w = _mm256_loadu_si256(q.add(32 * c).cast());
-                    let lo = _mm256_and_si256(w, mask);
-                    let hi = _mm256_and_si256(_mm256_srli_epi16(w, 4), mask);
-                    s = _mm256_add_epi16(s, _mm256_maddubs_epi16(lo, bcast(32 * i + 4 * c)));
-                    s = _mm256_add_epi16(s, _mm256_maddubs_epi16(hi, bcast(32 * i + 16 + 4 * c)));
-                }
-                _mm256_madd_epi16(s, ones)
-            };
-            let scale = _mm256_mul_ps(d, _mm256_set1_ps(x.d[i]));
-            acc[h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums), scale, acc[h]);
+            let d = arrange(_mm256_cvtph_ps(_mm_loadu_si128(b.cast())));
+            let t = _mm256_cvtepi32_ps(sums(b, i));
+            acc[h] = _mm256_fmadd_ps(t, _mm256_mul_ps(d, _mm256_set1_ps(xd[i])), acc[h]);
             let c = match F {
                 Q4_0 => _mm256_mul_ps(d, _mm256_set1_ps(-8.0)),
-                Q4_1 => _mm256_cvtph_ps(_mm_loadu_si128(b.add(16).cast())),
+                Q4_1 => arrange(_mm256_cvtph_ps(_mm_loadu_si128(b.add(16).cast()))),
                 _ => return,
             };
-            off[h] = _mm256_fmadd_ps(c, _mm256_set1_ps(x.s[i]), off[h]);
+            off[h] = _mm256_fmadd_ps(c, _mm256_set1_ps(xs[i]), off[h]);
         });
         let r = _mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(off[0], off[1]));
-        _mm256_storeu_ps(o.as_mut_ptr(), r);
+        _mm256_storeu_ps(o.as_mut_ptr(), arrange(r));
     }
+}
+
+/// Bytes before a repacked block's levels: the eight scales (and mins).
+const fn rows8_levels(f: u8) -> usize {
+    if f == Q4_1 {
+        32
+    } else {
+        16
+    }
+}
+
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn rows8_typed<const F: u8>(packed: &[u8], x: &super::int8::Q8Input, out: &mut [f32]) {
+    let xq = x.qs.as_ptr().cast::<u8>();
+    let bcast = |at: usize| _mm256_set1_epi32(xq.add(at).cast::<i32>().read_unaligned());
+    let (mask, ones) = (_mm256_set1_epi8(0x0F), _mm256_set1_epi16(1));
+    rows8_groups::<F>(packed, &x.d, &x.s, out, None, |b, i| {
+        let q = b.add(rows8_levels(F));
+        let mut s = _mm256_setzero_si256();
+        if F == Q8_0 {
+            for c in 0..8 {
+                let w = _mm256_loadu_si256(q.add(32 * c).cast());
+                let v = bcast(32 * i + 4 * c);
+                let p = dot32_u8_i8(_mm256_sign_epi8(w, w), _mm256_sign_epi8(v, w));
+                s = _mm256_add_epi32(s, p);
+            }
+            return s;
+        }
+        for c in 0..4 {
+            let w = _mm256_loadu_si256(q.add(32 * c).cast());
+            let lo = _mm256_and_si256(w, mask);
+            let hi = _mm256_and_si256(_mm256_srli_epi16(w, 4), mask);
+            s = _mm256_add_epi16(s, _mm256_maddubs_epi16(lo, bcast(32 * i + 4 * c)));
+            s = _mm256_add_epi16(s, _mm256_maddubs_epi16(hi, bcast(32 * i + 16 + 4 * c)));
+        }
+        _mm256_madd_epi16(s, ones)
+    })
 }
 
 /// The repacked rows times a 16-bit input ([`super::rows8`]'s vocabulary
@@ -959,61 +983,38 @@ unsafe fn rows8_int16_typed<const F: u8>(
     x: &super::int8::Q16Input,
     out: &mut [f32],
 ) {
-    let nb = x.d.len();
-    let bb = 8 * block_bytes(F);
-    let levels = if F == Q4_1 { 32 } else { 16 };
     let xq = x.qs.as_ptr();
     let order = _mm256_setr_epi32(0, 1, 4, 5, 2, 3, 6, 7);
     let mask = _mm256_set1_epi8(0x0F);
     // Rows 0-3 and 4-7 of 16 bytes of levels (`wl`, `wh`, widened) times
-    // the input's 4 levels at `e` of block i, into `lo` and `hi`.
+    // the input's 4 levels at `at`, into `lo` and `hi`.
     let madd4 = |lo: &mut __m256i, hi: &mut __m256i, wl: __m256i, wh: __m256i, at: usize| {
         let v = _mm256_set1_epi64x(xq.add(at).cast::<i64>().read_unaligned());
         *lo = _mm256_add_epi32(*lo, _mm256_madd_epi16(wl, v));
         *hi = _mm256_add_epi32(*hi, _mm256_madd_epi16(wh, v));
     };
-    for (g, o) in out.chunks_exact_mut(8).enumerate() {
-        let p = packed.as_ptr().add(g * nb * bb);
-        let mut acc = [_mm256_setzero_ps(); 2];
-        let mut off = [_mm256_setzero_ps(); 2];
-        alternate(nb, |i, h| {
-            let b = p.add(i * bb);
-            prefetch_ahead(b, bb);
-            let d = _mm256_permutevar8x32_ps(_mm256_cvtph_ps(_mm_loadu_si128(b.cast())), order);
-            let q = b.add(levels);
-            let (mut lo, mut hi) = (_mm256_setzero_si256(), _mm256_setzero_si256());
-            if F == Q8_0 {
-                for c in 0..8 {
-                    let w = q.add(32 * c);
-                    let wl = _mm256_cvtepi8_epi16(_mm_loadu_si128(w.cast()));
-                    let wh = _mm256_cvtepi8_epi16(_mm_loadu_si128(w.add(16).cast()));
-                    madd4(&mut lo, &mut hi, wl, wh, 32 * i + 4 * c);
-                }
-            } else {
-                for c in 0..4 {
-                    let w = _mm256_loadu_si256(q.add(32 * c).cast());
-                    let low = _mm256_and_si256(w, mask);
-                    let high = _mm256_and_si256(_mm256_srli_epi16(w, 4), mask);
-                    for (n, e) in [(low, 4 * c), (high, 16 + 4 * c)] {
-                        let wl = _mm256_cvtepu8_epi16(_mm256_castsi256_si128(n));
-                        let wh = _mm256_cvtepu8_epi16(_mm256_extracti128_si256(n, 1));
-                        madd4(&mut lo, &mut hi, wl, wh, 32 * i + e);
-                    }
+    rows8_groups::<F>(packed, &x.d, &x.s, out, Some(order), |b, i| {
+        let q = b.add(rows8_levels(F));
+        let (mut lo, mut hi) = (_mm256_setzero_si256(), _mm256_setzero_si256());
+        if F == Q8_0 {
+            for c in 0..8 {
+                let w = q.add(32 * c);
+                let wl = _mm256_cvtepi8_epi16(_mm_loadu_si128(w.cast()));
+                let wh = _mm256_cvtepi8_epi16(_mm_loadu_si128(w.add(16).cast()));
+                madd4(&mut lo, &mut hi, wl, wh, 32 * i + 4 * c);
+            }
+        } else {
+            for c in 0..4 {
+                let w = _mm256_loadu_si256(q.add(32 * c).cast());
+                let low = _mm256_and_si256(w, mask);
+                let high = _mm256_and_si256(_mm256_srli_epi16(w, 4), mask);
+                for (n, e) in [(low, 4 * c), (high, 16 + 4 * c)] {
+                    let wl = _mm256_cvtepu8_epi16(_mm256_castsi256_si128(n));
+                    let wh = _mm256_cvtepu8_epi16(_mm256_extracti128_si256(n, 1));
+                    madd4(&mut lo, &mut hi, wl, wh, 32 * i + e);
                 }
             }
-            let sums = _mm256_cvtepi32_ps(_mm256_hadd_epi32(lo, hi));
-            acc[h] = _mm256_fmadd_ps(sums, _mm256_mul_ps(d, _mm256_set1_ps(x.d[i])), acc[h]);
-            let c = match F {
-                Q4_0 => _mm256_mul_ps(d, _mm256_set1_ps(-8.0)),
-                Q4_1 => _mm256_permutevar8x32_ps(
-                    _mm256_cvtph_ps(_mm_loadu_si128(b.add(16).cast())),
-                    order,
-                ),
-                _ => return,
-            };
-            off[h] = _mm256_fmadd_ps(c, _mm256_set1_ps(x.s[i]), off[h]);
-        });
-        let r = _mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(off[0], off[1]));
-        _mm256_storeu_ps(o.as_mut_ptr(), _mm256_permutevar8x32_ps(r, order));
-    }
+        }
+        _mm256_hadd_epi32(lo, hi)
+    })
 }
