@@ -19,7 +19,8 @@
 #      file, tg128 at depth 4096 on LFM2-350M Q4_0, and SmolLM2 Q4_1.
 #
 # Environment: OUT (required), WORK (default /tmp/lfm-llm: checkpoints and
-# GGUFs, kept across calls on a warm machine), TOK (default .dev/lfm2-tok),
+# GGUFs, kept across calls on a warm machine), TOK (default .dev/lfm2-tok, made here by
+# scripts/device/smollm2_tokenizer.py),
 # BIN (default target/release), R (default 3). Every step runs under a hard
 # time limit; a failed step is reported and the rest still run. Exit status:
 # the number of failed steps. Results: $OUT/*.md, *.json, *.log.

@@ -6,7 +6,8 @@
 # and at Q4_0 after 4096 tokens of context; with BIG=1 also LFM2-1.2B at Q4_0.
 #
 # Environment: OUT (required), WORK (default /tmp/lfm-llm, kept across calls
-# on a warm machine), TOK (default .dev/lfm2-tok), BIN (default
+# on a warm machine), TOK (default .dev/lfm2-tok, made here by
+# scripts/device/smollm2_tokenizer.py), BIN (default
 # target/release), R (default 3), STEPS (profiled steps, default 64).
 # Results: $OUT/profile-*.md (tables) and *.json.
 set -uo pipefail
