@@ -3,7 +3,8 @@
 # in pieces small enough for the device tool's 64 MiB per-call limit:
 #   .dev/bin.tar.xz        stripped release binaries: lfm (every tool), the
 #                          llm_gpu_check example and those in EXAMPLES (none by
-#                          default; unpack.sh puts them in target/release), the
+#                          default; unpack.sh puts them in target/release and
+#                          target/release/examples), the
 #                          test binaries in TESTS
 #                          (default gpu_parity, llm_gpu, llm_gpu_batch, speak_vits),
 #                          and B_LFM (a second lfm binary to compare with, e.g.

@@ -26,9 +26,11 @@ fi
 if [[ -d $S/bin ]]; then
     cp "$S/bin/lfm" target/release/lfm
     cp "$S/bin/llm_gpu_check" target/release/examples/llm_gpu_check
-    # The test binaries pack.sh carried.
+    # The test and example binaries pack.sh carried, in target/release (as
+    # the older scripts call them) and in target/release/examples (where
+    # cargo puts examples).
     for t in "$S"/bin/*; do
-        case $(basename "$t") in lfm | llm_gpu_check) ;; *) cp "$t" target/release/ ;; esac
+        case $(basename "$t") in lfm | llm_gpu_check) ;; *) cp "$t" target/release/ && cp "$t" target/release/examples/ ;; esac
     done
     # ... and the tools through the target folder (CARGO_BIN_EXE_lfm).
     built_target=${BUILT_TARGET:-/work/target}
