@@ -206,11 +206,7 @@ fn q4_16<B: bytemuck::Pod>(
     let (mut acc, mut off) = (0.0f32, 0.0f32);
     for (i, b) in blocks.iter().enumerate() {
         let (qs, d, c) = block(b);
-        let xq = &x.qs[32 * i..32 * i + 32];
-        let mut sum = 0i32;
-        for j in 0..16 {
-            sum += (qs[j] & 0x0F) as i32 * xq[j] as i32 + (qs[j] >> 4) as i32 * xq[j + 16] as i32;
-        }
+        let sum = nibble_dot(qs, &x.qs[32 * i..32 * i + 32]);
         acc = (sum as f32).mul_add(d * x.d[i], acc);
         off = c.mul_add(x.s[i], off);
     }
@@ -369,12 +365,13 @@ fn rows_with<B: bytemuck::Pod>(
     }
 }
 
-/// Sum of 16 low-nibble and 16 high-nibble levels times their inputs.
+/// Sum of 16 low-nibble and 16 high-nibble levels times their inputs (8-
+/// or 16-bit levels).
 #[inline(always)]
-fn nibble_dot(qs: &[u8; 16], x: &[i8]) -> i32 {
+fn nibble_dot<L: Copy + Into<i32>>(qs: &[u8; 16], x: &[L]) -> i32 {
     let mut s = 0i32;
     for j in 0..16 {
-        s += (qs[j] & 0x0F) as i32 * x[j] as i32 + (qs[j] >> 4) as i32 * x[j + 16] as i32;
+        s += (qs[j] & 0x0F) as i32 * x[j].into() + (qs[j] >> 4) as i32 * x[j + 16].into();
     }
     s
 }
