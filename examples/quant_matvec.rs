@@ -12,7 +12,7 @@
 //! median of repeated runs; GB/s counts the weight bytes read.
 
 use lfm::quant::{dot_row, fast::RowDot, GgmlType};
-use lfm::tensor::{matmul, matvec, Tensor};
+use lfm::tensor::{matmul, matvec, matvec_rows, Activations, Tensor};
 use lfm::util::rng::Rng;
 use std::hint::black_box;
 use std::time::Instant;
@@ -50,9 +50,10 @@ fn main() {
     println!();
     println!(
         "| type | reference 1 thread | fast 1 thread | speed-up | int8 input 1 thread | \
-         int8 repacked 1 thread | int16 input 1 thread | int16 repacked 1 thread | matvec all threads | matmul {M} rows all threads |"
+         int8 repacked 1 thread | int16 input 1 thread | int16 repacked 1 thread | matvec all threads | matmul {M} rows all threads | \
+         int8 repacked {M} rows all threads |"
     );
-    println!("|---|---|---|---|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|---|---|---|---|");
     for t in GgmlType::ALL {
         let Ok(w) = Tensor::quantize_f32("w", vec![n, k], &data, t) else {
             continue;
@@ -87,9 +88,21 @@ fn main() {
         let full = median_secs(|| matvec(&w, black_box(&x), &mut y));
         let mut ym = vec![0.0f32; M * n];
         let mm = median_secs(|| matmul(&w, black_box(&xm), M, &mut ym));
+        // The same M rows with int8 inputs over the repacked rows (a
+        // prompt's products in `generate --cpu`).
+        let mm8 = packed.is_rows8().then(|| {
+            median_secs(|| matvec_rows(&packed, black_box(&xm), M, &mut ym, Activations::Int8))
+        });
+        let gflops = |s: f64| {
+            format!(
+                "{:.1} us ({:.1} GFLOP/s)",
+                s * 1e6,
+                2.0 * (M * n * k) as f64 / s / 1e9
+            )
+        };
         let show = |s: f64| format!("{:.1} us ({:.1} GB/s)", s * 1e6, bytes / s / 1e9);
         println!(
-            "| {t} | {} | {} | {:.1}x | {} | {} | {} | {} | {} | {:.1} us ({:.1} GFLOP/s) |",
+            "| {t} | {} | {} | {:.1}x | {} | {} | {} | {} | {} | {} | {} |",
             show(reference),
             show(fast),
             reference / fast,
@@ -98,8 +111,8 @@ fn main() {
             show(int16),
             int16_rows8.map_or("-".into(), show),
             show(full),
-            mm * 1e6,
-            2.0 * (M * n * k) as f64 / mm / 1e9
+            gflops(mm),
+            mm8.map_or("-".into(), gflops),
         );
     }
 }

@@ -500,9 +500,10 @@ pub fn matvec_rows_same_input(
         let i = match prepared.iter().position(|(t, _)| *t == w.dtype) {
             Some(i) => i,
             None => {
-                let k = w.row_len();
-                let dots = x.chunks_exact(k).map(|xi| act.row_dot(w.dtype, xi));
-                prepared.push((w.dtype, quant::fast::ManyDots::new(dots.collect())));
+                // Prepared in parallel: quantising a prompt's rows is
+                // not small beside their products.
+                let dots = par::map_chunks(x, w.row_len(), |xi| act.row_dot(w.dtype, xi));
+                prepared.push((w.dtype, quant::fast::ManyDots::new(dots)));
                 prepared.len() - 1
             }
         };
@@ -521,8 +522,13 @@ fn rows_times(w: &Tensor, dots: &quant::fast::ManyDots, y: &mut [f32]) {
     // Computed transposed ([n, m], one weight row per m outputs), then
     // transposed into y.
     let mut yt = vec![0.0f32; n * m];
-    let chunk = rows_per_chunk(rb * m) * m;
-    par::for_each_chunk_mut(&mut [&mut yt], chunk, |_, start, out| {
+    // Repacked rows go at least two groups at a time (the many-input
+    // kernels' 512-bit copy takes groups in pairs).
+    let rows = match w.is_rows8() {
+        true => rows_per_chunk(rb * m).max(16),
+        false => rows_per_chunk(rb * m),
+    };
+    par::for_each_chunk_mut(&mut [&mut yt], rows * m, |_, start, out| {
         let r0 = start / m;
         if w.is_rows8() {
             let rows = &bytes[r0 * rb..(r0 + out.len() / m) * rb];
@@ -660,6 +666,8 @@ mod tests {
                         "{dtype:?} {act:?}: {a} vs {b}"
                     );
                 }
+                // Three inputs, and nine (the int8 kernels' tiles of four
+                // whole and short).
                 matvec_rows(&p, &x, 3, &mut yb, act);
                 for i in 0..3 {
                     let mut want = vec![0.0; n];
@@ -668,6 +676,18 @@ mod tests {
                         &yb[i * n..(i + 1) * n],
                         &want[..],
                         "{dtype:?} {act:?} input {i}"
+                    );
+                }
+                let x9 = Rng::new(13).vec(9 * k, -2.0, 2.0);
+                let mut y9 = vec![f32::NAN; 9 * n];
+                matvec_rows(&p, &x9, 9, &mut y9, act);
+                for i in 0..9 {
+                    let mut want = vec![0.0; n];
+                    matvec_with(&p, &x9[i * k..(i + 1) * k], &mut want, act);
+                    assert_eq!(
+                        &y9[i * n..(i + 1) * n],
+                        &want[..],
+                        "{dtype:?} {act:?} input {i} of 9"
                     );
                 }
             }

@@ -280,12 +280,27 @@ impl<'a> ManyDots<'a> {
     }
 
     /// The products of repacked rows (`rows8`, whole groups) with every
-    /// input into `out` ([rows, inputs]): each input's through
-    /// [`RowDot::dot_rows8`], so each has the bits a single input gets.
+    /// input into `out` ([rows, inputs]), each with the bits a single
+    /// input gets from [`RowDot::dot_rows8`]: int8 inputs together through
+    /// the many-input kernel (a group's blocks unpacked once for several
+    /// inputs), others one at a time.
     pub fn dot_rows8(&self, packed: &[u8], out: &mut [f32]) {
         let m = self.dots.len();
         let n = out.len() / m.max(1);
         assert_eq!(n * m, out.len(), "ManyDots: one output per row and input");
+        let int8: Vec<&int8::Q8Input> = self
+            .dots
+            .iter()
+            .filter_map(|d| match &d.path {
+                Path::Int8(q, ..) => Some(q),
+                _ => None,
+            })
+            .collect();
+        if m > 1 && int8.len() == m {
+            static BEST: std::sync::OnceLock<rows8::KernelMany> = std::sync::OnceLock::new();
+            let k = BEST.get_or_init(|| *rows8::variants_many().last().expect("a copy"));
+            return k(self.dots[0].dtype, packed, &int8, out);
+        }
         let mut col = vec![0.0f32; n];
         for (j, d) in self.dots.iter().enumerate() {
             d.dot_rows8(packed, &mut col);

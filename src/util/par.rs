@@ -21,6 +21,16 @@ pub fn for_each_index(n: usize, f: impl Fn(usize) + Sync + Send) {
     (0..n).into_par_iter().for_each(f);
 }
 
+/// `f` of each chunk of `k` elements of `x` (the last one shorter), in
+/// order, computed in parallel.
+pub fn map_chunks<'a, T: Sync, R: Send>(
+    x: &'a [T],
+    k: usize,
+    f: impl Fn(&'a [T]) -> R + Sync + Send,
+) -> Vec<R> {
+    x.par_chunks(k.max(1)).map(f).collect()
+}
+
 /// Splits each of `outs` into chunks of `chunk` elements (the last one
 /// shorter) and calls `f(which, start, chunk)` once for each, in parallel: `which` indexes `outs`, `start` is the chunk's offset in it.
 pub fn for_each_chunk_mut<T: Send>(

@@ -1018,3 +1018,287 @@ unsafe fn rows8_int16_typed<const F: u8>(
         _mm256_hadd_epi32(lo, hi)
     })
 }
+
+/// Inputs a pass of [`rows8_many`] over a group's blocks serves.
+const MANY_TILE: usize = 4;
+
+/// [`rows8`] of several inputs (a prompt's rows) into `out` ([rows,
+/// inputs]): per group of eight rows and tile of [`MANY_TILE`] inputs, each
+/// chunk of a block's levels is loaded and unpacked once for the tile. Each
+/// input's integer sums are exact (however their products are grouped), and
+/// its scaling and accumulators are `rows8`'s: the products' blocks
+/// alternate between two accumulators, the constant parts' too (in a second
+/// pass over the scales, which keeps the first pass's registers for the
+/// sums), and the row's value is `(acc_0 + acc_1) + (off_0 + off_1)`; so
+/// every input gets the bits it gets alone. `dot` adds a chunk's byte
+/// products (unsigned levels times signed input bytes, four a lane) to the
+/// lanes' i32 sums: AVX2's `maddubs` + `madd`, or one VNNI `dpbusd`.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn rows8_many_typed<const F: u8>(
+    packed: &[u8],
+    xs: &[&super::int8::Q8Input],
+    out: &mut [f32],
+    dot: impl Fn(__m256i, __m256i, __m256i) -> __m256i + Copy,
+) {
+    const T: usize = MANY_TILE;
+    let (m, nb) = (xs.len(), xs[0].d.len());
+    let bb = 8 * block_bytes(F);
+    let mask = _mm256_set1_epi8(0x0F);
+    for (g, o) in out.chunks_exact_mut(8 * m).enumerate() {
+        let p = packed.as_ptr().add(g * nb * bb);
+        for t0 in (0..m).step_by(T) {
+            let tile = T.min(m - t0);
+            // A short last tile repeats its last input (results dropped).
+            let tx: [&super::int8::Q8Input; T] = std::array::from_fn(|j| xs[t0 + j.min(tile - 1)]);
+            let xq = tx.map(|x| x.qs.as_ptr().cast::<u8>());
+            let (xd, xsum) = (tx.map(|x| x.d.as_ptr()), tx.map(|x| x.s.as_ptr()));
+            let bcast = |j: usize, at: usize| {
+                _mm256_set1_epi32(xq[j].add(at).cast::<i32>().read_unaligned())
+            };
+            let mut acc = [[_mm256_setzero_ps(); 2]; T];
+            // Block i into accumulator h: `alternate`'s order, written out
+            // (as a closure the block is not inlined and the accumulators
+            // live in memory). Each input's sum in two chains (low and high
+            // nibbles; Q8_0's even and odd chunks) so the tile's sums
+            // overlap.
+            macro_rules! block {
+                ($i:expr, $h:literal) => {{
+                    let i = $i;
+                    let b = p.add(i * bb);
+                    let q = b.add(rows8_levels(F));
+                    let mut s = [[_mm256_setzero_si256(); 2]; T];
+                    if F == Q8_0 {
+                        for c in 0..8 {
+                            let w = _mm256_loadu_si256(q.add(32 * c).cast());
+                            let wa = _mm256_sign_epi8(w, w);
+                            for (j, s) in s.iter_mut().enumerate() {
+                                let v = _mm256_sign_epi8(bcast(j, 32 * i + 4 * c), w);
+                                s[c % 2] = dot(s[c % 2], wa, v);
+                            }
+                        }
+                    } else {
+                        for c in 0..4 {
+                            let w = _mm256_loadu_si256(q.add(32 * c).cast());
+                            let lo = _mm256_and_si256(w, mask);
+                            let hi = _mm256_and_si256(_mm256_srli_epi16(w, 4), mask);
+                            for (j, s) in s.iter_mut().enumerate() {
+                                s[0] = dot(s[0], lo, bcast(j, 32 * i + 4 * c));
+                                s[1] = dot(s[1], hi, bcast(j, 32 * i + 16 + 4 * c));
+                            }
+                        }
+                    }
+                    let d = _mm256_cvtph_ps(_mm_loadu_si128(b.cast()));
+                    for j in 0..T {
+                        let t = _mm256_cvtepi32_ps(_mm256_add_epi32(s[j][0], s[j][1]));
+                        let scale = _mm256_mul_ps(d, _mm256_set1_ps(*xd[j].add(i)));
+                        acc[j][$h] = _mm256_fmadd_ps(t, scale, acc[j][$h]);
+                    }
+                }};
+            }
+            let mut i = 0;
+            while i + 2 <= nb {
+                block!(i, 0);
+                block!(i + 1, 1);
+                i += 2;
+            }
+            if i < nb {
+                block!(i, 0);
+            }
+            // The constant parts, in the same alternation.
+            let mut off = [[_mm256_setzero_ps(); 2]; T];
+            if F != Q8_0 {
+                for i in 0..nb {
+                    let b = p.add(i * bb);
+                    let c = if F == Q4_0 {
+                        _mm256_mul_ps(
+                            _mm256_cvtph_ps(_mm_loadu_si128(b.cast())),
+                            _mm256_set1_ps(-8.0),
+                        )
+                    } else {
+                        _mm256_cvtph_ps(_mm_loadu_si128(b.add(16).cast()))
+                    };
+                    // `alternate` gives an odd last block accumulator 0,
+                    // as the parity does.
+                    let h = i % 2;
+                    for j in 0..T {
+                        off[j][h] = _mm256_fmadd_ps(c, _mm256_set1_ps(*xsum[j].add(i)), off[j][h]);
+                    }
+                }
+            }
+            for j in 0..tile {
+                let r = _mm256_add_ps(
+                    _mm256_add_ps(acc[j][0], acc[j][1]),
+                    _mm256_add_ps(off[j][0], off[j][1]),
+                );
+                let mut lanes = [0.0f32; 8];
+                _mm256_storeu_ps(lanes.as_mut_ptr(), r);
+                for (row, v) in lanes.iter().enumerate() {
+                    o[row * m + t0 + j] = *v;
+                }
+            }
+        }
+    }
+}
+
+/// [`rows8_many_typed`] for `t`, once per way of adding a chunk's byte
+/// products (bit-equal copies).
+macro_rules! rows8_many_kernel {
+    ($features:literal, $name:ident, $dot:expr) => {
+        #[target_feature(enable = $features)]
+        pub(super) unsafe fn $name(
+            t: GgmlType,
+            packed: &[u8],
+            xs: &[&super::int8::Q8Input],
+            out: &mut [f32],
+        ) {
+            super::rows8::check_many(t, packed, xs, out);
+            match t {
+                GgmlType::Q4_0 => rows8_many_typed::<Q4_0>(packed, xs, out, $dot),
+                GgmlType::Q4_1 => rows8_many_typed::<Q4_1>(packed, xs, out, $dot),
+                _ => rows8_many_typed::<Q8_0>(packed, xs, out, $dot),
+            }
+        }
+    };
+}
+
+rows8_many_kernel!("avx2,fma,f16c", rows8_many, |s, w, x| {
+    _mm256_add_epi32(s, dot32_u8_i8(w, x))
+});
+rows8_many_kernel!("avx2,fma,f16c,avxvnni", rows8_many_avxvnni, |s, w, x| {
+    _mm256_dpbusd_avx_epi32(s, w, x)
+});
+rows8_many_kernel!(
+    "avx2,fma,f16c,avx512f,avx512vl,avx512vnni",
+    rows8_many_avx512vnni,
+    |s, w, x| _mm256_dpbusd_epi32(s, w, x)
+);
+
+/// [`rows8_many`] on 512-bit registers for Q4_0 and Q4_1: two groups (16
+/// rows) a register, each input's four-byte group broadcast once for both,
+/// the same lanes' operations as the 256-bit copies (the same bits); an
+/// odd last group, and Q8_0 (AVX-512 has no byte `sign`), through
+/// [`rows8_many_avx512vnni`].
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+pub(super) unsafe fn rows8_many_zmm(
+    t: GgmlType,
+    packed: &[u8],
+    xs: &[&super::int8::Q8Input],
+    out: &mut [f32],
+) {
+    super::rows8::check_many(t, packed, xs, out);
+    let (m, nb) = (xs.len(), xs[0].d.len());
+    let pairs = match t {
+        GgmlType::Q4_0 | GgmlType::Q4_1 => out.len() / (16 * m),
+        _ => 0,
+    };
+    let (bytes, rows) = (16 * nb * t.block_bytes(), 16 * m);
+    match t {
+        GgmlType::Q4_0 => {
+            rows8_many_zmm_typed::<Q4_0>(&packed[..pairs * bytes], xs, &mut out[..pairs * rows])
+        }
+        GgmlType::Q4_1 => {
+            rows8_many_zmm_typed::<Q4_1>(&packed[..pairs * bytes], xs, &mut out[..pairs * rows])
+        }
+        _ => {}
+    }
+    if out.len() > pairs * rows {
+        rows8_many_avx512vnni(t, &packed[pairs * bytes..], xs, &mut out[pairs * rows..]);
+    }
+}
+
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn rows8_many_zmm_typed<const F: u8>(
+    packed: &[u8],
+    xs: &[&super::int8::Q8Input],
+    out: &mut [f32],
+) {
+    const T: usize = MANY_TILE;
+    let (m, nb) = (xs.len(), xs[0].d.len());
+    let bb = 8 * block_bytes(F);
+    let mask = _mm512_set1_epi8(0x0F);
+    // Group g's and g + 1's 16 bytes at `at` of block i as 16 f32 lanes.
+    let halves = |p: *const u8, q: *const u8| {
+        _mm512_cvtph_ps(_mm256_inserti128_si256(
+            _mm256_castsi128_si256(_mm_loadu_si128(p.cast())),
+            _mm_loadu_si128(q.cast()),
+            1,
+        ))
+    };
+    for (g, o) in out.chunks_exact_mut(16 * m).enumerate() {
+        let p0 = packed.as_ptr().add(2 * g * nb * bb);
+        let p1 = p0.add(nb * bb);
+        for t0 in (0..m).step_by(T) {
+            let tile = T.min(m - t0);
+            let tx: [&super::int8::Q8Input; T] = std::array::from_fn(|j| xs[t0 + j.min(tile - 1)]);
+            let xq = tx.map(|x| x.qs.as_ptr().cast::<u8>());
+            let (xd, xsum) = (tx.map(|x| x.d.as_ptr()), tx.map(|x| x.s.as_ptr()));
+            let bcast = |j: usize, at: usize| {
+                _mm512_set1_epi32(xq[j].add(at).cast::<i32>().read_unaligned())
+            };
+            let mut acc = [[_mm512_setzero_ps(); 2]; T];
+            // As in `rows8_many_typed`.
+            macro_rules! block {
+                ($i:expr, $h:literal) => {{
+                    let i = $i;
+                    let (b0, b1) = (p0.add(i * bb), p1.add(i * bb));
+                    let (q0, q1) = (b0.add(rows8_levels(F)), b1.add(rows8_levels(F)));
+                    let mut s = [[_mm512_setzero_si512(); 2]; T];
+                    for c in 0..4 {
+                        let w = _mm512_inserti64x4(
+                            _mm512_castsi256_si512(_mm256_loadu_si256(q0.add(32 * c).cast())),
+                            _mm256_loadu_si256(q1.add(32 * c).cast()),
+                            1,
+                        );
+                        let lo = _mm512_and_si512(w, mask);
+                        let hi = _mm512_and_si512(_mm512_srli_epi16(w, 4), mask);
+                        for (j, s) in s.iter_mut().enumerate() {
+                            s[0] = _mm512_dpbusd_epi32(s[0], lo, bcast(j, 32 * i + 4 * c));
+                            s[1] = _mm512_dpbusd_epi32(s[1], hi, bcast(j, 32 * i + 16 + 4 * c));
+                        }
+                    }
+                    let d = halves(b0, b1);
+                    for j in 0..T {
+                        let t = _mm512_cvtepi32_ps(_mm512_add_epi32(s[j][0], s[j][1]));
+                        let scale = _mm512_mul_ps(d, _mm512_set1_ps(*xd[j].add(i)));
+                        acc[j][$h] = _mm512_fmadd_ps(t, scale, acc[j][$h]);
+                    }
+                }};
+            }
+            let mut i = 0;
+            while i + 2 <= nb {
+                block!(i, 0);
+                block!(i + 1, 1);
+                i += 2;
+            }
+            if i < nb {
+                block!(i, 0);
+            }
+            let mut off = [[_mm512_setzero_ps(); 2]; T];
+            for i in 0..nb {
+                let (b0, b1) = (p0.add(i * bb), p1.add(i * bb));
+                let c = if F == Q4_0 {
+                    _mm512_mul_ps(halves(b0, b1), _mm512_set1_ps(-8.0))
+                } else {
+                    halves(b0.add(16), b1.add(16))
+                };
+                let h = i % 2;
+                for j in 0..T {
+                    off[j][h] = _mm512_fmadd_ps(c, _mm512_set1_ps(*xsum[j].add(i)), off[j][h]);
+                }
+            }
+            for j in 0..tile {
+                let r = _mm512_add_ps(
+                    _mm512_add_ps(acc[j][0], acc[j][1]),
+                    _mm512_add_ps(off[j][0], off[j][1]),
+                );
+                let mut lanes = [0.0f32; 16];
+                _mm512_storeu_ps(lanes.as_mut_ptr(), r);
+                for (row, v) in lanes.iter().enumerate() {
+                    o[row * m + t0 + j] = *v;
+                }
+            }
+        }
+    }
+}

@@ -178,6 +178,75 @@ pub fn variants() -> Vec<Kernel> {
     v
 }
 
+/// A kernel over several int8 inputs (a prompt's rows): (type, repacked
+/// rows, inputs, out as [rows, inputs]); each input's products have the
+/// bits [`Kernel`] gives it alone.
+pub type KernelMany = fn(GgmlType, &[u8], &[&Q8Input], &mut [f32]);
+
+/// The many-input copies this CPU runs, best last.
+pub fn variants_many() -> Vec<KernelMany> {
+    #[cfg_attr(not(target_arch = "x86_64"), allow(unused_mut))]
+    let mut v: Vec<KernelMany> = vec![portable_many];
+    #[cfg(target_arch = "x86_64")]
+    {
+        use std::arch::is_x86_feature_detected as has;
+        if has!("avx2") && has!("fma") && has!("f16c") {
+            // SAFETY (each): listed only when the CPU reports the
+            // instructions; the kernels check the sizes.
+            v.push(|t, p, xs, o| unsafe { super::avx2::rows8_many(t, p, xs, o) });
+            if has!("avxvnni") {
+                v.push(|t, p, xs, o| unsafe { super::avx2::rows8_many_avxvnni(t, p, xs, o) });
+            } else if has!("avx512vnni") && has!("avx512vl") {
+                v.push(|t, p, xs, o| unsafe { super::avx2::rows8_many_avx512vnni(t, p, xs, o) });
+                if has!("avx512bw") {
+                    v.push(|t, p, xs, o| unsafe { super::avx2::rows8_many_zmm(t, p, xs, o) });
+                }
+            }
+        }
+    }
+    v
+}
+
+/// Checks a many-input call's sizes: inputs of one length, `out` one
+/// value per row and input, `packed` those rows in whole groups.
+pub(super) fn check_many(t: GgmlType, packed: &[u8], xs: &[&Q8Input], out: &[f32]) {
+    assert!(!xs.is_empty(), "rows8: no inputs");
+    let blocks = xs[0].d.len();
+    assert!(
+        xs.iter()
+            .all(|x| x.d.len() == blocks && x.qs.len() == 32 * blocks),
+        "rows8: inputs of different lengths"
+    );
+    assert!(
+        out.len().is_multiple_of(xs.len()),
+        "rows8: not one output per row and input"
+    );
+    let rows = out.len() / xs.len();
+    assert!(
+        rows.is_multiple_of(ROWS),
+        "rows8: {rows} rows are not whole groups"
+    );
+    assert_eq!(
+        packed.len(),
+        rows * blocks * t.block_bytes(),
+        "rows8: wrong size"
+    );
+    assert!(supports(t), "rows8: no kernel for {t}");
+}
+
+/// The portable many-input copy: each input through [`portable`].
+fn portable_many(t: GgmlType, packed: &[u8], xs: &[&Q8Input], out: &mut [f32]) {
+    check_many(t, packed, xs, out);
+    let m = xs.len();
+    let mut col = vec![0.0f32; out.len() / m];
+    for (j, x) in xs.iter().enumerate() {
+        portable(t, packed, x, &mut col);
+        for (o, &c) in out.iter_mut().skip(j).step_by(m).zip(&col) {
+            *o = c;
+        }
+    }
+}
+
 /// Checks a call's sizes: `packed` holds `out.len()` rows of `blocks`
 /// blocks, in whole groups.
 pub(super) fn check(t: GgmlType, packed: &[u8], blocks: usize, out: &[f32]) {
@@ -329,6 +398,36 @@ mod tests {
                 dequantize_row(t, &packed, k / 32, r, &mut deq);
                 let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
                 assert_eq!(bits(&deq), bits(&want), "{t} row {r} dequantised");
+            }
+        }
+    }
+
+    /// Every many-input copy gives each input the bits the single-input
+    /// kernel gives it alone: tiles short and whole, an odd group after
+    /// pairs of groups, every type.
+    #[test]
+    fn many_input_copies_give_each_input_its_own_bits() {
+        let single = *variants().last().expect("a copy");
+        for t in [GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q8_0] {
+            for (n, k, m) in [(8, 32, 1), (24, 96, 3), (40, 1024, 9), (16, 64, 4)] {
+                let packed = repack(t, &matrix(t, n, k, 21), n, k / 32);
+                let x = Rng::new(22).vec(m * k, -3.0, 3.0);
+                let qs: Vec<Q8Input> = x.chunks_exact(k).map(Q8Input::new).collect();
+                let xs: Vec<&Q8Input> = qs.iter().collect();
+                let mut want = vec![0.0f32; n * m];
+                let mut col = vec![0.0f32; n];
+                for (j, q) in qs.iter().enumerate() {
+                    single(t, &packed, q, &mut col);
+                    for (r, &v) in col.iter().enumerate() {
+                        want[r * m + j] = v;
+                    }
+                }
+                for (v, kern) in variants_many().into_iter().enumerate() {
+                    let mut got = vec![f32::NAN; n * m];
+                    kern(t, &packed, &xs, &mut got);
+                    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                    assert_eq!(bits(&got), bits(&want), "{t} n {n} k {k} m {m} copy {v}");
+                }
             }
         }
     }
