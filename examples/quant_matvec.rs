@@ -3,8 +3,10 @@
 //! inputs rounded to 8 bits where the type has an integer kernel, over the
 //! rows as stored and repacked eight at a time as `generate --cpu` decodes,
 //! and to 16 bits, as its vocabulary projection does, Q8_0 repacked too),
-//! the full `tensor::matvec` on every thread, and `tensor::matmul` of 32
-//! input rows (a prefill chunk). Prints a markdown table.
+//! the full `tensor::matvec` on every thread, `tensor::matmul` of 32
+//! input rows (a prefill chunk), and the same 32 rows with int8 inputs over
+//! the repacked rows (`tensor::matvec_rows`, a batch's decode). Prints a
+//! markdown table.
 //!
 //!     cargo run --release --example quant_matvec [ROWS COLS]
 //!
@@ -89,7 +91,7 @@ fn main() {
         let mut ym = vec![0.0f32; M * n];
         let mm = median_secs(|| matmul(&w, black_box(&xm), M, &mut ym));
         // The same M rows with int8 inputs over the repacked rows (a
-        // prompt's products in `generate --cpu`).
+        // batch's decode products in `serve --cpu`).
         let mm8 = packed.is_rows8().then(|| {
             median_secs(|| matvec_rows(&packed, black_box(&xm), M, &mut ym, Activations::Int8))
         });

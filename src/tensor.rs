@@ -500,8 +500,8 @@ pub fn matvec_rows_same_input(
         let i = match prepared.iter().position(|(t, _)| *t == w.dtype) {
             Some(i) => i,
             None => {
-                // Prepared in parallel: quantising a prompt's rows is
-                // not small beside their products.
+                // Prepared in parallel: quantising many rows is not
+                // small beside their products.
                 let dots = par::map_chunks(x, w.row_len(), |xi| act.row_dot(w.dtype, xi));
                 prepared.push((w.dtype, quant::fast::ManyDots::new(dots)));
                 prepared.len() - 1

@@ -1022,7 +1022,7 @@ unsafe fn rows8_int16_typed<const F: u8>(
 /// Inputs a pass of [`rows8_many`] over a group's blocks serves.
 const MANY_TILE: usize = 4;
 
-/// [`rows8`] of several inputs (a prompt's rows) into `out` ([rows,
+/// [`rows8`] of several inputs (a batch's decode rows) into `out` ([rows,
 /// inputs]): per group of eight rows and tile of [`MANY_TILE`] inputs, each
 /// chunk of a block's levels is loaded and unpacked once for the tile. Each
 /// input's integer sums are exact (however their products are grouped), and

@@ -178,7 +178,7 @@ pub fn variants() -> Vec<Kernel> {
     v
 }
 
-/// A kernel over several int8 inputs (a prompt's rows): (type, repacked
+/// A kernel over several int8 inputs (a batch's decode rows): (type, repacked
 /// rows, inputs, out as [rows, inputs]); each input's products have the
 /// bits [`Kernel`] gives it alone.
 pub type KernelMany = fn(GgmlType, &[u8], &[&Q8Input], &mut [f32]);
