@@ -668,27 +668,20 @@ mod tests {
                 }
                 // Three inputs, and nine (the int8 kernels' tiles of four
                 // whole and short).
-                matvec_rows(&p, &x, 3, &mut yb, act);
-                for i in 0..3 {
-                    let mut want = vec![0.0; n];
-                    matvec_with(&p, &x[i * k..(i + 1) * k], &mut want, act);
-                    assert_eq!(
-                        &yb[i * n..(i + 1) * n],
-                        &want[..],
-                        "{dtype:?} {act:?} input {i}"
-                    );
-                }
                 let x9 = Rng::new(13).vec(9 * k, -2.0, 2.0);
-                let mut y9 = vec![f32::NAN; 9 * n];
-                matvec_rows(&p, &x9, 9, &mut y9, act);
-                for i in 0..9 {
-                    let mut want = vec![0.0; n];
-                    matvec_with(&p, &x9[i * k..(i + 1) * k], &mut want, act);
-                    assert_eq!(
-                        &y9[i * n..(i + 1) * n],
-                        &want[..],
-                        "{dtype:?} {act:?} input {i} of 9"
-                    );
+                for xm in [&x, &x9] {
+                    let m = xm.len() / k;
+                    let mut ym = vec![f32::NAN; m * n];
+                    matvec_rows(&p, xm, m, &mut ym, act);
+                    for i in 0..m {
+                        let mut want = vec![0.0; n];
+                        matvec_with(&p, &xm[i * k..(i + 1) * k], &mut want, act);
+                        assert_eq!(
+                            &ym[i * n..(i + 1) * n],
+                            &want[..],
+                            "{dtype:?} {act:?} input {i} of {m}"
+                        );
+                    }
                 }
             }
         }

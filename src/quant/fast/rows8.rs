@@ -221,17 +221,9 @@ pub(super) fn check_many(t: GgmlType, packed: &[u8], xs: &[&Q8Input], out: &[f32
         out.len().is_multiple_of(xs.len()),
         "rows8: not one output per row and input"
     );
-    let rows = out.len() / xs.len();
-    assert!(
-        rows.is_multiple_of(ROWS),
-        "rows8: {rows} rows are not whole groups"
-    );
-    assert_eq!(
-        packed.len(),
-        rows * blocks * t.block_bytes(),
-        "rows8: wrong size"
-    );
-    assert!(supports(t), "rows8: no kernel for {t}");
+    // The rows' checks are the one-input kernels' (on one input's share
+    // of `out`).
+    check(t, packed, blocks, &out[..out.len() / xs.len()]);
 }
 
 /// The portable many-input copy: each input through [`portable`].
